@@ -1,0 +1,26 @@
+"""Data loading: datasets, samplers, collation and the DataLoader."""
+from ._worker import WorkerInfo, get_worker_info
+from .collate import default_collate, default_convert
+from .dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split
+from .loader import DataLoader, DataLoaderWorkerError
+from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, ShardSampler
+
+__all__ = [
+    "BatchSampler",
+    "ConcatDataset",
+    "DataLoader",
+    "DataLoaderWorkerError",
+    "Dataset",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "ShardSampler",
+    "Subset",
+    "TensorDataset",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+    "random_split",
+]
