@@ -1,0 +1,275 @@
+"""Dynamic embedding table: raw int64 ids -> float32 rows, with metadata and eviction.
+
+One :class:`HashEmbeddingTable` owns a collisionless :class:`HashMap` (id -> row), row
+storage for weights and optimiser slots (:class:`ChunkedRows`), and per-row metadata
+(owning id, frequency, last-seen step, show/click counts, step of last write). Every read
+and write of the id -> row mapping happens under one lock, and a lookup resolves ids and
+copies vectors inside that lock, so an eviction running on another thread can free and
+reuse a row only between lookups, never during one. Gradients are pushed by *id* and
+resolved again under the lock, so a row that changed owner since the forward pass is
+never written with the old owner's gradient.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from numba import njit
+
+from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, hash_ids
+from sampan.rec.policies import AdmitAll
+
+__all__ = ["HashEmbeddingTable", "hashed_normal"]
+
+META_FIELDS = ("key", "freq", "last_seen", "show", "click", "updated")
+
+
+def hashed_normal(ids, dim: int, seed: int = 0, std: float = 0.01) -> np.ndarray:
+    """Deterministic N(0, std) vectors keyed by id: the same id always starts the same.
+
+    Shards and reruns therefore agree without sharing a random stream.
+
+    >>> hashed_normal([7], 4).shape
+    (1, 4)
+    """
+    ids = np.ascontiguousarray(ids, np.int64).ravel()
+    lanes = np.arange(dim, dtype=np.int64) * 2
+    base = hash_ids(ids ^ np.int64(seed * 0x2545F491 + 1)).view(np.int64)
+    h1 = hash_ids((base[:, None] + lanes[None, :]).ravel())
+    h2 = hash_ids((base[:, None] + lanes[None, :] + 1).ravel())
+    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53
+    u2 = (h2 >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return (z * std).astype(np.float32).reshape(ids.size, dim)
+
+
+@njit(cache=True, nogil=True)
+def _touch(rows, freq, last_seen, step):
+    for j in range(rows.size):
+        r = rows[j]
+        if r >= 0:
+            freq[r] += 1
+            last_seen[r] = step
+
+
+@njit(cache=True, nogil=True)
+def _record(rows, labels, show, click):
+    for j in range(rows.size):
+        r = rows[j]
+        if r >= 0:
+            show[r] += 1
+            click[r] += labels[j]
+
+
+class HashEmbeddingTable:
+    """A growable, collisionless embedding table keyed by raw int64 ids.
+
+    ``admission`` decides when a new id gets a row (default: always), ``eviction``
+    frees rows (default: never). Ids without a row read ``default`` (zeros).
+
+    >>> t = HashEmbeddingTable(4); v = t.lookup([10, -3, 10]); v.shape, len(t)
+    ((3, 4), 2)
+    """
+
+    def __init__(self, dim: int, *, init_std: float = 0.01, seed: int = 0, admission=None,
+                 eviction=None, default=None, chunk_shift: int = 14,
+                 initial_capacity: int = 1024, pending_limit: int = 1 << 22):
+        if dim < 1:
+            raise ValueError(f"embedding dim must be >= 1, got {dim}")
+        self.dim = int(dim)
+        self.init_std = float(init_std)
+        self.seed = int(seed)
+        self.admission = admission if admission is not None else AdmitAll()
+        self.eviction = eviction
+        self.default = np.zeros(dim, np.float32) if default is None else \
+            np.asarray(default, np.float32).reshape(dim)
+        self.map = HashMap(initial_capacity)
+        self.alloc = RowAllocator()
+        self.weights = ChunkedRows(dim, chunk_shift)
+        self.slots: ChunkedRows | None = None
+        self.slot_init = 0.0
+        self.meta = {f: np.zeros(0, np.int64) for f in META_FIELDS}
+        self.live = np.zeros(0, np.bool_)
+        self.pending = HashMap(1024)  # sightings of ids not admitted yet
+        self.pending_limit = int(pending_limit)
+        self.evicted: list[np.ndarray] = []  # ids evicted since the last snapshot export
+        self.lock = threading.RLock()
+        self.step = 0
+
+    # -- sizes -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.map)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the map, rows, slots and metadata."""
+        n = self.map.nbytes + self.pending.nbytes + self.weights.nbytes + self.live.nbytes
+        n += sum(a.nbytes for a in self.meta.values())
+        return n + (self.slots.nbytes if self.slots is not None else 0)
+
+    def attach_slots(self, width: int, init: float = 0.0) -> None:
+        """Give every row ``width`` float32 optimiser slots initialised to ``init``."""
+        with self.lock:
+            if self.slots is not None and self.slots.width == width and self.slot_init == init:
+                return
+            self.slots = ChunkedRows(width, self.weights.shift)
+            self.slot_init = float(init)
+            self.slots.ensure(self.weights.capacity)
+            if init != 0.0:
+                for c in self.slots.chunks:
+                    c.fill(init)
+
+    # -- id -> row -----------------------------------------------------------------------
+    def _grow(self) -> None:
+        n = self.alloc.next_row
+        self.weights.ensure(n)
+        if self.slots is not None:
+            old = self.slots.capacity
+            self.slots.ensure(n)
+            if self.slot_init != 0.0:
+                for c in self.slots.chunks[old >> self.slots.shift:]:
+                    c.fill(self.slot_init)
+        if n > self.live.size:
+            size = max(n, 2 * self.live.size, 1024)
+            for f, a in self.meta.items():
+                grown = np.zeros(size, np.int64)
+                grown[: a.size] = a
+                self.meta[f] = grown
+            live = np.zeros(size, np.bool_)
+            live[: self.live.size] = self.live
+            self.live = live
+
+    def _create(self, keys: np.ndarray, rows: np.ndarray, created: np.ndarray, step: int):
+        if not created.any():
+            return
+        self._grow()
+        new_rows, new_keys = rows[created], keys[created]
+        self.weights.scatter(new_rows, hashed_normal(new_keys, self.dim, self.seed,
+                                                     self.init_std))
+        if self.slots is not None:
+            self.slots.scatter(new_rows, np.full((new_rows.size, self.slots.width),
+                                                 self.slot_init, np.float32))
+        m = self.meta
+        m["key"][new_rows] = new_keys
+        m["freq"][new_rows] = 0
+        m["last_seen"][new_rows] = step
+        m["show"][new_rows] = 0
+        m["click"][new_rows] = 0
+        m["updated"][new_rows] = step
+        self.live[new_rows] = True
+
+    def _admit_missing(self, keys: np.ndarray, rows: np.ndarray, step: int) -> None:
+        miss = rows < 0
+        if not miss.any():
+            return
+        uniq, inv, cnt = np.unique(keys[miss], return_inverse=True, return_counts=True)
+        seen = self.pending.get(uniq)
+        total = np.where(seen < 0, 0, seen) + cnt
+        ok = self.admission.admit(uniq, total)
+        if ok.any():
+            self.pending.remove(uniq[ok])
+            new_rows, created = self.map.get_or_insert(uniq[ok], self.alloc)
+            self._create(uniq[ok], new_rows, created, step)
+            got = np.full(uniq.size, -1, np.int64)
+            got[ok] = new_rows
+            rows[miss] = got[inv]
+        if (~ok).any():
+            if len(self.pending) + int((~ok).sum()) > self.pending_limit:
+                self.pending.clear()  # bounded memory: forget old sightings, keep serving
+            self.pending.put(uniq[~ok], total[~ok])
+
+    def rows_for(self, ids, step: int | None = None, create: bool = True) -> np.ndarray:
+        """Rows of ``ids`` (-1 for ids without a row), creating admitted ones.
+
+        Counts the sighting (frequency, last-seen step) of every id that has a row.
+        """
+        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        with self.lock:
+            step = self.step if step is None else int(step)
+            self.step = max(self.step, step)
+            if not create:
+                return self.map.get(keys)
+            if self.eviction is not None:
+                self.evict(step)  # before resolving, so this batch's rows stay valid
+            if isinstance(self.admission, AdmitAll):
+                rows, created = self.map.get_or_insert(keys, self.alloc)
+                self._create(keys, rows, created, step)
+            else:
+                rows = self.map.get(keys)
+                self._admit_missing(keys, rows, step)
+            _touch(rows, self.meta["freq"], self.meta["last_seen"], step)
+            return rows
+
+    def lookup(self, ids, step: int | None = None, create: bool = True) -> np.ndarray:
+        """Vectors for ``ids`` (shape ``ids.shape + (dim,)``), resolved atomically."""
+        shape = np.shape(ids)
+        with self.lock:
+            rows = self.rows_for(ids, step, create)
+            out = self.weights.gather(rows) if rows.size else np.zeros((0, self.dim),
+                                                                      np.float32)
+        if (rows < 0).any():
+            out[rows < 0] = self.default
+        return out.reshape(shape + (self.dim,))
+
+    def read(self, ids) -> np.ndarray:
+        """Vectors for ``ids`` without creating rows or counting sightings."""
+        return self.lookup(ids, create=False)
+
+    def record(self, ids, labels) -> None:
+        """Add one show and ``labels`` clicks to each id's row (ids without a row skip)."""
+        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        lab = np.ascontiguousarray(labels, np.int64).ravel()
+        if lab.shape != keys.shape:
+            raise ValueError(f"record: got {keys.size} ids and {lab.size} labels")
+        with self.lock:
+            _record(self.map.get(keys), lab, self.meta["show"], self.meta["click"])
+
+    def set_vectors(self, ids, values) -> None:
+        """Overwrite the vectors of ids (creating rows regardless of admission)."""
+        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        with self.lock:
+            rows, created = self.map.get_or_insert(keys, self.alloc)
+            self._create(keys, rows, created, self.step)
+            self.weights.scatter(rows, np.asarray(values, np.float32).reshape(-1, self.dim))
+            self.meta["updated"][rows] = self.step
+
+    # -- eviction ------------------------------------------------------------------------
+    def remove(self, ids) -> int:
+        """Delete ids and free their rows; returns how many existed."""
+        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        with self.lock:
+            old = self.map.remove(keys)
+            gone = old[old >= 0]
+            self.live[gone] = False
+            self.alloc.release(gone)
+            if gone.size:
+                self.evicted.append(keys[old >= 0].copy())
+            return int(gone.size)
+
+    def evict(self, step: int | None = None, max_rounds: int = 64) -> int:
+        """Run the eviction policy incrementally; returns rows evicted.
+
+        Window policies (TTL, user) look at one window of rows per call; a capacity
+        policy keeps sweeping windows (at most ``max_rounds``) until under capacity.
+        """
+        if self.eviction is None:
+            return 0
+        total = 0
+        cap = getattr(self.eviction, "capacity", None)
+        with self.lock:
+            step = self.step if step is None else int(step)
+            for _ in range(max_rounds if cap is not None else 1):
+                if cap is not None and len(self) <= cap:
+                    break
+                n_rows = self.alloc.next_row
+                victims = self.eviction.select(self.meta, self.live[:n_rows], len(self), step)
+                if victims.size:
+                    total += self.remove(self.meta["key"][victims])
+        return total
+
+    # -- listing -------------------------------------------------------------------------
+    def ids(self) -> np.ndarray:
+        """All ids that currently own a row."""
+        with self.lock:
+            return self.map.items()[0]
