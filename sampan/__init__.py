@@ -1,0 +1,83 @@
+"""sampan: a deep learning platform on numpy.
+
+Write a model imperatively and train it eagerly (tape autograd), trace the same code
+into a graph IR, deploy it, and train sparse recommendation models.
+
+Example::
+
+    >>> import sampan
+    >>> x = sampan.randn(4, 3, requires_grad=True)
+    >>> loss = (x.tanh() ** 2).mean()
+    >>> loss.backward()
+"""
+from . import dtypes as _dtypes_mod
+from .device import Device, cuda_is_available
+from .dtypes import (bfloat16, bool_, float16, float32, float64, get_default_dtype, int8, int16,
+                     int32, int64, promote_types, set_default_dtype, uint8)
+from .errors import (AutogradError, DeviceError, DTypeError, SampanError, SampanValueError,
+                     ShapeError)
+from .tensor import Tensor
+from .ops import load_all as _load_ops
+
+_load_ops()  # registers the op table
+from . import _tensor_methods  # noqa: F401  (binds operators and methods)
+from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
+from .ops.composite import (batch_norm, cross_entropy, dropout, gelu, layer_norm, leaky_relu,
+                            log_softmax, logsumexp, one_hot, rms_norm, silu, softmax, softplus,
+                            std, var)
+from .ops.creation import (arange, empty, eye, from_numpy, full, full_like, linspace, ones,
+                           ones_like, tensor, zeros, zeros_like)
+from .ops.elementwise import (abs, add, cast, ceil, clamp, clip, cos, div, eq, erf, exp, expm1,
+                              floor, floor_divide, ge, gt, le, log, log1p, logical_and,
+                              logical_not, logical_or, logical_xor, lt, maximum, minimum, mod,
+                              mul, ne, neg, pow, reciprocal, relu, round, rsqrt, sigmoid, sign,
+                              sin, sqrt, square, sub, tanh, where)
+from .ops.index import gather, index_add, index_select, scatter_add, take_along_axis
+from .ops.linalg import matmul
+from .ops.random import (Generator, default_generator, manual_seed, normal, rand, rand_like,
+                         randint, randint_like, randn, randn_like, randperm, uniform)
+from .ops.reduce import all, amax, amin, any, argmax, argmin, cumsum, max, mean, min, prod, sum
+from .ops.shape import (broadcast_to, cat, chunk, clone, concat, expand, flatten, flip, narrow,
+                        pad, permute, reshape, split, squeeze, stack, transpose, unsqueeze)
+
+__version__ = "0.1.0"
+
+
+def device(spec="cpu"):
+    """A Device value: ``sampan.device("cpu")``."""
+    from .device import as_device
+    return as_device(spec)
+
+
+__all__ = [
+    "Tensor", "Device", "device", "cuda_is_available", "Generator", "default_generator",
+    "manual_seed",
+    # dtypes
+    "bool_", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+    "float64", "get_default_dtype", "set_default_dtype", "promote_types",
+    # errors
+    "SampanError", "ShapeError", "DTypeError", "DeviceError", "SampanValueError",
+    "AutogradError",
+    # autograd
+    "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    # creation
+    "tensor", "from_numpy", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
+    "full_like", "arange", "linspace", "eye", "rand", "randn", "randint", "rand_like",
+    "randn_like", "randint_like", "randperm", "normal", "uniform",
+    # elementwise
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "floor_divide", "mod", "eq", "ne",
+    "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "neg",
+    "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "erf",
+    "reciprocal", "log1p", "expm1", "sign", "floor", "ceil", "round", "square", "clamp", "clip",
+    "where", "cast",
+    # reductions
+    "sum", "mean", "amax", "amin", "max", "min", "prod", "argmax", "argmin", "all", "any",
+    "cumsum",
+    # shape & index
+    "reshape", "permute", "transpose", "expand", "broadcast_to", "squeeze", "unsqueeze",
+    "flatten", "concat", "cat", "stack", "split", "chunk", "narrow", "pad", "flip", "clone",
+    "index_select", "index_add", "gather", "take_along_axis", "scatter_add", "matmul",
+    # composites
+    "softmax", "log_softmax", "logsumexp", "var", "std", "layer_norm", "rms_norm", "batch_norm",
+    "gelu", "silu", "leaky_relu", "softplus", "one_hot", "dropout", "cross_entropy",
+]

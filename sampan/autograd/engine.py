@@ -1,0 +1,272 @@
+"""Reverse-mode engine: iterative topological walk over tape nodes.
+
+No recursion (a chain of 10^5 ops backpropagates fine). Gradient rules are run
+with grad recording on only when `create_graph=True`, which is what makes
+higher-order gradients work: the rules are written with ordinary ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AutogradError
+from ..ops.registry import STATE
+from .tape import _ver
+
+
+def _ones_like(t):
+    from ..tensor import wrap
+    return wrap(np.ones(t.shape, t.dtype))
+
+
+def _zeros(shape, dtype):
+    from ..tensor import wrap
+    return wrap(np.zeros(shape, dtype))
+
+
+def _check_saved(node):
+    if node.saved:
+        for t, v in node.saved:
+            if _ver(t) != v:
+                raise AutogradError(
+                    f"backward through {node.op.name}: a tensor of shape {tuple(t.shape)} that "
+                    f"{node.op.name} saved for its gradient was modified in place afterwards "
+                    f"(version {v} -> {_ver(t)}); clone it before modifying it in place")
+
+
+def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
+    """Core engine. `capture`: list of tensors whose gradients to return instead of
+    accumulating into leaves' `.grad`. Returns the captured grads (or None)."""
+    from ..tensor import Tensor, as_tensor
+    if retain_graph is None:
+        retain_graph = create_graph
+    # seed gradients
+    node_grads = {}
+    leaf_grads = {}
+    starts = []
+    for r, g in zip(roots, grad_roots):
+        if not r.requires_grad:
+            raise AutogradError("backward: tensor does not require grad and has no grad_fn")
+        if g is None:
+            if r.numel() != 1:
+                raise AutogradError(
+                    f"backward: grad can be implicitly created only for one-element outputs; "
+                    f"got shape {tuple(r.shape)}: pass a gradient")
+            g = _ones_like(r)
+        else:
+            g = as_tensor(g, r.dtype)
+        if r._node is None:
+            _acc(leaf_grads, id(r), r, g)
+        else:
+            _acc_node(node_grads, r._node, r._idx, g)
+            starts.append(r._node)
+
+    cap_leaf = {}
+    cap_node = {}
+    if capture is not None:
+        for i, t in enumerate(capture):
+            if t._node is None:
+                cap_leaf[id(t)] = i
+            else:
+                cap_node.setdefault((id(t._node), t._idx), []).append(i)
+        captured = [None] * len(capture)
+
+    # dependency counts over the reachable graph
+    deps = {}
+    seen = set()
+    stack = list(starts)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.freed:
+            raise AutogradError(
+                f"backward through {n.op.name} a second time: its saved values were freed "
+                "after the first backward; pass retain_graph=True to the first call")
+        for t in n.inputs:
+            m = t._node
+            if m is not None:
+                deps[id(m)] = deps.get(id(m), 0) + 1
+                if id(m) not in seen:
+                    stack.append(m)
+
+    ready = [n for n in {id(n): n for n in starts}.values() if deps.get(id(n), 0) == 0]
+    prev = STATE.grad_enabled
+    STATE.grad_enabled = bool(create_graph)
+    try:
+        while ready:
+            node = ready.pop()
+            gs = node_grads.pop(id(node), None)
+            if gs is not None and node.hooks:
+                for idx, fns in node.hooks.items():
+                    if gs[idx] is not None:
+                        for fn in fns:
+                            r = fn(gs[idx])
+                            if r is not None:
+                                gs[idx] = r
+            if gs is not None and cap_node:
+                for idx, g in enumerate(gs):
+                    for ci in cap_node.get((id(node), idx), ()):
+                        captured[ci] = g
+            op = node.op
+            inputs = node.inputs
+            if gs is not None:
+                _check_saved(node)
+                if op.n_out == 1:
+                    g_in = gs[0]
+                    y = node.outs[0]() if node.outs is not None else None
+                else:
+                    g_in = tuple(g if g is not None else _zeros(*spec)
+                                 for g, spec in zip(gs, node.out_specs))
+                    y = tuple(r() for r in node.outs) if node.outs is not None else None
+                in_grads = op.grad(g_in, y, *inputs, **node.attrs)
+                if not isinstance(in_grads, (tuple, list)):
+                    in_grads = (in_grads,)
+            else:
+                in_grads = (None,) * len(inputs)
+            for t, gi in zip(inputs, in_grads):
+                m = t._node
+                if gi is not None and t.requires_grad:
+                    if gi.dtype != t.dtype:
+                        gi = gi.to(t.dtype)
+                    if m is None:
+                        _acc(leaf_grads, id(t), t, gi)
+                    else:
+                        _acc_node(node_grads, m, t._idx, gi)
+                if m is not None:
+                    k = id(m)
+                    deps[k] -= 1
+                    if deps[k] == 0:
+                        ready.append(m)
+            if not retain_graph:
+                node.freed = True
+                node.saved = None
+    finally:
+        STATE.grad_enabled = prev
+
+    # leaves
+    for key, (t, g) in leaf_grads.items():
+        if t._hooks:
+            for fn in t._hooks:
+                r = fn(g)
+                if r is not None:
+                    g = r
+        if capture is not None:
+            ci = cap_leaf.get(key)
+            if ci is not None:
+                captured[ci] = g
+            continue
+        if not create_graph:
+            g = g.detach() if g._node is not None else g
+        t.grad = g if t.grad is None else t.grad + g
+    return captured if capture is not None else None
+
+
+def _acc(d, key, t, g):
+    cur = d.get(key)
+    d[key] = (t, g) if cur is None else (t, cur[1] + g)
+
+
+def _acc_node(d, node, idx, g):
+    gs = d.get(id(node))
+    if gs is None:
+        gs = [None] * node.op.n_out
+        d[id(node)] = gs
+    gs[idx] = g if gs[idx] is None else gs[idx] + g
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate gradients of `tensors` into the `.grad` of the leaves."""
+    if grad_tensors is None:
+        grad_tensors = [None] * len(tensors)
+    if inputs is not None:
+        gs = run_backward(tensors, grad_tensors, retain_graph, create_graph, capture=inputs)
+        for t, g in zip(inputs, gs):
+            if g is not None:
+                g = g if create_graph else g.detach()
+                t.grad = g if t.grad is None else t.grad + g
+        return
+    run_backward(tensors, grad_tensors, retain_graph, create_graph)
+
+
+def grad(outputs, inputs, grad_outputs=None, create_graph=False, retain_graph=None,
+         allow_unused=False):
+    """Gradients of `outputs` with respect to `inputs`, returned (not accumulated).
+
+    Example::
+
+        >>> x = sampan.tensor(3.0, requires_grad=True)
+        >>> (g,) = sampan.grad(x * x, [x], create_graph=True)   # 6.0
+        >>> sampan.grad(g, [x])                                   # (2.0,)
+    """
+    from ..tensor import Tensor
+    single_out = isinstance(outputs, Tensor)
+    outputs = [outputs] if single_out else list(outputs)
+    single_in = isinstance(inputs, Tensor)
+    inputs = [inputs] if single_in else list(inputs)
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif isinstance(grad_outputs, Tensor):
+        grad_outputs = [grad_outputs]
+    for t in inputs:
+        if not t.requires_grad:
+            raise AutogradError("grad: one of the inputs does not require grad")
+    gs = run_backward(outputs, list(grad_outputs), retain_graph, create_graph, capture=inputs)
+    out = []
+    for t, g in zip(inputs, gs):
+        if g is None and not allow_unused:
+            raise AutogradError(
+                "grad: one of the inputs was not used to compute the outputs; "
+                "pass allow_unused=True to get None for it")
+        if g is not None and not create_graph and g._node is not None:
+            g = g.detach()
+        out.append(g)
+    return tuple(out)
+
+
+class no_grad:
+    """Context manager / decorator that turns off tape recording."""
+
+    def __init__(self, func=None):
+        self._func = func
+
+    def __enter__(self):
+        self.prev = STATE.grad_enabled
+        STATE.grad_enabled = False
+
+    def __exit__(self, *exc):
+        STATE.grad_enabled = self.prev
+
+    def __call__(self, func):
+        import functools
+
+        @functools.wraps(func)
+        def wrapper(*a, **k):
+            with type(self)():
+                return func(*a, **k)
+        return wrapper
+
+
+class enable_grad(no_grad):
+    """Context manager / decorator that turns tape recording back on."""
+
+    def __enter__(self):
+        self.prev = STATE.grad_enabled
+        STATE.grad_enabled = True
+
+
+class set_grad_enabled(no_grad):
+    def __init__(self, mode: bool):
+        self.mode = mode
+        self.prev = STATE.grad_enabled
+        STATE.grad_enabled = mode
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        STATE.grad_enabled = self.prev
+
+
+def is_grad_enabled() -> bool:
+    return STATE.grad_enabled

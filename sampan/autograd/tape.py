@@ -1,0 +1,60 @@
+"""Tape nodes: one per recorded op call.
+
+A node keeps the op, its input tensors, its attributes, and (weakly) its outputs.
+It holds the versions of the tensors its gradient rule reads, so that changing one
+of them in place before backward raises instead of giving a wrong gradient.
+"""
+from __future__ import annotations
+
+import weakref
+
+
+class Node:
+    __slots__ = ("op", "inputs", "attrs", "outs", "saved", "out_specs", "hooks", "freed",
+                 "__weakref__")
+
+    def __init__(self, op, inputs, attrs, outs):
+        self.op = op
+        self.inputs = inputs
+        self.attrs = attrs
+        saves = op.saves
+        if saves is None:
+            self.saved = [(t, _ver(t)) for t in inputs]
+        elif saves:
+            self.saved = [(inputs[i], _ver(inputs[i])) for i in saves]
+        else:
+            self.saved = None
+        if op.save_output:
+            self.outs = [weakref.ref(y) for y in outs]
+            v = [(y, _ver(y)) for y in outs]
+            self.saved = v if self.saved is None else self.saved + v
+        else:
+            self.outs = None
+        self.out_specs = [(y._data.shape, y._data.dtype) for y in outs]
+        self.hooks = None
+        self.freed = False
+
+    def add_hook(self, idx, fn):
+        if self.hooks is None:
+            self.hooks = {}
+        self.hooks.setdefault(idx, []).append(fn)
+
+    def name(self):
+        return self.op.name
+
+    def __repr__(self):
+        return f"<{self.op.name}Backward>"
+
+
+def _ver(t):
+    b = t._base
+    return (b if b is not None else t)._version
+
+
+def bump_version(t):
+    """Record that `t`'s storage was modified in place."""
+    b = t._base
+    if b is not None:
+        b._version += 1
+    else:
+        t._version += 1

@@ -1,0 +1,142 @@
+"""dtypes and type promotion.
+
+sampan dtypes are numpy dtypes (bfloat16 comes from ml_dtypes). Promotion rules,
+applied by every binary op:
+
+* categories are ordered bool < integer < floating; mixing categories gives the
+  higher category's dtype (int32 + float16 -> float16);
+* within floating: the wider wins; bfloat16 with float16 gives float32;
+* within integers: the wider wins; uint8 with a signed int8 gives int16;
+* a Python scalar never widens a tensor of its own category or higher
+  (float32 tensor + 2.0 -> float32); a Python float with an integer or bool
+  tensor gives the default float dtype; a Python int with a bool tensor gives int64.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+bool_ = np.dtype(np.bool_)
+uint8 = np.dtype(np.uint8)
+int8 = np.dtype(np.int8)
+int16 = np.dtype(np.int16)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+
+DTYPES = {
+    "bool": bool_, "uint8": uint8, "int8": int8, "int16": int16, "int32": int32,
+    "int64": int64, "float16": float16, "bfloat16": bfloat16, "float32": float32,
+    "float64": float64,
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+_SHORT = {"bool": "b1", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32",
+          "int64": "i64", "float16": "f16", "bfloat16": "bf16", "float32": "f32",
+          "float64": "f64"}
+SHORT_TO_NAME = {v: k for k, v in _SHORT.items()}
+
+_default_float = [float32]
+
+
+def get_default_dtype() -> np.dtype:
+    """The dtype Python floats and float factories use (float32 unless set)."""
+    return _default_float[0]
+
+
+def set_default_dtype(dt) -> None:
+    """Set the default float dtype. Example: ``sampan.set_default_dtype("float64")``."""
+    d = as_dtype(dt)
+    if not is_floating(d):
+        raise TypeError(f"set_default_dtype: got {d}; expected a floating dtype")
+    _default_float[0] = d
+
+
+def as_dtype(dt) -> np.dtype:
+    """Normalise a dtype spelling (name, numpy dtype, Python type) to a sampan dtype."""
+    if dt is None:
+        return get_default_dtype()
+    if isinstance(dt, np.dtype):
+        d = dt
+    elif isinstance(dt, str):
+        d = DTYPES.get(dt) or DTYPES.get(SHORT_TO_NAME.get(dt, ""))
+        if d is None:
+            d = np.dtype(dt)
+    elif dt is float:
+        return get_default_dtype()
+    elif dt is int:
+        return int64
+    elif dt is bool:
+        return bool_
+    else:
+        d = np.dtype(dt)
+    if d not in _NAMES:
+        raise TypeError(f"unsupported dtype {d}; sampan supports {', '.join(DTYPES)}")
+    return d
+
+
+def dtype_name(d: np.dtype) -> str:
+    """Canonical name of a dtype, e.g. 'float32'."""
+    return _NAMES[np.dtype(d)]
+
+
+def short_name(d: np.dtype) -> str:
+    """Short IR spelling, e.g. 'f32'."""
+    return _SHORT[_NAMES[np.dtype(d)]]
+
+
+def is_floating(d) -> bool:
+    return d.kind == "f" or d == bfloat16
+
+
+def is_integer(d) -> bool:
+    return d.kind in "iu"
+
+
+def _category(d) -> int:
+    if d == bool_:
+        return 0
+    if d.kind in "iu":
+        return 1
+    return 2
+
+
+_PROMO_CACHE: dict = {}
+
+
+def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
+    """Result dtype of a binary op on tensors of dtypes a and b (see module doc)."""
+    key = (a, b)
+    r = _PROMO_CACHE.get(key)
+    if r is not None:
+        return r
+    if a == b:
+        r = a
+    else:
+        ca, cb = _category(a), _category(b)
+        if ca != cb:
+            r = a if ca > cb else b
+        elif ca == 2:
+            if {a, b} == {bfloat16, float16}:
+                r = float32
+            else:
+                r = a if a.itemsize > b.itemsize else b
+        else:
+            r = np.promote_types(a, b)
+    _PROMO_CACHE[key] = r
+    return r
+
+
+def scalar_dtype(value, other: np.dtype) -> np.dtype:
+    """dtype a Python scalar takes when combined with a tensor of dtype `other`."""
+    if isinstance(value, bool):
+        return other
+    if isinstance(value, int):
+        return int64 if other == bool_ else other
+    if isinstance(value, float):
+        return other if is_floating(other) else get_default_dtype()
+    if isinstance(value, complex):
+        raise TypeError("sampan has no complex dtypes")
+    return other

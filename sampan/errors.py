@@ -1,0 +1,62 @@
+"""The sampan error family.
+
+Every error an op raises names the op, what it got, what it expected and the
+user's own source line (the first stack frame outside the sampan package).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class SampanError(Exception):
+    """Base class of every error sampan raises on purpose."""
+
+
+class ShapeError(SampanError, ValueError):
+    """An op got tensors whose shapes it cannot take."""
+
+
+class DTypeError(SampanError, TypeError):
+    """An op got a dtype it cannot take."""
+
+
+class DeviceError(SampanError, RuntimeError):
+    """A device is unavailable or tensors live on different devices."""
+
+
+class SampanValueError(SampanError, ValueError):
+    """An argument has a value an op cannot take."""
+
+
+class AutogradError(SampanError, RuntimeError):
+    """Backward cannot run (e.g. a saved tensor was modified in place)."""
+
+
+def user_frame(skip_internal: bool = True):
+    """Return (filename, lineno, line) of the innermost frame outside sampan."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not os.path.abspath(fn).startswith(_PKG_DIR) or not skip_internal:
+            return fn, f.f_lineno
+        f = f.f_back
+    return "<unknown>", 0
+
+
+def user_location() -> str:
+    """The user's `file:line` as a string, for messages and IR comments."""
+    fn, ln = user_frame()
+    return f"{os.path.basename(fn)}:{ln}"
+
+
+def op_error(cls, op: str, got: str, expected: str, hint: str = "") -> SampanError:
+    """Build an error that names the op, what it got, what it expected and the user line."""
+    fn, ln = user_frame()
+    msg = f"{op}: got {got}; expected {expected}"
+    if hint:
+        msg += f". {hint}"
+    msg += f"\n  at {fn}:{ln}"
+    return cls(msg)

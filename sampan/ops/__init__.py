@@ -1,0 +1,14 @@
+"""The op table: `registry.py` holds it, one module per op family fills it.
+
+`sampan/__init__.py` imports `load_all()` after Tensor exists; every op module is
+listed once in `FAMILIES`."""
+
+FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
+            "composite"]
+
+
+def load_all():
+    """Import every op family so the table is complete."""
+    import importlib
+    for name in FAMILIES:
+        importlib.import_module(f"{__name__}.{name}")

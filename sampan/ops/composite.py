@@ -1,0 +1,252 @@
+"""Composite ops: ordinary functions over primitives. They have no gradient rule of
+their own (autograd differentiates the primitives) and in compiled mode the fusion
+pass earns their speed back.
+
+Each composite lists test samples in `COMPOSITES` so the op harness checks it
+like a primitive (forward vs PyTorch, gradcheck, second order)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..tensor import Tensor
+from ._util import Sample, randf, rng
+from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid, sub, tanh,
+                          where)
+from .reduce import amax, mean, sum
+from .shape import reshape
+
+
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def logsumexp(x, axis=-1, keepdims=False):
+    """log(sum(exp(x))) computed stably."""
+    x = _t(x)
+    m = amax(x, axis, keepdims=True).detach()
+    r = add(log(sum(exp(sub(x, m)), axis, keepdims=True)), m)
+    return r if keepdims else _squeeze_axis(r, axis)
+
+
+def _squeeze_axis(r, axis):
+    from .shape import squeeze
+    return squeeze(r, axis)
+
+
+def softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along `axis`, computed stably."""
+    x = _t(x)
+    e = exp(sub(x, amax(x, axis, keepdims=True).detach()))
+    return div(e, sum(e, axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1):
+    """x - logsumexp(x) along `axis`."""
+    x = _t(x)
+    return sub(x, logsumexp(x, axis, keepdims=True))
+
+
+def var(x, axis=None, keepdims=False, correction=1):
+    """Variance with Bessel's correction by default (like PyTorch)."""
+    x = _t(x)
+    m = mean(x, axis, keepdims=True)
+    d = sub(x, m)
+    n = x.numel() if axis is None else int(np.prod([x.shape[a] for a in
+                                                    ((axis,) if isinstance(axis, int)
+                                                     else axis)]))
+    return div(sum(mul(d, d), axis, keepdims=keepdims), float(max(n - correction, 1)))
+
+
+def std(x, axis=None, keepdims=False, correction=1):
+    """Standard deviation (sqrt of `var`)."""
+    from .elementwise import sqrt
+    return sqrt(var(x, axis, keepdims, correction))
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalise over the trailing `normalized_shape` dims, then scale and shift."""
+    x = _t(x)
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    m = mean(x, axes, keepdims=True)
+    d = sub(x, m)
+    v = mean(mul(d, d), axes, keepdims=True)
+    y = mul(d, rsqrt(add(v, eps)))
+    if weight is not None:
+        y = mul(y, weight)
+    if bias is not None:
+        y = add(y, bias)
+    return y
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=1e-6):
+    """x / rms(x) over the trailing dims, times weight."""
+    x = _t(x)
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    y = mul(x, rsqrt(add(mean(mul(x, x), axes, keepdims=True), eps)))
+    return y if weight is None else mul(y, weight)
+
+
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """Batch normalisation over every dim but the channel dim (1). In training mode the
+    running statistics (plain tensors) are updated in place, like PyTorch."""
+    x = _t(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if training or running_mean is None:
+        m = mean(x, axes, keepdims=True)
+        d = sub(x, m)
+        v = mean(mul(d, d), axes, keepdims=True)
+        if training and running_mean is not None:
+            n = x.numel() // x.shape[1]
+            with _no_grad():
+                rm = running_mean._data
+                rv = running_var._data
+                rm *= 1 - momentum
+                rm += momentum * m._data.reshape(-1).astype(rm.dtype)
+                rv *= 1 - momentum
+                rv += momentum * v._data.reshape(-1).astype(rv.dtype) * n / max(n - 1, 1)
+                running_mean._version += 1
+                running_var._version += 1
+    else:
+        m = reshape(running_mean, shape)
+        v = reshape(running_var, shape)
+        d = sub(x, m)
+    y = mul(d, rsqrt(add(v, eps)))
+    if weight is not None:
+        y = mul(y, reshape(weight, shape))
+    if bias is not None:
+        y = add(y, reshape(bias, shape))
+    return y
+
+
+def _no_grad():
+    from ..autograd.engine import no_grad
+    return no_grad()
+
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu(x, approximate="none"):
+    """Gaussian error linear unit: exact (erf) or approximate="tanh"."""
+    x = _t(x)
+    if approximate == "tanh":
+        inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), _SQRT_2_PI)
+        return mul(mul(x, 0.5), add(tanh(inner), 1.0))
+    return mul(mul(x, 0.5), add(erf(mul(x, _SQRT1_2)), 1.0))
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    x = _t(x)
+    return mul(x, sigmoid(x))
+
+
+def leaky_relu(x, negative_slope=0.01):
+    """x where x > 0, else slope * x."""
+    x = _t(x)
+    return where(gt(x, 0.0), x, mul(x, negative_slope))
+
+
+def softplus(x, beta=1.0):
+    """log(1 + exp(beta x)) / beta, stable."""
+    from .elementwise import abs as _abs, log1p, maximum
+    x = _t(x)
+    bx = mul(x, beta)
+    return div(add(maximum(bx, 0.0), log1p(exp(-_abs(bx)))), beta)
+
+
+def one_hot(labels, num_classes):
+    """int labels -> float one-hot vectors (default float dtype)."""
+    from .creation import arange
+    from .elementwise import eq
+    from .shape import unsqueeze
+    labels = _t(labels)
+    return cast(eq(unsqueeze(labels, -1), arange(num_classes)), _dt.get_default_dtype())
+
+
+def dropout(x, p=0.5, training=True, generator=None):
+    """Zero each element with probability p and scale the rest by 1/(1-p)."""
+    from .random import uniform
+    x = _t(x)
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return mul(x, 0.0)
+    keep = gt(uniform(tuple(x.shape), dtype=x.dtype, generator=generator), p)
+    return where(keep, mul(x, 1.0 / (1.0 - p)), mul(x, 0.0))
+
+
+def cross_entropy(logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0,
+                  axis=-1):
+    """Softmax cross-entropy with class-index targets (int) or class probabilities (float).
+    Full options (weights, nd inputs) live in sampan.nn.functional."""
+    from .elementwise import ne
+    from .index import take_along_axis
+    from .shape import squeeze, unsqueeze
+    logits = _t(logits)
+    target = _t(target)
+    lsm = log_softmax(logits, axis)
+    c = logits.shape[axis]
+    if _dt.is_floating(target.dtype):
+        loss = -sum(mul(lsm, target), axis)
+        valid = None
+    else:
+        valid = ne(target, ignore_index)
+        safe = where(valid, target, 0)
+        nll = -squeeze(take_along_axis(lsm, unsqueeze(safe, axis), axis), axis)
+        if label_smoothing:
+            smooth = -mean(lsm, axis)
+            nll = add(mul(nll, 1.0 - label_smoothing), mul(smooth, label_smoothing))
+        loss = where(valid, nll, 0.0)
+    if label_smoothing and valid is None:
+        loss = add(mul(loss, 1 - label_smoothing), mul(-mean(lsm, axis), label_smoothing))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum(loss)
+    if valid is not None:
+        return div(sum(loss), sum(cast(valid, loss.dtype)))
+    return mean(loss)
+
+
+
+
+def _cls_target():
+    return np.array([1, 0, 3]).astype(np.int64)
+
+
+# name -> (function, samples, torch reference name used by the op tests)
+COMPOSITES = {
+    "softmax": (softmax, lambda: [Sample((randf(rng(60), 3, 5),), {"axis": -1}),
+                                  Sample((randf(rng(61), 2, 3, 4),), {"axis": 1})]),
+    "log_softmax": (log_softmax, lambda: [Sample((randf(rng(62), 3, 5),), {"axis": -1})]),
+    "logsumexp": (logsumexp, lambda: [Sample((randf(rng(63), 3, 5),), {"axis": 1})]),
+    "var": (var, lambda: [Sample((randf(rng(64), 3, 5),), {"axis": 1})]),
+    "std": (std, lambda: [Sample((randf(rng(65), 3, 5),), {"axis": 0})]),
+    "layer_norm": (layer_norm, lambda: [Sample((randf(rng(66), 3, 6), (6,), randf(rng(67), 6),
+                                                randf(rng(68), 6)), {})]),
+    "rms_norm": (rms_norm, lambda: [Sample((randf(rng(69), 3, 6), (6,), randf(rng(70), 6)),
+                                           {})]),
+    "batch_norm": (batch_norm, lambda: [Sample((randf(rng(71), 4, 3, 2, 2), None, None,
+                                                randf(rng(72), 3), randf(rng(73), 3)),
+                                               {"training": True})]),
+    "gelu": (gelu, lambda: [Sample((randf(rng(74), 3, 5),), {}),
+                            Sample((randf(rng(75), 3, 5),), {"approximate": "tanh"})]),
+    "silu": (silu, lambda: [Sample((randf(rng(76), 3, 5),), {})]),
+    "leaky_relu": (leaky_relu, lambda: [Sample((randf(rng(77), 3, 5),), {})]),
+    "softplus": (softplus, lambda: [Sample((randf(rng(78), 3, 5),), {})]),
+    "cross_entropy": (cross_entropy, lambda: [
+        Sample((randf(rng(79), 3, 5), _cls_target()), {}, diff=(0,)),
+        Sample((randf(rng(80), 3, 5), _cls_target()), {"label_smoothing": 0.1}, diff=(0,)),
+        Sample((randf(rng(81), 3, 5), np.array([1, -100, 2])), {}, diff=(0,))]),
+}

@@ -1,0 +1,412 @@
+"""Elementwise primitives: one block per op (rule, kernel, gradient, scalar form, FLOPs,
+ONNX mapping, samples). Python-facing functions promote dtypes and wrap scalars
+before calling `apply`, so every kernel sees inputs of one dtype."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..tensor import Tensor, apply, wrap
+from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
+                    unary_samples, unbroadcast)
+from .registry import NOT_DIFFERENTIABLE, Spec, defop
+
+_isfloat = _dt.is_floating
+
+
+# ---------------------------------------------------------------------- frontends
+def _const(value, dtype):
+    return wrap(np.asarray(value, dtype=dtype))
+
+
+def operands(a, b):
+    """Promote two operands (tensors or Python scalars) to one dtype."""
+    if isinstance(a, Tensor):
+        if isinstance(b, Tensor):
+            da, db = a._data.dtype, b._data.dtype
+            if da is db or da == db:
+                return a, b
+            d = _dt.promote_types(da, db)
+            return (a if da == d else cast(a, d)), (b if db == d else cast(b, d))
+        d = _dt.scalar_dtype(b, a._data.dtype)
+        return (a if d == a._data.dtype else cast(a, d)), _const(b, d)
+    if isinstance(b, Tensor):
+        d = _dt.scalar_dtype(a, b._data.dtype)
+        return _const(a, d), (b if d == b._data.dtype else cast(b, d))
+    return Tensor(a), Tensor(b)
+
+
+def _float_operand(x):
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    return x if _isfloat(x._data.dtype) else cast(x, _dt.get_default_dtype())
+
+
+def binary(op, a, b):
+    if type(a) is Tensor and type(b) is Tensor and a._data.dtype is b._data.dtype:
+        return apply(op, (a, b), {})
+    a, b = operands(a, b)
+    return apply(op, (a, b), {})
+
+
+def _binary_fn(op, doc):
+    def f(a, b):
+        return binary(op, a, b)
+    f.__name__ = op.name
+    f.__doc__ = doc
+    return f
+
+
+def _unary_fn(op, doc, float_only=True):
+    def f(x):
+        if float_only:
+            x = _float_operand(x)
+        elif not isinstance(x, Tensor):
+            x = Tensor(x)
+        return apply(op, (x,), {})
+    f.__name__ = op.name
+    f.__doc__ = doc
+    return f
+
+
+# ---------------------------------------------------------------------- binary arithmetic
+def _bflops(a, b, **_):
+    from ._util import broadcast_shapes
+    return numel_flops(Spec(broadcast_shapes("flops", a.shape, b.shape), a.dtype))
+
+
+ADD = defop("add", elementwise_rule("add"), kernel=np.add, kind="elementwise", scalar="a + b",
+            grad=lambda g, y, a, b: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)),
+            saves=(), flops=_bflops, onnx="Add", samples=binary_samples())
+SUB = defop("sub", elementwise_rule("sub"), kernel=np.subtract, kind="elementwise",
+            scalar="a - b", saves=(), flops=_bflops, onnx="Sub", samples=binary_samples(),
+            grad=lambda g, y, a, b: (unbroadcast(g, a.shape), unbroadcast(neg(g), b.shape)))
+MUL = defop("mul", elementwise_rule("mul"), kernel=np.multiply, kind="elementwise",
+            scalar="a * b", flops=_bflops, onnx="Mul", samples=binary_samples(),
+            grad=lambda g, y, a, b: (unbroadcast(mul(g, b), a.shape),
+                                     unbroadcast(mul(g, a), b.shape)))
+DIV = defop("div", elementwise_rule("div", float_only=True), kernel=np.true_divide,
+            kind="elementwise", scalar="a / b", flops=_bflops, onnx="Div",
+            samples=binary_samples(blow=0.5, bhigh=2.0),
+            grad=lambda g, y, a, b: (unbroadcast(div(g, b), a.shape),
+                                     unbroadcast(neg(div(mul(g, a), mul(b, b))), b.shape)))
+
+
+def _pow_grad(g, y, a, b):
+    ga = mul(g, mul(b, pow(a, sub(b, 1))))
+    safe = where(gt(a, 0), a, ones_like_(a))
+    gb = mul(g, mul(pow(a, b), where(gt(a, 0), log(safe), zeros_like_(a))))
+    return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
+
+
+POW = defop("pow", elementwise_rule("pow"), kernel=np.power, kind="elementwise",
+            scalar="a ** b", flops=_bflops, onnx="Pow", grad=_pow_grad,
+            samples=binary_samples(low=0.5, high=2.0))
+
+
+def _minmax_grad(cmp):
+    def grad(g, y, a, b):
+        half = _const(0.5, g.dtype)
+        w = where(cmp(a, b), ones_like_(g), where(eq(a, b), expand_like(half, g),
+                                                  zeros_like_(g)))
+        return unbroadcast(mul(g, w), a.shape), unbroadcast(mul(g, sub(1.0, w)), b.shape)
+    return grad
+
+
+MAXIMUM = defop("maximum", elementwise_rule("maximum"), kernel=np.maximum, kind="elementwise",
+                scalar="max(a, b)", flops=_bflops, onnx="Max", samples=binary_samples(),
+                grad=_minmax_grad(lambda a, b: gt(a, b)))
+MINIMUM = defop("minimum", elementwise_rule("minimum"), kernel=np.minimum, kind="elementwise",
+                scalar="min(a, b)", flops=_bflops, onnx="Min", samples=binary_samples(),
+                grad=_minmax_grad(lambda a, b: lt(a, b)))
+
+
+def _int_samples():
+    r = rng(3)
+    return [Sample((r.integers(-9, 9, (3, 4)), r.integers(1, 5, (4,))))]
+
+
+FLOOR_DIVIDE = defop("floor_divide", elementwise_rule("floor_divide"), kernel=np.floor_divide,
+                     kind="elementwise", scalar="a // b", grad=NOT_DIFFERENTIABLE,
+                     flops=_bflops, onnx=None, samples=_int_samples)
+MOD = defop("mod", elementwise_rule("mod"), kernel=np.mod, kind="elementwise", scalar="a % b",
+            grad=NOT_DIFFERENTIABLE, flops=_bflops, onnx="Mod", samples=_int_samples)
+
+add = _binary_fn(ADD, "Elementwise a + b with broadcasting. Example: ``sampan.add(x, 1.0)``")
+sub = _binary_fn(SUB, "Elementwise a - b. Example: ``sampan.sub(x, y)``")
+mul = _binary_fn(MUL, "Elementwise a * b. Example: ``sampan.mul(x, 2.0)``")
+maximum = _binary_fn(MAXIMUM, "Elementwise maximum (ties split the gradient).")
+minimum = _binary_fn(MINIMUM, "Elementwise minimum (ties split the gradient).")
+floor_divide = _binary_fn(FLOOR_DIVIDE, "Elementwise floor(a / b).")
+mod = _binary_fn(MOD, "Elementwise a mod b (sign of b, like Python).")
+
+
+def div(a, b):
+    """True division; integer inputs give the default float dtype. Example: ``x / 2``."""
+    a, b = operands(a, b)
+    if not _isfloat(a._data.dtype):
+        a, b = cast(a, _dt.get_default_dtype()), cast(b, _dt.get_default_dtype())
+    return apply(DIV, (a, b), {})
+
+
+def pow(a, b):
+    """Elementwise a ** b. Example: ``sampan.pow(x, 2)``."""
+    return binary(POW, a, b)
+
+
+# ---------------------------------------------------------------------- comparisons & logic
+def _cmp_samples():
+    r = rng(4)
+    a = r.integers(-2, 3, (3, 4)).astype(np.float32)
+    return [Sample((a, r.integers(-2, 3, (4,)).astype(np.float32))), Sample((a, a.copy()))]
+
+
+def _bool_samples():
+    r = rng(5)
+    return [Sample((r.random((3, 4)) > 0.5, r.random((4,)) > 0.5))]
+
+
+_CMP = {}
+for _name, _k, _s, _onnx in [("eq", np.equal, "a == b", "Equal"),
+                             ("ne", np.not_equal, "a != b", None),
+                             ("lt", np.less, "a < b", "Less"),
+                             ("le", np.less_equal, "a <= b", "LessOrEqual"),
+                             ("gt", np.greater, "a > b", "Greater"),
+                             ("ge", np.greater_equal, "a >= b", "GreaterOrEqual")]:
+    _CMP[_name] = defop(_name, elementwise_rule(_name, out_dtype=np.bool_), kernel=_k,
+                        kind="elementwise", scalar=_s, grad=NOT_DIFFERENTIABLE, flops=_bflops,
+                        onnx=_onnx, samples=_cmp_samples)
+for _name, _k, _s, _onnx in [("logical_and", np.logical_and, "a and b", "And"),
+                             ("logical_or", np.logical_or, "a or b", "Or"),
+                             ("logical_xor", np.logical_xor, "a != b", "Xor")]:
+    _CMP[_name] = defop(_name, elementwise_rule(_name, out_dtype=np.bool_), kernel=_k,
+                        kind="elementwise", scalar=_s, grad=NOT_DIFFERENTIABLE, flops=_bflops,
+                        onnx=_onnx, samples=_bool_samples)
+
+eq = _binary_fn(_CMP["eq"], "Elementwise a == b (bool).")
+ne = _binary_fn(_CMP["ne"], "Elementwise a != b (bool).")
+lt = _binary_fn(_CMP["lt"], "Elementwise a < b (bool).")
+le = _binary_fn(_CMP["le"], "Elementwise a <= b (bool).")
+gt = _binary_fn(_CMP["gt"], "Elementwise a > b (bool).")
+ge = _binary_fn(_CMP["ge"], "Elementwise a >= b (bool).")
+
+
+def _logic(op):
+    def f(a, b):
+        a = a if isinstance(a, Tensor) else Tensor(a)
+        b = b if isinstance(b, Tensor) else Tensor(b)
+        return apply(op, (cast(a, "bool") if a.dtype != np.bool_ else a,
+                          cast(b, "bool") if b.dtype != np.bool_ else b), {})
+    f.__name__ = op.name
+    f.__doc__ = f"Elementwise {op.name.split('_')[1]} of truth values."
+    return f
+
+
+logical_and = _logic(_CMP["logical_and"])
+logical_or = _logic(_CMP["logical_or"])
+logical_xor = _logic(_CMP["logical_xor"])
+
+LOGICAL_NOT = defop("logical_not", lambda a: Spec(a.shape, np.dtype(np.bool_)),
+                    kernel=np.logical_not, kind="elementwise", scalar="not a",
+                    grad=NOT_DIFFERENTIABLE, flops=numel_flops, onnx="Not",
+                    samples=lambda: [Sample((rng(6).random((3, 4)) > 0.5,))])
+
+
+def logical_not(x):
+    """Elementwise not (bool)."""
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    return apply(LOGICAL_NOT, (x if x.dtype == np.bool_ else cast(x, "bool"),), {})
+
+
+# ---------------------------------------------------------------------- unary math
+try:  # scipy's erf is exact to the last bit; fall back to math.erf per element
+    from scipy.special import erf as _erf_kernel
+except ImportError:  # pragma: no cover
+    _erf_vec = np.vectorize(math.erf, otypes=[np.float64])
+
+    def _erf_kernel(a):
+        return _erf_vec(a).astype(a.dtype)
+
+
+def _as_kernel(f):
+    """Kernels that upcast half types to float32 and round back (for non-ufunc math)."""
+    def k(a):
+        if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
+            return f(a.astype(np.float32)).astype(a.dtype)
+        return f(a)
+    return k
+
+
+def _relu(a):
+    return np.maximum(a, a.dtype.type(0))
+
+
+def _sigmoid(a):
+    # 1/(1+e^-x) written to avoid overflow for very negative x
+    e = np.exp(-np.abs(a))
+    return np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype)
+
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_U = {}
+for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
+    ("neg", np.negative, "-a", lambda g, y, a: neg(g), "Neg", -2, 2, (), False),
+    ("abs", np.abs, "abs(a)", lambda g, y, a: mul(g, sign(a)), "Abs", -2, 2, None, False),
+    ("exp", np.exp, "exp(a)", lambda g, y, a: mul(g, y), "Exp", -2, 2, (), True),
+    ("log", np.log, "log(a)", lambda g, y, a: div(g, a), "Log", 0.5, 3, None, False),
+    ("sqrt", np.sqrt, "sqrt(a)", lambda g, y, a: div(g, mul(y, 2.0)), "Sqrt", 0.5, 3, (), True),
+    ("sin", np.sin, "sin(a)", lambda g, y, a: mul(g, cos(a)), "Sin", -2, 2, None, False),
+    ("cos", np.cos, "cos(a)", lambda g, y, a: neg(mul(g, sin(a))), "Cos", -2, 2, None, False),
+    ("tanh", np.tanh, "tanh(a)", lambda g, y, a: mul(g, sub(1.0, mul(y, y))), "Tanh", -2, 2,
+     (), True),
+    ("sigmoid", _sigmoid, "1 / (1 + exp(-a))",
+     lambda g, y, a: mul(g, mul(y, sub(1.0, y))), "Sigmoid", -3, 3, (), True),
+    ("relu", _relu, "max(a, 0)", lambda g, y, a: where(gt(a, 0.0), g, zeros_like_(g)), "Relu",
+     -2, 2, None, False),
+    ("erf", _as_kernel(_erf_kernel), "erf(a)",
+     lambda g, y, a: mul(g, mul(exp(neg(mul(a, a))), _TWO_OVER_SQRT_PI)), "Erf", -2, 2, None,
+     False),
+    ("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: neg(mul(g, mul(y, y))), "Reciprocal",
+     0.5, 2, (), True),
+    ("log1p", np.log1p, "log1p(a)", lambda g, y, a: div(g, add(a, 1.0)), None, -0.5, 2, None,
+     False),
+    ("expm1", np.expm1, "expm1(a)", lambda g, y, a: mul(g, add(y, 1.0)), None, -2, 2, (), True),
+]:
+    _U[_name] = defop(_name, elementwise_rule(_name, float_only=_name not in ("neg", "abs")),
+                      kernel=_kernel, kind="elementwise", scalar=_scalar, grad=_grad,
+                      flops=numel_flops, onnx=_onnx, samples=unary_samples(_lo, _hi),
+                      saves=_save, save_output=_so)
+
+# non-differentiable (piecewise-constant) unary ops: gradient is zero
+for _name, _kernel, _scalar, _onnx in [("sign", np.sign, "sign(a)", "Sign"),
+                                       ("floor", np.floor, "floor(a)", "Floor"),
+                                       ("ceil", np.ceil, "ceil(a)", "Ceil"),
+                                       ("round", np.round, "round(a)", "Round")]:
+    _U[_name] = defop(_name, elementwise_rule(_name), kernel=_kernel, kind="elementwise",
+                      scalar=_scalar, grad=NOT_DIFFERENTIABLE, flops=numel_flops, onnx=_onnx,
+                      samples=unary_samples(-2.3, 2.3))
+
+neg = _unary_fn(_U["neg"], "Elementwise -x.", float_only=False)
+abs = _unary_fn(_U["abs"], "Elementwise |x|.", float_only=False)
+exp = _unary_fn(_U["exp"], "Elementwise e**x. Example: ``sampan.exp(x)``")
+log = _unary_fn(_U["log"], "Natural logarithm.")
+sqrt = _unary_fn(_U["sqrt"], "Square root.")
+sin = _unary_fn(_U["sin"], "Sine.")
+cos = _unary_fn(_U["cos"], "Cosine.")
+tanh = _unary_fn(_U["tanh"], "Hyperbolic tangent. Example: ``sampan.tanh(x)``")
+sigmoid = _unary_fn(_U["sigmoid"], "Logistic sigmoid 1/(1+e^-x).")
+relu = _unary_fn(_U["relu"], "max(x, 0).", float_only=False)
+erf = _unary_fn(_U["erf"], "Gauss error function.")
+reciprocal = _unary_fn(_U["reciprocal"], "1/x.")
+log1p = _unary_fn(_U["log1p"], "log(1 + x), accurate near 0.")
+expm1 = _unary_fn(_U["expm1"], "e**x - 1, accurate near 0.")
+sign = _unary_fn(_U["sign"], "Sign of x (-1, 0, 1); zero gradient.", float_only=False)
+floor = _unary_fn(_U["floor"], "Round down; zero gradient.", float_only=False)
+ceil = _unary_fn(_U["ceil"], "Round up; zero gradient.", float_only=False)
+round = _unary_fn(_U["round"], "Round half to even; zero gradient.", float_only=False)
+
+
+def rsqrt(x):
+    """1/sqrt(x)."""
+    return reciprocal(sqrt(x))
+
+
+def square(x):
+    """x*x."""
+    return mul(x, x)
+
+
+# ---------------------------------------------------------------------- where & cast
+def _where_rule(c, a, b):
+    from ._util import broadcast_shapes, same_dtype
+    from ..errors import DTypeError, op_error
+    if c.dtype != np.bool_:
+        raise op_error(DTypeError, "where", f"condition dtype {c.dtype}", "bool")
+    return Spec(broadcast_shapes("where", c.shape, a.shape, b.shape), same_dtype("where", a, b))
+
+
+def _where_grad(g, y, c, a, b):
+    z = zeros_like_(g)
+    return None, unbroadcast(where(c, g, z), a.shape), unbroadcast(where(c, z, g), b.shape)
+
+
+def _where_samples():
+    r = rng(7)
+    return [Sample((r.random((3, 4)) > 0.5, randf(r, 3, 4), randf(r, 4)), diff=(1, 2)),
+            Sample((r.random((4,)) > 0.5, randf(r, 2, 1), randf(r, 2, 4)), diff=(1, 2))]
+
+
+WHERE = defop("where", _where_rule, kernel=np.where, kind="elementwise",
+              scalar="a if c else b", grad=_where_grad, saves=(0,), flops=numel_flops,
+              onnx="Where", samples=_where_samples, nondiff_inputs=(0,))
+
+
+def where(cond, a, b):
+    """Pick `a` where `cond` is true, else `b`. Example: ``sampan.where(x > 0, x, 0.0)``."""
+    cond = cond if isinstance(cond, Tensor) else Tensor(cond)
+    if cond.dtype != np.bool_:
+        cond = cast(cond, "bool")
+    a, b = operands(a, b)
+    return apply(WHERE, (cond, a, b), {})
+
+
+def _cast_kernel(a, dtype):
+    d = _dt.as_dtype(dtype)
+    return a if a.dtype == d else a.astype(d)
+
+
+def _cast_grad(g, y, a, dtype):
+    if not _isfloat(a.dtype):
+        return (None,)
+    return (cast(g, _dt.dtype_name(a.dtype)),)
+
+
+def _cast_samples():
+    r = rng(8)
+    x = randf(r, 3, 4)
+    return [Sample((x,), {"dtype": "float64"}), Sample((x,), {"dtype": "int32"}, diff=()),
+            Sample((x,), {"dtype": "bfloat16"}), Sample((x,), {"dtype": "float16"})]
+
+
+CAST = defop("cast", lambda a, dtype: Spec(a.shape, _dt.as_dtype(dtype)), kernel=_cast_kernel,
+             kind="elementwise", scalar="cast(a)", grad=_cast_grad, saves=(), flops=numel_flops,
+             onnx="Cast", samples=_cast_samples)
+
+
+def cast(x, dtype):
+    """Convert to `dtype` (differentiable between float dtypes). Example: ``cast(x, "f64")``."""
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    name = _dt.dtype_name(_dt.as_dtype(dtype))
+    if x.dtype == _dt.DTYPES[name]:
+        return x
+    return apply(CAST, (x,), {"dtype": name})
+
+
+# ---------------------------------------------------------------------- small helpers
+def zeros_like_(t):
+    """A zero tensor shaped like t (a constant; used inside gradient rules)."""
+    from .creation import zeros_like
+    return zeros_like(t)
+
+
+def ones_like_(t):
+    from .creation import ones_like
+    return ones_like(t)
+
+
+def expand_like(x, like):
+    from .shape import expand
+    return expand(x, tuple(like.shape))
+
+
+def clamp(x, min=None, max=None):
+    """Limit values to [min, max] (either may be None). Example: ``clamp(x, 0.0, 1.0)``."""
+    if min is not None:
+        x = maximum(x, min)
+    if max is not None:
+        x = minimum(x, max)
+    return x
+
+
+clip = clamp

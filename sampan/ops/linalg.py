@@ -1,0 +1,79 @@
+"""matmul (batched, broadcasting). bfloat16/float16 compute in float32 (numpy's
+bfloat16 dot is ~180x slower than float32) and round the result."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import ShapeError, op_error
+from ..tensor import Tensor, apply
+from ._util import Sample, broadcast_shapes, randf, rng, same_dtype, unbroadcast
+from .registry import Spec, defop
+
+
+def _matmul_rule(a, b):
+    d = same_dtype("matmul", a, b)
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise op_error(ShapeError, "matmul", f"shapes {tuple(a.shape)} and {tuple(b.shape)}",
+                       "at least 2-d inputs (1-d inputs are reshaped by sampan.matmul)")
+    if a.shape[-1] != b.shape[-2]:
+        raise op_error(ShapeError, "matmul", f"shapes {tuple(a.shape)} @ {tuple(b.shape)}",
+                       f"a.shape[-1] == b.shape[-2] (got {a.shape[-1]} and {b.shape[-2]})")
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    return Spec(tuple(batch) + (a.shape[-2], b.shape[-1]), d)
+
+
+def _matmul_kernel(a, b):
+    if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+    return np.matmul(a, b)
+
+
+def _mT(x):
+    from .shape import transpose
+    return transpose(x, -2, -1)
+
+
+def _matmul_grad(g, y, a, b):
+    return unbroadcast(matmul(g, _mT(b)), a.shape), unbroadcast(matmul(_mT(a), g), b.shape)
+
+
+def _matmul_flops(a, b):
+    s = _matmul_rule(a, b).shape
+    n = 1
+    for d in s:
+        n *= d if isinstance(d, int) else 1
+    return 2 * n * (a.shape[-1] if isinstance(a.shape[-1], int) else 1)
+
+
+def _samples():
+    r = rng(50)
+    return [Sample((randf(r, 3, 4), randf(r, 4, 5))),
+            Sample((randf(r, 2, 3, 4), randf(r, 4, 2))),
+            Sample((randf(r, 2, 1, 3, 4), randf(r, 3, 4, 2))),
+            Sample((randf(r, 0, 4), randf(r, 4, 3)))]
+
+
+MATMUL = defop("matmul", _matmul_rule, kernel=_matmul_kernel, grad=_matmul_grad,
+               flops=_matmul_flops, onnx="MatMul", samples=_samples)
+
+
+def matmul(a, b):
+    """Matrix product with batch broadcasting; 1-d operands as in numpy. Example: ``x @ w``."""
+    from .elementwise import operands
+    from .shape import reshape
+    a, b = operands(a, b)
+    if a.ndim >= 2 and b.ndim >= 2:
+        return apply(MATMUL, (a, b), {})
+    if a.ndim == 0 or b.ndim == 0:
+        raise op_error(ShapeError, "matmul", f"shapes {a.shape} and {b.shape}",
+                       "at least 1-d inputs")
+    a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
+    b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
+    y = apply(MATMUL, (a2, b2), {})
+    shape = tuple(y.shape)
+    if a.ndim == 1:
+        shape = shape[:-2] + shape[-1:]
+    if b.ndim == 1:
+        shape = shape[:-1]
+    return reshape(y, shape)

@@ -1,0 +1,269 @@
+"""Reductions: sum, mean, max/min (and arg-variants), prod, all/any, cumsum.
+
+Float16/bfloat16 reductions accumulate in float32 and round the result
+(numpy on ml_dtypes would otherwise accumulate in bfloat16)."""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..tensor import Tensor, apply
+from ._util import Sample, norm_axis, randf, rng
+from .registry import NOT_DIFFERENTIABLE, Spec, defop
+
+
+def _red_shape(x, axis, keepdims):
+    axes = norm_axis(axis, len(x.shape))
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    return tuple(d for i, d in enumerate(x.shape) if i not in axes)
+
+
+def _red_rule(out_dtype=None):
+    def rule(x, axis=None, keepdims=False):
+        return Spec(_red_shape(x, axis, keepdims), np.dtype(out_dtype) if out_dtype else x.dtype)
+    return rule
+
+
+def _acc_kernel(f):
+    def k(a, axis=None, keepdims=False):
+        if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
+            return np.asarray(f(a, axis=axis, keepdims=keepdims, dtype=np.float32)).astype(a.dtype)
+        return f(a, axis=axis, keepdims=keepdims)
+    return k
+
+
+def _red_flops(x, axis=None, keepdims=False):
+    n = 1
+    for d in x.shape:
+        n *= d if isinstance(d, int) else 1
+    return n
+
+
+def _red_samples():
+    r = rng(11)
+    x = randf(r, 3, 4, 5)
+    return [Sample((x,), {"axis": None, "keepdims": False}),
+            Sample((x,), {"axis": (1,), "keepdims": True}),
+            Sample((x,), {"axis": (0, 2), "keepdims": False}),
+            Sample((randf(r, 4),), {"axis": (0,), "keepdims": False}),
+            Sample((randf(r, 0, 3),), {"axis": (0,), "keepdims": False})]
+
+
+def _keep_shape(x, axis):
+    return tuple(1 if i in norm_axis(axis, len(x.shape)) else d for i, d in enumerate(x.shape))
+
+
+def _expand_back(g, x, axis, keepdims):
+    from .shape import expand, reshape
+    if not keepdims:
+        g = reshape(g, _keep_shape(x, axis))
+    return expand(g, tuple(x.shape))
+
+
+SUM = defop("sum", _red_rule(), kernel=_acc_kernel(np.sum), kind="reduction", scalar="a + b",
+            grad=lambda g, y, x, axis=None, keepdims=False: _expand_back(g, x, axis, keepdims),
+            saves=(), flops=_red_flops, onnx="ReduceSum", samples=_red_samples)
+
+
+def _mean_grad(g, y, x, axis=None, keepdims=False):
+    from .elementwise import div
+    n = 1
+    for i in norm_axis(axis, len(x.shape)):
+        n *= x.shape[i]
+    return div(_expand_back(g, x, axis, keepdims), float(builtins.max(n, 1)))
+
+
+MEAN = defop("mean", _red_rule(), kernel=_acc_kernel(np.mean), kind="reduction",
+             scalar="a + b", grad=_mean_grad, saves=(), flops=_red_flops, onnx="ReduceMean",
+             samples=lambda: _red_samples()[:4])
+
+
+def _minmax_grad(g, y, x, axis=None, keepdims=False):
+    from .elementwise import cast, div, eq, mul
+    from .shape import reshape
+    yk = y if keepdims else reshape(y, _keep_shape(x, axis))
+    mask = cast(eq(x, yk), x.dtype)
+    count = sum(mask, axis, keepdims=True)
+    return div(mul(_expand_back(g, x, axis, keepdims), mask), count)
+
+
+def _max_kernel(f):
+    def k(a, axis=None, keepdims=False):
+        return f(a, axis=axis, keepdims=keepdims)
+    return k
+
+
+def _minmax_samples():
+    return [s for s in _red_samples() if s.args[0].size]
+
+
+MAX = defop("max", _red_rule(), kernel=_max_kernel(np.max), kind="reduction",
+            scalar="max(a, b)", grad=_minmax_grad, save_output=True, flops=_red_flops,
+            onnx="ReduceMax", samples=_minmax_samples)
+MIN = defop("min", _red_rule(), kernel=_max_kernel(np.min), kind="reduction",
+            scalar="min(a, b)", grad=_minmax_grad, save_output=True, flops=_red_flops,
+            onnx="ReduceMin", samples=_minmax_samples)
+
+
+def _prod_grad(g, y, x, axis=None, keepdims=False):
+    from .elementwise import div, mul
+    from .shape import reshape
+    # valid for non-zero inputs; zeros give inf/nan as in the naive rule
+    yk = y if keepdims else reshape(y, _keep_shape(x, axis))
+    return mul(_expand_back(g, x, axis, keepdims), div(yk, x))
+
+
+PROD = defop("prod", _red_rule(), kernel=_acc_kernel(np.prod), kind="reduction",
+             scalar="a * b", grad=_prod_grad, save_output=True, flops=_red_flops,
+             onnx="ReduceProd",
+             samples=lambda: [Sample((randf(rng(12), 3, 4, low=0.5, high=1.5),),
+                                     {"axis": (1,), "keepdims": False})])
+
+
+def _argrule(x, axis=None, keepdims=False):
+    if axis is None:
+        return Spec((1,) * len(x.shape) if keepdims else (), np.dtype(np.int64))
+    return Spec(_red_shape(x, axis, keepdims), np.dtype(np.int64))
+
+
+def _arg_samples():
+    r = rng(13)
+    return [Sample((randf(r, 3, 4),), {"axis": 1, "keepdims": False}),
+            Sample((randf(r, 3, 4),), {"axis": None, "keepdims": False}),
+            Sample((randf(r, 2, 3, 4),), {"axis": 0, "keepdims": True})]
+
+
+def _argk(f):
+    def k(a, axis=None, keepdims=False):
+        return np.asarray(f(a, axis=axis, keepdims=keepdims), dtype=np.int64)
+    return k
+
+
+ARGMAX = defop("argmax", _argrule, kernel=_argk(np.argmax), kind="reduction",
+               grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx="ArgMax", samples=_arg_samples)
+ARGMIN = defop("argmin", _argrule, kernel=_argk(np.argmin), kind="reduction",
+               grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx="ArgMin", samples=_arg_samples)
+
+_bool_red = [Sample((rng(14).random((3, 4)) > 0.3,), {"axis": (1,), "keepdims": False}),
+             Sample((rng(15).random((3, 4)) > 0.3,), {"axis": None, "keepdims": False})]
+ALL = defop("all", _red_rule(np.bool_), kernel=_max_kernel(np.all), kind="reduction",
+            grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx=None, samples=lambda: _bool_red)
+ANY = defop("any", _red_rule(np.bool_), kernel=_max_kernel(np.any), kind="reduction",
+            grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx=None, samples=lambda: _bool_red)
+
+
+def _cumsum_kernel(a, axis):
+    if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
+        return np.cumsum(a, axis=axis, dtype=np.float32).astype(a.dtype)
+    return np.cumsum(a, axis=axis)
+
+
+def _cumsum_grad(g, y, x, axis):
+    from .shape import flip
+    return flip(cumsum(flip(g, (axis,)), axis), (axis,))
+
+
+CUMSUM = defop("cumsum", lambda x, axis: Spec(x.shape, x.dtype), kernel=_cumsum_kernel,
+               kind="opaque", grad=_cumsum_grad, saves=(), flops=_red_flops, onnx="CumSum",
+               samples=lambda: [Sample((randf(rng(16), 3, 4),), {"axis": 1}),
+                                Sample((randf(rng(17), 5),), {"axis": 0})])
+
+
+# ---------------------------------------------------------------------- frontends
+def _axis_attr(x, axis):
+    if axis is None:
+        return None
+    return norm_axis(axis, x.ndim, "reduce")
+
+
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def sum(x, axis=None, keepdims=False, dtype=None):
+    """Sum over `axis` (int, tuple or None for all). Example: ``sampan.sum(x, 1)``."""
+    x = _t(x)
+    if x.dtype == np.bool_ or (dtype is not None):
+        from .elementwise import cast
+        x = cast(x, dtype or "int64")
+    return apply(SUM, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def mean(x, axis=None, keepdims=False):
+    """Mean over `axis`. Example: ``x.mean(0)``."""
+    x = _t(x)
+    if not _dt.is_floating(x.dtype):
+        from .elementwise import cast
+        x = cast(x, _dt.get_default_dtype())
+    return apply(MEAN, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def amax(x, axis=None, keepdims=False):
+    """Maximum over `axis` (ties share the gradient). Example: ``sampan.amax(x, 1)``."""
+    x = _t(x)
+    return apply(MAX, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def amin(x, axis=None, keepdims=False):
+    """Minimum over `axis`."""
+    x = _t(x)
+    return apply(MIN, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def prod(x, axis=None, keepdims=False):
+    """Product over `axis`."""
+    x = _t(x)
+    return apply(PROD, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def argmax(x, axis=None, keepdims=False):
+    """Index of the maximum (int64). Example: ``logits.argmax(-1)``."""
+    x = _t(x)
+    ax = None if axis is None else norm_axis(axis, x.ndim, "argmax")[0]
+    return apply(ARGMAX, (x,), {"axis": ax, "keepdims": bool(keepdims)})
+
+
+def argmin(x, axis=None, keepdims=False):
+    """Index of the minimum (int64)."""
+    x = _t(x)
+    ax = None if axis is None else norm_axis(axis, x.ndim, "argmin")[0]
+    return apply(ARGMIN, (x,), {"axis": ax, "keepdims": bool(keepdims)})
+
+
+def all(x, axis=None, keepdims=False):
+    """True where every element is true."""
+    from .elementwise import cast
+    x = _t(x)
+    x = x if x.dtype == np.bool_ else cast(x, "bool")
+    return apply(ALL, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def any(x, axis=None, keepdims=False):
+    """True where some element is true."""
+    from .elementwise import cast
+    x = _t(x)
+    x = x if x.dtype == np.bool_ else cast(x, "bool")
+    return apply(ANY, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+
+
+def cumsum(x, axis):
+    """Running sum along `axis`."""
+    x = _t(x)
+    return apply(CUMSUM, (x,), {"axis": norm_axis(axis, x.ndim, "cumsum")[0]})
+
+
+def max(x, axis=None, keepdims=False):
+    """Maximum values; with an int axis returns (values, indices) like PyTorch."""
+    if isinstance(axis, int):
+        return amax(x, axis, keepdims), argmax(x, axis, keepdims)
+    return amax(x, axis, keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    """Minimum values; with an int axis returns (values, indices) like PyTorch."""
+    if isinstance(axis, int):
+        return amin(x, axis, keepdims), argmin(x, axis, keepdims)
+    return amin(x, axis, keepdims)

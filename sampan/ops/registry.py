@@ -1,0 +1,126 @@
+"""The op table: every operation is one `OpDef` registered here.
+
+An OpDef carries everything the rest of sampan reads about an op: its shape/dtype
+rule (usable without running a kernel, so tracing never computes), its kernel per
+backend, its gradient rule written with other ops (so gradients are traceable and
+differentiable again), its fusion kind with a scalar expression for generated
+kernels, its FLOP formula, its ONNX mapping and its test samples.
+
+`apply(op, inputs, attrs)` is the single dispatch point of eager execution and
+tracing.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import SampanError, ShapeError, op_error
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Shape and dtype of a value; shapes may hold symbolic dims (str)."""
+    shape: tuple
+    dtype: np.dtype
+
+    def __repr__(self):
+        from ..dtypes import short_name
+        return f"{short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+NOT_DIFFERENTIABLE = "not differentiable"
+NO_ONNX = "none"
+
+
+@dataclass
+class OpDef:
+    """One row of the op table. See module docstring."""
+    name: str
+    shape_rule: Callable[..., Any]
+    kernels: dict = field(default_factory=dict)
+    grad: Any = None                 # callable(g, y, *inputs, **attrs) or NOT_DIFFERENTIABLE
+    kind: str = "opaque"             # "elementwise" | "reduction" | "opaque"
+    scalar: str | None = None        # scalar expression for kernel generation, e.g. "a + b"
+    flops: Callable[..., int] | None = None
+    onnx: Any = None                 # ONNX mapping (op type name / callable) or NO_ONNX
+    samples: Callable[..., list] | None = None
+    n_out: int = 1
+    view: bool = False               # output aliases the first input (shares its version counter)
+    saves: tuple | None = None       # inputs the gradient rule reads (None: all)
+    save_output: bool = False        # gradient rule reads the output
+    nondiff_inputs: tuple = ()       # inputs that never get gradients (indices, masks …)
+    random: bool = False
+    doc: str = ""
+
+    def __post_init__(self):
+        self.kernel = self.kernels.get("numpy")
+
+    def __repr__(self):
+        return f"<op {self.name}>"
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def defop(name: str, shape, *, kernel=None, **kw) -> OpDef:
+    """Register an op. `kernel` is its numpy kernel; further backends via `kernels=`."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} is registered twice")
+    kernels = dict(kw.pop("kernels", {}))
+    if kernel is not None:
+        kernels["numpy"] = kernel
+    op = OpDef(name=name, shape_rule=shape, kernels=kernels, **kw)
+    OPS[name] = op
+    return op
+
+
+def register_kernel(op_name: str, backend: str, fn) -> None:
+    """Add a backend kernel to an existing op (backends are kernel tables)."""
+    OPS[op_name].kernels[backend] = fn
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise SampanError(f"unknown op {name!r}") from None
+
+
+# ----------------------------------------------------------------------------- mode state
+class _State(threading.local):
+    def __init__(self):
+        self.grad_enabled = True
+        self.tracer = None           # set by sampan.jit while tracing
+
+
+STATE = _State()
+
+
+def describe(inputs) -> str:
+    from ..dtypes import short_name
+    parts = []
+    for t in inputs:
+        d = getattr(t, "_data", t)
+        try:
+            parts.append(f"{short_name(d.dtype)}{list(d.shape)}")
+        except Exception:
+            parts.append(repr(t))
+    return "(" + ", ".join(parts) + ")"
+
+
+def raise_kernel_error(op: OpDef, inputs, attrs, exc: Exception):
+    """Turn a kernel failure into a sampan error: run the shape rule to explain it."""
+    if isinstance(exc, SampanError):
+        raise exc
+    specs = [Spec(tuple(t._data.shape), t._data.dtype) for t in inputs]
+    try:
+        op.shape_rule(*specs, **attrs)
+    except SampanError as e:
+        raise e.with_traceback(None) from None
+    except Exception:
+        pass
+    raise op_error(ShapeError, op.name, describe(inputs) + (f" with {attrs}" if attrs else ""),
+                   "inputs this op accepts", f"the kernel said: {exc}") from exc

@@ -1,0 +1,463 @@
+"""Shape and indexing primitives: reshape, permute, expand, concat, pad, flip,
+getitem (basic and advanced indexing), setitem (functional), copy.
+
+squeeze/unsqueeze/flatten/transpose/stack/split are functions over these
+primitives, so the IR has one spelling for each movement of data."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError, op_error
+from ..tensor import Tensor, apply
+from ._util import Sample, norm_axis, randf, rng, unbroadcast
+from .registry import Spec, defop
+
+
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+# ---------------------------------------------------------------------- reshape
+def _resolve_shape(shape, numel, src_shape):
+    shape = tuple(shape)
+    if -1 in shape:
+        if shape.count(-1) > 1:
+            raise op_error(ShapeError, "reshape", f"shape {shape}", "at most one -1")
+        known = 1
+        for d in shape:
+            if d != -1:
+                known *= d
+        if known == 0 or numel % known:
+            raise op_error(ShapeError, "reshape", f"a tensor of shape {src_shape} -> {shape}",
+                           "a shape with the same number of elements")
+        shape = tuple(numel // known if d == -1 else d for d in shape)
+    n = 1
+    for d in shape:
+        n *= d
+    if n != numel:
+        raise op_error(ShapeError, "reshape", f"a tensor of shape {src_shape} -> {shape}",
+                       f"a shape with {numel} elements")
+    return shape
+
+
+def _reshape_rule(x, shape):
+    if builtins_all_int(x.shape):
+        n = 1
+        for d in x.shape:
+            n *= d
+        return Spec(_resolve_shape(shape, n, x.shape), x.dtype)
+    return Spec(tuple(shape), x.dtype)
+
+
+def builtins_all_int(shape):
+    return all(isinstance(d, int) for d in shape)
+
+
+RESHAPE = defop("reshape", _reshape_rule, kernel=lambda a, shape: a.reshape(shape),
+                view=True, saves=(), grad=lambda g, y, x, shape: reshape(g, tuple(x.shape)),
+                onnx="Reshape", flops=lambda *a, **k: 0,
+                samples=lambda: [Sample((randf(rng(20), 3, 4),), {"shape": (4, 3)}),
+                                 Sample((randf(rng(21), 2, 3, 4),), {"shape": (6, 4)}),
+                                 Sample((randf(rng(22), 0, 4),), {"shape": (2, 0)})])
+
+
+def reshape(x, *shape):
+    """View with a new shape (one dim may be -1). Example: ``x.reshape(2, -1)``."""
+    x = _t(x)
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    shape = tuple(int(d) if not isinstance(d, str) else d for d in shape)
+    if builtins_all_int(x.shape) and builtins_all_int(shape):
+        shape = _resolve_shape(shape, int(np.prod(x.shape, dtype=np.int64)), x.shape)
+    if tuple(x.shape) == shape:
+        return x
+    return apply(RESHAPE, (x,), {"shape": shape})
+
+
+# ---------------------------------------------------------------------- permute
+def _permute_rule(x, dims):
+    if sorted(dims) != list(range(len(x.shape))):
+        raise op_error(ShapeError, "permute", f"dims {dims} for a {len(x.shape)}-d tensor",
+                       f"a permutation of 0..{len(x.shape) - 1}")
+    return Spec(tuple(x.shape[d] for d in dims), x.dtype)
+
+
+PERMUTE = defop("permute", _permute_rule, kernel=lambda a, dims: a.transpose(dims), view=True,
+                saves=(), grad=lambda g, y, x, dims: permute(g, tuple(np.argsort(dims).tolist())),
+                onnx="Transpose", flops=lambda *a, **k: 0,
+                samples=lambda: [Sample((randf(rng(23), 2, 3, 4),), {"dims": (2, 0, 1)}),
+                                 Sample((randf(rng(24), 3, 4),), {"dims": (1, 0)})])
+
+
+def permute(x, *dims):
+    """Reorder dimensions. Example: ``x.permute(0, 2, 1)``."""
+    x = _t(x)
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = dims[0]
+    dims = tuple(d % x.ndim for d in dims) if x.ndim else tuple(dims)
+    if dims == tuple(range(x.ndim)):
+        return x
+    return apply(PERMUTE, (x,), {"dims": dims})
+
+
+def transpose(x, dim0=-2, dim1=-1):
+    """Swap two dimensions. Example: ``x.transpose(0, 1)``."""
+    x = _t(x)
+    if x.ndim < 2:
+        return x
+    d = list(range(x.ndim))
+    a, b = dim0 % x.ndim, dim1 % x.ndim
+    d[a], d[b] = d[b], d[a]
+    return permute(x, tuple(d))
+
+
+# ---------------------------------------------------------------------- expand
+def _expand_rule(x, shape):
+    from ._util import broadcast_shapes
+    out = broadcast_shapes("expand", x.shape, shape)
+    if tuple(out) != tuple(shape):
+        raise op_error(ShapeError, "expand", f"shape {tuple(x.shape)} -> {tuple(shape)}",
+                       "a target shape the input broadcasts to")
+    return Spec(tuple(shape), x.dtype)
+
+
+EXPAND = defop("expand", _expand_rule, kernel=lambda a, shape: np.broadcast_to(a, shape),
+               view=True, saves=(),
+               grad=lambda g, y, x, shape: unbroadcast(g, tuple(x.shape)),
+               onnx="Expand", flops=lambda *a, **k: 0,
+               samples=lambda: [Sample((randf(rng(25), 3, 1),), {"shape": (2, 3, 4)}),
+                                Sample((randf(rng(26), 4),), {"shape": (3, 4)})])
+
+
+def expand(x, *shape):
+    """Broadcast to a larger shape without copying (-1 keeps a dim)."""
+    x = _t(x)
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    lead = len(shape) - x.ndim
+    shape = tuple(x.shape[i - lead] if d == -1 else d for i, d in enumerate(shape))
+    if tuple(x.shape) == shape:
+        return x
+    return apply(EXPAND, (x,), {"shape": shape})
+
+
+broadcast_to = expand
+
+
+def squeeze(x, axis=None):
+    """Drop size-1 dims (all, or the given ones)."""
+    x = _t(x)
+    axes = norm_axis(axis, x.ndim, "squeeze") if axis is not None else None
+    shape = tuple(d for i, d in enumerate(x.shape)
+                  if not (d == 1 and (axes is None or i in axes)))
+    return reshape(x, shape)
+
+
+def unsqueeze(x, axis):
+    """Insert a size-1 dim at `axis`. Example: ``x.unsqueeze(0)``."""
+    x = _t(x)
+    axis = axis % (x.ndim + 1)
+    s = list(x.shape)
+    s.insert(axis, 1)
+    return reshape(x, tuple(s))
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    """Merge dims start_dim..end_dim into one."""
+    x = _t(x)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s, e = start_dim % x.ndim, end_dim % x.ndim
+    n = 1
+    for d in x.shape[s:e + 1]:
+        n *= d
+    return reshape(x, tuple(x.shape[:s]) + (n,) + tuple(x.shape[e + 1:]))
+
+
+# ---------------------------------------------------------------------- concat / split
+def _concat_rule(*xs, axis):
+    from ._util import same_dtype
+    d = same_dtype("concat", *xs)
+    base = list(xs[0].shape)
+    total = 0
+    for x in xs:
+        if len(x.shape) != len(base) or any(
+                a != b for i, (a, b) in enumerate(zip(x.shape, base)) if i != axis):
+            raise op_error(ShapeError, "concat", "shapes " + ", ".join(str(tuple(v.shape))
+                                                                       for v in xs),
+                           f"equal shapes except along axis {axis}")
+        total = total + x.shape[axis] if isinstance(total, int) and isinstance(
+            x.shape[axis], int) else f"{total}+{x.shape[axis]}"
+    base[axis] = total
+    return Spec(tuple(base), d)
+
+
+def _concat_grad(g, y, *xs, axis):
+    out, start = [], 0
+    for x in xs:
+        n = x.shape[axis]
+        out.append(narrow(g, axis, start, n))
+        start += n
+    return tuple(out)
+
+
+CONCAT = defop("concat", _concat_rule, kernel=lambda *a, axis: np.concatenate(a, axis=axis),
+               saves=(), grad=_concat_grad, onnx="Concat", flops=lambda *a, **k: 0,
+               samples=lambda: [Sample((randf(rng(27), 2, 3), randf(rng(28), 4, 3)), {"axis": 0}),
+                                Sample((randf(rng(29), 2, 3), randf(rng(30), 2, 1),
+                                        randf(rng(31), 2, 2)), {"axis": 1})])
+
+
+def concat(xs, axis=0):
+    """Join tensors along an existing axis. Example: ``sampan.concat([a, b], 1)``."""
+    from .elementwise import cast
+    xs = [_t(x) for x in xs]
+    if len(xs) == 1:
+        return xs[0]
+    from ..dtypes import promote_types
+    d = xs[0].dtype
+    for x in xs[1:]:
+        d = promote_types(d, x.dtype)
+    xs = [x if x.dtype == d else cast(x, d) for x in xs]
+    return apply(CONCAT, tuple(xs), {"axis": axis % xs[0].ndim})
+
+
+cat = concat
+
+
+def stack(xs, axis=0):
+    """Join tensors along a new axis."""
+    xs = [_t(x) for x in xs]
+    return concat([unsqueeze(x, axis) for x in xs], axis % (xs[0].ndim + 1))
+
+
+def narrow(x, axis, start, length):
+    """Slice `length` elements from `start` along `axis`."""
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, start + length)
+    return getitem(x, tuple(idx))
+
+
+def split(x, split_size_or_sections, axis=0):
+    """Split into chunks of a size, or into the given list of sizes (like PyTorch)."""
+    x = _t(x)
+    n = x.shape[axis]
+    if isinstance(split_size_or_sections, int):
+        sizes = [split_size_or_sections] * (n // split_size_or_sections)
+        if n % split_size_or_sections:
+            sizes.append(n % split_size_or_sections)
+    else:
+        sizes = list(split_size_or_sections)
+    out, start = [], 0
+    for s in sizes:
+        out.append(narrow(x, axis, start, s))
+        start += s
+    return tuple(out)
+
+
+def chunk(x, chunks, axis=0):
+    """Split into `chunks` nearly equal pieces."""
+    n = x.shape[axis]
+    return split(x, -(-n // chunks), axis)
+
+
+# ---------------------------------------------------------------------- pad / flip
+def _pad_rule(x, pads, value=0.0):
+    return Spec(tuple(d + a + b for d, (a, b) in zip(x.shape, pads)), x.dtype)
+
+
+def _pad_grad(g, y, x, pads, value=0.0):
+    idx = tuple(slice(a, a + d) for d, (a, b) in zip(x.shape, pads))
+    return (getitem(g, idx),)
+
+
+PAD = defop("pad", _pad_rule, kernel=lambda a, pads, value=0.0: np.pad(
+            a, pads, constant_values=np.asarray(value, a.dtype)), saves=(), grad=_pad_grad,
+            onnx="Pad", flops=lambda *a, **k: 0,
+            samples=lambda: [Sample((randf(rng(32), 2, 3),), {"pads": ((1, 0), (2, 1)),
+                                                              "value": 0.0})])
+
+
+def pad(x, pad, value=0.0):
+    """Constant padding. `pad` is PyTorch-style (last dim first: (left, right, top, bottom…))
+    or a per-dim tuple of (before, after) pairs."""
+    x = _t(x)
+    if pad and isinstance(pad[0], (tuple, list)):
+        pads = tuple((int(a), int(b)) for a, b in pad)
+    else:
+        pairs = [(int(pad[i]), int(pad[i + 1])) for i in range(0, len(pad), 2)]
+        pads = tuple([(0, 0)] * (x.ndim - len(pairs)) + pairs[::-1])
+    return apply(PAD, (x,), {"pads": pads, "value": float(value)})
+
+
+FLIP = defop("flip", lambda x, axes: Spec(x.shape, x.dtype),
+             kernel=lambda a, axes: np.flip(a, axes), saves=(), view=True,
+             grad=lambda g, y, x, axes: flip(g, axes), onnx=None, flops=lambda *a, **k: 0,
+             samples=lambda: [Sample((randf(rng(33), 2, 3, 4),), {"axes": (0, 2)})])
+
+
+def flip(x, axes):
+    """Reverse the order of elements along `axes`."""
+    x = _t(x)
+    return apply(FLIP, (x,), {"axes": norm_axis(axes, x.ndim, "flip")})
+
+
+# ---------------------------------------------------------------------- copy
+COPY = defop("copy", lambda x: Spec(x.shape, x.dtype), kernel=lambda a: a.copy(), saves=(),
+             kind="elementwise", scalar="a", grad=lambda g, y, x: g, onnx="Identity",
+             flops=lambda *a, **k: 0, samples=lambda: [Sample((randf(rng(34), 3, 2),))])
+
+
+def clone(x):
+    """A copy that owns its memory (differentiable)."""
+    return apply(COPY, (_t(x),), {})
+
+
+# ---------------------------------------------------------------------- indexing
+def encode_index(idx):
+    """Turn a Python index into plain data plus a list of index tensors.
+
+    Items: ("s", start, stop, step) slice, ("i", k) int, ("n",) None, ("e",) Ellipsis,
+    ("t", k) the k-th index tensor."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    enc, tensors = [], []
+    for it in idx:
+        if isinstance(it, slice):
+            enc.append(("s", _int_or_none(it.start), _int_or_none(it.stop),
+                        _int_or_none(it.step)))
+        elif it is None:
+            enc.append(("n",))
+        elif it is Ellipsis:
+            enc.append(("e",))
+        elif isinstance(it, (bool, np.bool_)):
+            tensors.append(Tensor(np.asarray(it)))
+            enc.append(("t", len(tensors) - 1))
+        elif isinstance(it, (int, np.integer)):
+            enc.append(("i", int(it)))
+        else:
+            t = it if isinstance(it, Tensor) else Tensor(np.asarray(it))
+            tensors.append(t)
+            enc.append(("t", len(tensors) - 1))
+    return tuple(enc), tensors
+
+
+def _int_or_none(v):
+    return None if v is None else int(v)
+
+
+def decode_index(enc, arrays):
+    out = []
+    for it in enc:
+        k = it[0]
+        if k == "s":
+            out.append(slice(it[1], it[2], it[3]))
+        elif k == "i":
+            out.append(it[1])
+        elif k == "n":
+            out.append(None)
+        elif k == "e":
+            out.append(Ellipsis)
+        else:
+            out.append(arrays[it[1]])
+    return tuple(out)
+
+
+def _abstract(spec):
+    """A zero-strided array of `spec`'s shape: lets numpy compute index shapes for free."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, spec.dtype), tuple(spec.shape),
+                                           (0,) * len(spec.shape))
+
+
+def _getitem_rule(x, *idx, index):
+    try:
+        r = _abstract(x)[decode_index(index, [_abstract(i) for i in idx])]
+    except IndexError as e:
+        raise op_error(ShapeError, "getitem", f"index {index} into shape {tuple(x.shape)}",
+                       "an index within bounds", str(e)) from None
+    return Spec(tuple(np.shape(r)), x.dtype)
+
+
+def _getitem_kernel(a, *idx, index):
+    return a[decode_index(index, idx)]
+
+
+def _getitem_grad(g, y, x, *idx, index):
+    return (apply(GETITEM_GRAD, (g,) + tuple(idx), {"index": index, "shape": tuple(x.shape)}),
+            ) + (None,) * len(idx)
+
+
+def _getitem_samples():
+    r = rng(35)
+    x = randf(r, 4, 5)
+    return [Sample((x,), {"index": (("i", 1),)}),
+            Sample((x,), {"index": (("s", 1, None, 2), ("s", None, -1, None))}),
+            Sample((x, np.array([0, 2, 2])), {"index": (("t", 0),)}, diff=(0,)),
+            Sample((randf(r, 2, 3, 4),), {"index": (("e",), ("n",), ("i", -1))}),
+            Sample((x, x > 0), {"index": (("t", 0),)}, diff=(0,))]
+
+
+GETITEM = defop("getitem", _getitem_rule, kernel=_getitem_kernel, grad=_getitem_grad,
+                saves=(), onnx="Slice", flops=lambda *a, **k: 0, samples=_getitem_samples)
+
+
+def _getitem_grad_kernel(g, *idx, index, shape):
+    out = np.zeros(shape, g.dtype)
+    np.add.at(out, decode_index(index, idx), g)
+    return out
+
+
+GETITEM_GRAD = defop(
+    "getitem_grad", lambda g, *idx, index, shape: Spec(tuple(shape), g.dtype),
+    kernel=_getitem_grad_kernel, saves=(), onnx="ScatterND", flops=lambda *a, **k: 0,
+    grad=lambda gg, y, g, *idx, index, shape: (apply(GETITEM, (gg,) + tuple(idx),
+                                                     {"index": index}),) + (None,) * len(idx),
+    samples=lambda: [Sample((randf(rng(36), 3), np.array([0, 2, 0])),
+                            {"index": (("t", 0),), "shape": (4,)}, diff=(0,))])
+
+
+def getitem(x, idx):
+    """``x[idx]`` with basic and advanced (integer/bool tensor) indexing."""
+    x = _t(x)
+    enc, tensors = encode_index(idx)
+    view = all(e[0] != "t" for e in enc)
+    out = apply(GETITEM, (x,) + tuple(tensors), {"index": enc})
+    if view and isinstance(out._data, np.ndarray) and out._data.base is not None:
+        out._base = x._base if x._base is not None else x
+    return out
+
+
+def _setitem_rule(x, v, *idx, index):
+    return Spec(x.shape, x.dtype)
+
+
+def _setitem_kernel(a, v, *idx, index):
+    out = a.copy()
+    out[decode_index(index, idx)] = v
+    return out
+
+
+def _setitem_grad(g, y, x, v, *idx, index):
+    from .elementwise import zeros_like_
+    gx = apply(SETITEM, (g, zeros_like_(v)) + tuple(idx), {"index": index})
+    gv = apply(GETITEM, (g,) + tuple(idx), {"index": index})
+    return (gx, unbroadcast(gv, tuple(v.shape))) + (None,) * len(idx)
+
+
+SETITEM = defop("setitem", _setitem_rule, kernel=_setitem_kernel, grad=_setitem_grad, saves=(),
+                onnx="ScatterND", flops=lambda *a, **k: 0,
+                samples=lambda: [Sample((randf(rng(37), 4, 3), randf(rng(38), 3)),
+                                        {"index": (("i", 1),)}),
+                                 Sample((randf(rng(39), 4, 3), randf(rng(40), 2, 1)),
+                                        {"index": (("s", 1, 3, None),)})])
+
+
+def setitem(x, idx, value):
+    """Functional ``x[idx] = value``: returns a new tensor (the in-place form is Tensor's)."""
+    from .elementwise import cast
+    x = _t(x)
+    enc, tensors = encode_index(idx)
+    v = _t(value) if isinstance(value, Tensor) else Tensor(np.asarray(value, x.dtype))
+    if v.dtype != x.dtype:
+        v = cast(v, x.dtype)
+    return apply(SETITEM, (x, v) + tuple(tensors), {"index": enc})

@@ -1,0 +1,347 @@
+"""Tensor: a numpy array plus what autograd needs.
+
+Eager dispatch lives here too (`apply`): it is the hot path of every op, so it is
+kept short: run the kernel, wrap the result, record a tape node when any input
+requires grad. Shape rules run only when a kernel fails (to explain the failure)
+and while tracing.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes as _dt
+from .device import CPU
+from .errors import AutogradError, SampanError
+from .ops.registry import NOT_DIFFERENTIABLE, STATE, raise_kernel_error
+
+_ndarray = np.ndarray
+_asarray = np.asarray
+
+
+class Tensor:
+    """An n-dimensional array with autograd.
+
+    Example::
+
+        >>> x = sampan.tensor([1.0, 2.0], requires_grad=True)
+        >>> (x * x).sum().backward(); x.grad
+        tensor([2., 4.])
+    """
+
+    __array_priority__ = 1000
+    # class-level defaults keep tensor creation on the hot path to one attribute store
+    requires_grad = False
+    grad = None
+    _node = None
+    _idx = 0
+    _base = None
+    _version = 0
+    _hooks = None
+    name = None
+
+    def __init__(self, data, dtype=None, requires_grad=False):
+        if isinstance(data, Tensor):
+            data = data._data
+        self._data = _to_array(data, dtype)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> tuple:
+        return self._data.shape
+
+    @property
+    def dtype(self):
+        return self._data.dtype
+
+    @property
+    def device(self):
+        return CPU
+
+    @property
+    def ndim(self) -> int:
+        return len(self._data.shape)
+
+    def size(self, dim=None):
+        """Shape, or the length of one dimension."""
+        s = self._data.shape
+        return s if dim is None else s[dim]
+
+    def numel(self) -> int:
+        return int(np.prod(self._data.shape, dtype=np.int64))
+
+    def dim(self) -> int:
+        return self.ndim
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    @property
+    def grad_fn(self):
+        return self._node
+
+    # ------------------------------------------------------------------ conversion
+    def numpy(self) -> np.ndarray:
+        """The underlying array (shares memory); raises if it needs grad tracking."""
+        if STATE.tracer is not None and not isinstance(self._data, _ndarray):
+            raise SampanError("numpy(): cannot read the value of a traced tensor")
+        return self._data
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def item(self):
+        a = self.numpy()
+        if a.size != 1:
+            raise SampanError(f"item(): got a tensor of shape {a.shape}; expected one element")
+        return a.reshape(()).item() if a.dtype != _dt.bfloat16 else float(a.reshape(()))
+
+    def tolist(self):
+        a = self.numpy()
+        if a.dtype in (_dt.bfloat16, _dt.float16):
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if not _dt.is_integer(self.dtype):
+            raise TypeError("only integer tensors can be used as an index")
+        return int(self.item())
+
+    def __bool__(self):
+        if STATE.tracer is not None and not isinstance(self._data, _ndarray):
+            return STATE.tracer.bool_of(self)
+        if self._data.size != 1:
+            raise SampanError(
+                f"bool(): the truth value of a tensor of shape {self.shape} is ambiguous; "
+                "use .any() or .all()")
+        return bool(self._data.reshape(()))
+
+    def __len__(self):
+        if not self._data.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __hash__(self):
+        return id(self)
+
+    def __repr__(self):
+        if not isinstance(self._data, _ndarray):
+            return f"tensor(<traced {self._data!r}>)"
+        a = self._data
+        body = np.array2string(a.astype(np.float32) if a.dtype == _dt.bfloat16 else a,
+                               separator=", ", prefix="tensor(", threshold=200)
+        extra = []
+        if a.dtype not in (_dt.get_default_dtype(), _dt.int64, _dt.bool_):
+            extra.append(f"dtype={_dt.dtype_name(a.dtype)}")
+        if self._node is not None:
+            extra.append(f"grad_fn=<{self._node.op.name}>")
+        elif self.requires_grad:
+            extra.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+
+    # ------------------------------------------------------------------ autograd
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        """Mark a leaf tensor as requiring grad (floating dtypes only)."""
+        if flag and not _dt.is_floating(self.dtype):
+            raise SampanError(f"requires_grad_: got dtype {self.dtype}; "
+                              "expected a floating dtype (only they have gradients)")
+        if self._node is not None and not flag:
+            raise AutogradError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        self.requires_grad = flag
+        return self
+
+    def detach(self) -> "Tensor":
+        """A tensor sharing data with this one, cut from the graph."""
+        t = _new(Tensor)
+        t._data = self._data
+        t._base = self._base if self._base is not None else self
+        return t
+
+    def detach_(self) -> "Tensor":
+        self._node = None
+        self.requires_grad = False
+        return self
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate d(self)/d(leaf) into every leaf's `.grad`."""
+        from .autograd.engine import backward
+        backward([self], None if gradient is None else [gradient], retain_graph,
+                 create_graph, inputs)
+
+    def register_hook(self, fn):
+        """Call `fn(grad)` when this tensor's gradient is computed; it may return a new grad."""
+        if not self.requires_grad:
+            raise AutogradError("register_hook: tensor does not require grad")
+        if self._node is not None:
+            self._node.add_hook(self._idx, fn)
+        else:
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(fn)
+        return fn
+
+    def retain_grad(self):
+        """Keep `.grad` on a non-leaf tensor after backward."""
+        if self._node is None:
+            return
+        import weakref
+        ref = weakref.ref(self)
+
+        def keep(g):
+            t = ref()
+            if t is not None:
+                t.grad = g if t.grad is None else t.grad + g
+        self._node.add_hook(self._idx, keep)
+
+    # ------------------------------------------------------------------ copies & moves
+    def clone(self) -> "Tensor":
+        from .ops import shape as _s
+        return _s.clone(self)
+
+    def contiguous(self) -> "Tensor":
+        if isinstance(self._data, _ndarray) and self._data.flags.c_contiguous:
+            return self
+        return self.clone()
+
+    def to(self, *args, dtype=None, device=None, copy=False) -> "Tensor":
+        """Convert dtype and/or device: ``t.to("float64")``, ``t.to(device="cpu")``."""
+        from .device import Device, as_device
+        for a in args:
+            if isinstance(a, (Device,)) or (isinstance(a, str) and a.split(":")[0] in
+                                           ("cpu", "cuda")):
+                device = a
+            else:
+                dtype = a
+        if device is not None:
+            as_device(device)
+        out = self
+        if dtype is not None and _dt.as_dtype(dtype) != self.dtype:
+            from .ops.elementwise import cast
+            out = cast(self, dtype)
+        elif copy:
+            out = self.clone()
+        return out
+
+    def cpu(self) -> "Tensor":
+        return self
+
+    def type_as(self, other) -> "Tensor":
+        return self.to(other.dtype)
+
+    def float(self):
+        return self.to(_dt.float32)
+
+    def double(self):
+        return self.to(_dt.float64)
+
+    def half(self):
+        return self.to(_dt.float16)
+
+    def bfloat16(self):
+        return self.to(_dt.bfloat16)
+
+    def long(self):
+        return self.to(_dt.int64)
+
+    def int(self):
+        return self.to(_dt.int32)
+
+    def bool(self):
+        return self.to(_dt.bool_)
+
+
+_new = object.__new__
+
+
+def _to_array(data, dtype=None) -> np.ndarray:
+    if dtype is not None:
+        dtype = _dt.as_dtype(dtype)
+    if isinstance(data, _ndarray):
+        a = data if dtype is None or data.dtype == dtype else data.astype(dtype)
+        if a.dtype == np.float64 and dtype is None and False:
+            a = a.astype(_dt.get_default_dtype())
+    else:
+        a = _asarray(data)
+        if dtype is None:
+            if a.dtype.kind == "f" and a.dtype != _dt.bfloat16 and a.dtype != np.float16:
+                dtype = _dt.get_default_dtype()
+            elif a.dtype.kind in "iu" and a.dtype != np.uint8:
+                dtype = _dt.int64
+        if dtype is not None and a.dtype != dtype:
+            a = a.astype(dtype)
+    if a.dtype not in _dt._NAMES:
+        raise SampanError(f"tensor: got data of dtype {a.dtype}; expected one of "
+                          f"{', '.join(_dt.DTYPES)}")
+    return a
+
+
+def wrap(arr) -> Tensor:
+    """Wrap an ndarray without copying (internal fast path)."""
+    t = _new(Tensor)
+    t._data = arr
+    return t
+
+
+# ---------------------------------------------------------------------- dispatch
+def apply(op, inputs, attrs):
+    """Run one op eagerly (or hand it to the tracer) and record it on the tape."""
+    st = STATE
+    if st.tracer is not None:
+        return st.tracer.apply(op, inputs, attrs)
+    try:
+        out = op.kernel(*[t._data for t in inputs], **attrs)
+    except Exception as e:  # explain the failure with the shape rule
+        raise_kernel_error(op, inputs, attrs, e)
+    if op.n_out == 1:
+        if type(out) is not _ndarray:
+            out = _asarray(out)
+        y = _new(Tensor)
+        y._data = out
+        if op.view:
+            x = inputs[0]
+            y._base = x._base if x._base is not None else x
+        if st.grad_enabled and op.grad is not None:
+            for t in inputs:
+                if t.requires_grad:
+                    _record(op, inputs, attrs, (y,))
+                    break
+        return y
+    ys = tuple(wrap(_asarray(o)) for o in out)
+    if st.grad_enabled and op.grad is not None:
+        for t in inputs:
+            if t.requires_grad:
+                _record(op, inputs, attrs, ys)
+                break
+    return ys
+
+
+def _record(op, inputs, attrs, outs):
+    if op.grad is NOT_DIFFERENTIABLE:
+        return
+    from .autograd.tape import Node
+    node = Node(op, inputs, attrs, outs)
+    for i, y in enumerate(outs):
+        if _dt.is_floating(y._data.dtype):
+            y._node = node
+            y._idx = i
+            y.requires_grad = True
+
+
+def as_tensor(x, dtype=None) -> Tensor:
+    """Return `x` as a Tensor, without copying when possible."""
+    if isinstance(x, Tensor):
+        return x if dtype is None or x.dtype == _dt.as_dtype(dtype) else x.to(dtype)
+    return Tensor(x, dtype=dtype)
