@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sampan.rec.hashtable import _mix
+from sampan.rec.hashtable import _as_keys, _mix
 
 __all__ = ["unique_inverse", "segment_sum", "bag_pool", "bag_pool_backward", "POOL_MODES"]
 
@@ -54,7 +54,7 @@ def unique_inverse(keys) -> tuple[np.ndarray, np.ndarray]:
     >>> u, inv = unique_inverse([5, 3, 5]); u.tolist(), inv.tolist()
     ([5, 3], [0, 1, 0])
     """
-    k = np.ascontiguousarray(keys, np.int64).ravel()
+    k = _as_keys(keys)
     uniq = np.empty(k.size, np.int64)
     inv = np.empty(k.size, np.int64)
     u = _unique_inverse(k, uniq, inv)

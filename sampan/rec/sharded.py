@@ -1,0 +1,242 @@
+"""Sharded embeddings behind a pull/push interface, and a pipelined batch prefetcher.
+
+A shard answers four calls, all on *unique* int64 ids:
+
+- ``assign(ids, step) -> rows``: resolve ids, run admission, create rows (no copy);
+- ``gather(ids, rows) -> vectors``: copy vectors out, re-resolving any row whose owner
+  changed since ``assign`` (eviction between the two), default vector for missing ids;
+- ``push(ids, grads, step)``: apply the optimiser to those ids' rows;
+- ``pull(ids, step) -> vectors``: assign then gather, for one-shot callers.
+
+:class:`LocalShard` serves them from an in-process :class:`HashEmbeddingTable`; a remote
+shard (a later Ray actor) implements the same four calls and drops in unchanged.
+:class:`ShardedEmbedding` dedupes a batch, routes ids to shards by hash, and runs the
+per-shard calls on a thread pool (the table kernels release the GIL).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sampan.rec.hashtable import hash_ids
+from sampan.rec.kernels import unique_inverse
+from sampan.rec.optim import SparseAdagrad
+from sampan.rec.table import HashEmbeddingTable
+
+__all__ = ["LocalShard", "ShardedEmbedding", "Prefetcher", "PulledBatch"]
+
+
+class LocalShard:
+    """An in-process shard: a table plus the sparse optimiser that updates it.
+
+    >>> s = LocalShard(HashEmbeddingTable(2)); s.pull(np.array([4])).shape
+    (1, 2)
+    """
+
+    def __init__(self, table: HashEmbeddingTable, optimizer=None):
+        self.table = table
+        self.optimizer = optimizer if optimizer is not None else SparseAdagrad(0.05)
+
+    def assign(self, ids: np.ndarray, step: int | None = None) -> np.ndarray:
+        """Rows for unique ids, creating admitted ones (-1: not admitted)."""
+        return self.table.rows_for(ids, step)
+
+    def gather(self, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Vectors of ids at ``rows``; rows whose owner changed are looked up again."""
+        t = self.table
+        with t.lock:
+            live = rows >= 0
+            stale = live & (t.meta["key"][np.where(live, rows, 0)] != ids)
+            stale |= live & ~t.live[np.where(live, rows, 0)]
+            if stale.any():
+                rows = rows.copy()
+                rows[stale] = t.map.get(ids[stale])
+            out = t.weights.gather(rows)
+        out[rows < 0] = t.default
+        return out
+
+    def pull(self, ids: np.ndarray, step: int | None = None) -> np.ndarray:
+        """assign + gather in one call."""
+        return self.gather(ids, self.assign(ids, step))
+
+    def push(self, ids: np.ndarray, grads: np.ndarray, step: int | None = None) -> None:
+        """Apply summed gradients of unique ids."""
+        self.optimizer.apply(self.table, ids, grads, step, summed=True)
+
+
+@dataclass
+class PulledBatch:
+    """A batch with its embedding ids deduplicated and their vectors pulled."""
+
+    batch: object
+    uniq: np.ndarray
+    inverse: np.ndarray
+    vectors: np.ndarray
+    timings: dict = field(default_factory=dict)
+
+
+class ShardedEmbedding:
+    """Ids partitioned over ``n_shards`` shards by hash; calls fan out on a thread pool.
+
+    >>> e = ShardedEmbedding(4, n_shards=2); u, inv, v = e.pull([7, 8, 7]); v[inv].shape
+    (3, 4)
+    """
+
+    def __init__(self, dim: int, n_shards: int = 4, optimizer_factory=None, shards=None,
+                 threads: int | None = None, **table_kwargs):
+        self.dim = int(dim)
+        if shards is None:
+            if n_shards < 1:
+                raise ValueError(f"n_shards must be >= 1, got {n_shards}")
+            make_opt = optimizer_factory or (lambda: SparseAdagrad(0.05))
+            shards = [LocalShard(HashEmbeddingTable(dim, **table_kwargs), make_opt())
+                      for _ in range(n_shards)]
+        self.shards = list(shards)
+        n = len(self.shards)
+        self.pool = ThreadPoolExecutor(threads or min(n, 4)) if n > 1 else None
+
+    def close(self) -> None:
+        """Stop the thread pool."""
+        if self.pool is not None:
+            self.pool.shutdown()
+
+    def __len__(self) -> int:
+        return sum(len(s.table) for s in self.shards)
+
+    def shard_of(self, ids: np.ndarray) -> np.ndarray:
+        """Shard index of each id (high hash bits; the tables use the low ones)."""
+        return ((hash_ids(ids) >> np.uint64(40)) % np.uint64(len(self.shards))).astype(np.int64)
+
+    def _split(self, uniq: np.ndarray) -> list[np.ndarray]:
+        if len(self.shards) == 1:
+            return [np.arange(uniq.size)]
+        sid = self.shard_of(uniq)
+        order = np.argsort(sid, kind="stable")
+        bounds = np.searchsorted(sid[order], np.arange(len(self.shards) + 1))
+        return [order[bounds[i]:bounds[i + 1]] for i in range(len(self.shards))]
+
+    def _map(self, fn, parts):
+        if self.pool is None:
+            return [fn(0, parts[0])]
+        return list(self.pool.map(fn, range(len(parts)), parts))
+
+    def plan(self, ids, step: int | None = None):
+        """Dedupe ``ids`` and assign rows on every shard: ``(uniq, inverse, parts, rows)``."""
+        uniq, inverse = unique_inverse(ids)
+        parts = self._split(uniq)
+        rows = self._map(lambda i, p: self.shards[i].assign(uniq[p], step), parts)
+        return uniq, inverse, parts, rows
+
+    def fetch(self, uniq, parts, rows) -> np.ndarray:
+        """Gather the vectors of a plan, shape ``(len(uniq), dim)``."""
+        out = np.empty((uniq.size, self.dim), np.float32)
+
+        def one(i, p):
+            out[p] = self.shards[i].gather(uniq[p], rows[i])
+
+        self._map(one, parts)
+        return out
+
+    def pull(self, ids, step: int | None = None):
+        """``(uniq, inverse, vectors)`` with ``vectors[inverse]`` the rows of ``ids``."""
+        uniq, inverse, parts, rows = self.plan(ids, step)
+        return uniq, inverse, self.fetch(uniq, parts, rows)
+
+    def push(self, uniq, grads, step: int | None = None) -> None:
+        """Apply summed gradients of unique ids on their shards."""
+        uniq = np.ascontiguousarray(uniq, np.int64)
+        grads = np.ascontiguousarray(grads, np.float32)
+        parts = self._split(uniq)
+        self._map(lambda i, p: self.shards[i].push(uniq[p], grads[p], step), parts)
+
+    def read(self, ids) -> np.ndarray:
+        """Vectors of ids without creating rows (serving-style)."""
+        uniq, inverse = unique_inverse(ids)
+        parts = self._split(uniq)
+        out = np.empty((uniq.size, self.dim), np.float32)
+
+        def one(i, p):
+            out[p] = self.shards[i].table.read(uniq[p])
+
+        self._map(one, parts)
+        return out[inverse]
+
+
+class Prefetcher:
+    """Iterate ``PulledBatch`` es, preparing batch t+1 on a background thread during step t.
+
+    The background thread dedupes batch t+1's ids and assigns their rows (the hashing,
+    admission and row creation) while the caller trains on batch t; it gathers the vectors
+    only after the caller reports ``done(t)`` (its push), so training sees exactly what a
+    synchronous loop would. ``ids_of(batch)`` extracts the id array of a batch.
+    ``overlap()`` reports the fraction of background work hidden behind the caller.
+    """
+
+    def __init__(self, emb: ShardedEmbedding, batches, ids_of, start_step: int = 0):
+        self.emb, self.ids_of = emb, ids_of
+        self._it = iter(batches)
+        self._out: queue.Queue = queue.Queue(maxsize=1)
+        self._pushed = threading.Semaphore(1)  # batch 0 needs no push before its gather
+        self._step = start_step
+        self.bg_seconds = 0.0
+        self.wait_seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        step = self._step
+        try:
+            for batch in self._it:
+                t0 = time.perf_counter()
+                uniq, inv, parts, rows = self.emb.plan(self.ids_of(batch), step)
+                t1 = time.perf_counter()
+                self._pushed.acquire()
+                if self._stop.is_set():
+                    return
+                t2 = time.perf_counter()
+                vecs = self.emb.fetch(uniq, parts, rows)
+                t3 = time.perf_counter()
+                self.bg_seconds += (t1 - t0) + (t3 - t2)
+                self._out.put(PulledBatch(batch, uniq, inv, vecs,
+                                          {"plan": t1 - t0, "fetch": t3 - t2}))
+                step += 1
+        except BaseException as exc:  # surface background errors in the caller
+            self._out.put(exc)
+            return
+        self._out.put(None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> PulledBatch:
+        t0 = time.perf_counter()
+        item = self._out.get()
+        self.wait_seconds += time.perf_counter() - t0
+        if item is None:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise RuntimeError("prefetch thread failed") from item
+        return item
+
+    def done(self) -> None:
+        """Tell the prefetcher the current batch's gradients are pushed."""
+        self._pushed.release()
+
+    def overlap(self) -> float:
+        """Fraction of background time not waited for by the caller (1.0 = fully hidden)."""
+        if self.bg_seconds == 0:
+            return 0.0
+        return max(0.0, 1.0 - self.wait_seconds / self.bg_seconds)
+
+    def close(self) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+        self._pushed.release()
+        self._thread.join(timeout=5)
