@@ -130,6 +130,7 @@ class _SparseOptimizer:
             self._kernel(table, rows, g)
             live = rows[rows >= 0]
             table.meta["updated"][live] = table.step if step is None else int(step)
+            table.dirty[live] = True
         return int(live.size)
 
     def _args(self, table):

@@ -45,19 +45,21 @@ def hashed_normal(ids, dim: int, seed: int = 0, std: float = 0.01) -> np.ndarray
 
 
 @njit(cache=True, nogil=True)
-def _touch(rows, freq, last_seen, step):
+def _touch(rows, freq, last_seen, dirty, step):
     for j in range(rows.size):
         r = rows[j]
         if r >= 0:
             freq[r] += 1
             last_seen[r] = step
+            dirty[r] = True
 
 
 @njit(cache=True, nogil=True)
-def _record(rows, labels, show, click):
+def _record(rows, labels, show, click, dirty):
     for j in range(rows.size):
         r = rows[j]
         if r >= 0:
+            dirty[r] = True
             show[r] += 1
             click[r] += labels[j]
 
@@ -91,11 +93,13 @@ class HashEmbeddingTable:
         self.slot_init = 0.0
         self.meta = {f: np.zeros(0, np.int64) for f in META_FIELDS}
         self.live = np.zeros(0, np.bool_)
+        self.dirty = np.zeros(0, np.bool_)  # rows written since the last snapshot export
         self.pending = HashMap(1024)  # sightings of ids not admitted yet
         self.pending_limit = int(pending_limit)
         self.evicted: list[np.ndarray] = []  # ids evicted since the last snapshot export
         self.lock = threading.RLock()
         self.step = 0
+        self.export_seq: int | None = None  # sequence number of the last snapshot export
 
     # -- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -139,6 +143,9 @@ class HashEmbeddingTable:
             live = np.zeros(size, np.bool_)
             live[: self.live.size] = self.live
             self.live = live
+            dirty = np.zeros(size, np.bool_)
+            dirty[: self.dirty.size] = self.dirty
+            self.dirty = dirty
 
     def _create(self, keys: np.ndarray, rows: np.ndarray, created: np.ndarray, step: int):
         if not created.any():
@@ -158,6 +165,7 @@ class HashEmbeddingTable:
         m["click"][new_rows] = 0
         m["updated"][new_rows] = step
         self.live[new_rows] = True
+        self.dirty[new_rows] = True
 
     def _admit_missing(self, keys: np.ndarray, rows: np.ndarray, step: int) -> None:
         miss = rows < 0
@@ -198,7 +206,7 @@ class HashEmbeddingTable:
             else:
                 rows = self.map.get(keys)
                 self._admit_missing(keys, rows, step)
-            _touch(rows, self.meta["freq"], self.meta["last_seen"], step)
+            _touch(rows, self.meta["freq"], self.meta["last_seen"], self.dirty, step)
             return rows
 
     def lookup(self, ids, step: int | None = None, create: bool = True) -> np.ndarray:
@@ -223,7 +231,7 @@ class HashEmbeddingTable:
         if lab.shape != keys.shape:
             raise ValueError(f"record: got {keys.size} ids and {lab.size} labels")
         with self.lock:
-            _record(self.map.get(keys), lab, self.meta["show"], self.meta["click"])
+            _record(self.map.get(keys), lab, self.meta["show"], self.meta["click"], self.dirty)
 
     def set_vectors(self, ids, values) -> None:
         """Overwrite the vectors of ids (creating rows regardless of admission)."""
@@ -233,6 +241,7 @@ class HashEmbeddingTable:
             self._create(keys, rows, created, self.step)
             self.weights.scatter(rows, np.asarray(values, np.float32).reshape(-1, self.dim))
             self.meta["updated"][rows] = self.step
+            self.dirty[rows] = True
 
     # -- eviction ------------------------------------------------------------------------
     def remove(self, ids) -> int:
@@ -242,6 +251,7 @@ class HashEmbeddingTable:
             old = self.map.remove(keys)
             gone = old[old >= 0]
             self.live[gone] = False
+            self.dirty[gone] = False
             self.alloc.release(gone)
             if gone.size:
                 self.evicted.append(keys[old >= 0].copy())
