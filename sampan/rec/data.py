@@ -1,0 +1,346 @@
+"""CTR data: CSR sparse batches, the W4 planted click stream, and Parquet in and out.
+
+A :class:`CTRBatch` is sample-major CSR: sample ``i`` owns entries
+``indptr[i]:indptr[i+1]`` of ``indices`` (raw int64 feature ids) and ``fields`` (which
+field each id belongs to), plus ``dense`` (B, n_dense) float32 and ``labels`` (B,).
+
+The synthetic stream follows benchmarks W4 in ``shared/bench/WORKLOADS.md``: ranks drawn
+Zipf(s=1.1) over 10^7 ids per field, raw id ``splitmix64(field << 40 | rank)``, and a
+planted model ``logit = -1.2 + sum_f w(id_f) + dense . v`` with ``w(id) ~ N(0, 0.4^2)``
+(hashed from the id) and ``v ~ N(0, 0.3^2)``; its own AUC on the stream is about 0.88.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from sampan.rec.table import hashed_normal
+
+__all__ = ["CTRBatch", "ClickStream", "splitmix64", "zipf_ranks", "write_parquet",
+           "ParquetCTRReader"]
+
+
+@dataclass
+class CTRBatch:
+    """One batch of CTR samples in CSR form (see module docstring)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    fields: np.ndarray
+    dense: np.ndarray
+    labels: np.ndarray
+    n_fields: int
+
+    def __len__(self) -> int:
+        return self.labels.size
+
+    def ids_matrix(self) -> np.ndarray:
+        """``(B, n_fields)`` ids when every sample has exactly one id per field, in order."""
+        b, f = len(self), self.n_fields
+        if self.indices.size != b * f or not np.array_equal(self.fields[:f], np.arange(f)):
+            raise ValueError(f"ids_matrix needs one id per field per sample: got "
+                             f"{self.indices.size} ids for {b} samples x {f} fields")
+        return self.indices.reshape(b, f)
+
+    def field_csr(self, field: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(offsets, ids)`` of one field: the bags for an EmbeddingBag over that field."""
+        sel = self.fields == field
+        owner = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        counts = np.bincount(owner[sel], minlength=len(self))
+        return np.concatenate([[0], np.cumsum(counts)]), self.indices[sel]
+
+
+def splitmix64(x) -> np.ndarray:
+    """The splitmix64 output function on uint64 inputs, returned as int64.
+
+    >>> int(splitmix64(np.array([0]))[0]) == -2152535657050944081
+    True
+    """
+    z = np.asarray(x).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))).view(np.int64)
+
+
+class _ZipfSampler:
+    """Zipf(s) over ranks 1..n: exact CDF for the head, continuous inverse for the tail."""
+
+    def __init__(self, n: int, s: float, head: int = 1 << 16):
+        self.n, self.s = n, s
+        head = min(head, n)
+        r = np.arange(1, n + 1 if n <= head else head + 1, dtype=np.float64)
+        w_head = r ** -s
+        lo, hi = head + 0.5, n + 0.5
+        # tail mass: integral of x^-s over (head+0.5, n+0.5]
+        w_tail = (lo ** (1 - s) - hi ** (1 - s)) / (s - 1) if n > head else 0.0
+        total = w_head.sum() + w_tail
+        self.cdf = np.cumsum(w_head) / total
+        self.head, self.lo, self.hi = head, lo, hi
+
+    def __call__(self, rng: np.random.Generator, size) -> np.ndarray:
+        u = rng.random(size)
+        out = np.searchsorted(self.cdf, u, side="right").astype(np.int64) + 1
+        tail = u >= self.cdf[-1]
+        if tail.any():
+            s = self.s
+            v = (u[tail] - self.cdf[-1]) / (1.0 - self.cdf[-1])
+            a, b = self.lo ** (1 - s), self.hi ** (1 - s)
+            x = (a - v * (a - b)) ** (1.0 / (1 - s))
+            out[tail] = np.clip(np.rint(x), self.head + 1, self.n).astype(np.int64)
+        return out
+
+
+def zipf_ranks(rng: np.random.Generator, size, n: int = 10**7, s: float = 1.1) -> np.ndarray:
+    """Zipf(s)-distributed ranks in ``1..n``.
+
+    >>> zipf_ranks(np.random.default_rng(0), 5, n=100).max() <= 100
+    True
+    """
+    return _ZipfSampler(n, s)(rng, size)
+
+
+class ClickStream:
+    """The W4 planted-model synthetic click stream; ``batch(i)`` is deterministic.
+
+    >>> b = ClickStream(seed=0).batch(0, size=4); b.ids_matrix().shape, b.dense.shape
+    ((4, 26), (4, 13))
+    """
+
+    def __init__(self, seed: int = 0, n_fields: int = 26, n_dense: int = 13,
+                 vocab: int = 10**7, s: float = 1.1, w_std: float = 0.4, v_std: float = 0.3,
+                 bias: float = -1.2):
+        self.seed, self.n_fields, self.n_dense = seed, n_fields, n_dense
+        self.sampler = _ZipfSampler(vocab, s)
+        self.w_std, self.bias = w_std, bias
+        self.v = (np.random.default_rng([seed, 1]).standard_normal(n_dense) * v_std)
+
+    def raw_ids(self, ranks: np.ndarray) -> np.ndarray:
+        """``splitmix64(field << 40 | rank)`` for a ``(B, n_fields)`` rank matrix."""
+        f = np.arange(self.n_fields, dtype=np.int64)[None, :]
+        return splitmix64((f << 40) | ranks)
+
+    def planted_logit(self, ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        """The planted model's logit for ``(B, F)`` ids and ``(B, n_dense)`` features."""
+        w = hashed_normal(ids.ravel(), 1, seed=self.seed + 7919, std=self.w_std)
+        return self.bias + w.reshape(ids.shape).sum(1) + dense.astype(np.float64) @ self.v
+
+    def batch(self, i: int, size: int = 2048) -> CTRBatch:
+        """Batch number ``i`` of ``size`` samples."""
+        rng = np.random.default_rng([self.seed, 2, i])
+        ranks = self.sampler(rng, (size, self.n_fields))
+        ids = self.raw_ids(ranks)
+        dense = rng.standard_normal((size, self.n_dense)).astype(np.float32)
+        p = 1.0 / (1.0 + np.exp(-self.planted_logit(ids, dense)))
+        labels = (rng.random(size) < p).astype(np.float32)
+        f = self.n_fields
+        return CTRBatch(np.arange(0, size * f + 1, f, dtype=np.int64), ids.ravel(),
+                        np.tile(np.arange(f, dtype=np.int32), size), dense, labels, f)
+
+
+def write_parquet(path: str, batches, row_group_size: int = 65536) -> int:
+    """Write one-id-per-field batches as Parquet (label, dense_j float32, sparse_f int64).
+
+    Written to a temporary file and renamed. Returns the number of rows.
+    """
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    writer, rows = None, 0
+    try:
+        for b in batches:
+            ids = b.ids_matrix()
+            cols = {"label": b.labels.astype(np.float32)}
+            cols.update({f"dense_{j}": b.dense[:, j] for j in range(b.dense.shape[1])})
+            cols.update({f"sparse_{f}": ids[:, f] for f in range(b.n_fields)})
+            table = pa.table(cols)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema)
+            writer.write_table(table, row_group_size=row_group_size)
+            rows += len(b)
+        if writer is None:
+            raise ValueError("write_parquet: no batches given")
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return rows
+
+
+@njit(cache=True, nogil=True)
+def _interleave(offs, vals, indptr, indices, fields):
+    """Merge per-field CSR (offs[f], vals[f]) into sample-major CSR with field ids."""
+    n_fields = len(offs)
+    b = indptr.size - 1
+    pos = 0
+    for i in range(b):
+        indptr[i] = pos
+        for f in range(n_fields):
+            o = offs[f]
+            v = vals[f]
+            for j in range(o[i], o[i + 1]):
+                indices[pos] = v[j]
+                fields[pos] = f
+                pos += 1
+    indptr[b] = pos
+
+
+def _column_csr(col) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of an int64 or list<int64> Arrow column, zero-copy where possible."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        offs = col.offsets.to_numpy().astype(np.int64)
+        vals = col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        return offs - offs[0], vals[offs[0]:offs[-1]]
+    vals = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return np.arange(vals.size + 1, dtype=np.int64), vals
+
+
+class ParquetCTRReader:
+    """Stream :class:`CTRBatch` es from Parquet files with a shuffle buffer.
+
+    Reads record batches with ``ParquetFile.iter_batches`` (single-chunk columns whose
+    int64 / list<int64> data converts to numpy without copying), collects at least
+    ``shuffle_buffer`` rows, permutes them, and cuts ``batch_size``-row batches. With
+    ``background=True`` the reading and batching run on a thread, ``prefetch`` batches
+    ahead. Sparse columns are those named ``sparse_*``, dense ``dense_*``.
+    """
+
+    def __init__(self, paths, batch_size: int = 2048, shuffle_buffer: int = 32768,
+                 seed: int = 0, background: bool = True, prefetch: int = 4,
+                 drop_last: bool = False, read_rows: int = 16384):
+        self.paths = [paths] if isinstance(paths, str) else list(paths)
+        self.batch_size, self.shuffle_buffer = int(batch_size), int(shuffle_buffer)
+        self.seed, self.background, self.prefetch = seed, background, prefetch
+        self.drop_last, self.read_rows = drop_last, read_rows
+        self.epoch = 0
+
+    def _record_batches(self):
+        import pyarrow.parquet as pq
+
+        for path in self.paths:
+            pf = pq.ParquetFile(path)
+            names = pf.schema_arrow.names
+            sparse = [n for n in names if n.startswith("sparse_")]
+            dense = [n for n in names if n.startswith("dense_")]
+            if "label" not in names or not sparse:
+                raise ValueError(f"{path}: expected a 'label' column and 'sparse_*' columns, "
+                                 f"got {names}")
+            for rb in pf.iter_batches(batch_size=self.read_rows):
+                n = rb.num_rows
+                csr = [_column_csr(rb.column(c)) for c in sparse]
+                indptr = np.empty(n + 1, np.int64)
+                nnz = sum(v.size for _, v in csr)
+                indices = np.empty(nnz, np.int64)
+                fields = np.empty(nnz, np.int32)
+                _interleave(tuple(o for o, _ in csr), tuple(v for _, v in csr), indptr,
+                            indices, fields)
+                d = np.empty((n, len(dense)), np.float32)
+                for j, c in enumerate(dense):
+                    d[:, j] = rb.column(c).to_numpy(zero_copy_only=False)
+                y = rb.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
+                yield CTRBatch(indptr, indices, fields, d, y, len(sparse))
+
+    def _batches(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        buf: list[CTRBatch] = []
+        rows = 0
+        for rb in self._record_batches():
+            buf.append(rb)
+            rows += len(rb)
+            if rows >= self.shuffle_buffer + self.batch_size:
+                keep = yield from self._emit(buf, rng, final=False)
+                buf, rows = [keep], len(keep)
+        if rows:
+            yield from self._emit(buf, rng, final=True)
+
+    def _emit(self, buf, rng, final):
+        merged = _concat(buf)
+        order = rng.permutation(len(merged))
+        n_out = len(merged) if final else len(merged) - self.shuffle_buffer // 2
+        n_full = n_out // self.batch_size * self.batch_size
+        for s in range(0, n_full, self.batch_size):
+            yield _take(merged, order[s:s + self.batch_size])
+        if final:
+            if n_full < len(merged) and not self.drop_last:
+                yield _take(merged, order[n_full:])
+            return None
+        return _take(merged, order[n_full:])
+
+    def __iter__(self):
+        """One epoch of batches (each call reshuffles with a new epoch seed)."""
+        gen = self._batches()
+        self.epoch += 1
+        if not self.background:
+            return gen
+        return _background(gen, self.prefetch)
+
+
+def _concat(batches: list[CTRBatch]) -> CTRBatch:
+    if len(batches) == 1:
+        return batches[0]
+    shifts = np.cumsum([0] + [b.indices.size for b in batches[:-1]])
+    indptr = np.concatenate([b.indptr[:-1] + s for b, s in zip(batches, shifts)]
+                            + [[shifts[-1] + batches[-1].indices.size]])
+    return CTRBatch(indptr, np.concatenate([b.indices for b in batches]),
+                    np.concatenate([b.fields for b in batches]),
+                    np.concatenate([b.dense for b in batches]),
+                    np.concatenate([b.labels for b in batches]), batches[0].n_fields)
+
+
+@njit(cache=True, nogil=True)
+def _take_csr(indptr, indices, fields, order, out_ptr, out_idx, out_fld):
+    pos = 0
+    for i in range(order.size):
+        r = order[i]
+        out_ptr[i] = pos
+        for j in range(indptr[r], indptr[r + 1]):
+            out_idx[pos] = indices[j]
+            out_fld[pos] = fields[j]
+            pos += 1
+    out_ptr[order.size] = pos
+
+
+def _take(b: CTRBatch, order: np.ndarray) -> CTRBatch:
+    lens = np.diff(b.indptr)[order]
+    nnz = int(lens.sum())
+    ptr = np.empty(order.size + 1, np.int64)
+    idx = np.empty(nnz, np.int64)
+    fld = np.empty(nnz, np.int32)
+    _take_csr(b.indptr, b.indices, b.fields, order.astype(np.int64), ptr, idx, fld)
+    return CTRBatch(ptr, idx, fld, b.dense[order], b.labels[order], b.n_fields)
+
+
+def _background(gen, depth: int):
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    done = object()
+
+    def run():
+        try:
+            for item in gen:
+                q.put(item)
+        except BaseException as exc:
+            q.put(exc)
+            return
+        q.put(done)
+
+    threading.Thread(target=run, daemon=True).start()
+    while True:
+        item = q.get()
+        if item is done:
+            return
+        if isinstance(item, BaseException):
+            raise RuntimeError("background Parquet reader failed") from item
+        yield item
