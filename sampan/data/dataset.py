@@ -88,6 +88,17 @@ class TensorDataset(Dataset):
     def __len__(self) -> int:
         return self._n
 
+    def __getstate__(self):
+        # workers need the arrays only, never the autograd history of the Tensors
+        return {"_arrays": self._arrays, "_is_tensor": self._is_tensor, "_n": self._n}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        from sampan.tensor import Tensor
+
+        self.tensors = tuple(Tensor(a) if t else a
+                             for a, t in zip(self._arrays, self._is_tensor))
+
     def __getitem__(self, index):
         out = []
         for arr, is_tensor in zip(self._arrays, self._is_tensor):

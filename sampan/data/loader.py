@@ -177,6 +177,10 @@ class _Pool:
                 methods = multiprocessing.get_all_start_methods()
                 name = ctx or ("forkserver" if "forkserver" in methods else "spawn")
                 ctx = multiprocessing.get_context(name)
+                if name == "forkserver":
+                    # modules the server imports once are already there in every worker it
+                    # forks; this only takes effect if the server is not running yet
+                    ctx.set_forkserver_preload(["__main__", "numpy", "sampan.data"])
             self.done = ctx.Event()
             self.results = ctx.Queue()
             self.index_queues = [ctx.Queue() for _ in range(n)]
@@ -305,7 +309,9 @@ class _WorkerIter:
                     self.close()
                     raise DataLoaderWorkerError(
                         f"DataLoader worker {dead[0]} (process) exited unexpectedly with exit "
-                        f"code {dead[1]} (killed, out of memory, or a crash in native code)",
+                        f"code {dead[1]} (killed, out of memory, a crash in native code, or "
+                        "its dataset could not be imported in a fresh process: define it in "
+                        "a module, or use worker_mode='thread'); see the worker's stderr",
                         worker_id=dead[0]) from None
                 if self._timeout and time.monotonic() - started > self._timeout:
                     self.close()
@@ -315,7 +321,12 @@ class _WorkerIter:
                     ) from None
                 continue
             if self._pool.mode == "process":
-                msg = pickle.loads(msg)
+                try:
+                    msg = pickle.loads(msg)
+                except Exception as e:
+                    self.close()
+                    raise DataLoaderWorkerError(
+                        f"DataLoader: cannot unpickle a batch from a process worker ({e})") from e
             _, seq, status, payload = msg
             self._ready[seq] = (status, payload)
         return self._ready.pop(self._recv_seq)
@@ -344,12 +355,12 @@ class _WorkerIter:
 
 
 def _worker_error(f: _worker._Failure, seq: int) -> DataLoaderWorkerError:
-    what = "worker_init_fn" if f.task == "worker_init_fn" else f"batch {seq}"
+    what = "in worker_init_fn" if f.task == "worker_init_fn" else f"while loading batch {seq}"
     if isinstance(f.task, list) and len(f.task) <= 16:
         what += f" (indices {f.task})"
     elif f.task is not None and not isinstance(f.task, (str, list)):
         what += f" (index {f.task})"
-    msg = (f"DataLoader worker {f.worker_id} ({f.mode}) raised {f.exc_type} while loading "
-           f"{what}: {f.message}\n\nTraceback in the worker:\n{f.traceback.rstrip()}")
+    msg = (f"DataLoader worker {f.worker_id} ({f.mode}) raised {f.exc_type} {what}: "
+           f"{f.message}\n\nTraceback in the worker:\n{f.traceback.rstrip()}")
     return DataLoaderWorkerError(msg, worker_id=f.worker_id, exc_type=f.exc_type,
                                  worker_traceback=f.traceback)

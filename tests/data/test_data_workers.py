@@ -190,3 +190,41 @@ def test_unpicklable_dataset_in_process_mode_is_explained():
     with pytest.raises(DataLoaderWorkerError, match="must be picklable"):
         iter(dl)
     assert _settle() == ([], [])
+
+
+class Sleepy(Items):
+    def __getitem__(self, i):
+        time.sleep(1.0)
+        return i
+
+
+def failing_init(worker_id):
+    raise RuntimeError(f"init failed in {worker_id}")
+
+
+@pytest.mark.timeout(60)
+def test_timeout_and_worker_init_fn_errors():
+    dl = DataLoader(Sleepy(4), batch_size=None, num_workers=1, timeout=0.3)
+    with pytest.raises(DataLoaderWorkerError, match=r"timed out after 0.3 s waiting for batch 0"):
+        next(iter(dl))
+    dl = DataLoader(Items(4), batch_size=2, num_workers=2, worker_mode="process",
+                    worker_init_fn=failing_init)
+    with pytest.raises(DataLoaderWorkerError, match=r"RuntimeError in worker_init_fn(.|\n)*"
+                                                    r"init failed in 0"):
+        list(dl)
+    assert _settle() == ([], [])
+
+
+@pytest.mark.timeout(60)
+def test_tensor_dataset_in_process_workers():
+    from sampan.data import TensorDataset
+
+    x = Tensor(np.arange(20, dtype=np.float32).reshape(10, 2), requires_grad=True)
+    ds = TensorDataset(x, np.arange(10))
+    dl = DataLoader(ds, batch_size=3, shuffle=True, seed=0, num_workers=2, worker_mode="process")
+    ref = DataLoader(ds, batch_size=3, shuffle=True, seed=0)
+    got, want = list(dl), list(ref)
+    assert len(got) == 4
+    for (gx, gy), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(gx.numpy(), wx.numpy())
+        np.testing.assert_array_equal(gy.numpy(), wy.numpy())
