@@ -81,7 +81,7 @@ Tensor.expand_as = _expand_as
 # ---------------------------------------------------------------------- in-place ops
 def _inplace(self, result):
     """Write `result` into self's storage and make the tape see it as a new op."""
-    if STATE.tracer is not None and not isinstance(self._data, np.ndarray):
+    if STATE.tracer is not None:  # functionalised by the tracer (also for captured tensors)
         return STATE.tracer.inplace(self, result)
     if self.requires_grad and self._node is None and STATE.grad_enabled:
         raise AutogradError(
@@ -94,8 +94,9 @@ def _inplace(self, result):
         np.copyto(self._data, np.broadcast_to(data, self._data.shape))
     else:
         raise AutogradError("in-place operation on a read-only (broadcast) view; clone() it first")
+    node = result._node
     bump_version(self)
-    if result._node is not None and STATE.grad_enabled:
+    if node is not None and STATE.grad_enabled:
         # history continues from the out-of-place result's node
         self._node, self._idx = result._node, result._idx
         self.requires_grad = True

@@ -12,6 +12,7 @@ import numpy as np
 from . import dtypes as _dt
 from .device import CPU
 from .errors import AutogradError, SampanError
+from .autograd.tape import Node
 from .ops.registry import NOT_DIFFERENTIABLE, STATE, raise_kernel_error
 
 _ndarray = np.ndarray
@@ -86,7 +87,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The underlying array (shares memory); raises if it needs grad tracking."""
         if STATE.tracer is not None and not isinstance(self._data, _ndarray):
-            raise SampanError("numpy(): cannot read the value of a traced tensor")
+            raise STATE.tracer.concrete_error(self, "numpy()/item()/float()")
         return self._data
 
     def __array__(self, dtype=None, copy=None):
@@ -328,16 +329,20 @@ def apply(op, inputs, attrs):
     return ys
 
 
+_FLOATS = frozenset(d for d in _dt.DTYPES.values() if _dt.is_floating(d))
+
+
 def _record(op, inputs, attrs, outs):
     if op.grad is NOT_DIFFERENTIABLE:
         return
-    from .autograd.tape import Node
     node = Node(op, inputs, attrs, outs)
-    for i, y in enumerate(outs):
-        if _dt.is_floating(y._data.dtype):
+    i = 0
+    for y in outs:
+        if y._data.dtype in _FLOATS:
             y._node = node
             y._idx = i
             y.requires_grad = True
+        i += 1
 
 
 def as_tensor(x, dtype=None) -> Tensor:

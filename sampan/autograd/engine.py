@@ -83,8 +83,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
             raise AutogradError(
                 f"backward through {n.op.name} a second time: its saved values were freed "
                 "after the first backward; pass retain_graph=True to the first call")
-        for t in n.inputs:
-            m = t._node
+        for m, _ in n.edges:
             if m is not None:
                 deps[id(m)] = deps.get(id(m), 0) + 1
                 if id(m) not in seen:
@@ -124,19 +123,18 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     in_grads = (in_grads,)
             else:
                 in_grads = (None,) * len(inputs)
-            for t, gi in zip(inputs, in_grads):
-                m = t._node
-                if gi is not None and t.requires_grad:
+            for (m, k), t, gi in zip(node.edges, inputs, in_grads):
+                if gi is not None and (m is not None or k is not None):
                     if gi.dtype != t.dtype:
                         gi = gi.to(t.dtype)
                     if m is None:
-                        _acc(leaf_grads, id(t), t, gi)
+                        _acc(leaf_grads, id(k), k, gi)
                     else:
-                        _acc_node(node_grads, m, t._idx, gi)
+                        _acc_node(node_grads, m, k, gi)
                 if m is not None:
-                    k = id(m)
-                    deps[k] -= 1
-                    if deps[k] == 0:
+                    key = id(m)
+                    deps[key] -= 1
+                    if deps[key] == 0:
                         ready.append(m)
             if not retain_graph:
                 node.freed = True

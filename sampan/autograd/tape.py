@@ -1,6 +1,7 @@
 """Tape nodes: one per recorded op call.
 
-A node keeps the op, its input tensors, its attributes, and (weakly) its outputs.
+A node keeps the op, its input tensors and their graph edges, its attributes, and
+(weakly) its outputs.
 It holds the versions of the tensors its gradient rule reads, so that changing one
 of them in place before backward raises instead of giving a wrong gradient.
 """
@@ -10,16 +11,21 @@ import weakref
 
 
 class Node:
-    __slots__ = ("op", "inputs", "attrs", "outs", "saved", "out_specs", "hooks", "freed",
-                 "__weakref__")
+    __slots__ = ("op", "inputs", "edges", "attrs", "outs", "saved", "out_specs", "hooks",
+                 "freed", "__weakref__")
 
     def __init__(self, op, inputs, attrs, outs):
         self.op = op
         self.inputs = inputs
+        # where each input's gradient goes, fixed now: an in-place op may later give the
+        # same Tensor object a new history, which must not redirect this node's gradients
+        self.edges = [(t._node, t._idx) if t._node is not None else
+                      (None, t if t.requires_grad else None) for t in inputs]
         self.attrs = attrs
         saves = op.saves
         if saves is None:
-            self.saved = [(t, _ver(t)) for t in inputs]
+            self.saved = [(t, t._base._version) if t._base is not None else
+                          (t, t._version) for t in inputs]
         elif saves:
             self.saved = [(inputs[i], _ver(inputs[i])) for i in saves]
         else:

@@ -11,7 +11,7 @@ from .. import dtypes as _dt
 from ..tensor import Tensor, apply, wrap
 from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
                     unary_samples, unbroadcast)
-from .registry import NOT_DIFFERENTIABLE, Spec, defop
+from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _isfloat = _dt.is_floating
 
@@ -129,7 +129,7 @@ def _int_samples():
 
 FLOOR_DIVIDE = defop("floor_divide", elementwise_rule("floor_divide"), kernel=np.floor_divide,
                      kind="elementwise", scalar="a // b", grad=NOT_DIFFERENTIABLE,
-                     flops=_bflops, onnx=None, samples=_int_samples)
+                     flops=_bflops, onnx=NO_ONNX, samples=_int_samples)
 MOD = defop("mod", elementwise_rule("mod"), kernel=np.mod, kind="elementwise", scalar="a % b",
             grad=NOT_DIFFERENTIABLE, flops=_bflops, onnx="Mod", samples=_int_samples)
 
@@ -169,7 +169,7 @@ def _bool_samples():
 
 _CMP = {}
 for _name, _k, _s, _onnx in [("eq", np.equal, "a == b", "Equal"),
-                             ("ne", np.not_equal, "a != b", None),
+                             ("ne", np.not_equal, "a != b", NO_ONNX),
                              ("lt", np.less, "a < b", "Less"),
                              ("le", np.less_equal, "a <= b", "LessOrEqual"),
                              ("gt", np.greater, "a > b", "Greater"),
@@ -269,9 +269,9 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
      False),
     ("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: neg(mul(g, mul(y, y))), "Reciprocal",
      0.5, 2, (), True),
-    ("log1p", np.log1p, "log1p(a)", lambda g, y, a: div(g, add(a, 1.0)), None, -0.5, 2, None,
+    ("log1p", np.log1p, "log1p(a)", lambda g, y, a: div(g, add(a, 1.0)), NO_ONNX, -0.5, 2, None,
      False),
-    ("expm1", np.expm1, "expm1(a)", lambda g, y, a: mul(g, add(y, 1.0)), None, -2, 2, (), True),
+    ("expm1", np.expm1, "expm1(a)", lambda g, y, a: mul(g, add(y, 1.0)), NO_ONNX, -2, 2, (), True),
 ]:
     _U[_name] = defop(_name, elementwise_rule(_name, float_only=_name not in ("neg", "abs")),
                       kernel=_kernel, kind="elementwise", scalar=_scalar, grad=_grad,

@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, randf, rng
-from .registry import Spec, defop
+from .registry import NO_ONNX, Spec, defop
 
 
 def _t(x):
@@ -53,7 +53,8 @@ def _index_add_kernel(a, i, src, axis):
 
 INDEX_ADD = defop(
     "index_add", lambda x, i, src, axis: Spec(x.shape, x.dtype), kernel=_index_add_kernel,
-    saves=(1,), nondiff_inputs=(1,), onnx=None, flops=lambda x, i, s, axis: int(np.prod(s.shape)),
+    saves=(1,), nondiff_inputs=(1,), onnx=NO_ONNX,
+    flops=lambda x, i, s, axis: int(np.prod(s.shape)),
     grad=lambda g, y, x, i, src, axis: (g, None, index_select(g, i, axis)),
     samples=lambda: [Sample((randf(rng(43), 5, 3), np.array([4, 0, 0]), randf(rng(44), 3, 3)),
                             {"axis": 0}, diff=(0, 2))])

@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..tensor import Tensor, apply
 from ._util import Sample, norm_axis, randf, rng
-from .registry import NOT_DIFFERENTIABLE, Spec, defop
+from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 
 def _red_shape(x, axis, keepdims):
@@ -150,9 +150,9 @@ ARGMIN = defop("argmin", _argrule, kernel=_argk(np.argmin), kind="reduction",
 _bool_red = [Sample((rng(14).random((3, 4)) > 0.3,), {"axis": (1,), "keepdims": False}),
              Sample((rng(15).random((3, 4)) > 0.3,), {"axis": None, "keepdims": False})]
 ALL = defop("all", _red_rule(np.bool_), kernel=_max_kernel(np.all), kind="reduction",
-            grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx=None, samples=lambda: _bool_red)
+            grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx=NO_ONNX, samples=lambda: _bool_red)
 ANY = defop("any", _red_rule(np.bool_), kernel=_max_kernel(np.any), kind="reduction",
-            grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx=None, samples=lambda: _bool_red)
+            grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx=NO_ONNX, samples=lambda: _bool_red)
 
 
 def _cumsum_kernel(a, axis):

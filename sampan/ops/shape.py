@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, norm_axis, randf, rng, unbroadcast
-from .registry import Spec, defop
+from .registry import NO_ONNX, Spec, defop
 
 
 def _t(x):
@@ -292,7 +292,7 @@ def pad(x, pad, value=0.0):
 
 FLIP = defop("flip", lambda x, axes: Spec(x.shape, x.dtype),
              kernel=lambda a, axes: np.flip(a, axes), saves=(), view=True,
-             grad=lambda g, y, x, axes: flip(g, axes), onnx=None, flops=lambda *a, **k: 0,
+             grad=lambda g, y, x, axes: flip(g, axes), onnx=NO_ONNX, flops=lambda *a, **k: 0,
              samples=lambda: [Sample((randf(rng(33), 2, 3, 4),), {"axes": (0, 2)})])
 
 
@@ -375,7 +375,16 @@ def _getitem_rule(x, *idx, index):
     except IndexError as e:
         raise op_error(ShapeError, "getitem", f"index {index} into shape {tuple(x.shape)}",
                        "an index within bounds", str(e)) from None
-    return Spec(tuple(np.shape(r)), x.dtype)
+    shape = tuple(np.shape(r))
+    if any(i.dtype == np.bool_ and len(i.shape) > 0 for i in idx):
+        # a boolean mask selects a data-dependent number of elements: a symbolic dim
+        masked = [i for i in idx if i.dtype == np.bool_ and len(i.shape) > 0][0]
+        pos = next(k for k, e in enumerate(index) if e[0] == "t" and idx[e[1]] is masked)
+        lead = sum(1 for e in index[:pos] if e[0] == "s") + sum(
+            len(x.shape) - len([e for e in index if e[0] in "sit"]) for e in index[:pos]
+            if e[0] == "e")
+        shape = shape[:lead] + ("nnz",) + shape[lead + 1:]
+    return Spec(shape, x.dtype)
 
 
 def _getitem_kernel(a, *idx, index):

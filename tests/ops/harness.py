@@ -1,0 +1,153 @@
+"""The op-test harness: runs one sample of one op every way the op table promises.
+
+Adding an op adds samples (in its OpDef) and a PyTorch oracle entry, not a test file."""
+from __future__ import annotations
+
+import numpy as np
+
+import sampan
+from sampan.ops.composite import COMPOSITES
+from sampan.ops.registry import NOT_DIFFERENTIABLE, OPS, Spec
+from sampan.tensor import Tensor, apply, wrap
+
+from .torch_oracle import COMPOSITE_ORACLE, ORACLE, to_torch
+
+try:
+    from .torch_oracle_nn import ORACLE as _NN_ORACLE
+    ORACLE.update(_NN_ORACLE)
+except ImportError:
+    pass
+
+
+def op_cases():
+    """(op name, sample index) for every op in the table."""
+    return [(name, i) for name, op in sorted(OPS.items()) for i in range(len(op.samples()))]
+
+
+def composite_cases():
+    return [(name, i) for name, (_, s) in sorted(COMPOSITES.items()) for i in range(len(s()))]
+
+
+def is_float(a):
+    return isinstance(a, np.ndarray) and (a.dtype.kind == "f" or a.dtype.name == "bfloat16")
+
+
+def to64(args):
+    return tuple(a.astype(np.float64) if is_float(a) else a for a in args)
+
+
+def diff_indices(sample, op=None):
+    if sample.diff is not None:
+        return tuple(sample.diff)
+    skip = op.nondiff_inputs if op is not None else ()
+    return tuple(i for i, a in enumerate(sample.args) if is_float(a) and i not in skip)
+
+
+def make_inputs(args, diff):
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, np.ndarray):
+            t = wrap(a.copy())
+            if i in diff:
+                t.requires_grad_(True)
+            out.append(t)
+        else:
+            out.append(a)
+    return out
+
+
+def run_op(name, args, attrs, diff=()):
+    """Run op `name` on numpy args through the table (eager)."""
+    if name in OPS:
+        ins = make_inputs(args, diff)
+        return ins, apply(OPS[name], tuple(ins), dict(attrs))
+    fn = COMPOSITES[name][0]
+    ins = make_inputs(args, diff)
+    return ins, fn(*ins, **attrs)
+
+
+def outputs(y):
+    return list(y) if isinstance(y, (tuple, list)) else [y]
+
+
+def torch_run(name, args, attrs, diff=()):
+    import torch
+    oracle = ORACLE[name] if name in OPS else COMPOSITE_ORACLE[name]
+    ts = []
+    for i, a in enumerate(args):
+        t = to_torch(torch, a)
+        if i in diff:
+            t.requires_grad_(True)
+        ts.append(t)
+    return ts, oracle(torch, ts, dict(attrs))
+
+
+def spec_of(a):
+    return Spec(tuple(a.shape), a.dtype)
+
+
+def check_shape_rule(name, sample):
+    op = OPS[name]
+    specs = [spec_of(a) for a in sample.args]
+    rule = op.shape_rule(*specs, **sample.attrs)
+    _, y = run_op(name, sample.args, sample.attrs)
+    rules = rule if isinstance(rule, (tuple, list)) else [rule]
+    ys = outputs(y)
+    assert len(rules) == len(ys) == op.n_out
+    for r, t in zip(rules, ys):
+        assert len(r.shape) == len(t.shape) and all(
+            isinstance(a, str) or a == b for a, b in zip(r.shape, t.shape)), (name, r, t.shape)
+        assert r.dtype == t.dtype, (name, r.dtype, t.dtype)
+
+
+def assert_close(a, b, rtol, atol, what=""):
+    a = np.asarray(a, dtype=np.float64) if np.asarray(a).dtype != np.bool_ else np.asarray(a)
+    b = np.asarray(b, dtype=np.float64) if np.asarray(b).dtype != np.bool_ else np.asarray(b)
+    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=what)
+
+
+def tnp(t):
+    t = t.detach()
+    if str(t.dtype) == "torch.bfloat16":
+        t = t.float()
+    return t.numpy()
+
+
+def check_forward_vs_torch(name, sample):
+    _, y = run_op(name, sample.args, sample.attrs)
+    _, ty = torch_run(name, sample.args, sample.attrs)
+    for a, b in zip(outputs(y), outputs(ty)):
+        low = a.dtype in (sampan.bfloat16, sampan.float16)
+        assert_close(a.numpy().astype(np.float64) if low else a.numpy(), tnp(b),
+                     rtol=1e-2 if low else 2e-5, atol=1e-2 if low else 1e-6, what=name)
+
+
+def grads_sampan(name, args, attrs, diff, cot_seed=0):
+    ins, y = run_op(name, args, attrs, diff)
+    ys = [o for o in outputs(y) if o.requires_grad]
+    r = np.random.default_rng(cot_seed)
+    cots = [r.standard_normal(o.shape) for o in ys]
+    gs = sampan.grad(ys, [ins[i] for i in diff], [wrap(c.astype(o.dtype))
+                                                  for c, o in zip(cots, ys)], allow_unused=True)
+    return [None if g is None else g.numpy() for g in gs], cots
+
+
+def grads_torch(name, args, attrs, diff, cots):
+    import torch
+    ts, y = torch_run(name, args, attrs, diff)
+    ys = [o for o in outputs(y) if o.requires_grad]
+    gs = torch.autograd.grad(ys, [ts[i] for i in diff], [torch.from_numpy(c) for c in cots],
+                             allow_unused=True)
+    return [None if g is None else g.numpy() for g in gs]
+
+
+def differentiable(name):
+    if name in COMPOSITES:
+        return True
+    return OPS[name].grad is not NOT_DIFFERENTIABLE
+
+
+def float64_outputs(name, args, attrs):
+    _, y = run_op(name, args, attrs)
+    return all(o.dtype == np.float64 for o in outputs(y) if is_float(o._data))
