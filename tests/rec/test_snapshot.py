@@ -103,6 +103,7 @@ def test_export_is_consistent_while_training_runs(tmp_path):
     opt = SparseAdagrad(1.0)
     ids = np.arange(64, dtype=np.int64)
     table.lookup(ids)
+    table.attach_slots(opt.slot_width(4))
     stop = threading.Event()
 
     def trainer():
