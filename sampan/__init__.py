@@ -40,6 +40,8 @@ from .ops.reduce import all, amax, amin, any, argmax, argmin, cumsum, max, mean,
 from .ops.shape import (broadcast_to, cat, chunk, clone, concat, expand, flatten, flip, narrow,
                         pad, permute, reshape, split, squeeze, stack, transpose, unsqueeze)
 
+from . import nn  # noqa: E402  (layers need the op table loaded)
+
 __version__ = "0.1.0"
 
 
@@ -80,4 +82,5 @@ __all__ = [
     # composites
     "softmax", "log_softmax", "logsumexp", "var", "std", "layer_norm", "rms_norm", "batch_norm",
     "gelu", "silu", "leaky_relu", "softplus", "one_hot", "dropout", "cross_entropy",
+    "nn",
 ]

@@ -1,0 +1,273 @@
+"""`sampan.nn.functional`: the stateless functions under every layer.
+
+Everything here is written with ops from the op table (composites where they
+exist), so autograd and tracing handle it with no rules of their own. Linear
+weights use sampan's layout ``(in_features, out_features)``: ``y = x @ W + b``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, SampanValueError, ShapeError, op_error
+from ..ops import composite as _C
+from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
+                             rms_norm, silu, softmax, softplus)
+from ..ops.creation import ones, zeros
+from ..ops.elementwise import (add, cast, div, eq, exp, expm1, gt, log1p, maximum, minimum,
+                               mul, relu, rsqrt, sigmoid, sub, tanh, where)
+from ..ops.index import index_select
+from ..ops.linalg import matmul
+from ..ops.reduce import mean, sum
+from ..ops.shape import reshape, transpose, unsqueeze
+from ..tensor import Tensor
+from ._losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
+                      huber_loss, kl_div, l1_loss, mse_loss, nll_loss, smooth_l1_loss)
+
+
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+# ---------------------------------------------------------------------- linear layers
+def linear(x, weight, bias=None):
+    """``x @ weight + bias`` with weight of shape (in_features, out_features).
+
+    Example::
+
+        >>> F.linear(sampan.randn(2, 3), sampan.randn(3, 4)).shape
+        (2, 4)
+    """
+    x = _t(x)
+    if x.shape[-1] != weight.shape[0]:
+        raise op_error(ShapeError, "linear", f"input {tuple(x.shape)} and weight "
+                       f"{tuple(weight.shape)}", "input.shape[-1] == weight.shape[0] "
+                       "(weight layout is (in_features, out_features))")
+    if x.ndim > 2:  # one 2-d GEMM instead of a batched one (also a 2-d weight gradient)
+        lead = tuple(x.shape[:-1])
+        y = matmul(reshape(x, (-1, x.shape[-1])), weight)
+        if bias is not None:
+            y = add(y, bias)
+        return reshape(y, lead + (weight.shape[1],))
+    y = matmul(x, weight)
+    return y if bias is None else add(y, bias)
+
+
+def bilinear(x1, x2, weight, bias=None):
+    """``y[..., k] = x1 @ weight[k] @ x2 + bias[k]`` with weight (out, in1, in2).
+
+    Example::
+
+        >>> F.bilinear(sampan.randn(2, 3), sampan.randn(2, 5), sampan.randn(4, 3, 5)).shape
+        (2, 4)
+    """
+    x1, x2 = _t(x1), _t(x2)
+    out, in1, in2 = weight.shape
+    if x1.shape[-1] != in1 or x2.shape[-1] != in2 or x1.shape[:-1] != x2.shape[:-1]:
+        raise op_error(ShapeError, "bilinear", f"inputs {tuple(x1.shape)}, {tuple(x2.shape)} "
+                       f"and weight {tuple(weight.shape)}", f"inputs (..., {in1}) and "
+                       f"(..., {in2}) with equal leading dims")
+    lead = tuple(x1.shape[:-1])
+    a = reshape(x1, (-1, in1))
+    b = reshape(x2, (-1, in2))
+    w = reshape(transpose(weight, 0, 1), (in1, out * in2))
+    t = reshape(matmul(a, w), (-1, out, in2))
+    y = sum(mul(t, unsqueeze(b, 1)), -1)
+    if bias is not None:
+        y = add(y, bias)
+    return reshape(y, lead + (out,))
+
+
+def embedding(ids, weight, padding_idx=None):
+    """Rows of `weight` picked by integer `ids`; rows at `padding_idx` get no gradient.
+
+    Example::
+
+        >>> F.embedding(sampan.tensor([[0, 2]]), sampan.randn(5, 3)).shape
+        (1, 2, 3)
+    """
+    ids = _t(ids)
+    if not _dt.is_integer(ids.dtype):
+        raise op_error(DTypeError, "embedding", f"ids of dtype {ids.dtype}", "integer ids")
+    n = weight.shape[0]
+    a = ids._data
+    if a.size and isinstance(a, np.ndarray) and (a.min() < -n or a.max() >= n):
+        raise op_error(SampanValueError, "embedding", f"ids in [{a.min()}, {a.max()}]",
+                       f"ids in [0, {n}) for a table of {n} rows")
+    out = reshape(index_select(weight, reshape(ids, (-1,)), 0),
+                  tuple(ids.shape) + (weight.shape[1],))
+    if padding_idx is not None:
+        pad = unsqueeze(eq(ids, padding_idx % n), -1)
+        out = where(pad, out.detach(), out)
+    return out
+
+
+# ---------------------------------------------------------------------- activations
+def leaky_relu(x, negative_slope=0.01):
+    """x if x > 0 else negative_slope * x. Example: ``F.leaky_relu(x, 0.2)``."""
+    return _C.leaky_relu(x, negative_slope)
+
+
+def relu6(x):
+    """min(max(x, 0), 6)."""
+    return minimum(relu(x), 6.0)
+
+
+def elu(x, alpha=1.0):
+    """x if x > 0 else alpha * (exp(x) - 1). Example: ``F.elu(x)``."""
+    x = _t(x)
+    return where(gt(x, 0.0), x, mul(expm1(minimum(x, 0.0)), alpha))
+
+
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    """Clamp to [min_val, max_val]."""
+    return minimum(maximum(_t(x), min_val), max_val)
+
+
+def mish(x):
+    """x * tanh(softplus(x))."""
+    return mul(x, tanh(softplus(x)))
+
+
+def glu(x, axis=-1):
+    """Gated linear unit: a * sigmoid(b) for the two halves of `x` along `axis`."""
+    from ..ops.shape import chunk
+    a, b = chunk(_t(x), 2, axis)
+    return mul(a, sigmoid(b))
+
+
+def dropout(x, p=0.5, training=True, generator=None):
+    """Zero elements with probability `p` and scale the rest by 1/(1-p) (training only).
+
+    Example: ``F.dropout(x, 0.1, training=model.training)``"""
+    if not 0.0 <= p <= 1.0:
+        raise op_error(SampanValueError, "dropout", f"p={p}", "a probability in [0, 1]")
+    return _C.dropout(x, p, training, generator)
+
+
+# ---------------------------------------------------------------------- normalisation
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """Normalise each group of channels (dim 1) per sample, then scale and shift.
+
+    Example: ``F.group_norm(sampan.randn(2, 6, 4), 3).shape`` is (2, 6, 4)"""
+    x = _t(x)
+    n, c = x.shape[0], x.shape[1]
+    if c % num_groups:
+        raise op_error(ShapeError, "group_norm", f"{c} channels and {num_groups} groups",
+                       "a channel count divisible by the group count")
+    g = reshape(x, (n, num_groups, -1))
+    m = mean(g, 2, keepdims=True)
+    d = sub(g, m)
+    v = mean(mul(d, d), 2, keepdims=True)
+    y = reshape(mul(d, rsqrt(add(v, eps))), tuple(x.shape))
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = mul(y, reshape(weight, shape))
+    if bias is not None:
+        y = add(y, reshape(bias, shape))
+    return y
+
+
+def normalize(x, p=2.0, axis=1, eps=1e-12):
+    """x / max(||x||_p, eps) along `axis`."""
+    from ..ops.elementwise import abs as _abs, pow as _pow
+    x = _t(x)
+    norm = _pow(sum(_pow(_abs(x), p), axis, keepdims=True), 1.0 / p)
+    return div(x, maximum(norm, eps))
+
+
+# ---------------------------------------------------------------------- attention
+_CAUSAL = {}
+
+
+def causal_mask(q_len, k_len):
+    """Bool (q_len, k_len) mask, True where a query may attend (key index <= query's
+    position, aligned at the end). Cached per size."""
+    key = (q_len, k_len)
+    m = _CAUSAL.get(key)
+    if m is None:
+        m = Tensor(np.tril(np.ones((q_len, k_len), bool), k_len - q_len))
+        if len(_CAUSAL) < 64:
+            _CAUSAL[key] = m
+    return m
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, training=True, generator=None):
+    """softmax(q @ k^T * scale + mask) @ v over (..., L, E) queries and (..., S, E) keys.
+
+    `attn_mask` is a bool mask (True = may attend, as in PyTorch's function) or an
+    additive float mask, broadcast to (..., L, S). `is_causal` adds a causal mask.
+
+    Example::
+
+        >>> q = sampan.randn(2, 4, 5, 8)
+        >>> F.scaled_dot_product_attention(q, q, q, is_causal=True).shape
+        (2, 4, 5, 8)
+    """
+    allowed, additive = None, None
+    if attn_mask is not None:
+        attn_mask = _t(attn_mask)
+        if attn_mask.dtype == np.bool_:
+            allowed = attn_mask
+        else:
+            additive = attn_mask
+    return attention(q, k, v, allowed, additive, is_causal, dropout_p if training else 0.0,
+                     scale, generator)[0]
+
+
+def attention(q, k, v, allowed=None, additive=None, is_causal=False, dropout_p=0.0,
+              scale=None, generator=None):
+    """The attention kernel behind `scaled_dot_product_attention` and MultiHeadAttention:
+    returns (output, probabilities). `allowed`: bool mask, True = may attend;
+    `additive`: float mask added to the scores. Example: ``out, p = F.attention(q, k, v)``."""
+    q, k, v = _t(q), _t(k), _t(v)
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise op_error(ShapeError, "scaled_dot_product_attention",
+                       f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}",
+                       "q (..., L, E), k (..., S, E), v (..., S, Ev)")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = mul(matmul(q, transpose(k, -2, -1)), scale)
+    if is_causal:
+        c = causal_mask(q.shape[-2], k.shape[-2])
+        allowed = c if allowed is None else (c & allowed)
+    if additive is not None:
+        s = add(s, additive)
+    if allowed is not None:  # a finite "minus infinity": fully masked rows stay NaN-free
+        s = where(allowed, s, -65504.0 if s.dtype == np.float16 else -1e30)
+    p = softmax(s, -1)
+    if allowed is not None:  # fully masked rows give zeros
+        p = where(allowed, p, 0.0)
+    if dropout_p > 0.0:
+        p = _C.dropout(p, dropout_p, True, generator)
+    return matmul(p, v), p
+
+
+# ---------------------------------------------------------------------- conv & pooling
+def _conv_exports():
+    """Conv and pooling functions from the op families `conv` and `pool` (when present)."""
+    import importlib
+    out = {}
+    names = ["conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
+             "adaptive_avg_pool2d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d"]
+    for mod in ("conv", "pool"):
+        try:
+            m = importlib.import_module(f"..ops.{mod}", __package__)
+        except ImportError:
+            continue
+        out.update({n: getattr(m, n) for n in names if hasattr(m, n)})
+    return out
+
+
+globals().update(_conv_exports())
+
+__all__ = [
+    "linear", "bilinear", "embedding", "relu", "relu6", "leaky_relu", "elu", "gelu", "silu",
+    "mish", "glu", "hardtanh", "tanh", "sigmoid", "softplus", "softmax", "log_softmax",
+    "logsumexp", "one_hot", "dropout", "layer_norm", "rms_norm", "batch_norm", "group_norm",
+    "normalize", "scaled_dot_product_attention", "attention", "causal_mask", "cross_entropy", "nll_loss",
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "kl_div",
+] + sorted(_conv_exports())

@@ -1,0 +1,427 @@
+"""`Layer`: the base class of every network piece, and `Parameter`.
+
+A Layer is built in `__init__` and run in `forward`; assigning a `Parameter`, a
+Layer or a buffer (via `register_buffer`) to an attribute registers it, so the
+whole tree can be walked (`named_parameters`, `state_dict`, `apply` …).
+
+A `Parameter` is an ordinary sampan `Tensor` carrying a flag: ops see a plain
+Tensor (the eager fast path checks ``type(x) is Tensor``), while
+``isinstance(t, Parameter)`` still answers True.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, namedtuple
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd.tape import bump_version
+from ..errors import SampanError, SampanValueError, ShapeError
+from ..tensor import Tensor
+
+
+class _ParameterMeta(type):
+    def __instancecheck__(cls, obj):
+        return type(obj) is Tensor and getattr(obj, "_is_param", False)
+
+
+class Parameter(metaclass=_ParameterMeta):
+    """A trainable tensor: a plain sampan Tensor flagged as a parameter.
+
+    Example::
+
+        >>> w = nn.Parameter(sampan.zeros(3, 4))
+        >>> isinstance(w, nn.Parameter), type(w) is sampan.Tensor, w.requires_grad
+        (True, True, True)
+    """
+
+    def __new__(cls, data, requires_grad=True):
+        src = data if isinstance(data, Tensor) else Tensor(data)
+        t = Tensor.__new__(Tensor)
+        t._data = src._data
+        t._is_param = True
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+
+def is_parameter(t) -> bool:
+    """True for tensors made by `Parameter`."""
+    return type(t) is Tensor and getattr(t, "_is_param", False)
+
+
+class RemovableHandle:
+    """Returned by hook registration; `remove()` unregisters the hook.
+
+    Example::
+
+        >>> h = layer.register_forward_hook(lambda layer, inp, out: None)
+        >>> h.remove()
+    """
+    _ids = itertools.count()
+
+    def __init__(self, hooks: dict):
+        self._hooks = hooks
+        self.id = next(RemovableHandle._ids)
+
+    def remove(self):
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])
+
+
+class Layer:
+    """Base class of layers and models.
+
+    Example::
+
+        >>> class MLP(nn.Layer):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fc1 = nn.Linear(4, 8)
+        ...         self.fc2 = nn.Linear(8, 2)
+        ...     def forward(self, x):
+        ...         return self.fc2(nn.functional.relu(self.fc1(x)))
+        >>> MLP()(sampan.randn(3, 4)).shape
+        (3, 2)
+    """
+
+    def __init__(self):
+        d = self.__dict__
+        d["_parameters"] = OrderedDict()
+        d["_buffers"] = OrderedDict()
+        d["_non_persistent"] = set()
+        d["_layers"] = OrderedDict()
+        d["_forward_pre_hooks"] = OrderedDict()
+        d["_forward_hooks"] = OrderedDict()
+        d["training"] = True
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
+
+    def __call__(self, *args, **kwargs):
+        if self._forward_pre_hooks:
+            for hook in list(self._forward_pre_hooks.values()):
+                r = hook(self, args)
+                if r is not None:
+                    args = r if isinstance(r, tuple) else (r,)
+        out = self.forward(*args, **kwargs)
+        if self._forward_hooks:
+            for hook in list(self._forward_hooks.values()):
+                r = hook(self, args, out)
+                if r is not None:
+                    out = r
+        return out
+
+    # ------------------------------------------------------------------ registration
+    def _check_init(self, what):
+        if "_parameters" not in self.__dict__:
+            raise SampanError(f"{type(self).__name__}: cannot assign {what} before "
+                              "Layer.__init__() ran; call super().__init__() first")
+
+    def __setattr__(self, name, value):
+        d = self.__dict__
+        if is_parameter(value):
+            self._check_init("parameters")
+            self._drop(name)
+            d["_parameters"][name] = value
+        elif isinstance(value, Layer):
+            self._check_init("sub-layers")
+            self._drop(name)
+            d["_layers"][name] = value
+        elif "_parameters" in d and name in d["_parameters"]:
+            if value is not None:
+                raise SampanValueError(
+                    f"{type(self).__name__}.{name}: got a {type(value).__name__}; expected a "
+                    "Parameter (wrap it: nn.Parameter(t)) or None")
+            d["_parameters"][name] = None
+        elif "_buffers" in d and name in d["_buffers"]:
+            if value is not None and not isinstance(value, Tensor):
+                raise SampanValueError(f"{type(self).__name__}.{name}: buffer got a "
+                                       f"{type(value).__name__}; expected a Tensor or None")
+            d["_buffers"][name] = value
+        elif "_layers" in d and name in d["_layers"]:
+            if value is not None:
+                raise SampanValueError(f"{type(self).__name__}.{name}: got a "
+                                       f"{type(value).__name__}; expected a Layer or None")
+            d["_layers"][name] = None
+        else:
+            object.__setattr__(self, name, value)
+
+    def _drop(self, name):
+        d = self.__dict__
+        d.pop(name, None)
+        for k in ("_parameters", "_buffers", "_layers"):
+            d[k].pop(name, None)
+        d["_non_persistent"].discard(name)
+
+    def __getattr__(self, name):
+        # only called when normal lookup fails: look in the registries
+        d = self.__dict__
+        for k in ("_parameters", "_buffers", "_layers"):
+            reg = d.get(k)
+            if reg is not None and name in reg:
+                return reg[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        d = self.__dict__
+        for k in ("_parameters", "_buffers", "_layers"):
+            if name in d.get(k, ()):
+                del d[k][name]
+                d["_non_persistent"].discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers)
+                      | set(self._layers))
+
+    def register_parameter(self, name: str, param):
+        """Register `param` (a Parameter or None) under `name`."""
+        self._check_init("parameters")
+        if param is not None and not is_parameter(param):
+            raise SampanValueError(f"register_parameter({name!r}): got "
+                                   f"{type(param).__name__}; expected a Parameter or None")
+        self._drop(name)
+        self._parameters[name] = param
+
+    def add_sublayer(self, name: str, layer):
+        """Register `layer` (or None) as a child named `name`; returns it."""
+        self._check_init("sub-layers")
+        if layer is not None and not isinstance(layer, Layer):
+            raise SampanValueError(f"add_sublayer({name!r}): got {type(layer).__name__}; "
+                                   "expected a Layer")
+        self._drop(name)
+        self._layers[name] = layer
+        return layer
+
+    add_module = add_sublayer
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True):
+        """Register a non-trainable tensor (e.g. running statistics). Non-persistent
+        buffers are left out of `state_dict`.
+
+        Example: ``self.register_buffer("running_mean", sampan.zeros(8))``"""
+        self._check_init("buffers")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise SampanValueError(f"register_buffer({name!r}): got {type(tensor).__name__}; "
+                                   "expected a Tensor or None")
+        self._drop(name)
+        self._buffers[name] = tensor
+        if not persistent:
+            self._non_persistent.add(name)
+
+    # ------------------------------------------------------------------ traversal
+    def named_layers(self, prefix: str = "", include_self: bool = True, _memo=None):
+        """(qualified name, layer) for this layer and every descendant, each once."""
+        memo = set() if _memo is None else _memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        if include_self:
+            yield prefix, self
+        for name, child in self._layers.items():
+            if child is None:
+                continue
+            yield from child.named_layers(f"{prefix}.{name}" if prefix else name, True, memo)
+
+    named_modules = named_layers
+
+    def layers(self, include_self: bool = True):
+        """Every layer of the tree (see `named_layers`)."""
+        return [m for _, m in self.named_layers(include_self=include_self)]
+
+    modules = layers
+
+    def named_children(self):
+        """(name, layer) of the direct sub-layers."""
+        seen = set()
+        for name, child in self._layers.items():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def children(self):
+        return [c for _, c in self.named_children()]
+
+    def _named(self, kind, prefix, recurse):
+        seen = set()
+        layers = self.named_layers(prefix) if recurse else [(prefix, self)]
+        for lname, layer in layers:
+            for name, t in getattr(layer, kind).items():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                yield (f"{lname}.{name}" if lname else name), t
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        """(qualified name, parameter) pairs; a shared parameter appears once."""
+        return self._named("_parameters", prefix, recurse)
+
+    def parameters(self, recurse: bool = True):
+        """The parameters of this layer and (by default) every descendant, as a list."""
+        return [p for _, p in self.named_parameters(recurse=recurse)]
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True):
+        return self._named("_buffers", prefix, recurse)
+
+    def buffers(self, recurse: bool = True):
+        return [b for _, b in self.named_buffers(recurse=recurse)]
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Number of scalars in the parameters. Example: ``nn.Linear(3, 4).num_parameters()``
+        is 16."""
+        return int(sum(p.numel() for p in self.parameters()
+                       if p.requires_grad or not trainable_only))
+
+    # ------------------------------------------------------------------ modes & utilities
+    def train(self, mode: bool = True):
+        """Set training mode on the whole tree (affects Dropout, BatchNorm …)."""
+        for m in self.layers():
+            m.__dict__["training"] = bool(mode)
+        return self
+
+    def eval(self):
+        """Evaluation mode: ``model.eval()`` is ``model.train(False)``."""
+        return self.train(False)
+
+    def apply(self, fn):
+        """Call `fn(layer)` on every descendant, then on self (e.g. custom init)."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Clear the gradients of every parameter."""
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad = Tensor(np.zeros_like(p.grad._data))
+
+    def requires_grad_(self, flag: bool = True):
+        for p in self.parameters():
+            p.requires_grad_(flag)
+        return self
+
+    def to(self, *args, dtype=None, device=None):
+        """Convert floating parameters and buffers to `dtype` in place (the Parameter
+        objects stay the same, so optimisers keep working). Example: ``m.to("float64")``."""
+        for a in args:
+            if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda"):
+                device = a
+            else:
+                dtype = a
+        if device is not None:
+            from ..device import as_device
+            as_device(device)
+        if dtype is None:
+            return self
+        d = _dt.as_dtype(dtype)
+        if not _dt.is_floating(d):
+            raise SampanValueError(f"{type(self).__name__}.to: got dtype {d}; expected a "
+                                   "floating dtype")
+        for t in itertools.chain(self.parameters(), self.buffers()):
+            if _dt.is_floating(t.dtype) and t.dtype != d:
+                t._data = t._data.astype(d)
+                bump_version(t)
+                if t.grad is not None:
+                    t.grad = Tensor(t.grad._data.astype(d))
+        return self
+
+    def float(self):
+        return self.to(_dt.float32)
+
+    def double(self):
+        return self.to(_dt.float64)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
+        """Parameters and persistent buffers by qualified name (tensors share memory).
+
+        Example: ``m.load_state_dict(m.state_dict())``"""
+        out = OrderedDict()
+        for lname, layer in self.named_layers(prefix.rstrip(".")):
+            pre = f"{lname}." if lname else ""
+            for name, p in layer._parameters.items():
+                if p is not None:
+                    out[pre + name] = p if keep_vars else p.detach()
+            for name, b in layer._buffers.items():
+                if b is not None and name not in layer._non_persistent:
+                    out[pre + name] = b if keep_vars else b.detach()
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """Copy values from `state_dict` into this layer's parameters and buffers.
+
+        With `strict`, missing or unexpected keys raise; mis-shaped values always
+        raise. Returns ``(missing_keys, unexpected_keys)``."""
+        own = self.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        bad = []
+        for k, t in own.items():
+            if k in state_dict:
+                v = state_dict[k]
+                shape = tuple(v.shape) if hasattr(v, "shape") else tuple(np.shape(v))
+                if shape != tuple(t.shape):
+                    bad.append(f"{k}: checkpoint {shape} vs layer {tuple(t.shape)}")
+        if bad or (strict and (missing or unexpected)):
+            lines = [f"{type(self).__name__}.load_state_dict: the state dict does not fit"]
+            if missing:
+                lines.append("  missing keys: " + ", ".join(missing))
+            if unexpected:
+                lines.append("  unexpected keys: " + ", ".join(unexpected))
+            if bad:
+                lines.append("  mis-shaped keys: " + "; ".join(bad))
+            if not bad:
+                lines.append("  pass strict=False to load the keys that match")
+            raise ShapeError("\n".join(lines))
+        for k, t in own.items():
+            if k in state_dict:
+                v = state_dict[k]
+                a = v._data if isinstance(v, Tensor) else np.asarray(v)
+                np.copyto(t._data, a.astype(t.dtype, copy=False))
+                bump_version(t)
+        return LoadResult(missing, unexpected)
+
+    set_state_dict = load_state_dict
+
+    # ------------------------------------------------------------------ hooks
+    def register_forward_pre_hook(self, hook) -> RemovableHandle:
+        """`hook(layer, args)` runs before forward; it may return replacement args."""
+        h = RemovableHandle(self._forward_pre_hooks)
+        self._forward_pre_hooks[h.id] = hook
+        return h
+
+    def register_forward_hook(self, hook) -> RemovableHandle:
+        """`hook(layer, args, output)` runs after forward; it may return a new output."""
+        h = RemovableHandle(self._forward_hooks)
+        self._forward_hooks[h.id] = hook
+        return h
+
+    # ------------------------------------------------------------------ repr
+    def extra_repr(self) -> str:
+        """One line describing this layer's settings (shown in the tree repr)."""
+        return ""
+
+    def __repr__(self):
+        lines = []
+        for name, child in self._layers.items():
+            body = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {body}")
+        extra = self.extra_repr()
+        if not lines:
+            return f"{type(self).__name__}({extra})"
+        head = f"{type(self).__name__}(" + (f"\n  {extra}" if extra else "")
+        return head + "\n" + "\n".join(lines) + "\n)"

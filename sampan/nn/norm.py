@@ -1,0 +1,160 @@
+"""Normalisation layers: BatchNorm1d/2d, LayerNorm, RMSNorm, GroupNorm."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SampanValueError, ShapeError
+from ..ops.creation import ones, tensor, zeros
+from . import functional as F
+from .layer import Layer, Parameter
+
+
+class _BatchNorm(Layer):
+    _dims = ()
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, dtype=None):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        self.weight = Parameter(ones(num_features, dtype=dtype)) if affine else None
+        self.bias = Parameter(zeros(num_features, dtype=dtype)) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", zeros(num_features, dtype=dtype))
+            self.register_buffer("running_var", ones(num_features, dtype=dtype))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype="int64"))
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            self.running_mean._data[...] = 0
+            self.running_var._data[...] = 1
+            self.num_batches_tracked._data[...] = 0
+
+    def forward(self, x):
+        name = type(self).__name__
+        if x.ndim not in self._dims or x.shape[1] != self.num_features:
+            raise ShapeError(f"{name}: got input of shape {tuple(x.shape)}; expected "
+                             f"{' or '.join(f'{d}-d' for d in self._dims)} input with "
+                             f"{self.num_features} channels at dim 1")
+        use_batch = self.training or not self.track_running_stats
+        momentum = self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked._data += 1
+            if momentum is None:  # cumulative moving average
+                momentum = 1.0 / float(self.num_batches_tracked._data)
+        if use_batch and x.numel() // x.shape[1] <= 1 and self.training:
+            raise SampanValueError(f"{name}: got input of shape {tuple(x.shape)} in training "
+                                   "mode; expected more than one value per channel")
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                            training=use_batch, momentum=momentum, eps=self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation over (N, C) or (N, C, L) input, with running statistics kept
+    as buffers (used in eval mode).
+
+    Example::
+
+        >>> bn = nn.BatchNorm1d(16)
+        >>> bn(sampan.randn(8, 16)).shape
+        (8, 16)
+    """
+    _dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation over (N, C, H, W) input, with running statistics as buffers.
+
+    Example: ``nn.BatchNorm2d(6)(sampan.randn(4, 6, 8, 8))``"""
+    _dims = (4,)
+
+
+class LayerNorm(Layer):
+    """Normalise over the trailing `normalized_shape` dims, then scale and shift.
+
+    Example::
+
+        >>> nn.LayerNorm(256)(sampan.randn(8, 128, 256)).shape
+        (8, 128, 256)
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
+                 dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape, self.eps = tuple(normalized_shape), eps
+        self.elementwise_affine = elementwise_affine
+        self.weight = (Parameter(ones(self.normalized_shape, dtype=dtype))
+                       if elementwise_affine else None)
+        self.bias = (Parameter(zeros(self.normalized_shape, dtype=dtype))
+                     if elementwise_affine and bias else None)
+
+    def forward(self, x):
+        n = len(self.normalized_shape)
+        if tuple(x.shape[x.ndim - n:]) != self.normalized_shape:
+            raise ShapeError(f"LayerNorm: got input of shape {tuple(x.shape)}; expected "
+                             f"trailing dims {self.normalized_shape}")
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
+
+
+class RMSNorm(Layer):
+    """x / sqrt(mean(x²) + eps) over the trailing dims, times a learned weight; `eps`
+    defaults to the dtype's machine epsilon (as in PyTorch).
+
+    Example: ``nn.RMSNorm(256)(sampan.randn(2, 256))``"""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape, self.eps = tuple(normalized_shape), eps
+        self.weight = (Parameter(ones(self.normalized_shape, dtype=dtype))
+                       if elementwise_affine else None)
+
+    def forward(self, x):
+        n = len(self.normalized_shape)
+        if tuple(x.shape[x.ndim - n:]) != self.normalized_shape:
+            raise ShapeError(f"RMSNorm: got input of shape {tuple(x.shape)}; expected "
+                             f"trailing dims {self.normalized_shape}")
+        eps = float(np.finfo(x.dtype).eps) if self.eps is None else self.eps
+        return F.rms_norm(x, self.normalized_shape, self.weight, eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class GroupNorm(Layer):
+    """Normalise groups of channels per sample; per-channel scale and shift.
+
+    Example: ``nn.GroupNorm(2, 6)(sampan.randn(4, 6, 5))``"""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=None):
+        super().__init__()
+        if num_channels % num_groups:
+            raise SampanValueError(f"GroupNorm: got num_channels={num_channels} and "
+                                   f"num_groups={num_groups}; expected channels divisible "
+                                   "by groups")
+        self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        self.affine = affine
+        self.weight = Parameter(ones(num_channels, dtype=dtype)) if affine else None
+        self.bias = Parameter(zeros(num_channels, dtype=dtype)) if affine else None
+
+    def forward(self, x):
+        if x.ndim < 2 or x.shape[1] != self.num_channels:
+            raise ShapeError(f"GroupNorm: got input of shape {tuple(x.shape)}; expected "
+                             f"{self.num_channels} channels at dim 1")
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -1,0 +1,190 @@
+"""LSTM and GRU: multi-layer, batch-first or time-first, with optional sequence lengths.
+
+Parameters are named like PyTorch's (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``,
+``bias_hh_l0``) and gates are stacked in PyTorch's order (LSTM: i, f, g, o; GRU: r, z, n),
+but weights use sampan's Linear layout ``(in, gates * hidden)``: copy a PyTorch weight
+with a transpose. With `lengths`, steps past a sequence's length leave its state
+untouched and give zero outputs, so padding never leaks into outputs or final states
+(what PyTorch's packed sequences give).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import SampanValueError, ShapeError
+from ..ops.composite import dropout
+from ..ops.creation import empty, zeros
+from ..ops.elementwise import add, mul, sigmoid, sub, tanh, where
+from ..ops.linalg import matmul
+from ..ops.shape import split, stack, transpose
+from ..tensor import Tensor
+from . import init
+from .layer import Layer, Parameter
+
+
+class _RNNBase(Layer):
+    _gates = 1
+    _name = "RNN"
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+                 dropout=0.0, dtype=None):
+        super().__init__()
+        for k, v in (("input_size", input_size), ("hidden_size", hidden_size),
+                     ("num_layers", num_layers)):
+            if not isinstance(v, int) or v <= 0:
+                raise SampanValueError(f"{self._name}: got {k}={v!r}; expected a positive int")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
+        g = self._gates * hidden_size
+        for layer in range(num_layers):
+            n_in = input_size if layer == 0 else hidden_size
+            setattr(self, f"weight_ih_l{layer}", Parameter(empty(n_in, g, dtype=dtype)))
+            setattr(self, f"weight_hh_l{layer}", Parameter(empty(hidden_size, g, dtype=dtype)))
+            if bias:
+                setattr(self, f"bias_ih_l{layer}", Parameter(empty(g, dtype=dtype)))
+                setattr(self, f"bias_hh_l{layer}", Parameter(empty(g, dtype=dtype)))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """U(-1/sqrt(hidden), 1/sqrt(hidden)) for every weight and bias (PyTorch's)."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            init.uniform_(p, -bound, bound)
+
+    def _weights(self, layer):
+        get = self._parameters.get
+        return (get(f"weight_ih_l{layer}"), get(f"weight_hh_l{layer}"),
+                get(f"bias_ih_l{layer}"), get(f"bias_hh_l{layer}"))
+
+    def _prepare(self, x, lengths):
+        if x.ndim != 3 or x.shape[-1] != self.input_size:
+            layout = "(B, T, F)" if self.batch_first else "(T, B, F)"
+            raise ShapeError(f"{self._name}: got input of shape {tuple(x.shape)}; expected "
+                             f"{layout} with F={self.input_size}")
+        xs = transpose(x, 0, 1) if self.batch_first else x  # time-major inside
+        T, B = xs.shape[0], xs.shape[1]
+        mask = None
+        if lengths is not None:
+            ln = np.asarray(lengths._data if isinstance(lengths, Tensor) else lengths)
+            if ln.shape != (B,) or ln.dtype.kind not in "iu":
+                raise ShapeError(f"{self._name}: got lengths of shape {ln.shape} and dtype "
+                                 f"{ln.dtype}; expected {B} integer lengths")
+            if ln.size and (ln.min() < 0 or ln.max() > T):
+                raise SampanValueError(f"{self._name}: got lengths in [{ln.min()}, "
+                                       f"{ln.max()}]; expected lengths in [0, {T}]")
+            if ln.size and ln.min() < T:
+                mask = Tensor((np.arange(T)[:, None] < ln[None, :])[:, :, None])
+        return xs, T, B, mask
+
+    def _state(self, h, B, dtype, what):
+        shape = (self.num_layers, B, self.hidden_size)
+        if h is None:
+            return [zeros(B, self.hidden_size, dtype=dtype)] * self.num_layers
+        if tuple(h.shape) != shape:
+            raise ShapeError(f"{self._name}: got initial {what} of shape {tuple(h.shape)}; "
+                             f"expected {shape}")
+        return [h[i] for i in range(self.num_layers)]
+
+    def _run(self, x, states, lengths):
+        xs, T, B, mask = self._prepare(x, lengths)
+        states = [self._state(s, B, xs.dtype, w) for s, w in states]
+        finals = [[] for _ in states]
+        H = self.hidden_size
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = self._weights(layer)
+            n_in = xs.shape[-1]
+            xw = matmul(xs.reshape(T * B, n_in), w_ih)
+            if b_ih is not None:
+                xw = add(xw, b_ih)
+            xw = xw.reshape(T, B, self._gates * H)
+            st = [s[layer] for s in states]
+            outs = []
+            for t in range(T):
+                new = self._cell(xw[t], st, w_hh, b_hh)
+                if mask is not None:
+                    m = mask[t]
+                    outs.append(where(m, new[0], 0.0))
+                    st = [where(m, n, o) for n, o in zip(new, st)]
+                else:
+                    outs.append(new[0])
+                    st = new
+            for f, s in zip(finals, st):
+                f.append(s)
+            xs = stack(outs, 0)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                xs = dropout(xs, self.dropout, True)
+        out = transpose(xs, 0, 1) if self.batch_first else xs
+        return out, [stack(f, 0) for f in finals]
+
+    def extra_repr(self):
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        return s
+
+
+class LSTM(_RNNBase):
+    """Long short-term memory over a sequence; returns ``(output, (h_n, c_n))`` with
+    h_n, c_n of shape (num_layers, B, H).
+
+    Example::
+
+        >>> lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+        >>> x = sampan.randn(3, 5, 8)
+        >>> out, (h, c) = lstm(x, lengths=[5, 2, 4])
+        >>> out.shape, h.shape
+        ((3, 5, 16), (2, 3, 16))
+    """
+    _gates = 4
+    _name = "LSTM"
+
+    def _cell(self, xw_t, st, w_hh, b_hh):
+        h, c = st
+        g = add(xw_t, matmul(h, w_hh))
+        if b_hh is not None:
+            g = add(g, b_hh)
+        i, f, gg, o = split(g, self.hidden_size, -1)
+        c2 = add(mul(sigmoid(f), c), mul(sigmoid(i), tanh(gg)))
+        return [mul(sigmoid(o), tanh(c2)), c2]
+
+    def forward(self, x, hx=None, lengths=None):
+        h0, c0 = (None, None) if hx is None else hx
+        out, (h, c) = self._run(x, [(h0, "h"), (c0, "c")], lengths)
+        return out, (h, c)
+
+
+class GRU(_RNNBase):
+    """Gated recurrent unit over a sequence; returns ``(output, h_n)`` with h_n of shape
+    (num_layers, B, H).
+
+    Example::
+
+        >>> gru = nn.GRU(8, 16, batch_first=True)
+        >>> out, h = gru(sampan.randn(3, 5, 8), lengths=[5, 2, 4])
+        >>> h.shape
+        (1, 3, 16)
+    """
+    _gates = 3
+    _name = "GRU"
+
+    def _cell(self, xw_t, st, w_hh, b_hh):
+        (h,) = st
+        gh = matmul(h, w_hh)
+        if b_hh is not None:
+            gh = add(gh, b_hh)
+        xr, xz, xn = split(xw_t, self.hidden_size, -1)
+        hr, hz, hn = split(gh, self.hidden_size, -1)
+        r = sigmoid(add(xr, hr))
+        z = sigmoid(add(xz, hz))
+        n = tanh(add(xn, mul(r, hn)))
+        return [add(mul(sub(1.0, z), n), mul(z, h))]
+
+    def forward(self, x, hx=None, lengths=None):
+        out, (h,) = self._run(x, [(hx, "h")], lengths)
+        return out, h
