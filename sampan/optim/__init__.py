@@ -1,0 +1,52 @@
+"""Optimisers, learning-rate schedules and gradient clipping.
+
+The eager optimisers update each parameter's numpy storage in place (no allocation
+per step beyond one shared scratch buffer); `sampan.optim.functional` holds the same
+rules as pure functions over sampan ops, for tracing.
+
+Example::
+
+    >>> opt = sampan.optim.AdamW(model.parameters(), lr=3e-4)
+    >>> sched = sampan.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    >>> loss.backward(); sampan.optim.clip_grad_norm_(model.parameters(), 1.0)
+    >>> opt.step(); opt.zero_grad(); sched.step()
+"""
+from . import functional, lr_scheduler
+from .adam import Adam, AdamW
+from .adaptive import Adagrad, RMSprop
+from .clip import clip_grad_norm_, clip_grad_value_
+from .lr_scheduler import (
+                           CosineAnnealingLR,
+                           ExponentialLR,
+                           LinearLR,
+                           LinearWarmup,
+                           LRScheduler,
+                           MultiStepLR,
+                           OneCycleLR,
+                           ReduceLROnPlateau,
+                           StepLR,
+)
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = [
+                           "SGD",
+                           "Adagrad",
+                           "Adam",
+                           "AdamW",
+                           "CosineAnnealingLR",
+                           "ExponentialLR",
+                           "LRScheduler",
+                           "LinearLR",
+                           "LinearWarmup",
+                           "MultiStepLR",
+                           "OneCycleLR",
+                           "Optimizer",
+                           "RMSprop",
+                           "ReduceLROnPlateau",
+                           "StepLR",
+                           "clip_grad_norm_",
+                           "clip_grad_value_",
+                           "functional",
+                           "lr_scheduler",
+]

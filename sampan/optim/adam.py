@@ -1,0 +1,130 @@
+"""Adam and AdamW (decoupled weight decay), optionally with AMSGrad."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sampan.autograd.tape import bump_version
+from sampan.errors import SampanValueError
+
+from .optimizer import Optimizer, decayed_grad
+
+__all__ = ["Adam", "AdamW"]
+
+_mul = np.multiply
+_add = np.add
+_sub = np.subtract
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba), the update rule of PyTorch's `torch.optim.Adam`.
+
+    ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g*g``, then
+    ``p -= lr/(1-b1**t) * m / (sqrt(v)/sqrt(1-b2**t) + eps)``; with `amsgrad` the running
+    maximum of ``v`` replaces ``v`` in the denominator. `weight_decay` adds ``wd*p`` to
+    the gradient (L2); use `AdamW` for decoupled decay.
+
+    Example::
+
+        >>> opt = sampan.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+        >>> loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    _decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, maximize=False):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                  "weight_decay": weight_decay, "amsgrad": amsgrad,
+                                  "maximize": maximize})
+
+    def _check_group(self, g):
+        name = type(self).__name__
+        if g["lr"] < 0:
+            raise SampanValueError(f"{name}: invalid learning rate {g['lr']} (expected >= 0)")
+        b1, b2 = g["betas"]
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise SampanValueError(f"{name}: invalid betas {g['betas']} (each in [0, 1))")
+        if g["eps"] < 0:
+            raise SampanValueError(f"{name}: invalid eps {g['eps']} (expected >= 0)")
+        if g["weight_decay"] < 0:
+            raise SampanValueError(f"{name}: invalid weight_decay {g['weight_decay']}")
+
+    def _update_group(self, group):
+        lr = group["lr"]
+        b1, b2 = group["betas"]
+        eps = group["eps"]
+        wd = group["weight_decay"]
+        amsgrad = group["amsgrad"]
+        maximize = group["maximize"]
+        decoupled = self._decoupled
+        one_b1 = 1.0 - b1
+        one_b2 = 1.0 - b2
+        state = self.state
+        buffer = self._buffer
+        for p in group["params"]:
+            grad = p.grad
+            if grad is None:
+                continue
+            w = p._data
+            g = grad._data
+            if decoupled:
+                if wd:
+                    _mul(w, 1.0 - lr * wd, out=w)
+                if maximize:
+                    g = decayed_grad(self, w, g, 0.0, True)
+            elif wd or maximize:
+                g = decayed_grad(self, w, g, wd, maximize)
+            s = state.get(p)
+            if s is None:
+                s = {"step": 0, "exp_avg": np.zeros_like(w), "exp_avg_sq": np.zeros_like(w)}
+                if amsgrad:
+                    s["max_exp_avg_sq"] = np.zeros_like(w)
+                state[p] = s
+            step = s["step"] = s["step"] + 1
+            m = s["exp_avg"]
+            v = s["exp_avg_sq"]
+            t = buffer(w, 1)
+            # m <- m + (1-b1)*(g - m)   (torch's lerp, same rounding)
+            _sub(g, m, out=t)
+            _mul(t, one_b1, out=t)
+            _add(m, t, out=m)
+            # v <- b2*v + (1-b2)*g*g
+            _mul(v, b2, out=v)
+            _mul(g, g, out=t)
+            _mul(t, one_b2, out=t)
+            _add(v, t, out=v)
+            if amsgrad:
+                vmax = s["max_exp_avg_sq"]
+                np.maximum(vmax, v, out=vmax)
+                v = vmax
+            step_size = lr / (1.0 - b1 ** step)
+            bc2_sqrt = math.sqrt(1.0 - b2 ** step)
+            # p <- p - step_size * m / (sqrt(v)/sqrt(bc2) + eps)
+            np.sqrt(v, out=t)
+            np.divide(t, bc2_sqrt, out=t)
+            _add(t, eps, out=t)
+            np.divide(m, t, out=t)
+            _mul(t, step_size, out=t)
+            _sub(w, t, out=w)
+            bump_version(p)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as `torch.optim.AdamW`.
+
+    Each step first shrinks the parameter, ``p *= 1 - lr*weight_decay``, then applies
+    the plain Adam update; the decay never enters the moment estimates.
+
+    Example::
+
+        >>> opt = sampan.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    """
+
+    _decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, maximize=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, maximize=maximize)

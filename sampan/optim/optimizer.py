@@ -1,0 +1,265 @@
+"""The `Optimizer` base: parameter groups, per-parameter state, `state_dict`.
+
+Subclasses implement `_update_group(group)`, which walks the group's parameters,
+changes each one's numpy storage in place and bumps its version (so autograd notices
+that values saved for a backward pass went stale). The base class runs it under
+`no_grad` and owns everything that is not arithmetic.
+
+State layout (PyTorch's, so checkpoints read the same way)::
+
+    {"state": {0: {"step": 3, "exp_avg": Tensor, ...}, 1: {...}},
+     "param_groups": [{"lr": 0.001, ..., "params": [0, 1]}, ...]}
+
+Parameters are numbered in group order, first group first. Inside the optimizer the
+state is a dict keyed by the parameter tensor itself, values being numpy arrays (and
+a Python int `step`), so the update loop touches no wrapper objects.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from sampan.autograd import no_grad
+from sampan.errors import SampanValueError
+from sampan.tensor import Tensor
+
+__all__ = ["Optimizer", "decayed_grad", "required"]
+
+
+class _Required:
+    """Marks a hyperparameter that has no default (e.g. SGD's `lr`)."""
+
+    def __repr__(self):
+        return "<required>"
+
+
+required = _Required()
+
+
+class Optimizer:
+    """Base class of every optimiser.
+
+    `params` is an iterable of tensors, or of dicts each holding ``"params"`` plus
+    hyperparameters that override `defaults` for that group.
+
+    Example::
+
+        >>> w = sampan.randn(3, requires_grad=True)
+        >>> opt = sampan.optim.SGD([{"params": [w], "lr": 0.1}], lr=0.01)
+        >>> (w * w).sum().backward(); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        self.state: dict = {}
+        self.param_groups: list[dict] = []
+        self._scratch: dict = {}  # dtype -> flat work buffer shared by all parameters
+        if isinstance(params, Tensor):
+            raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
+                            "or of dicts, got a single Tensor")
+        groups = list(params)
+        if not groups:
+            raise SampanValueError(f"{type(self).__name__}: got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for g in groups:
+            self.add_param_group(g)
+
+    # ----------------------------------------------------------------- groups
+    def add_param_group(self, group: dict) -> None:
+        """Add a group of parameters with its own hyperparameters.
+
+        Example::
+
+            >>> opt.add_param_group({"params": [head.weight], "lr": 1e-2})
+        """
+        if not isinstance(group, dict):
+            raise TypeError(f"add_param_group: expected a dict, got {type(group).__name__}")
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{type(self).__name__}: can only optimise Tensors, got "
+                                f"{type(p).__name__}")
+            if not p.is_leaf:
+                raise SampanValueError(f"{type(self).__name__}: can't optimise a non-leaf "
+                                       "tensor (it is computed from others)")
+        g = {"params": params}
+        for k, v in self.defaults.items():
+            if k not in group and v is required:
+                raise SampanValueError(f"{type(self).__name__}: parameter group has no "
+                                       f"'{k}' and there is no default")
+            g[k] = group.get(k, v)
+        for k, v in group.items():
+            if k not in g:
+                g[k] = v
+        seen = {id(p) for grp in self.param_groups for p in grp["params"]}
+        if len({id(p) for p in params}) != len(params) or seen & {id(p) for p in params}:
+            raise SampanValueError(f"{type(self).__name__}: a parameter appears in more than "
+                                   "one group (or twice in one)")
+        self._check_group(g)
+        self.param_groups.append(g)
+
+    def _check_group(self, group: dict) -> None:
+        """Subclasses validate hyperparameters here, naming the bad one."""
+
+    # ----------------------------------------------------------------- stepping
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear every parameter's gradient (drop it, or fill it with zeros).
+
+        Example::
+
+            >>> opt.zero_grad()
+        """
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad._data.fill(0)
+
+    def step(self, closure=None):
+        """Update every parameter that has a gradient; returns `closure()` if given.
+
+        Example::
+
+            >>> loss = opt.step(lambda: compute_loss())  # closure re-evaluates the loss
+        """
+        loss = None
+        if closure is not None:
+            from sampan.autograd import enable_grad
+            with enable_grad():
+                loss = closure()
+        with no_grad():
+            for g in self.param_groups:
+                self._update_group(g)
+        return loss
+
+    def _update_group(self, group: dict) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _buffer(self, like: np.ndarray, slot: int = 0) -> np.ndarray:
+        """A scratch array shaped like `like`, a view into a shared flat buffer.
+
+        One buffer per (dtype, slot) serves all parameters in turn, so an update needs
+        no fresh allocation yet holds only as much extra memory as the largest tensor.
+        """
+        key = (like.dtype, slot)
+        buf = self._scratch.get(key)
+        n = like.size
+        if buf is None or buf.size < n:
+            buf = np.empty(n, dtype=like.dtype)
+            self._scratch[key] = buf
+        return buf[:n].reshape(like.shape)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """A copy of the optimiser's state, parameters numbered in group order.
+
+        Example::
+
+            >>> sd = opt.state_dict(); sd["param_groups"][0]["lr"]
+            0.01
+        """
+        index = {}
+        groups = []
+        for g in self.param_groups:
+            packed = {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+            ids = []
+            for p in g["params"]:
+                index.setdefault(id(p), len(index))
+                ids.append(index[id(p)])
+            packed["params"] = ids
+            groups.append(packed)
+        state = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                s = self.state.get(p)
+                if s:
+                    state[index[id(p)]] = {k: _export(v) for k, v in s.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore state from `state_dict()`; groups must match in number and size.
+
+        Example::
+
+            >>> opt.load_state_dict(saved)
+        """
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise SampanValueError(f"{type(self).__name__}.load_state_dict: state has "
+                                   f"{len(groups)} parameter groups, optimiser has "
+                                   f"{len(self.param_groups)}")
+        mapping = {}
+        for i, (mine, saved) in enumerate(zip(self.param_groups, groups)):
+            if len(mine["params"]) != len(saved["params"]):
+                raise SampanValueError(
+                    f"{type(self).__name__}.load_state_dict: group {i} has "
+                    f"{len(saved['params'])} parameters in the state, "
+                    f"{len(mine['params'])} in the optimiser")
+            for idx, p in zip(saved["params"], mine["params"]):
+                mapping[int(idx)] = p
+        self.state = {}
+        for idx, s in state_dict["state"].items():
+            p = mapping.get(int(idx))
+            if p is None:
+                raise SampanValueError(f"{type(self).__name__}.load_state_dict: state for "
+                                       f"parameter {idx}, which no group holds")
+            self.state[p] = {k: _import(v, p, k) for k, v in s.items()}
+        for mine, saved in zip(self.param_groups, groups):
+            for k, v in saved.items():
+                if k != "params":
+                    mine[k] = copy.deepcopy(v)
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for k in sorted(g):
+                if k != "params":
+                    lines.append(f"    {k}: {g[k]}")
+        return "\n".join(lines) + "\n)"
+
+
+def decayed_grad(opt: Optimizer, w: np.ndarray, g: np.ndarray, wd: float,
+                 maximize: bool) -> np.ndarray:
+    """``g + wd*w`` (``-g + wd*w`` when maximising) in scratch slot 0; `g` is left alone.
+
+    Example::
+
+        >>> g = decayed_grad(opt, p._data, p.grad._data, 0.01, False)
+    """
+    t = opt._buffer(g, 0)
+    if wd:
+        np.multiply(w, wd, out=t)
+        if maximize:
+            np.subtract(t, g, out=t)
+        else:
+            np.add(g, t, out=t)
+    else:
+        np.negative(g, out=t)
+    return t
+
+
+def _export(v):
+    if isinstance(v, np.ndarray):
+        return Tensor(v.copy())
+    return copy.deepcopy(v)
+
+
+def _import(v, p: Tensor, key: str):
+    """Bring a saved state entry back as an array of the parameter's dtype."""
+    if key == "step":
+        return int(np.asarray(v.numpy() if isinstance(v, Tensor) else v))
+    if isinstance(v, Tensor):
+        v = v.numpy()
+    if isinstance(v, np.ndarray) or hasattr(v, "__array__"):
+        a = np.array(v, dtype=p.dtype, copy=True)
+        if a.shape != p.shape and a.size == p.numel():
+            a = a.reshape(p.shape)
+        return a
+    return copy.deepcopy(v)
