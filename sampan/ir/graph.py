@@ -1,0 +1,236 @@
+"""Graph, Node and Value: the SSA program that jit traces, passes rewrite and the
+runtime compiles.
+
+A Value is defined exactly once: as a graph input, as a constant, or as an output
+of one Node. It carries shape (ints, or str for symbolic dims) and dtype, so a
+Value can stand in for an array while tracing (`Tensor._data` may be a Value).
+A Node names an op of the table (`sampan.ops.registry.OPS`), its input Values,
+plain-data attributes and the user source line that created it.
+
+Example::
+
+    >>> g = Graph()
+    >>> x = g.add_input((2, 3), "float32")
+    >>> (y,) = g.add_node("relu", [x], {}).outputs
+    >>> g.outputs = [y]
+    >>> print(g)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dt
+
+
+class Value:
+    """One SSA value: shape, dtype and where it comes from (input, const, or node)."""
+
+    __slots__ = ("id", "shape", "dtype", "node", "index", "const", "name", "__weakref__")
+
+    def __init__(self, vid, shape, dtype, node=None, index=0, const=None, name=None):
+        self.id = vid
+        self.shape = tuple(shape)
+        self.dtype = _dt.as_dtype(dtype)
+        self.node = node          # producing Node, or None for inputs and constants
+        self.index = index        # which output of `node`
+        self.const = const        # ndarray for constants
+        self.name = name          # input names / constant names (optional)
+
+    # array-like facade used while tracing (Tensor code reads these)
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d if isinstance(d, int) else 1
+        return n
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    def __array__(self, *a, **k):
+        from ..jit.tracer import TracingError
+        raise TracingError(
+            f"sampan.jit: numpy was called on a traced value ({self.type_str()}); code that "
+            "works on `tensor._data` with numpy directly (e.g. an eager optimiser updating "
+            "p._data in place) cannot be traced: use sampan ops (p.sub_(...), "
+            "sampan.optim.functional) inside jitted functions")
+
+    def __len__(self):
+        return self.shape[0]
+
+    @property
+    def is_const(self):
+        return self.const is not None
+
+    def type_str(self):
+        return f"{_dt.short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+    def __repr__(self):
+        return f"%{self.id}: {self.type_str()}"
+
+
+class Node:
+    """One op application: `outputs = op(*inputs, **attrs)`, created at `loc`."""
+
+    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "meta")
+
+    def __init__(self, op, inputs, attrs, loc=""):
+        self.op = op              # op name in the table
+        self.inputs = list(inputs)
+        self.attrs = dict(attrs)
+        self.outputs = []
+        self.loc = loc
+        self.meta = {}
+
+    @property
+    def output(self):
+        return self.outputs[0]
+
+    def __repr__(self):
+        return f"<Node {self.op} -> {', '.join(repr(v) for v in self.outputs)}>"
+
+
+class Graph:
+    """An SSA program: inputs, constants, nodes in execution order, outputs."""
+
+    def __init__(self, name="main"):
+        self.name = name
+        self.inputs: list[Value] = []
+        self.consts: list[Value] = []
+        self.nodes: list[Node] = []
+        self.outputs: list[Value] = []
+        self.meta: dict = {}      # pass results, e.g. the memory plan
+        self._next = 0
+
+    # ------------------------------------------------------------------ building
+    def _new_id(self):
+        self._next += 1
+        return self._next - 1
+
+    def add_input(self, shape, dtype, name=None) -> Value:
+        v = Value(self._new_id(), shape, dtype, name=name)
+        self.inputs.append(v)
+        return v
+
+    def add_const(self, array, name=None) -> Value:
+        a = np.asarray(array)
+        v = Value(self._new_id(), a.shape, a.dtype, const=a, name=name)
+        self.consts.append(v)
+        return v
+
+    def add_node(self, op, inputs, attrs, out_specs=None, loc="") -> Node:
+        """Append a node; output types come from the op's shape rule unless given."""
+        n = Node(op, inputs, attrs, loc)
+        if out_specs is None:
+            out_specs = infer(op, inputs, attrs)
+        for i, s in enumerate(out_specs):
+            n.outputs.append(Value(self._new_id(), s.shape, s.dtype, node=n, index=i))
+        self.nodes.append(n)
+        return n
+
+    # ------------------------------------------------------------------ queries
+    def values(self):
+        yield from self.inputs
+        yield from self.consts
+        for n in self.nodes:
+            yield from n.outputs
+
+    def users(self) -> dict:
+        """Map value id -> list of nodes that read it."""
+        u = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                u.setdefault(v.id, []).append(n)
+        return u
+
+    def replace_all_uses_with(self, old: Value, new: Value) -> None:
+        """Every node input and graph output reading `old` reads `new` instead."""
+        for n in self.nodes:
+            n.inputs = [new if v is old else v for v in n.inputs]
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+    def prune_consts(self):
+        """Drop constants no node or output reads."""
+        used = {v.id for n in self.nodes for v in n.inputs} | {v.id for v in self.outputs}
+        self.consts = [c for c in self.consts if c.id in used]
+
+    def copy(self) -> "Graph":
+        """A deep structural copy (constant arrays are shared: they are never mutated)."""
+        g = Graph(self.name)
+        g._next = self._next
+        m = {}
+        for v in self.inputs:
+            m[v.id] = nv = Value(v.id, v.shape, v.dtype, name=v.name)
+            g.inputs.append(nv)
+        for v in self.consts:
+            m[v.id] = nv = Value(v.id, v.shape, v.dtype, const=v.const, name=v.name)
+            g.consts.append(nv)
+        for n in self.nodes:
+            nn = Node(n.op, [m[v.id] for v in n.inputs], n.attrs, n.loc)
+            nn.meta = dict(n.meta)
+            for v in n.outputs:
+                m[v.id] = nv = Value(v.id, v.shape, v.dtype, node=nn, index=v.index)
+                nn.outputs.append(nv)
+            g.nodes.append(nn)
+        g.outputs = [m[v.id] for v in self.outputs]
+        g.meta = dict(self.meta)
+        return g
+
+    # ------------------------------------------------------------------ text, equality
+    def __str__(self):
+        from .text import print_graph
+        return print_graph(self)
+
+    def __repr__(self):
+        return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes>"
+
+    def _canon(self):
+        ren = {}
+
+        def r(v):
+            return ren[v.id]
+        for v in self.inputs:
+            ren[v.id] = len(ren)
+        for v in self.consts:
+            ren[v.id] = len(ren)
+        ins = tuple((v.shape, v.dtype, v.name) for v in self.inputs)
+        cs = tuple((v.shape, v.dtype, v.const.tobytes()) for v in self.consts)
+        nodes = []
+        for n in self.nodes:
+            args = tuple(r(v) for v in n.inputs)
+            for v in n.outputs:
+                ren[v.id] = len(ren)
+            nodes.append((n.op, args, repr(sorted(n.attrs.items())), n.loc,
+                          tuple((v.shape, v.dtype) for v in n.outputs)))
+        return ins, cs, tuple(nodes), tuple(r(v) for v in self.outputs)
+
+    def __eq__(self, other):
+        return isinstance(other, Graph) and self._canon() == other._canon()
+
+    __hash__ = None
+
+    def to_dot(self, **kw) -> str:
+        """Graphviz DOT text (see `sampan.ir.viz.to_dot`)."""
+        from .viz import to_dot
+        return to_dot(self, **kw)
+
+    def nbytes_consts(self):
+        return sum(v.const.nbytes for v in self.consts)
+
+
+def spec_of(v):
+    from ..ops.registry import Spec
+    return Spec(tuple(v.shape), v.dtype)
+
+
+def infer(op, inputs, attrs):
+    """Output Specs of `op` on `inputs` by its shape rule."""
+    from ..ops.registry import get_op
+    od = get_op(op)
+    out = od.shape_rule(*[spec_of(v) for v in inputs], **attrs)
+    return list(out) if od.n_out != 1 else [out]

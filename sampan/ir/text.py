@@ -1,0 +1,274 @@
+"""The Graph text format: one node a line, typed, parsed back to an equal Graph.
+
+    graph main(%0: f32[8,4] 'x', %1: f32[4,3] 'fc.weight') {
+      %2: f32[] = const(value=2.0)
+      %3: f32[8,3] = matmul(%0, %1)  # model.py:12
+      %4: f32[8,3] = mul(%3, %2)  # model.py:13
+      return (%4)
+    }
+
+Small constants are written inline; larger ones by reference (`const(ref='c7')`) to
+arrays kept beside the text (in `Graph` objects, or a safetensors file when saved).
+"""
+from __future__ import annotations
+
+import ast
+import math
+import re
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import SampanError
+from .graph import Graph, Node, Value
+
+INLINE_CONST_MAX = 16
+
+
+class ParseError(SampanError):
+    """Graph text that does not parse; names the line."""
+
+
+# ---------------------------------------------------------------------- literals
+def fmt_lit(x) -> str:
+    """Python-like literal for plain attribute data (inf/nan spelled as names)."""
+    if x is None or isinstance(x, (bool, np.bool_)):
+        return repr(None if x is None else bool(x))
+    if isinstance(x, (int, np.integer)):
+        return repr(int(x))
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return repr(x)
+    if isinstance(x, str):
+        return repr(x)
+    if isinstance(x, tuple):
+        inner = ", ".join(fmt_lit(v) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, list):
+        return "[" + ", ".join(fmt_lit(v) for v in x) + "]"
+    if isinstance(x, np.dtype):
+        return repr(_dt.dtype_name(x))
+    raise SampanError(f"IR attribute {x!r} of type {type(x).__name__} is not plain data "
+                      "(ints, floats, strings, bools, None and tuples of them)")
+
+
+def _eval_lit(node):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Tuple):
+        return tuple(_eval_lit(e) for e in node.elts)
+    if isinstance(node, ast.List):
+        return [_eval_lit(e) for e in node.elts]
+    if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
+        return float(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_eval_lit(node.operand)
+    raise ValueError(f"not a literal: {ast.dump(node)}")
+
+
+def type_str(shape, dtype):
+    return f"{_dt.short_name(dtype)}[{','.join(map(str, shape))}]"
+
+
+def _const_rhs(v: Value) -> str:
+    a = v.const
+    if a.size <= INLINE_CONST_MAX and a.ndim <= 4:
+        data = a.astype(np.float64) if a.dtype in (_dt.bfloat16, _dt.float16) else a
+        return f"const(value={fmt_lit(data.tolist())})"
+    return f"const(ref={v.name!r})"
+
+
+# ---------------------------------------------------------------------- printer
+def print_graph(g: Graph, *, ids=None) -> str:
+    """The text form of `g` (values renumbered in order: inputs, constants, nodes)."""
+    ren = {}
+    for v in g.values():
+        ren[v.id] = len(ren)
+
+    def nm(v):
+        try:
+            return f"%{ren[v.id]}"
+        except KeyError:
+            return f"%<undefined {v.id}>"
+    args = ", ".join(f"{nm(v)}: {v.type_str()}" + (f" {v.name!r}" if v.name else "")
+                     for v in g.inputs)
+    lines = [f"graph {g.name}({args}) {{"]
+    for c in g.consts:
+        if c.name is None and not (c.const.size <= INLINE_CONST_MAX and c.const.ndim <= 4):
+            c.name = f"c{c.id}"
+        lines.append(f"  {nm(c)}: {c.type_str()} = {_const_rhs(c)}")
+    for n in g.nodes:
+        lines.append("  " + node_str(n, nm))
+    outs = ", ".join(nm(v) for v in g.outputs)
+    lines.append(f"  return ({outs})")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def node_str(n: Node, nm=None) -> str:
+    """One node as a line: `%3: f32[8,3] = matmul(%0, %1)  # model.py:12`."""
+    nm = nm or (lambda v: f"%{v.id}")
+    lhs = ", ".join(f"{nm(v)}: {v.type_str()}" for v in n.outputs)
+    parts = [nm(v) for v in n.inputs] + [f"{k}={fmt_lit(a)}" for k, a in n.attrs.items()]
+    s = f"{lhs} = {n.op}({', '.join(parts)})"
+    return s + (f"  # {n.loc}" if n.loc else "")
+
+
+# ---------------------------------------------------------------------- parser
+_TYPE = re.compile(r"^([a-z0-9]+)\[([^\]]*)\]$")
+_HEADER = re.compile(r"^graph\s+([\w.\-]+)\((.*)\)\s*\{$")
+_VAR = re.compile(r"%(\d+)")
+
+
+def parse_type(s: str):
+    m = _TYPE.match(s.strip())
+    if not m or m.group(1) not in _dt.SHORT_TO_NAME:
+        raise ValueError(f"bad type {s!r}")
+    dims = tuple(int(d) if re.fullmatch(r"-?\d+", d) else d
+                 for d in (x.strip() for x in m.group(2).split(",")) if d)
+    return dims, _dt.as_dtype(_dt.SHORT_TO_NAME[m.group(1)])
+
+
+def _split_top(s: str):
+    """Split on commas outside brackets and quotes."""
+    out, depth, cur, q = [], 0, [], None
+    for ch in s:
+        if q:
+            cur.append(ch)
+            if ch == q:
+                q = None
+            continue
+        if ch in "'\"":
+            q = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+def _strip_loc(line: str):
+    i = line.rfind("  # ")
+    if i >= 0:
+        tail = line[i + 4:].strip()
+        if not any(c in tail for c in "()'\"="):
+            return line[:i].rstrip(), tail
+    return line, ""
+
+
+def parse(text: str, consts: dict | None = None) -> Graph:
+    """Parse graph text back into a Graph; `consts` supplies arrays named by `ref=`.
+
+    Example: ``assert parse(str(g), {c.name: c.const for c in g.consts}) == g``"""
+    consts = consts or {}
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("//")]
+    if not lines:
+        raise ParseError("empty graph text")
+    g = Graph()
+    env = {}
+    lineno = 0
+
+    def err(msg):
+        return ParseError(f"graph text line {lineno}: {msg}\n  {lines[lineno - 1].strip()}")
+
+    def ref(tok):
+        m = re.fullmatch(r"%(\d+)", tok.strip())
+        if not m or int(m.group(1)) not in env:
+            raise err(f"{tok.strip()} is not defined before this line")
+        return env[int(m.group(1))]
+
+    lineno = 1
+    m = _HEADER.match(lines[0].strip())
+    if not m:
+        raise err("expected 'graph NAME(inputs) {'")
+    g.name = m.group(1)
+    for a in _split_top(m.group(2)):
+        am = re.fullmatch(r"%(\d+):\s*(\S+)(?:\s+(['\"].*['\"]))?", a)
+        if not am:
+            raise err(f"bad input {a!r}")
+        try:
+            shape, dtype = parse_type(am.group(2))
+        except ValueError as e:
+            raise err(str(e)) from None
+        name = ast.literal_eval(am.group(3)) if am.group(3) else None
+        env[int(am.group(1))] = g.add_input(shape, dtype, name)
+    closed = False
+    for lineno, raw in enumerate(lines[1:], start=2):
+        line = raw.strip()
+        if line == "}":
+            closed = True
+            break
+        if line.startswith("return"):
+            body = line[len("return"):].strip()
+            if body.startswith("(") and body.endswith(")"):
+                body = body[1:-1]
+            g.outputs = [ref(t) for t in _split_top(body)]
+            continue
+        line, loc = _strip_loc(line)
+        if " = " not in line:
+            raise err("expected '%N: type = op(...)'")
+        lhs, rhs = line.split(" = ", 1)
+        outs = []
+        for part in _split_top(lhs):
+            om = re.fullmatch(r"%(\d+):\s*(\S+)", part)
+            if not om:
+                raise err(f"bad result {part!r}")
+            try:
+                outs.append((int(om.group(1)), *parse_type(om.group(2))))
+            except ValueError as e:
+                raise err(str(e)) from None
+        try:
+            call = ast.parse(_VAR.sub(r"_v_\1", rhs), mode="eval").body
+        except SyntaxError:
+            raise err("the right-hand side is not a call") from None
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+            raise err("the right-hand side is not a call")
+        op = call.func.id
+        try:
+            attrs = {k.arg: _eval_lit(k.value) for k in call.keywords}
+        except ValueError as e:
+            raise err(str(e)) from None
+        if op == "const":
+            vid, shape, dtype = outs[0]
+            if "value" in attrs:
+                arr = np.asarray(attrs["value"], dtype=np.float64 if dtype in (
+                    _dt.bfloat16, _dt.float16) else dtype).astype(dtype).reshape(shape)
+                env[vid] = g.add_const(arr)
+            else:
+                name = attrs.get("ref")
+                if name not in consts:
+                    raise err(f"constant {name!r} is not among the supplied arrays")
+                arr = np.asarray(consts[name])
+                if arr.shape != tuple(shape) or arr.dtype != dtype:
+                    raise err(f"constant {name!r} is {type_str(arr.shape, arr.dtype)}, the "
+                              f"text says {type_str(shape, dtype)}")
+                env[vid] = g.add_const(arr, name=name)
+            continue
+        ins = []
+        for a in call.args:
+            if not (isinstance(a, ast.Name) and a.id.startswith("_v_")):
+                raise err("positional arguments must be values (%N)")
+            ins.append(ref("%" + a.id[3:]))
+        from ..ops.registry import OPS
+        if op not in OPS:
+            raise err(f"unknown op {op!r}")
+        from ..ops.registry import Spec
+        node = g.add_node(op, ins, attrs, [Spec(s, d) for _, s, d in outs], loc=loc)
+        for (vid, _, _), v in zip(outs, node.outputs):
+            if vid in env:
+                raise err(f"%{vid} is defined twice (not SSA)")
+            env[vid] = v
+    if not closed:
+        raise ParseError("graph text ends without '}' (truncated?)")
+    return g

@@ -1,0 +1,25 @@
+"""sampan.jit: trace eager code into the Graph IR, optimise it, run generated code.
+
+`sampan.jit(fn)` / `@sampan.jit` / `sampan.jit(layer)` compile per input signature;
+`sampan.jit.save(fn_or_layer, path, example_inputs)` and `sampan.jit.load(path)`
+store and restore a compiled program without its Python source.
+"""
+import sys as _sys
+import types as _types
+
+from .api import JitFunction, RetraceWarning, jit, trace
+from .serialize import LoadError, load, save
+from .tracer import Tracer, TracingError
+
+__all__ = ["jit", "JitFunction", "trace", "Tracer", "TracingError", "RetraceWarning", "save",
+           "load", "LoadError"]
+
+
+class _CallableModule(_types.ModuleType):
+    """`sampan.jit` is both this package and the decorator: ``@sampan.jit``."""
+
+    def __call__(self, fn=None, **kw):
+        return jit(fn, **kw)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,365 @@
+"""`sampan.jit`: trace once per input signature, optimise with a pass pipeline, run
+generated code, and write state (parameters, optimiser buffers, grads, random
+generators) back after each call so that eager and jit calls interleave freely.
+
+Example::
+
+    >>> @sampan.jit
+    ... def step(x, y):
+    ...     loss = ((x @ w - y) ** 2).mean()
+    ...     loss.backward()
+    ...     with sampan.no_grad():
+    ...         w.sub_(w.grad * 0.1)
+    ...     w.grad = None
+    ...     return loss
+    >>> step(x, y); print(step.graph); print(step.code)
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+import warnings
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import SampanError
+from ..ops.registry import STATE
+from ..tensor import Tensor, wrap
+from .tracer import Tracer
+
+RETRACE_WARN_AFTER = 3
+
+
+class RetraceWarning(UserWarning):
+    """A jitted function keeps being traced again for new input signatures."""
+
+
+# ---------------------------------------------------------------------- pytrees
+def _flatten(obj, leaves):
+    """Structure of `obj` with tensors replaced by leaf numbers (hashable)."""
+    if isinstance(obj, Tensor):
+        leaves.append(obj)
+        return ("T", len(leaves) - 1)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj).__name__, tuple(_flatten(x, leaves) for x in obj))
+    if isinstance(obj, dict):
+        return ("dict", tuple((k, _flatten(obj[k], leaves)) for k in obj))
+    if isinstance(obj, np.ndarray):
+        raise SampanError("sampan.jit: pass tensors, not numpy arrays (sampan.from_numpy(a))")
+    try:
+        hash(obj)
+        return ("S", obj)
+    except TypeError:
+        return ("S", repr(obj))
+
+
+def _unflatten(tree, leaves):
+    kind = tree[0]
+    if kind == "T":
+        return leaves[tree[1]]
+    if kind in ("tuple", "list"):
+        xs = [_unflatten(t, leaves) for t in tree[1]]
+        return tuple(xs) if kind == "tuple" else xs
+    if kind == "dict":
+        return {k: _unflatten(t, leaves) for k, t in tree[1]}
+    if kind == "C":  # a concrete tensor returned as-is
+        return tree[1]
+    return tree[1]
+
+
+def _spec(t):
+    return (tuple(t._data.shape), t._data.dtype.str, bool(t.requires_grad))
+
+
+# ---------------------------------------------------------------------- one traced signature
+class Entry:
+    """One traced and compiled signature."""
+
+    def __init__(self, graph, raw_graph, compiled, in_slots, out_slots, out_tree, grad_none,
+                 timings, trace_s):
+        self.graph = graph
+        self.raw_graph = raw_graph
+        self.compiled = compiled
+        self.in_slots = in_slots
+        self.out_slots = out_slots
+        self.out_tree = out_tree
+        self.grad_none = grad_none
+        self.timings = timings
+        self.trace_s = trace_s
+        self.state = [s[1] for s in in_slots if s[0] == "state"]
+        self.grad_flags = tuple(t.grad is not None for t in self.state)
+
+    def valid(self):
+        return tuple(t.grad is not None for t in self.state) == self.grad_flags
+
+    def inputs(self, args):
+        arrays = []
+        for kind, ref in self.in_slots:
+            if kind == "arg":
+                arrays.append(args[ref]._data)
+            elif kind == "state":
+                arrays.append(ref._data)
+            elif kind == "grad":
+                arrays.append(_target(ref, args).grad._data)
+            else:
+                arrays.append(np.array([ref.seed, ref.counter], np.int64))
+        return arrays
+
+    def run(self, args):
+        outs = self.compiled(*self.inputs(args))
+        leaves = []
+        for (kind, ref), a in zip(self.out_slots, outs):
+            if kind == "out":
+                leaves.append(wrap(a))
+            elif kind == "state":
+                t = _target(ref, args)
+                np.copyto(t._data, a)
+                t._version += 1
+            elif kind == "grad":
+                _target(ref, args).grad = wrap(a)
+            else:
+                ref.seed, ref.counter = int(a[0]), int(a[1])
+        for ref in self.grad_none:
+            _target(ref, args).grad = None
+        return _unflatten(self.out_tree, leaves)
+
+
+def _target(ref, args):
+    return args[ref[1]] if isinstance(ref, tuple) else ref
+
+
+# ---------------------------------------------------------------------- tracing
+def trace(fn, args, kwargs=None, state=(), name="main"):
+    """Trace `fn(*args, **kwargs)` into a Graph.
+
+    `state` is a list of (name, tensor) to make graph inputs up front (a Layer's
+    parameters and buffers). Returns (graph, in_slots, out_slots, out_tree, grad_none)."""
+    kwargs = kwargs or {}
+    leaves = []
+    tree = _flatten((tuple(args), kwargs), leaves)
+    tr = Tracer(name)
+    with tr:
+        for i, t in enumerate(leaves):
+            tr.lift(t, ("arg", i), None)
+        for nm, t in state:
+            tr.lift(t, ("state", t), nm)
+        a, k = _unflatten(tree, leaves)
+        result = fn(*a, **k)
+        out_leaves = []
+        out_tree = _flatten(result, out_leaves)
+        g = tr.g
+        out_slots = []
+        final = []
+        for t in out_leaves:
+            if isinstance(t._data, np.ndarray):  # untouched concrete tensor: return it as is
+                final.append(None)
+                continue
+            final.append(len(out_slots))
+            g.outputs.append(tr.value_of(t))
+            out_slots.append(("out", None))
+        out_tree = _fix_tree(out_tree, out_leaves, final)
+        grad_none = []
+        for L in tr.lifted.values():
+            t = L.t
+            ref = _ref_of(tr, t)
+            if t._data is not L.value:
+                g.outputs.append(t._data)
+                out_slots.append(("state", ref))
+            gt = t.grad
+            if gt is None:
+                if L.grad is not None:
+                    grad_none.append(ref)
+            elif not isinstance(gt._data, np.ndarray) and gt._data is not L.gvalue:
+                g.outputs.append(tr.value_of(gt))
+                out_slots.append(("grad", ref))
+        for gen, v in tr.rng.values():
+            g.outputs.append(v)
+            out_slots.append(("rng", gen))
+    return g, list(tr.slots), out_slots, out_tree, grad_none
+
+
+def _ref_of(tr, t):
+    L = tr.lifted[id(t)]
+    slot = tr.slots[tr.g.inputs.index(L.value)]
+    return ("arg", slot[1]) if slot[0] == "arg" else t
+
+
+def _fix_tree(tree, leaves, final):
+    kind = tree[0]
+    if kind == "T":
+        i = final[tree[1]]
+        return ("C", leaves[tree[1]]) if i is None else ("T", i)
+    if kind in ("tuple", "list"):
+        return (kind, tuple(_fix_tree(t, leaves, final) for t in tree[1]))
+    if kind == "dict":
+        return (kind, tuple((k, _fix_tree(t, leaves, final)) for k, t in tree[1]))
+    return tree
+
+
+def _fix_slots(slots):
+    # grad slots point at ("arg", i) or at a tensor, like state slots
+    out = []
+    for kind, ref in slots:
+        if kind == "grad" and isinstance(ref, tuple) and ref[0] == "arg":
+            ref = ("arg", ref[1])
+        out.append((kind, ref))
+    return out
+
+
+# ---------------------------------------------------------------------- the decorator
+class JitFunction:
+    """A function (or Layer) compiled per input signature. See module doc."""
+
+    def __init__(self, fn, *, layer=None, pipeline="train", debug=False, memory_plan=True):
+        self.fn = fn
+        self.layer = layer
+        self.pipeline = pipeline
+        self.debug = debug
+        self.memory_plan = memory_plan
+        self.cache = {}
+        self.n_traces = 0
+        self._last = None
+        self._last_key = None
+        target = layer.forward if layer is not None and hasattr(layer, "forward") else fn
+        try:
+            self._params = list(inspect.signature(target).parameters)
+        except (TypeError, ValueError):
+            self._params = []
+        functools.update_wrapper(self, fn if layer is None else type(layer).__call__,
+                                 updated=())
+
+    # ---------------------------------------------------------------- keys
+    def _key(self, args, kwargs):
+        leaves = []
+        tree = _flatten((tuple(args), kwargs), leaves)
+        specs = tuple(_spec(t) for t in leaves)
+        training = getattr(self.layer, "training", None)
+        key = (tree, specs, training, STATE.grad_enabled, str(_dt.get_default_dtype()))
+        return key, leaves
+
+    def _changed(self, args, kwargs, old_args_sig):
+        new = self._arg_sigs(args, kwargs)
+        for name in sorted(set(new) | set(old_args_sig)):
+            if new.get(name) != old_args_sig.get(name):
+                return name, old_args_sig.get(name), new.get(name)
+        return "the training flag or grad mode", None, None
+
+    def _arg_sigs(self, args, kwargs):
+        sig = {}
+        for i, a in enumerate(args):
+            name = self._params[i] if i < len(self._params) else f"arg{i}"
+            sig[name] = _describe(a)
+        for k, a in kwargs.items():
+            sig[k] = _describe(a)
+        return sig
+
+    # ---------------------------------------------------------------- calling
+    def __call__(self, *args, **kwargs):
+        if STATE.tracer is not None:  # called inside another trace: inline it
+            return self.fn(*args, **kwargs)
+        key, leaves = self._key(args, kwargs)
+        entry = self.cache.get(key)
+        if entry is None or not entry.valid():
+            entry = self._compile(key, args, kwargs)
+        self._last = entry
+        return entry.run(leaves)
+
+    def _state(self):
+        if self.layer is None:
+            return []
+        st = []
+        if hasattr(self.layer, "named_parameters"):
+            st += list(self.layer.named_parameters())
+        if hasattr(self.layer, "named_buffers"):
+            st += [(n, b) for n, b in self.layer.named_buffers() if b is not None]
+        return st
+
+    def _compile(self, key, args, kwargs):
+        from ..passes import PassManager
+        from ..runtime import compile_graph
+        if self.cache and key not in self.cache:
+            self.n_traces_changed = self._changed(args, kwargs, self._last_sig)
+            if self.n_traces >= RETRACE_WARN_AFTER:
+                name, old, new = self.n_traces_changed
+                warnings.warn(
+                    f"sampan.jit: {getattr(self.fn, '__qualname__', self.fn)} has been traced "
+                    f"{self.n_traces + 1} times; this retrace was caused by argument '{name}' "
+                    f"changing from {old} to {new}. Every new signature traces and compiles "
+                    "again: keep tensor shapes stable (pad batches) and pass varying Python "
+                    "values as tensors.", RetraceWarning, stacklevel=3)
+        t0 = time.perf_counter()
+        g, in_slots, out_slots, out_tree, grad_none = trace(
+            self.fn, args, kwargs, self._state(), name=getattr(self.fn, "__name__", "main"))
+        trace_s = time.perf_counter() - t0
+        raw = g.copy()
+        pm = PassManager(self.pipeline, debug=self.debug)
+        if not self.memory_plan:
+            pm.passes = [p for p in pm.passes if p != "plan_memory"]
+        g = pm.run(g)
+        compiled = compile_graph(g, debug=self.debug)
+        entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
+                      pm.timings, trace_s)
+        self.cache[key] = entry
+        self.n_traces += 1
+        self._last_sig = self._arg_sigs(args, kwargs)
+        return entry
+
+    # ---------------------------------------------------------------- inspection
+    def _entry(self):
+        if self._last is None:
+            raise SampanError("sampan.jit: call the function once so it gets traced")
+        return self._last
+
+    @property
+    def graph(self):
+        """The optimised Graph of the last call (print it for the text form)."""
+        return self._entry().graph
+
+    @property
+    def raw_graph(self):
+        """The Graph as traced, before passes."""
+        return self._entry().raw_graph
+
+    @property
+    def code(self) -> str:
+        """The generated Python source of the last call."""
+        return self._entry().compiled.code
+
+    @property
+    def pass_timings(self):
+        """[(pass name, seconds)] of the last compilation."""
+        return list(self._entry().timings)
+
+    @property
+    def memory_plan_stats(self):
+        p = self._entry().graph.meta.get("memory_plan")
+        return None if p is None else {k: v for k, v in p.items() if k != "assign"}
+
+
+def _describe(a):
+    if isinstance(a, Tensor):
+        return f"{_dt.short_name(a.dtype)}{list(a.shape)}" + (" (requires_grad)"
+                                                             if a.requires_grad else "")
+    if isinstance(a, (tuple, list)):
+        return type(a)(_describe(x) for x in a)
+    return repr(a)
+
+
+def jit(fn=None, *, pipeline="train", debug=False, memory_plan=True):
+    """Compile a function or a Layer: ``sampan.jit(f)``, ``@sampan.jit``, ``sampan.jit(model)``.
+
+    Example::
+
+        >>> f = sampan.jit(lambda x: (x * 2).relu())
+        >>> f(sampan.randn(3)); print(f.graph)
+    """
+    if fn is None:
+        return lambda f: jit(f, pipeline=pipeline, debug=debug, memory_plan=memory_plan)
+    if isinstance(fn, JitFunction):
+        return fn
+    if hasattr(fn, "named_parameters") and callable(fn):
+        return JitFunction(fn.__call__, layer=fn, pipeline=pipeline, debug=debug,
+                           memory_plan=memory_plan)
+    return JitFunction(fn, pipeline=pipeline, debug=debug, memory_plan=memory_plan)

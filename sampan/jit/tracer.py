@@ -1,0 +1,237 @@
+"""The tracer: while `STATE.tracer` is set, every op call lands in `Tracer.apply`,
+which adds a Node to the Graph and returns Tensors whose `_data` is an IR Value.
+
+Tape nodes are recorded exactly as in eager mode, so `loss.backward()` inside a
+traced function runs the gradient rules, which are ops, and they are traced too.
+
+Tensors that exist before the trace and are read by it become graph inputs when
+they carry state (parameters: leaves that require grad; tensors the trace modifies
+in place, e.g. optimiser buffers; anything the caller declares) and constants
+otherwise. A lifted tensor's `_data` (and its `.grad`) is swapped for a Value
+during the trace and restored afterwards; in-place updates just rebind the Value
+(functionalisation). Generators become a `(seed, counter)` input threaded through.
+"""
+from __future__ import annotations
+
+import linecache
+
+import numpy as np
+
+from ..errors import AutogradError, SampanError, user_frame
+from ..ir.graph import Graph, Value
+from ..ops.registry import STATE
+from ..tensor import Tensor, _record, wrap
+
+
+class TracingError(SampanError):
+    """The traced Python code needs a value that only exists when it runs."""
+
+
+def _loc():
+    import os
+    fn, ln = user_frame()
+    return f"{os.path.basename(fn)}:{ln}"
+
+
+class _Lifted:
+    __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "value", "gvalue",
+                 "gdata")
+
+    def __init__(self, t):
+        self.t = t
+        self.data, self.node, self.idx = t._data, t._node, t._idx
+        self.rg, self.grad, self.version = t.requires_grad, t.grad, t._version
+        self.value = None
+        self.gvalue = None
+
+
+class Tracer:
+    """Builds one Graph from one run of Python code. Use as a context manager."""
+
+    def __init__(self, name="main", lift_requires_grad=True):
+        self.g = Graph(name)
+        self.slots = []          # one per graph input: ("arg", i) | ("state", t) | ("grad", t)
+        #                          | ("rng", generator)
+        self.lifted = {}         # id(tensor) -> _Lifted
+        self.consts = {}         # id(ndarray) -> (Value, ndarray, tensor)
+        self.own = set()         # ids of Values made by this trace
+        self.rng = {}            # id(generator) -> [generator, current Value]
+        self.lift_requires_grad = lift_requires_grad
+        self._inc = None
+        self._prev = None
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self):
+        if STATE.tracer is not None:
+            raise TracingError("sampan.jit: tracing inside a trace (nested jit) is not supported")
+        self._prev = STATE.tracer
+        STATE.tracer = self
+        return self
+
+    def __exit__(self, *exc):
+        STATE.tracer = self._prev
+        self.restore()
+
+    def restore(self):
+        """Give every lifted tensor back its array, grad and autograd state."""
+        for L in self.lifted.values():
+            t = L.t
+            t._data, t._node, t._idx, t.requires_grad = L.data, L.node, L.idx, L.rg
+            t.grad, t._version = L.grad, L.version
+            if L.grad is not None and L.gvalue is not None:
+                L.grad._data = L.gdata
+        self.lifted_restored = True
+
+    # ------------------------------------------------------------------ values
+    def _input(self, shape, dtype, slot, name=None):
+        v = self.g.add_input(shape, dtype, name)
+        self.own.add(id(v))
+        self.slots.append(slot)
+        return v
+
+    def lift(self, t: Tensor, slot=None, name=None) -> Value:
+        """Make `t` (a concrete tensor) a graph input for the rest of the trace."""
+        L = self.lifted.get(id(t))
+        if L is not None:
+            return t._data
+        arr = t._data
+        if not isinstance(arr, np.ndarray):
+            raise TracingError("lift: tensor is already traced")
+        L = _Lifted(t)
+        self.lifted[id(t)] = L
+        ent = self.consts.get(id(arr))
+        if ent is not None and ent[2] is t:
+            # it was read as a constant earlier in this trace: turn that constant into an input
+            v = ent[0]
+            self.g.consts.remove(v)
+            v.const, v.name = None, name
+            self.g.inputs.append(v)
+            self.slots.append(slot or ("state", t))
+            del self.consts[id(arr)]
+        else:
+            v = self._input(arr.shape, arr.dtype, slot or ("state", t), name)
+        L.value = v
+        t._data = v
+        if t.grad is not None and isinstance(t.grad._data, np.ndarray):
+            gref = ("arg", slot[1]) if slot is not None and slot[0] == "arg" else t
+            gv = self._input(t.grad._data.shape, t.grad._data.dtype, ("grad", gref),
+                             (name + ".grad") if name else None)
+            L.gdata = t.grad._data
+            L.gvalue = gv
+            t.grad._data = gv
+        return v
+
+    def value_of(self, t) -> Value:
+        d = t._data
+        if isinstance(d, Value):
+            if id(d) not in self.own:
+                raise TracingError(
+                    "sampan.jit: a tensor traced by an earlier trace was used again (it leaked "
+                    "out of a jitted function, e.g. optimiser state created lazily inside it). "
+                    "Run one eager step first so such state exists before jit traces"
+                    f"\n  at {_loc()}")
+            return d
+        if not isinstance(d, np.ndarray):
+            d = np.asarray(d)
+            t._data = d
+        if self.lift_requires_grad and t.requires_grad and t._node is None:
+            return self.lift(t)
+        ent = self.consts.get(id(d))
+        if ent is None:
+            v = self.g.add_const(d)
+            self.own.add(id(v))
+            self.consts[id(d)] = ent = (v, d, t)
+        return ent[0]
+
+    # ------------------------------------------------------------------ hooks from the core
+    def apply(self, op, inputs, attrs):
+        vals = [self.value_of(t) for t in inputs]
+        node = self.g.add_node(op.name, vals, attrs, loc=_loc())
+        if any(isinstance(d, str) for v in node.outputs for d in v.shape) and not any(
+                isinstance(d, str) for v in vals for d in v.shape):
+            fn, ln = user_frame()
+            raise TracingError(
+                f"sampan.jit: {op.name} gives a result whose shape depends on the data "
+                f"({node.outputs[0].type_str()}), which a traced graph cannot have\n"
+                f"  at {fn}:{ln}: {linecache.getline(fn, ln).strip()}\n"
+                "Alternatives: sampan.where(mask, x, 0) keeps the shape; or leave this part "
+                "eager.")
+        outs = []
+        for v in node.outputs:
+            self.own.add(id(v))
+            outs.append(wrap(v))
+        if op.view:
+            x = inputs[0]
+            outs[0]._base = x._base if x._base is not None else x
+        if STATE.grad_enabled and op.grad is not None:
+            for t in inputs:
+                if t.requires_grad:
+                    _record(op, inputs, attrs, tuple(outs))
+                    break
+        return outs[0] if op.n_out == 1 else tuple(outs)
+
+    def inplace(self, target, result):
+        """Functionalise `target <- result`: the target's Value is rebound."""
+        from ..autograd.tape import bump_version
+        if target.requires_grad and target._node is None and STATE.grad_enabled:
+            raise AutogradError(
+                "in-place operation on a leaf tensor that requires grad; wrap it in "
+                "sampan.no_grad() (e.g. for optimizer updates) or use an out-of-place op")
+        if isinstance(target._data, np.ndarray):
+            self.lift(target)
+        rv = self.value_of(result)
+        tv = target._data
+        if rv.dtype != tv.dtype:
+            rv = self.g.add_node("cast", [rv], {"dtype": _dtname(tv.dtype)}, loc=_loc()).output
+        if rv.shape != tv.shape:
+            rv = self.g.add_node("expand", [rv], {"shape": tuple(tv.shape)}, loc=_loc()).output
+        target._data = rv
+        self.own.add(id(rv))
+        bump_version(target)
+        if result._node is not None and STATE.grad_enabled:
+            import weakref
+            target._node, target._idx = result._node, result._idx
+            target.requires_grad = True
+            outs = result._node.outs
+            if outs is not None:
+                outs[result._idx] = weakref.ref(target)
+        return target
+
+    def bool_of(self, t):
+        fn, ln = user_frame()
+        src = linecache.getline(fn, ln).strip()
+        raise TracingError(
+            f"sampan.jit: Python control flow depends on the value of a traced tensor "
+            f"({t._data.type_str()})\n  at {fn}:{ln}: {src}\n"
+            "While tracing, tensors have shapes and dtypes but no values. Alternatives: "
+            "compute both branches and pick with sampan.where(cond, a, b); pass the deciding "
+            "value as a static (non-tensor) argument, so each value gets its own graph; or "
+            "leave this part eager (call it outside the jitted function).")
+
+    def concrete_error(self, t, what):
+        fn, ln = user_frame()
+        src = linecache.getline(fn, ln).strip()
+        return TracingError(
+            f"sampan.jit: {what} needs the value of a traced tensor ({t._data.type_str()})"
+            f"\n  at {fn}:{ln}: {src}\nInside a jitted function tensors have no values yet; "
+            "return the tensor and read it after the call, or leave this part eager.")
+
+    def random_key(self, gen):
+        """The key of one random op drawn from `gen`: (seed, counter) threaded through."""
+        ent = self.rng.get(id(gen))
+        if ent is None:
+            v = self._input((2,), np.int64, ("rng", gen), f"rng{len(self.rng)}")
+            ent = self.rng[id(gen)] = [gen, v]
+        if self._inc is None:
+            self._inc = self.g.add_const(np.array([0, 1], np.int64))
+            self.own.add(id(self._inc))
+        key = ent[1]
+        nxt = self.g.add_node("add", [key, self._inc], {}, loc=_loc()).output
+        self.own.add(id(nxt))
+        ent[1] = nxt
+        return wrap(key)
+
+
+def _dtname(d):
+    from ..dtypes import dtype_name
+    return dtype_name(d)

@@ -1,0 +1,18 @@
+"""Graph passes: plug-ins registered by name, run in named pipelines.
+
+Adding a pass: one module here with `@register_pass("name")` and one import line
+below. Example::
+
+    >>> from sampan import passes
+    >>> passes.list_passes(); passes.pipeline("inference")
+    >>> g2 = passes.PassManager(["cse", "dce"], debug=True).run(g)
+    >>> passes.bisect(fn, (x,))          # which pass changes the outputs?
+"""
+from .manager import (PASSES, PIPELINES, Pass, PassError, PassManager, list_passes, pipeline,
+                      register_pass, set_pipeline, unregister_pass)
+from . import cse, dce, fold_constants, plan_memory, simplify  # noqa: F401,E402  (registers)
+from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
+
+__all__ = ["Pass", "PASSES", "PIPELINES", "PassError", "PassManager", "register_pass",
+           "unregister_pass", "list_passes", "pipeline", "set_pipeline", "bisect",
+           "bisect_graph", "BisectResult"]

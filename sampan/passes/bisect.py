@@ -1,0 +1,105 @@
+"""The pass bisector: which pass changed the outputs?
+
+Runs the pipeline one pass at a time from the unoptimised graph, executes the graph
+after each pass on the same inputs, and names the first pass whose outputs differ
+from the unoptimised graph's beyond tolerance, with the IR before and after it.
+
+Example::
+
+    >>> r = sampan.passes.bisect(model_step, (x, y))
+    >>> print(r)          # "no pass changes the outputs" or the culprit with both IRs
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class BisectResult:
+    culprit: str | None
+    index: int | None = None
+    max_error: float = 0.0
+    before: str = ""
+    after: str = ""
+    passes: list = field(default_factory=list)
+
+    def __str__(self):
+        if self.culprit is None:
+            return f"bisect: no pass changes the outputs (checked {', '.join(self.passes)})"
+        return (f"bisect: pass {self.culprit!r} (#{self.index} of {self.passes}) changes the "
+                f"outputs (max abs error {self.max_error:.3g})\n--- IR before ---\n"
+                f"{self.before}--- IR after ---\n{self.after}")
+
+
+def _max_err(a, b):
+    if len(a) != len(b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return float("inf")
+        if x.size == 0:
+            continue
+        if x.dtype.kind in "fc" or x.dtype.name == "bfloat16":
+            xf, yf = x.astype(np.float64), y.astype(np.float64)
+            if not np.array_equal(np.isnan(xf), np.isnan(yf)):
+                return float("inf")
+            d = np.abs(np.nan_to_num(xf - yf, nan=0.0))
+            tol = 1.0 + np.abs(np.nan_to_num(yf, nan=0.0, posinf=0.0, neginf=0.0))
+            worst = max(worst, float(np.max(d / tol)))
+        elif not np.array_equal(x, y):
+            return float("inf")
+    return worst
+
+
+def bisect_graph(g, arrays, passes="train", tol: float = 1e-5) -> BisectResult:
+    """Bisect the passes of `passes` on graph `g` run with input `arrays`."""
+    from ..runtime import compile_graph
+    from .manager import PASSES, pipeline
+    names = pipeline(passes) if isinstance(passes, str) else list(passes)
+    ref = compile_graph(g, use_plan=False)(*arrays)
+    cur = g.copy()
+    for i, name in enumerate(names):
+        before = str(cur)
+        nxt = PASSES[name](cur.copy())
+        nxt = cur if nxt is None else nxt
+        try:
+            out = compile_graph(nxt)(*arrays)
+            err = _max_err(out, ref)
+        except Exception as e:  # a pass that breaks execution is a culprit too
+            err = float("inf")
+            nxt.meta["error"] = repr(e)
+        if err > tol:
+            return BisectResult(name, i, err, before, str(nxt), names)
+        cur = nxt
+    return BisectResult(None, passes=names)
+
+
+def bisect(fn, inputs, passes="train", tol: float = 1e-5) -> BisectResult:
+    """Trace `fn(*inputs)` (a function, jitted function or Layer) and bisect its passes."""
+    from ..jit.api import JitFunction, _flatten, trace
+    state = []
+    if isinstance(fn, JitFunction):
+        state = fn._state()
+        fn = fn.fn
+    elif hasattr(fn, "named_parameters"):
+        state = list(fn.named_parameters())
+    inputs = tuple(inputs)
+    leaves = []
+    _flatten((inputs, {}), leaves)
+    g, slots, *_ = trace(fn, inputs, {}, state)
+    arrays = []
+    for kind, ref in slots:
+        if kind == "arg":
+            arrays.append(leaves[ref]._data)
+        elif kind == "state":
+            arrays.append(ref._data)
+        elif kind == "grad":
+            t = leaves[ref[1]] if isinstance(ref, tuple) else ref
+            arrays.append(t.grad._data)
+        else:
+            arrays.append(np.array([ref.seed, ref.counter], np.int64))
+    return bisect_graph(g, arrays, passes, tol)

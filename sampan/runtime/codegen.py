@@ -1,0 +1,143 @@
+"""Executor codegen: a Graph becomes a straight-line Python function that calls the
+backend kernels of the op table, one line a node with the IR line as a comment.
+
+Values are released (`del`) after their last use; values the memory plan gave a
+buffer are written into it with `out=` (buffer views are made once, at compile
+time). The source is registered with `linecache`, so a traceback from a kernel
+lands on a readable line of generated code. Debug mode checks every intermediate
+against its IR type (the op's shape rule).
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+import math
+
+import numpy as np
+
+from ..errors import SampanError
+from ..ir.text import node_str
+from ..ops.registry import OPS
+from .memory import out_kernel
+
+_counter = itertools.count()
+
+
+class RuntimeCheckError(SampanError):
+    """Debug mode: a kernel produced a value that disagrees with its IR type."""
+
+
+def _py(x) -> str:
+    """Python source for plain attribute data."""
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "_nan"
+        if math.isinf(x):
+            return "_inf" if x > 0 else "-_inf"
+        return repr(x)
+    if isinstance(x, tuple):
+        inner = ", ".join(_py(v) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, list):
+        return "[" + ", ".join(_py(v) for v in x) + "]"
+    return repr(x)
+
+
+def _check(arr, shape, dtype, line):
+    if not isinstance(arr, np.ndarray):
+        raise RuntimeCheckError(f"kernel returned {type(arr).__name__}, not an array: {line}")
+    ok = len(arr.shape) == len(shape) and all(
+        isinstance(d, str) or d == a for d, a in zip(shape, arr.shape))
+    if not ok or arr.dtype != dtype:
+        raise RuntimeCheckError(f"kernel returned {arr.dtype}{list(arr.shape)}, the shape rule "
+                                f"says {dtype}{list(shape)}: {line}")
+    return arr
+
+
+class Compiled:
+    """A compiled graph: call it with input arrays, get a tuple of output arrays."""
+
+    def __init__(self, fn, code, filename, plan):
+        self.fn = fn
+        self.code = code
+        self.filename = filename
+        self.plan = plan
+
+    def __call__(self, *arrays):
+        return self.fn(*arrays)
+
+
+def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
+                  release: bool = True, name: str = "graph_fn") -> Compiled:
+    """Generate, compile and return the executor of `g`.
+
+    Example: ``c = compile_graph(g); outs = c(x_array)``; ``print(c.code)``"""
+    plan = g.meta.get("memory_plan") if use_plan else None
+    assign = plan["assign"] if plan else {}
+    env = {"_asarray": np.asarray, "_inf": math.inf, "_nan": math.nan, "_check": _check,
+           "_np": np}
+    ren = {v.id: k for k, v in enumerate(g.values())}   # the printer's numbering
+    names = {}
+    for k, v in enumerate(g.inputs):
+        names[v.id] = f"x{k}"
+    for v in g.consts:
+        names[v.id] = f"c{ren[v.id]}"
+        env[names[v.id]] = v.const
+    buffers = []
+    if plan:
+        buffers = [np.empty(max(s, 1), np.uint8) for s in plan["sizes"]]
+    last = {}
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            last[v.id] = i
+    keep = {v.id for v in g.outputs} | {v.id for v in g.inputs if not release}
+    lines = [f"def {name}({', '.join(names[v.id] for v in g.inputs)}):"]
+    kernels = {}
+    for i, n in enumerate(g.nodes):
+        op = OPS[n.op]
+        for v in n.outputs:
+            names[v.id] = f"v{ren[v.id]}"
+        ir = node_str(n, lambda v: f"%{ren[v.id]}")
+        args = [names[v.id] for v in n.inputs]
+        args += [f"{k}={_py(a)}" for k, a in n.attrs.items()]
+        bufname = None
+        if n.outputs[0].id in assign:
+            v = n.outputs[0]
+            b = buffers[assign[v.id]]
+            bufname = f"_b{ren[v.id]}"
+            env[bufname] = b[:v.nbytes].view(v.dtype).reshape(v.shape)
+            kname = f"out_{n.op}"
+            env[kname] = out_kernel(n)
+            args.append(f"out={bufname}")
+        else:
+            kname = f"k_{n.op}"
+            if kname not in kernels:
+                if op.kernel is None:
+                    raise SampanError(f"op {n.op} has no numpy kernel")
+                kernels[kname] = op.kernel
+                env[kname] = op.kernel
+        call = f"{kname}({', '.join(args)})"
+        if op.n_out == 1:
+            if n.outputs[0].ndim == 0 and bufname is None:
+                call = f"_asarray({call})"
+            lhs = names[n.outputs[0].id]
+        else:
+            lhs = ", ".join(names[v.id] for v in n.outputs)
+        lines.append(f"    {lhs} = {call}  # {ir}")
+        if debug:
+            for v in n.outputs:
+                env[f"_t{v.id}"] = (v.shape, v.dtype, ir)
+                lines.append(f"    _check({names[v.id]}, *_t{v.id})")
+        if release:
+            dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
+                    and v.id not in keep and v.const is None]
+            dead += [names[v.id] for v in n.outputs if v.id not in last and v.id not in keep]
+            if dead:
+                lines.append(f"    del {', '.join(dead)}")
+    outs = ", ".join(names[v.id] for v in g.outputs)
+    lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
+    src = "\n".join(lines) + "\n"
+    filename = f"<sampan-jit-{next(_counter)}:{g.name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), env)
+    return Compiled(env[name], src, filename, plan)

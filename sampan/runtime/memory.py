@@ -1,0 +1,155 @@
+"""Memory planning: liveness analysis that gives intermediate values reusable buffers.
+
+A value may take a planned buffer when its kernel can write into `out=` (see
+`out_kernel`) and it cannot reach a graph output through views (escape analysis),
+since planned buffers are reused on the next call. A buffer stays busy until the
+last use of every value that may alias it (views, kernels that may return their
+input). An elementwise ufunc may write into the buffer of an input it reads last
+(in-place execution). The plan is stored in `graph.meta["memory_plan"]`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.registry import OPS
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _relu_out(a, out):
+    return np.maximum(a, a.dtype.type(0), out=out)
+
+
+def _matmul_out(a, b, out):
+    return np.matmul(a, b, out=out)
+
+
+_SPECIAL_OUT = {"relu": _relu_out, "matmul": _matmul_out}
+
+
+def out_kernel(node):
+    """A kernel variant writing into `out=` for this node, or None.
+
+    ufunc kernels take `out=` as they are; relu and (float32/64) matmul have variants
+    that give bit-identical results."""
+    op = OPS[node.op]
+    if node.attrs or op.n_out != 1:
+        return None
+    if isinstance(op.kernel, np.ufunc) and op.kernel.nout == 1:
+        return op.kernel
+    f = _SPECIAL_OUT.get(node.op)
+    if f is not None and node.outputs[0].dtype in _FLOATS and all(
+            v.dtype in _FLOATS for v in node.inputs):
+        return f
+    return None
+
+
+def _nbytes(v):
+    return v.size * v.dtype.itemsize
+
+
+def _fresh(node):
+    """Bytes a node allocates (views allocate none)."""
+    return 0 if OPS[node.op].view else sum(_nbytes(v) for v in node.outputs)
+
+
+def plan(g, min_bytes: int = 256) -> dict:
+    """Compute the buffer plan of `g` (see module doc) and its byte figures."""
+    n_nodes = len(g.nodes)
+    last = {}
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            last[v.id] = i
+    for v in g.outputs:
+        last[v.id] = n_nodes
+    fresh_out = {id(n): out_kernel(n) is not None for n in g.nodes}
+
+    escapes = {v.id for v in g.outputs}
+    for n in reversed(g.nodes):
+        if not fresh_out[id(n)] and any(o.id in escapes for o in n.outputs):
+            escapes.update(v.id for v in n.inputs)
+
+    cand = set()
+    for n in g.nodes:
+        if fresh_out[id(n)]:
+            v = n.outputs[0]
+            if v.id not in escapes and _nbytes(v) >= min_bytes and all(
+                    isinstance(d, int) for d in v.shape):
+                cand.add(v.id)
+    # aliasing: which candidates a value may share memory with
+    alias = {}
+    for n in g.nodes:
+        if fresh_out[id(n)]:
+            v = n.outputs[0]
+            alias[v.id] = {v.id} if v.id in cand else set()
+        else:
+            s = set()
+            for v in n.inputs:
+                s |= alias.get(v.id, set())
+            for o in n.outputs:
+                alias[o.id] = s
+    end = {c: -1 for c in cand}
+    for vid, s in alias.items():
+        for c in s:
+            end[c] = max(end[c], last.get(vid, -1))
+
+    sizes, free, assign = [], [], {}
+    busy = {}  # buffer -> end index
+    for i, n in enumerate(g.nodes):
+        for b, e in list(busy.items()):
+            if e < i:
+                free.append(b)
+                del busy[b]
+        v = n.outputs[0]
+        if v.id not in cand:
+            continue
+        need = _nbytes(v)
+        b = None
+        op = OPS[n.op]
+        if op.kind == "elementwise":  # in place: reuse an input's buffer read last here
+            for x in n.inputs:
+                bx = assign.get(x.id)
+                if (bx is not None and busy.get(bx) == i and end.get(x.id) == i
+                        and x.shape == v.shape and x.dtype == v.dtype):
+                    b = bx
+                    break
+        if b is None and free:
+            fits = [f for f in free if sizes[f] >= need]
+            b = min(fits, key=lambda f: sizes[f]) if fits else max(free, key=lambda f: sizes[f])
+            free.remove(b)
+            sizes[b] = max(sizes[b], need)
+        if b is None:
+            b = len(sizes)
+            sizes.append(need)
+        assign[v.id] = b
+        busy[b] = max(end[v.id], i)
+
+    # figures: no release at all / release at last use / the plan
+    naive = sum(_fresh(n) for n in g.nodes)
+    live, peak_rel, peak_unpl = 0, 0, 0
+    live_u = 0
+    dies = {}
+    for i, n in enumerate(g.nodes):
+        b = _fresh(n)
+        live += b
+        peak_rel = max(peak_rel, live)
+        ub = b if not any(o.id in assign for o in n.outputs) else 0
+        live_u += ub
+        peak_unpl = max(peak_unpl, live_u)
+        e = max((last.get(o.id, i) for o in n.outputs), default=i)
+        dies.setdefault(e, []).append((b, ub))
+        for bb, uu in dies.pop(i, []):
+            live -= bb
+            live_u -= uu
+    return {"assign": assign, "sizes": sizes,
+            "bytes_no_release": naive, "bytes_release_at_last_use": peak_rel,
+            "planned_peak": sum(sizes) + peak_unpl, "pool_bytes": sum(sizes),
+            "n_planned": len(assign)}
+
+
+def describe(p: dict) -> str:
+    """One line of plan figures, e.g. for pass reports."""
+    mb = 1 << 20
+    return (f"planned peak {p['planned_peak'] / mb:.2f} MiB (pool {p['pool_bytes'] / mb:.2f} "
+            f"MiB in {len(p['sizes'])} buffers for {p['n_planned']} values) vs "
+            f"{p['bytes_no_release'] / mb:.2f} MiB unplanned")
