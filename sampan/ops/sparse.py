@@ -1,0 +1,198 @@
+"""Sparse-feature primitives: row gather / row scatter-add by index, and the upper-triangle
+gather / scatter used by DLRM's pairwise interaction.
+
+``rows_gather(src, idx)`` is an embedding lookup into a dense block of (deduplicated)
+rows; its gradient is ``rows_scatter_add(g, idx, n)``, i.e. the summed row gradients of
+the unique ids, and the two ops are each other's gradient. Kernels are numba loops
+(``np.add.at`` would be ~30x slower for the scatter).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..errors import DTypeError, ShapeError, op_error
+from ..tensor import Tensor, apply
+from ._util import Sample, randf, rng
+from .registry import NO_ONNX, Spec, defop
+
+__all__ = ["rows_gather", "rows_scatter_add", "triu_gather", "triu_scatter"]
+
+
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+@njit(cache=True, nogil=True)
+def _gather_rows(src, idx, out):
+    for j in range(idx.size):
+        r = idx[j]
+        for d in range(src.shape[1]):
+            out[j, d] = src[r, d]
+
+
+@njit(cache=True, nogil=True)
+def _scatter_add_rows(g, idx, out):
+    for j in range(idx.size):
+        r = idx[j]
+        for d in range(g.shape[1]):
+            out[r, d] += g[j, d]
+
+
+@njit(cache=True, nogil=True)
+def _triu_gather(z, out):
+    k = z.shape[1]
+    for b in range(z.shape[0]):
+        p = 0
+        for i in range(k):
+            for j in range(i + 1, k):
+                out[b, p] = z[b, i, j]
+                p += 1
+
+
+@njit(cache=True, nogil=True)
+def _triu_scatter(g, out):
+    k = out.shape[1]
+    for b in range(g.shape[0]):
+        p = 0
+        for i in range(k):
+            for j in range(i + 1, k):
+                out[b, i, j] = g[b, p]
+                p += 1
+
+
+def _fast(a) -> bool:
+    return a.dtype in (np.float32, np.float64) and a.flags.c_contiguous
+
+
+def _check_range(idx, n):
+    # numba kernels do not bounds-check: refuse bad indices here
+    if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= n)):
+        raise IndexError(f"index must be 1-d in [0, {n}), got shape {idx.shape} "
+                         f"range [{idx.min() if idx.size else 0}, "
+                         f"{idx.max() if idx.size else 0}]")
+
+
+def _rows_gather_kernel(src, idx):
+    idx = np.ascontiguousarray(idx, np.int64)
+    if src.ndim != 2:
+        raise ValueError(f"source must be 2-d, got {src.shape}")
+    _check_range(idx, src.shape[0])
+    if not _fast(src):
+        return src[idx]
+    out = np.empty((idx.size, src.shape[1]), src.dtype)
+    _gather_rows(src, idx, out)
+    return out
+
+
+def _rows_scatter_add_kernel(g, idx, n):
+    idx = np.ascontiguousarray(idx, np.int64)
+    if g.ndim != 2 or g.shape[0] != idx.size:
+        raise ValueError(f"values {g.shape} do not match index {idx.shape}")
+    _check_range(idx, n)
+    out = np.zeros((n,) + g.shape[1:], g.dtype)
+    if _fast(g) and g.ndim == 2:
+        _scatter_add_rows(g, idx, out)
+    else:
+        np.add.at(out, idx, g)
+    return out
+
+
+def _triu_gather_kernel(z):
+    if z.ndim != 3 or z.shape[1] != z.shape[2]:
+        raise ValueError(f"expected (B, K, K), got {z.shape}")
+    k = z.shape[1]
+    out = np.empty((z.shape[0], k * (k - 1) // 2), z.dtype)
+    _triu_gather(np.ascontiguousarray(z), out)
+    return out
+
+
+def _triu_scatter_kernel(g, k):
+    if g.ndim != 2 or g.shape[1] != k * (k - 1) // 2:
+        raise ValueError(f"expected (B, {k * (k - 1) // 2}), got {g.shape}")
+    out = np.zeros((g.shape[0], k, k), g.dtype)
+    _triu_scatter(np.ascontiguousarray(g), out)
+    return out
+
+
+def _check_idx(op, idx):
+    if idx.dtype.kind not in "iu" or len(idx.shape) != 1:
+        raise op_error(DTypeError, op, f"index {idx}", "a 1-d integer index")
+
+
+def _rows_gather_rule(src, idx):
+    _check_idx("rows_gather", idx)
+    if len(src.shape) != 2:
+        raise op_error(ShapeError, "rows_gather", f"source of shape {tuple(src.shape)}",
+                       "a 2-d (rows, dim) source")
+    return Spec((idx.shape[0], src.shape[1]), src.dtype)
+
+
+def _rows_scatter_add_rule(g, idx, n):
+    _check_idx("rows_scatter_add", idx)
+    if len(g.shape) != 2 or g.shape[0] != idx.shape[0]:
+        raise op_error(ShapeError, "rows_scatter_add",
+                       f"values {tuple(g.shape)} and index {tuple(idx.shape)}",
+                       "(N, dim) values with an index of length N")
+    return Spec((n, g.shape[1]), g.dtype)
+
+
+def _triu_gather_rule(z):
+    if len(z.shape) != 3 or z.shape[1] != z.shape[2]:
+        raise op_error(ShapeError, "triu_gather", f"input {tuple(z.shape)}", "(B, K, K)")
+    k = z.shape[1]
+    return Spec((z.shape[0], k * (k - 1) // 2), z.dtype)
+
+
+def _triu_scatter_rule(g, k):
+    if len(g.shape) != 2 or g.shape[1] != k * (k - 1) // 2:
+        raise op_error(ShapeError, "triu_scatter", f"input {tuple(g.shape)} with k={k}",
+                       f"(B, {k * (k - 1) // 2})")
+    return Spec((g.shape[0], k, k), g.dtype)
+
+
+_IDX = np.array([3, 0, 3, 1, 4])
+
+ROWS_GATHER = defop(
+    "rows_gather", _rows_gather_rule, kernel=_rows_gather_kernel, saves=(1,),
+    nondiff_inputs=(1,), onnx="Gather", flops=lambda *a, **k: 0,
+    grad=lambda g, y, src, idx: (rows_scatter_add(g, idx, src.shape[0]), None),
+    samples=lambda: [Sample((randf(rng(81), 5, 3), _IDX), {}, diff=(0,))])
+
+ROWS_SCATTER_ADD = defop(
+    "rows_scatter_add", _rows_scatter_add_rule, kernel=_rows_scatter_add_kernel, saves=(1,),
+    nondiff_inputs=(1,), onnx=NO_ONNX, flops=lambda g, i, n: int(np.prod(g.shape)),
+    grad=lambda g, y, vals, idx, n: (rows_gather(g, idx), None),
+    samples=lambda: [Sample((randf(rng(82), 5, 3), _IDX), {"n": 6}, diff=(0,))])
+
+TRIU_GATHER = defop(
+    "triu_gather", _triu_gather_rule, kernel=_triu_gather_kernel, saves=(), onnx=NO_ONNX,
+    flops=lambda *a, **k: 0,
+    grad=lambda g, y, z: (triu_scatter(g, z.shape[1]),),
+    samples=lambda: [Sample((randf(rng(83), 2, 4, 4),), {})])
+
+TRIU_SCATTER = defop(
+    "triu_scatter", _triu_scatter_rule, kernel=_triu_scatter_kernel, saves=(), onnx=NO_ONNX,
+    flops=lambda *a, **k: 0,
+    grad=lambda g, y, vals, k: (triu_gather(g),),
+    samples=lambda: [Sample((randf(rng(84), 2, 6),), {"k": 4})])
+
+
+def rows_gather(src, idx):
+    """``src[idx]`` for a 2-d source and 1-d integer index. Example: ``rows_gather(E, inv)``."""
+    return apply(ROWS_GATHER, (_t(src), _t(idx)), {})
+
+
+def rows_scatter_add(values, idx, n):
+    """(n, dim) zeros with ``values[j]`` added to row ``idx[j]`` (duplicates accumulate)."""
+    return apply(ROWS_SCATTER_ADD, (_t(values), _t(idx)), {"n": int(n)})
+
+
+def triu_gather(z):
+    """Strict upper triangle of each (K, K) matrix, row-major: (B, K, K) -> (B, K(K-1)/2)."""
+    return apply(TRIU_GATHER, (_t(z),), {})
+
+
+def triu_scatter(values, k):
+    """Inverse layout of :func:`triu_gather`: (B, K(K-1)/2) -> (B, K, K), zeros elsewhere."""
+    return apply(TRIU_SCATTER, (_t(values),), {"k": int(k)})
