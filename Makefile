@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python tools/api_spec.py --check
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow

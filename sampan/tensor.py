@@ -303,7 +303,15 @@ def apply(op, inputs, attrs):
     if st.tracer is not None:
         return st.tracer.apply(op, inputs, attrs)
     try:
-        out = op.kernel(*[t._data for t in inputs], **attrs)
+        n = len(inputs)
+        if attrs:
+            out = op.kernel(*[t._data for t in inputs], **attrs)
+        elif n == 2:
+            out = op.kernel(inputs[0]._data, inputs[1]._data)
+        elif n == 1:
+            out = op.kernel(inputs[0]._data)
+        else:
+            out = op.kernel(*[t._data for t in inputs])
     except Exception as e:  # explain the failure with the shape rule
         raise_kernel_error(op, inputs, attrs, e)
     if op.n_out == 1:
@@ -314,14 +322,16 @@ def apply(op, inputs, attrs):
         if op.view:
             x = inputs[0]
             y._base = x._base if x._base is not None else x
-        if st.grad_enabled and op.grad is not None:
+        if op.differentiable and st.grad_enabled:
             for t in inputs:
                 if t.requires_grad:
-                    _record(op, inputs, attrs, (y,))
+                    if out.dtype in _FLOATS:
+                        y._node = Node(op, inputs, attrs, (y,))
+                        y.requires_grad = True
                     break
         return y
     ys = tuple(wrap(_asarray(o)) for o in out)
-    if st.grad_enabled and op.grad is not None:
+    if op.differentiable and st.grad_enabled:
         for t in inputs:
             if t.requires_grad:
                 _record(op, inputs, attrs, ys)
@@ -333,8 +343,6 @@ _FLOATS = frozenset(d for d in _dt.DTYPES.values() if _dt.is_floating(d))
 
 
 def _record(op, inputs, attrs, outs):
-    if op.grad is NOT_DIFFERENTIABLE:
-        return
     node = Node(op, inputs, attrs, outs)
     i = 0
     for y in outs:

@@ -17,26 +17,41 @@ class Node:
     def __init__(self, op, inputs, attrs, outs):
         self.op = op
         self.inputs = inputs
+        self.attrs = attrs
         # where each input's gradient goes, fixed now: an in-place op may later give the
         # same Tensor object a new history, which must not redirect this node's gradients
-        self.edges = [(t._node, t._idx) if t._node is not None else
-                      (None, t if t.requires_grad else None) for t in inputs]
-        self.attrs = attrs
+        edges = []
         saves = op.saves
-        if saves is None:
-            self.saved = [(t, t._base._version) if t._base is not None else
-                          (t, t._version) for t in inputs]
-        elif saves:
-            self.saved = [(inputs[i], _ver(inputs[i])) for i in saves]
+        if saves is None:  # the rule reads every input: remember their versions too
+            saved = []
+            for t in inputs:
+                m = t._node
+                edges.append((m, t._idx) if m is not None else
+                             (None, t if t.requires_grad else None))
+                b = t._base
+                saved.append((t, (b if b is not None else t)._version))
+            self.saved = saved
         else:
-            self.saved = None
+            for t in inputs:
+                m = t._node
+                edges.append((m, t._idx) if m is not None else
+                             (None, t if t.requires_grad else None))
+            self.saved = [(inputs[i], _ver(inputs[i])) for i in saves] if saves else None
+        self.edges = edges
         if op.save_output:
-            self.outs = [weakref.ref(y) for y in outs]
-            v = [(y, _ver(y)) for y in outs]
-            self.saved = v if self.saved is None else self.saved + v
+            if len(outs) == 1:
+                y = outs[0]
+                self.outs = (weakref.ref(y),)
+                v = (y, y._version)   # a fresh output has no base
+                self.saved = [v] if self.saved is None else self.saved + [v]
+            else:
+                self.outs = [weakref.ref(y) for y in outs]
+                v = [(y, _ver(y)) for y in outs]
+                self.saved = v if self.saved is None else self.saved + v
         else:
             self.outs = None
-        self.out_specs = [(y._data.shape, y._data.dtype) for y in outs]
+        self.out_specs = None if len(outs) == 1 else [(y._data.shape, y._data.dtype)
+                                                      for y in outs]
         self.hooks = None
         self.freed = False
 

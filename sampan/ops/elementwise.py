@@ -38,16 +38,22 @@ def operands(a, b):
     return Tensor(a), Tensor(b)
 
 
+_FLOAT_DTYPES = frozenset(d for d in _dt.DTYPES.values() if _dt.is_floating(d))
+
+
 def _float_operand(x):
     x = x if isinstance(x, Tensor) else Tensor(x)
-    return x if _isfloat(x._data.dtype) else cast(x, _dt.get_default_dtype())
+    return x if x._data.dtype in _FLOAT_DTYPES else cast(x, _dt.get_default_dtype())
+
+
+_EMPTY = {}
 
 
 def binary(op, a, b):
     if type(a) is Tensor and type(b) is Tensor and a._data.dtype is b._data.dtype:
-        return apply(op, (a, b), {})
+        return apply(op, (a, b), _EMPTY)
     a, b = operands(a, b)
-    return apply(op, (a, b), {})
+    return apply(op, (a, b), _EMPTY)
 
 
 def _binary_fn(op, doc):
@@ -59,12 +65,12 @@ def _binary_fn(op, doc):
 
 
 def _unary_fn(op, doc, float_only=True):
+    empty = {}
+
     def f(x):
-        if float_only:
-            x = _float_operand(x)
-        elif not isinstance(x, Tensor):
-            x = Tensor(x)
-        return apply(op, (x,), {})
+        if type(x) is not Tensor or x._data.dtype not in _FLOAT_DTYPES:
+            x = _float_operand(x) if float_only else (x if isinstance(x, Tensor) else Tensor(x))
+        return apply(op, (x,), empty)
     f.__name__ = op.name
     f.__doc__ = doc
     return f

@@ -57,6 +57,7 @@ class OpDef:
 
     def __post_init__(self):
         self.kernel = self.kernels.get("numpy")
+        self.differentiable = callable(self.grad)
 
     def __repr__(self):
         return f"<op {self.name}>"

@@ -1,0 +1,49 @@
+"""Shared benchmark plumbing: timing (median of repetitions, min–max), JSON lines in the
+WORKLOADS.md format, and the BLAS kernel that actually ran."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def blas_info() -> dict:
+    """Which BLAS numpy uses and its kernel (OpenBLAS coretype), via threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info
+        for p in threadpool_info():
+            if p.get("internal_api") in ("openblas", "mkl", "blis"):
+                return {"blas": p.get("internal_api"), "blas_kernel": p.get("architecture"),
+                        "blas_threads": p.get("num_threads")}
+    except Exception:
+        pass
+    return {"blas": "unknown"}
+
+
+def timeit(fn, reps=7, warmup=2, inner=1):
+    """Run fn `warmup` times, then `reps` timed runs of `inner` calls; seconds per call."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        ts.append((time.perf_counter() - t) / inner)
+    return ts
+
+
+def emit(workload, system, mode, metric, values, **extra):
+    """Print one JSON line: median, min and max of `values` (already in the metric's unit)."""
+    rec = {"workload": workload, "system": system, "mode": mode, "metric": metric,
+           "value": round(statistics.median(values), 4), "min": round(min(values), 4),
+           "max": round(max(values), 4)}
+    rec.update(extra)
+    print(json.dumps(rec), flush=True)
+    return rec

@@ -1,0 +1,30 @@
+"""`make bench`: run every workload script in this folder, each in its own process with the
+OpenBLAS variables unset (the Makefile does that), printing JSON lines."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv):
+    only = set(argv)
+    scripts = sorted(glob.glob(os.path.join(HERE, "w*_*.py")))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    rc = 0
+    for s in scripts:
+        name = os.path.basename(s)
+        if only and not any(name.startswith(o.lower()) for o in only):
+            continue
+        print(f"# {name}", file=sys.stderr, flush=True)
+        r = subprocess.run([sys.executable, s], cwd=HERE, env=env)
+        rc = rc or r.returncode
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
