@@ -183,12 +183,12 @@ _CAUSAL = {}
 
 
 def causal_mask(q_len, k_len):
-    """Bool (q_len, k_len) mask, True where a query may attend (key index <= query's
-    position, aligned at the end). Cached per size."""
+    """Bool (q_len, k_len) mask, True where query i may attend key j (j <= i; top-left
+    aligned, as in PyTorch). Cached per size. Example: ``F.causal_mask(3, 3)``."""
     key = (q_len, k_len)
     m = _CAUSAL.get(key)
     if m is None:
-        m = Tensor(np.tril(np.ones((q_len, k_len), bool), k_len - q_len))
+        m = Tensor(np.tril(np.ones((q_len, k_len), bool)))
         if len(_CAUSAL) < 64:
             _CAUSAL[key] = m
     return m
