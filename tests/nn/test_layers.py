@@ -38,7 +38,6 @@ def test_bilinear(dtype):
 
 
 def test_embedding_padding_idx_gets_no_grad():
-    r = np.random.default_rng(2)
     s, t = nn.Embedding(10, 4, padding_idx=1).double(), torch.nn.Embedding(10, 4, 1).double()
     ids = np.array([[1, 2, 3, 1], [9, 1, 2, 0]])
     compare_layer(s, t, {"weight": same("weight")}, [ids], "float64")

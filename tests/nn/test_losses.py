@@ -134,6 +134,7 @@ def test_bce_with_logits(reduction, weighted, pos):
          [True, True], skw, tkw)
 
 
+@pytest.mark.filterwarnings("ignore:reduction. 'mean' divides")
 @pytest.mark.parametrize("reduction", RED + ["batchmean"])
 @pytest.mark.parametrize("log_target", [False, True])
 def test_kl_div(reduction, log_target):
