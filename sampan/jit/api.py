@@ -291,7 +291,9 @@ class JitFunction:
                     "values as tensors.", RetraceWarning, stacklevel=3)
         t0 = time.perf_counter()
         g, in_slots, out_slots, out_tree, grad_none = trace(
-            self.fn, args, kwargs, self._state(), name=getattr(self.fn, "__name__", "main"))
+            self.fn, args, kwargs, self._state(),
+            name=type(self.layer).__name__ if self.layer is not None
+            else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""))
         trace_s = time.perf_counter() - t0
         raw = g.copy()
         pm = PassManager(self.pipeline, debug=self.debug)

@@ -44,6 +44,14 @@ def out_kernel(node):
     return None
 
 
+def _fresh_result(node):
+    """Kernels known to return new arrays (never a view of an input)."""
+    op = OPS[node.op]
+    if op.n_out != 1 or op.view or node.op in ("cast", "getitem", "copy"):
+        return node.op == "copy"
+    return op.kind in ("elementwise", "reduction") or node.op == "matmul"
+
+
 def _nbytes(v):
     return v.size * v.dtype.itemsize
 
@@ -64,9 +72,10 @@ def plan(g, min_bytes: int = 256) -> dict:
         last[v.id] = n_nodes
     fresh_out = {id(n): out_kernel(n) is not None for n in g.nodes}
 
+    no_alias = {id(n): fresh_out[id(n)] or _fresh_result(n) for n in g.nodes}
     escapes = {v.id for v in g.outputs}
     for n in reversed(g.nodes):
-        if not fresh_out[id(n)] and any(o.id in escapes for o in n.outputs):
+        if not no_alias[id(n)] and any(o.id in escapes for o in n.outputs):
             escapes.update(v.id for v in n.inputs)
 
     cand = set()
@@ -79,7 +88,7 @@ def plan(g, min_bytes: int = 256) -> dict:
     # aliasing: which candidates a value may share memory with
     alias = {}
     for n in g.nodes:
-        if fresh_out[id(n)]:
+        if no_alias[id(n)]:
             v = n.outputs[0]
             alias[v.id] = {v.id} if v.id in cand else set()
         else:

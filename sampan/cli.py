@@ -1,0 +1,66 @@
+"""The `sampan` command.
+
+    sampan viz <saved-model> -o graph.svg     draw a saved program's graph
+    sampan bisect <saved-model>               which pass changes a saved program's outputs?
+    sampan passes                             list registered passes and pipelines
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _viz(a):
+    from .ir import render
+    from .jit.serialize import read
+    g, _, _ = read(a.model)
+    print(render(g, a.output))
+    return 0
+
+
+def _bisect(a):
+    import numpy as np
+    from .passes import bisect_graph
+    from .jit.serialize import read
+    g, meta, arrays = read(a.model)
+    ins = []
+    for spec in meta["inputs"]:
+        key = f"example.{spec['index']}" if spec["kind"] == "arg" else spec["key"]
+        ins.append(np.asarray(arrays[key]))
+    passes = a.passes.split(",") if a.passes else "train"
+    r = bisect_graph(g, ins, passes, a.tol)
+    print(r)
+    return 0 if r.culprit is None else 1
+
+
+def _passes(a):
+    from .passes import PASSES, PIPELINES
+    for n, p in sorted(PASSES.items()):
+        print(f"{n:<16} {p.doc}")
+    for n, ps in PIPELINES.items():
+        print(f"pipeline {n}: {', '.join(ps)}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """Entry point of the `sampan` script."""
+    ap = argparse.ArgumentParser(prog="sampan", description="sampan command line")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("viz", help="draw a saved program's graph (SVG via Graphviz, or DOT)")
+    v.add_argument("model")
+    v.add_argument("-o", "--output", default="graph.svg")
+    v.set_defaults(fn=_viz)
+    b = sub.add_parser("bisect", help="find the pass that changes a saved program's outputs")
+    b.add_argument("model")
+    b.add_argument("--passes", default="", help="comma-separated pass names (default: train)")
+    b.add_argument("--tol", type=float, default=1e-5)
+    b.set_defaults(fn=_bisect)
+    p = sub.add_parser("passes", help="list passes and pipelines")
+    p.set_defaults(fn=_passes)
+    a = ap.parse_args(argv)
+    from . import jit  # noqa: F401  (loads the package)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
