@@ -17,12 +17,29 @@ import threading
 import numpy as np
 from numba import njit
 
-from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, hash_ids
+from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, _mix
 from sampan.rec.policies import AdmitAll
 
 __all__ = ["HashEmbeddingTable", "hashed_normal"]
 
 META_FIELDS = ("key", "freq", "last_seen", "show", "click", "updated")
+
+
+@njit(cache=True, nogil=True)
+def _hashed_normal(keys, seed, std, out):
+    dim = out.shape[1]
+    salt = np.uint64(seed) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(1)
+    for j in range(keys.size):
+        base = _mix(np.uint64(keys[j]) ^ salt)
+        for d in range(0, dim, 2):
+            # one 64-bit hash -> two 32-bit uniforms -> two normals (Box-Muller)
+            h = _mix(base + np.uint64(d))
+            u1 = (np.float64(h >> np.uint64(32)) + 1.0) * 2.0**-32
+            u2 = np.float64(h & np.uint64(0xFFFFFFFF)) * 2.0**-32
+            r = np.sqrt(-2.0 * np.log(u1)) * std
+            out[j, d] = r * np.cos(2.0 * np.pi * u2)
+            if d + 1 < dim:
+                out[j, d + 1] = r * np.sin(2.0 * np.pi * u2)
 
 
 def hashed_normal(ids, dim: int, seed: int = 0, std: float = 0.01) -> np.ndarray:
@@ -34,14 +51,9 @@ def hashed_normal(ids, dim: int, seed: int = 0, std: float = 0.01) -> np.ndarray
     (1, 4)
     """
     ids = np.ascontiguousarray(ids, np.int64).ravel()
-    lanes = np.arange(dim, dtype=np.int64) * 2
-    base = hash_ids(ids ^ np.int64(seed * 0x2545F491 + 1)).view(np.int64)
-    h1 = hash_ids((base[:, None] + lanes[None, :]).ravel())
-    h2 = hash_ids((base[:, None] + lanes[None, :] + 1).ravel())
-    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53
-    u2 = (h2 >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-    return (z * std).astype(np.float32).reshape(ids.size, dim)
+    out = np.empty((ids.size, dim), np.float32)
+    _hashed_normal(ids, np.uint64(seed & (2**64 - 1)), float(std), out)
+    return out
 
 
 @njit(cache=True, nogil=True)
