@@ -228,20 +228,47 @@ def attention(q, k, v, allowed=None, additive=None, is_causal=False, dropout_p=0
                        f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}",
                        "q (..., L, E), k (..., S, E), v (..., S, Ev)")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = mul(matmul(q, transpose(k, -2, -1)), scale)
+    # scale q (L x E) rather than the scores (L x S): fewer multiplications
+    s = matmul(mul(q, scale), transpose(k, -2, -1))
+    if is_causal and allowed is None and additive is None:
+        # causal alone: one add of a cached 0 / "-inf" matrix; no row is fully masked
+        return _softmax_av(add(s, _causal_bias(q.shape[-2], k.shape[-2], s.dtype)), v,
+                           dropout_p, generator)
     if is_causal:
         c = causal_mask(q.shape[-2], k.shape[-2])
         allowed = c if allowed is None else (c & allowed)
     if additive is not None:
         s = add(s, additive)
     if allowed is not None:  # a finite "minus infinity": fully masked rows stay NaN-free
-        s = where(allowed, s, -65504.0 if s.dtype == np.float16 else -1e30)
+        s = where(allowed, s, _neg_big(s.dtype))
     p = softmax(s, -1)
     if allowed is not None:  # fully masked rows give zeros
         p = where(allowed, p, 0.0)
     if dropout_p > 0.0:
         p = _C.dropout(p, dropout_p, True, generator)
     return matmul(p, v), p
+
+
+def _softmax_av(s, v, dropout_p, generator):
+    p = softmax(s, -1)
+    if dropout_p > 0.0:
+        p = _C.dropout(p, dropout_p, True, generator)
+    return matmul(p, v), p
+
+
+def _neg_big(dtype):
+    return -65504.0 if dtype == np.float16 else -1e30
+
+
+def _causal_bias(q_len, k_len, dtype):
+    key = (q_len, k_len, np.dtype(dtype).name)
+    m = _CAUSAL.get(key)
+    if m is None:
+        a = np.where(np.tril(np.ones((q_len, k_len), bool)), 0.0, _neg_big(dtype))
+        m = Tensor(a.astype(dtype))
+        if len(_CAUSAL) < 64:
+            _CAUSAL[key] = m
+    return m
 
 
 # ---------------------------------------------------------------------- conv & pooling
