@@ -4,7 +4,7 @@
 listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
-            "composite"]
+            "composite", "conv", "pool", "sort"]
 
 
 def load_all():

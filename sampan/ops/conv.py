@@ -1,0 +1,426 @@
+"""Convolution primitives (NCHW); pooling lives in pool.py and shares the helpers.
+
+conv2d lowers to im2col (a strided window view made contiguous once) and one batched
+GEMM per call. The input gradient of conv2d *is* conv_transpose2d (one op, one IR
+spelling, ONNX ConvTranspose); its kernel runs the GEMM and then accumulates the
+kh*kw column planes into the output through strided slices, which is far faster than
+a scatter (np.add.at). Every gradient op that is linear in its inputs has a gradient
+rule of its own, so second order works for conv and average pooling.
+
+bfloat16/float16 compute in float32 and round the result (see linalg.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, ShapeError, op_error
+from ..tensor import Tensor, apply
+from ._util import Sample, randf, rng, same_dtype
+from .registry import NO_ONNX, Spec, defop
+
+_swv = np.lib.stride_tricks.sliding_window_view
+
+
+# ---------------------------------------------------------------------- helpers
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def _pair(v, op="conv2d", name="stride"):
+    """An int or a pair of ints as a tuple of two ints."""
+    if isinstance(v, (int, np.integer)):
+        return (int(v), int(v))
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise op_error(ShapeError, op, f"{name}={v}", "an int or a pair of ints")
+    return v
+
+
+def _spec(t):
+    return Spec(tuple(t.shape), t.dtype)
+
+
+def checked_apply(op, inputs, attrs):
+    """apply() after the shape rule: kernels would accept some bad attributes silently."""
+    op.shape_rule(*[_spec(t) for t in inputs], **attrs)
+    return apply(op, inputs, attrs)
+
+
+def _is_half(d):
+    return d == _dt.bfloat16 or d == np.float16
+
+
+def _f32(kernel):
+    """Run a kernel in float32 when its float inputs are half precision; round the result."""
+    def k(*arrays, **attrs):
+        d = arrays[0].dtype if _is_half(arrays[0].dtype) else arrays[-1].dtype
+        if not _is_half(d):
+            return kernel(*arrays, **attrs)
+        up = [a.astype(np.float32) if _is_half(a.dtype) else a for a in arrays]
+        return kernel(*up, **attrs).astype(d)
+    k.__name__ = kernel.__name__
+    return k
+
+
+def _out_dim(n, k, s, p, d):
+    """Output length of a window sweep; strings (symbolic dims) give an expression."""
+    if isinstance(n, str):
+        return f"({n}+{2 * p - d * (k - 1) - 1})//{s}+1"
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _tout_dim(n, k, s, p, op, d):
+    if isinstance(n, str):
+        return f"({n}-1)*{s}+{d * (k - 1) + op + 1 - 2 * p}"
+    return (n - 1) * s - 2 * p + d * (k - 1) + op + 1
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d if isinstance(d, int) else 1
+    return n
+
+
+def _pad(x, ph, pw, value=0):
+    if not ph and not pw:
+        return x
+    n, c, h, w = x.shape
+    out = np.full((n, c, h + 2 * ph, w + 2 * pw), value, x.dtype)
+    out[:, :, ph:ph + h, pw:pw + w] = x
+    return out
+
+
+def _win(i, j, ho, wo, stride, dilation):
+    """Index of the (i, j) kernel tap's input plane for every output position."""
+    (sh, sw), (dh, dw) = stride, dilation
+    return (slice(None), slice(None), slice(i * dh, i * dh + sh * (ho - 1) + 1, sh),
+            slice(j * dw, j * dw + sw * (wo - 1) + 1, sw))
+
+
+def _im2col(xp, kh, kw, ho, wo, stride, dilation):
+    """Columns (N, C, kh, kw, Ho, Wo) of a padded input, as one contiguous copy."""
+    (sh, sw), (dh, dw) = stride, dilation
+    v = _swv(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
+    v = v[:, :, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, ::dh, ::dw]
+    return np.ascontiguousarray(v.transpose(0, 1, 4, 5, 2, 3))
+
+
+def _outpad(in_hw, k_hw, stride, padding, dilation):
+    """output_padding that makes conv_transpose2d restore a conv2d input's size."""
+    return tuple((n + 2 * p - d * (k - 1) - 1) % s
+                 for n, k, s, p, d in zip(in_hw, k_hw, stride, padding, dilation))
+
+
+def _check_float(op, *specs):
+    d = same_dtype(op, *specs)
+    if not _dt.is_floating(d):
+        raise op_error(DTypeError, op, f"dtype {d}", "a floating dtype")
+    return d
+
+
+def _check_4d(op, what, s):
+    if len(s.shape) != 4:
+        raise op_error(ShapeError, op, f"{what} of shape {tuple(s.shape)}",
+                       f"a 4-d {what} ({'N, C, H, W' if what == 'input' else 'O, I, kh, kw'})")
+
+
+def _check_attrs(op, stride, padding, dilation, groups=1):
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or groups < 1:
+        raise op_error(ShapeError, op, f"stride={stride}, padding={padding}, "
+                       f"dilation={dilation}, groups={groups}",
+                       "stride, dilation, groups >= 1 and padding >= 0")
+
+
+def _check_out(op, x, out_hw, what="input"):
+    if any(isinstance(d, int) and d < 1 for d in out_hw):
+        raise op_error(ShapeError, op, f"{what} of shape {tuple(x.shape)}",
+                       f"an {what} large enough for the kernel (output would be {out_hw})")
+
+
+# ---------------------------------------------------------------------- conv2d
+def _conv2d_rule(x, w, stride, padding, dilation, groups):
+    op = "conv2d"
+    d = _check_float(op, x, w)
+    _check_4d(op, "input", x)
+    _check_4d(op, "weight", w)
+    _check_attrs(op, stride, padding, dilation, groups)
+    o, cg, kh, kw = w.shape
+    if x.shape[1] != cg * groups or o % groups:
+        raise op_error(ShapeError, op, f"input {tuple(x.shape)}, weight {tuple(w.shape)}, "
+                       f"groups={groups}", "input channels == weight.shape[1] * groups and "
+                       "out channels divisible by groups")
+    hw = tuple(_out_dim(n, k, s, p, dd) for n, k, s, p, dd in
+               zip(x.shape[2:], (kh, kw), stride, padding, dilation))
+    _check_out(op, x, hw)
+    return Spec((x.shape[0], o) + hw, d)
+
+
+def _conv2d_kernel(x, w, stride, padding, dilation, groups):
+    n, _c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if kh == kw == 1 and stride == (1, 1) and padding == (0, 0):
+        col = x.reshape(n, groups, cg, h * wd)
+    else:
+        col = _im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
+        col = col.reshape(n, groups, cg * kh * kw, ho * wo)
+    y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), col)   # (N, g, O/g, L)
+    return y.reshape(n, o, ho, wo)
+
+
+def _conv2d_grad(g, y, x, w, stride, padding, dilation, groups):
+    attrs = _attrs(stride, padding, dilation, groups)
+    gx = gw = None
+    if x.requires_grad:
+        op = _outpad(x.shape[2:], w.shape[2:], stride, padding, dilation)
+        gx = apply(CONV_TRANSPOSE2D, (g, w), {**attrs, "output_padding": op})
+    if w.requires_grad:
+        gw = apply(CONV2D_GRAD_WEIGHT, (x, g), {**attrs, "kernel_size": tuple(w.shape[2:])})
+    return gx, gw
+
+
+def _conv2d_flops(x, w, stride, padding, dilation, groups):
+    y = _conv2d_rule(x, w, stride, padding, dilation, groups)
+    return 2 * _numel(y.shape) * _numel(w.shape[1:])
+
+
+def _attrs(stride, padding, dilation, groups):
+    return {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+
+
+def _cattrs(stride=1, padding=0, dilation=1, groups=1):
+    return _attrs(_pair(stride), _pair(padding), _pair(dilation), groups)
+
+
+def _conv2d_samples():
+    r = rng(60)
+    return [Sample((randf(r, 2, 3, 7, 6), randf(r, 4, 3, 3, 3)), _cattrs()),
+            Sample((randf(r, 2, 3, 7, 8), randf(r, 5, 3, 3, 2)), _cattrs((2, 1), (1, 2))),
+            Sample((randf(r, 1, 2, 9, 9), randf(r, 3, 2, 3, 3)), _cattrs(2, 2, 2)),
+            Sample((randf(r, 2, 4, 6, 5), randf(r, 6, 2, 2, 3)), _cattrs(1, (1, 0), 1, 2)),
+            Sample((randf(r, 1, 4, 5, 5), randf(r, 4, 1, 3, 3)), _cattrs(1, 1, 1, 4)),
+            Sample((randf(r, 2, 3, 4, 4), randf(r, 2, 3, 1, 1)), _cattrs()),
+            Sample((randf(r, 0, 3, 5, 5), randf(r, 2, 3, 3, 3)), _cattrs(1, 1)),
+            Sample((randf(r, 1, 2, 4, 4), randf(r, 2, 2, 2, 2)), _cattrs(2, 1))]  # 2nd order
+
+
+CONV2D = defop("conv2d", _conv2d_rule, kernel=_f32(_conv2d_kernel), grad=_conv2d_grad,
+               flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples)
+
+
+# ---------------------------------------------------------------------- conv_transpose2d
+def _ct_rule(x, w, stride, padding, output_padding, dilation, groups):
+    op = "conv_transpose2d"
+    d = _check_float(op, x, w)
+    _check_4d(op, "input", x)
+    _check_4d(op, "weight", w)
+    _check_attrs(op, stride, padding, dilation, groups)
+    ci, cog, kh, kw = w.shape
+    if x.shape[1] != ci or ci % groups:
+        raise op_error(ShapeError, op, f"input {tuple(x.shape)}, weight {tuple(w.shape)}, "
+                       f"groups={groups}", "input channels == weight.shape[0], divisible by "
+                       "groups (weight is (in, out/groups, kh, kw))")
+    if any(a < 0 or a >= s for a, s in zip(output_padding, stride)):
+        raise op_error(ShapeError, op, f"output_padding={output_padding} with stride={stride}",
+                       "0 <= output_padding < stride")
+    hw = tuple(_tout_dim(n, k, s, p, a, dd) for n, k, s, p, a, dd in
+               zip(x.shape[2:], (kh, kw), stride, padding, output_padding, dilation))
+    _check_out(op, x, hw)
+    return Spec((x.shape[0], cog * groups) + hw, d)
+
+
+def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
+    n, ci, h, wd = x.shape
+    _, cog, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (h - 1) * sh - 2 * ph + dh * (kh - 1) + output_padding[0] + 1
+    wo = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + output_padding[1] + 1
+    wm = w.reshape(groups, ci // groups, cog * kh * kw).transpose(0, 2, 1)
+    col = np.matmul(wm, x.reshape(n, groups, ci // groups, h * wd))   # (N, g, K, L)
+    col = col.reshape(n, cog * groups, kh, kw, h, wd)
+    if kh == kw == 1 and stride == (1, 1) and padding == (0, 0) and ho == h and wo == wd:
+        return col.reshape(n, cog * groups, h, wd)
+    hb = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
+    wb = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
+    buf = np.zeros((n, cog * groups, hb, wb), col.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            buf[_win(i, j, h, wd, stride, dilation)] += col[:, :, i, j]
+    return np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
+
+
+def _ct_grad(g, y, x, w, stride, padding, output_padding, dilation, groups):
+    attrs = _attrs(stride, padding, dilation, groups)
+    gx = gw = None
+    if x.requires_grad:
+        gx = apply(CONV2D, (g, w), attrs)
+    if w.requires_grad:
+        gw = apply(CONV2D_GRAD_WEIGHT, (g, x), {**attrs, "kernel_size": tuple(w.shape[2:])})
+    return gx, gw
+
+
+def _ct_flops(x, w, **attrs):
+    return 2 * _numel(x.shape) * _numel(w.shape[1:])
+
+
+def _ctattrs(stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    return {**_cattrs(stride, padding, dilation, groups), "output_padding": _pair(output_padding)}
+
+
+def _ct_samples():
+    r = rng(61)
+    return [Sample((randf(r, 2, 3, 4, 5), randf(r, 3, 2, 3, 3)), _ctattrs()),
+            Sample((randf(r, 2, 4, 3, 4), randf(r, 4, 3, 3, 2)), _ctattrs(2, 1, 1)),
+            Sample((randf(r, 1, 4, 4, 3), randf(r, 4, 2, 2, 3)),
+                   _ctattrs((2, 3), (0, 1), (1, 2), 1, 2)),
+            Sample((randf(r, 1, 2, 3, 3), randf(r, 2, 2, 3, 3)), _ctattrs(1, 2, 0, 2)),
+            Sample((randf(r, 0, 3, 4, 4), randf(r, 3, 2, 3, 3)), _ctattrs(2))]
+
+
+CONV_TRANSPOSE2D = defop("conv_transpose2d", _ct_rule, kernel=_f32(_ct_kernel), grad=_ct_grad,
+                         flops=_ct_flops, onnx="ConvTranspose", samples=_ct_samples)
+
+
+# ---------------------------------------------------------------------- conv2d weight grad
+def _gw_rule(x, g, kernel_size, stride, padding, dilation, groups):
+    op = "conv2d_grad_weight"
+    d = _check_float(op, x, g)
+    _check_4d(op, "input", x)
+    _check_4d(op, "input", g)
+    kh, kw = kernel_size
+    hw = tuple(_out_dim(n, k, s, p, dd) for n, k, s, p, dd in
+               zip(x.shape[2:], kernel_size, stride, padding, dilation))
+    if tuple(g.shape[2:]) != hw or g.shape[0] != x.shape[0] or x.shape[1] % groups \
+            or g.shape[1] % groups:
+        raise op_error(ShapeError, op, f"input {tuple(x.shape)} and output grad "
+                       f"{tuple(g.shape)}", f"an output grad of shape (N, O, {hw[0]}, {hw[1]})")
+    return Spec((g.shape[1], x.shape[1] // groups, kh, kw), d)
+
+
+def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
+    n, c, _h, _wd = x.shape
+    o, ho, wo = g.shape[1], g.shape[2], g.shape[3]
+    kh, kw = kernel_size
+    k = c // groups * kh * kw
+    col = _im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
+    col = col.reshape(n, groups, k, ho * wo)
+    gm = g.reshape(n, groups, o // groups, ho * wo)
+    # one GEMM per sample then a sum over N: OpenBLAS runs the single (O, N*L) @ (N*L, K)
+    # GEMM (tensordot) up to 20x slower on these short-and-wide shapes
+    gw = np.matmul(gm, col.transpose(0, 1, 3, 2)).sum(0)
+    return gw.reshape(o, c // groups, kh, kw)
+
+
+def _gw_grad(gw, y, x, g, kernel_size, stride, padding, dilation, groups):
+    attrs = _attrs(stride, padding, dilation, groups)
+    gx = gg = None
+    if x.requires_grad:
+        op = _outpad(x.shape[2:], kernel_size, stride, padding, dilation)
+        gx = apply(CONV_TRANSPOSE2D, (g, gw), dict(attrs, output_padding=op))
+    if g.requires_grad:
+        gg = apply(CONV2D, (x, gw), attrs)
+    return gx, gg
+
+
+def _gw_flops(x, g, kernel_size, stride, padding, dilation, groups):
+    return 2 * _numel(g.shape) * (x.shape[1] // groups) * kernel_size[0] * kernel_size[1]
+
+
+def _gw_samples():
+    out = []
+    for s in _conv2d_samples():
+        x, w = s.args
+        y = _conv2d_kernel(x, w, **s.attrs)
+        g = randf(rng(62), *y.shape)
+        out.append(Sample((x, g), dict(s.attrs, kernel_size=tuple(w.shape[2:]))))
+    return out
+
+
+CONV2D_GRAD_WEIGHT = defop("conv2d_grad_weight", _gw_rule, kernel=_f32(_gw_kernel),
+                           grad=_gw_grad, flops=_gw_flops, onnx=NO_ONNX, samples=_gw_samples)
+
+
+# ---------------------------------------------------------------------- frontends
+def _bias(y, b, ndim):
+    if b is None:
+        return y
+    from .elementwise import add
+    from .shape import reshape
+    return add(y, reshape(_t(b), (1, -1) + (1,) * (ndim - 2)))
+
+
+def _same_padding(x, w, dilation):
+    """padding='same' (stride 1): symmetric when possible, else pad the input first."""
+    from .shape import pad
+    total = [d * (k - 1) for k, d in zip(w.shape[2:], dilation)]
+    if all(t % 2 == 0 for t in total):
+        return x, tuple(t // 2 for t in total)
+    pads = ((0, 0), (0, 0)) + tuple((t // 2, t - t // 2) for t in total)
+    return pad(x, pads), (0, 0)
+
+
+def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-d convolution (cross-correlation) over NCHW input; weight (out, in/groups, kh, kw).
+
+    Example::
+
+        >>> y = sampan.conv2d(sampan.randn(8, 3, 32, 32), sampan.randn(16, 3, 3, 3), padding=1)
+        >>> y.shape
+        (8, 16, 32, 32)
+    """
+    from .elementwise import operands
+    x, w = operands(_t(x), _t(w))
+    dilation = _pair(dilation, "conv2d", "dilation")
+    if isinstance(padding, str):
+        if padding not in ("same", "valid") or (padding == "same" and _pair(stride) != (1, 1)):
+            raise op_error(ShapeError, "conv2d", f"padding={padding!r}, stride={stride}",
+                           "'valid', or 'same' with stride 1, or ints")
+        x, padding = _same_padding(x, w, dilation) if padding == "same" else (x, (0, 0))
+    attrs = _attrs(_pair(stride), _pair(padding, "conv2d", "padding"), dilation, int(groups))
+    y = checked_apply(CONV2D, (x, w), attrs)
+    return _bias(y, b, 4)
+
+
+def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """1-d convolution over (N, C, L) input; weight (out, in/groups, k).
+
+    Example::
+
+        >>> sampan.conv1d(sampan.randn(2, 4, 10), sampan.randn(6, 4, 3)).shape
+        (2, 6, 8)
+    """
+    from .shape import unsqueeze
+    x, w = _t(x), _t(w)
+    if x.ndim != 3 or w.ndim != 3:
+        raise op_error(ShapeError, "conv1d", f"input {tuple(x.shape)}, weight {tuple(w.shape)}",
+                       "input (N, C, L) and weight (O, C/groups, k)")
+    if not isinstance(padding, str):
+        padding = (0, int(padding if isinstance(padding, int) else padding[0]))
+
+    def one(v):
+        return (1, int(v if isinstance(v, int) else v[0]))
+    y = conv2d(unsqueeze(x, 2), unsqueeze(w, 2), None, one(stride), padding, one(dilation),
+               groups)
+    from .shape import squeeze
+    return _bias(squeeze(y, 2), b, 3)
+
+
+def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1,
+                     groups=1):
+    """Transposed 2-d convolution (the adjoint of conv2d); weight (in, out/groups, kh, kw).
+
+    Example::
+
+        >>> sampan.conv_transpose2d(sampan.randn(1, 4, 5, 5), sampan.randn(4, 2, 3, 3),
+        ...                         stride=2).shape
+        (1, 2, 11, 11)
+    """
+    from .elementwise import operands
+    x, w = operands(_t(x), _t(w))
+    y = checked_apply(CONV_TRANSPOSE2D, (x, w), _ctattrs(stride, padding, output_padding,
+                                                         dilation, int(groups)))
+    return _bias(y, b, 4)
+

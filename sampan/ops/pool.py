@@ -1,0 +1,357 @@
+"""Pooling primitives (NCHW): max_pool2d, avg_pool2d and their gradients;
+adaptive_avg_pool2d is a function over them.
+
+Every kernel is a loop over the kh*kw kernel taps, each one a strided slice of the
+(padded) input: kh*kw vectorised passes, no scatter. max_pool2d's gradient routes `g`
+to the first maximum of each window (PyTorch's choice); that gradient is linear in `g`
+and its own gradient is `max_pool2d_gather` (pick the value at each window's maximum),
+whose gradient is `max_pool2d_grad` again, so second order works. avg_pool2d and
+avg_pool2d_grad are each other's adjoints.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, ShapeError, op_error
+from ..tensor import apply
+from ._util import Sample, randf, rng
+from .conv import (_check_4d, _check_attrs, _check_out, _f32, _numel, _out_dim, _pad, _pair,
+                   _t, _win, checked_apply)
+from .registry import NO_ONNX, Spec, defop
+
+
+def _pool_hw(op, x, kernel_size, stride, padding, dilation=(1, 1)):
+    _check_4d(op, "input", x)
+    _check_attrs(op, stride, padding, dilation)
+    if min(kernel_size) < 1 or any(2 * p > k for p, k in zip(padding, kernel_size)):
+        raise op_error(ShapeError, op, f"kernel_size={kernel_size}, padding={padding}",
+                       "kernel_size >= 1 and padding at most half the kernel size")
+    hw = tuple(_out_dim(n, k, s, p, d) for n, k, s, p, d in
+               zip(x.shape[2:], kernel_size, stride, padding, dilation))
+    _check_out(op, x, hw)
+    return hw
+
+
+def _taps(kernel_size):
+    kh, kw = kernel_size
+    return [(t, t // kw, t % kw) for t in range(kh * kw)]
+
+
+def _pool_flops(x, kernel_size, stride, padding, **_):
+    hw = _pool_hw("pool", x, kernel_size, stride, padding, _.get("dilation", (1, 1)))
+    return _numel(tuple(x.shape[:2]) + hw) * kernel_size[0] * kernel_size[1]
+
+
+def _grad_flops(x, g, kernel_size, **_):
+    return _numel(g.shape) * kernel_size[0] * kernel_size[1]
+
+
+# ---------------------------------------------------------------------- max_pool2d
+def _lowest(d):
+    return -np.inf if d.kind == "f" else np.iinfo(d).min
+
+
+def _max_rule(x, kernel_size, stride, padding, dilation):
+    if x.dtype == np.bool_ or not (_dt.is_floating(x.dtype) or _dt.is_integer(x.dtype)):
+        raise op_error(DTypeError, "max_pool2d", f"dtype {x.dtype}", "a numeric dtype")
+    hw = _pool_hw("max_pool2d", x, kernel_size, stride, padding, dilation)
+    return Spec(tuple(x.shape[:2]) + hw, x.dtype)
+
+
+def _hw(x, kernel_size, stride, padding, dilation=(1, 1)):
+    return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in
+                 zip(x.shape[2:], kernel_size, stride, padding, dilation))
+
+
+def _max_kernel(x, kernel_size, stride, padding, dilation):
+    ho, wo = _hw(x, kernel_size, stride, padding, dilation)
+    xp = _pad(x, *padding, _lowest(x.dtype))
+    out = None
+    for _k, i, j in _taps(kernel_size):
+        s = xp[_win(i, j, ho, wo, stride, dilation)]
+        out = s.copy() if out is None else np.maximum(out, s, out=out)
+    return out
+
+
+def _argmax(x, kernel_size, stride, padding, dilation):
+    """Tap index (0..kh*kw-1) of each window's first maximum (a NaN counts as maximum)."""
+    ho, wo = _hw(x, kernel_size, stride, padding, dilation)
+    xp = _pad(x, *padding, _lowest(x.dtype))
+    best = arg = None
+    for t, i, j in _taps(kernel_size):
+        s = xp[_win(i, j, ho, wo, stride, dilation)]
+        if best is None:
+            best, arg = s.copy(), np.zeros(s.shape, np.int32)
+            continue
+        m = s > best
+        if x.dtype.kind == "f":
+            m |= np.isnan(s)
+        np.copyto(best, s, where=m)
+        np.copyto(arg, t, where=m)
+    return arg, ho, wo
+
+
+def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
+    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation)
+    n, c, h, w = x.shape
+    (ph, pw) = padding
+    buf = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
+    zero = g.dtype.type(0)
+    for t, i, j in _taps(kernel_size):
+        buf[_win(i, j, ho, wo, stride, dilation)] += np.where(arg == t, g, zero)
+    return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
+
+
+def _max_gather_kernel(x, v, kernel_size, stride, padding, dilation):
+    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation)
+    vp = _pad(v, *padding, 0)
+    out = np.zeros(arg.shape, v.dtype)
+    for t, i, j in _taps(kernel_size):
+        np.copyto(out, vp[_win(i, j, ho, wo, stride, dilation)], where=arg == t)
+    return out
+
+
+def _max_grad_rule(x, g, kernel_size, stride, padding, dilation):
+    y = _max_rule(x, kernel_size, stride, padding, dilation)
+    if tuple(g.shape) != tuple(y.shape):
+        raise op_error(ShapeError, "max_pool2d_grad", f"input {tuple(x.shape)} and grad "
+                       f"{tuple(g.shape)}", f"a grad of the pooled shape {tuple(y.shape)}")
+    return Spec(tuple(x.shape), g.dtype)
+
+
+def _max_gather_rule(x, v, kernel_size, stride, padding, dilation):
+    y = _max_rule(x, kernel_size, stride, padding, dilation)
+    if tuple(v.shape) != tuple(x.shape):
+        raise op_error(ShapeError, "max_pool2d_gather", f"input {tuple(x.shape)} and values "
+                       f"{tuple(v.shape)}", "values shaped like the input")
+    return Spec(tuple(y.shape), v.dtype)
+
+
+def _pattrs(kernel_size, stride=None, padding=0, dilation=1):
+    k = _pair(kernel_size, "max_pool2d", "kernel_size")
+    return {"kernel_size": k, "stride": k if stride is None else _pair(stride),
+            "padding": _pair(padding), "dilation": _pair(dilation)}
+
+
+def _max_samples():
+    r = rng(70)
+    return [Sample((randf(r, 2, 3, 6, 6),), _pattrs(2)),
+            Sample((randf(r, 2, 2, 7, 8),), _pattrs(3, 2, 1)),
+            Sample((randf(r, 1, 2, 9, 7),), _pattrs((3, 2), (2, 1), (1, 0), (2, 1))),
+            Sample((randf(r, 1, 3, 5, 5),), _pattrs(3, 1, 1)),
+            Sample((randf(r, 0, 2, 4, 4),), _pattrs(2))]
+
+
+def _with_grad(samples, name):
+    def make():
+        out = []
+        for s in samples():
+            x = s.args[0]
+            y = _max_kernel(x, **s.attrs)
+            v = randf(rng(71), *(y.shape if name == "grad" else x.shape))
+            out.append(Sample((x, v), s.attrs, diff=(1,)))
+        return out
+    return make
+
+
+def _max_grad_grad(gg, y, x, g, **attrs):
+    return None, apply(MAX_POOL2D_GATHER, (x, gg), attrs)
+
+
+def _max_gather_grad(gy, y, x, v, **attrs):
+    return None, apply(MAX_POOL2D_GRAD, (x, gy), attrs)
+
+
+MAX_POOL2D = defop("max_pool2d", _max_rule, kernel=_f32(_max_kernel),
+                   grad=lambda g, y, x, **a: (apply(MAX_POOL2D_GRAD, (x, g), a),),
+                   flops=_pool_flops, onnx="MaxPool", samples=_max_samples)
+MAX_POOL2D_GRAD = defop("max_pool2d_grad", _max_grad_rule, kernel=_f32(_max_grad_kernel),
+                        grad=_max_grad_grad, nondiff_inputs=(0,), saves=(0,),
+                        flops=_grad_flops, onnx=NO_ONNX,
+                        samples=_with_grad(_max_samples, "grad"))
+MAX_POOL2D_GATHER = defop("max_pool2d_gather", _max_gather_rule,
+                          kernel=_f32(_max_gather_kernel), grad=_max_gather_grad,
+                          nondiff_inputs=(0,), saves=(0,),
+                          flops=lambda x, v, kernel_size, **_: _numel(x.shape), onnx=NO_ONNX,
+                          samples=_with_grad(_max_samples, "gather"))
+
+
+# ---------------------------------------------------------------------- avg_pool2d
+def _avg_rule(x, kernel_size, stride, padding, count_include_pad):
+    if not _dt.is_floating(x.dtype):
+        raise op_error(DTypeError, "avg_pool2d", f"dtype {x.dtype}", "a floating dtype")
+    hw = _pool_hw("avg_pool2d", x, kernel_size, stride, padding)
+    return Spec(tuple(x.shape[:2]) + hw, x.dtype)
+
+
+def _divisor(h, w, ho, wo, kernel_size, stride, padding, count_include_pad, dtype):
+    if count_include_pad:
+        return dtype.type(kernel_size[0] * kernel_size[1])
+
+    def counts(n, no, k, s, p):
+        start = np.arange(no) * s - p
+        return np.minimum(start + k, n) - np.maximum(start, 0)
+    return np.outer(counts(h, ho, kernel_size[0], stride[0], padding[0]),
+                    counts(w, wo, kernel_size[1], stride[1], padding[1])).astype(dtype)
+
+
+def _avg_kernel(x, kernel_size, stride, padding, count_include_pad):
+    ho, wo = _hw(x, kernel_size, stride, padding)
+    xp = _pad(x, *padding, 0)
+    out = None
+    for _k, i, j in _taps(kernel_size):
+        s = xp[_win(i, j, ho, wo, stride, (1, 1))]
+        out = s.copy() if out is None else np.add(out, s, out=out)
+    out /= _divisor(x.shape[2], x.shape[3], ho, wo, kernel_size, stride, padding,
+                    count_include_pad, out.dtype)
+    return out
+
+
+def _avg_grad_rule(g, input_size, kernel_size, stride, padding, count_include_pad):
+    x = Spec(tuple(g.shape[:2]) + tuple(input_size), g.dtype)
+    y = _avg_rule(x, kernel_size, stride, padding, count_include_pad)
+    if tuple(g.shape) != tuple(y.shape):
+        raise op_error(ShapeError, "avg_pool2d_grad", f"grad {tuple(g.shape)} for input size "
+                       f"{tuple(input_size)}", f"a grad of the pooled shape {tuple(y.shape)}")
+    return x
+
+
+def _avg_grad_kernel(g, input_size, kernel_size, stride, padding, count_include_pad):
+    n, c, ho, wo = g.shape
+    h, w = input_size
+    ph, pw = padding
+    gs = g / _divisor(h, w, ho, wo, kernel_size, stride, padding, count_include_pad, g.dtype)
+    buf = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
+    for _k, i, j in _taps(kernel_size):
+        buf[_win(i, j, ho, wo, stride, (1, 1))] += gs
+    return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
+
+
+def _aattrs(kernel_size, stride=None, padding=0, count_include_pad=True):
+    k = _pair(kernel_size, "avg_pool2d", "kernel_size")
+    return {"kernel_size": k, "stride": k if stride is None else _pair(stride),
+            "padding": _pair(padding), "count_include_pad": bool(count_include_pad)}
+
+
+def _avg_samples():
+    r = rng(72)
+    return [Sample((randf(r, 2, 3, 6, 6),), _aattrs(2)),
+            Sample((randf(r, 2, 2, 7, 8),), _aattrs(3, 2, 1)),
+            Sample((randf(r, 1, 2, 7, 8),), _aattrs(3, 2, 1, False)),
+            Sample((randf(r, 1, 2, 9, 7),), _aattrs((3, 2), (2, 1), (1, 0), False)),
+            Sample((randf(r, 0, 2, 4, 4),), _aattrs(2))]
+
+
+def _avg_grad_samples():
+    out = []
+    for s in _avg_samples():
+        x = s.args[0]
+        y = _avg_kernel(x, **s.attrs)
+        out.append(Sample((randf(rng(73), *y.shape),),
+                          dict(s.attrs, input_size=tuple(x.shape[2:]))))
+    return out
+
+
+def _avg_grad(g, y, x, **attrs):
+    return (apply(AVG_POOL2D_GRAD, (g,), dict(attrs, input_size=tuple(x.shape[2:]))),)
+
+
+def _avg_grad_grad(gg, y, g, input_size, **attrs):
+    return (apply(AVG_POOL2D, (gg,), attrs),)
+
+
+AVG_POOL2D = defop("avg_pool2d", _avg_rule, kernel=_f32(_avg_kernel), grad=_avg_grad, saves=(),
+                   flops=_pool_flops, onnx="AveragePool", samples=_avg_samples)
+AVG_POOL2D_GRAD = defop("avg_pool2d_grad", _avg_grad_rule, kernel=_f32(_avg_grad_kernel),
+                        grad=_avg_grad_grad, saves=(),
+                        flops=lambda g, input_size, kernel_size, **_: _numel(g.shape) *
+                        kernel_size[0] * kernel_size[1],
+                        onnx=NO_ONNX, samples=_avg_grad_samples)
+
+
+# ---------------------------------------------------------------------- frontends
+def _nchw(x, op):
+    """Accept (C, H, W) like PyTorch by adding a batch dim; returns (x4, squeeze_back)."""
+    from .shape import unsqueeze
+    x = _t(x)
+    if x.ndim == 3:
+        return unsqueeze(x, 0), True
+    if x.ndim != 4:
+        raise op_error(ShapeError, op, f"input of shape {tuple(x.shape)}",
+                       "a 3-d (C, H, W) or 4-d (N, C, H, W) input")
+    return x, False
+
+
+def _back(y, squeeze):
+    from .shape import squeeze as sq
+    return sq(y, 0) if squeeze else y
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1):
+    """Max over kh x kw windows (padding counts as -inf).
+
+    Example::
+
+        >>> sampan.max_pool2d(sampan.randn(1, 3, 8, 8), 2).shape
+        (1, 3, 4, 4)
+    """
+    x, sq = _nchw(x, "max_pool2d")
+    y = checked_apply(MAX_POOL2D, (x,), _pattrs(kernel_size, stride, padding, dilation))
+    return _back(y, sq)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
+    """Mean over kh x kw windows; padding counts as zeros unless count_include_pad=False.
+
+    Example::
+
+        >>> sampan.avg_pool2d(sampan.randn(1, 3, 8, 8), 2).shape
+        (1, 3, 4, 4)
+    """
+    from .elementwise import cast
+    x, sq = _nchw(x, "avg_pool2d")
+    if not _dt.is_floating(x.dtype):
+        x = cast(x, _dt.get_default_dtype())
+    return _back(checked_apply(AVG_POOL2D, (x,), _aattrs(kernel_size, stride, padding,
+                                                         count_include_pad)), sq)
+
+
+def _adaptive_axis(x, axis, n_out):
+    """Mean over PyTorch's adaptive windows [floor(i*n/o), ceil((i+1)*n/o)) along `axis`."""
+    from .reduce import mean
+    from .shape import concat, narrow
+    n = x.shape[axis]
+    if n == n_out:
+        return x
+    parts = []
+    for i in range(n_out):
+        a, b = (i * n) // n_out, -((-(i + 1) * n) // n_out)
+        parts.append(mean(narrow(x, axis, a, b - a), axis, keepdims=True))
+    return concat(parts, axis)
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """Average pooling to a fixed output size (None keeps that dim), as PyTorch.
+
+    One avg_pool2d when the sizes divide evenly, else a composite of slices and means.
+
+    Example::
+
+        >>> sampan.adaptive_avg_pool2d(sampan.randn(2, 8, 7, 7), 1).shape
+        (2, 8, 1, 1)
+    """
+    x, sq = _nchw(x, "adaptive_avg_pool2d")
+    h, w = x.shape[2:]
+    if isinstance(output_size, (int, np.integer)) or output_size is None:
+        output_size = (output_size, output_size)
+    oh, ow = (h if output_size[0] is None else int(output_size[0]),
+              w if output_size[1] is None else int(output_size[1]))
+    if oh < 1 or ow < 1:
+        raise op_error(ShapeError, "adaptive_avg_pool2d", f"output_size={output_size}",
+                       "positive output sizes")
+    if h % oh == 0 and w % ow == 0:
+        y = avg_pool2d(x, (h // oh, w // ow)) if (oh, ow) != (h, w) else x
+    else:
+        y = _adaptive_axis(_adaptive_axis(x, 2, oh), 3, ow)
+    return _back(y, sq)
