@@ -25,6 +25,7 @@ from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enab
 from .ops.composite import (batch_norm, cross_entropy, dropout, gelu, layer_norm, leaky_relu,
                             log_softmax, logsumexp, one_hot, rms_norm, silu, softmax, softplus,
                             std, var)
+from .ops.conv import conv1d, conv2d, conv_transpose2d
 from .ops.creation import (arange, empty, eye, from_numpy, full, full_like, linspace, ones,
                            ones_like, tensor, zeros, zeros_like)
 from .ops.elementwise import (abs, add, cast, ceil, clamp, clip, cos, div, eq, erf, exp, expm1,
@@ -34,13 +35,20 @@ from .ops.elementwise import (abs, add, cast, ceil, clamp, clip, cos, div, eq, e
                               sin, sqrt, square, sub, tanh, where)
 from .ops.index import gather, index_add, index_select, scatter_add, take_along_axis
 from .ops.linalg import matmul
+from .ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .ops.random import (Generator, default_generator, manual_seed, normal, rand, rand_like,
                          randint, randint_like, randn, randn_like, randperm, uniform)
 from .ops.reduce import all, amax, amin, any, argmax, argmin, cumsum, max, mean, min, prod, sum
 from .ops.shape import (broadcast_to, cat, chunk, clone, concat, expand, flatten, flip, narrow,
                         pad, permute, reshape, split, squeeze, stack, transpose, unsqueeze)
+from .ops.sort import argsort, sort, topk
 
 from . import nn  # noqa: E402  (layers need the op table loaded)
+from . import data, io  # noqa: E402
+from .io.checkpoint import CheckpointError, load, save  # noqa: E402
+from . import optim  # noqa: E402
+from . import train  # noqa: E402
+from . import ir, jit, passes  # noqa: E402  (sampan.jit is callable: @sampan.jit)
 
 __version__ = "0.1.0"
 
@@ -82,5 +90,11 @@ __all__ = [
     # composites
     "softmax", "log_softmax", "logsumexp", "var", "std", "layer_norm", "rms_norm", "batch_norm",
     "gelu", "silu", "leaky_relu", "softplus", "one_hot", "dropout", "cross_entropy",
+    # convolution, pooling, sorting
+    "conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+    "sort", "argsort", "topk",
     "nn",
+    "optim",
+    "train",
+    "ir", "jit", "passes",
 ]

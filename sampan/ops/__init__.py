@@ -4,7 +4,7 @@
 listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
-            "composite", "conv", "pool", "sort"]
+            "composite", "conv", "pool", "sort", "sparse"]
 
 
 def load_all():

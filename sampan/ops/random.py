@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..tensor import Tensor, apply, wrap
 from ._util import Sample
-from .registry import NOT_DIFFERENTIABLE, Spec, defop
+from .registry import NO_ONNX, NOT_DIFFERENTIABLE, STATE, Spec, defop
 
 
 class Generator:
@@ -27,6 +27,8 @@ class Generator:
 
     def next_key(self) -> Tensor:
         """The key for one random op; advances the counter."""
+        if STATE.tracer is not None:  # traced: the key is graph state (sampan.jit)
+            return STATE.tracer.random_key(self)
         k = np.array([self.seed, self.counter], dtype=np.int64)
         self.counter += 1
         return wrap(k)
@@ -82,7 +84,7 @@ NORMAL = defop("normal", _rrule, kernel=_normal, grad=NOT_DIFFERENTIABLE, random
                samples=lambda: [Sample((_sample_key(),), {"shape": (3, 4), "mean": 0.0,
                                                           "std": 1.0, "dtype": "float32"})])
 RANDINT = defop("randint", _rrule, kernel=_randint, grad=NOT_DIFFERENTIABLE, random=True,
-                onnx=None, flops=lambda *a, **k: 0,
+                onnx=NO_ONNX, flops=lambda *a, **k: 0,
                 samples=lambda: [Sample((_sample_key(),), {"shape": (5,), "low": 0, "high": 7,
                                                            "dtype": "int64"})])
 

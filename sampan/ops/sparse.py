@@ -9,7 +9,15 @@ the unique ids, and the two ops are each other's gradient. Kernels are numba loo
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+try:  # numba is the `jit` extra; without it the kernels fall back to numpy
+    from numba import njit
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised by the no-numba CI variant
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):
+        return lambda f: f
 
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
@@ -62,7 +70,7 @@ def _triu_scatter(g, out):
 
 
 def _fast(a) -> bool:
-    return a.dtype in (np.float32, np.float64) and a.flags.c_contiguous
+    return HAVE_NUMBA and a.dtype in (np.float32, np.float64) and a.flags.c_contiguous
 
 
 def _check_range(idx, n):
@@ -102,6 +110,9 @@ def _triu_gather_kernel(z):
     if z.ndim != 3 or z.shape[1] != z.shape[2]:
         raise ValueError(f"expected (B, K, K), got {z.shape}")
     k = z.shape[1]
+    if not _fast(z):
+        i, j = np.triu_indices(k, 1)
+        return np.ascontiguousarray(z[:, i, j])
     out = np.empty((z.shape[0], k * (k - 1) // 2), z.dtype)
     _triu_gather(np.ascontiguousarray(z), out)
     return out
@@ -111,6 +122,10 @@ def _triu_scatter_kernel(g, k):
     if g.ndim != 2 or g.shape[1] != k * (k - 1) // 2:
         raise ValueError(f"expected (B, {k * (k - 1) // 2}), got {g.shape}")
     out = np.zeros((g.shape[0], k, k), g.dtype)
+    if not _fast(g):
+        i, j = np.triu_indices(k, 1)
+        out[:, i, j] = g
+        return out
     _triu_scatter(np.ascontiguousarray(g), out)
     return out
 

@@ -173,3 +173,21 @@ def to_torch(torch, x, dtype=None):
     if x.dtype.name == "bfloat16":
         return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
     return torch.from_numpy(x.copy())
+
+
+def _triu_scatter(t, a, k):
+    g = a[0]
+    n = k["k"]
+    i, j = t.triu_indices(n, n, 1)
+    out = t.zeros((g.shape[0], n, n), dtype=g.dtype)
+    return out.index_put((t.arange(g.shape[0])[:, None], i[None], j[None]), g)
+
+
+ORACLE.update({
+    "rows_gather": lambda t, a, k: a[0][a[1]],
+    "rows_scatter_add": lambda t, a, k: t.zeros((k["n"], a[0].shape[1]), dtype=a[0].dtype)
+    .index_add(0, a[1], a[0]),
+    "triu_gather": lambda t, a, k: a[0][:, t.triu_indices(a[0].shape[1], a[0].shape[1], 1)[0],
+                                        t.triu_indices(a[0].shape[1], a[0].shape[1], 1)[1]],
+    "triu_scatter": _triu_scatter,
+})
