@@ -1,5 +1,5 @@
-"""Sparse-feature primitives: row gather / row scatter-add by index, and the upper-triangle
-gather / scatter used by DLRM's pairwise interaction.
+"""Sparse-feature primitives: row gather / row scatter-add by index, and DLRM's pairwise
+interaction (``pair_dots``) with the upper-triangle gather / scatter its gradients use.
 
 ``rows_gather(src, idx)`` is an embedding lookup into a dense block of (deduplicated)
 rows; its gradient is ``rows_scatter_add(g, idx, n)``, i.e. the summed row gradients of
@@ -24,7 +24,8 @@ from ..tensor import Tensor, apply
 from ._util import Sample, randf, rng
 from .registry import NO_ONNX, Spec, defop
 
-__all__ = ["rows_gather", "rows_scatter_add", "triu_gather", "triu_scatter"]
+__all__ = ["rows_gather", "rows_scatter_add", "triu_gather", "triu_scatter", "pair_dots",
+           "pair_dots_grad"]
 
 
 def _t(x):
@@ -66,6 +67,34 @@ def _triu_scatter(g, out):
         for i in range(k):
             for j in range(i + 1, k):
                 out[b, i, j] = g[b, p]
+                p += 1
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _pair_dots(t, out):
+    nb, k, dim = t.shape
+    for b in range(nb):
+        p = 0
+        for i in range(k):
+            for j in range(i + 1, k):
+                acc = t[b, i, 0] * t[b, j, 0]
+                for d in range(1, dim):
+                    acc += t[b, i, d] * t[b, j, d]
+                out[b, p] = acc
+                p += 1
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _pair_dots_grad(g, t, out):
+    nb, k, dim = t.shape
+    for b in range(nb):
+        p = 0
+        for i in range(k):
+            for j in range(i + 1, k):
+                gp = g[b, p]
+                for d in range(dim):
+                    out[b, i, d] += gp * t[b, j, d]
+                    out[b, j, d] += gp * t[b, i, d]
                 p += 1
 
 
@@ -130,6 +159,24 @@ def _triu_scatter_kernel(g, k):
     return out
 
 
+def _pair_dots_kernel(t):
+    if t.ndim != 3 or t.shape[2] < 1:
+        raise ValueError(f"expected (B, K, dim) vectors, got {t.shape}")
+    k = t.shape[1]
+    out = np.empty((t.shape[0], k * (k - 1) // 2), t.dtype)
+    _pair_dots(np.ascontiguousarray(t), out)
+    return out
+
+
+def _pair_dots_grad_kernel(g, t):
+    k = t.shape[1]
+    if t.ndim != 3 or g.shape != (t.shape[0], k * (k - 1) // 2):
+        raise ValueError(f"pair gradients {g.shape} do not fit vectors {t.shape}")
+    out = np.zeros(t.shape, np.result_type(g, t))
+    _pair_dots_grad(np.ascontiguousarray(g, out.dtype), np.ascontiguousarray(t, out.dtype), out)
+    return out
+
+
 def _check_idx(op, idx):
     if idx.dtype.kind not in "iu" or len(idx.shape) != 1:
         raise op_error(DTypeError, op, f"index {idx}", "a 1-d integer index")
@@ -166,6 +213,29 @@ def _triu_scatter_rule(g, k):
     return Spec((g.shape[0], k, k), g.dtype)
 
 
+def _pair_dots_rule(t):
+    if len(t.shape) != 3:
+        raise op_error(ShapeError, "pair_dots", f"input {tuple(t.shape)}", "(B, K, dim)")
+    k = t.shape[1]
+    return Spec((t.shape[0], k * (k - 1) // 2), t.dtype)
+
+
+def _pair_dots_grad_rule(g, t):
+    k = t.shape[1] if len(t.shape) == 3 else None
+    if k is None or tuple(g.shape) != (t.shape[0], k * (k - 1) // 2):
+        raise op_error(ShapeError, "pair_dots_grad", f"pairs {tuple(g.shape)} and vectors "
+                       f"{tuple(t.shape)}", "(B, K(K-1)/2) pairs for (B, K, dim) vectors")
+    return Spec(tuple(t.shape), t.dtype)
+
+
+def _pair_dots_grad_grad(c, y, g, t):
+    # pair_dots_grad(g, t) = (S + S^T) @ t with S = triu_scatter(g): linear in g and in t
+    from .linalg import matmul
+    from .shape import transpose
+    ct = matmul(c, transpose(t, 1, 2))
+    return triu_gather(ct + transpose(ct, 1, 2)), pair_dots_grad(g, c)
+
+
 _IDX = np.array([3, 0, 3, 1, 4])
 
 ROWS_GATHER = defop(
@@ -191,6 +261,32 @@ TRIU_SCATTER = defop(
     flops=lambda *a, **k: 0,
     grad=lambda g, y, vals, k: (triu_gather(g),),
     samples=lambda: [Sample((randf(rng(84), 2, 6),), {"k": 4})])
+
+
+PAIR_DOTS = defop(
+    "pair_dots", _pair_dots_rule, kernel=_pair_dots_kernel, onnx=NO_ONNX,
+    flops=lambda t: t.shape[0] * t.shape[1] * (t.shape[1] - 1) * t.shape[2],
+    grad=lambda g, y, t: (pair_dots_grad(g, t),),
+    samples=lambda: [Sample((randf(rng(85), 2, 4, 3),), {})])
+
+PAIR_DOTS_GRAD = defop(
+    "pair_dots_grad", _pair_dots_grad_rule, kernel=_pair_dots_grad_kernel, onnx=NO_ONNX,
+    flops=lambda g, t: 2 * t.shape[0] * t.shape[1] * (t.shape[1] - 1) * t.shape[2],
+    grad=_pair_dots_grad_grad,
+    samples=lambda: [Sample((randf(rng(86), 2, 6), randf(rng(87), 2, 4, 3)), {})])
+
+
+def pair_dots(t):
+    """Dots of every pair i < j of the K vectors of each sample: (B, K, d) -> (B, K(K-1)/2).
+
+    Equals ``triu_gather(t @ t^T)`` without forming the K x K matrices.
+    """
+    return apply(PAIR_DOTS, (_t(t),), {})
+
+
+def pair_dots_grad(g, t):
+    """Gradient of :func:`pair_dots` w.r.t. ``t`` for pair gradients ``g``: (S + S^T) @ t."""
+    return apply(PAIR_DOTS_GRAD, (_t(g), _t(t)), {})
 
 
 def rows_gather(src, idx):

@@ -15,7 +15,7 @@ import numpy as np
 import sampan
 from sampan import nn
 from sampan.nn import functional as F
-from sampan.ops.sparse import rows_gather, triu_gather
+from sampan.ops.sparse import pair_dots, rows_gather
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.sharded import PulledBatch, ShardedEmbedding
 
@@ -98,7 +98,7 @@ class DLRM(nn.Layer):
         x = self.bottom(sampan.tensor(dense))
         e = self.embedding(ids, pulled)
         t = sampan.concat([sampan.unsqueeze(x, 1), e], axis=1)
-        pairs = triu_gather(sampan.matmul(t, sampan.transpose(t, 1, 2)))
+        pairs = pair_dots(t)
         z = self.top(sampan.concat([x, pairs], axis=1))
         return sampan.reshape(z, -1)
 

@@ -26,34 +26,35 @@ META_FIELDS = ("key", "freq", "last_seen", "show", "click", "updated")
 
 
 @njit(cache=True, nogil=True)
-def _hashed_normal(keys, seed, std, out):
-    dim = out.shape[1]
+def _pair_hashes(keys, seed, out):
     salt = np.uint64(seed) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(1)
     for j in range(keys.size):
         base = _mix(np.uint64(keys[j]) ^ salt)
-        for d in range(0, dim, 2):
-            # one 64-bit hash -> two 32-bit uniforms -> two normals (Box-Muller)
-            h = _mix(base + np.uint64(d))
-            u1 = (np.float64(h >> np.uint64(32)) + 1.0) * 2.0**-32
-            u2 = np.float64(h & np.uint64(0xFFFFFFFF)) * 2.0**-32
-            r = np.sqrt(-2.0 * np.log(u1)) * std
-            out[j, d] = r * np.cos(2.0 * np.pi * u2)
-            if d + 1 < dim:
-                out[j, d + 1] = r * np.sin(2.0 * np.pi * u2)
+        for d in range(out.shape[1]):
+            out[j, d] = _mix(base + np.uint64(2 * d))
 
 
 def hashed_normal(ids, dim: int, seed: int = 0, std: float = 0.01) -> np.ndarray:
-    """Deterministic N(0, std) vectors keyed by id: the same id always starts the same.
+    """Deterministic N(0, std) float32 vectors keyed by id: an id always starts the same.
 
-    Shards and reruns therefore agree without sharing a random stream.
+    Shards and reruns therefore agree without sharing a random stream. Each 64-bit hash
+    of (seed, id, lane pair) gives two 24-bit uniforms and two normals (Box-Muller); the
+    transcendental part runs as vectorised float32 numpy.
 
     >>> hashed_normal([7], 4).shape
     (1, 4)
     """
     ids = np.ascontiguousarray(ids, np.int64).ravel()
-    out = np.empty((ids.size, dim), np.float32)
-    _hashed_normal(ids, np.uint64(seed & (2**64 - 1)), float(std), out)
-    return out
+    half = (dim + 1) // 2
+    h = np.empty((ids.size, half), np.uint64)
+    _pair_hashes(ids, np.uint64(seed & (2**64 - 1)), h)
+    u1 = ((h >> np.uint64(40)).astype(np.float32) + np.float32(1.0)) * np.float32(2.0**-24)
+    angle = (h & np.uint64(0xFFFFFF)).astype(np.float32) * np.float32(2 * np.pi * 2.0**-24)
+    r = np.sqrt(np.float32(-2.0) * np.log(u1)) * np.float32(std)
+    out = np.empty((ids.size, half, 2), np.float32)
+    np.multiply(r, np.cos(angle), out=out[:, :, 0])
+    np.multiply(r, np.sin(angle), out=out[:, :, 1])
+    return out.reshape(ids.size, 2 * half)[:, :dim]
 
 
 @njit(cache=True, nogil=True)

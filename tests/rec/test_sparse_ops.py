@@ -7,7 +7,8 @@ import torch
 
 import sampan
 from sampan.autograd import gradcheck, gradgradcheck
-from sampan.ops.sparse import rows_gather, rows_scatter_add, triu_gather, triu_scatter
+from sampan.ops.sparse import (pair_dots, pair_dots_grad, rows_gather, rows_scatter_add,
+                               triu_gather, triu_scatter)
 
 
 def _f64(r, *shape):
@@ -37,6 +38,9 @@ def test_gradchecks_float64():
     assert gradcheck(triu_gather, [_f64(r, 2, 4, 4)])
     assert gradcheck(lambda v: triu_scatter(v, 4), [_f64(r, 2, 6)])
     assert gradgradcheck(lambda s: rows_gather(s, idx) ** 2, [_f64(r, 5, 3)])
+    assert gradcheck(pair_dots, [_f64(r, 2, 4, 3)])
+    assert gradcheck(pair_dots_grad, [_f64(r, 2, 6), _f64(r, 2, 4, 3)])
+    assert gradgradcheck(pair_dots, [_f64(r, 2, 4, 3)])
 
 
 def test_triu_matches_numpy_and_pair_interaction_matches_torch():
@@ -52,6 +56,11 @@ def test_triu_matches_numpy_and_pair_interaction_matches_torch():
     (pairs * sampan.tensor(g)).sum().backward()
     (tp * torch.tensor(g)).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    y = sampan.tensor(t, requires_grad=True)
+    direct = pair_dots(y)
+    np.testing.assert_allclose(direct.numpy(), pairs.numpy(), rtol=1e-5, atol=1e-6)
+    (direct * sampan.tensor(g)).sum().backward()
+    np.testing.assert_allclose(y.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-5)
     back = triu_scatter(sampan.tensor(g), 5).numpy()
     assert (back[:, iu, ju] == g).all() and np.count_nonzero(back) == np.count_nonzero(g)
 
