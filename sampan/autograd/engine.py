@@ -24,8 +24,12 @@ def _zeros(shape, dtype):
 
 
 def _check_saved(node):
-    if node.saved:
-        for t, v in node.saved:
+    saved = node.saved or []
+    if node.outs is not None:
+        saved = list(saved) + [(r(), v) for r, v in zip(node.outs, node.out_versions)
+                               if r() is not None]
+    if saved:
+        for t, v in saved:
             if _ver(t) != v:
                 raise AutogradError(
                     f"backward through {node.op.name}: a tensor of shape {tuple(t.shape)} that "

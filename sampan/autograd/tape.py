@@ -11,8 +11,8 @@ import weakref
 
 
 class Node:
-    __slots__ = ("op", "inputs", "edges", "attrs", "outs", "saved", "out_specs", "hooks",
-                 "freed", "__weakref__")
+    __slots__ = ("op", "inputs", "edges", "attrs", "outs", "out_versions", "saved",
+                 "out_specs", "hooks", "freed", "__weakref__")
 
     def __init__(self, op, inputs, attrs, outs):
         self.op = op
@@ -39,15 +39,10 @@ class Node:
             self.saved = [(inputs[i], _ver(inputs[i])) for i in saves] if saves else None
         self.edges = edges
         if op.save_output:
-            if len(outs) == 1:
-                y = outs[0]
-                self.outs = (weakref.ref(y),)
-                v = (y, y._version)   # a fresh output has no base
-                self.saved = [v] if self.saved is None else self.saved + [v]
-            else:
-                self.outs = [weakref.ref(y) for y in outs]
-                v = [(y, _ver(y)) for y in outs]
-                self.saved = v if self.saved is None else self.saved + v
+            # outputs are held weakly (a strong reference would make a cycle with y._node);
+            # their versions are checked through the weak references
+            self.outs = tuple(weakref.ref(y) for y in outs)
+            self.out_versions = tuple(y._version for y in outs)
         else:
             self.outs = None
         self.out_specs = None if len(outs) == 1 else [(y._data.shape, y._data.dtype)
