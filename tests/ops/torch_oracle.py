@@ -191,3 +191,23 @@ ORACLE.update({
                                         t.triu_indices(a[0].shape[1], a[0].shape[1], 1)[1]],
     "triu_scatter": _triu_scatter,
 })
+ORACLE["fused"] = None  # the fusion pass's node: tests/fusion checks it against its body
+
+
+def _pair_dots(t, a, k):
+    x = a[0]
+    n = x.shape[1]
+    i, j = t.triu_indices(n, n, 1)
+    return (x @ x.transpose(1, 2))[:, i, j]
+
+
+def _pair_dots_grad(t, a, k):
+    g, x = a
+    n = x.shape[1]
+    i, j = t.triu_indices(n, n, 1)
+    m = t.zeros((g.shape[0], n, n), dtype=g.dtype)
+    m = m.index_put((t.arange(g.shape[0])[:, None], i[None], j[None]), g)
+    return (m + m.transpose(1, 2)) @ x
+
+
+ORACLE.update({"pair_dots": _pair_dots, "pair_dots_grad": _pair_dots_grad})
