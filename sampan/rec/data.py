@@ -194,8 +194,10 @@ def _interleave(offs, vals, indptr, indices, fields):
     indptr[b] = pos
 
 
-def _column_csr(col) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, values) of an int64 or list<int64> Arrow column, zero-copy where possible."""
+def _column_csr(col) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(offsets, values, one_per_row) of an int64 or list<int64> Arrow column.
+
+    Zero-copy where Arrow allows it (single-chunk columns without nulls)."""
     import pyarrow as pa
 
     if isinstance(col, pa.ChunkedArray):
@@ -203,9 +205,9 @@ def _column_csr(col) -> tuple[np.ndarray, np.ndarray]:
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         offs = col.offsets.to_numpy().astype(np.int64)
         vals = col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        return offs - offs[0], vals[offs[0]:offs[-1]]
+        return offs - offs[0], vals[offs[0]:offs[-1]], False
     vals = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return np.arange(vals.size + 1, dtype=np.int64), vals
+    return np.arange(vals.size + 1, dtype=np.int64), vals, True
 
 
 class ParquetCTRReader:
@@ -241,12 +243,18 @@ class ParquetCTRReader:
             for rb in pf.iter_batches(batch_size=self.read_rows):
                 n = rb.num_rows
                 csr = [_column_csr(rb.column(c)) for c in sparse]
-                indptr = np.empty(n + 1, np.int64)
-                nnz = sum(v.size for _, v in csr)
-                indices = np.empty(nnz, np.int64)
-                fields = np.empty(nnz, np.int32)
-                _interleave(tuple(o for o, _ in csr), tuple(v for _, v in csr), indptr,
-                            indices, fields)
+                if all(fixed for _, _, fixed in csr):  # one id per field: stack columns
+                    f = len(sparse)
+                    indptr = np.arange(0, n * f + 1, f, dtype=np.int64)
+                    indices = np.stack([v for _, v, _ in csr], axis=1).ravel()
+                    fields = np.tile(np.arange(f, dtype=np.int32), n)
+                else:
+                    indptr = np.empty(n + 1, np.int64)
+                    nnz = sum(v.size for _, v, _ in csr)
+                    indices = np.empty(nnz, np.int64)
+                    fields = np.empty(nnz, np.int32)
+                    _interleave(tuple(o for o, _, _ in csr), tuple(v for _, v, _ in csr),
+                                indptr, indices, fields)
                 d = np.empty((n, len(dense)), np.float32)
                 for j, c in enumerate(dense):
                     d[:, j] = rb.column(c).to_numpy(zero_copy_only=False)
@@ -314,6 +322,13 @@ def _take_csr(indptr, indices, fields, order, out_ptr, out_idx, out_fld):
 
 
 def _take(b: CTRBatch, order: np.ndarray) -> CTRBatch:
+    f, n = b.n_fields, len(b)
+    if b.indices.size == n * f and (np.diff(b.indptr) == f).all():
+        m = order.size  # fixed width: the ids are rows of an (n, f) matrix
+        return CTRBatch(np.arange(0, m * f + 1, f, dtype=np.int64),
+                        b.indices.reshape(n, f)[order].ravel(),
+                        np.tile(np.arange(f, dtype=np.int32), m), b.dense[order],
+                        b.labels[order], f)
     lens = np.diff(b.indptr)[order]
     nnz = int(lens.sum())
     ptr = np.empty(order.size + 1, np.int64)
