@@ -109,7 +109,8 @@ class HashEmbeddingTable:
         self.dirty = np.zeros(0, np.bool_)  # rows written since the last snapshot export
         self.pending = HashMap(1024)  # sightings of ids not admitted yet
         self.pending_limit = int(pending_limit)
-        self.evicted: list[np.ndarray] = []  # ids evicted since the last snapshot export
+        # ids evicted since the last snapshot export (kept only once a snapshot exists)
+        self.evicted: list[np.ndarray] = []
         self.lock = threading.RLock()
         self.step = 0
         self.export_seq: int | None = None  # sequence number of the last snapshot export
@@ -266,7 +267,7 @@ class HashEmbeddingTable:
             self.live[gone] = False
             self.dirty[gone] = False
             self.alloc.release(gone)
-            if gone.size:
+            if gone.size and self.export_seq is not None:  # only deltas need the log
                 self.evicted.append(keys[old >= 0].copy())
             return int(gone.size)
 
