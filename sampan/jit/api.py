@@ -78,7 +78,7 @@ class Entry:
     """One traced and compiled signature."""
 
     def __init__(self, graph, raw_graph, compiled, in_slots, out_slots, out_tree, grad_none,
-                 timings, trace_s):
+                 timings, trace_s, guards=(), grad_check=None):
         self.graph = graph
         self.raw_graph = raw_graph
         self.compiled = compiled
@@ -89,10 +89,19 @@ class Entry:
         self.timings = timings
         self.trace_s = trace_s
         self.state = [s[1] for s in in_slots if s[0] == "state"]
-        self.grad_flags = tuple(t.grad is not None for t in self.state)
+        if grad_check is None:
+            grad_check = [(t, t.grad is not None) for t in self.state]
+        self.grad_check = tuple(grad_check)  # (tensor, had a grad when traced)
+        self.guards = tuple(guards)
 
     def valid(self):
-        return tuple(t.grad is not None for t in self.state) == self.grad_flags
+        for fn, v in self.guards:
+            if fn() != v:
+                return False
+        for t, had in self.grad_check:
+            if (t.grad is not None) is not had:
+                return False
+        return True
 
     def inputs(self, args):
         arrays = []
@@ -103,6 +112,8 @@ class Entry:
                 arrays.append(ref._data)
             elif kind == "grad":
                 arrays.append(_target(ref, args).grad._data)
+            elif kind == "feed":
+                arrays.append(ref())
             else:
                 arrays.append(np.array([ref.seed, ref.counter], np.int64))
         return arrays
@@ -115,7 +126,8 @@ class Entry:
                 leaves.append(wrap(a))
             elif kind == "state":
                 t = _target(ref, args)
-                np.copyto(t._data, a)
+                if a is not t._data:  # not already computed in place (donated input)
+                    np.copyto(t._data, a)
                 t._version += 1
             elif kind == "grad":
                 _target(ref, args).grad = wrap(a)
@@ -131,11 +143,13 @@ def _target(ref, args):
 
 
 # ---------------------------------------------------------------------- tracing
-def trace(fn, args, kwargs=None, state=(), name="main"):
+def trace(fn, args, kwargs=None, state=(), name="main", info=None):
     """Trace `fn(*args, **kwargs)` into a Graph.
 
     `state` is a list of (name, tensor) to make graph inputs up front (a Layer's
-    parameters and buffers). Returns (graph, in_slots, out_slots, out_tree, grad_none)."""
+    parameters and buffers). Returns (graph, in_slots, out_slots, out_tree, grad_none);
+    `info`, a dict if given, receives the trace's guards. `graph.meta["donate"]` pairs
+    each state output with the input holding that state's array."""
     kwargs = kwargs or {}
     leaves = []
     tree = _flatten((tuple(args), kwargs), leaves)
@@ -161,23 +175,51 @@ def trace(fn, args, kwargs=None, state=(), name="main"):
             out_slots.append(("out", None))
         out_tree = _fix_tree(out_tree, out_leaves, final)
         grad_none = []
+        donate = {}
         for L in tr.lifted.values():
             t = L.t
             ref = _ref_of(tr, t)
             if t._data is not L.value:
+                donate[len(g.outputs)] = g.inputs.index(L.value)
                 g.outputs.append(t._data)
                 out_slots.append(("state", ref))
             gt = t.grad
             if gt is None:
-                if L.grad is not None:
+                if L.grad is not None or id(t) in tr.grad_cleared:
                     grad_none.append(ref)
             elif not isinstance(gt._data, np.ndarray) and gt._data is not L.gvalue:
                 g.outputs.append(tr.value_of(gt))
                 out_slots.append(("grad", ref))
+        for t in tr.grad_cleared.values():  # dropped, and no new grad: drop it per call
+            if id(t) not in tr.lifted:
+                grad_none.append(t)
         for gen, v in tr.rng.values():
             g.outputs.append(v)
             out_slots.append(("rng", gen))
+        g.meta["donate"] = _safe_donations(donate, tr)
+    if info is not None:
+        info["guards"] = list(tr.guards)
+        # the graph assumed each lifted state tensor's grad present or absent as it was
+        # when lifted, unless the traced code dropped that grad before reading it
+        info["grad_check"] = [
+            (L.t, L.grad is not None) for L in tr.lifted.values()
+            if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared
+            and tr.slots[tr.g.inputs.index(L.value)][0] == "state"]
     return g, list(tr.slots), out_slots, out_tree, grad_none
+
+
+def _safe_donations(donate, tr):
+    """Donate only state arrays (not call arguments) that overlap no other input's."""
+    arrays = [L.data for L in tr.lifted.values()]
+    by_value = {id(L.value): L.data for L in tr.lifted.values()}
+    ok = {}
+    for j, k in donate.items():
+        a = by_value.get(id(tr.g.inputs[k]))
+        if a is None or tr.slots[k][0] != "state" or not a.flags.writeable or sum(
+                np.may_share_memory(a, b) for b in arrays) != 1:
+            continue
+        ok[j] = k
+    return ok
 
 
 def _ref_of(tr, t):
@@ -290,10 +332,12 @@ class JitFunction:
                     "again: keep tensor shapes stable (pad batches) and pass varying Python "
                     "values as tensors.", RetraceWarning, stacklevel=3)
         t0 = time.perf_counter()
+        info = {}
         g, in_slots, out_slots, out_tree, grad_none = trace(
             self.fn, args, kwargs, self._state(),
             name=type(self.layer).__name__ if self.layer is not None
-            else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""))
+            else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""),
+            info=info)
         trace_s = time.perf_counter() - t0
         raw = g.copy()
         pm = PassManager(self.pipeline, debug=self.debug)
@@ -302,7 +346,7 @@ class JitFunction:
         g = pm.run(g)
         compiled = compile_graph(g, debug=self.debug)
         entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
-                      pm.timings, trace_s)
+                      pm.timings, trace_s, info["guards"], info["grad_check"])
         self.cache[key] = entry
         self.n_traces += 1
         self._last_sig = self._arg_sigs(args, kwargs)

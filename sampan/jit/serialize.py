@@ -119,6 +119,8 @@ def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
             a = ref._data
         elif kind == "grad":
             a = (leaves[ref[1]] if isinstance(ref, tuple) else ref).grad._data
+        elif kind == "feed":  # a value supplied per call (e.g. a learning rate): frozen
+            a = np.asarray(ref())
         else:
             a = np.array([ref.seed, ref.counter], np.int64)
         put(key, a)

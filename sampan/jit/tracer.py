@@ -56,6 +56,9 @@ class Tracer:
         self.consts = {}         # id(ndarray) -> (Value, ndarray, tensor)
         self.own = set()         # ids of Values made by this trace
         self.rng = {}            # id(generator) -> [generator, current Value]
+        self.feeds = {}          # key -> Tensor of a ("feed", fn) input
+        self.guards = []         # [(fn, value at trace time)]: retrace when fn() changes
+        self.grad_cleared = {}   # id -> tensor whose grad the code drops before use
         self.lift_requires_grad = lift_requires_grad
         self._inc = None
         self._prev = None
@@ -215,6 +218,28 @@ class Tracer:
             f"sampan.jit: {what} needs the value of a traced tensor ({t._data.type_str()})"
             f"\n  at {fn}:{ln}: {src}\nInside a jitted function tensors have no values yet; "
             "return the tensor and read it after the call, or leave this part eager.")
+
+    def feed(self, key, fn, name=None) -> Tensor:
+        """A graph input whose array `fn()` supplies at every call (e.g. an optimiser's
+        learning rate, so schedulers need no retrace); one input per `key`."""
+        t = self.feeds.get(key)
+        if t is None:
+            a = np.asarray(fn())
+            v = self._input(a.shape, a.dtype, ("feed", fn), name)
+            t = self.feeds[key] = wrap(v)
+        return t
+
+    def clear_grad(self, t):
+        """`t.grad = None` by code that owns the gradient (an optimiser's zero_grad): the
+        graph then does not depend on whether `t` had a grad when called."""
+        if id(t) not in self.lifted:
+            self.grad_cleared[id(t)] = t
+        t.grad = None
+
+    def guard(self, fn):
+        """Trace again when `fn()` (hashable) differs from its value now, e.g. for
+        hyperparameters baked into the graph as constants."""
+        self.guards.append((fn, fn()))
 
     def random_key(self, gen):
         """The key of one random op drawn from `gen`: (seed, counter) threaded through."""

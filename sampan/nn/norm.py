@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..autograd import no_grad
 from ..errors import SampanValueError, ShapeError
+from ..ops.elementwise import cast
+from ..ops.registry import STATE
 from ..ops.creation import ones, tensor, zeros
 from . import functional as F
 from .layer import Layer, Parameter
@@ -41,9 +44,16 @@ class _BatchNorm(Layer):
         use_batch = self.training or not self.track_running_stats
         momentum = self.momentum
         if self.training and self.track_running_stats:
-            self.num_batches_tracked._data += 1
-            if momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked._data)
+            nbt = self.num_batches_tracked
+            if STATE.tracer is not None:  # under sampan.jit the counter is graph state
+                with no_grad():
+                    nbt.add_(1)
+                    if momentum is None:  # cumulative moving average, 1/n in float64
+                        momentum = 1.0 / cast(nbt, "float64")
+            else:
+                nbt._data += 1
+                if momentum is None:  # cumulative moving average
+                    momentum = 1.0 / float(nbt._data)
         if use_batch and x.numel() // x.shape[1] <= 1 and self.training:
             raise SampanValueError(f"{name}: got input of shape {tuple(x.shape)} in training "
                                    "mode; expected more than one value per channel")

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
+from .registry import STATE
 from ..tensor import Tensor
 from ._util import Sample, randf, rng
 from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid, sub, tanh,
@@ -96,7 +97,8 @@ def rms_norm(x, normalized_shape, weight=None, eps=1e-6):
 def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     """Batch normalisation over every dim but the channel dim (1). In training mode the
-    running statistics (plain tensors) are updated in place, like PyTorch."""
+    running statistics (plain tensors) are updated in place, like PyTorch. `momentum`
+    may be a 0-d tensor (e.g. a cumulative average's 1/n, computed in float64)."""
     x = _t(x)
     axes = (0,) + tuple(range(2, x.ndim))
     shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
@@ -106,15 +108,18 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
         v = mean(mul(d, d), axes, keepdims=True)
         if training and running_mean is not None:
             n = x.numel() // x.shape[1]
-            with _no_grad():
-                rm = running_mean._data
-                rv = running_var._data
-                rm *= 1 - momentum
-                rm += momentum * m._data.reshape(-1).astype(rm.dtype)
-                rv *= 1 - momentum
-                rv += momentum * v._data.reshape(-1).astype(rv.dtype) * n / max(n - 1, 1)
-                running_mean._version += 1
-                running_var._version += 1
+            if STATE.tracer is not None or isinstance(momentum, Tensor):
+                _update_running(running_mean, running_var, m, v, n, momentum)
+            else:
+                with _no_grad():
+                    rm = running_mean._data
+                    rv = running_var._data
+                    rm *= 1 - momentum
+                    rm += momentum * m._data.reshape(-1).astype(rm.dtype)
+                    rv *= 1 - momentum
+                    rv += momentum * v._data.reshape(-1).astype(rv.dtype) * n / max(n - 1, 1)
+                    running_mean._version += 1
+                    running_var._version += 1
     else:
         m = reshape(running_mean, shape)
         v = reshape(running_var, shape)
@@ -125,6 +130,21 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     if bias is not None:
         y = add(y, reshape(bias, shape))
     return y
+
+
+def _update_running(running_mean, running_var, m, v, n, momentum):
+    """The running-statistics update with ops and `copy_` (traceable: the tracer makes the
+    buffers graph state), in the eager update's order of rounding."""
+    dt = running_mean.dtype
+    with _no_grad():
+        keep = 1.0 - momentum
+        if isinstance(momentum, Tensor):
+            keep, momentum = cast(keep, dt), cast(momentum, dt)
+        mf = cast(reshape(m, (-1,)), dt)
+        vf = cast(reshape(v, (-1,)), running_var.dtype)
+        running_mean.copy_(add(mul(running_mean, keep), mul(mf, momentum)))
+        running_var.copy_(add(mul(running_var, keep),
+                              div(mul(mul(vf, momentum), n), max(n - 1, 1))))
 
 
 def _no_grad():

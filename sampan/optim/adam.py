@@ -8,6 +8,7 @@ import numpy as np
 from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
+from . import functional as F
 from .optimizer import Optimizer, decayed_grad
 
 __all__ = ["Adam", "AdamW"]
@@ -50,6 +51,26 @@ class Adam(Optimizer):
             raise SampanValueError(f"{name}: invalid eps {g['eps']} (expected >= 0)")
         if g["weight_decay"] < 0:
             raise SampanValueError(f"{name}: invalid weight_decay {g['weight_decay']}")
+
+    def _init_state(self, shape, dtype, group):
+        s = {"step": 0, "exp_avg": np.zeros(shape, dtype), "exp_avg_sq": np.zeros(shape, dtype)}
+        if group["amsgrad"]:
+            s["max_exp_avg_sq"] = np.zeros(shape, dtype)
+        return s
+
+    def _traced_update(self, p, grad, st, group, lr):
+        step = st["step"].add_(1)
+        b1, b2 = group["betas"]
+        vmax = st.get("max_exp_avg_sq") if group["amsgrad"] else None
+        new, m, v, vm = F.adam_update(
+            p, grad, st["exp_avg"], st["exp_avg_sq"], step, lr=lr, beta1=b1, beta2=b2,
+            eps=group["eps"], weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
+            max_exp_avg_sq=vmax, decoupled=self._decoupled, maximize=group["maximize"])
+        st["exp_avg"].copy_(m)
+        st["exp_avg_sq"].copy_(v)
+        if vm is not None:
+            vmax.copy_(vm)
+        p.copy_(new)
 
     def _update_group(self, group):
         lr = group["lr"]

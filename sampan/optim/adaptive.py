@@ -6,6 +6,7 @@ import numpy as np
 from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
+from . import functional as F
 from .optimizer import Optimizer, decayed_grad
 
 __all__ = ["Adagrad", "RMSprop"]
@@ -49,6 +50,18 @@ class Adagrad(Optimizer):
         if g["initial_accumulator_value"] < 0:
             raise SampanValueError("Adagrad: invalid initial_accumulator_value "
                                    f"{g['initial_accumulator_value']}")
+
+    def _init_state(self, shape, dtype, group):
+        return {"step": 0, "sum": np.full(shape, group["initial_accumulator_value"], dtype)}
+
+    def _traced_update(self, p, grad, st, group, lr):
+        step = st["step"].add_(1)
+        lr_decay = group["lr_decay"]
+        new, acc = F.adagrad_update(p, grad, st["sum"], step if lr_decay else 1, lr=lr,
+                                    lr_decay=lr_decay, weight_decay=group["weight_decay"],
+                                    eps=group["eps"], maximize=group["maximize"])
+        st["sum"].copy_(acc)
+        p.copy_(new)
 
     def _update_group(self, group):
         lr = group["lr"]
@@ -107,6 +120,28 @@ class RMSprop(Optimizer):
             raise SampanValueError(f"RMSprop: invalid alpha {g['alpha']} (expected in [0, 1])")
         if g["momentum"] < 0:
             raise SampanValueError(f"RMSprop: invalid momentum {g['momentum']}")
+
+    def _init_state(self, shape, dtype, group):
+        s = {"step": 0, "square_avg": np.zeros(shape, dtype)}
+        if group["momentum"] > 0:
+            s["momentum_buffer"] = np.zeros(shape, dtype)
+        if group["centered"]:
+            s["grad_avg"] = np.zeros(shape, dtype)
+        return s
+
+    def _traced_update(self, p, grad, st, group, lr):
+        st["step"].add_(1)
+        ga, buf = st.get("grad_avg"), st.get("momentum_buffer")
+        new, sq, ga2, buf2 = F.rmsprop_update(
+            p, grad, st["square_avg"], ga, buf, lr=lr, alpha=group["alpha"], eps=group["eps"],
+            weight_decay=group["weight_decay"], momentum=group["momentum"],
+            centered=group["centered"], maximize=group["maximize"])
+        st["square_avg"].copy_(sq)
+        if ga2 is not None:
+            ga.copy_(ga2)
+        if buf2 is not None:
+            buf.copy_(buf2)
+        p.copy_(new)
 
     def _update_group(self, group):
         lr = group["lr"]

@@ -4,7 +4,10 @@ The eager optimisers do not call these (they update numpy storage in place, whic
 faster); these exist so that `sampan.jit` can trace an optimiser step into a graph.
 Each function returns new values for the parameter and its state and mutates nothing;
 the tests check that each agrees with its eager optimiser. `step` counts from 1 (the
-step being taken) and may be a Python int or a 0-d tensor (traced as an input).
+step being taken) and may be a Python int or a 0-d tensor (traced as an input); so may
+`lr` (and SGD's `dampening`). Scalars derived from such tensors are computed in their
+dtype (float64 for the optimisers' counters, as the eager Python floats are) and cast
+to the parameter's dtype just before they meet it, as numpy does with Python floats.
 
 Example::
 
@@ -28,6 +31,14 @@ def _sqrt(x):
 
 def _scalar_sqrt(x):
     return _sqrt(x) if isinstance(x, Tensor) else math.sqrt(x)
+
+
+def _like(x, ref):
+    """`x` (a Python number or a 0-d tensor) in the dtype of tensor `ref`."""
+    if isinstance(x, Tensor) and x.dtype != ref.dtype:
+        import sampan
+        return sampan.cast(x, ref.dtype)
+    return x
 
 
 def _decay(param, grad, weight_decay, maximize):
@@ -54,9 +65,9 @@ def sgd_update(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening
         if momentum_buffer is None:
             buf = g
         else:
-            buf = momentum_buffer * momentum + g * (1.0 - dampening)
+            buf = momentum_buffer * momentum + g * _like(1.0 - dampening, g)
         g = g + buf * momentum if nesterov else buf
-    return param - g * lr, buf
+    return param - g * _like(lr, param), buf
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, step, *, lr=1e-3, beta1=0.9, beta2=0.999,
@@ -73,7 +84,7 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, step, *, lr=1e-3, beta1=0.9, b
     """
     if decoupled:
         if weight_decay:
-            param = param * (1.0 - lr * weight_decay)
+            param = param * _like(1.0 - lr * weight_decay, param)
         g = _decay(param, grad, 0.0, maximize)
     else:
         g = _decay(param, grad, weight_decay, maximize)
@@ -85,8 +96,8 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, step, *, lr=1e-3, beta1=0.9, b
         import sampan
         vmax = v if max_exp_avg_sq is None else sampan.maximum(max_exp_avg_sq, v)
         denom_src = vmax
-    step_size = lr / (1.0 - beta1 ** step)
-    bc2_sqrt = _scalar_sqrt(1.0 - beta2 ** step)
+    step_size = _like(lr / (1.0 - beta1 ** step), param)
+    bc2_sqrt = _like(_scalar_sqrt(1.0 - beta2 ** step), param)
     denom = _sqrt(denom_src) / bc2_sqrt + eps
     return param - (m / denom) * step_size, m, v, vmax
 
@@ -100,7 +111,7 @@ def adagrad_update(param, grad, state_sum, step, *, lr=1e-2, lr_decay=0.0, weigh
         >>> p2, s2 = adagrad_update(p, g, s, 1, lr=0.05)
     """
     g = _decay(param, grad, weight_decay, maximize)
-    clr = lr / (1.0 + (step - 1) * lr_decay)
+    clr = _like(lr / (1.0 + (step - 1) * lr_decay), param)
     new_sum = state_sum + g * g
     return param - (g / (_sqrt(new_sum) + eps)) * clr, new_sum
 
@@ -126,6 +137,7 @@ def rmsprop_update(param, grad, square_avg, grad_avg=None, momentum_buffer=None,
     else:
         avg = _sqrt(sq) + eps
     buf = None
+    lr = _like(lr, param)
     if momentum > 0:
         buf = momentum_buffer * momentum + g / avg
         return param - buf * lr, sq, ga, buf

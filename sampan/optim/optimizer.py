@@ -13,16 +13,29 @@ State layout (PyTorch's, so checkpoints read the same way)::
 Parameters are numbered in group order, first group first. Inside the optimizer the
 state is a dict keyed by the parameter tensor itself, values being numpy arrays (and
 a Python int `step`), so the update loop touches no wrapper objects.
+
+Under `sampan.jit` (a tracer is active) `step()` cannot touch numpy storage: it runs
+the pure rules of `sampan.optim.functional` on Tensors instead and writes the results
+back with `copy_`, which the tracer turns into graph outputs written back after each
+call. Those Tensors (`_jit`, one dict per parameter) wrap the very arrays of the eager
+state, so eager and jitted steps interleave; their step counters are 0-d float64
+tensors (bias corrections advance per call) synced with the eager ints whenever the
+eager side looks. State that does not exist yet is created as the eager first step
+would (zeros) at trace time, so no eager warm-up step is needed. The learning rate is
+a graph input read from the group at every call (schedulers need no retrace); other
+hyperparameters are constants, guarded: changing one traces again.
 """
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 
 from sampan.autograd import no_grad
 from sampan.errors import SampanValueError
-from sampan.tensor import Tensor
+from sampan.ops.registry import STATE
+from sampan.tensor import Tensor, wrap
 
 __all__ = ["Optimizer", "decayed_grad", "required"]
 
@@ -55,6 +68,7 @@ class Optimizer:
         self.state: dict = {}
         self.param_groups: list[dict] = []
         self._scratch: dict = {}  # dtype -> flat work buffer shared by all parameters
+        self._jit: dict = {}  # parameter -> {name: Tensor} state seen by traced steps
         if isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
                             "or of dicts, got a single Tensor")
@@ -112,12 +126,19 @@ class Optimizer:
 
             >>> opt.zero_grad()
         """
+        tracer = STATE.tracer
         for g in self.param_groups:
             for p in g["params"]:
+                if set_to_none and tracer is not None:
+                    tracer.clear_grad(p)  # the graph then ignores grads present at a call
+                    continue
                 if p.grad is None:
                     continue
                 if set_to_none:
                     p.grad = None
+                elif tracer is not None:
+                    tracer.value_of(p)  # makes p (and its grad) graph state
+                    p.grad.zero_()
                 else:
                     p.grad._data.fill(0)
 
@@ -133,13 +154,110 @@ class Optimizer:
             from sampan.autograd import enable_grad
             with enable_grad():
                 loss = closure()
+        if STATE.tracer is not None:
+            with no_grad():
+                self._traced_step(STATE.tracer)
+            return loss
+        jit = self._jit
+        if jit:
+            self._sync_from_jit()
         with no_grad():
             for g in self.param_groups:
                 self._update_group(g)
+        if jit:
+            self._sync_to_jit()
         return loss
 
     def _update_group(self, group: dict) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    # ----------------------------------------------------------------- traced steps
+    def _init_state(self, shape, dtype, group: dict) -> dict:  # pragma: no cover
+        """The state the first eager step creates (arrays, and ``"step": 0`` if counted)."""
+        raise NotImplementedError
+
+    def _traced_update(self, p, grad, st: dict, group: dict, lr) -> None:  # pragma: no cover
+        """One parameter's update with sampan ops; `st` holds its state as Tensors,
+        `lr` is a float64 0-d tensor (a graph input)."""
+        raise NotImplementedError
+
+    def _needs_started(self, group: dict) -> bool:
+        """Whether the first step differs from a step on zero state (SGD dampening)."""
+        return False
+
+    def _traced_step(self, tracer) -> None:
+        tracer.guard(self._hyper_key)
+        for gi, group in enumerate(self.param_groups):
+            lr = tracer.feed((id(self), gi, "lr"), functools.partial(_lr_of, group), f"lr{gi}")
+            for p in group["params"]:
+                grad = p.grad
+                if grad is not None:
+                    self._traced_update(p, grad, self._jit_state(p, group), group, lr)
+
+    def _hyper_key(self):
+        return tuple(tuple((k, v) for k, v in g.items() if k not in ("params", "lr"))
+                     for g in self.param_groups)
+
+    def _jit_state(self, p, group: dict) -> dict:
+        """The Tensors a traced step reads and `copy_`s into (created on first use)."""
+        js = self._jit.get(p)
+        if js is not None:
+            return js
+        init = self._init_state(tuple(p.shape), p.dtype, group)
+        started = self._needs_started(group)
+        s = self.state.get(p)
+        fresh = s is None
+        if fresh:
+            s = init
+            if not started:  # zeros are what the first eager step starts from
+                self.state[p] = s
+        else:
+            for k, v in init.items():
+                s.setdefault(k, v)
+        js = {k: wrap(v) for k, v in s.items() if isinstance(v, np.ndarray)}
+        if "step" in s:
+            js["step"] = wrap(np.array(float(s["step"])))
+        if started:
+            js["_started"] = wrap(np.array(0.0 if fresh else 1.0))
+        self._jit[p] = js
+        return js
+
+    def _sync_from_jit(self) -> None:
+        """Make the eager state show what jitted steps did (counters, new entries)."""
+        state = self.state
+        for p, js in self._jit.items():
+            s = state.get(p)
+            if s is None:
+                st = js.get("_started")
+                if st is None or not st._data:
+                    continue
+                s = state[p] = {k: t._data for k, t in js.items()
+                                if k[0] != "_" and k != "step"}
+            t = js.get("step")
+            if t is not None:
+                s["step"] = int(t._data)
+
+    def _sync_to_jit(self, reset: bool = False) -> None:
+        """Point the jit's Tensors at the eager arrays and counters (after an eager step;
+        with `reset`, after `load_state_dict`, also restart parameters without state)."""
+        groups = {id(p): g for g in self.param_groups for p in g["params"]} if reset else {}
+        for p, js in self._jit.items():
+            s = self.state.get(p)
+            if s is None:
+                if not reset:
+                    continue
+                s = self._init_state(tuple(p.shape), p.dtype, groups[id(p)])
+                if not self._needs_started(groups[id(p)]):
+                    self.state[p] = s
+            for k, t in js.items():
+                if k == "step":
+                    t._data[...] = s.get("step", 0)
+                elif k == "_started":
+                    t._data[...] = 1.0 if p in self.state else 0.0
+                else:
+                    a = s.get(k)
+                    if a is not None and a is not t._data:
+                        t._data = a
 
     def _buffer(self, like: np.ndarray, slot: int = 0) -> np.ndarray:
         """A scratch array shaped like `like`, a view into a shared flat buffer.
@@ -164,6 +282,8 @@ class Optimizer:
             >>> sd = opt.state_dict(); sd["param_groups"][0]["lr"]
             0.01
         """
+        if self._jit:
+            self._sync_from_jit()
         index = {}
         groups = []
         for g in self.param_groups:
@@ -214,6 +334,8 @@ class Optimizer:
             for k, v in saved.items():
                 if k != "params":
                     mine[k] = copy.deepcopy(v)
+        if self._jit:
+            self._sync_to_jit(reset=True)
 
     def __repr__(self):
         lines = [f"{type(self).__name__} ("]
@@ -243,6 +365,10 @@ def decayed_grad(opt: Optimizer, w: np.ndarray, g: np.ndarray, wd: float,
     else:
         np.negative(g, out=t)
     return t
+
+
+def _lr_of(group):
+    return np.array(float(group["lr"]))
 
 
 def _export(v):

@@ -6,6 +6,7 @@ import numpy as np
 from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
+from . import functional as F
 from .optimizer import Optimizer, decayed_grad, required
 
 __all__ = ["SGD"]
@@ -42,6 +43,27 @@ class SGD(Optimizer):
         if g["nesterov"] and (g["momentum"] <= 0 or g["dampening"] != 0):
             raise SampanValueError("SGD: Nesterov momentum needs momentum > 0 and "
                                    "dampening = 0")
+
+    def _init_state(self, shape, dtype, group):
+        return {"momentum_buffer": np.zeros(shape, dtype)} if group["momentum"] else {}
+
+    def _needs_started(self, group):
+        return bool(group["momentum"] and group["dampening"])
+
+    def _traced_update(self, p, grad, st, group, lr):
+        buf = st.get("momentum_buffer")
+        damp = group["dampening"]
+        started = st.get("_started")
+        if started is not None:  # the first step takes the gradient undamped
+            damp = started * damp
+        new, nb = F.sgd_update(p, grad, buf, lr=lr, momentum=group["momentum"],
+                               dampening=damp, weight_decay=group["weight_decay"],
+                               nesterov=group["nesterov"], maximize=group["maximize"])
+        if nb is not None:
+            buf.copy_(nb)
+        if started is not None:
+            started.fill_(1.0)
+        p.copy_(new)
 
     def _update_group(self, group):
         lr = group["lr"]

@@ -6,6 +6,11 @@ since planned buffers are reused on the next call. A buffer stays busy until the
 last use of every value that may alias it (views, kernels that may return their
 input). An elementwise ufunc may write into the buffer of an input it reads last
 (in-place execution). The plan is stored in `graph.meta["memory_plan"]`.
+
+Donation: `graph.meta["donate"]` ({output position: input position}, set by jit for
+state that a call updates) lets the kernel computing such an output write straight
+into the input's array once nothing reads the old value (or a view of it) any more;
+the runtime then has no copy to make when it writes the state back.
 """
 from __future__ import annotations
 
@@ -150,10 +155,53 @@ def plan(g, min_bytes: int = 256) -> dict:
         for bb, uu in dies.pop(i, []):
             live -= bb
             live_u -= uu
-    return {"assign": assign, "sizes": sizes,
+    return {"assign": assign, "sizes": sizes, "donate": _donations(g, last, no_alias),
             "bytes_no_release": naive, "bytes_release_at_last_use": peak_rel,
             "planned_peak": sum(sizes) + peak_unpl, "pool_bytes": sum(sizes),
             "n_planned": len(assign)}
+
+
+def _donations(g, last, no_alias) -> dict:
+    """{value id: input position} of outputs computed in place into a donated input."""
+    pairs = g.meta.get("donate")
+    if not pairs:
+        return {}
+    pos = {id(n): i for i, n in enumerate(g.nodes)}
+    src = {v.id: {k} for k, v in enumerate(g.inputs)}  # inputs each value may alias
+    for n in g.nodes:
+        if not no_alias[id(n)]:
+            s = set()
+            for v in n.inputs:
+                s |= src.get(v.id, set())
+            if s:
+                for o in n.outputs:
+                    src[o.id] = s
+    end = {}  # input position -> last use of any value aliasing it
+    for vid, s in src.items():
+        for k in s:
+            end[k] = max(end.get(k, -1), last.get(vid, -1))
+    n_out = {}
+    for v in g.outputs:
+        n_out[v.id] = n_out.get(v.id, 0) + 1
+    res, used = {}, set()
+    for j, k in pairs.items():
+        if j >= len(g.outputs) or k >= len(g.inputs) or k in used:
+            continue
+        v, x = g.outputs[j], g.inputs[k]
+        n = v.node
+        if (n is None or n_out[v.id] != 1 or v.shape != x.shape or v.dtype != x.dtype
+                or out_kernel(n) is None):
+            continue
+        i = pos[id(n)]
+        e = end.get(k, -1)
+        if e > i:
+            continue
+        if e == i and not (OPS[n.op].kind == "elementwise" and all(
+                u is x or k not in src.get(u.id, ()) for u in n.inputs)):
+            continue  # read here through a view: writing it in place could clobber it
+        res[v.id] = k
+        used.add(k)
+    return res
 
 
 def describe(p: dict) -> str:
