@@ -49,7 +49,7 @@ def verify(g) -> None:
         for v in n.inputs:
             if v.id not in defined:
                 raise VerifyError(f"%{v.id} is used before it is defined (or dangling): {line}")
-        if len(n.outputs) != op.n_out:
+        if op.n_out is not None and len(n.outputs) != op.n_out:  # None: set by attrs
             raise VerifyError(f"{n.op} has {op.n_out} outputs, node has {len(n.outputs)}: "
                               f"{line}")
         try:

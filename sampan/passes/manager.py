@@ -34,8 +34,9 @@ class Pass:
 PASSES: dict[str, Pass] = {}
 
 PIPELINES: dict[str, list] = {
-    "train": ["simplify", "fold_constants", "cse", "dce", "plan_memory"],
-    "inference": ["simplify", "fold_constants", "cse", "simplify", "dce", "plan_memory"],
+    "train": ["simplify", "fold_constants", "cse", "dce", "fuse_elementwise", "plan_memory"],
+    "inference": ["simplify", "fold_constants", "cse", "simplify", "dce", "fuse_elementwise",
+                  "plan_memory"],
     "none": [],
 }
 

@@ -22,6 +22,10 @@ from .memory import out_kernel
 
 _counter = itertools.count()
 
+# op name -> fn(node) giving a callable over that node's input arrays, bound at compile
+# time (the fusion pass registers "fused" here: one generated kernel per node)
+NODE_KERNELS: dict = {}
+
 
 class RuntimeCheckError(SampanError):
     """Debug mode: a kernel produced a value that disagrees with its IR type."""
@@ -111,7 +115,11 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             args.append(f"out={bufname}")
         else:
             kname = f"k_{n.op}"
-            if kname not in kernels:
+            if n.op in NODE_KERNELS:  # a kernel made for this node (generated fused kernels)
+                kname = f"k{ren[n.outputs[0].id]}"
+                env[kname] = NODE_KERNELS[n.op](n)
+                args = args[:len(n.inputs)]
+            elif kname not in kernels:
                 if op.kernel is None:
                     raise SampanError(f"op {n.op} has no numpy kernel")
                 kernels[kname] = op.kernel

@@ -1,0 +1,397 @@
+"""Kernel generator: a `fused` node becomes the Python source of a numba kernel, written
+from each primitive's scalar expression in the op table (no kernel per pattern).
+
+The iteration space is the group's output shape. Inputs are read as `full` (same
+shape), `scalar` (one element), `row` (broadcast over the leading dims) or `col`
+(broadcast over the trailing dims); a kernel loops over rows in parallel (`prange`)
+with a contiguous inner loop LLVM vectorises, or over one flat loop when every input is
+full or scalar. Literals are typed (`np.float32(1.0)`, a bare `1.0` would promote to
+float64); bfloat16 values are computed in float32; float32 exp/log/tanh/erf use the
+vectorisable implementations of `mathlib`.
+
+Each kernel is written to a module file in the cache directory (`$SAMPAN_CACHE_DIR`,
+else `~/.cache/sampan/kernels`) and imported, with `@njit(cache=True)`, so a second
+process loads the machine code instead of compiling. An unwritable directory degrades
+to in-memory kernels with one warning. `STATS` counts compilations, cache hits and the
+compile time of each kernel.
+
+Example::
+
+    >>> k = bind(fused_node); outs = k(x, y); print(k.source)
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...ops.fused import body_attrs
+from ...ops.registry import OPS
+
+PARALLEL_MIN = 1 << 15        # elements; below it a serial loop beats waking threads
+GEN_VERSION = "1"
+
+STATS = {"compiled": 0, "cache_hits": 0, "in_memory": 0, "kernels": {}}
+_LOCK = threading.Lock()
+_LOADED: dict = {}            # module name -> dispatcher, per process
+_DIR_STATE: dict = {}         # cache dir -> usable (bool)
+
+_F32, _F64, _BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.bool_)
+_NP_NAME = {"float32": "np.float32", "float64": "np.float64", "bool": "np.bool_",
+            "int8": "np.int8", "int16": "np.int16", "int32": "np.int32", "int64": "np.int64",
+            "uint8": "np.uint8"}
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
+_CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
+           ast.GtE: ">="}
+_CALLS = {"abs": "abs", "max": "max_", "min": "min_", "sqrt": "np.sqrt", "floor": "np.floor",
+          "ceil": "np.ceil", "sign": "np.sign", "round": "np.rint", "sin": "np.sin",
+          "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "exp": "np.exp",
+          "log": "np.log", "tanh": "np.tanh", "erf": "math.erf"}
+_CALLS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32"}
+
+
+def compute_dtype(d) -> np.dtype:
+    """The dtype a value is computed in: bfloat16 and float16 in float32."""
+    d = np.dtype(d)
+    return _F32 if d in (_dt.bfloat16, np.dtype(np.float16)) else d
+
+
+def cache_dir() -> str:
+    """The kernel cache directory ($SAMPAN_CACHE_DIR or ~/.cache/sampan/kernels)."""
+    d = os.environ.get("SAMPAN_CACHE_DIR")
+    return d or os.path.join(os.path.expanduser("~"), ".cache", "sampan", "kernels")
+
+
+def reset_stats() -> None:
+    STATS.update(compiled=0, cache_hits=0, in_memory=0, kernels={})
+
+
+# ---------------------------------------------------------------------- scalar expressions
+def _arg_names(op):
+    try:
+        ps = list(inspect.signature(op.shape_rule).parameters.values())
+    except (TypeError, ValueError):
+        ps = []
+    if ps and all(p.kind == p.POSITIONAL_OR_KEYWORD for p in ps[:1]) and ps[0].name in "abc":
+        return [p.name for p in ps if p.kind == p.POSITIONAL_OR_KEYWORD]
+    return ["a", "b", "c"]
+
+
+def scalar_expr(op_name, args, in_dtypes, out_dtype, attrs=None) -> str:
+    """Source of one primitive applied to the scalar expressions `args`.
+
+    Example: ``scalar_expr("relu", ["t1"], [f32], f32) == "max_(t1, np.float32(0))"``"""
+    op = OPS[op_name]
+    env = dict(zip(_arg_names(op), args))
+    ct = compute_dtype(in_dtypes[0]) if in_dtypes else compute_dtype(out_dtype)
+    lit_t = _NP_NAME[ct.name]
+    f32 = ct == _F32
+    out_t = compute_dtype(out_dtype)
+
+    def emit(e):
+        if isinstance(e, ast.Name):
+            return env[e.id]
+        if isinstance(e, ast.Constant):
+            v = e.value
+            return f"{lit_t}({v!r})" if not isinstance(v, bool) else repr(v)
+        if isinstance(e, ast.BinOp):
+            return f"({emit(e.left)} {_BINOPS[type(e.op)]} {emit(e.right)})"
+        if isinstance(e, ast.UnaryOp):
+            if isinstance(e.op, ast.USub):
+                return f"(-{emit(e.operand)})"
+            if isinstance(e.op, ast.Not):
+                return f"(not {emit(e.operand)})"
+        if isinstance(e, ast.BoolOp):
+            sym = " & " if isinstance(e.op, ast.And) else " | "
+            return "(" + sym.join(emit(v) for v in e.values) + ")"
+        if isinstance(e, ast.Compare) and len(e.ops) == 1:
+            return f"({emit(e.left)} {_CMPOPS[type(e.ops[0])]} {emit(e.comparators[0])})"
+        if isinstance(e, ast.IfExp):
+            return f"({emit(e.body)} if {emit(e.test)} else {emit(e.orelse)})"
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name):
+            fn = e.func.id
+            xs = [emit(a) for a in e.args]
+            if fn == "cast":
+                return f"({xs[0]} != 0)" if out_t == _BOOL else f"{_NP_NAME[out_t.name]}({xs[0]})"
+            name = _CALLS32.get(fn) if f32 and fn in _CALLS32 else _CALLS[fn]
+            return f"{name}({', '.join(xs)})"
+        raise NotImplementedError(f"scalar expression of {op_name}: {ast.dump(e)}")
+    return emit(ast.parse(op.scalar, mode="eval").body)
+
+
+# ---------------------------------------------------------------------- layouts
+def _pattern(shape, S, k):
+    """How an input of `shape` is read over iteration shape S split at dim k:
+    'full', 'row', 'col', 'scalar', or None if this split cannot express it."""
+    p = (1,) * (len(S) - len(shape)) + tuple(shape)
+    parts = []
+    for lo, hi in ((0, k), (k, len(S))):
+        full = all(p[d] == S[d] for d in range(lo, hi))
+        bcast = all(p[d] == 1 for d in range(lo, hi))
+        if not (full or bcast):
+            return None
+        parts.append("full" if full else "bcast")
+    # dims where S is 1 count as both: prefer the cheaper reading
+    lead, trail = parts
+    if lead == "full" and trail == "full":
+        return "full"
+    if lead == "bcast" and trail == "full":
+        return "row"
+    if lead == "full" and trail == "bcast":
+        return "col"
+    return "scalar"
+
+
+def plan_layout(in_shapes, S):
+    """(layout, split, patterns): 'flat' when all inputs are full or scalar, else 'rows'
+    with the split that expresses most inputs ('bcast' marks one to materialise)."""
+    S = tuple(S)
+    n = int(np.prod(S)) if S else 1
+    flat = []
+    for s in in_shapes:
+        size = int(np.prod(s)) if s else 1
+        p = (1,) * (len(S) - len(s)) + tuple(s)
+        flat.append("full" if p == S else "scalar" if size == 1 else None)
+    if all(f is not None for f in flat):
+        return "flat", len(S), flat
+    best = None
+    for k in range(1, len(S)):
+        pats = [_pattern(s, S, k) for s in in_shapes]
+        r = int(np.prod(S[:k]))
+        score = (sum(p is not None for p in pats), min(r, 64), n // max(r, 1))
+        if best is None or score > best[0]:
+            best = (score, k, pats)
+    _, k, pats = best
+    return "rows", k, [p if p is not None else "bcast" for p in pats]
+
+
+# ---------------------------------------------------------------------- source generation
+def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parallel,
+                  cache=True):
+    """Python source of the numba kernel `kernel(x0, ..., o0, ...)` (see module doc)."""
+    n_in = len(in_dtypes)
+    kdt = [compute_dtype(d) for d in in_dtypes]
+    vdt = list(kdt)
+    exprs = []
+    for e in body:
+        op = OPS[e[0]]
+        specs = [_spec(vdt[i]) for i in e[1]]
+        out = op.shape_rule(*specs, **body_attrs(e))
+        vdt.append(compute_dtype(out.dtype))
+        exprs.append(scalar_expr(e[0], [f"t{i}" for i in e[1]], [vdt[i] for i in e[1]],
+                                 out.dtype, body_attrs(e)))
+    used = set()
+    for e in body:
+        used.update(i for i in e[1] if i < n_in)
+    used.update(i for i in outputs if i < n_in)
+    funcs = sorted({f for x in exprs for f in ("exp32", "log32", "tanh32", "erf32", "max_",
+                                                   "min_") if f + "(" in x})
+    ins = [f"x{i}" for i in range(n_in)]
+    outs = [f"o{j}" for j in range(len(outputs))]
+    loop = "prange" if parallel else "range"
+    flags = f"parallel={parallel}, cache={cache}, error_model='numpy', nogil=True"
+    lines = ["# generated by sampan.backends.numba.kernelgen: do not edit",
+             "import math", "", "import numpy as np", "from numba import njit, prange", ""]
+    if funcs:
+        lines.append(f"from sampan.backends.numba.mathlib import {', '.join(funcs)}")
+    lines += ["", "", f"@njit({flags})", f"def kernel({', '.join(ins + outs)}):"]
+    for i, e in enumerate(body):
+        lines.append(f"    # t{n_in + i} = {e[0]}({', '.join(f't{a}' for a in e[1])})")
+    body_lines = [f"t{n_in + i} = {x}" for i, x in enumerate(exprs)]
+    for i, d in enumerate(vdt[n_in:]):
+        if d.kind in "iu":  # numba widens small ints: wrap back like numpy does
+            body_lines[i] = f"t{n_in + i} = {_NP_NAME[d.name]}({exprs[i]})"
+    if layout == "flat":
+        lines.append("    n = o0.shape[0]")
+        for i in sorted(used):
+            if patterns[i] == "scalar":
+                lines.append(f"    t{i} = x{i}[0]")
+        lines.append(f"    for i in {loop}(n):")
+        for i in sorted(used):
+            if patterns[i] == "full":
+                lines.append(f"        t{i} = x{i}[i]")
+        lines += [f"        {b}" for b in body_lines]
+        lines += [f"        o{j}[i] = t{o}" for j, o in enumerate(outputs)]
+    else:
+        lines.append("    nr, nc = o0.shape")
+        for i in sorted(used):
+            if patterns[i] == "scalar":
+                lines.append(f"    t{i} = x{i}[0]")
+        lines.append(f"    for i in {loop}(nr):")
+        for i in sorted(used):
+            if patterns[i] in ("full", "bcast"):
+                lines.append(f"        r{i} = x{i}[i]")
+            elif patterns[i] == "col":
+                lines.append(f"        t{i} = x{i}[i]")
+        for j in range(len(outputs)):
+            lines.append(f"        q{j} = o{j}[i]")
+        lines.append("        for j in range(nc):")
+        for i in sorted(used):
+            if patterns[i] in ("full", "bcast"):
+                lines.append(f"            t{i} = r{i}[j]")
+            elif patterns[i] == "row":
+                lines.append(f"            t{i} = x{i}[j]")
+        lines += [f"            {b}" for b in body_lines]
+        lines += [f"            q{j}[j] = t{o}" for j, o in enumerate(outputs)]
+    return "\n".join(lines) + "\n"
+
+
+def _spec(d):
+    from ...ops.registry import Spec
+    return Spec((), d)
+
+
+# ---------------------------------------------------------------------- compile + cache
+def _mathlib_hash():
+    from . import mathlib
+    with open(mathlib.__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
+
+
+_MATH_HASH = None
+
+
+def _usable(d):
+    if d not in _DIR_STATE:
+        try:
+            os.makedirs(d, exist_ok=True)
+            fd, p = tempfile.mkstemp(dir=d, suffix=".probe")
+            os.close(fd)
+            os.unlink(p)
+            os.makedirs(os.path.join(d, "__pycache__"), exist_ok=True)
+            _DIR_STATE[d] = True
+        except OSError as e:
+            _DIR_STATE[d] = False
+            warnings.warn(f"sampan: the kernel cache directory {d} cannot be written ({e}); "
+                          "fused kernels are compiled in memory and every process compiles "
+                          "them again (set SAMPAN_CACHE_DIR to a writable directory)",
+                          RuntimeWarning, stacklevel=4)
+    return _DIR_STATE[d]
+
+
+def load_kernel(src):
+    """Import (or reuse) the kernel module of `src`; returns (dispatcher, module name, path)."""
+    global _MATH_HASH
+    if _MATH_HASH is None:
+        _MATH_HASH = _mathlib_hash()
+    h = hashlib.sha256((GEN_VERSION + _MATH_HASH + src).encode()).hexdigest()[:20]
+    name = f"sampan_kernel_{h}"
+    with _LOCK:
+        if name in _LOADED:
+            return _LOADED[name], name, getattr(_LOADED[name], "_sampan_path", None)
+        d = cache_dir()
+        if _usable(d):
+            path = os.path.join(d, name + ".py")
+            if not os.path.exists(path):
+                fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    f.write(src)
+                os.replace(tmp, path)   # atomic: a concurrent process sees all or nothing
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            k = mod.kernel
+        else:
+            path = None
+            env = {}
+            exec(compile(src.replace("cache=True", "cache=False"), f"<{name}>", "exec"), env)
+            k = env["kernel"]
+            STATS["in_memory"] += 1
+        k._sampan_path = path
+        _LOADED[name] = k
+        return k, name, path
+
+
+def _nb_sig(in_dtypes, patterns, layout, out_dtypes):
+    from numba import types
+    from numba.np.numpy_support import from_dtype
+    arrs = []
+    for d, p in zip(in_dtypes, patterns):
+        nd = 2 if (layout == "rows" and p in ("full", "bcast")) else 1
+        arrs.append(types.Array(from_dtype(compute_dtype(d)), nd, "C"))
+    nd = 2 if layout == "rows" else 1
+    arrs += [types.Array(from_dtype(compute_dtype(d)), nd, "C") for d in out_dtypes]
+    return types.void(*arrs)
+
+
+def compile_kernel(k, name, sig):
+    """Compile `k` for `sig` (loading it from numba's cache when there); counts STATS."""
+    t0 = time.perf_counter()
+    before = _hits(k)
+    if sig.args not in [tuple(s) for s in k.signatures]:
+        k.compile(sig)
+    dt = time.perf_counter() - t0
+    hit = _hits(k) > before
+    rec = STATS["kernels"].setdefault(name, {"compile_s": 0.0, "cache_hit": hit})
+    if dt > 1e-3 or not rec["compile_s"]:
+        rec["compile_s"] = round(dt, 4)
+        rec["cache_hit"] = hit
+        STATS["cache_hits" if hit else "compiled"] += 1
+    return k
+
+
+def _hits(k):
+    try:
+        return sum(k.stats.cache_hits.values())
+    except Exception:
+        return 0
+
+
+# ---------------------------------------------------------------------- binding a node
+def bind(node):
+    """A callable over the node's input arrays running its generated kernel; returns one
+    array for one output, else a tuple. `.source` holds the kernel and wrapper source."""
+    body, outputs = node.attrs["body"], node.attrs["outputs"]
+    S = tuple(node.outputs[0].shape)
+    in_shapes = [tuple(v.shape) for v in node.inputs]
+    in_dtypes = [v.dtype for v in node.inputs]
+    out_dtypes = [v.dtype for v in node.outputs]
+    layout, k, pats = plan_layout(in_shapes, S)
+    n = int(np.prod(S)) if S else 1
+    parallel = n >= PARALLEL_MIN
+    src = kernel_source(body, outputs, in_dtypes, out_dtypes, pats, layout, parallel)
+    kern, name, path = load_kernel(src)
+    compile_kernel(kern, name, _nb_sig(in_dtypes, pats, layout, out_dtypes))
+    shape2 = (n,) if layout == "flat" else (int(np.prod(S[:k])), int(np.prod(S[k:])))
+    env = {"_k": kern, "_c": np.ascontiguousarray, "_bt": np.broadcast_to, "_e": np.empty,
+           "np": np, "_bf16": _dt.bfloat16}
+    args = []
+    for i, (s, d, p) in enumerate(zip(in_shapes, in_dtypes, pats)):
+        conv = "" if compute_dtype(d) == d else f", dtype=np.{compute_dtype(d).name}"
+        if p == "full":
+            shp = shape2
+        elif p == "scalar":
+            shp = (1,)
+        elif p == "row":
+            shp = (shape2[1],)
+        elif p == "col":
+            shp = (shape2[0],)
+        else:   # broadcast this split cannot express: materialise it
+            args.append(f"_c(_bt(x{i}, {S!r}){conv}).reshape({shape2!r})")
+            continue
+        args.append(f"_c(x{i}{conv}).reshape({shp!r})")
+    lines = [f"def run({', '.join(f'x{i}' for i in range(len(in_shapes)))}):"]
+    rets = []
+    for j, d in enumerate(out_dtypes):
+        lines.append(f"    o{j} = _e({shape2!r}, np.{compute_dtype(d).name})")
+        r = f"o{j}.reshape({S!r})"
+        rets.append(r if compute_dtype(d) == d else f"{r}.astype(_bf16)")
+    lines.append(f"    _k({', '.join(args + [f'o{j}' for j in range(len(out_dtypes))])})")
+    lines.append(f"    return {', '.join(rets)}")
+    wsrc = "\n".join(lines) + "\n"
+    exec(compile(wsrc, f"<sampan fused wrapper {name}>", "exec"), env)
+    run = env["run"]
+    run.source = f"# kernel module: {path or 'in memory'}\n{src}\n# wrapper\n{wsrc}"
+    run.kernel_name = name
+    return run

@@ -1,0 +1,223 @@
+"""Fused vs unfused: random elementwise DAGs, composites, training steps, kernel counts,
+IR text/DOT, the disk cache across processes and running without numba."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sampan
+from sampan.ir import verify
+from sampan.ir.graph import Graph
+from sampan.ir.text import parse
+from sampan.passes import PassManager, pipeline
+from sampan.passes.fuse import count_kernels, fuse_graph, set_fast_math
+from sampan.runtime import compile_graph
+
+pytest.importorskip("numba")
+UNFUSED = [p for p in pipeline("train") if p != "fuse_elementwise"]
+_BIN = ["add", "sub", "mul", "maximum"]
+_UN = ["neg", "relu", "abs", "tanh"]
+
+
+def _run(g, arrays, fuse):
+    g = g.copy()
+    if fuse:
+        fuse_graph(g)
+        verify(g)
+    return compile_graph(g)(*arrays), g
+
+
+@settings(max_examples=3, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 99), st.integers(0, 99)),
+                min_size=3, max_size=7))
+def test_random_elementwise_dags_fused_equal_unfused(ops):
+    set_fast_math(True)
+    try:
+        g = Graph()
+        vals = [g.add_input((64, 32), "float32"), g.add_input((32,), "float32"),
+                g.add_input((64, 1), "float32")]
+        for k, i, j in ops:
+            a, b = vals[i % len(vals)], vals[j % len(vals)]
+            if k < 4:
+                vals.append(g.add_node(_BIN[k], [a, b], {}).output)
+            else:
+                vals.append(g.add_node(_UN[k - 4], [a], {}).output)
+        g.outputs = vals[3:][-2:]
+        r = np.random.default_rng(0)
+        arrays = [r.uniform(-2, 2, v.shape).astype(np.float32) for v in g.inputs]
+        ref, _ = _run(g, arrays, False)
+        got, fg = _run(g, arrays, True)
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-6)
+        assert parse(str(fg), {c.name: c.const for c in fg.consts}) == fg
+    finally:
+        set_fast_math(False)
+
+
+def _composites(x, y):
+    p = sampan.softmax(x, -1)
+    ln = sampan.layer_norm(x, 16)
+    ge = sampan.gelu(x)
+    ce = sampan.cross_entropy(x, y)
+    return p, ln, ge, ce
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_composites_fused_equal_unfused(fast):
+    set_fast_math(fast)
+    try:
+        r = np.random.default_rng(1)
+        x = sampan.Tensor(r.standard_normal((64, 16)).astype(np.float32))
+        y = sampan.Tensor(r.integers(0, 16, 64))
+        fused = sampan.jit(_composites, debug=True)
+        plain = sampan.jit(_composites, pipeline=UNFUSED)
+        for a, b, e in zip(fused(x, y), plain(x, y), _composites(x, y)):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-5, atol=1e-6)
+        assert "fused(" in str(fused.graph)
+    finally:
+        set_fast_math(False)
+
+
+def _mlp():
+    sampan.manual_seed(0)
+    nn = sampan.nn
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+
+
+def _step(model, x, y):
+    loss = sampan.cross_entropy(model(x), y)
+    loss.backward()
+    with sampan.no_grad():
+        for p in model.parameters():
+            p.sub_(p.grad * 0.1)
+            p.grad = None
+    return loss
+
+
+def test_training_step_fused_equals_unfused_equals_eager():
+    r = np.random.default_rng(2)
+    x = sampan.Tensor(r.standard_normal((32, 16)).astype(np.float32))
+    y = sampan.Tensor(r.integers(0, 4, 32))
+    me, mf, mu = _mlp(), _mlp(), _mlp()
+    sf = sampan.jit(lambda x, y: _step(mf, x, y))
+    su = sampan.jit(lambda x, y: _step(mu, x, y), pipeline=UNFUSED)
+    for i in range(5):
+        le, lf, lu = _step(me, x, y), sf(x, y), su(x, y)
+        np.testing.assert_allclose(lf.numpy(), le.numpy(), rtol=1e-5, err_msg=f"step {i}")
+        np.testing.assert_allclose(lu.numpy(), le.numpy(), rtol=1e-5)
+    for (n, a), (_, b) in zip(me.named_parameters(), mf.named_parameters()):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
+    k = count_kernels(sf.graph)
+    assert k["fused"] >= 3 and k["total"] < len(su.graph.nodes)
+
+
+def gpt_step_graphs():
+    """The W3 GPT training step (SGD update) traced, then through the unfused and the
+    fused train pipeline (tracing runs no kernels, so this is cheap at full size)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import models as M
+    from sampan.jit.api import trace
+    F = M.SampanF()
+    p = {k: sampan.tensor(v, requires_grad=True) for k, v in M.w3_weights().items()}
+    x, y = M.w3_batch()
+    mask = sampan.tensor(np.tril(np.ones((M.W3["seq"],) * 2, bool)))
+
+    def step(x, y, mask):
+        loss = F.ce(M.w3_forward(F, p, x, mask), y)
+        loss.backward()
+        with sampan.no_grad():
+            for t in p.values():
+                t.sub_(t.grad * 0.01)
+                t.grad = None
+        return loss
+    g = trace(step, (sampan.tensor(x), sampan.tensor(y), mask))[0]
+    return PassManager(UNFUSED).run(g), PassManager("train").run(g)
+
+
+# regression figures, measured with `python -m pytest tests/fusion -k kernel_count -s`
+GPT_KERNELS = {False: 346, True: 334}
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_transformer_training_graph_kernel_count(fast):
+    set_fast_math(fast)
+    try:
+        unfused, fused = gpt_step_graphs()
+    finally:
+        set_fast_math(False)
+    k = count_kernels(fused)
+    print(f"\nW3 train step, fast_math={fast}: {len(unfused.nodes)} nodes unfused -> {k}")
+    assert k["total"] <= GPT_KERNELS[fast], k
+
+
+def test_ir_text_and_dot_show_fused_groups():
+    g = Graph()
+    x, b = g.add_input((8, 4), "float32"), g.add_input((4,), "float32")
+    y = g.add_node("add", [x, b], {}).output
+    z = g.add_node("relu", [y], {}).output
+    g.outputs = [z, y]
+    fuse_graph(g)
+    verify(g)
+    text = str(g)
+    assert "fused(" in text and "body=(('add', (0, 1)), ('relu', (2,)))" in text
+    assert parse(text) == g
+    assert "subgraph cluster_" in g.to_dot()
+
+
+def _py(code, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=e, timeout=240)
+
+
+_CACHE_PROG = """
+    import numpy as np, sampan
+    from sampan.backends.numba import kernelgen as KG
+    f = sampan.jit(lambda x, y: ((x * y + 1.0) * x - y).relu())
+    x = sampan.Tensor(np.ones((8, 8), np.float32))
+    print(float(f(x, x).numpy().sum()), KG.STATS["compiled"], KG.STATS["cache_hits"])
+"""
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    env = {"SAMPAN_CACHE_DIR": str(tmp_path)}
+    a = _py(_CACHE_PROG, env)
+    assert a.returncode == 0, a.stderr
+    b = _py(_CACHE_PROG, env)
+    assert b.returncode == 0, b.stderr
+    va, ca, ha = a.stdout.split()
+    vb, cb, hb = b.stdout.split()
+    assert va == vb == "64.0" and (ca, ha) == ("1", "0") and (cb, hb) == ("0", "1")
+
+
+def test_unwritable_cache_dir_falls_back_to_memory(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    if os.access(d, os.W_OK):
+        pytest.skip("running as root: cannot make a read-only directory")
+    r = _py(_CACHE_PROG, {"SAMPAN_CACHE_DIR": str(d / "k")})
+    assert r.returncode == 0 and "cannot be written" in r.stderr
+
+
+def test_without_numba_runs_unfused_with_one_warning():
+    r = _py("""
+        import sys, warnings
+        sys.modules["numba"] = None
+        import numpy as np, sampan
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            f = sampan.jit(lambda x: (x * 2.0 + 1.0).relu())
+            g = sampan.jit(lambda x: (x - 3.0) * x)
+            x = sampan.Tensor(np.ones(4, np.float32))
+            print(f(x).numpy().tolist(), g(x).numpy().tolist(), "fused(" in str(f.graph))
+        print(sum("pip install 'sampan[jit]'" in str(m.message) for m in w))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["[3.0, 3.0, 3.0, 3.0] [-2.0, -2.0, -2.0, -2.0] False",
+                                        "1"]
