@@ -5,9 +5,9 @@ import numpy as np
 
 from ..autograd import no_grad
 from ..errors import SampanValueError, ShapeError
+from ..ops.creation import ones, tensor, zeros
 from ..ops.elementwise import cast
 from ..ops.registry import STATE
-from ..ops.creation import ones, tensor, zeros
 from . import functional as F
 from .layer import Layer, Parameter
 

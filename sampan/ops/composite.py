@@ -11,12 +11,12 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from .registry import STATE
 from ..tensor import Tensor
 from ._util import Sample, randf, rng
 from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid, sub, tanh,
                           where)
 from .reduce import amax, mean, sum
+from .registry import STATE
 from .shape import reshape
 
 

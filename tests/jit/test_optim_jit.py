@@ -10,14 +10,15 @@ from sampan.nn import functional as F
 from sampan.tensor import Tensor
 
 OPTIMISERS = {
-    "sgd_momentum": ("SGD", dict(lr=0.05, momentum=0.9)),
-    "sgd_nesterov_wd": ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)),
-    "sgd_dampening": ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.2)),
-    "adam": ("Adam", dict(lr=1e-3)),
-    "adam_amsgrad_l2": ("Adam", dict(lr=1e-3, amsgrad=True, weight_decay=1e-2)),
-    "adamw": ("AdamW", dict(lr=1e-3, weight_decay=0.05)),
-    "adagrad": ("Adagrad", dict(lr=0.05, lr_decay=1e-2)),
-    "rmsprop": ("RMSprop", dict(lr=1e-3, momentum=0.9, centered=True)),
+    "sgd_momentum": ("SGD", {"lr": 0.05, "momentum": 0.9}),
+    "sgd_nesterov_wd": ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True,
+                                "weight_decay": 1e-3}),
+    "sgd_dampening": ("SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.2}),
+    "adam": ("Adam", {"lr": 1e-3}),
+    "adam_amsgrad_l2": ("Adam", {"lr": 1e-3, "amsgrad": True, "weight_decay": 1e-2}),
+    "adamw": ("AdamW", {"lr": 1e-3, "weight_decay": 0.05}),
+    "adagrad": ("Adagrad", {"lr": 0.05, "lr_decay": 1e-2}),
+    "rmsprop": ("RMSprop", {"lr": 1e-3, "momentum": 0.9, "centered": True}),
 }
 
 
