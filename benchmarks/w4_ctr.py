@@ -16,10 +16,9 @@ import sys
 import time
 
 import numpy as np
-
 from common import blas_info, emit
 
-import sampan  # noqa: E402  (common puts the repo on sys.path)
+import sampan
 from sampan.rec.data import ClickStream
 from sampan.rec.hashtable import HashMap, RowAllocator
 from sampan.rec.metrics import auc

@@ -18,10 +18,9 @@ import tempfile
 import time
 
 import numpy as np
-
 from common import blas_info, emit
 
-from sampan.rec.data import ClickStream, ParquetCTRReader, write_parquet  # noqa: E402
+from sampan.rec.data import ClickStream, ParquetCTRReader, write_parquet
 
 F = 26
 

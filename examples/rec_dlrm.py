@@ -19,12 +19,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import sampan  # noqa: E402
-from sampan.rec.data import ClickStream  # noqa: E402
-from sampan.rec.metrics import LogLoss, StreamingAUC  # noqa: E402
-from sampan.rec.models import DLRM, predict, train_step  # noqa: E402
-from sampan.rec.sharded import Prefetcher  # noqa: E402
-from sampan.rec.snapshot import ServingTable, export_full  # noqa: E402
+import sampan
+from sampan.rec.data import ClickStream
+from sampan.rec.metrics import LogLoss, StreamingAUC
+from sampan.rec.models import DLRM, predict, train_step
+from sampan.rec.sharded import Prefetcher
+from sampan.rec.snapshot import ServingTable, export_full
 
 
 def evaluate(model, batches):

@@ -24,8 +24,14 @@ from ..tensor import Tensor, apply
 from ._util import Sample, randf, rng
 from .registry import NO_ONNX, Spec, defop
 
-__all__ = ["rows_gather", "rows_scatter_add", "triu_gather", "triu_scatter", "pair_dots",
-           "pair_dots_grad"]
+__all__ = [
+    "pair_dots",
+    "pair_dots_grad",
+    "rows_gather",
+    "rows_scatter_add",
+    "triu_gather",
+    "triu_scatter",
+]
 
 
 def _t(x):

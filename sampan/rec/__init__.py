@@ -1,5 +1,40 @@
-"""Recommendation at scale: hash embedding tables, sparse optimisers, sharding, CTR models."""
+"""Recommendation at scale: hash embedding tables, sparse optimisers, sharding, CTR models.
+
+The pieces, bottom up: ``hashtable`` (numba id -> row map, chunked rows), ``table``
+(HashEmbeddingTable with metadata), ``policies`` (admission, eviction), ``optim`` (sparse
+SGD / Adagrad / Adam / FTRL), ``kernels`` (dedupe, CSR bag pooling), ``sharded``
+(pull/push shards, prefetch), ``snapshot`` (full + delta export, serving), ``data``
+(CSR batches, W4 click stream, Parquet), ``metrics`` (AUC, log loss) and ``models``
+(HashEmbedding, DLRM, DeepFM, Wide&Deep; needs the sampan core).
+"""
 
 from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, hash_ids
+from sampan.rec.kernels import bag_pool, bag_pool_backward, segment_sum, unique_inverse
+from sampan.rec.metrics import LogLoss, StreamingAUC, auc
+from sampan.rec.optim import SparseAdagrad, SparseAdam, SparseFTRL, SparseSGD
+from sampan.rec.policies import (
+    AdmitAll,
+    CallableEviction,
+    LFUEviction,
+    MinCountAdmission,
+    ProbabilisticAdmission,
+    TTLEviction,
+)
+from sampan.rec.sharded import LocalShard, Prefetcher, PulledBatch, ShardedEmbedding
+from sampan.rec.snapshot import (
+    ServingTable,
+    SnapshotError,
+    export_delta,
+    export_full,
+    restore,
+)
+from sampan.rec.table import HashEmbeddingTable, hashed_normal
 
-__all__ = ["ChunkedRows", "HashMap", "RowAllocator", "hash_ids"]
+__all__ = [
+    "AdmitAll", "CallableEviction", "ChunkedRows", "HashEmbeddingTable", "HashMap",
+    "LFUEviction", "LocalShard", "LogLoss", "MinCountAdmission", "Prefetcher",
+    "ProbabilisticAdmission", "PulledBatch", "RowAllocator", "ServingTable", "ShardedEmbedding",
+    "SnapshotError", "SparseAdagrad", "SparseAdam", "SparseFTRL", "SparseSGD", "StreamingAUC",
+    "TTLEviction", "auc", "bag_pool", "bag_pool_backward", "export_delta", "export_full",
+    "hash_ids", "hashed_normal", "restore", "segment_sum", "unique_inverse",
+]

@@ -21,8 +21,14 @@ from numba import njit
 
 from sampan.rec.table import hashed_normal
 
-__all__ = ["CTRBatch", "ClickStream", "splitmix64", "zipf_ranks", "write_parquet",
-           "ParquetCTRReader"]
+__all__ = [
+    "CTRBatch",
+    "ClickStream",
+    "ParquetCTRReader",
+    "splitmix64",
+    "write_parquet",
+    "zipf_ranks",
+]
 
 
 @dataclass
@@ -346,7 +352,7 @@ def _background(gen, depth: int):
         try:
             for item in gen:
                 q.put(item)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the consumer)
             q.put(exc)
             return
         q.put(done)
@@ -357,5 +363,5 @@ def _background(gen, depth: int):
         if item is done:
             return
         if isinstance(item, BaseException):
-            raise RuntimeError("background Parquet reader failed") from item
+            raise RuntimeError("background Parquet reader failed") from item  # noqa: TRY004
         yield item

@@ -21,7 +21,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["HashMap", "RowAllocator", "ChunkedRows", "hash_ids"]
+__all__ = ["ChunkedRows", "HashMap", "RowAllocator", "hash_ids"]
 
 _EMPTY = -1
 # How many keys ahead a batch kernel prefetches its slot; a warm 10^6-key table does not
@@ -362,10 +362,22 @@ class HashMap:
         self.size = 0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_row(bases, shift, width, rows, j):
+    """Prefetch the first and last cache line of row ``rows[j]`` (if any)."""
+    if j < rows.size:
+        r = rows[j]
+        if r >= 0:
+            a = bases[r >> shift] + (r & ((np.int64(1) << shift) - 1)) * width * 4
+            _prefetch(a)
+            _prefetch(a + width * 4 - 1)
+
+
 @njit(cache=True, nogil=True)
 def _gather(bases, shift, width, rows, out):
     m = (np.int64(1) << shift) - 1
     for j in range(rows.size):
+        _prefetch_row(bases, shift, width, rows, j + _AHEAD)
         r = rows[j]
         if r < 0:
             continue

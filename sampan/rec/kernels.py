@@ -12,7 +12,7 @@ from numba import njit
 
 from sampan.rec.hashtable import _as_keys, _mix
 
-__all__ = ["unique_inverse", "segment_sum", "bag_pool", "bag_pool_backward", "POOL_MODES"]
+__all__ = ["POOL_MODES", "bag_pool", "bag_pool_backward", "segment_sum", "unique_inverse"]
 
 POOL_MODES = ("sum", "mean", "max")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["StreamingAUC", "LogLoss", "auc"]
+__all__ = ["LogLoss", "StreamingAUC", "auc"]
 
 
 class StreamingAUC:

@@ -10,16 +10,18 @@ whose sparse optimiser updates only those rows.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 import sampan
 from sampan import nn
 from sampan.nn import functional as F
-from sampan.ops.sparse import pair_dots, rows_gather
+from sampan.ops.sparse import pair_dots, rows_gather, rows_scatter_add
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.sharded import PulledBatch, ShardedEmbedding
 
-__all__ = ["HashEmbedding", "DLRM", "DeepFM", "WideAndDeep", "train_step", "predict"]
+__all__ = ["DLRM", "DeepFM", "HashEmbedding", "WideAndDeep", "predict", "train_step"]
 
 
 class HashEmbedding(nn.Layer):
@@ -53,6 +55,23 @@ class HashEmbedding(nn.Layer):
         self._pending.append((uniq, leaf))
         return sampan.reshape(rows_gather(leaf, inverse), *shape, self.dim)
 
+    def bags(self, offsets, ids, mode: str = "sum"):
+        """EmbeddingBag: pool the vectors of each CSR bag (``sum`` or ``mean``) -> (B, dim).
+
+        Built from the two sparse ops (gather the rows, scatter-add them into their bag),
+        so it is differentiable; empty bags give zeros.
+        """
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"differentiable bag pooling supports 'sum' and 'mean', got {mode!r}")
+        offsets = np.asarray(offsets, np.int64)
+        lens = np.diff(offsets)
+        bag_of = np.repeat(np.arange(lens.size), lens)
+        rows = sampan.reshape(self(np.asarray(ids, np.int64)), -1, self.dim)
+        pooled = rows_scatter_add(rows, bag_of, lens.size)
+        if mode == "mean":
+            pooled = pooled * sampan.tensor(1.0 / np.maximum(lens, 1)[:, None].astype(np.float32))
+        return pooled
+
     def push(self) -> None:
         """Apply the sparse gradients of every lookup since the last push."""
         for uniq, leaf in self._pending:
@@ -64,7 +83,7 @@ class HashEmbedding(nn.Layer):
 
 def _mlp(sizes, last_relu: bool) -> nn.Sequential:
     layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b))
         if last_relu or i < len(sizes) - 2:
             layers.append(nn.ReLU())

@@ -15,13 +15,13 @@ import math
 import numpy as np
 from numba import njit
 
-from sampan.rec.hashtable import _f32_ptr
+from sampan.rec.hashtable import _AHEAD, _f32_ptr, _prefetch_row
 from sampan.rec.kernels import segment_sum, unique_inverse
 
-__all__ = ["SparseSGD", "SparseAdagrad", "SparseAdam", "SparseFTRL"]
+__all__ = ["SparseAdagrad", "SparseAdam", "SparseFTRL", "SparseSGD"]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sgd(wb, sb, shift, dim, sw, rows, g, lr):
     m = (np.int64(1) << shift) - 1
     for j in range(rows.size):
@@ -34,10 +34,12 @@ def _sgd(wb, sb, shift, dim, sw, rows, g, lr):
             w[o + d] -= lr * g[j, d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _adagrad(wb, sb, shift, dim, sw, rows, g, lr, eps):
     m = (np.int64(1) << shift) - 1
     for j in range(rows.size):
+        _prefetch_row(wb, shift, dim, rows, j + _AHEAD)
+        _prefetch_row(sb, shift, sw, rows, j + _AHEAD)
         r = rows[j]
         if r < 0:
             continue
@@ -52,10 +54,12 @@ def _adagrad(wb, sb, shift, dim, sw, rows, g, lr, eps):
             w[o + d] -= lr * gd / (np.sqrt(acc) + eps)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _adam(wb, sb, shift, dim, sw, rows, g, lr, b1, b2, eps):
     m = (np.int64(1) << shift) - 1
     for j in range(rows.size):
+        _prefetch_row(wb, shift, dim, rows, j + _AHEAD)
+        _prefetch_row(sb, shift, sw, rows, j + _AHEAD)
         r = rows[j]
         if r < 0:
             continue
@@ -76,10 +80,12 @@ def _adam(wb, sb, shift, dim, sw, rows, g, lr, b1, b2, eps):
             w[o + d] -= lr * (mo / c1) / (np.sqrt(ve / c2) + eps)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _ftrl(wb, sb, shift, dim, sw, rows, g, alpha, beta, l1, l2):
     m = (np.int64(1) << shift) - 1
     for j in range(rows.size):
+        _prefetch_row(wb, shift, dim, rows, j + _AHEAD)
+        _prefetch_row(sb, shift, sw, rows, j + _AHEAD)
         r = rows[j]
         if r < 0:
             continue

@@ -8,13 +8,17 @@ matter how large the table is, and the table does the removal under its lock.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 __all__ = [
-    "AdmitAll", "MinCountAdmission", "ProbabilisticAdmission",
-    "TTLEviction", "LFUEviction", "CallableEviction",
+    "AdmitAll",
+    "CallableEviction",
+    "LFUEviction",
+    "MinCountAdmission",
+    "ProbabilisticAdmission",
+    "TTLEviction",
 ]
 
 

@@ -29,7 +29,7 @@ from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.table import HashEmbeddingTable
 
-__all__ = ["LocalShard", "ShardedEmbedding", "Prefetcher", "PulledBatch"]
+__all__ = ["LocalShard", "Prefetcher", "PulledBatch", "ShardedEmbedding"]
 
 
 class LocalShard:
@@ -207,7 +207,7 @@ class Prefetcher:
                 self._out.put(PulledBatch(batch, uniq, inv, vecs,
                                           {"plan": t1 - t0, "fetch": t3 - t2}))
                 step += 1
-        except BaseException as exc:  # surface background errors in the caller
+        except BaseException as exc:  # noqa: BLE001  (surfaced in the caller)
             self._out.put(exc)
             return
         self._out.put(None)
@@ -222,7 +222,7 @@ class Prefetcher:
         if item is None:
             raise StopIteration
         if isinstance(item, BaseException):
-            raise RuntimeError("prefetch thread failed") from item
+            raise RuntimeError("prefetch thread failed") from item  # noqa: TRY004
         return item
 
     def done(self) -> None:

@@ -27,8 +27,15 @@ import numpy as np
 from sampan.rec.hashtable import ChunkedRows, HashMap
 from sampan.rec.table import META_FIELDS, HashEmbeddingTable
 
-__all__ = ["SnapshotError", "export_full", "export_delta", "restore", "read_snapshot",
-           "ServingTable", "table_state"]
+__all__ = [
+    "ServingTable",
+    "SnapshotError",
+    "export_delta",
+    "export_full",
+    "read_snapshot",
+    "restore",
+    "table_state",
+]
 
 MAGIC = b"SMPNEMB\0"
 FORMAT_VERSION = 1
@@ -159,7 +166,7 @@ def _apply(table: HashEmbeddingTable, header: dict, arrays: dict) -> None:
     if "removed" in arrays and arrays["removed"].size:
         table.remove(arrays["removed"])
     ids = arrays["ids"]
-    rows, created = table.map.get_or_insert(ids, table.alloc)
+    rows, _ = table.map.get_or_insert(ids, table.alloc)
     table._grow()
     table.weights.scatter(rows, arrays["weights"])
     if "slots" in arrays:

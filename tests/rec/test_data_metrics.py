@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from sampan.rec.data import (ClickStream, CTRBatch, ParquetCTRReader, splitmix64,
-                             write_parquet, zipf_ranks)
+from sampan.rec.data import (
+    ClickStream,
+    CTRBatch,
+    ParquetCTRReader,
+    splitmix64,
+    write_parquet,
+    zipf_ranks,
+)
 from sampan.rec.metrics import LogLoss, StreamingAUC
 
 

@@ -29,6 +29,25 @@ def test_hash_embedding_gradient_is_summed_rows_of_unique_ids():
     assert len(emb.emb) == 2  # eval lookups create no rows
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_hash_embedding_bags_match_numpy_pooling(mode):
+    emb = HashEmbedding(4, optimizer_factory=lambda: SparseSGD(1.0))
+    offsets = np.array([0, 2, 2, 5])
+    ids = np.array([10, 11, 10, 12, 10], np.int64)
+    out = emb.bags(offsets, ids, mode)
+    vec = emb.emb.read(np.array([10, 11, 12]))
+    ref = np.stack([vec[0] + vec[1], np.zeros(4), 2 * vec[0] + vec[2]])
+    if mode == "mean":
+        ref = ref / np.array([2, 1, 3])[:, None]
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+    out.sum().backward()
+    uniq, leaf = emb._pending[0]
+    scale = {"sum": [3, 1, 1], "mean": [1 / 2 + 2 / 3, 1 / 2, 1 / 3]}[mode]
+    np.testing.assert_allclose(leaf.grad.numpy(), np.repeat(np.array(scale)[:, None], 4, 1),
+                               rtol=1e-6)
+    assert uniq.tolist() == [10, 11, 12]
+
+
 def _fit(model, steps, batch, seed=0):
     stream = ClickStream(seed=seed)
     opt = sampan.optim.Adagrad(model.parameters(), lr=0.05)

@@ -8,8 +8,15 @@ import pytest
 
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.policies import TTLEviction
-from sampan.rec.snapshot import (ServingTable, SnapshotError, export_delta, export_full,
-                                 read_snapshot, restore, table_state)
+from sampan.rec.snapshot import (
+    ServingTable,
+    SnapshotError,
+    export_delta,
+    export_full,
+    read_snapshot,
+    restore,
+    table_state,
+)
 from sampan.rec.table import HashEmbeddingTable
 
 

@@ -7,8 +7,14 @@ import torch
 
 import sampan
 from sampan.autograd import gradcheck, gradgradcheck
-from sampan.ops.sparse import (pair_dots, pair_dots_grad, rows_gather, rows_scatter_add,
-                               triu_gather, triu_scatter)
+from sampan.ops.sparse import (
+    pair_dots,
+    pair_dots_grad,
+    rows_gather,
+    rows_scatter_add,
+    triu_gather,
+    triu_scatter,
+)
 
 
 def _f64(r, *shape):

@@ -7,8 +7,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sampan.rec.policies import (CallableEviction, LFUEviction, MinCountAdmission,
-                                 ProbabilisticAdmission, TTLEviction)
+from sampan.rec.policies import (
+    CallableEviction,
+    LFUEviction,
+    MinCountAdmission,
+    ProbabilisticAdmission,
+    TTLEviction,
+)
 from sampan.rec.table import HashEmbeddingTable, hashed_normal
 
 
