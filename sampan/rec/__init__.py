@@ -26,7 +26,9 @@ from sampan.rec.snapshot import (
     SnapshotError,
     export_delta,
     export_full,
+    export_sharded,
     restore,
+    restore_sharded,
 )
 from sampan.rec.table import HashEmbeddingTable, hashed_normal
 
@@ -36,5 +38,6 @@ __all__ = [
     "ProbabilisticAdmission", "PulledBatch", "RowAllocator", "ServingTable", "ShardedEmbedding",
     "SnapshotError", "SparseAdagrad", "SparseAdam", "SparseFTRL", "SparseSGD", "StreamingAUC",
     "TTLEviction", "auc", "bag_pool", "bag_pool_backward", "export_delta", "export_full",
-    "hash_ids", "hashed_normal", "restore", "segment_sum", "unique_inverse",
+    "export_sharded", "hash_ids", "hashed_normal", "restore", "restore_sharded", "segment_sum",
+    "unique_inverse",
 ]

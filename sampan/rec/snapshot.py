@@ -32,8 +32,10 @@ __all__ = [
     "SnapshotError",
     "export_delta",
     "export_full",
+    "export_sharded",
     "read_snapshot",
     "restore",
+    "restore_sharded",
     "table_state",
 ]
 
@@ -112,24 +114,18 @@ def _config(table: HashEmbeddingTable) -> dict:
             "slot_init": table.slot_init}
 
 
-def export_full(table: HashEmbeddingTable, path: str) -> dict:
-    """Write every row (weights, slots, metadata) at one consistent step; returns header."""
-    with table.lock:
+def _take_export(table: HashEmbeddingTable, kind: str) -> tuple[dict, dict]:
+    """Capture a full or delta export; the caller holds ``table.lock``.
+
+    Clears the dirty bits and eviction log; :func:`_undo_export` puts them back if
+    writing the file fails, so the next delta still carries those rows.
+    """
+    if kind == "full":
         ids, rows = table.map.items()
         arrays = _capture(table, rows, ids)
+        base = None
         seq = 0 if table.export_seq is None else table.export_seq + 1
-        header = {"kind": "full", "seq": seq, "base_seq": None, "step": table.step,
-                  "table": _config(table)}
-        table.dirty[:] = False
-        table.evicted.clear()
-        table.export_seq = seq
-    _write_atomic(path, header, arrays)
-    return header
-
-
-def export_delta(table: HashEmbeddingTable, path: str) -> dict:
-    """Write rows written and ids evicted since the previous export; returns header."""
-    with table.lock:
+    else:
         if table.export_seq is None:
             raise SnapshotError("export_delta needs a previous export_full of this table")
         n = table.alloc.next_row
@@ -137,14 +133,96 @@ def export_delta(table: HashEmbeddingTable, path: str) -> dict:
         arrays = _capture(table, rows, table.meta["key"][rows])
         arrays["removed"] = (np.concatenate(table.evicted) if table.evicted
                              else np.empty(0, np.int64))
-        seq = table.export_seq + 1
-        header = {"kind": "delta", "seq": seq, "base_seq": table.export_seq,
-                  "step": table.step, "table": _config(table)}
-        table.dirty[:] = False
-        table.evicted.clear()
-        table.export_seq = seq
-    _write_atomic(path, header, arrays)
+        base, seq = table.export_seq, table.export_seq + 1
+    header = {"kind": kind, "seq": seq, "base_seq": base, "step": table.step,
+              "table": _config(table)}
+    undo = {"seq": table.export_seq, "evicted": list(table.evicted)}
+    table.dirty[:] = False
+    table.evicted.clear()
+    table.export_seq = seq
+    return header, arrays, undo
+
+
+def _undo_export(table: HashEmbeddingTable, arrays: dict, undo: dict) -> None:
+    with table.lock:
+        rows = table.map.get(arrays["ids"])
+        table.dirty[rows[rows >= 0]] = True
+        table.evicted[:0] = undo["evicted"]
+        table.export_seq = undo["seq"]
+
+
+def _export(table: HashEmbeddingTable, path: str, kind: str) -> dict:
+    with table.lock:
+        header, arrays, undo = _take_export(table, kind)
+    try:
+        _write_atomic(path, header, arrays)
+    except BaseException:
+        _undo_export(table, arrays, undo)
+        raise
     return header
+
+
+def export_full(table: HashEmbeddingTable, path: str) -> dict:
+    """Write every row (weights, slots, metadata) at one consistent step; returns header."""
+    return _export(table, path, "full")
+
+
+def export_delta(table: HashEmbeddingTable, path: str) -> dict:
+    """Write rows written and ids evicted since the previous export; returns header."""
+    return _export(table, path, "delta")
+
+
+def export_sharded(emb, directory: str, kind: str = "full") -> dict:
+    """Export every shard of a ShardedEmbedding at one consistent cut.
+
+    All shard locks are held while the shards are captured, so no push lands between
+    two shards' copies. Writes ``shard_<i>.<seq>.<kind>`` files and then, atomically,
+    ``manifest.<seq>.json`` naming them; returns the manifest.
+    """
+    if kind not in ("full", "delta"):
+        raise ValueError(f"kind must be 'full' or 'delta', got {kind!r}")
+    tables = [sh.table for sh in emb.shards]
+    for t in tables:
+        t.lock.acquire()
+    try:
+        taken = [_take_export(t, kind) for t in tables]
+    finally:
+        for t in reversed(tables):
+            t.lock.release()
+    os.makedirs(directory, exist_ok=True)
+    seq = taken[0][0]["seq"]
+    files = []
+    try:
+        for i, (header, arrays, _) in enumerate(taken):
+            name = f"shard_{i}.{seq}.{kind}"
+            _write_atomic(os.path.join(directory, name), header, arrays)
+            files.append(name)
+    except BaseException:
+        for t, (_, arrays, undo) in zip(tables, taken):
+            _undo_export(t, arrays, undo)
+        raise
+    manifest = {"kind": kind, "seq": seq, "n_shards": len(tables), "files": files,
+                "steps": [h["step"] for h, _, _ in taken]}
+    _write_atomic(os.path.join(directory, f"manifest.{seq}.json"), manifest, {})
+    return manifest
+
+
+def restore_sharded(directory: str, seqs, **shard_kwargs):
+    """Tables of every shard from manifests ``seqs`` (a full one, then deltas), in order.
+
+    Returns one restored :class:`HashEmbeddingTable` per shard; wrap them in
+    ``LocalShard`` s to serve or train.
+    """
+    manifests = [read_snapshot(os.path.join(directory, f"manifest.{q}.json"))[0]
+                 for q in seqs]
+    n = {m["n_shards"] for m in manifests}
+    if len(n) != 1:
+        raise SnapshotError(f"manifests disagree on the number of shards: {sorted(n)}")
+    paths = [[os.path.join(directory, m["files"][i]) for m in manifests]
+             for i in range(n.pop())]
+    for shard_paths in paths:  # verify everything before building anything
+        _check_chain([(p, *read_snapshot(p)) for p in shard_paths])
+    return [restore(p[0], p[1:], **shard_kwargs) for p in paths]
 
 
 def _check_chain(loaded: list[tuple[str, dict, dict]]) -> None:

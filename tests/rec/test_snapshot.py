@@ -133,3 +133,47 @@ def test_export_is_consistent_while_training_runs(tmp_path):
     finally:
         stop.set()
         th.join()
+
+
+def test_failed_write_keeps_rows_for_the_next_delta(tmp_path, monkeypatch):
+    import sampan.rec.snapshot as snap
+
+    table = HashEmbeddingTable(4)
+    table.lookup(np.arange(10))
+    export_full(table, str(tmp_path / "full"))
+    table.set_vectors([3, 4], np.ones((2, 4)))
+    table.remove([5])
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(snap, "_write_atomic", boom)
+    with pytest.raises(OSError, match="disk full"):
+        export_delta(table, str(tmp_path / "d1"))
+    monkeypatch.undo()
+    header = export_delta(table, str(tmp_path / "d1"))
+    assert header["seq"] == 1
+    _, arrays = read_snapshot(str(tmp_path / "d1"))
+    assert sorted(arrays["ids"].tolist()) == [3, 4] and arrays["removed"].tolist() == [5]
+    _assert_same(restore(str(tmp_path / "full"), [str(tmp_path / "d1")]), table)
+
+
+def test_sharded_export_restores_every_shard(tmp_path):
+    from sampan.rec.sharded import ShardedEmbedding
+    from sampan.rec.snapshot import export_sharded, restore_sharded
+
+    emb = ShardedEmbedding(4, n_shards=3, optimizer_factory=lambda: SparseAdagrad(0.1))
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        uniq, inv, vec = emb.pull(rng.integers(0, 500, 300), step)
+        emb.push(uniq, np.ones_like(vec), step)
+    export_sharded(emb, str(tmp_path), "full")
+    for step in range(3, 5):
+        uniq, inv, vec = emb.pull(rng.integers(300, 900, 300), step)
+        emb.push(uniq, np.ones_like(vec), step)
+    m = export_sharded(emb, str(tmp_path), "delta")
+    assert m["n_shards"] == 3 and m["seq"] == 1
+    tables = restore_sharded(str(tmp_path), [0, 1])
+    for restored, shard in zip(tables, emb.shards):
+        _assert_same(restored, shard.table)
+    emb.close()
