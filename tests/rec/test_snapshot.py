@@ -165,11 +165,11 @@ def test_sharded_export_restores_every_shard(tmp_path):
     emb = ShardedEmbedding(4, n_shards=3, optimizer_factory=lambda: SparseAdagrad(0.1))
     rng = np.random.default_rng(0)
     for step in range(3):
-        uniq, inv, vec = emb.pull(rng.integers(0, 500, 300), step)
+        uniq, _, vec = emb.pull(rng.integers(0, 500, 300), step)
         emb.push(uniq, np.ones_like(vec), step)
     export_sharded(emb, str(tmp_path), "full")
     for step in range(3, 5):
-        uniq, inv, vec = emb.pull(rng.integers(300, 900, 300), step)
+        uniq, _, vec = emb.pull(rng.integers(300, 900, 300), step)
         emb.push(uniq, np.ones_like(vec), step)
     m = export_sharded(emb, str(tmp_path), "delta")
     assert m["n_shards"] == 3 and m["seq"] == 1
