@@ -99,6 +99,9 @@ class HashEmbeddingTable:
         self.eviction = eviction
         self.default = np.zeros(dim, np.float32) if default is None else \
             np.asarray(default, np.float32).reshape(dim)
+        # pre-sizing avoids rehash / metadata copies while a known-size table fills up;
+        # untouched metadata pages cost no resident memory
+        self.initial_capacity = int(initial_capacity)
         self.map = HashMap(initial_capacity)
         self.alloc = RowAllocator()
         self.weights = ChunkedRows(dim, chunk_shift)
@@ -149,7 +152,7 @@ class HashEmbeddingTable:
                 for c in self.slots.chunks[old >> self.slots.shift:]:
                     c.fill(self.slot_init)
         if n > self.live.size:
-            size = max(n, 2 * self.live.size, 1024)
+            size = max(n, 2 * self.live.size, self.initial_capacity)
             for f, a in self.meta.items():
                 grown = np.zeros(size, np.int64)
                 grown[: a.size] = a
