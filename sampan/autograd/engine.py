@@ -114,7 +114,8 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
             op = node.op
             inputs = node.inputs
             if gs is not None:
-                _check_saved(node)
+                if node.saved or node.outs is not None:
+                    _check_saved(node)
                 if op.n_out == 1:
                     g_in = gs[0]
                     y = node.outs[0]() if node.outs is not None else None
@@ -122,14 +123,16 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     g_in = tuple(g if g is not None else _zeros(*spec)
                                  for g, spec in zip(gs, node.out_specs))
                     y = tuple(r() for r in node.outs) if node.outs is not None else None
-                in_grads = op.grad(g_in, y, *inputs, **node.attrs)
+                attrs = node.attrs
+                in_grads = (op.grad(g_in, y, *inputs, **attrs) if attrs else
+                            op.grad(g_in, y, *inputs))
                 if not isinstance(in_grads, (tuple, list)):
                     in_grads = (in_grads,)
             else:
                 in_grads = (None,) * len(inputs)
             for (m, k), t, gi in zip(node.edges, inputs, in_grads):
                 if gi is not None and (m is not None or k is not None):
-                    if gi.dtype != t.dtype:
+                    if gi._data.dtype is not t._data.dtype and gi._data.dtype != t._data.dtype:
                         gi = gi.to(t.dtype)
                     if m is None:
                         _acc(leaf_grads, id(k), k, gi)

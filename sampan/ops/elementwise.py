@@ -17,8 +17,19 @@ _isfloat = _dt.is_floating
 
 
 # ---------------------------------------------------------------------- frontends
+_CONSTS: dict = {}
+
+
 def _const(value, dtype):
-    return wrap(np.asarray(value, dtype=dtype))
+    """A scalar constant; the read-only 0-d arrays are cached per (value, dtype)."""
+    key = (type(value), value, dtype)
+    a = _CONSTS.get(key)
+    if a is None:
+        a = np.asarray(value, dtype=dtype)
+        a.flags.writeable = False
+        if len(_CONSTS) < 4096:
+            _CONSTS[key] = a
+    return wrap(a)
 
 
 def operands(a, b):
