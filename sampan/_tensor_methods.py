@@ -100,15 +100,7 @@ def _inplace(self, result):
         # history continues from the out-of-place result's node
         self._node, self._idx = result._node, result._idx
         self.requires_grad = True
-        node = result._node
-        if node.outs is not None:  # the output the gradient rule reads is now `self`
-            import weakref
-            outs = list(node.outs)
-            outs[result._idx] = weakref.ref(self)
-            node.outs = tuple(outs)
-            vers = list(node.out_versions)
-            vers[result._idx] = self._base._version if self._base is not None else self._version
-            node.out_versions = tuple(vers)
+        result._node.rebind_output(result._idx, self)
     return self
 
 

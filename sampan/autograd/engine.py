@@ -118,11 +118,12 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     _check_saved(node)
                 if op.n_out == 1:
                     g_in = gs[0]
-                    y = node.outs[0]() if node.outs is not None else None
+                    y = node.output(0) if node.outs is not None else None
                 else:
                     g_in = tuple(g if g is not None else _zeros(*spec)
                                  for g, spec in zip(gs, node.out_specs))
-                    y = tuple(r() for r in node.outs) if node.outs is not None else None
+                    y = (tuple(node.output(i) for i in range(len(node.outs)))
+                         if node.outs is not None else None)
                 attrs = node.attrs
                 in_grads = (op.grad(g_in, y, *inputs, **attrs) if attrs else
                             op.grad(g_in, y, *inputs))

@@ -11,7 +11,7 @@ import weakref
 
 
 class Node:
-    __slots__ = ("op", "inputs", "edges", "attrs", "outs", "out_versions", "saved",
+    __slots__ = ("op", "inputs", "edges", "attrs", "outs", "out_versions", "out_data", "saved",
                  "out_specs", "hooks", "freed", "__weakref__")
 
     def __init__(self, op, inputs, attrs, outs):
@@ -43,12 +43,31 @@ class Node:
             # their versions are checked through the weak references
             self.outs = tuple(weakref.ref(y) for y in outs)
             self.out_versions = tuple(y._version for y in outs)
+            # the arrays stay alive (no cycle): an output the user dropped is re-wrapped
+            self.out_data = tuple(y._data for y in outs)
         else:
             self.outs = None
         self.out_specs = None if len(outs) == 1 else [(y._data.shape, y._data.dtype)
                                                       for y in outs]
         self.hooks = None
         self.freed = False
+
+    def output(self, i):
+        """Output i as a Tensor: the live one, or its saved array re-wrapped (detached)."""
+        y = self.outs[i]()
+        if y is None:
+            from ..tensor import wrap
+            y = wrap(self.out_data[i])
+        return y
+
+    def rebind_output(self, i, t):
+        """An in-place op made `t` the tensor holding output i (the rule reads it now)."""
+        if self.outs is None:
+            return
+        b = t._base if t._base is not None else t
+        self.outs = self.outs[:i] + (weakref.ref(t),) + self.outs[i + 1:]
+        self.out_versions = self.out_versions[:i] + (b._version,) + self.out_versions[i + 1:]
+        self.out_data = self.out_data[:i] + (t._data,) + self.out_data[i + 1:]
 
     def add_hook(self, idx, fn):
         if self.hooks is None:

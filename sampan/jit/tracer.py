@@ -192,12 +192,9 @@ class Tracer:
         self.own.add(id(rv))
         bump_version(target)
         if result._node is not None and STATE.grad_enabled:
-            import weakref
             target._node, target._idx = result._node, result._idx
             target.requires_grad = True
-            outs = result._node.outs
-            if outs is not None:
-                outs[result._idx] = weakref.ref(target)
+            result._node.rebind_output(result._idx, target)
         return target
 
     def bool_of(self, t):
