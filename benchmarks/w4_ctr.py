@@ -254,6 +254,7 @@ def main(argv=None):
     if any(s.startswith("torch") for s in systems):
         import torch
         torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
         chk = check_one_step(torch, batches[0], weights)
         print(json.dumps({"workload": "W4", "check": "loss before/after one step, sampan vs "
                           "torch-dict", **chk}), flush=True)

@@ -169,6 +169,9 @@ def _pair_dots_kernel(t):
     if t.ndim != 3 or t.shape[2] < 1:
         raise ValueError(f"expected (B, K, dim) vectors, got {t.shape}")
     k = t.shape[1]
+    if not HAVE_NUMBA or t.dtype not in (np.float32, np.float64):
+        i, j = np.triu_indices(k, 1)
+        return np.ascontiguousarray(np.matmul(t, t.transpose(0, 2, 1))[:, i, j])
     out = np.empty((t.shape[0], k * (k - 1) // 2), t.dtype)
     _pair_dots(np.ascontiguousarray(t), out)
     return out
@@ -179,6 +182,11 @@ def _pair_dots_grad_kernel(g, t):
     if t.ndim != 3 or g.shape != (t.shape[0], k * (k - 1) // 2):
         raise ValueError(f"pair gradients {g.shape} do not fit vectors {t.shape}")
     out = np.zeros(t.shape, np.result_type(g, t))
+    if not HAVE_NUMBA or out.dtype not in (np.float32, np.float64):
+        i, j = np.triu_indices(k, 1)
+        s = np.zeros((t.shape[0], k, k), out.dtype)
+        s[:, i, j] = g
+        return np.matmul(s + s.transpose(0, 2, 1), t).astype(out.dtype, copy=False)
     _pair_dots_grad(np.ascontiguousarray(g, out.dtype), np.ascontiguousarray(t, out.dtype), out)
     return out
 
