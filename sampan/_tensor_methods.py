@@ -11,7 +11,7 @@ from .errors import AutogradError
 from .ops import composite as C
 from .ops import creation, elementwise as E, index as I, linalg as L, reduce as R, shape as S
 from .ops.registry import STATE
-from .tensor import Tensor
+from .tensor import Tensor, apply
 
 
 def _rev(f):
@@ -37,6 +37,24 @@ _ops = {
 }
 for _n, _f in _ops.items():
     setattr(Tensor, _n, _f)
+
+
+def _fast_binary(op, general):
+    """Operator method with the common case (two tensors of one dtype) going straight to
+    dispatch; everything else (scalars, promotion) takes the op's frontend."""
+    empty = {}
+
+    def method(self, other):
+        if type(other) is Tensor and self._data.dtype is other._data.dtype:
+            return apply(op, (self, other), empty)
+        return general(self, other)
+    method.__name__ = general.__name__
+    return method
+
+
+for _n, _op, _f in [("__add__", E.ADD, E.add), ("__sub__", E.SUB, E.sub),
+                    ("__mul__", E.MUL, E.mul)]:
+    setattr(Tensor, _n, _fast_binary(_op, _f))
 Tensor.__pos__ = lambda self: self
 
 _methods = {

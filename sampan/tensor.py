@@ -325,7 +325,7 @@ def apply(op, inputs, attrs):
         if op.differentiable and st.grad_enabled:
             for t in inputs:
                 if t.requires_grad:
-                    if out.dtype in _FLOATS:
+                    if op.keeps_float or out.dtype in _FLOATS:
                         y._node = Node(op, inputs, attrs, (y,))
                         y.requires_grad = True
                     break

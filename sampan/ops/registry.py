@@ -53,6 +53,7 @@ class OpDef:
     save_output: bool = False        # gradient rule reads the output
     nondiff_inputs: tuple = ()       # inputs that never get gradients (indices, masks …)
     random: bool = False
+    keeps_float: bool = True         # float inputs give a float output (False: e.g. cast)
     doc: str = ""
 
     def __post_init__(self):

@@ -211,3 +211,6 @@ def _pair_dots_grad(t, a, k):
 
 
 ORACLE.update({"pair_dots": _pair_dots, "pair_dots_grad": _pair_dots_grad})
+
+ORACLE.update({"tanh_grad": lambda t, a, k: a[1] * (1 - a[0] * a[0]),
+               "sigmoid_grad": lambda t, a, k: a[1] * a[0] * (1 - a[0])})
