@@ -102,6 +102,11 @@ def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
     _flatten((example_inputs, {}), leaves)
     g, slots, out_slots, out_tree, _ = trace(fn, example_inputs, {}, state)
     names = pipeline(passes) if isinstance(passes, str) else list(passes)
+    # state the program reads but never writes is fixed in a saved program: passes that
+    # know it (freeze_state, in the "inference" pipeline) may fold it into constants
+    written = {id(ref) for kind, ref in out_slots if kind == "state"}
+    g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
+                        if kind == "state" and id(ref) not in written}
     g = PassManager([p for p in names if p != "plan_memory"]).run(g)
 
     arrays, dtypes = {}, {}

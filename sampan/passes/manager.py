@@ -35,8 +35,8 @@ PASSES: dict[str, Pass] = {}
 
 PIPELINES: dict[str, list] = {
     "train": ["simplify", "fold_constants", "cse", "dce", "fuse_elementwise", "plan_memory"],
-    "inference": ["simplify", "fold_constants", "cse", "simplify", "dce", "fuse_elementwise",
-                  "plan_memory"],
+    "inference": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
+                  "fold_batch_norm", "dce", "fuse_elementwise", "plan_memory"],
     "none": [],
 }
 
