@@ -108,6 +108,19 @@ def _ftrl(wb, sb, shift, dim, sw, rows, g, alpha, beta, l1, l2):
                 w[o + d] = -(z - sign * l1) / ((beta + np.sqrt(n_new)) / alpha + l2)
 
 
+@njit(cache=True, nogil=True)
+def _mark(rows, updated, dirty, step):
+    """Record the write for snapshots; returns how many rows were live."""
+    n = 0
+    for j in range(rows.size):
+        r = rows[j]
+        if r >= 0:
+            updated[r] = step
+            dirty[r] = True
+            n += 1
+    return n
+
+
 class _SparseOptimizer:
     slot_init = 0.0
 
@@ -134,10 +147,8 @@ class _SparseOptimizer:
         with table.lock:
             rows = table.map.get(keys)
             self._kernel(table, rows, g)
-            live = rows[rows >= 0]
-            table.meta["updated"][live] = table.step if step is None else int(step)
-            table.dirty[live] = True
-        return int(live.size)
+            return _mark(rows, table.meta["updated"], table.dirty,
+                         table.step if step is None else int(step))
 
     def _args(self, table):
         sl = table.slots

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sampan.rec.hashtable import hash_ids
+from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.table import HashEmbeddingTable
@@ -100,6 +100,7 @@ class ShardedEmbedding:
         self.shards = list(shards)
         n = len(self.shards)
         self.pool = ThreadPoolExecutor(threads or min(n, 4)) if n > 1 else None
+        self.push_log: list[np.ndarray] | None = None  # ids pushed, while a Prefetcher asks
 
     def close(self) -> None:
         """Stop the thread pool."""
@@ -154,6 +155,17 @@ class ShardedEmbedding:
         grads = np.ascontiguousarray(grads, np.float32)
         parts = self._split(uniq)
         self._map(lambda i, p: self.shards[i].push(uniq[p], grads[p], step), parts)
+        if self.push_log is not None:
+            self.push_log.append(uniq.copy())
+
+    def refetch(self, uniq, parts, rows, mask, out) -> None:
+        """Gather again, into ``out``, the vectors of the plan's ids selected by ``mask``."""
+        def one(i, p):
+            sel = mask[p]
+            if sel.any():
+                out[p[sel]] = self.shards[i].gather(uniq[p[sel]], rows[i][sel])
+
+        self._map(one, parts)
 
     def read(self, ids) -> np.ndarray:
         """Vectors of ids without creating rows (serving-style)."""
@@ -171,10 +183,12 @@ class ShardedEmbedding:
 class Prefetcher:
     """Iterate ``PulledBatch`` es, preparing batch t+1 on a background thread during step t.
 
-    The background thread dedupes batch t+1's ids and assigns their rows (the hashing,
-    admission and row creation) while the caller trains on batch t; it gathers the vectors
-    only after the caller reports ``done(t)`` (its push), so training sees exactly what a
-    synchronous loop would. ``ids_of(batch)`` extracts the id array of a batch.
+    The background thread dedupes batch t+1's ids, assigns their rows (the hashing,
+    admission and row creation) and gathers their vectors while the caller trains on batch
+    t. When the caller reports ``done()`` (its push of step t), the thread gathers again
+    just the ids that push touched, so training sees exactly what a synchronous loop would
+    (as long as pushes go through ``emb.push`` and nothing else evicts meanwhile).
+    ``ids_of(batch)`` extracts the id array of a batch.
     ``overlap()`` reports the fraction of background work hidden behind the caller.
     """
 
@@ -187,6 +201,7 @@ class Prefetcher:
         self.bg_seconds = 0.0
         self.wait_seconds = 0.0
         self._stop = threading.Event()
+        emb.push_log = []
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -196,16 +211,22 @@ class Prefetcher:
             for batch in self._it:
                 t0 = time.perf_counter()
                 uniq, inv, parts, rows = self.emb.plan(self.ids_of(batch), step)
+                vecs = self.emb.fetch(uniq, parts, rows)
                 t1 = time.perf_counter()
                 self._pushed.acquire()
                 if self._stop.is_set():
                     return
                 t2 = time.perf_counter()
-                vecs = self.emb.fetch(uniq, parts, rows)
+                pushed, self.emb.push_log = self.emb.push_log, []
+                if pushed:
+                    seen = HashMap(sum(p.size for p in pushed))
+                    for p in pushed:
+                        seen.put(p, np.zeros(p.size, np.int64))
+                    self.emb.refetch(uniq, parts, rows, seen.get(uniq) >= 0, vecs)
                 t3 = time.perf_counter()
                 self.bg_seconds += (t1 - t0) + (t3 - t2)
                 self._out.put(PulledBatch(batch, uniq, inv, vecs,
-                                          {"plan": t1 - t0, "fetch": t3 - t2}))
+                                          {"plan_fetch": t1 - t0, "refetch": t3 - t2}))
                 step += 1
         except BaseException as exc:  # noqa: BLE001  (surfaced in the caller)
             self._out.put(exc)
@@ -240,3 +261,4 @@ class Prefetcher:
         self._stop.set()
         self._pushed.release()
         self._thread.join(timeout=5)
+        self.emb.push_log = None
