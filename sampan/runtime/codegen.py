@@ -78,6 +78,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     Example: ``c = compile_graph(g); outs = c(x_array)``; ``print(c.code)``"""
     plan = g.meta.get("memory_plan") if use_plan else None
     assign = plan["assign"] if plan else {}
+    donate = plan.get("donate", {}) if plan else {}
     env = {"_asarray": np.asarray, "_inf": math.inf, "_nan": math.nan, "_check": _check,
            "_np": np}
     ren = {v.id: k for k, v in enumerate(g.values())}   # the printer's numbering
@@ -95,6 +96,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         for v in n.inputs:
             last[v.id] = i
     keep = {v.id for v in g.outputs} | {v.id for v in g.inputs if not release}
+    keep |= {g.inputs[k].id for k in donate.values()}
     lines = [f"def {name}({', '.join(names[v.id] for v in g.inputs)}):"]
     kernels = {}
     for i, n in enumerate(g.nodes):
@@ -105,7 +107,13 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         args = [names[v.id] for v in n.inputs]
         args += [f"{k}={_py(a)}" for k, a in n.attrs.items()]
         bufname = None
-        if n.outputs[0].id in assign:
+        first = n.outputs[0].id if n.outputs else None
+        if first in donate:  # computed in place into a donated input's array
+            bufname = names[g.inputs[donate[first]].id]
+            kname = f"out_{n.op}"
+            env[kname] = out_kernel(n)
+            args.append(f"out={bufname}")
+        elif first in assign:
             v = n.outputs[0]
             b = buffers[assign[v.id]]
             bufname = f"_b{ren[v.id]}"
@@ -116,7 +124,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         else:
             kname = f"k_{n.op}"
             if n.op in NODE_KERNELS:  # a kernel made for this node (generated fused kernels)
-                kname = f"k{ren[n.outputs[0].id]}"
+                kname = f"k{i}_{n.op}"
                 env[kname] = NODE_KERNELS[n.op](n)
                 args = args[:len(n.inputs)]
             elif kname not in kernels:
