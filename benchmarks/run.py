@@ -12,13 +12,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main(argv):
     only = set(argv)
-    scripts = sorted(glob.glob(os.path.join(HERE, "w*_*.py")))
+    # every workload script (w*_*.py) plus the kernel-level comparisons
+    scripts = sorted(glob.glob(os.path.join(HERE, "w*_*.py"))) + [
+        os.path.join(HERE, n) for n in ("conv_micro.py", "fusion_kernels.py")
+        if os.path.exists(os.path.join(HERE, n))]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     rc = 0
     for s in scripts:
         name = os.path.basename(s)
-        if only and not any(name.startswith(o.lower()) for o in only):
+        if only and not any(o.lower() in name for o in only):
             continue
         print(f"# {name}", file=sys.stderr, flush=True)
         r = subprocess.run([sys.executable, s], cwd=HERE, env=env)
