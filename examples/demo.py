@@ -76,12 +76,9 @@ def main():
     from sampan.ir.viz import render
     print(render(sampan.jit.load(prog).graph, os.path.join(OUT, "digits_cnn.svg")))
 
-    try:
-        from sampan.rec import demo as rec_demo
-    except ImportError:
-        return
-    step("4. recommendation: DLRM on the synthetic click stream")
-    rec_demo.main(steps=60)
+    step("4. recommendation: DLRM on the synthetic click stream (raw 64-bit ids)")
+    import rec_dlrm
+    rec_dlrm.main(["--quick"])
 
 
 if __name__ == "__main__":
