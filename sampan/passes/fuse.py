@@ -1,5 +1,9 @@
 """Elementwise fusion: connected elementwise nodes of one output shape become one `fused`
-node (see `sampan.ops.fused`) that runs as one generated numba kernel.
+node (see `sampan.ops.fused`) that runs as one generated numba kernel. Reductions over
+the last axis (sum/mean/max/min, keepdims) join the group of their input with their
+elementwise prologue and epilogue (row kernels, `backends.numba.reducegen`): a softmax
+is max+sub, exp, sum+div (one kernel with fast math), a layer_norm one kernel. A matmul's
+epilogue (bias, activation, residual) is the fused kernel that reads its output.
 
 Grouping walks the graph in order and puts a node into the group of one of its
 producers when (1) the op has a scalar form the kernel generator can vectorise (the
@@ -23,6 +27,7 @@ import os
 import numpy as np
 
 from .. import dtypes as _dt
+from ..ops._util import norm_axis
 from ..ops.registry import OPS, Spec
 from ..runtime.codegen import NODE_KERNELS
 from .manager import register_pass
@@ -40,6 +45,40 @@ def set_fast_math(on: bool) -> None:
     """Let fused kernels compute float32 transcendentals themselves (see FAST_MATH)."""
     global FAST_MATH
     FAST_MATH = bool(on)
+
+
+# Fuse last-axis reductions with their prologue/epilogue. Bit-identical to numpy (pairwise
+# sums, float64 mean division), so on by default; `SAMPAN_FUSE_REDUCE=0` turns it off.
+FUSE_REDUCTIONS = os.environ.get("SAMPAN_FUSE_REDUCE", "1") == "1"
+_REDUCE = {"sum", "mean", "max", "min"}
+_RED_DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def set_fuse_reductions(on: bool) -> None:
+    """Let reductions join fused groups (see FUSE_REDUCTIONS)."""
+    global FUSE_REDUCTIONS
+    FUSE_REDUCTIONS = bool(on)
+
+
+def reducible(n) -> bool:
+    """Whether reduction node `n` may join a fused group: float32/64, over the last axis
+    only, keepdims, of a static shape whose rows hold two or more elements."""
+    if not FUSE_REDUCTIONS or n.op not in _REDUCE or len(n.inputs) != 1:
+        return False
+    x, out = n.inputs[0], n.outputs[0]
+    if x.dtype not in _RED_DTYPES or out.dtype != x.dtype or not x.shape:
+        return False
+    if not all(isinstance(d, int) and d > 0 for d in x.shape) or x.shape[-1] < 2:
+        return False
+    return bool(n.attrs.get("keepdims")) and norm_axis(n.attrs.get("axis"), len(x.shape)) == (len(x.shape) - 1,)
+
+
+def _fits(red, S, key, has_red) -> bool:
+    """May a node (a reduction reading / an elementwise node making shape S) join a group
+    iterating over `key`? Row-level nodes (shape key[:-1] + (1,)) join groups that reduce."""
+    if red or S == key:
+        return S == key
+    return has_red and len(key) > 0 and S == key[:-1] + (1,)
 
 _ALWAYS = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "relu", "where",
            "cast", "copy", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
@@ -85,6 +124,7 @@ def find_groups(g):
     group_of = {}          # node id -> group index
     members = []           # group index -> [nodes]
     shape_of = []
+    has_red = []           # group index -> holds a reduction
     gdep = []              # group index -> bitmask of groups its members read from
     anc = {}               # value id -> bitmask of groups it depends on (directly)
 
@@ -106,12 +146,14 @@ def find_groups(g):
         for v in n.inputs:
             dep |= anc.get(v.id, 0)
         chosen = None
-        if id(n) not in donated and fusable(n):
-            S = tuple(n.outputs[0].shape)
+        red = id(n) not in donated and reducible(n)
+        if id(n) not in donated and (red or fusable(n)):
+            S = tuple(n.inputs[0].shape if red else n.outputs[0].shape)
             for v in n.inputs:
                 p = v.node
                 gi = group_of.get(id(p)) if p is not None else None
-                if gi is None or shape_of[gi] != S or len(members[gi]) >= MAX_GROUP:
+                if gi is None or len(members[gi]) >= MAX_GROUP or not _fits(
+                        red, S, shape_of[gi], has_red[gi]):
                     continue
                 bit = 1 << gi
                 ok = True
@@ -129,7 +171,9 @@ def find_groups(g):
                 chosen = len(members)
                 members.append([])
                 shape_of.append(S)
+                has_red.append(False)
                 gdep.append(0)
+            has_red[chosen] = has_red[chosen] or red
             group_of[id(n)] = chosen
             members[chosen].append(n)
             gdep[chosen] |= dep & ~(1 << chosen)
@@ -223,18 +267,19 @@ def fuse_graph(g):
     fused_nodes = []
     for k, nodes in enumerate(groups):
         fn, m = _build(g, nodes, users, outs)
-        fn.meta["group"] = f"fused kernel {k}"
-        rep.update(m)
-        fused_nodes.append(fn)
-        for n in nodes:
-            grouped[id(n)] = fn
+        if fn.outputs:
+            fn.meta["group"] = f"fused kernel {k}"
+            rep.update(m)
+            fused_nodes.append(fn)
+        for n in nodes:   # a group nothing reads is dead code: dropped with its nodes
+            grouped[id(n)] = fn if fn.outputs else False
     new_nodes = []
     seen = set()
     for n in g.nodes:
         f = grouped.get(id(n))
         if f is None:
             new_nodes.append(n)
-        elif id(f) not in seen:
+        elif f is not False and id(f) not in seen:
             seen.add(id(f))
             new_nodes.append(f)
     for n in new_nodes:

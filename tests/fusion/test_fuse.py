@@ -140,7 +140,7 @@ def gpt_step_graphs():
 
 
 # regression figures, measured with `python -m pytest tests/fusion -k kernel_count -s`
-GPT_KERNELS = {False: 346, True: 334}
+GPT_KERNELS = {False: 311, True: 294}   # before reduction fusion: 346, 334
 
 
 @pytest.mark.parametrize("fast", [False, True])

@@ -162,3 +162,70 @@ def sigmoid32(x):
 
 
 FUNCS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32"}
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _pw_block(a, lo, n, zero):
+    """numpy's pairwise_sum on at most 128 elements: 8 accumulators, then the rest."""
+    if n < 8:
+        res = zero
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = lo + 8
+    end = lo + n - n % 8
+    while i < end:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < lo + n:
+        res += a[i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a, lo, n, zero):
+    """Sum of a[lo:lo + n] in numpy's pairwise order (blocks of at most 128 summed by
+    `_pw_block`, halves rounded to multiples of 8 above that), so a fused row sum is
+    bit-identical to `np.sum(x, axis=-1)` on a contiguous row. `zero` gives the type.
+    Iterative (an explicit stack): numba's cache cannot link recursive functions."""
+    if n <= 128:
+        return _pw_block(a, lo, n, zero)
+    f_lo = np.empty(64, np.int64)
+    f_n = np.empty(64, np.int64)
+    f_st = np.zeros(64, np.int64)
+    vals = np.empty(64, a.dtype)
+    top, nv = 0, 0
+    f_lo[0], f_n[0], f_st[0] = lo, n, 0
+    while top >= 0:
+        m = f_n[top]
+        if m <= 128:
+            vals[nv] = _pw_block(a, f_lo[top], m, zero)
+            nv += 1
+            top -= 1
+            continue
+        n2 = m // 2
+        n2 -= n2 % 8
+        st = f_st[top]
+        f_st[top] = st + 1
+        if st == 0:
+            f_lo[top + 1], f_n[top + 1], f_st[top + 1] = f_lo[top], n2, 0
+            top += 1
+        elif st == 1:
+            f_lo[top + 1], f_n[top + 1], f_st[top + 1] = f_lo[top] + n2, m - n2, 0
+            top += 1
+        else:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+            top -= 1
+    return vals[0]
