@@ -158,7 +158,7 @@ class ShardedEmbedding:
         if self.push_log is not None:
             self.push_log.append(uniq.copy())
 
-    def refetch(self, uniq, parts, rows, mask, out) -> None:
+    def _refetch(self, uniq, parts, rows, mask, out) -> None:
         """Gather again, into ``out``, the vectors of the plan's ids selected by ``mask``."""
         def one(i, p):
             sel = mask[p]
@@ -222,7 +222,7 @@ class Prefetcher:
                     seen = HashMap(sum(p.size for p in pushed))
                     for p in pushed:
                         seen.put(p, np.zeros(p.size, np.int64))
-                    self.emb.refetch(uniq, parts, rows, seen.get(uniq) >= 0, vecs)
+                    self.emb._refetch(uniq, parts, rows, seen.get(uniq) >= 0, vecs)
                 t3 = time.perf_counter()
                 self.bg_seconds += (t1 - t0) + (t3 - t2)
                 self._out.put(PulledBatch(batch, uniq, inv, vecs,
