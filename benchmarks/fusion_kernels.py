@@ -29,6 +29,8 @@ CHAINS = {
     "tanh": lambda a, b: sampan.tanh(a * b + 1.0),
     "gelu": lambda a, b: sampan.gelu(a + b),
     "layer_norm": lambda a, b: sampan.layer_norm(a, N[1], b[0], b[1]),
+    "softmax": lambda a, b: sampan.softmax(a + b, -1),
+    "log_softmax": lambda a, b: sampan.log_softmax(a, -1) * b,
 }
 
 
