@@ -6,7 +6,9 @@ into fixed 10^6-row tables. Also the hash map micro-benchmark (lookups/s, one co
     ... --steps 40 --systems sampan,torch-dict      (quick look)
 
 One JSON line per (system, mode): train samples/s (median of 5 blocks of steps/5 steps,
-min–max), AUC on held-out batches after exactly ``--steps`` steps, and table memory.
+min–max), AUC on held-out batches after exactly ``--steps`` steps, and table memory. The
+systems train side by side, one block each in turn, so a shared machine's changing load
+falls on all of them alike. BLAS and torch run ``--threads`` threads (default 1).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def sampan_model(weights, n_shards=1):
 
 
 def sampan_run(batches, evals, weights, blocks, prefetch, n_shards=1):
+    """Generator: yields each block's seconds, then a dict of results."""
     m, opt = sampan_model(weights, n_shards)
     times, pf = [], None
     if prefetch:
@@ -67,6 +70,7 @@ def sampan_run(batches, evals, weights, blocks, prefetch, n_shards=1):
             else:
                 train_step(m, opt, b.ids_matrix(), b.dense, b.labels)
         times.append(time.perf_counter() - t0)
+        yield times[-1]
     overlap = pf.overlap() if pf else None
     if pf:
         pf.close()
@@ -75,7 +79,8 @@ def sampan_run(batches, evals, weights, blocks, prefetch, n_shards=1):
     emb = m.embedding.emb
     mem = sum(s.table.nbytes for s in emb.shards)
     emb.close()
-    return times, a, mem, overlap, len(emb)
+    yield {"auc": round(a, 4), "table_mb": round(mem / 2**20, 1), "rows": len(emb),
+           **({"overlap": round(overlap, 3)} if overlap is not None else {})}
 
 
 # ------------------------------------------------------------------------------ torch
@@ -129,7 +134,8 @@ class DictMapper:
         return out
 
 
-def torch_run(torch, batches, evals, weights, blocks, variant, check_batch=None):
+def torch_run(torch, batches, evals, weights, blocks, variant):
+    """Generator: yields each block's seconds, then a dict of results."""
     hashed_rows = 10**6
     if variant == "hashed":
         rows_per_field = [hashed_rows] * F
@@ -166,6 +172,7 @@ def torch_run(torch, batches, evals, weights, blocks, variant, check_batch=None)
         for i in blk:
             step(batches[i])
         times.append(time.perf_counter() - t0)
+        yield times[-1]
     with torch.no_grad():
         ps = []
         for b in evals:
@@ -175,7 +182,7 @@ def torch_run(torch, batches, evals, weights, blocks, variant, check_batch=None)
             ps.append(torch.sigmoid(m(torch.from_numpy(r), torch.from_numpy(b.dense))).numpy())
     a = auc(np.concatenate(ps), np.concatenate([b.labels for b in evals]))
     mem = sum(e.weight.numel() * 4 * 2 for e in m.embs)  # weights + Adagrad state_sum
-    return times, a, mem
+    yield {"auc": round(a, 4), "table_mb": round(mem / 2**20, 1)}
 
 
 def check_one_step(torch, batch, weights):
@@ -259,24 +266,32 @@ def main(argv=None):
         print(json.dumps({"workload": "W4", "check": "loss before/after one step, sampan vs "
                           "torch-dict", **chk}), flush=True)
     # a throwaway run compiles numba kernels and warms caches, outside the timed runs
-    sampan_run(batches[:3], evals[:1], weights, [np.arange(3)], prefetch=False)
+    for _ in sampan_run(batches[:3], evals[:1], weights, [np.arange(3)], prefetch=False):
+        pass
+    # Systems run block by block in turn (order rotating each round), so that load from
+    # other processes on a shared machine falls on all of them alike.
+    runners = {}
     for s in systems:
-        print(f"# {s}", file=sys.stderr, flush=True)
         if s.startswith("sampan"):
-            pre = s == "sampan-prefetch"
-            times, a, mem, ov, rows = sampan_run(batches, evals, weights, blocks, pre,
-                                                 args.shards)
-            extra = {"overlap": round(ov, 3)} if ov is not None else {}
-            emit("W4", "sampan", "prefetch" if pre else "eager", "samples_per_s",
-                 [len(b) * args.batch / t for b, t in zip(blocks, times)], auc=round(a, 4),
-                 table_mb=round(mem / 2**20, 1), rows=rows, shards=args.shards, **extra,
+            runners[s] = sampan_run(batches, evals, weights, blocks, s == "sampan-prefetch",
+                                    args.shards)
+        else:
+            runners[s] = torch_run(torch, batches, evals, weights, blocks, s.split("-", 1)[1])
+    times = {s: [] for s in systems}
+    for r in range(len(blocks)):
+        order = systems[r % len(systems):] + systems[: r % len(systems)]
+        for s in order:
+            print(f"# block {r + 1}/{len(blocks)}: {s}", file=sys.stderr, flush=True)
+            times[s].append(next(runners[s]))
+    for s in systems:
+        extra = next(runners[s])
+        rates = [len(b) * args.batch / t for b, t in zip(blocks, times[s])]
+        if s.startswith("sampan"):
+            mode = "prefetch" if s == "sampan-prefetch" else "eager"
+            emit("W4", "sampan", mode, "samples_per_s", rates, shards=args.shards, **extra,
                  **info)
         else:
-            variant = s.split("-", 1)[1]
-            times, a, mem = torch_run(torch, batches, evals, weights, blocks, variant)
-            emit("W4", "pytorch", variant, "samples_per_s",
-                 [len(b) * args.batch / t for b, t in zip(blocks, times)], auc=round(a, 4),
-                 table_mb=round(mem / 2**20, 1), **info)
+            emit("W4", "pytorch", s.split("-", 1)[1], "samples_per_s", rates, **extra, **info)
 
 
 if __name__ == "__main__":
