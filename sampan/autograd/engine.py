@@ -24,17 +24,12 @@ def _zeros(shape, dtype):
 
 
 def _check_saved(node):
-    saved = node.saved or []
-    if node.outs is not None:
-        saved = list(saved) + [(r(), v) for r, v in zip(node.outs, node.out_versions)
-                               if r() is not None]
-    if saved:
-        for t, v in saved:
-            if _ver(t) != v:
-                raise AutogradError(
-                    f"backward through {node.op.name}: a tensor of shape {tuple(t.shape)} that "
-                    f"{node.op.name} saved for its gradient was modified in place afterwards "
-                    f"(version {v} -> {_ver(t)}); clone it before modifying it in place")
+    for t, v in node.saved_pairs():
+        if _ver(t) != v:
+            raise AutogradError(
+                f"backward through {node.op.name}: a tensor of shape {tuple(t.shape)} that "
+                f"{node.op.name} saved for its gradient was modified in place afterwards "
+                f"(version {v} -> {_ver(t)}); clone it before modifying it in place")
 
 
 def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
@@ -63,6 +58,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
         else:
             _acc_node(node_grads, r._node, r._idx, g)
             starts.append(r._node)
+    # nodes are dict keys by identity (Node defines no __eq__/__hash__)
 
     cap_leaf = {}
     cap_node = {}
@@ -71,7 +67,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
             if t._node is None:
                 cap_leaf[id(t)] = i
             else:
-                cap_node.setdefault((id(t._node), t._idx), []).append(i)
+                cap_node.setdefault((t._node, t._idx), []).append(i)
         captured = [None] * len(capture)
 
     # dependency counts over the reachable graph
@@ -80,26 +76,26 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     stack = list(starts)
     while stack:
         n = stack.pop()
-        if id(n) in seen:
+        if n in seen:
             continue
-        seen.add(id(n))
+        seen.add(n)
         if n.freed:
             raise AutogradError(
                 f"backward through {n.op.name} a second time: its saved values were freed "
                 "after the first backward; pass retain_graph=True to the first call")
         for m, _ in n.edges:
             if m is not None:
-                deps[id(m)] = deps.get(id(m), 0) + 1
-                if id(m) not in seen:
+                deps[m] = deps.get(m, 0) + 1
+                if m not in seen:
                     stack.append(m)
 
-    ready = [n for n in {id(n): n for n in starts}.values() if deps.get(id(n), 0) == 0]
+    ready = [n for n in dict.fromkeys(starts) if deps.get(n, 0) == 0]
     prev = STATE.grad_enabled
     STATE.grad_enabled = bool(create_graph)
     try:
         while ready:
             node = ready.pop()
-            gs = node_grads.pop(id(node), None)
+            gs = node_grads.pop(node, None)
             if gs is not None and node.hooks:
                 for idx, fns in node.hooks.items():
                     if gs[idx] is not None:
@@ -109,7 +105,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                                 gs[idx] = r
             if gs is not None and cap_node:
                 for idx, g in enumerate(gs):
-                    for ci in cap_node.get((id(node), idx), ()):
+                    for ci in cap_node.get((node, idx), ()):
                         captured[ci] = g
             op = node.op
             inputs = node.inputs
@@ -138,11 +134,20 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     if m is None:
                         _acc(leaf_grads, id(k), k, gi)
                     else:
-                        _acc_node(node_grads, m, k, gi)
+                        gm = node_grads.get(m)
+                        if gm is None:
+                            if m.op.n_out == 1:
+                                node_grads[m] = [gi]
+                            else:
+                                gm = node_grads[m] = [None] * m.op.n_out
+                                gm[k] = gi
+                        else:
+                            cur = gm[k]
+                            gm[k] = gi if cur is None else cur + gi
                 if m is not None:
-                    key = id(m)
-                    deps[key] -= 1
-                    if deps[key] == 0:
+                    c = deps[m] - 1
+                    deps[m] = c
+                    if c == 0:
                         ready.append(m)
             if not retain_graph:
                 node.freed = True
@@ -174,10 +179,10 @@ def _acc(d, key, t, g):
 
 
 def _acc_node(d, node, idx, g):
-    gs = d.get(id(node))
+    gs = d.get(node)
     if gs is None:
         gs = [None] * node.op.n_out
-        d[id(node)] = gs
+        d[node] = gs
     gs[idx] = g if gs[idx] is None else gs[idx] + g
 
 

@@ -15,42 +15,58 @@ class Node:
                  "out_specs", "hooks", "freed", "__weakref__")
 
     def __init__(self, op, inputs, attrs, outs):
+        # the hot path of recording: plain loops and tuples, no generators
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
         # where each input's gradient goes, fixed now: an in-place op may later give the
         # same Tensor object a new history, which must not redirect this node's gradients
         edges = []
-        saves = op.saves
-        if saves is None:  # the rule reads every input: remember their versions too
-            saved = []
-            for t in inputs:
-                m = t._node
-                edges.append((m, t._idx) if m is not None else
-                             (None, t if t.requires_grad else None))
-                b = t._base
-                saved.append((t, (b if b is not None else t)._version))
-            self.saved = saved
-        else:
-            for t in inputs:
-                m = t._node
-                edges.append((m, t._idx) if m is not None else
-                             (None, t if t.requires_grad else None))
-            self.saved = [(inputs[i], _ver(inputs[i])) for i in saves] if saves else None
+        for t in inputs:
+            m = t._node
+            edges.append((m, t._idx) if m is not None else
+                         (None, t if t.requires_grad else None))
         self.edges = edges
+        # versions of the inputs the gradient rule reads (all of them when saves is None)
+        saves = op.saves
+        if saves is None:
+            vs = []
+            for t in inputs:
+                b = t._base
+                vs.append(t._version if b is None else b._version)
+            self.saved = vs
+        elif saves:
+            self.saved = [_ver(inputs[i]) for i in saves]
+        else:
+            self.saved = None
         if op.save_output:
             # outputs are held weakly (a strong reference would make a cycle with y._node);
-            # their versions are checked through the weak references
-            self.outs = tuple(weakref.ref(y) for y in outs)
-            self.out_versions = tuple(y._version for y in outs)
-            # the arrays stay alive (no cycle): an output the user dropped is re-wrapped
-            self.out_data = tuple(y._data for y in outs)
+            # their arrays stay alive, so an output the user dropped can be re-wrapped
+            if len(outs) == 1:
+                y = outs[0]
+                self.outs = (weakref.ref(y),)
+                self.out_versions = (y._version,)
+                self.out_data = (y._data,)
+            else:
+                self.outs = tuple([weakref.ref(y) for y in outs])
+                self.out_versions = tuple([y._version for y in outs])
+                self.out_data = tuple([y._data for y in outs])
         else:
             self.outs = None
         self.out_specs = None if len(outs) == 1 else [(y._data.shape, y._data.dtype)
                                                       for y in outs]
         self.hooks = None
         self.freed = False
+
+    def saved_pairs(self):
+        """(tensor, version recorded) for everything the gradient rule reads."""
+        pairs = []
+        if self.saved is not None:
+            idx = self.op.saves if self.op.saves is not None else range(len(self.inputs))
+            pairs += [(self.inputs[i], v) for i, v in zip(idx, self.saved)]
+        if self.outs is not None:
+            pairs += [(r(), v) for r, v in zip(self.outs, self.out_versions) if r() is not None]
+        return pairs
 
     def output(self, i):
         """Output i as a Tensor: the live one, or its saved array re-wrapped (detached)."""
