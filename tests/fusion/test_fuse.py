@@ -140,7 +140,9 @@ def gpt_step_graphs():
 
 
 # regression figures, measured with `python -m pytest tests/fusion -k kernel_count -s`
-GPT_KERNELS = {False: 311, True: 294}   # before reduction fusion: 346, 334
+# before reduction fusion: 346, 334; then 311, 294; the single-GEMM weight gradient adds
+# reshape views (8 nodes) but removes the batched product + sum
+GPT_KERNELS = {False: 319, True: 302}
 
 
 @pytest.mark.parametrize("fast", [False, True])
