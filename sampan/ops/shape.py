@@ -412,7 +412,10 @@ GETITEM = defop("getitem", _getitem_rule, kernel=_getitem_kernel, grad=_getitem_
 
 def _getitem_grad_kernel(g, *idx, index, shape):
     out = np.zeros(shape, g.dtype)
-    np.add.at(out, decode_index(index, idx), g)
+    if not idx:  # basic indexing selects each element at most once: a plain store
+        out[decode_index(index, idx)] = g
+    else:        # integer arrays may repeat an index: accumulate
+        np.add.at(out, decode_index(index, idx), g)
     return out
 
 
