@@ -120,5 +120,5 @@ def test_binary_broadcast_property(name, shape, ones):
         return z, gx, gy
     eager = run(Tensor(a, requires_grad=True), Tensor(b, requires_grad=True))
     got = sampan.jit(run)(Tensor(a, requires_grad=True), Tensor(b, requires_grad=True))
-    for e, g in zip(eager, got):
-        np.testing.assert_array_equal(e.numpy(), g.numpy())
+    for e, g in zip(eager, got):   # fused fast-math tanh: a few ulps from numpy's
+        np.testing.assert_allclose(e.numpy(), g.numpy(), rtol=1e-5, atol=1e-6)
