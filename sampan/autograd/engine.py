@@ -83,7 +83,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
             raise AutogradError(
                 f"backward through {n.op.name} a second time: its saved values were freed "
                 "after the first backward; pass retain_graph=True to the first call")
-        for m, _ in n.edges:
+        for m in n.edges[::2]:
             if m is not None:
                 deps[m] = deps.get(m, 0) + 1
                 if m not in seen:
@@ -127,8 +127,14 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     in_grads = (in_grads,)
             else:
                 in_grads = (None,) * len(inputs)
-            for (m, k), t, gi in zip(node.edges, inputs, in_grads):
+            edges = node.edges
+            n_g = len(in_grads)
+            for j in range(len(inputs)):
+                gi = in_grads[j] if j < n_g else None
+                m = edges[2 * j]
+                k = edges[2 * j + 1]
                 if gi is not None and (m is not None or k is not None):
+                    t = inputs[j]
                     if gi._data.dtype is not t._data.dtype and gi._data.dtype != t._data.dtype:
                         gi = gi.to(t.dtype)
                     if m is None:

@@ -21,12 +21,21 @@ class Node:
         self.attrs = attrs
         # where each input's gradient goes, fixed now: an in-place op may later give the
         # same Tensor object a new history, which must not redirect this node's gradients
-        edges = []
-        for t in inputs:
-            m = t._node
-            edges.append((m, t._idx) if m is not None else
-                         (None, t if t.requires_grad else None))
-        self.edges = edges
+        # Flat (node_0, slot_0, node_1, slot_1, ...): slot is the output index for an input
+        # made by a node, the tensor itself for a leaf that requires grad, else None. One
+        # tuple per node keeps allocations (and so cyclic-GC work) per recorded op low.
+        if len(inputs) == 2:
+            a, b = inputs
+            ma, mb = a._node, b._node
+            self.edges = (ma, a._idx if ma is not None else (a if a.requires_grad else None),
+                          mb, b._idx if mb is not None else (b if b.requires_grad else None))
+        else:
+            edges = []
+            for t in inputs:
+                m = t._node
+                edges.append(m)
+                edges.append(t._idx if m is not None else (t if t.requires_grad else None))
+            self.edges = tuple(edges)
         # versions of the inputs the gradient rule reads (all of them when saves is None)
         saves = op.saves
         if saves is None:
