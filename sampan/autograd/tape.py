@@ -38,14 +38,16 @@ class Node:
             self.edges = tuple(edges)
         # versions of the inputs the gradient rule reads (all of them when saves is None)
         saves = op.saves
-        if saves is None:
-            vs = []
-            for t in inputs:
-                b = t._base
-                vs.append(t._version if b is None else b._version)
-            self.saved = vs
+        if saves is None:  # a tuple of ints: the cyclic GC stops tracking it
+            if len(inputs) == 2:
+                a, b = inputs
+                self.saved = (a._version if a._base is None else a._base._version,
+                              b._version if b._base is None else b._base._version)
+            else:
+                self.saved = tuple([t._version if t._base is None else t._base._version
+                                    for t in inputs])
         elif saves:
-            self.saved = [_ver(inputs[i]) for i in saves]
+            self.saved = tuple([_ver(inputs[i]) for i in saves])
         else:
             self.saved = None
         if op.save_output:
