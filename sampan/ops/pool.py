@@ -92,10 +92,46 @@ def _argmax(x, kernel_size, stride, padding, dilation):
     return arg, ho, wo
 
 
+try:  # numba (the `jit` extra) gives a one-pass gradient; numpy below is the reference
+    from numba import njit as _njit
+except ImportError:  # pragma: no cover - the no-numba test covers this path
+    _njit = None
+
+if _njit is not None:
+    @_njit(cache=True, nogil=True)
+    def _max_grad_loop(xp, g, kh, kw, sh, sw, dh, dw, buf):
+        # same choice as _argmax: taps in row-major order, the first maximum wins, a NaN
+        # replaces the current best
+        n, c, ho, wo = g.shape
+        for a in range(n):
+            for b in range(c):
+                for i in range(ho):
+                    for j in range(wo):
+                        bi = i * sh
+                        bj = j * sw
+                        best = xp[a, b, bi, bj]
+                        for ti in range(kh):
+                            for tj in range(kw):
+                                r = i * sh + ti * dh
+                                q = j * sw + tj * dw
+                                v = xp[a, b, r, q]
+                                if v > best or v != v:
+                                    best = v
+                                    bi = r
+                                    bj = q
+                        buf[a, b, bi, bj] += g[a, b, i, j]
+
+
 def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
-    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation)
     n, c, h, w = x.shape
     (ph, pw) = padding
+    if _njit is not None and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
+        xp = np.ascontiguousarray(_pad(x, *padding, _lowest(x.dtype)))
+        buf = np.zeros(xp.shape, g.dtype)
+        _max_grad_loop(xp, np.ascontiguousarray(g), kernel_size[0], kernel_size[1],
+                       stride[0], stride[1], dilation[0], dilation[1], buf)
+        return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
+    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation)
     buf = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
     zero = g.dtype.type(0)
     for t, i, j in _taps(kernel_size):
