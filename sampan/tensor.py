@@ -271,9 +271,8 @@ def _to_array(data, dtype=None) -> np.ndarray:
     if dtype is not None:
         dtype = _dt.as_dtype(dtype)
     if isinstance(data, _ndarray):
+        # a numpy array keeps its dtype (float64 stays float64, as torch.from_numpy does)
         a = data if dtype is None or data.dtype == dtype else data.astype(dtype)
-        if a.dtype == np.float64 and dtype is None and False:
-            a = a.astype(_dt.get_default_dtype())
     else:
         a = _asarray(data)
         if dtype is None:
