@@ -9,7 +9,7 @@ from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
 from . import functional as F
-from .optimizer import Optimizer, decayed_grad
+from .optimizer import Optimizer, grads_of
 
 __all__ = ["Adam", "AdamW"]
 
@@ -84,19 +84,10 @@ class Adam(Optimizer):
         one_b2 = 1.0 - b2
         state = self.state
         buffer = self._buffer
-        for p in group["params"]:
-            grad = p.grad
-            if grad is None:
-                continue
-            w = p._data
-            g = grad._data
-            if decoupled:
-                if wd:
-                    _mul(w, 1.0 - lr * wd, out=w)
-                if maximize:
-                    g = decayed_grad(self, w, g, 0.0, True)
-            elif wd or maximize:
-                g = decayed_grad(self, w, g, wd, maximize)
+        # decoupled (AdamW) decay scales the weights instead of adding to the gradient
+        for p, w, g in grads_of(self, group, 0.0 if decoupled else wd, maximize):
+            if decoupled and wd:
+                _mul(w, 1.0 - lr * wd, out=w)
             s = state.get(p)
             if s is None:
                 s = {"step": 0, "exp_avg": np.zeros_like(w), "exp_avg_sq": np.zeros_like(w)}

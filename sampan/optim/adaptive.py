@@ -7,7 +7,7 @@ from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
 from . import functional as F
-from .optimizer import Optimizer, decayed_grad
+from .optimizer import Optimizer, grads_of
 
 __all__ = ["Adagrad", "RMSprop"]
 
@@ -71,14 +71,7 @@ class Adagrad(Optimizer):
         maximize = group["maximize"]
         init = group["initial_accumulator_value"]
         state = self.state
-        for p in group["params"]:
-            grad = p.grad
-            if grad is None:
-                continue
-            w = p._data
-            g = grad._data
-            if wd or maximize:
-                g = decayed_grad(self, w, g, wd, maximize)
+        for p, w, g in grads_of(self, group, wd, maximize):
             s = state.get(p)
             if s is None:
                 s = state[p] = {"step": 0, "sum": np.full_like(w, init)}
@@ -153,14 +146,7 @@ class RMSprop(Optimizer):
         centered = group["centered"]
         maximize = group["maximize"]
         state = self.state
-        for p in group["params"]:
-            grad = p.grad
-            if grad is None:
-                continue
-            w = p._data
-            g = grad._data
-            if wd or maximize:
-                g = decayed_grad(self, w, g, wd, maximize)
+        for p, w, g in grads_of(self, group, wd, maximize):
             s = state.get(p)
             if s is None:
                 s = state[p] = {"step": 0, "square_avg": np.zeros_like(w)}

@@ -347,6 +347,25 @@ class Optimizer:
         return "\n".join(lines) + "\n)"
 
 
+def grads_of(opt: Optimizer, group: dict, wd: float = 0.0, maximize: bool = False):
+    """``(param, weights, gradient)`` arrays for each parameter of `group` that has a
+    gradient, the gradient with L2 weight decay / maximisation applied (`decayed_grad`).
+
+    Example::
+
+        >>> for p, w, g in grads_of(opt, group, wd, maximize): ...
+    """
+    for p in group["params"]:
+        grad = p.grad
+        if grad is None:
+            continue
+        w = p._data
+        g = grad._data
+        if wd or maximize:
+            g = decayed_grad(opt, w, g, wd, maximize)
+        yield p, w, g
+
+
 def decayed_grad(opt: Optimizer, w: np.ndarray, g: np.ndarray, wd: float,
                  maximize: bool) -> np.ndarray:
     """``g + wd*w`` (``-g + wd*w`` when maximising) in scratch slot 0; `g` is left alone.

@@ -7,7 +7,7 @@ from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
 from . import functional as F
-from .optimizer import Optimizer, decayed_grad, required
+from .optimizer import Optimizer, grads_of, required
 
 __all__ = ["SGD"]
 
@@ -73,14 +73,7 @@ class SGD(Optimizer):
         nesterov = group["nesterov"]
         maximize = group["maximize"]
         state = self.state
-        for p in group["params"]:
-            grad = p.grad
-            if grad is None:
-                continue
-            w = p._data
-            g = grad._data
-            if wd or maximize:
-                g = decayed_grad(self, w, g, wd, maximize)
+        for p, w, g in grads_of(self, group, wd, maximize):
             if momentum:
                 s = state.get(p)
                 if s is None:
