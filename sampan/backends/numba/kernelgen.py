@@ -388,13 +388,20 @@ def bind(node):
             args.append(f"_c(_bt(x{i}, {S!r}){conv}).reshape({shape2!r})")
             continue
         args.append(f"_c(x{i}{conv}).reshape({shp!r})")
-    lines = [f"def run({', '.join(f'x{i}' for i in range(len(in_shapes)))}):"]
+    return build_wrapper(len(in_shapes), args, [(shape2, d, S) for d in out_dtypes], env,
+                         name, src, path)
+
+
+def build_wrapper(n_in, args, outs, env, name, src, path):
+    """`run(x0, ...)` around a loaded kernel: allocate each output (alloc shape, dtype,
+    final shape), call the kernel with the prepared `args`, reshape (and round bfloat16)."""
+    lines = [f"def run({', '.join(f'x{i}' for i in range(n_in))}):"]
     rets = []
-    for j, d in enumerate(out_dtypes):
-        lines.append(f"    o{j} = _e({shape2!r}, np.{compute_dtype(d).name})")
-        r = f"o{j}.reshape({S!r})"
+    for j, (shape, d, final) in enumerate(outs):
+        lines.append(f"    o{j} = _e({shape!r}, np.{compute_dtype(d).name})")
+        r = f"o{j}.reshape({final!r})"
         rets.append(r if compute_dtype(d) == d else f"{r}.astype(_bf16)")
-    lines.append(f"    _k({', '.join(args + [f'o{j}' for j in range(len(out_dtypes))])})")
+    lines.append(f"    _k({', '.join(args + [f'o{j}' for j in range(len(outs))])})")
     lines.append(f"    return {', '.join(rets)}")
     wsrc = "\n".join(lines) + "\n"
     exec(compile(wsrc, f"<sampan fused wrapper {name}>", "exec"), env)

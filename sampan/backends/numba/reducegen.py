@@ -32,6 +32,7 @@ from .kernelgen import (
     PARALLEL_MIN,
     _pattern,
     _spec,
+    build_wrapper,
     compile_kernel,
     compute_dtype,
     load_kernel,
@@ -212,18 +213,6 @@ def bind(node):
             args.append(f"_c(_bt(x{i}, {S!r}){conv}).reshape({(nr, nc)!r})")
         else:
             args.append(f"_c(x{i}{conv}).reshape({shp!r})")
-    lines = [f"def run({', '.join(f'x{i}' for i in range(len(in_shapes)))}):"]
-    rets = []
-    for j, (d, v) in enumerate(zip(out_dtypes, node.outputs)):
-        shp = (nr, nc) if out_levels[j] == "e" else (nr,)
-        lines.append(f"    o{j} = _e({shp!r}, np.{compute_dtype(d).name})")
-        r = f"o{j}.reshape({tuple(v.shape)!r})"
-        rets.append(r if compute_dtype(d) == d else f"{r}.astype(_bf16)")
-    lines.append(f"    _k({', '.join(args + [f'o{j}' for j in range(len(out_dtypes))])})")
-    lines.append(f"    return {', '.join(rets)}")
-    wsrc = "\n".join(lines) + "\n"
-    exec(compile(wsrc, f"<sampan fused wrapper {name}>", "exec"), env)
-    run = env["run"]
-    run.source = f"# kernel module: {path or 'in memory'}\n{src}\n# wrapper\n{wsrc}"
-    run.kernel_name = name
-    return run
+    outs = [((nr, nc) if out_levels[j] == "e" else (nr,), d, tuple(v.shape))
+            for j, (d, v) in enumerate(zip(out_dtypes, node.outputs))]
+    return build_wrapper(len(in_shapes), args, outs, env, name, src, path)
