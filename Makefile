@@ -24,7 +24,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
-bench: $(STAMP)
+# the benchmarks' extra peers (JAX) on top of the test deps; make test / demo don't need them
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[jit,io,test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python benchmarks/run.py
 
 api-spec: $(STAMP)

@@ -150,3 +150,69 @@ class TorchF:
     def ce(self, logits, y):
         return self.t.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                   y.reshape(-1))
+
+
+class JaxF:
+    """The same functions in jax.numpy / lax, pure so that they trace under jax.jit. Relu is
+    jax.nn.relu (gradient 0 at 0, as in torch), layer norm uses the biased variance, conv is
+    cross-correlation with (out, in, kh, kw) weights, as in torch and sampan."""
+
+    def __init__(self):
+        import jax
+        import jax.numpy as jnp
+        self.jax, self.jnp, self.lax = jax, jnp, jax.lax
+        self.relu = jax.nn.relu
+
+    def conv2d(self, x, w, b, padding=0):
+        y = self.lax.conv_general_dilated(x, w, (1, 1), [(padding, padding)] * 2,
+                                          dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return y + b[None, :, None, None]
+
+    def max_pool2d(self, x, k):
+        return self.lax.reduce_window(x, -self.jnp.inf, self.lax.max, (1, 1, k, k),
+                                      (1, 1, k, k), "VALID")
+
+    def layer_norm(self, x, shape, g, b, eps):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) * self.lax.rsqrt(var + eps) * g + b
+
+    def softmax(self, x, dim):
+        return self.jax.nn.softmax(x, axis=dim)
+
+    def gelu(self, x):
+        return self.jax.nn.gelu(x, approximate=False)  # exact erf GELU
+
+    def embed(self, table, idx):
+        return self.jnp.take(table, idx, axis=0)
+
+    def masked(self, s, mask):
+        return self.jnp.where(mask, s, -self.jnp.inf)
+
+    def ce(self, logits, y):
+        lp = self.jax.nn.log_softmax(logits.reshape(-1, logits.shape[-1]), axis=-1)
+        return -self.jnp.take_along_axis(lp, y.reshape(-1, 1), axis=1).mean()
+
+
+def w3_forward_jax(F, p, tokens, mask):
+    """w3_forward line for line, with jax's array methods (no .permute, and .transpose takes
+    the full axis order). W1 and W2 need no mirror: w1_forward and w2_forward run on JaxF."""
+    d, nh = W3["d"], W3["heads"]
+    hd = d // nh
+    b, t = tokens.shape
+    x = F.embed(p["tok"], tokens) + p["pos"]
+    for i in range(W3["blocks"]):
+        h = F.layer_norm(x, (d,), p[f"{i}.ln1_g"], p[f"{i}.ln1_b"], 1e-5)
+        qkv = (h @ p[f"{i}.qkv"] + p[f"{i}.qkv_b"]).reshape(b, t, 3, nh, hd)
+        qkv = qkv.transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        s = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(hd))
+        s = F.masked(s, mask)
+        a = F.softmax(s, -1) @ v
+        a = a.transpose(0, 2, 1, 3).reshape(b, t, d)
+        x = x + (a @ p[f"{i}.proj"] + p[f"{i}.proj_b"])
+        h = F.layer_norm(x, (d,), p[f"{i}.ln2_g"], p[f"{i}.ln2_b"], 1e-5)
+        h = F.gelu(h @ p[f"{i}.fc"] + p[f"{i}.fc_b"])
+        x = x + (h @ p[f"{i}.out"] + p[f"{i}.out_b"])
+    x = F.layer_norm(x, (d,), p["lnf_g"], p["lnf_b"], 1e-5)
+    return x @ p["tok"].T
