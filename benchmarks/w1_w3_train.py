@@ -191,6 +191,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pause", type=float, default=0.3,
+                    help="seconds idle before each timed block (lets other thread pools sleep)")
     ap.add_argument("--no-jit", action="store_true", help="skip sampan jit")
     ap.add_argument("--no-jax", action="store_true", help="skip JAX jit")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -253,6 +255,10 @@ def main():
         rates = {k: [] for k in systems}
         for _ in range(args.reps):  # interleaved so background load hits all systems alike
             for k, f in systems.items():
+                # a pause first: thread pools of the system before (OpenBLAS workers spin
+                # ~0.1 s after a GEMM, OpenMP's a little) would otherwise take a core from
+                # this one; measured, that slowed PyTorch after sampan by ~1.5x on W1
+                time.sleep(args.pause)
                 t = time.perf_counter()
                 for _ in range(n):
                     f()

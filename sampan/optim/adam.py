@@ -8,6 +8,7 @@ import numpy as np
 from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
+from . import _fused
 from . import functional as F
 from .optimizer import Optimizer, grads_of
 
@@ -86,8 +87,6 @@ class Adam(Optimizer):
         buffer = self._buffer
         # decoupled (AdamW) decay scales the weights instead of adding to the gradient
         for p, w, g in grads_of(self, group, 0.0 if decoupled else wd, maximize):
-            if decoupled and wd:
-                _mul(w, 1.0 - lr * wd, out=w)
             s = state.get(p)
             if s is None:
                 s = {"step": 0, "exp_avg": np.zeros_like(w), "exp_avg_sq": np.zeros_like(w)}
@@ -97,6 +96,14 @@ class Adam(Optimizer):
             step = s["step"] = s["step"] + 1
             m = s["exp_avg"]
             v = s["exp_avg_sq"]
+            if not amsgrad and _fused.usable(w, g, m, v):   # one pass, same rounding
+                _fused.adam(w, g, m, v, 1.0 - lr * wd if decoupled else 1.0, one_b1, b2,
+                            one_b2, math.sqrt(1.0 - b2 ** step), eps,
+                            lr / (1.0 - b1 ** step))
+                bump_version(p)
+                continue
+            if decoupled and wd:
+                _mul(w, 1.0 - lr * wd, out=w)
             t = buffer(w, 1)
             # m <- m + (1-b1)*(g - m)   (torch's lerp, same rounding)
             _sub(g, m, out=t)

@@ -6,6 +6,7 @@ import numpy as np
 from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
+from . import _fused
 from . import functional as F
 from .optimizer import Optimizer, grads_of
 
@@ -78,6 +79,10 @@ class Adagrad(Optimizer):
             step = s["step"] = s["step"] + 1
             acc = s["sum"]
             clr = lr / (1.0 + (step - 1) * lr_decay)
+            if _fused.usable(w, g, acc):   # one pass, same rounding
+                _fused.adagrad(w, g, acc, eps, clr)
+                bump_version(p)
+                continue
             t = self._buffer(w, 1)
             _mul(g, g, out=t)
             _add(acc, t, out=acc)

@@ -6,6 +6,7 @@ import numpy as np
 from sampan.autograd.tape import bump_version
 from sampan.errors import SampanValueError
 
+from . import _fused
 from . import functional as F
 from .optimizer import Optimizer, grads_of, required
 
@@ -79,6 +80,10 @@ class SGD(Optimizer):
                 if s is None:
                     buf = np.array(g, copy=True)
                     state[p] = {"momentum_buffer": buf}
+                elif keep == 1.0 and not nesterov and _fused.usable(w, g, s["momentum_buffer"]):
+                    _fused.sgd_momentum(w, g, s["momentum_buffer"], momentum, lr)
+                    bump_version(p)
+                    continue
                 else:
                     buf = s["momentum_buffer"]
                     _mul(buf, momentum, out=buf)

@@ -119,13 +119,16 @@ def find_groups(g):
     """List of groups (lists of nodes in graph order) of two or more fusable nodes.
 
     Nodes computing a donated output (`graph.meta["donate"]`: state updated in place
-    into its input's array) stay unfused, so the memory plan can write them in place."""
+    into its input's array) join only groups without reductions, whose kernels may store
+    into their inputs (an optimiser's update becomes one kernel writing the parameter and
+    its slots in place)."""
     donated = {id(g.outputs[j].node) for j in g.meta.get("donate", {})
                if j < len(g.outputs) and g.outputs[j].node is not None}
     group_of = {}          # node id -> group index
     members = []           # group index -> [nodes]
     shape_of = []
     has_red = []           # group index -> holds a reduction
+    has_don = []           # group index -> holds a node computing a donated output
     gdep = []              # group index -> bitmask of groups its members read from
     anc = {}               # value id -> bitmask of groups it depends on (directly)
 
@@ -147,14 +150,17 @@ def find_groups(g):
         for v in n.inputs:
             dep |= anc.get(v.id, 0)
         chosen = None
-        red = id(n) not in donated and reducible(n)
-        if id(n) not in donated and (red or fusable(n)):
+        don = id(n) in donated
+        red = not don and reducible(n)
+        if red or fusable(n):
             S = tuple(n.inputs[0].shape if red else n.outputs[0].shape)
             for v in n.inputs:
                 p = v.node
                 gi = group_of.get(id(p)) if p is not None else None
                 if gi is None or len(members[gi]) >= MAX_GROUP or not _fits(
                         red, S, shape_of[gi], has_red[gi]):
+                    continue
+                if (don and has_red[gi]) or (red and has_don[gi]):
                     continue
                 bit = 1 << gi
                 ok = True
@@ -173,8 +179,10 @@ def find_groups(g):
                 members.append([])
                 shape_of.append(S)
                 has_red.append(False)
+                has_don.append(False)
                 gdep.append(0)
             has_red[chosen] = has_red[chosen] or red
+            has_don[chosen] = has_don[chosen] or don
             group_of[id(n)] = chosen
             members[chosen].append(n)
             gdep[chosen] |= dep & ~(1 << chosen)
@@ -307,18 +315,30 @@ def count_kernels(g) -> dict:
     return {"fused": f, "unfused": len(g.nodes) - f, "total": len(g.nodes)}
 
 
-def _bind_fused(node):
-    """Codegen hook: the generated kernel of a fused node (numpy body without numba)."""
+def _bind_fused(node, inplace=None):
+    """Codegen hook: the generated kernel of a fused node (numpy body without numba).
+
+    The kernel takes `out=` (an array or None per output); `inplace` {output j: input i}
+    makes output j overwrite input i (see `sampan.runtime.memory`)."""
     from ..backends import numba as nb
     if nb.available():
         from ..backends.numba.kernelgen import bind
-        return bind(node)
+        return bind(node, inplace=inplace)
     from ..ops.fused import run_body
     body, outputs = node.attrs["body"], node.attrs["outputs"]
+    inplace = dict(inplace or {})
 
-    def run(*arrays):
-        r = run_body(arrays, body, outputs)
-        return r[0] if len(r) == 1 else r
+    def run(*arrays, out=None):
+        r = list(run_body(arrays, body, outputs))
+        for j, i in inplace.items():
+            arrays[i][...] = r[j]
+            r[j] = arrays[i]
+        if out is not None:
+            for j, p in enumerate(out):
+                if p is not None and j not in inplace:
+                    p[...] = r[j]
+                    r[j] = p
+        return r[0] if len(r) == 1 else tuple(r)
     return run
 
 

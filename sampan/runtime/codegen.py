@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
-from .memory import out_kernel
+from .memory import inplace_ok, out_kernel
 
 _counter = itertools.count()
 
@@ -108,7 +108,30 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         args += [f"{k}={_py(a)}" for k, a in n.attrs.items()]
         bufname = None
         first = n.outputs[0].id if n.outputs else None
-        if first in donate:  # computed in place into a donated input's array
+        if n.op in NODE_KERNELS:  # a kernel made for this node (generated fused kernels)
+            kname = f"k{i}_{n.op}"
+            bufs, inplace = [], {}
+            for j, v in enumerate(n.outputs):
+                b = None
+                if v.id in donate:     # into a donated input's array
+                    x = g.inputs[donate[v.id]]
+                    b = names[x.id]
+                    same = [p for p, u in enumerate(n.inputs) if u is x]
+                elif v.id in assign:   # into its planned buffer
+                    b = f"_b{ren[v.id]}"
+                    env[b] = buffers[assign[v.id]][:v.nbytes].view(v.dtype).reshape(v.shape)
+                    same = [p for p, u in enumerate(n.inputs)
+                            if assign.get(u.id) == assign[v.id] and u.shape == v.shape
+                            and u.dtype == v.dtype]
+                if b is not None and same and inplace_ok(n):
+                    inplace[j] = same[0]   # the kernel stores into that input itself
+                    b = None
+                bufs.append(b)
+            env[kname] = NODE_KERNELS[n.op](n, inplace=inplace)
+            args = args[:len(n.inputs)]
+            if any(bufs):
+                args.append(f"out={_py(tuple(b or 'None' for b in bufs)).replace(chr(39), '')}")
+        elif first in donate:  # computed in place into a donated input's array
             bufname = names[g.inputs[donate[first]].id]
             kname = f"out_{n.op}"
             env[kname] = out_kernel(n)
@@ -123,11 +146,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             args.append(f"out={bufname}")
         else:
             kname = f"k_{n.op}"
-            if n.op in NODE_KERNELS:  # a kernel made for this node (generated fused kernels)
-                kname = f"k{i}_{n.op}"
-                env[kname] = NODE_KERNELS[n.op](n)
-                args = args[:len(n.inputs)]
-            elif kname not in kernels:
+            if kname not in kernels:
                 if op.kernel is None:
                     raise SampanError(f"op {n.op} has no numpy kernel")
                 kernels[kname] = op.kernel

@@ -54,9 +54,29 @@ def out_kernel(node):
     return None
 
 
+_REDUCE = ("sum", "mean", "max", "min")
+
+
+def writes_out(node) -> bool:
+    """Whether the node's kernel can write its outputs into given arrays: `out_kernel`
+    variants, and fused nodes (every output, through the kernel's `out=`)."""
+    return node.op == "fused" or out_kernel(node) is not None
+
+
+def inplace_ok(node) -> bool:
+    """Whether a node may write an output into the array of an input of the same shape
+    that it reads for the last time: elementwise ops and fused elementwise bodies read
+    each element before writing it; fused row reductions read a row twice, so not them."""
+    if node.op == "fused":
+        return not any(e[0] in _REDUCE for e in node.attrs["body"])
+    return OPS[node.op].kind == "elementwise"
+
+
 def _fresh_result(node):
     """Kernels known to return new arrays (never a view of an input)."""
     op = OPS[node.op]
+    if node.op == "fused":
+        return True
     if op.n_out != 1 or op.view or node.op in ("cast", "getitem", "copy"):
         return node.op == "copy"
     return op.kind in ("elementwise", "reduction") or node.op == "matmul"
@@ -80,7 +100,7 @@ def plan(g, min_bytes: int = 256) -> dict:
             last[v.id] = i
     for v in g.outputs:
         last[v.id] = n_nodes
-    fresh_out = {id(n): out_kernel(n) is not None for n in g.nodes}
+    fresh_out = {id(n): writes_out(n) for n in g.nodes}
 
     no_alias = {id(n): fresh_out[id(n)] or _fresh_result(n) for n in g.nodes}
     escapes = {v.id for v in g.outputs}
@@ -91,16 +111,16 @@ def plan(g, min_bytes: int = 256) -> dict:
     cand = set()
     for n in g.nodes:
         if fresh_out[id(n)]:
-            v = n.outputs[0]
-            if v.id not in escapes and _nbytes(v) >= min_bytes and all(
-                    isinstance(d, int) for d in v.shape):
-                cand.add(v.id)
+            for v in n.outputs:
+                if v.id not in escapes and _nbytes(v) >= min_bytes and all(
+                        isinstance(d, int) for d in v.shape):
+                    cand.add(v.id)
     # aliasing: which candidates a value may share memory with
     alias = {}
     for n in g.nodes:
         if no_alias[id(n)]:
-            v = n.outputs[0]
-            alias[v.id] = {v.id} if v.id in cand else set()
+            for v in n.outputs:
+                alias[v.id] = {v.id} if v.id in cand else set()
         else:
             s = set()
             for v in n.inputs:
@@ -119,29 +139,31 @@ def plan(g, min_bytes: int = 256) -> dict:
             if e < i:
                 free.append(b)
                 del busy[b]
-        v = n.outputs[0]
-        if v.id not in cand:
-            continue
-        need = _nbytes(v)
-        b = None
-        op = OPS[n.op]
-        if op.kind == "elementwise":  # in place: reuse an input's buffer read last here
-            for x in n.inputs:
-                bx = assign.get(x.id)
-                if (bx is not None and busy.get(bx) == i and end.get(x.id) == i
-                        and x.shape == v.shape and x.dtype == v.dtype):
-                    b = bx
-                    break
-        if b is None and free:
-            fits = [f for f in free if sizes[f] >= need]
-            b = min(fits, key=lambda f: sizes[f]) if fits else max(free, key=lambda f: sizes[f])
-            free.remove(b)
-            sizes[b] = max(sizes[b], need)
-        if b is None:
-            b = len(sizes)
-            sizes.append(need)
-        assign[v.id] = b
-        busy[b] = max(end[v.id], i)
+        taken = set()   # buffers this node's outputs already write
+        for v in n.outputs:
+            if v.id not in cand:
+                continue
+            need = _nbytes(v)
+            b = None
+            if inplace_ok(n):  # in place: reuse an input's buffer read last here
+                for x in n.inputs:
+                    bx = assign.get(x.id)
+                    if (bx is not None and bx not in taken and busy.get(bx) == i
+                            and end.get(x.id) == i and x.shape == v.shape
+                            and x.dtype == v.dtype):
+                        b = bx
+                        break
+            if b is None and free:
+                fits = [f for f in free if sizes[f] >= need]
+                b = min(fits, key=lambda f: sizes[f]) if fits else max(free, key=lambda f: sizes[f])
+                free.remove(b)
+                sizes[b] = max(sizes[b], need)
+            if b is None:
+                b = len(sizes)
+                sizes.append(need)
+            assign[v.id] = b
+            taken.add(b)
+            busy[b] = max(end[v.id], i)
 
     # figures: no release at all / release at last use / the plan
     naive = sum(_fresh(n) for n in g.nodes)
@@ -195,13 +217,13 @@ def _donations(g, last, no_alias) -> dict:
         v, x = g.outputs[j], g.inputs[k]
         n = v.node
         if (n is None or n_out[v.id] != 1 or v.shape != x.shape or v.dtype != x.dtype
-                or out_kernel(n) is None):
+                or not writes_out(n)):
             continue
         i = pos[id(n)]
         e = end.get(k, -1)
         if e > i:
             continue
-        if e == i and not (OPS[n.op].kind == "elementwise" and all(
+        if e == i and not (inplace_ok(n) and all(
                 u is x or k not in src.get(u.id, ()) for u in n.inputs)):
             continue  # read here through a view: writing it in place could clobber it
         res[v.id] = k
