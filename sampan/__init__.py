@@ -10,6 +10,7 @@ Example::
     >>> loss = (x.tanh() ** 2).mean()
     >>> loss.backward()
 """
+from . import _alloc
 from . import dtypes as _dtypes_mod
 from .device import Device, cuda_is_available
 from .dtypes import (bfloat16, bool_, float16, float32, float64, get_default_dtype, int8, int16,
@@ -20,6 +21,7 @@ from .tensor import Tensor
 from .ops import load_all as _load_ops
 
 _load_ops()  # registers the op table
+_alloc.tune()  # keep freed activations in the process (see sampan/_alloc.py)
 from . import _tensor_methods  # noqa: F401  (binds operators and methods)
 from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
 from .ops.composite import (batch_norm, cross_entropy, dropout, gelu, layer_norm, leaky_relu,
