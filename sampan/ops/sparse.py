@@ -173,7 +173,8 @@ def _pair_dots_kernel(t):
         i, j = np.triu_indices(k, 1)
         return np.ascontiguousarray(np.matmul(t, t.transpose(0, 2, 1))[:, i, j])
     out = np.empty((t.shape[0], k * (k - 1) // 2), t.dtype)
-    _pair_dots(np.ascontiguousarray(t), out)
+    gen = _generated(t.shape[2], t.dtype)
+    (gen[0] if gen else _pair_dots)(np.ascontiguousarray(t), out)
     return out
 
 
@@ -181,14 +182,30 @@ def _pair_dots_grad_kernel(g, t):
     k = t.shape[1]
     if t.ndim != 3 or g.shape != (t.shape[0], k * (k - 1) // 2):
         raise ValueError(f"pair gradients {g.shape} do not fit vectors {t.shape}")
-    out = np.zeros(t.shape, np.result_type(g, t))
-    if not HAVE_NUMBA or out.dtype not in (np.float32, np.float64):
+    dt = np.result_type(g, t)
+    if not HAVE_NUMBA or dt not in (np.float32, np.float64):
         i, j = np.triu_indices(k, 1)
-        s = np.zeros((t.shape[0], k, k), out.dtype)
+        s = np.zeros((t.shape[0], k, k), dt)
         s[:, i, j] = g
-        return np.matmul(s + s.transpose(0, 2, 1), t).astype(out.dtype, copy=False)
-    _pair_dots_grad(np.ascontiguousarray(g, out.dtype), np.ascontiguousarray(t, out.dtype), out)
+        return np.matmul(s + s.transpose(0, 2, 1), t).astype(dt, copy=False)
+    t = np.ascontiguousarray(t, dt)
+    gen = _generated(t.shape[2], dt)
+    if gen:   # writes every element; reads g with any strides (often a column slice)
+        from ..backends.numba.pairgen import pair_index
+        out = np.empty(t.shape, dt)
+        gen[1](g if g.dtype == dt else g.astype(dt), t, pair_index(k), out)
+        return out
+    out = np.zeros(t.shape, dt)
+    _pair_dots_grad(np.ascontiguousarray(g, dt), t, out)
     return out
+
+
+def _generated(dim, dtype):
+    """The generated, SLP-vectorised pair kernels for this width (None: use the loops)."""
+    from ..backends.numba import pairgen
+    if dim > pairgen.MAX_DIM:
+        return None
+    return pairgen.kernels(dim, np.dtype(dtype))
 
 
 def _check_idx(op, idx):

@@ -336,12 +336,27 @@ def _nb_sig(in_dtypes, patterns, layout, out_dtypes):
     return types.void(*arrs)
 
 
-def compile_kernel(k, name, sig):
-    """Compile `k` for `sig` (loading it from numba's cache when there); counts STATS."""
+def compile_kernel(k, name, sig, slp=False):
+    """Compile `k` for `sig` (loading it from numba's cache when there); counts STATS.
+
+    `slp`: run LLVM's SLP vectoriser on it (numba leaves it off by default; it packs
+    unrolled straight-line arithmetic, e.g. short dot products, into vector registers).
+    numba reads the switch whenever it optimises a module, so it is on only while this
+    kernel compiles."""
     t0 = time.perf_counter()
     before = _hits(k)
     if sig.args not in [tuple(s) for s in k.signatures]:
-        k.compile(sig)
+        if slp:
+            from numba.core import config
+            with _LOCK:
+                old = config.SLP_VECTORIZE
+                config.SLP_VECTORIZE = 1
+                try:
+                    k.compile(sig)
+                finally:
+                    config.SLP_VECTORIZE = old
+        else:
+            k.compile(sig)
     dt = time.perf_counter() - t0
     hit = _hits(k) > before
     rec = STATS["kernels"].setdefault(name, {"compile_s": 0.0, "cache_hit": hit})
