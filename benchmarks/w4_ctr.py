@@ -283,15 +283,24 @@ def main(argv=None):
         for s in order:
             print(f"# block {r + 1}/{len(blocks)}: {s}", file=sys.stderr, flush=True)
             times[s].append(next(runners[s]))
+    recs = {}
     for s in systems:
         extra = next(runners[s])
         rates = [len(b) * args.batch / t for b, t in zip(blocks, times[s])]
         if s.startswith("sampan"):
             mode = "prefetch" if s == "sampan-prefetch" else "eager"
-            emit("W4", "sampan", mode, "samples_per_s", rates, shards=args.shards, **extra,
-                 **info)
+            recs[s] = emit("W4", "sampan", mode, "samples_per_s", rates, shards=args.shards,
+                           **extra, **info)
         else:
-            emit("W4", "pytorch", s.split("-", 1)[1], "samples_per_s", rates, **extra, **info)
+            recs[s] = emit("W4", "pytorch", s.split("-", 1)[1], "samples_per_s", rates,
+                           **extra, **info)
+    # the target of issue 6: sampan against PyTorch's hashed fixed table, same run
+    for s in ("sampan", "sampan-prefetch"):
+        for peer in ("torch-hashed", "torch-dict"):
+            if s in recs and peer in recs:
+                emit("W4", f"{s}/{peer}".replace("-", "_"), recs[s]["mode"], "speed_ratio",
+                     [recs[s]["value"] / recs[peer]["value"]], auc=recs[s]["auc"],
+                     peer_auc=recs[peer]["auc"])
 
 
 if __name__ == "__main__":
