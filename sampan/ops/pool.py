@@ -122,9 +122,53 @@ if _njit is not None:
                         buf[a, b, bi, bj] += g[a, b, i, j]
 
 
+if _njit is not None:
+    @_njit(cache=True, nogil=True, error_model="numpy")
+    def _max_grad_2x2(x, g, zero, out):
+        # 2x2 windows at stride 2 (the common pooling): the same choice as _max_grad_loop
+        # made with selects instead of branches, and every covered input written once
+        n, c, ho, wo = g.shape
+        for a in range(n):
+            for b in range(c):
+                for i in range(ho):
+                    x0 = x[a, b, 2 * i]
+                    x1 = x[a, b, 2 * i + 1]
+                    o0 = out[a, b, 2 * i]
+                    o1 = out[a, b, 2 * i + 1]
+                    gr = g[a, b, i]
+                    for j in range(wo):
+                        q = 2 * j
+                        v0 = x0[q]
+                        v1 = x0[q + 1]
+                        v2 = x1[q]
+                        v3 = x1[q + 1]
+                        c1 = (v1 > v0) | (v1 != v1)
+                        best = v1 if c1 else v0
+                        k = 1 if c1 else 0
+                        c2 = (v2 > best) | (v2 != v2)
+                        best = v2 if c2 else best
+                        k = 2 if c2 else k
+                        c3 = (v3 > best) | (v3 != v3)
+                        k = 3 if c3 else k
+                        gv = gr[j]
+                        o0[q] = gv if k == 0 else zero
+                        o0[q + 1] = gv if k == 1 else zero
+                        o1[q] = gv if k == 2 else zero
+                        o1[q + 1] = gv if k == 3 else zero
+
+
 def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
     n, c, h, w = x.shape
     (ph, pw) = padding
+    if (_njit is not None and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype
+            and tuple(kernel_size) == (2, 2) and tuple(stride) == (2, 2)
+            and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)):
+        out = np.empty(x.shape, x.dtype)
+        ho, wo = g.shape[2], g.shape[3]
+        out[:, :, 2 * ho:] = 0   # rows and columns no window covers (odd sizes)
+        out[:, :, :, 2 * wo:] = 0
+        _max_grad_2x2(np.ascontiguousarray(x), np.ascontiguousarray(g), x.dtype.type(0), out)
+        return out
     if _njit is not None and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
         xp = np.ascontiguousarray(_pad(x, *padding, _lowest(x.dtype)))
         buf = np.zeros(xp.shape, g.dtype)
