@@ -250,6 +250,27 @@ except ImportError:  # pragma: no cover
         return _erf_vec(a).astype(a.dtype)
 
 
+if HAVE_NUMBA:
+    from ..backends.numba.mathlib import erf32 as _erf32
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _erf32_loop(a, out):
+        for i in range(a.size):
+            out[i] = _erf32(a[i])
+
+
+def _erf_any(a):
+    """erf: float32 through mathlib's vectorised erf32 (Abramowitz & Stegun 7.1.26 above
+    |x| = 0.5, the formula of PyTorch's vectorised CPU erf; absolute error < 1.5e-7, and
+    the value jit's fused kernels compute), 10x faster than scipy's scalar erf here;
+    float64 (and float32 without numba) through scipy, exact."""
+    if HAVE_NUMBA and a.dtype == np.float32 and a.size:
+        out = np.empty(a.shape, np.float32)
+        _erf32_loop(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
+        return out
+    return _erf_kernel(a)
+
+
 def _as_kernel(f):
     """Kernels that upcast half types to float32 and round back (for non-ufunc math)."""
     def k(a):
@@ -284,7 +305,7 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
      -3, 3, (), True),
     ("relu", _relu, "max(a, 0)", lambda g, y, a: where(gt(a, 0.0), g, zeros_like_(g)), "Relu",
      -2, 2, None, False),
-    ("erf", _as_kernel(_erf_kernel), "erf(a)",
+    ("erf", _as_kernel(_erf_any), "erf(a)",
      lambda g, y, a: mul(g, mul(exp(neg(mul(a, a))), _TWO_OVER_SQRT_PI)), "Erf", -2, 2, None,
      False),
     ("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: neg(mul(g, mul(y, y))), "Reciprocal",
