@@ -162,7 +162,8 @@ def gelu(x, approximate="none"):
     if approximate == "tanh":
         inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), _SQRT_2_PI)
         return mul(mul(x, 0.5), add(tanh(inner), 1.0))
-    return mul(mul(x, 0.5), add(erf(mul(x, _SQRT1_2)), 1.0))
+    from .elementwise import gelu_exact
+    return gelu_exact(x)
 
 
 def silu(x):

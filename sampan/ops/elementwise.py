@@ -390,6 +390,96 @@ def sigmoid_grad(y, g):
     return binary(SIGMOID_GRAD, y, g)
 
 
+# ---------------------------------------------------------------------- GELU (exact, erf)
+# One primitive instead of five (x*0.5*(1+erf(x/sqrt2))): eager runs one kernel and its
+# gradient reads only x (the composite kept erf's and exp's intermediates), and jit
+# fuses it from the scalar forms below like any elementwise op.
+_R2 = 0.7071067811865476      # 1/sqrt(2)
+_R2PI = 0.3989422804014327    # 1/sqrt(2*pi)
+_GELU_SCALAR = "a * 0.5 * (1 + erf(a * 0.7071067811865476))"
+_GELU_GRAD_SCALAR = ("b * (0.5 * (1 + erf(a * 0.7071067811865476)) + "
+                     "a * (0.3989422804014327 * exp(a * a * -0.5)))")
+
+if HAVE_NUMBA:
+    from ..backends.numba.mathlib import exp32 as _exp32
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _gelu32_loop(a, out):
+        for i in range(a.size):
+            x = a[i]
+            out[i] = x * np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _gelu_grad32_loop(a, g, out):
+        for i in range(a.size):
+            x = a[i]
+            cdf = np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
+            pdf = np.float32(_R2PI) * _exp32(x * x * np.float32(-0.5))
+            out[i] = g[i] * (cdf + x * pdf)
+
+
+def _f32_fast(*arrays):
+    return HAVE_NUMBA and all(a.dtype == np.float32 for a in arrays) and arrays[0].size
+
+
+def _gelu_kernel(a):
+    if _f32_fast(a):   # erf32 as in `_erf_any`: the formula fused jit kernels use
+        out = np.empty(a.shape, np.float32)
+        _gelu32_loop(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
+        return out
+    t = a.dtype.type
+    return a * t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
+
+
+def _gelu_grad_kernel(a, g):
+    if _f32_fast(a, g) and a.shape == g.shape:
+        out = np.empty(a.shape, np.float32)
+        _gelu_grad32_loop(np.ascontiguousarray(a).reshape(-1),
+                          np.ascontiguousarray(g).reshape(-1), out.reshape(-1))
+        return out
+    t = a.dtype.type
+    cdf = t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
+    return g * (cdf + a * (t(_R2PI) * np.exp(a * a * t(-0.5))))
+
+
+def _gelu_gg(gg, r, a, g):
+    # d/da [g (cdf + a pdf)] = g pdf (2 - a^2);  d/dg = cdf + a pdf
+    pdf = mul(exp(mul(mul(a, a), -0.5)), _R2PI)
+    return mul(gg, mul(g, mul(pdf, sub(2.0, mul(a, a))))), gelu_grad(a, gg)
+
+
+def _gelu_samples():
+    r = rng(74)
+    return [Sample((randf(r, 3, 5, low=-3, high=3),)), Sample((randf(r, 7, low=-1, high=1),))]
+
+
+def _gelu_grad_samples():
+    r = rng(75)
+    return [Sample((randf(r, 3, 5, low=-3, high=3), randf(r, 3, 5))),
+            Sample((randf(r, 6, low=-1, high=1), randf(r, 6)))]
+
+
+GELU = defop("gelu", elementwise_rule("gelu", float_only=True), kernel=_as_kernel(_gelu_kernel),
+             kind="elementwise", scalar=_GELU_SCALAR,
+             grad=lambda g, y, a: gelu_grad(a, g), flops=numel_flops, onnx="Gelu",
+             samples=_gelu_samples, saves=(0,))
+GELU_GRAD = defop("gelu_grad", elementwise_rule("gelu_grad", float_only=True),
+                  kernel=_gelu_grad_kernel, kind="elementwise", scalar=_GELU_GRAD_SCALAR,
+                  grad=_gelu_gg, flops=numel_flops, onnx=NO_ONNX, samples=_gelu_grad_samples)
+
+
+def gelu_exact(x):
+    """x * Phi(x), Phi the standard normal CDF (erf form); one primitive op."""
+    if type(x) is not Tensor or x._data.dtype not in _FLOAT_DTYPES:
+        x = _float_operand(x)
+    return apply(GELU, (x,), _EMPTY)
+
+
+def gelu_grad(a, g):
+    """g * (Phi(a) + a * phi(a)): the gradient of exact GELU at a."""
+    return binary(GELU_GRAD, a, g)
+
+
 def rsqrt(x):
     """1/sqrt(x)."""
     return reciprocal(sqrt(x))

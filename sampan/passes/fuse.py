@@ -84,7 +84,7 @@ def _fits(red, S, key, has_red) -> bool:
 _ALWAYS = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "relu", "where",
            "cast", "copy", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
            "logical_xor", "logical_not", "sqrt", "reciprocal", "floor", "ceil"}
-_FLOAT32_ONLY = {"exp", "log", "tanh", "erf", "sigmoid"}
+_FLOAT32_ONLY = {"exp", "log", "tanh", "erf", "sigmoid", "gelu", "gelu_grad"}
 _DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.bool_, np.int32, np.int64)}
 _DTYPES.add(_dt.bfloat16)
 _F32_LIKE = {np.dtype(np.float32), _dt.bfloat16}
