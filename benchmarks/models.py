@@ -96,18 +96,18 @@ def w3_forward(F, p, tokens, mask):
     for i in range(W3["blocks"]):
         h = F.layer_norm(x, (d,), p[f"{i}.ln1_g"], p[f"{i}.ln1_b"], 1e-5)
         qkv = (h @ p[f"{i}.qkv"] + p[f"{i}.qkv_b"]).reshape(b, t, 3, nh, hd)
-        qkv = qkv.permute(2, 0, 3, 1, 4)
+        qkv = F.permute(qkv, (2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]
-        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        s = (q @ F.permute(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(hd))
         s = F.masked(s, mask)
         a = F.softmax(s, -1) @ v
-        a = a.permute(0, 2, 1, 3).reshape(b, t, d)
+        a = F.permute(a, (0, 2, 1, 3)).reshape(b, t, d)
         x = x + (a @ p[f"{i}.proj"] + p[f"{i}.proj_b"])
         h = F.layer_norm(x, (d,), p[f"{i}.ln2_g"], p[f"{i}.ln2_b"], 1e-5)
         h = F.gelu(h @ p[f"{i}.fc"] + p[f"{i}.fc_b"])
         x = x + (h @ p[f"{i}.out"] + p[f"{i}.out_b"])
     x = F.layer_norm(x, (d,), p["lnf_g"], p["lnf_b"], 1e-5)
-    return x @ p["tok"].transpose(0, 1)
+    return x @ F.permute(p["tok"], (1, 0))
 
 
 class SampanF:
@@ -128,6 +128,10 @@ class SampanF:
     def masked(self, s, mask):
         return self.s.where(mask, s, float("-inf"))
 
+    @staticmethod
+    def permute(x, dims):
+        return x.permute(*dims)
+
     def ce(self, logits, y):
         return self.s.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
@@ -146,6 +150,10 @@ class TorchF:
 
     def masked(self, s, mask):
         return s.masked_fill(~mask, float("-inf"))
+
+    @staticmethod
+    def permute(x, dims):
+        return x.permute(*dims)
 
     def ce(self, logits, y):
         return self.t.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
@@ -189,30 +197,9 @@ class JaxF:
     def masked(self, s, mask):
         return self.jnp.where(mask, s, -self.jnp.inf)
 
+    def permute(self, x, dims):
+        return self.jnp.transpose(x, dims)
+
     def ce(self, logits, y):
         lp = self.jax.nn.log_softmax(logits.reshape(-1, logits.shape[-1]), axis=-1)
         return -self.jnp.take_along_axis(lp, y.reshape(-1, 1), axis=1).mean()
-
-
-def w3_forward_jax(F, p, tokens, mask):
-    """w3_forward line for line, with jax's array methods (no .permute, and .transpose takes
-    the full axis order). W1 and W2 need no mirror: w1_forward and w2_forward run on JaxF."""
-    d, nh = W3["d"], W3["heads"]
-    hd = d // nh
-    b, t = tokens.shape
-    x = F.embed(p["tok"], tokens) + p["pos"]
-    for i in range(W3["blocks"]):
-        h = F.layer_norm(x, (d,), p[f"{i}.ln1_g"], p[f"{i}.ln1_b"], 1e-5)
-        qkv = (h @ p[f"{i}.qkv"] + p[f"{i}.qkv_b"]).reshape(b, t, 3, nh, hd)
-        qkv = qkv.transpose(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        s = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(hd))
-        s = F.masked(s, mask)
-        a = F.softmax(s, -1) @ v
-        a = a.transpose(0, 2, 1, 3).reshape(b, t, d)
-        x = x + (a @ p[f"{i}.proj"] + p[f"{i}.proj_b"])
-        h = F.layer_norm(x, (d,), p[f"{i}.ln2_g"], p[f"{i}.ln2_b"], 1e-5)
-        h = F.gelu(h @ p[f"{i}.fc"] + p[f"{i}.fc_b"])
-        x = x + (h @ p[f"{i}.out"] + p[f"{i}.out_b"])
-    x = F.layer_norm(x, (d,), p["lnf_g"], p["lnf_b"], 1e-5)
-    return x @ p["tok"].T

@@ -19,12 +19,11 @@ import models as M
 from common import blas_info, emit
 
 SPEC = {
-    "W1": dict(weights=M.w1_weights, batch=M.w1_batch, fwd=M.w1_forward, jax_fwd=M.w1_forward,
+    "W1": dict(weights=M.w1_weights, batch=M.w1_batch, fwd=M.w1_forward,
                opt=("SGD", dict(lr=0.01, momentum=0.9)), steps=20),
-    "W2": dict(weights=M.w2_weights, batch=M.w2_batch, fwd=M.w2_forward, jax_fwd=M.w2_forward,
+    "W2": dict(weights=M.w2_weights, batch=M.w2_batch, fwd=M.w2_forward,
                opt=("Adam", dict(lr=1e-3)), steps=10),
     "W3": dict(weights=M.w3_weights, batch=M.w3_batch, fwd=M.w3_forward,
-               jax_fwd=M.w3_forward_jax,
                opt=("AdamW", dict(lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)),
                steps=3),
 }
@@ -160,7 +159,7 @@ def build_jax(wl):
     init, update = jax_optimiser(*s["opt"])
 
     def loss_fn(p, x, y, *extra):
-        return F.ce(s["jax_fwd"](F, p, x, *extra), y)
+        return F.ce(s["fwd"](F, p, x, *extra), y)
 
     def train_step(p, state, x, y, *extra):
         loss, g = jax.value_and_grad(loss_fn)(p, x, y, *extra)
