@@ -4,7 +4,7 @@
 listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
-            "composite", "conv", "pool", "sort", "sparse", "fused"]
+            "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused"]
 
 
 def load_all():

@@ -17,6 +17,7 @@ from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid
                           where)
 from .reduce import amax, mean, sum
 from .registry import STATE
+from .rowwise import eager_rows, log_softmax_last, softmax_last
 from .shape import reshape
 
 
@@ -38,15 +39,20 @@ def _squeeze_axis(r, axis):
 
 
 def softmax(x, axis=-1):
-    """exp(x) / sum(exp(x)) along `axis`, computed stably."""
+    """exp(x) / sum(exp(x)) along `axis`, computed stably. Eager mode runs the `softmax`
+    row op over the last axis (see rowwise.py); jit traces this definition."""
     x = _t(x)
+    if eager_rows(x, axis):
+        return softmax_last(x)
     e = exp(sub(x, amax(x, axis, keepdims=True).detach()))
     return div(e, sum(e, axis, keepdims=True))
 
 
 def log_softmax(x, axis=-1):
-    """x - logsumexp(x) along `axis`."""
+    """x - logsumexp(x) along `axis` (eager, last axis: the `log_softmax` row op)."""
     x = _t(x)
+    if eager_rows(x, axis):
+        return log_softmax_last(x)
     return sub(x, logsumexp(x, axis, keepdims=True))
 
 

@@ -212,7 +212,11 @@ def _pair_dots_grad(t, a, k):
 
 ORACLE.update({"pair_dots": _pair_dots, "pair_dots_grad": _pair_dots_grad})
 
-ORACLE.update({"gelu": lambda t, a, k: t.nn.functional.gelu(a[0]),
+ORACLE.update({"softmax": lambda t, a, k: t.softmax(a[0], -1),
+               "log_softmax": lambda t, a, k: t.log_softmax(a[0], -1),
+               "softmax_grad": lambda t, a, k: a[0] * (a[1] - (a[1] * a[0]).sum(-1, keepdim=True)),
+               "log_softmax_grad": lambda t, a, k: a[1] - t.exp(a[0]) * a[1].sum(-1, keepdim=True),
+               "gelu": lambda t, a, k: t.nn.functional.gelu(a[0]),
                "gelu_grad": lambda t, a, k: a[1] * (0.5 * (1 + t.erf(a[0] * 0.7071067811865476))
                                                  + a[0] * 0.3989422804014327
                                                  * t.exp(-0.5 * a[0] * a[0])),

@@ -1,0 +1,213 @@
+"""Softmax and log-softmax over the last axis as primitives, for eager mode.
+
+The composites in composite.py (max, sub, exp, sum, div) stay the definition jit
+traces, so the fusion pass can merge them with their neighbours (a mask, a scale);
+eager mode runs these ops instead (torch's eager kernels against its decompositions):
+one pass per row forward, and a gradient that reads only the output,
+
+    softmax:      dx = y * (g - sum(g * y))
+    log_softmax:  dx = g - exp(y) * sum(g)
+
+instead of the composite's six to eight ops keeping `exp`'s intermediate. Each
+gradient op has its own (closed-form) gradient, so second order works. float32 rows
+use mathlib's vectorised exp32 (as fused jit kernels do); float64 numpy's exp.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor, apply
+from ._nb import HAVE_NUMBA, njit
+from ._util import Sample, randf, rng
+from .registry import NO_ONNX, STATE, Spec, defop
+
+_EMPTY = {}
+
+if HAVE_NUMBA:
+    from ..backends.numba.mathlib import exp32 as _exp32
+
+    def _row_kernels(expf):
+        @njit(cache=True, nogil=True, error_model="numpy")
+        def fwd(x, out, log):
+            nr, nc = x.shape
+            for r in range(nr):
+                m = x[r, 0]
+                for c in range(1, nc):
+                    m = max(m, x[r, c])
+                s = x[r, 0] * 0
+                for c in range(nc):
+                    e = expf(x[r, c] - m)
+                    out[r, c] = e
+                    s += e
+                if log:
+                    ls = np.log(s)
+                    for c in range(nc):
+                        out[r, c] = (x[r, c] - m) - ls
+                else:
+                    for c in range(nc):
+                        out[r, c] = out[r, c] / s
+
+        @njit(cache=True, nogil=True, error_model="numpy")
+        def bwd(y, g, out, log):
+            nr, nc = y.shape
+            for r in range(nr):
+                s = y[r, 0] * 0
+                if log:
+                    for c in range(nc):
+                        s += g[r, c]
+                    for c in range(nc):
+                        out[r, c] = g[r, c] - expf(y[r, c]) * s
+                else:
+                    for c in range(nc):
+                        s += g[r, c] * y[r, c]
+                    for c in range(nc):
+                        out[r, c] = y[r, c] * (g[r, c] - s)
+        return fwd, bwd
+
+    @njit(inline="always")
+    def _exp64(x):
+        return np.exp(x)
+
+    _K = {np.dtype(np.float32): _row_kernels(_exp32), np.dtype(np.float64): _row_kernels(_exp64)}
+else:  # pragma: no cover - the no-numba test covers this path
+    _K = {}
+
+
+def _rows(a):
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+
+
+def _half(k):
+    """bfloat16/float16 rows computed in float32 and rounded back."""
+    def run(*arrays):
+        d = arrays[0].dtype
+        if d.kind != "f" or d.itemsize < 4:
+            return k(*(a.astype(np.float32) for a in arrays)).astype(d)
+        return k(*arrays)
+    return run
+
+
+def _fwd_kernel(log):
+    @_half
+    def k(x):
+        ks = _K.get(x.dtype)
+        if ks is not None and x.size:
+            out = np.empty(x.shape, x.dtype)
+            ks[0](_rows(x), out.reshape(-1, x.shape[-1]), log)
+            return out
+        m = np.max(x, axis=-1, keepdims=True)
+        z = x - m
+        if log:
+            return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+        e = np.exp(z)
+        return e / np.sum(e, axis=-1, keepdims=True)
+    return k
+
+
+def _bwd_kernel(log):
+    @_half
+    def k(y, g):
+        ks = _K.get(y.dtype)
+        if ks is not None and y.size and g.dtype == y.dtype and g.shape == y.shape:
+            out = np.empty(y.shape, y.dtype)
+            ks[1](_rows(y), _rows(g), out.reshape(-1, y.shape[-1]), log)
+            return out
+        if log:
+            return g - np.exp(y) * np.sum(g, axis=-1, keepdims=True)
+        return y * (g - np.sum(g * y, axis=-1, keepdims=True))
+    return k
+
+
+def _rule(name):
+    def rule(*specs):
+        from ..errors import DTypeError, ShapeError, op_error
+        from ._util import same_dtype
+        d = same_dtype(name, *specs)
+        if not (d.kind == "f" or d.name == "bfloat16"):
+            raise op_error(DTypeError, name, f"dtype {d}", "a floating dtype")
+        s = tuple(specs[0].shape)
+        if not s or any(tuple(x.shape) != s for x in specs):
+            raise op_error(ShapeError, name, f"shapes {[tuple(x.shape) for x in specs]}",
+                           "equal shapes of at least one dim (rows along the last axis)")
+        return Spec(s, d)
+    return rule
+
+
+def _sm_grad_grad(c, r, y, g):
+    # out = y (g - S), S = sum(g y): d/dg = softmax_grad(y, c); d/dy = c (g - S) - g sum(c y)
+    from .elementwise import mul, sub
+    from .reduce import sum as rsum
+    s = rsum(mul(g, y), -1, keepdims=True)
+    t = rsum(mul(c, y), -1, keepdims=True)
+    return sub(mul(c, sub(g, s)), mul(g, t)), softmax_grad(y, c)
+
+
+def _lsm_grad_grad(c, r, y, g):
+    # out = g - exp(y) sum(g): d/dg = c - sum(c exp(y)); d/dy = -c exp(y) sum(g)
+    from .elementwise import exp, mul, neg, sub
+    from .reduce import sum as rsum
+    p = exp(y)
+    return (neg(mul(mul(c, p), rsum(g, -1, keepdims=True))),
+            sub(c, rsum(mul(c, p), -1, keepdims=True)))
+
+
+def _samples(n_in, lo=-2.0, hi=2.0):
+    def samples():
+        r = rng(90 + n_in)
+        return [Sample(tuple(randf(r, 3, 5, low=lo, high=hi) for _ in range(n_in))),
+                Sample(tuple(randf(r, 2, 3, 4, low=lo, high=hi) for _ in range(n_in)))]
+    return samples
+
+
+def _y_samples(log):
+    def samples():   # valid outputs y (rows of a softmax / log-softmax), any g
+        r = rng(95)
+        out = []
+        for shape in ((3, 5), (2, 3, 4)):
+            x = randf(r, *shape)
+            e = np.exp(x - x.max(-1, keepdims=True))
+            y = e / e.sum(-1, keepdims=True)
+            out.append(Sample((np.log(y) if log else y, randf(r, *shape))))
+        return out
+    return samples
+
+
+SOFTMAX = defop("softmax", _rule("softmax"), kernel=_fwd_kernel(False),
+                grad=lambda g, y, x: softmax_grad(y, g), saves=(), save_output=True,
+                flops=lambda x: 5 * int(np.prod(x.shape)), onnx="Softmax", samples=_samples(1))
+SOFTMAX_GRAD = defop("softmax_grad", _rule("softmax_grad"), kernel=_bwd_kernel(False),
+                     grad=_sm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
+                     onnx=NO_ONNX, samples=_y_samples(False))
+LOG_SOFTMAX = defop("log_softmax", _rule("log_softmax"), kernel=_fwd_kernel(True),
+                    grad=lambda g, y, x: log_softmax_grad(y, g), saves=(), save_output=True,
+                    flops=lambda x: 5 * int(np.prod(x.shape)), onnx="LogSoftmax",
+                    samples=_samples(1))
+LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_bwd_kernel(True),
+                         grad=_lsm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
+                         onnx=NO_ONNX, samples=_y_samples(True))
+
+
+def softmax_grad(y, g):
+    """y * (g - sum(g * y, -1)): softmax's input gradient from its output y."""
+    return apply(SOFTMAX_GRAD, (y, g), _EMPTY)
+
+
+def log_softmax_grad(y, g):
+    """g - exp(y) * sum(g, -1): log_softmax's input gradient from its output y."""
+    return apply(LOG_SOFTMAX_GRAD, (y, g), _EMPTY)
+
+
+def eager_rows(x: Tensor, axis) -> bool:
+    """Whether the composites should run the row ops: eager mode (jit traces the
+    composite, to fuse it), over the last axis of a floating tensor with dims."""
+    if STATE.tracer is not None or not x.shape:
+        return False
+    return axis in (-1, len(x.shape) - 1) and x.dtype.kind == "f"
+
+
+def softmax_last(x: Tensor) -> Tensor:
+    return apply(SOFTMAX, (x,), _EMPTY)
+
+
+def log_softmax_last(x: Tensor) -> Tensor:
+    return apply(LOG_SOFTMAX, (x,), _EMPTY)
