@@ -17,7 +17,7 @@ from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid
                           where)
 from .reduce import amax, mean, sum
 from .registry import STATE
-from .rowwise import eager_rows, log_softmax_last, softmax_last
+from .rowwise import eager_rows, log_softmax_last, softmax_last, standardize
 from .shape import reshape
 
 
@@ -79,10 +79,13 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    m = mean(x, axes, keepdims=True)
-    d = sub(x, m)
-    v = mean(mul(d, d), axes, keepdims=True)
-    y = mul(d, rsqrt(add(v, eps)))
+    if len(axes) == 1 and eager_rows(x, axes[0]):   # eager: one row op (rowwise.py)
+        y = standardize(x, eps)
+    else:
+        m = mean(x, axes, keepdims=True)
+        d = sub(x, m)
+        v = mean(mul(d, d), axes, keepdims=True)
+        y = mul(d, rsqrt(add(v, eps)))
     if weight is not None:
         y = mul(y, weight)
     if bias is not None:

@@ -250,10 +250,13 @@ except ImportError:  # pragma: no cover
         return _erf_vec(a).astype(a.dtype)
 
 
+# let LLVM reorder float ops (to vectorise), keeping IEEE inf/NaN semantics
+_FM = {"reassoc", "nsz", "arcp", "contract"}
+
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import erf32 as _erf32
 
-    @njit(cache=True, nogil=True, error_model="numpy")
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def _erf32_loop(a, out):
         for i in range(a.size):
             out[i] = _erf32(a[i])
@@ -403,13 +406,13 @@ _GELU_GRAD_SCALAR = ("b * (0.5 * (1 + erf(a * 0.7071067811865476)) + "
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import exp32 as _exp32
 
-    @njit(cache=True, nogil=True, error_model="numpy")
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def _gelu32_loop(a, out):
         for i in range(a.size):
             x = a[i]
             out[i] = x * np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
 
-    @njit(cache=True, nogil=True, error_model="numpy")
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def _gelu_grad32_loop(a, g, out):
         for i in range(a.size):
             x = a[i]

@@ -212,7 +212,18 @@ def _pair_dots_grad(t, a, k):
 
 ORACLE.update({"pair_dots": _pair_dots, "pair_dots_grad": _pair_dots_grad})
 
-ORACLE.update({"softmax": lambda t, a, k: t.softmax(a[0], -1),
+def _std_grad_oracle(t, a, k):
+    x, g = a
+    m = x.mean(-1, keepdim=True)
+    r = 1 / t.sqrt(((x - m) ** 2).mean(-1, keepdim=True) + k["eps"])
+    y = (x - m) * r
+    return r * (g - g.mean(-1, keepdim=True) - y * (g * y).mean(-1, keepdim=True))
+
+
+ORACLE.update({"standardize": lambda t, a, k: t.nn.functional.layer_norm(
+                   a[0], (a[0].shape[-1],), eps=k["eps"]),
+               "standardize_grad": _std_grad_oracle,
+               "softmax": lambda t, a, k: t.softmax(a[0], -1),
                "log_softmax": lambda t, a, k: t.log_softmax(a[0], -1),
                "softmax_grad": lambda t, a, k: a[0] * (a[1] - (a[1] * a[0]).sum(-1, keepdim=True)),
                "log_softmax_grad": lambda t, a, k: a[1] - t.exp(a[0]) * a[1].sum(-1, keepdim=True),
