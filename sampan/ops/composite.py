@@ -17,7 +17,7 @@ from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid
                           where)
 from .reduce import amax, mean, sum
 from .registry import STATE
-from .rowwise import eager_rows, log_softmax_last, softmax_last, standardize
+from .rowwise import row_ops, log_softmax_last, softmax_last, standardize
 from .shape import reshape
 
 
@@ -39,19 +39,19 @@ def _squeeze_axis(r, axis):
 
 
 def softmax(x, axis=-1):
-    """exp(x) / sum(exp(x)) along `axis`, computed stably. Eager mode runs the `softmax`
-    row op over the last axis (see rowwise.py); jit traces this definition."""
+    """exp(x) / sum(exp(x)) along `axis`, computed stably (the last axis: the `softmax`
+    row op, see rowwise.py)."""
     x = _t(x)
-    if eager_rows(x, axis):
+    if row_ops(x, axis):
         return softmax_last(x)
     e = exp(sub(x, amax(x, axis, keepdims=True).detach()))
     return div(e, sum(e, axis, keepdims=True))
 
 
 def log_softmax(x, axis=-1):
-    """x - logsumexp(x) along `axis` (eager, last axis: the `log_softmax` row op)."""
+    """x - logsumexp(x) along `axis` (the last axis: the `log_softmax` row op)."""
     x = _t(x)
-    if eager_rows(x, axis):
+    if row_ops(x, axis):
         return log_softmax_last(x)
     return sub(x, logsumexp(x, axis, keepdims=True))
 
@@ -79,7 +79,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    if len(axes) == 1 and eager_rows(x, axes[0]):   # eager: one row op (rowwise.py)
+    if len(axes) == 1 and row_ops(x, axes[0]):   # one row op (rowwise.py)
         y = standardize(x, eps)
     else:
         m = mean(x, axes, keepdims=True)

@@ -1,10 +1,8 @@
 """Softmax, log-softmax and standardisation (layer norm without its affine part) over
-the last axis as primitives, for eager mode.
+the last axis as primitives, in eager mode and under jit.
 
-The composites in composite.py (max, sub, exp, sum, div) stay the definition jit
-traces, so the fusion pass can merge them with their neighbours (a mask, a scale);
-eager mode runs these ops instead (torch's eager kernels against its decompositions):
-one pass per row forward, and a gradient that reads only the output,
+The composites in composite.py (max, sub, exp, sum, div ...) run as these ops over the
+last axis: one pass per row forward, and a gradient that reads only the output,
 
     softmax:      dx = y * (g - sum(g * y))
     log_softmax:  dx = g - exp(y) * sum(g)
@@ -15,6 +13,11 @@ gradient ops have closed-form gradients; standardize's gradient runs as one op u
 the backward pass records a graph (create_graph), where it is written with primitives,
 so second order works for all three. float32 rows
 use mathlib's vectorised exp32 (as fused jit kernels do); float64 numpy's exp.
+
+jit traces the ops too rather than the composites' primitives: W3's fused softmax,
+log-softmax and layer-norm row kernels (several outputs each, kept for the gradient)
+took ~45 ms of fused-kernel time per step, the ops with their neighbours' fused
+elementwise kernels ~17 ms. Eager and jit then run the same kernels for them.
 """
 from __future__ import annotations
 
@@ -312,10 +315,10 @@ def log_softmax_grad(y, g):
     return apply(LOG_SOFTMAX_GRAD, (y, g), _EMPTY)
 
 
-def eager_rows(x: Tensor, axis) -> bool:
-    """Whether the composites should run the row ops: eager mode (jit traces the
-    composite, to fuse it), over the last axis of a floating tensor with dims."""
-    if STATE.tracer is not None or not x.shape:
+def row_ops(x: Tensor, axis) -> bool:
+    """Whether the composites run as these row ops: over the last axis of a floating
+    tensor with dims (other axes keep the composite definition)."""
+    if not x.shape:
         return False
     return axis in (-1, len(x.shape) - 1) and x.dtype.kind == "f"
 
