@@ -11,7 +11,7 @@ from .. import dtypes as _dt
 from ..tensor import Tensor, apply, wrap
 from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
                     unary_samples, unbroadcast)
-from ._nb import HAVE_NUMBA, njit
+from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit, run_flat
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _isfloat = _dt.is_floating
@@ -250,16 +250,17 @@ except ImportError:  # pragma: no cover
         return _erf_vec(a).astype(a.dtype)
 
 
-# let LLVM reorder float ops (to vectorise), keeping IEEE inf/NaN semantics
-_FM = {"reassoc", "nsz", "arcp", "contract"}
-
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import erf32 as _erf32
 
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _erf32_loop(a, out):
         for i in range(a.size):
             out[i] = _erf32(a[i])
+
+
+def _f32_fast(*arrays):
+    return HAVE_NUMBA and all(a.dtype == np.float32 for a in arrays) and arrays[0].size
 
 
 def _erf_any(a):
@@ -267,10 +268,8 @@ def _erf_any(a):
     |x| = 0.5, the formula of PyTorch's vectorised CPU erf; absolute error < 1.5e-7, and
     the value jit's fused kernels compute), 10x faster than scipy's scalar erf here;
     float64 (and float32 without numba) through scipy, exact."""
-    if HAVE_NUMBA and a.dtype == np.float32 and a.size:
-        out = np.empty(a.shape, np.float32)
-        _erf32_loop(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
-        return out
+    if _f32_fast(a):
+        return run_flat(_erf32_loop, np.float32, a)
     return _erf_kernel(a)
 
 
@@ -406,13 +405,13 @@ _GELU_GRAD_SCALAR = ("b * (0.5 * (1 + erf(a * 0.7071067811865476)) + "
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import exp32 as _exp32
 
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _gelu32_loop(a, out):
         for i in range(a.size):
             x = a[i]
             out[i] = x * np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
 
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _gelu_grad32_loop(a, g, out):
         for i in range(a.size):
             x = a[i]
@@ -421,25 +420,16 @@ if HAVE_NUMBA:
             out[i] = g[i] * (cdf + x * pdf)
 
 
-def _f32_fast(*arrays):
-    return HAVE_NUMBA and all(a.dtype == np.float32 for a in arrays) and arrays[0].size
-
-
 def _gelu_kernel(a):
     if _f32_fast(a):   # erf32 as in `_erf_any`: the formula fused jit kernels use
-        out = np.empty(a.shape, np.float32)
-        _gelu32_loop(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
-        return out
+        return run_flat(_gelu32_loop, np.float32, a)
     t = a.dtype.type
     return a * t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
 
 
 def _gelu_grad_kernel(a, g):
     if _f32_fast(a, g) and a.shape == g.shape:
-        out = np.empty(a.shape, np.float32)
-        _gelu_grad32_loop(np.ascontiguousarray(a).reshape(-1),
-                          np.ascontiguousarray(g).reshape(-1), out.reshape(-1))
-        return out
+        return run_flat(_gelu_grad32_loop, np.float32, a, g)
     t = a.dtype.type
     cdf = t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
     return g * (cdf + a * (t(_R2PI) * np.exp(a * a * t(-0.5))))
@@ -471,11 +461,8 @@ GELU_GRAD = defop("gelu_grad", elementwise_rule("gelu_grad", float_only=True),
                   grad=_gelu_gg, flops=numel_flops, onnx=NO_ONNX, samples=_gelu_grad_samples)
 
 
-def gelu_exact(x):
-    """x * Phi(x), Phi the standard normal CDF (erf form); one primitive op."""
-    if type(x) is not Tensor or x._data.dtype not in _FLOAT_DTYPES:
-        x = _float_operand(x)
-    return apply(GELU, (x,), _EMPTY)
+gelu_exact = _unary_fn(GELU, "x * Phi(x), Phi the standard normal CDF (erf form); one "
+                              "primitive op.")
 
 
 def gelu_grad(a, g):

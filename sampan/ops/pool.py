@@ -15,6 +15,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import apply
+from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
 from .conv import (_check_4d, _check_attrs, _check_out, _f32, _numel, _out_dim, _pad, _pair,
                    _t, _win, checked_apply)
@@ -92,13 +93,8 @@ def _argmax(x, kernel_size, stride, padding, dilation):
     return arg, ho, wo
 
 
-try:  # numba (the `jit` extra) gives a one-pass gradient; numpy below is the reference
-    from numba import njit as _njit
-except ImportError:  # pragma: no cover - the no-numba test covers this path
-    _njit = None
-
-if _njit is not None:
-    @_njit(cache=True, nogil=True)
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True)
     def _max_grad_loop(xp, g, kh, kw, sh, sw, dh, dw, buf):
         # same choice as _argmax: taps in row-major order, the first maximum wins, a NaN
         # replaces the current best
@@ -122,8 +118,8 @@ if _njit is not None:
                         buf[a, b, bi, bj] += g[a, b, i, j]
 
 
-if _njit is not None:
-    @_njit(cache=True, nogil=True, error_model="numpy")
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, error_model="numpy")
     def _max_grad_2x2(x, g, zero, out):
         # 2x2 windows at stride 2 (the common pooling): the same choice as _max_grad_loop
         # made with selects instead of branches, and every covered input written once
@@ -160,7 +156,7 @@ if _njit is not None:
 def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
     n, c, h, w = x.shape
     (ph, pw) = padding
-    if (_njit is not None and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype
+    if (HAVE_NUMBA and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype
             and tuple(kernel_size) == (2, 2) and tuple(stride) == (2, 2)
             and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)):
         out = np.empty(x.shape, x.dtype)
@@ -169,7 +165,7 @@ def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
         out[:, :, :, 2 * wo:] = 0
         _max_grad_2x2(np.ascontiguousarray(x), np.ascontiguousarray(g), x.dtype.type(0), out)
         return out
-    if _njit is not None and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
+    if HAVE_NUMBA and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
         xp = np.ascontiguousarray(_pad(x, *padding, _lowest(x.dtype)))
         buf = np.zeros(xp.shape, g.dtype)
         _max_grad_loop(xp, np.ascontiguousarray(g), kernel_size[0], kernel_size[1],

@@ -24,22 +24,22 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor, apply
-from ._nb import HAVE_NUMBA, njit
+from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
-from .registry import NO_ONNX, NOT_DIFFERENTIABLE, STATE, Spec, defop
+from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _EMPTY = {}
 
-# reassociation lets LLVM vectorise the row sums and maxima (8x faster here); no
-# "finite only" flags, so masked (-inf) entries and NaNs keep IEEE semantics
-_FM = {"reassoc", "nsz", "arcp", "contract"}
+# FASTMATH_IEEE: reassociation lets LLVM vectorise the row sums and maxima (8x faster
+# here); no "finite only" flags, so masked (-inf) entries and NaNs keep IEEE semantics
+_FM = FASTMATH_IEEE
 
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import exp32 as _exp32
 
     def _row_kernels(expf):
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def fwd(x, out, log):
+        def fwd(x, log, out):
             nr, nc = x.shape
             for r in range(nr):
                 m = x[r, 0]
@@ -59,7 +59,7 @@ if HAVE_NUMBA:
                         out[r, c] = out[r, c] / s
 
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def bwd(y, g, out, log):
+        def bwd(y, g, log, out):
             nr, nc = y.shape
             for r in range(nr):
                 s = y[r, 0] * 0
@@ -122,8 +122,15 @@ else:  # pragma: no cover - the no-numba test covers this path
     _K = {}
 
 
-def _rows(a):
-    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+def _run_rows(kern, *arrays, **scalars):
+    """`kern(rows of each array..., *scalars, out_rows)` into a new array like arrays[0],
+    every array viewed as contiguous (rows, last dim)."""
+    x = arrays[0]
+    out = np.empty(x.shape, x.dtype)
+    c = x.shape[-1]
+    kern(*(np.ascontiguousarray(a).reshape(-1, c) for a in arrays), *scalars.values(),
+         out.reshape(-1, c))
+    return out
 
 
 def _half(k):
@@ -141,9 +148,7 @@ def _fwd_kernel(log):
     def k(x):
         ks = _K.get(x.dtype)
         if ks is not None and x.size:
-            out = np.empty(x.shape, x.dtype)
-            ks[0](_rows(x), out.reshape(-1, x.shape[-1]), log)
-            return out
+            return _run_rows(ks[0], x, log=log)
         m = np.max(x, axis=-1, keepdims=True)
         z = x - m
         if log:
@@ -158,9 +163,7 @@ def _bwd_kernel(log):
     def k(y, g):
         ks = _K.get(y.dtype)
         if ks is not None and y.size and g.dtype == y.dtype and g.shape == y.shape:
-            out = np.empty(y.shape, y.dtype)
-            ks[1](_rows(y), _rows(g), out.reshape(-1, y.shape[-1]), log)
-            return out
+            return _run_rows(ks[1], y, g, log=log)
         if log:
             return g - np.exp(y) * np.sum(g, axis=-1, keepdims=True)
         return y * (g - np.sum(g * y, axis=-1, keepdims=True))
@@ -168,7 +171,7 @@ def _bwd_kernel(log):
 
 
 def _rule(name):
-    def rule(*specs):
+    def rule(*specs, **attrs):
         from ..errors import DTypeError, ShapeError, op_error
         from ._util import same_dtype
         d = same_dtype(name, *specs)
@@ -239,9 +242,7 @@ LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_
 @_half
 def _standardize_kernel(x, eps):
     if x.dtype in _K and x.size:
-        out = np.empty(x.shape, x.dtype)
-        _std_fwd(_rows(x), float(eps), out.reshape(-1, x.shape[-1]))
-        return out
+        return _run_rows(_std_fwd, x, eps=float(eps))
     m = x.mean(-1, keepdims=True)
     d = x - m
     return d / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
@@ -250,9 +251,7 @@ def _standardize_kernel(x, eps):
 @_half
 def _standardize_grad_kernel(x, g, eps):
     if x.dtype in _K and x.size and g.dtype == x.dtype and g.shape == x.shape:
-        out = np.empty(x.shape, x.dtype)
-        _std_bwd(_rows(x), _rows(g), float(eps), out.reshape(-1, x.shape[-1]))
-        return out
+        return _run_rows(_std_bwd, x, g, eps=float(eps))
     m = x.mean(-1, keepdims=True)
     d = x - m
     r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
@@ -282,19 +281,11 @@ def _eps_samples(n_in):
     return samples
 
 
-def _std_rule(name):
-    base = _rule(name)
-
-    def rule(*specs, eps):
-        return base(*specs)
-    return rule
-
-
-STANDARDIZE = defop("standardize", _std_rule("standardize"), kernel=_standardize_kernel,
+STANDARDIZE = defop("standardize", _rule("standardize"), kernel=_standardize_kernel,
                     grad=_standardize_grad, saves=(0,),
                     flops=lambda x, eps: 7 * int(np.prod(x.shape)), onnx=NO_ONNX,
                     samples=_eps_samples(1))
-STANDARDIZE_GRAD = defop("standardize_grad", _std_rule("standardize_grad"),
+STANDARDIZE_GRAD = defop("standardize_grad", _rule("standardize_grad"),
                          kernel=_standardize_grad_kernel, grad=NOT_DIFFERENTIABLE,
                          flops=lambda x, g, eps: 12 * int(np.prod(x.shape)), onnx=NO_ONNX,
                          samples=_eps_samples(2))

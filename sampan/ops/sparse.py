@@ -10,17 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is the `jit` extra; without it the kernels fall back to numpy
-    from numba import njit
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised by the no-numba CI variant
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):
-        return lambda f: f
-
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
+from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
 from .registry import NO_ONNX, Spec, defop
 

@@ -6,7 +6,7 @@ import pytest
 from sampan.ops import pool
 
 
-@pytest.mark.skipif(pool._njit is None, reason="needs numba")
+@pytest.mark.skipif(not pool.HAVE_NUMBA, reason="needs numba")
 @pytest.mark.parametrize("shape", [(2, 3, 8, 8), (2, 3, 7, 9), (1, 1, 5, 4), (1, 2, 2, 2)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_2x2_gradient_matches_general_loop(shape, dtype):

@@ -222,11 +222,9 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
     for i, d in enumerate(vdt[n_in:]):
         if d.kind in "iu":  # numba widens small ints: wrap back like numpy does
             body_lines[i] = f"t{n_in + i} = {_NP_NAME[d.name]}({exprs[i]})"
+    lines += [f"    t{i} = x{i}[0]" for i in sorted(used) if patterns[i] == "scalar"]
     if layout == "flat":
         lines.append(f"    n = {dst[0]}.shape[0]")
-        for i in sorted(used):
-            if patterns[i] == "scalar":
-                lines.append(f"    t{i} = x{i}[0]")
         lines.append(f"    for i in {loop}(n):")
         for i in sorted(used):
             if patterns[i] == "full":
@@ -235,9 +233,6 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
         lines += [f"        {dst[j]}[i] = t{o}" for j, o in enumerate(outputs)]
     else:
         lines.append(f"    nr, nc = {dst[0]}.shape")
-        for i in sorted(used):
-            if patterns[i] == "scalar":
-                lines.append(f"    t{i} = x{i}[0]")
         lines.append(f"    for i in {loop}(nr):")
         for i in sorted(used):
             if patterns[i] in ("full", "bcast"):
