@@ -1,11 +1,12 @@
 """Convolution primitives (NCHW); pooling lives in pool.py and shares the helpers.
 
-conv2d lowers to im2col (a strided window view made contiguous once) and one batched
-GEMM per call. The input gradient of conv2d *is* conv_transpose2d (one op, one IR
-spelling, ONNX ConvTranspose); its kernel runs the GEMM and then accumulates the
-kh*kw column planes into the output through strided slices, which is far faster than
-a scatter (np.add.at). Every gradient op that is linear in its inputs has a gradient
-rule of its own, so second order works for conv and average pooling.
+conv2d lowers to im2col and one batched GEMM per call. The input gradient of conv2d *is*
+conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose); its kernel runs the GEMM
+and then accumulates the kh*kw column planes into the output (col2im). With numba both
+data movements are loops (_convloops.py, 5-20x faster on small layers); without it,
+im2col is a strided window view made contiguous and col2im adds strided slices, still far
+faster than a scatter (np.add.at). Every gradient op that is linear in its inputs has a
+gradient rule of its own, so second order works for conv and average pooling.
 
 bfloat16/float16 compute in float32 and round the result (see linalg.py).
 """
@@ -16,10 +17,12 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
+from . import _convloops as _loops
 from ._util import Sample, randf, rng, same_dtype
 from .registry import NO_ONNX, Spec, defop
 
 _swv = np.lib.stride_tricks.sliding_window_view
+_LOOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -99,9 +102,20 @@ def _win(i, j, ho, wo, stride, dilation):
             slice(j * dw, j * dw + sw * (wo - 1) + 1, sw))
 
 
+def _unit_loops(dtype, stride, dilation):
+    """Whether the numba im2col/col2im loops serve this call (see _convloops.py)."""
+    return (_loops.HAVE_NUMBA and dtype in _LOOP_DTYPES and stride == (1, 1)
+            and dilation == (1, 1))
+
+
 def _im2col(xp, kh, kw, ho, wo, stride, dilation):
     """Columns (N, C, kh, kw, Ho, Wo) of a padded input, as one contiguous copy."""
     (sh, sw), (dh, dw) = stride, dilation
+    if _unit_loops(xp.dtype, stride, dilation):
+        n, c = xp.shape[:2]
+        col = np.empty((n, c * kh * kw, ho * wo), xp.dtype)
+        _loops.im2col(np.ascontiguousarray(xp), kh, kw, ho, wo, col)
+        return col.reshape(n, c, kh, kw, ho, wo)
     v = _swv(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
     v = v[:, :, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, ::dh, ::dw]
     return np.ascontiguousarray(v.transpose(0, 1, 4, 5, 2, 3))
@@ -243,6 +257,12 @@ def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
     col = col.reshape(n, cog * groups, kh, kw, h, wd)
     if kh == kw == 1 and stride == (1, 1) and padding == (0, 0) and ho == h and wo == wd:
         return col.reshape(n, cog * groups, h, wd)
+    if _unit_loops(col.dtype, stride, dilation):
+        buf = np.empty((n, cog * groups, h + kh - 1, wd + kw - 1), col.dtype)
+        _loops.col2im(col.reshape(n, cog * groups * kh * kw, h * wd), h, wd, kh, kw, buf)
+        if ph or pw or buf.shape[2:] != (ho, wo):
+            buf = np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
+        return buf
     hb = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
     wb = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
     buf = np.zeros((n, cog * groups, hb, wb), col.dtype)

@@ -1,0 +1,49 @@
+"""conv2d's numba im2col/col2im loops (stride 1, dilation 1) against the numpy path
+(strided window view, strided-slice accumulation) on the same inputs: forward, weight
+gradient and transposed convolution, with padding, groups, rectangular kernels and
+inputs where the padding exceeds the kernel reach."""
+import numpy as np
+import pytest
+
+from sampan.ops import conv
+
+CASES = [  # x shape, w shape (conv2d), padding, groups
+    ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1),
+    ((2, 6, 14, 14), (16, 6, 5, 5), (0, 0), 1),
+    ((2, 4, 7, 9), (6, 2, 3, 2), (1, 0), 2),
+    ((1, 3, 5, 4), (2, 3, 1, 3), (0, 1), 1),
+    ((2, 2, 4, 4), (3, 2, 3, 3), (3, 3), 1),
+]
+
+
+def _numpy_path(monkeypatch):
+    monkeypatch.setattr(conv, "_unit_loops", lambda *a: False)
+
+
+@pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs,ws,pad,groups", CASES)
+def test_loops_match_numpy_path(xs, ws, pad, groups, dtype, monkeypatch):
+    r = np.random.default_rng(0)
+    x = r.standard_normal(xs).astype(dtype)
+    w = r.standard_normal(ws).astype(dtype)
+    a = dict(stride=(1, 1), padding=pad, dilation=(1, 1), groups=groups)
+    assert conv._unit_loops(x.dtype, (1, 1), (1, 1))
+    y = conv._conv2d_kernel(x, w, **a)
+    g = r.standard_normal(y.shape).astype(dtype)
+    gw = conv._gw_kernel(x, g, ws[2:], **a)
+    op = conv._outpad(xs[2:], ws[2:], (1, 1), pad, (1, 1))
+    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    _numpy_path(monkeypatch)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(y, conv._conv2d_kernel(x, w, **a), rtol=tol, atol=tol)
+    np.testing.assert_allclose(gw, conv._gw_kernel(x, g, ws[2:], **a), rtol=tol, atol=tol)
+    ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    assert gx.shape == ref.shape == xs and gx.flags.c_contiguous
+    np.testing.assert_allclose(gx, ref, rtol=tol, atol=tol)
+
+
+def test_strided_and_dilated_calls_keep_the_numpy_path():
+    assert not conv._unit_loops(np.dtype(np.float32), (2, 1), (1, 1))
+    assert not conv._unit_loops(np.dtype(np.float32), (1, 1), (1, 2))
+    assert not conv._unit_loops(np.dtype(np.float16), (1, 1), (1, 1))
