@@ -225,6 +225,17 @@ def cross_entropy(logits, target, reduction="mean", ignore_index=-100, label_smo
     from .shape import squeeze, unsqueeze
     logits = _t(logits)
     target = _t(target)
+    if (not label_smoothing and len(logits.shape) == 2 and axis in (-1, 1)
+            and target.dtype.kind in "iu" and row_ops(logits, axis)):
+        # one op for the rows (rowwise.softmax_cross_entropy), then the reduction
+        from .rowwise import softmax_cross_entropy
+        from .elementwise import ne
+        loss = softmax_cross_entropy(logits, target, ignore_index)
+        if reduction == "none":
+            return loss
+        if reduction == "sum":
+            return sum(loss)
+        return div(sum(loss), sum(cast(ne(target, ignore_index), loss.dtype)))
     lsm = log_softmax(logits, axis)
     c = logits.shape[axis]
     if _dt.is_floating(target.dtype):

@@ -305,8 +305,7 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     ("tanh", np.tanh, "tanh(a)", lambda g, y, a: tanh_grad(y, g), "Tanh", -2, 2, (), True),
     ("sigmoid", _sigmoid, "1 / (1 + exp(-a))", lambda g, y, a: sigmoid_grad(y, g), "Sigmoid",
      -3, 3, (), True),
-    ("relu", _relu, "max(a, 0)", lambda g, y, a: where(gt(a, 0.0), g, zeros_like_(g)), "Relu",
-     -2, 2, None, False),
+    ("relu", _relu, "max(a, 0)", lambda g, y, a: relu_grad(a, g), "Relu", -2, 2, None, False),
     ("erf", _as_kernel(_erf_any), "erf(a)",
      lambda g, y, a: mul(g, mul(exp(neg(mul(a, a))), _TWO_OVER_SQRT_PI)), "Erf", -2, 2, None,
      False),
@@ -380,6 +379,42 @@ SIGMOID_GRAD = defop("sigmoid_grad", elementwise_rule("sigmoid_grad"),
                      kernel=lambda y, g: g * y * (_one(y.dtype) - y), kind="elementwise",
                      scalar="b * a * (1 - a)", grad=_sg_grad, flops=numel_flops, onnx=NO_ONNX,
                      samples=_ygrad_samples(0.1, 0.9))
+
+
+# relu's gradient as one op: g where a > 0, else 0 (NaN inputs give 0, as gt(a, 0) did).
+# It was gt + zeros + where: three ops and three passes per relu in every backward.
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _relu_grad_loop(a, g, out):
+        z = g.dtype.type(0)
+        for i in range(a.size):
+            v = g[i]            # both loaded before the select: a vector blend, no branch
+            out[i] = v if a[i] > 0 else z
+
+
+def _relu_grad_kernel(a, g):
+    if HAVE_NUMBA and a.shape == g.shape and a.dtype == g.dtype and g.dtype in _WHERE_FAST:
+        return run_flat(_relu_grad_loop, g.dtype, a, g)
+    return np.where(a > 0, g, g.dtype.type(0)).astype(g.dtype, copy=False)
+
+
+def _relu_grad_samples():
+    r = rng(11)
+    a = randf(r, 3, 4)
+    a[0, 0] = np.nan
+    return [Sample((a, randf(r, 3, 4))), Sample((randf(r, 5), randf(r, 5)))]
+
+
+RELU_GRAD = defop("relu_grad", elementwise_rule("relu_grad"), kernel=_relu_grad_kernel,
+                  kind="elementwise", scalar="b if a > 0 else 0",
+                  grad=lambda gg, y, a, g: (None, relu_grad(a, gg)), saves=(0,),
+                  flops=numel_flops, onnx=NO_ONNX, samples=_relu_grad_samples,
+                  nondiff_inputs=(0,))
+
+
+def relu_grad(a, g):
+    """g where a > 0, else 0: the gradient of relu from its input a."""
+    return binary(RELU_GRAD, a, g)
 
 
 def tanh_grad(y, g):

@@ -320,3 +320,156 @@ def softmax_last(x: Tensor) -> Tensor:
 
 def log_softmax_last(x: Tensor) -> Tensor:
     return apply(LOG_SOFTMAX, (x,), _EMPTY)
+
+
+# ---------------------------------------------------------------------- softmax cross-entropy
+# Cross-entropy with class-index targets over the rows of (R, C) logits as one op:
+#     loss[r] = logsumexp(x[r]) - x[r, t[r]]            (0 where t[r] == ignore_index)
+#     dx[r]   = g[r] * (softmax(x[r]) - onehot(t[r]))    (0 where ignored)
+# The composite (log_softmax, ne, where, unsqueeze, take_along_axis, squeeze, neg, where)
+# recorded eight ops forward and as many backward, and kept the (R, C) log-probabilities;
+# this keeps nothing but the logits it already holds.
+if HAVE_NUMBA:
+    def _xent_kernels(expf):
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def fwd(x, t, ignore, out):
+            nr, nc = x.shape
+            for r in range(nr):
+                if t[r] == ignore:
+                    out[r] = 0
+                    continue
+                m = x[r, 0]
+                for c in range(1, nc):
+                    m = max(m, x[r, c])
+                s = x[r, 0] * 0
+                for c in range(nc):
+                    s += expf(x[r, c] - m)
+                out[r] = np.log(s) + m - x[r, t[r]]
+
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def bwd(x, t, g, ignore, out):
+            nr, nc = x.shape
+            for r in range(nr):
+                if t[r] == ignore:
+                    for c in range(nc):
+                        out[r, c] = 0
+                    continue
+                m = x[r, 0]
+                for c in range(1, nc):
+                    m = max(m, x[r, c])
+                s = x[r, 0] * 0
+                for c in range(nc):
+                    e = expf(x[r, c] - m)
+                    out[r, c] = e
+                    s += e
+                k = g[r] / s
+                for c in range(nc):
+                    out[r, c] = out[r, c] * k
+                out[r, t[r]] -= g[r]
+        return fwd, bwd
+
+    _XK = {np.dtype(np.float32): _xent_kernels(_exp32),
+           np.dtype(np.float64): _xent_kernels(_exp64)}
+else:  # pragma: no cover
+    _XK = {}
+
+
+def _check_targets(x, t, ignore_index):
+    bad = (t != ignore_index) & ((t < 0) | (t >= x.shape[1]))
+    if bad.any():
+        from ..errors import ShapeError, op_error
+        raise op_error(ShapeError, "softmax_cross_entropy",
+                       f"target {int(t[bad][0])} for {x.shape[1]} classes",
+                       f"class indices in [0, {x.shape[1]}) or ignore_index={ignore_index}")
+
+
+def _xent_kernel(x, t, ignore_index):
+    _check_targets(x, t, ignore_index)
+    if x.dtype.kind != "f" or x.dtype.itemsize < 4:
+        return _xent_kernel(x.astype(np.float32), t, ignore_index).astype(x.dtype)
+    ks = _XK.get(x.dtype)
+    if ks is not None:
+        out = np.empty(x.shape[0], x.dtype)
+        ks[0](np.ascontiguousarray(x), np.ascontiguousarray(t), ignore_index, out)
+        return out
+    valid = t != ignore_index
+    safe = np.where(valid, t, 0)
+    m = x.max(-1, keepdims=True)
+    lse = np.log(np.exp(x - m).sum(-1)) + m[:, 0]
+    pick = np.take_along_axis(x, safe[:, None], 1)[:, 0]
+    return np.where(valid, lse - pick, 0).astype(x.dtype)
+
+
+def _xent_grad_kernel(x, t, g, ignore_index):
+    d = x.dtype
+    if d.kind != "f" or d.itemsize < 4:
+        return _xent_grad_kernel(x.astype(np.float32), t, g.astype(np.float32),
+                                 ignore_index).astype(d)
+    ks = _XK.get(d)
+    if ks is not None and g.dtype == d:
+        out = np.empty(x.shape, d)
+        ks[1](np.ascontiguousarray(x), np.ascontiguousarray(t), np.ascontiguousarray(g),
+              ignore_index, out)
+        return out
+    valid = t != ignore_index
+    e = np.exp(x - x.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    p[np.arange(x.shape[0])[valid], t[valid]] -= 1
+    return (p * np.where(valid, g, 0)[:, None]).astype(d)
+
+
+def _xent_rule(x, t, ignore_index):
+    from ..errors import DTypeError, ShapeError, op_error
+    op = "softmax_cross_entropy"
+    if not (x.dtype.kind == "f" or x.dtype.name == "bfloat16"):
+        raise op_error(DTypeError, op, f"logits dtype {x.dtype}", "a floating dtype")
+    if t.dtype.kind not in "iu":
+        raise op_error(DTypeError, op, f"target dtype {t.dtype}", "integer class indices")
+    if len(x.shape) != 2 or len(t.shape) != 1 or x.shape[0] != t.shape[0]:
+        raise op_error(ShapeError, op, f"logits {tuple(x.shape)}, target {tuple(t.shape)}",
+                       "logits (N, C) and target (N,)")
+    return Spec((x.shape[0],), x.dtype)
+
+
+def _xent_grad_rule(x, t, g, ignore_index):
+    _xent_rule(x, t, ignore_index)
+    return Spec(tuple(x.shape), x.dtype)
+
+
+def _xent_grad(g, y, x, t, ignore_index):
+    from ..autograd.engine import is_grad_enabled
+    if not is_grad_enabled():
+        return apply(XENT_GRAD, (x, t, g), {"ignore_index": ignore_index}), None
+    # create_graph: the same gradient in primitives, differentiable again
+    from .creation import arange
+    from .elementwise import cast, eq, mul, ne, sub
+    from .shape import unsqueeze
+    onehot = cast(eq(unsqueeze(t, -1), arange(x.shape[1])), x.dtype)
+    w = mul(g, cast(ne(t, ignore_index), x.dtype))
+    return mul(unsqueeze(w, -1), sub(softmax_last(x), onehot)), None
+
+
+def _xent_samples():
+    r = rng(99)
+    return [Sample((randf(r, 4, 5), np.array([0, 4, 2, -100])), {"ignore_index": -100}),
+            Sample((randf(r, 3, 7), np.array([6, 1, 3])), {"ignore_index": 1})]
+
+
+def _xent_grad_samples():
+    return [Sample((s.args[0], s.args[1], randf(rng(98), s.args[0].shape[0])), s.attrs)
+            for s in _xent_samples()]
+
+
+XENT = defop("softmax_cross_entropy", _xent_rule, kernel=_xent_kernel, grad=_xent_grad,
+             saves=(0, 1), flops=lambda x, t, ignore_index: 4 * int(np.prod(x.shape)),
+             onnx=NO_ONNX, samples=_xent_samples, nondiff_inputs=(1,))
+XENT_GRAD = defop("softmax_cross_entropy_grad", _xent_grad_rule, kernel=_xent_grad_kernel,
+                  grad=NOT_DIFFERENTIABLE,
+                  flops=lambda x, t, g, ignore_index: 5 * int(np.prod(x.shape)),
+                  onnx=NO_ONNX, samples=_xent_grad_samples, nondiff_inputs=(1,))
+
+
+def softmax_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100) -> Tensor:
+    """Per-row cross-entropy of (N, C) logits against (N,) class indices; rows whose
+    target is `ignore_index` give 0."""
+    return apply(XENT, (logits, target), {"ignore_index": int(ignore_index)})

@@ -212,6 +212,14 @@ def _pair_dots_grad(t, a, k):
 
 ORACLE.update({"pair_dots": _pair_dots, "pair_dots_grad": _pair_dots_grad})
 
+def _xent_grad_oracle(t, a, k):
+    x, tg, g = a
+    valid = tg != k["ignore_index"]
+    p = t.softmax(x, -1)
+    onehot = t.nn.functional.one_hot(t.where(valid, tg, 0), x.shape[1]).to(x.dtype)
+    return (p - onehot) * (g * valid.to(x.dtype))[:, None]
+
+
 def _std_grad_oracle(t, a, k):
     x, g = a
     m = x.mean(-1, keepdim=True)
@@ -232,4 +240,8 @@ ORACLE.update({"standardize": lambda t, a, k: t.nn.functional.layer_norm(
                                                  + a[0] * 0.3989422804014327
                                                  * t.exp(-0.5 * a[0] * a[0])),
                "tanh_grad": lambda t, a, k: a[1] * (1 - a[0] * a[0]),
-               "sigmoid_grad": lambda t, a, k: a[1] * a[0] * (1 - a[0])})
+               "sigmoid_grad": lambda t, a, k: a[1] * a[0] * (1 - a[0]),
+               "relu_grad": lambda t, a, k: t.where(a[0] > 0, a[1], t.zeros_like(a[1])),
+               "softmax_cross_entropy": lambda t, a, k: t.nn.functional.cross_entropy(
+                   a[0], a[1], ignore_index=k["ignore_index"], reduction="none"),
+               "softmax_cross_entropy_grad": _xent_grad_oracle})
