@@ -438,6 +438,7 @@ _GELU_GRAD_SCALAR = ("b * (0.5 * (1 + erf(a * 0.7071067811865476)) + "
                      "a * (0.3989422804014327 * exp(a * a * -0.5)))")
 
 if HAVE_NUMBA:
+    from ..backends.numba.mathlib import erf32_e as _erf32_e
     from ..backends.numba.mathlib import exp32 as _exp32
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
@@ -448,11 +449,14 @@ if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _gelu_grad32_loop(a, g, out):
+        # one exponential per element: e**(-x*x/2) is both the normal density's and
+        # (as e**(-u*u), u = x/sqrt2) the erf formula's
         for i in range(a.size):
             x = a[i]
-            cdf = np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
-            pdf = np.float32(_R2PI) * _exp32(x * x * np.float32(-0.5))
-            out[i] = g[i] * (cdf + x * pdf)
+            u = x * np.float32(_R2)
+            e = _exp32(-(u * u))
+            cdf = np.float32(0.5) * (np.float32(1.0) + _erf32_e(u, e))
+            out[i] = g[i] * (cdf + x * (np.float32(_R2PI) * e))
 
 
 def _gelu_kernel(a):
@@ -525,8 +529,11 @@ def _where_rule(c, a, b):
 
 
 def _where_grad(g, y, c, a, b):
-    z = zeros_like_(g)
-    return None, unbroadcast(where(c, g, z), a.shape), unbroadcast(where(c, z, g), b.shape)
+    # only the branches that need a gradient (a masked fill's constant side does not),
+    # with a scalar zero rather than a zeros tensor
+    ga = unbroadcast(where(c, g, 0.0), a.shape) if a.requires_grad else None
+    gb = unbroadcast(where(c, 0.0, g), b.shape) if b.requires_grad else None
+    return None, ga, gb
 
 
 def _where_samples():
