@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..tensor import Tensor, apply
+from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, norm_axis, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
@@ -63,7 +64,37 @@ def _expand_back(g, x, axis, keepdims):
     return expand(g, tuple(x.shape))
 
 
-SUM = defop("sum", _red_rule(), kernel=_acc_kernel(np.sum), kind="reduction", scalar="a + b",
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True)
+    def _colsum_loop(a, out):
+        # rows added into the output in order, as numpy's reduction over leading axes
+        # does (bit-identical), with the column loop vectorised
+        nr, nc = a.shape
+        for j in range(nc):
+            out[j] = a[0, j]
+        for i in range(1, nr):
+            for j in range(nc):
+                out[j] += a[i, j]
+
+
+def _sum_kernel(a, axis=None, keepdims=False):
+    # sums over leading axes (bias and layer-norm gradients): numpy's strided reduction
+    # ran at about half the speed of one pass of row additions here
+    if (HAVE_NUMBA and a.dtype in _COLSUM and isinstance(axis, tuple) and axis
+            and axis == tuple(range(len(axis))) and len(axis) < a.ndim and a.size
+            and a.flags.c_contiguous):
+        nc = 1
+        for d in a.shape[len(axis):]:
+            nc *= d
+        out = np.empty(a.shape[len(axis):], a.dtype)
+        _colsum_loop(a.reshape(-1, nc), out.reshape(-1))
+        return out.reshape(_red_shape(a, axis, True)) if keepdims else out
+    return _acc_kernel(np.sum)(a, axis=axis, keepdims=keepdims)
+
+
+_COLSUM = (np.dtype(np.float32), np.dtype(np.float64))
+
+SUM = defop("sum", _red_rule(), kernel=_sum_kernel, kind="reduction", scalar="a + b",
             grad=lambda g, y, x, axis=None, keepdims=False: _expand_back(g, x, axis, keepdims),
             saves=(), flops=_red_flops, onnx="ReduceSum", samples=_red_samples)
 
