@@ -34,7 +34,8 @@ class Pass:
 PASSES: dict[str, Pass] = {}
 
 PIPELINES: dict[str, list] = {
-    "train": ["simplify", "fold_constants", "cse", "dce", "fuse_elementwise", "plan_memory"],
+    "train": ["simplify", "fold_constants", "cse", "dce", "merge_slice_grads",
+              "share_reshape_copies", "fuse_elementwise", "plan_memory"],
     "inference": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
                   "fold_batch_norm", "dce", "fuse_elementwise", "plan_memory"],
     "none": [],

@@ -92,6 +92,55 @@ def test_simplify_keeps_broadcasting_identity():
     assert len(out.nodes) == 1
 
 
+def test_merge_slice_grads_and_share_reshape_copies():
+    before = """graph f(%0: f32[2,3], %1: f32[2,3], %2: f32[2,3]) {
+      %3: f32[3,2,3] = getitem_grad(%0, index=(('i', 0),), shape=(3, 2, 3))
+      %4: f32[3,2,3] = getitem_grad(%1, index=(('i', 1),), shape=(3, 2, 3))
+      %5: f32[3,2,3] = add(%4, %3)
+      %6: f32[3,2,3] = getitem_grad(%2, index=(('i', 2),), shape=(3, 2, 3))
+      %7: f32[3,2,3] = add(%5, %6)
+      %8: f32[2,3,3] = permute(%7, dims=(1, 0, 2))
+      %9: f32[6,3] = reshape(%8, shape=(6, 3))
+      %10: f32[2,9] = reshape(%8, shape=(2, 9))
+      return (%9, %10)
+    }"""
+    same(run_pass("merge_slice_grads+share_reshape_copies", before), """graph f(%0: f32[2,3], %1: f32[2,3], %2: f32[2,3]) {
+      %3: f32[1,2,3] = reshape(%0, shape=(1, 2, 3))
+      %4: f32[1,2,3] = reshape(%1, shape=(1, 2, 3))
+      %5: f32[1,2,3] = reshape(%2, shape=(1, 2, 3))
+      %6: f32[3,2,3] = concat(%3, %4, %5, axis=0)
+      %7: f32[2,3,3] = permute(%6, dims=(1, 0, 2))
+      %8: f32[6,3] = reshape(%7, shape=(6, 3))
+      %9: f32[2,9] = reshape(%8, shape=(2, 9))
+      return (%8, %9)
+    }""")
+    # the same numbers as the unrewritten graph
+    from sampan.runtime import compile_graph
+    r = np.random.default_rng(0)
+    args = [r.standard_normal((2, 3)).astype(np.float32) for _ in range(3)]
+    want = compile_graph(parse(before))(*args)
+    got = compile_graph(run_pass("merge_slice_grads+share_reshape_copies", before))(*args)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_merge_slice_grads_leaves_partial_or_shared_sums():
+    partial = """graph f(%0: f32[2,3], %1: f32[2,3]) {
+      %2: f32[3,2,3] = getitem_grad(%0, index=(('i', 0),), shape=(3, 2, 3))
+      %3: f32[3,2,3] = getitem_grad(%1, index=(('i', 2),), shape=(3, 2, 3))
+      %4: f32[3,2,3] = add(%2, %3)
+      return (%4)
+    }"""
+    same(run_pass("merge_slice_grads", partial), partial)
+    shared = """graph f(%0: f32[2,3], %1: f32[2,3]) {
+      %2: f32[2,2,3] = getitem_grad(%0, index=(('i', 0),), shape=(2, 2, 3))
+      %3: f32[2,2,3] = getitem_grad(%1, index=(('i', 1),), shape=(2, 2, 3))
+      %4: f32[2,2,3] = add(%2, %3)
+      return (%4, %2)
+    }"""
+    same(run_pass("merge_slice_grads", shared), shared)
+
+
 def test_plan_memory_pass_records_plan():
     g = run_pass("plan_memory", """graph f(%0: f32[64,64]) {
       %1: f32[64,64] = exp(%0)
