@@ -17,7 +17,7 @@ from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid
                           where)
 from .reduce import amax, mean, sum
 from .registry import STATE
-from .rowwise import row_ops, log_softmax_last, softmax_last, standardize
+from .rowwise import layer_norm_affine, row_ops, log_softmax_last, softmax_last, standardize
 from .shape import reshape
 
 
@@ -79,6 +79,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    if (len(axes) == 1 and row_ops(x, axes[0]) and weight is not None and bias is not None
+            and tuple(weight.shape) == tuple(bias.shape) == tuple(x.shape[-1:])
+            and weight.dtype == bias.dtype == x.dtype):
+        return layer_norm_affine(x, weight, bias, eps)   # one op (rowwise.py)
     if len(axes) == 1 and row_ops(x, axes[0]):   # one row op (rowwise.py)
         y = standardize(x, eps)
     else:

@@ -473,3 +473,158 @@ def softmax_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -1
     """Per-row cross-entropy of (N, C) logits against (N,) class indices; rows whose
     target is `ignore_index` give 0."""
     return apply(XENT, (logits, target), {"ignore_index": int(ignore_index)})
+
+
+# ---------------------------------------------------------------------- layer norm (affine)
+# layer_norm over the last axis with a weight and a bias as one op, as PyTorch's
+# native_layer_norm: standardize, mul and add recorded three ops and three passes forward,
+# and the backward five (standardize_grad, g*w, g*y, and two sums over the rows). Now:
+#     y  = (x - mean) * r * w + b,       r = 1/sqrt(var(x) + eps)
+#     dx = r * (gw - mean(gw) - xh * mean(gw * xh)),   gw = g * w, xh = (x - mean) * r
+#     dw = sum over rows of g * xh,      db = sum over rows of g
+# each one pass over the rows (the statistics recomputed from x, nothing saved).
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    def _ln_fwd(x, w, b, eps, out):
+        for r in range(x.shape[0]):
+            m, rs = _stats(x, r, eps)
+            for c in range(x.shape[1]):
+                out[r, c] = (x[r, c] - m) * rs * w[c] + b[c]
+
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    def _ln_bwd_x(x, w, g, eps, out):
+        nc = x.shape[1]
+        for r in range(x.shape[0]):
+            m, rs = _stats(x, r, eps)
+            sg = 0.0
+            sgy = 0.0
+            for c in range(nc):
+                gc = g[r, c] * w[c]
+                sg += gc
+                sgy += gc * ((x[r, c] - m) * rs)
+            mg = sg / nc
+            mgy = sgy / nc
+            for c in range(nc):
+                y = (x[r, c] - m) * rs
+                out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
+
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    def _ln_bwd_w(x, g, eps, out):
+        nc = x.shape[1]
+        for c in range(nc):
+            out[c] = 0
+        for r in range(x.shape[0]):
+            m, rs = _stats(x, r, eps)
+            for c in range(nc):
+                out[c] += g[r, c] * ((x[r, c] - m) * rs)
+
+
+def _rows(a):
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+
+
+def _ln_numpy_stats(x, eps):
+    m = x.mean(-1, keepdims=True)
+    d = x - m
+    return d / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps)), \
+        1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
+
+
+@_half
+def _ln_kernel(x, w, b, eps):
+    if x.dtype in _K and x.size:
+        out = np.empty(x.shape, x.dtype)
+        _ln_fwd(_rows(x), np.ascontiguousarray(w), np.ascontiguousarray(b), float(eps),
+                out.reshape(-1, x.shape[-1]))
+        return out
+    return _ln_numpy_stats(x, eps)[0] * w + b
+
+
+@_half
+def _ln_grad_x_kernel(x, w, g, eps):
+    if x.dtype in _K and x.size and g.shape == x.shape:
+        out = np.empty(x.shape, x.dtype)
+        _ln_bwd_x(_rows(x), np.ascontiguousarray(w), _rows(g), float(eps),
+                  out.reshape(-1, x.shape[-1]))
+        return out
+    y, r = _ln_numpy_stats(x, eps)
+    gw = g * w
+    return r * (gw - gw.mean(-1, keepdims=True) - y * (gw * y).mean(-1, keepdims=True))
+
+
+@_half
+def _ln_grad_w_kernel(x, g, eps):
+    if x.dtype in _K and x.size and g.shape == x.shape:
+        out = np.empty(x.shape[-1], x.dtype)
+        _ln_bwd_w(_rows(x), _rows(g), float(eps), out)
+        return out
+    y, _ = _ln_numpy_stats(x, eps)
+    return (g * y).reshape(-1, x.shape[-1]).sum(0)
+
+
+def _ln_rule(name, rows, vecs, out_vec=False):
+    """Shape rule: inputs at `rows` are (..., C) of one shape, at `vecs` (C,)."""
+    def rule(*specs, eps):
+        from ..errors import DTypeError, ShapeError, op_error
+        from ._util import same_dtype
+        d = same_dtype(name, *specs)
+        if not (d.kind == "f" or d.name == "bfloat16"):
+            raise op_error(DTypeError, name, f"dtype {d}", "a floating dtype")
+        s = tuple(specs[rows[0]].shape)
+        if (not s or any(tuple(specs[i].shape) != s for i in rows)
+                or any(tuple(specs[i].shape) != s[-1:] for i in vecs)):
+            raise op_error(ShapeError, name, f"shapes {[tuple(x.shape) for x in specs]}",
+                           "rows (..., C) and weight/bias of shape (C,)")
+        return Spec(s[-1:] if out_vec else s, d)
+    return rule
+
+
+def _ln_grad(g, y, x, w, b, eps):
+    from ..autograd.engine import is_grad_enabled
+    from .reduce import sum as rsum
+    lead = tuple(range(len(x.shape) - 1))
+    db = rsum(g, lead) if lead else g
+    if not is_grad_enabled():
+        a = {"eps": eps}
+        return (apply(LN_GRAD_X, (x, w, g), a), apply(LN_GRAD_W, (x, g), a), db)
+    # create_graph: in primitives (standardize is differentiable twice), so that second
+    # order works
+    from .elementwise import mul
+    xh = standardize(x, eps)
+    dw = rsum(mul(g, xh), lead) if lead else mul(g, xh)
+    return _standardize_grad(mul(g, w), None, x, eps), dw, db
+
+
+def _ln_samples():
+    r = rng(110)
+    return [Sample((randf(r, 3, 6), randf(r, 6), randf(r, 6)), {"eps": 1e-5}),
+            Sample((randf(r, 2, 3, 4), randf(r, 4), randf(r, 4)), {"eps": 0.1})]
+
+
+def _ln_gx_samples():
+    r = rng(111)
+    return [Sample((randf(r, 3, 6), randf(r, 6), randf(r, 3, 6)), {"eps": 1e-5}),
+            Sample((randf(r, 2, 3, 4), randf(r, 4), randf(r, 2, 3, 4)), {"eps": 0.1})]
+
+
+def _ln_gw_samples():
+    r = rng(112)
+    return [Sample((randf(r, 3, 6), randf(r, 3, 6)), {"eps": 1e-5}),
+            Sample((randf(r, 2, 3, 4), randf(r, 2, 3, 4)), {"eps": 0.1})]
+
+
+LAYER_NORM = defop("layer_norm_affine", _ln_rule("layer_norm_affine", (0,), (1, 2)), kernel=_ln_kernel,
+                   grad=_ln_grad, saves=(0, 1), onnx="LayerNormalization",
+                   flops=lambda x, w, b, eps: 9 * int(np.prod(x.shape)), samples=_ln_samples)
+LN_GRAD_X = defop("layer_norm_grad_input", _ln_rule("layer_norm_grad_input", (0, 2), (1,)),
+                  kernel=_ln_grad_x_kernel, grad=NOT_DIFFERENTIABLE, onnx=NO_ONNX,
+                  flops=lambda x, w, g, eps: 14 * int(np.prod(x.shape)),
+                  samples=_ln_gx_samples)
+LN_GRAD_W = defop("layer_norm_grad_weight", _ln_rule("layer_norm_grad_weight", (0, 1), (), True),
+                  kernel=_ln_grad_w_kernel, grad=NOT_DIFFERENTIABLE, onnx=NO_ONNX,
+                  flops=lambda x, g, eps: 9 * int(np.prod(x.shape)), samples=_ln_gw_samples)
+
+
+def layer_norm_affine(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """standardize(x, eps) * weight + bias over the last axis, as one op."""
+    return apply(LAYER_NORM, (x, weight, bias), {"eps": float(eps)})

@@ -212,6 +212,23 @@ def _pair_dots_grad(t, a, k):
 
 ORACLE.update({"pair_dots": _pair_dots, "pair_dots_grad": _pair_dots_grad})
 
+def _ln_grad_oracle(which):
+    def oracle(t, a, k):
+        import torch
+        if which == 0:
+            x, w, g = a
+        else:
+            x, g = a
+            w = t.ones(x.shape[-1], dtype=x.dtype)
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            w = w.detach().requires_grad_()
+            y = t.nn.functional.layer_norm(x, x.shape[-1:], w, None, k["eps"])
+            gx, gw = torch.autograd.grad(y, (x, w), g)
+        return gx if which == 0 else gw
+    return oracle
+
+
 def _xent_grad_oracle(t, a, k):
     x, tg, g = a
     valid = tg != k["ignore_index"]
@@ -244,4 +261,8 @@ ORACLE.update({"standardize": lambda t, a, k: t.nn.functional.layer_norm(
                "relu_grad": lambda t, a, k: t.where(a[0] > 0, a[1], t.zeros_like(a[1])),
                "softmax_cross_entropy": lambda t, a, k: t.nn.functional.cross_entropy(
                    a[0], a[1], ignore_index=k["ignore_index"], reduction="none"),
-               "softmax_cross_entropy_grad": _xent_grad_oracle})
+               "softmax_cross_entropy_grad": _xent_grad_oracle,
+               "layer_norm_affine": lambda t, a, k: t.nn.functional.layer_norm(
+                   a[0], a[0].shape[-1:], a[1], a[2], k["eps"]),
+               "layer_norm_grad_input": _ln_grad_oracle(0),
+               "layer_norm_grad_weight": _ln_grad_oracle(1)})
