@@ -23,6 +23,41 @@ def _zeros(shape, dtype):
     return wrap(np.zeros(shape, dtype))
 
 
+class SliceGrads:
+    """Eager backward only: the gradient of a tensor that was read through basic-index
+    slices (``q, k, v = qkv[0], qkv[1], qkv[2]``), kept as (index, array) parts while the
+    engine accumulates them. Materialised once, when the node consumes its gradient:
+    one zero fill and each part added into its slice, instead of one full-size zero
+    tensor per slice and a full-size add per extra slice."""
+
+    __slots__ = ("shape", "dtype", "parts")
+
+    def __init__(self, shape, dtype, parts):
+        self.shape, self.dtype, self.parts = tuple(shape), dtype, parts
+
+    def merge(self, other):
+        return SliceGrads(self.shape, self.dtype, self.parts + other.parts)
+
+    def tensor(self):
+        from ..tensor import wrap
+        out = np.zeros(self.shape, self.dtype)
+        for idx, a in self.parts:
+            out[idx] += a          # basic indexing selects each element once per part
+        return wrap(out)
+
+
+def _dense(g):
+    return g.tensor() if type(g) is SliceGrads else g
+
+
+def _sum(cur, g):
+    if type(cur) is SliceGrads:
+        if type(g) is SliceGrads and g.shape == cur.shape and g.dtype == cur.dtype:
+            return cur.merge(g)
+        cur = cur.tensor()
+    return cur + _dense(g)
+
+
 def _check_saved(node):
     for t, v in node.saved_pairs():
         if _ver(t) != v:
@@ -96,6 +131,8 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
         while ready:
             node = ready.pop()
             gs = node_grads.pop(node, None)
+            if gs is not None:
+                gs = [_dense(g) for g in gs]
             if gs is not None and node.hooks:
                 for idx, fns in node.hooks.items():
                     if gs[idx] is not None:
@@ -135,7 +172,11 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                 k = edges[2 * j + 1]
                 if gi is not None and (m is not None or k is not None):
                     t = inputs[j]
-                    if gi._data.dtype is not t._data.dtype and gi._data.dtype != t._data.dtype:
+                    if type(gi) is SliceGrads:
+                        if m is None or gi.dtype != t._data.dtype:
+                            gi = gi.tensor()
+                    if type(gi) is not SliceGrads and gi._data.dtype is not t._data.dtype \
+                            and gi._data.dtype != t._data.dtype:
                         gi = gi.to(t.dtype)
                     if m is None:
                         _acc(leaf_grads, id(k), k, gi)
@@ -149,7 +190,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                                 gm[k] = gi
                         else:
                             cur = gm[k]
-                            gm[k] = gi if cur is None else cur + gi
+                            gm[k] = gi if cur is None else _sum(cur, gi)
                 if m is not None:
                     c = deps[m] - 1
                     deps[m] = c

@@ -392,6 +392,12 @@ def _getitem_kernel(a, *idx, index):
 
 
 def _getitem_grad(g, y, x, *idx, index):
+    from ..ops.registry import STATE
+    if (not idx and STATE.tracer is None and not STATE.grad_enabled and type(g) is Tensor
+            and g._data.dtype == x._data.dtype):
+        # eager backward: a pending slice the engine merges with the other slices of x
+        from ..autograd.engine import SliceGrads
+        return (SliceGrads(tuple(x.shape), g._data.dtype, [(decode_index(index, ()), g._data)]),)
     return (apply(GETITEM_GRAD, (g,) + tuple(idx), {"index": index, "shape": tuple(x.shape)}),
             ) + (None,) * len(idx)
 
