@@ -37,19 +37,34 @@ _FM = FASTMATH_IEEE
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import exp32 as _exp32
 
+    @njit(inline="always", fastmath=_FM)
+    def _row_max(x, r):
+        m = x[r, 0]
+        for c in range(1, x.shape[1]):
+            m = max(m, x[r, c])
+        return m
+
+    def _exp_row_fn(expf):
+        @njit(inline="always", fastmath=_FM)
+        def exp_row(x, r, out):
+            """out[r] = e**(x[r] - max(x[r])); returns the max and the sum."""
+            m = _row_max(x, r)
+            s = x[r, 0] * 0
+            for c in range(x.shape[1]):
+                e = expf(x[r, c] - m)
+                out[r, c] = e
+                s += e
+            return m, s
+        return exp_row
+
     def _row_kernels(expf):
+        exp_row = _exp_row_fn(expf)
+
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def fwd(x, log, out):
             nr, nc = x.shape
             for r in range(nr):
-                m = x[r, 0]
-                for c in range(1, nc):
-                    m = max(m, x[r, c])
-                s = x[r, 0] * 0
-                for c in range(nc):
-                    e = expf(x[r, c] - m)
-                    out[r, c] = e
-                    s += e
+                m, s = exp_row(x, r, out)
                 if log:
                     ls = np.log(s)
                     for c in range(nc):
@@ -102,22 +117,6 @@ if HAVE_NUMBA:
             for c in range(x.shape[1]):
                 out[r, c] = (x[r, c] - m) * rs
 
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-    def _std_bwd(x, g, eps, out):
-        nc = x.shape[1]
-        for r in range(x.shape[0]):
-            m, rs = _stats(x, r, eps)
-            sg = 0.0
-            sgy = 0.0
-            for c in range(nc):
-                gc = g[r, c]
-                sg += gc
-                sgy += gc * ((x[r, c] - m) * rs)
-            mg = sg / nc
-            mgy = sgy / nc
-            for c in range(nc):
-                y = (x[r, c] - m) * rs
-                out[r, c] = rs * (g[r, c] - mg - y * mgy)
 else:  # pragma: no cover - the no-numba test covers this path
     _K = {}
 
@@ -251,7 +250,10 @@ def _standardize_kernel(x, eps):
 @_half
 def _standardize_grad_kernel(x, g, eps):
     if x.dtype in _K and x.size and g.dtype == x.dtype and g.shape == x.shape:
-        return _run_rows(_std_bwd, x, g, eps=float(eps))
+        out = np.empty(x.shape, x.dtype)   # layer norm's input gradient with w = 1
+        _ln_bwd_x(_rows(x), np.ones(x.shape[-1], x.dtype), _rows(g), float(eps),
+                  out.reshape(-1, x.shape[-1]))
+        return out
     m = x.mean(-1, keepdims=True)
     d = x - m
     r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
@@ -331,6 +333,8 @@ def log_softmax_last(x: Tensor) -> Tensor:
 # this keeps nothing but the logits it already holds.
 if HAVE_NUMBA:
     def _xent_kernels(expf):
+        exp_row = _exp_row_fn(expf)
+
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def fwd(x, t, ignore, out):
             nr, nc = x.shape
@@ -338,9 +342,7 @@ if HAVE_NUMBA:
                 if t[r] == ignore:
                     out[r] = 0
                     continue
-                m = x[r, 0]
-                for c in range(1, nc):
-                    m = max(m, x[r, c])
+                m = _row_max(x, r)
                 s = x[r, 0] * 0
                 for c in range(nc):
                     s += expf(x[r, c] - m)
@@ -354,14 +356,7 @@ if HAVE_NUMBA:
                     for c in range(nc):
                         out[r, c] = 0
                     continue
-                m = x[r, 0]
-                for c in range(1, nc):
-                    m = max(m, x[r, c])
-                s = x[r, 0] * 0
-                for c in range(nc):
-                    e = expf(x[r, c] - m)
-                    out[r, c] = e
-                    s += e
+                m, s = exp_row(x, r, out)
                 k = g[r] / s
                 for c in range(nc):
                     out[r, c] = out[r, c] * k
