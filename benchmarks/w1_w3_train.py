@@ -25,7 +25,7 @@ SPEC = {
                opt=("Adam", dict(lr=1e-3)), steps=10),
     "W3": dict(weights=M.w3_weights, batch=M.w3_batch, fwd=M.w3_forward,
                opt=("AdamW", dict(lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)),
-               steps=3),
+               steps=3, reps=8),
 }
 COMPILE_WARMUP = 3  # untimed torch.compile steps beyond the two of the correctness check
 
@@ -189,7 +189,8 @@ def two_steps(build):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=None,
+                    help="timed blocks per system (default: 5, W3 8)")
     ap.add_argument("--pause", type=float, default=0.3,
                     help="seconds idle before each timed block (lets other thread pools sleep)")
     ap.add_argument("--no-jit", action="store_true", help="skip sampan jit")
@@ -252,7 +253,10 @@ def main():
                 systems.pop(k)
         n = SPEC[wl]["steps"]
         rates = {k: [] for k in systems}
-        for _ in range(args.reps):  # interleaved so background load hits all systems alike
+        # W3's blocks are 3 steps of ~0.15 s: more of them, as its ratio moved by +-0.1
+        # between runs with 5
+        reps = args.reps or SPEC[wl].get("reps", 5)
+        for _ in range(reps):  # interleaved so background load hits all systems alike
             for k, f in systems.items():
                 # a pause first: thread pools of the system before (OpenBLAS workers spin
                 # ~0.1 s after a GEMM, OpenMP's a little) would otherwise take a core from
