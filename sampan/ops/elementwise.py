@@ -94,19 +94,19 @@ def _bflops(a, b, **_):
     return numel_flops(Spec(broadcast_shapes("flops", a.shape, b.shape), a.dtype))
 
 
-ADD = defop("add", elementwise_rule("add"), kernel=np.add, kind="elementwise", scalar="a + b",
+ADD = defop("add", elementwise_rule("add"), kernel=np.add, fuse="always", kind="elementwise", scalar="a + b",
             grad=lambda g, y, a, b: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)),
             saves=(), flops=_bflops, onnx="Add", samples=binary_samples())
-SUB = defop("sub", elementwise_rule("sub"), kernel=np.subtract, kind="elementwise",
+SUB = defop("sub", elementwise_rule("sub"), kernel=np.subtract, fuse="always", kind="elementwise",
             scalar="a - b", saves=(), flops=_bflops, onnx="Sub", samples=binary_samples(),
             grad=lambda g, y, a, b: (unbroadcast(g, a.shape), unbroadcast(neg(g), b.shape)))
-MUL = defop("mul", elementwise_rule("mul"), kernel=np.multiply, kind="elementwise",
+MUL = defop("mul", elementwise_rule("mul"), kernel=np.multiply, fuse="always", kind="elementwise",
             scalar="a * b", flops=_bflops, onnx="Mul", samples=binary_samples(),
             grad=lambda g, y, a, b: (
                 unbroadcast(mul(g, b), a.shape) if a.requires_grad else None,
                 unbroadcast(mul(g, a), b.shape) if b.requires_grad else None))
 DIV = defop("div", elementwise_rule("div", float_only=True), kernel=np.true_divide,
-            kind="elementwise", scalar="a / b", flops=_bflops, onnx="Div",
+            fuse="always", kind="elementwise", scalar="a / b", flops=_bflops, onnx="Div",
             samples=binary_samples(blow=0.5, bhigh=2.0),
             grad=lambda g, y, a, b: (
                 unbroadcast(div(g, b), a.shape) if a.requires_grad else None,
@@ -135,10 +135,10 @@ def _minmax_grad(cmp):
     return grad
 
 
-MAXIMUM = defop("maximum", elementwise_rule("maximum"), kernel=np.maximum, kind="elementwise",
+MAXIMUM = defop("maximum", elementwise_rule("maximum"), kernel=np.maximum, fuse="always", kind="elementwise",
                 scalar="max(a, b)", flops=_bflops, onnx="Max", samples=binary_samples(),
                 grad=_minmax_grad(lambda a, b: gt(a, b)))
-MINIMUM = defop("minimum", elementwise_rule("minimum"), kernel=np.minimum, kind="elementwise",
+MINIMUM = defop("minimum", elementwise_rule("minimum"), kernel=np.minimum, fuse="always", kind="elementwise",
                 scalar="min(a, b)", flops=_bflops, onnx="Min", samples=binary_samples(),
                 grad=_minmax_grad(lambda a, b: lt(a, b)))
 
@@ -196,14 +196,14 @@ for _name, _k, _s, _onnx in [("eq", np.equal, "a == b", "Equal"),
                              ("gt", np.greater, "a > b", "Greater"),
                              ("ge", np.greater_equal, "a >= b", "GreaterOrEqual")]:
     _CMP[_name] = defop(_name, elementwise_rule(_name, out_dtype=np.bool_), kernel=_k,
-                        kind="elementwise", scalar=_s, grad=NOT_DIFFERENTIABLE, flops=_bflops,
-                        onnx=_onnx, samples=_cmp_samples)
+                        kind="elementwise", fuse="always", scalar=_s, grad=NOT_DIFFERENTIABLE,
+                        flops=_bflops, onnx=_onnx, samples=_cmp_samples)
 for _name, _k, _s, _onnx in [("logical_and", np.logical_and, "a and b", "And"),
                              ("logical_or", np.logical_or, "a or b", "Or"),
                              ("logical_xor", np.logical_xor, "a != b", "Xor")]:
     _CMP[_name] = defop(_name, elementwise_rule(_name, out_dtype=np.bool_), kernel=_k,
-                        kind="elementwise", scalar=_s, grad=NOT_DIFFERENTIABLE, flops=_bflops,
-                        onnx=_onnx, samples=_bool_samples)
+                        kind="elementwise", fuse="always", scalar=_s, grad=NOT_DIFFERENTIABLE,
+                        flops=_bflops, onnx=_onnx, samples=_bool_samples)
 
 eq = _binary_fn(_CMP["eq"], "Elementwise a == b (bool).")
 ne = _binary_fn(_CMP["ne"], "Elementwise a != b (bool).")
@@ -229,7 +229,7 @@ logical_or = _logic(_CMP["logical_or"])
 logical_xor = _logic(_CMP["logical_xor"])
 
 LOGICAL_NOT = defop("logical_not", lambda a: Spec(a.shape, np.dtype(np.bool_)),
-                    kernel=np.logical_not, kind="elementwise", scalar="not a",
+                    kernel=np.logical_not, kind="elementwise", fuse="always", scalar="not a",
                     grad=NOT_DIFFERENTIABLE, flops=numel_flops, onnx="Not",
                     samples=lambda: [Sample((rng(6).random((3, 4)) > 0.5,))])
 
@@ -293,6 +293,11 @@ def _sigmoid(a):
 
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+# fusion (OpDef.fuse) of the unary ops below: mathlib has float32 forms of the
+# transcendental ones; sin, cos, log1p, expm1, sign and round stay single kernels
+_FUSE_UNARY = {"neg": "always", "abs": "always", "relu": "always", "sqrt": "always",
+               "reciprocal": "always", "floor": "always", "ceil": "always", "exp": "float32",
+               "log": "float32", "tanh": "float32", "erf": "float32", "sigmoid": "float32"}
 _U = {}
 for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     ("neg", np.negative, "-a", lambda g, y, a: neg(g), "Neg", -2, 2, (), False),
@@ -316,9 +321,9 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     ("expm1", np.expm1, "expm1(a)", lambda g, y, a: mul(g, add(y, 1.0)), NO_ONNX, -2, 2, (), True),
 ]:
     _U[_name] = defop(_name, elementwise_rule(_name, float_only=_name not in ("neg", "abs")),
-                      kernel=_kernel, kind="elementwise", scalar=_scalar, grad=_grad,
-                      flops=numel_flops, onnx=_onnx, samples=unary_samples(_lo, _hi),
-                      saves=_save, save_output=_so)
+                      kernel=_kernel, kind="elementwise", fuse=_FUSE_UNARY.get(_name, ""),
+                      scalar=_scalar, grad=_grad, flops=numel_flops, onnx=_onnx,
+                      samples=unary_samples(_lo, _hi), saves=_save, save_output=_so)
 
 # non-differentiable (piecewise-constant) unary ops: gradient is zero
 for _name, _kernel, _scalar, _onnx in [("sign", np.sign, "sign(a)", "Sign"),
@@ -326,8 +331,8 @@ for _name, _kernel, _scalar, _onnx in [("sign", np.sign, "sign(a)", "Sign"),
                                        ("ceil", np.ceil, "ceil(a)", "Ceil"),
                                        ("round", np.round, "round(a)", "Round")]:
     _U[_name] = defop(_name, elementwise_rule(_name), kernel=_kernel, kind="elementwise",
-                      scalar=_scalar, grad=NOT_DIFFERENTIABLE, flops=numel_flops, onnx=_onnx,
-                      samples=unary_samples(-2.3, 2.3))
+                      fuse=_FUSE_UNARY.get(_name, ""), scalar=_scalar, grad=NOT_DIFFERENTIABLE,
+                      flops=numel_flops, onnx=_onnx, samples=unary_samples(-2.3, 2.3))
 
 neg = _unary_fn(_U["neg"], "Elementwise -x.", float_only=False)
 abs = _unary_fn(_U["abs"], "Elementwise |x|.", float_only=False)
@@ -372,11 +377,11 @@ def _one(dt):
 
 
 TANH_GRAD = defop("tanh_grad", elementwise_rule("tanh_grad"),
-                  kernel=lambda y, g: g * (_one(y.dtype) - y * y), kind="elementwise",
+                  kernel=lambda y, g: g * (_one(y.dtype) - y * y), fuse="always", kind="elementwise",
                   scalar="b * (1 - a * a)", grad=_tg_grad, flops=numel_flops, onnx=NO_ONNX,
                   samples=_ygrad_samples(-0.9, 0.9))
 SIGMOID_GRAD = defop("sigmoid_grad", elementwise_rule("sigmoid_grad"),
-                     kernel=lambda y, g: g * y * (_one(y.dtype) - y), kind="elementwise",
+                     kernel=lambda y, g: g * y * (_one(y.dtype) - y), fuse="always", kind="elementwise",
                      scalar="b * a * (1 - a)", grad=_sg_grad, flops=numel_flops, onnx=NO_ONNX,
                      samples=_ygrad_samples(0.1, 0.9))
 
@@ -406,7 +411,7 @@ def _relu_grad_samples():
 
 
 RELU_GRAD = defop("relu_grad", elementwise_rule("relu_grad"), kernel=_relu_grad_kernel,
-                  kind="elementwise", scalar="b if a > 0 else 0",
+                  fuse="always", kind="elementwise", scalar="b if a > 0 else 0",
                   grad=lambda gg, y, a, g: (None, relu_grad(a, gg)), saves=(0,),
                   flops=numel_flops, onnx=NO_ONNX, samples=_relu_grad_samples,
                   nondiff_inputs=(0,))
@@ -492,11 +497,11 @@ def _gelu_grad_samples():
 
 
 GELU = defop("gelu", elementwise_rule("gelu", float_only=True), kernel=_as_kernel(_gelu_kernel),
-             kind="elementwise", scalar=_GELU_SCALAR,
+             fuse="float32", kind="elementwise", scalar=_GELU_SCALAR,
              grad=lambda g, y, a: gelu_grad(a, g), flops=numel_flops, onnx="Gelu",
              samples=_gelu_samples, saves=(0,))
 GELU_GRAD = defop("gelu_grad", elementwise_rule("gelu_grad", float_only=True),
-                  kernel=_gelu_grad_kernel, kind="elementwise", scalar=_GELU_GRAD_SCALAR,
+                  kernel=_gelu_grad_kernel, fuse="float32", kind="elementwise", scalar=_GELU_GRAD_SCALAR,
                   grad=_gelu_gg, flops=numel_flops, onnx=NO_ONNX, samples=_gelu_grad_samples)
 
 
@@ -594,7 +599,7 @@ def _where_kernel(c, a, b):
     return np.where(c, a, b)
 
 
-WHERE = defop("where", _where_rule, kernel=_where_kernel, kind="elementwise",
+WHERE = defop("where", _where_rule, kernel=_where_kernel, fuse="always", kind="elementwise",
               scalar="a if c else b", grad=_where_grad, saves=(0,), flops=numel_flops,
               onnx="Where", samples=_where_samples, nondiff_inputs=(0,))
 
@@ -627,7 +632,8 @@ def _cast_samples():
 
 
 CAST = defop("cast", lambda a, dtype: Spec(a.shape, _dt.as_dtype(dtype)), kernel=_cast_kernel,
-             kind="elementwise", scalar="cast(a)", grad=_cast_grad, saves=(), flops=numel_flops,
+             kind="elementwise", fuse="always", scalar="cast(a)", grad=_cast_grad, saves=(),
+             flops=numel_flops,
              keeps_float=False,
              onnx="Cast", samples=_cast_samples)
 

@@ -54,6 +54,10 @@ class OpDef:
     nondiff_inputs: tuple = ()       # inputs that never get gradients (indices, masks …)
     random: bool = False
     keeps_float: bool = True         # float inputs give a float output (False: e.g. cast)
+    # whether the fusion pass may put this elementwise op in a generated kernel: "always",
+    # "float32" (only float32/bfloat16 outputs with fast math: its scalar form calls
+    # mathlib's float32 polynomials) or "" (never)
+    fuse: str = ""
     doc: str = ""
 
     def __post_init__(self):

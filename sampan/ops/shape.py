@@ -304,7 +304,8 @@ def flip(x, axes):
 
 # ---------------------------------------------------------------------- copy
 COPY = defop("copy", lambda x: Spec(x.shape, x.dtype), kernel=lambda a: a.copy(), saves=(),
-             kind="elementwise", scalar="a", grad=lambda g, y, x: g, onnx="Identity",
+             kind="elementwise", fuse="always", scalar="a", grad=lambda g, y, x: g,
+             onnx="Identity",
              flops=lambda *a, **k: 0, samples=lambda: [Sample((randf(rng(34), 3, 2),))])
 
 

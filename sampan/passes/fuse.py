@@ -6,8 +6,9 @@ is max+sub, exp, sum+div (one kernel with fast math), a layer_norm one kernel. A
 epilogue (bias, activation, residual) is the fused kernel that reads its output.
 
 Grouping walks the graph in order and puts a node into the group of one of its
-producers when (1) the op has a scalar form the kernel generator can vectorise (the
-cost model: float32 exp/log/tanh/erf/sigmoid use `mathlib`'s SIMD versions; float64
+producers when (1) the op declares itself fusable (`OpDef.fuse`, the cost model:
+"always" for arithmetic, comparisons and selects; "float32" for exp/log/tanh/erf/sigmoid
+and GELU, whose float32 forms are `mathlib`'s SIMD versions, while float64
 transcendentals and pow stay with numpy's SIMD ufuncs), (2) its output has the group's
 shape (inputs may broadcast into it) and (3) joining creates no cycle: no other input
 of the node may depend on the group through a node outside it. A group returns every
@@ -81,10 +82,6 @@ def _fits(red, S, key, has_red) -> bool:
         return S == key
     return has_red and len(key) > 0 and S == key[:-1] + (1,)
 
-_ALWAYS = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "relu", "where",
-           "cast", "copy", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-           "logical_xor", "logical_not", "sqrt", "reciprocal", "floor", "ceil"}
-_FLOAT32_ONLY = {"exp", "log", "tanh", "erf", "sigmoid", "gelu", "gelu_grad"}
 _DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.bool_, np.int32, np.int64)}
 _DTYPES.add(_dt.bfloat16)
 _F32_LIKE = {np.dtype(np.float32), _dt.bfloat16}
@@ -95,7 +92,7 @@ def fusable(n) -> bool:
     op = OPS.get(n.op)
     if op is None or op.kind != "elementwise" or op.n_out != 1 or not n.inputs:
         return False
-    if n.op not in _ALWAYS and n.op not in _FLOAT32_ONLY:
+    if op.fuse not in ("always", "float32"):      # declared with the op (OpDef.fuse)
         return False
     out = n.outputs[0]
     if not out.shape or not all(isinstance(d, int) and d > 0 for d in out.shape):
@@ -107,7 +104,7 @@ def fusable(n) -> bool:
         return False
     if n.op == "cast" and (n.inputs[0].dtype == _dt.bfloat16 or out.dtype == _dt.bfloat16):
         return False   # keep bfloat16 rounding points where the program put them
-    if n.op in _FLOAT32_ONLY and (out.dtype not in _F32_LIKE or not FAST_MATH):
+    if op.fuse == "float32" and (out.dtype not in _F32_LIKE or not FAST_MATH):
         return False
     if n.op in ("div", "reciprocal", "sqrt") and out.dtype.kind != "f" and out.dtype != \
             _dt.bfloat16:
