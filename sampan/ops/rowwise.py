@@ -325,42 +325,39 @@ def log_softmax_last(x: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------- softmax cross-entropy
-# Cross-entropy with class-index targets over the rows of (R, C) logits as one op:
-#     loss[r] = logsumexp(x[r]) - x[r, t[r]]            (0 where t[r] == ignore_index)
-#     dx[r]   = g[r] * (softmax(x[r]) - onehot(t[r]))    (0 where ignored)
-# The composite (log_softmax, ne, where, unsqueeze, take_along_axis, squeeze, neg, where)
-# recorded eight ops forward and as many backward, and kept the (R, C) log-probabilities;
-# this keeps nothing but the logits it already holds.
+# Cross-entropy with class-index targets over the rows of (R, C) logits as one op with a
+# second output, the row's log-sum-exp (hidden by the frontend), which the gradient reads:
+#     lse[r]  = log(sum(exp(x[r])))
+#     loss[r] = lse[r] - x[r, t[r]]                       (0 where t[r] == ignore_index)
+#     dx[r]   = exp(x[r] - lse[r]) * (g[r] + h[r]) - g[r] * onehot(t[r])
+# (g, h: the two outputs' gradients; g counts 0 on ignored rows). The composite
+# (log_softmax, ne, where, unsqueeze, take_along_axis, squeeze, neg, where) recorded eight
+# ops forward and as many backward and kept the (R, C) log-probabilities; this keeps one
+# number per row, and the gradient is one pass with no max or sum to recompute.
 if HAVE_NUMBA:
     def _xent_kernels(expf):
-        exp_row = _exp_row_fn(expf)
-
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def fwd(x, t, ignore, out):
+        def fwd(x, t, ignore, out, lse):
             nr, nc = x.shape
             for r in range(nr):
-                if t[r] == ignore:
-                    out[r] = 0
-                    continue
                 m = _row_max(x, r)
                 s = x[r, 0] * 0
                 for c in range(nc):
                     s += expf(x[r, c] - m)
-                out[r] = np.log(s) + m - x[r, t[r]]
+                lse[r] = np.log(s) + m
+                out[r] = lse[r] * 0 if t[r] == ignore else lse[r] - x[r, t[r]]
 
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def bwd(x, t, g, ignore, out):
+        def bwd(x, t, lse, g, h, ignore, out):
             nr, nc = x.shape
             for r in range(nr):
-                if t[r] == ignore:
-                    for c in range(nc):
-                        out[r, c] = 0
-                    continue
-                m, s = exp_row(x, r, out)
-                k = g[r] / s
+                gr = g[r] * 0 if t[r] == ignore else g[r]     # 0 of g's dtype
+                k = gr + h[r]
+                lr = lse[r]
                 for c in range(nc):
-                    out[r, c] = out[r, c] * k
-                out[r, t[r]] -= g[r]
+                    out[r, c] = expf(x[r, c] - lr) * k
+                if t[r] != ignore:
+                    out[r, t[r]] -= gr
         return fwd, bwd
 
     _XK = {np.dtype(np.float32): _xent_kernels(_exp32),
@@ -380,37 +377,42 @@ def _check_targets(x, t, ignore_index):
 
 def _xent_kernel(x, t, ignore_index):
     _check_targets(x, t, ignore_index)
-    if x.dtype.kind != "f" or x.dtype.itemsize < 4:
-        return _xent_kernel(x.astype(np.float32), t, ignore_index).astype(x.dtype)
-    ks = _XK.get(x.dtype)
+    d = x.dtype
+    if d.kind != "f" or d.itemsize < 4:
+        loss, lse = _xent_kernel(x.astype(np.float32), t, ignore_index)
+        return loss.astype(d), lse.astype(d)
+    ks = _XK.get(d)
     if ks is not None:
-        out = np.empty(x.shape[0], x.dtype)
-        ks[0](np.ascontiguousarray(x), np.ascontiguousarray(t), ignore_index, out)
-        return out
+        out = np.empty(x.shape[0], d)
+        lse = np.empty(x.shape[0], d)
+        ks[0](np.ascontiguousarray(x), np.ascontiguousarray(t), ignore_index, out, lse)
+        return out, lse
     valid = t != ignore_index
     safe = np.where(valid, t, 0)
     m = x.max(-1, keepdims=True)
-    lse = np.log(np.exp(x - m).sum(-1)) + m[:, 0]
+    lse = (np.log(np.exp(x - m).sum(-1)) + m[:, 0]).astype(d)
     pick = np.take_along_axis(x, safe[:, None], 1)[:, 0]
-    return np.where(valid, lse - pick, 0).astype(x.dtype)
+    return np.where(valid, lse - pick, 0).astype(d), lse
 
 
-def _xent_grad_kernel(x, t, g, ignore_index):
+def _xent_grad_kernel(x, t, lse, g, h, ignore_index):
     d = x.dtype
     if d.kind != "f" or d.itemsize < 4:
-        return _xent_grad_kernel(x.astype(np.float32), t, g.astype(np.float32),
+        f = np.float32
+        return _xent_grad_kernel(x.astype(f), t, lse.astype(f), g.astype(f), h.astype(f),
                                  ignore_index).astype(d)
     ks = _XK.get(d)
-    if ks is not None and g.dtype == d:
+    if ks is not None and g.dtype == d and h.dtype == d and lse.dtype == d:
         out = np.empty(x.shape, d)
-        ks[1](np.ascontiguousarray(x), np.ascontiguousarray(t), np.ascontiguousarray(g),
-              ignore_index, out)
+        c = np.ascontiguousarray
+        ks[1](c(x), c(t), c(lse), c(g), c(h), ignore_index, out)
         return out
     valid = t != ignore_index
-    e = np.exp(x - x.max(-1, keepdims=True))
-    p = e / e.sum(-1, keepdims=True)
-    p[np.arange(x.shape[0])[valid], t[valid]] -= 1
-    return (p * np.where(valid, g, 0)[:, None]).astype(d)
+    gr = np.where(valid, g, 0)
+    p = np.exp(x - lse[:, None]) * (gr + h)[:, None]
+    rows = np.arange(x.shape[0])[valid]
+    p[rows, t[valid]] -= gr[valid]
+    return p.astype(d)
 
 
 def _xent_rule(x, t, ignore_index):
@@ -423,25 +425,33 @@ def _xent_rule(x, t, ignore_index):
     if len(x.shape) != 2 or len(t.shape) != 1 or x.shape[0] != t.shape[0]:
         raise op_error(ShapeError, op, f"logits {tuple(x.shape)}, target {tuple(t.shape)}",
                        "logits (N, C) and target (N,)")
-    return Spec((x.shape[0],), x.dtype)
+    return Spec((x.shape[0],), x.dtype), Spec((x.shape[0],), x.dtype)
 
 
-def _xent_grad_rule(x, t, g, ignore_index):
-    _xent_rule(x, t, ignore_index)
+def _xent_grad_rule(x, t, lse, g, h, ignore_index):
+    row = _xent_rule(x, t, ignore_index)[0]
+    for v in (lse, g, h):
+        if tuple(v.shape) != tuple(row.shape) or v.dtype != x.dtype:
+            from ..errors import ShapeError, op_error
+            raise op_error(ShapeError, "softmax_cross_entropy_grad",
+                           f"row values of shape {tuple(v.shape)}, dtype {v.dtype}",
+                           f"{tuple(row.shape)} of {x.dtype}")
     return Spec(tuple(x.shape), x.dtype)
 
 
-def _xent_grad(g, y, x, t, ignore_index):
+def _xent_grad(gs, ys, x, t, ignore_index):
     from ..autograd.engine import is_grad_enabled
+    g, h = gs
     if not is_grad_enabled():
-        return apply(XENT_GRAD, (x, t, g), {"ignore_index": ignore_index}), None
+        return apply(XENT_GRAD, (x, t, ys[1], g, h), {"ignore_index": ignore_index}), None
     # create_graph: the same gradient in primitives, differentiable again
     from .creation import arange
-    from .elementwise import cast, eq, mul, ne, sub
+    from .elementwise import add, cast, eq, mul, ne, sub
     from .shape import unsqueeze
     onehot = cast(eq(unsqueeze(t, -1), arange(x.shape[1])), x.dtype)
     w = mul(g, cast(ne(t, ignore_index), x.dtype))
-    return mul(unsqueeze(w, -1), sub(softmax_last(x), onehot)), None
+    p = softmax_last(x)
+    return sub(mul(p, unsqueeze(add(w, h), -1)), mul(onehot, unsqueeze(w, -1))), None
 
 
 def _xent_samples():
@@ -451,23 +461,30 @@ def _xent_samples():
 
 
 def _xent_grad_samples():
-    return [Sample((s.args[0], s.args[1], randf(rng(98), s.args[0].shape[0])), s.attrs)
-            for s in _xent_samples()]
+    out = []
+    for s in _xent_samples():
+        x, t = s.args
+        m = x.max(-1)
+        lse = (np.log(np.exp(x - m[:, None]).sum(-1)) + m).astype(x.dtype)
+        r = rng(98)
+        out.append(Sample((x, t, lse, randf(r, x.shape[0]), randf(r, x.shape[0])), s.attrs))
+    return out
 
 
 XENT = defop("softmax_cross_entropy", _xent_rule, kernel=_xent_kernel, grad=_xent_grad,
-             saves=(0, 1), flops=lambda x, t, ignore_index: 4 * int(np.prod(x.shape)),
+             n_out=2, saves=(0, 1), save_output=True,
+             flops=lambda x, t, ignore_index: 4 * int(np.prod(x.shape)),
              onnx=NO_ONNX, samples=_xent_samples, nondiff_inputs=(1,))
 XENT_GRAD = defop("softmax_cross_entropy_grad", _xent_grad_rule, kernel=_xent_grad_kernel,
                   grad=NOT_DIFFERENTIABLE,
-                  flops=lambda x, t, g, ignore_index: 5 * int(np.prod(x.shape)),
+                  flops=lambda x, t, lse, g, h, ignore_index: 4 * int(np.prod(x.shape)),
                   onnx=NO_ONNX, samples=_xent_grad_samples, nondiff_inputs=(1,))
 
 
 def softmax_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100) -> Tensor:
     """Per-row cross-entropy of (N, C) logits against (N,) class indices; rows whose
     target is `ignore_index` give 0."""
-    return apply(XENT, (logits, target), {"ignore_index": int(ignore_index)})
+    return apply(XENT, (logits, target), {"ignore_index": int(ignore_index)})[0]
 
 
 # ---------------------------------------------------------------------- layer norm (affine)

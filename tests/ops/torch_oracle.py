@@ -230,11 +230,11 @@ def _ln_grad_oracle(which):
 
 
 def _xent_grad_oracle(t, a, k):
-    x, tg, g = a
+    x, tg, lse, g, h = a
     valid = tg != k["ignore_index"]
-    p = t.softmax(x, -1)
+    w = g * valid.to(x.dtype)
     onehot = t.nn.functional.one_hot(t.where(valid, tg, 0), x.shape[1]).to(x.dtype)
-    return (p - onehot) * (g * valid.to(x.dtype))[:, None]
+    return t.exp(x - lse[:, None]) * (w + h)[:, None] - onehot * w[:, None]
 
 
 def _std_grad_oracle(t, a, k):
@@ -259,8 +259,9 @@ ORACLE.update({"standardize": lambda t, a, k: t.nn.functional.layer_norm(
                "tanh_grad": lambda t, a, k: a[1] * (1 - a[0] * a[0]),
                "sigmoid_grad": lambda t, a, k: a[1] * a[0] * (1 - a[0]),
                "relu_grad": lambda t, a, k: t.where(a[0] > 0, a[1], t.zeros_like(a[1])),
-               "softmax_cross_entropy": lambda t, a, k: t.nn.functional.cross_entropy(
+               "softmax_cross_entropy": lambda t, a, k: (t.nn.functional.cross_entropy(
                    a[0], a[1], ignore_index=k["ignore_index"], reduction="none"),
+                   t.logsumexp(a[0], -1)),
                "softmax_cross_entropy_grad": _xent_grad_oracle,
                "layer_norm_affine": lambda t, a, k: t.nn.functional.layer_norm(
                    a[0], a[0].shape[-1:], a[1], a[2], k["eps"]),
