@@ -127,11 +127,12 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     ready = [n for n in dict.fromkeys(starts) if deps.get(n, 0) == 0]
     prev = STATE.grad_enabled
     STATE.grad_enabled = bool(create_graph)
+    sliced = False          # whether any SliceGrads is pending in node_grads
     try:
         while ready:
             node = ready.pop()
             gs = node_grads.pop(node, None)
-            if gs is not None:
+            if sliced and gs is not None:
                 gs = [_dense(g) for g in gs]
             if gs is not None and node.hooks:
                 for idx, fns in node.hooks.items():
@@ -173,7 +174,9 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                 if gi is not None and (m is not None or k is not None):
                     t = inputs[j]
                     if type(gi) is SliceGrads:
-                        if m is None or gi.dtype != t._data.dtype:
+                        if m is not None and gi.dtype == t._data.dtype:
+                            sliced = True     # stays pending: nodes materialise their grads
+                        else:
                             gi = gi.tensor()
                     if type(gi) is not SliceGrads and gi._data.dtype is not t._data.dtype \
                             and gi._data.dtype != t._data.dtype:

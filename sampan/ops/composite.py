@@ -79,6 +79,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    weight = None if weight is None else _t(weight)
+    bias = None if bias is None else _t(bias)
     if (len(axes) == 1 and row_ops(x, axes[0]) and weight is not None and bias is not None
             and tuple(weight.shape) == tuple(bias.shape) == tuple(x.shape[-1:])
             and weight.dtype == bias.dtype == x.dtype):

@@ -94,7 +94,8 @@ def _bflops(a, b, **_):
     return numel_flops(Spec(broadcast_shapes("flops", a.shape, b.shape), a.dtype))
 
 
-ADD = defop("add", elementwise_rule("add"), kernel=np.add, fuse="always", kind="elementwise", scalar="a + b",
+ADD = defop("add", elementwise_rule("add"), kernel=np.add, fuse="always", kind="elementwise",
+            scalar="a + b",
             grad=lambda g, y, a, b: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)),
             saves=(), flops=_bflops, onnx="Add", samples=binary_samples())
 SUB = defop("sub", elementwise_rule("sub"), kernel=np.subtract, fuse="always", kind="elementwise",
@@ -135,10 +136,12 @@ def _minmax_grad(cmp):
     return grad
 
 
-MAXIMUM = defop("maximum", elementwise_rule("maximum"), kernel=np.maximum, fuse="always", kind="elementwise",
+MAXIMUM = defop("maximum", elementwise_rule("maximum"), kernel=np.maximum, fuse="always",
+                kind="elementwise",
                 scalar="max(a, b)", flops=_bflops, onnx="Max", samples=binary_samples(),
                 grad=_minmax_grad(lambda a, b: gt(a, b)))
-MINIMUM = defop("minimum", elementwise_rule("minimum"), kernel=np.minimum, fuse="always", kind="elementwise",
+MINIMUM = defop("minimum", elementwise_rule("minimum"), kernel=np.minimum, fuse="always",
+                kind="elementwise",
                 scalar="min(a, b)", flops=_bflops, onnx="Min", samples=binary_samples(),
                 grad=_minmax_grad(lambda a, b: lt(a, b)))
 
@@ -377,11 +380,13 @@ def _one(dt):
 
 
 TANH_GRAD = defop("tanh_grad", elementwise_rule("tanh_grad"),
-                  kernel=lambda y, g: g * (_one(y.dtype) - y * y), fuse="always", kind="elementwise",
+                  kernel=lambda y, g: g * (_one(y.dtype) - y * y), fuse="always",
+                  kind="elementwise",
                   scalar="b * (1 - a * a)", grad=_tg_grad, flops=numel_flops, onnx=NO_ONNX,
                   samples=_ygrad_samples(-0.9, 0.9))
 SIGMOID_GRAD = defop("sigmoid_grad", elementwise_rule("sigmoid_grad"),
-                     kernel=lambda y, g: g * y * (_one(y.dtype) - y), fuse="always", kind="elementwise",
+                     kernel=lambda y, g: g * y * (_one(y.dtype) - y), fuse="always",
+                     kind="elementwise",
                      scalar="b * a * (1 - a)", grad=_sg_grad, flops=numel_flops, onnx=NO_ONNX,
                      samples=_ygrad_samples(0.1, 0.9))
 
@@ -501,7 +506,8 @@ GELU = defop("gelu", elementwise_rule("gelu", float_only=True), kernel=_as_kerne
              grad=lambda g, y, a: gelu_grad(a, g), flops=numel_flops, onnx="Gelu",
              samples=_gelu_samples, saves=(0,))
 GELU_GRAD = defop("gelu_grad", elementwise_rule("gelu_grad", float_only=True),
-                  kernel=_gelu_grad_kernel, fuse="float32", kind="elementwise", scalar=_GELU_GRAD_SCALAR,
+                  kernel=_gelu_grad_kernel, fuse="float32", kind="elementwise",
+                  scalar=_GELU_GRAD_SCALAR,
                   grad=_gelu_gg, flops=numel_flops, onnx=NO_ONNX, samples=_gelu_grad_samples)
 
 

@@ -77,6 +77,10 @@ if HAVE_NUMBA:
                 out[j] += a[i, j]
 
 
+_COLSUM = (np.dtype(np.float32), np.dtype(np.float64))
+_NP_SUM = _acc_kernel(np.sum)
+
+
 def _sum_kernel(a, axis=None, keepdims=False):
     # sums over leading axes (bias and layer-norm gradients): numpy's strided reduction
     # ran at about half the speed of one pass of row additions here
@@ -89,10 +93,8 @@ def _sum_kernel(a, axis=None, keepdims=False):
         out = np.empty(a.shape[len(axis):], a.dtype)
         _colsum_loop(a.reshape(-1, nc), out.reshape(-1))
         return out.reshape(_red_shape(a, axis, True)) if keepdims else out
-    return _acc_kernel(np.sum)(a, axis=axis, keepdims=keepdims)
+    return _NP_SUM(a, axis=axis, keepdims=keepdims)
 
-
-_COLSUM = (np.dtype(np.float32), np.dtype(np.float64))
 
 SUM = defop("sum", _red_rule(), kernel=_sum_kernel, kind="reduction", scalar="a + b",
             grad=lambda g, y, x, axis=None, keepdims=False: _expand_back(g, x, axis, keepdims),

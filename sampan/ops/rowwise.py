@@ -242,23 +242,12 @@ LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_
 def _standardize_kernel(x, eps):
     if x.dtype in _K and x.size:
         return _run_rows(_std_fwd, x, eps=float(eps))
-    m = x.mean(-1, keepdims=True)
-    d = x - m
-    return d / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
+    return _numpy_stats(x, eps)[0]
 
 
-@_half
 def _standardize_grad_kernel(x, g, eps):
-    if x.dtype in _K and x.size and g.dtype == x.dtype and g.shape == x.shape:
-        out = np.empty(x.shape, x.dtype)   # layer norm's input gradient with w = 1
-        _ln_bwd_x(_rows(x), np.ones(x.shape[-1], x.dtype), _rows(g), float(eps),
-                  out.reshape(-1, x.shape[-1]))
-        return out
-    m = x.mean(-1, keepdims=True)
-    d = x - m
-    r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
-    y = d * r
-    return r * (g - g.mean(-1, keepdims=True) - y * (g * y).mean(-1, keepdims=True))
+    # layer norm's input gradient with w = 1
+    return _ln_grad_x_kernel(x, np.ones(x.shape[-1], x.dtype), g, eps)
 
 
 def _standardize_grad(g, y, x, eps):
@@ -464,8 +453,7 @@ def _xent_grad_samples():
     out = []
     for s in _xent_samples():
         x, t = s.args
-        m = x.max(-1)
-        lse = (np.log(np.exp(x - m[:, None]).sum(-1)) + m).astype(x.dtype)
+        lse = _xent_kernel(x, t, **s.attrs)[1]
         r = rng(98)
         out.append(Sample((x, t, lse, randf(r, x.shape[0]), randf(r, x.shape[0])), s.attrs))
     return out
@@ -535,11 +523,11 @@ def _rows(a):
     return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
 
 
-def _ln_numpy_stats(x, eps):
-    m = x.mean(-1, keepdims=True)
-    d = x - m
-    return d / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps)), \
-        1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
+def _numpy_stats(x, eps):
+    """(standardised rows, 1/sqrt(var + eps)) in numpy: the path without numba."""
+    d = x - x.mean(-1, keepdims=True)
+    r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
+    return d * r, r
 
 
 @_half
@@ -549,7 +537,7 @@ def _ln_kernel(x, w, b, eps):
         _ln_fwd(_rows(x), np.ascontiguousarray(w), np.ascontiguousarray(b), float(eps),
                 out.reshape(-1, x.shape[-1]))
         return out
-    return _ln_numpy_stats(x, eps)[0] * w + b
+    return _numpy_stats(x, eps)[0] * w + b
 
 
 @_half
@@ -559,7 +547,7 @@ def _ln_grad_x_kernel(x, w, g, eps):
         _ln_bwd_x(_rows(x), np.ascontiguousarray(w), _rows(g), float(eps),
                   out.reshape(-1, x.shape[-1]))
         return out
-    y, r = _ln_numpy_stats(x, eps)
+    y, r = _numpy_stats(x, eps)
     gw = g * w
     return r * (gw - gw.mean(-1, keepdims=True) - y * (gw * y).mean(-1, keepdims=True))
 
@@ -570,7 +558,7 @@ def _ln_grad_w_kernel(x, g, eps):
         out = np.empty(x.shape[-1], x.dtype)
         _ln_bwd_w(_rows(x), _rows(g), float(eps), out)
         return out
-    y, _ = _ln_numpy_stats(x, eps)
+    y, _ = _numpy_stats(x, eps)
     return (g * y).reshape(-1, x.shape[-1]).sum(0)
 
 
@@ -625,14 +613,15 @@ def _ln_gw_samples():
             Sample((randf(r, 2, 3, 4), randf(r, 2, 3, 4)), {"eps": 0.1})]
 
 
-LAYER_NORM = defop("layer_norm_affine", _ln_rule("layer_norm_affine", (0,), (1, 2)), kernel=_ln_kernel,
-                   grad=_ln_grad, saves=(0, 1), onnx="LayerNormalization",
+LAYER_NORM = defop("layer_norm_affine", _ln_rule("layer_norm_affine", (0,), (1, 2)),
+                   kernel=_ln_kernel, grad=_ln_grad, saves=(0, 1), onnx="LayerNormalization",
                    flops=lambda x, w, b, eps: 9 * int(np.prod(x.shape)), samples=_ln_samples)
 LN_GRAD_X = defop("layer_norm_grad_input", _ln_rule("layer_norm_grad_input", (0, 2), (1,)),
                   kernel=_ln_grad_x_kernel, grad=NOT_DIFFERENTIABLE, onnx=NO_ONNX,
                   flops=lambda x, w, g, eps: 14 * int(np.prod(x.shape)),
                   samples=_ln_gx_samples)
-LN_GRAD_W = defop("layer_norm_grad_weight", _ln_rule("layer_norm_grad_weight", (0, 1), (), True),
+LN_GRAD_W = defop("layer_norm_grad_weight",
+                  _ln_rule("layer_norm_grad_weight", (0, 1), (), True),
                   kernel=_ln_grad_w_kernel, grad=NOT_DIFFERENTIABLE, onnx=NO_ONNX,
                   flops=lambda x, g, eps: 9 * int(np.prod(x.shape)), samples=_ln_gw_samples)
 

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, norm_axis, randf, rng, unbroadcast
-from .registry import NO_ONNX, Spec, defop
+from .registry import NO_ONNX, STATE, Spec, defop
 
 
 def _t(x):
@@ -393,12 +393,12 @@ def _getitem_kernel(a, *idx, index):
 
 
 def _getitem_grad(g, y, x, *idx, index):
-    from ..ops.registry import STATE
     if (not idx and STATE.tracer is None and not STATE.grad_enabled and type(g) is Tensor
             and g._data.dtype == x._data.dtype):
         # eager backward: a pending slice the engine merges with the other slices of x
         from ..autograd.engine import SliceGrads
-        return (SliceGrads(tuple(x.shape), g._data.dtype, [(decode_index(index, ()), g._data)]),)
+        part = (decode_index(index, ()), g._data)
+        return (SliceGrads(tuple(x.shape), g._data.dtype, [part]),)
     return (apply(GETITEM_GRAD, (g,) + tuple(idx), {"index": index, "shape": tuple(x.shape)}),
             ) + (None,) * len(idx)
 

@@ -33,13 +33,13 @@ def _first_axis_int(n):
     return k if kind == "i" and isinstance(k, int) else None
 
 
-def _leaves(v, users, acc):
+def _leaves(v, users, outs, acc):
     """getitem_grad leaves of the add tree producing v (each node used once), or False."""
     n = v.node
-    if n is None or len(users.get(v.id, ())) != 1 or v.id in users["outputs"]:
+    if n is None or len(users.get(v.id, ())) != 1 or v.id in outs:
         return False
     if n.op == "add" and len(n.inputs) == 2:
-        return all(_leaves(x, users, acc) for x in n.inputs)
+        return all(_leaves(x, users, outs, acc) for x in n.inputs)
     if _first_axis_int(n) is not None:
         acc.append(n)
         return True
@@ -49,16 +49,16 @@ def _leaves(v, users, acc):
 @register_pass("merge_slice_grads")
 def merge_slice_grads(g):
     """Sums of getitem_grads that tile the first axis -> one concat (see module doc)."""
+    from .dce import dce
     users = g.users()
-    users["outputs"] = {v.id for v in g.outputs}     # a graph output is a use too
+    outs = {v.id for v in g.outputs}     # a graph output is a use too
     done = False
     for root in list(g.nodes):
-        if root.op != "add" or root not in g.nodes:
+        if root.op != "add":
             continue
         out = root.outputs[0]
         leaves = []
-        ok = all(_leaves(x, users, leaves) for x in root.inputs)
-        if not ok or len(leaves) < 2:
+        if not all(_leaves(x, users, outs, leaves) for x in root.inputs) or len(leaves) < 2:
             continue
         shape = tuple(leaves[0].attrs["shape"])
         ks = sorted(_first_axis_int(n) for n in leaves)
@@ -66,18 +66,20 @@ def merge_slice_grads(g):
                 or ks != list(range(shape[0])) or tuple(out.shape) != shape
                 or any(n.inputs[0].dtype != out.dtype for n in leaves)):
             continue
-        by_k = sorted(leaves, key=_first_axis_int)
-        parts = []
-        for n in by_k:
+        new = []
+        for n in sorted(leaves, key=_first_axis_int):
             gk = n.inputs[0]
-            r = g.add_node("reshape", [gk], {"shape": (1,) + tuple(gk.shape)}, loc=n.loc)
-            parts.append(r.outputs[0])
-        cat = g.add_node("concat", parts, {"axis": 0}, loc=root.loc)
-        g.replace_all_uses_with(out, cat.outputs[0])
+            new.append(g.add_node("reshape", [gk], {"shape": (1,) + tuple(gk.shape)},
+                                  loc=n.loc))
+        new.append(g.add_node("concat", [r.outputs[0] for r in new], {"axis": 0},
+                              loc=root.loc))
+        # add_node appended them; they belong where the sum was (their inputs come earlier)
+        del g.nodes[-len(new):]
+        i = g.nodes.index(root)
+        g.nodes[i:i] = new
+        g.replace_all_uses_with(out, new[-1].outputs[0])
         done = True
-    if done:
-        _reorder_and_prune(g)
-    return g
+    return dce(g) if done else g
 
 
 @register_pass("share_reshape_copies")
@@ -87,34 +89,8 @@ def share_reshape_copies(g):
     for v in list(g.values()):
         if v.node is None or v.node.op != "permute":
             continue
-        rs = [n for n in users.get(v.id, ()) if n.op == "reshape"]
-        if len(rs) < 2:
-            continue
-        first = rs[0]
+        rs = [n for n in users.get(v.id, ()) if n.op == "reshape"]   # in program order
         for n in rs[1:]:
-            if tuple(n.attrs["shape"]) != tuple(first.attrs["shape"]):
-                n.inputs = [first.outputs[0] if x is v else x for x in n.inputs]
-    _reorder_and_prune(g)
+            if tuple(n.attrs["shape"]) != tuple(rs[0].attrs["shape"]):
+                n.inputs = [rs[0].outputs[0] if x is v else x for x in n.inputs]
     return g
-
-
-def _reorder_and_prune(g):
-    """Topological order (new nodes were appended) and no dead nodes."""
-    from .dce import dce
-    order = []
-    defined = {v.id for v in g.inputs} | {v.id for v in g.values() if v.node is None}
-    pending = list(g.nodes)
-    while pending:
-        rest = []
-        for n in pending:
-            if all(x.id in defined for x in n.inputs):
-                order.append(n)
-                defined.update(o.id for o in n.outputs)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):       # a cycle cannot happen; keep what is left
-            order.extend(rest)
-            break
-        pending = rest
-    g.nodes = order
-    return dce(g)

@@ -104,7 +104,8 @@ def test_merge_slice_grads_and_share_reshape_copies():
       %10: f32[2,9] = reshape(%8, shape=(2, 9))
       return (%9, %10)
     }"""
-    same(run_pass("merge_slice_grads+share_reshape_copies", before), """graph f(%0: f32[2,3], %1: f32[2,3], %2: f32[2,3]) {
+    header = "graph f(%0: f32[2,3], %1: f32[2,3], %2: f32[2,3]) {"
+    same(run_pass("merge_slice_grads+share_reshape_copies", before), header + """
       %3: f32[1,2,3] = reshape(%0, shape=(1, 2, 3))
       %4: f32[1,2,3] = reshape(%1, shape=(1, 2, 3))
       %5: f32[1,2,3] = reshape(%2, shape=(1, 2, 3))

@@ -219,7 +219,7 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
     dst = [f"x{inplace[j]}" if j in inplace else f"o{j}" for j in range(len(outputs))]
     loop = "prange" if parallel else "range"
     flags = f"parallel={parallel}, cache={cache}, error_model='numpy', nogil=True"
-    if any(f.endswith("32") for f in funcs):
+    if set(funcs) - {"max_", "min_"}:
         # only kernels with mathlib's polynomials: plain arithmetic stays bit-identical
         # to numpy's eager result
         flags += ", fastmath={" + ", ".join(repr(f) for f in sorted(ELEMENTWISE_FASTMATH)) + "}"
