@@ -37,19 +37,25 @@ _FM = FASTMATH_IEEE
 if HAVE_NUMBA:
     from ..backends.numba.mathlib import exp32 as _exp32
 
+    # Accumulators start from a zero of the row's own type (`zero` below): `x[r, 0] * 0`
+    # is float64 in numba for float32 x, and the float64 sums made W3's softmax 2x slower.
+
     @njit(inline="always", fastmath=_FM)
     def _row_max(x, r):
+        # a NaN anywhere still reaches the result: as m here (first element) or through
+        # exp(x - m) in the caller's sum; the comparison vectorises where max() did not
         m = x[r, 0]
         for c in range(1, x.shape[1]):
-            m = max(m, x[r, c])
+            v = x[r, c]
+            m = v if v > m else m
         return m
 
-    def _exp_row_fn(expf):
+    def _exp_row_fn(expf, zero):
         @njit(inline="always", fastmath=_FM)
         def exp_row(x, r, out):
             """out[r] = e**(x[r] - max(x[r])); returns the max and the sum."""
             m = _row_max(x, r)
-            s = x[r, 0] * 0
+            s = zero
             for c in range(x.shape[1]):
                 e = expf(x[r, c] - m)
                 out[r, c] = e
@@ -57,8 +63,9 @@ if HAVE_NUMBA:
             return m, s
         return exp_row
 
-    def _row_kernels(expf):
-        exp_row = _exp_row_fn(expf)
+    def _row_kernels(expf, zero):
+        exp_row = _exp_row_fn(expf, zero)
+        one = zero + 1
 
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def fwd(x, log, out):
@@ -70,14 +77,15 @@ if HAVE_NUMBA:
                     for c in range(nc):
                         out[r, c] = (x[r, c] - m) - ls
                 else:
+                    inv = one / s   # a multiply per element, not a division
                     for c in range(nc):
-                        out[r, c] = out[r, c] / s
+                        out[r, c] = out[r, c] * inv
 
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def bwd(y, g, log, out):
             nr, nc = y.shape
             for r in range(nr):
-                s = y[r, 0] * 0
+                s = zero
                 if log:
                     for c in range(nc):
                         s += g[r, c]
@@ -94,28 +102,8 @@ if HAVE_NUMBA:
     def _exp64(x):
         return np.exp(x)
 
-    _K = {np.dtype(np.float32): _row_kernels(_exp32), np.dtype(np.float64): _row_kernels(_exp64)}
-
-    @njit(inline="always", fastmath=_FM)
-    def _stats(x, r, eps):
-        # mean and 1/sqrt(var + eps) of row r, accumulated in float64
-        nc = x.shape[1]
-        s = 0.0
-        for c in range(nc):
-            s += x[r, c]
-        m = s / nc
-        q = 0.0
-        for c in range(nc):
-            d = x[r, c] - m
-            q += d * d
-        return m, 1.0 / np.sqrt(q / nc + eps)
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-    def _std_fwd(x, eps, out):
-        for r in range(x.shape[0]):
-            m, rs = _stats(x, r, eps)
-            for c in range(x.shape[1]):
-                out[r, c] = (x[r, c] - m) * rs
+    _K = {np.dtype(np.float32): _row_kernels(_exp32, np.float32(0)),
+          np.dtype(np.float64): _row_kernels(_exp64, np.float64(0))}
 
 else:  # pragma: no cover - the no-numba test covers this path
     _K = {}
@@ -240,8 +228,8 @@ LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_
 
 @_half
 def _standardize_kernel(x, eps):
-    if x.dtype in _K and x.size:
-        return _run_rows(_std_fwd, x, eps=float(eps))
+    if x.dtype in _NK and x.size:
+        return _run_rows(_NK[x.dtype][0], x, eps=x.dtype.type(eps))
     return _numpy_stats(x, eps)[0]
 
 
@@ -324,23 +312,23 @@ def log_softmax_last(x: Tensor) -> Tensor:
 # ops forward and as many backward and kept the (R, C) log-probabilities; this keeps one
 # number per row, and the gradient is one pass with no max or sum to recompute.
 if HAVE_NUMBA:
-    def _xent_kernels(expf):
+    def _xent_kernels(expf, zero):
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def fwd(x, t, ignore, out, lse):
             nr, nc = x.shape
             for r in range(nr):
                 m = _row_max(x, r)
-                s = x[r, 0] * 0
+                s = zero
                 for c in range(nc):
                     s += expf(x[r, c] - m)
                 lse[r] = np.log(s) + m
-                out[r] = lse[r] * 0 if t[r] == ignore else lse[r] - x[r, t[r]]
+                out[r] = zero if t[r] == ignore else lse[r] - x[r, t[r]]
 
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def bwd(x, t, lse, g, h, ignore, out):
             nr, nc = x.shape
             for r in range(nr):
-                gr = g[r] * 0 if t[r] == ignore else g[r]     # 0 of g's dtype
+                gr = zero if t[r] == ignore else g[r]
                 k = gr + h[r]
                 lr = lse[r]
                 for c in range(nc):
@@ -349,8 +337,8 @@ if HAVE_NUMBA:
                     out[r, t[r]] -= gr
         return fwd, bwd
 
-    _XK = {np.dtype(np.float32): _xent_kernels(_exp32),
-           np.dtype(np.float64): _xent_kernels(_exp64)}
+    _XK = {np.dtype(np.float32): _xent_kernels(_exp32, np.float32(0)),
+           np.dtype(np.float64): _xent_kernels(_exp64, np.float64(0))}
 else:  # pragma: no cover
     _XK = {}
 
@@ -484,39 +472,73 @@ def softmax_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -1
 #     dw = sum over rows of g * xh,      db = sum over rows of g
 # each one pass over the rows (the statistics recomputed from x, nothing saved).
 if HAVE_NUMBA:
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-    def _ln_fwd(x, w, b, eps, out):
-        for r in range(x.shape[0]):
-            m, rs = _stats(x, r, eps)
-            for c in range(x.shape[1]):
-                out[r, c] = (x[r, c] - m) * rs * w[c] + b[c]
+    def _norm_kernels(ftype):
+        """The row kernels for one float type: statistics, sums and constants all in it
+        (float64 sums of float32 rows ran at half the vector width, ~2x slower)."""
+        zero = ftype(0)
+        one = ftype(1)
 
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-    def _ln_bwd_x(x, w, g, eps, out):
-        nc = x.shape[1]
-        for r in range(x.shape[0]):
-            m, rs = _stats(x, r, eps)
-            sg = 0.0
-            sgy = 0.0
+        @njit(inline="always", fastmath=_FM)
+        def stats(x, r, eps):
+            # mean and 1/sqrt(var + eps) of row r, two passes
+            nc = x.shape[1]
+            inv_n = one / ftype(nc)
+            s = zero
             for c in range(nc):
-                gc = g[r, c] * w[c]
-                sg += gc
-                sgy += gc * ((x[r, c] - m) * rs)
-            mg = sg / nc
-            mgy = sgy / nc
+                s += x[r, c]
+            m = s * inv_n
+            q = zero
             for c in range(nc):
-                y = (x[r, c] - m) * rs
-                out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
+                d = x[r, c] - m
+                q += d * d
+            return m, one / np.sqrt(q * inv_n + eps)
 
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-    def _ln_bwd_w(x, g, eps, out):
-        nc = x.shape[1]
-        for c in range(nc):
-            out[c] = 0
-        for r in range(x.shape[0]):
-            m, rs = _stats(x, r, eps)
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def std_fwd(x, eps, out):
+            for r in range(x.shape[0]):
+                m, rs = stats(x, r, eps)
+                for c in range(x.shape[1]):
+                    out[r, c] = (x[r, c] - m) * rs
+
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def ln_fwd(x, w, b, eps, out):
+            for r in range(x.shape[0]):
+                m, rs = stats(x, r, eps)
+                for c in range(x.shape[1]):
+                    out[r, c] = (x[r, c] - m) * rs * w[c] + b[c]
+
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def ln_bwd_x(x, w, g, eps, out):
+            nc = x.shape[1]
+            inv_n = one / ftype(nc)
+            for r in range(x.shape[0]):
+                m, rs = stats(x, r, eps)
+                sg = zero
+                sgy = zero
+                for c in range(nc):
+                    gc = g[r, c] * w[c]
+                    sg += gc
+                    sgy += gc * ((x[r, c] - m) * rs)
+                mg = sg * inv_n
+                mgy = sgy * inv_n
+                for c in range(nc):
+                    y = (x[r, c] - m) * rs
+                    out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
+
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def ln_bwd_w(x, g, eps, out):
+            nc = x.shape[1]
             for c in range(nc):
-                out[c] += g[r, c] * ((x[r, c] - m) * rs)
+                out[c] = zero
+            for r in range(x.shape[0]):
+                m, rs = stats(x, r, eps)
+                for c in range(nc):
+                    out[c] += g[r, c] * ((x[r, c] - m) * rs)
+        return std_fwd, ln_fwd, ln_bwd_x, ln_bwd_w
+
+    _NK = {np.dtype(t): _norm_kernels(t) for t in (np.float32, np.float64)}
+else:  # pragma: no cover
+    _NK = {}
 
 
 def _rows(a):
@@ -532,20 +554,20 @@ def _numpy_stats(x, eps):
 
 @_half
 def _ln_kernel(x, w, b, eps):
-    if x.dtype in _K and x.size:
+    if x.dtype in _NK and x.size:
         out = np.empty(x.shape, x.dtype)
-        _ln_fwd(_rows(x), np.ascontiguousarray(w), np.ascontiguousarray(b), float(eps),
-                out.reshape(-1, x.shape[-1]))
+        _NK[x.dtype][1](_rows(x), np.ascontiguousarray(w), np.ascontiguousarray(b),
+                        x.dtype.type(eps), out.reshape(-1, x.shape[-1]))
         return out
     return _numpy_stats(x, eps)[0] * w + b
 
 
 @_half
 def _ln_grad_x_kernel(x, w, g, eps):
-    if x.dtype in _K and x.size and g.shape == x.shape:
+    if x.dtype in _NK and x.size and g.shape == x.shape:
         out = np.empty(x.shape, x.dtype)
-        _ln_bwd_x(_rows(x), np.ascontiguousarray(w), _rows(g), float(eps),
-                  out.reshape(-1, x.shape[-1]))
+        _NK[x.dtype][2](_rows(x), np.ascontiguousarray(w), _rows(g), x.dtype.type(eps),
+                        out.reshape(-1, x.shape[-1]))
         return out
     y, r = _numpy_stats(x, eps)
     gw = g * w
@@ -554,9 +576,9 @@ def _ln_grad_x_kernel(x, w, g, eps):
 
 @_half
 def _ln_grad_w_kernel(x, g, eps):
-    if x.dtype in _K and x.size and g.shape == x.shape:
+    if x.dtype in _NK and x.size and g.shape == x.shape:
         out = np.empty(x.shape[-1], x.dtype)
-        _ln_bwd_w(_rows(x), _rows(g), float(eps), out)
+        _NK[x.dtype][3](_rows(x), _rows(g), x.dtype.type(eps), out)
         return out
     y, _ = _numpy_stats(x, eps)
     return (g * y).reshape(-1, x.shape[-1]).sum(0)
