@@ -17,6 +17,8 @@ slower), and a serial loop is safe to call from any thread.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ._nb import HAVE_NUMBA, njit
 
 if HAVE_NUMBA:
@@ -60,3 +62,54 @@ if HAVE_NUMBA:
                     for y in range(h):
                         for x in range(wd):
                             buf[b, ci, y + ki, x + kj] += col[b, k, y * wd + x]
+
+    # The same copies for the one-GEMM layout (conv.py's `_one_gemm`): columns (C*kh*kw,
+    # N*ho*wo), every sample's pixels side by side in a row, so one GEMM serves the batch.
+    # The indices are unsigned flat offsets (products of sizes), which numba indexes
+    # without the wraparound check; signed ones kept it and ran ~3x slower.
+    _U = np.uint64
+
+    @njit(cache=True, nogil=True)
+    def im2col_rows(xp, kh, kw, ho, wo, col):
+        """col[(c*kh + i)*kw + j, (b*ho + y)*wo + x] = xp[b, c, y + i, x + j]."""
+        n, c, hp, wp = xp.shape
+        n, c, hp, wp = _U(n), _U(c), _U(hp), _U(wp)
+        kh, kw, ho, wo = _U(kh), _U(kw), _U(ho), _U(wo)
+        xf = xp.ravel()
+        cf = col.ravel()
+        o = _U(0)
+        for ci in range(c):
+            for ki in range(kh):
+                for kj in range(kw):
+                    for b in range(n):
+                        base = (b * c + ci) * hp * wp + ki * wp + kj
+                        for y in range(ho):
+                            s = base + y * wp
+                            for x in range(wo):
+                                cf[o + x] = xf[s + x]
+                            o += wo
+
+    @njit(cache=True, nogil=True)
+    def col2im_rows(col, h, wd, kh, kw, buf):
+        """The adjoint of im2col_rows into buf (N, C, h + kh - 1, wd + kw - 1), zeroed
+        here; the caller crops the padding."""
+        n, c, hb, wb = buf.shape
+        n, c, hb, wb = _U(n), _U(c), _U(hb), _U(wb)
+        h, wd, kh, kw = _U(h), _U(wd), _U(kh), _U(kw)
+        cf = col.ravel()
+        bf = buf.ravel()
+        npix = h * wd
+        for t in range(n * c * hb * wb):
+            bf[t] = 0
+        for ci in range(c):
+            for ki in range(kh):
+                for kj in range(kw):
+                    row = ((ci * kh + ki) * kw + kj) * n * npix
+                    for b in range(n):
+                        d0 = (b * c + ci) * hb * wb + ki * wb + kj
+                        s0 = row + b * npix
+                        for y in range(h):
+                            d = d0 + y * wb
+                            s = s0 + y * wd
+                            for x in range(wd):
+                                bf[d + x] += cf[s + x]

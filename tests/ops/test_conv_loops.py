@@ -23,7 +23,9 @@ def _numpy_path(monkeypatch):
 @pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("xs,ws,pad,groups", CASES)
-def test_loops_match_numpy_path(xs, ws, pad, groups, dtype, monkeypatch):
+@pytest.mark.parametrize("one_gemm", [False, True])   # per-sample GEMMs or one GEMM
+def test_loops_match_numpy_path(xs, ws, pad, groups, dtype, one_gemm, monkeypatch):
+    monkeypatch.setattr(conv, "_ONE_GEMM_MAX_PIXELS", 10**9 if one_gemm else -1)
     r = np.random.default_rng(0)
     x = r.standard_normal(xs).astype(dtype)
     w = r.standard_normal(ws).astype(dtype)
