@@ -113,3 +113,25 @@ if HAVE_NUMBA:
                             s = s0 + y * wd
                             for x in range(wd):
                                 bf[d + x] += cf[s + x]
+
+    @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+    def weight_grad_dots(g, col, zero, out):
+        """out[o, k] = sum over b, p of g[b, o, p] * col[k, b*P + p], g (N, O, P) and col
+        (C*kh*kw, N*P) from im2col_rows: a weight gradient with few outputs (O*K) and a
+        long reduction, which BLAS runs poorly; each image's slice of g and col stays in
+        L1 across its O*K dot products."""
+        n, o, npix = g.shape
+        kk = col.shape[0]
+        for a in range(o):
+            for b in range(kk):
+                out[a, b] = zero
+        for s in range(n):
+            gs = g[s]
+            for b in range(kk):
+                cb = col[b, s * npix:(s + 1) * npix]
+                for a in range(o):
+                    ga = gs[a]
+                    acc = zero
+                    for t in range(npix):
+                        acc += ga[t] * cb[t]
+                    out[a, b] += acc
