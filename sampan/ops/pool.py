@@ -135,6 +135,11 @@ if HAVE_NUMBA:
 if HAVE_NUMBA:
     _U = np.uint64
 
+    @njit(inline="always", cache=True)
+    def _window(xf, r0, r1, q):
+        """The 2x2 window at column q of rows starting at flat offsets r0 and r1."""
+        return xf[r0 + q], xf[r0 + q + _U(1)], xf[r1 + q], xf[r1 + q + _U(1)]
+
     @njit(cache=True, nogil=True, error_model="numpy")
     def _max_2x2(x, out):
         n, c, ho, wo = out.shape
@@ -142,7 +147,7 @@ if HAVE_NUMBA:
         ho, wo = _U(ho), _U(wo)
         xf = x.ravel()
         of = out.ravel()
-        one, two = _U(1), _U(2)
+        two = _U(2)
         for p in range(_U(n * c)):
             for i in range(ho):
                 r0 = p * h * w + two * i * w
@@ -150,10 +155,7 @@ if HAVE_NUMBA:
                 orow = (p * ho + i) * wo
                 for j in range(wo):
                     q = two * j
-                    v0 = xf[r0 + q]
-                    v1 = xf[r0 + q + one]
-                    v2 = xf[r1 + q]
-                    v3 = xf[r1 + q + one]
+                    v0, v1, v2, v3 = _window(xf, r0, r1, q)
                     a = v1 if (v1 > v0) | (v1 != v1) else v0
                     b = v3 if (v3 > v2) | (v3 != v3) else v2
                     of[orow + j] = b if (b > a) | (b != b) else a
@@ -166,7 +168,7 @@ if HAVE_NUMBA:
         xf = x.ravel()
         gf = g.ravel()
         of = out.ravel()
-        one, two = _U(1), _U(2)
+        two = _U(2)
         odd = False
         for p in range(_U(n * c)):
             for i in range(ho):
@@ -178,10 +180,7 @@ if HAVE_NUMBA:
                     of[r1 + j] = zero
                 for j in range(wo):
                     q = two * j
-                    v0 = xf[r0 + q]
-                    v1 = xf[r0 + q + one]
-                    v2 = xf[r1 + q]
-                    v3 = xf[r1 + q + one]
+                    v0, v1, v2, v3 = _window(xf, r0, r1, q)
                     t = v0 + v1 + v2 + v3
                     odd |= t != t
                     c1 = _U(v1 > v0)
