@@ -1,7 +1,8 @@
 """numba loops for the data movement around convolution GEMMs: im2col and col2im.
 
-The arithmetic of conv2d stays in BLAS (one batched GEMM per call). What these loops
-replace is the numpy data movement around it, which dominated small convolutions:
+The arithmetic of conv2d stays in BLAS (one batched GEMM per call), except the weight
+gradient of tiny convolutions (weight_grad_dots, last below). What these loops replace
+is the numpy data movement around it, which dominated small convolutions:
 - im2col through a strided window view made contiguous cost 0.65-0.78 ms for LeNet's
   layers at batch 64; the loop below writes the same columns in 0.13 ms;
 - the input gradient accumulated kh*kw strided slices into the output (25 numpy calls,
@@ -119,7 +120,7 @@ if HAVE_NUMBA:
         """out[o, k] = sum over b, p of g[b, o, p] * col[k, b*P + p], g (N, O, P) and col
         (C*kh*kw, N*P) from im2col_rows: a weight gradient with few outputs (O*K) and a
         long reduction, which BLAS runs poorly; each image's slice of g and col stays in
-        L1 across its O*K dot products."""
+        cache across its O*K dot products (conv.py uses it for small images only)."""
         n, o, npix = g.shape
         kk = col.shape[0]
         for a in range(o):

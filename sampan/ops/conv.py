@@ -120,8 +120,15 @@ _ONE_GEMM_MAX_PIXELS = 256
 # A weight gradient with at most this many entries (LeNet's first layer: 6 x 25) is
 # computed by a numba dot-product loop: BLAS took 1.5 ms for its 64 per-image GEMMs
 # (6x784 @ 784x25) and their sum, the loop with im2col 1.0 ms. (The same layer's
-# forward as row updates in numba was 10% slower than its per-image GEMMs.)
+# forward as row updates in numba was 10% slower than its per-image GEMMs.) The loop
+# counts on an image's rows staying in cache, so larger images keep BLAS.
 _DOTS_MAX_OUTPUTS = 256
+_DOTS_MAX_PIXELS = 1024
+
+
+def _weight_grad_dots(dtype, stride, dilation, groups, outputs, pixels):
+    return (groups == 1 and outputs <= _DOTS_MAX_OUTPUTS and pixels <= _DOTS_MAX_PIXELS
+            and _unit_loops(dtype, stride, dilation))
 
 
 def _one_gemm(dtype, stride, dilation, groups, pixels):
@@ -135,6 +142,13 @@ def _cols_one_gemm(x, padding, kh, kw, ho, wo):
     col = np.empty((c * kh * kw, n * ho * wo), x.dtype)
     _loops.im2col_rows(np.ascontiguousarray(_pad(x, *padding)), kh, kw, ho, wo, col)
     return col
+
+
+def _crop(buf, ph, pw, ho, wo):
+    """The (ho, wo) output at offset (ph, pw) of a col2im buffer, contiguous."""
+    if ph or pw or buf.shape[2:] != (ho, wo):
+        return np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
+    return buf
 
 
 def _samples_last(a):
@@ -294,9 +308,7 @@ def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
         col = w.reshape(ci, cog * kh * kw).T @ _samples_last(x)      # (K, N*L)
         buf = np.empty((n, cog, h + kh - 1, wd + kw - 1), col.dtype)
         _loops.col2im_rows(col, h, wd, kh, kw, buf)
-        if ph or pw or buf.shape[2:] != (ho, wo):
-            buf = np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
-        return buf
+        return _crop(buf, ph, pw, ho, wo)
     wm = w.reshape(groups, ci // groups, cog * kh * kw).transpose(0, 2, 1)
     col = np.matmul(wm, x.reshape(n, groups, ci // groups, h * wd))   # (N, g, K, L)
     col = col.reshape(n, cog * groups, kh, kw, h, wd)
@@ -305,9 +317,7 @@ def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
     if _unit_loops(col.dtype, stride, dilation):
         buf = np.empty((n, cog * groups, h + kh - 1, wd + kw - 1), col.dtype)
         _loops.col2im(col.reshape(n, cog * groups * kh * kw, h * wd), h, wd, kh, kw, buf)
-        if ph or pw or buf.shape[2:] != (ho, wo):
-            buf = np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
-        return buf
+        return _crop(buf, ph, pw, ho, wo)
     hb = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
     wb = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
     buf = np.zeros((n, cog * groups, hb, wb), col.dtype)
@@ -370,7 +380,7 @@ def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
     o, ho, wo = g.shape[1], g.shape[2], g.shape[3]
     kh, kw = kernel_size
     k = c // groups * kh * kw
-    if groups == 1 and o * k <= _DOTS_MAX_OUTPUTS and _unit_loops(x.dtype, stride, dilation):
+    if _weight_grad_dots(x.dtype, stride, dilation, groups, o * k, ho * wo):
         col = _cols_one_gemm(x, padding, kh, kw, ho, wo)
         out = np.empty((o, k), x.dtype)
         _loops.weight_grad_dots(np.ascontiguousarray(g).reshape(n, o, ho * wo), col,

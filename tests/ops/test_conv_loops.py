@@ -49,3 +49,12 @@ def test_strided_and_dilated_calls_keep_the_numpy_path():
     assert not conv._unit_loops(np.dtype(np.float32), (2, 1), (1, 1))
     assert not conv._unit_loops(np.dtype(np.float32), (1, 1), (1, 2))
     assert not conv._unit_loops(np.dtype(np.float16), (1, 1), (1, 1))
+
+
+def test_dot_loop_serves_only_tiny_weight_gradients_of_small_images():
+    f32 = np.dtype(np.float32)
+    assert conv._weight_grad_dots(f32, (1, 1), (1, 1), 1, 6 * 25, 28 * 28) == \
+        conv._loops.HAVE_NUMBA
+    assert not conv._weight_grad_dots(f32, (1, 1), (1, 1), 1, 16 * 150, 10 * 10)
+    assert not conv._weight_grad_dots(f32, (1, 1), (1, 1), 1, 6 * 25, 224 * 224)
+    assert not conv._weight_grad_dots(f32, (1, 1), (1, 1), 2, 6 * 25, 28 * 28)
