@@ -267,10 +267,9 @@ def _f32_fast(*arrays):
 
 
 def _erf_any(a):
-    """erf: float32 through mathlib's vectorised erf32 (Abramowitz & Stegun 7.1.26 above
-    |x| = 0.5, the formula of PyTorch's vectorised CPU erf; absolute error < 1.5e-7, and
-    the value jit's fused kernels compute), 10x faster than scipy's scalar erf here;
-    float64 (and float32 without numba) through scipy, exact."""
+    """erf: float32 through mathlib's vectorised erf32 (a rational fit, within 6 ulps of
+    the correctly rounded value, and the value jit's fused kernels compute), 20x faster
+    than scipy's scalar erf here; float64 (and float32 without numba) through scipy."""
     if _f32_fast(a):
         return run_flat(_erf32_loop, np.float32, a)
     return _erf_kernel(a)
@@ -448,7 +447,6 @@ _GELU_GRAD_SCALAR = ("b * (0.5 * (1 + erf(a * 0.7071067811865476)) + "
                      "a * (0.3989422804014327 * exp(a * a * -0.5)))")
 
 if HAVE_NUMBA:
-    from ..backends.numba.mathlib import erf32_e as _erf32_e
     from ..backends.numba.mathlib import exp32 as _exp32
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
@@ -459,14 +457,11 @@ if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _gelu_grad32_loop(a, g, out):
-        # one exponential per element: e**(-x*x/2) is both the normal density's and
-        # (as e**(-u*u), u = x/sqrt2) the erf formula's
         for i in range(a.size):
             x = a[i]
-            u = x * np.float32(_R2)
-            e = _exp32(-(u * u))
-            cdf = np.float32(0.5) * (np.float32(1.0) + _erf32_e(u, e))
-            out[i] = g[i] * (cdf + x * (np.float32(_R2PI) * e))
+            cdf = np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
+            pdf = np.float32(_R2PI) * _exp32(x * x * np.float32(-0.5))
+            out[i] = g[i] * (cdf + x * pdf)
 
 
 def _gelu_kernel(a):
