@@ -4,7 +4,7 @@ shapes (batch 64: conv 1->6 5x5 pad 2 on 28x28, conv 6->16 5x5 on 14x14).
 Prints one JSON line: per layer the median milliseconds of sampan and torch and their
 ratio (sampan / torch; below 1 means sampan is faster), all measured in this one run.
 
-    .venv/bin/python benchmarks/conv_micro.py [--repeats 30]
+    .venv/bin/python benchmarks/conv_micro.py [--repeats 7]
 """
 from __future__ import annotations
 
@@ -27,14 +27,22 @@ LAYERS = [  # name, input shape, weight shape, padding, input needs grad
 ]
 
 
-def _median_ms(fn, repeats):
-    fn()  # warm up
-    times = []
+def _median_ms(fns, repeats, block=20, pause=0.3):
+    """Median milliseconds per call of each function, in blocks of `block` calls that
+    alternate between the systems, each after a pause: this VM's speed drifts by a third,
+    and a thread pool still spinning from the other system's calls (OpenBLAS's, OpenMP's)
+    would take a core from the one measured."""
+    for fn in fns:
+        fn()  # warm up
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            for _ in range(block):
+                fn()
+            ts.append((time.perf_counter() - t0) * 1e3 / block)
+    return [statistics.median(ts) for ts in times]
 
 
 def _sampan_step(x, w, b, pad, g):
@@ -57,7 +65,7 @@ def _torch_step(torch, x, w, b, pad, g):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args(argv)
     import torch
     r = np.random.default_rng(0)
@@ -74,8 +82,9 @@ def main(argv=None):
                       sampan.tensor(ba, requires_grad=True))
         tx, tw, tb = (torch.tensor(xa, requires_grad=xgrad), torch.tensor(wa, requires_grad=True),
                       torch.tensor(ba, requires_grad=True))
-        ms_s = _median_ms(_sampan_step(sx, sw, sb, pad, sampan.tensor(ga)), args.repeats)
-        ms_t = _median_ms(_torch_step(torch, tx, tw, tb, pad, torch.tensor(ga)), args.repeats)
+        ms_s, ms_t = _median_ms([_sampan_step(sx, sw, sb, pad, sampan.tensor(ga)),
+                                 _torch_step(torch, tx, tw, tb, pad, torch.tensor(ga))],
+                                args.repeats)
         # same numbers both ways (a benchmark of a wrong kernel is worthless)
         np.testing.assert_allclose(sw.grad.numpy(), tw.grad.numpy(), rtol=1e-3, atol=1e-3)
         result["layers"][name] = {"sampan_ms": round(ms_s, 3), "torch_ms": round(ms_t, 3),
