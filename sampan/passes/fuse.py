@@ -11,8 +11,13 @@ producers when (1) the op declares itself fusable (`OpDef.fuse`, the cost model:
 and GELU, whose float32 forms are `mathlib`'s SIMD versions, while float64
 transcendentals and pow stay with numpy's SIMD ufuncs), (2) its output has the group's
 shape (inputs may broadcast into it) and (3) joining creates no cycle: no other input
-of the node may depend on the group through a node outside it. A group returns every
-value read outside it. Groups of one node stay as they are.
+of the node may depend on the group through a node outside it. A node that reads from
+two groups of its shape (neither reducing) merges them, unless that makes a cycle with
+the nodes and groups between them: an optimiser's update of one parameter starts three
+chains (from the gradient, each slot, the parameter) that meet only near the end, and
+as one kernel it reads and writes each array once instead of passing temporaries
+between four. A group returns every value read outside it. Groups of one node stay as
+they are.
 
 Without numba the pass leaves the graph alone and warns once how to enable fusion.
 
@@ -54,6 +59,17 @@ def set_fast_math(on: bool) -> None:
 FUSE_REDUCTIONS = os.environ.get("SAMPAN_FUSE_REDUCE", "1") == "1"
 _REDUCE = {"sum", "mean", "max", "min"}
 _RED_DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+# Merge two groups that a node reads from (see module doc); `SAMPAN_FUSE_MERGE=0` or
+# `set_merge_groups(False)` keeps the first group each node joins, as before.
+MERGE_GROUPS = os.environ.get("SAMPAN_FUSE_MERGE", "1") == "1"
+
+
+def set_merge_groups(on: bool) -> None:
+    """Let a node that reads from two fused groups merge them (see MERGE_GROUPS)."""
+    global MERGE_GROUPS
+    MERGE_GROUPS = bool(on)
 
 
 def set_fuse_reductions(on: bool) -> None:
@@ -121,6 +137,8 @@ def find_groups(g):
     its slots in place)."""
     donated = {id(g.outputs[j].node) for j in g.meta.get("donate", {})
                if j < len(g.outputs) and g.outputs[j].node is not None}
+    users = g.users()
+    pos = {id(n): i for i, n in enumerate(g.nodes)}
     group_of = {}          # node id -> group index
     members = []           # group index -> [nodes]
     shape_of = []
@@ -184,9 +202,65 @@ def find_groups(g):
             members[chosen].append(n)
             gdep[chosen] |= dep & ~(1 << chosen)
             dep = 1 << chosen
+            if MERGE_GROUPS and not has_red[chosen]:
+                for v in n.inputs:
+                    gj = group_of.get(id(v.node)) if v.node is not None else None
+                    if (gj is not None and gj != chosen and not has_red[gj]
+                            and shape_of[gj] == shape_of[chosen]
+                            and len(members[chosen]) + len(members[gj]) <= MAX_GROUP
+                            and not _linked(chosen, gj, members, group_of, users, pos)
+                            and not _linked(gj, chosen, members, group_of, users, pos)):
+                        _merge(chosen, gj, members, group_of, has_don, gdep, anc, pos)
         for v in n.outputs:
             anc[v.id] = dep
     return [m for m in members if len(m) >= 2]
+
+
+def _linked(a, b, members, group_of, users, pos):
+    """Whether group b depends on group a through something outside both: nodes, or
+    other groups (taken whole, as each becomes one kernel). Merging them would then
+    make a cycle."""
+    last = max(pos[id(n)] for n in members[b])
+    seen, todo = set(), []
+
+    def visit(x):
+        gx = group_of.get(id(x))
+        for y in (members[gx] if gx is not None else [x]):
+            if id(y) not in seen:
+                seen.add(id(y))
+                todo.append(y)
+    for n in members[a]:
+        for v in n.outputs:
+            for u in users.get(v.id, ()):
+                if group_of.get(id(u)) not in (a, b) and pos[id(u)] < last:
+                    visit(u)
+    while todo:
+        x = todo.pop()
+        if group_of.get(id(x)) == b:
+            return True
+        for v in x.outputs:
+            for u in users.get(v.id, ()):
+                if id(u) not in seen and group_of.get(id(u)) != a and pos[id(u)] <= last:
+                    visit(u)
+    return False
+
+
+def _merge(a, b, members, group_of, has_don, gdep, anc, pos):
+    """Move group b's nodes into group a (b is left empty)."""
+    ba, bb = 1 << a, 1 << b
+    for n in members[b]:
+        group_of[id(n)] = a
+    members[a] = sorted(members[a] + members[b], key=lambda n: pos[id(n)])
+    members[b] = []
+    has_don[a] = has_don[a] or has_don[b]
+    gdep[a] = (gdep[a] | gdep[b]) & ~(ba | bb)
+    gdep[b] = 0
+    for k, d in enumerate(gdep):
+        if d & bb:
+            gdep[k] = (d & ~bb) | (ba if k != a else 0)
+    for vid, d in anc.items():
+        if d & bb:
+            anc[vid] = (d & ~bb) | ba
 
 
 def _build(g, nodes, users, outs):
