@@ -25,7 +25,7 @@ SPEC = {
                opt=("Adam", dict(lr=1e-3)), steps=10),
     "W3": dict(weights=M.w3_weights, batch=M.w3_batch, fwd=M.w3_forward,
                opt=("AdamW", dict(lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)),
-               steps=3, reps=8),
+               steps=3, reps=12),
 }
 COMPILE_WARMUP = 3  # untimed torch.compile steps beyond the two of the correctness check
 
@@ -254,7 +254,7 @@ def main():
         n = SPEC[wl]["steps"]
         rates = {k: [] for k in systems}
         # W3's blocks are 3 steps of ~0.15 s: more of them, as its ratio moved by +-0.1
-        # between runs with 5
+        # between runs with 5 and by +-0.05 with 8
         reps = args.reps or SPEC[wl].get("reps", 5)
         for _ in range(reps):  # interleaved so background load hits all systems alike
             for k, f in systems.items():
