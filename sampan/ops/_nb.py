@@ -18,6 +18,50 @@ except ImportError:  # pragma: no cover - exercised by the no-numba CI variant
         return lambda f: f
 
 
+def _stamp_mathlib_into_caches():
+    """numba checks a cached function against its own source file only, but sampan's
+    kernels inline mathlib's float32 functions (exp32, erf32, ...): after a change to
+    mathlib, caches an older sampan left in __pycache__ (pip leaves numba's files behind)
+    would still hold the old formulas. For sampan's files, a locator before each of
+    numba's source-file locators adds mathlib's source hash to the stamp numba
+    compares. numba's locator list is internal: if it changes shape, nothing is done."""
+    import hashlib
+    import os
+    try:
+        from numba.core import caching
+        impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+        classes = impl._locator_classes
+        mixin = caching._SourceFileBackedLocatorMixin
+    except (ImportError, AttributeError):  # pragma: no cover - another numba layout
+        return
+    if any(getattr(c, "_sampan", False) for c in classes):
+        return
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(pkg, "backends", "numba", "mathlib.py"), "rb") as f:
+        extra = hashlib.sha256(f.read()).hexdigest()
+
+    def covering(base):
+        class Locator(base):
+            _sampan = True
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if not os.path.abspath(py_file).startswith(pkg + os.sep):
+                    return None
+                return super().from_function(py_func, py_file)
+
+            def get_source_stamp(self):
+                return (super().get_source_stamp(), extra)
+        Locator.__name__ = f"Sampan{base.__name__}"
+        return Locator
+    classes[:] = [c for b in classes
+                  for c in ((covering(b), b) if issubclass(b, mixin) else (b,))]
+
+
+if HAVE_NUMBA:
+    _stamp_mathlib_into_caches()
+
+
 # fastmath flags that let LLVM reorder float arithmetic (to vectorise sums, maxima and
 # polynomials) but not assume finite values: -inf masks and NaN keep IEEE semantics
 FASTMATH_IEEE = {"reassoc", "nsz", "arcp", "contract"}
