@@ -88,7 +88,8 @@ def reducible(n) -> bool:
         return False
     if not all(isinstance(d, int) and d > 0 for d in x.shape) or x.shape[-1] < 2:
         return False
-    return bool(n.attrs.get("keepdims")) and norm_axis(n.attrs.get("axis"), len(x.shape)) == (len(x.shape) - 1,)
+    last = (len(x.shape) - 1,)
+    return bool(n.attrs.get("keepdims")) and norm_axis(n.attrs.get("axis"), len(x.shape)) == last
 
 
 def _fits(red, S, key, has_red) -> bool:
