@@ -8,8 +8,8 @@ import pytest
 
 numba = pytest.importorskip("numba")
 
-import sampan  # noqa: E402,F401
-from sampan.ops.elementwise import _gelu32_loop  # noqa: E402
+import sampan
+from sampan.ops.elementwise import _gelu32_loop
 
 
 def _cached_here(x):

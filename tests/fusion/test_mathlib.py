@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba")
-from numba import njit  # noqa: E402
+from numba import njit
 
-from sampan.backends.numba import mathlib as ml  # noqa: E402
-from sampan.backends.numba.kernelgen import ELEMENTWISE_FASTMATH  # noqa: E402
+from sampan.backends.numba import mathlib as ml
+from sampan.backends.numba.kernelgen import ELEMENTWISE_FASTMATH
 
 _erf64 = np.vectorize(math.erf, otypes=[np.float64])
 
