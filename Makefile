@@ -38,3 +38,4 @@ api-spec: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+	find sampan -name '*.nbi' -delete -o -name '*.nbc' -delete  # numba's kernel caches
