@@ -18,6 +18,22 @@ except ImportError:  # pragma: no cover - exercised by the no-numba CI variant
         return lambda f: f
 
 
+_MATHLIB_HASH = []
+
+
+def mathlib_hash() -> str:
+    """sha256 (hex) of `backends/numba/mathlib.py`'s source, computed once: every cached
+    kernel that inlines its functions is keyed on it (numba's own caches through the
+    locator below, generated fused kernels in `kernelgen.load_kernel`)."""
+    if not _MATHLIB_HASH:
+        import hashlib
+        import os
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with open(os.path.join(pkg, "backends", "numba", "mathlib.py"), "rb") as f:
+            _MATHLIB_HASH.append(hashlib.sha256(f.read()).hexdigest())
+    return _MATHLIB_HASH[0]
+
+
 def _stamp_mathlib_into_caches():
     """numba checks a cached function against its own source file only, but sampan's
     kernels inline mathlib's float32 functions (exp32, erf32, ...): after a change to
@@ -25,7 +41,6 @@ def _stamp_mathlib_into_caches():
     would still hold the old formulas. For sampan's files, a locator before each of
     numba's source-file locators adds mathlib's source hash to the stamp numba
     compares. numba's locator list is internal: if it changes shape, nothing is done."""
-    import hashlib
     import os
     try:
         from numba.core import caching
@@ -37,8 +52,7 @@ def _stamp_mathlib_into_caches():
     if any(getattr(c, "_sampan", False) for c in classes):
         return
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(pkg, "backends", "numba", "mathlib.py"), "rb") as f:
-        extra = hashlib.sha256(f.read()).hexdigest()
+    extra = mathlib_hash()
 
     def covering(base):
         class Locator(base):

@@ -268,7 +268,7 @@ def _f32_fast(*arrays):
 
 def _erf_any(a):
     """erf: float32 through mathlib's vectorised erf32 (a rational fit, within 6 ulps of
-    the correctly rounded value, and the value jit's fused kernels compute), 20x faster
+    the correctly rounded value, and the value jit's fused kernels compute), ~35x faster
     than scipy's scalar erf here; float64 (and float32 without numba) through scipy."""
     if _f32_fast(a):
         return run_flat(_erf32_loop, np.float32, a)

@@ -35,6 +35,7 @@ import warnings
 import numpy as np
 
 from ... import dtypes as _dt
+from ...ops._nb import mathlib_hash
 from ...ops.fused import body_attrs
 from ...ops.registry import OPS
 
@@ -270,15 +271,6 @@ def _spec(d):
 
 
 # ---------------------------------------------------------------------- compile + cache
-def _mathlib_hash():
-    from . import mathlib
-    with open(mathlib.__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:12]
-
-
-_MATH_HASH = None
-
-
 def _usable(d):
     if d not in _DIR_STATE:
         try:
@@ -299,10 +291,7 @@ def _usable(d):
 
 def load_kernel(src):
     """Import (or reuse) the kernel module of `src`; returns (dispatcher, module name, path)."""
-    global _MATH_HASH
-    if _MATH_HASH is None:
-        _MATH_HASH = _mathlib_hash()
-    h = hashlib.sha256((GEN_VERSION + _MATH_HASH + src).encode()).hexdigest()[:20]
+    h = hashlib.sha256((GEN_VERSION + mathlib_hash()[:12] + src).encode()).hexdigest()[:20]
     name = f"sampan_kernel_{h}"
     with _LOCK:
         if name in _LOADED:
