@@ -443,11 +443,10 @@ def sigmoid_grad(y, g):
 _R2 = 0.7071067811865476      # 1/sqrt(2)
 _R2PI = 0.3989422804014327    # 1/sqrt(2*pi)
 _GELU_SCALAR = "a * 0.5 * (1 + erf(a * 0.7071067811865476))"
-_GELU_GRAD_SCALAR = ("b * (0.5 * (1 + erf(a * 0.7071067811865476)) + "
-                     "a * (0.3989422804014327 * exp(a * a * -0.5)))")
+_GELU_GRAD_SCALAR = "b * dgelu(a)"   # mathlib's dgelu32/dgelu64: Phi(a) + a * phi(a)
 
 if HAVE_NUMBA:
-    from ..backends.numba.mathlib import exp32 as _exp32
+    from ..backends.numba.mathlib import dgelu32 as _dgelu32
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _gelu32_loop(a, out):
@@ -458,10 +457,7 @@ if HAVE_NUMBA:
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
     def _gelu_grad32_loop(a, g, out):
         for i in range(a.size):
-            x = a[i]
-            cdf = np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
-            pdf = np.float32(_R2PI) * _exp32(x * x * np.float32(-0.5))
-            out[i] = g[i] * (cdf + x * pdf)
+            out[i] = g[i] * _dgelu32(a[i])
 
 
 def _gelu_kernel(a):

@@ -72,3 +72,37 @@ def test_erf_is_odd_and_bounded():
     # not exactly monotone near 1 (rounding of P/Q), but within the accuracy bound
     drop = np.maximum(-np.diff(pos), 0) / np.spacing(pos[1:])
     assert drop.max() <= 2 * ml.ACCURACY["erf"]
+
+
+def _dgelu64(x):
+    return (0.5 * (1 + _erf64(x / math.sqrt(2)))
+            + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+
+
+def test_dgelu_absolute_error_and_special_values():
+    x = np.concatenate([np.linspace(-9, 9, 400_001), 10.0 ** np.linspace(-38, 0.9, 50_001),
+                        -(10.0 ** np.linspace(-38, 0.9, 50_001))]).astype(np.float32)
+    got = np.empty_like(x)
+    _loop(ml.dgelu32)(x, got)
+    err = np.abs(got.astype(np.float64) - _dgelu64(x.astype(np.float64)))
+    assert err.max() <= ml.ACCURACY_ABS["dgelu"], (err.max(), x[np.argmax(err)])
+    assert err.max() > 1e-8
+    # the maximum of GELU' (1.1289 at x = 2.1229) and the saturation beyond |x| = 6
+    assert abs(got[np.argmax(got)] - 1.1289) < 1e-4
+    assert np.unique(got[x >= 6]).size == 1 and abs(got[x >= 6][0] - 1) <= 3e-7
+    s = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    out = np.empty_like(s)
+    _loop(ml.dgelu32)(s, out)
+    assert np.isnan(out[0])
+    np.testing.assert_allclose(out[1:], [1.0, 0.0, 0.5, 0.5], atol=3e-7)
+
+
+def test_dgelu64_matches_reference():
+    @njit
+    def run(a, out):
+        for i in range(a.size):
+            out[i] = ml.dgelu64(a[i])
+    x = np.linspace(-10, 10, 10_001)
+    out = np.empty_like(x)
+    run(x, out)
+    np.testing.assert_allclose(out, _dgelu64(x), rtol=1e-13, atol=1e-15)

@@ -69,8 +69,10 @@ _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">
 _CALLS = {"abs": "abs", "max": "max_", "min": "min_", "sqrt": "np.sqrt", "floor": "np.floor",
           "ceil": "np.ceil", "sign": "np.sign", "round": "np.rint", "sin": "np.sin",
           "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "exp": "np.exp",
-          "log": "np.log", "tanh": "np.tanh", "erf": "math.erf"}
-_CALLS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32"}
+          "log": "np.log", "tanh": "np.tanh", "erf": "math.erf", "dgelu": "dgelu64"}
+# float32 forms in mathlib (kept equal to mathlib.FUNCS32, which imports numba)
+_CALLS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32", "dgelu": "dgelu32"}
+_MATHLIB = ("exp32", "log32", "tanh32", "erf32", "dgelu32", "dgelu64", "max_", "min_")
 
 
 def compute_dtype(d) -> np.dtype:
@@ -213,14 +215,13 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
     for e in body:
         used.update(i for i in e[1] if i < n_in)
     used.update(i for i in outputs if i < n_in)
-    funcs = sorted({f for x in exprs for f in ("exp32", "log32", "tanh32", "erf32", "max_",
-                                                   "min_") if f + "(" in x})
+    funcs = sorted({f for x in exprs for f in _MATHLIB if f + "(" in x})
     ins = [f"x{i}" for i in range(n_in)]
     outs = [f"o{j}" for j in range(len(outputs)) if j not in inplace]
     dst = [f"x{inplace[j]}" if j in inplace else f"o{j}" for j in range(len(outputs))]
     loop = "prange" if parallel else "range"
     flags = f"parallel={parallel}, cache={cache}, error_model='numpy', nogil=True"
-    if set(funcs) - {"max_", "min_"}:
+    if set(funcs) - {"max_", "min_", "dgelu64"}:
         # only kernels with mathlib's polynomials: plain arithmetic stays bit-identical
         # to numpy's eager result
         flags += ", fastmath={" + ", ".join(repr(f) for f in sorted(ELEMENTWISE_FASTMATH)) + "}"
