@@ -125,7 +125,8 @@ def _half(k):
     def run(*arrays, **attrs):
         d = arrays[0].dtype
         if d.kind != "f" or d.itemsize < 4:
-            return k(*(a.astype(np.float32) for a in arrays), **attrs).astype(d)
+            out = k(*(a.astype(np.float32) for a in arrays), **attrs)
+            return tuple(o.astype(d) for o in out) if isinstance(out, tuple) else out.astype(d)
         return k(*arrays, **attrs)
     return run
 
@@ -534,7 +535,34 @@ if HAVE_NUMBA:
                 m, rs = stats(x, r, eps)
                 for c in range(nc):
                     out[c] += g[r, c] * ((x[r, c] - m) * rs)
-        return std_fwd, ln_fwd, ln_bwd_x, ln_bwd_w
+
+        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+        def ln_bwd(x, w, g, eps, out, dw, db):
+            # ln_bwd_x, ln_bwd_w and the column sum of g in one pass over the rows: the
+            # same sums in the same order, so each result equals the separate kernel's
+            nc = x.shape[1]
+            inv_n = one / ftype(nc)
+            for c in range(nc):
+                dw[c] = zero
+                db[c] = zero
+            for r in range(x.shape[0]):
+                m, rs = stats(x, r, eps)
+                sg = zero
+                sgy = zero
+                for c in range(nc):     # ordered sums: a scalar loop
+                    gc = g[r, c] * w[c]
+                    sg += gc
+                    sgy += gc * ((x[r, c] - m) * rs)
+                for c in range(nc):     # kept apart, so that this one vectorises
+                    gr = g[r, c]
+                    dw[c] += gr * ((x[r, c] - m) * rs)
+                    db[c] += gr
+                mg = sg * inv_n
+                mgy = sgy * inv_n
+                for c in range(nc):
+                    y = (x[r, c] - m) * rs
+                    out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
+        return std_fwd, ln_fwd, ln_bwd_x, ln_bwd_w, ln_bwd
 
     _NK = {np.dtype(t): _norm_kernels(t) for t in (np.float32, np.float64)}
 else:  # pragma: no cover
@@ -584,6 +612,23 @@ def _ln_grad_w_kernel(x, g, eps):
     return (g * y).reshape(-1, x.shape[-1]).sum(0)
 
 
+@_half
+def _ln_grad_all_kernel(x, w, g, eps):
+    """(dx, dw, db) of layer_norm_affine in one pass (`ln_bwd`); numpy without numba."""
+    c = x.shape[-1]
+    if (x.dtype in _NK and x.size and g.shape == x.shape and g.dtype == x.dtype
+            and w.dtype == x.dtype):
+        out = np.empty(x.shape, x.dtype)
+        dw = np.empty(c, x.dtype)
+        db = np.empty(c, x.dtype)
+        _NK[x.dtype][4](_rows(x), np.ascontiguousarray(w), _rows(g), x.dtype.type(eps),
+                        out.reshape(-1, c), dw, db)
+        return out, dw, db
+    from .reduce import _sum_kernel
+    db = _sum_kernel(g, tuple(range(g.ndim - 1))) if g.ndim > 1 else g.copy()
+    return (_ln_grad_x_kernel(x, w, g, eps), _ln_grad_w_kernel(x, g, eps), db)
+
+
 def _ln_rule(name, rows, vecs, out_vec=False):
     """Shape rule: inputs at `rows` are (..., C) of one shape, at `vecs` (C,)."""
     def rule(*specs, eps):
@@ -605,10 +650,9 @@ def _ln_grad(g, y, x, w, b, eps):
     from ..autograd.engine import is_grad_enabled
     from .reduce import sum as rsum
     lead = tuple(range(len(x.shape) - 1))
-    db = rsum(g, lead) if lead else g
     if not is_grad_enabled():
-        a = {"eps": eps}
-        return (apply(LN_GRAD_X, (x, w, g), a), apply(LN_GRAD_W, (x, g), a), db)
+        return apply(LN_GRAD, (x, w, g), {"eps": eps})
+    db = rsum(g, lead) if lead else g
     # create_graph: in primitives (standardize is differentiable twice), so that second
     # order works
     from .elementwise import mul
@@ -646,6 +690,23 @@ LN_GRAD_W = defop("layer_norm_grad_weight",
                   _ln_rule("layer_norm_grad_weight", (0, 1), (), True),
                   kernel=_ln_grad_w_kernel, grad=NOT_DIFFERENTIABLE, onnx=NO_ONNX,
                   flops=lambda x, g, eps: 9 * int(np.prod(x.shape)), samples=_ln_gw_samples)
+
+
+
+def _ln_grad_rule(x, w, g, eps):
+    dx = _ln_rule("layer_norm_grad", (0, 2), (1,))(x, w, g, eps=eps)
+    return dx, Spec(dx.shape[-1:], dx.dtype), Spec(dx.shape[-1:], dx.dtype)
+
+
+def _ln_g_samples():
+    return [Sample(s.args, s.attrs, diff=()) for s in _ln_gx_samples()]
+
+
+# the first-order backward: dx, dw and db from one pass (layer_norm_grad_input and
+# layer_norm_grad_weight stay for programs saved before it)
+LN_GRAD = defop("layer_norm_grad", _ln_grad_rule, kernel=_ln_grad_all_kernel,
+                grad=NOT_DIFFERENTIABLE, n_out=3, onnx=NO_ONNX,
+                flops=lambda x, w, g, eps: 16 * int(np.prod(x.shape)), samples=_ln_g_samples)
 
 
 def layer_norm_affine(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:

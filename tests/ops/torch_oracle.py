@@ -229,6 +229,13 @@ def _ln_grad_oracle(which):
     return oracle
 
 
+def _ln_grad_all_oracle(t, a, k):
+    x, w, g = a
+    lead = tuple(range(x.dim() - 1))
+    return (_ln_grad_oracle(0)(t, a, k), _ln_grad_oracle(1)(t, (x, g), k),
+            g.sum(lead) if lead else g)
+
+
 def _xent_grad_oracle(t, a, k):
     x, tg, lse, g, h = a
     valid = tg != k["ignore_index"]
@@ -266,4 +273,5 @@ ORACLE.update({"standardize": lambda t, a, k: t.nn.functional.layer_norm(
                "layer_norm_affine": lambda t, a, k: t.nn.functional.layer_norm(
                    a[0], a[0].shape[-1:], a[1], a[2], k["eps"]),
                "layer_norm_grad_input": _ln_grad_oracle(0),
-               "layer_norm_grad_weight": _ln_grad_oracle(1)})
+               "layer_norm_grad_weight": _ln_grad_oracle(1),
+               "layer_norm_grad": _ln_grad_all_oracle})
