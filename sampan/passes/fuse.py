@@ -19,6 +19,12 @@ as one kernel it reads and writes each array once instead of passing temporaries
 between four. A group returns every value read outside it. Groups of one node stay as
 they are.
 
+A sum over leading axes (keepdims False: a bias gradient, `sum(g, (0, 1))`) joins the
+group that computes its input as a column accumulator: the kernel adds each row of the
+value into the result while it has it in a register, instead of a second kernel reading
+it back from memory. Nothing in the group may read such a sum (it is complete only
+after the last row), and the group takes no row reductions.
+
 Without numba the pass leaves the graph alone and warns once how to enable fusion.
 
 Example::
@@ -92,6 +98,34 @@ def reducible(n) -> bool:
     return bool(n.attrs.get("keepdims")) and norm_axis(n.attrs.get("axis"), len(x.shape)) == last
 
 
+# Column sums as accumulators of their input's kernel (see module doc); on by default,
+# `SAMPAN_FUSE_COLSUM=0` or `set_fuse_column_sums(False)` leaves them separate kernels.
+FUSE_COLUMN_SUMS = os.environ.get("SAMPAN_FUSE_COLSUM", "1") == "1"
+
+
+def set_fuse_column_sums(on: bool) -> None:
+    """Let sums over leading axes join the kernel computing their input."""
+    global FUSE_COLUMN_SUMS
+    FUSE_COLUMN_SUMS = bool(on)
+
+
+def col_reducible(n) -> bool:
+    """Whether sum node `n` may join the group of its input as a column accumulator: a
+    float32/64 sum over leading axes (not all), keepdims False, of a static shape."""
+    if (not FUSE_COLUMN_SUMS or n.op != "sum" or len(n.inputs) != 1
+            or n.attrs.get("keepdims")):
+        return False
+    x, out = n.inputs[0], n.outputs[0]
+    if x.dtype not in _RED_DTYPES or out.dtype != x.dtype or len(x.shape) < 2:
+        return False
+    if not all(isinstance(d, int) and d > 0 for d in x.shape):
+        return False
+    ax = n.attrs.get("axis")
+    if not isinstance(ax, (tuple, list)) or not ax:
+        return False
+    return tuple(norm_axis(ax, len(x.shape))) == tuple(range(len(ax))) and len(ax) < len(x.shape)
+
+
 def _fits(red, S, key, has_red) -> bool:
     """May a node (a reduction reading / an elementwise node making shape S) join a group
     iterating over `key`? Row-level nodes (shape key[:-1] + (1,)) join groups that reduce."""
@@ -145,6 +179,8 @@ def find_groups(g):
     shape_of = []
     has_red = []           # group index -> holds a reduction
     has_don = []           # group index -> holds a node computing a donated output
+    has_col = []           # group index -> number of leading axes its column sums reduce
+    col_nodes = set()      # ids of column sums placed in groups
     gdep = []              # group index -> bitmask of groups its members read from
     anc = {}               # value id -> bitmask of groups it depends on (directly)
 
@@ -168,6 +204,21 @@ def find_groups(g):
         chosen = None
         don = id(n) in donated
         red = not don and reducible(n)
+        col = not don and not red and col_reducible(n)
+        if col:
+            gi = group_of.get(id(n.inputs[0].node)) if n.inputs[0].node is not None else None
+            k = len(n.attrs["axis"])
+            if (gi is not None and len(members[gi]) < MAX_GROUP and not has_red[gi]
+                    and not has_don[gi] and shape_of[gi] == tuple(n.inputs[0].shape)
+                    and has_col[gi] in (0, k)):
+                group_of[id(n)] = gi
+                members[gi].append(n)
+                has_col[gi] = k
+                col_nodes.add(id(n))
+                gdep[gi] |= dep & ~(1 << gi)
+                for v in n.outputs:
+                    anc[v.id] = 1 << gi
+                continue
         if red or fusable(n):
             S = tuple(n.inputs[0].shape if red else n.outputs[0].shape)
             for v in n.inputs:
@@ -176,8 +227,12 @@ def find_groups(g):
                 if gi is None or len(members[gi]) >= MAX_GROUP or not _fits(
                         red, S, shape_of[gi], has_red[gi]):
                     continue
-                if (don and has_red[gi]) or (red and has_don[gi]):
+                if (don and (has_red[gi] or has_col[gi])) or (red and (has_don[gi]
+                                                                       or has_col[gi])):
                     continue
+                if any(u.node is not None and id(u.node) in col_nodes
+                       and group_of.get(id(u.node)) == gi for u in n.inputs):
+                    continue   # a column sum is complete only after the group's last row
                 bit = 1 << gi
                 ok = True
                 for u in n.inputs:   # another path into n that leaves the group first?
@@ -196,6 +251,7 @@ def find_groups(g):
                 shape_of.append(S)
                 has_red.append(False)
                 has_don.append(False)
+                has_col.append(0)
                 gdep.append(0)
             has_red[chosen] = has_red[chosen] or red
             has_don[chosen] = has_don[chosen] or don
@@ -203,10 +259,11 @@ def find_groups(g):
             members[chosen].append(n)
             gdep[chosen] |= dep & ~(1 << chosen)
             dep = 1 << chosen
-            if MERGE_GROUPS and not has_red[chosen]:
+            if MERGE_GROUPS and not has_red[chosen] and not has_col[chosen]:
                 for v in n.inputs:
                     gj = group_of.get(id(v.node)) if v.node is not None else None
                     if (gj is not None and gj != chosen and not has_red[gj]
+                            and not has_col[gj]
                             and shape_of[gj] == shape_of[chosen]
                             and len(members[chosen]) + len(members[gj]) <= MAX_GROUP
                             and not _linked(chosen, gj, members, group_of, users, pos)

@@ -377,3 +377,114 @@ def test_random_dags_with_unfusable_nodes_fuse_without_cycles(ops):
         # every original node is in exactly one kernel or left as it was
         inside = sum(len(n.attrs["body"]) if n.op == "fused" else 1 for n in fg.nodes)
         assert inside <= len(g.nodes)
+
+
+def test_column_sum_joins_the_group_of_its_input():
+    """A bias gradient (sum over leading axes, keepdims False) becomes an accumulator of
+    the kernel that computes its input; plain arithmetic stays bit-identical to numpy's
+    sum over the leading axes, which adds the rows in order."""
+    g = parse("""graph f(%0: f32[6,5,7], %1: f32[7]) {
+      %2: f32[6,5,7] = mul(%0, %1)
+      %3: f32[6,5,7] = add(%2, %0)
+      %4: f32[7] = sum(%3, axis=(0, 1), keepdims=False)
+      %5: f32[6,5,7] = neg(%3)
+      %6: f32[5,7] = sum(%2, axis=(0,), keepdims=False)
+      return (%4, %5, %6)
+    }""")
+    r = np.random.default_rng(5)
+    arrays = [r.standard_normal((6, 5, 7)).astype(np.float32),
+              r.standard_normal(7).astype(np.float32)]
+    ref, _ = _run(g, arrays, False)
+    got, fg = _run(g, arrays, True)
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a, b)
+    want = (arrays[0] * arrays[1] + arrays[0]).sum((0, 1))
+    np.testing.assert_allclose(got[0], want, rtol=1e-5)
+    fused = [n for n in fg.nodes if n.op == "fused"]
+    # one kernel for %2, %3, %4, %5; the sum over axis 0 alone reduces a different number
+    # of leading axes, so it stays a sum of its own
+    assert len(fused) == 1 and len(fused[0].attrs["body"]) == 4, str(fg)
+    assert [n.op for n in fg.nodes].count("sum") == 1, str(fg)
+
+
+def test_nothing_in_the_group_reads_a_column_sum():
+    # %4 reads the sum %3 (complete only after the last row): it must run after the kernel
+    g = parse("""graph f(%0: f32[8,4]) {
+      %1: f32[8,4] = mul(%0, %0)
+      %2: f32[8,4] = add(%1, %0)
+      %3: f32[4] = sum(%2, axis=(0,), keepdims=False)
+      %4: f32[8,4] = sub(%2, %3)
+      %5: f32[8,4] = mul(%4, %4)
+      return (%5)
+    }""")
+    a = np.random.default_rng(6).standard_normal((8, 4)).astype(np.float32)
+    ref, _ = _run(g, [a], False)
+    got, fg = _run(g, [a], True)
+    np.testing.assert_array_equal(got[0], ref[0])
+    y = a * a + a
+    np.testing.assert_allclose(got[0], (y - y.sum(0)) ** 2, rtol=1e-5)
+    kernels = [n for n in fg.nodes if n.op == "fused"]
+    assert len(kernels) == 2, str(fg)
+    assert any(e[0] == "sum" for e in kernels[0].attrs["body"])
+    assert not any(e[0] == "sum" for e in kernels[1].attrs["body"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 99), st.integers(0, 99)),
+                min_size=3, max_size=12))
+def test_random_dags_with_column_sums_fused_equal_unfused(ops):
+    """Column sums anywhere in an elementwise DAG (read by later nodes, or outputs):
+    fused, the graph computes what the unfused one does."""
+    g = Graph()
+    vals = [g.add_input((6, 4, 8), "float32"), g.add_input((6, 4, 8), "float32")]
+    sums = []
+    for k, i, j in ops:
+        a, b = vals[i % len(vals)], vals[j % len(vals)]
+        if _OUTSIDE[k] == "sum0":
+            s = g.add_node("sum", [a], {"axis": (0, 1), "keepdims": False}).output
+            sums.append(s)
+            vals.append(g.add_node("add", [a, s], {}).output)   # read back, broadcast
+        elif k < 3:
+            vals.append(g.add_node(_OUTSIDE[k], [a], {}).output)
+        else:
+            vals.append(g.add_node(_OUTSIDE[k], [a, b], {}).output)
+    g.outputs = (vals[2:][-2:] + sums[-1:]) or vals[-1:]
+    r = np.random.default_rng(7)
+    arrays = [r.standard_normal((6, 4, 8)).astype(np.float32) for _ in range(2)]
+    ref, _ = _run(g, arrays, False)
+    got, _ = _run(g, arrays, True)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_mathlib_rows_kernel_runs_a_row_function_also_in_place():
+    """Rows of >= ROW_FUNCTION_MIN elements with a mathlib body: one `row` call per row
+    (LLVM keeps the polynomial constants out of the loop there); results, a column sum
+    and the in-place form agree with numpy."""
+    from sampan.backends.numba.kernelgen import ROW_FUNCTION_MIN
+    from sampan.jit.api import trace
+    from sampan.runtime.codegen import NODE_KERNELS
+    set_fast_math(True)
+    r = np.random.default_rng(4)
+    n = max(ROW_FUNCTION_MIN, 96)
+    a = r.standard_normal((12, n)).astype(np.float32)
+    b = r.standard_normal(n).astype(np.float32)
+    g = trace(lambda x, y: sampan.tanh(x + y), (sampan.tensor(a), sampan.tensor(b)))[0]
+    assert fuse_graph(g) == 1
+    node = next(n for n in g.nodes if n.op == "fused")
+    k = NODE_KERNELS["fused"](node)
+    assert "def row(" in k.source
+    np.testing.assert_allclose(k(a, b), np.tanh(a + b), rtol=2e-6, atol=1e-7)
+    kin = NODE_KERNELS["fused"](node, inplace={0: 0})
+    x = a.copy()
+    assert kin(x, b) is x and "def row(" in kin.source
+    np.testing.assert_allclose(x, np.tanh(a + b), rtol=2e-6, atol=1e-7)
+    g2 = trace(lambda x, y: (sampan.tanh(x + y) * 2.0).sum((0,)),
+               (sampan.tensor(a), sampan.tensor(b)))[0]
+    fuse_graph(g2)
+    node2 = next(n for n in g2.nodes if n.op == "fused")
+    k2 = NODE_KERNELS["fused"](node2)
+    assert "def row(" in k2.source and "+= t" in k2.source
+    got = compile_graph(g2)(a, b)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    np.testing.assert_allclose(got, (np.tanh(a + b) * 2).sum(0), rtol=1e-5, atol=1e-5)

@@ -167,10 +167,13 @@ def _pattern(shape, S, k):
     return "scalar"
 
 
-def plan_layout(in_shapes, S):
+def plan_layout(in_shapes, S, split=None):
     """(layout, split, patterns): 'flat' when all inputs are full or scalar, else 'rows'
-    with the split that expresses most inputs ('bcast' marks one to materialise)."""
+    with the split that expresses most inputs ('bcast' marks one to materialise).
+    `split` forces 'rows' split there."""
     S = tuple(S)
+    if split is not None:
+        return "rows", split, [_pattern(s, S, split) or "bcast" for s in in_shapes]
     n = int(np.prod(S)) if S else 1
     flat = []
     for s in in_shapes:
@@ -191,20 +194,39 @@ def plan_layout(in_shapes, S):
 
 
 # ---------------------------------------------------------------------- source generation
+def col_sums(body) -> set:
+    """Indices of the body entries that are column sums (sum over leading axes, keepdims
+    False; see `sampan.passes.fuse`). Fused row reductions always keep their dims."""
+    return {k for k, e in enumerate(body)
+            if e[0] == "sum" and not body_attrs(e).get("keepdims", False)}
+
+
 def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parallel,
-                  cache=True, inplace=None):
+                  cache=True, inplace=None, row_len=None):
     """Python source of the numba kernel `kernel(x0, ..., o0, ...)` (see module doc).
 
     `inplace` ({output j: input i}, full-pattern inputs only) stores output j into input
     i's array and drops `oj` from the signature: with the same argument for the load and
     the store LLVM needs no overlap check, which otherwise sends a kernel whose output
-    aliases an input to its scalar loop (3x slower, measured)."""
+    aliases an input to its scalar loop (3x slower, measured).
+
+    Column sums in the body (rows layout, serial) become 1-d outputs of length nc that
+    each row is added into, in row order like `np.sum` over leading axes; such a kernel
+    takes `nr, nc` as its last arguments.
+
+    `row_len` (the rows layout's row length, when known) lets a body that calls mathlib
+    run one row per call of a separate `row` function (see ROW_FUNCTION_MIN)."""
     inplace = dict(inplace or {})
     n_in = len(in_dtypes)
+    cols = col_sums(body)
     kdt = [compute_dtype(d) for d in in_dtypes]
     vdt = list(kdt)
     exprs = []
-    for e in body:
+    for k, e in enumerate(body):
+        if k in cols:
+            vdt.append(vdt[e[1][0]])
+            exprs.append("")
+            continue
         op = OPS[e[0]]
         specs = [_spec(vdt[i]) for i in e[1]]
         out = op.shape_rule(*specs, **body_attrs(e))
@@ -229,10 +251,15 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
              "import math", "", "import numpy as np", "from numba import njit, prange", ""]
     if funcs:
         lines.append(f"from sampan.backends.numba.mathlib import {', '.join(funcs)}")
-    lines += ["", "", f"@njit({flags})", f"def kernel({', '.join(ins + outs)}):"]
+    acc = {j: body[o - n_in][1][0] for j, o in enumerate(outputs) if o - n_in in cols}
+    if acc and (layout != "rows" or parallel or set(acc) & set(inplace)):
+        raise ValueError("column sums need a serial rows kernel and their own outputs")
+    sizes = ["nr", "nc"] if acc else []
+    at_kernel = len(lines)
+    lines += ["", "", f"@njit({flags})", f"def kernel({', '.join(ins + outs + sizes)}):"]
     for i, e in enumerate(body):
         lines.append(f"    # t{n_in + i} = {e[0]}({', '.join(f't{a}' for a in e[1])})")
-    body_lines = [f"t{n_in + i} = {x}" for i, x in enumerate(exprs)]
+    body_lines = [f"t{n_in + i} = {x}" for i, x in enumerate(exprs) if i not in cols]
     for i, d in enumerate(vdt[n_in:]):
         if d.kind in "iu":  # numba widens small ints: wrap back like numpy does
             body_lines[i] = f"t{n_in + i} = {_NP_NAME[d.name]}({exprs[i]})"
@@ -246,7 +273,16 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
         lines += [f"        {b}" for b in body_lines]
         lines += [f"        {dst[j]}[i] = t{o}" for j, o in enumerate(outputs)]
     else:
-        lines.append(f"    nr, nc = {dst[0]}.shape")
+        if acc:
+            lines.append("    for j in range(nc):")
+            lines += [f"        {dst[j]}[j] = {_NP_NAME[vdt[src].name]}(0)"
+                      for j, src in acc.items()]
+        else:
+            lines.append(f"    nr, nc = {dst[0]}.shape")
+        if set(funcs) - {"max_", "min_"} and (row_len or 0) >= ROW_FUNCTION_MIN:
+            _row_function(lines, at_kernel, flags, parallel, loop, used, patterns, outputs,
+                          inplace, acc, dst, body_lines)
+            return "\n".join(lines) + "\n"
         lines.append(f"    for i in {loop}(nr):")
         for i in sorted(used):
             if patterns[i] in ("full", "bcast"):
@@ -254,7 +290,8 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
             elif patterns[i] == "col":
                 lines.append(f"        t{i} = x{i}[i]")
         for j in range(len(outputs)):
-            lines.append(f"        q{j} = {dst[j]}[i]")
+            if j not in acc:
+                lines.append(f"        q{j} = {dst[j]}[i]")
         lines.append("        for j in range(nc):")
         for i in sorted(used):
             if patterns[i] in ("full", "bcast"):
@@ -262,8 +299,62 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
             elif patterns[i] == "row":
                 lines.append(f"            t{i} = x{i}[j]")
         lines += [f"            {b}" for b in body_lines]
-        lines += [f"            q{j}[j] = t{o}" for j, o in enumerate(outputs)]
+        lines += [f"            q{j}[j] = t{o}" for j, o in enumerate(outputs) if j not in acc]
+        lines += [f"            {dst[j]}[j] += t{src}" for j, src in acc.items()]
     return "\n".join(lines) + "\n"
+
+
+# Rows of at least this many elements run through a `row` function when the body calls
+# mathlib. As one nested loop, LLVM rematerialised every polynomial constant inside the
+# inner loop (an address load and a broadcast each, ~40 extra instructions per vector):
+# a bias+GELU kernel of 1024x1024 ran 1.11 ms nested, 0.96 ms by rows. Cheap bodies
+# stay nested: there the call per row cost more (bias+ReLU 128x512: 12 -> 18 us).
+ROW_FUNCTION_MIN = 64
+
+
+def _row_function(lines, at_kernel, flags, parallel, loop, used, patterns, outputs,
+                  inplace, acc, dst, body_lines):
+    """The rows loop of `kernel_source` as a call of `row(...)` per row (appended to
+    `lines`, with `row` defined before the kernel at `at_kernel`)."""
+    params, call = [], []
+    for i in sorted(used):
+        p = patterns[i]
+        if p in ("full", "bcast"):
+            params.append(f"r{i}")
+            call.append(f"x{i}[i]")
+        elif p == "row":
+            params.append(f"x{i}")
+            call.append(f"x{i}")
+        elif p == "col":
+            params.append(f"t{i}")
+            call.append(f"x{i}[i]")
+        else:   # scalar, loaded above
+            params.append(f"t{i}")
+            call.append(f"t{i}")
+    store = {}
+    for j in range(len(outputs)):
+        if j in acc:
+            params.append(f"a{j}")
+            call.append(dst[j])
+        elif j in inplace:   # the input's own row: one array for the load and the store
+            store[j] = f"r{inplace[j]}"
+        else:
+            params.append(f"q{j}")
+            call.append(f"{dst[j]}[i]")
+            store[j] = f"q{j}"
+    lines.append(f"    for i in {loop}(nr):")
+    lines.append(f"        row({', '.join(call + ['nc'])})")
+    rl = ["", "", f"@njit({flags.replace(f'parallel={parallel}', 'parallel=False')})",
+          f"def row({', '.join(params + ['nc'])}):", "    for j in range(nc):"]
+    for i in sorted(used):
+        if patterns[i] in ("full", "bcast"):
+            rl.append(f"        t{i} = r{i}[j]")
+        elif patterns[i] == "row":
+            rl.append(f"        t{i} = x{i}[j]")
+    rl += [f"        {b}" for b in body_lines]
+    rl += [f"        {store[j]}[j] = t{o}" for j, o in enumerate(outputs) if j not in acc]
+    rl += [f"        a{j}[j] += t{src}" for j, src in acc.items()]
+    lines[at_kernel:at_kernel] = rl
 
 
 def _spec(d):
@@ -321,7 +412,9 @@ def load_kernel(src):
         return k, name, path
 
 
-def _nb_sig(in_dtypes, patterns, layout, out_dtypes):
+def _nb_sig(in_dtypes, patterns, layout, out_dtypes, col_outs=()):
+    """Signature: inputs, outputs (`col_outs`: positions in `out_dtypes` of column sums,
+    1-d, after which come the int64 sizes nr, nc)."""
     from numba import types
     from numba.np.numpy_support import from_dtype
     arrs = []
@@ -329,7 +422,10 @@ def _nb_sig(in_dtypes, patterns, layout, out_dtypes):
         nd = 2 if (layout == "rows" and p in ("full", "bcast")) else 1
         arrs.append(types.Array(from_dtype(compute_dtype(d)), nd, "C"))
     nd = 2 if layout == "rows" else 1
-    arrs += [types.Array(from_dtype(compute_dtype(d)), nd, "C") for d in out_dtypes]
+    arrs += [types.Array(from_dtype(compute_dtype(d)), 1 if j in col_outs else nd, "C")
+             for j, d in enumerate(out_dtypes)]
+    if col_outs:
+        arrs += [types.int64, types.int64]
     return types.void(*arrs)
 
 
@@ -385,21 +481,31 @@ def bind(node, inplace=None):
         if inplace:
             raise ValueError("row-reduction kernels do not write into their inputs")
         return reducegen.bind(node)
-    S = tuple(node.outputs[0].shape)
     in_shapes = [tuple(v.shape) for v in node.inputs]
     in_dtypes = [v.dtype for v in node.inputs]
     out_dtypes = [v.dtype for v in node.outputs]
-    layout, k, pats = plan_layout(in_shapes, S)
+    n_in = len(in_shapes)
+    cols = col_sums(body)
+    col_outs = [j for j, o in enumerate(outputs) if o - n_in in cols]
+    if cols:   # iterate over what the column sums read, split before the summed axes' end
+        e = body[min(cols)]
+        S = tuple(_value_shape(node, e[1][0]))
+        layout, k, pats = plan_layout(in_shapes, S, split=len(body_attrs(e)["axis"]))
+    else:
+        S = tuple(node.outputs[0].shape)
+        layout, k, pats = plan_layout(in_shapes, S)
     inplace = {j: i for j, i in (inplace or {}).items()
                if pats[i] == "full" and compute_dtype(in_dtypes[i]) == in_dtypes[i]
-               and in_dtypes[i] == out_dtypes[j] and in_shapes[i] == S}
+               and in_dtypes[i] == out_dtypes[j] and in_shapes[i] == S and j not in col_outs}
     n = int(np.prod(S)) if S else 1
-    parallel = n >= PARALLEL_MIN
+    parallel = n >= PARALLEL_MIN and not cols
+    row_len = int(np.prod(S[k:])) if layout == "rows" else None
     src = kernel_source(body, outputs, in_dtypes, out_dtypes, pats, layout, parallel,
-                        inplace=inplace)
+                        inplace=inplace, row_len=row_len)
     kern, name, path = load_kernel(src)
-    compile_kernel(kern, name, _nb_sig(in_dtypes, pats, layout,
-                                       [d for j, d in enumerate(out_dtypes) if j not in inplace]))
+    kept = [j for j in range(len(out_dtypes)) if j not in inplace]
+    compile_kernel(kern, name, _nb_sig(in_dtypes, pats, layout, [out_dtypes[j] for j in kept],
+                                       [kept.index(j) for j in col_outs]))
     shape2 = (n,) if layout == "flat" else (int(np.prod(S[:k])), int(np.prod(S[k:])))
     env = {"_k": kern, "_c": np.ascontiguousarray, "_bt": np.broadcast_to, "_e": np.empty,
            "np": np, "_bf16": _dt.bfloat16}
@@ -419,24 +525,36 @@ def bind(node, inplace=None):
             continue
         args.append(f"{'a' if i in inplace.values() else '_c(x'}{i}{conv}"
                     f"{'' if i in inplace.values() else ')'}.reshape({shp!r})")
-    return build_wrapper(len(in_shapes), args, [(shape2, d, S) for d in out_dtypes], env,
-                         name, src, path, inplace)
+    outs = [((shape2[1],), d, tuple(v.shape)) if j in col_outs else (shape2, d, S)
+            for j, (d, v) in enumerate(zip(out_dtypes, node.outputs))]
+    return build_wrapper(len(in_shapes), args, outs, env, name, src, path, inplace,
+                         tail=[str(x) for x in shape2] if cols else ())
 
 
-def build_wrapper(n_in, args, outs, env, name, src, path, inplace=None):
+def _value_shape(node, idx):
+    """Shape of value `idx` of a fused node's body (inputs first, then entries)."""
+    from ...ops.registry import Spec
+    vals = [Spec(tuple(v.shape), v.dtype) for v in node.inputs]
+    for e in node.attrs["body"][:max(0, idx - len(vals) + 1)]:
+        vals.append(OPS[e[0]].shape_rule(*[vals[i] for i in e[1]], **body_attrs(e)))
+    return vals[idx].shape
+
+
+def build_wrapper(n_in, args, outs, env, name, src, path, inplace=None, tail=()):
     """`run(x0, ..., out=None)` around a loaded kernel: the kernel writes each output
     (alloc shape, dtype, final shape) into a new array, or into `out[j]` when given (a
     buffer of the output's compute dtype, viewed in the kernel's shape without copying;
     other buffers receive a copy); bfloat16 outputs are rounded. `inplace` {j: i}: the
     kernel stores output j into input i (passed as `a{i}` in `args`, contiguous; a
-    non-contiguous input is computed in a copy written back), whose array is returned."""
+    non-contiguous input is computed in a copy written back), whose array is returned.
+    `tail`: arguments after the outputs."""
     inplace = dict(inplace or {})
     xs = "".join(f"x{i}, " for i in range(n_in))
     lines = [f"def run({xs}out=None):"]
     for i in sorted(set(inplace.values())):
         lines.append(f"    a{i} = _c(x{i})")
     kouts = [f"o{j}" for j in range(len(outs)) if j not in inplace]
-    call = f"_k({', '.join(args + kouts)})"
+    call = f"_k({', '.join(list(args) + kouts + list(tail))})"
     back = [f"    if a{i} is not x{i}:\n        x{i}[...] = a{i}"
             for i in sorted(set(inplace.values()))]
     fresh, given, rets_f, rets_g = [], [], [], []

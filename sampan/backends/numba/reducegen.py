@@ -44,7 +44,8 @@ _INIT = {"max": "-np.inf", "min": "np.inf"}
 
 
 def has_reduction(body) -> bool:
-    return any(e[0] in REDUCTIONS for e in body)
+    """Whether `body` holds row reductions (keepdims; column sums are kernelgen's)."""
+    return any(e[0] in REDUCTIONS and body_attrs(e).get("keepdims", False) for e in body)
 
 
 def iteration_shape(in_shapes, in_dtypes, body):
