@@ -256,8 +256,12 @@ def main():
         # W3's blocks are 3 steps of ~0.15 s: more of them, as its ratio moved by +-0.1
         # between runs with 5 and by +-0.05 with 8
         reps = args.reps or SPEC[wl].get("reps", 5)
-        for _ in range(reps):  # interleaved so background load hits all systems alike
-            for k, f in systems.items():
+        order = list(systems.items())
+        for r in range(reps):  # interleaved so background load hits all systems alike
+            # and rotated, so that each system runs in each position (first after the
+            # pause, after a GEMM-heavy peer, ...) equally often: with a fixed order,
+            # sampan's A/B against itself moved by up to 5% with which side ran first
+            for k, f in order[r % len(order):] + order[:r % len(order)]:
                 # a pause first: thread pools of the system before (OpenBLAS workers spin
                 # ~0.1 s after a GEMM, OpenMP's a little) would otherwise take a core from
                 # this one; measured, that slowed PyTorch after sampan by ~1.5x on W1

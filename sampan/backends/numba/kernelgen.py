@@ -292,16 +292,25 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
         for j in range(len(outputs)):
             if j not in acc:
                 lines.append(f"        q{j} = {dst[j]}[i]")
-        lines.append("        for j in range(nc):")
-        for i in sorted(used):
-            if patterns[i] in ("full", "bcast"):
-                lines.append(f"            t{i} = r{i}[j]")
-            elif patterns[i] == "row":
-                lines.append(f"            t{i} = x{i}[j]")
-        lines += [f"            {b}" for b in body_lines]
-        lines += [f"            q{j}[j] = t{o}" for j, o in enumerate(outputs) if j not in acc]
-        lines += [f"            {dst[j]}[j] += t{src}" for j, src in acc.items()]
+        lines += _row_loop(used, patterns, body_lines,
+                           [(f"q{j}", o) for j, o in enumerate(outputs) if j not in acc],
+                           [(dst[j], src) for j, src in acc.items()], " " * 8)
     return "\n".join(lines) + "\n"
+
+
+def _row_loop(used, patterns, body_lines, stores, accs, ind):
+    """Lines of the loop over one row's elements j, indented by `ind`: loads, the body,
+    `stores` (row array, value) and column-sum `accs` (array, value)."""
+    out = [f"{ind}for j in range(nc):"]
+    for i in sorted(used):
+        if patterns[i] in ("full", "bcast"):
+            out.append(f"{ind}    t{i} = r{i}[j]")
+        elif patterns[i] == "row":
+            out.append(f"{ind}    t{i} = x{i}[j]")
+    out += [f"{ind}    {b}" for b in body_lines]
+    out += [f"{ind}    {d}[j] = t{o}" for d, o in stores]
+    out += [f"{ind}    {a}[j] += t{src}" for a, src in accs]
+    return out
 
 
 # Rows of at least this many elements run through a `row` function when the body calls
@@ -345,15 +354,10 @@ def _row_function(lines, at_kernel, flags, parallel, loop, used, patterns, outpu
     lines.append(f"    for i in {loop}(nr):")
     lines.append(f"        row({', '.join(call + ['nc'])})")
     rl = ["", "", f"@njit({flags.replace(f'parallel={parallel}', 'parallel=False')})",
-          f"def row({', '.join(params + ['nc'])}):", "    for j in range(nc):"]
-    for i in sorted(used):
-        if patterns[i] in ("full", "bcast"):
-            rl.append(f"        t{i} = r{i}[j]")
-        elif patterns[i] == "row":
-            rl.append(f"        t{i} = x{i}[j]")
-    rl += [f"        {b}" for b in body_lines]
-    rl += [f"        {store[j]}[j] = t{o}" for j, o in enumerate(outputs) if j not in acc]
-    rl += [f"        a{j}[j] += t{src}" for j, src in acc.items()]
+          f"def row({', '.join(params + ['nc'])}):"]
+    rl += _row_loop(used, patterns, body_lines,
+                    [(store[j], o) for j, o in enumerate(outputs) if j not in acc],
+                    [(f"a{j}", src) for j, src in acc.items()], " " * 4)
     lines[at_kernel:at_kernel] = rl
 
 
