@@ -437,6 +437,11 @@ def test_random_dags_with_column_sums_fused_equal_unfused(ops):
     fused, the graph computes what the unfused one does."""
     g = Graph()
     vals = [g.add_input((6, 4, 8), "float32"), g.add_input((6, 4, 8), "float32")]
+    # broadcast inputs read as a row (8,), a column (6, 4, 1) and one materialised (4, 8)
+    extra = [g.add_input(s, "float32") for s in ((8,), (6, 4, 1), (4, 8))]
+    vals.append(g.add_node("add", [vals[0], extra[0]], {}).output)
+    vals.append(g.add_node("mul", [vals[1], extra[1]], {}).output)
+    vals.append(g.add_node("sub", [vals[0], extra[2]], {}).output)
     sums = []
     for k, i, j in ops:
         a, b = vals[i % len(vals)], vals[j % len(vals)]
@@ -448,9 +453,10 @@ def test_random_dags_with_column_sums_fused_equal_unfused(ops):
             vals.append(g.add_node(_OUTSIDE[k], [a], {}).output)
         else:
             vals.append(g.add_node(_OUTSIDE[k], [a, b], {}).output)
-    g.outputs = (vals[2:][-2:] + sums[-1:]) or vals[-1:]
+    g.outputs = (vals[5:][-2:] + sums[-1:]) or vals[-1:]
     r = np.random.default_rng(7)
-    arrays = [r.standard_normal((6, 4, 8)).astype(np.float32) for _ in range(2)]
+    arrays = [r.standard_normal(s).astype(np.float32)
+              for s in ((6, 4, 8), (6, 4, 8), (8,), (6, 4, 1), (4, 8))]
     ref, _ = _run(g, arrays, False)
     got, _ = _run(g, arrays, True)
     for a, b in zip(got, ref):
