@@ -312,7 +312,9 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     ("tanh", np.tanh, "tanh(a)", lambda g, y, a: tanh_grad(y, g), "Tanh", -2, 2, (), True),
     ("sigmoid", _sigmoid, "1 / (1 + exp(-a))", lambda g, y, a: sigmoid_grad(y, g), "Sigmoid",
      -3, 3, (), True),
-    ("relu", _relu, "max(a, 0)", lambda g, y, a: relu_grad(a, g), "Relu", -2, 2, None, False),
+    # from the output (y > 0 exactly where a > 0, NaN included): the pre-activation need
+    # not be kept, and a fused bias+relu kernel writes one array instead of two
+    ("relu", _relu, "max(a, 0)", lambda g, y, a: relu_grad(y, g), "Relu", -2, 2, (), True),
     ("erf", _as_kernel(_erf_any), "erf(a)",
      lambda g, y, a: mul(g, mul(exp(neg(mul(a, a))), _TWO_OVER_SQRT_PI)), "Erf", -2, 2, None,
      False),
@@ -422,7 +424,7 @@ RELU_GRAD = defop("relu_grad", elementwise_rule("relu_grad"), kernel=_relu_grad_
 
 
 def relu_grad(a, g):
-    """g where a > 0, else 0: the gradient of relu from its input a."""
+    """g where a > 0, else 0: the gradient of relu from its input a (or its output)."""
     return binary(RELU_GRAD, a, g)
 
 
