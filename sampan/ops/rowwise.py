@@ -538,8 +538,8 @@ if HAVE_NUMBA:
 
         @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
         def ln_bwd(x, w, g, eps, out, dw, db):
-            # ln_bwd_x, ln_bwd_w and the column sum of g in one pass over the rows: the
-            # same sums in the same order, so each result equals the separate kernel's
+            # ln_bwd_x, ln_bwd_w and the column sum of g in one pass over the rows, with
+            # the same formulas as those kernels (statistics computed once per row)
             nc = x.shape[1]
             inv_n = one / ftype(nc)
             for c in range(nc):
@@ -549,11 +549,13 @@ if HAVE_NUMBA:
                 m, rs = stats(x, r, eps)
                 sg = zero
                 sgy = zero
-                for c in range(nc):     # ordered sums: a scalar loop
+                # the row sums and the column accumulations in two loops: one loop
+                # doing both ran 0.46 ms per W3 call, these two 0.39 ms
+                for c in range(nc):
                     gc = g[r, c] * w[c]
                     sg += gc
                     sgy += gc * ((x[r, c] - m) * rs)
-                for c in range(nc):     # kept apart, so that this one vectorises
+                for c in range(nc):
                     gr = g[r, c]
                     dw[c] += gr * ((x[r, c] - m) * rs)
                     db[c] += gr

@@ -70,7 +70,7 @@ _CALLS = {"abs": "abs", "max": "max_", "min": "min_", "sqrt": "np.sqrt", "floor"
           "ceil": "np.ceil", "sign": "np.sign", "round": "np.rint", "sin": "np.sin",
           "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "exp": "np.exp",
           "log": "np.log", "tanh": "np.tanh", "erf": "math.erf", "dgelu": "dgelu64"}
-# float32 forms in mathlib (kept equal to mathlib.FUNCS32, which imports numba)
+# the scalar functions that have float32 forms in mathlib
 _CALLS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32", "dgelu": "dgelu32"}
 _MATHLIB = ("exp32", "log32", "tanh32", "erf32", "dgelu32", "dgelu64", "max_", "min_")
 
@@ -243,7 +243,8 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
     dst = [f"x{inplace[j]}" if j in inplace else f"o{j}" for j in range(len(outputs))]
     loop = "prange" if parallel else "range"
     flags = f"parallel={parallel}, cache={cache}, error_model='numpy', nogil=True"
-    if set(funcs) - {"max_", "min_", "dgelu64"}:
+    polys = set(funcs) - {"max_", "min_", "dgelu64"}    # mathlib's float32 polynomials
+    if polys:
         # only kernels with mathlib's polynomials: plain arithmetic stays bit-identical
         # to numpy's eager result
         flags += ", fastmath={" + ", ".join(repr(f) for f in sorted(ELEMENTWISE_FASTMATH)) + "}"
@@ -279,7 +280,7 @@ def kernel_source(body, outputs, in_dtypes, out_dtypes, patterns, layout, parall
                       for j, src in acc.items()]
         else:
             lines.append(f"    nr, nc = {dst[0]}.shape")
-        if set(funcs) - {"max_", "min_"} and (row_len or 0) >= ROW_FUNCTION_MIN:
+        if polys and (row_len or 0) >= ROW_FUNCTION_MIN:
             _row_function(lines, at_kernel, flags, parallel, loop, used, patterns, outputs,
                           inplace, acc, dst, body_lines)
             return "\n".join(lines) + "\n"
@@ -536,12 +537,11 @@ def bind(node, inplace=None):
 
 
 def _value_shape(node, idx):
-    """Shape of value `idx` of a fused node's body (inputs first, then entries)."""
+    """Shape of value `idx` of a fused node's body (inputs first, then entries), from
+    the fused op's own shape rule."""
     from ...ops.registry import Spec
-    vals = [Spec(tuple(v.shape), v.dtype) for v in node.inputs]
-    for e in node.attrs["body"][:max(0, idx - len(vals) + 1)]:
-        vals.append(OPS[e[0]].shape_rule(*[vals[i] for i in e[1]], **body_attrs(e)))
-    return vals[idx].shape
+    specs = [Spec(tuple(v.shape), v.dtype) for v in node.inputs]
+    return OPS["fused"].shape_rule(*specs, body=node.attrs["body"], outputs=(idx,))[0].shape
 
 
 def build_wrapper(n_in, args, outs, env, name, src, path, inplace=None, tail=()):

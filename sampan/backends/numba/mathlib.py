@@ -216,9 +216,6 @@ def dgelu64(x):
             + x * (0.3989422804014327 * math.exp(-0.5 * x * x)))
 
 
-# the scalar functions of op formulas that have float32 forms here
-FUNCS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32", "dgelu": "dgelu32"}
-
 
 @njit(inline="always", cache=True, nogil=True)
 def _pw_block(a, lo, n, zero):
