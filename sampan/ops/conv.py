@@ -131,6 +131,26 @@ def _weight_grad_dots(dtype, stride, dilation, groups, outputs, pixels):
             and _unit_loops(dtype, stride, dilation))
 
 
+# Convolutions with at most this many taps per output (C*kh*kw; LeNet's first layer has
+# 25) and at least DIRECT_MIN_OUTPUTS outputs (N*O*Ho*Wo; LeNet's first: 301,056) run
+# generated direct kernels (backends/numba/convgen.py): their im2col GEMM is
+# memory-bound. Each layer shape compiles its own kernels (~1 s, then cached on disk),
+# which small calls would not repay. DIRECT_MAX_TAPS = 0 turns them off.
+DIRECT_MAX_TAPS = 32
+DIRECT_MIN_OUTPUTS = 1 << 16
+
+
+def _direct(dtype, stride, dilation, groups, c, kh, kw, outputs=DIRECT_MIN_OUTPUTS):
+    return (groups == 1 and c >= 1 and 1 < kh * kw and c * kh * kw <= DIRECT_MAX_TAPS
+            and outputs >= DIRECT_MIN_OUTPUTS and _unit_loops(dtype, stride, dilation))
+
+
+def _direct_kernel(which, xp, o, kh, kw):
+    from ..backends.numba import convgen
+    _n, c, hp, wp = xp.shape
+    return convgen.kernel(which, c, o, kh, kw, hp, wp, xp.dtype)
+
+
 def _one_gemm(dtype, stride, dilation, groups, pixels):
     return (groups == 1 and pixels <= _ONE_GEMM_MAX_PIXELS
             and _unit_loops(dtype, stride, dilation))
@@ -227,6 +247,11 @@ def _conv2d_kernel(x, w, stride, padding, dilation, groups):
     wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     if kh == kw == 1 and stride == (1, 1) and padding == (0, 0):
         col = x.reshape(n, groups, cg, h * wd)
+    elif _direct(x.dtype, stride, dilation, groups, cg, kh, kw, n * o * ho * wo):
+        xp = np.ascontiguousarray(_pad(x, *padding))
+        y = np.empty((n, o, ho, wo), x.dtype)
+        _direct_kernel("forward", xp, o, kh, kw)(xp, np.ascontiguousarray(w).reshape(o, -1), y)
+        return y
     elif _one_gemm(x.dtype, stride, dilation, groups, ho * wo):
         y = w.reshape(o, cg * kh * kw) @ _cols_one_gemm(x, padding, kh, kw, ho, wo)
         return np.ascontiguousarray(y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3))
@@ -380,6 +405,11 @@ def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
     o, ho, wo = g.shape[1], g.shape[2], g.shape[3]
     kh, kw = kernel_size
     k = c // groups * kh * kw
+    if _direct(x.dtype, stride, dilation, groups, c, kh, kw, n * o * ho * wo):
+        xp = np.ascontiguousarray(_pad(x, *padding))
+        out = np.empty((o, k), x.dtype)
+        _direct_kernel("weight_grad", xp, o, kh, kw)(xp, np.ascontiguousarray(g), out)
+        return out.reshape(o, c, kh, kw)
     if _weight_grad_dots(x.dtype, stride, dilation, groups, o * k, ho * wo):
         col = _cols_one_gemm(x, padding, kh, kw, ho, wo)
         out = np.empty((o, k), x.dtype)
