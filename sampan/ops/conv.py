@@ -134,7 +134,7 @@ def _weight_grad_dots(dtype, stride, dilation, groups, outputs, pixels):
 # Convolutions with at most this many taps per output (C*kh*kw; LeNet's first layer has
 # 25) and at least DIRECT_MIN_OUTPUTS outputs (N*O*Ho*Wo; LeNet's first: 301,056) run
 # generated direct kernels (backends/numba/convgen.py): their im2col GEMM is
-# memory-bound. Each layer shape compiles its own kernels (~1 s, then cached on disk),
+# memory-bound. A kernel size compiles its own kernels (~1-2 s, then cached on disk),
 # which small calls would not repay. DIRECT_MAX_TAPS = 0 turns them off.
 DIRECT_MAX_TAPS = 32
 DIRECT_MIN_OUTPUTS = 1 << 16
@@ -147,8 +147,7 @@ def _direct(dtype, stride, dilation, groups, c, kh, kw, outputs=DIRECT_MIN_OUTPU
 
 def _direct_kernel(which, xp, o, kh, kw):
     from ..backends.numba import convgen
-    _n, c, hp, wp = xp.shape
-    return convgen.kernel(which, c, o, kh, kw, hp, wp, xp.dtype)
+    return convgen.kernel(which, o, kh, kw, xp.dtype)
 
 
 def _one_gemm(dtype, stride, dilation, groups, pixels):

@@ -64,15 +64,16 @@ def test_dot_loop_serves_only_tiny_weight_gradients_of_small_images():
 DIRECT_CASES = [  # x shape, w shape, padding, dtype: odd and even output channels, C > 1
     ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), np.float32),
     ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), np.float64),
-    ((2, 3, 9, 7), (5, 3, 3, 3), (1, 1), np.float32),
-    ((2, 3, 9, 7), (5, 3, 3, 3), (1, 1), np.float64),
-    ((1, 2, 6, 11), (4, 2, 2, 4), (0, 3), np.float32),
-    ((2, 1, 3, 3), (3, 1, 5, 5), (2, 2), np.float32),    # the kernel reaches past the input
-    ((0, 1, 5, 5), (2, 1, 3, 3), (1, 1), np.float32),    # empty batch
+    ((2, 3, 9, 7), (5, 3, 3, 2), (1, 0), np.float32),
+    ((1, 2, 6, 11), (5, 2, 3, 2), (0, 3), np.float32),
+    ((2, 1, 3, 3), (6, 1, 5, 5), (2, 2), np.float32),    # the kernel reaches past the input
+    ((0, 1, 5, 5), (4, 1, 5, 5), (1, 3), np.float32),    # empty batch
 ]
 
 
-# each case compiles its own two kernels (~1 s each with a cold kernel cache)
+# a compiled kernel serves every shape with the same kernel size, dtype and parity of
+# the output channels (~2 s to compile each with a cold kernel cache): the cases share
+# three pairs
 @pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
 @pytest.mark.parametrize("xs,ws,pad,dtype", DIRECT_CASES)
 def test_direct_kernels_match_gemm_path(xs, ws, pad, dtype, monkeypatch):
