@@ -131,23 +131,29 @@ def _weight_grad_dots(dtype, stride, dilation, groups, outputs, pixels):
             and _unit_loops(dtype, stride, dilation))
 
 
-# Convolutions with at most this many taps per output (C*kh*kw; LeNet's first layer has
-# 25) and at least DIRECT_MIN_OUTPUTS outputs (N*O*Ho*Wo; LeNet's first: 301,056) run
-# generated direct kernels (backends/numba/convgen.py): their im2col GEMM is
-# memory-bound. A kernel size compiles its own kernels (~1-2 s, then cached on disk),
-# which small calls would not repay. DIRECT_MAX_TAPS = 0 turns them off.
+# Convolutions with at most this many taps per output (C/groups*kh*kw; LeNet's first
+# layer has 25, a 3x3 depthwise one 9), or at most 2 output channels per group, and at
+# least DIRECT_MIN_OUTPUTS outputs (N*O*Ho*Wo; LeNet's first: 301,056) run generated
+# direct kernels (backends/numba/convgen.py): their im2col GEMM is memory-bound. A
+# kernel size compiles its own kernels (~1-2 s, then cached on disk), which small calls
+# would not repay. DIRECT_MAX_TAPS = 0 turns them off.
 DIRECT_MAX_TAPS = 32
 DIRECT_MIN_OUTPUTS = 1 << 16
 
 
-def _direct(dtype, stride, dilation, groups, c, kh, kw, outputs=DIRECT_MIN_OUTPUTS):
-    return (groups == 1 and c >= 1 and 1 < kh * kw and c * kh * kw <= DIRECT_MAX_TAPS
-            and outputs >= DIRECT_MIN_OUTPUTS and _unit_loops(dtype, stride, dilation))
+def _direct(dtype, stride, dilation, cg, og, kh, kw, outputs=DIRECT_MIN_OUTPUTS):
+    """Whether the direct kernels serve a layer of `cg` input and `og` output channels
+    per group: few taps, or a depthwise-like layer (og <= 2), whose GEMMs are (og, K) @
+    (K, pixels) products that BLAS runs as slow vector products (a 3x3 depthwise layer
+    on 64 channels of 32x32 at batch 16: 8.4 -> 1.6 ms forward)."""
+    return (cg >= 1 and 1 < kh * kw and (cg * kh * kw <= DIRECT_MAX_TAPS or og <= 2)
+            and DIRECT_MAX_TAPS > 0 and outputs >= DIRECT_MIN_OUTPUTS
+            and _unit_loops(dtype, stride, dilation))
 
 
-def _direct_kernel(which, xp, o, kh, kw):
+def _direct_kernel(which, xp, og, kh, kw):
     from ..backends.numba import convgen
-    return convgen.kernel(which, o, kh, kw, xp.dtype)
+    return convgen.kernel(which, og, kh, kw, xp.dtype)
 
 
 def _one_gemm(dtype, stride, dilation, groups, pixels):
@@ -246,10 +252,11 @@ def _conv2d_kernel(x, w, stride, padding, dilation, groups):
     wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     if kh == kw == 1 and stride == (1, 1) and padding == (0, 0):
         col = x.reshape(n, groups, cg, h * wd)
-    elif _direct(x.dtype, stride, dilation, groups, cg, kh, kw, n * o * ho * wo):
+    elif _direct(x.dtype, stride, dilation, cg, o // groups, kh, kw, n * o * ho * wo):
         xp = np.ascontiguousarray(_pad(x, *padding))
         y = np.empty((n, o, ho, wo), x.dtype)
-        _direct_kernel("forward", xp, o, kh, kw)(xp, np.ascontiguousarray(w).reshape(o, -1), y)
+        w2 = np.ascontiguousarray(w).reshape(o, -1)
+        _direct_kernel("forward", xp, o // groups, kh, kw)(xp, w2, y)
         return y
     elif _one_gemm(x.dtype, stride, dilation, groups, ho * wo):
         y = w.reshape(o, cg * kh * kw) @ _cols_one_gemm(x, padding, kh, kw, ho, wo)
@@ -328,6 +335,17 @@ def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     ho = (h - 1) * sh - 2 * ph + dh * (kh - 1) + output_padding[0] + 1
     wo = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + output_padding[1] + 1
+    cig = ci // groups
+    if (ph < kh and pw < kw and ho > 0 and wo > 0
+            and _direct(x.dtype, stride, dilation, cig, cog, kh, kw, n * cog * groups * ho * wo)):
+        # stride 1: the correlation of x, padded by k - 1 - p, with the flipped kernel,
+        # each group's (in, out) weight transposed to (out, in)
+        xp = np.ascontiguousarray(_pad(x, kh - 1 - ph, kw - 1 - pw))
+        wf = w.reshape(groups, cig, cog, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+        wf = np.ascontiguousarray(wf).reshape(groups * cog, cig * kh * kw)
+        y = np.empty((n, groups * cog, ho, wo), x.dtype)
+        _direct_kernel("forward", xp, cog, kh, kw)(xp, wf, y)
+        return y
     if _one_gemm(x.dtype, stride, dilation, groups, h * wd) and (kh, kw) != (1, 1):
         col = w.reshape(ci, cog * kh * kw).T @ _samples_last(x)      # (K, N*L)
         buf = np.empty((n, cog, h + kh - 1, wd + kw - 1), col.dtype)
@@ -404,11 +422,11 @@ def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
     o, ho, wo = g.shape[1], g.shape[2], g.shape[3]
     kh, kw = kernel_size
     k = c // groups * kh * kw
-    if _direct(x.dtype, stride, dilation, groups, c, kh, kw, n * o * ho * wo):
+    if _direct(x.dtype, stride, dilation, c // groups, o // groups, kh, kw, n * o * ho * wo):
         xp = np.ascontiguousarray(_pad(x, *padding))
         out = np.empty((o, k), x.dtype)
-        _direct_kernel("weight_grad", xp, o, kh, kw)(xp, np.ascontiguousarray(g), out)
-        return out.reshape(o, c, kh, kw)
+        _direct_kernel("weight_grad", xp, o // groups, kh, kw)(xp, np.ascontiguousarray(g), out)
+        return out.reshape(o, c // groups, kh, kw)
     if _weight_grad_dots(x.dtype, stride, dilation, groups, o * k, ho * wo):
         col = _cols_one_gemm(x, padding, kh, kw, ho, wo)
         out = np.empty((o, k), x.dtype)

@@ -61,13 +61,16 @@ def test_dot_loop_serves_only_tiny_weight_gradients_of_small_images():
     assert not conv._weight_grad_dots(f32, (1, 1), (1, 1), 2, 6 * 25, 28 * 28)
 
 
-DIRECT_CASES = [  # x shape, w shape, padding, dtype: odd and even output channels, C > 1
-    ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), np.float32),
-    ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), np.float64),
-    ((2, 3, 9, 7), (5, 3, 3, 2), (1, 0), np.float32),
-    ((1, 2, 6, 11), (5, 2, 3, 2), (0, 3), np.float32),
-    ((2, 1, 3, 3), (6, 1, 5, 5), (2, 2), np.float32),    # the kernel reaches past the input
-    ((0, 1, 5, 5), (4, 1, 5, 5), (1, 3), np.float32),    # empty batch
+DIRECT_CASES = [  # x shape, w shape, padding, groups, dtype: odd and even output channels
+    ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1, np.float32),
+    ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1, np.float64),
+    ((2, 3, 9, 7), (5, 3, 3, 2), (1, 0), 1, np.float32),
+    ((1, 2, 6, 11), (5, 2, 3, 2), (0, 3), 1, np.float32),
+    ((2, 1, 3, 3), (6, 1, 5, 5), (2, 2), 1, np.float32),    # the kernel reaches past the input
+    ((0, 1, 5, 5), (4, 1, 5, 5), (1, 3), 1, np.float32),    # empty batch
+    ((2, 4, 9, 8), (4, 1, 3, 2), (1, 1), 4, np.float32),    # depthwise
+    ((1, 3, 8, 8), (6, 1, 5, 5), (2, 1), 3, np.float32),    # depthwise, multiplier 2
+    ((2, 4, 7, 7), (4, 2, 5, 5), (0, 2), 2, np.float32),    # 50 taps, 2 outputs a group
 ]
 
 
@@ -75,34 +78,40 @@ DIRECT_CASES = [  # x shape, w shape, padding, dtype: odd and even output channe
 # the output channels (~2 s to compile each with a cold kernel cache): the cases share
 # three pairs
 @pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
-@pytest.mark.parametrize("xs,ws,pad,dtype", DIRECT_CASES)
-def test_direct_kernels_match_gemm_path(xs, ws, pad, dtype, monkeypatch):
+@pytest.mark.parametrize("xs,ws,pad,groups,dtype", DIRECT_CASES)
+def test_direct_kernels_match_gemm_path(xs, ws, pad, groups, dtype, monkeypatch):
     monkeypatch.setattr(conv, "DIRECT_MIN_OUTPUTS", 0)
     r = np.random.default_rng(1)
     x = r.standard_normal(xs).astype(dtype)
     w = r.standard_normal(ws).astype(dtype)
-    a = dict(stride=(1, 1), padding=pad, dilation=(1, 1), groups=1)
-    assert conv._direct(x.dtype, (1, 1), (1, 1), 1, xs[1], *ws[2:])
+    a = dict(stride=(1, 1), padding=pad, dilation=(1, 1), groups=groups)
+    assert conv._direct(x.dtype, (1, 1), (1, 1), ws[1], ws[0] // groups, *ws[2:])
     y = conv._conv2d_kernel(x, w, **a)
     g = r.standard_normal(y.shape).astype(dtype)
     gw = conv._gw_kernel(x, g, ws[2:], **a)
+    op = conv._outpad(xs[2:], ws[2:], (1, 1), pad, (1, 1))
+    gx = conv._ct_kernel(g, w, output_padding=op, **a)   # the input gradient
     monkeypatch.setattr(conv, "DIRECT_MAX_TAPS", 0)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     y_ref = conv._conv2d_kernel(x, w, **a)
     assert y.shape == y_ref.shape and y.dtype == dtype and y.flags.c_contiguous
     np.testing.assert_allclose(y, y_ref, rtol=tol, atol=tol)
+    gx_ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    assert gx.shape == gx_ref.shape == xs and gx.dtype == dtype and gx.flags.c_contiguous
+    np.testing.assert_allclose(gx, gx_ref, rtol=tol, atol=tol)
     gw_ref = conv._gw_kernel(x, g, ws[2:], **a)
     assert gw.shape == gw_ref.shape == ws and gw.dtype == dtype
     np.testing.assert_allclose(gw, gw_ref, rtol=tol, atol=tol * np.abs(gw_ref).max(initial=1))
 
 
-def test_direct_kernels_serve_only_small_unit_stride_layers():
+def test_direct_kernels_serve_small_or_depthwise_unit_stride_layers():
     f32 = np.dtype(np.float32)
-    assert conv._direct(f32, (1, 1), (1, 1), 1, 1, 5, 5, 64 * 6 * 28 * 28) == \
+    assert conv._direct(f32, (1, 1), (1, 1), 1, 6, 5, 5, 64 * 6 * 28 * 28) == \
         conv._loops.HAVE_NUMBA
-    assert not conv._direct(f32, (1, 1), (1, 1), 1, 1, 5, 5, 2 * 6 * 28 * 28)  # too small
-    assert not conv._direct(f32, (1, 1), (1, 1), 1, 6, 5, 5)      # 150 taps: BLAS
-    assert not conv._direct(f32, (2, 2), (1, 1), 1, 1, 5, 5)
-    assert not conv._direct(f32, (1, 1), (1, 1), 2, 2, 3, 3)
-    assert not conv._direct(f32, (1, 1), (1, 1), 1, 4, 1, 1)      # 1x1: a plain GEMM
-    assert not conv._direct(np.dtype(np.float16), (1, 1), (1, 1), 1, 1, 5, 5)
+    assert not conv._direct(f32, (1, 1), (1, 1), 1, 6, 5, 5, 2 * 6 * 28 * 28)  # too small
+    assert not conv._direct(f32, (1, 1), (1, 1), 6, 16, 5, 5)     # 150 taps: BLAS
+    assert conv._direct(f32, (1, 1), (1, 1), 1, 1, 7, 7) == conv._loops.HAVE_NUMBA  # depthwise
+    assert conv._direct(f32, (1, 1), (1, 1), 8, 2, 5, 5) == conv._loops.HAVE_NUMBA
+    assert not conv._direct(f32, (2, 2), (1, 1), 1, 6, 5, 5)
+    assert not conv._direct(f32, (1, 1), (1, 1), 4, 8, 1, 1)      # 1x1: a plain GEMM
+    assert not conv._direct(np.dtype(np.float16), (1, 1), (1, 1), 1, 6, 5, 5)

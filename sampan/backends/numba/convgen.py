@@ -44,10 +44,11 @@ def _head(dtype, args, comment):
 
 def _fwd_source(kh, kw, ob, dtype) -> str:
     k = kh * kw
-    lines = _head(dtype, "xp, w, out", f"out[b, o] = conv(xp[b], w[o]) for {kh}x{kw} taps, "
-                  f"{ob} output channel(s) at a time")
+    lines = _head(dtype, "xp, w, out", f"out[b, o] = conv(xp[b, group of o], w[o]) for "
+                  f"{kh}x{kw} taps, {ob} output channel(s) at a time")
     lines += ["    n, c, hp, wp = xp.shape",
-              "    o = w.shape[0]",
+              f"    o, cg = w.shape[0], w.shape[1] // {k}",
+              "    og = o // (c // cg)   # output channels per group",
               "    ho, wo = out.shape[2], out.shape[3]",
               "    nq = (ho - 1) * wp + wo",
               f"    acc = np.empty(({ob}, nq), {_NP_NAME[dtype.name]})",
@@ -57,8 +58,9 @@ def _fwd_source(kh, kw, ob, dtype) -> str:
     lines += [f"            for u in range({ob}):",
               "                for q in range(nq):",
               f"                    acc[u, q] = {_NP_NAME[dtype.name]}(0)",
-              "            for ci in range(c):",
-              "                pl = xp[b, ci].ravel()"]
+              "            c0 = o0 // og * cg",
+              "            for ci in range(cg):",
+              "                pl = xp[b, c0 + ci].ravel()"]
     ind = " " * 16
     for i in range(kh):
         for u in range(ob):
@@ -84,13 +86,16 @@ def _gw_source(kh, kw, ob, dtype) -> str:
     k = kh * kw
     zero = f"{_NP_NAME[dtype.name]}(0)"
     lines = _head(dtype, "xp, g, out", f"out[o, c*{k} + i*{kw} + j] = sum over b, y, x of "
-                  f"g[b, o, y, x] * xp[b, c, y + i, x + j], {ob} output channel(s) at a time")
+                  f"g[b, o, y, x] * xp[b, c0(o) + c, y + i, x + j], {ob} output channel(s) "
+                  "at a time")
     lines += ["    n, c, hp, wp = xp.shape",
               "    o, ho, wo = g.shape[1], g.shape[2], g.shape[3]",
+              f"    cg = out.shape[1] // {k}",
+              "    og = o // (c // cg)   # output channels per group",
               "    nq = (ho - 1) * wp + wo",
               f"    gq = np.zeros((o, nq), {_NP_NAME[dtype.name]})",
               "    for a in range(o):",
-              f"        for t in range(c * {k}):",
+              f"        for t in range(cg * {k}):",
               f"            out[a, t] = {zero}",
               "    for b in range(n):",
               "        for a in range(o):",
@@ -100,9 +105,10 @@ def _gw_source(kh, kw, ob, dtype) -> str:
               "                row = src[y]",
               "                for x in range(wo):",
               "                    dst[x] = row[x]",
-              "        for ci in range(c):",
-              "            pl = xp[b, ci].ravel()",
-              f"            for a in range(0, o, {ob}):"]
+              f"        for a in range(0, o, {ob}):",
+              "            c0 = a // og * cg",
+              "            for ci in range(cg):",
+              "                pl = xp[b, c0 + ci].ravel()"]
     ind = " " * 16
     lines += [ind + f"g{u} = gq[a + {u}]" for u in range(ob)]
     for i in range(kh):
@@ -133,12 +139,13 @@ def _compiled(which, kh, kw, ob, dtype):
     return compile_kernel(k, name, sig)
 
 
-def kernel(which, o, kh, kw, dtype):
+def kernel(which, og, kh, kw, dtype):
     """The compiled "forward" or "weight_grad" kernel for kh x kw taps, stride 1, no
-    dilation or groups, `o` output channels (each compiled on first use: inference needs
-    no gradient kernel; one kernel serves every image size and channel count with the
-    same parity of `o`).
+    dilation, `og` output channels per group (each compiled on first use: inference
+    needs no gradient kernel; one kernel serves every image size and channel count with
+    the same parity of `og`).
 
-    forward(xp (N, C, Hp, Wp) padded, w (O, C*kh*kw), out (N, O, Ho, Wo));
-    weight_grad(xp, g (N, O, Ho, Wo), out (O, C*kh*kw)); all C-contiguous."""
-    return _compiled(which, kh, kw, 2 if o % 2 == 0 else 1, np.dtype(dtype))
+    forward(xp (N, C, Hp, Wp) padded, w (O, C/groups*kh*kw), out (N, O, Ho, Wo));
+    weight_grad(xp, g (N, O, Ho, Wo), out (O, C/groups*kh*kw)); all C-contiguous; the
+    groups follow from the shapes."""
+    return _compiled(which, kh, kw, 2 if og % 2 == 0 else 1, np.dtype(dtype))
