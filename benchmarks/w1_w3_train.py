@@ -3,11 +3,17 @@ available) beside PyTorch eager, and, where they install and compile here, JAX j
 PyTorch torch.compile, in one process run, from identical initial weights.
 Before timing, the loss after one step of each system must match sampan eager's within
 1e-4 relative. Usage: python w1_w3_train.py [W1 W2 W3] [--reps N] [--no-jit] [--no-jax]
-[--no-compile]"""
+[--no-compile]
+
+Also the fraction of the machine's peak GEMM rate each system reaches: a step's GEMM work
+(matmuls and convolutions, forward and backward, counted by the op table's FLOP rules
+over sampan's traced step) times steps/s, over the rate of a 1024^3 float32 numpy
+matmul timed in the same rotation of blocks as the systems ("gemm_peak_fraction")."""
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from functools import partial
 
@@ -27,6 +33,7 @@ SPEC = {
                opt=("AdamW", dict(lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)),
                steps=3, reps=12),
 }
+PEAK = ("numpy", "gemm_peak")   # a pseudo-system: the peak-rate GEMM, timed in the rotation
 COMPILE_WARMUP = 3  # untimed torch.compile steps beyond the two of the correctness check
 
 
@@ -181,6 +188,38 @@ def first_line(e, n=200):
     return f"{type(e).__name__}: {msg[:n]}"
 
 
+GEMM_OPS = ("matmul", "conv2d", "conv_transpose2d", "conv2d_grad_weight")
+PEAK_N = 1024   # the GEMM that measures the machine's peak rate: 2 * 1024^3 FLOP per call
+
+
+def gemm_flops_per_step(wl):
+    """GEMM FLOPs of one training step: the op table's FLOP rule of every matmul and
+    convolution node in sampan's traced step (the graph the runtime compiles)."""
+    import sampan.runtime as rt
+    import sampan.runtime.codegen as cg
+    from sampan.ops.registry import OPS
+    graphs, orig = [], cg.compile_graph
+
+    def capture(g, **kw):
+        graphs.append(g)
+        return orig(g, **kw)
+    cg.compile_graph = rt.compile_graph = capture
+    try:
+        build_sampan(wl, jit=True)()
+    finally:
+        cg.compile_graph = rt.compile_graph = orig
+    return sum(OPS[n.op].flops(*n.inputs, **n.attrs) for n in graphs[-1].nodes
+               if n.op in GEMM_OPS)
+
+
+def peak_gemm():
+    """One float32 PEAK_N^3 matmul per call (numpy's BLAS, its own threads)."""
+    r = np.random.default_rng(0)
+    a, b = (r.standard_normal((PEAK_N, PEAK_N), dtype=np.float32) for _ in range(2))
+    out = np.empty_like(a)
+    return lambda: np.matmul(a, b, out=out)
+
+
 def two_steps(build):
     f = build()
     return f, [f(), f()]
@@ -251,6 +290,13 @@ def main():
                 print(f"# {wl} {k}: loss after one step {ls[1]:.6f} vs sampan eager "
                       f"{ref[1]:.6f} (rel {rel:.2e}) — excluded from timing")
                 systems.pop(k)
+        try:
+            gemm_flops = gemm_flops_per_step(wl) if ("sampan", "jit") in systems else None
+        except Exception as e:
+            print(f"# {wl}: GEMM FLOPs not counted: {first_line(e)}")
+            gemm_flops = None
+        if gemm_flops:
+            systems[PEAK] = peak_gemm()
         n = SPEC[wl]["steps"]
         rates = {k: [] for k in systems}
         # W3's blocks are 3 steps of ~0.15 s: more of them, as its ratio moved by +-0.1
@@ -270,8 +316,16 @@ def main():
                 for _ in range(n):
                     f()
                 rates[k].append(n / (time.perf_counter() - t))
+        peak = rates.pop(PEAK, None)
         recs = {k: emit(wl, k[0], k[1], "steps_per_s", v, loss_after_1_step=round(
             losses[k][1], 6), **notes.get(k, {}), **info) for k, v in rates.items()}
+        if peak:
+            peak_flops = 2 * PEAK_N ** 3 * statistics.median(peak)
+            for k, v in rates.items():
+                emit(wl, k[0], k[1], "gemm_peak_fraction", [gemm_flops * x / peak_flops
+                                                            for x in v],
+                     gemm_gflop_per_step=round(gemm_flops / 1e9, 4),
+                     peak_gflops=round(peak_flops / 1e9, 1), peak_gemm=f"{PEAK_N}^3 float32")
         base = recs.get(("pytorch", "eager"))
         if base:
             for k, r in recs.items():
