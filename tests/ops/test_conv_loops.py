@@ -115,3 +115,30 @@ def test_direct_kernels_serve_small_or_depthwise_unit_stride_layers():
     assert not conv._direct(f32, (2, 2), (1, 1), 1, 6, 5, 5)
     assert not conv._direct(f32, (1, 1), (1, 1), 4, 8, 1, 1)      # 1x1: a plain GEMM
     assert not conv._direct(np.dtype(np.float16), (1, 1), (1, 1), 1, 6, 5, 5)
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,groups", [
+    ((5, 6, 17, 18), (8, 6, 3, 3), (1, 1), (1, 1), 1),     # numba im2col, 306 pixels
+    ((5, 4, 12, 11), (6, 2, 3, 2), (2, 1), (1, 0), 2),     # strided, grouped: numpy path
+])
+def test_batch_chunks_match_one_call(xs, ws, stride, pad, groups, monkeypatch):
+    """Large batches of columns run in chunks of images; results equal one call's."""
+    r = np.random.default_rng(2)
+    x = r.standard_normal(xs).astype(np.float32)
+    w = r.standard_normal(ws).astype(np.float32)
+    a = dict(stride=stride, padding=pad, dilation=(1, 1), groups=groups)
+    monkeypatch.setattr(conv, "DIRECT_MAX_TAPS", 0)
+    y = conv._conv2d_kernel(x, w, **a)
+    g = r.standard_normal(y.shape).astype(np.float32)
+    op = conv._outpad(xs[2:], ws[2:], stride, pad, (1, 1))
+    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    gw = conv._gw_kernel(x, g, ws[2:], **a)
+    per_image = ws[1] * groups * ws[2] * ws[3] * y.shape[2] * y.shape[3] * 4
+    monkeypatch.setattr(conv, "_CHUNK_ABOVE", per_image)      # so 5 images are chunked
+    monkeypatch.setattr(conv, "_CHUNK_BYTES", 2 * per_image)  # 2, 2 and 1 image(s)
+    assert conv._chunk(5, per_image) == 2
+    np.testing.assert_array_equal(conv._conv2d_kernel(x, w, **a), y)
+    np.testing.assert_allclose(conv._ct_kernel(g, w, output_padding=op, **a), gx,
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(conv._gw_kernel(x, g, ws[2:], **a), gw, rtol=1e-5,
+                               atol=1e-5 * np.abs(gw).max())
