@@ -139,6 +139,8 @@ def _weight_grad_dots(dtype, stride, dilation, groups, outputs, pixels):
 # would not repay. DIRECT_MAX_TAPS = 0 turns them off.
 DIRECT_MAX_TAPS = 32
 DIRECT_MIN_OUTPUTS = 1 << 16
+# the generated source grows with the kernel: 11x11 compiled in ~7 s (3x3 and 7x7 in 1-3 s)
+DIRECT_MAX_KERNEL = 11
 
 
 def _direct(dtype, stride, dilation, cg, og, kh, kw, outputs=DIRECT_MIN_OUTPUTS):
@@ -146,7 +148,8 @@ def _direct(dtype, stride, dilation, cg, og, kh, kw, outputs=DIRECT_MIN_OUTPUTS)
     per group: few taps, or a depthwise-like layer (og <= 2), whose GEMMs are (og, K) @
     (K, pixels) products that BLAS runs as slow vector products (a 3x3 depthwise layer
     on 64 channels of 32x32 at batch 16: 8.4 -> 1.6 ms forward)."""
-    return (cg >= 1 and 1 < kh * kw and (cg * kh * kw <= DIRECT_MAX_TAPS or og <= 2)
+    return (cg >= 1 and 1 < kh * kw and max(kh, kw) <= DIRECT_MAX_KERNEL
+            and (cg * kh * kw <= DIRECT_MAX_TAPS or og <= 2)
             and DIRECT_MAX_TAPS > 0 and outputs >= DIRECT_MIN_OUTPUTS
             and _unit_loops(dtype, stride, dilation))
 

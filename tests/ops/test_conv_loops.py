@@ -111,6 +111,7 @@ def test_direct_kernels_serve_small_or_depthwise_unit_stride_layers():
     assert not conv._direct(f32, (1, 1), (1, 1), 1, 6, 5, 5, 2 * 6 * 28 * 28)  # too small
     assert not conv._direct(f32, (1, 1), (1, 1), 6, 16, 5, 5)     # 150 taps: BLAS
     assert conv._direct(f32, (1, 1), (1, 1), 1, 1, 7, 7) == conv._loops.HAVE_NUMBA  # depthwise
+    assert not conv._direct(f32, (1, 1), (1, 1), 1, 1, 13, 13)    # compiles too long
     assert conv._direct(f32, (1, 1), (1, 1), 8, 2, 5, 5) == conv._loops.HAVE_NUMBA
     assert not conv._direct(f32, (2, 2), (1, 1), 1, 6, 5, 5)
     assert not conv._direct(f32, (1, 1), (1, 1), 4, 8, 1, 1)      # 1x1: a plain GEMM
@@ -142,3 +143,27 @@ def test_batch_chunks_match_one_call(xs, ws, stride, pad, groups, monkeypatch):
                                rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(conv._gw_kernel(x, g, ws[2:], **a), gw, rtol=1e-5,
                                atol=1e-5 * np.abs(gw).max())
+
+
+@pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
+def test_direct_depthwise_layer_vs_torch(monkeypatch):
+    """Through sampan.conv2d and autograd (forward, input and weight gradients) with the
+    direct kernels serving every call, against PyTorch."""
+    torch = pytest.importorskip("torch")
+    import sampan
+    monkeypatch.setattr(conv, "DIRECT_MIN_OUTPUTS", 0)
+    r = np.random.default_rng(3)
+    xa = r.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    wa = r.standard_normal((4, 1, 3, 2)).astype(np.float32)
+    ga = r.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    x = sampan.tensor(xa, requires_grad=True)
+    w = sampan.tensor(wa, requires_grad=True)
+    y = sampan.conv2d(x, w, padding=(1, 1), groups=4)
+    y.backward(sampan.tensor(ga))
+    tx = torch.tensor(xa, requires_grad=True)
+    tw = torch.tensor(wa, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, padding=(1, 1), groups=4)
+    ty.backward(torch.tensor(ga))
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-4)
