@@ -28,7 +28,7 @@ if HAVE_NUMBA:
     # loop counters, which LLVM can prove non-negative, so numba's negative-index
     # wraparound check drops out and the row copies vectorise. Multiplying a counter by a
     # runtime stride kept the check in the inner loop and ran 6x slower; other strides
-    # and dilations take the numpy path.
+    # and dilations take the unsigned-offset loops further down.
 
     @njit(cache=True, nogil=True)
     def im2col(xp, kh, kw, ho, wo, col):
@@ -114,6 +114,56 @@ if HAVE_NUMBA:
                             s = s0 + y * wd
                             for x in range(wd):
                                 bf[d + x] += cf[s + x]
+
+    # Other strides and dilations: the same copies with unsigned flat offsets (numba
+    # indexes them without the wraparound check); the strided reads and writes stay
+    # scalar. For a stride-2 3x3 layer (64 channels of 56x56, batch 16) the input
+    # gradient's 9 strided numpy additions took 53 ms of its 79 ms.
+
+    @njit(cache=True, nogil=True)
+    def im2col_strided(xp, kh, kw, ho, wo, sh, sw, dh, dw, col):
+        """col[b, (c*kh + i)*kw + j, y*wo + x] = xp[b, c, y*sh + i*dh, x*sw + j*dw]."""
+        n, c, hp, wp = xp.shape
+        n, c, hp, wp = _U(n), _U(c), _U(hp), _U(wp)
+        kh, kw, ho, wo = _U(kh), _U(kw), _U(ho), _U(wo)
+        sh, sw, dh, dw = _U(sh), _U(sw), _U(dh), _U(dw)
+        xf = xp.ravel()
+        cf = col.ravel()
+        o = _U(0)
+        for p in range(n * c):
+            plane = p * hp * wp
+            for ki in range(kh):
+                for kj in range(kw):
+                    base = plane + ki * dh * wp + kj * dw
+                    for y in range(ho):
+                        s = base + y * sh * wp
+                        for x in range(wo):
+                            cf[o + x] = xf[s + x * sw]
+                        o += wo
+
+    @njit(cache=True, nogil=True)
+    def col2im_strided(col, h, wd, kh, kw, sh, sw, dh, dw, buf):
+        """The adjoint of im2col_strided into buf (N, C, Hb, Wb), zeroed here:
+        buf[b, c, y*sh + i*dh, x*sw + j*dw] += col[b, (c*kh + i)*kw + j, y*wd + x]."""
+        n, c, hb, wb = buf.shape
+        n, c, hb, wb = _U(n), _U(c), _U(hb), _U(wb)
+        h, wd, kh, kw = _U(h), _U(wd), _U(kh), _U(kw)
+        sh, sw, dh, dw = _U(sh), _U(sw), _U(dh), _U(dw)
+        cf = col.ravel()
+        bf = buf.ravel()
+        for t in range(n * c * hb * wb):
+            bf[t] = 0
+        o = _U(0)
+        for p in range(n * c):
+            plane = p * hb * wb
+            for ki in range(kh):
+                for kj in range(kw):
+                    base = plane + ki * dh * wb + kj * dw
+                    for y in range(h):
+                        d = base + y * sh * wb
+                        for x in range(wd):
+                            bf[d + x * sw] += cf[o + x]
+                        o += wd
 
     @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
     def weight_grad_dots(g, col, zero, out):

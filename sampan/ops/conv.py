@@ -5,8 +5,11 @@ conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose); its kernel runs 
 and then accumulates the kh*kw column planes into the output (col2im). With numba both
 data movements are loops (_convloops.py, 5-20x faster on small layers); without it,
 im2col is a strided window view made contiguous and col2im adds strided slices, still far
-faster than a scatter (np.add.at). Every gradient op that is linear in its inputs has a
-gradient rule of its own, so second order works for conv and average pooling.
+faster than a scatter (np.add.at). Layers with few taps per output, and depthwise ones,
+run generated direct kernels instead (no im2col; backends/numba/convgen.py), and a batch
+whose columns would be large runs in chunks of images (see DIRECT_MAX_TAPS and
+_CHUNK_ABOVE below). Every gradient op that is linear in its inputs has a gradient rule
+of its own, so second order works for conv and average pooling.
 
 bfloat16/float16 compute in float32 and round the result (see linalg.py).
 """
@@ -202,13 +205,22 @@ def _samples_last(a):
     return np.ascontiguousarray(a.reshape(n, o, h * w).transpose(1, 0, 2)).reshape(o, n * h * w)
 
 
+def _any_loops(dtype):
+    """Whether the numba loops for any stride and dilation serve this dtype."""
+    return _loops.HAVE_NUMBA and dtype in _LOOP_DTYPES
+
+
 def _im2col(xp, kh, kw, ho, wo, stride, dilation):
     """Columns (N, C, kh, kw, Ho, Wo) of a padded input, as one contiguous copy."""
     (sh, sw), (dh, dw) = stride, dilation
-    if _unit_loops(xp.dtype, stride, dilation):
+    if _any_loops(xp.dtype):
         n, c = xp.shape[:2]
         col = np.empty((n, c * kh * kw, ho * wo), xp.dtype)
-        _loops.im2col(np.ascontiguousarray(xp), kh, kw, ho, wo, col)
+        if _unit_loops(xp.dtype, stride, dilation):
+            _loops.im2col(np.ascontiguousarray(xp), kh, kw, ho, wo, col)
+        else:
+            _loops.im2col_strided(np.ascontiguousarray(xp), kh, kw, ho, wo, sh, sw, dh, dw,
+                                  col)
         return col.reshape(n, c, kh, kw, ho, wo)
     v = _swv(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
     v = v[:, :, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, ::dh, ::dw]
@@ -396,6 +408,11 @@ def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
         return _crop(buf, ph, pw, ho, wo)
     hb = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
     wb = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
+    if _any_loops(col.dtype):
+        buf = np.empty((n, cog * groups, hb, wb), col.dtype)
+        _loops.col2im_strided(col.reshape(n, cog * groups * kh * kw, h * wd), h, wd, kh, kw,
+                              sh, sw, dh, dw, buf)
+        return np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
     buf = np.zeros((n, cog * groups, hb, wb), col.dtype)
     for i in range(kh):
         for j in range(kw):

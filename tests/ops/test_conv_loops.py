@@ -18,6 +18,7 @@ CASES = [  # x shape, w shape (conv2d), padding, groups
 
 def _numpy_path(monkeypatch):
     monkeypatch.setattr(conv, "_unit_loops", lambda *a: False)
+    monkeypatch.setattr(conv, "_any_loops", lambda *a: False)
 
 
 @pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
@@ -46,7 +47,34 @@ def test_loops_match_numpy_path(xs, ws, pad, groups, dtype, one_gemm, monkeypatc
     np.testing.assert_allclose(gx, ref, rtol=tol, atol=tol)
 
 
-def test_strided_and_dilated_calls_keep_the_numpy_path():
+@pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
+@pytest.mark.parametrize("xs,ws,stride,pad,dil,groups", [
+    ((2, 3, 11, 10), (4, 3, 3, 3), (2, 2), (1, 1), (1, 1), 1),
+    ((2, 4, 13, 9), (6, 2, 3, 2), (2, 3), (0, 1), (1, 1), 2),
+    ((1, 2, 12, 12), (3, 2, 3, 3), (1, 1), (2, 2), (2, 2), 1),     # dilated
+    ((2, 2, 9, 11), (2, 2, 2, 3), (3, 2), (1, 2), (2, 1), 1),      # both
+])
+def test_strided_loops_match_numpy_path(xs, ws, stride, pad, dil, groups, monkeypatch):
+    """im2col_strided / col2im_strided (other strides and dilations) against the numpy
+    strided-window path: forward, weight gradient and transposed convolution."""
+    r = np.random.default_rng(4)
+    x = r.standard_normal(xs).astype(np.float32)
+    w = r.standard_normal(ws).astype(np.float32)
+    a = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+    y = conv._conv2d_kernel(x, w, **a)
+    g = r.standard_normal(y.shape).astype(np.float32)
+    gw = conv._gw_kernel(x, g, ws[2:], **a)
+    op = conv._outpad(xs[2:], ws[2:], stride, pad, dil)
+    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    _numpy_path(monkeypatch)
+    np.testing.assert_allclose(y, conv._conv2d_kernel(x, w, **a), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw, conv._gw_kernel(x, g, ws[2:], **a), rtol=1e-5, atol=1e-5)
+    ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    assert gx.shape == ref.shape == xs and gx.flags.c_contiguous
+    np.testing.assert_allclose(gx, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_strided_and_dilated_calls_skip_the_unit_stride_loops():
     assert not conv._unit_loops(np.dtype(np.float32), (2, 1), (1, 1))
     assert not conv._unit_loops(np.dtype(np.float32), (1, 1), (1, 2))
     assert not conv._unit_loops(np.dtype(np.float16), (1, 1), (1, 1))
