@@ -195,3 +195,30 @@ def test_direct_depthwise_layer_vs_torch(monkeypatch):
     np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not conv._loops.HAVE_NUMBA, reason="needs numba")
+@pytest.mark.parametrize("xs,ws,stride,pad,groups", [
+    ((2, 4, 9, 8), (4, 1, 3, 2), (2, 2), (1, 1), 4),     # depthwise
+    ((2, 3, 10, 11), (6, 1, 5, 5), (2, 1), (2, 0), 3),   # multiplier 2, one axis strided
+    ((1, 2, 12, 12), (2, 1, 3, 2), (1, 2), (0, 1), 2),
+])
+def test_direct_strided_depthwise_match_gemm_path(xs, ws, stride, pad, groups, monkeypatch):
+    monkeypatch.setattr(conv, "DIRECT_MIN_OUTPUTS", 0)
+    r = np.random.default_rng(5)
+    x = r.standard_normal(xs).astype(np.float32)
+    w = r.standard_normal(ws).astype(np.float32)
+    a = dict(stride=stride, padding=pad, dilation=(1, 1), groups=groups)
+    assert conv._direct_strided(x.dtype, stride, (1, 1), ws[1], ws[0] // groups, *ws[2:], 1)
+    y = conv._conv2d_kernel(x, w, **a)
+    g = r.standard_normal(y.shape).astype(np.float32)
+    gw = conv._gw_kernel(x, g, ws[2:], **a)
+    op = conv._outpad(xs[2:], ws[2:], stride, pad, (1, 1))
+    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    monkeypatch.setattr(conv, "DIRECT_MAX_TAPS", 0)
+    np.testing.assert_allclose(y, conv._conv2d_kernel(x, w, **a), rtol=1e-5, atol=1e-5)
+    ref = conv._gw_kernel(x, g, ws[2:], **a)
+    np.testing.assert_allclose(gw, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    assert gx.shape == ref.shape == xs and gx.flags.c_contiguous
+    np.testing.assert_allclose(gx, ref, rtol=1e-5, atol=1e-5)

@@ -42,26 +42,46 @@ def _head(dtype, args, comment):
             f"def kernel({args}):", f"    # {comment}, {dtype.name}"]
 
 
+def _fill_planes(ind):
+    """Source lines: copy the `cg` input planes of group `gi` of image `b` into the
+    zero-bordered scratch `pad` (the borders are never written, so they stay zero)."""
+    return [ind + "for ci in range(cg):",
+            ind + "    src = x[b, gi * cg + ci]",
+            ind + "    for y in range(h):",
+            ind + "        row = pad[ci, (y + ph) * wp + pw:]",
+            ind + "        srow = src[y]",
+            ind + "        for xx in range(wd):",
+            ind + "            row[xx] = srow[xx]"]
+
+
+_SIZES = ["    n, c, h, wd = x.shape",
+          "    hp, wp = h + 2 * ph, wd + 2 * pw   # the padded plane"]
+
+
 def _fwd_source(kh, kw, ob, dtype) -> str:
     k = kh * kw
-    lines = _head(dtype, "xp, w, out", f"out[b, o] = conv(xp[b, group of o], w[o]) for "
-                  f"{kh}x{kw} taps, {ob} output channel(s) at a time")
-    lines += ["    n, c, hp, wp = xp.shape",
-              f"    o, cg = w.shape[0], w.shape[1] // {k}",
-              "    og = o // (c // cg)   # output channels per group",
-              "    ho, wo = out.shape[2], out.shape[3]",
-              "    nq = (ho - 1) * wp + wo",
-              f"    acc = np.empty(({ob}, nq), {_NP_NAME[dtype.name]})",
-              "    for b in range(n):",
-              f"        for o0 in range(0, o, {ob}):"]
-
-    lines += [f"            for u in range({ob}):",
-              "                for q in range(nq):",
-              f"                    acc[u, q] = {_NP_NAME[dtype.name]}(0)",
-              "            c0 = o0 // og * cg",
-              "            for ci in range(cg):",
-              "                pl = xp[b, c0 + ci].ravel()"]
-    ind = " " * 16
+    nm = _NP_NAME[dtype.name]
+    lines = _head(dtype, "x, w, out, ph, pw, sh, sw",
+                  f"out[b, o] = conv(x[b, group of o] padded by (ph, pw), w[o]) for {kh}x{kw} "
+                  f"taps at stride (sh, sw), {ob} output channel(s) at a time")
+    lines += _SIZES + [
+        f"    o, cg = w.shape[0], w.shape[1] // {k}",
+        "    groups = c // cg",
+        "    og = o // groups   # output channels per group",
+        "    ho, wo = out.shape[2], out.shape[3]",
+        f"    nq = (hp - {kh}) * wp + wp - {kw - 1}   # the stride-1 plane, flat",
+        f"    pad = np.zeros((cg, hp * wp), {nm})",
+        f"    acc = np.empty(({ob}, nq), {nm})",
+        "    for b in range(n):",
+        "        for gi in range(groups):"]
+    lines += _fill_planes(" " * 12)
+    lines += [f"            for o0 in range(gi * og, (gi + 1) * og, {ob}):",
+              f"                for u in range({ob}):",
+              "                    for q in range(nq):",
+              f"                        acc[u, q] = {nm}(0)",
+              "                for ci in range(cg):",
+              "                    pl = pad[ci]"]
+    ind = " " * 20
     for i in range(kh):
         for u in range(ob):
             lines.append(ind + "; ".join(f"w{u}_{j} = w[o0 + {u}, ci * {k} + {i * kw + j}]"
@@ -72,44 +92,52 @@ def _fwd_source(kh, kw, ob, dtype) -> str:
                 f"w{u}_{j} * r[q + {j}]" for j in range(kw)))
     # row slices: an index y * wp + x with a runtime wp keeps numba's negative-index
     # check in the inner loop; a slice start does not
-    lines += [f"            for u in range({ob}):",
-              "                dst = out[b, o0 + u]",
-              "                for y in range(ho):",
-              "                    src = acc[u, y * wp:]",
-              "                    row = dst[y]",
-              "                    for x in range(wo):",
-              "                        row[x] = src[x]", ""]
+    lines += [f"                for u in range({ob}):",
+              "                    dst = out[b, o0 + u]",
+              "                    for y in range(ho):",
+              "                        src = acc[u, y * sh * wp:]",
+              "                        row = dst[y]",
+              "                        if sw == 1:",
+              "                            for xx in range(wo):",
+              "                                row[xx] = src[xx]",
+              "                        else:",
+              "                            for xx in range(wo):",
+              "                                row[xx] = src[xx * sw]", ""]
     return "\n".join(lines)
 
 
 def _gw_source(kh, kw, ob, dtype) -> str:
     k = kh * kw
-    zero = f"{_NP_NAME[dtype.name]}(0)"
-    lines = _head(dtype, "xp, g, out", f"out[o, c*{k} + i*{kw} + j] = sum over b, y, x of "
-                  f"g[b, o, y, x] * xp[b, c0(o) + c, y + i, x + j], {ob} output channel(s) "
-                  "at a time")
-    lines += ["    n, c, hp, wp = xp.shape",
-              "    o, ho, wo = g.shape[1], g.shape[2], g.shape[3]",
-              f"    cg = out.shape[1] // {k}",
-              "    og = o // (c // cg)   # output channels per group",
-              "    nq = (ho - 1) * wp + wo",
-              f"    gq = np.zeros((o, nq), {_NP_NAME[dtype.name]})",
-              "    for a in range(o):",
-              f"        for t in range(cg * {k}):",
-              f"            out[a, t] = {zero}",
-              "    for b in range(n):",
-              "        for a in range(o):",
-              "            src = g[b, a]",
-              "            for y in range(ho):",
-              "                dst = gq[a, y * wp:]",
-              "                row = src[y]",
-              "                for x in range(wo):",
-              "                    dst[x] = row[x]",
-              f"        for a in range(0, o, {ob}):",
-              "            c0 = a // og * cg",
-              "            for ci in range(cg):",
-              "                pl = xp[b, c0 + ci].ravel()"]
-    ind = " " * 16
+    nm = _NP_NAME[dtype.name]
+    zero = f"{nm}(0)"
+    lines = _head(dtype, "x, g, out, ph, pw", f"out[o, c*{k} + i*{kw} + j] = sum over b, y, "
+                  f"x of g[b, o, y, x] * xpad[b, c0(o) + c, y + i, x + j], {ob} output "
+                  "channel(s) at a time")
+    lines += _SIZES + [
+        "    o, ho, wo = g.shape[1], g.shape[2], g.shape[3]",
+        f"    cg = out.shape[1] // {k}",
+        "    groups = c // cg",
+        "    og = o // groups   # output channels per group",
+        "    nq = (ho - 1) * wp + wo",
+        f"    gq = np.zeros((o, nq), {nm})",
+        f"    pad = np.zeros((cg, hp * wp), {nm})",
+        "    for a in range(o):",
+        f"        for t in range(cg * {k}):",
+        f"            out[a, t] = {zero}",
+        "    for b in range(n):",
+        "        for a in range(o):",
+        "            src = g[b, a]",
+        "            for y in range(ho):",
+        "                dst = gq[a, y * wp:]",
+        "                row = src[y]",
+        "                for xx in range(wo):",
+        "                    dst[xx] = row[xx]",
+        "        for gi in range(groups):"]
+    lines += _fill_planes(" " * 12)
+    lines += [f"            for a in range(gi * og, (gi + 1) * og, {ob}):",
+              "                for ci in range(cg):",
+              "                    pl = pad[ci]"]
+    ind = " " * 20
     lines += [ind + f"g{u} = gq[a + {u}]" for u in range(ob)]
     for i in range(kh):
         lines += [ind + f"r = pl[{i} * wp:]",
@@ -131,10 +159,12 @@ def _compiled(which, kh, kw, ob, dtype):
     from numba import types
     from numba.np.numpy_support import from_dtype
     a = lambda nd: types.Array(from_dtype(dtype), nd, "C")  # noqa: E731
+    i = types.int64
     if which == "forward":
-        src, sig = _fwd_source(kh, kw, ob, dtype), types.void(a(4), a(2), a(4))
+        src = _fwd_source(kh, kw, ob, dtype)
+        sig = types.void(a(4), a(2), a(4), i, i, i, i)
     else:
-        src, sig = _gw_source(kh, kw, ob, dtype), types.void(a(4), a(4), a(2))
+        src, sig = _gw_source(kh, kw, ob, dtype), types.void(a(4), a(4), a(2), i, i)
     k, name, _ = load_kernel(src)
     return compile_kernel(k, name, sig)
 
@@ -145,7 +175,10 @@ def kernel(which, og, kh, kw, dtype):
     needs no gradient kernel; one kernel serves every image size and channel count with
     the same parity of `og`).
 
-    forward(xp (N, C, Hp, Wp) padded, w (O, C/groups*kh*kw), out (N, O, Ho, Wo));
-    weight_grad(xp, g (N, O, Ho, Wo), out (O, C/groups*kh*kw)); all C-contiguous; the
-    groups follow from the shapes."""
+    forward(x (N, C, H, W), w (O, C/groups*kh*kw), out (N, O, Ho, Wo), ph, pw, sh, sw):
+    the stride-1 output of x zero-padded by (ph, pw), every sh-th row and sw-th column;
+    weight_grad(x, g (N, O, Ho, Wo), out (O, C/groups*kh*kw), ph, pw) at stride 1;
+    arrays C-contiguous, the groups follow from the shapes. Each image's planes are
+    padded into a scratch plane in cache: padding the whole input first took 3 of the
+    7.5 ms of a 3x3 depthwise layer on 64 channels of 56x56 at batch 16."""
     return _compiled(which, kh, kw, 2 if og % 2 == 0 else 1, np.dtype(dtype))
