@@ -105,10 +105,14 @@ def _win(i, j, ho, wo, stride, dilation):
             slice(j * dw, j * dw + sw * (wo - 1) + 1, sw))
 
 
+def _any_loops(dtype):
+    """Whether the numba loops for any stride and dilation serve this dtype."""
+    return _loops.HAVE_NUMBA and dtype in _LOOP_DTYPES
+
+
 def _unit_loops(dtype, stride, dilation):
     """Whether the numba im2col/col2im loops serve this call (see _convloops.py)."""
-    return (_loops.HAVE_NUMBA and dtype in _LOOP_DTYPES and stride == (1, 1)
-            and dilation == (1, 1))
+    return _any_loops(dtype) and stride == (1, 1) and dilation == (1, 1)
 
 
 # Per-sample GEMMs (one per image, batched by np.matmul) cost more in calls than in
@@ -158,11 +162,12 @@ def _direct(dtype, stride, dilation, cg, og, kh, kw, outputs=DIRECT_MIN_OUTPUTS)
 
 
 def _direct_strided(dtype, stride, dilation, cg, og, kh, kw, outputs):
-    """Whether a stride-2 depthwise-like layer (og <= 2) runs as the direct kernels'
-    stride-1 layer, its output subsampled (its gradients through the zero-upsampled
-    output gradient): 4x the arithmetic, but BLAS ran its GEMMs as slow vector products
-    (3x3 depthwise, 64 channels of 56x56 at stride 2, batch 16: forward 12.6 ms, input
-    gradient 26.5 ms that way)."""
+    """Whether a stride-2 depthwise-like layer (og <= 2) runs the direct kernels: the
+    forward computes the stride-1 planes and stores every stride-th pixel, the gradients
+    go through the zero-upsampled output gradient. 4x the arithmetic, but the GEMM path
+    ran such layers as slow vector products (3x3 depthwise, 64 channels of 56x56 at
+    stride 2, batch 16: forward 12.6 ms, input gradient 26.5 ms there, 5.6 and 8.8 ms
+    this way)."""
     return (stride != (1, 1) and max(stride) <= 2 and og <= 2
             and _direct(dtype, (1, 1), dilation, cg, og, kh, kw, outputs))
 
@@ -174,9 +179,9 @@ def _upsample(g, stride, hw):
     return up
 
 
-def _direct_kernel(which, xp, og, kh, kw):
+def _direct_kernel(which, dtype, og, kh, kw):
     from ..backends.numba import convgen
-    return convgen.kernel(which, og, kh, kw, xp.dtype)
+    return convgen.kernel(which, og, kh, kw, dtype)
 
 
 def _one_gemm(dtype, stride, dilation, groups, pixels):
@@ -220,11 +225,6 @@ def _samples_last(a):
     """(N, O, H, W) as a contiguous (O, N*H*W): the one-GEMM layout of a gradient."""
     n, o, h, w = a.shape
     return np.ascontiguousarray(a.reshape(n, o, h * w).transpose(1, 0, 2)).reshape(o, n * h * w)
-
-
-def _any_loops(dtype):
-    """Whether the numba loops for any stride and dilation serve this dtype."""
-    return _loops.HAVE_NUMBA and dtype in _LOOP_DTYPES
 
 
 def _im2col(xp, kh, kw, ho, wo, stride, dilation):
@@ -308,8 +308,8 @@ def _conv2d_kernel(x, w, stride, padding, dilation, groups):
         # (strided: the stride-1 planes, every stride-th pixel stored)
         y = np.empty((n, o, ho, wo), x.dtype)
         w2 = np.ascontiguousarray(w).reshape(o, -1)
-        _direct_kernel("forward", x, o // groups, kh, kw)(np.ascontiguousarray(x), w2, y,
-                                                          *padding, *stride)
+        _direct_kernel("forward", x.dtype, o // groups, kh, kw)(
+            np.ascontiguousarray(x), w2, y, *padding, *stride)
         return y
     elif _one_gemm(x.dtype, stride, dilation, groups, ho * wo):
         y = w.reshape(o, cg * kh * kw) @ _cols_one_gemm(x, padding, kh, kw, ho, wo)
@@ -396,20 +396,20 @@ def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
     ho = (h - 1) * sh - 2 * ph + dh * (kh - 1) + output_padding[0] + 1
     wo = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + output_padding[1] + 1
     cig = ci // groups
-    if (ph < kh and pw < kw and ho > 0 and wo > 0
-            and _direct(x.dtype, stride, dilation, cig, cog, kh, kw, n * cog * groups * ho * wo)):
+    direct_ok = ph < kh and pw < kw and ho > 0 and wo > 0   # the padding k - 1 - p >= 0
+    if direct_ok and _direct(x.dtype, stride, dilation, cig, cog, kh, kw,
+                             n * cog * groups * ho * wo):
         # stride 1: the correlation of x, padded by k - 1 - p, with the flipped kernel,
         # each group's (in, out) weight transposed to (out, in)
         wf = w.reshape(groups, cig, cog, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
         wf = np.ascontiguousarray(wf).reshape(groups * cog, cig * kh * kw)
         y = np.empty((n, groups * cog, ho, wo), x.dtype)
-        _direct_kernel("forward", x, cog, kh, kw)(np.ascontiguousarray(x), wf, y,
-                                                  kh - 1 - ph, kw - 1 - pw, 1, 1)
+        _direct_kernel("forward", x.dtype, cog, kh, kw)(np.ascontiguousarray(x), wf, y,
+                                                        kh - 1 - ph, kw - 1 - pw, 1, 1)
         return y
     hu = ((h - 1) * sh + 1 + output_padding[0], (wd - 1) * sw + 1 + output_padding[1])
-    if (ph < kh and pw < kw and ho > 0 and wo > 0
-            and _direct_strided(x.dtype, stride, dilation, cig, cog, kh, kw,
-                                n * cog * groups * ho * wo)):
+    if direct_ok and _direct_strided(x.dtype, stride, dilation, cig, cog, kh, kw,
+                                     n * cog * groups * ho * wo):
         return _ct_kernel(_upsample(x, stride, hu), w, (1, 1), padding, (0, 0), dilation,
                           groups)
     if _one_gemm(x.dtype, stride, dilation, groups, h * wd) and (kh, kw) != (1, 1):
@@ -496,16 +496,16 @@ def _gw_rule(x, g, kernel_size, stride, padding, dilation, groups):
 
 
 def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
-    n, c, _h, _wd = x.shape
+    n, c, h, wd = x.shape
     o, ho, wo = g.shape[1], g.shape[2], g.shape[3]
     kh, kw = kernel_size
     k = c // groups * kh * kw
     if _direct(x.dtype, stride, dilation, c // groups, o // groups, kh, kw, n * o * ho * wo):
         out = np.empty((o, k), x.dtype)
-        _direct_kernel("weight_grad", x, o // groups, kh, kw)(
+        _direct_kernel("weight_grad", x.dtype, o // groups, kh, kw)(
             np.ascontiguousarray(x), np.ascontiguousarray(g), out, *padding)
         return out.reshape(o, c // groups, kh, kw)
-    hf = (_h + 2 * padding[0] - kh + 1, _wd + 2 * padding[1] - kw + 1)
+    hf = (h + 2 * padding[0] - kh + 1, wd + 2 * padding[1] - kw + 1)   # stride-1 output
     if _direct_strided(x.dtype, stride, dilation, c // groups, o // groups, kh, kw,
                        n * o * hf[0] * hf[1]):
         return _gw_kernel(x, _upsample(g, stride, hf), kernel_size, (1, 1), padding,
