@@ -1,0 +1,207 @@
+"""Function transforms over the tape autograd: `grad`, `value_and_grad` and `vjp`.
+
+They turn a function of tensors into the function that returns its gradient, in the
+manner of `torch.func.grad` and `jax.grad`, and work the same eagerly and inside
+`sampan.jit` (the gradient rules are ops, so the returned gradient is traced too)::
+
+    def loss(w, x, y):
+        return ((x @ w - y) ** 2).mean()
+
+    g = grad(loss)(w, x, y)                    # d loss / d w, shaped like w
+    (l, (gw, gx)) = value_and_grad(loss, argnums=(0, 1))(w, x, y)
+    d2 = grad(grad(lambda x: x ** 3))          # transforms nest: 6 x, for a scalar x
+
+`argnums` names the positional arguments to differentiate; each may be a tensor or a
+(nested) list, tuple or dict of tensors (a parameter dict, say), and its gradient has
+the same structure. Inputs that do not require grad are watched on a detached view, so
+the caller's tensors are never modified and nothing accumulates in any `.grad`; an
+input the output does not depend on gets a zero gradient. Where the inputs already
+require grad and grad mode is on (an outer transform, or a caller differentiating the
+result), the gradient is built with ``create_graph=True`` so it can be differentiated
+again. Unstable: the names and the handling of nesting may change.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..autograd.engine import enable_grad, is_grad_enabled
+from ..autograd.engine import grad as _tape_grad
+from ..errors import AutogradError
+from ..tensor import Tensor
+
+__all__ = ["grad", "value_and_grad", "vjp"]
+
+
+def _floating(t: Tensor) -> bool:
+    return t.dtype.kind == "f" or t.dtype.name == "bfloat16"
+
+
+def _leaves(obj, where, out):
+    """Structure of `obj` with tensors replaced by their index in `out`."""
+    if isinstance(obj, Tensor):
+        if not _floating(obj):
+            raise AutogradError(f"{where} has dtype {obj.dtype}; gradients are taken "
+                                "with respect to floating-point tensors")
+        out.append(obj)
+        return len(out) - 1
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_leaves(x, f"{where}[{i}]", out) for i, x in enumerate(obj))
+    if isinstance(obj, dict):
+        return {k: _leaves(v, f"{where}[{k!r}]", out) for k, v in obj.items()}
+    raise AutogradError(f"{where} is a {type(obj).__name__}; expected a tensor or a "
+                        "list, tuple or dict of tensors")
+
+
+def _rebuild(tree, leaves):
+    if isinstance(tree, int):
+        return leaves[tree]
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_rebuild(t, leaves) for t in tree)
+    return {k: _rebuild(v, leaves) for k, v in tree.items()}
+
+
+def _watch(t: Tensor) -> Tensor:
+    return t if t.requires_grad else t.detach().requires_grad_()
+
+
+def _argnums(argnums):
+    if isinstance(argnums, int):
+        return (argnums,), True
+    nums = tuple(argnums)
+    if not nums or not all(isinstance(i, int) for i in nums):
+        raise AutogradError(f"argnums must be an int or a non-empty tuple of ints, got "
+                            f"{argnums!r}")
+    return nums, False
+
+
+def _name(fn):
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _prepare(fn, args, nums, what):
+    """Watched copies of the differentiated arguments: (args, trees, flat leaves)."""
+    args = list(args)
+    trees, flat = [], []
+    for i in nums:
+        if not -len(args) <= i < len(args):
+            raise AutogradError(f"{what}({_name(fn)}): argnums has {i}, but the call "
+                                f"passed {len(args)} positional arguments")
+        leaves = []
+        tree = _leaves(args[i], f"{what}({_name(fn)}): argument {i}", leaves)
+        start = len(flat)
+        flat.extend(_watch(t) for t in leaves)
+        trees.append((tree, start, len(leaves)))
+        args[i] = _rebuild(tree, flat[start:])
+    return args, trees, flat
+
+
+def _grads(out, flat, trees, higher, grad_outputs=None):
+    gs = _tape_grad(out, flat, grad_outputs=grad_outputs, create_graph=higher,
+                    retain_graph=True if grad_outputs is not None else None,
+                    allow_unused=True)
+    full = []
+    for t, g in zip(flat, gs):
+        if g is None:
+            from ..ops.creation import zeros_like
+            g = zeros_like(t)
+        full.append(g)
+    return [_rebuild(tree, full[s:s + n]) for tree, s, n in trees]
+
+
+def value_and_grad(fn, argnums=0, has_aux=False):
+    """`fn`'s value and its gradient with respect to `args[argnums]`: a function returning
+    ``(value, grads)``, or ``((value, aux), grads)`` when `has_aux` (fn returns a pair).
+    `fn` must return a one-element floating tensor. See the module docstring."""
+    nums, single = _argnums(argnums)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        higher_in = is_grad_enabled() and any(
+            t.requires_grad for i in nums if -len(args) <= i < len(args)
+            for t in _flat_tensors(args[i]))
+        args, trees, flat = _prepare(fn, args, nums, "value_and_grad")
+        with enable_grad():
+            res = fn(*args, **kwargs)
+        aux = None
+        if has_aux:
+            if not (isinstance(res, tuple) and len(res) == 2):
+                raise AutogradError(f"value_and_grad({_name(fn)}): has_aux=True needs fn "
+                                    f"to return a pair (value, aux); got "
+                                    f"{type(res).__name__}")
+            res, aux = res
+        if not isinstance(res, Tensor) or res.numel() != 1 or not _floating(res):
+            got = (f"shape {tuple(res.shape)}, dtype {res.dtype}" if isinstance(res, Tensor)
+                   else type(res).__name__)
+            raise AutogradError(f"value_and_grad({_name(fn)}): fn must return a one-element "
+                                f"floating tensor (got {got}); reduce it, e.g. with .sum(), "
+                                "or use vjp")
+        if not res.requires_grad:  # depends on none of the inputs: all gradients are zero
+            gs = _grads_zero(flat, trees)
+        else:
+            gs = _grads(res, flat, trees, higher_in)
+        value = res if higher_in else res.detach()
+        g = gs[0] if single else tuple(gs)
+        return ((value, aux), g) if has_aux else (value, g)
+
+    return run
+
+
+def _flat_tensors(obj):
+    if isinstance(obj, Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _flat_tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _flat_tensors(x)
+
+
+def _grads_zero(flat, trees):
+    from ..ops.creation import zeros_like
+    full = [zeros_like(t) for t in flat]
+    return [_rebuild(tree, full[s:s + n]) for tree, s, n in trees]
+
+
+def grad(fn, argnums=0, has_aux=False):
+    """The gradient of `fn` (returning a one-element tensor) with respect to
+    `args[argnums]`, as a function of the same arguments; with `has_aux`, returns
+    ``(grads, aux)``. Example: ``grad(lambda x: (x * x).sum())(x)`` is ``2 * x``."""
+    vg = value_and_grad(fn, argnums, has_aux)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if has_aux:
+            (_, aux), g = vg(*args, **kwargs)
+            return g, aux
+        return vg(*args, **kwargs)[1]
+
+    return run
+
+
+def vjp(fn, *primals):
+    """``(fn(*primals), vjp_fn)``: `vjp_fn(cotangent)` returns the tuple of gradients of
+    ``sum(fn(*primals) * cotangent)`` with respect to each primal (tensors or nested
+    lists/tuples/dicts of them). `fn` returns one tensor; `vjp_fn` may be called again
+    with other cotangents."""
+    nums = tuple(range(len(primals)))
+    higher = is_grad_enabled() and any(t.requires_grad for p in primals
+                                       for t in _flat_tensors(p))
+    args, trees, flat = _prepare(fn, primals, nums, "vjp")
+    with enable_grad():
+        out = fn(*args)
+    if not isinstance(out, Tensor):
+        raise AutogradError(f"vjp({_name(fn)}): fn must return a tensor, got "
+                            f"{type(out).__name__}")
+
+    def vjp_fn(cotangent):
+        from ..tensor import as_tensor
+        ct = as_tensor(cotangent, out.dtype)
+        if tuple(ct.shape) != tuple(out.shape):
+            raise AutogradError(f"vjp({_name(fn)}): cotangent of shape {tuple(ct.shape)} "
+                                f"for an output of shape {tuple(out.shape)}")
+        if not out.requires_grad:
+            return tuple(_grads_zero(flat, trees))
+        return tuple(_grads(out, flat, trees, higher, grad_outputs=ct))
+
+    return (out if higher else out.detach()), vjp_fn

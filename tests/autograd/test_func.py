@@ -1,0 +1,135 @@
+"""sampan.experimental.func: grad / value_and_grad / vjp against torch.func, finite
+differences in float64, nesting, and the same transforms under sampan.jit."""
+import numpy as np
+import pytest
+import torch
+
+import sampan
+from sampan.errors import AutogradError
+from sampan.experimental.func import grad, value_and_grad, vjp
+
+
+def _params(seed=0):
+    r = np.random.default_rng(seed)
+    return {"w1": r.standard_normal((5, 4)), "b1": r.standard_normal(4),
+            "w2": r.standard_normal((4, 3))}
+
+
+def _loss(F, p, x):
+    h = F.tanh(x @ p["w1"] + p["b1"])
+    return ((h @ p["w2"]) ** 2).mean()
+
+
+def test_grad_of_parameter_dict_matches_torch_func():
+    p = _params()
+    x = np.random.default_rng(1).standard_normal((6, 5))
+    sp = {k: sampan.tensor(v) for k, v in p.items()}
+    value, g = value_and_grad(lambda p, x: _loss(sampan, p, x))(sp, sampan.tensor(x))
+    tp = {k: torch.tensor(v) for k, v in p.items()}
+    tg = torch.func.grad(lambda p, x: _loss(torch, p, x))(tp, torch.tensor(x))
+    assert set(g) == set(p)
+    for k in p:
+        np.testing.assert_allclose(g[k].numpy(), tg[k].numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(value.item(), _loss(torch, tp, torch.tensor(x)).item(),
+                               rtol=1e-12)
+    # the caller's tensors are left alone: nothing requires grad, nothing accumulated
+    assert not any(t.requires_grad or t.grad is not None for t in sp.values())
+
+
+def test_argnums_tuple_against_finite_differences():
+    r = np.random.default_rng(2)
+    a, b = r.standard_normal((3, 4)), r.standard_normal(4)
+
+    def f(a, b):
+        return (sampan.sin(a) * b).sum() + (a ** 2).mean()
+
+    ga, gb = grad(f, argnums=(0, 1))(sampan.tensor(a), sampan.tensor(b))
+    eps = 1e-6
+    for arr, g, i in ((a, ga, 0), (b, gb, 1)):
+        num = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            hi, lo = arr.copy(), arr.copy()
+            hi[idx] += eps
+            lo[idx] -= eps
+            args_hi = [sampan.tensor(a), sampan.tensor(b)]
+            args_lo = [sampan.tensor(a), sampan.tensor(b)]
+            args_hi[i], args_lo[i] = sampan.tensor(hi), sampan.tensor(lo)
+            num[idx] = (f(*args_hi).item() - f(*args_lo).item()) / (2 * eps)
+        np.testing.assert_allclose(g.numpy(), num, rtol=1e-6, atol=1e-8)
+
+
+def test_transforms_nest():
+    x = sampan.tensor(np.array(2.0))
+    assert grad(grad(lambda x: x ** 3))(x).item() == pytest.approx(12.0)
+    assert grad(grad(grad(lambda x: x ** 3)))(x).item() == pytest.approx(6.0)
+    v = np.array([0.5, -1.0, 2.0])
+    hess_diag = grad(lambda x: grad(lambda y: (y ** 3).sum())(x).sum())(sampan.tensor(v))
+    np.testing.assert_allclose(hess_diag.numpy(), 6 * v)
+
+
+def test_has_aux_unused_input_and_value():
+    def f(x, y):
+        return (x * x).sum(), {"n": 3}
+
+    x, y = sampan.tensor(np.array([1.0, -2.0])), sampan.tensor(np.array([5.0]))
+    (value, aux), (gx, gy) = value_and_grad(f, argnums=(0, 1), has_aux=True)(x, y)
+    assert aux == {"n": 3} and value.item() == 5.0 and not value.requires_grad
+    np.testing.assert_array_equal(gx.numpy(), [2.0, -4.0])
+    np.testing.assert_array_equal(gy.numpy(), [0.0])   # y unused: zero, like torch.func
+    g, aux = grad(f, has_aux=True)(x, y)
+    np.testing.assert_array_equal(g.numpy(), [2.0, -4.0])
+    assert grad(lambda x: sampan.tensor(1.0))(x).numpy().tolist() == [0.0, 0.0]
+
+
+def test_vjp_matches_torch():
+    r = np.random.default_rng(3)
+    a, b, ct = r.standard_normal((3, 4)), r.standard_normal((4, 2)), r.standard_normal((3, 2))
+    out, fn = vjp(lambda a, b: sampan.tanh(a @ b), sampan.tensor(a), sampan.tensor(b))
+    ga, gb = fn(sampan.tensor(ct))
+    tout, tfn = torch.func.vjp(lambda a, b: torch.tanh(a @ b), torch.tensor(a),
+                               torch.tensor(b))
+    tga, tgb = tfn(torch.tensor(ct))
+    np.testing.assert_allclose(out.numpy(), tout.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ga.numpy(), tga.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gb.numpy(), tgb.numpy(), rtol=1e-12, atol=1e-12)
+    ga2, _ = fn(sampan.tensor(2 * ct))   # callable again
+    np.testing.assert_allclose(ga2.numpy(), 2 * tga.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_under_jit_equals_eager():
+    p = {k: sampan.tensor(v.astype(np.float32)) for k, v in _params(4).items()}
+    x = sampan.tensor(np.random.default_rng(5).standard_normal((6, 5)).astype(np.float32))
+    vg = value_and_grad(lambda p, x: _loss(sampan, p, x))
+
+    def sgd_step(p, x):
+        value, g = vg(p, x)
+        return value, {k: p[k] - 0.1 * g[k] for k in p}
+
+    ev, ep = sgd_step(p, x)
+    jv, jp = sampan.jit(sgd_step)(p, x)
+    np.testing.assert_allclose(jv.numpy(), ev.numpy(), rtol=1e-6)
+    for k in p:
+        np.testing.assert_allclose(jp[k].numpy(), ep[k].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_errors_name_the_function_and_the_problem():
+    x = sampan.tensor(np.ones(3))
+
+    def vec(x):
+        return x * 2
+
+    with pytest.raises(AutogradError, match=r"vec.*one-element.*\(3,\)"):
+        grad(vec)(x)
+    with pytest.raises(AutogradError, match="argument 0 has dtype int64"):
+        grad(lambda i: i.sum())(sampan.tensor(np.arange(3)))
+    with pytest.raises(AutogradError, match="argnums has 2"):
+        grad(lambda x: x.sum(), argnums=2)(x)
+    with pytest.raises(AutogradError, match="argnums must be"):
+        grad(lambda x: x.sum(), argnums=())
+    with pytest.raises(AutogradError, match="has_aux=True"):
+        grad(lambda x: x.sum(), has_aux=True)(x)
+    with pytest.raises(AutogradError, match=r"argument 0\['a'\] is a str"):
+        grad(lambda p: p["b"].sum())({"a": "no", "b": x})
+    _, fn = vjp(vec, x)
+    with pytest.raises(AutogradError, match=r"cotangent of shape \(2,\)"):
+        fn(sampan.tensor(np.ones(2)))
