@@ -10,6 +10,8 @@ manner of `torch.func.grad` and `jax.grad`, and work the same eagerly and inside
     g = grad(loss)(w, x, y)                    # d loss / d w, shaped like w
     (l, (gw, gx)) = value_and_grad(loss, argnums=(0, 1))(w, x, y)
     d2 = grad(grad(lambda x: x ** 3))          # transforms nest: 6 x, for a scalar x
+    J = jacrev(sampan.tanh)(x)                 # (*y.shape, *x.shape), one vjp per output
+    H = hessian(loss)(w, x, y)                 # jacrev of grad
 
 `argnums` names the positional arguments to differentiate; each may be a tensor or a
 (nested) list, tuple or dict of tensors (a parameter dict, say), and its gradient has
@@ -29,7 +31,7 @@ from ..autograd.engine import grad as _tape_grad
 from ..errors import AutogradError
 from ..tensor import Tensor
 
-__all__ = ["grad", "value_and_grad", "vjp"]
+__all__ = ["grad", "hessian", "jacrev", "value_and_grad", "vjp"]
 
 
 def _floating(t: Tensor) -> bool:
@@ -205,3 +207,50 @@ def vjp(fn, *primals):
         return tuple(_grads(out, flat, trees, higher, grad_outputs=ct))
 
     return (out if higher else out.detach()), vjp_fn
+
+
+def jacrev(fn, argnums=0):
+    """The Jacobian of `fn` (returning one tensor y) with respect to the tensor
+    ``args[argnums]`` (an int, or a tuple for a tuple of Jacobians), by reverse mode:
+    one vector-Jacobian product per element of y, each of shape ``y.shape + x.shape``.
+    Meant for small outputs (a Hessian, a sensitivity matrix)."""
+    nums, single = _argnums(argnums)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        for i in nums:
+            if not -len(args) <= i < len(args) or not isinstance(args[i], Tensor):
+                raise AutogradError(f"jacrev({_name(fn)}): argnums {i} must name a tensor "
+                                    f"argument (of {len(args)} passed)")
+        pos = [i % len(args) for i in nums]
+
+        def part(*xs):
+            full = list(args)
+            for i, x in zip(pos, xs):
+                full[i] = x
+            return fn(*full, **kwargs)
+
+        y, pull = vjp(part, *(args[i] for i in pos))
+        import numpy as np
+
+        from ..ops.shape import reshape, stack
+        n = y.numel()
+        eye = np.eye(n, dtype=y.dtype)
+        rows = [pull(Tensor(eye[k].reshape(tuple(y.shape)))) for k in range(n)]
+        jac = []
+        for j, i in enumerate(pos):
+            x = args[i]
+            jac.append(reshape(stack([r[j] for r in rows]), tuple(y.shape) + tuple(x.shape)))
+        return jac[0] if single else tuple(jac)
+
+    return run
+
+
+def hessian(fn, argnums=0):
+    """The Hessian of `fn` (returning a one-element tensor) with respect to the tensor
+    ``args[argnums]``: ``jacrev(grad(fn, argnums), argnums)``, of shape
+    ``x.shape + x.shape``."""
+    if not isinstance(argnums, int):
+        raise AutogradError(f"hessian({_name(fn)}): argnums must be one int, got "
+                            f"{argnums!r}")
+    return jacrev(grad(fn, argnums), argnums)

@@ -133,3 +133,37 @@ def test_errors_name_the_function_and_the_problem():
     _, fn = vjp(vec, x)
     with pytest.raises(AutogradError, match=r"cotangent of shape \(2,\)"):
         fn(sampan.tensor(np.ones(2)))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.func.jacrev's own
+def test_jacrev_and_hessian_match_torch_func():
+    from sampan.experimental.func import hessian, jacrev
+    r = np.random.default_rng(6)
+    w, x = r.standard_normal((3, 2)), r.standard_normal((4, 3))
+
+    def f(F, w, x):
+        return F.tanh(x @ w)
+
+    def loss(F, w, x):
+        return (F.tanh(x @ w) ** 2).sum()
+
+    J = jacrev(lambda w, x: f(sampan, w, x))(sampan.tensor(w), sampan.tensor(x))
+    tJ = torch.func.jacrev(lambda w, x: f(torch, w, x))(torch.tensor(w), torch.tensor(x))
+    assert J.shape == (4, 2, 3, 2)
+    np.testing.assert_allclose(J.numpy(), tJ.numpy(), rtol=1e-12, atol=1e-12)
+    Jw, Jx = jacrev(lambda w, x: f(sampan, w, x), argnums=(0, 1))(sampan.tensor(w),
+                                                                   sampan.tensor(x))
+    tJx = torch.func.jacrev(lambda w, x: f(torch, w, x), argnums=1)(torch.tensor(w),
+                                                                     torch.tensor(x))
+    np.testing.assert_allclose(Jx.numpy(), tJx.numpy(), rtol=1e-12, atol=1e-12)
+    H = hessian(lambda w, x: loss(sampan, w, x))(sampan.tensor(w), sampan.tensor(x))
+    tH = torch.func.hessian(lambda w, x: loss(torch, w, x))(torch.tensor(w), torch.tensor(x))
+    assert H.shape == (3, 2, 3, 2)
+    np.testing.assert_allclose(H.numpy(), tH.numpy(), rtol=1e-10, atol=1e-12)
+    hj = sampan.jit(lambda w, x: hessian(lambda w, x: loss(sampan, w, x))(w, x))
+    np.testing.assert_allclose(hj(sampan.tensor(w), sampan.tensor(x)).numpy(), tH.numpy(),
+                               rtol=1e-10, atol=1e-12)
+    with pytest.raises(AutogradError, match="argnums must be one int"):
+        hessian(lambda w: w.sum(), argnums=(0,))
+    with pytest.raises(AutogradError, match="argnums 1 must name a tensor"):
+        jacrev(lambda w, s: w * s, argnums=1)(sampan.tensor(w), 2.0)
