@@ -12,6 +12,7 @@ manner of `torch.func.grad` and `jax.grad`, and work the same eagerly and inside
     d2 = grad(grad(lambda x: x ** 3))          # transforms nest: 6 x, for a scalar x
     J = jacrev(sampan.tanh)(x)                 # (*y.shape, *x.shape), one vjp per output
     H = hessian(loss)(w, x, y)                 # jacrev of grad
+    y, t = jvp(sampan.tanh, (x,), (v,))        # forward mode: J v, by two reverse passes
 
 `argnums` names the positional arguments to differentiate; each may be a tensor or a
 (nested) list, tuple or dict of tensors (a parameter dict, say), and its gradient has
@@ -31,7 +32,7 @@ from ..autograd.engine import grad as _tape_grad
 from ..errors import AutogradError
 from ..tensor import Tensor
 
-__all__ = ["grad", "hessian", "jacrev", "value_and_grad", "vjp"]
+__all__ = ["grad", "hessian", "jacrev", "jvp", "value_and_grad", "vjp"]
 
 
 def _floating(t: Tensor) -> bool:
@@ -207,6 +208,44 @@ def vjp(fn, *primals):
         return tuple(_grads(out, flat, trees, higher, grad_outputs=ct))
 
     return (out if higher else out.detach()), vjp_fn
+
+
+def jvp(fn, primals, tangents):
+    """``(fn(*primals), J @ tangents)``: the Jacobian-vector product of `fn` (returning one
+    tensor) at the tensors `primals`, for tangents of the same shapes, as
+    ``torch.func.jvp`` gives it. Computed by reverse mode twice (the gradient ``J^T u`` for
+    a cotangent u is linear in u, and its vjp is ``J v``), so it costs two backward passes
+    and needs the gradient rules to be differentiable, which sampan's are."""
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents) or not all(isinstance(t, Tensor)
+                                                 for t in primals + tangents):
+        raise AutogradError(f"jvp({_name(fn)}): primals and tangents must be tuples of "
+                            f"tensors of one length (got {len(primals)} and "
+                            f"{len(tangents)})")
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        if tuple(p.shape) != tuple(t.shape):
+            raise AutogradError(f"jvp({_name(fn)}): tangent {i} has shape "
+                                f"{tuple(t.shape)}, its primal {tuple(p.shape)}")
+    higher = is_grad_enabled() and any(t.requires_grad for t in primals + tangents)
+    watched = [_watch(p) for p in primals]
+    with enable_grad():
+        out = fn(*watched)
+        if not isinstance(out, Tensor):
+            raise AutogradError(f"jvp({_name(fn)}): fn must return a tensor, got "
+                                f"{type(out).__name__}")
+        from ..ops.creation import zeros_like
+        if not out.requires_grad:
+            return (out if higher else out.detach()), zeros_like(out)
+        u = zeros_like(out).requires_grad_()
+        gs = _tape_grad(out, watched, grad_outputs=u, create_graph=True, allow_unused=True)
+        pairs = [(g, t) for g, t in zip(gs, tangents) if g is not None and g.requires_grad]
+        if not pairs:
+            return (out if higher else out.detach()), zeros_like(out)
+        (jv,) = _tape_grad([g for g, _ in pairs], [u], grad_outputs=[t for _, t in pairs],
+                           create_graph=higher, allow_unused=True)
+    if jv is None:
+        jv = zeros_like(out)
+    return (out if higher else out.detach()), (jv if higher else jv.detach())
 
 
 def jacrev(fn, argnums=0):

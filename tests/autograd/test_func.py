@@ -167,3 +167,30 @@ def test_jacrev_and_hessian_match_torch_func():
         hessian(lambda w: w.sum(), argnums=(0,))
     with pytest.raises(AutogradError, match="argnums 1 must name a tensor"):
         jacrev(lambda w, s: w * s, argnums=1)(sampan.tensor(w), 2.0)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_jvp_matches_torch_func():
+    from sampan.experimental.func import jvp
+    r = np.random.default_rng(7)
+    a, b = r.standard_normal((4, 5)), r.standard_normal((5, 3))
+    ta, tb = r.standard_normal((4, 5)), r.standard_normal((5, 3))
+
+    def f(F, a, b):
+        return F.softmax(F.tanh(a @ b), -1) * F.exp(a[:, :3])
+
+    out, jv = jvp(lambda a, b: f(sampan, a, b), (sampan.tensor(a), sampan.tensor(b)),
+                  (sampan.tensor(ta), sampan.tensor(tb)))
+    tout, tjv = torch.func.jvp(lambda a, b: f(torch, a, b), (torch.tensor(a), torch.tensor(b)),
+                               (torch.tensor(ta), torch.tensor(tb)))
+    np.testing.assert_allclose(out.numpy(), tout.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(jv.numpy(), tjv.numpy(), rtol=1e-10, atol=1e-12)
+    assert not jv.requires_grad and not out.requires_grad
+    jf = sampan.jit(lambda a, b, ta, tb: jvp(lambda a, b: f(sampan, a, b), (a, b), (ta, tb)))
+    jout, jjv = jf(*(sampan.tensor(v) for v in (a, b, ta, tb)))
+    np.testing.assert_allclose(jjv.numpy(), tjv.numpy(), rtol=1e-10, atol=1e-12)
+    # an output that ignores the input: zero tangent
+    _, z = jvp(lambda a: sampan.tensor(np.ones(2)), (sampan.tensor(a),), (sampan.tensor(ta),))
+    np.testing.assert_array_equal(z.numpy(), [0.0, 0.0])
+    with pytest.raises(AutogradError, match=r"tangent 0 has shape \(5, 3\)"):
+        jvp(lambda a: a, (sampan.tensor(a),), (sampan.tensor(tb),))
