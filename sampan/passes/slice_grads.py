@@ -29,8 +29,10 @@ def _first_axis_int(n):
     if n.op != "getitem_grad" or len(n.inputs) != 1 or not isinstance(idx, tuple) \
             or len(idx) != 1:
         return None
-    kind, k = idx[0]
-    return k if kind == "i" and isinstance(k, int) else None
+    item = idx[0]   # ("i", k), or a slice ("s", start, stop, step), None ("n",) ...
+    if len(item) != 2 or item[0] != "i" or not isinstance(item[1], int):
+        return None
+    return item[1]
 
 
 def _leaves(v, users, outs, acc):

@@ -140,6 +140,15 @@ def test_merge_slice_grads_leaves_partial_or_shared_sums():
       return (%4, %2)
     }"""
     same(run_pass("merge_slice_grads", shared), shared)
+    # a slice next to an integer index (w[:64] and w[64] of one vector): left alone; the
+    # pass used to unpack every index item as ("i", k) and failed on ("s", start, stop, step)
+    mixed = """graph f(%0: f64[2], %1: f64[]) {
+      %2: f64[3] = getitem_grad(%0, index=(('s', None, 2, None),), shape=(3,))
+      %3: f64[3] = getitem_grad(%1, index=(('i', 2),), shape=(3,))
+      %4: f64[3] = add(%2, %3)
+      return (%4)
+    }"""
+    same(run_pass("merge_slice_grads", mixed), mixed)
 
 
 def test_plan_memory_pass_records_plan():
