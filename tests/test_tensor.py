@@ -161,3 +161,17 @@ def test_reductions_any_shape_vs_numpy(shape, keep):
 
 def test_ml_dtypes_is_the_bfloat16():
     assert sampan.bfloat16 == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_numpy_array_operands_act_as_tensors():
+    """An ndarray next to a tensor is a tensor of its dtype (a 0-d array a scalar), on
+    either side, as torch treats them; it used to fail hashing the array as a constant."""
+    t = sampan.tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    a = np.array([1.0, 0.0, 3.0])
+    assert (t == a).numpy().tolist() == [True, False, True]
+    assert (a == t).numpy().tolist() == [True, False, True]
+    s = t + a
+    assert s.dtype == sampan.float64 and s.numpy().tolist() == [2.0, 2.0, 6.0]
+    assert (a * t).numpy().tolist() == [1.0, 0.0, 9.0]
+    z = t + np.array(1.0)   # 0-d: a scalar, so float32 stays
+    assert z.dtype == sampan.float32 and z.numpy().tolist() == [2.0, 3.0, 4.0]

@@ -9,8 +9,8 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import SampanValueError, ShapeError, op_error
 from ..ops.composite import log_softmax
-from ..ops.elementwise import (abs as _abs, add, cast, div, exp, gt, log, log1p, lt, maximum,
-                               mul, ne, neg, sub, where)
+from ..ops.elementwise import (abs as _abs, add, cast, div, exp, gt, log, lt, maximum,
+                               mul, ne, neg, softplus_op, sub, where)
 from ..ops.index import index_select, take_along_axis
 from ..ops.reduce import mean, sum
 from ..ops.shape import permute, reshape, squeeze, unsqueeze
@@ -217,8 +217,9 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
     _check_reduction("binary_cross_entropy_with_logits", reduction)
     x, y = _t(input), _t(target)
     _check_same_shape("binary_cross_entropy_with_logits", x, y)
-    # log(1 + e^-x) = max(-x, 0) + log1p(e^-|x|): never overflows
-    softplus_neg = add(maximum(neg(x), 0.0), log1p(exp(neg(_abs(x)))))
+    # log(1 + e^-x) as the softplus op: stable, and its gradient -sigmoid(-x) is exact to
+    # every order (the max/abs composite had no curvature at x == 0)
+    softplus_neg = softplus_op(neg(x))
     if pos_weight is not None:
         lw = add(mul(sub(pos_weight, 1.0), y), 1.0)
         loss = add(mul(sub(1.0, y), x), mul(lw, softplus_neg))

@@ -194,11 +194,12 @@ def leaky_relu(x, negative_slope=0.01):
 
 
 def softplus(x, beta=1.0):
-    """log(1 + exp(beta x)) / beta, stable."""
-    from .elementwise import abs as _abs, log1p, maximum
+    """log(1 + exp(beta x)) / beta, stable (the `softplus` op, scaled)."""
+    from .elementwise import softplus_op
     x = _t(x)
-    bx = mul(x, beta)
-    return div(add(maximum(bx, 0.0), log1p(exp(-_abs(bx)))), beta)
+    if beta == 1.0:
+        return softplus_op(x)
+    return div(softplus_op(mul(x, beta)), beta)
 
 
 def one_hot(labels, num_classes):
@@ -291,7 +292,7 @@ COMPOSITES = {
                             Sample((randf(rng(75), 3, 5),), {"approximate": "tanh"})]),
     "silu": (silu, lambda: [Sample((randf(rng(76), 3, 5),), {})]),
     "leaky_relu": (leaky_relu, lambda: [Sample((randf(rng(77), 3, 5),), {})]),
-    "softplus": (softplus, lambda: [Sample((randf(rng(78), 3, 5),), {})]),
+    "softplus_beta": (softplus, lambda: [Sample((randf(rng(78), 3, 5),), {"beta": 2.0})]),
     "cross_entropy": (cross_entropy, lambda: [
         Sample((randf(rng(79), 3, 5), _cls_target()), {}, diff=(0,)),
         Sample((randf(rng(80), 3, 5), _cls_target()), {"label_smoothing": 0.1}, diff=(0,)),

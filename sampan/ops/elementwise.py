@@ -33,8 +33,17 @@ def _const(value, dtype):
     return wrap(a)
 
 
+def _array_operand(x):
+    """A numpy array met as an operand: a tensor of its dtype (0-d: a Python scalar)."""
+    return x.item() if x.ndim == 0 else Tensor(x)
+
+
 def operands(a, b):
-    """Promote two operands (tensors or Python scalars) to one dtype."""
+    """Promote two operands (tensors, numpy arrays or Python scalars) to one dtype."""
+    if type(b) is np.ndarray:
+        b = _array_operand(b)
+    if type(a) is np.ndarray:
+        a = _array_operand(a)
     if isinstance(a, Tensor):
         if isinstance(b, Tensor):
             da, db = a._data.dtype, b._data.dtype
@@ -288,6 +297,13 @@ def _relu(a):
     return np.maximum(a, a.dtype.type(0))
 
 
+def _softplus(a):
+    # log(1 + e^a) without overflow; one op, so that its gradient is sigmoid(a) exactly,
+    # second order included (the max/abs/log1p composite lost the curvature at a == 0,
+    # where abs' gradient is 0)
+    return np.logaddexp(a.dtype.type(0), a)
+
+
 def _sigmoid(a):
     # 1/(1+e^-x) written to avoid overflow for very negative x
     e = np.exp(-np.abs(a))
@@ -323,6 +339,8 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     ("log1p", np.log1p, "log1p(a)", lambda g, y, a: div(g, add(a, 1.0)), NO_ONNX, -0.5, 2, None,
      False),
     ("expm1", np.expm1, "expm1(a)", lambda g, y, a: mul(g, add(y, 1.0)), NO_ONNX, -2, 2, (), True),
+    ("softplus", _softplus, "max(a, 0) + log1p(exp(-abs(a)))",
+     lambda g, y, a: mul(g, sigmoid(a)), "Softplus", -3, 3, None, False),
 ]:
     _U[_name] = defop(_name, elementwise_rule(_name, float_only=_name not in ("neg", "abs")),
                       kernel=_kernel, kind="elementwise", fuse=_FUSE_UNARY.get(_name, ""),
@@ -347,6 +365,8 @@ sin = _unary_fn(_U["sin"], "Sine.")
 cos = _unary_fn(_U["cos"], "Cosine.")
 tanh = _unary_fn(_U["tanh"], "Hyperbolic tangent. Example: ``sampan.tanh(x)``")
 sigmoid = _unary_fn(_U["sigmoid"], "Logistic sigmoid 1/(1+e^-x).")
+softplus_op = _unary_fn(_U["softplus"], "log(1 + e^x), stable; gradient sigmoid(x). The "
+                        "public `sampan.softplus` adds the beta scaling.")
 relu = _unary_fn(_U["relu"], "max(x, 0).", float_only=False)
 erf = _unary_fn(_U["erf"], "Gauss error function.")
 reciprocal = _unary_fn(_U["reciprocal"], "1/x.")

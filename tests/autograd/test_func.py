@@ -6,7 +6,7 @@ import torch
 
 import sampan
 from sampan.errors import AutogradError
-from sampan.experimental.func import grad, value_and_grad, vjp
+from sampan.experimental.func import grad, hessian, value_and_grad, vjp
 
 
 def _params(seed=0):
@@ -194,3 +194,22 @@ def test_jvp_matches_torch_func():
     np.testing.assert_array_equal(z.numpy(), [0.0, 0.0])
     with pytest.raises(AutogradError, match=r"tangent 0 has shape \(5, 3\)"):
         jvp(lambda a: a, (sampan.tensor(a),), (sampan.tensor(tb),))
+
+
+def test_second_order_of_softplus_and_bce_with_logits_at_zero():
+    """At logits exactly 0 (a zero-initialised linear model) the curvature is sigmoid'(0) =
+    1/4; the max/abs composite these were built from gave 0 there (abs' gradient is 0)."""
+    import sampan.nn.functional as F
+    x = sampan.tensor(np.zeros(3))
+    np.testing.assert_allclose(hessian(lambda x: sampan.softplus(x).sum())(x).numpy(),
+                               0.25 * np.eye(3))
+    r = np.random.default_rng(8)
+    a, y = r.standard_normal((5, 3)), (r.random(5) > 0.5).astype(np.float64)
+
+    def loss(F, w, a, y):
+        return F.binary_cross_entropy_with_logits(a @ w, y)
+
+    h = hessian(lambda w: loss(F, w, sampan.tensor(a), sampan.tensor(y)))(x)
+    th = torch.func.hessian(lambda w: loss(torch.nn.functional, w, torch.tensor(a),
+                                           torch.tensor(y)))(torch.zeros(3, dtype=torch.float64))
+    np.testing.assert_allclose(h.numpy(), th.numpy(), rtol=1e-12, atol=1e-15)

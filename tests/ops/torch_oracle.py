@@ -91,6 +91,7 @@ ORACLE = {
     "sigmoid": lambda t, a, k: t.sigmoid(a[0]), "relu": lambda t, a, k: t.relu(a[0]),
     "erf": lambda t, a, k: t.erf(a[0]), "reciprocal": lambda t, a, k: t.reciprocal(a[0]),
     "log1p": lambda t, a, k: t.log1p(a[0]), "expm1": lambda t, a, k: t.expm1(a[0]),
+    "softplus": lambda t, a, k: t.nn.functional.softplus(a[0]),
     "sign": lambda t, a, k: t.sign(a[0]), "floor": lambda t, a, k: t.floor(a[0]),
     "ceil": lambda t, a, k: t.ceil(a[0]), "round": lambda t, a, k: t.round(a[0]),
     "where": lambda t, a, k: t.where(a[0], a[1], a[2]),
@@ -161,7 +162,7 @@ COMPOSITE_ORACLE = {
                                                                          "none")),
     "silu": lambda t, a, k: t.nn.functional.silu(a[0]),
     "leaky_relu": lambda t, a, k: t.nn.functional.leaky_relu(a[0]),
-    "softplus": lambda t, a, k: t.nn.functional.softplus(a[0]),
+    "softplus_beta": lambda t, a, k: t.nn.functional.softplus(a[0], beta=k["beta"]),
     "cross_entropy": _ce,
 }
 
