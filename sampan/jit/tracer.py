@@ -166,7 +166,7 @@ class Tracer:
         if op.view:
             x = inputs[0]
             outs[0]._base = x._base if x._base is not None else x
-        if STATE.grad_enabled and op.grad is not None:
+        if STATE.grad_enabled and op.differentiable:   # as eager: no tape for sign, floor …
             for t in inputs:
                 if t.requires_grad:
                     _record(op, inputs, attrs, tuple(outs))
