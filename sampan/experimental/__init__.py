@@ -2,10 +2,12 @@
 lists it marked [unstable]. Stable APIs graduate to their home module.
 
 - `func`: function transforms over the tape autograd (`grad`, `value_and_grad`, `vjp`,
-  `jvp`, `jacrev`, `hessian`), eager and under `sampan.jit`.
+  `jvp`, `jacrev`, `hessian`), eager and under `sampan.jit`, and `functional_call` to
+  apply them to a Layer's weights.
 """
 
 from . import func
-from .func import grad, hessian, jacrev, jvp, value_and_grad, vjp
+from .func import functional_call, grad, hessian, jacrev, jvp, value_and_grad, vjp
 
-__all__: list[str] = ["func", "grad", "hessian", "jacrev", "jvp", "value_and_grad", "vjp"]
+__all__: list[str] = ["func", "functional_call", "grad", "hessian", "jacrev", "jvp",
+                      "value_and_grad", "vjp"]

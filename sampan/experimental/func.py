@@ -14,6 +14,12 @@ manner of `torch.func.grad` and `jax.grad`, and work the same eagerly and inside
     H = hessian(loss)(w, x, y)                 # jacrev of grad
     y, t = jvp(sampan.tanh, (x,), (v,))        # forward mode: J v, by two reverse passes
 
+`functional_call(layer, params, args)` runs a Layer with some of its parameters and buffers
+replaced by the given tensors, so the transforms apply to a model's weights::
+
+    params = dict(model.named_parameters())
+    g = grad(lambda p, x, y: loss_fn(functional_call(model, p, (x,)), y))(params, x, y)
+
 `argnums` names the positional arguments to differentiate; each may be a tensor or a
 (nested) list, tuple or dict of tensors (a parameter dict, say), and its gradient has
 the same structure. Inputs that do not require grad are watched on a detached view, so
@@ -32,7 +38,7 @@ from ..autograd.engine import grad as _tape_grad
 from ..errors import AutogradError
 from ..tensor import Tensor
 
-__all__ = ["grad", "hessian", "jacrev", "jvp", "value_and_grad", "vjp"]
+__all__ = ["functional_call", "grad", "hessian", "jacrev", "jvp", "value_and_grad", "vjp"]
 
 
 def _floating(t: Tensor) -> bool:
@@ -293,3 +299,59 @@ def hessian(fn, argnums=0):
         raise AutogradError(f"hessian({_name(fn)}): argnums must be one int, got "
                             f"{argnums!r}")
     return jacrev(grad(fn, argnums), argnums)
+
+
+def functional_call(layer, params_and_buffers, args=(), kwargs=None, strict=False):
+    """``layer(*args, **kwargs)`` with the parameters and buffers named in
+    `params_and_buffers` (qualified names, as `named_parameters()` gives them) replaced by
+    the given tensors for this call only; the layer is restored afterwards, even when the
+    call raises. A parameter registered under several names (tied weights) is replaced
+    under all of them. `strict=True` also requires every parameter and buffer to be given.
+    Not thread-safe: the layer is modified while the call runs (as in ``torch.func``)."""
+    from ..nn.layer import Layer
+    if not isinstance(layer, Layer):
+        raise AutogradError(f"functional_call: expected a Layer, got {type(layer).__name__}")
+    if not isinstance(args, tuple):
+        args = (args,)
+    slots = {}    # (kind, qualified name) -> (owner layer, registry name)
+    for lname, sub in layer.named_layers():
+        for kind in ("_parameters", "_buffers"):
+            for name in getattr(sub, kind):
+                slots[(kind, f"{lname}.{name}" if lname else name)] = (sub, kind, name)
+    by_name = {q: v for (_, q), v in slots.items()}
+    unknown = [k for k in params_and_buffers if k not in by_name]
+    if unknown:
+        raise AutogradError(f"functional_call({type(layer).__name__}): no parameter or buffer "
+                            f"named {', '.join(map(repr, unknown))}; it has "
+                            f"{', '.join(sorted(by_name)) or 'none'}")
+    if strict:
+        seen = {id(getattr(o, k)[n]) for o, k, n in (by_name[q] for q in params_and_buffers)}
+        missing = [q for q, (o, k, n) in by_name.items()
+                   if getattr(o, k)[n] is not None and id(getattr(o, k)[n]) not in seen]
+        if missing:
+            raise AutogradError(f"functional_call({type(layer).__name__}, strict=True): "
+                                f"missing {', '.join(missing)}")
+    new_of = {}   # id(original tensor) -> replacement (ties follow the original object)
+    for q, t in params_and_buffers.items():
+        if not isinstance(t, Tensor):
+            raise AutogradError(f"functional_call: {q!r} got a {type(t).__name__}; expected "
+                                "a tensor")
+        o, k, n = by_name[q]
+        old = getattr(o, k)[n]
+        if old is not None and tuple(old.shape) != tuple(t.shape):
+            raise AutogradError(f"functional_call: {q!r} has shape {tuple(old.shape)}, "
+                                f"got {tuple(t.shape)}")
+        new_of[id(old) if old is not None else ("none", q)] = t
+    saved = []
+    try:
+        for (_, q), (o, k, n) in slots.items():
+            reg = getattr(o, k)
+            old = reg[n]
+            t = new_of.get(id(old) if old is not None else ("none", q))
+            if t is not None:
+                saved.append((reg, n, old))
+                reg[n] = t
+        return layer(*args, **(kwargs or {}))
+    finally:
+        for reg, n, old in reversed(saved):
+            reg[n] = old

@@ -213,3 +213,99 @@ def test_second_order_of_softplus_and_bce_with_logits_at_zero():
     th = torch.func.hessian(lambda w: loss(torch.nn.functional, w, torch.tensor(a),
                                            torch.tensor(y)))(torch.zeros(3, dtype=torch.float64))
     np.testing.assert_allclose(h.numpy(), th.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_second_order_through_non_differentiable_ops_under_jit():
+    """abs' gradient multiplies by sign(x), an op without a gradient rule: eagerly it was
+    never taped, but the tracer taped it when the backward pass built a graph
+    (create_graph) and the second backward pass then called its missing rule."""
+    import sampan.nn.functional as F
+    x = np.random.default_rng(9).standard_normal(4)
+
+    def f(x):
+        return (sampan.abs(x) ** 1.5).sum() + F.smooth_l1_loss(x, x * 0) + sampan.floor(x).sum()
+
+    def tf(x):
+        return ((torch.abs(x) ** 1.5).sum() + torch.nn.functional.smooth_l1_loss(x, x * 0)
+                + torch.floor(x).sum())
+
+    want = torch.func.hessian(tf)(torch.tensor(x)).numpy()
+    got = sampan.jit(lambda x: hessian(f)(x))(sampan.tensor(x))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(hessian(f)(sampan.tensor(x)).numpy(), want, rtol=1e-12,
+                               atol=1e-15)
+
+
+def test_functional_call_gradients_of_layer_weights_match_torch():
+    from sampan import nn
+    from sampan.experimental.func import functional_call
+    sampan.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    x = np.random.default_rng(10).standard_normal((5, 4)).astype(np.float32)
+    y = np.array([0, 2, 1, 1, 0])
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    originals = list(m.parameters())
+
+    def loss(p, x, y):
+        return sampan.cross_entropy(functional_call(m, p, (x,)), y)
+
+    g = grad(loss)(params, sampan.tensor(x), sampan.tensor(y))
+    jg = sampan.jit(lambda p, x, y: grad(loss)(p, x, y))(params, sampan.tensor(x),
+                                                          sampan.tensor(y))
+    tm = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    tp = {k: torch.tensor(v.numpy().T.copy() if v.ndim == 2 else v.numpy())
+          for k, v in params.items()}   # sampan's Linear weight is (in, out)
+    tg = torch.func.grad(lambda p, x, y: torch.nn.functional.cross_entropy(
+        torch.func.functional_call(tm, p, (x,)), y))(tp, torch.tensor(x), torch.tensor(y))
+    for k in params:
+        want = tg[k].numpy().T if tg[k].ndim == 2 else tg[k].numpy()
+        np.testing.assert_allclose(g[k].numpy(), want, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(jg[k].numpy(), want, rtol=1e-5, atol=1e-7)
+    # the layer is untouched: its own parameters, no grads accumulated
+    assert all(a is b for a, b in zip(m.parameters(), originals))
+    assert all(p.grad is None for p in m.parameters())
+    np.testing.assert_allclose(m(sampan.tensor(x)).numpy(),
+                               functional_call(m, params, (sampan.tensor(x),)).numpy())
+
+
+def test_functional_call_ties_restores_and_errors():
+    from sampan import nn
+    from sampan.experimental.func import functional_call
+
+    class Tied(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Linear(3, 3)
+            self.b.weight = self.a.weight      # tied
+            self.register_buffer("scale", sampan.tensor(np.float32(2.0)))
+
+        def forward(self, x):
+            return self.b(self.a(x)) * self.scale
+
+    m = Tied()
+    x = sampan.tensor(np.ones((1, 3), np.float32))
+    w = sampan.tensor(np.eye(3, dtype=np.float32))
+    z = sampan.tensor(np.zeros(3, np.float32))
+    out = functional_call(m, {"a.weight": w, "a.bias": z, "b.bias": z,
+                              "scale": sampan.tensor(np.float32(3.0))}, (x,))
+    np.testing.assert_array_equal(out.numpy(), [[3.0, 3.0, 3.0]])   # tie followed
+    assert m.b.weight is m.a.weight and float(m.scale.item()) == 2.0   # restored
+
+    class Boom(Exception):
+        pass
+
+    def hook(layer, args, out):
+        raise Boom
+
+    h = m.register_forward_hook(hook)
+    with pytest.raises(Boom):
+        functional_call(m, {"a.weight": w}, (x,))
+    h.remove()
+    assert m.a.weight is not w                                        # restored on error
+    with pytest.raises(AutogradError, match="no parameter or buffer named 'c.weight'"):
+        functional_call(m, {"c.weight": w}, (x,))
+    with pytest.raises(AutogradError, match=r"'a.weight' has shape \(3, 3\), got \(2,\)"):
+        functional_call(m, {"a.weight": sampan.zeros(2)}, (x,))
+    with pytest.raises(AutogradError, match="missing scale, a.bias, b.bias$"):  # b.weight: tied
+        functional_call(m, {"a.weight": w}, (x,), strict=True)
