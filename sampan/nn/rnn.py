@@ -15,10 +15,10 @@ import numpy as np
 
 from ..errors import SampanValueError, ShapeError
 from ..ops.composite import dropout
-from ..ops.creation import empty, zeros
-from ..ops.elementwise import add, mul, sigmoid, sub, tanh, where
+from ..ops.creation import arange, empty, zeros
+from ..ops.elementwise import add, lt, mul, sigmoid, sub, tanh, where
 from ..ops.linalg import matmul
-from ..ops.shape import split, stack, transpose
+from ..ops.shape import split, stack, transpose, unsqueeze
 from ..tensor import Tensor
 from . import init
 from .layer import Layer, Parameter
@@ -66,7 +66,15 @@ class _RNNBase(Layer):
         xs = transpose(x, 0, 1) if self.batch_first else x  # time-major inside
         T, B = xs.shape[0], xs.shape[1]
         mask = None
-        if lengths is not None:
+        if isinstance(lengths, Tensor) and not isinstance(lengths._data, np.ndarray):
+            # traced (inside sampan.jit): the values are unknown, so the mask is built with
+            # ops and applied at every step
+            if tuple(lengths.shape) != (B,) or lengths.dtype.kind not in "iu":
+                raise ShapeError(f"{self._name}: got lengths of shape {tuple(lengths.shape)} "
+                                 f"and dtype {lengths.dtype}; expected {B} integer lengths")
+            steps = arange(T, dtype=lengths.dtype)
+            mask = unsqueeze(lt(unsqueeze(steps, 1), unsqueeze(lengths, 0)), 2)
+        elif lengths is not None:
             ln = np.asarray(lengths._data if isinstance(lengths, Tensor) else lengths)
             if ln.shape != (B,) or ln.dtype.kind not in "iu":
                 raise ShapeError(f"{self._name}: got lengths of shape {ln.shape} and dtype "
