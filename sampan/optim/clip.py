@@ -17,6 +17,43 @@ def _grads(parameters):
     return [p.grad._data for p in parameters if p.grad is not None]
 
 
+def _traced_params(parameters):
+    """The parameters with grads when any grad is a traced value (inside sampan.jit), else
+    None: the clipping is then written with ops, which the tracer records."""
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    ps = [p for p in parameters if p.grad is not None]
+    if any(not isinstance(p.grad._data, np.ndarray) for p in ps):
+        return ps
+    return None
+
+
+def _traced_norm_clip(ps, max_norm, norm_type, error_if_nonfinite):
+    from sampan.autograd import no_grad
+    from sampan.ops.elementwise import abs as _abs, add, div, minimum, mul, sqrt
+    from sampan.ops.reduce import amax, sum as _sum
+    from sampan.ops.shape import stack
+    if error_if_nonfinite:
+        raise SampanValueError("clip_grad_norm_(error_if_nonfinite=True) needs the norm's "
+                               "value, which a traced step does not have; check the returned "
+                               "norm after the call instead")
+    with no_grad():
+        gs = [p.grad for p in ps]
+        if math.isinf(norm_type):
+            total = amax(stack([amax(_abs(g)) for g in gs]))
+        elif norm_type == 2.0:
+            total = sqrt(_sum(stack([_sum(mul(g, g)) for g in gs])))
+        else:
+            parts = [_sum(_abs(g) ** norm_type) for g in gs]
+            total = _sum(stack(parts)) ** (1.0 / norm_type)
+        # min(1, max_norm / (norm + 1e-6)) on every gradient: a factor of exactly 1 leaves
+        # them bit-identical, as the eager path's "no scaling when below max_norm"
+        coef = minimum(div(max_norm, add(total, 1e-6)), 1.0)
+        for p in ps:
+            p.grad = mul(p.grad, coef)
+    return total
+
+
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
     """Scale all gradients together so that their joint norm is at most `max_norm`.
 
@@ -29,9 +66,12 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         >>> loss.backward()
         >>> total = sampan.optim.clip_grad_norm_(model.parameters(), max_norm=1.0)
     """
-    grads = _grads(parameters)
     max_norm = float(max_norm)
     norm_type = float(norm_type)
+    traced = _traced_params(parameters)
+    if traced is not None:
+        return _traced_norm_clip(traced, max_norm, norm_type, error_if_nonfinite)
+    grads = _grads(parameters)
     if not grads:
         return Tensor(np.zeros((), dtype=np.float32))
     dtype = np.result_type(*[g.dtype for g in grads])
@@ -64,5 +104,13 @@ def clip_grad_value_(parameters, clip_value):
     c = float(clip_value)
     if c < 0:
         raise SampanValueError(f"clip_grad_value_: clip_value {c} must be >= 0")
+    traced = _traced_params(parameters)
+    if traced is not None:
+        from sampan.autograd import no_grad
+        from sampan.ops.elementwise import clamp
+        with no_grad():
+            for p in traced:
+                p.grad = clamp(p.grad, -c, c)
+        return
     for g in _grads(parameters):
         np.clip(g, -c, c, out=g)
