@@ -121,6 +121,11 @@ def value_and_grad(fn, argnums=0, has_aux=False):
     """`fn`'s value and its gradient with respect to `args[argnums]`: a function returning
     ``(value, grads)``, or ``((value, aux), grads)`` when `has_aux` (fn returns a pair).
     `fn` must return a one-element floating tensor. See the module docstring."""
+    return _value_and_grad(fn, argnums, has_aux, "value_and_grad")
+
+
+def _value_and_grad(fn, argnums, has_aux, _what):
+    """value_and_grad, naming `_what` (the public transform called) in its errors."""
     nums, single = _argnums(argnums)
 
     @functools.wraps(fn)
@@ -128,20 +133,20 @@ def value_and_grad(fn, argnums=0, has_aux=False):
         higher_in = is_grad_enabled() and any(
             t.requires_grad for i in nums if -len(args) <= i < len(args)
             for t in _flat_tensors(args[i]))
-        args, trees, flat = _prepare(fn, args, nums, "value_and_grad")
+        args, trees, flat = _prepare(fn, args, nums, _what)
         with enable_grad():
             res = fn(*args, **kwargs)
         aux = None
         if has_aux:
             if not (isinstance(res, tuple) and len(res) == 2):
-                raise AutogradError(f"value_and_grad({_name(fn)}): has_aux=True needs fn "
+                raise AutogradError(f"{_what}({_name(fn)}): has_aux=True needs fn "
                                     f"to return a pair (value, aux); got "
                                     f"{type(res).__name__}")
             res, aux = res
         if not isinstance(res, Tensor) or res.numel() != 1 or not _floating(res):
             got = (f"shape {tuple(res.shape)}, dtype {res.dtype}" if isinstance(res, Tensor)
                    else type(res).__name__)
-            raise AutogradError(f"value_and_grad({_name(fn)}): fn must return a one-element "
+            raise AutogradError(f"{_what}({_name(fn)}): fn must return a one-element "
                                 f"floating tensor (got {got}); reduce it, e.g. with .sum(), "
                                 "or use vjp")
         if not res.requires_grad:  # depends on none of the inputs: all gradients are zero
@@ -176,7 +181,7 @@ def grad(fn, argnums=0, has_aux=False):
     """The gradient of `fn` (returning a one-element tensor) with respect to
     `args[argnums]`, as a function of the same arguments; with `has_aux`, returns
     ``(grads, aux)``. Example: ``grad(lambda x: (x * x).sum())(x)`` is ``2 * x``."""
-    vg = value_and_grad(fn, argnums, has_aux)
+    vg = _value_and_grad(fn, argnums, has_aux, "grad")
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
