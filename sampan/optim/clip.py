@@ -11,21 +11,14 @@ from sampan.tensor import Tensor
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
 
-def _grads(parameters):
-    if isinstance(parameters, Tensor):
-        parameters = [parameters]
-    return [p.grad._data for p in parameters if p.grad is not None]
-
-
-def _traced_params(parameters):
-    """The parameters with grads when any grad is a traced value (inside sampan.jit), else
-    None: the clipping is then written with ops, which the tracer records."""
+def _with_grads(parameters):
+    """The parameters (a tensor or an iterable, read once) that have a gradient, and
+    whether any gradient is a traced value (inside sampan.jit): the clipping is then
+    written with ops, which the tracer records."""
     if isinstance(parameters, Tensor):
         parameters = [parameters]
     ps = [p for p in parameters if p.grad is not None]
-    if any(not isinstance(p.grad._data, np.ndarray) for p in ps):
-        return ps
-    return None
+    return ps, any(not isinstance(p.grad._data, np.ndarray) for p in ps)
 
 
 def _traced_norm_clip(ps, max_norm, norm_type, error_if_nonfinite):
@@ -68,10 +61,10 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     """
     max_norm = float(max_norm)
     norm_type = float(norm_type)
-    traced = _traced_params(parameters)
-    if traced is not None:
-        return _traced_norm_clip(traced, max_norm, norm_type, error_if_nonfinite)
-    grads = _grads(parameters)
+    ps, traced = _with_grads(parameters)
+    if traced:
+        return _traced_norm_clip(ps, max_norm, norm_type, error_if_nonfinite)
+    grads = [p.grad._data for p in ps]
     if not grads:
         return Tensor(np.zeros((), dtype=np.float32))
     dtype = np.result_type(*[g.dtype for g in grads])
@@ -104,13 +97,13 @@ def clip_grad_value_(parameters, clip_value):
     c = float(clip_value)
     if c < 0:
         raise SampanValueError(f"clip_grad_value_: clip_value {c} must be >= 0")
-    traced = _traced_params(parameters)
-    if traced is not None:
+    ps, traced = _with_grads(parameters)
+    if traced:
         from sampan.autograd import no_grad
         from sampan.ops.elementwise import clamp
         with no_grad():
-            for p in traced:
+            for p in ps:
                 p.grad = clamp(p.grad, -c, c)
         return
-    for g in _grads(parameters):
-        np.clip(g, -c, c, out=g)
+    for p in ps:
+        np.clip(p.grad._data, -c, c, out=p.grad._data)

@@ -93,3 +93,16 @@ def test_clipping_inside_a_jitted_step_equals_eager(how):
         with pytest.raises(sampan.SampanValueError, match="error_if_nonfinite"):
             sampan.jit(lambda x: (m_j(x).sum().backward(), sampan.optim.clip_grad_norm_(
                 m_j.parameters(), 1.0, error_if_nonfinite=True))[1])(x)
+
+
+def test_clipping_takes_a_generator_of_parameters():
+    """The parameters may be any iterable, read once (a generator was consumed by the
+    traced-or-not check and then nothing was clipped)."""
+    from sampan import nn
+    m = nn.Linear(3, 2)
+    (m(sampan.randn(4, 3)) ** 2).sum().backward()
+    total = clip_grad_norm_((p for p in m.parameters()), 1e-3)
+    norm = np.sqrt(sum((p.grad.numpy() ** 2).sum() for p in m.parameters()))
+    assert total.item() > 1e-2 and norm == pytest.approx(1e-3, rel=1e-3)
+    clip_grad_value_((p for p in m.parameters()), 1e-5)
+    assert max(np.abs(p.grad.numpy()).max() for p in m.parameters()) <= 1e-5
