@@ -1,4 +1,5 @@
-"""Function transforms over the tape autograd: `grad`, `value_and_grad` and `vjp`.
+"""Function transforms over the tape autograd: `grad`, `value_and_grad`, `vjp`, `jvp`,
+`jacrev`, `hessian`, and `functional_call` to apply them to a Layer's weights.
 
 They turn a function of tensors into the function that returns its gradient, in the
 manner of `torch.func.grad` and `jax.grad`, and work the same eagerly and inside
@@ -33,9 +34,12 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from ..autograd.engine import enable_grad, is_grad_enabled
 from ..autograd.engine import grad as _tape_grad
 from ..errors import AutogradError
+from ..ops.creation import zeros_like
 from ..tensor import Tensor
 
 __all__ = ["functional_call", "grad", "hessian", "jacrev", "jvp", "value_and_grad", "vjp"]
@@ -88,9 +92,12 @@ def _name(fn):
 
 
 def _prepare(fn, args, nums, what):
-    """Watched copies of the differentiated arguments: (args, trees, flat leaves)."""
+    """Watched copies of the differentiated arguments: (args, trees, flat leaves, higher),
+    `higher` when grad mode is on and a given leaf already required grad (an outer
+    transform or the caller differentiates the result: build it with create_graph)."""
     args = list(args)
     trees, flat = [], []
+    higher = False
     for i in nums:
         if not -len(args) <= i < len(args):
             raise AutogradError(f"{what}({_name(fn)}): argnums has {i}, but the call "
@@ -98,23 +105,23 @@ def _prepare(fn, args, nums, what):
         leaves = []
         tree = _leaves(args[i], f"{what}({_name(fn)}): argument {i}", leaves)
         start = len(flat)
+        higher = higher or any(t.requires_grad for t in leaves)
         flat.extend(_watch(t) for t in leaves)
         trees.append((tree, start, len(leaves)))
         args[i] = _rebuild(tree, flat[start:])
-    return args, trees, flat
+    return args, trees, flat, higher and is_grad_enabled()
+
+
+def _regroup(full, trees):
+    """Flat gradients back into each differentiated argument's structure."""
+    return [_rebuild(tree, full[s:s + n]) for tree, s, n in trees]
 
 
 def _grads(out, flat, trees, higher, grad_outputs=None):
     gs = _tape_grad(out, flat, grad_outputs=grad_outputs, create_graph=higher,
                     retain_graph=True if grad_outputs is not None else None,
                     allow_unused=True)
-    full = []
-    for t, g in zip(flat, gs):
-        if g is None:
-            from ..ops.creation import zeros_like
-            g = zeros_like(t)
-        full.append(g)
-    return [_rebuild(tree, full[s:s + n]) for tree, s, n in trees]
+    return _regroup([zeros_like(t) if g is None else g for t, g in zip(flat, gs)], trees)
 
 
 def value_and_grad(fn, argnums=0, has_aux=False):
@@ -130,10 +137,7 @@ def _value_and_grad(fn, argnums, has_aux, _what):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        higher_in = is_grad_enabled() and any(
-            t.requires_grad for i in nums if -len(args) <= i < len(args)
-            for t in _flat_tensors(args[i]))
-        args, trees, flat = _prepare(fn, args, nums, _what)
+        args, trees, flat, higher_in = _prepare(fn, args, nums, _what)
         with enable_grad():
             res = fn(*args, **kwargs)
         aux = None
@@ -160,21 +164,8 @@ def _value_and_grad(fn, argnums, has_aux, _what):
     return run
 
 
-def _flat_tensors(obj):
-    if isinstance(obj, Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _flat_tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _flat_tensors(x)
-
-
 def _grads_zero(flat, trees):
-    from ..ops.creation import zeros_like
-    full = [zeros_like(t) for t in flat]
-    return [_rebuild(tree, full[s:s + n]) for tree, s, n in trees]
+    return _regroup([zeros_like(t) for t in flat], trees)
 
 
 def grad(fn, argnums=0, has_aux=False):
@@ -199,9 +190,7 @@ def vjp(fn, *primals):
     lists/tuples/dicts of them). `fn` returns one tensor; `vjp_fn` may be called again
     with other cotangents."""
     nums = tuple(range(len(primals)))
-    higher = is_grad_enabled() and any(t.requires_grad for p in primals
-                                       for t in _flat_tensors(p))
-    args, trees, flat = _prepare(fn, primals, nums, "vjp")
+    args, trees, flat, higher = _prepare(fn, primals, nums, "vjp")
     with enable_grad():
         out = fn(*args)
     if not isinstance(out, Tensor):
@@ -239,24 +228,26 @@ def jvp(fn, primals, tangents):
                                 f"{tuple(t.shape)}, its primal {tuple(p.shape)}")
     higher = is_grad_enabled() and any(t.requires_grad for t in primals + tangents)
     watched = [_watch(p) for p in primals]
+    jv = None
     with enable_grad():
         out = fn(*watched)
         if not isinstance(out, Tensor):
             raise AutogradError(f"jvp({_name(fn)}): fn must return a tensor, got "
                                 f"{type(out).__name__}")
-        from ..ops.creation import zeros_like
-        if not out.requires_grad:
-            return (out if higher else out.detach()), zeros_like(out)
-        u = zeros_like(out).requires_grad_()
-        gs = _tape_grad(out, watched, grad_outputs=u, create_graph=True, allow_unused=True)
-        pairs = [(g, t) for g, t in zip(gs, tangents) if g is not None and g.requires_grad]
-        if not pairs:
-            return (out if higher else out.detach()), zeros_like(out)
-        (jv,) = _tape_grad([g for g, _ in pairs], [u], grad_outputs=[t for _, t in pairs],
-                           create_graph=higher, allow_unused=True)
-    if jv is None:
+        if out.requires_grad:
+            u = zeros_like(out).requires_grad_()
+            gs = _tape_grad(out, watched, grad_outputs=u, create_graph=True,
+                            allow_unused=True)
+            pairs = [(g, t) for g, t in zip(gs, tangents) if g is not None and g.requires_grad]
+            if pairs:
+                (jv,) = _tape_grad([g for g, _ in pairs], [u],
+                                   grad_outputs=[t for _, t in pairs], create_graph=higher,
+                                   allow_unused=True)
+    if jv is None:   # the output depends on none of the primals
         jv = zeros_like(out)
-    return (out if higher else out.detach()), (jv if higher else jv.detach())
+    if not higher:
+        out, jv = out.detach(), jv.detach()
+    return out, jv
 
 
 def jacrev(fn, argnums=0):
@@ -281,8 +272,6 @@ def jacrev(fn, argnums=0):
             return fn(*full, **kwargs)
 
         y, pull = vjp(part, *(args[i] for i in pos))
-        import numpy as np
-
         from ..ops.shape import reshape, stack
         n = y.numel()
         eye = np.eye(n, dtype=y.dtype)
@@ -318,12 +307,11 @@ def functional_call(layer, params_and_buffers, args=(), kwargs=None, strict=Fals
         raise AutogradError(f"functional_call: expected a Layer, got {type(layer).__name__}")
     if not isinstance(args, tuple):
         args = (args,)
-    slots = {}    # (kind, qualified name) -> (owner layer, registry name)
-    for lname, sub in layer.named_layers():
+    by_name = {}  # qualified name -> (owner layer, registry, name in it); a name is a
+    for lname, sub in layer.named_layers():     # parameter or a buffer, never both
         for kind in ("_parameters", "_buffers"):
             for name in getattr(sub, kind):
-                slots[(kind, f"{lname}.{name}" if lname else name)] = (sub, kind, name)
-    by_name = {q: v for (_, q), v in slots.items()}
+                by_name[f"{lname}.{name}" if lname else name] = (sub, kind, name)
     unknown = [k for k in params_and_buffers if k not in by_name]
     if unknown:
         raise AutogradError(f"functional_call({type(layer).__name__}): no parameter or buffer "
@@ -349,7 +337,7 @@ def functional_call(layer, params_and_buffers, args=(), kwargs=None, strict=Fals
         new_of[id(old) if old is not None else ("none", q)] = t
     saved = []
     try:
-        for (_, q), (o, k, n) in slots.items():
+        for q, (o, k, n) in by_name.items():
             reg = getattr(o, k)
             old = reg[n]
             t = new_of.get(id(old) if old is not None else ("none", q))

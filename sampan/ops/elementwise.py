@@ -40,10 +40,6 @@ def _array_operand(x):
 
 def operands(a, b):
     """Promote two operands (tensors, numpy arrays or Python scalars) to one dtype."""
-    if type(b) is np.ndarray:
-        b = _array_operand(b)
-    if type(a) is np.ndarray:
-        a = _array_operand(a)
     if isinstance(a, Tensor):
         if isinstance(b, Tensor):
             da, db = a._data.dtype, b._data.dtype
@@ -51,9 +47,13 @@ def operands(a, b):
                 return a, b
             d = _dt.promote_types(da, db)
             return (a if da == d else cast(a, d)), (b if db == d else cast(b, d))
+        if type(b) is np.ndarray:
+            return operands(a, _array_operand(b))
         d = _dt.scalar_dtype(b, a._data.dtype)
         return (a if d == a._data.dtype else cast(a, d)), _const(b, d)
     if isinstance(b, Tensor):
+        if type(a) is np.ndarray:
+            return operands(_array_operand(a), b)
         d = _dt.scalar_dtype(a, b._data.dtype)
         return _const(a, d), (b if d == b._data.dtype else cast(b, d))
     return Tensor(a), Tensor(b)
