@@ -24,7 +24,9 @@ import threading
 
 import numpy as np
 
+from sampan.errors import SampanError
 from sampan.rec.hashtable import ChunkedRows, HashMap
+from sampan.rec.kernels import unique_inverse
 from sampan.rec.table import META_FIELDS, HashEmbeddingTable
 
 __all__ = [
@@ -40,12 +42,19 @@ __all__ = [
 ]
 
 MAGIC = b"SMPNEMB\0"
-FORMAT_VERSION = 1
+# Version 2 added lineage: every table file names the table it came from (``lineage``),
+# and a shard file its place in a sharded export (``shard``). Version 1 full files still
+# read (they restore into a table of a new lineage); version 1 deltas are refused, since
+# nothing in them ties them to a table.
+FORMAT_VERSION = 2
+_READS = (1, 2)
 _PRE = struct.Struct("<8sIQ")
+_CHUNK = 1 << 20
+_ARRAY_KINDS = "biuf"  # plain numbers only: an object dtype would read pointers from disk
 
 
-class SnapshotError(ValueError):
-    """A snapshot file is damaged, of an unknown version, or out of sequence."""
+class SnapshotError(SampanError, ValueError):
+    """A snapshot file is damaged, of an unknown version, foreign, or out of sequence."""
 
 
 def _write_atomic(path: str, header: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -74,28 +83,100 @@ def _write_atomic(path: str, header: dict, arrays: dict[str, np.ndarray]) -> Non
             os.remove(tmp)
 
 
+def _array_specs(path: str, header, body: int) -> list[tuple[str, np.dtype, tuple, int]]:
+    """Check what the header claims about its arrays against the file; returns the specs.
+
+    Run before anything is allocated, so a damaged or hostile header can make the reader
+    allocate at most the file's own size, and only plain numeric arrays.
+    """
+    if not isinstance(header, dict) or not isinstance(header.get("arrays"), list):
+        raise SnapshotError(f"{path}: header has no array list")
+    out, offset, names = [], 0, set()
+    for spec in header["arrays"]:
+        try:
+            name, dt = str(spec["name"]), np.dtype(str(spec["dtype"]))
+            shape = tuple(int(d) for d in spec["shape"])
+            off, nbytes = int(spec["offset"]), int(spec["nbytes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"{path}: unreadable array entry {spec!r} ({exc})") from None
+        if dt.kind not in _ARRAY_KINDS or dt.hasobject or dt.fields is not None:
+            raise SnapshotError(f"{path}: array {name!r} has dtype {dt.str}; snapshots "
+                                f"hold only bool, integer and float arrays")
+        if any(d < 0 for d in shape) or nbytes != int(np.prod(shape)) * dt.itemsize:
+            raise SnapshotError(f"{path}: array {name!r} claims {nbytes} bytes for shape "
+                                f"{list(shape)} of {dt.str}")
+        if off != offset or name in names:
+            raise SnapshotError(f"{path}: array {name!r} at offset {off}, expected {offset}")
+        names.add(name)
+        offset += nbytes
+        out.append((name, dt, shape, nbytes))
+    if offset != body:
+        raise SnapshotError(f"{path}: header describes {offset} bytes of arrays, the file "
+                            f"holds {body} (truncated or damaged)")
+    return out
+
+
 def read_snapshot(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read and verify one snapshot file: ``(header, arrays)``; raises SnapshotError."""
+    """Read and verify one snapshot file: ``(header, arrays)``; raises SnapshotError.
+
+    The fixed prelude (magic, version, header length) is checked before anything else is
+    read, and each array is read straight into its own buffer while the checksum runs,
+    so a foreign file costs a few bytes and a snapshot about its own size in memory.
+    ``header["format_version"]`` says which version the file was written in.
+
+    >>> # header, arrays = read_snapshot("emb.full"); arrays["weights"].shape
+    """
     with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < _PRE.size + 32:
-        raise SnapshotError(f"{path}: truncated ({len(data)} bytes), not a sampan snapshot")
-    magic, version, head_len = _PRE.unpack_from(data)
-    if magic != MAGIC:
-        raise SnapshotError(f"{path}: bad magic {magic!r}, expected {MAGIC!r}")
-    if version != FORMAT_VERSION:
-        raise SnapshotError(f"{path}: format version {version}, this sampan reads "
-                            f"{FORMAT_VERSION}")
-    if hashlib.sha256(data[:-32]).digest() != data[-32:]:
-        raise SnapshotError(f"{path}: checksum mismatch (file damaged or truncated)")
-    start = _PRE.size + head_len
-    header = json.loads(data[_PRE.size:start])
-    arrays = {}
-    for spec in header.pop("arrays"):
-        a = np.frombuffer(data, np.dtype(spec["dtype"]), count=int(np.prod(spec["shape"])),
-                          offset=start + spec["offset"])
-        arrays[spec["name"]] = a.reshape(spec["shape"]).copy()
+        size = os.fstat(f.fileno()).st_size
+        pre = f.read(_PRE.size)
+        if len(pre) < _PRE.size or size < _PRE.size + 32:
+            raise SnapshotError(f"{path}: truncated ({size} bytes), not a sampan snapshot")
+        magic, version, head_len = _PRE.unpack(pre)
+        if magic != MAGIC:
+            raise SnapshotError(f"{path}: bad magic {magic!r}, expected {MAGIC!r}")
+        if version not in _READS:
+            raise SnapshotError(f"{path}: format version {version}, this sampan reads "
+                                f"versions {', '.join(map(str, _READS))}")
+        body = size - _PRE.size - 32 - head_len
+        if body < 0:
+            raise SnapshotError(f"{path}: truncated (header of {head_len} bytes in a file "
+                                f"of {size})")
+        digest = hashlib.sha256(pre)
+        head = f.read(head_len)
+        digest.update(head)
+        try:
+            header = json.loads(head)
+            specs = _array_specs(path, header, body)
+        except (ValueError, SnapshotError) as exc:
+            problem = exc
+        else:
+            problem = None
+        if problem is not None:
+            # Say "damaged" when the checksum agrees; stream the rest to find out.
+            left = size - 32 - f.tell()
+            while left > 0 and (chunk := f.read(min(_CHUNK, left))):
+                digest.update(chunk)
+                left -= len(chunk)
+            _check_digest(path, digest, f, size)
+            raise SnapshotError(f"{path}: bad header: {problem}") from None
+        arrays = {}
+        for name, dt, shape, nbytes in specs:
+            a = np.empty(shape, dt)
+            buf = a.reshape(-1).view(np.uint8)
+            if nbytes and f.readinto(buf) != nbytes:
+                raise SnapshotError(f"{path}: truncated inside array {name!r}")
+            digest.update(buf)
+            arrays[name] = a
+        _check_digest(path, digest, f, size)
+    header.pop("arrays")
+    header["format_version"] = version
     return header, arrays
+
+
+def _check_digest(path: str, digest, f, size: int) -> None:
+    f.seek(size - 32)
+    if digest.digest() != f.read(32):
+        raise SnapshotError(f"{path}: checksum mismatch (file damaged or truncated)")
 
 
 def _capture(table: HashEmbeddingTable, rows: np.ndarray, ids: np.ndarray) -> dict:
@@ -114,7 +195,7 @@ def _config(table: HashEmbeddingTable) -> dict:
             "slot_init": table.slot_init}
 
 
-def _take_export(table: HashEmbeddingTable, kind: str) -> tuple[dict, dict]:
+def _take_export(table: HashEmbeddingTable, kind: str) -> tuple[dict, dict, dict]:
     """Capture a full or delta export; the caller holds ``table.lock``.
 
     Clears the dirty bits and eviction log; :func:`_undo_export` puts them back if
@@ -135,9 +216,14 @@ def _take_export(table: HashEmbeddingTable, kind: str) -> tuple[dict, dict]:
                              else np.empty(0, np.int64))
         base, seq = table.export_seq, table.export_seq + 1
     header = {"kind": kind, "seq": seq, "base_seq": base, "step": table.step,
-              "table": _config(table)}
+              "lineage": table.lineage, "table": _config(table)}
     undo = {"seq": table.export_seq, "evicted": list(table.evicted)}
+    n = table.alloc.next_row
     table.dirty[:] = False
+    # Every live row is now in the chain; only these rows' removal must reach a delta.
+    # A failed write leaves more rows marked than the chain holds: a removal entry for an
+    # id the reader never had is a no-op, so that errs on the safe side.
+    table.exported[:n] = table.live[:n]
     table.evicted.clear()
     table.export_seq = seq
     return header, arrays, undo
@@ -163,12 +249,20 @@ def _export(table: HashEmbeddingTable, path: str, kind: str) -> dict:
 
 
 def export_full(table: HashEmbeddingTable, path: str) -> dict:
-    """Write every row (weights, slots, metadata) at one consistent step; returns header."""
+    """Write every row (weights, slots, metadata) at one consistent step; returns header.
+
+    The header names the table's ``lineage``; its deltas name the same one.
+
+    >>> # export_full(table, "emb.full")["lineage"] == table.lineage
+    """
     return _export(table, path, "full")
 
 
 def export_delta(table: HashEmbeddingTable, path: str) -> dict:
-    """Write rows written and ids evicted since the previous export; returns header."""
+    """Write rows written and ids evicted since the previous export; returns header.
+
+    >>> # export_delta(table, "emb.d1")["base_seq"]  # the export it follows
+    """
     return _export(table, path, "delta")
 
 
@@ -176,8 +270,11 @@ def export_sharded(emb, directory: str, kind: str = "full") -> dict:
     """Export every shard of a ShardedEmbedding at one consistent cut.
 
     All shard locks are held while the shards are captured, so no push lands between
-    two shards' copies. Writes ``shard_<i>.<seq>.<kind>`` files and then, atomically,
+    two shards' copies. Writes ``shard_<i>.<seq>.<kind>`` files, each naming its shard
+    index, the shard count and its table's lineage, and then, atomically,
     ``manifest.<seq>.json`` naming them; returns the manifest.
+
+    >>> # export_sharded(emb, "snap/", "full")["files"][0] == "shard_0.0.full"
     """
     if kind not in ("full", "delta"):
         raise ValueError(f"kind must be 'full' or 'delta', got {kind!r}")
@@ -194,6 +291,7 @@ def export_sharded(emb, directory: str, kind: str = "full") -> dict:
     files = []
     try:
         for i, (header, arrays, _) in enumerate(taken):
+            header["shard"] = {"index": i, "count": len(tables)}
             name = f"shard_{i}.{seq}.{kind}"
             _write_atomic(os.path.join(directory, name), header, arrays)
             files.append(name)
@@ -202,53 +300,139 @@ def export_sharded(emb, directory: str, kind: str = "full") -> dict:
             _undo_export(t, arrays, undo)
         raise
     manifest = {"kind": kind, "seq": seq, "n_shards": len(tables), "files": files,
-                "steps": [h["step"] for h, _, _ in taken]}
+                "steps": [h["step"] for h, _, _ in taken],
+                "lineages": [h["lineage"] for h, _, _ in taken]}
     _write_atomic(os.path.join(directory, f"manifest.{seq}.json"), manifest, {})
     return manifest
+
+
+def _check_shard(path: str, header: dict, index: int, count: int, lineage) -> None:
+    if header["format_version"] < 2:  # version 1 wrote no shard fields; the manifest orders
+        return
+    got = header.get("shard")
+    if got != {"index": index, "count": count}:
+        where = "no shard index" if got is None else \
+            f"shard {got.get('index')} of {got.get('count')}"
+        raise SnapshotError(f"{path}: file holds {where}, the manifest puts it at shard "
+                            f"{index} of {count} (shard files swapped or mixed)")
+    if lineage is not None and header.get("lineage") != lineage:
+        raise SnapshotError(f"{path}: table lineage {header.get('lineage')}, the manifest "
+                            f"names {lineage} for shard {index}")
 
 
 def restore_sharded(directory: str, seqs, **shard_kwargs):
     """Tables of every shard from manifests ``seqs`` (a full one, then deltas), in order.
 
     Returns one restored :class:`HashEmbeddingTable` per shard; wrap them in
-    ``LocalShard`` s to serve or train.
+    ``LocalShard`` s to serve or train. Every file must sit at the shard index and shard
+    count it records.
+
+    >>> # tables = restore_sharded("snap/", [0, 1]); len(tables) == emb_shards
     """
-    manifests = [read_snapshot(os.path.join(directory, f"manifest.{q}.json"))[0]
-                 for q in seqs]
+    manifests = []
+    for q in seqs:
+        path = os.path.join(directory, f"manifest.{q}.json")
+        m = read_snapshot(path)[0]
+        if not isinstance(m.get("files"), list) or m.get("n_shards") != len(m["files"]):
+            raise SnapshotError(f"{path}: not a shard manifest")
+        manifests.append(m)
     n = {m["n_shards"] for m in manifests}
     if len(n) != 1:
         raise SnapshotError(f"manifests disagree on the number of shards: {sorted(n)}")
+    count = n.pop()
     paths = [[os.path.join(directory, m["files"][i]) for m in manifests]
-             for i in range(n.pop())]
-    for shard_paths in paths:  # verify everything before building anything
-        _check_chain([(p, *read_snapshot(p)) for p in shard_paths])
-    return [restore(p[0], p[1:], **shard_kwargs) for p in paths]
+             for i in range(count)]
+    loaded = []
+    for i, shard_paths in enumerate(paths):  # verify everything before building anything
+        chain = [(p, *read_snapshot(p)) for p in shard_paths]
+        for m, (p, h, _) in zip(manifests, chain):
+            _check_shard(p, h, i, count, (m.get("lineages") or [None] * count)[i])
+        _check_chain(chain)
+        loaded.append(chain)
+    return [_build(chain, shard_kwargs) for chain in loaded]
+
+
+def _want(path: str, arrays: dict, name: str, dtype, shape: tuple) -> np.ndarray:
+    a = arrays.get(name)
+    if a is None:
+        raise SnapshotError(f"{path}: no {name!r} array")
+    if a.dtype != np.dtype(dtype) or a.shape != shape:
+        raise SnapshotError(f"{path}: {name!r} is {a.dtype}{list(a.shape)}, expected "
+                            f"{np.dtype(dtype)}{list(shape)}")
+    return a
+
+
+def _check_file(path: str, header: dict, arrays: dict) -> None:
+    """Everything a table file must hold, with shapes that agree, before any is used."""
+    cfg = header.get("table")
+    if header.get("kind") not in ("full", "delta") or not isinstance(cfg, dict) \
+            or not isinstance(header.get("seq"), int):
+        raise SnapshotError(f"{path}: not a table snapshot (kind {header.get('kind')!r})")
+    dim, width = cfg.get("dim"), cfg.get("slot_width")
+    if "ids" not in arrays or arrays["ids"].ndim != 1:
+        raise SnapshotError(f"{path}: no one-dimensional 'ids' array")
+    n = arrays["ids"].size
+    _want(path, arrays, "ids", np.int64, (n,))
+    _want(path, arrays, "weights", np.float32, (n, dim))
+    if width is not None:
+        _want(path, arrays, "slots", np.float32, (n, width))
+    for f in META_FIELDS:
+        _want(path, arrays, f"meta.{f}", np.int64, (n,))
+    if header["kind"] == "delta":
+        r = arrays.get("removed")
+        if r is None or r.dtype != np.int64 or r.ndim != 1:
+            raise SnapshotError(f"{path}: delta without a one-dimensional int64 'removed'")
+    if unique_inverse(arrays["ids"])[0].size != n:
+        raise SnapshotError(f"{path}: an id appears twice in 'ids'")
+
+
+def _check_follows(path: str, header: dict, lineage, seq: int, dim: int, against: str):
+    """A delta continues the chain ``against`` (a file or a serving table) is at."""
+    if header["kind"] != "delta":
+        raise SnapshotError(f"{path}: a {header['kind']} snapshot where a delta belongs")
+    if header["format_version"] < 2:
+        raise SnapshotError(f"{path}: format version 1 delta: it names no table lineage, "
+                            f"so nothing shows it belongs to {against}; restore the full "
+                            f"snapshot alone and export_full again")
+    if lineage is None:
+        raise SnapshotError(f"{path}: {against} was read from a format version 1 full "
+                            f"snapshot, which names no lineage to check deltas against")
+    if header.get("lineage") != lineage:
+        raise SnapshotError(f"{path}: delta of table lineage {header.get('lineage')}, "
+                            f"{against} is of lineage {lineage} (a delta of another table)")
+    if header["base_seq"] != seq:
+        raise SnapshotError(f"{path}: delta follows export {header['base_seq']}, expected "
+                            f"{seq} (deltas missing or out of order)")
+    if header["table"]["dim"] != dim:
+        raise SnapshotError(f"{path}: dim {header['table']['dim']}, {against} has dim {dim}")
 
 
 def _check_chain(loaded: list[tuple[str, dict, dict]]) -> None:
     path0, h0, _ = loaded[0]
+    for path, h, arrays in loaded:
+        _check_file(path, h, arrays)
     if h0["kind"] != "full":
         raise SnapshotError(f"{path0}: restore must start from a full snapshot, got a "
                             f"{h0['kind']}")
     prev = h0["seq"]
     for path, h, _ in loaded[1:]:
-        if h["kind"] != "delta" or h["base_seq"] != prev:
-            raise SnapshotError(f"{path}: delta follows export {h['base_seq']}, expected "
-                                f"{prev} (deltas missing or out of order)")
-        if h["table"]["dim"] != h0["table"]["dim"]:
-            raise SnapshotError(f"{path}: dim {h['table']['dim']} != {h0['table']['dim']}")
+        _check_follows(path, h, h0.get("lineage"), prev, h0["table"]["dim"], path0)
         prev = h["seq"]
 
 
-def _apply(table: HashEmbeddingTable, header: dict, arrays: dict) -> None:
+def _apply(table: HashEmbeddingTable, header: dict, arrays: dict, slots: bool) -> None:
     if "removed" in arrays and arrays["removed"].size:
         table.remove(arrays["removed"])
     ids = arrays["ids"]
     rows, _ = table.map.get_or_insert(ids, table.alloc)
     table._grow()
     table.weights.scatter(rows, arrays["weights"])
-    if "slots" in arrays:
-        table.slots.scatter(rows, arrays["slots"])
+    if table.slots is not None:
+        # Slots written under an older optimiser configuration were reset when the live
+        # table attached the new one: such rows hold the initial value.
+        table.slots.scatter(rows, arrays["slots"] if slots and "slots" in arrays else
+                            np.full((rows.size, table.slots.width), table.slot_init,
+                                    np.float32))
     for f in META_FIELDS:
         table.meta[f][rows] = arrays[f"meta.{f}"]
     table.live[rows] = True
@@ -256,26 +440,45 @@ def _apply(table: HashEmbeddingTable, header: dict, arrays: dict) -> None:
     table.export_seq = header["seq"]
 
 
-def restore(full_path: str, delta_paths=(), **table_kwargs) -> HashEmbeddingTable:
-    """A new table equal to the one exported: full snapshot plus deltas, in order.
-
-    Every file is read and verified before the table is built, so a damaged file raises
-    :class:`SnapshotError` and nothing is loaded.
-    """
-    loaded = [(p, *read_snapshot(p)) for p in [full_path, *delta_paths]]
-    _check_chain(loaded)
-    cfg = loaded[0][1]["table"]
+def _build(loaded: list, table_kwargs: dict) -> HashEmbeddingTable:
+    """The table a verified chain describes."""
+    cfg, last = loaded[0][1]["table"], loaded[-1][1]["table"]
     table = HashEmbeddingTable(cfg["dim"], seed=cfg["seed"], init_std=cfg["init_std"],
                                default=cfg["default"], chunk_shift=cfg["chunk_shift"],
                                **table_kwargs)
-    if cfg["slot_width"] is not None:
-        table.attach_slots(cfg["slot_width"], cfg["slot_init"])
+    if last["slot_width"] is not None:
+        table.attach_slots(last["slot_width"], last["slot_init"])
+    # files from `first` on share the final slot layout; earlier slots were reset since
+    slot_key = [(h["table"]["slot_width"], h["table"]["slot_init"]) for _, h, _ in loaded]
+    first = len(loaded) - 1
+    while first > 0 and slot_key[first - 1] == slot_key[-1]:
+        first -= 1
     with table.lock:
-        for _, header, arrays in loaded:
-            _apply(table, header, arrays)
+        for i, (_, header, arrays) in enumerate(loaded):
+            _apply(table, header, arrays, slots=i >= first)
+        n = table.alloc.next_row
         table.dirty[:] = False
+        table.exported[:n] = table.live[:n]
         table.evicted.clear()
+        if loaded[0][1].get("lineage") is not None:
+            table.lineage = loaded[0][1]["lineage"]
+        else:  # version 1: a new lineage, whose chain starts at the next export_full
+            table.export_seq = None
     return table
+
+
+def restore(full_path: str, delta_paths=(), **table_kwargs) -> HashEmbeddingTable:
+    """A new table equal to the one exported: full snapshot plus deltas, in order.
+
+    Every file is read and verified before the table is built, so a damaged file, a
+    delta of another table (lineage) or a broken chain raises :class:`SnapshotError` and
+    nothing is loaded. The restored table keeps the lineage and continues the chain.
+
+    >>> # t = restore("emb.full", ["emb.d1", "emb.d2"])
+    """
+    loaded = [(p, *read_snapshot(p)) for p in [full_path, *delta_paths]]
+    _check_chain(loaded)
+    return _build(loaded, table_kwargs)
 
 
 def table_state(table: HashEmbeddingTable) -> dict[str, np.ndarray]:
@@ -291,8 +494,10 @@ def table_state(table: HashEmbeddingTable) -> dict[str, np.ndarray]:
 class ServingTable:
     """Read-only lookups from an exported snapshot, updatable with deltas while serving.
 
-    A delta is verified completely before any of it is applied, and applied under a lock
-    that lookups share, so a reader sees the table before or after a delta, never half.
+    A delta is verified completely (checksum, lineage, sequence, dimension, array
+    shapes) before any of it is applied, and applied under a lock that lookups share,
+    so a reader sees the table before or after a delta, never half; a refused delta
+    leaves the table as it was.
 
     >>> # ServingTable("emb.full").lookup([1, 2, 3]) -> (3, dim) float32
     """
@@ -303,6 +508,7 @@ class ServingTable:
         cfg = header["table"]
         self.dim = cfg["dim"]
         self.default = np.asarray(cfg["default"], np.float32)
+        self.lineage = header.get("lineage")
         self.map = HashMap(max(len(arrays["ids"]), 1024))
         self.rows = ChunkedRows(self.dim, cfg["chunk_shift"])
         self.free: list[np.ndarray] = []
@@ -330,16 +536,20 @@ class ServingTable:
         self.rows.scatter(rows, weights)
 
     def apply_delta(self, path: str) -> None:
-        """Verify a delta and apply it atomically with respect to lookups."""
+        """Verify a delta completely, then apply it atomically with respect to lookups."""
         header, arrays = read_snapshot(path)
-        if header["kind"] != "delta" or header["base_seq"] != self.seq:
-            raise SnapshotError(f"{path}: {header['kind']} following export "
-                                f"{header['base_seq']}, serving table is at {self.seq}")
-        with self.lock:
-            old = self.map.remove(arrays["removed"]) if arrays["removed"].size else None
+        _check_file(path, header, arrays)
+        ids, removed = arrays["ids"], arrays["removed"]
+        with self.lock:  # the sequence check too, so two appliers cannot both pass it
+            _check_follows(path, header, self.lineage, self.seq, self.dim,
+                           "the serving table")
+            # Allocate up front: past this point only the writes below remain.
+            self.map.reserve(ids.size)
+            self.rows.ensure(self.next_row + ids.size)
+            old = self.map.remove(removed) if removed.size else None
             if old is not None and (old >= 0).any():
                 self.free.append(old[old >= 0])
-            self._upsert(arrays["ids"], arrays["weights"])
+            self._upsert(ids, arrays["weights"])
             self.seq, self.step = header["seq"], header["step"]
 
     def lookup(self, ids) -> np.ndarray:

@@ -12,6 +12,7 @@ never written with the old owner's gradient.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -110,10 +111,14 @@ class HashEmbeddingTable:
         self.meta = {f: np.zeros(0, np.int64) for f in META_FIELDS}
         self.live = np.zeros(0, np.bool_)
         self.dirty = np.zeros(0, np.bool_)  # rows written since the last snapshot export
+        self.exported = np.zeros(0, np.bool_)  # rows a snapshot chain holds (as of its end)
         self.pending = HashMap(1024)  # sightings of ids not admitted yet
         self.pending_limit = int(pending_limit)
-        # ids evicted since the last snapshot export (kept only once a snapshot exists)
+        # ids evicted since the last snapshot export whose rows that export held: at most
+        # one entry per row then exported, so the log is bounded by the table's size
         self.evicted: list[np.ndarray] = []
+        # names this table in its snapshot files, so a delta of another table is refused
+        self.lineage = os.urandom(16).hex()
         self.lock = threading.RLock()
         self.step = 0
         self.export_seq: int | None = None  # sequence number of the last snapshot export
@@ -160,9 +165,11 @@ class HashEmbeddingTable:
             live = np.zeros(size, np.bool_)
             live[: self.live.size] = self.live
             self.live = live
-            dirty = np.zeros(size, np.bool_)
-            dirty[: self.dirty.size] = self.dirty
-            self.dirty = dirty
+            for name in ("dirty", "exported"):
+                flags = np.zeros(size, np.bool_)
+                old = getattr(self, name)
+                flags[: old.size] = old
+                setattr(self, name, flags)
 
     def _create(self, keys: np.ndarray, rows: np.ndarray, created: np.ndarray, step: int):
         if not created.any():
@@ -183,6 +190,7 @@ class HashEmbeddingTable:
         m["updated"][new_rows] = step
         self.live[new_rows] = True
         self.dirty[new_rows] = True
+        self.exported[new_rows] = False
 
     def _admit_missing(self, keys: np.ndarray, rows: np.ndarray, step: int) -> None:
         miss = rows < 0
@@ -269,9 +277,13 @@ class HashEmbeddingTable:
             gone = old[old >= 0]
             self.live[gone] = False
             self.dirty[gone] = False
+            # A delta must list an id only if the chain so far holds it: ids created and
+            # evicted between two exports never reached a reader.
+            logged = self.exported[gone]
+            if logged.any() and self.export_seq is not None:
+                self.evicted.append(keys[old >= 0][logged])
+            self.exported[gone] = False
             self.alloc.release(gone)
-            if gone.size and self.export_seq is not None:  # only deltas need the log
-                self.evicted.append(keys[old >= 0].copy())
             return int(gone.size)
 
     def evict(self, step: int | None = None, max_rounds: int = 64) -> int:
