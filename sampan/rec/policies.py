@@ -2,8 +2,11 @@
 
 Admission decides when an unseen id earns a row; until then it reads the table's default
 vector and costs no row memory. Eviction picks rows to free; policies only *select*
-victims from a bounded window of rows (a clock sweep), so one call costs O(window) no
-matter how large the table is, and the table does the removal under its lock.
+victims from a window of rows (a clock sweep), and the table does the removal under its
+lock. A window policy (TTL, user) widens its window by twice the rows that appeared since
+its last call, so the sweep outruns any insertion rate: one call costs O(window + new
+rows), amortised O(1) per inserted id, and the table stays bounded however many new ids
+a step brings.
 """
 
 from __future__ import annotations
@@ -82,25 +85,38 @@ class ProbabilisticAdmission:
 
 
 class _Sweep:
-    """Clock cursor over row numbers; each call looks at ``window`` rows."""
+    """Clock cursor over row numbers; each call looks at ``window`` rows (plus growth)."""
 
     def __init__(self, window: int):
         if window < 1:
             raise ValueError(f"eviction window must be >= 1, got {window}")
         self.window = int(window)
         self.cursor = 0
+        self._left = 0  # live rows after the previous call's victims go
 
-    def rows(self, n_rows: int) -> np.ndarray:
+    def rows(self, n_rows: int, n_live: int | None = None) -> np.ndarray:
+        """The next rows of the sweep; ``n_live`` widens it by twice the live-row growth.
+
+        With ``N`` new rows a step and window ``W`` the hand moves ``W + 2N`` rows while
+        the table grows by ``N``, so a row is reached within about one lap after it
+        expires and the table holds at most about twice the rows that are not expired.
+        """
         if n_rows == 0:
             return np.empty(0, np.int64)
-        w = min(self.window, n_rows)
+        grown = 0 if n_live is None else max(0, n_live - self._left)
+        w = min(self.window + 2 * grown, n_rows)
         start = self.cursor % n_rows
         self.cursor = start + w
         return (np.arange(start, start + w, dtype=np.int64)) % n_rows
 
+    def _chosen(self, victims: np.ndarray, n_live: int) -> np.ndarray:
+        self._left = n_live - victims.size
+        return victims
+
 
 class TTLEviction(_Sweep):
-    """Evict rows not seen for more than ``ttl`` steps (checked ``window`` rows a call).
+    """Evict rows not seen for more than ``ttl`` steps (a ``window`` of rows a call, more
+    when new rows arrive faster, so expired rows never pile up).
 
     >>> TTLEviction(ttl=10).ttl
     10
@@ -114,9 +130,9 @@ class TTLEviction(_Sweep):
 
     def select(self, meta: dict, live: np.ndarray, n_live: int, step: int) -> np.ndarray:
         """Rows in the current window whose last sighting is older than ``ttl``."""
-        rows = self.rows(live.size)
+        rows = self.rows(live.size, n_live)
         rows = rows[live[rows]]
-        return rows[step - meta["last_seen"][rows] > self.ttl]
+        return self._chosen(rows[step - meta["last_seen"][rows] > self.ttl], n_live)
 
 
 class LFUEviction(_Sweep):
@@ -162,10 +178,10 @@ class CallableEviction(_Sweep):
 
     def select(self, meta: dict, live: np.ndarray, n_live: int, step: int) -> np.ndarray:
         """Rows of the window for which the user function returns True."""
-        rows = self.rows(live.size)
+        rows = self.rows(live.size, n_live)
         rows = rows[live[rows]]
         window = {k: v[rows] for k, v in meta.items()}
         mask = np.asarray(self.fn(window, step), np.bool_)
         if mask.shape != rows.shape:
             raise ValueError(f"eviction policy returned shape {mask.shape}, expected {rows.shape}")
-        return rows[mask]
+        return self._chosen(rows[mask], n_live)
