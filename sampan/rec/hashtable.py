@@ -21,6 +21,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from sampan.errors import SampanValueError, op_error
+
 __all__ = ["ChunkedRows", "HashMap", "RowAllocator", "hash_ids"]
 
 _EMPTY = -1
@@ -216,16 +218,29 @@ def hash_ids(ids) -> np.ndarray:
     >>> h = hash_ids([1, 2]); bool(h[0] != h[1])
     True
     """
-    keys = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+    keys = _as_keys(ids, "hash_ids")
     out = np.empty(keys.size, np.uint64)
     _hash_many(keys, out)
     return out
 
 
-def _as_keys(keys) -> np.ndarray:
+def _as_keys(keys, op: str = "HashMap") -> np.ndarray:
+    """Ids as a flat int64 array; refuses what would not convert exactly.
+
+    Floats would be truncated, bools and strings are not ids, and uint64 ids at or above
+    2**63 would wrap onto negative ones; an empty sequence is fine whatever its dtype.
+    """
     arr = np.asarray(keys)
+    if arr.size == 0 and arr.dtype.kind in "biuf":
+        return np.empty(0, np.int64)
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"ids must be integers, got dtype {arr.dtype}")
+        raise op_error(SampanValueError, op, f"ids of dtype {arr.dtype}",
+                       "integers (int8 ... int64, uint8 ... uint64 below 2^63)",
+                       "ids are not rounded or parsed: cast them to int64 yourself")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 1 << 63:
+        raise op_error(SampanValueError, op, f"uint64 ids up to {int(arr.max())}",
+                       "ids below 2^63 (they are stored as int64)",
+                       "reinterpret them with .view(np.int64) if that is what you mean")
     return np.ascontiguousarray(arr, dtype=np.int64).ravel()
 
 

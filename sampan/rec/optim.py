@@ -15,7 +15,7 @@ import math
 import numpy as np
 from numba import njit
 
-from sampan.rec.hashtable import _AHEAD, _f32_ptr, _prefetch_row
+from sampan.rec.hashtable import _AHEAD, _as_keys, _f32_ptr, _prefetch_row
 from sampan.rec.kernels import segment_sum, unique_inverse
 
 __all__ = ["SparseAdagrad", "SparseAdam", "SparseFTRL", "SparseSGD"]
@@ -136,7 +136,7 @@ class _SparseOptimizer:
         Duplicate ids have their gradients summed first unless ``summed`` says the ids
         are already unique.
         """
-        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        keys = _as_keys(ids, f"{type(self).__name__}.apply")
         g = np.ascontiguousarray(grads, np.float32).reshape(keys.size, -1)
         if g.shape[1] != table.dim:
             raise ValueError(f"gradient rows have width {g.shape[1]}, table dim is {table.dim}")

@@ -18,7 +18,7 @@ import threading
 import numpy as np
 from numba import njit
 
-from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, _mix
+from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, _as_keys, _mix
 from sampan.rec.policies import AdmitAll
 
 __all__ = ["HashEmbeddingTable", "hashed_normal"]
@@ -45,7 +45,7 @@ def hashed_normal(ids, dim: int, seed: int = 0, std: float = 0.01) -> np.ndarray
     >>> hashed_normal([7], 4).shape
     (1, 4)
     """
-    ids = np.ascontiguousarray(ids, np.int64).ravel()
+    ids = _as_keys(ids, "hashed_normal")
     half = (dim + 1) // 2
     h = np.empty((ids.size, half), np.uint64)
     _pair_hashes(ids, np.uint64(seed & (2**64 - 1)), h)
@@ -217,7 +217,7 @@ class HashEmbeddingTable:
 
         Counts the sighting (frequency, last-seen step) of every id that has a row.
         """
-        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        keys = _as_keys(ids, "HashEmbeddingTable.rows_for")
         with self.lock:
             step = self.step if step is None else int(step)
             self.step = max(self.step, step)
@@ -237,8 +237,9 @@ class HashEmbeddingTable:
     def lookup(self, ids, step: int | None = None, create: bool = True) -> np.ndarray:
         """Vectors for ``ids`` (shape ``ids.shape + (dim,)``), resolved atomically."""
         shape = np.shape(ids)
+        keys = _as_keys(ids, "HashEmbeddingTable.lookup")
         with self.lock:
-            rows = self.rows_for(ids, step, create)
+            rows = self.rows_for(keys, step, create)
             out = self.weights.gather(rows) if rows.size else np.zeros((0, self.dim),
                                                                       np.float32)
         if (rows < 0).any():
@@ -251,7 +252,7 @@ class HashEmbeddingTable:
 
     def record(self, ids, labels) -> None:
         """Add one show and ``labels`` clicks to each id's row (ids without a row skip)."""
-        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        keys = _as_keys(ids, "HashEmbeddingTable.record")
         lab = np.ascontiguousarray(labels, np.int64).ravel()
         if lab.shape != keys.shape:
             raise ValueError(f"record: got {keys.size} ids and {lab.size} labels")
@@ -260,7 +261,7 @@ class HashEmbeddingTable:
 
     def set_vectors(self, ids, values) -> None:
         """Overwrite the vectors of ids (creating rows regardless of admission)."""
-        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        keys = _as_keys(ids, "HashEmbeddingTable.set_vectors")
         with self.lock:
             rows, created = self.map.get_or_insert(keys, self.alloc)
             self._create(keys, rows, created, self.step)
@@ -271,7 +272,7 @@ class HashEmbeddingTable:
     # -- eviction ------------------------------------------------------------------------
     def remove(self, ids) -> int:
         """Delete ids and free their rows; returns how many existed."""
-        keys = np.ascontiguousarray(ids, np.int64).ravel()
+        keys = _as_keys(ids, "HashEmbeddingTable.remove")
         with self.lock:
             old = self.map.remove(keys)
             gone = old[old >= 0]

@@ -12,7 +12,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from sampan.rec.optim import SparseAdagrad
+from sampan.errors import SampanError
+from sampan.rec.optim import SparseAdagrad, SparseAdam, SparseFTRL, SparseSGD
 from sampan.rec.policies import CallableEviction, TTLEviction
 from sampan.rec.sharded import ShardedEmbedding
 from sampan.rec.snapshot import (
@@ -197,6 +198,25 @@ def test_failed_delta_leaves_the_serving_table_unchanged(tmp_path):
     # the good delta then applies and serves exactly what the live table reads
     serving.apply_delta(str(tmp_path / "d1"))
     np.testing.assert_array_equal(serving.lookup(probe), t.read(probe))
+
+
+# -- item 19: integer ids ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [np.array([1.7, 2.2]), np.array([True, False]),
+                                 np.array([2**63 + 1], np.uint64), np.array(["1", "2"])])
+def test_tables_and_sparse_optimisers_refuse_non_integer_ids(bad):
+    t = HashEmbeddingTable(2)
+    for call in (lambda: t.lookup(bad), lambda: t.rows_for(bad), lambda: t.read(bad)):
+        with pytest.raises(SampanError, match="ids"):
+            call()
+    assert len(t) == 0
+    for opt in (SparseSGD(0.1), SparseAdagrad(0.1), SparseAdam(0.1), SparseFTRL(0.1)):
+        with pytest.raises(SampanError, match="ids"):
+            opt.apply(t, bad, np.ones((bad.size, 2)))
+    # integer ids of any width, and an empty list, are fine
+    assert t.lookup(np.array([3], np.int8)).shape == (1, 2)
+    assert t.lookup([]).shape == (0, 2)
 
 
 # -- item 20: memory --------------------------------------------------------------------
