@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from sampan.errors import DTypeError, SampanError, SampanValueError, user_frame
 from sampan.rec.table import hashed_normal
 
 __all__ = [
@@ -152,7 +153,8 @@ class ClickStream:
 def write_parquet(path: str, batches, row_group_size: int = 65536) -> int:
     """Write one-id-per-field batches as Parquet (label, dense_j float32, sparse_f int64).
 
-    Written to a temporary file and renamed. Returns the number of rows.
+    Written with page checksums to a temporary file and renamed. Returns the number of
+    rows.
     """
     import os
 
@@ -169,7 +171,8 @@ def write_parquet(path: str, batches, row_group_size: int = 65536) -> int:
             cols.update({f"sparse_{f}": ids[:, f] for f in range(b.n_fields)})
             table = pa.table(cols)
             if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema)
+                # page checksums let the reader tell a flipped bit from data
+                writer = pq.ParquetWriter(tmp, table.schema, write_page_checksum=True)
             writer.write_table(table, row_group_size=row_group_size)
             rows += len(b)
         if writer is None:
@@ -200,20 +203,112 @@ def _interleave(offs, vals, indptr, indices, fields):
     indptr[b] = pos
 
 
-def _column_csr(col) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(offsets, values, one_per_row) of an int64 or list<int64> Arrow column.
+def _where() -> str:
+    fn, ln = user_frame()
+    return f"{fn}:{ln}"
 
-    Zero-copy where Arrow allows it (single-chunk columns without nulls)."""
+
+def _reader_error(cls, where: str, got: str, expected: str) -> Exception:
+    """A sampan error in op_error's format, at the user line captured when reading began."""
+    return cls(f"ParquetCTRReader: got {got}; expected {expected}\n  at {where}")
+
+
+def _natural(name: str):
+    """Sort key putting ``sparse_2`` before ``sparse_10``."""
+    tail = name.rsplit("_", 1)[-1]
+    return (0, int(tail), name) if tail.isdigit() else (1, 0, name)
+
+
+def _check_schema(path: str, schema, where: str) -> tuple[list[str], list[str]]:
+    """``(sparse, dense)`` column names of one file, in field order, with their types checked.
+
+    Columns are found by name, never by position: field ``f`` of every batch is the f-th
+    ``sparse_*`` name in natural order, in every file.
+    """
+    import pyarrow as pa
+
+    names = schema.names
+    if len(set(names)) != len(names):
+        raise _reader_error(SampanValueError, where, f"{path} with duplicate column names "
+                            f"{sorted({n for n in names if names.count(n) > 1})}",
+                            "each column name once")
+    sparse = sorted((n for n in names if n.startswith("sparse_")), key=_natural)
+    dense = sorted((n for n in names if n.startswith("dense_")), key=_natural)
+    if "label" not in names or not sparse:
+        raise _reader_error(SampanValueError, where, f"{path} with columns {names}",
+                            "a 'label' column and 'sparse_*' columns")
+
+    def integer(t):
+        return pa.types.is_integer(t)
+
+    for name in names:
+        t = schema.field(name).type
+        if name in sparse:
+            ok = integer(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t))
+                                and integer(t.value_type))
+            want = "an integer id column (int64, or list<int64> for multi-id fields)"
+        elif name in dense:
+            ok, want = integer(t) or pa.types.is_floating(t), "a float or integer column"
+        elif name == "label":
+            ok = pa.types.is_boolean(t) or integer(t) or pa.types.is_floating(t)
+            want = "a float, integer or bool label column"
+        else:
+            continue
+        if not ok:
+            raise _reader_error(DTypeError, where, f"{path}: column {name!r} of type {t}", want)
+    return sparse, dense
+
+
+def _no_nulls(arr, path: str, name: str, where: str, row0: int, what: str = "values",
+              hint: str = "") -> None:
+    if arr.null_count:
+        import pyarrow.compute as pc
+
+        at = f"row {row0 + int(pc.index(pc.is_null(arr), True).as_py())}" \
+            if what != "ids inside lists" else f"a list in rows {row0}.."
+        raise _reader_error(SampanValueError, where, f"{path}: column {name!r} with "
+                            f"{arr.null_count} null {what} (first in {at})", "no nulls" + hint)
+
+
+def _int_ids(arr, path: str, name: str, where: str) -> np.ndarray:
+    vals = arr.to_numpy(zero_copy_only=False)
+    if vals.dtype == np.uint64 and vals.size and int(vals.max()) >= 1 << 63:
+        raise _reader_error(SampanValueError, where, f"{path}: column {name!r} with uint64 "
+                            f"id {int(vals.max())}", "ids below 2^63 (ids are int64)")
+    return vals.astype(np.int64, copy=False)
+
+
+def _column_csr(col, path: str, name: str, where: str,
+                row0: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(offsets, values, one_per_row) of an integer or list<integer> Arrow column.
+
+    Zero-copy where Arrow allows it (single-chunk int64 columns). Nulls, null lists and
+    uint64 ids that int64 cannot hold are refused."""
     import pyarrow as pa
 
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+    is_list = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
+    _no_nulls(col, path, name, where, row0, "entries",
+              " (write an empty list for an empty bag)" if is_list else "")
+    if is_list:
         offs = col.offsets.to_numpy().astype(np.int64)
-        vals = col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        return offs - offs[0], vals[offs[0]:offs[-1]], False
-    vals = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        flat = col.flatten()  # the values of this slice only
+        _no_nulls(flat, path, name, where, row0, "ids inside lists")
+        return offs - offs[0], _int_ids(flat, path, name, where), False
+    vals = _int_ids(col, path, name, where)
     return np.arange(vals.size + 1, dtype=np.int64), vals, True
+
+
+def _labels(col, path: str, where: str, row0: int) -> np.ndarray:
+    _no_nulls(col, path, "label", where, row0)
+    y = col.to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = ~((y >= 0.0) & (y <= 1.0))  # NaN fails both
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _reader_error(SampanValueError, where, f"{path}: column 'label' with value "
+                            f"{y[i]} (row {row0 + i})", "labels in [0, 1]")
+    return y.astype(np.float32)
 
 
 class ParquetCTRReader:
@@ -223,49 +318,93 @@ class ParquetCTRReader:
     int64 / list<int64> data converts to numpy without copying), collects at least
     ``shuffle_buffer`` rows, permutes them, and cuts ``batch_size``-row batches. With
     ``background=True`` the reading and batching run on a thread, ``prefetch`` batches
-    ahead. Sparse columns are those named ``sparse_*``, dense ``dense_*``.
+    ahead. Sparse columns are those named ``sparse_*``, dense ``dense_*``, found by name:
+    field ``f`` is the f-th sparse name in natural order (``sparse_2`` before
+    ``sparse_10``), and every file must have the same sparse and dense names.
+
+    Every file's schema is checked when the reader is made: ids must be integer or
+    list<integer> columns, dense columns numbers, labels numbers or bools; a mismatch
+    raises a sampan error naming the file and the column. While reading, nulls, labels
+    outside [0, 1] and uint64 ids at or above 2^63 are refused the same way, and Parquet
+    page checksums (written by :func:`write_parquet`) are verified.
+
+    >>> # for batch in ParquetCTRReader(["day0.parquet"], batch_size=4096): ...
     """
 
     def __init__(self, paths, batch_size: int = 2048, shuffle_buffer: int = 32768,
                  seed: int = 0, background: bool = True, prefetch: int = 4,
                  drop_last: bool = False, read_rows: int = 16384):
+        import pyarrow.parquet as pq
+
         self.paths = [paths] if isinstance(paths, str) else list(paths)
         self.batch_size, self.shuffle_buffer = int(batch_size), int(shuffle_buffer)
         self.seed, self.background, self.prefetch = seed, background, prefetch
         self.drop_last, self.read_rows = drop_last, read_rows
         self.epoch = 0
+        self._where = _where()
+        self.columns = None  # (sparse, dense) names, fixed by the first file
+        for path in self.paths:
+            cols = _check_schema(path, pq.read_schema(path), self._where)
+            if self.columns is None:
+                self.columns = cols
+            elif cols != self.columns:
+                first = set(self.columns[0] + self.columns[1])
+                here = set(cols[0] + cols[1])
+                raise _reader_error(
+                    SampanValueError, self._where,
+                    f"{path} lacking {sorted(first - here)} and adding {sorted(here - first)}",
+                    f"the sparse and dense columns of {self.paths[0]}")
 
     def _record_batches(self):
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
+        sparse, dense = self.columns
+        where = self._where
         for path in self.paths:
-            pf = pq.ParquetFile(path)
-            names = pf.schema_arrow.names
-            sparse = [n for n in names if n.startswith("sparse_")]
-            dense = [n for n in names if n.startswith("dense_")]
-            if "label" not in names or not sparse:
-                raise ValueError(f"{path}: expected a 'label' column and 'sparse_*' columns, "
-                                 f"got {names}")
-            for rb in pf.iter_batches(batch_size=self.read_rows):
-                n = rb.num_rows
-                csr = [_column_csr(rb.column(c)) for c in sparse]
-                if all(fixed for _, _, fixed in csr):  # one id per field: stack columns
-                    f = len(sparse)
-                    indptr = np.arange(0, n * f + 1, f, dtype=np.int64)
-                    indices = np.stack([v for _, v, _ in csr], axis=1).ravel()
-                    fields = np.tile(np.arange(f, dtype=np.int32), n)
-                else:
-                    indptr = np.empty(n + 1, np.int64)
-                    nnz = sum(v.size for _, v, _ in csr)
-                    indices = np.empty(nnz, np.int64)
-                    fields = np.empty(nnz, np.int32)
-                    _interleave(tuple(o for o, _, _ in csr), tuple(v for _, v, _ in csr),
-                                indptr, indices, fields)
-                d = np.empty((n, len(dense)), np.float32)
-                for j, c in enumerate(dense):
-                    d[:, j] = rb.column(c).to_numpy(zero_copy_only=False)
-                y = rb.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
-                yield CTRBatch(indptr, indices, fields, d, y, len(sparse))
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
+            cols = _check_schema(path, pf.schema_arrow, where)  # the file may have changed
+            if cols != self.columns:
+                raise _reader_error(SampanValueError, where, f"{path} with columns "
+                                    f"{cols}", f"the columns {self.columns} it had")
+            batches = pf.iter_batches(batch_size=self.read_rows, columns=["label", *dense,
+                                                                          *sparse])
+            row0 = 0
+            while True:
+                try:
+                    rb = next(batches, None)
+                except (OSError, pa.ArrowException) as exc:
+                    raise _reader_error(SampanValueError, where, f"{path}: unreadable "
+                                        f"Parquet data ({exc})", "an intact file") from exc
+                if rb is None:
+                    break
+                yield self._convert(rb, path, sparse, dense, row0)
+                row0 += rb.num_rows
+
+    def _convert(self, rb, path: str, sparse: list[str], dense: list[str],
+                 row0: int) -> CTRBatch:
+        where = self._where
+        n = rb.num_rows
+        csr = [_column_csr(rb.column(c), path, c, where, row0) for c in sparse]
+        if all(fixed for _, _, fixed in csr):  # one id per field: stack columns
+            f = len(sparse)
+            indptr = np.arange(0, n * f + 1, f, dtype=np.int64)
+            indices = np.stack([v for _, v, _ in csr], axis=1).ravel()
+            fields = np.tile(np.arange(f, dtype=np.int32), n)
+        else:
+            indptr = np.empty(n + 1, np.int64)
+            nnz = sum(v.size for _, v, _ in csr)
+            indices = np.empty(nnz, np.int64)
+            fields = np.empty(nnz, np.int32)
+            _interleave(tuple(o for o, _, _ in csr), tuple(v for _, v, _ in csr),
+                        indptr, indices, fields)
+        d = np.empty((n, len(dense)), np.float32)
+        for j, c in enumerate(dense):
+            col = rb.column(c)
+            _no_nulls(col, path, c, where, row0)
+            d[:, j] = col.to_numpy(zero_copy_only=False)
+        y = _labels(rb.column("label"), path, where, row0)
+        return CTRBatch(indptr, indices, fields, d, y, len(sparse))
 
     def _batches(self):
         rng = np.random.default_rng([self.seed, self.epoch])
@@ -295,6 +434,7 @@ class ParquetCTRReader:
 
     def __iter__(self):
         """One epoch of batches (each call reshuffles with a new epoch seed)."""
+        self._where = _where()  # errors while reading point at the user's loop
         gen = self._batches()
         self.epoch += 1
         if not self.background:
@@ -364,6 +504,8 @@ def _background(gen, depth: int):
         item = q.get()
         if item is done:
             return
+        if isinstance(item, SampanError):
+            raise item  # already names the file, the column and the user's line
         if isinstance(item, BaseException):
             raise RuntimeError("background Parquet reader failed") from item  # noqa: TRY004
         yield item

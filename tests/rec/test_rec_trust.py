@@ -200,7 +200,83 @@ def test_failed_delta_leaves_the_serving_table_unchanged(tmp_path):
     np.testing.assert_array_equal(serving.lookup(probe), t.read(probe))
 
 
-# -- item 19: integer ids ------------------------------------------------------------------
+# -- item 19: strict Parquet input, integer ids ------------------------------------------
+
+
+def _pq(path, **cols):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = {"label": pa.array([1.0, 0.0, 1.0], pa.float32()),
+            "dense_0": pa.array([0.5, 1.5, 2.5], pa.float32()),
+            "sparse_0": pa.array([1, 2, 3], pa.int64()),
+            "sparse_1": pa.array([7, 8, 9], pa.int64())}
+    base.update(cols)
+    pq.write_table(pa.table({k: v for k, v in base.items() if v is not None}), str(path))
+    return str(path)
+
+
+def _read(path, **kw):
+    from sampan.rec.data import ParquetCTRReader
+
+    return list(ParquetCTRReader(path, batch_size=8, shuffle_buffer=0, background=False, **kw))
+
+
+@pytest.mark.parametrize("column, values, match", [
+    ("sparse_0", ("float64", [1.5, 2.0, 3.0]), "sparse_0.*double"),
+    ("sparse_0", ("bool_", [True, False, True]), "sparse_0.*bool"),
+    ("sparse_0", ("string", ["1", "2", "3"]), "sparse_0.*string"),
+    ("sparse_0", ("int64", [1, None, 3]), "sparse_0.*null"),
+    ("sparse_0", ("uint64", [1, 2**63 + 5, 3]), "sparse_0.*2\\^63"),
+    ("label", ("float32", [1.0, None, 0.0]), "label.*null"),
+    ("label", ("float32", [1.0, 2.0, 0.0]), "label.*\\[0, 1\\]"),
+    ("label", ("string", ["1", "0", "1"]), "label.*string"),
+    ("dense_0", ("float32", [0.5, None, 1.0]), "dense_0.*null"),
+])
+def test_bad_parquet_columns_are_refused_by_name(tmp_path, column, values, match):
+    import pyarrow as pa
+
+    typ, vals = values
+    path = _pq(tmp_path / "bad.parquet", **{column: pa.array(vals, getattr(pa, typ)())})
+    with pytest.raises(SampanError, match=match) as info:
+        _read(path)
+    assert "bad.parquet" in str(info.value)
+
+
+def test_sparse_columns_are_matched_by_name_not_position(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a = _pq(tmp_path / "a.parquet")
+    t = pq.read_table(a)
+    swapped = pa.table({n: t[n] for n in ["sparse_1", "label", "sparse_0", "dense_0"]})
+    pq.write_table(swapped, str(tmp_path / "b.parquet"))
+    (ba,), (bb,) = _read(a), _read(str(tmp_path / "b.parquet"))
+    for b in (ba, bb):  # field 0 is sparse_0 in both files
+        by_dense = dict(zip(b.dense[:, 0].tolist(), b.ids_matrix().tolist()))
+        assert by_dense == {0.5: [1, 7], 1.5: [2, 8], 2.5: [3, 9]}
+    missing = _pq(tmp_path / "c.parquet", sparse_1=None)
+    with pytest.raises(SampanError, match="c.parquet.*sparse_1"):
+        _read([a, missing])
+
+
+def test_parquet_is_written_and_read_with_page_checksums(tmp_path):
+    import pyarrow.parquet as pq
+
+    from sampan.rec.data import ClickStream, write_parquet
+
+    path = str(tmp_path / "w.parquet")
+    write_parquet(path, [ClickStream(seed=0, n_fields=3, n_dense=2).batch(0, 64)])
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_rows == 64
+    data = bytearray(open(path, "rb").read())
+    # a flipped byte inside the first data page (past the 4-byte magic) must be caught
+    col = meta.row_group(0).column(0)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    data[start + col.total_compressed_size - 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(Exception, match="(?i)crc|checksum"):
+        _read(path)
 
 
 @pytest.mark.parametrize("bad", [np.array([1.7, 2.2]), np.array([True, False]),
