@@ -90,14 +90,13 @@ def _sharded(tmp_path):
 def test_swapped_shard_files_are_refused(tmp_path):
     emb = _sharded(tmp_path)
     p0, p1 = tmp_path / "shard_0.0.full", tmp_path / "shard_1.0.full"
-    h0, _ = read_snapshot(str(p0))
-    assert h0["shard"] == {"index": 0, "count": 3}
     tmp = tmp_path / "swap"
     os.replace(p0, tmp)
     os.replace(p1, p0)
     os.replace(tmp, p1)
     with pytest.raises(SnapshotError, match="shard"):
         restore_sharded(str(tmp_path), [0])
+    assert read_snapshot(str(p1))[0]["shard"] == {"index": 0, "count": 3}
     emb.close()
 
 
