@@ -8,10 +8,17 @@ The trailing sha256 covers every byte before it, so truncation or a flipped bit 
 is caught before a single array is used. Files are written to a temporary name, fsynced,
 and renamed into place, so a reader never sees half a file.
 
+The reader checks the prelude before reading further, checks the header's claims about
+its arrays against the file size, and reads each array straight into its own buffer while
+hashing, so a foreign file costs a few bytes and a snapshot about its own size.
+
 An export copies ids, weights, optimiser slots and metadata inside the table lock: all of
 them come from the same step. A delta holds the rows written since the previous export
-(the table's dirty bits) and the ids evicted since then; each export records its
-sequence number and the one it follows, and restore refuses a broken chain.
+(the table's dirty bits) and the ids evicted since then whose rows that export held (so
+the eviction log is bounded by the table's size); each export records its sequence
+number, the one it follows and the table's random ``lineage`` id, and a shard file also
+its shard index and count. Restore and :class:`ServingTable` refuse a broken chain, a
+delta of another table and a shard file in another shard's place.
 """
 
 from __future__ import annotations
@@ -365,10 +372,24 @@ def _want(path: str, arrays: dict, name: str, dtype, shape: tuple) -> np.ndarray
 def _check_file(path: str, header: dict, arrays: dict) -> None:
     """Everything a table file must hold, with shapes that agree, before any is used."""
     cfg = header.get("table")
-    if header.get("kind") not in ("full", "delta") or not isinstance(cfg, dict) \
-            or not isinstance(header.get("seq"), int):
+    if header.get("kind") not in ("full", "delta") or not isinstance(cfg, dict):
         raise SnapshotError(f"{path}: not a table snapshot (kind {header.get('kind')!r})")
+    ints = {"seq": header.get("seq"), "step": header.get("step"), "dim": cfg.get("dim"),
+            "seed": cfg.get("seed"), "chunk_shift": cfg.get("chunk_shift")}
+    if header["kind"] == "delta":
+        ints["base_seq"] = header.get("base_seq")
+    bad = [k for k, v in ints.items() if not isinstance(v, int) or isinstance(v, bool)]
     dim, width = cfg.get("dim"), cfg.get("slot_width")
+    if not bad and not (dim >= 1 and 0 <= cfg["chunk_shift"] <= 30):
+        bad = ["dim", "chunk_shift"]
+    if not bad and (width is not None and (not isinstance(width, int) or width < 1)):
+        bad = ["slot_width"]
+    if not bad and (not isinstance(cfg.get("default"), list) or len(cfg["default"]) != dim
+                    or not isinstance(cfg.get("init_std"), (int, float))
+                    or not isinstance(cfg.get("slot_init"), (int, float))):
+        bad = ["default", "init_std", "slot_init"]
+    if bad:
+        raise SnapshotError(f"{path}: header fields {bad} missing or out of range")
     if "ids" not in arrays or arrays["ids"].ndim != 1:
         raise SnapshotError(f"{path}: no one-dimensional 'ids' array")
     n = arrays["ids"].size

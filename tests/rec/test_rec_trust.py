@@ -178,7 +178,7 @@ def test_failed_delta_leaves_the_serving_table_unchanged(tmp_path):
     bad = dict(arrays)
     bad["weights"] = np.concatenate([arrays["weights"], arrays["weights"]], axis=1)
     bad_header = {k: v for k, v in header.items() if k != "format_version"}
-    bad_header["table"] = {**header["table"], "dim": 8}
+    bad_header["table"] = {**header["table"], "dim": 8, "default": [0.0] * 8}
     _write_atomic(str(tmp_path / "bad"), bad_header, bad)
     probe = np.concatenate([t.ids(), np.arange(10**6), np.arange(10**7, 10**7 + 80)])
     before = serving.lookup(probe)
