@@ -16,6 +16,7 @@ per-shard calls on a thread pool (the table kernels release the GIL).
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -95,7 +96,10 @@ class ShardedEmbedding:
             if n_shards < 1:
                 raise ValueError(f"n_shards must be >= 1, got {n_shards}")
             make_opt = optimizer_factory or (lambda: SparseAdagrad(0.05))
-            shards = [LocalShard(HashEmbeddingTable(dim, **table_kwargs), make_opt())
+            ev = table_kwargs.pop("eviction", None)
+            # an eviction policy's sweep cursor and growth count describe one table
+            shards = [LocalShard(HashEmbeddingTable(dim, eviction=copy.deepcopy(ev),
+                                                    **table_kwargs), make_opt())
                       for _ in range(n_shards)]
         self.shards = list(shards)
         n = len(self.shards)

@@ -315,6 +315,16 @@ def test_ttl_eviction_keeps_up_with_a_flood_of_new_ids(policy):
     assert t.alloc.next_row <= 2 * (ttl + 1) * n_new
 
 
+def test_each_shard_sweeps_with_its_own_eviction_policy():
+    emb = ShardedEmbedding(2, n_shards=3, eviction=TTLEviction(ttl=1, window=256))
+    policies = [sh.table.eviction for sh in emb.shards]
+    assert len({id(p) for p in policies}) == 3 and all(p.ttl == 1 for p in policies)
+    for step in range(8):
+        emb.pull(np.arange(step * 9000, (step + 1) * 9000), step)
+    assert len(emb) <= 2 * 2 * 9000, len(emb)
+    emb.close()
+
+
 def test_evicted_id_log_is_bounded_and_deltas_stay_exact(tmp_path):
     t = HashEmbeddingTable(2, eviction=TTLEviction(ttl=0, window=4096), chunk_shift=10)
     t.lookup(np.arange(500), step=0)
