@@ -154,12 +154,13 @@ def read_snapshot(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         try:
             header = json.loads(head)
             specs = _array_specs(path, header, body)
-        except (ValueError, SnapshotError) as exc:
+        except (ValueError, RecursionError) as exc:  # SnapshotError is a ValueError
             problem = exc
         else:
             problem = None
         if problem is not None:
-            # Say "damaged" when the checksum agrees; stream the rest to find out.
+            # A damaged file is the likelier cause: check the checksum (streaming the rest
+            # through it, nothing kept) before blaming the header itself.
             left = size - 32 - f.tell()
             while left > 0 and (chunk := f.read(min(_CHUNK, left))):
                 digest.update(chunk)
