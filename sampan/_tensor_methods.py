@@ -108,11 +108,12 @@ def _inplace(self, result):
     data = result._data
     if data.dtype != self._data.dtype:
         data = data.astype(self._data.dtype)
-    if self._data.flags.writeable:
-        np.copyto(self._data, np.broadcast_to(data, self._data.shape))
-    else:
+    if not self._data.flags.writeable:
         raise AutogradError("in-place operation on a read-only (broadcast) view; clone() it first")
     node = result._node
+    if node is not None and STATE.grad_enabled:
+        node.preserve_input(self)     # the rule may read self's old value: keep a copy
+    np.copyto(self._data, np.broadcast_to(data, self._data.shape))
     bump_version(self)
     if node is not None and STATE.grad_enabled:
         # history continues from the out-of-place result's node

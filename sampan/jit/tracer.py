@@ -182,6 +182,8 @@ class Tracer:
                 "sampan.no_grad() (e.g. for optimizer updates) or use an out-of-place op")
         if isinstance(target._data, np.ndarray):
             self.lift(target)
+        if result._node is not None and STATE.grad_enabled:
+            result._node.preserve_input(target)   # the rule may read target's old Value
         rv = self.value_of(result)
         tv = target._data
         if rv.dtype != tv.dtype:
