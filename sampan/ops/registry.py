@@ -49,6 +49,9 @@ class OpDef:
     samples: Callable[..., list] | None = None
     n_out: int = 1
     view: bool = False               # output aliases the first input (shares its version counter)
+    # for a view op: unview(x, v, **attrs) -> x with its viewed part replaced by v, written
+    # with ops; an in-place write through the view is recorded on x's history with it
+    unview: Callable[..., Any] | None = None
     # inputs the gradient rule reads (None: all); or per input, the inputs that input's
     # gradient reads, e.g. mul's ((1,), (0,)): a * 2 with only `a` needing a gradient reads
     # the constant, so modifying `a` in place afterwards is fine
