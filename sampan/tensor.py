@@ -185,16 +185,24 @@ class Tensor:
                  create_graph, inputs)
 
     def register_hook(self, fn):
-        """Call `fn(grad)` when this tensor's gradient is computed; it may return a new grad."""
+        """Call `fn(grad)` when this tensor's gradient is computed; it may return a new grad.
+        Returns a handle whose ``remove()`` unregisters it.
+
+        Example::
+
+            >>> h = x.register_hook(lambda g: g * 2)
+            >>> h.remove()
+        """
         if not self.requires_grad:
             raise AutogradError("register_hook: tensor does not require grad")
         if self._node is not None:
-            self._node.add_hook(self._idx, fn)
-        else:
-            if self._hooks is None:
-                self._hooks = []
-            self._hooks.append(fn)
-        return fn
+            return self._node.add_hook(self._idx, fn)
+        from .autograd.hooks import RemovableHandle
+        if self._hooks is None:
+            self._hooks = {}
+        h = RemovableHandle(self._hooks)
+        self._hooks[h.id] = fn
+        return h
 
     def retain_grad(self):
         """Keep `.grad` on a non-leaf tensor after backward."""

@@ -137,7 +137,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
             if gs is not None and node.hooks:
                 for idx, fns in node.hooks.items():
                     if gs[idx] is not None:
-                        for fn in fns:
+                        for fn in list(fns.values()):
                             r = fn(gs[idx])
                             if r is not None:
                                 gs[idx] = r
@@ -208,7 +208,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     # leaves
     for key, (t, g) in leaf_grads.items():
         if t._hooks:
-            for fn in t._hooks:
+            for fn in list(t._hooks.values()):
                 r = fn(g)
                 if r is not None:
                     g = r

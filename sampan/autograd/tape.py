@@ -140,9 +140,14 @@ class Node:
             self.saved = tuple([0 if i in hit else v for i, v in zip(idx, self.saved)])
 
     def add_hook(self, idx, fn):
+        """Call fn on output idx's gradient; returns its RemovableHandle."""
+        from .hooks import RemovableHandle
         if self.hooks is None:
             self.hooks = {}
-        self.hooks.setdefault(idx, []).append(fn)
+        hooks = self.hooks.setdefault(idx, {})
+        h = RemovableHandle(hooks)
+        hooks[h.id] = fn
+        return h
 
     def name(self):
         return self.op.name

@@ -261,3 +261,24 @@ def test_view_of_state_updated_in_jit_persists():
         np.testing.assert_allclose(step(x).numpy(), f(ref, x).numpy())
     np.testing.assert_array_equal(buf.numpy(), ref.numpy())
     assert step.n_traces == 1
+
+
+# ---------------------------------------------------------------------- hook handles
+def test_register_hook_returns_removable_handle():
+    for lib in (torch, sampan):
+        x = lib.tensor([1.0, 2.0], requires_grad=True)
+        y = x * 3.0
+        seen = []
+        hx = x.register_hook(lambda g: g * 10.0)
+        hy = y.register_hook(lambda g: seen.append(1))
+        (y * y).sum().backward()
+        first = x.grad.numpy().copy()
+        hx.remove()
+        hy.remove()
+        hy.remove()                       # a second remove does nothing
+        x.grad = None
+        y = x * 3.0
+        (y * y).sum().backward()
+        np.testing.assert_allclose(first, [180.0, 360.0])
+        np.testing.assert_allclose(x.grad.numpy(), [18.0, 36.0])
+        assert seen == [1]
