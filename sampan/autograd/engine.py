@@ -70,7 +70,7 @@ def _check_saved(node):
 def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     """Core engine. `capture`: list of tensors whose gradients to return instead of
     accumulating into leaves' `.grad`. Returns the captured grads (or None)."""
-    from ..tensor import Tensor, as_tensor
+    from ..tensor import Tensor, as_tensor, refresh_view
     if retain_graph is None:
         retain_graph = create_graph
     # seed gradients
@@ -78,6 +78,8 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     leaf_grads = {}
     starts = []
     for r, g in zip(roots, grad_roots):
+        if r._view is not None and r._vsync != r._base._version:
+            refresh_view(r)     # a view whose base was written since: its history is the base's
         if not r.requires_grad:
             raise AutogradError("backward: tensor does not require grad and has no grad_fn")
         if g is None:

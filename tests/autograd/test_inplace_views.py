@@ -145,6 +145,37 @@ def test_flip_is_a_view_eager_and_jit(jit):
         np.testing.assert_allclose(_np(got), want, rtol=1e-12, atol=1e-12)
 
 
+def _second_order(lib, grad, jit=False):
+    def body(x, u):
+        y = x * x
+        y[0].mul_(u)
+        y.T[1].sigmoid_()
+        gx, gu = grad((y * y).sum(), [x, u], create_graph=True)
+        return (y, gx, gu) + tuple(grad(gx.sum() + (gu * gu).sum(), [x, u]))
+    x = lib.tensor(np.array([[0.5, -1.0, 2.0], [1.5, 0.3, -0.7]]), requires_grad=True)
+    u = lib.tensor(np.array([1.5, -2.0, 0.5]), requires_grad=True)
+    out = (sampan.jit(body) if jit else body)(x, u)
+    return [np.asarray(t.detach().numpy()) for t in out]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_double_backward_through_inplace_views(jit):
+    want = _second_order(torch, torch.autograd.grad)
+    got = _second_order(sampan, sampan.grad, jit)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14, err_msg=str(i))
+
+
+def test_backward_from_a_view_written_through_its_base():
+    for lib in (torch, sampan):
+        x = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = x * 1.0
+        v = y[1:]
+        y.mul_(4.0)                 # v's values are 4x now; so is its gradient
+        v.backward(lib.tensor([1.0, 1.0]))
+        np.testing.assert_allclose(x.grad.numpy(), [0.0, 4.0, 4.0])
+
+
 # ---------------------------------------------------------------------- what each rule saves
 SAVE_CASES = {
     "mul_const_then_imul": lambda a, u: _then(a * 2.0, lambda q: q.__imul__(0.5)),
