@@ -313,3 +313,22 @@ def test_register_hook_returns_removable_handle():
         np.testing.assert_allclose(first, [180.0, 360.0])
         np.testing.assert_allclose(x.grad.numpy(), [18.0, 36.0])
         assert seen == [1]
+
+
+def test_optimizer_style_update_through_views_of_a_parameter_in_jit():
+    def step(w, x):
+        (w * x).sum().backward()
+        with sampan.no_grad():
+            w[0].sub_(w.grad[0] * 0.5)
+            w.T[2].mul_(0.5)
+        w.grad = None
+        return w.sum() * 1.0
+
+    we = sampan.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    wj = sampan.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    x = sampan.tensor(np.linspace(0.5, 1.5, 6).reshape(2, 3))
+    jstep = sampan.jit(lambda x: step(wj, x))
+    for _ in range(3):
+        np.testing.assert_allclose(jstep(x).numpy(), step(we, x).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(wj.numpy(), we.numpy(), rtol=1e-12)
+    assert wj.is_leaf and jstep.n_traces == 1
