@@ -172,7 +172,7 @@ class Tracer:
         for v in node.outputs:
             self.own.add(id(v))
             outs.append(wrap(v))
-        if op.view:
+        if op.view and not (op.name == "reshape" and _reshape_copies(inputs[0], attrs)):
             mark_view(outs[0], inputs[0], op, attrs)
         if STATE.grad_enabled and op.differentiable:   # as eager: no tape for sign, floor …
             for t in inputs:
@@ -281,6 +281,26 @@ class Tracer:
         self.own.add(id(nxt))
         ent[1] = nxt
         return wrap(key)
+
+
+def _reshape_copies(x, attrs):
+    """Whether eager's reshape of `x` copies (x a non-contiguous view), as numpy decides:
+    replayed on an untouched byte array of the base's shape (eager arrays that are not
+    views are C-contiguous)."""
+    if x._view is None:
+        return False
+    base, chain = x._view
+    shape = tuple(base._data.shape)
+    if not all(isinstance(d, int) for d in shape + tuple(attrs["shape"])):
+        return False
+    a = np.empty(shape, np.uint8)
+    for op, at in chain:
+        a = op.kernel(a, **at)
+    try:
+        np.reshape(a, attrs["shape"], copy=False)
+    except ValueError:
+        return True
+    return False
 
 
 def _dtname(d):

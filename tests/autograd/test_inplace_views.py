@@ -269,11 +269,18 @@ def test_inplace_on_broadcast_view_raises():
         e[0].add_(1.0)
 
 
-def test_reshape_that_copies_is_no_view():
-    t = torch.arange(6.0).reshape(2, 3)
-    t.T.reshape(-1).mul_(2.0)
-    s = sampan.tensor(np.arange(6.0).reshape(2, 3))
-    s.T.reshape(-1).mul_(2.0)
+@pytest.mark.parametrize("jit", [False, True])
+def test_reshape_that_copies_is_no_view(jit):
+    def f(lib, x):
+        y = x * 1.0
+        y.T.reshape(-1).mul_(2.0)          # a copy: y unchanged
+        y[:, 1:].reshape(-1).add_(1.0)     # a copy too
+        y.T[1:].reshape(4).mul_(3.0)       # rows 1..2 of y.T: contiguous? no: a copy
+        y[1:].reshape(3).add_(5.0)         # a view: y[1] changes
+        return y
+    t = f(torch, torch.arange(6.0).reshape(2, 3))
+    body = (lambda x: f(sampan, x))
+    s = (sampan.jit(body) if jit else body)(sampan.tensor(np.arange(6.0).reshape(2, 3)))
     np.testing.assert_array_equal(s.numpy(), t.numpy())
 
 
