@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .autograd.tape import bump_version
-from .errors import AutogradError
+from .errors import AutogradError, op_error
 from .ops import composite as C
 from .ops import creation, elementwise as E, index as I, linalg as L, reduce as R, shape as S
 from .ops.registry import STATE
@@ -97,62 +97,153 @@ Tensor.expand_as = _expand_as
 
 
 # ---------------------------------------------------------------------- in-place ops
-def _inplace(self, result):
-    """Write `result` into self's storage and make the tape see it as a new op."""
+def _inplace(self, result, name="in-place op"):
+    """Write `result` into self's storage and make the tape see it as a new op.
+
+    Through a view (``y[0].mul_(3)``, ``out[:, :2].sigmoid_()``) the write is recorded
+    on the base's history, as PyTorch's CopySlices does: ``base <- unview(base, result)``
+    (setitem, reshape back ...: ops with gradients), and the view's history becomes
+    "view of the new base"; so gradients through the base and through other views see
+    the new values."""
     if STATE.tracer is not None:  # functionalised by the tracer (also for captured tensors)
-        return STATE.tracer.inplace(self, result)
-    if self.requires_grad and self._node is None and STATE.grad_enabled:
-        raise AutogradError(
-            "in-place operation on a leaf tensor that requires grad; wrap it in "
-            "sampan.no_grad() (e.g. for optimizer updates) or use an out-of-place op")
+        return STATE.tracer.inplace(self, result, name)
+    grad = STATE.grad_enabled
+    view = self._view
+    if grad:
+        check_inplace_target(self, name)
     data = result._data
     if data.dtype != self._data.dtype:
         data = data.astype(self._data.dtype)
-    if self._data.flags.writeable:
-        np.copyto(self._data, np.broadcast_to(data, self._data.shape))
-    else:
-        raise AutogradError("in-place operation on a read-only (broadcast) view; clone() it first")
+    if not self._data.flags.writeable:
+        raise op_error(AutogradError, name, f"a read-only (broadcast) view of shape "
+                       f"{tuple(self.shape)}", "a tensor that owns or views writable memory",
+                       "clone() it first")
     node = result._node
+    if node is not None and grad:
+        node.preserve_input(self)     # before the write: the rule may read self's old value
+    np.copyto(self._data, np.broadcast_to(data, self._data.shape))
     bump_version(self)
-    if node is not None and STATE.grad_enabled:
+    if not grad:
+        return self
+    if view is not None and (node is not None or view[0].requires_grad):
+        rebase_view(self, result, name)
+    elif node is not None:
         # history continues from the out-of-place result's node
         self._node, self._idx = result._node, result._idx
         self.requires_grad = True
         result._node.rebind_output(result._idx, self)
+    elif self.requires_grad:
+        # overwritten by values that need no gradient (zero_, fill_, copy_ of a constant):
+        # self's old history gets a zero gradient, not the gradient of self
+        _take_history(self, S.setitem(self, Ellipsis, _as_target(self, result)))
     return self
 
 
-def _mk_inplace(f):
+def check_inplace_target(t, name="in-place op"):
+    """Raise for in-place ops autograd cannot record (grad mode on): on a leaf that
+    requires grad, or on a view of one (its gradient would be lost, as in PyTorch)."""
+    view = t._view
+    if view is not None:
+        b = view[0]
+        if b.requires_grad and b._node is None:
+            raise op_error(
+                AutogradError, name, f"a view (shape {tuple(t.shape)}) of a leaf tensor "
+                f"(shape {tuple(b.shape)}) that requires grad", "a tensor computed by ops "
+                "while grad is on", "wrap it in sampan.no_grad() (e.g. for an optimizer "
+                "update), or clone() the leaf first")
+    elif t.requires_grad and t._node is None:
+        raise op_error(
+            AutogradError, name, f"a leaf tensor (shape {tuple(t.shape)}) that requires grad",
+            "a tensor computed by ops while grad is on", "wrap it in sampan.no_grad() "
+            "(e.g. for optimizer updates) or use an out-of-place op")
+
+
+def _as_target(t, r):
+    """`r` with t's dtype and shape, by ops (so its history is kept)."""
+    if r.dtype != t.dtype:
+        r = E.cast(r, t.dtype)
+    if tuple(r.shape) != tuple(t.shape):
+        r = S.expand(r, tuple(t.shape))
+    return r
+
+
+def _take_history(t, new):
+    t._node, t._idx = new._node, new._idx
+    t.requires_grad = new.requires_grad
+
+
+def rebase_view(v, result, name="in-place op"):
+    """Record ``v <- result`` (v a view; its memory is written already, or, traced, is
+    about to be rebound) on the history of v's base, and rebuild v from the base."""
+    base, chain = v._view
+    for op, _ in chain:
+        if op.unview is None:
+            raise op_error(AutogradError, name, f"a read-only view of shape {tuple(v.shape)} "
+                           f"made by {op.name}", "a tensor that owns or views writable memory",
+                           "clone() it first")
+    new = _unview(base, chain, _as_target(v, result))
+    traced = STATE.tracer is not None     # traced: Values are rebound (functionalised)
+    grad = STATE.grad_enabled
+    if traced:
+        base._data = new._data
+    if grad:
+        _take_history(base, new)
+    cur = base
+    for op, attrs in chain:
+        cur = apply(op, (cur,), attrs)
+    if traced:
+        v._data = cur._data
+    if grad:
+        _take_history(v, cur)
+    v._vsync = v._base._version
+    if result._node is not None and grad:
+        result._node.rebind_output(result._idx, v)   # the rule reads v's values now
+
+
+def _unview(x, chain, value):
+    """x with the part that `chain` (view ops) selects replaced by `value`, by ops."""
+    op, attrs = chain[0]
+    if len(chain) > 1:
+        value = _unview(apply(op, (x,), attrs), chain[1:], value)
+    return op.unview(x, value, **attrs)
+
+
+def _mk_inplace(f, name):
     def m(self, *args, **kw):
-        return _inplace(self, f(self, *args, **kw))
+        return _inplace(self, f(self, *args, **kw), name)
+    m.__name__ = name
     return m
 
 
 for _n, _f in {"add_": E.add, "sub_": E.sub, "mul_": E.mul, "div_": E.div, "pow_": E.pow,
                "clamp_": E.clamp, "relu_": E.relu, "tanh_": E.tanh, "exp_": E.exp,
                "neg_": E.neg, "sigmoid_": E.sigmoid}.items():
-    setattr(Tensor, _n, _mk_inplace(_f))
-for _n, _f in {"__iadd__": E.add, "__isub__": E.sub, "__imul__": E.mul,
-               "__itruediv__": E.div}.items():
-    setattr(Tensor, _n, _mk_inplace(_f))
+    setattr(Tensor, _n, _mk_inplace(_f, _n))
+for _n, _f, _s in [("__iadd__", E.add, "+="), ("__isub__", E.sub, "-="),
+                   ("__imul__", E.mul, "*="), ("__itruediv__", E.div, "/=")]:
+    setattr(Tensor, _n, _mk_inplace(_f, _s))
 
 
 def _zero_(self):
-    return _inplace(self, creation.zeros_like(self))
+    return _inplace(self, creation.zeros_like(self), "zero_")
 
 
 def _fill_(self, value):
-    return _inplace(self, creation.full_like(self, value))
+    return _inplace(self, creation.full_like(self, value), "fill_")
 
 
 def _copy_(self, src):
     src = src if isinstance(src, Tensor) else Tensor(src)
-    return _inplace(self, E.add(E.mul(self, 0), E.cast(src, self.dtype))
-                    if src.requires_grad else E.cast(src, self.dtype))
+    # src broadcast to self's shape (not self * 0 + src: inf * 0 is NaN); a new node when
+    # src has history, so that self does not take over src's node
+    r = _as_target(self, src)
+    if r is src and src.requires_grad and STATE.grad_enabled:
+        r = S.clone(src)
+    return _inplace(self, r, "copy_")
 
 
 def _setitem(self, idx, value):
-    _inplace(self, S.setitem(self, idx, value))
+    _inplace(self, S.setitem(self, idx, value), "setitem")
 
 
 Tensor.zero_ = _zero_

@@ -35,7 +35,9 @@ class Tensor:
     grad = None
     _node = None
     _idx = 0
-    _base = None
+    _base = None        # the tensor owning the memory (its version counter is shared)
+    _view = None        # (base, ((op, attrs), ...)): how this view is made from its base
+    _vsync = 0          # the base's version when this view's history was last rebuilt
     _version = 0
     _hooks = None
     name = None
@@ -183,16 +185,24 @@ class Tensor:
                  create_graph, inputs)
 
     def register_hook(self, fn):
-        """Call `fn(grad)` when this tensor's gradient is computed; it may return a new grad."""
+        """Call `fn(grad)` when this tensor's gradient is computed; it may return a new grad.
+        Returns a handle whose ``remove()`` unregisters it.
+
+        Example::
+
+            >>> h = x.register_hook(lambda g: g * 2)
+            >>> h.remove()
+        """
         if not self.requires_grad:
             raise AutogradError("register_hook: tensor does not require grad")
         if self._node is not None:
-            self._node.add_hook(self._idx, fn)
-        else:
-            if self._hooks is None:
-                self._hooks = []
-            self._hooks.append(fn)
-        return fn
+            return self._node.add_hook(self._idx, fn)
+        from .autograd.hooks import RemovableHandle
+        if self._hooks is None:
+            self._hooks = {}
+        h = RemovableHandle(self._hooks)
+        self._hooks[h.id] = fn
+        return h
 
     def retain_grad(self):
         """Keep `.grad` on a non-leaf tensor after backward."""
@@ -320,8 +330,15 @@ def apply(op, inputs, attrs):
         y._data = out
         if op.view:
             x = inputs[0]
-            y._base = x._base if x._base is not None else x
+            xd = x._data
+            # numpy's reshape copies a non-contiguous array: then it is no view
+            if (out.base if out.base is not None else out) is (
+                    xd.base if xd.base is not None else xd):
+                mark_view(y, x, op, attrs)
         if op.differentiable and st.grad_enabled:
+            for t in inputs:
+                if t._view is not None and t._vsync != t._base._version:
+                    refresh_view(t)
             for t in inputs:
                 if t.requires_grad:
                     if op.keeps_float or out.dtype in _FLOATS:
@@ -332,10 +349,38 @@ def apply(op, inputs, attrs):
     ys = tuple(wrap(_asarray(o)) for o in out)
     if op.differentiable and st.grad_enabled:
         for t in inputs:
+            if t._view is not None and t._vsync != t._base._version:
+                refresh_view(t)
+        for t in inputs:
             if t.requires_grad:
                 _record(op, inputs, attrs, ys)
                 break
     return ys
+
+
+def mark_view(y, x, op, attrs):
+    """`y = op(x, **attrs)` aliases x's memory: remember the base and how to rebuild y
+    from it, so an in-place op through y can be recorded on the base's history."""
+    y._base = b = x._base if x._base is not None else x
+    v = x._view
+    y._view = (x, ((op, attrs),)) if v is None else (v[0], v[1] + ((op, attrs),))
+    y._vsync = b._version
+
+
+def refresh_view(t):
+    """The base of view `t` was modified in place since t's history was made: t's values
+    are now the base's, so its history becomes "view of the base's current history"
+    (and, while tracing, its Value the view of the base's current Value)."""
+    base, chain = t._view
+    cur = base
+    for op, attrs in chain:
+        cur = apply(op, (cur,), attrs)
+    t._vsync = t._base._version
+    if STATE.tracer is not None:       # traced: the Value is rebuilt as well
+        t._data = cur._data
+    t._node, t._idx = cur._node, cur._idx
+    t.requires_grad = cur.requires_grad
+    return t
 
 
 _FLOATS = frozenset(d for d in _dt.DTYPES.values() if _dt.is_floating(d))

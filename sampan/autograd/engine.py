@@ -70,7 +70,7 @@ def _check_saved(node):
 def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     """Core engine. `capture`: list of tensors whose gradients to return instead of
     accumulating into leaves' `.grad`. Returns the captured grads (or None)."""
-    from ..tensor import Tensor, as_tensor
+    from ..tensor import Tensor, as_tensor, refresh_view
     if retain_graph is None:
         retain_graph = create_graph
     # seed gradients
@@ -78,6 +78,8 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     leaf_grads = {}
     starts = []
     for r, g in zip(roots, grad_roots):
+        if r._view is not None and r._vsync != r._base._version:
+            refresh_view(r)     # a view whose base was written since: its history is the base's
         if not r.requires_grad:
             raise AutogradError("backward: tensor does not require grad and has no grad_fn")
         if g is None:
@@ -137,7 +139,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
             if gs is not None and node.hooks:
                 for idx, fns in node.hooks.items():
                     if gs[idx] is not None:
-                        for fn in fns:
+                        for fn in list(fns.values()):
                             r = fn(gs[idx])
                             if r is not None:
                                 gs[idx] = r
@@ -208,7 +210,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     # leaves
     for key, (t, g) in leaf_grads.items():
         if t._hooks:
-            for fn in t._hooks:
+            for fn in list(t._hooks.values()):
                 r = fn(g)
                 if r is not None:
                     g = r

@@ -3,11 +3,16 @@
 A node keeps the op, its input tensors and their graph edges, its attributes, and
 (weakly) its outputs.
 It holds the versions of the tensors its gradient rule reads, so that changing one
-of them in place before backward raises instead of giving a wrong gradient.
+of them in place before backward raises instead of giving a wrong gradient. Which
+inputs those are is the op's `saves`: all of them, a fixed list, or (per input) the
+inputs the gradient of each input reads, counted only for inputs that need one, so
+that ``q = a * 2; q *= 0.5`` saves the constant and not `q`.
 """
 from __future__ import annotations
 
 import weakref
+
+import numpy as np
 
 
 class Node:
@@ -46,6 +51,13 @@ class Node:
             else:
                 self.saved = tuple([t._version if t._base is None else t._base._version
                                     for t in inputs])
+        elif op.saves_per_input:
+            # ((i, version), ...) for the inputs read by the gradients that will be computed
+            read = set()
+            for t, reads in zip(inputs, saves):
+                if t.requires_grad:
+                    read.update(reads)
+            self.saved = tuple([(i, _ver(inputs[i])) for i in sorted(read)]) or None
         elif saves:
             self.saved = tuple([_ver(inputs[i]) for i in saves])
         else:
@@ -73,8 +85,11 @@ class Node:
         """(tensor, version recorded) for everything the gradient rule reads."""
         pairs = []
         if self.saved is not None:
-            idx = self.op.saves if self.op.saves is not None else range(len(self.inputs))
-            pairs += [(self.inputs[i], v) for i, v in zip(idx, self.saved)]
+            if self.op.saves_per_input:
+                pairs += [(self.inputs[i], v) for i, v in self.saved]
+            else:
+                idx = self.op.saves if self.op.saves is not None else range(len(self.inputs))
+                pairs += [(self.inputs[i], v) for i, v in zip(idx, self.saved)]
         if self.outs is not None:
             pairs += [(r(), v) for r, v in zip(self.outs, self.out_versions) if r() is not None]
         return pairs
@@ -96,10 +111,43 @@ class Node:
         self.out_versions = self.out_versions[:i] + (b._version,) + self.out_versions[i + 1:]
         self.out_data = self.out_data[:i] + (t._data,) + self.out_data[i + 1:]
 
+    def preserve_input(self, t):
+        """An in-place op is about to overwrite `t`, which this node's gradient rule reads
+        (``y.mul_(u)`` reads the old `y` for u's gradient): read a copy of its old value
+        instead, at `t`'s old place in the graph (so double backward still reaches it)."""
+        if self.saved is None or self.freed:
+            return
+        if self.op.saves_per_input:
+            idx = [i for i, _ in self.saved]
+        else:
+            idx = self.op.saves if self.op.saves is not None else range(len(self.inputs))
+        hit = [i for i in idx if self.inputs[i] is t]
+        if not hit:
+            return
+        from ..tensor import Tensor
+        d = t._data
+        snap = object.__new__(Tensor)
+        # traced: the old Value stays valid (SSA), only eager arrays need a copy
+        snap._data = d.copy() if type(d) is np.ndarray else d
+        snap._node, snap._idx, snap.requires_grad = t._node, t._idx, t.requires_grad
+        inputs = list(self.inputs)
+        for i in hit:
+            inputs[i] = snap
+        self.inputs = tuple(inputs)
+        if self.op.saves_per_input:
+            self.saved = tuple([(i, 0 if i in hit else v) for i, v in self.saved])
+        else:
+            self.saved = tuple([0 if i in hit else v for i, v in zip(idx, self.saved)])
+
     def add_hook(self, idx, fn):
+        """Call fn on output idx's gradient; returns its RemovableHandle."""
+        from .hooks import RemovableHandle
         if self.hooks is None:
             self.hooks = {}
-        self.hooks.setdefault(idx, []).append(fn)
+        hooks = self.hooks.setdefault(idx, {})
+        h = RemovableHandle(hooks)
+        hooks[h.id] = fn
+        return h
 
     def name(self):
         return self.op.name

@@ -17,10 +17,10 @@ import linecache
 
 import numpy as np
 
-from ..errors import AutogradError, SampanError, user_frame
+from ..errors import SampanError, user_frame
 from ..ir.graph import Graph, Value
 from ..ops.registry import STATE
-from ..tensor import Tensor, _record, wrap
+from ..tensor import Tensor, _record, mark_view, refresh_view, wrap
 
 
 class TracingError(SampanError):
@@ -125,6 +125,15 @@ class Tracer:
         return v
 
     def value_of(self, t) -> Value:
+        if t._view is not None and t._vsync != t._base._version:
+            # a view whose base was modified in place: its Value is the view of the base's
+            # current Value (eager sees the new values through shared memory)
+            if isinstance(t._data, np.ndarray):    # made before the trace: leave t alone
+                cur = t._view[0]
+                for op, attrs in t._view[1]:
+                    cur = self.apply(op, (cur,), attrs)
+                return cur._data
+            refresh_view(t)
         d = t._data
         if isinstance(d, Value):
             if id(d) not in self.own:
@@ -163,9 +172,8 @@ class Tracer:
         for v in node.outputs:
             self.own.add(id(v))
             outs.append(wrap(v))
-        if op.view:
-            x = inputs[0]
-            outs[0]._base = x._base if x._base is not None else x
+        if op.view and not (op.name == "reshape" and _reshape_copies(inputs[0], attrs)):
+            mark_view(outs[0], inputs[0], op, attrs)
         if STATE.grad_enabled and op.differentiable:   # as eager: no tape for sign, floor …
             for t in inputs:
                 if t.requires_grad:
@@ -173,15 +181,30 @@ class Tracer:
                     break
         return outs[0] if op.n_out == 1 else tuple(outs)
 
-    def inplace(self, target, result):
-        """Functionalise `target <- result`: the target's Value is rebound."""
+    def inplace(self, target, result, name="in-place op"):
+        """Functionalise `target <- result`: the target's Value is rebound; through a view,
+        the base's Value is rebound to the base with the view's part replaced (as eager
+        records it on the base's history) and the view's to the view of that."""
+        from .._tensor_methods import check_inplace_target, rebase_view
         from ..autograd.tape import bump_version
-        if target.requires_grad and target._node is None and STATE.grad_enabled:
-            raise AutogradError(
-                "in-place operation on a leaf tensor that requires grad; wrap it in "
-                "sampan.no_grad() (e.g. for optimizer updates) or use an out-of-place op")
+        grad = STATE.grad_enabled
+        if grad:
+            check_inplace_target(target, name)
+        if target._view is not None:
+            base = target._view[0]
+            if base._view is None and isinstance(base._data, np.ndarray):
+                self.lift(base)      # state from outside the trace: its update is an output
+            self.value_of(target)    # brings a stale view up to date first
+            if result._node is not None and grad:
+                result._node.preserve_input(target)
+            bump_version(target)
+            rebase_view(target, result, name)
+            self.own.add(id(target._data))
+            return target
         if isinstance(target._data, np.ndarray):
             self.lift(target)
+        if result._node is not None and grad:
+            result._node.preserve_input(target)
         rv = self.value_of(result)
         tv = target._data
         if rv.dtype != tv.dtype:
@@ -191,10 +214,16 @@ class Tracer:
         target._data = rv
         self.own.add(id(rv))
         bump_version(target)
-        if result._node is not None and STATE.grad_enabled:
+        if result._node is not None and grad:
             target._node, target._idx = result._node, result._idx
             target.requires_grad = True
             result._node.rebind_output(result._idx, target)
+        elif target.requires_grad and grad:
+            # overwritten by values that need no gradient: old history gets a zero gradient
+            from ..ops.shape import setitem
+            new = setitem(target, Ellipsis, wrap(rv))
+            target._data = new._data
+            target._node, target._idx = new._node, new._idx
         return target
 
     def bool_of(self, t):
@@ -252,6 +281,26 @@ class Tracer:
         self.own.add(id(nxt))
         ent[1] = nxt
         return wrap(key)
+
+
+def _reshape_copies(x, attrs):
+    """Whether eager's reshape of `x` copies (x a non-contiguous view), as numpy decides:
+    replayed on an untouched byte array of the base's shape (eager arrays that are not
+    views are C-contiguous)."""
+    if x._view is None:
+        return False
+    base, chain = x._view
+    shape = tuple(base._data.shape)
+    if not all(isinstance(d, int) for d in shape + tuple(attrs["shape"])):
+        return False
+    a = np.empty(shape, np.uint8)
+    for op, at in chain:
+        a = op.kernel(a, **at)
+    try:
+        np.reshape(a, attrs["shape"], copy=False)
+    except ValueError:
+        return True
+    return False
 
 
 def _dtname(d):

@@ -16,6 +16,7 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.hooks import RemovableHandle
 from ..autograd.tape import bump_version
 from ..errors import SampanError, SampanValueError, ShapeError
 from ..tensor import Tensor
@@ -49,30 +50,6 @@ class Parameter(metaclass=_ParameterMeta):
 def is_parameter(t) -> bool:
     """True for tensors made by `Parameter`."""
     return type(t) is Tensor and getattr(t, "_is_param", False)
-
-
-class RemovableHandle:
-    """Returned by hook registration; `remove()` unregisters the hook.
-
-    Example::
-
-        >>> h = layer.register_forward_hook(lambda layer, inp, out: None)
-        >>> h.remove()
-    """
-    _ids = itertools.count()
-
-    def __init__(self, hooks: dict):
-        self._hooks = hooks
-        self.id = next(RemovableHandle._ids)
-
-    def remove(self):
-        self._hooks.pop(self.id, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])

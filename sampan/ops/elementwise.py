@@ -112,12 +112,14 @@ SUB = defop("sub", elementwise_rule("sub"), kernel=np.subtract, fuse="always", k
             grad=lambda g, y, a, b: (unbroadcast(g, a.shape), unbroadcast(neg(g), b.shape)))
 MUL = defop("mul", elementwise_rule("mul"), kernel=np.multiply, fuse="always", kind="elementwise",
             scalar="a * b", flops=_bflops, onnx="Mul", samples=binary_samples(),
+            saves=((1,), (0,)),      # a's gradient reads b, b's reads a
             grad=lambda g, y, a, b: (
                 unbroadcast(mul(g, b), a.shape) if a.requires_grad else None,
                 unbroadcast(mul(g, a), b.shape) if b.requires_grad else None))
 DIV = defop("div", elementwise_rule("div", float_only=True), kernel=np.true_divide,
             fuse="always", kind="elementwise", scalar="a / b", flops=_bflops, onnx="Div",
             samples=binary_samples(blow=0.5, bhigh=2.0),
+            saves=((1,), (0, 1)),    # a's gradient reads b, b's reads a and b
             grad=lambda g, y, a, b: (
                 unbroadcast(div(g, b), a.shape) if a.requires_grad else None,
                 unbroadcast(neg(div(mul(g, a), mul(b, b))), b.shape) if b.requires_grad

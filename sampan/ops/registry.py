@@ -49,7 +49,13 @@ class OpDef:
     samples: Callable[..., list] | None = None
     n_out: int = 1
     view: bool = False               # output aliases the first input (shares its version counter)
-    saves: tuple | None = None       # inputs the gradient rule reads (None: all)
+    # for a view op: unview(x, v, **attrs) -> x with its viewed part replaced by v, written
+    # with ops; an in-place write through the view is recorded on x's history with it
+    unview: Callable[..., Any] | None = None
+    # inputs the gradient rule reads (None: all); or per input, the inputs that input's
+    # gradient reads, e.g. mul's ((1,), (0,)): a * 2 with only `a` needing a gradient reads
+    # the constant, so modifying `a` in place afterwards is fine
+    saves: tuple | None = None
     save_output: bool = False        # gradient rule reads the output
     nondiff_inputs: tuple = ()       # inputs that never get gradients (indices, masks …)
     random: bool = False
@@ -63,6 +69,7 @@ class OpDef:
     def __post_init__(self):
         self.kernel = self.kernels.get("numpy")
         self.differentiable = callable(self.grad)
+        self.saves_per_input = bool(self.saves) and isinstance(self.saves[0], tuple)
 
     def __repr__(self):
         return f"<op {self.name}>"

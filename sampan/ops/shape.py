@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError, op_error
-from ..tensor import Tensor, apply
+from ..tensor import Tensor, apply, mark_view
 from ._util import Sample, norm_axis, randf, rng, unbroadcast
 from .registry import NO_ONNX, STATE, Spec, defop
 
@@ -55,6 +55,7 @@ def builtins_all_int(shape):
 
 RESHAPE = defop("reshape", _reshape_rule, kernel=lambda a, shape: a.reshape(shape),
                 view=True, saves=(), grad=lambda g, y, x, shape: reshape(g, tuple(x.shape)),
+                unview=lambda x, v, shape: reshape(v, tuple(x.shape)),
                 onnx="Reshape", flops=lambda *a, **k: 0,
                 samples=lambda: [Sample((randf(rng(20), 3, 4),), {"shape": (4, 3)}),
                                  Sample((randf(rng(21), 2, 3, 4),), {"shape": (6, 4)}),
@@ -84,6 +85,7 @@ def _permute_rule(x, dims):
 
 PERMUTE = defop("permute", _permute_rule, kernel=lambda a, dims: a.transpose(dims), view=True,
                 saves=(), grad=lambda g, y, x, dims: permute(g, tuple(np.argsort(dims).tolist())),
+                unview=lambda x, v, dims: permute(v, tuple(np.argsort(dims).tolist())),
                 onnx="Transpose", flops=lambda *a, **k: 0,
                 samples=lambda: [Sample((randf(rng(23), 2, 3, 4),), {"dims": (2, 0, 1)}),
                                  Sample((randf(rng(24), 3, 4),), {"dims": (1, 0)})])
@@ -293,6 +295,7 @@ def pad(x, pad, value=0.0):
 FLIP = defop("flip", lambda x, axes: Spec(x.shape, x.dtype),
              kernel=lambda a, axes: np.flip(a, axes), saves=(), view=True,
              grad=lambda g, y, x, axes: flip(g, axes), onnx=NO_ONNX, flops=lambda *a, **k: 0,
+             unview=lambda x, v, axes: flip(v, axes),
              samples=lambda: [Sample((randf(rng(33), 2, 3, 4),), {"axes": (0, 2)})])
 
 
@@ -389,7 +392,11 @@ def _getitem_rule(x, *idx, index):
 
 
 def _getitem_kernel(a, *idx, index):
-    return a[decode_index(index, idx)]
+    key = decode_index(index, idx)
+    r = a[key]
+    if type(r) is not np.ndarray:   # one element: a 0-d view (as torch), not a numpy scalar
+        r = a[key + (Ellipsis,)]
+    return r
 
 
 def _getitem_grad(g, y, x, *idx, index):
@@ -413,8 +420,13 @@ def _getitem_samples():
             Sample((x, x > 0), {"index": (("t", 0),)}, diff=(0,))]
 
 
+def _getitem_unview(x, v, *idx, index):
+    return apply(SETITEM, (x, v) + tuple(idx), {"index": index})
+
+
 GETITEM = defop("getitem", _getitem_rule, kernel=_getitem_kernel, grad=_getitem_grad,
-                saves=(), onnx="Slice", flops=lambda *a, **k: 0, samples=_getitem_samples)
+                saves=(), onnx="Slice", flops=lambda *a, **k: 0, samples=_getitem_samples,
+                unview=_getitem_unview)
 
 
 def _getitem_grad_kernel(g, *idx, index, shape):
@@ -439,10 +451,11 @@ def getitem(x, idx):
     """``x[idx]`` with basic and advanced (integer/bool tensor) indexing."""
     x = _t(x)
     enc, tensors = encode_index(idx)
-    view = all(e[0] != "t" for e in enc)
-    out = apply(GETITEM, (x,) + tuple(tensors), {"index": enc})
-    if view and isinstance(out._data, np.ndarray) and out._data.base is not None:
-        out._base = x._base if x._base is not None else x
+    view = all(e[0] != "t" for e in enc)     # basic indexing: a view (as in numpy, torch)
+    attrs = {"index": enc}
+    out = apply(GETITEM, (x,) + tuple(tensors), attrs)
+    if view and (not isinstance(out._data, np.ndarray) or out._data.base is not None):
+        mark_view(out, x, GETITEM, attrs)
     return out
 
 
