@@ -1,12 +1,179 @@
 """Resuming can be trusted: damaged checkpoints, killed writes, optimiser states that do not fit."""
+import errno
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
 
 import sampan
+from sampan import nn
+from sampan.data import DataLoader, TensorDataset
 from sampan.errors import DTypeError, SampanValueError, ShapeError
-from sampan.io import load
+from sampan.io import CheckpointError, load
 from sampan.optim import SGD, Adam
+from sampan.train import Checkpoint, Hook, Trainer
+
+
+# ----------------------------------------------------------------- a small run
+def _trainer(hooks=(), seed=0):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 6)).astype(np.float32)
+    y = (x @ rng.standard_normal((6, 3)).astype(np.float32)).argmax(1).astype(np.int64)
+    sampan.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    loader = DataLoader(TensorDataset(sampan.tensor(x), sampan.tensor(y)), batch_size=16,
+                        shuffle=True, seed=3)
+    return Trainer(model, Adam(model.parameters(), lr=0.02), sampan.cross_entropy, loader,
+                   hooks=list(hooks))
+
+
+class _Losses(Hook):
+    def __init__(self):
+        self.losses = []
+
+    def after_step(self, trainer, logs):
+        self.losses.append(logs["loss"])
+
+
+class _Crash(Hook):
+    def __init__(self, at):
+        self.at = at
+
+    def after_step(self, trainer, logs):
+        if trainer.global_step == self.at:
+            raise KeyboardInterrupt
+
+
+EPOCHS = 4  # 4 batches an epoch: 16 steps
+
+
+@pytest.fixture(scope="module")
+def reference():
+    rec = _Losses()
+    _trainer([rec]).fit(EPOCHS)
+    return rec.losses
+
+
+def _crashed_run(ckdir, at=11):
+    """Checkpoints at steps 3, 6, 9; killed at step `at`."""
+    t = _trainer([Checkpoint(ckdir, every_n_steps=3, keep_last=5, save_at_end=False),
+                  _Crash(at)])
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(EPOCHS)
+    return t
+
+
+def _step_file(ckdir, step):
+    return os.path.join(ckdir, f"step-{step:09d}.sampan")
+
+
+def _damage(path, how):
+    data = bytearray(open(path, "rb").read())
+    if how == "truncated":
+        data = data[:len(data) // 2]
+    elif how == "empty":
+        data = bytearray()
+    elif how == "payload byte":
+        data[-9] ^= 0x10
+    elif how == "header byte":
+        data[60] ^= 0x01
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+def _params(t):
+    return [p.numpy().copy() for p in t.model.parameters()]
+
+
+# ----------------------------------------------------------------- damaged newest file
+@pytest.mark.parametrize("how", ["truncated", "empty", "payload byte", "header byte"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, reference, how):
+    ckdir = str(tmp_path / "ck")
+    _crashed_run(ckdir)
+    newest = _step_file(ckdir, 9)
+    _damage(newest, how)
+    with pytest.raises(CheckpointError):
+        load(newest)  # the damage is real
+
+    rec = _Losses()
+    ck = Checkpoint(ckdir, every_n_steps=3, keep_last=5)
+    t = _trainer([rec, ck], seed=99)
+    with pytest.warns(RuntimeWarning, match=r"step-000000009\.sampan is damaged"):
+        t.fit(EPOCHS)
+    assert ck.resumed_from == _step_file(ckdir, 6)
+    assert rec.losses == reference[6:]  # continued exactly from the newest good file
+    # the damaged file is set aside, never again taken for the newest
+    assert os.path.exists(newest + ".damaged")
+    assert load(newest)["trainer"]["global_step"] == 9  # rewritten by the resumed run
+
+
+def test_resume_with_every_checkpoint_damaged_is_a_clear_error(tmp_path):
+    ckdir = str(tmp_path / "ck")
+    _crashed_run(ckdir)
+    for step in (3, 6, 9):
+        _damage(_step_file(ckdir, step), "payload byte")
+    t = _trainer([Checkpoint(ckdir, every_n_steps=3)], seed=99)
+    before = _params(t)
+    with pytest.raises(CheckpointError) as info:
+        t.fit(EPOCHS)
+    msg = str(info.value)
+    assert "every checkpoint there is damaged" in msg and "resume=False" in msg
+    for step in (3, 6, 9):
+        assert f"step-{step:09d}.sampan" in msg
+    assert msg.count("checksum mismatch") == 3
+    assert t.global_step == 0
+    for a, b in zip(_params(t), before):
+        np.testing.assert_array_equal(a, b)  # nothing half-loaded
+    assert sorted(os.listdir(ckdir)) == [f"step-{s:09d}.sampan" for s in (3, 6, 9)]
+
+
+# ----------------------------------------------------------------- failed and killed writes
+def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    ckdir = str(tmp_path / "ck")
+    t = _crashed_run(ckdir, at=9)  # its newest file is step 9, and it stands at step 9
+    newest = _step_file(ckdir, 9)
+    old_bytes = open(newest, "rb").read()
+    t.model[0].weight._data += 1.0  # a state that differs from the file's
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        Checkpoint(ckdir, every_n_steps=3).save(t)  # overwrites step 9: fails half-way
+    monkeypatch.undo()
+    assert open(newest, "rb").read() == old_bytes
+    assert load(newest)["trainer"]["global_step"] == 9
+    assert sorted(os.listdir(ckdir)) == [f"step-{s:09d}.sampan" for s in (3, 6, 9)]
+
+
+def test_killed_write_leaves_the_previous_checkpoint_and_resume_works(tmp_path, reference):
+    ckdir = str(tmp_path / "ck")
+    t = _crashed_run(ckdir, at=9)
+    newest = _step_file(ckdir, 9)
+    old_bytes = open(newest, "rb").read()
+    t.model[0].weight._data += 1.0
+    pid = os.fork()
+    if pid == 0:  # the child is killed after writing every byte, before the rename
+        try:
+            os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+            Checkpoint(ckdir, every_n_steps=3).save(t)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left = [n for n in os.listdir(ckdir) if n.endswith(".tmp")]
+    assert len(left) == 1  # the killed write's temporary file, full size but never renamed
+    assert open(newest, "rb").read() == old_bytes
+
+    rec = _Losses()
+    ck = Checkpoint(ckdir, every_n_steps=3)
+    _trainer([rec, ck], seed=5).fit(EPOCHS)
+    assert ck.resumed_from == newest
+    assert rec.losses == reference[9:]
+    assert not [n for n in os.listdir(ckdir) if n.endswith(".tmp")]  # cleaned up
 
 
 # ----------------------------------------------------------------- optimiser states
