@@ -311,10 +311,22 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Restore from `state_dict()`; the next `fit` continues the run exactly.
 
+        All or nothing: if a part does not fit (a model or optimiser state of another
+        shape, say), the error is raised with the trainer as it was before the call.
+
         Example::
 
             >>> trainer.load_state_dict(sampan.io.load("run.ckpt")); trainer.fit(10)
         """
+        # the model's state dict shares memory with its parameters: keep a copy to go back to
+        before = _copied(self.state_dict())
+        try:
+            self._apply_state(state)
+        except BaseException:
+            self._apply_state(before)
+            raise
+
+    def _apply_state(self, state: dict) -> None:
         import sampan
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -360,6 +372,19 @@ class Trainer:
             self.hooks.remove(probe)
         probe.after_step(self, {"loss": loss})
         return probe.values
+
+
+def _copied(tree):
+    """`tree` with every Tensor replaced by a Tensor over a copy of its values."""
+    if isinstance(tree, Tensor):
+        return Tensor(np.array(tree.numpy(), copy=True))
+    if isinstance(tree, dict):
+        return type(tree)((k, _copied(v)) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
+        return type(tree)(*(_copied(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(v) for v in tree)
+    return tree
 
 
 def _is_plateau(s) -> bool:

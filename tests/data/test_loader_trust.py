@@ -123,7 +123,7 @@ def test_killed_worker_names_the_batch_it_was_loading(how, code):
     got = []
     with pytest.raises(DataLoaderWorkerError) as info:
         for b in dl:
-            got.append(b.numpy()[:, 0].tolist())  # noqa: PERF401
+            got.append(b.numpy()[:, 0].tolist())
     msg = str(info.value)
     assert got == [[9, 3]]
     assert f"DataLoader worker 1 (process) exited unexpectedly with exit code {code} while " \

@@ -69,8 +69,13 @@ def _step_file(ckdir, step):
     return os.path.join(ckdir, f"step-{step:09d}.sampan")
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _damage(path, how):
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(_read(path))
     if how == "truncated":
         data = data[:len(data) // 2]
     elif how == "empty":
@@ -134,7 +139,7 @@ def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     ckdir = str(tmp_path / "ck")
     t = _crashed_run(ckdir, at=9)  # its newest file is step 9, and it stands at step 9
     newest = _step_file(ckdir, 9)
-    old_bytes = open(newest, "rb").read()
+    old_bytes = _read(newest)
     t.model[0].weight._data += 1.0  # a state that differs from the file's
 
     def full(fd):
@@ -144,7 +149,7 @@ def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         Checkpoint(ckdir, every_n_steps=3).save(t)  # overwrites step 9: fails half-way
     monkeypatch.undo()
-    assert open(newest, "rb").read() == old_bytes
+    assert _read(newest) == old_bytes
     assert load(newest)["trainer"]["global_step"] == 9
     assert sorted(os.listdir(ckdir)) == [f"step-{s:09d}.sampan" for s in (3, 6, 9)]
 
@@ -153,7 +158,7 @@ def test_killed_write_leaves_the_previous_checkpoint_and_resume_works(tmp_path, 
     ckdir = str(tmp_path / "ck")
     t = _crashed_run(ckdir, at=9)
     newest = _step_file(ckdir, 9)
-    old_bytes = open(newest, "rb").read()
+    old_bytes = _read(newest)
     t.model[0].weight._data += 1.0
     pid = os.fork()
     if pid == 0:  # the child is killed after writing every byte, before the rename
@@ -166,7 +171,7 @@ def test_killed_write_leaves_the_previous_checkpoint_and_resume_works(tmp_path, 
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     left = [n for n in os.listdir(ckdir) if n.endswith(".tmp")]
     assert len(left) == 1  # the killed write's temporary file, full size but never renamed
-    assert open(newest, "rb").read() == old_bytes
+    assert _read(newest) == old_bytes
 
     rec = _Losses()
     ck = Checkpoint(ckdir, every_n_steps=3)
@@ -174,6 +179,41 @@ def test_killed_write_leaves_the_previous_checkpoint_and_resume_works(tmp_path, 
     assert ck.resumed_from == newest
     assert rec.losses == reference[9:]
     assert not [n for n in os.listdir(ckdir) if n.endswith(".tmp")]  # cleaned up
+
+
+# ----------------------------------------------------------------- half a step, half a load
+@pytest.mark.parametrize("bad,error", [("foreign index", "a state for parameter 17, which no"),
+                                       ("float64 slot", "slot 'exp_avg' of dtype float64")])
+def test_trainer_load_that_does_not_fit_leaves_the_trainer_as_it_was(tmp_path, bad, error):
+    donor = _trainer()
+    donor.fit(2)
+    state = load_roundtrip(donor.state_dict(), tmp_path / "donor.sampan")
+    opt_state = state["optimizer"]["state"]
+    if bad == "foreign index":
+        opt_state[17] = opt_state.pop(3)
+    else:
+        opt_state[3]["exp_avg"] = sampan.tensor(opt_state[3]["exp_avg"].numpy()
+                                                .astype(np.float64))
+    t = _trainer(seed=5)
+    t.fit(1)
+    params, step = _params(t), t.global_step
+    opt_before = {i: {k: np.array(v.numpy()) if hasattr(v, "numpy") else v for k, v in s.items()}
+                  for i, s in t.optimizer.state_dict()["state"].items()}
+    with pytest.raises((SampanValueError, DTypeError), match=error):
+        t.load_state_dict(state)
+    assert t.global_step == step
+    for a, b in zip(_params(t), params):
+        np.testing.assert_array_equal(a, b)  # before: the donor's weights were already in
+    opt_after = t.optimizer.state_dict()["state"]
+    for i, s in opt_before.items():
+        for k, v in s.items():
+            got = opt_after[i][k]
+            np.testing.assert_array_equal(got.numpy() if hasattr(got, "numpy") else got, v)
+
+
+def load_roundtrip(state, path):
+    sampan.save(state, path)
+    return load(path)
 
 
 # ----------------------------------------------------------------- optimiser states
@@ -206,7 +246,7 @@ def _state_copy(opt):
 
 def _bad_states(shapes):
     """(description, state_dict, error class, message pieces) for states that do not fit."""
-    donor_ps, _, donor, _ = _adam_pair(shapes)
+    _, _, donor, _ = _adam_pair(shapes)
     good = donor.state_dict()
 
     def edit(fn):
@@ -301,7 +341,7 @@ def test_optimizer_refuses_a_state_for_other_parameters():
 
 
 def test_optimizer_state_that_fits_still_loads_through_a_file(tmp_path):
-    ps, tps, opt, step = _adam_pair(SHAPES)
+    ps, _, opt, _ = _adam_pair(SHAPES)
     sampan.save(opt.state_dict(), tmp_path / "opt.sampan")
     ps2 = [sampan.tensor(p.numpy().copy(), requires_grad=True) for p in ps]
     opt2 = Adam(ps2, lr=0.05)
