@@ -187,7 +187,9 @@ class Checkpoint(Hook):
     exactly as if the run had never stopped. A newest file that fails verification
     (truncated, corrupt) is renamed to ``<name>.damaged`` with a warning, and the newest
     good one is loaded instead; if none is good, `fit` raises `CheckpointError`. The
-    temporary file a killed write leaves behind is removed when `fit` starts.
+    temporary file a killed write leaves behind is removed when `fit` starts. When `fit`
+    ends by an exception from inside a step, no final checkpoint is written (the state
+    would be half a step on).
 
     Example::
 
@@ -288,8 +290,19 @@ class Checkpoint(Hook):
             self.save(trainer)
 
     def on_fit_end(self, trainer):
-        if self.save_at_end and trainer.global_step > 0:
-            self.save(trainer)
+        if not self.save_at_end or trainer.global_step == 0:
+            return
+        if getattr(trainer, "step_in_progress", False):
+            # an exception escaped step global_step + 1: the parameters may hold its update
+            # while the counters do not count it, and the file would take the place of a
+            # good one of the same step number; resuming must redo that step from a
+            # state before it
+            warnings.warn(f"Checkpoint: fit stopped inside step {trainer.global_step + 1}; "
+                          "no final checkpoint is written (its state would be half a step "
+                          "on). Resume continues from the newest one in "
+                          f"{self.directory}.", RuntimeWarning, stacklevel=2)
+            return
+        self.save(trainer)
 
 
 class EarlyStopping(Hook):

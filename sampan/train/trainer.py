@@ -12,7 +12,10 @@ Everything else (progress bars, logging, checkpoints, early stopping, debugging)
 plugs in as a `Hook` that sees the trainer before and after each step and epoch.
 Counters live on the trainer (`epoch`, `global_step`, `batch_in_epoch`) and, with
 the model, optimiser, scheduler, hook states and RNG state, make up `state_dict()`:
-restoring it mid-epoch continues a run exactly where it stopped.
+restoring it mid-epoch continues a run exactly where it stopped. `step_in_progress` is
+True from a step's start until its counters are advanced: a state taken while it is
+True (after an exception escaped the step) may hold updated parameters that the
+counters do not count, so the `Checkpoint` hook does not save it.
 """
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ class Trainer:
         self.batch_in_epoch = 0
         self.epochs = 0
         self.should_stop = False
+        self.step_in_progress = False
         self.history: list[dict] = []
         self.last_output = None
         self._loss_sum = 0.0
@@ -183,6 +187,7 @@ class Trainer:
         """
         self.epochs = int(epochs)
         self.should_stop = False
+        self.step_in_progress = False
         self._call("on_fit_begin")
         try:
             while self.epoch < self.epochs and not self.should_stop:
@@ -203,10 +208,12 @@ class Trainer:
         for i, batch in enumerate(loader):
             if i < skip:  # resuming mid-epoch: these batches were already trained on
                 continue
+            self.step_in_progress = True
             self._call("before_step", batch)
             loss = self.train_step(batch)
             self.global_step += 1
             self.batch_in_epoch = i + 1
+            self.step_in_progress = False
             self._loss_sum += loss
             self._loss_count += 1
             logs = {"step": self.global_step, "epoch": self.epoch, "loss": loss,

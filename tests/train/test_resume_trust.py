@@ -182,6 +182,29 @@ def test_killed_write_leaves_the_previous_checkpoint_and_resume_works(tmp_path, 
 
 
 # ----------------------------------------------------------------- half a step, half a load
+def test_exception_inside_a_step_leaves_the_last_checkpoint_alone(tmp_path, reference):
+    ckdir = str(tmp_path / "ck")
+    t = _trainer([Checkpoint(ckdir, every_n_steps=3, keep_last=5)])
+    update = t.optimizer.step
+
+    def step_then_crash(closure=None):  # step 7 updates the parameters, then dies
+        out = update(closure)
+        if t.global_step == 6:
+            raise KeyboardInterrupt
+        return out
+
+    t.optimizer.step = step_then_crash
+    with pytest.warns(RuntimeWarning, match="fit stopped inside step 7; no final checkpoint"), \
+            pytest.raises(KeyboardInterrupt):
+        t.fit(EPOCHS)
+    # before: the final save wrote step 6's file again, with step 7's update in it
+    rec = _Losses()
+    ck = Checkpoint(ckdir, every_n_steps=3)
+    _trainer([rec, ck], seed=7).fit(EPOCHS)
+    assert ck.resumed_from == _step_file(ckdir, 6)
+    assert rec.losses == reference[6:]
+
+
 @pytest.mark.parametrize("bad,error", [("foreign index", "a state for parameter 17, which no"),
                                        ("float64 slot", "slot 'exp_avg' of dtype float64")])
 def test_trainer_load_that_does_not_fit_leaves_the_trainer_as_it_was(tmp_path, bad, error):
