@@ -381,10 +381,10 @@ class _WorkerIter:
             with contextlib.suppress(ValueError):
                 how += f" (signal {signal.Signals(-exitcode).name})"
         return DataLoaderWorkerError(
-            f"DataLoader worker {wid} (process) exited unexpectedly {how}{what} (killed, out "
-            "of memory, a crash in native code, or its dataset could not be imported in a "
-            "fresh process: define it in a module, or use worker_mode='thread'); see the "
-            "worker's stderr", worker_id=wid, indices=task)
+            f"DataLoader worker {wid} (process) exited unexpectedly {how}{what}. It was "
+            "killed, ran out of memory, crashed in native code, or could not import its "
+            "dataset in a fresh process (define it in a module, or use worker_mode='thread'); "
+            "see the worker's stderr", worker_id=wid, indices=task)
 
     def _fail(self, error: DataLoaderWorkerError) -> DataLoaderWorkerError:
         """Stop the workers without waiting on one that hangs, then hand `error` back."""
