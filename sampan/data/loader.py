@@ -293,6 +293,7 @@ class _WorkerIter:
         self._recv_seq = 0
         self._task_of = {}  # seq -> (worker id, task), for error messages
         self._ready = {}  # seq -> reply that arrived early
+        self._death = None  # (worker id, error, seq it died on or None) once one has died
         self._live = set(range(self._n))  # workers of an iterable dataset not yet dry
         self._exhausted = False
         self._rr = 0
@@ -333,24 +334,26 @@ class _WorkerIter:
         """Block until the reply for `self._recv_seq` is here and return it."""
         deadline = time.monotonic() + self._timeout if self._timeout else None
         while self._recv_seq not in self._ready:
+            if self._death is not None:
+                wid, error, lost = self._death
+                # the live workers' batches before the lost one still come, in order; a
+                # batch of the dead worker's own never will (its reply may have died with it)
+                if lost is None or self._recv_seq >= lost or \
+                        self._task_of[self._recv_seq][0] == wid:
+                    raise self._fail(error)
             wait = _worker._POLL_S
             if deadline is not None:  # wake at the deadline, not at the next poll after it
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
             try:
                 msg = self._pool.results.get(timeout=wait)
             except queue.Empty:
-                dead = self._pool.dead_worker()
-                if dead is not None:
-                    raise self._fail(self._death_error(*dead)) from None
+                if self._death is None:
+                    dead = self._pool.dead_worker()
+                    if dead is not None:
+                        self._death = (dead[0], *self._death_error(*dead))
+                        continue
                 if deadline is not None and time.monotonic() >= deadline:
-                    wid, task = self._task_of[self._recv_seq]
-                    raise self._fail(DataLoaderWorkerError(
-                        f"DataLoader timed out after {self._timeout} s waiting for "
-                        f"{_batch_text(self._recv_seq, task)} from worker {wid} "
-                        f"({self._pool.mode}): the worker is still loading it (a slow or "
-                        "hung __getitem__, __getitems__ or collate_fn); raise the "
-                        "DataLoader's timeout or find what blocks",
-                        worker_id=wid, indices=task)) from None
+                    raise self._fail(self._timeout_error()) from None
                 continue
             if self._pool.mode == "process":
                 try:
@@ -363,19 +366,37 @@ class _WorkerIter:
             self._ready[seq] = (status, payload)
         return self._ready.pop(self._recv_seq)
 
-    def _death_error(self, wid, exitcode) -> DataLoaderWorkerError:
+    def _timeout_error(self) -> DataLoaderWorkerError:
+        wid, task = self._task_of[self._recv_seq]
+        started = self._pool.busy[wid]  # the task it started last
+        if started == self._recv_seq:
+            why = ("the worker is still loading it (a slow or hung __getitem__, __getitems__ "
+                   "or collate_fn)")
+        elif started < 0:
+            why = ("the worker has not started any task yet (still starting: importing the "
+                   "dataset's module, or in worker_init_fn)")
+        else:
+            why = "the worker has not taken it up yet"
+        return DataLoaderWorkerError(
+            f"DataLoader timed out after {self._timeout} s waiting for "
+            f"{_batch_text(self._recv_seq, task)} from worker {wid} ({self._pool.mode}): "
+            f"{why}; raise the DataLoader's timeout or find what blocks",
+            worker_id=wid, indices=task)
+
+    def _death_error(self, wid, exitcode):
+        """The error for a worker that ended, and the seq of the task it died on (or None)."""
         seq = self._pool.busy[wid]  # the task it started last
         if seq in self._task_of and seq not in self._ready:
             task = self._task_of[seq][1]
             what = f" while loading {_batch_text(seq, task)}"
         else:
-            task = None
-            what = " between tasks" if seq >= 0 else " before its first task"
+            seq = task = None
+            what = " between tasks" if self._pool.busy[wid] >= 0 else " before its first task"
         if self._pool.mode == "thread":
             return DataLoaderWorkerError(
                 f"DataLoader worker {wid} (thread) ended unexpectedly{what}: a "
                 "KeyboardInterrupt or another BaseException escaped the dataset or collate_fn",
-                worker_id=wid, indices=task)
+                worker_id=wid, indices=task), seq
         how = f"with exit code {exitcode}"
         if exitcode is not None and exitcode < 0:
             with contextlib.suppress(ValueError):
@@ -384,7 +405,7 @@ class _WorkerIter:
             f"DataLoader worker {wid} (process) exited unexpectedly {how}{what}. It was "
             "killed, ran out of memory, crashed in native code, or could not import its "
             "dataset in a fresh process (define it in a module, or use worker_mode='thread'); "
-            "see the worker's stderr", worker_id=wid, indices=task)
+            "see the worker's stderr", worker_id=wid, indices=task), seq
 
     def _fail(self, error: DataLoaderWorkerError) -> DataLoaderWorkerError:
         """Stop the workers without waiting on one that hangs, then hand `error` back."""

@@ -34,7 +34,8 @@ class Hangs(Dataset):
 
 
 class Killed(Dataset):
-    """The worker process dies on index 5, by SIGKILL or by os._exit."""
+    """The worker process dies on index 5, by SIGKILL or by os._exit; index 9 is slow, so
+    the other worker's first batch comes after the death."""
 
     def __init__(self, how):
         self.how = how
@@ -47,6 +48,8 @@ class Killed(Dataset):
             if self.how == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(7)
+        if i == 9:
+            time.sleep(0.5)
         return np.full(2, i, np.float32)
 
 
@@ -109,23 +112,38 @@ def test_hung_worker_times_out_on_time_and_names_the_batch(mode, hang_s, tmp_pat
     assert TIMEOUT - 0.05 <= elapsed < TIMEOUT + 0.7, elapsed
     msg = str(info.value)
     assert f"timed out after {TIMEOUT} s waiting for batch 1 (indices [2, 3]) from worker 1 " \
-           f"({mode})" in msg
+           f"({mode}): the worker is still loading it" in msg
     assert info.value.worker_id == 1 and info.value.indices == [2, 3]
     # a hung process is terminated; a hung thread finishes its sleep and exits by itself
+    assert _settle() == ([], [])
+
+
+def slow_init(worker_id):
+    time.sleep(0.8)
+
+
+@pytest.mark.timeout(60)
+def test_timeout_says_when_the_worker_never_started():
+    dl = DataLoader(Fails(), batch_size=2, num_workers=1, timeout=0.2, worker_init_fn=slow_init)
+    with pytest.raises(DataLoaderWorkerError, match=r"waiting for batch 0 \(indices \[0, 1\]\) "
+                                                    r"from worker 0 \(thread\): the worker has "
+                                                    r"not started any task yet"):
+        list(dl)
     assert _settle() == ([], [])
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how,code", [("sigkill", "-9 (signal SIGKILL)"), ("exit", "7")])
 def test_killed_worker_names_the_batch_it_was_loading(how, code):
-    order = [[9, 3], [5, 1], [7, 2], [0, 8]]  # index 5 is in batch 1, which worker 1 loads
+    # index 5 is in batch 1, which worker 1 loads; worker 0's batches 0 and 2 are fine
+    order = [[9, 3], [5, 1], [7, 2], [0, 8]]
     dl = DataLoader(Killed(how), batch_sampler=order, num_workers=2, worker_mode="process")
     got = []
     with pytest.raises(DataLoaderWorkerError) as info:
         for b in dl:
             got.append(b.numpy()[:, 0].tolist())
     msg = str(info.value)
-    assert got == [[9, 3]]
+    assert got == [[9, 3]]  # the batch before the lost one still arrives, even when slow
     assert f"DataLoader worker 1 (process) exited unexpectedly with exit code {code} while " \
            "loading batch 1 (indices [5, 1])" in msg, msg
     assert info.value.worker_id == 1 and info.value.indices == [5, 1]
