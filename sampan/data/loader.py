@@ -59,7 +59,9 @@ class DataLoader:
     seed gives the same batches in the same order whatever `num_workers` and
     `worker_mode` ("thread" or "process"). Process workers use `mp_context`
     ("forkserver" by default where available, else "spawn"), so the dataset and
-    `collate_fn` must be picklable. `timeout` > 0 bounds the wait for one batch.
+    `collate_fn` must be picklable. `timeout` > 0 bounds the wait for one batch: past
+    it, `DataLoaderWorkerError` names the worker and the batch's indices, and process
+    workers are terminated at once (a thread cannot be; it ends when its task returns).
 
     Example::
 
