@@ -155,8 +155,13 @@ def _failure(worker_id, mode, exc, task) -> _Failure:
 
 
 def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_workers,
-                seed, worker_init_fn, mode):
-    """Body of one worker: answer tasks until told to stop or the parent goes away."""
+                seed, worker_init_fn, mode, busy):
+    """Body of one worker: answer tasks until told to stop or the parent goes away.
+
+    Before each task the worker writes its sequence number into ``busy[worker_id]``
+    (shared memory for processes), so the main side can name the batch a dead worker
+    was loading.
+    """
     is_process = mode == "process"
     parent = None
     if is_process:
@@ -174,13 +179,13 @@ def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_w
         except Exception as e:  # noqa: BLE001 - any failure is reported to the main side
             init_error = _failure(worker_id, mode, e, "worker_init_fn")
 
-    def send(seq, status, payload):
+    def send(seq, status, payload, task=None):
         msg = (worker_id, seq, status, payload)
         if is_process:
             try:
                 msg = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 - an unpicklable batch is reported
-                msg = pickle.dumps((worker_id, seq, "error", _failure(worker_id, mode, e, seq)))
+                msg = pickle.dumps((worker_id, seq, "error", _failure(worker_id, mode, e, task)))
         result_queue.put(msg)
 
     try:
@@ -194,18 +199,20 @@ def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_w
             if item is None or done_event.is_set():
                 return
             seq, task = item
+            busy[worker_id] = seq
             if init_error is not None:
                 send(seq, "error", init_error)
                 continue
             try:
                 batch = fetcher.fetch(task)
-            except Exception as e:  # noqa: BLE001 - the user's error, reported with traceback
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's, with traceback
+                # a sys.exit() in the dataset would end the worker silently; report it
                 send(seq, "error", _failure(worker_id, mode, e, task))
                 continue
             if batch is _End:
                 send(seq, "end", None)
             else:
-                send(seq, "ok", to_wire(batch) if is_process else batch)
+                send(seq, "ok", to_wire(batch) if is_process else batch, task)
     except KeyboardInterrupt:
         pass
     finally:

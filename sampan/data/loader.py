@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import pickle
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -25,17 +26,30 @@ from .sampler import BatchSampler, RandomSampler, SequentialSampler
 
 __all__ = ["DataLoader", "DataLoaderWorkerError"]
 
+# A clean shutdown (end of epoch, `break`) lets workers finish the task in hand for up
+# to _JOIN_S. After a failure nothing they hold is wanted: they get _ABORT_JOIN_S to
+# take their stop message (an idle worker exits at once), then processes are
+# terminated, so a hung worker cannot hold the error back.
 _JOIN_S = 2.0
+_ABORT_JOIN_S = 0.1
+_KILL_S = 0.5
+_SHOWN_INDICES = 32  # longer batches are shortened in messages (the error keeps them all)
 
 
 class DataLoaderWorkerError(SampanError, RuntimeError):
-    """A DataLoader worker failed; the message carries the worker's own traceback."""
+    """A DataLoader worker failed; the message carries the worker's own traceback.
 
-    def __init__(self, message, worker_id=None, exc_type=None, worker_traceback=None):
+    `worker_id` is the worker, `indices` the batch's dataset indices (a list, or one
+    index when batching is off; None for an iterable dataset or worker_init_fn).
+    """
+
+    def __init__(self, message, worker_id=None, exc_type=None, worker_traceback=None,
+                 indices=None):
         super().__init__(message)
         self.worker_id = worker_id
         self.exc_type = exc_type
         self.worker_traceback = worker_traceback
+        self.indices = indices
 
 
 class DataLoader:
@@ -45,7 +59,9 @@ class DataLoader:
     seed gives the same batches in the same order whatever `num_workers` and
     `worker_mode` ("thread" or "process"). Process workers use `mp_context`
     ("forkserver" by default where available, else "spawn"), so the dataset and
-    `collate_fn` must be picklable. `timeout` > 0 bounds the wait for one batch.
+    `collate_fn` must be picklable. `timeout` > 0 bounds the wait for one batch: past
+    it, `DataLoaderWorkerError` names the worker and the batch's indices, and process
+    workers are terminated at once (a thread cannot be; it ends when its task returns).
 
     Example::
 
@@ -184,18 +200,22 @@ class _Pool:
             self.done = ctx.Event()
             self.results = ctx.Queue()
             self.index_queues = [ctx.Queue() for _ in range(n)]
+            # shared memory, one slot per worker, written before each task: what a worker
+            # that dies was loading, even if its last replies died with it in the pipe buffer
+            self.busy = ctx.RawArray("q", [-1] * n)
             make = ctx.Process
         else:
             self.done = threading.Event()
             self.results = queue.Queue()
             self.index_queues = [queue.Queue() for _ in range(n)]
+            self.busy = [-1] * n
             make = threading.Thread
         self.workers = []
         self.closed = False
         try:
             for wid in range(n):
                 args = (loader._fetcher(), self.index_queues[wid], self.results, self.done, wid, n,
-                        base_seed + wid, loader.worker_init_fn, self.mode)
+                        base_seed + wid, loader.worker_init_fn, self.mode, self.busy)
                 w = make(target=_worker.worker_loop, args=args, daemon=True,
                          name=f"sampan-data-worker-{wid}")
                 w.start()
@@ -211,15 +231,25 @@ class _Pool:
             raise
 
     def dead_worker(self):
-        """(id, exit code) of a process worker that died without being told to, else None."""
-        if self.mode != "process":
+        """(id, exit code) of a worker that ended without being told to, else None.
+
+        A thread has no exit code (None): it ends early only when something that is not
+        an Exception (a KeyboardInterrupt, say) escaped the dataset.
+        """
+        if self.done.is_set():
             return None
         for wid, w in enumerate(self.workers):
-            if w.exitcode is not None and not self.done.is_set():
-                return wid, w.exitcode
+            if not w.is_alive():
+                return wid, (w.exitcode if self.mode == "process" else None)
         return None
 
-    def shutdown(self):
+    def shutdown(self, patience: float = _JOIN_S):
+        """Stop the workers: each gets up to `patience` s in all to finish and exit.
+
+        Process workers still running after that are terminated (killed if they ignore
+        SIGTERM). A thread cannot be stopped from outside: one still inside the dataset
+        is left to finish its task (it is a daemon and exits right after, seeing `done`).
+        """
         if self.closed:
             return
         self.closed = True
@@ -227,14 +257,18 @@ class _Pool:
         for q in self.index_queues:
             with contextlib.suppress(OSError, ValueError):  # a closed queue: worker gone
                 q.put(None)
-        deadline = time.monotonic() + _JOIN_S
+        deadline = time.monotonic() + patience
         for w in self.workers:
             w.join(max(0.0, deadline - time.monotonic()))
         if self.mode == "process":
-            for w in self.workers:
+            stuck = [w for w in self.workers if w.is_alive()]
+            for w in stuck:
+                w.terminate()
+            for w in stuck:
+                w.join(_KILL_S)
                 if w.is_alive():
-                    w.terminate()
-                    w.join(_JOIN_S)
+                    w.kill()
+                    w.join(_KILL_S)
             for q in [*self.index_queues, self.results]:
                 q.cancel_join_thread()
                 q.close()
@@ -261,6 +295,7 @@ class _WorkerIter:
         self._recv_seq = 0
         self._task_of = {}  # seq -> (worker id, task), for error messages
         self._ready = {}  # seq -> reply that arrived early
+        self._death = None  # (worker id, error, seq it died on or None) once one has died
         self._live = set(range(self._n))  # workers of an iterable dataset not yet dry
         self._exhausted = False
         self._rr = 0
@@ -299,37 +334,86 @@ class _WorkerIter:
 
     def _receive(self):
         """Block until the reply for `self._recv_seq` is here and return it."""
-        started = time.monotonic()
+        deadline = time.monotonic() + self._timeout if self._timeout else None
         while self._recv_seq not in self._ready:
+            if self._death is not None:
+                wid, error, lost = self._death
+                # the live workers' batches before the lost one still come, in order; a
+                # batch of the dead worker's own never will (its reply may have died with it)
+                if lost is None or self._recv_seq >= lost or \
+                        self._task_of[self._recv_seq][0] == wid:
+                    raise self._fail(error)
+            wait = _worker._POLL_S
+            if deadline is not None:  # wake at the deadline, not at the next poll after it
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
             try:
-                msg = self._pool.results.get(timeout=_worker._POLL_S)
+                msg = self._pool.results.get(timeout=wait)
             except queue.Empty:
-                dead = self._pool.dead_worker()
-                if dead is not None:
-                    self.close()
-                    raise DataLoaderWorkerError(
-                        f"DataLoader worker {dead[0]} (process) exited unexpectedly with exit "
-                        f"code {dead[1]} (killed, out of memory, a crash in native code, or "
-                        "its dataset could not be imported in a fresh process: define it in "
-                        "a module, or use worker_mode='thread'); see the worker's stderr",
-                        worker_id=dead[0]) from None
-                if self._timeout and time.monotonic() - started > self._timeout:
-                    self.close()
-                    raise DataLoaderWorkerError(
-                        f"DataLoader timed out after {self._timeout} s waiting for batch "
-                        f"{self._recv_seq} from worker {self._task_of[self._recv_seq][0]}"
-                    ) from None
+                if self._death is None:
+                    dead = self._pool.dead_worker()
+                    if dead is not None:
+                        self._death = (dead[0], *self._death_error(*dead))
+                        continue
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._fail(self._timeout_error()) from None
                 continue
             if self._pool.mode == "process":
                 try:
                     msg = pickle.loads(msg)
                 except Exception as e:
-                    self.close()
-                    raise DataLoaderWorkerError(
-                        f"DataLoader: cannot unpickle a batch from a process worker ({e})") from e
+                    err = DataLoaderWorkerError(
+                        f"DataLoader: cannot unpickle a batch from a process worker ({e})")
+                    raise self._fail(err) from e
             _, seq, status, payload = msg
             self._ready[seq] = (status, payload)
         return self._ready.pop(self._recv_seq)
+
+    def _timeout_error(self) -> DataLoaderWorkerError:
+        wid, task = self._task_of[self._recv_seq]
+        started = self._pool.busy[wid]  # the task it started last
+        if started == self._recv_seq:
+            why = ("the worker is still loading it (a slow or hung __getitem__, __getitems__ "
+                   "or collate_fn)")
+        elif started < 0:
+            why = ("the worker has not started any task yet (still starting: importing the "
+                   "dataset's module, or in worker_init_fn)")
+        else:
+            why = "the worker has not taken it up yet"
+        return DataLoaderWorkerError(
+            f"DataLoader timed out after {self._timeout} s waiting for "
+            f"{_batch_text(self._recv_seq, task)} from worker {wid} ({self._pool.mode}): "
+            f"{why}; raise the DataLoader's timeout or find what blocks",
+            worker_id=wid, indices=task)
+
+    def _death_error(self, wid, exitcode):
+        """The error for a worker that ended, and the seq of the task it died on (or None)."""
+        seq = self._pool.busy[wid]  # the task it started last
+        if seq in self._task_of and seq not in self._ready:
+            task = self._task_of[seq][1]
+            what = f" while loading {_batch_text(seq, task)}"
+        else:
+            seq = task = None
+            what = " between tasks" if self._pool.busy[wid] >= 0 else " before its first task"
+        if self._pool.mode == "thread":
+            return DataLoaderWorkerError(
+                f"DataLoader worker {wid} (thread) ended unexpectedly{what}: a "
+                "KeyboardInterrupt or another BaseException escaped the dataset or collate_fn",
+                worker_id=wid, indices=task), seq
+        how = f"with exit code {exitcode}"
+        if exitcode is not None and exitcode < 0:
+            with contextlib.suppress(ValueError):
+                how += f" (signal {signal.Signals(-exitcode).name})"
+        return DataLoaderWorkerError(
+            f"DataLoader worker {wid} (process) exited unexpectedly {how}{what}. It was "
+            "killed, ran out of memory, crashed in native code, or could not import its "
+            "dataset in a fresh process (define it in a module, or use worker_mode='thread'); "
+            "see the worker's stderr", worker_id=wid, indices=task), seq
+
+    def _fail(self, error: DataLoaderWorkerError) -> DataLoaderWorkerError:
+        """Stop the workers without waiting on one that hangs, then hand `error` back."""
+        self._pool.shutdown(_ABORT_JOIN_S)
+        self._finalizer()
+        return error
 
     def __next__(self):
         while True:
@@ -340,8 +424,7 @@ class _WorkerIter:
             wid, _ = self._task_of.pop(self._recv_seq)
             self._recv_seq += 1
             if status == "error":
-                self.close()
-                raise _worker_error(payload, self._recv_seq - 1)
+                raise self._fail(_worker_error(payload, self._recv_seq - 1))
             if status == "end":
                 self._live.discard(wid)
                 self._dispatch()
@@ -354,13 +437,23 @@ class _WorkerIter:
         self._finalizer()
 
 
+def _batch_text(seq: int, task) -> str:
+    """``batch 3 (indices [12, 13, 14, 15])``: a batch as messages name it."""
+    if task is None:  # an iterable dataset's batch: no indices
+        return f"batch {seq}"
+    if isinstance(task, (str, bytes)) or not hasattr(task, "__len__"):
+        return f"batch {seq} (index {task!r})"
+    items = [int(i) if hasattr(i, "__index__") else i for i in task]
+    if len(items) <= _SHOWN_INDICES:
+        return f"batch {seq} (indices {items})"
+    head = ", ".join(map(str, items[:_SHOWN_INDICES]))
+    return f"batch {seq} (indices [{head}, ...]: {len(items)} in all, see the error's .indices)"
+
+
 def _worker_error(f: _worker._Failure, seq: int) -> DataLoaderWorkerError:
-    what = "in worker_init_fn" if f.task == "worker_init_fn" else f"while loading batch {seq}"
-    if isinstance(f.task, list) and len(f.task) <= 16:
-        what += f" (indices {f.task})"
-    elif f.task is not None and not isinstance(f.task, (str, list)):
-        what += f" (index {f.task})"
+    init = isinstance(f.task, str) and f.task == "worker_init_fn"
+    what = "in worker_init_fn" if init else f"while loading {_batch_text(seq, f.task)}"
     msg = (f"DataLoader worker {f.worker_id} ({f.mode}) raised {f.exc_type} {what}: "
            f"{f.message}\n\nTraceback in the worker:\n{f.traceback.rstrip()}")
     return DataLoaderWorkerError(msg, worker_id=f.worker_id, exc_type=f.exc_type,
-                                 worker_traceback=f.traceback)
+                                 worker_traceback=f.traceback, indices=None if init else f.task)

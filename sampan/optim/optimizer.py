@@ -33,7 +33,7 @@ import functools
 import numpy as np
 
 from sampan.autograd import no_grad
-from sampan.errors import SampanValueError
+from sampan.errors import DTypeError, SampanValueError, ShapeError, op_error
 from sampan.ops.registry import STATE
 from sampan.tensor import Tensor, wrap
 
@@ -303,39 +303,105 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore state from `state_dict()`; groups must match in number and size.
+        """Restore state from `state_dict()`, checked whole before anything changes.
+
+        The groups must match in number and size, and each parameter's state must hold
+        exactly the slots this optimiser keeps for it, each with the parameter's shape
+        and dtype. A state that does not fit raises an error naming the parameter (its
+        index in `state_dict()` numbering), what it got and what was expected, and
+        leaves the optimiser as it was.
 
         Example::
 
             >>> opt.load_state_dict(saved)
         """
+        where = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise op_error(SampanValueError, where, f"{got}",
+                           "a dict with 'state' and 'param_groups' (from state_dict())")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
-            raise SampanValueError(f"{type(self).__name__}.load_state_dict: state has "
-                                   f"{len(groups)} parameter groups, optimiser has "
-                                   f"{len(self.param_groups)}")
-        mapping = {}
+            raise op_error(SampanValueError, where,
+                           f"a state with {len(groups)} parameter groups",
+                           f"{len(self.param_groups)}, as the optimiser has")
+        mapping = {}  # saved index -> (parameter, its group's hyperparameters as loaded)
+        loaded_groups = []
         for i, (mine, saved) in enumerate(zip(self.param_groups, groups)):
             if len(mine["params"]) != len(saved["params"]):
-                raise SampanValueError(
-                    f"{type(self).__name__}.load_state_dict: group {i} has "
-                    f"{len(saved['params'])} parameters in the state, "
-                    f"{len(mine['params'])} in the optimiser")
+                raise op_error(SampanValueError, where,
+                               f"a state whose group {i} has {len(saved['params'])} parameters",
+                               f"{len(mine['params'])}, as the optimiser's group {i} has")
+            hyper = {k: copy.deepcopy(v) for k, v in saved.items() if k != "params"}
+            merged = {**mine, **hyper}
+            try:
+                self._check_group(merged)
+            except SampanValueError as e:
+                raise op_error(SampanValueError, where, f"hyperparameters in group {i} of the "
+                               f"state that {type(self).__name__} refuses ({e})",
+                               "valid ones") from None
+            loaded_groups.append(hyper)
             for idx, p in zip(saved["params"], mine["params"]):
-                mapping[int(idx)] = p
-        self.state = {}
-        for idx, s in state_dict["state"].items():
-            p = mapping.get(int(idx))
-            if p is None:
-                raise SampanValueError(f"{type(self).__name__}.load_state_dict: state for "
-                                       f"parameter {idx}, which no group holds")
-            self.state[p] = {k: _import(v, p, k) for k, v in s.items()}
-        for mine, saved in zip(self.param_groups, groups):
-            for k, v in saved.items():
-                if k != "params":
-                    mine[k] = copy.deepcopy(v)
+                if int(idx) in mapping:
+                    raise op_error(SampanValueError, where, f"parameter {idx} twice in the "
+                                   "state's param_groups", "each parameter once")
+                mapping[int(idx)] = (p, merged)
+        state = {}
+        for idx, saved in state_dict["state"].items():
+            entry = mapping.get(int(idx))
+            if entry is None:
+                raise op_error(SampanValueError, where, f"a state for parameter {idx}, which "
+                               "no group holds", f"parameters numbered {sorted(mapping)}")
+            state[entry[0]] = self._load_slots(where, int(idx), *entry, saved)
+        # every check passed: only now does anything change
+        self.state = state
+        for mine, hyper in zip(self.param_groups, loaded_groups):
+            mine.update(hyper)
         if self._jit:
             self._sync_to_jit(reset=True)
+
+    def _load_slots(self, where: str, idx: int, p: Tensor, group: dict, saved) -> dict:
+        """One parameter's saved state, checked against the slots a first step creates."""
+        shape, dtype = tuple(p.shape), p.dtype
+        param = f"parameter {idx} (shape {shape}, {dtype})"
+        if not isinstance(saved, dict):
+            raise op_error(SampanValueError, where, f"{type(saved).__name__} as the state of "
+                           f"{param}", "a dict of slots")
+        try:
+            expected = self._init_state(shape, dtype, group)
+        except NotImplementedError:  # an optimiser that only writes _update_group
+            expected = None
+        if expected is not None:
+            missing = sorted(set(expected) - set(saved))
+            extra = sorted(set(saved) - set(expected))
+            if missing or extra:
+                raise op_error(
+                    SampanValueError, where, f"slots {sorted(saved)} for {param}",
+                    f"{sorted(expected)} (what {type(self).__name__} keeps with these "
+                    "hyperparameters)", "Is the state from another optimiser or setting?")
+        out = {}
+        for k, v in saved.items():
+            if k == "step":
+                out[k] = _load_step(where, param, v)
+                continue
+            want = None if expected is None else expected[k]
+            if not isinstance(want, np.ndarray):
+                out[k] = np.array(v.numpy()) if isinstance(v, Tensor) else copy.deepcopy(v)
+                continue
+            a = v.numpy() if isinstance(v, Tensor) else v
+            if not isinstance(a, np.ndarray):
+                raise op_error(DTypeError, where, f"slot '{k}' of {param} as a "
+                               f"{type(v).__name__}", f"an array of shape {shape}, {dtype}")
+            if a.shape != want.shape:
+                raise op_error(ShapeError, where, f"slot '{k}' of shape {a.shape} for {param}",
+                               f"shape {want.shape}",
+                               "Is the state from a model of another size or layout?")
+            if a.dtype != want.dtype:
+                raise op_error(DTypeError, where, f"slot '{k}' of dtype {a.dtype} for {param}",
+                               f"{want.dtype}, the parameter's dtype",
+                               "Cast the saved state (or the parameters) first")
+            out[k] = np.array(a, copy=True)
+        return out
 
     def __repr__(self):
         lines = [f"{type(self).__name__} ("]
@@ -396,15 +462,12 @@ def _export(v):
     return copy.deepcopy(v)
 
 
-def _import(v, p: Tensor, key: str):
-    """Bring a saved state entry back as an array of the parameter's dtype."""
-    if key == "step":
-        return int(np.asarray(v.numpy() if isinstance(v, Tensor) else v))
-    if isinstance(v, Tensor):
-        v = v.numpy()
-    if isinstance(v, np.ndarray) or hasattr(v, "__array__"):
-        a = np.array(v, dtype=p.dtype, copy=True)
-        if a.shape != p.shape and a.size == p.numel():
-            a = a.reshape(p.shape)
-        return a
-    return copy.deepcopy(v)
+def _load_step(where: str, param: str, v) -> int:
+    """A saved step counter: a non-negative whole number (int, numpy or 0-d array)."""
+    a = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
+    whole = a.dtype.kind in "iu" or (a.dtype.kind == "f" and bool(np.isfinite(a))
+                                      and float(a).is_integer())
+    if a.shape != () or not whole or a < 0:
+        raise op_error(SampanValueError, where, f"step {v!r} for {param}",
+                       "a whole number >= 0")
+    return int(a)

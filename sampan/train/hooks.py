@@ -7,12 +7,14 @@ return it from `state_dict` so that checkpoints carry it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import os
 import re
 import time
+import warnings
 
 import numpy as np
 
@@ -177,11 +179,17 @@ class Checkpoint(Hook):
     """Save the whole training state every `every_n_steps` steps; resume from the latest.
 
     Files are ``<directory>/step-<global step>.sampan`` written by `sampan.io.save`
-    (atomic, checksummed); the newest `keep_last` are kept. With ``resume=True``, `fit`
-    first loads the newest checkpoint in `directory` (if any) and continues from it:
-    same parameters, optimiser and scheduler state, counters, hook states and random
-    state, and the data loader is set to the same epoch and batch, so the loss curve
-    continues exactly as if the run had never stopped.
+    (atomic, checksummed): a write that fails or is killed leaves the previous files as
+    they were. The newest `keep_last` are kept. With ``resume=True``, `fit` first loads
+    the newest checkpoint in `directory` (if any) and continues from it: same
+    parameters, optimiser and scheduler state, counters, hook states and random state,
+    and the data loader is set to the same epoch and batch, so the loss curve continues
+    exactly as if the run had never stopped. A newest file that fails verification
+    (truncated, corrupt) is renamed to ``<name>.damaged`` with a warning, and the newest
+    good one is loaded instead; if none is good, `fit` raises `CheckpointError`. The
+    temporary file a killed write leaves behind is removed when `fit` starts. When `fit`
+    ends by an exception from inside a step, no final checkpoint is written (the state
+    would be half a step on).
 
     Example::
 
@@ -191,6 +199,8 @@ class Checkpoint(Hook):
 
     priority = -100  # resume before any other hook looks at the counters
     _NAME = re.compile(r"^step-(\d+)\.sampan$")
+    # what sampan.io.save writes before its rename: left behind only by a killed write
+    _TEMP = re.compile(r"^\.step-\d+\.sampan\..+\.tmp$")
 
     def __init__(self, directory, every_n_steps: int = 100, keep_last: int = 3,
                  resume: bool = True, save_at_end: bool = True):
@@ -215,11 +225,50 @@ class Checkpoint(Hook):
         return [p for _, p in sorted(found)]
 
     def on_fit_begin(self, trainer):
-        existing = self.checkpoints()
-        if self.resume and existing:
-            from sampan.io import load
-            trainer.load_state_dict(load(existing[-1]))
-            self.resumed_from = existing[-1]
+        self._remove_temporaries()
+        if self.resume:
+            self._resume(trainer)
+
+    def _remove_temporaries(self):
+        if not os.path.isdir(self.directory):
+            return
+        for name in os.listdir(self.directory):
+            if self._TEMP.match(name):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.directory, name))
+
+    def _resume(self, trainer):
+        """Load the newest checkpoint that verifies; set damaged newer ones aside."""
+        from sampan.io import CheckpointError, load
+        damaged = []
+        for path in reversed(self.checkpoints()):
+            try:
+                state = load(path)  # checks version and checksums before returning
+            except CheckpointError as e:
+                damaged.append((path, e))
+                continue
+            trainer.load_state_dict(state)
+            self.resumed_from = path
+            break
+        else:
+            if damaged:
+                listing = "\n".join(f"  {p}: {e}" for p, e in damaged)
+                raise CheckpointError(
+                    f"Checkpoint: cannot resume from {self.directory}: every checkpoint there "
+                    f"is damaged:\n{listing}\nmove them away (or pass resume=False) to start "
+                    "afresh")
+            return
+        for path, e in damaged:
+            # out of the way, so that rotation never keeps it in place of a good file
+            aside = path + ".damaged"
+            try:
+                os.replace(path, aside)
+                moved = f"; it is renamed to {os.path.basename(aside)}"
+            except OSError as err:
+                moved = f"; it could not be renamed ({err})"
+            warnings.warn(f"Checkpoint: {path} is damaged and was skipped ({e}){moved}. "
+                          f"Resumed from {self.resumed_from} instead.", RuntimeWarning,
+                          stacklevel=2)
 
     def save(self, trainer) -> str:
         """Write a checkpoint now; returns its path."""
@@ -241,8 +290,19 @@ class Checkpoint(Hook):
             self.save(trainer)
 
     def on_fit_end(self, trainer):
-        if self.save_at_end and trainer.global_step > 0:
-            self.save(trainer)
+        if not self.save_at_end or trainer.global_step == 0:
+            return
+        if getattr(trainer, "step_in_progress", False):
+            # an exception escaped step global_step + 1: the parameters may hold its update
+            # while the counters do not count it, and the file would take the place of a
+            # good one of the same step number; resuming must redo that step from a
+            # state before it
+            warnings.warn(f"Checkpoint: fit stopped inside step {trainer.global_step + 1}; "
+                          "no final checkpoint is written (its state would be half a step "
+                          "on). Resume continues from the newest one in "
+                          f"{self.directory}.", RuntimeWarning, stacklevel=2)
+            return
+        self.save(trainer)
 
 
 class EarlyStopping(Hook):

@@ -12,7 +12,10 @@ Everything else (progress bars, logging, checkpoints, early stopping, debugging)
 plugs in as a `Hook` that sees the trainer before and after each step and epoch.
 Counters live on the trainer (`epoch`, `global_step`, `batch_in_epoch`) and, with
 the model, optimiser, scheduler, hook states and RNG state, make up `state_dict()`:
-restoring it mid-epoch continues a run exactly where it stopped.
+restoring it mid-epoch continues a run exactly where it stopped. `step_in_progress` is
+True from a step's start until its counters are advanced: a state taken while it is
+True (after an exception escaped the step) may hold updated parameters that the
+counters do not count, so the `Checkpoint` hook does not save it.
 """
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ class Trainer:
         self.batch_in_epoch = 0
         self.epochs = 0
         self.should_stop = False
+        self.step_in_progress = False
         self.history: list[dict] = []
         self.last_output = None
         self._loss_sum = 0.0
@@ -183,6 +187,7 @@ class Trainer:
         """
         self.epochs = int(epochs)
         self.should_stop = False
+        self.step_in_progress = False
         self._call("on_fit_begin")
         try:
             while self.epoch < self.epochs and not self.should_stop:
@@ -203,10 +208,12 @@ class Trainer:
         for i, batch in enumerate(loader):
             if i < skip:  # resuming mid-epoch: these batches were already trained on
                 continue
+            self.step_in_progress = True
             self._call("before_step", batch)
             loss = self.train_step(batch)
             self.global_step += 1
             self.batch_in_epoch = i + 1
+            self.step_in_progress = False
             self._loss_sum += loss
             self._loss_count += 1
             logs = {"step": self.global_step, "epoch": self.epoch, "loss": loss,
@@ -311,10 +318,22 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Restore from `state_dict()`; the next `fit` continues the run exactly.
 
+        All or nothing: if a part does not fit (a model or optimiser state of another
+        shape, say), the error is raised with the trainer as it was before the call.
+
         Example::
 
             >>> trainer.load_state_dict(sampan.io.load("run.ckpt")); trainer.fit(10)
         """
+        # the model's state dict shares memory with its parameters: keep a copy to go back to
+        before = _copied(self.state_dict())
+        try:
+            self._apply_state(state)
+        except BaseException:
+            self._apply_state(before)
+            raise
+
+    def _apply_state(self, state: dict) -> None:
         import sampan
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -360,6 +379,19 @@ class Trainer:
             self.hooks.remove(probe)
         probe.after_step(self, {"loss": loss})
         return probe.values
+
+
+def _copied(tree):
+    """`tree` with every Tensor replaced by a Tensor over a copy of its values."""
+    if isinstance(tree, Tensor):
+        return Tensor(np.array(tree.numpy(), copy=True))
+    if isinstance(tree, dict):
+        return type(tree)((k, _copied(v)) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
+        return type(tree)(*(_copied(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(v) for v in tree)
+    return tree
 
 
 def _is_plateau(s) -> bool:
