@@ -1,0 +1,170 @@
+"""Files sampan writes and reads back can be trusted: checkpoints keep 0-d arrays 0-d,
+are read header first and without extra copies, honour the umask and clean up after
+killed saves; the fused-kernel cache runs only the source a module's name promises."""
+import fcntl
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+
+import sampan
+from sampan import nn
+from sampan.io import CheckpointError, load, save
+from sampan.io import checkpoint as ckpt
+from sampan.tensor import Tensor
+
+
+# ---------------------------------------------------------------------------- 0-d arrays
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bool", "bfloat16"])
+def test_zero_d_arrays_and_tensors_stay_zero_d(tmp_path, dtype):
+    a = np.ones((), sampan.dtypes.as_dtype(dtype))
+    obj = {"arr": a, "tensor": Tensor(a.copy()), "scalar": a[()], "one": a.reshape(1)}
+    save(obj, tmp_path / "z.ck")
+    back = load(tmp_path / "z.ck")
+    assert isinstance(back["arr"], np.ndarray) and back["arr"].shape == ()
+    assert isinstance(back["tensor"], Tensor) and back["tensor"].shape == ()
+    assert back["scalar"].shape == () and type(back["scalar"]) is type(a[()])
+    assert back["one"].shape == (1,)             # a real (1,) array stays (1,)
+    assert back["arr"].dtype == a.dtype and back["arr"].tobytes() == a.tobytes()
+
+
+def _bn_model():
+    sampan.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+
+
+def test_batchnorm_state_dict_round_trips_like_torch(tmp_path):
+    m = _bn_model()
+    for _ in range(3):   # move the running statistics and num_batches_tracked
+        m(sampan.randn(8, 4))
+    sd = m.state_dict()
+    save(sd, tmp_path / "bn.ck")
+    m2 = _bn_model()
+    m2.load_state_dict(load(tmp_path / "bn.ck"))
+    # the reference: torch.save/load keeps num_batches_tracked 0-d too
+    tb = torch.nn.BatchNorm1d(6)
+    torch.save(tb.state_dict(), tmp_path / "bn.pt")
+    assert torch.load(tmp_path / "bn.pt")["num_batches_tracked"].shape == ()
+    for k, v in m2.state_dict().items():
+        assert v.shape == sd[k].shape and np.array_equal(v.numpy(), sd[k].numpy()), k
+    assert int(m2.state_dict()["1.num_batches_tracked"].numpy()) == 3
+    m.eval(), m2.eval()
+    x = sampan.randn(5, 4)
+    assert m(x).numpy().tobytes() == m2(x).numpy().tobytes()
+
+
+def test_trainer_with_batchnorm_resumes_exactly(tmp_path):
+    from sampan.data import DataLoader, TensorDataset
+    from sampan.optim import Adam
+    from sampan.train import Trainer
+
+    rng = np.random.default_rng(0)
+    x = sampan.tensor(rng.standard_normal((64, 4)).astype(np.float32))
+    y = sampan.tensor(rng.integers(0, 3, 64).astype(np.int64))
+
+    def setup():
+        m = _bn_model()
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, seed=3)
+        return Trainer(m, Adam(m.parameters(), lr=0.01), sampan.cross_entropy, loader)
+    ref = setup()
+    ref.fit(2)
+    t1 = setup()
+    t1.fit(1)
+    save(t1.state_dict(), tmp_path / "run.ck")
+    t2 = setup()
+    sampan.manual_seed(99)
+    t2.load_state_dict(load(tmp_path / "run.ck"))
+    t2.fit(2)
+    for a, b in zip(t2.model.state_dict().values(), ref.model.state_dict().values()):
+        assert a.shape == b.shape and np.array_equal(a.numpy(), b.numpy())
+
+
+# ---------------------------------------------------------------------------- reading
+def _traced_peak(fn):
+    tracemalloc.start()
+    try:
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_load_peaks_at_the_file_size_not_three_times_it(tmp_path):
+    rng = np.random.default_rng(0)
+    state = {f"w{i}": rng.standard_normal(1 << 20).astype(np.float32) for i in range(6)}
+    state["step"] = np.int64(3)
+    save(state, tmp_path / "big.ck")
+    size = os.path.getsize(tmp_path / "big.ck")
+    back, peak = _traced_peak(lambda: load(tmp_path / "big.ck"))
+    assert peak <= 1.3 * size, (peak, size)
+    for k, v in state.items():
+        assert np.array_equal(back[k], v)
+    back["w0"][0] = 1.0   # loaded arrays are writable
+
+
+def test_wrong_magic_is_refused_before_the_file_is_read(tmp_path):
+    p = tmp_path / "model.bin"
+    p.write_bytes(b"PK\x03\x04" + bytes(16 << 20))
+    err, peak = _traced_peak(lambda: pytest.raises(CheckpointError, load, p))
+    assert "not a sampan checkpoint" in str(err.value)
+    assert peak < 1 << 16   # today's loader read all 16 MiB first
+
+
+def test_corrupt_payload_header_never_allocates_what_it_claims(tmp_path):
+    # the payload's own header is read before its checksum can be checked: a flipped
+    # shape must be refused by the tiling check, not allocated
+    path = tmp_path / "c.ck"
+    save({"w": np.arange(64, dtype=np.float32)}, path)
+    data = bytearray(path.read_bytes())
+    i = data.index(b'"shape":[64]')
+    for bad in (b'"shape":[99]', b'"shape":[6]4', b'"shape":[-1]'):
+        data[i:i + 12] = bad
+        path.write_bytes(bytes(data))
+        with pytest.raises(CheckpointError, match="corrupt"):
+            load(path)
+
+
+# ---------------------------------------------------------------------------- writing
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_checkpoint_honours_the_umask(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        save({"w": np.ones(3)}, tmp_path / "c.ck")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "c.ck").st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_next_save_removes_temporaries_of_killed_saves_only(tmp_path):
+    path = tmp_path / "c.ck"
+    dead = tmp_path / ".c.ck.0123456789abcdef.tmp"     # what a killed save leaves
+    dead.write_bytes(b"half a checkpoint")
+    live = tmp_path / ".c.ck.fedcba9876543210.tmp"     # another process writing now
+    live.write_bytes(b"being written")
+    other = tmp_path / ".d.ck.0123456789abcdef.tmp"    # another checkpoint's
+    other.write_bytes(b"not ours")
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        save({"w": np.ones(3)}, path)
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["c.ck", live.name, other.name])
+    np.testing.assert_array_equal(load(path)["w"], np.ones(3))
+
+
+def test_save_replaces_atomically_after_a_failed_rename(tmp_path, monkeypatch):
+    path = tmp_path / "c.ck"
+    save({"v": np.ones(2)}, path)
+
+    def broken(src, dst):
+        raise OSError("simulated")
+    monkeypatch.setattr(ckpt.os, "replace", broken)
+    with pytest.raises(OSError):
+        save({"v": np.zeros(2)}, path)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["c.ck"]
+    np.testing.assert_array_equal(load(path)["v"], np.ones(2))
