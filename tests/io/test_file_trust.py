@@ -168,3 +168,69 @@ def test_save_replaces_atomically_after_a_failed_rename(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["c.ck"]
     np.testing.assert_array_equal(load(path)["v"], np.ones(2))
+
+
+# ---------------------------------------------------------------------------- kernel cache
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A fresh, empty kernel cache in this process (as a new process would see it)."""
+    pytest.importorskip("numba")
+    from sampan.backends.numba import kernelgen as KG
+
+    d = tmp_path / "kernels"
+    monkeypatch.setenv("SAMPAN_CACHE_DIR", str(d))
+    monkeypatch.setattr(KG, "_LOADED", {})
+    monkeypatch.setattr(KG, "_DIR_STATE", {})
+    f32 = np.dtype(np.float32)
+    # t2 = x0 * x1 + x0, a one-entry-per-op body written from the op table
+    src = KG.kernel_source([("mul", (0, 1)), ("add", (2, 0))], [3], [f32, f32], [f32],
+                           ["full", "full"], "flat", False)
+    return KG, d, src
+
+
+def _run(k):
+    x = np.arange(6, dtype=np.float32)
+    y = np.full(6, 2.0, np.float32)
+    out = np.empty(6, np.float32)
+    k(x, y, out)
+    return out, x * y + x
+
+
+def _forget(KG, name):
+    KG._LOADED.clear()
+    os.sys.modules.pop(name, None)
+
+
+def test_tampered_kernel_module_is_rebuilt_and_never_run(kernel_cache, tmp_path):
+    KG, _, src = kernel_cache
+    k, name, path = KG.load_kernel(src)
+    got, want = _run(k)
+    np.testing.assert_array_equal(got, want)
+    marker = tmp_path / "tampered-code-ran"
+    with open(path, "w") as f:   # same name, other code: it must never execute
+        f.write(f"open({str(marker)!r}, 'w').write('ran')\n"
+                "from numba import njit\n\n"
+                "@njit(cache=True)\ndef kernel(x0, x1, o0):\n"
+                "    for i in range(o0.shape[0]):\n        o0[i] = 42.0\n")
+    _forget(KG, name)
+    rebuilt = KG.STATS["rebuilt"]
+    k2, name2, path2 = KG.load_kernel(src)
+    assert not marker.exists()
+    assert (name2, path2) == (name, path) and KG.STATS["rebuilt"] == rebuilt + 1
+    with open(path) as f:
+        assert f.read() == src
+    got, want = _run(k2)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_truncated_kernel_module_is_rebuilt(kernel_cache):
+    KG, _, src = kernel_cache
+    _, name, path = KG.load_kernel(src)
+    with open(path, "r+") as f:   # a full disk or a killed writer
+        f.truncate(len(src) // 2)
+    _forget(KG, name)
+    k, _, _ = KG.load_kernel(src)
+    with open(path) as f:
+        assert f.read() == src
+    got, want = _run(k)
+    np.testing.assert_array_equal(got, want)
