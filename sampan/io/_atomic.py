@@ -13,10 +13,12 @@ and `mkdir` would: `tempfile.mkstemp` makes every checkpoint 0o600 whatever the 
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import shutil
+import sys
 import time
 
 try:
@@ -159,11 +161,41 @@ def fsync_dir(folder: str) -> None:
 
 
 # ---------------------------------------------------------------------------- folders
-# A folder cannot be renamed over a non-empty one, so publishing a new version of a saved
-# folder takes two renames: the old one aside to `<name>.old-<token>`, the new one from
+# A folder cannot be renamed over a non-empty one. On Linux, renameat2(RENAME_EXCHANGE)
+# swaps the new folder and the old one in one atomic step, so a reader sees one or the
+# other, never neither. Elsewhere (or on a filesystem without it) publishing takes two
+# renames: the old folder aside to `<name>.old-<token>`, the new one from
 # `<name>.tmp-<token>` into place. A crash between them leaves both (same token) and
 # nothing at `<name>`; `recover_dir` (run by the loader and the next save) finishes the
 # job from what is on disk.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2 = []
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the paths `a` and `b` atomically; False where the platform cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if not _renameat2:
+        import ctypes
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_uint]
+        except (AttributeError, OSError):   # a libc older than glibc 2.28
+            fn = None
+        _renameat2.append(fn)
+    fn = _renameat2[0]
+    if fn is None:
+        return False
+    import ctypes
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
+        return False   # this kernel or filesystem cannot: two renames instead
+    raise OSError(err, os.strerror(err), a)
 def dir_temp_pattern(base: str) -> str:
     """Regex of the temporaries and set-aside copies of folder `base` (any save)."""
     return re.escape(base) + r"\.(tmp|old)-(?:[0-9a-f]{8}|[0-9a-f]{16})"
@@ -171,13 +203,18 @@ def dir_temp_pattern(base: str) -> str:
 
 def publish_dir(tmp: str, path: str) -> None:
     """Move the complete, fsynced, locked folder `tmp` (named `<path>.tmp-<token>`) to
-    `path`, replacing a folder there. On an exception between the two renames the old
-    folder is put back when possible; a crash there is repaired by `recover_dir`."""
+    `path`, replacing a folder there: in one step where `exchange` can, else in two
+    renames. On an exception between those the old folder is put back when possible; a
+    crash there is repaired by `recover_dir`."""
     folder = os.path.dirname(os.path.abspath(path))
     old = tmp.replace(".tmp-", ".old-")
     old_fd, moved = None, False
     try:
         if os.path.isdir(path) and not os.path.islink(path):
+            if exchange(tmp, path):   # `tmp` now names the old folder
+                fsync_dir(folder)
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
             old_fd = lock_dir(path)
             os.replace(path, old)
             moved = True

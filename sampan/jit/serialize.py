@@ -15,11 +15,12 @@ meta.json against the graph and the weights (kinds, indices, keys, shapes, dtype
 program written wrongly also fails at load, with a `LoadError`. Version 1 programs still
 load (checked field by field; their meta.json has no checksum).
 
-A save writes `<path>.tmp-<token>/`, fsyncs it, then renames: the old program aside and
-the new one into place (a folder cannot be renamed over another in one step). A crash
-between the two renames leaves no `<path>`; the next `load` or `save` of `<path>` puts
-the new program in place (see `sampan.io._atomic`). Temporaries of killed saves are
-removed by the next save.
+A save writes `<path>.tmp-<token>/`, fsyncs it, then swaps it with the old program in
+one atomic step (Linux's renameat2 RENAME_EXCHANGE). Where that is missing it renames
+twice, the old program aside and the new one into place; a crash between the two
+leaves no `<path>`, and the next `load` or `save` of `<path>` puts the new program in
+place (see `sampan.io._atomic`). Temporaries of killed saves are removed by the next
+save.
 
 Weights are read once, straight into their arrays, while they are hashed: a load peaks
 at about the size of the weights, not three times it.

@@ -17,6 +17,7 @@ import torch
 
 import sampan
 from sampan import nn
+from sampan.io import _atomic
 from sampan.jit import LoadError
 from sampan.jit import serialize as S
 
@@ -196,6 +197,34 @@ def _outputs(path, x):
     return S.load(path)(x).numpy()
 
 
+@pytest.fixture
+def two_renames(monkeypatch):
+    """Publish with two renames, as where renameat2(RENAME_EXCHANGE) is missing."""
+    monkeypatch.setattr(_atomic, "exchange", lambda a, b: False)
+
+
+def test_replacing_a_program_is_one_atomic_exchange_on_linux(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "x").touch()
+    if not _atomic.exchange(str(a), str(b)):
+        pytest.skip("no renameat2(RENAME_EXCHANGE) here")
+    assert os.listdir(b) == ["x"] and os.listdir(a) == []
+    path = str(tmp_path / "m.sampan")
+    x = sampan.randn(4, 5)
+    S.save(_model(0), path, (x,))
+    new_m = _model(1)
+
+    def never(src, dst):   # no rename at all: the exchange alone publishes
+        raise AssertionError("os.replace called")
+    monkeypatch.setattr(os, "replace", never)
+    S.save(new_m, path, (x,))
+    monkeypatch.undo()
+    np.testing.assert_allclose(_outputs(path, x), new_m(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "m.sampan"]
+
+
+@pytest.mark.usefixtures("two_renames")
 def test_crash_between_the_two_renames_is_recovered_on_load(tmp_path, monkeypatch):
     path = str(tmp_path / "m.sampan")
     x = sampan.randn(4, 5)
@@ -219,6 +248,7 @@ def test_crash_between_the_two_renames_is_recovered_on_load(tmp_path, monkeypatc
     assert sorted(os.listdir(tmp_path)) == ["m.sampan"]
 
 
+@pytest.mark.usefixtures("two_renames")
 def test_failed_first_rename_keeps_the_old_program(tmp_path, monkeypatch):
     path = str(tmp_path / "m.sampan")
     x = sampan.randn(4, 5)
@@ -235,6 +265,7 @@ def test_failed_first_rename_keeps_the_old_program(tmp_path, monkeypatch):
     np.testing.assert_allclose(_outputs(path, x), old_m(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("two_renames")
 def test_failed_second_rename_puts_the_old_program_back(tmp_path, monkeypatch):
     path = str(tmp_path / "m.sampan")
     x = sampan.randn(4, 5)
@@ -312,6 +343,7 @@ def test_zero_d_state_and_inputs_stay_zero_d(tmp_path):
 
 _RSS_PROBE = """
 import sys
+from sampan.io import _atomic
 from sampan.jit import serialize as S
 
 
