@@ -343,7 +343,6 @@ def test_zero_d_state_and_inputs_stay_zero_d(tmp_path):
 
 _RSS_PROBE = """
 import sys
-from sampan.io import _atomic
 from sampan.jit import serialize as S
 
 
