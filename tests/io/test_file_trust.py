@@ -234,3 +234,51 @@ def test_truncated_kernel_module_is_rebuilt(kernel_cache):
         assert f.read() == src
     got, want = _run(k)
     np.testing.assert_array_equal(got, want)
+
+
+class _Evil:
+    """A pickle that, once loaded, writes a file: the machine code numba would load."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _compiled(KG, src):
+    f32 = np.dtype(np.float32)
+    k, name, _ = KG.load_kernel(src)
+    KG.compile_kernel(k, name, KG._nb_sig([f32, f32], ["full", "full"], "flat", [f32]))
+    return k, name
+
+
+def test_damaged_numba_cache_files_are_recompiled_never_unpickled(kernel_cache, tmp_path):
+    import pickle
+
+    KG, d, src = kernel_cache
+    _, name = _compiled(KG, src)
+    pyc = d / "__pycache__"
+    index = [p for p in pyc.iterdir() if p.name.endswith(".nbi")]
+    code = [p for p in pyc.iterdir() if p.name.endswith(".nbc")]
+    assert index and code
+    # numba's machine code swapped for a pickle that runs code when loaded
+    marker = tmp_path / "pickle-ran"
+    for p in code:
+        p.write_bytes(pickle.dumps(_Evil(str(marker))))
+    _forget(KG, name)
+    k, name = _compiled(KG, src)
+    assert not marker.exists()
+    got, want = _run(k)
+    np.testing.assert_array_equal(got, want)
+    # a truncated index (it raised UnpicklingError in every later process)
+    index[0].write_bytes(index[0].read_bytes()[:10])
+    _forget(KG, name)
+    k, name = _compiled(KG, src)
+    got, want = _run(k)
+    np.testing.assert_array_equal(got, want)
+    # and what was rewritten is trusted again: the next process loads it
+    _forget(KG, name)
+    hits = KG.STATS["cache_hits"]
+    _compiled(KG, src)
+    assert KG.STATS["cache_hits"] == hits + 1

@@ -13,7 +13,9 @@ Each kernel is written to a module file in the cache directory (`$SAMPAN_CACHE_D
 else `~/.cache/sampan/kernels`) and imported, with `@njit(cache=True)`, so a second
 process loads the machine code instead of compiling. An unwritable directory degrades
 to in-memory kernels with one warning. A module file is trusted only when it holds
-exactly the source its name was made from: anything else is rewritten before it is run.
+exactly the source its name was made from: anything else is rewritten before it is run;
+numba's pickled machine code beside it is checked against its sidecar digest first
+(`cachefiles`).
 `STATS` counts compilations, cache hits, rewritten module files and the compile time of
 each kernel.
 
@@ -40,6 +42,7 @@ from ... import dtypes as _dt
 from ...ops._nb import mathlib_hash
 from ...ops.fused import body_attrs
 from ...ops.registry import OPS
+from . import cachefiles
 
 # Below this many elements a kernel runs serially. Measured on the 2-core machine: numba's
 # worker threads compete with OpenBLAS's (which spin after each GEMM), so a parallel
@@ -402,6 +405,7 @@ def load_kernel(src):
             return _LOADED[name], name, getattr(_LOADED[name], "_sampan_path", None)
         d = cache_dir()
         if _usable(d):
+            cachefiles.install()   # numba's pickles of it are checked as well
             path = os.path.join(d, name + ".py")
             want = src.encode("utf-8")
             have = _cached_bytes(path, len(want) + 1)
