@@ -52,6 +52,7 @@ _FILES = ("graph.ir", "weights.safetensors")          # covered by meta.json in 
 _SUMMED = ("graph.ir", "meta.json", "weights.safetensors")
 _SUMS = "checksums.sha256"
 _MAX_META = 64 << 20     # larger than any meta.json: refuse before reading it
+_MAX_GRAPH = 1 << 30     # graph text (large constants live in the weights)
 _MAX_SUMS = 4096
 _IN_KINDS = ("arg", "state", "grad", "feed", "rng")
 _OUT_KINDS = ("out", "state", "grad", "rng")
@@ -301,7 +302,7 @@ def read(path, _recover=True):
             raise LoadError(f"sampan.jit.load: {path}/meta.json lacks the sha256 of "
                             f"{' and '.join(_FILES)}; the program is damaged")
     gpath = os.path.join(path, "graph.ir")
-    text = _read_checked(gpath, sums["graph.ir"], None).decode("utf-8", "replace")
+    text = _read_checked(gpath, sums["graph.ir"], _MAX_GRAPH).decode("utf-8", "replace")
     raw = _read_weights(os.path.join(path, "weights.safetensors"), sums["weights.safetensors"])
     arrays = _typed_arrays(path, meta, raw)
     consts = {k[len("const."):]: a for k, a in arrays.items() if k.startswith("const.")}

@@ -282,3 +282,14 @@ def test_damaged_numba_cache_files_are_recompiled_never_unpickled(kernel_cache, 
     hits = KG.STATS["cache_hits"]
     _compiled(KG, src)
     assert KG.STATS["cache_hits"] == hits + 1
+
+
+def test_a_checkpoint_written_before_these_changes_still_loads():
+    # written by sampan.save of main on 2026-12-01 (safetensors' own serializer)
+    import pathlib
+
+    back = load(pathlib.Path(__file__).parent / "data" / "v1_main_2026-12-01.ck")
+    np.testing.assert_array_equal(back["w"], np.arange(4, dtype=np.float32))
+    assert back["b"].dtype == sampan.dtypes.bfloat16 and back["b"].tolist() == [1, 1]
+    assert back["n"] == 3 and isinstance(back["n"], np.int64)
+    assert isinstance(back["t"], Tensor) and back["t"].numpy().dtype == np.float16

@@ -382,3 +382,25 @@ def test_load_reads_weights_without_extra_copies(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak <= 1.3 * size, (peak, size)
+
+
+def test_a_program_written_by_the_version_1_writer_still_loads(tmp_path):
+    # written by sampan.jit.save of main on 2026-12-01 (format 1: checksums in meta.json,
+    # a bfloat16 buffer stored as uint16)
+    import shutil
+
+    data = pathlib.Path(__file__).parent / "data"
+    path = tmp_path / "v1_program"
+    shutil.copytree(data / "v1_program", path)
+    m = S.load(str(path))
+    assert m.meta["version"] == 1 and m.arrays["input.3.scale"].dtype == sampan.dtypes.bfloat16
+    x = sampan.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    want = np.load(data / "v1_program.expected.npy")
+    assert m(x)["y"].numpy().tobytes() == want.tobytes()
+    # its graph and weights stay covered by the checksums version 1 kept
+    p = path / "weights.safetensors"
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 1
+    p.write_bytes(bytes(raw))
+    with pytest.raises(LoadError, match="damaged"):
+        S.load(str(path))
