@@ -206,8 +206,10 @@ def publish_dir(tmp: str, path: str) -> None:
     `path`, replacing a folder there: in one step where `exchange` can, else in two
     renames. On an exception between those the old folder is put back when possible; a
     crash there is repaired by `recover_dir`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    old = tmp.replace(".tmp-", ".old-")
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    head, name = os.path.split(os.path.abspath(tmp))
+    old = os.path.join(head, name.replace(".tmp-", ".old-"))   # the same token
     old_fd, moved = None, False
     try:
         if os.path.isdir(path) and not os.path.islink(path):
@@ -244,8 +246,7 @@ def recover_dir(path: str, complete) -> bool:
     whole). Folders a live save holds are left alone. Returns True when it moved one."""
     if os.path.exists(path):
         return False
-    folder = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
+    folder, base = os.path.split(os.path.abspath(path))
     rx = re.compile(re.escape(base) + r"\.(tmp|old)-([0-9a-f]{16})")
     pairs: dict = {}
     try:

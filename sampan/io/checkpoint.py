@@ -215,8 +215,7 @@ def _temp_name(base: str, tok: str) -> str:
 
 
 def _atomic_write(path: str, write) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
+    folder, base = os.path.split(os.path.abspath(path))
     _atomic.remove_stale(folder, re.escape(_temp_name(base, "@")).replace("@", "[0-9a-f]{16}"))
     fd, tmp = _atomic.create_file(folder, lambda tok: _temp_name(base, tok))
     try:

@@ -175,8 +175,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
 
 
 def _write_dir(path: str, files: dict, arrays: dict) -> str:
-    folder = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
+    folder, base = os.path.split(os.path.abspath(path))   # "m.sampan/" names m.sampan
     _atomic.recover_dir(path, _complete)   # a crash between two renames: repair first
     _atomic.remove_stale(folder, _atomic.dir_temp_pattern(base))
     fd, tmp = _atomic.create_dir(folder, lambda tok: f"{base}.tmp-{tok}")

@@ -404,3 +404,19 @@ def test_a_program_written_by_the_version_1_writer_still_loads(tmp_path):
     p.write_bytes(bytes(raw))
     with pytest.raises(LoadError, match="damaged"):
         S.load(str(path))
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_replacing_works_in_any_folder_and_with_a_trailing_slash(tmp_path, monkeypatch,
+                                                                  exchange):
+    if not exchange:
+        monkeypatch.setattr(_atomic, "exchange", lambda a, b: False)
+    folder = tmp_path / "runs.tmp-0123456789abcdef"   # looks like a temporary itself
+    folder.mkdir()
+    x = sampan.randn(4, 5)
+    path = str(folder / "m.sampan") + os.sep
+    S.save(_model(0), path, (x,))
+    new_m = _model(1)
+    S.save(new_m, path, (x,))
+    np.testing.assert_allclose(_outputs(path, x), new_m(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert os.listdir(folder) == ["m.sampan"] and os.path.isdir(folder)
