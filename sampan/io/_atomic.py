@@ -196,6 +196,8 @@ def exchange(a: str, b: str) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
         return False   # this kernel or filesystem cannot: two renames instead
     raise OSError(err, os.strerror(err), a)
+
+
 def dir_temp_pattern(base: str) -> str:
     """Regex of the temporaries and set-aside copies of folder `base` (any save)."""
     return re.escape(base) + r"\.(tmp|old)-(?:[0-9a-f]{8}|[0-9a-f]{16})"
@@ -259,12 +261,12 @@ def recover_dir(path: str, complete) -> bool:
             pairs.setdefault(m.group(2), {})[m.group(1)] = os.path.join(folder, n)
     # only a pair proves a save stopped between its renames: a lone `.old-` means the
     # new folder was published, and `path` was removed afterwards on purpose
-    for tok, p in sorted(pairs.items(), key=lambda kv: -_mtime(kv[1].get("tmp"))):
+    for _, p in sorted(pairs.items(), key=lambda kv: -_mtime(kv[1].get("tmp"))):
         if set(p) != {"tmp", "old"}:
             continue
         fds = [lock_dir(p["tmp"]), lock_dir(p["old"])]
         try:
-            if False in fds:
+            if any(fd is False for fd in fds):   # a live save holds one
                 continue
             src = p["tmp"] if complete(p["tmp"]) else p["old"] if complete(p["old"]) else None
             if src is None:
