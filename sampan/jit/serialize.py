@@ -274,7 +274,10 @@ class Loaded:
 
 # ---------------------------------------------------------------------- reading
 def read(path, _recover=True):
-    """Read and verify a saved program: (graph, meta, arrays). Raises LoadError."""
+    """Read and verify a saved program: (graph, meta, arrays). Raises LoadError.
+
+    A program a crashed save left half replaced is first put back in place (see the
+    module doc); `_recover=False` reads exactly `path`."""
     from ..ir import parse, verify
     path = os.fspath(path)
     if _recover and not os.path.isdir(path):
@@ -284,16 +287,16 @@ def read(path, _recover=True):
     if os.path.exists(os.path.join(path, _SUMS)):
         sums = _read_sums(path)
         meta = _read_meta(path, sums["meta.json"])
-        if meta.get("version") != VERSION:
+        if not _is_version(meta, VERSION):
             raise LoadError(f"sampan.jit.load: {path}/meta.json says format version "
                             f"{meta.get('version')!r}, but only version {VERSION} programs "
                             f"have {_SUMS}; the program is damaged")
     else:
         meta = _read_meta(path, None)
-        if meta.get("version") == VERSION:
+        if _is_version(meta, VERSION):
             raise LoadError(f"sampan.jit.load: {os.path.join(path, _SUMS)} is missing "
                             "(incomplete or damaged save)")
-        if meta.get("version") != 1:
+        if not _is_version(meta, 1):
             raise LoadError(f"sampan.jit.load: {path}/meta.json has an invalid format version "
                             f"{meta.get('version')!r}; the program is damaged")
         sums = meta.get("sha256")   # version 1: checksums of the other two files only
@@ -312,6 +315,10 @@ def read(path, _recover=True):
         raise LoadError(f"sampan.jit.load: graph of {path} is invalid: {e}") from None
     _check_meta(path, meta, g, arrays)
     return g, meta, arrays
+
+
+def _is_version(meta, v) -> bool:
+    return type(meta.get("version")) is int and meta["version"] == v   # not True == 1
 
 
 def load(path, debug: bool = False) -> Loaded:

@@ -133,6 +133,7 @@ def _swap_inputs(meta):
     lambda m: m["dtypes"].pop("example.1"),
     lambda m: m.update(version=1),
     lambda m: m.update(version="2"),
+    lambda m: m.update(version=True),
     lambda m: m.pop("format"),
     lambda m: m.update(inputs=None),
 ])
