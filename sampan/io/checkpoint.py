@@ -25,6 +25,13 @@ Every array lives in the safetensors payload, whose own header names its dtype
 (BF16, F16, ... so bfloat16 round-trips bit-exactly) and shape. `load` checks the
 magic, the version (before reading anything else), the lengths, both checksums and
 that each array's dtype and shape match the tree; any failure raises `CheckpointError`.
+It reads the file once, in order, each array straight into its own buffer (see
+`_tensorfile`): a load peaks at about the file's size.
+
+A 0-d array (a BatchNorm's ``num_batches_tracked``) is stored with shape ``[]``. Writers
+before 2026-12 stored it as ``[1]``, which the format cannot tell from a real (1,)
+array: such files load as they always did. The layout did not change, so the version
+stays 1 (older readers read the new files).
 """
 from __future__ import annotations
 
@@ -32,12 +39,15 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
-import tempfile
 
 import numpy as np
 
 from sampan.errors import SampanError
+
+from . import _atomic
+from . import _tensorfile as _tf
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointError", "load", "save"]
 
@@ -51,21 +61,7 @@ class CheckpointError(SampanError, RuntimeError):
     """A checkpoint cannot be written or read back faithfully."""
 
 
-# numpy dtype name -> safetensors dtype code (the payload header spells dtypes this way)
-_ST_CODES = {
-    "bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16",
-    "uint32": "U32", "int32": "I32", "uint64": "U64", "int64": "I64",
-    "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
-    "complex64": "C64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-}
-
-
-def _np_dtype(name: str) -> np.dtype:
-    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        import ml_dtypes
-
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
+_ST_CODES = _tf.CODES   # numpy dtype name -> safetensors dtype code
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -90,9 +86,7 @@ class _Encoder:
             raise CheckpointError(
                 f"save: cannot store an array of dtype {arr.dtype} at '{path}'; supported "
                 f"dtypes: {', '.join(_ST_CODES)}")
-        arr = np.ascontiguousarray(arr)
-        if arr.dtype.byteorder == ">":
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        arr = _tf.contiguous(arr)   # keeps a 0-d array 0-d
         name = self._name_for(path)
         self.arrays[name] = arr
         node = {"$tensor": name, "kind": kind, "dtype": dt, "shape": list(arr.shape)}
@@ -179,39 +173,13 @@ def _hashable(key):
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
-# ---------------------------------------------------------------------------- payload
-def _serialize_arrays(arrays: dict) -> bytes:
-    from safetensors import TensorSpec, serialize
-
-    specs = {
-        name: TensorSpec(dtype=arr.dtype.name, shape=list(arr.shape),
-                         data_ptr=arr.ctypes.data, data_len=arr.nbytes)
-        for name, arr in arrays.items()
-    }
-    # `arrays` keeps every buffer alive while the serializer reads the raw pointers
-    return bytes(serialize(specs, metadata={"format": FORMAT_NAME}))
-
-
-def _deserialize_arrays(payload: bytes) -> dict:
-    from safetensors import deserialize
-
-    codes = {v: k for k, v in _ST_CODES.items()}
-    out = {}
-    for name, view in deserialize(payload):
-        code = view["dtype"]
-        if code not in codes:
-            raise CheckpointError(f"load: array '{name}' has unsupported dtype {code}")
-        dt = _np_dtype(codes[code])
-        out[name] = np.frombuffer(view["data"], dtype=dt).reshape(view["shape"])
-    return out
-
-
 # ---------------------------------------------------------------------------- public API
 def save(obj, path) -> None:
     """Write `obj` (nested dicts/lists/tuples of Tensors, arrays, scalars) to `path` atomically.
 
-    The bytes go to a temporary file in the same folder, are fsynced, then renamed over
-    `path`; a failure at any point leaves an existing file at `path` untouched.
+    The bytes go to a temporary file in the same folder (mode 0o666 less the umask), are
+    fsynced, then renamed over `path`; a failure at any point leaves an existing file at
+    `path` untouched, and temporaries that killed saves left are removed.
 
     Example::
 
@@ -219,102 +187,129 @@ def save(obj, path) -> None:
     """
     enc = _Encoder()
     tree = enc.encode(obj)
-    payload = _serialize_arrays(enc.arrays)
+    meta = {"format": FORMAT_NAME}
+    head = _tf.header_bytes(enc.arrays, meta)
+    digest = hashlib.sha256(head)
+    for a in enc.arrays.values():   # hashed from the arrays' own buffers: no payload copy
+        if a.nbytes:
+            digest.update(a.reshape(-1).view(np.uint8))
     header = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "payload_nbytes": len(payload),
-        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_nbytes": len(head) + sum(a.nbytes for a in enc.arrays.values()),
+        "payload_sha256": digest.hexdigest(),
         "tree": tree,
     }
     hbytes = json.dumps(header, allow_nan=False, separators=(",", ":")).encode("utf-8")
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes), hashlib.sha256(hbytes).digest())
-    _atomic_write(os.fspath(path), (prefix, hbytes, payload))
+
+    def write(f):
+        f.write(prefix)
+        f.write(hbytes)
+        _tf.write(f, enc.arrays, meta)
+    _atomic_write(os.fspath(path), write)
 
 
-def _atomic_write(path: str, chunks) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+def _temp_name(base: str, tok: str) -> str:
+    return f".{base}.{tok}.tmp"
+
+
+def _atomic_write(path: str, write) -> None:
+    folder, base = os.path.split(os.path.abspath(path))
+    _atomic.remove_stale(folder, re.escape(_temp_name(base, "@")).replace("@", "[0-9a-f]{16}"))
+    fd, tmp = _atomic.create_file(folder, lambda tok: _temp_name(base, tok))
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            # renamed while its lock is held: no cleaner can take it for a dead save's
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
-    # make the rename itself durable; not every platform lets us open a folder
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    _atomic.fsync_dir(folder)   # make the rename itself durable
 
 
 def load(path):
     """Read a checkpoint written by `save`, verifying its version and checksums.
 
-    Tensors come back as sampan Tensors, numpy arrays as numpy arrays.
+    Tensors come back as sampan Tensors, numpy arrays as numpy arrays. The file is read
+    once, in order: the fixed prefix first (a file of another kind is refused before
+    more of it is read), then each array straight into its own buffer.
 
     Example::
 
         >>> state = sampan.load("ckpt.sampan"); model.load_state_dict(state["model"])
     """
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
     where = f"load('{path}')"
-    if len(data) < 12 or data[:8] != MAGIC:
-        if len(data) < 12 and MAGIC.startswith(data[:8]):
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(_PREFIX.size)
+        if len(data) < 12 or data[:8] != MAGIC:
+            if len(data) < 12 and MAGIC.startswith(data[:8]):
+                raise CheckpointError(f"{where}: the file is truncated ({len(data)} bytes)")
+            raise CheckpointError(f"{where}: not a sampan checkpoint (bad magic bytes)")
+        version = struct.unpack_from("<I", data, 8)[0]
+        if version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"{where}: the file has format version {version}, newer than the version "
+                f"{FORMAT_VERSION} this sampan reads; upgrade sampan to load it")
+        if version < 1:
+            raise CheckpointError(f"{where}: invalid format version {version}; the file is "
+                                  "corrupt")
+        if len(data) < _PREFIX.size:
             raise CheckpointError(f"{where}: the file is truncated ({len(data)} bytes)")
-        raise CheckpointError(f"{where}: not a sampan checkpoint (bad magic bytes)")
-    version = struct.unpack_from("<I", data, 8)[0]
-    if version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{where}: the file has format version {version}, newer than the version "
-            f"{FORMAT_VERSION} this sampan reads; upgrade sampan to load it")
-    if version < 1:
-        raise CheckpointError(f"{where}: invalid format version {version}; the file is corrupt")
-    if len(data) < _PREFIX.size:
-        raise CheckpointError(f"{where}: the file is truncated ({len(data)} bytes)")
-    _, _, hlen, hsum = _PREFIX.unpack_from(data, 0)
-    start = _PREFIX.size
-    if start + hlen > len(data):
-        raise CheckpointError(
-            f"{where}: the file is truncated: the header needs {start + hlen} bytes, "
-            f"the file has {len(data)}")
-    hbytes = data[start:start + hlen]
-    if hashlib.sha256(hbytes).digest() != hsum:
-        raise CheckpointError(f"{where}: header checksum mismatch; the file is corrupt")
+        _, _, hlen, hsum = _PREFIX.unpack_from(data, 0)
+        start = _PREFIX.size
+        if start + hlen > size:
+            raise CheckpointError(
+                f"{where}: the file is truncated: the header needs {start + hlen} bytes, "
+                f"the file has {size}")
+        hbytes = f.read(hlen)
+        if hashlib.sha256(hbytes).digest() != hsum:
+            raise CheckpointError(f"{where}: header checksum mismatch; the file is corrupt")
+        header = _header(hbytes, version, where)
+        have, want = size - start - hlen, header["payload_nbytes"]
+        if have != want:
+            what = "truncated" if have < want else "corrupt"
+            raise CheckpointError(
+                f"{where}: the file is {what}: the tensor payload has {have} bytes, "
+                f"the header says {want}")
+        digest = hashlib.sha256()
+        try:
+            arrays, _ = _tf.read(f, want, CheckpointError, f"{where}: tensor payload", digest)
+        except CheckpointError:
+            if digest.hexdigest() != header["payload_sha256"]:
+                raise CheckpointError(f"{where}: tensor payload checksum mismatch; the file "
+                                      "is corrupt") from None
+            raise
+    if digest.hexdigest() != header["payload_sha256"]:
+        raise CheckpointError(f"{where}: tensor payload checksum mismatch; the file is corrupt")
+    try:
+        return _decode(header["tree"], arrays)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise CheckpointError(f"{where}: the header's tree is malformed ({type(e).__name__}: "
+                              f"{e}); the file was not written by sampan.save") from None
+
+
+def _header(hbytes: bytes, version: int, where: str) -> dict:
     try:
         header = json.loads(hbytes.decode("utf-8"))
     except ValueError as e:  # cannot happen with a matching checksum unless written badly
         raise CheckpointError(f"{where}: the header is not valid JSON ({e})") from None
-    if header.get("format") != FORMAT_NAME or header.get("format_version") != version:
+    if (not isinstance(header, dict) or header.get("format") != FORMAT_NAME
+            or header.get("format_version") != version):
         raise CheckpointError(f"{where}: the header does not describe a {FORMAT_NAME} "
                               f"version {version}; the file is corrupt")
-    payload = data[start + hlen:]
-    if len(payload) != header["payload_nbytes"]:
-        what = "truncated" if len(payload) < header["payload_nbytes"] else "corrupt"
-        raise CheckpointError(
-            f"{where}: the file is {what}: the tensor payload has {len(payload)} bytes, "
-            f"the header says {header['payload_nbytes']}")
-    if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
-        raise CheckpointError(f"{where}: tensor payload checksum mismatch; the file is corrupt")
-    try:
-        arrays = _deserialize_arrays(payload)
-    except CheckpointError:
-        raise
-    except Exception as e:  # noqa: BLE001 - safetensors rejects a payload it cannot parse
-        raise CheckpointError(f"{where}: the tensor payload cannot be parsed ({e})") from None
-    return _decode(header["tree"], arrays)
+    n, h = header.get("payload_nbytes"), header.get("payload_sha256")
+    if type(n) is not int or n < 0 or not isinstance(h, str) or "tree" not in header:
+        raise CheckpointError(f"{where}: the header lacks a valid payload_nbytes, "
+                              "payload_sha256 or tree; the file is corrupt")
+    return header

@@ -2,10 +2,28 @@
 
     graph.ir              the optimised Graph as text
     weights.safetensors   state inputs (parameters, buffers), large constants, example inputs
-    meta.json             format version, input/output slots, output structure, sha256 of both
+    meta.json             format version, input/output slots, output structure, dtypes
+    checksums.sha256      sha256 of each of the three files above (`sha256sum -c` reads it)
 
-written atomically (temporary directory + rename) and verified on load; the loaded
-program needs none of the model's Python code.
+written atomically and verified on load; the loaded program needs none of the model's
+Python code.
+
+Every file is covered by a checksum, written last: version 1 kept the checksums inside
+meta.json, so a flipped bit in meta.json itself could swap two inputs unnoticed or fail
+with a KeyError at the first call. On top of the checksums `read` checks every field of
+meta.json against the graph and the weights (kinds, indices, keys, shapes, dtypes), so a
+program written wrongly also fails at load, with a `LoadError`. Version 1 programs still
+load (checked field by field; their meta.json has no checksum).
+
+A save writes `<path>.tmp-<token>/`, fsyncs it, then swaps it with the old program in
+one atomic step (Linux's renameat2 RENAME_EXCHANGE). Where that is missing it renames
+twice, the old program aside and the new one into place; a crash between the two
+leaves no `<path>`, and the next `load` or `save` of `<path>` puts the new program in
+place (see `sampan.io._atomic`). Temporaries of killed saves are removed by the next
+save.
+
+Weights are read once, straight into their arrays, while they are hashed: a load peaks
+at about the size of the weights, not three times it.
 
 Example::
 
@@ -17,18 +35,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
-import uuid
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanError
+from ..io import _atomic
+from ..io import _tensorfile as _tf
 from ..tensor import Tensor, wrap
 
 FORMAT = "sampan.jit"
-VERSION = 1
-_FILES = ("graph.ir", "weights.safetensors")
+VERSION = 2
+_FILES = ("graph.ir", "weights.safetensors")          # covered by meta.json in version 1
+_SUMMED = ("graph.ir", "meta.json", "weights.safetensors")
+_SUMS = "checksums.sha256"
+_MAX_META = 64 << 20     # larger than any meta.json: refuse before reading it
+_MAX_GRAPH = 1 << 30     # graph text (large constants live in the weights)
+_MAX_SUMS = 4096
+_IN_KINDS = ("arg", "state", "grad", "feed", "rng")
+_OUT_KINDS = ("out", "state", "grad", "rng")
 
 
 class LoadError(SampanError):
@@ -41,18 +68,6 @@ def _sha256(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _enc(a):
-    a = np.ascontiguousarray(a)
-    if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
-        return a.view(np.uint16)
-    return a
-
-
-def _dec(a, name):
-    d = _dt.as_dtype(name)
-    return a.view(d) if a.dtype != d else a
 
 
 def _tree_json(tree, consts):
@@ -78,15 +93,19 @@ def _tree_py(j, leaves, consts):
     if "list" in j:
         return [_tree_py(x, leaves, consts) for x in j["list"]]
     if "dict" in j:
-        return {k: _tree_py(x, leaves, consts) for k, x in j["dict"]}
+        return {_key(k): _tree_py(x, leaves, consts) for k, x in j["dict"]}
     if "const" in j:
         return wrap(consts[j["const"]].copy())
     return j["static"]
 
 
+def _key(k):
+    # JSON turns a tuple key into a list
+    return tuple(_key(x) for x in k) if isinstance(k, list) else k
+
+
 def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
     """Trace `fn_or_layer(*example_inputs)`, optimise, and write a model directory."""
-    from safetensors.numpy import save_file
     from ..passes import PassManager, pipeline
     from .api import JitFunction, _flatten, trace
     fn, state = fn_or_layer, []
@@ -112,7 +131,11 @@ def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
     arrays, dtypes = {}, {}
 
     def put(key, a):
-        arrays[key] = _enc(a)
+        a = _tf.contiguous(a)   # not np.ascontiguousarray: it makes a 0-d array (1,)
+        if a.dtype.name not in _tf.CODES:
+            raise SampanError(f"sampan.jit.save: cannot store '{key}' of dtype {a.dtype}; "
+                              f"supported: {', '.join(_tf.CODES)}")
+        arrays[key] = a
         dtypes[key] = _dt.dtype_name(a.dtype)
     ins = []
     for i, ((kind, ref), v) in enumerate(zip(slots, g.inputs)):
@@ -146,31 +169,56 @@ def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
     for i, a in enumerate(out_consts):
         put(f"outconst.{i}", a)
     meta["n_outconst"] = len(out_consts)
+    files = {"graph.ir": text.encode("utf-8"),
+             "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
+    return _write_dir(os.fspath(path), files, arrays)
 
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    os.makedirs(tmp)
+
+def _write_dir(path: str, files: dict, arrays: dict) -> str:
+    folder, base = os.path.split(os.path.abspath(path))   # "m.sampan/" names m.sampan
+    _atomic.recover_dir(path, _complete)   # a crash between two renames: repair first
+    _atomic.remove_stale(folder, _atomic.dir_temp_pattern(base))
+    fd, tmp = _atomic.create_dir(folder, lambda tok: f"{base}.tmp-{tok}")
     try:
-        with open(os.path.join(tmp, "graph.ir"), "w") as f:
-            f.write(text)
-        save_file(arrays, os.path.join(tmp, "weights.safetensors"))
-        meta["sha256"] = {n: _sha256(os.path.join(tmp, n)) for n in _FILES}
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1)
-        for n in _FILES + ("meta.json",):
-            with open(os.path.join(tmp, n), "rb") as f:
-                os.fsync(f.fileno())
-        old = None
-        if os.path.exists(path):
-            old = f"{path}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        sums = {}
+        for name, data in files.items():
+            sums[name] = hashlib.sha256(data).hexdigest()
+            _write_file(os.path.join(tmp, name), lambda f, d=data: f.write(d))
+        h = hashlib.sha256()
+        _write_file(os.path.join(tmp, "weights.safetensors"),
+                    lambda f: _tf.write(f, arrays, {"format": FORMAT}, h))
+        sums["weights.safetensors"] = h.hexdigest()
+        # written last: a folder with this file is complete
+        _write_file(os.path.join(tmp, _SUMS), lambda f: f.write(_sums_text(sums)))
+        _atomic.fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _atomic.release(fd)
         raise
+    try:
+        _atomic.publish_dir(tmp, path)   # removes or keeps `tmp` itself on a failure
+    finally:
+        _atomic.release(fd)
     return path
+
+
+def _write_file(p: str, write) -> None:
+    with open(p, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sums_text(sums: dict) -> bytes:
+    return "".join(f"{sums[n]}  {n}\n" for n in _SUMMED).encode("ascii")
+
+
+def _complete(folder: str) -> bool:
+    try:
+        read(folder, _recover=False)
+        return True
+    except (LoadError, OSError):
+        return False
 
 
 class Loaded:
@@ -224,52 +272,231 @@ class Loaded:
         return _tree_py(self.meta["out_tree"], leaves, self.out_consts)
 
 
-def read(path):
-    """Read and verify a saved program: (graph, meta, arrays). Raises LoadError."""
-    from safetensors.numpy import load_file
-    from ..ir import ParseError, VerifyError, parse, verify
+# ---------------------------------------------------------------------- reading
+def read(path, _recover=True):
+    """Read and verify a saved program: (graph, meta, arrays). Raises LoadError.
+
+    A program a crashed save left half replaced is first put back in place (see the
+    module doc); `_recover=False` reads exactly `path`."""
+    from ..ir import parse, verify
     path = os.fspath(path)
+    if _recover and not os.path.isdir(path):
+        _atomic.recover_dir(path, _complete)
     if not os.path.isdir(path):
         raise LoadError(f"sampan.jit.load: {path} is not a saved program directory")
-    mpath = os.path.join(path, "meta.json")
-    try:
-        with open(mpath) as f:
-            meta = json.load(f)
-    except FileNotFoundError:
-        raise LoadError(f"sampan.jit.load: {mpath} is missing (incomplete or damaged save)") \
-            from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LoadError(f"sampan.jit.load: {mpath} is damaged (not valid JSON: {e})") from None
-    if meta.get("format") != FORMAT:
-        raise LoadError(f"sampan.jit.load: {path} is not a sampan.jit program "
-                        f"(format {meta.get('format')!r})")
-    if meta.get("version", 0) > VERSION:
-        raise LoadError(f"sampan.jit.load: {path} has format version {meta['version']}; this "
-                        f"sampan reads up to version {VERSION}: upgrade sampan")
-    for n in _FILES:
-        p = os.path.join(path, n)
-        if not os.path.exists(p):
-            raise LoadError(f"sampan.jit.load: {p} is missing")
-        if _sha256(p) != meta.get("sha256", {}).get(n):
-            raise LoadError(f"sampan.jit.load: {p} is damaged: its sha256 checksum does not "
-                            "match the one recorded when it was saved")
-    try:
-        raw = load_file(os.path.join(path, "weights.safetensors"))
-    except Exception as e:
-        raise LoadError(f"sampan.jit.load: weights of {path} cannot be read: {e}") from None
-    arrays = {k: _dec(a, meta["dtypes"][k]) for k, a in raw.items()}
+    if os.path.exists(os.path.join(path, _SUMS)):
+        sums = _read_sums(path)
+        meta = _read_meta(path, sums["meta.json"])
+        if not _is_version(meta, VERSION):
+            raise LoadError(f"sampan.jit.load: {path}/meta.json says format version "
+                            f"{meta.get('version')!r}, but only version {VERSION} programs "
+                            f"have {_SUMS}; the program is damaged")
+    else:
+        meta = _read_meta(path, None)
+        if _is_version(meta, VERSION):
+            raise LoadError(f"sampan.jit.load: {os.path.join(path, _SUMS)} is missing "
+                            "(incomplete or damaged save)")
+        if not _is_version(meta, 1):
+            raise LoadError(f"sampan.jit.load: {path}/meta.json has an invalid format version "
+                            f"{meta.get('version')!r}; the program is damaged")
+        sums = meta.get("sha256")   # version 1: checksums of the other two files only
+        if not isinstance(sums, dict) or not all(isinstance(sums.get(n), str) for n in _FILES):
+            raise LoadError(f"sampan.jit.load: {path}/meta.json lacks the sha256 of "
+                            f"{' and '.join(_FILES)}; the program is damaged")
+    gpath = os.path.join(path, "graph.ir")
+    text = _read_checked(gpath, sums["graph.ir"], _MAX_GRAPH).decode("utf-8", "replace")
+    raw = _read_weights(os.path.join(path, "weights.safetensors"), sums["weights.safetensors"])
+    arrays = _typed_arrays(path, meta, raw)
     consts = {k[len("const."):]: a for k, a in arrays.items() if k.startswith("const.")}
-    with open(os.path.join(path, "graph.ir")) as f:
-        text = f.read()
     try:
         g = parse(text, consts)
         verify(g)
-    except (ParseError, VerifyError) as e:
+    except Exception as e:  # noqa: BLE001 - the text is checksummed: only a writer bug
         raise LoadError(f"sampan.jit.load: graph of {path} is invalid: {e}") from None
+    _check_meta(path, meta, g, arrays)
     return g, meta, arrays
+
+
+def _is_version(meta, v) -> bool:
+    return type(meta.get("version")) is int and meta["version"] == v   # not True == 1
 
 
 def load(path, debug: bool = False) -> Loaded:
     """Load a program written by `save`; verifies checksums, format version and the IR."""
     g, meta, arrays = read(path)
     return Loaded(os.fspath(path), g, meta, arrays, debug=debug)
+
+
+def _damaged(p, why="its sha256 checksum does not match the one recorded when it was saved"):
+    return LoadError(f"sampan.jit.load: {p} is damaged: {why}")
+
+
+def _open(p):
+    try:
+        return open(p, "rb")
+    except FileNotFoundError:
+        raise LoadError(f"sampan.jit.load: {p} is missing (incomplete or damaged save)") \
+            from None
+    except OSError as e:
+        raise LoadError(f"sampan.jit.load: {p} cannot be read: {e}") from None
+
+
+def _read_checked(p, sha, limit):
+    """The bytes of `p` (refused unread above `limit`), checked against `sha` if given."""
+    with _open(p) as f:
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise _damaged(p, f"it has {size} bytes, more than the {limit} a saved program's "
+                              "file of this kind can have")
+        data = f.read()
+    if sha is not None and hashlib.sha256(data).hexdigest() != sha:
+        raise _damaged(p)
+    return data
+
+
+def _read_sums(path):
+    p = os.path.join(path, _SUMS)
+    data = _read_checked(p, None, _MAX_SUMS)
+    rx = re.compile(r"([0-9a-f]{64})  (\S+)")
+    sums = {}
+    try:
+        lines = data.decode("ascii").split("\n")
+    except UnicodeDecodeError:
+        lines = None
+    if lines is not None and lines[-1] == "":
+        for ln in lines[:-1]:
+            m = rx.fullmatch(ln)
+            if not m or m.group(2) in sums:
+                break
+            sums[m.group(2)] = m.group(1)
+    if lines is None or sorted(sums) != sorted(_SUMMED) or _sums_text(sums) != data:
+        raise _damaged(p, f"it must list the sha256 of exactly {', '.join(_SUMMED)}, "
+                          "one '<hex>  <name>' line each")
+    return sums
+
+
+def _read_meta(path, sha):
+    p = os.path.join(path, "meta.json")
+    data = _read_checked(p, sha, _MAX_META)
+    try:
+        meta = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _damaged(p, f"not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise _damaged(p, "not a JSON object")
+    if meta.get("format") != FORMAT:
+        raise LoadError(f"sampan.jit.load: {path} is not a sampan.jit program "
+                        f"(format {meta.get('format')!r})")
+    v = meta.get("version")
+    if type(v) is int and v > VERSION:
+        raise LoadError(f"sampan.jit.load: {path} has format version {v}; this "
+                        f"sampan reads up to version {VERSION}: upgrade sampan")
+    return meta
+
+
+def _read_weights(p, sha):
+    with _open(p) as f:
+        size = os.fstat(f.fileno()).st_size
+        h = hashlib.sha256()
+        try:
+            raw, _ = _tf.read(f, size, LoadError, f"sampan.jit.load: {p} is damaged", h)
+        except LoadError:
+            raise
+        except OSError as e:
+            raise LoadError(f"sampan.jit.load: {p} cannot be read: {e}") from None
+    if h.hexdigest() != sha:
+        raise _damaged(p)
+    return raw
+
+
+def _typed_arrays(path, meta, raw):
+    dtypes = meta.get("dtypes")
+    if not isinstance(dtypes, dict) or set(dtypes) != set(raw):
+        raise _damaged(os.path.join(path, "meta.json"),
+                       "its 'dtypes' do not name exactly the arrays in weights.safetensors")
+    out = {}
+    for k, a in raw.items():
+        try:
+            d = _dt.as_dtype(dtypes[k])
+        except Exception:  # noqa: BLE001 - any spelling numpy and sampan do not know
+            d = None
+        if d is not None and a.dtype != d and a.dtype == np.uint16 and d.itemsize == 2 \
+                and meta["version"] == 1:
+            a = a.view(d)   # version 1 stored 16-bit floats as uint16
+        if d is None or a.dtype != d:
+            raise _damaged(os.path.join(path, "meta.json"),
+                           f"array '{k}' is {a.dtype} in weights.safetensors but "
+                           f"{dtypes[k]!r} in meta.json")
+        out[k] = a
+    return out
+
+
+def _check_meta(path, meta, g, arrays):
+    """Every field `Loaded` reads, checked against the graph and the arrays."""
+    where = os.path.join(path, "meta.json")
+
+    def need(ok, what):
+        if not ok:
+            raise _damaged(where, what)
+
+    def is_int(x, lo=0, hi=None):
+        return type(x) is int and x >= lo and (hi is None or x < hi)
+
+    def fits(a, v):
+        return a.dtype == v.dtype and (tuple(a.shape) == tuple(v.shape)
+                                       or not all(type(d) is int for d in v.shape))
+    n_args, n_oc = meta.get("n_args"), meta.get("n_outconst", 0)
+    need(is_int(n_args) and is_int(n_oc), "'n_args' and 'n_outconst' must be counts")
+    need(isinstance(meta.get("graph_name", ""), str), "'graph_name' must be a string")
+    for i in range(n_args):
+        need(f"example.{i}" in arrays, f"example input {i} is missing from the weights")
+    for i in range(n_oc):
+        need(f"outconst.{i}" in arrays, f"output constant {i} is missing from the weights")
+    ins = meta.get("inputs")
+    need(isinstance(ins, list) and len(ins) == len(g.inputs),
+         f"'inputs' must list the graph's {len(g.inputs)} inputs")
+    for spec, v in zip(ins, g.inputs):
+        need(isinstance(spec, dict) and spec.get("kind") in _IN_KINDS,
+             f"input {spec!r} must be an object with a kind in {_IN_KINDS}")
+        if spec["kind"] == "arg":
+            idx = spec.get("index")
+            need(is_int(idx, 0, n_args), f"input {spec!r}: index must be below n_args={n_args}")
+            need(fits(arrays[f"example.{idx}"], v),
+                 f"input {spec!r}: its example is {arrays[f'example.{idx}'].dtype}"
+                 f"{list(arrays[f'example.{idx}'].shape)}, the graph wants {v.type_str()}")
+        else:
+            key = spec.get("key")
+            need(isinstance(key, str) and key in arrays,
+                 f"input {spec!r}: key must name an array of the weights")
+            need(fits(arrays[key], v), f"input {spec!r} is {arrays[key].dtype}"
+                                       f"{list(arrays[key].shape)}, the graph wants "
+                                       f"{v.type_str()}")
+    outs = meta.get("outputs")
+    need(isinstance(outs, list) and len(outs) == len(g.outputs)
+         and all(k in _OUT_KINDS for k in outs),
+         f"'outputs' must list the graph's {len(g.outputs)} output kinds")
+    _check_tree(meta.get("out_tree"), sum(k == "out" for k in outs), n_oc, need)
+
+
+def _check_tree(j, n_out, n_const, need, depth=0):
+    need(depth < 200 and isinstance(j, dict) and len(j) == 1,
+         f"'out_tree' node {j!r} must be an object of one field")
+    (kind, x), = j.items()
+    if kind == "t":
+        need(type(x) is int and 0 <= x < n_out, f"'out_tree' leaf {x!r} must be below {n_out}")
+    elif kind == "const":
+        need(type(x) is int and 0 <= x < n_const,
+             f"'out_tree' constant {x!r} must be below {n_const}")
+    elif kind in ("tuple", "list"):
+        need(isinstance(x, list), f"'out_tree' {kind} must be a list")
+        for y in x:
+            _check_tree(y, n_out, n_const, need, depth + 1)
+    elif kind == "dict":
+        need(isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x),
+             "'out_tree' dict must be a list of [key, tree] pairs")
+        for k, y in x:
+            need(not isinstance(k, dict), f"'out_tree' dict key {k!r} must be a plain value")
+            _check_tree(y, n_out, n_const, need, depth + 1)
+    else:
+        need(kind == "static" and not isinstance(x, (list, dict)),
+             f"'out_tree' node kind {kind!r} is unknown")

@@ -37,7 +37,8 @@ def test_save_load_fresh_process_bit_for_bit(saved):
                    check=True, cwd=str(tmp))
     a, b = np.load(tmp / "out.npy"), np.load(tmp / "y.npy")
     assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    assert sorted(os.listdir(path)) == ["graph.ir", "meta.json", "weights.safetensors"]
+    assert sorted(os.listdir(path)) == ["checksums.sha256", "graph.ir", "meta.json",
+                                        "weights.safetensors"]
     assert not [p for p in os.listdir(tmp) if ".tmp-" in p]
 
 

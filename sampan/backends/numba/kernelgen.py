@@ -12,8 +12,12 @@ vectorisable implementations of `mathlib`.
 Each kernel is written to a module file in the cache directory (`$SAMPAN_CACHE_DIR`,
 else `~/.cache/sampan/kernels`) and imported, with `@njit(cache=True)`, so a second
 process loads the machine code instead of compiling. An unwritable directory degrades
-to in-memory kernels with one warning. `STATS` counts compilations, cache hits and the
-compile time of each kernel.
+to in-memory kernels with one warning. A module file is trusted only when it holds
+exactly the source its name was made from: anything else is rewritten before it is run;
+numba's pickled machine code beside it is checked against its sidecar digest first
+(`cachefiles`).
+`STATS` counts compilations, cache hits, rewritten module files and the compile time of
+each kernel.
 
 Example::
 
@@ -23,13 +27,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 import inspect
 import os
 import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 
 import numpy as np
@@ -38,6 +42,7 @@ from ... import dtypes as _dt
 from ...ops._nb import mathlib_hash
 from ...ops.fused import body_attrs
 from ...ops.registry import OPS
+from . import cachefiles
 
 # Below this many elements a kernel runs serially. Measured on the 2-core machine: numba's
 # worker threads compete with OpenBLAS's (which spin after each GEMM), so a parallel
@@ -54,7 +59,7 @@ GEN_VERSION = "3"
 # 2.7 ms per million elements; results moved by at most 1 ulp per contracted multiply-add.
 ELEMENTWISE_FASTMATH = {"contract", "nsz"}
 
-STATS = {"compiled": 0, "cache_hits": 0, "in_memory": 0, "kernels": {}}
+STATS = {"compiled": 0, "cache_hits": 0, "in_memory": 0, "rebuilt": 0, "kernels": {}}
 _LOCK = threading.Lock()
 _LOADED: dict = {}            # module name -> dispatcher, per process
 _DIR_STATE: dict = {}         # cache dir -> usable (bool)
@@ -88,7 +93,7 @@ def cache_dir() -> str:
 
 
 def reset_stats() -> None:
-    STATS.update(compiled=0, cache_hits=0, in_memory=0, kernels={})
+    STATS.update(compiled=0, cache_hits=0, in_memory=0, rebuilt=0, kernels={})
 
 
 # ---------------------------------------------------------------------- scalar expressions
@@ -387,7 +392,12 @@ def _usable(d):
 
 
 def load_kernel(src):
-    """Import (or reuse) the kernel module of `src`; returns (dispatcher, module name, path)."""
+    """Import (or reuse) the kernel module of `src`; returns (dispatcher, module name, path).
+
+    The module file is named by a hash of `src`, but a name proves nothing about what the
+    file holds now: it is read, compared with `src` byte for byte, rewritten when it
+    differs (edited, truncated by a full disk, left half-written), and the bytes that
+    were checked are compiled and run, not whatever the file holds a moment later."""
     h = hashlib.sha256((GEN_VERSION + mathlib_hash()[:12] + src).encode()).hexdigest()[:20]
     name = f"sampan_kernel_{h}"
     with _LOCK:
@@ -395,16 +405,21 @@ def load_kernel(src):
             return _LOADED[name], name, getattr(_LOADED[name], "_sampan_path", None)
         d = cache_dir()
         if _usable(d):
+            cachefiles.install()   # numba's pickles of it are checked as well
             path = os.path.join(d, name + ".py")
-            if not os.path.exists(path):
+            want = src.encode("utf-8")
+            have = _cached_bytes(path, len(want) + 1)
+            if have != want:
+                if have is not None:
+                    STATS["rebuilt"] += 1
                 fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
-                    f.write(src)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(want)
                 os.replace(tmp, path)   # atomic: a concurrent process sees all or nothing
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
+            mod = types.ModuleType(name)
+            mod.__file__ = path      # numba's cache locates its files from the module's
             sys.modules[name] = mod
-            spec.loader.exec_module(mod)
+            exec(compile(want, path, "exec"), mod.__dict__)  # noqa: S102 - checked bytes
             k = mod.kernel
         else:
             path = None
@@ -415,6 +430,17 @@ def load_kernel(src):
         k._sampan_path = path
         _LOADED[name] = k
         return k, name, path
+
+
+def _cached_bytes(path, limit):
+    """Up to `limit` bytes of the cached module at `path`; None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        return None
+    except OSError:   # unreadable: rewritten like a damaged one
+        return b""
 
 
 def _nb_sig(in_dtypes, patterns, layout, out_dtypes, col_outs=()):

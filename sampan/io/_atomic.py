@@ -1,0 +1,291 @@
+"""Temporary files and folders that publish atomically, and the cleaning up after saves
+that were killed half way.
+
+A save writes into a temporary name next to its target and renames it into place. The
+writer holds an exclusive `flock` on that temporary for as long as it lives, so a later
+save can tell a temporary left by a dead process (its lock is free: the kernel drops a
+process's locks when it dies) from one another process is still writing, and remove
+only the former. Where `fcntl` is missing (Windows), a temporary counts as left over
+once it is an hour old.
+
+New files are created with mode 0o666 and folders with 0o777, less the umask, as `open`
+and `mkdir` would: `tempfile.mkstemp` makes every checkpoint 0o600 whatever the umask.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+STALE_AGE_S = 3600.0   # without fcntl: a temporary this old belongs to no live save
+
+
+def token() -> str:
+    return secrets.token_hex(8)
+
+
+def lock(fd: int) -> bool:
+    """Take an exclusive lock on `fd` without waiting; False if another process holds it."""
+    if fcntl is None:  # pragma: no cover
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except (BlockingIOError, PermissionError):
+        return False
+    except OSError:   # a filesystem without locks: treat every temporary as live
+        return False
+
+
+def _same(path: str, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def create_file(folder: str, name_of) -> tuple[int, str]:
+    """Create and lock a new file `folder/name_of(token)`: returns (fd, path)."""
+    while True:
+        path = os.path.join(folder, name_of(token()))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o666)
+        # a cleaner may have taken it for a dead save's between the open and the lock
+        if lock(fd) and _same(path, fd):
+            return fd, path
+        os.close(fd)
+
+
+def create_dir(folder: str, name_of) -> tuple[int | None, str]:
+    """Create and lock a new folder `folder/name_of(token)`: returns (fd or None, path);
+    keep the fd open while the folder is in use (the lock lives on it)."""
+    while True:
+        path = os.path.join(folder, name_of(token()))
+        os.mkdir(path, 0o777)
+        fd = open_dir(path)
+        if fd is None or (lock(fd) and _same(path, fd)):
+            return fd, path
+        os.close(fd)
+
+
+def open_dir(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:   # pragma: no cover - platforms that cannot open a folder
+        return None
+
+
+def lock_dir(path: str) -> int | None | bool:
+    """Lock an existing folder: its fd, None where folders cannot be locked, False when
+    another live process holds it (or it is gone)."""
+    fd = open_dir(path)
+    if fd is None:
+        return None if os.path.isdir(path) else False
+    if lock(fd):
+        return fd
+    os.close(fd)
+    return False
+
+
+def release(fd) -> None:
+    if type(fd) is int:   # not None, not False
+        os.close(fd)
+
+
+def is_stale(path: str) -> tuple[bool, int | None]:
+    """(left over by a dead save?, the fd holding its lock when True, to release later)."""
+    if fcntl is None:  # pragma: no cover
+        try:
+            return time.time() - os.stat(path).st_mtime > STALE_AGE_S, None
+        except OSError:
+            return False, None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False, None
+    if lock(fd):
+        return True, fd
+    os.close(fd)
+    return False, None
+
+
+def remove_stale(folder: str, pattern: str, keep=()) -> list[str]:
+    """Remove the entries of `folder` whose name fully matches the regex `pattern` and
+    that no live save holds; returns the names removed."""
+    rx = re.compile(pattern)
+    gone = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for n in names:
+        if not rx.fullmatch(n) or n in keep:
+            continue
+        p = os.path.join(folder, n)
+        stale, fd = is_stale(p)
+        if not stale:
+            continue
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+            gone.append(n)
+        except OSError:
+            pass
+        finally:
+            release(fd)
+    return gone
+
+
+def fsync_dir(folder: str) -> None:
+    """Make renames inside `folder` durable; a no-op where folders cannot be opened."""
+    fd = open_dir(folder)
+    if fd is None:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------- folders
+# A folder cannot be renamed over a non-empty one. On Linux, renameat2(RENAME_EXCHANGE)
+# swaps the new folder and the old one in one atomic step, so a reader sees one or the
+# other, never neither. Elsewhere (or on a filesystem without it) publishing takes two
+# renames: the old folder aside to `<name>.old-<token>`, the new one from
+# `<name>.tmp-<token>` into place. A crash between them leaves both (same token) and
+# nothing at `<name>`; `recover_dir` (run by the loader and the next save) finishes the
+# job from what is on disk.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2 = []
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the paths `a` and `b` atomically; False where the platform cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if not _renameat2:
+        import ctypes
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_uint]
+        except (AttributeError, OSError):   # a libc older than glibc 2.28
+            fn = None
+        _renameat2.append(fn)
+    fn = _renameat2[0]
+    if fn is None:
+        return False
+    import ctypes
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
+        return False   # this kernel or filesystem cannot: two renames instead
+    raise OSError(err, os.strerror(err), a)
+
+
+def dir_temp_pattern(base: str) -> str:
+    """Regex of the temporaries and set-aside copies of folder `base` (any save)."""
+    return re.escape(base) + r"\.(tmp|old)-(?:[0-9a-f]{8}|[0-9a-f]{16})"
+
+
+def publish_dir(tmp: str, path: str) -> None:
+    """Move the complete, fsynced, locked folder `tmp` (named `<path>.tmp-<token>`) to
+    `path`, replacing a folder there: in one step where `exchange` can, else in two
+    renames. On an exception between those the old folder is put back when possible; a
+    crash there is repaired by `recover_dir`."""
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    head, name = os.path.split(os.path.abspath(tmp))
+    old = os.path.join(head, name.replace(".tmp-", ".old-"))   # the same token
+    old_fd, moved = None, False
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            if exchange(tmp, path):   # `tmp` now names the old folder
+                fsync_dir(folder)
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            old_fd = lock_dir(path)
+            os.replace(path, old)
+            moved = True
+            fsync_dir(folder)
+        os.replace(tmp, path)
+        fsync_dir(folder)
+    except BaseException:
+        if moved:
+            try:
+                os.replace(old, path)   # put the old folder back
+                moved = False
+                fsync_dir(folder)
+            except BaseException:  # noqa: BLE001, S110 - recover_dir repairs it later
+                pass
+        if not moved:   # otherwise `tmp` is the new program, wanted by recover_dir
+            shutil.rmtree(tmp, ignore_errors=True)
+        release(old_fd)
+        raise
+    if moved:
+        shutil.rmtree(old, ignore_errors=True)
+    release(old_fd)
+
+
+def recover_dir(path: str, complete) -> bool:
+    """If `path` is missing because a save died between its two renames, move the new
+    folder into place (or the old one, when `complete(folder)` says the new one is not
+    whole). Folders a live save holds are left alone. Returns True when it moved one."""
+    if os.path.exists(path):
+        return False
+    folder, base = os.path.split(os.path.abspath(path))
+    rx = re.compile(re.escape(base) + r"\.(tmp|old)-([0-9a-f]{16})")
+    pairs: dict = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    for n in names:
+        m = rx.fullmatch(n)
+        if m:
+            pairs.setdefault(m.group(2), {})[m.group(1)] = os.path.join(folder, n)
+    # only a pair proves a save stopped between its renames: a lone `.old-` means the
+    # new folder was published, and `path` was removed afterwards on purpose
+    for _, p in sorted(pairs.items(), key=lambda kv: -_mtime(kv[1].get("tmp"))):
+        if set(p) != {"tmp", "old"}:
+            continue
+        fds = [lock_dir(p["tmp"]), lock_dir(p["old"])]
+        try:
+            if any(fd is False for fd in fds):   # a live save holds one
+                continue
+            src = p["tmp"] if complete(p["tmp"]) else p["old"] if complete(p["old"]) else None
+            if src is None:
+                continue
+            try:
+                os.replace(src, path)
+            except OSError:
+                return os.path.exists(path)   # another process recovered it first
+            fsync_dir(folder)
+            shutil.rmtree(p["old"] if src == p["tmp"] else p["tmp"], ignore_errors=True)
+            return True
+        finally:
+            for fd in fds:
+                release(fd)
+    return False
+
+
+def _mtime(p) -> float:
+    try:
+        return os.stat(p).st_mtime
+    except (OSError, TypeError):
+        return 0.0
