@@ -68,9 +68,13 @@ def var(x, axis=None, keepdims=False, correction=1):
 
 
 def std(x, axis=None, keepdims=False, correction=1):
-    """Standard deviation (sqrt of `var`)."""
-    from .elementwise import sqrt
-    return sqrt(var(x, axis, keepdims, correction))
+    """Standard deviation (sqrt of `var`); its gradient is 0 where it is 0 (constant
+    values), as in PyTorch, not sqrt's 1/0 times var's 0 = NaN."""
+    from .elementwise import eq, sqrt
+    v = var(x, axis, keepdims, correction)
+    zero = eq(v, 0.0)
+    # sqrt of a safe value, so the branch that is not taken holds no inf
+    return where(zero, 0.0, sqrt(where(zero, 1.0, v)))
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):

