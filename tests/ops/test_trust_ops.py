@@ -117,3 +117,39 @@ def test_max_with_dim_sends_the_gradient_to_the_returned_index(which):
     assert v.shape == tuple(tv.shape) and np.array_equal(i.numpy(), ti.numpy())
     # amax still shares the gradient among ties (torch.amax does too)
     _check_vs_torch(lambda t: sampan.amax(t, 1), lambda t: torch.amax(t, 1), x)
+
+
+# ------------------------------------------------------------------ 4. PyTorch's gather
+@pytest.mark.parametrize("shape,index,axis", [
+    ((3, 4), [[0], [3]], 1),                    # smaller in the non-gather dim
+    ((3, 4), [[0, 3, 3, 1, 2]], 1),             # longer along the gather axis
+    ((4, 3, 5), [[[3, 0]], [[1, 1]]], 0),
+    ((2, 3), [[1, 0, 1]], 0),
+])
+def test_gather_follows_torch_gather(shape, index, axis):
+    x = np.random.default_rng(1).standard_normal(shape)
+    i = np.array(index, np.int64)
+    _check_vs_torch(lambda t, j: sampan.gather(t, j, axis),
+                    lambda t, j: torch.gather(t, axis, j), x, i, diff=(0,))
+    _check_vs_torch(lambda t, j: sampan.take_along_axis(t, j, axis),
+                    lambda t, j: torch.gather(t, axis, j), x, i, diff=(0,))
+    # and the gather's own gradient op, scatter_add, the same way
+    src = np.random.default_rng(2).standard_normal(i.shape)
+    _check_vs_torch(lambda t, j, s: sampan.scatter_add(t, j, s, axis),
+                    lambda t, j, s: t.scatter_add(axis, j, s), x, i, src, diff=(0, 2))
+
+
+def test_gather_rejects_what_torch_rejects():
+    x = sampan.tensor(np.arange(12.0).reshape(3, 4))
+    with pytest.raises(sampan.ShapeError, match=r"index.shape\[0\] <= input.shape\[0\]"):
+        sampan.gather(x, sampan.tensor([[0], [3], [1], [2]]), 1)
+    with pytest.raises(sampan.ShapeError, match="same number of dims"):
+        sampan.gather(x, sampan.tensor([0, 1]), 1)
+    for bad in (-1, 4):
+        with pytest.raises(IndexError, match=rf"index {bad} along axis 1.*\[0, 4\)") as e:
+            sampan.gather(x, sampan.tensor([[bad]]), 1)
+        assert isinstance(e.value, sampan.SampanError) and "test_trust_ops.py" in str(e.value)
+    with pytest.raises(IndexError):
+        sampan.scatter_add(x, sampan.tensor([[4]]), sampan.tensor([[1.0]]), 1)
+    with pytest.raises(sampan.ShapeError, match="source of the index's shape"):
+        sampan.scatter_add(x, sampan.tensor([[0, 1]]), sampan.tensor([[1.0]]), 1)
