@@ -17,6 +17,7 @@ from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumex
                              rms_norm, silu, softmax, softplus)
 from ..ops.elementwise import (add, div, eq, expm1, gt, maximum, minimum, mul, relu, rsqrt,
                                sigmoid, sub, tanh, where)
+from ..ops._util import lead_size
 from ..ops.index import index_select
 from ..ops.linalg import matmul
 from ..ops.reduce import mean, sum
@@ -46,7 +47,7 @@ def linear(x, weight, bias=None):
                        "(weight layout is (in_features, out_features))")
     if x.ndim > 2:  # one 2-d GEMM instead of a batched one (also a 2-d weight gradient)
         lead = tuple(x.shape[:-1])
-        y = matmul(reshape(x, (-1, x.shape[-1])), weight)
+        y = matmul(reshape(x, (lead_size(lead), x.shape[-1])), weight)
         if bias is not None:
             y = add(y, bias)
         return reshape(y, lead + (weight.shape[1],))

@@ -25,11 +25,21 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
+def _empty_axis(x, axis):
+    """Whether one of the reduced axes has length 0 (known while tracing too, unless
+    symbolic): the max that stabilises exp has no value there, as in PyTorch."""
+    from ._util import norm_axis
+    return any(x.shape[a] == 0 for a in norm_axis(axis, x.ndim, "logsumexp"))
+
+
 def logsumexp(x, axis=-1, keepdims=False):
-    """log(sum(exp(x))) computed stably."""
+    """log(sum(exp(x))) computed stably; -inf over an empty axis (PyTorch's value)."""
     x = _t(x)
-    m = amax(x, axis, keepdims=True).detach()
-    r = add(log(sum(exp(sub(x, m)), axis, keepdims=True)), m)
+    if _empty_axis(x, axis):   # log(0): the sum of no terms, written without a log
+        r = add(sum(x, axis, keepdims=True), float("-inf"))
+    else:
+        m = amax(x, axis, keepdims=True).detach()
+        r = add(log(sum(exp(sub(x, m)), axis, keepdims=True)), m)
     return r if keepdims else _squeeze_axis(r, axis)
 
 
@@ -40,10 +50,12 @@ def _squeeze_axis(r, axis):
 
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`, computed stably (the last axis: the `softmax`
-    row op, see rowwise.py)."""
+    row op, see rowwise.py). An empty axis gives an empty result, as in PyTorch."""
     x = _t(x)
     if row_ops(x, axis):
         return softmax_last(x)
+    if _empty_axis(x, axis):   # no elements: nothing to normalise
+        return mul(x, 1.0)
     e = exp(sub(x, amax(x, axis, keepdims=True).detach()))
     return div(e, sum(e, axis, keepdims=True))
 
@@ -53,6 +65,8 @@ def log_softmax(x, axis=-1):
     x = _t(x)
     if row_ops(x, axis):
         return log_softmax_last(x)
+    if _empty_axis(x, axis):
+        return mul(x, 1.0)
     return sub(x, logsumexp(x, axis, keepdims=True))
 
 

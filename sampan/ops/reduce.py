@@ -109,7 +109,16 @@ def _mean_grad(g, y, x, axis=None, keepdims=False):
     return div(_expand_back(g, x, axis, keepdims), float(builtins.max(n, 1)))
 
 
-MEAN = defop("mean", _red_rule(), kernel=_acc_kernel(np.mean), kind="reduction",
+_NP_MEAN = _acc_kernel(np.mean)
+
+
+def _mean_kernel(a, axis=None, keepdims=False):
+    if not a.size:   # the mean of nothing is NaN (PyTorch's value), without numpy's warning
+        return np.full(_red_shape(a, axis, keepdims), np.nan, a.dtype)
+    return _NP_MEAN(a, axis=axis, keepdims=keepdims)
+
+
+MEAN = defop("mean", _red_rule(), kernel=_mean_kernel, kind="reduction",
              scalar="a + b", grad=_mean_grad, saves=(), flops=_red_flops, onnx="ReduceMean",
              samples=lambda: _red_samples()[:4])
 

@@ -153,3 +153,47 @@ def test_gather_rejects_what_torch_rejects():
         sampan.scatter_add(x, sampan.tensor([[4]]), sampan.tensor([[1.0]]), 1)
     with pytest.raises(sampan.ShapeError, match="source of the index's shape"):
         sampan.scatter_add(x, sampan.tensor([[0, 1]]), sampan.tensor([[1.0]]), 1)
+
+
+# ------------------------------------------------------------------ 5. zero-size dims
+# (the warning: the test's loss sums logsumexp's -inf times cotangents of either sign)
+@pytest.mark.filterwarnings("ignore:invalid value encountered in reduce")
+@pytest.mark.parametrize("shape,axis", [((2, 0), -1), ((0, 2), 0), ((3, 0, 2), 1),
+                                        ((0, 3), -1)])
+def test_softmax_family_over_an_empty_axis(shape, axis):
+    x = np.zeros(shape)
+    for ours, theirs in ((sampan.softmax, torch.softmax), (sampan.log_softmax,
+                                                            torch.log_softmax)):
+        _check_vs_torch(lambda t: ours(t, axis), lambda t: theirs(t, axis), x)
+    _check_vs_torch(lambda t: sampan.logsumexp(t, axis), lambda t: torch.logsumexp(t, axis), x)
+    _check_vs_torch(lambda t: F.softmax(t, axis), lambda t: torch.softmax(t, axis), x)
+    got = sampan.logsumexp(sampan.tensor(x), axis, keepdims=True).numpy()
+    np.testing.assert_array_equal(got, torch.logsumexp(torch.tensor(x), axis, True).numpy())
+
+
+@pytest.mark.parametrize("a,b", [((2, 0), (0, 3)), ((4, 2, 0), (0, 3)), ((2, 4, 0), (2, 0, 3)),
+                                 ((0,), (0, 3))])
+def test_matmul_with_a_zero_inner_dim(a, b):
+    r = np.random.default_rng(3)
+    x, w = r.standard_normal(a), r.standard_normal(b)
+    _check_vs_torch(lambda s, t: s @ t, lambda s, t: s @ t, x, w)
+
+
+def test_linear_and_layer_norm_on_zero_size_features():
+    r = np.random.default_rng(4)
+    x, w, b = r.standard_normal((4, 2, 0)), r.standard_normal((0, 3)), r.standard_normal(3)
+    _check_vs_torch(lambda s, t, u: F.linear(s, t, u),
+                    lambda s, t, u: torch.nn.functional.linear(s, t.T, u), x, w, b)
+    _check_vs_torch(lambda s, t: F.linear(s, t), lambda s, t: s @ t, x[0], w)
+    x, w, b = np.zeros((2, 0)), np.zeros(0), np.zeros(0)
+    _check_vs_torch(lambda s, t, u: F.layer_norm(s, (0,), t, u),
+                    lambda s, t, u: torch.nn.functional.layer_norm(s, (0,), t, u), x, w, b)
+    _check_vs_torch(lambda s: F.layer_norm(s, (0,)),
+                    lambda s: torch.nn.functional.layer_norm(s, (0,)), x)
+    x, w = np.zeros((2, 3, 0)), np.zeros((3, 0))
+    _check_vs_torch(lambda s, t, u: F.layer_norm(s, (3, 0), t, u),
+                    lambda s, t, u: torch.nn.functional.layer_norm(s, (3, 0), t, u), x, w, w)
+    # rows of features but no rows
+    x, w, b = r.standard_normal((0, 5)), r.standard_normal(5), r.standard_normal(5)
+    _check_vs_torch(lambda s, t, u: F.layer_norm(s, (5,), t, u),
+                    lambda s, t, u: torch.nn.functional.layer_norm(s, (5,), t, u), x, w, b)
