@@ -45,7 +45,8 @@ def operands(a, b):
             da, db = a._data.dtype, b._data.dtype
             if da is db or da == db:
                 return a, b
-            d = _dt.promote_types(da, db)
+            # a 0-d tensor is weaker than one with dims (PyTorch's rule, dtypes.py)
+            d = _dt.operand_dtype(da, a._data.ndim == 0, db, b._data.ndim == 0)
             return (a if da == d else cast(a, d)), (b if db == d else cast(b, d))
         if type(b) is np.ndarray:
             return operands(a, _array_operand(b))
