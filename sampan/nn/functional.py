@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, SampanValueError, ShapeError, op_error
+from ..errors import DTypeError, SampanIndexError, SampanValueError, ShapeError, op_error
 from ..ops import composite as _C
 from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
                              rms_norm, silu, softmax, softplus)
@@ -93,8 +93,9 @@ def embedding(ids, weight, padding_idx=None):
         raise op_error(DTypeError, "embedding", f"ids of dtype {ids.dtype}", "integer ids")
     n = weight.shape[0]
     a = ids._data
-    if a.size and isinstance(a, np.ndarray) and (a.min() < -n or a.max() >= n):
-        raise op_error(SampanValueError, "embedding", f"ids in [{a.min()}, {a.max()}]",
+    # negative ids are refused, as in PyTorch (index_select would read -1 as the last row)
+    if a.size and isinstance(a, np.ndarray) and (a.min() < 0 or a.max() >= n):
+        raise op_error(SampanIndexError, "embedding", f"ids in [{a.min()}, {a.max()}]",
                        f"ids in [0, {n}) for a table of {n} rows")
     out = reshape(index_select(weight, reshape(ids, (-1,)), 0),
                   tuple(ids.shape) + (weight.shape[1],))

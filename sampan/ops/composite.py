@@ -221,11 +221,20 @@ def softplus(x, beta=1.0):
 
 
 def one_hot(labels, num_classes):
-    """int labels -> float one-hot vectors (default float dtype)."""
+    """int labels -> float one-hot vectors (default float dtype). Labels outside
+    [0, num_classes) raise (PyTorch does too; eq against arange gave a row of zeros)."""
+    from ..errors import DTypeError, SampanIndexError, op_error
     from .creation import arange
     from .elementwise import eq
     from .shape import unsqueeze
     labels = _t(labels)
+    if not _dt.is_integer(labels.dtype):
+        raise op_error(DTypeError, "one_hot", f"labels of dtype {labels.dtype}",
+                       "integer class ids")
+    a = labels._data
+    if isinstance(a, np.ndarray) and a.size and (a.min() < 0 or a.max() >= num_classes):
+        raise op_error(SampanIndexError, "one_hot", f"class ids in [{a.min()}, {a.max()}]",
+                       f"class ids in [0, {num_classes}) for num_classes={num_classes}")
     return cast(eq(unsqueeze(labels, -1), arange(num_classes)), _dt.get_default_dtype())
 
 

@@ -197,3 +197,119 @@ def test_linear_and_layer_norm_on_zero_size_features():
     x, w, b = r.standard_normal((0, 5)), r.standard_normal(5), r.standard_normal(5)
     _check_vs_torch(lambda s, t, u: F.layer_norm(s, (5,), t, u),
                     lambda s, t, u: torch.nn.functional.layer_norm(s, (5,), t, u), x, w, b)
+
+
+# ------------------------------------------------------------------ 7. 0-d promotion, indices
+_PROMO = [("float16", (3,), "float32", ()), ("bfloat16", (3,), "float64", ()),
+          ("int32", (3,), "float32", ()), ("int32", (3,), "float64", ()),
+          ("int32", (3,), "int64", ()), ("uint8", (3,), "int8", ()), ("bool", (3,), "int32", ()),
+          ("float16", (), "float64", ()), ("int8", (), "int64", ()), ("float32", (2,), "int64", ()),
+          ("float16", (2,), "float32", (2,)), ("int32", (0,), "float64", ())]
+
+
+def _tt(a):
+    if a.dtype == sampan.bfloat16:
+        return torch.tensor(a.astype(np.float32)).to(torch.bfloat16)
+    return torch.tensor(a)
+
+
+@pytest.mark.parametrize("da,sa,db,sb", _PROMO)
+def test_0d_tensors_promote_like_torch(da, sa, db, sb):
+    a, b = np.ones(sa, da), np.full(sb, 2, db)
+    want = (_tt(a) * _tt(b)).dtype
+    for x, y in ((a, b), (b, a)):
+        for op in (lambda s, t: s * t, lambda s, t: s + t, lambda s, t: sampan.maximum(s, t),
+                   lambda s, t: sampan.where(sampan.tensor(True), s, t)):
+            got = op(sampan.tensor(x), sampan.tensor(y))
+            assert str(want) == f"torch.{got.dtype.name}", (x.dtype, x.shape, y.dtype, y.shape)
+            traced = sampan.jit(op)(sampan.tensor(x), sampan.tensor(y))
+            assert traced.dtype == got.dtype
+
+
+@pytest.mark.parametrize("da", ["float16", "int32", "bool", "uint8"])
+@pytest.mark.parametrize("scalar", [2, 2.5, True, np.float64(2.5), np.float32(2.5), np.int64(3),
+                                    np.int8(3)])   # (torch reads np.bool_ as a float)
+def test_python_and_numpy_scalars_promote_like_torch(da, scalar):
+    a = np.ones(3, da)
+    want = (torch.tensor(a) * scalar).dtype
+    got = sampan.tensor(a) * scalar
+    assert str(want) == f"torch.{got.dtype.name}", (da, type(scalar))
+    np.testing.assert_allclose(got.numpy().astype(np.float64),
+                               (torch.tensor(a) * scalar).double().numpy())
+
+
+def test_0d_gradient_keeps_its_dtype():
+    x = sampan.tensor(np.ones(3, np.float16), requires_grad=True)
+    s = sampan.tensor(np.float32(2.0), requires_grad=True)
+    y = x * s
+    assert y.dtype == sampan.float16
+    y.sum().backward()
+    assert s.grad.dtype == sampan.float32 and float(s.grad.numpy()) == 3.0
+
+
+def test_out_of_range_class_ids_raise():
+    with pytest.raises(IndexError, match=r"one_hot.*class ids in \[5, 5\].*\[0, 3\)"):
+        F.one_hot(sampan.tensor([5]), 3)
+    with pytest.raises(sampan.SampanIndexError, match="one_hot"):
+        F.one_hot(sampan.tensor([[0, -1]]), 3)
+    with pytest.raises(sampan.DTypeError, match="one_hot"):
+        F.one_hot(sampan.tensor([0.0]), 3)
+    got = F.one_hot(sampan.tensor([2, 0]), 3).numpy()
+    np.testing.assert_array_equal(got, torch.nn.functional.one_hot(torch.tensor([2, 0]), 3))
+    w = sampan.randn(3, 2)
+    for bad in (-1, 3):
+        with pytest.raises(IndexError, match=r"embedding.*\[0, 3\)") as e:
+            F.embedding(sampan.tensor([0, bad]), w)
+        assert isinstance(e.value, sampan.SampanError) and "test_trust_ops.py" in str(e.value)
+        with pytest.raises(IndexError):
+            sampan.nn.Embedding(3, 2)(sampan.tensor([bad]))
+    # padding_idx may still be given negative, as in PyTorch
+    assert F.embedding(sampan.tensor([2]), w, padding_idx=-1).shape == (1, 2)
+
+
+def test_binary_cross_entropy_refuses_targets_outside_0_1():
+    p = sampan.tensor([0.5, 0.25])
+    for t in ([2.0, 0.0], [0.0, -0.5], [np.nan, 1.0]):
+        with pytest.raises(sampan.SampanValueError, match="binary_cross_entropy.*targets in"):
+            F.binary_cross_entropy(p, sampan.tensor(t))
+        with pytest.raises(RuntimeError, match="between 0 and 1"):
+            torch.nn.functional.binary_cross_entropy(torch.tensor(p.numpy()), torch.tensor(t))
+    got = F.binary_cross_entropy(p, sampan.tensor([1.0, 0.3])).numpy()
+    want = torch.nn.functional.binary_cross_entropy(torch.tensor(p.numpy()),
+                                                     torch.tensor([1.0, 0.3]))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("index,shown", [
+    (5, "[5]"), ((1, 7), "[1, 7]"), ((slice(1, 2), 7), "[1:2, 7]"),
+    ((Ellipsis, None, 9), "[..., None, 9]"), ((0, 0, 0), "[0, 0, 0]"),
+])
+def test_bad_indices_raise_index_error_in_the_users_words(index, shown):
+    x = sampan.zeros(3, 4)
+    with pytest.raises(IndexError) as e:
+        x[index]
+    with pytest.raises(IndexError):
+        torch.zeros(3, 4)[index]
+    msg = str(e.value)
+    assert isinstance(e.value, sampan.SampanError)
+    assert f"index {shown} into a tensor of shape (3, 4)" in msg, msg
+    assert "('" not in msg and "test_trust_ops.py" in msg, msg   # no internal encoding
+
+
+def test_bad_tensor_indices_raise_index_error():
+    x = sampan.zeros(3, 4)
+    cases = [lambda: x[sampan.tensor([0, 3])], lambda: x[:, sampan.tensor([4])],
+             lambda: x[sampan.tensor([True, False])],
+             lambda: x.__setitem__(sampan.tensor([3]), 1.0),
+             lambda: sampan.index_select(x, sampan.tensor([3]), 0)]
+    for f in cases:
+        with pytest.raises(IndexError) as e:
+            f()
+        assert isinstance(e.value, sampan.SampanError) and "('t'" not in str(e.value)
+        assert "test_trust_ops.py" in str(e.value)
+    with pytest.raises(sampan.SampanIndexError, match=r"\[<i64\[1\] tensor>\]"):
+        x[sampan.tensor([5])]
+    # under jit too
+    f = sampan.jit(lambda t, i: t[i])
+    with pytest.raises(IndexError, match="out of bounds"):
+        f(x, sampan.tensor([7]))
