@@ -29,8 +29,22 @@ def _index_select_rule(x, idx, axis):
     return Spec(tuple(s), x.dtype)
 
 
+def _check_range(op, i, n, axis, shape):
+    """Indices in [0, n), as PyTorch requires (numpy would read -1 as the last entry)."""
+    if i.size:
+        lo, hi = int(i.min()), int(i.max())
+        if lo < 0 or hi >= n:
+            raise op_error(SampanIndexError, op, f"index {lo if lo < 0 else hi} along axis "
+                           f"{axis} of an input of shape {tuple(shape)}", f"indices in [0, {n})")
+
+
+def _index_select_kernel(a, i, axis):
+    _check_range("index_select", i, a.shape[axis], axis, a.shape)
+    return np.take(a, i, axis=axis)
+
+
 INDEX_SELECT = defop(
-    "index_select", _index_select_rule, kernel=lambda a, i, axis: np.take(a, i, axis=axis),
+    "index_select", _index_select_rule, kernel=_index_select_kernel,
     saves=(1,), nondiff_inputs=(1,), onnx="Gather", flops=lambda *a, **k: 0,
     grad=lambda g, y, x, i, axis: (index_add(_zeros_like(x), i, g, axis), None),
     samples=lambda: [Sample((randf(rng(41), 5, 3), np.array([4, 0, 0, 2])), {"axis": 0},
@@ -112,12 +126,7 @@ def _gather_index(op, a, i, axis, src=None):
     The shape contract is checked here too (eager runs the kernel without the rule), and
     out-of-range entries raise before numpy would wrap negative ones."""
     _gather_shapes(op, a, i, axis, src)
-    n = a.shape[axis]
-    lo, hi = (int(i.min()), int(i.max())) if i.size else (0, 0)
-    if i.size and (lo < 0 or hi >= n):
-        bad = lo if lo < 0 else hi
-        raise op_error(SampanIndexError, op, f"index {bad} along axis {axis} of an input "
-                       f"of shape {tuple(a.shape)}", f"indices in [0, {n})")
+    _check_range(op, i, a.shape[axis], axis, a.shape)
     grids = np.indices(i.shape, sparse=True)
     return tuple(i if d == axis else grids[d] for d in range(a.ndim))
 

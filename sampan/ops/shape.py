@@ -392,8 +392,8 @@ def _index_error(op, enc, arrays, shape, exc):
     """An out-of-range (or mismatched) index as the user wrote it: SampanIndexError,
     an IndexError like numpy's and PyTorch's."""
     return op_error(SampanIndexError, op, f"index {format_index(enc, arrays)} into a tensor "
-                    f"of shape {tuple(shape)}", "an index that fits the shape (each within its dim)",
-                    str(exc))
+                    f"of shape {tuple(shape)}",
+                    "an index that fits the shape (each within its dim)", str(exc))
 
 
 def _abstract(spec):
