@@ -15,8 +15,8 @@ from ..errors import DTypeError, SampanIndexError, SampanValueError, ShapeError,
 from ..ops import composite as _C
 from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
                              rms_norm, silu, softmax, softplus)
-from ..ops.elementwise import (add, div, eq, expm1, gt, maximum, minimum, mul, relu, rsqrt,
-                               sigmoid, sub, tanh, where)
+from ..ops.elementwise import (add, div, eq, expm1, ge, gt, le, mul, relu, rsqrt, sigmoid, sub,
+                               tanh, where)
 from ..ops._util import lead_size
 from ..ops.index import index_select
 from ..ops.linalg import matmul
@@ -112,19 +112,24 @@ def leaky_relu(x, negative_slope=0.01):
 
 
 def relu6(x):
-    """min(max(x, 0), 6)."""
-    return minimum(relu(x), 6.0)
+    """min(max(x, 0), 6); no gradient at 0 and 6 (PyTorch's)."""
+    return hardtanh(x, 0.0, 6.0)
 
 
 def elu(x, alpha=1.0):
     """x if x > 0 else alpha * (exp(x) - 1). Example: ``F.elu(x)``."""
     x = _t(x)
-    return where(gt(x, 0.0), x, mul(expm1(minimum(x, 0.0)), alpha))
+    pos = gt(x, 0.0)
+    # expm1 of x where x <= 0 (0 elsewhere, so no overflow): at x == 0 the gradient is
+    # alpha, as in PyTorch (minimum(x, 0) split it there and gave alpha / 2)
+    return where(pos, x, mul(expm1(where(pos, 0.0, x)), alpha))
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0):
-    """Clamp to [min_val, max_val]."""
-    return minimum(maximum(_t(x), min_val), max_val)
+    """Clamp to [min_val, max_val]; the gradient passes strictly inside, none at the bounds
+    (PyTorch's hardtanh, unlike its clamp; maximum/minimum split it there). NaN stays."""
+    x = _t(x)
+    return where(le(x, min_val), min_val, where(ge(x, max_val), max_val, x))
 
 
 def mish(x):
@@ -172,11 +177,14 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
 
 
 def normalize(x, p=2.0, axis=1, eps=1e-12):
-    """x / max(||x||_p, eps) along `axis`."""
-    from ..ops.elementwise import abs as _abs, pow as _pow
+    """x / max(||x||_p, eps) along `axis`; a zero vector has gradient 1/eps (PyTorch's
+    value: the norm's gradient is taken as 0 at 0, not 1/0 * 0 = NaN)."""
+    from ..ops.elementwise import abs as _abs, clamp, pow as _pow
     x = _t(x)
-    norm = _pow(sum(_pow(_abs(x), p), axis, keepdims=True), 1.0 / p)
-    return div(x, maximum(norm, eps))
+    s = sum(_pow(_abs(x), p), axis, keepdims=True)
+    zero = eq(s, 0.0)
+    norm = where(zero, 0.0, _pow(where(zero, 1.0, s), 1.0 / p))   # a safe root, as std's
+    return div(x, clamp(norm, min=eps))   # clamp: at norm == eps the norm keeps the gradient
 
 
 # ---------------------------------------------------------------------- attention
