@@ -15,8 +15,8 @@ from . import dtypes as _dtypes_mod
 from .device import Device, cuda_is_available
 from .dtypes import (bfloat16, bool_, float16, float32, float64, get_default_dtype, int8, int16,
                      int32, int64, promote_types, set_default_dtype, uint8)
-from .errors import (AutogradError, DeviceError, DTypeError, SampanError, SampanValueError,
-                     ShapeError)
+from .errors import (AutogradError, DeviceError, DTypeError, SampanError, SampanIndexError,
+                     SampanValueError, ShapeError)
 from .tensor import Tensor
 from .ops import load_all as _load_ops
 
@@ -69,7 +69,7 @@ __all__ = [
     "float64", "get_default_dtype", "set_default_dtype", "promote_types",
     # errors
     "SampanError", "ShapeError", "DTypeError", "DeviceError", "SampanValueError",
-    "AutogradError",
+    "SampanIndexError", "AutogradError",
     # autograd
     "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # creation

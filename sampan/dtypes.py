@@ -10,6 +10,11 @@ applied by every binary op:
 * a Python scalar never widens a tensor of its own category or higher
   (float32 tensor + 2.0 -> float32); a Python float with an integer or bool
   tensor gives the default float dtype; a Python int with a bool tensor gives int64.
+  numpy scalars (np.float64(2.0), np.int32(3)) count as the Python scalars of their
+  category, as in PyTorch;
+* a 0-d tensor is weaker than a tensor with dims, as in PyTorch: it decides the result
+  dtype only when its category is higher (float16 tensor * tensor(2.0) -> float16,
+  int32 tensor * tensor(2.0) -> float32); two 0-d tensors promote as above.
 """
 from __future__ import annotations
 
@@ -129,14 +134,25 @@ def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
     return r
 
 
+def operand_dtype(a: np.dtype, a_is_0d: bool, b: np.dtype, b_is_0d: bool) -> np.dtype:
+    """Result dtype of a binary op on tensors of dtypes a and b, one of them possibly 0-d
+    (see module doc): a 0-d tensor beside one with dims counts only by its category."""
+    if a_is_0d == b_is_0d or a == b:
+        return promote_types(a, b)
+    dims, zero = (b, a) if a_is_0d else (a, b)
+    return zero if _category(zero) > _category(dims) else dims
+
+
 def scalar_dtype(value, other: np.dtype) -> np.dtype:
-    """dtype a Python scalar takes when combined with a tensor of dtype `other`."""
-    if isinstance(value, bool):
+    """dtype a Python (or numpy) scalar takes when combined with a tensor of dtype
+    `other`."""
+    if isinstance(value, (bool, np.bool_)):
         return other
-    if isinstance(value, int):
+    if isinstance(value, (int, np.integer)):
         return int64 if other == bool_ else other
-    if isinstance(value, float):
+    if isinstance(value, (float, np.floating)) or (
+            isinstance(value, np.generic) and np.dtype(type(value)) == bfloat16):
         return other if is_floating(other) else get_default_dtype()
-    if isinstance(value, complex):
+    if isinstance(value, (complex, np.complexfloating)):
         raise TypeError("sampan has no complex dtypes")
     return other

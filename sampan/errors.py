@@ -31,6 +31,10 @@ class SampanValueError(SampanError, ValueError):
     """An argument has a value an op cannot take."""
 
 
+class SampanIndexError(SampanError, IndexError):
+    """An index (or class id) is out of range for the dim it indexes."""
+
+
 class AutogradError(SampanError, RuntimeError):
     """Backward cannot run (e.g. a saved tensor was modified in place)."""
 

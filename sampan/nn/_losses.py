@@ -199,6 +199,11 @@ def binary_cross_entropy(input, target, weight=None, reduction="mean"):
                        f"input values in [{a.min()}, {a.max()}]",
                        "probabilities in [0, 1] (use binary_cross_entropy_with_logits "
                        "for logits)")
+    b = target._data
+    if isinstance(b, np.ndarray) and b.size and not ((b >= 0) & (b <= 1)).all():
+        # PyTorch refuses these too: the loss would be unbounded below
+        raise op_error(SampanValueError, "binary_cross_entropy",
+                       f"target values in [{b.min()}, {b.max()}]", "targets in [0, 1]")
     with np.errstate(divide="ignore"):
         lp = maximum(log(input), -100.0)
         lq = maximum(log(sub(1.0, input)), -100.0)

@@ -11,12 +11,13 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, SampanValueError, ShapeError, op_error
+from ..errors import DTypeError, SampanIndexError, SampanValueError, ShapeError, op_error
 from ..ops import composite as _C
 from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
                              rms_norm, silu, softmax, softplus)
-from ..ops.elementwise import (add, div, eq, expm1, gt, maximum, minimum, mul, relu, rsqrt,
-                               sigmoid, sub, tanh, where)
+from ..ops.elementwise import (add, div, eq, expm1, ge, gt, le, mul, relu, rsqrt, sigmoid, sub,
+                               tanh, where)
+from ..ops._util import lead_size
 from ..ops.index import index_select
 from ..ops.linalg import matmul
 from ..ops.reduce import mean, sum
@@ -46,7 +47,7 @@ def linear(x, weight, bias=None):
                        "(weight layout is (in_features, out_features))")
     if x.ndim > 2:  # one 2-d GEMM instead of a batched one (also a 2-d weight gradient)
         lead = tuple(x.shape[:-1])
-        y = matmul(reshape(x, (-1, x.shape[-1])), weight)
+        y = matmul(reshape(x, (lead_size(lead), x.shape[-1])), weight)
         if bias is not None:
             y = add(y, bias)
         return reshape(y, lead + (weight.shape[1],))
@@ -92,8 +93,9 @@ def embedding(ids, weight, padding_idx=None):
         raise op_error(DTypeError, "embedding", f"ids of dtype {ids.dtype}", "integer ids")
     n = weight.shape[0]
     a = ids._data
-    if a.size and isinstance(a, np.ndarray) and (a.min() < -n or a.max() >= n):
-        raise op_error(SampanValueError, "embedding", f"ids in [{a.min()}, {a.max()}]",
+    # negative ids are refused, as in PyTorch (index_select would read -1 as the last row)
+    if a.size and isinstance(a, np.ndarray) and (a.min() < 0 or a.max() >= n):
+        raise op_error(SampanIndexError, "embedding", f"ids in [{a.min()}, {a.max()}]",
                        f"ids in [0, {n}) for a table of {n} rows")
     out = reshape(index_select(weight, reshape(ids, (-1,)), 0),
                   tuple(ids.shape) + (weight.shape[1],))
@@ -110,19 +112,24 @@ def leaky_relu(x, negative_slope=0.01):
 
 
 def relu6(x):
-    """min(max(x, 0), 6)."""
-    return minimum(relu(x), 6.0)
+    """min(max(x, 0), 6); no gradient at 0 and 6 (PyTorch's)."""
+    return hardtanh(x, 0.0, 6.0)
 
 
 def elu(x, alpha=1.0):
     """x if x > 0 else alpha * (exp(x) - 1). Example: ``F.elu(x)``."""
     x = _t(x)
-    return where(gt(x, 0.0), x, mul(expm1(minimum(x, 0.0)), alpha))
+    pos = gt(x, 0.0)
+    # expm1 of x where x <= 0 (0 elsewhere, so no overflow): at x == 0 the gradient is
+    # alpha, as in PyTorch (minimum(x, 0) split it there and gave alpha / 2)
+    return where(pos, x, mul(expm1(where(pos, 0.0, x)), alpha))
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0):
-    """Clamp to [min_val, max_val]."""
-    return minimum(maximum(_t(x), min_val), max_val)
+    """Clamp to [min_val, max_val]; the gradient passes strictly inside, none at the bounds
+    (PyTorch's hardtanh, unlike its clamp; maximum/minimum split it there). NaN stays."""
+    x = _t(x)
+    return where(le(x, min_val), min_val, where(ge(x, max_val), max_val, x))
 
 
 def mish(x):
@@ -170,11 +177,14 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
 
 
 def normalize(x, p=2.0, axis=1, eps=1e-12):
-    """x / max(||x||_p, eps) along `axis`."""
-    from ..ops.elementwise import abs as _abs, pow as _pow
+    """x / max(||x||_p, eps) along `axis`; a zero vector has gradient 1/eps (PyTorch's
+    value: the norm's gradient is taken as 0 at 0, not 1/0 * 0 = NaN)."""
+    from ..ops.elementwise import abs as _abs, clamp, pow as _pow
     x = _t(x)
-    norm = _pow(sum(_pow(_abs(x), p), axis, keepdims=True), 1.0 / p)
-    return div(x, maximum(norm, eps))
+    s = sum(_pow(_abs(x), p), axis, keepdims=True)
+    zero = eq(s, 0.0)
+    norm = where(zero, 0.0, _pow(where(zero, 1.0, s), 1.0 / p))   # a safe root, as std's
+    return div(x, clamp(norm, min=eps))   # clamp: at norm == eps the norm keeps the gradient
 
 
 # ---------------------------------------------------------------------- attention

@@ -72,6 +72,18 @@ def numel_flops(*specs, out=None, per=1, **_):
     return per * n
 
 
+def lead_size(shape):
+    """The product of `shape`'s dims (for a reshape to rows): an explicit count rather than
+    -1, which cannot be inferred when the other dim is 0 (a (4, 2, 0) tensor to (-1, 0));
+    -1 where a dim is symbolic (traced), as there is nothing to infer from then."""
+    n = 1
+    for d in shape:
+        if not isinstance(d, int):
+            return -1
+        n *= d
+    return n
+
+
 def norm_axis(axis, ndim, op="op"):
     """Normalise an axis or tuple of axes to a sorted tuple of non-negative ints."""
     if axis is None:

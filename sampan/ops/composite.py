@@ -25,11 +25,21 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
+def _empty_axis(x, axis):
+    """Whether one of the reduced axes has length 0 (known while tracing too, unless
+    symbolic): the max that stabilises exp has no value there, as in PyTorch."""
+    from ._util import norm_axis
+    return any(x.shape[a] == 0 for a in norm_axis(axis, x.ndim, "logsumexp"))
+
+
 def logsumexp(x, axis=-1, keepdims=False):
-    """log(sum(exp(x))) computed stably."""
+    """log(sum(exp(x))) computed stably; -inf over an empty axis (PyTorch's value)."""
     x = _t(x)
-    m = amax(x, axis, keepdims=True).detach()
-    r = add(log(sum(exp(sub(x, m)), axis, keepdims=True)), m)
+    if _empty_axis(x, axis):   # log(0): the sum of no terms, written without a log
+        r = add(sum(x, axis, keepdims=True), float("-inf"))
+    else:
+        m = amax(x, axis, keepdims=True).detach()
+        r = add(log(sum(exp(sub(x, m)), axis, keepdims=True)), m)
     return r if keepdims else _squeeze_axis(r, axis)
 
 
@@ -40,10 +50,12 @@ def _squeeze_axis(r, axis):
 
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`, computed stably (the last axis: the `softmax`
-    row op, see rowwise.py)."""
+    row op, see rowwise.py). An empty axis gives an empty result, as in PyTorch."""
     x = _t(x)
     if row_ops(x, axis):
         return softmax_last(x)
+    if _empty_axis(x, axis):   # no elements: nothing to normalise
+        return mul(x, 1.0)
     e = exp(sub(x, amax(x, axis, keepdims=True).detach()))
     return div(e, sum(e, axis, keepdims=True))
 
@@ -53,6 +65,8 @@ def log_softmax(x, axis=-1):
     x = _t(x)
     if row_ops(x, axis):
         return log_softmax_last(x)
+    if _empty_axis(x, axis):
+        return mul(x, 1.0)
     return sub(x, logsumexp(x, axis, keepdims=True))
 
 
@@ -68,9 +82,13 @@ def var(x, axis=None, keepdims=False, correction=1):
 
 
 def std(x, axis=None, keepdims=False, correction=1):
-    """Standard deviation (sqrt of `var`)."""
-    from .elementwise import sqrt
-    return sqrt(var(x, axis, keepdims, correction))
+    """Standard deviation (sqrt of `var`); its gradient is 0 where it is 0 (constant
+    values), as in PyTorch, not sqrt's 1/0 times var's 0 = NaN."""
+    from .elementwise import eq, sqrt
+    v = var(x, axis, keepdims, correction)
+    zero = eq(v, 0.0)
+    # sqrt of a safe value, so the branch that is not taken holds no inf
+    return where(zero, 0.0, sqrt(where(zero, 1.0, v)))
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -203,11 +221,20 @@ def softplus(x, beta=1.0):
 
 
 def one_hot(labels, num_classes):
-    """int labels -> float one-hot vectors (default float dtype)."""
+    """int labels -> float one-hot vectors (default float dtype). Labels outside
+    [0, num_classes) raise (PyTorch does too; eq against arange gave a row of zeros)."""
+    from ..errors import DTypeError, SampanIndexError, op_error
     from .creation import arange
     from .elementwise import eq
     from .shape import unsqueeze
     labels = _t(labels)
+    if not _dt.is_integer(labels.dtype):
+        raise op_error(DTypeError, "one_hot", f"labels of dtype {labels.dtype}",
+                       "integer class ids")
+    a = labels._data
+    if isinstance(a, np.ndarray) and a.size and (a.min() < 0 or a.max() >= num_classes):
+        raise op_error(SampanIndexError, "one_hot", f"class ids in [{a.min()}, {a.max()}]",
+                       f"class ids in [0, {num_classes}) for num_classes={num_classes}")
     return cast(eq(unsqueeze(labels, -1), arange(num_classes)), _dt.get_default_dtype())
 
 

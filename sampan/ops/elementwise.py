@@ -45,7 +45,8 @@ def operands(a, b):
             da, db = a._data.dtype, b._data.dtype
             if da is db or da == db:
                 return a, b
-            d = _dt.promote_types(da, db)
+            # a 0-d tensor is weaker than one with dims (PyTorch's rule, dtypes.py)
+            d = _dt.operand_dtype(da, a._data.ndim == 0, db, b._data.ndim == 0)
             return (a if da == d else cast(a, d)), (b if db == d else cast(b, d))
         if type(b) is np.ndarray:
             return operands(a, _array_operand(b))
@@ -127,7 +128,11 @@ DIV = defop("div", elementwise_rule("div", float_only=True), kernel=np.true_divi
 
 
 def _pow_grad(g, y, a, b):
-    ga = mul(g, mul(b, pow(a, sub(b, 1))))
+    # d/da a**b = b * a**(b-1), which is 0 where b == 0 (PyTorch's rule): 0 * 0**-1 gave
+    # NaN at a == 0. The exponent is made safe (1 where b == 0) rather than the product
+    # masked, so no branch holds an inf that a second-order gradient would reach.
+    safe_b = where(eq(b, 0), ones_like_(b), b)
+    ga = mul(g, mul(b, pow(a, sub(safe_b, 1))))
     safe = where(gt(a, 0), a, ones_like_(a))
     gb = mul(g, mul(pow(a, b), where(gt(a, 0), log(safe), zeros_like_(a))))
     return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
@@ -686,11 +691,19 @@ def expand_like(x, like):
 
 
 def clamp(x, min=None, max=None):
-    """Limit values to [min, max] (either may be None). Example: ``clamp(x, 0.0, 1.0)``."""
+    """Limit values to [min, max] (either may be None). Example: ``clamp(x, 0.0, 1.0)``.
+
+    The gradient passes where min <= x <= max, bounds included, and goes to a tensor
+    bound where x is beyond it (PyTorch's convention; maximum/minimum would split it at
+    the bounds). NaN stays NaN; with min > max every value is max."""
+    if isinstance(min, Tensor) and min.requires_grad and max is not None:
+        # PyTorch gives min no gradient unless min < max (at min == max neither bound
+        # gets it); the value is unchanged
+        min = where(lt(min, max), min, min.detach())
     if min is not None:
-        x = maximum(x, min)
+        x = where(lt(x, min), min, x)
     if max is not None:
-        x = minimum(x, max)
+        x = where(gt(x, max), max, x)
     return x
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
-from ._util import Sample, broadcast_shapes, randf, rng, same_dtype, unbroadcast
+from ._util import Sample, broadcast_shapes, lead_size, randf, rng, same_dtype, unbroadcast
 from .registry import Spec, defop
 
 
@@ -30,7 +30,8 @@ def _matmul_kernel(a, b):
         # (..., m, k) @ (k, n) as one (M, k) @ (k, n) GEMM: numpy would loop over the batch
         # with small GEMMs, about 4x slower for transformer-sized activations
         k = a.shape[-1]
-        return np.matmul(a.reshape(-1, k), b).reshape(a.shape[:-1] + (b.shape[1],))
+        return np.matmul(a.reshape(lead_size(a.shape[:-1]), k), b).reshape(
+            a.shape[:-1] + (b.shape[1],))
     return np.matmul(a, b)
 
 
@@ -48,7 +49,8 @@ def _matmul_grad(g, y, a, b):
         # weight gradient of a batch of products by one matrix: one (k, M) @ (M, n) GEMM
         # instead of a batched product and a sum over the batch
         k, n = b.shape
-        gb = matmul(_mT(reshape(a, (-1, k))), reshape(g, (-1, n)))
+        m = lead_size(a.shape[:-1])
+        gb = matmul(_mT(reshape(a, (m, k))), reshape(g, (m, n)))
     else:
         gb = unbroadcast(matmul(_mT(a), g), b.shape)
     return ga, gb
@@ -67,7 +69,10 @@ def _samples():
     return [Sample((randf(r, 3, 4), randf(r, 4, 5))),
             Sample((randf(r, 2, 3, 4), randf(r, 4, 2))),
             Sample((randf(r, 2, 1, 3, 4), randf(r, 3, 4, 2))),
-            Sample((randf(r, 0, 4), randf(r, 4, 3)))]
+            Sample((randf(r, 0, 4), randf(r, 4, 3))),
+            # a zero inner dim: zeros, as in PyTorch (the batch-by-matrix path too)
+            Sample((randf(r, 3, 0), randf(r, 0, 2))),
+            Sample((randf(r, 2, 3, 0), randf(r, 0, 2)))]
 
 
 MATMUL = defop("matmul", _matmul_rule, kernel=_matmul_kernel, grad=_matmul_grad,

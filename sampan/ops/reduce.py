@@ -109,7 +109,16 @@ def _mean_grad(g, y, x, axis=None, keepdims=False):
     return div(_expand_back(g, x, axis, keepdims), float(builtins.max(n, 1)))
 
 
-MEAN = defop("mean", _red_rule(), kernel=_acc_kernel(np.mean), kind="reduction",
+_NP_MEAN = _acc_kernel(np.mean)
+
+
+def _mean_kernel(a, axis=None, keepdims=False):
+    if not a.size:   # the mean of nothing is NaN (PyTorch's value), without numpy's warning
+        return np.full(_red_shape(a, axis, keepdims), np.nan, a.dtype)
+    return _NP_MEAN(a, axis=axis, keepdims=keepdims)
+
+
+MEAN = defop("mean", _red_rule(), kernel=_mean_kernel, kind="reduction",
              scalar="a + b", grad=_mean_grad, saves=(), flops=_red_flops, onnx="ReduceMean",
              samples=lambda: _red_samples()[:4])
 
@@ -142,18 +151,42 @@ MIN = defop("min", _red_rule(), kernel=_max_kernel(np.min), kind="reduction",
 
 
 def _prod_grad(g, y, x, axis=None, keepdims=False):
-    from .elementwise import div, mul
-    from .shape import reshape
-    # valid for non-zero inputs; zeros give inf/nan as in the naive rule
-    yk = y if keepdims else reshape(y, _keep_shape(x, axis))
-    return mul(_expand_back(g, x, axis, keepdims), div(yk, x))
+    """d prod(x) / d x_i = the product of the other elements, zeros included (PyTorch's
+    rule). y / x gave 0/0 = NaN at a zero. Written with where-masked safe operands, so
+    no branch computes an inf that a zero gradient would turn into NaN, and the rule is
+    itself differentiable: exact second order for any number of zeros."""
+    from .elementwise import cast, div, eq, mul, sub, where
+    iz = eq(x, 0.0)
+    nonzero = where(iz, 1.0, x)          # the zeros replaced by 1
+    zeros = where(iz, x, 1.0)            # the non-zeros replaced by 1 (values 0 or 1)
+    p = prod(nonzero, axis, keepdims=True)           # product of the non-zero elements
+    nz = sum(cast(iz, x.dtype), axis, keepdims=True)  # how many zeros
+    # at a zero: the product of the other zeros (1 for none; for one other zero its
+    # value, 0, so its derivative is right; 0 for more) times the non-zero product
+    s = sum(where(iz, x, 0.0), axis, keepdims=True)
+    other_zeros = where(eq(nz, 1.0), 1.0, where(eq(nz, 2.0), sub(s, x), 0.0))
+    # elsewhere: (product of the zeros) * (non-zero product) / x_i
+    others = where(iz, mul(p, other_zeros),
+                   div(mul(prod(zeros, axis, keepdims=True), p), nonzero))
+    return mul(_expand_back(g, x, axis, keepdims), others)
+
+
+def _prod_samples():
+    r = rng(12)
+    x = randf(r, 3, 4, low=0.5, high=1.5)
+    z = randf(r, 4, 5, low=0.5, high=1.5)
+    z[0, 1] = 0.0                      # one zero in a row
+    z[1, 0] = z[1, 3] = 0.0            # two zeros
+    z[2, :3] = 0.0                     # three zeros
+    return [Sample((x,), {"axis": (1,), "keepdims": False}),
+            Sample((z,), {"axis": (1,), "keepdims": False}),
+            Sample((z,), {"axis": None, "keepdims": False}),
+            Sample((z,), {"axis": (0,), "keepdims": True})]
 
 
 PROD = defop("prod", _red_rule(), kernel=_acc_kernel(np.prod), kind="reduction",
-             scalar="a * b", grad=_prod_grad, save_output=True, flops=_red_flops,
-             onnx="ReduceProd",
-             samples=lambda: [Sample((randf(rng(12), 3, 4, low=0.5, high=1.5),),
-                                     {"axis": (1,), "keepdims": False})])
+             scalar="a * b", grad=_prod_grad, flops=_red_flops,
+             onnx="ReduceProd", samples=_prod_samples)
 
 
 def _argrule(x, axis=None, keepdims=False):
@@ -288,15 +321,35 @@ def cumsum(x, axis):
     return apply(CUMSUM, (x,), {"axis": norm_axis(axis, x.ndim, "cumsum")[0]})
 
 
+def _values_at(x, idx, axis, keepdims):
+    """The values of `x` at the indices `idx` (keepdims form) along `axis`: their gradient
+    goes to those indices only."""
+    from .index import take_along_axis
+    from .shape import squeeze
+    v = take_along_axis(x, idx, axis)
+    return v if keepdims else squeeze(v, axis)
+
+
 def max(x, axis=None, keepdims=False):
-    """Maximum values; with an int axis returns (values, indices) like PyTorch."""
+    """Maximum values; with an int axis returns (values, indices) like PyTorch, and the
+    values' gradient goes to the returned index (amax shares it among ties)."""
     if isinstance(axis, int):
-        return amax(x, axis, keepdims), argmax(x, axis, keepdims)
+        x = _t(x)
+        idx = argmax(x, axis, keepdims=True)
+        return _values_at(x, idx, axis, keepdims), idx if keepdims else _drop(idx, axis)
     return amax(x, axis, keepdims)
 
 
 def min(x, axis=None, keepdims=False):
-    """Minimum values; with an int axis returns (values, indices) like PyTorch."""
+    """Minimum values; with an int axis returns (values, indices) like PyTorch, and the
+    values' gradient goes to the returned index (amin shares it among ties)."""
     if isinstance(axis, int):
-        return amin(x, axis, keepdims), argmin(x, axis, keepdims)
+        x = _t(x)
+        idx = argmin(x, axis, keepdims=True)
+        return _values_at(x, idx, axis, keepdims), idx if keepdims else _drop(idx, axis)
     return amin(x, axis, keepdims)
+
+
+def _drop(idx, axis):
+    from .shape import squeeze
+    return squeeze(idx, axis)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import SampanError, ShapeError, op_error
+from ..errors import SampanError, SampanIndexError, ShapeError, op_error
 
 
 @dataclass(frozen=True)
@@ -135,5 +135,9 @@ def raise_kernel_error(op: OpDef, inputs, attrs, exc: Exception):
         raise e.with_traceback(None) from None
     except Exception:
         pass
+    if isinstance(exc, IndexError):   # an index value out of range: IndexError, as numpy's
+        raise op_error(SampanIndexError, op.name, describe(inputs) + (
+            f" with {attrs}" if attrs else ""), "indices within range",
+            f"the kernel said: {exc}") from exc
     raise op_error(ShapeError, op.name, describe(inputs) + (f" with {attrs}" if attrs else ""),
                    "inputs this op accepts", f"the kernel said: {exc}") from exc

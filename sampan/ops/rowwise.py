@@ -25,7 +25,7 @@ import numpy as np
 
 from ..tensor import Tensor, apply
 from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit
-from ._util import Sample, randf, rng
+from ._util import Sample, lead_size, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _EMPTY = {}
@@ -134,8 +134,10 @@ def _half(k):
 def _fwd_kernel(log):
     @_half
     def k(x):
+        if not x.size:   # no rows, or rows of length 0 (np.max has no identity for those)
+            return np.empty(x.shape, x.dtype)
         ks = _K.get(x.dtype)
-        if ks is not None and x.size:
+        if ks is not None:
             return _run_rows(ks[0], x, log=log)
         m = np.max(x, axis=-1, keepdims=True)
         z = x - m
@@ -572,11 +574,15 @@ else:  # pragma: no cover
 
 
 def _rows(a):
-    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+    # an explicit row count: reshape(-1, 0) cannot infer it for rows of length 0
+    return np.ascontiguousarray(a).reshape(lead_size(a.shape[:-1]), a.shape[-1])
 
 
 def _numpy_stats(x, eps):
-    """(standardised rows, 1/sqrt(var + eps)) in numpy: the path without numba."""
+    """(standardised rows, 1/sqrt(var + eps)) in numpy: the path without numba (and for
+    empty inputs: rows of length 0 have no statistics, and none are needed)."""
+    if not x.size:
+        return np.empty(x.shape, x.dtype), np.ones(x.shape[:-1] + (1,), x.dtype)
     d = x - x.mean(-1, keepdims=True)
     r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + x.dtype.type(eps))
     return d * r, r
@@ -599,6 +605,8 @@ def _ln_grad_x_kernel(x, w, g, eps):
         _NK[x.dtype][2](_rows(x), np.ascontiguousarray(w), _rows(g), x.dtype.type(eps),
                         out.reshape(-1, x.shape[-1]))
         return out
+    if not x.size:
+        return np.empty(x.shape, x.dtype)
     y, r = _numpy_stats(x, eps)
     gw = g * w
     return r * (gw - gw.mean(-1, keepdims=True) - y * (gw * y).mean(-1, keepdims=True))
@@ -611,7 +619,7 @@ def _ln_grad_w_kernel(x, g, eps):
         _NK[x.dtype][3](_rows(x), _rows(g), x.dtype.type(eps), out)
         return out
     y, _ = _numpy_stats(x, eps)
-    return (g * y).reshape(-1, x.shape[-1]).sum(0)
+    return _rows(g * y).sum(0)
 
 
 @_half

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError, op_error
+from ..errors import SampanIndexError, ShapeError, op_error
 from ..tensor import Tensor, apply, mark_view
 from ._util import Sample, norm_axis, randf, rng, unbroadcast
 from .registry import NO_ONNX, STATE, Spec, defop
@@ -367,6 +367,38 @@ def decode_index(enc, arrays):
     return tuple(out)
 
 
+def format_index(enc, arrays=()) -> str:
+    """The user's spelling of an encoded index, e.g. ``[1:3, None, <i64[2] tensor>]``: for
+    messages (the encoding itself is internal)."""
+    from ..dtypes import short_name
+    parts = []
+    for it in enc:
+        k = it[0]
+        if k == "s":
+            a, b, c = ("" if v is None else str(v) for v in it[1:])
+            parts.append(f"{a}:{b}" + (f":{c}" if c else ""))
+        elif k == "i":
+            parts.append(str(it[1]))
+        elif k == "n":
+            parts.append("None")
+        elif k == "e":
+            parts.append("...")
+        elif it[1] < len(arrays):
+            t = arrays[it[1]]
+            parts.append(f"<{short_name(t.dtype)}{list(t.shape)} tensor>")
+        else:
+            parts.append("<tensor>")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _index_error(op, enc, arrays, shape, exc):
+    """An out-of-range (or mismatched) index as the user wrote it: SampanIndexError,
+    an IndexError like numpy's and PyTorch's."""
+    return op_error(SampanIndexError, op, f"index {format_index(enc, arrays)} into a tensor "
+                    f"of shape {tuple(shape)}",
+                    "an index that fits the shape (each within its dim)", str(exc))
+
+
 def _abstract(spec):
     """A zero-strided array of `spec`'s shape: lets numpy compute index shapes for free."""
     return np.lib.stride_tricks.as_strided(np.zeros(1, spec.dtype), tuple(spec.shape),
@@ -377,8 +409,7 @@ def _getitem_rule(x, *idx, index):
     try:
         r = _abstract(x)[decode_index(index, [_abstract(i) for i in idx])]
     except IndexError as e:
-        raise op_error(ShapeError, "getitem", f"index {index} into shape {tuple(x.shape)}",
-                       "an index within bounds", str(e)) from None
+        raise _index_error("getitem", index, idx, x.shape, e) from None
     shape = tuple(np.shape(r))
     if any(i.dtype == np.bool_ and len(i.shape) > 0 for i in idx):
         # a boolean mask selects a data-dependent number of elements: a symbolic dim
@@ -393,7 +424,10 @@ def _getitem_rule(x, *idx, index):
 
 def _getitem_kernel(a, *idx, index):
     key = decode_index(index, idx)
-    r = a[key]
+    try:
+        r = a[key]
+    except IndexError as e:   # index values (the rule sees only their shapes)
+        raise _index_error("getitem", index, idx, a.shape, e) from None
     if type(r) is not np.ndarray:   # one element: a 0-d view (as torch), not a numpy scalar
         r = a[key + (Ellipsis,)]
     return r
@@ -431,10 +465,13 @@ GETITEM = defop("getitem", _getitem_rule, kernel=_getitem_kernel, grad=_getitem_
 
 def _getitem_grad_kernel(g, *idx, index, shape):
     out = np.zeros(shape, g.dtype)
-    if not idx:  # basic indexing selects each element at most once: a plain store
-        out[decode_index(index, idx)] = g
-    else:        # integer arrays may repeat an index: accumulate
-        np.add.at(out, decode_index(index, idx), g)
+    try:
+        if not idx:  # basic indexing selects each element at most once: a plain store
+            out[decode_index(index, idx)] = g
+        else:        # integer arrays may repeat an index: accumulate
+            np.add.at(out, decode_index(index, idx), g)
+    except IndexError as e:
+        raise _index_error("getitem_grad", index, idx, shape, e) from None
     return out
 
 
@@ -465,7 +502,10 @@ def _setitem_rule(x, v, *idx, index):
 
 def _setitem_kernel(a, v, *idx, index):
     out = a.copy()
-    out[decode_index(index, idx)] = v
+    try:
+        out[decode_index(index, idx)] = v
+    except IndexError as e:
+        raise _index_error("setitem", index, idx, a.shape, e) from None
     return out
 
 

@@ -28,7 +28,9 @@ def _relu_out(a, out):
 def _matmul_out(a, b, out):
     if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
         # (..., m, k) @ (k, n) as one (M, k) @ (k, n) GEMM instead of one per batch entry
-        np.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
+        # (explicit row count: -1 cannot be inferred when k or n is 0)
+        m = int(np.prod(a.shape[:-1]))
+        np.matmul(a.reshape(m, a.shape[-1]), b, out=out.reshape(m, out.shape[-1]))
         return out
     return np.matmul(a, b, out=out)
 

@@ -43,7 +43,7 @@ def test_embedding_padding_idx_gets_no_grad():
     compare_layer(s, t, {"weight": same("weight")}, [ids], "float64")
     assert np.all(s.weight.grad.numpy()[1] == 0)
     assert np.all(nn.Embedding(5, 3, padding_idx=0).weight.numpy()[0] == 0)
-    with pytest.raises(sampan.SampanValueError, match="embedding.*\\[0, 10\\)"):
+    with pytest.raises(sampan.SampanIndexError, match="embedding.*\\[0, 10\\)"):
         s(sampan.tensor([10]))
 
 
