@@ -374,6 +374,7 @@ def _xent_kernel(x, t, ignore_index):
 
 
 def _xent_grad_kernel(x, t, lse, g, h, ignore_index):
+    _check_targets(x, t, ignore_index)   # the numba loop writes out[r, t[r]] unchecked
     d = x.dtype
     if d.kind != "f" or d.itemsize < 4:
         f = np.float32
