@@ -28,6 +28,23 @@ print(json.dumps(run_mutated_shapes(sys.argv[1])))
 """
 
 
+def raised_in_child(code):
+    """Run `code` (after sampan, numpy and apply are imported) in a child process; return
+    the name of what it raised ("accepted" if nothing, "crashed ..." if the process died).
+    Calls that wrote out of bounds on the old code run here first, so they fail the test
+    instead of corrupting or killing the runner."""
+    child = ("import numpy as np\nimport sampan\nfrom sampan.tensor import apply\n"
+             f"try:\n    {code}\n    print('accepted')\n"
+             "except Exception as e:\n    print(type(e).__name__)\n"
+             "import gc; gc.collect()\n")
+    env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", child], cwd=_ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        return f"crashed (exit {p.returncode}): {p.stderr[-1500:]}"
+    return p.stdout.strip().splitlines()[-1]
+
+
 def test_mutated_shapes_every_op(tmp_path):
     progress = tmp_path / "progress.txt"
     env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -56,9 +73,12 @@ def test_eager_checks_the_rule_before_the_kernel():
     # its buffer; now the op's rule stops it, naming the op and this line
     from sampan.ops.pool import MAX_POOL2D_GRAD
     from sampan.tensor import apply
+    attrs = {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0), "dilation": (1, 1)}
+    assert raised_in_child(
+        "from sampan.ops.pool import MAX_POOL2D_GRAD; apply(MAX_POOL2D_GRAD, "
+        f"(sampan.randn(1, 1, 4, 4), sampan.randn(1, 1, 3, 2)), {attrs!r})") == "ShapeError"
     x = sampan.randn(1, 1, 4, 4)
     g = sampan.randn(1, 1, 3, 2)
-    attrs = {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0), "dilation": (1, 1)}
     with pytest.raises(ShapeError, match=r"max_pool2d_grad.*\(1, 1, 3, 2\)[\s\S]*"
                                          r"test_mutated_shapes\.py:\d+"):
         apply(MAX_POOL2D_GRAD, (x, g), attrs)
@@ -85,6 +105,10 @@ def test_rule_verdicts_are_cached_per_shape():
 @pytest.mark.parametrize("n_target", [0, 2, 5])
 def test_cross_entropy_checks_the_target_length(n_target):
     # a longer target silently used its first N entries; an empty one read past the end
+    # (a segfault): first in a child process, then here for the message
+    for f in ("sampan.cross_entropy", "sampan.ops.rowwise.softmax_cross_entropy"):
+        assert raised_in_child(f"{f}(sampan.randn(3, 4), sampan.tensor(np.zeros({n_target}, "
+                               "np.int64)))") == "ShapeError"
     from sampan.ops.rowwise import softmax_cross_entropy
     x = sampan.randn(3, 4)
     t = sampan.tensor(np.zeros(n_target, np.int64))
@@ -98,6 +122,9 @@ def test_cross_entropy_checks_the_target_length(n_target):
 def test_cross_entropy_gradient_kernel_checks_targets():
     from sampan.ops.rowwise import XENT_GRAD
     from sampan.tensor import apply
+    call = "(sampan.randn(2, 3), sampan.tensor([0, 10**6]), *[sampan.zeros(2)] * 3)"
+    assert raised_in_child("from sampan.ops.rowwise import XENT_GRAD; apply(XENT_GRAD, "
+                           f"{call}, {{'ignore_index': -100}})") == "ShapeError"
     x = sampan.randn(2, 3)
     row = sampan.zeros(2)
     with pytest.raises(SampanError, match="softmax_cross_entropy"):

@@ -81,11 +81,12 @@ def test_bad_call_raises_a_sampan_error_naming_the_op(what, sweep):
         eval(compile(code, __file__, "eval"))
 
 
-def test_error_classes():
-    with pytest.raises(SampanValueError, match=r"inverse value 7.*\[0, 2\)"):
-        segment_sum([0, 7, 1], _V, 2)
+def test_error_classes(sweep):
+    assert sweep["segment_sum index past n"] == sweep["segment_sum short values"] == "sampan"
+    with pytest.raises(SampanValueError, match=r"inverse value 1000000.*\[0, 2\)"):
+        segment_sum([0, 1, 10**6], _V, 2)
     with pytest.raises(ShapeError, match=r"one row of values per entry"):
-        segment_sum([0, 1], _V, 2)
+        segment_sum([0, 1, 0, 1], _V, 2)
 
 
 def test_valid_calls_still_match_torch():
