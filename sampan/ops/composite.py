@@ -258,7 +258,8 @@ def class_targets(op, x, target, ignore_index):
         target = cast(target, "int64")
     a = target._data
     c = x.shape[-1]
-    if isinstance(a, np.ndarray) and a.size:   # concrete (not traced): check the values
+    # concrete (not traced): check the values; min and max first, the common case
+    if isinstance(a, np.ndarray) and a.size and not (a.min() >= 0 and a.max() < c):
         bad = (a != ignore_index) & ((a < 0) | (a >= c))
         if bad.any():
             raise op_error(SampanValueError, op, f"target value {a[bad].flat[0]}",
