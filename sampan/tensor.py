@@ -1,9 +1,10 @@
 """Tensor: a numpy array plus what autograd needs.
 
 Eager dispatch lives here too (`apply`): it is the hot path of every op, so it is
-kept short: run the kernel, wrap the result, record a tape node when any input
-requires grad. Shape rules run only when a kernel fails (to explain the failure)
-and while tracing.
+kept short: check the inputs against the op's shape rule (cached; elementwise ops skip
+it, their numpy kernels check what the rule checks), run the kernel, wrap the result,
+record a tape node when any input requires grad. A kernel failure is explained with
+the shape rule too.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from . import dtypes as _dt
 from .device import CPU
 from .errors import AutogradError, SampanError
 from .autograd.tape import Node
-from .ops.registry import NOT_DIFFERENTIABLE, STATE, raise_kernel_error
+from .ops.registry import NOT_DIFFERENTIABLE, STATE, check_inputs, raise_kernel_error
 
 _ndarray = np.ndarray
 _asarray = np.asarray
@@ -311,6 +312,8 @@ def apply(op, inputs, attrs):
     st = STATE
     if st.tracer is not None:
         return st.tracer.apply(op, inputs, attrs)
+    if op.eager_check:
+        check_inputs(op, inputs, attrs)
     try:
         n = len(inputs)
         if attrs:

@@ -1,32 +1,28 @@
 """Loss functions of `sampan.nn.functional` (PyTorch's semantics and option names).
 
 Inputs with more than two dims keep the class axis at 1, like PyTorch: logits
-(N, C, d1, …) with targets (N, d1, …)."""
+(N, C, d1, …) with targets (N, d1, …). `cross_entropy` is the one in `sampan.ops.composite`
+(also `sampan.cross_entropy`)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as _dt
 from ..errors import SampanValueError, ShapeError, op_error
-from ..ops.composite import log_softmax
-from ..ops.elementwise import (abs as _abs, add, cast, div, exp, gt, log, lt, maximum,
-                               mul, ne, neg, softplus_op, sub, where)
-from ..ops.index import index_select, take_along_axis
+# one cross_entropy for sampan and sampan.nn.functional, with its helpers
+from ..ops.composite import REDUCTIONS as _REDUCTIONS
+from ..ops.composite import check_reduction as _check_reduction
+from ..ops.composite import class_last as _class_last
+from ..ops.composite import cross_entropy  # noqa: F401  (re-exported by nn.functional)
+from ..ops.composite import nll_parts as _nll_parts
+from ..ops.elementwise import (abs as _abs, add, div, exp, gt, log, lt, maximum,
+                               mul, neg, softplus_op, sub, where)
 from ..ops.reduce import mean, sum
-from ..ops.shape import permute, reshape, squeeze, unsqueeze
+from ..ops.shape import squeeze, unsqueeze
 from ..tensor import Tensor
-
-_REDUCTIONS = ("none", "mean", "sum")
 
 
 def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
-
-
-def _check_reduction(op, reduction, allowed=_REDUCTIONS):
-    if reduction not in allowed:
-        raise op_error(SampanValueError, op, f"reduction={reduction!r}",
-                       " or ".join(repr(r) for r in allowed))
 
 
 def _reduce(loss, reduction):
@@ -35,43 +31,10 @@ def _reduce(loss, reduction):
     return sum(loss) if reduction == "sum" else mean(loss)
 
 
-def _class_last(x):
-    """(N, C, d1, …) -> (N, d1, …, C); 1-d and 2-d inputs are returned as they are."""
-    if x.ndim <= 2:
-        return x
-    return permute(x, (0,) + tuple(range(2, x.ndim)) + (1,))
-
-
 def _check_same_shape(op, a, b):
     if tuple(a.shape) != tuple(b.shape):
         raise op_error(ShapeError, op, f"input {tuple(a.shape)} and target {tuple(b.shape)}",
                        "equal shapes")
-
-
-def _nll_parts(op, lsm, target, weight, ignore_index):
-    """Per-element -w[y] * lsm[y] (0 where ignored) and the per-element weights."""
-    c = lsm.shape[-1]
-    if tuple(target.shape) != tuple(lsm.shape[:-1]):
-        raise op_error(ShapeError, op, f"class-index target of shape {tuple(target.shape)} "
-                       f"for input with classes last {tuple(lsm.shape)}",
-                       f"a target of shape {tuple(lsm.shape[:-1])}")
-    if not _dt.is_integer(target.dtype):
-        target = cast(target, "int64")
-    a = target._data
-    if isinstance(a, np.ndarray) and a.size:
-        bad = (a != ignore_index) & ((a < 0) | (a >= c))
-        if bad.any():
-            raise op_error(SampanValueError, op, f"target value {a[bad].flat[0]}",
-                           f"class indices in [0, {c}) or ignore_index={ignore_index}")
-    valid = ne(target, ignore_index)
-    safe = where(valid, target, 0)
-    picked = neg(squeeze(take_along_axis(lsm, unsqueeze(safe, -1), -1), -1))
-    if weight is not None:
-        w = reshape(index_select(_t(weight), reshape(safe, (-1,)), 0), tuple(safe.shape))
-        w = where(valid, cast(w, lsm.dtype), 0.0)
-    else:
-        w = cast(valid, lsm.dtype)
-    return mul(picked, w), w, valid
 
 
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
@@ -92,58 +55,6 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     if reduction == "sum":
         return sum(loss)
     return div(sum(loss), sum(w))
-
-
-def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
-                  label_smoothing=0.0):
-    """Softmax cross-entropy from logits (N, C, …) and class indices (N, …) or class
-    probabilities (N, C, …), with class `weight`, `ignore_index` (index targets) and
-    `label_smoothing`, exactly as PyTorch defines them.
-
-    Example::
-
-        >>> F.cross_entropy(sampan.randn(3, 5), sampan.tensor([1, 0, 4]), label_smoothing=0.1)
-    """
-    _check_reduction("cross_entropy", reduction)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise op_error(SampanValueError, "cross_entropy", f"label_smoothing={label_smoothing}",
-                       "a value in [0, 1]")
-    input, target = _t(input), _t(target)
-    squeeze_out = input.ndim == 1
-    if squeeze_out:
-        input, target = unsqueeze(input, 0), unsqueeze(target, 0)
-    x = _class_last(input)
-    c = x.shape[-1]
-    lsm = log_softmax(x, -1)
-    eps = float(label_smoothing)
-    if _dt.is_floating(target.dtype):  # class probabilities
-        _check_same_shape("cross_entropy", input, target)
-        p = _class_last(cast(target, lsm.dtype))
-        if eps:
-            p = add(mul(p, 1.0 - eps), eps / c)
-        t = mul(lsm, p)
-        if weight is not None:
-            t = mul(t, cast(_t(weight), lsm.dtype))
-        loss = neg(sum(t, -1))
-        if reduction == "none":
-            return squeeze(loss, 0) if squeeze_out else loss
-        return sum(loss) if reduction == "sum" else mean(loss)
-    nll, w, valid = _nll_parts("cross_entropy", lsm, target, weight, ignore_index)
-    if eps:
-        lw = lsm if weight is None else mul(lsm, cast(_t(weight), lsm.dtype))
-        smooth = where(valid, neg(sum(lw, -1)), 0.0)
-    if reduction == "none":
-        loss = add(mul(nll, 1.0 - eps), mul(smooth, eps / c)) if eps else nll
-        return squeeze(loss, 0) if squeeze_out else loss
-    if reduction == "sum":
-        total, smooth_total = sum(nll), (sum(smooth) if eps else None)
-    else:
-        denom = sum(w)
-        total = div(sum(nll), denom)
-        smooth_total = div(sum(smooth), denom) if eps else None
-    if eps:
-        total = add(mul(total, 1.0 - eps), mul(smooth_total, eps / c))
-    return total
 
 
 def mse_loss(input, target, reduction="mean"):

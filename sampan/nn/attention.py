@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import SampanValueError, ShapeError
+from ..errors import SampanValueError, ShapeError, op_error
 from ..ops.elementwise import logical_not
 from ..ops.reduce import mean
 from ..ops.shape import permute, reshape, transpose
@@ -43,16 +43,34 @@ class MultiHeadAttention(Layer):
                  batch_first=False, dtype=None):
         super().__init__()
         if embed_dim % num_heads:
-            raise SampanValueError(f"MultiHeadAttention: got embed_dim={embed_dim} and "
-                                   f"num_heads={num_heads}; expected embed_dim divisible by "
-                                   "num_heads")
+            raise op_error(SampanValueError, "MultiHeadAttention", f"embed_dim={embed_dim} "
+                           f"and num_heads={num_heads}", "embed_dim divisible by num_heads")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout, self.batch_first = dropout, batch_first
         self.q_proj = Linear(embed_dim, embed_dim, bias, dtype=dtype)
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.k_proj = Linear(kdim or embed_dim, embed_dim, bias, dtype=dtype)
         self.v_proj = Linear(vdim or embed_dim, embed_dim, bias, dtype=dtype)
         self.out_proj = Linear(embed_dim, embed_dim, bias, dtype=dtype)
+
+    def _check_inputs(self, query, key, value):
+        """Shapes checked here, so a mistake names this layer and the user's line, not a
+        reshape or matmul deep inside."""
+        layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
+        if query.ndim != 3 or query.shape[-1] != self.embed_dim:
+            raise op_error(ShapeError, "MultiHeadAttention", f"query of shape "
+                           f"{tuple(query.shape)}", f"{layout} with E={self.embed_dim}")
+        bdim = 0 if self.batch_first else 1
+        for what, t, width in (("key", key, self.kdim), ("value", value, self.vdim)):
+            if t.ndim != 3 or t.shape[-1] != width or t.shape[bdim] != query.shape[bdim]:
+                raise op_error(ShapeError, "MultiHeadAttention", f"{what} of shape "
+                               f"{tuple(t.shape)} for query {tuple(query.shape)}",
+                               f"{layout} with the query's batch {query.shape[bdim]} and "
+                               f"width {width}")
+        if key.shape[1 - bdim] != value.shape[1 - bdim]:
+            raise op_error(ShapeError, "MultiHeadAttention", f"key {tuple(key.shape)} and "
+                           f"value {tuple(value.shape)}", "one source length for both")
 
     def _heads(self, x):
         b, n = x.shape[0], x.shape[1]
@@ -62,10 +80,7 @@ class MultiHeadAttention(Layer):
                 is_causal=False, need_weights=False, average_attn_weights=True):
         key = query if key is None else key
         value = key if value is None else value
-        if query.ndim != 3 or query.shape[-1] != self.embed_dim:
-            layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
-            raise ShapeError(f"MultiHeadAttention: got query of shape {tuple(query.shape)}; "
-                             f"expected {layout} with E={self.embed_dim}")
+        self._check_inputs(query, key, value)
         if not self.batch_first:
             query, key, value = (transpose(t, 0, 1) for t in (query, key, value))
         b, L = query.shape[0], query.shape[1]
@@ -77,9 +92,8 @@ class MultiHeadAttention(Layer):
         if key_padding_mask is not None:
             m = _t(key_padding_mask)
             if tuple(m.shape) != (b, S):
-                raise ShapeError(f"MultiHeadAttention: got key_padding_mask of shape "
-                                 f"{tuple(m.shape)}; expected (batch, source length) = "
-                                 f"{(b, S)}")
+                raise op_error(ShapeError, "MultiHeadAttention", f"key_padding_mask of shape "
+                               f"{tuple(m.shape)}", f"(batch, source length) = {(b, S)}")
             m = reshape(m, (b, 1, 1, S))
             if m.dtype == np.bool_:
                 allowed = logical_not(m)
@@ -87,6 +101,11 @@ class MultiHeadAttention(Layer):
                 additive = m
         if attn_mask is not None:
             m = _t(attn_mask)
+            if tuple(m.shape) not in ((L, S), (b * self.num_heads, L, S)):
+                raise op_error(ShapeError, "MultiHeadAttention", f"attn_mask of shape "
+                               f"{tuple(m.shape)}", f"(target length, source length) = "
+                               f"{(L, S)} or (batch * num_heads, L, S) = "
+                               f"{(b * self.num_heads, L, S)}")
             if m.ndim == 3:
                 m = reshape(m, (b, self.num_heads, L, S))
             if m.dtype == np.bool_:
@@ -114,8 +133,8 @@ def _activation(name):
         return name
     table = {"relu": ReLU, "gelu": GELU}
     if name not in table:
-        raise SampanValueError(f"Transformer layer: got activation {name!r}; expected "
-                               "'relu', 'gelu' or a Layer")
+        raise op_error(SampanValueError, "Transformer layer", f"activation {name!r}",
+                       "'relu', 'gelu' or a Layer")
     return table[name]()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import no_grad
-from ..errors import SampanValueError, ShapeError
+from ..errors import SampanValueError, ShapeError, op_error
 from ..ops.creation import ones, tensor, zeros
 from ..ops.elementwise import cast
 from ..ops.registry import STATE
@@ -38,9 +38,9 @@ class _BatchNorm(Layer):
     def forward(self, x):
         name = type(self).__name__
         if x.ndim not in self._dims or x.shape[1] != self.num_features:
-            raise ShapeError(f"{name}: got input of shape {tuple(x.shape)}; expected "
-                             f"{' or '.join(f'{d}-d' for d in self._dims)} input with "
-                             f"{self.num_features} channels at dim 1")
+            raise op_error(ShapeError, name, f"input of shape {tuple(x.shape)}",
+                           f"{' or '.join(f'{d}-d' for d in self._dims)} input with "
+                           f"{self.num_features} channels at dim 1")
         use_batch = self.training or not self.track_running_stats
         momentum = self.momentum
         if self.training and self.track_running_stats:
@@ -55,8 +55,8 @@ class _BatchNorm(Layer):
                 if momentum is None:  # cumulative moving average
                     momentum = 1.0 / float(nbt._data)
         if use_batch and x.numel() // x.shape[1] <= 1 and self.training:
-            raise SampanValueError(f"{name}: got input of shape {tuple(x.shape)} in training "
-                                   "mode; expected more than one value per channel")
+            raise op_error(SampanValueError, name, f"input of shape {tuple(x.shape)} in "
+                           "training mode", "more than one value per channel")
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                             training=use_batch, momentum=momentum, eps=self.eps)
 
@@ -109,8 +109,8 @@ class LayerNorm(Layer):
     def forward(self, x):
         n = len(self.normalized_shape)
         if tuple(x.shape[x.ndim - n:]) != self.normalized_shape:
-            raise ShapeError(f"LayerNorm: got input of shape {tuple(x.shape)}; expected "
-                             f"trailing dims {self.normalized_shape}")
+            raise op_error(ShapeError, "LayerNorm", f"input of shape {tuple(x.shape)}",
+                           f"trailing dims {self.normalized_shape}")
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
@@ -135,8 +135,8 @@ class RMSNorm(Layer):
     def forward(self, x):
         n = len(self.normalized_shape)
         if tuple(x.shape[x.ndim - n:]) != self.normalized_shape:
-            raise ShapeError(f"RMSNorm: got input of shape {tuple(x.shape)}; expected "
-                             f"trailing dims {self.normalized_shape}")
+            raise op_error(ShapeError, "RMSNorm", f"input of shape {tuple(x.shape)}",
+                           f"trailing dims {self.normalized_shape}")
         eps = float(np.finfo(x.dtype).eps) if self.eps is None else self.eps
         return F.rms_norm(x, self.normalized_shape, self.weight, eps)
 
@@ -152,9 +152,8 @@ class GroupNorm(Layer):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=None):
         super().__init__()
         if num_channels % num_groups:
-            raise SampanValueError(f"GroupNorm: got num_channels={num_channels} and "
-                                   f"num_groups={num_groups}; expected channels divisible "
-                                   "by groups")
+            raise op_error(SampanValueError, "GroupNorm", f"num_channels={num_channels} and "
+                           f"num_groups={num_groups}", "channels divisible by groups")
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.affine = affine
         self.weight = Parameter(ones(num_channels, dtype=dtype)) if affine else None
@@ -162,8 +161,8 @@ class GroupNorm(Layer):
 
     def forward(self, x):
         if x.ndim < 2 or x.shape[1] != self.num_channels:
-            raise ShapeError(f"GroupNorm: got input of shape {tuple(x.shape)}; expected "
-                             f"{self.num_channels} channels at dim 1")
+            raise op_error(ShapeError, "GroupNorm", f"input of shape {tuple(x.shape)}",
+                           f"{self.num_channels} channels at dim 1")
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..errors import SampanValueError, ShapeError
+from ..errors import SampanValueError, ShapeError, op_error
 from ..ops.composite import dropout
 from ..ops.creation import arange, empty, zeros
 from ..ops.elementwise import add, lt, mul, sigmoid, sub, tanh, where
@@ -34,7 +34,7 @@ class _RNNBase(Layer):
         for k, v in (("input_size", input_size), ("hidden_size", hidden_size),
                      ("num_layers", num_layers)):
             if not isinstance(v, int) or v <= 0:
-                raise SampanValueError(f"{self._name}: got {k}={v!r}; expected a positive int")
+                raise op_error(SampanValueError, self._name, f"{k}={v!r}", "a positive int")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
         g = self._gates * hidden_size
@@ -61,8 +61,8 @@ class _RNNBase(Layer):
     def _prepare(self, x, lengths):
         if x.ndim != 3 or x.shape[-1] != self.input_size:
             layout = "(B, T, F)" if self.batch_first else "(T, B, F)"
-            raise ShapeError(f"{self._name}: got input of shape {tuple(x.shape)}; expected "
-                             f"{layout} with F={self.input_size}")
+            raise op_error(ShapeError, self._name, f"input of shape {tuple(x.shape)}",
+                           f"{layout} with F={self.input_size}")
         xs = transpose(x, 0, 1) if self.batch_first else x  # time-major inside
         T, B = xs.shape[0], xs.shape[1]
         mask = None
@@ -70,18 +70,19 @@ class _RNNBase(Layer):
             # traced (inside sampan.jit): the values are unknown, so the mask is built with
             # ops and applied at every step
             if tuple(lengths.shape) != (B,) or lengths.dtype.kind not in "iu":
-                raise ShapeError(f"{self._name}: got lengths of shape {tuple(lengths.shape)} "
-                                 f"and dtype {lengths.dtype}; expected {B} integer lengths")
+                raise op_error(ShapeError, self._name, f"lengths of shape "
+                               f"{tuple(lengths.shape)} and dtype {lengths.dtype}",
+                               f"{B} integer lengths")
             steps = arange(T, dtype=lengths.dtype)
             mask = unsqueeze(lt(unsqueeze(steps, 1), unsqueeze(lengths, 0)), 2)
         elif lengths is not None:
             ln = np.asarray(lengths._data if isinstance(lengths, Tensor) else lengths)
             if ln.shape != (B,) or ln.dtype.kind not in "iu":
-                raise ShapeError(f"{self._name}: got lengths of shape {ln.shape} and dtype "
-                                 f"{ln.dtype}; expected {B} integer lengths")
+                raise op_error(ShapeError, self._name, f"lengths of shape {ln.shape} and "
+                               f"dtype {ln.dtype}", f"{B} integer lengths")
             if ln.size and (ln.min() < 0 or ln.max() > T):
-                raise SampanValueError(f"{self._name}: got lengths in [{ln.min()}, "
-                                       f"{ln.max()}]; expected lengths in [0, {T}]")
+                raise op_error(SampanValueError, self._name, f"lengths in [{ln.min()}, "
+                               f"{ln.max()}]", f"lengths in [0, {T}]")
             if ln.size and ln.min() < T:
                 mask = Tensor((np.arange(T)[:, None] < ln[None, :])[:, :, None])
         return xs, T, B, mask
@@ -91,8 +92,8 @@ class _RNNBase(Layer):
         if h is None:
             return [zeros(B, self.hidden_size, dtype=dtype)] * self.num_layers
         if tuple(h.shape) != shape:
-            raise ShapeError(f"{self._name}: got initial {what} of shape {tuple(h.shape)}; "
-                             f"expected {shape}")
+            raise op_error(ShapeError, self._name, f"initial {what} of shape "
+                           f"{tuple(h.shape)}", f"{shape}")
         return [h[i] for i in range(self.num_layers)]
 
     def _run(self, x, states, lengths):

@@ -250,50 +250,152 @@ def dropout(x, p=0.5, training=True, generator=None):
     return where(keep, mul(x, 1.0 / (1.0 - p)), mul(x, 0.0))
 
 
-def cross_entropy(logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0,
-                  axis=-1):
-    """Softmax cross-entropy with class-index targets (int) or class probabilities (float).
-    Full options (weights, nd inputs) live in sampan.nn.functional."""
-    from .elementwise import ne
+# ---------------------------------------------------------------------- cross-entropy
+# One cross_entropy (sampan.cross_entropy is sampan.nn.functional.cross_entropy), with
+# PyTorch's convention: classes on dim 1 of (N, C) or (N, C, d1, …). There were two, and
+# the top-level one took classes on the last axis: on an (N, C, L) input they silently
+# differed. Class-index targets without label smoothing run as the row op
+# (rowwise.softmax_cross_entropy) over the rows of the classes-last input.
+REDUCTIONS = ("none", "mean", "sum")
+
+
+def check_reduction(op, reduction, allowed=REDUCTIONS):
+    if reduction not in allowed:
+        from ..errors import SampanValueError, op_error
+        raise op_error(SampanValueError, op, f"reduction={reduction!r}",
+                       " or ".join(repr(r) for r in allowed))
+
+
+def class_last(x):
+    """(N, C, d1, …) -> (N, d1, …, C); 1-d and 2-d inputs are returned as they are."""
+    if x.ndim <= 2:
+        return x
+    from .shape import permute
+    return permute(x, (0,) + tuple(range(2, x.ndim)) + (1,))
+
+
+def class_targets(op, x, target, ignore_index):
+    """Check class-index targets against classes-last input `x`; returns them as ints."""
+    from ..errors import SampanValueError, ShapeError, op_error
+    if tuple(target.shape) != tuple(x.shape[:-1]):
+        raise op_error(ShapeError, op, f"class-index target of shape {tuple(target.shape)} "
+                       f"for input with classes last {tuple(x.shape)}",
+                       f"a target of shape {tuple(x.shape[:-1])}")
+    if not _dt.is_integer(target.dtype):
+        target = cast(target, "int64")
+    a = target._data
+    c = x.shape[-1]
+    # concrete (not traced): check the values; min and max first, the common case
+    if isinstance(a, np.ndarray) and a.size and not (a.min() >= 0 and a.max() < c):
+        bad = (a != ignore_index) & ((a < 0) | (a >= c))
+        if bad.any():
+            raise op_error(SampanValueError, op, f"target value {a[bad].flat[0]}",
+                           f"class indices in [0, {c}) or ignore_index={ignore_index}")
+    return target
+
+
+def nll_parts(op, lsm, target, weight, ignore_index):
+    """Per-element -w[y] * lsm[y] (0 where ignored), the per-element weights and the mask,
+    for classes-last log-probabilities `lsm`."""
+    from .elementwise import ne, neg
     from .index import take_along_axis
     from .shape import squeeze, unsqueeze
-    logits = _t(logits)
-    target = _t(target)
-    if (not label_smoothing and len(logits.shape) == 2 and axis in (-1, 1)
-            and target.dtype.kind in "iu" and row_ops(logits, axis)):
-        # one op for the rows (rowwise.softmax_cross_entropy), then the reduction
-        from .rowwise import softmax_cross_entropy
-        from .elementwise import ne
-        loss = softmax_cross_entropy(logits, target, ignore_index)
+    target = class_targets(op, lsm, target, ignore_index)
+    valid = ne(target, ignore_index)
+    safe = where(valid, target, 0)
+    picked = neg(squeeze(take_along_axis(lsm, unsqueeze(safe, -1), -1), -1))
+    w = _target_weights(weight, safe, valid, lsm.dtype)
+    return mul(picked, w), w, valid
+
+
+def _target_weights(weight, safe, valid, dtype):
+    """weight[target] where the target is not ignored, else 0 (1 without a weight)."""
+    if weight is None:
+        return cast(valid, dtype)
+    from .index import index_select
+    w = reshape(index_select(_t(weight), reshape(safe, (-1,)), 0), tuple(safe.shape))
+    return where(valid, cast(w, dtype), 0.0)
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
+                  label_smoothing=0.0):
+    """Softmax cross-entropy of logits (N, C) or (N, C, d1, …) (classes on dim 1, or (C,)
+    unbatched) against class indices (N, d1, …) or class probabilities shaped like the
+    input, with class `weight`, `ignore_index` (index targets), `reduction` and
+    `label_smoothing`, exactly as PyTorch's ``torch.nn.functional.cross_entropy``.
+
+    Example::
+
+        >>> sampan.cross_entropy(sampan.randn(3, 5), sampan.tensor([1, 0, 4]))
+    """
+    from ..errors import SampanValueError, ShapeError, op_error
+    from .elementwise import neg
+    from .shape import squeeze, unsqueeze
+    op = "cross_entropy"
+    check_reduction(op, reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise op_error(SampanValueError, op, f"label_smoothing={label_smoothing}",
+                       "a value in [0, 1]")
+    input, target = _t(input), _t(target)
+    if input.ndim == 0:
+        raise op_error(ShapeError, op, "a 0-d input", "logits (C,), (N, C) or (N, C, d1, ...)")
+    squeeze_out = input.ndim == 1
+    if squeeze_out:
+        input, target = unsqueeze(input, 0), unsqueeze(target, 0)
+    x = class_last(input)
+    c = x.shape[-1]
+    eps = float(label_smoothing)
+    if _dt.is_floating(target.dtype):  # class probabilities
+        if tuple(input.shape) != tuple(target.shape):
+            raise op_error(ShapeError, op, f"input {tuple(input.shape)} and class-probability "
+                           f"target {tuple(target.shape)}", "equal shapes")
+        lsm = log_softmax(x, -1)
+        p = class_last(cast(target, lsm.dtype))
+        if eps:
+            p = add(mul(p, 1.0 - eps), eps / c)
+        t = mul(lsm, p)
+        if weight is not None:
+            t = mul(t, cast(_t(weight), lsm.dtype))
+        loss = neg(sum(t, -1))
         if reduction == "none":
-            return loss
+            return squeeze(loss, 0) if squeeze_out else loss
+        return sum(loss) if reduction == "sum" else mean(loss)
+    if not eps and row_ops(x, -1):
+        # the row op: one pass per row forward, one number per row kept for the gradient
+        from .elementwise import ne
+        from .rowwise import softmax_cross_entropy
+        target = class_targets(op, x, target, ignore_index)
+        rows = x if x.ndim == 2 else reshape(x, (-1, c))
+        t = target if target.ndim == 1 else reshape(target, (-1,))
+        nll = softmax_cross_entropy(rows, t, ignore_index)
+        valid = ne(t, ignore_index)
+        w = None
+        if weight is not None:
+            w = _target_weights(weight, where(valid, t, 0), valid, nll.dtype)
+            nll = mul(nll, w)
+        if reduction == "none":
+            nll = nll if target.ndim == 1 else reshape(nll, tuple(target.shape))
+            return squeeze(nll, 0) if squeeze_out else nll
         if reduction == "sum":
-            return sum(loss)
-        return div(sum(loss), sum(cast(ne(target, ignore_index), loss.dtype)))
-    lsm = log_softmax(logits, axis)
-    c = logits.shape[axis]
-    if _dt.is_floating(target.dtype):
-        loss = -sum(mul(lsm, target), axis)
-        valid = None
-    else:
-        valid = ne(target, ignore_index)
-        safe = where(valid, target, 0)
-        nll = -squeeze(take_along_axis(lsm, unsqueeze(safe, axis), axis), axis)
-        if label_smoothing:
-            smooth = -mean(lsm, axis)
-            nll = add(mul(nll, 1.0 - label_smoothing), mul(smooth, label_smoothing))
-        loss = where(valid, nll, 0.0)
-    if label_smoothing and valid is None:
-        loss = add(mul(loss, 1 - label_smoothing), mul(-mean(lsm, axis), label_smoothing))
+            return sum(nll)
+        return div(sum(nll), sum(w if w is not None else cast(valid, nll.dtype)))
+    lsm = log_softmax(x, -1)
+    nll, w, valid = nll_parts(op, lsm, target, weight, ignore_index)
+    if eps:
+        lw = lsm if weight is None else mul(lsm, cast(_t(weight), lsm.dtype))
+        smooth = where(valid, neg(sum(lw, -1)), 0.0)
     if reduction == "none":
-        return loss
+        loss = add(mul(nll, 1.0 - eps), mul(smooth, eps / c)) if eps else nll
+        return squeeze(loss, 0) if squeeze_out else loss
     if reduction == "sum":
-        return sum(loss)
-    if valid is not None:
-        return div(sum(loss), sum(cast(valid, loss.dtype)))
-    return mean(loss)
-
-
+        total, smooth_total = sum(nll), (sum(smooth) if eps else None)
+    else:
+        denom = sum(w)
+        total = div(sum(nll), denom)
+        smooth_total = div(sum(smooth), denom) if eps else None
+    if eps:
+        total = add(mul(total, 1.0 - eps), mul(smooth_total, eps / c))
+    return total
 
 
 def _cls_target():
@@ -323,5 +425,11 @@ COMPOSITES = {
     "cross_entropy": (cross_entropy, lambda: [
         Sample((randf(rng(79), 3, 5), _cls_target()), {}, diff=(0,)),
         Sample((randf(rng(80), 3, 5), _cls_target()), {"label_smoothing": 0.1}, diff=(0,)),
-        Sample((randf(rng(81), 3, 5), np.array([1, -100, 2])), {}, diff=(0,))]),
+        Sample((randf(rng(81), 3, 5), np.array([1, -100, 2])), {}, diff=(0,)),
+        # classes on dim 1 of (N, C, L), as PyTorch: the row op over the classes-last rows
+        Sample((randf(rng(82), 2, 4, 3), np.array([[0, 3, 1], [2, -100, 0]])), {}, diff=(0,)),
+        Sample((randf(rng(83), 2, 4, 3), np.array([[0, 3, 1], [2, 1, 0]]),
+                randf(rng(84), 4, low=0.5, high=2.0)), {"reduction": "sum"}, diff=(0,)),
+        Sample((randf(rng(85), 2, 4, 3), randf(rng(86), 2, 4, 3, low=0.0, high=1.0)),
+               {"label_smoothing": 0.2}, diff=(0, 1))]),
 }

@@ -75,8 +75,25 @@ def _index_add_kernel(a, i, src, axis):
     return out
 
 
+def _index_add_rule(x, idx, src, axis):
+    # the numba row loop reads src[j] for every index j and writes x's row width of src:
+    # a src of any other shape read or wrote out of bounds
+    _check_index("index_add", idx)
+    want = list(x.shape)
+    if len(idx.shape) != 1 or not 0 <= axis < len(want):
+        raise op_error(ShapeError, "index_add", f"index of shape {tuple(idx.shape)}, axis "
+                       f"{axis} for input {tuple(x.shape)}", "a 1-d index and an input axis")
+    want[axis] = idx.shape[0]
+    if tuple(src.shape) != tuple(want) or src.dtype != x.dtype:
+        raise op_error(ShapeError, "index_add", f"input {tuple(x.shape)}, index of length "
+                       f"{idx.shape[0]} and source {src.dtype}{list(src.shape)}",
+                       f"a source {x.dtype}{want} (the input with dim {axis} as long as "
+                       "the index)")
+    return Spec(tuple(x.shape), x.dtype)
+
+
 INDEX_ADD = defop(
-    "index_add", lambda x, i, src, axis: Spec(x.shape, x.dtype), kernel=_index_add_kernel,
+    "index_add", _index_add_rule, kernel=_index_add_kernel,
     saves=(1,), nondiff_inputs=(1,), onnx=NO_ONNX,
     flops=lambda x, i, s, axis: int(np.prod(s.shape)),
     grad=lambda g, y, x, i, src, axis: (g, None, index_select(g, i, axis)),

@@ -64,12 +64,21 @@ class OpDef:
     # "float32" (only float32/bfloat16 outputs with fast math: its scalar form calls
     # mathlib's float32 polynomials) or "" (never)
     fuse: str = ""
+    # whether eager execution runs the shape rule before the kernel (None: every op but the
+    # elementwise ones, whose kernels are numpy ufuncs or loops that check equal shapes and
+    # broadcast exactly as the rule does). The numba kernels behind the others index
+    # without bounds checks: a shape the rule rejects wrote out of bounds or was silently
+    # accepted. See `check_inputs`.
+    eager_check: bool | None = None
     doc: str = ""
 
     def __post_init__(self):
         self.kernel = self.kernels.get("numpy")
         self.differentiable = callable(self.grad)
         self.saves_per_input = bool(self.saves) and isinstance(self.saves[0], tuple)
+        if self.eager_check is None:
+            self.eager_check = self.kind != "elementwise"
+        self.checked = {}            # input shapes/dtypes/attrs the rule accepted (a cache)
 
     def __repr__(self):
         return f"<op {self.name}>"
@@ -110,6 +119,46 @@ class _State(threading.local):
 
 
 STATE = _State()
+
+
+_CHECKED_MAX = 1024
+
+
+def check_inputs(op: OpDef, inputs, attrs) -> None:
+    """Run `op`'s shape/dtype rule on concrete eager inputs before the kernel runs, so a
+    kernel never sees inputs its rule rejects (the rule raises a sampan error naming the
+    op and the user's line). Accepted (shapes, dtypes, attrs) are cached per op, so a
+    repeated call costs a tuple and a dict lookup instead of the rule."""
+    n = len(inputs)
+    if n == 1:                   # the common arities without a list (this is the hot path)
+        a = inputs[0]._data
+        key = (a.shape, a.dtype)
+    elif n == 2:
+        a, b = inputs[0]._data, inputs[1]._data
+        key = (a.shape, a.dtype, b.shape, b.dtype)
+    else:
+        key = tuple([(t._data.shape, t._data.dtype) for t in inputs])
+    if attrs:
+        key = (key, tuple(attrs.items()))
+    seen = op.checked
+    try:
+        if key in seen:
+            return
+    except TypeError:            # an unhashable attribute (a list …): check every call
+        key = None
+    try:
+        # arrays carry .shape and .dtype as a Spec does, so the rule reads them directly
+        op.shape_rule(*[t._data for t in inputs], **attrs)
+    except SampanError as e:
+        raise e.with_traceback(None) from None
+    except Exception as e:
+        raise op_error(ShapeError, op.name, describe(inputs) + (f" with {attrs}" if attrs
+                                                                 else ""),
+                       "inputs its shape rule accepts", f"the rule said: {e}") from None
+    if key is not None:
+        if len(seen) >= _CHECKED_MAX:
+            seen.clear()
+        seen[key] = True
 
 
 def describe(inputs) -> str:

@@ -347,6 +347,8 @@ else:  # pragma: no cover
 
 
 def _check_targets(x, t, ignore_index):
+    if not t.size or (t.min() >= 0 and t.max() < x.shape[1]):   # the common case: 2 passes
+        return
     bad = (t != ignore_index) & ((t < 0) | (t >= x.shape[1]))
     if bad.any():
         from ..errors import ShapeError, op_error
@@ -376,6 +378,7 @@ def _xent_kernel(x, t, ignore_index):
 
 
 def _xent_grad_kernel(x, t, lse, g, h, ignore_index):
+    _check_targets(x, t, ignore_index)   # the numba loop writes out[r, t[r]] unchecked
     d = x.dtype
     if d.kind != "f" or d.itemsize < 4:
         f = np.float32

@@ -151,3 +151,79 @@ def differentiable(name):
 def float64_outputs(name, args, attrs):
     _, y = run_op(name, args, attrs)
     return all(o.dtype == np.float64 for o in outputs(y) if is_float(o._data))
+
+
+# ---------------------------------------------------------------------- mutated shapes
+def mutated_shapes(args):
+    """Each array input with one dimension grown or shrunk by one: (input, dim, delta, args).
+
+    Grown inputs repeat their first slice along the dimension (zeros when it is empty), so
+    index inputs stay in range and only the shape is wrong."""
+    for i, a in enumerate(args):
+        if not isinstance(a, np.ndarray):
+            continue
+        for d in range(a.ndim):
+            for delta in (1, -1):
+                if a.shape[d] + delta < 0:
+                    continue
+                if delta > 0:
+                    extra = (np.take(a, [0], axis=d) if a.shape[d] else
+                             np.zeros(a.shape[:d] + (1,) + a.shape[d + 1:], a.dtype))
+                    b = np.concatenate([a, extra], axis=d)
+                else:
+                    b = np.take(a, np.arange(a.shape[d] - 1), axis=d)
+                out = list(args)
+                out[i] = b
+                yield i, d, delta, tuple(out)
+
+
+def check_mutated_sample(name, sample):
+    """Run op `name` eagerly on every mutation of `sample`; return the problems found.
+
+    The op must match its own shape rule (where the rule accepts) or raise a sampan
+    error; accepting what the rule rejects, or failing with a non-sampan error, is a
+    problem. (A crash kills the process: run this in a subprocess, see
+    `run_mutated_shapes`.)"""
+    from sampan.errors import SampanError
+    op = OPS[name]
+    problems = []
+    for i, d, delta, args in mutated_shapes(sample.args):
+        where = f"{name}: input {i} dim {d} {'+1' if delta > 0 else '-1'} " \
+                f"{[tuple(a.shape) for a in args if isinstance(a, np.ndarray)]}"
+        try:
+            rule = op.shape_rule(*[spec_of(a) for a in args], **sample.attrs)
+        except SampanError:
+            rule = None
+        except Exception as e:
+            problems.append(f"{where}: the shape rule failed with {type(e).__name__}: {e}")
+            continue
+        try:
+            _, y = run_op(name, args, sample.attrs)
+        except SampanError:
+            continue
+        except Exception as e:
+            problems.append(f"{where}: non-sampan {type(e).__name__}: {e}")
+            continue
+        if rule is None:
+            problems.append(f"{where}: the shape rule rejects it, eager accepted it")
+            continue
+        rules = rule if isinstance(rule, (tuple, list)) else [rule]
+        for r, t in zip(rules, outputs(y)):
+            if tuple(r.shape) != tuple(t.shape) or r.dtype != t.dtype:
+                problems.append(f"{where}: rule says {r}, eager gave {t.dtype}{list(t.shape)}")
+    return problems
+
+
+def run_mutated_shapes(progress_path):
+    """Every op, every sample, every mutation, in this process; writes the case about to
+    run to `progress_path` first (so a parent can name the case that crashed the process)
+    and returns the problems found."""
+    import warnings
+    problems = []
+    with open(progress_path, "w", buffering=1) as progress, warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # e.g. divide by zero in a pooled mean
+        for name, i in op_cases():
+            progress.write(f"{name} sample {i}\n")
+            problems += check_mutated_sample(name, OPS[name].samples()[i])
+        progress.write("done\n")
+    return problems

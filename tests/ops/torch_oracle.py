@@ -145,7 +145,7 @@ def _setitem(t, a, k):
 
 
 def _ce(t, a, k):
-    return t.nn.functional.cross_entropy(a[0], a[1], **k)
+    return t.nn.functional.cross_entropy(*a, **k)   # (input, target[, weight])
 
 
 COMPOSITE_ORACLE = {
