@@ -30,6 +30,7 @@ from ..tensor import Tensor, wrap
 from .tracer import Tracer
 
 RETRACE_WARN_AFTER = 3
+MAX_ENTRIES_PER_SIGNATURE = 8
 
 
 class RetraceWarning(UserWarning):
@@ -91,15 +92,21 @@ class Entry:
         self.state = [s[1] for s in in_slots if s[0] == "state"]
         if grad_check is None:
             grad_check = [(t, t.grad is not None) for t in self.state]
-        self.grad_check = tuple(grad_check)  # (tensor, had a grad when traced)
+        # (tensor or ("arg", i), had a grad when traced): a graph that reads or writes a
+        # .grad accumulates into it or starts it, so it holds only while that is the same
+        self.grad_check = tuple(grad_check)
         self.guards = tuple(guards)
+        # outputs the graph returns as constants (folded, or made from data by the traced
+        # code): copied per call, so that changing a result cannot change the next one
+        self.copy_out = frozenset(i for i, v in enumerate(graph.outputs) if v.is_const)
 
-    def valid(self):
+    def valid(self, args=()):
+        """Whether this trace still holds for a call with tensor leaves `args`."""
         for fn, v in self.guards:
             if fn() != v:
                 return False
-        for t, had in self.grad_check:
-            if (t.grad is not None) is not had:
+        for ref, had in self.grad_check:
+            if (_target(ref, args).grad is not None) is not had:
                 return False
         return True
 
@@ -121,9 +128,10 @@ class Entry:
     def run(self, args):
         outs = self.compiled(*self.inputs(args))
         leaves = []
-        for (kind, ref), a in zip(self.out_slots, outs):
+        copy_out = self.copy_out
+        for i, ((kind, ref), a) in enumerate(zip(self.out_slots, outs)):
             if kind == "out":
-                leaves.append(wrap(a))
+                leaves.append(wrap(a.copy() if i in copy_out else a))
             elif kind == "state":
                 t = _target(ref, args)
                 if a is not t._data:  # not already computed in place (donated input)
@@ -167,11 +175,15 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
         out_slots = []
         final = []
         for t in out_leaves:
-            if isinstance(t._data, np.ndarray):  # untouched concrete tensor: return it as is
-                final.append(None)
-                continue
+            if isinstance(t._data, np.ndarray):
+                if not tr.is_born(t):  # a tensor from outside, untouched: return it as is
+                    final.append(None)
+                    continue
+                v = tr.value_of_const(t)  # made from data by the call: a new one per call
+            else:
+                v = tr.value_of(t)
             final.append(len(out_slots))
-            g.outputs.append(tr.value_of(t))
+            g.outputs.append(v)
             out_slots.append(("out", None))
         out_tree = _fix_tree(out_tree, out_leaves, final)
         grad_none = []
@@ -199,13 +211,23 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
         g.meta["donate"] = _safe_donations(donate, tr)
     if info is not None:
         info["guards"] = list(tr.guards)
-        # the graph assumed each lifted state tensor's grad present or absent as it was
-        # when lifted, unless the traced code dropped that grad before reading it
-        info["grad_check"] = [
-            (L.t, L.grad is not None) for L in tr.lifted.values()
-            if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared
-            and tr.slots[tr.g.inputs.index(L.value)][0] == "state"]
+        info["grad_check"] = _grad_check(tr, out_slots, grad_none)
     return g, list(tr.slots), out_slots, out_tree, grad_none
+
+
+def _grad_check(tr, out_slots, grad_none):
+    """What the graph assumed about the .grad of lifted tensors (arguments and state).
+
+    Code that reads or writes gradients (a backward, an optimiser step) traced with a
+    grad present accumulates into it, traced with none starts it: the graph holds while
+    each grad is present or absent as when lifted (unless the traced code dropped it
+    before reading it). Code that never touches a gradient holds either way."""
+    touched = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
+               or any(L.gvalue is not None for L in tr.lifted.values()))
+    if not touched:
+        return []
+    return [(_ref_of(tr, L.t), L.grad is not None) for L in tr.lifted.values()
+            if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared]
 
 
 def _safe_donations(donate, tr):
@@ -302,8 +324,12 @@ class JitFunction:
         if STATE.tracer is not None:  # called inside another trace: inline it
             return self.fn(*args, **kwargs)
         key, leaves = self._key(args, kwargs)
-        entry = self.cache.get(key)
-        if entry is None or not entry.valid():
+        entry = None
+        for e in self.cache.get(key, ()):
+            if e.valid(leaves):
+                entry = e
+                break
+        if entry is None:
             entry = self._compile(key, args, kwargs)
         self._last = entry
         return entry.run(leaves)
@@ -347,7 +373,11 @@ class JitFunction:
         compiled = compile_graph(g, debug=self.debug)
         entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
                       pm.timings, trace_s, info["guards"], info["grad_check"])
-        self.cache[key] = entry
+        # a signature keeps the traces of its recent guard outcomes (grads present or not,
+        # hyperparameters …), so that alternating between them does not trace every call
+        entries = self.cache.setdefault(key, [])
+        entries.insert(0, entry)
+        del entries[MAX_ENTRIES_PER_SIGNATURE:]
         self.n_traces += 1
         self._last_sig = self._arg_sigs(args, kwargs)
         return entry

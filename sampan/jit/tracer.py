@@ -59,6 +59,11 @@ class Tracer:
         self.feeds = {}          # key -> Tensor of a ("feed", fn) input
         self.guards = []         # [(fn, value at trace time)]: retrace when fn() changes
         self.grad_cleared = {}   # id -> tensor whose grad the code drops before use
+        # tensors the traced code made from data (sampan.tensor, from_numpy, Tensor(...)),
+        # and the fresh arrays they own: values of one call, never state (eager makes them
+        # anew at every call). Held strongly so that their ids are not reused in the trace.
+        self.born_tensors = {}
+        self.born_arrays = {}
         self.lift_requires_grad = lift_requires_grad
         self._inc = None
         self._prev = None
@@ -92,14 +97,32 @@ class Tracer:
         self.slots.append(slot)
         return v
 
+    def born(self, t: Tensor, fresh_array: bool):
+        """`t` was just made from data by the traced code (called by `Tensor.__init__`)."""
+        self.born_tensors[id(t)] = t
+        if fresh_array:
+            self.born_arrays[id(t._data)] = t._data
+
+    def is_born(self, t) -> bool:
+        """Whether `t` (or the array it wraps, e.g. a Parameter around it) was made by
+        this trace."""
+        return id(t) in self.born_tensors or id(t._data) in self.born_arrays
+
     def lift(self, t: Tensor, slot=None, name=None) -> Value:
-        """Make `t` (a concrete tensor) a graph input for the rest of the trace."""
+        """Make `t` (a concrete tensor) a graph input for the rest of the trace.
+
+        A tensor the traced code made itself is no input: it becomes a constant of the
+        graph, so that updating it in place changes this call's value only, as in eager."""
         L = self.lifted.get(id(t))
         if L is not None:
             return t._data
         arr = t._data
         if not isinstance(arr, np.ndarray):
             raise TracingError("lift: tensor is already traced")
+        if slot is None and self.is_born(t):
+            v = self.value_of_const(t)
+            t._data = v
+            return v
         L = _Lifted(t)
         self.lifted[id(t)] = L
         ent = self.consts.get(id(arr))
@@ -139,6 +162,11 @@ class Tracer:
             t._data = d
         if self.lift_requires_grad and t.requires_grad and t._node is None:
             return self.lift(t)
+        return self.value_of_const(t)
+
+    def value_of_const(self, t) -> Value:
+        """The constant holding concrete tensor `t`'s array (one per array)."""
+        d = t._data
         ent = self.consts.get(id(d))
         if ent is None:
             v = self.g.add_const(d)
