@@ -13,6 +13,11 @@ Example::
     ...     w.grad = None
     ...     return loss
     >>> step(x, y); print(step.graph); print(step.code)
+
+A jitted function that does not run backward itself is differentiable from outside:
+with grad mode on and inputs (or a Layer's Parameters) that require grad, its gradient
+is traced and compiled too, and `y = f(x); y.backward()` accumulates into `.grad` as
+eager does (`autodiff.py`; `f.backward_graph` shows it).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
+from .autodiff import ran_backward, residual_aliases, trace_vjp
 from .tracer import Tracer
 
 RETRACE_WARN_AFTER = 3
@@ -79,7 +85,7 @@ class Entry:
     """One traced and compiled signature."""
 
     def __init__(self, graph, raw_graph, compiled, in_slots, out_slots, out_tree, grad_none,
-                 timings, trace_s, guards=(), grad_check=None):
+                 timings, trace_s, guards=(), grad_check=None, vjp=None):
         self.graph = graph
         self.raw_graph = raw_graph
         self.compiled = compiled
@@ -96,6 +102,7 @@ class Entry:
         # .grad accumulates into it or starts it, so it holds only while that is the same
         self.grad_check = tuple(grad_check)
         self.guards = tuple(guards)
+        self.vjp = vjp            # the traced gradient of the call, or None
         # outputs the graph returns as constants (folded, or made from data by the traced
         # code): copied per call, so that changing a result cannot change the next one
         self.copy_out = frozenset(i for i, v in enumerate(graph.outputs) if v.is_const)
@@ -128,10 +135,13 @@ class Entry:
     def run(self, args):
         outs = self.compiled(*self.inputs(args))
         leaves = []
+        res = []
         copy_out = self.copy_out
         for i, ((kind, ref), a) in enumerate(zip(self.out_slots, outs)):
             if kind == "out":
                 leaves.append(wrap(a.copy() if i in copy_out else a))
+            elif kind == "res":
+                res.append(a)
             elif kind == "state":
                 t = _target(ref, args)
                 if a is not t._data:  # not already computed in place (donated input)
@@ -143,6 +153,8 @@ class Entry:
                 ref.seed, ref.counter = int(a[0]), int(a[1])
         for ref in self.grad_none:
             _target(ref, args).grad = None
+        if self.vjp is not None:
+            self.vjp.attach(leaves, args, res)
         return _unflatten(self.out_tree, leaves)
 
 
@@ -151,13 +163,16 @@ def _target(ref, args):
 
 
 # ---------------------------------------------------------------------- tracing
-def trace(fn, args, kwargs=None, state=(), name="main", info=None):
+def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiable=False):
     """Trace `fn(*args, **kwargs)` into a Graph.
 
     `state` is a list of (name, tensor) to make graph inputs up front (a Layer's
     parameters and buffers). Returns (graph, in_slots, out_slots, out_tree, grad_none);
     `info`, a dict if given, receives the trace's guards. `graph.meta["donate"]` pairs
-    each state output with the input holding that state's array."""
+    each state output with the input holding that state's array. With `differentiable`
+    (and grad mode on), a call reading tensors that require grad, and not running
+    backward itself, also gets its gradient traced: `info["vjp"]` (see `autodiff`), and
+    the graph returns the residuals that gradient reads (out slots "res")."""
     kwargs = kwargs or {}
     leaves = []
     tree = _flatten((tuple(args), kwargs), leaves)
@@ -174,6 +189,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
         g = tr.g
         out_slots = []
         final = []
+        out_tensors = []
         for t in out_leaves:
             if isinstance(t._data, np.ndarray):
                 if not tr.is_born(t):  # a tensor from outside, untouched: return it as is
@@ -185,6 +201,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
             final.append(len(out_slots))
             g.outputs.append(v)
             out_slots.append(("out", None))
+            out_tensors.append(t)
         out_tree = _fix_tree(out_tree, out_leaves, final)
         grad_none = []
         donate = {}
@@ -208,8 +225,22 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
         for gen, v in tr.rng.values():
             g.outputs.append(v)
             out_slots.append(("rng", gen))
-        g.meta["donate"] = _safe_donations(donate, tr)
+        vjp, pinned = None, set()
+        runs_backward = (grad_none or tr.grad_cleared
+                         or any(k == "grad" for k, _ in out_slots))
+        if differentiable and STATE.grad_enabled and runs_backward:
+            vjp = ran_backward(name, out_tensors)
+        elif differentiable and STATE.grad_enabled:
+            r = trace_vjp(tr, name, out_tensors)
+            if r is not None:
+                vjp, res = r
+                for v in res:
+                    g.outputs.append(v)
+                    out_slots.append(("res", None))
+                pinned = residual_aliases(g, res)
+        g.meta["donate"] = _safe_donations(donate, tr, pinned)
     if info is not None:
+        info["vjp"] = vjp
         info["guards"] = list(tr.guards)
         info["grad_check"] = _grad_check(tr, out_slots, grad_none)
     return g, list(tr.slots), out_slots, out_tree, grad_none
@@ -230,14 +261,15 @@ def _grad_check(tr, out_slots, grad_none):
             if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared]
 
 
-def _safe_donations(donate, tr):
-    """Donate only state arrays (not call arguments) that overlap no other input's."""
+def _safe_donations(donate, tr, pinned=()):
+    """Donate only state arrays (not call arguments) that overlap no other input's, and
+    that no residual of a traced gradient reads (`pinned` input positions)."""
     arrays = [L.data for L in tr.lifted.values()]
     by_value = {id(L.value): L.data for L in tr.lifted.values()}
     ok = {}
     for j, k in donate.items():
         a = by_value.get(id(tr.g.inputs[k]))
-        if a is None or tr.slots[k][0] != "state" or not a.flags.writeable or sum(
+        if a is None or k in pinned or tr.slots[k][0] != "state" or not a.flags.writeable or sum(
                 np.may_share_memory(a, b) for b in arrays) != 1:
             continue
         ok[j] = k
@@ -363,7 +395,7 @@ class JitFunction:
             self.fn, args, kwargs, self._state(),
             name=type(self.layer).__name__ if self.layer is not None
             else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""),
-            info=info)
+            info=info, differentiable=True)
         trace_s = time.perf_counter() - t0
         raw = g.copy()
         pm = PassManager(self.pipeline, debug=self.debug)
@@ -371,8 +403,11 @@ class JitFunction:
             pm.passes = [p for p in pm.passes if p != "plan_memory"]
         g = pm.run(g)
         compiled = compile_graph(g, debug=self.debug)
+        vjp = info["vjp"]
+        if vjp is not None:
+            vjp.compile(self.pipeline, self.debug, self.memory_plan)
         entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
-                      pm.timings, trace_s, info["guards"], info["grad_check"])
+                      pm.timings, trace_s, info["guards"], info["grad_check"], vjp)
         # a signature keeps the traces of its recent guard outcomes (grads present or not,
         # hyperparameters …), so that alternating between them does not trace every call
         entries = self.cache.setdefault(key, [])
@@ -397,6 +432,13 @@ class JitFunction:
     def raw_graph(self):
         """The Graph as traced, before passes."""
         return self._entry().raw_graph
+
+    @property
+    def backward_graph(self):
+        """The optimised gradient Graph of the last call (None when the call was not
+        differentiable from outside: nothing required grad, or it ran backward itself)."""
+        vjp = self._entry().vjp
+        return None if vjp is None else vjp.graph
 
     @property
     def code(self) -> str:

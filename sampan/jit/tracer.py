@@ -7,7 +7,10 @@ traced function runs the gradient rules, which are ops, and they are traced too.
 Tensors that exist before the trace and are read by it become graph inputs when
 they carry state (parameters: leaves that require grad; tensors the trace modifies
 in place, e.g. optimiser buffers; anything the caller declares) and constants
-otherwise. A lifted tensor's `_data` (and its `.grad`) is swapped for a Value
+otherwise. Tensors the traced code makes from data (`sampan.tensor`, `from_numpy`) are
+values of one call: constants, whose in-place updates are not written back. A lifted
+tensor with a history outside the call gets a root node of its own while traced, so that
+traced gradients stop at it. A lifted tensor's `_data` (and its `.grad`) is swapped for a Value
 during the trace and restored afterwards; in-place updates just rebind the Value
 (functionalisation). Generators become a `(seed, counter)` input threaded through.
 """
@@ -17,9 +20,10 @@ import linecache
 
 import numpy as np
 
+from ..autograd.tape import Node as _Node
 from ..errors import AutogradError, SampanError, user_frame
 from ..ir.graph import Graph, Value
-from ..ops.registry import STATE
+from ..ops.registry import STATE, OpDef
 from ..tensor import Tensor, _record, wrap
 
 
@@ -64,6 +68,8 @@ class Tracer:
         # anew at every call). Held strongly so that their ids are not reused in the trace.
         self.born_tensors = {}
         self.born_arrays = {}
+        self.tape = set()        # tape nodes recorded by this trace
+        self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
         self._inc = None
         self._prev = None
@@ -138,6 +144,11 @@ class Tracer:
             v = self._input(arr.shape, arr.dtype, slot or ("state", t), name)
         L.value = v
         t._data = v
+        if t._node is not None:
+            # a tensor with a history outside the call (an argument computed eagerly): a
+            # root of this trace's tape, so that no traced gradient walks into eager nodes
+            t._node, t._idx = _Node(_OUTSIDE, (), {}, (t,)), 0
+            self.tape.add(t._node)
         if t.grad is not None and isinstance(t.grad._data, np.ndarray):
             gref = ("arg", slot[1]) if slot is not None and slot[0] == "arg" else t
             gv = self._input(t.grad._data.shape, t.grad._data.dtype, ("grad", gref),
@@ -160,7 +171,7 @@ class Tracer:
         if not isinstance(d, np.ndarray):
             d = np.asarray(d)
             t._data = d
-        if self.lift_requires_grad and t.requires_grad and t._node is None:
+        if self.lift_requires_grad and t.requires_grad:
             return self.lift(t)
         return self.value_of_const(t)
 
@@ -198,6 +209,10 @@ class Tracer:
             for t in inputs:
                 if t.requires_grad:
                     _record(op, inputs, attrs, tuple(outs))
+                    for y in outs:
+                        if y._node is not None:
+                            self.tape.add(y._node)
+                            break
                     break
         return outs[0] if op.n_out == 1 else tuple(outs)
 
@@ -280,6 +295,22 @@ class Tracer:
         self.own.add(id(nxt))
         ent[1] = nxt
         return wrap(key)
+
+
+def _outside_grad(g, y):
+    tr = STATE.tracer
+    if tr is not None and tr.vjp_mode:
+        return ()         # the gradient of the call reaching its input: captured, done
+    fn, ln = user_frame()
+    raise TracingError(
+        "sampan.jit: a backward() inside the jitted function reaches a tensor computed "
+        "outside it (an argument or captured tensor with a grad_fn), whose history a traced "
+        f"gradient cannot continue into\n  at {fn}:{ln}: {linecache.getline(fn, ln).strip()}"
+        "\nPass a leaf instead (x.detach().requires_grad_()), or call backward() outside: "
+        "jitted calls are differentiable from outside.")
+
+
+_OUTSIDE = OpDef("jit_input", lambda *a, **k: None, grad=_outside_grad)
 
 
 def _dtname(d):

@@ -69,3 +69,132 @@ def test_batch_norm_created_per_call_matches_eager_and_torch():
         for a, b, c in zip(out_j, out_e, ref):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(a.numpy(), c, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- item 10
+def _torch_linear(layer):
+    t = torch.nn.Linear(layer.weight.shape[0], layer.weight.shape[1], dtype=torch.float64)
+    with torch.no_grad():           # sampan's Linear stores (in, out); torch's (out, in)
+        t.weight.copy_(torch.from_numpy(layer.weight.numpy().T.copy()))
+        t.bias.copy_(torch.from_numpy(layer.bias.numpy().copy()))
+    return t
+
+
+def test_jitted_function_is_differentiable_from_outside_like_eager_and_torch():
+    r = np.random.default_rng(1)
+    A, B = r.standard_normal((4, 3)), r.standard_normal((3, 2))
+
+    def f(x, w):
+        h = (x @ w).tanh()
+        return h, (h * h).sum(axis=1)
+
+    jf = sampan.jit(f)
+    grads = {}
+    for mode in ("eager", "jit"):
+        a = sampan.tensor(A, requires_grad=True)
+        w = sampan.tensor(B, requires_grad=True)
+        fn = jf if mode == "jit" else f
+        for _ in range(2):                        # accumulates over calls, as eager
+            h, s = fn(a * 2.0, w)                 # an argument with a history: a flows too
+            assert h.requires_grad and s.requires_grad
+            (h.sum() + (s * sampan.tensor([1.0, 2.0, 3.0, 4.0])).sum()).backward()
+        grads[mode] = (a.grad.numpy(), w.grad.numpy())
+    at = torch.tensor(A, requires_grad=True)
+    wt = torch.tensor(B, requires_grad=True)
+    for _ in range(2):
+        ht = (at * 2.0 @ wt).tanh()
+        (ht.sum() + ((ht * ht).sum(1) * torch.tensor([1.0, 2.0, 3.0, 4.0],
+                                                      dtype=torch.float64)).sum()).backward()
+    for gj, ge, gt in zip(grads["jit"], grads["eager"], (at.grad.numpy(), wt.grad.numpy())):
+        np.testing.assert_allclose(gj, ge, rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(gj, gt, rtol=1e-6, atol=1e-12)
+    assert jf.n_traces == 1 and jf.backward_graph is not None
+    assert "tanh_grad" in str(jf.backward_graph) or "tanh" in str(jf.backward_graph)
+
+
+def test_jitted_layer_trains_with_backward_and_optimizer_outside():
+    r = np.random.default_rng(2)
+    X, Y = r.standard_normal((8, 3)), r.standard_normal((8, 1))
+
+    def make():
+        sampan.manual_seed(3)
+        return nn.Sequential(nn.Linear(3, 6, dtype="float64"), nn.Tanh(),
+                             nn.Linear(6, 1, dtype="float64"))
+    me, mj = make(), make()
+    mt = torch.nn.Sequential(_torch_linear(me[0]), torch.nn.Tanh(), _torch_linear(me[2]))
+    jm = sampan.jit(mj)
+    oe = sampan.optim.SGD(me.parameters(), lr=0.1, momentum=0.9)
+    oj = sampan.optim.SGD(mj.parameters(), lr=0.1, momentum=0.9)
+    ot = torch.optim.SGD(mt.parameters(), lr=0.1, momentum=0.9)
+    x, y = sampan.tensor(X), sampan.tensor(Y)
+    for _ in range(4):
+        for m, o in ((me, oe), (jm, oj)):
+            o.zero_grad()
+            ((m(x) - y) ** 2).mean().backward()
+            o.step()
+        ot.zero_grad()
+        ((mt(torch.from_numpy(X)) - torch.from_numpy(Y)) ** 2).mean().backward()
+        ot.step()
+    for pe, pj in zip(me.parameters(), mj.parameters()):
+        np.testing.assert_allclose(pj.grad.numpy(), pe.grad.numpy(), rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(pj.numpy(), pe.numpy(), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(mj[0].weight.numpy(), mt[0].weight.detach().numpy().T,
+                               rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(mj[2].bias.grad.numpy(), mt[2].bias.grad.numpy(),
+                               rtol=1e-6, atol=1e-12)
+    assert jm.n_traces <= 2
+
+
+def test_batch_norm_and_dropout_layer_gradients_match_eager():
+    r = np.random.default_rng(4)
+    x = sampan.tensor(r.standard_normal((6, 3)))
+
+    def run(jitted):
+        sampan.manual_seed(1)
+        m = nn.Sequential(nn.Linear(3, 5, dtype="float64"), nn.BatchNorm1d(5, dtype="float64"),
+                          nn.Dropout(0.3), nn.Linear(5, 1, dtype="float64"))
+        f = sampan.jit(m) if jitted else m
+        sampan.manual_seed(5)
+        for _ in range(2):
+            (f(x) ** 2).sum().backward()
+        return [p.grad.numpy() for p in m.parameters()] + [m[1].running_mean.numpy()]
+    for a, b in zip(run(True), run(False)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
+
+
+def test_jitted_call_gradient_errors_are_clear():
+    import pytest
+    jf = sampan.jit(lambda x: (x * x).sum())
+    x = sampan.tensor([1.0, 2.0], requires_grad=True)
+    y = jf(x)
+    with sampan.no_grad():
+        x.add_(1.0)                          # the gradient reads x: as eager, this raises
+    with pytest.raises(sampan.AutogradError, match="modified in place"):
+        y.backward()
+    with pytest.raises(sampan.AutogradError, match="create_graph=True.*jitted call"):
+        sampan.grad(jf(x), [x], create_graph=True)
+    with sampan.no_grad():
+        assert not jf(x).requires_grad
+
+
+def test_untraceable_gradient_says_where_to_put_the_backward():
+    import pytest
+
+    def f(x):
+        w = sampan.tensor([3.0, 4.0], requires_grad=True)
+        z = x * w
+        (gw,) = sampan.grad(z.sum(), [w])   # frees z's history inside the call …
+        return z + gw                       # … so the call's gradient cannot be traced
+    x = sampan.tensor([1.0, 2.0], requires_grad=True)
+    y = sampan.jit(f)(x)
+    np.testing.assert_array_equal(y.numpy(), f(x).numpy())
+    with pytest.raises(sampan.AutogradError, match="jitted call f could not be traced.*"
+                                                   "Put the backward inside"):
+        y.sum().backward()
+
+    def step(x):
+        z = x * x
+        z.sum().backward()
+        return z
+    with pytest.raises(sampan.AutogradError, match="call step ran backward.*itself"):
+        sampan.jit(step)(x).sum().backward()
