@@ -33,6 +33,8 @@ from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
 from .autodiff import ran_backward, residual_aliases, trace_vjp
+from .guards import build as _python_guards
+from .guards import tensor_guard
 from .tracer import Tracer
 
 RETRACE_WARN_AFTER = 3
@@ -102,6 +104,7 @@ class Entry:
         # .grad accumulates into it or starts it, so it holds only while that is the same
         self.grad_check = tuple(grad_check)
         self.guards = tuple(guards)
+        self.guard_names = ()     # what each guard watches, for messages
         self.vjp = vjp            # the traced gradient of the call, or None
         # outputs the graph returns as constants (folded, or made from data by the traced
         # code): copied per call, so that changing a result cannot change the next one
@@ -116,6 +119,19 @@ class Entry:
             if (_target(ref, args).grad is not None) is not had:
                 return False
         return True
+
+    def failing(self, args=()):
+        """What no longer holds for a call with tensor leaves `args` (for messages)."""
+        for i, (fn, v) in enumerate(self.guards):
+            if fn() != v:
+                name = (self.guard_names[i] if i < len(self.guard_names)
+                        else getattr(fn, "__qualname__", "a guarded value"))
+                return name.now() if hasattr(name, "now") else name
+        for ref, had in self.grad_check:
+            if (_target(ref, args).grad is not None) is not had:
+                return ("whether argument %d has a .grad" % ref[1] if isinstance(ref, tuple)
+                        else "whether a state tensor has a .grad")
+        return None
 
     def inputs(self, args):
         arrays = []
@@ -242,6 +258,14 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
     if info is not None:
         info["vjp"] = vjp
         info["guards"] = list(tr.guards)
+        consts = []
+        for _, d, t in tr.consts.values():
+            if isinstance(t, Tensor) and t._data is d and not tr.is_born(t):
+                b = t._base
+                consts.append((t, d, (b if b is not None else t)._version))
+        info["tensor_guard"] = tensor_guard(
+            consts, [(L.t, L.rg) for L in tr.lifted.values()
+                     if tr.slots[tr.g.inputs.index(L.value)][0] == "state"])
         info["grad_check"] = _grad_check(tr, out_slots, grad_none)
     return g, list(tr.slots), out_slots, out_tree, grad_none
 
@@ -362,7 +386,7 @@ class JitFunction:
                 entry = e
                 break
         if entry is None:
-            entry = self._compile(key, args, kwargs)
+            entry = self._compile(key, args, kwargs, leaves)
         self._last = entry
         return entry.run(leaves)
 
@@ -376,10 +400,19 @@ class JitFunction:
             st += [(n, b) for n, b in self.layer.named_buffers() if b is not None]
         return st
 
-    def _compile(self, key, args, kwargs):
+    def _compile(self, key, args, kwargs, leaves=()):
         from ..passes import PassManager
         from ..runtime import compile_graph
-        if self.cache and key not in self.cache:
+        stale = self.cache.get(key)
+        if stale and self.n_traces >= RETRACE_WARN_AFTER:
+            what = stale[0].failing(leaves)
+            warnings.warn(
+                f"sampan.jit: {getattr(self.fn, '__qualname__', self.fn)} has been traced "
+                f"{self.n_traces + 1} times; this retrace was caused by {what} changing "
+                "since it was traced (a trace bakes in the Python values it reads). Pass "
+                "values that vary as tensor arguments, so one graph serves them all.",
+                RetraceWarning, stacklevel=3)
+        elif self.cache and key not in self.cache:
             self.n_traces_changed = self._changed(args, kwargs, self._last_sig)
             if self.n_traces >= RETRACE_WARN_AFTER:
                 name, old, new = self.n_traces_changed
@@ -406,8 +439,17 @@ class JitFunction:
         vjp = info["vjp"]
         if vjp is not None:
             vjp.compile(self.pipeline, self.debug, self.memory_plan)
+        # guards: what the traced code asked for (optimiser hyperparameters …), the Python
+        # values and objects the function can reach, and the tensors the trace read
+        named = [(getattr(fn, "__qualname__", "a guarded value"), fn, v)
+                 for fn, v in info["guards"]]
+        named += [(n, get, get()) for n, get in _python_guards(self.fn, self.layer)]
+        named.append(("a tensor the trace read (replaced, changed in place, or its "
+                      "requires_grad)", info["tensor_guard"], True))
         entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
-                      pm.timings, trace_s, info["guards"], info["grad_check"], vjp)
+                      pm.timings, trace_s, [(f, v) for _, f, v in named],
+                      info["grad_check"], vjp)
+        entry.guard_names = tuple(n for n, _, _ in named)
         # a signature keeps the traces of its recent guard outcomes (grads present or not,
         # hyperparameters …), so that alternating between them does not trace every call
         entries = self.cache.setdefault(key, [])

@@ -1,7 +1,10 @@
 """sampan.jit agrees with eager where it used to bake in or drop things (issue 16, items
 10-12): gradients through jitted calls, guards on what a trace read, grads accumulated
 by a backward inside a jitted function, and tensors made from data inside it."""
+import warnings
+
 import numpy as np
+import pytest
 import torch
 
 import sampan
@@ -163,7 +166,6 @@ def test_batch_norm_and_dropout_layer_gradients_match_eager():
 
 
 def test_jitted_call_gradient_errors_are_clear():
-    import pytest
     jf = sampan.jit(lambda x: (x * x).sum())
     x = sampan.tensor([1.0, 2.0], requires_grad=True)
     y = jf(x)
@@ -178,7 +180,6 @@ def test_jitted_call_gradient_errors_are_clear():
 
 
 def test_untraceable_gradient_says_where_to_put_the_backward():
-    import pytest
 
     def f(x):
         w = sampan.tensor([3.0, 4.0], requires_grad=True)
@@ -198,3 +199,113 @@ def test_untraceable_gradient_says_where_to_put_the_backward():
         return z
     with pytest.raises(sampan.AutogradError, match="call step ran backward.*itself"):
         sampan.jit(step)(x).sum().backward()
+
+
+# ---------------------------------------------------------------------- item 11
+_OFFSET = 1.0
+
+
+def _add_offset(x):
+    return x + _OFFSET
+
+
+def test_captured_python_values_are_guarded_and_retraced():
+    x = sampan.tensor([1.0, 2.0])
+    cfg = {"scale": 2.0}
+    f = sampan.jit(lambda x: x * cfg["scale"])
+    np.testing.assert_array_equal(f(x).numpy(), [2.0, 4.0])
+    cfg["scale"] = 5.0                                  # a dict item read by the trace
+    np.testing.assert_array_equal(f(x).numpy(), [5.0, 10.0])
+    cfg["scale"] = 2.0                                  # back: the first trace is reused
+    np.testing.assert_array_equal(f(x).numpy(), [2.0, 4.0])
+    assert f.n_traces == 2
+
+    k = 2
+    g = sampan.jit(lambda x: x * k)
+    g(x)
+    k = 3                                               # a rebound closure variable
+    np.testing.assert_array_equal(g(x).numpy(), [3.0, 6.0])
+
+    h = sampan.jit(lambda x: _add_offset(x) * 2.0)      # a global read by a called function
+    h(x)
+    global _OFFSET
+    _OFFSET = 10.0
+    try:
+        np.testing.assert_array_equal(h(x).numpy(), [22.0, 24.0])
+    finally:
+        _OFFSET = 1.0
+    np.testing.assert_array_equal(h(x).numpy(), [4.0, 6.0])
+
+
+def test_replaced_parameter_is_used_and_gets_the_gradient():
+    r = np.random.default_rng(5)
+    sampan.manual_seed(0)
+    m = nn.Linear(3, 2, dtype="float64")
+    jm = sampan.jit(m)
+    x = sampan.tensor(r.standard_normal((4, 3)))
+    jm(x)
+    W = r.standard_normal((3, 2))
+    m.weight = nn.Parameter(sampan.tensor(W))
+    y = jm(x)
+    yt = torch.from_numpy(x.numpy()) @ torch.tensor(W, requires_grad=True)
+    np.testing.assert_allclose(y.numpy(), (yt + torch.from_numpy(m.bias.numpy())).detach(),
+                               rtol=1e-12)
+    (y ** 2).sum().backward()
+    wt = torch.tensor(W, requires_grad=True)
+    ((torch.from_numpy(x.numpy()) @ wt + torch.from_numpy(m.bias.numpy())) ** 2).sum() \
+        .backward()
+    np.testing.assert_allclose(m.weight.grad.numpy(), wt.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::sampan.jit.RetraceWarning")
+def test_captured_layer_changes_are_seen():
+    class Scaled(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+            self.drop = nn.Dropout(0.5)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.drop(self.fc(x)) * self.scale
+
+    sampan.manual_seed(0)
+    model = Scaled()
+    model.eval()
+    f = sampan.jit(lambda x: model(x).sum(axis=1))
+    x = sampan.randn(4, 3)
+    with sampan.no_grad():
+        f(x)
+        model.scale = 3.0                                   # a Layer attribute
+        np.testing.assert_allclose(f(x).numpy(), model(x).sum(axis=1).numpy(), rtol=1e-6)
+        model.fc.weight = nn.Parameter(sampan.ones(3, 3))   # a replaced sub-layer parameter
+        np.testing.assert_allclose(f(x).numpy(), model(x).sum(axis=1).numpy(), rtol=1e-6)
+        model.train()                                       # dropout on: a new trace
+        sampan.manual_seed(1)
+        a = f(x).numpy()
+        sampan.manual_seed(1)
+        np.testing.assert_allclose(a, model(x).sum(axis=1).numpy(), rtol=1e-6)
+    assert f.n_traces == 4
+
+
+def test_captured_constant_tensor_changed_in_place_is_seen():
+    W = sampan.tensor([[1.0, 2.0], [3.0, 4.0]])
+    f = sampan.jit(lambda x: x @ W.T)                   # W.T is folded at compile time
+    x = sampan.tensor([[1.0, 1.0]])
+    np.testing.assert_array_equal(f(x).numpy(), [[3.0, 7.0]])
+    W.mul_(2.0)
+    np.testing.assert_array_equal(f(x).numpy(), (x.numpy() @ W.numpy().T))
+
+
+def test_retrace_warning_names_the_changed_value():
+    cfg = {"scale": 1.0}
+    f = sampan.jit(lambda x: x * cfg["scale"])
+    x = sampan.ones(2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for s in (1.0, 2.0, 3.0, 4.0):
+            cfg["scale"] = s
+            f(x)
+    msgs = [str(m.message) for m in w if issubclass(m.category, sampan.jit.RetraceWarning)]
+    assert msgs and "'cfg'" in msgs[-1]
+    np.testing.assert_array_equal(f(x).numpy(), [4.0, 4.0])
