@@ -106,6 +106,8 @@ class Entry:
         self.guards = tuple(guards)
         self.guard_names = ()     # what each guard watches, for messages
         self.vjp = vjp            # the traced gradient of the call, or None
+        res_pos = [i for i, (k, _) in enumerate(out_slots) if k == "res"]
+        self.copy_res = tuple(res_pos[i] for i in vjp.copy_res) if vjp is not None else ()
         # outputs the graph returns as constants (folded, or made from data by the traced
         # code): copied per call, so that changing a result cannot change the next one
         self.copy_out = frozenset(i for i, v in enumerate(graph.outputs) if v.is_const)
@@ -150,6 +152,12 @@ class Entry:
 
     def run(self, args):
         outs = self.compiled(*self.inputs(args))
+        if self.copy_res:
+            # residuals sharing an input that the write-back below overwrites: keep the
+            # values the gradient reads
+            outs = list(outs)
+            for i in self.copy_res:
+                outs[i] = outs[i].copy()
         leaves = []
         res = []
         copy_out = self.copy_out
@@ -158,6 +166,7 @@ class Entry:
                 leaves.append(wrap(a.copy() if i in copy_out else a))
             elif kind == "res":
                 res.append(a)
+
             elif kind == "state":
                 t = _target(ref, args)
                 if a is not t._data:  # not already computed in place (donated input)
@@ -253,7 +262,10 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
                 for v in res:
                     g.outputs.append(v)
                     out_slots.append(("res", None))
-                pinned = residual_aliases(g, res)
+                aliases = residual_aliases(g, res)
+                pinned = {k for k in aliases if k is not None}
+                written = set(donate.values())
+                vjp.copy_res = frozenset(i for i, k in enumerate(aliases) if k in written)
         g.meta["donate"] = _safe_donations(donate, tr, pinned)
     if info is not None:
         info["vjp"] = vjp
@@ -438,7 +450,7 @@ class JitFunction:
         compiled = compile_graph(g, debug=self.debug)
         vjp = info["vjp"]
         if vjp is not None:
-            vjp.compile(self.pipeline, self.debug, self.memory_plan)
+            vjp.options = (self.pipeline, self.debug, self.memory_plan)
         # guards: what the traced code asked for (optimiser hyperparameters …), the Python
         # values and objects the function can reach, and the tensors the trace read
         named = [(getattr(fn, "__qualname__", "a guarded value"), fn, v)
@@ -480,7 +492,10 @@ class JitFunction:
         """The optimised gradient Graph of the last call (None when the call was not
         differentiable from outside: nothing required grad, or it ran backward itself)."""
         vjp = self._entry().vjp
-        return None if vjp is None else vjp.graph
+        if vjp is None:
+            return None
+        vjp.compile()
+        return vjp.graph
 
     @property
     def code(self) -> str:

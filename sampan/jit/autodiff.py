@@ -47,16 +47,22 @@ class VJP:
         self.n_res = n_res
         self.error = error           # why there is no gradient to run (a message) or None
         self.compiled = None
+        self.options = None          # (pipeline, debug, memory_plan): compiled on first use
+        self.copy_res = frozenset()  # residuals the call's state write-back would overwrite
         saves = tuple(i for i, r in enumerate(list(wrt) + list(keep)) if r[1])
         self.refs = [r[0] for r in wrt] + [r[0] for r in keep]
         self.op = OpDef(f"jit:{name}", _no_shape_rule, grad=self._grad,
                         n_out=max(1, len(diff_out)), saves=saves)
 
-    def compile(self, pipeline, debug, memory_plan):
+    def compile(self, pipeline=None, debug=None, memory_plan=None):
+        """Optimise and compile the backward graph (at the first backward through a call:
+        calls that are never differentiated pay no compile time for it)."""
         from ..passes import PassManager
         from ..runtime import compile_graph
-        if self.graph is None:
-            return
+        if pipeline is None:
+            if self.options is None or self.graph is None or self.compiled is not None:
+                return
+            pipeline, debug, memory_plan = self.options
         pm = PassManager(pipeline, debug=debug)
         if not memory_plan:
             pm.passes = [p for p in pm.passes if p != "plan_memory"]
@@ -80,7 +86,7 @@ class VJP:
     def _grad(self, g, y, *inputs, ctx):
         if self.error is not None:
             raise AutogradError(self.error)
-        if self.compiled is None:     # nothing outside the call requires grad
+        if self.graph is None:        # nothing outside the call requires grad
             return (None,) * len(self.refs)
         if STATE.grad_enabled or STATE.tracer is not None:
             raise AutogradError(
@@ -88,6 +94,8 @@ class VJP:
                 f"reached the jitted call {self.name}, whose compiled gradient is not itself "
                 "differentiable. Jit the function that computes the gradient instead "
                 "(e.g. sampan.jit(sampan.experimental.func.grad(f))), or call it eagerly.")
+        if self.compiled is None:
+            self.compile()
         gs = (g,) if len(self.diff_out) == 1 else tuple(g)
         cots = []
         for k, (gi, v) in enumerate(zip(gs, self.graph.inputs[self.n_res:])):
@@ -224,19 +232,22 @@ def ran_backward(name, outs):
 
 
 def residual_aliases(g, res):
-    """Positions of graph inputs whose arrays a residual may share (itself, or through
-    views): they must not be donated (updated in place) by the forward."""
+    """For each residual, the position of the graph input whose array it may share
+    (itself, or through views), or None. Such an input must not be donated (updated in
+    place by the forward), and if the call writes it back, the residual is copied."""
     from ..ops.registry import OPS
     pos = {v.id: k for k, v in enumerate(g.inputs)}
     made = {v.id: n for n in g.nodes for v in n.outputs}
-    out = set()
+    out = []
     for v in res:
+        k = None
         while True:
             if v.id in pos:
-                out.add(pos[v.id])
+                k = pos[v.id]
                 break
             n = made.get(v.id)
             if n is None or not OPS[n.op].view or not n.inputs:
                 break
             v = n.inputs[0]
+        out.append(k)
     return out

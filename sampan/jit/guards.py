@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import dis
 import functools
 import types
 
@@ -75,8 +76,8 @@ def snapshot(v, depth=0):
             return (t, Ref(v), len(v))
         if t is types.SimpleNamespace or (dataclasses.is_dataclass(v) and not isinstance(
                 v, type)):
-            d = vars(v)
-            if len(d) <= MAX_ITEMS:
+            d = getattr(v, "__dict__", None)      # None for a dataclass with __slots__
+            if d is not None and len(d) <= MAX_ITEMS:
                 return (t, Ref(v), tuple([(k, snapshot(x, depth + 1)) for k, x in d.items()]))
     return Ref(v)
 
@@ -142,7 +143,11 @@ def _internal(obj) -> bool:
 
 
 def _code_names(code, out):
-    out.update(code.co_names)
+    """The global names `code` (and the code nested in it) loads: not attribute names,
+    which share co_names (a module-level `out = step(x)` must not guard `self.out`)."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            out.add(ins.argval)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             _code_names(c, out)

@@ -309,3 +309,21 @@ def test_retrace_warning_names_the_changed_value():
     msgs = [str(m.message) for m in w if issubclass(m.category, sampan.jit.RetraceWarning)]
     assert msgs and "'cfg'" in msgs[-1]
     np.testing.assert_array_equal(f(x).numpy(), [4.0, 4.0])
+
+
+scale = 1.0       # a module global that shares its name with an attribute read below
+
+
+def test_attribute_names_are_not_guarded_as_globals():
+    global scale
+
+    class Box:
+        scale = 2.0
+    box = Box()
+    f = sampan.jit(lambda x: x * box.scale)
+    x = sampan.ones(2)
+    f(x)
+    for i in range(3):
+        scale = float(i)   # not what f reads: no retrace
+        f(x)
+    assert f.n_traces == 1
