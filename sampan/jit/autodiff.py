@@ -162,8 +162,10 @@ def trace_vjp(tr, name, outs):
         grads = [None if gt is None else tr.value_of(gt) for gt in grads]
         if len(g.inputs) != n_inputs + len(diff):
             raise AutogradError("the gradient reads tensors the forward did not")
-    except SampanError as e:
+    except Exception as e:   # the forward still runs; its backward says why it cannot
         error = str(e).split("\n")[0]
+        if not isinstance(e, SampanError):
+            error = f"{type(e).__name__}: {error}"
     finally:
         tr.vjp_mode = False
         for t, h in hooks:
