@@ -456,8 +456,8 @@ class JitFunction:
         named = [(getattr(fn, "__qualname__", "a guarded value"), fn, v)
                  for fn, v in info["guards"]]
         named += [(n, get, get()) for n, get in _python_guards(self.fn, self.layer)]
-        named.append(("a tensor the trace read (replaced, changed in place, or its "
-                      "requires_grad)", info["tensor_guard"], True))
+        tname, tguard = info["tensor_guard"]
+        named.append((tname, tguard, True))
         entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
                       pm.timings, trace_s, [(f, v) for _, f, v in named],
                       info["grad_check"], vjp)

@@ -266,21 +266,58 @@ def build(fn, layer=None):
     return b.guards
 
 
-def tensor_guard(consts, state):
-    """One guard over the tensors a trace read: each constant tensor still wraps the same
-    array, unmodified and not requiring grad (the graph baked it in, maybe folded); each
-    state tensor still requires grad or not as traced (that decides its gradient)."""
-    consts = tuple(consts)     # (tensor, array, version)
-    state = tuple(state)       # (tensor, requires_grad)
+class TensorGuard:
+    """Whether the tensors a trace read are as traced: each constant tensor still wraps
+    the same array, unmodified and not requiring grad (the graph baked it in, maybe
+    folded); each state tensor still requires grad or not as traced (that decides its
+    gradient). Call it for the answer; `changed()` says what changed."""
 
-    def check():
-        for t, a, ver in consts:
+    __slots__ = ("consts", "state")
+
+    def __init__(self, consts, state):
+        self.consts = tuple(consts)     # (tensor, array, version)
+        self.state = tuple(state)       # (tensor, requires_grad)
+
+    def __call__(self):
+        for t, a, ver in self.consts:
             b = t._base
             if t._data is not a or (b if b is not None else t)._version != ver \
                     or t.requires_grad:
                 return False
-        for t, rg in state:
+        for t, rg in self.state:
             if t.requires_grad is not rg:
                 return False
         return True
-    return check
+
+    def changed(self):
+        from ..dtypes import short_name
+        for t, a, ver in self.consts:
+            b = t._base
+            what = ("was given another array" if t._data is not a else "now requires grad"
+                    if t.requires_grad else "was changed in place"
+                    if (b if b is not None else t)._version != ver else None)
+            if what:
+                return (f"a tensor {short_name(a.dtype)}{list(a.shape)} that the trace read as "
+                        f"a constant (it {what}: pass it as an argument to read it per call)")
+        for t, rg in self.state:
+            if t.requires_grad is not rg:
+                return (f"the requires_grad of a state tensor {short_name(t.dtype)}"
+                        f"{list(t.shape)}")
+        return None
+
+
+class _TensorGuardName(str):
+    def __new__(cls, guard):
+        self = super().__new__(cls, "a tensor the trace read (replaced, changed in place, "
+                                    "or its requires_grad)")
+        self.guard = guard
+        return self
+
+    def now(self):
+        return self.guard.changed() or str(self)
+
+
+def tensor_guard(consts, state):
+    """(name, guard) over the tensors a trace read (see `TensorGuard`)."""
+    g = TensorGuard(consts, state)
+    return _TensorGuardName(g), g

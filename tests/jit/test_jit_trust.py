@@ -327,3 +327,18 @@ def test_attribute_names_are_not_guarded_as_globals():
         scale = float(i)   # not what f reads: no retrace
         f(x)
     assert f.n_traces == 1
+
+
+def test_retrace_warning_names_a_constant_tensor_changed_in_place():
+    W = sampan.ones(2, 2)
+    f = sampan.jit(lambda x: x @ W)
+    x = sampan.ones(1, 2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            W.add_(1.0)
+            f(x)
+    msgs = [str(m.message) for m in w if issubclass(m.category, sampan.jit.RetraceWarning)]
+    assert msgs and "f32[2, 2]" in msgs[-1] and "changed in place" in msgs[-1]
+    assert "pass it as an argument" in msgs[-1]
+    np.testing.assert_array_equal(f(x).numpy(), x.numpy() @ W.numpy())
