@@ -32,7 +32,7 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
-from .autodiff import ran_backward, residual_aliases, trace_vjp
+from .autodiff import ran_backward, trace_vjp
 from .guards import build as _python_guards
 from .guards import tensor_guard
 from .tracer import Tracer
@@ -262,7 +262,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
                 for v in res:
                     g.outputs.append(v)
                     out_slots.append(("res", None))
-                aliases = residual_aliases(g, res)
+                aliases = vjp.aliases
                 pinned = {k for k in aliases if k is not None}
                 written = set(donate.values())
                 vjp.copy_res = frozenset(i for i, k in enumerate(aliases) if k in written)

@@ -208,7 +208,9 @@ def trace_vjp(tr, name, outs):
     bw.outputs = [m[gv.id] for gv in grads if gv is not None]
     g.prune_consts()
     in_pos = {v.id: k for k, v in enumerate(g.inputs)}
-    res_inputs = {v.id for v in res if v.id in in_pos}
+    aliases = residual_aliases(g, res)
+    # inputs whose arrays the residuals are or view: changing one before backward raises
+    res_inputs = {g.inputs[k].id for k in aliases if k is not None}
     wrt_refs = [(_ref_of(tr, L.t), L.value.id in res_inputs)
                 for L, gv in zip(wrt, grads) if gv is not None]
     keep = []
@@ -217,7 +219,9 @@ def trace_vjp(tr, name, outs):
                                                 if gv is not None):
             if tr.slots[in_pos[L.value.id]][0] in ("arg", "state"):
                 keep.append((_ref_of(tr, L.t), True))
-    return VJP(name, bw, diff, wrt_refs, keep, len(res)), res
+    vjp = VJP(name, bw, diff, wrt_refs, keep, len(res))
+    vjp.aliases = aliases
+    return vjp, res
 
 
 def ran_backward(name, outs):
