@@ -251,8 +251,8 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
             g.outputs.append(v)
             out_slots.append(("rng", gen))
         vjp, pinned = None, set()
-        runs_backward = (grad_none or tr.grad_cleared
-                         or any(k == "grad" for k, _ in out_slots))
+        runs_backward = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
+                         or any(n.freed for n in tr.tape))   # a backward freed its nodes
         if differentiable and STATE.grad_enabled and runs_backward:
             vjp = ran_backward(name, out_tensors)
         elif differentiable and STATE.grad_enabled:

@@ -49,6 +49,7 @@ class VJP:
         self.compiled = None
         self.options = None          # (pipeline, debug, memory_plan): compiled on first use
         self.copy_res = frozenset()  # residuals the call's state write-back would overwrite
+        self.aliases = []            # per residual: the input position it may share, or None
         saves = tuple(i for i, r in enumerate(list(wrt) + list(keep)) if r[1])
         self.refs = [r[0] for r in wrt] + [r[0] for r in keep]
         self.op = OpDef(f"jit:{name}", _no_shape_rule, grad=self._grad,

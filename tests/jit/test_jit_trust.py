@@ -182,16 +182,25 @@ def test_jitted_call_gradient_errors_are_clear():
 def test_untraceable_gradient_says_where_to_put_the_backward():
 
     def f(x):
-        w = sampan.tensor([3.0, 4.0], requires_grad=True)
-        z = x * w
-        (gw,) = sampan.grad(z.sum(), [w])   # frees z's history inside the call …
-        return z + gw                       # … so the call's gradient cannot be traced
+        h = x * 2.0
+        h.register_hook(lambda g: g * float(g.sum()))   # reads the gradient's value
+        return h.sum()
     x = sampan.tensor([1.0, 2.0], requires_grad=True)
     y = sampan.jit(f)(x)
     np.testing.assert_array_equal(y.numpy(), f(x).numpy())
     with pytest.raises(sampan.AutogradError, match="jitted call f could not be traced.*"
-                                                   "Put the backward inside"):
-        y.sum().backward()
+                                                   "float.*Put the backward inside"):
+        y.backward()
+    f(x).backward()                                     # eager runs the hook
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0])
+
+    def g(x):
+        w = sampan.tensor([3.0, 4.0], requires_grad=True)
+        z = x * w
+        (gw,) = sampan.grad(z.sum(), [w])   # a backward inside frees z's history
+        return z + gw
+    with pytest.raises(sampan.AutogradError, match="call g ran backward.*itself"):
+        sampan.jit(g)(x).sum().backward()
 
     def step(x):
         z = x * x
