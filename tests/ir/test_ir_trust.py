@@ -69,3 +69,12 @@ def test_jit_keeps_the_sign_of_a_nan_fill():
     np.testing.assert_array_equal(np.signbit(y), ref)
     g = f.graph
     assert parse(str(g), {c.name: c.const for c in g.consts if c.name}) == g
+
+
+def test_generated_code_keeps_the_sign_of_a_nan_attribute():
+    # 100 elements: too large for constant folding, so the fill runs in generated code
+    f = sampan.jit(lambda x: x + sampan.full((100,), float(NEG_NAN32)))
+    y = f(sampan.zeros(100)).numpy()
+    assert "full(" in str(f.graph) or "fused(" in str(f.graph)
+    ref = torch.full((100,), float(NEG_NAN32)).signbit().numpy()
+    np.testing.assert_array_equal(np.signbit(y), ref)
