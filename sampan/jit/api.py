@@ -166,7 +166,6 @@ class Entry:
                 leaves.append(wrap(a.copy() if i in copy_out else a))
             elif kind == "res":
                 res.append(a)
-
             elif kind == "state":
                 t = _target(ref, args)
                 if a is not t._data:  # not already computed in place (donated input)
@@ -305,8 +304,8 @@ def _safe_donations(donate, tr, pinned=()):
     ok = {}
     for j, k in donate.items():
         a = by_value.get(id(tr.g.inputs[k]))
-        if a is None or k in pinned or tr.slots[k][0] != "state" or not a.flags.writeable or sum(
-                np.may_share_memory(a, b) for b in arrays) != 1:
+        if a is None or k in pinned or tr.slots[k][0] != "state" or not a.flags.writeable \
+                or sum(np.may_share_memory(a, b) for b in arrays) != 1:
             continue
         ok[j] = k
     return ok
@@ -417,7 +416,7 @@ class JitFunction:
         from ..runtime import compile_graph
         stale = self.cache.get(key)
         if stale and self.n_traces >= RETRACE_WARN_AFTER:
-            what = stale[0].failing(leaves)
+            what = stale[0].failing(leaves) or "a guarded value"
             warnings.warn(
                 f"sampan.jit: {getattr(self.fn, '__qualname__', self.fn)} has been traced "
                 f"{self.n_traces + 1} times; this retrace was caused by {what} changing "
