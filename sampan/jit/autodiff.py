@@ -114,6 +114,26 @@ def _no_shape_rule(*a, **k):
     raise SampanError("a jit:<name> tape node is not an op of the table")
 
 
+class _AtLine:
+    """A tape node's op while the call's gradient is traced: the nodes its gradient rule
+    adds take the source line of the forward op (`%9 = tanh_grad(..)  # model.py:12`)."""
+
+    __slots__ = ("_op", "_tr", "_loc")
+
+    def __init__(self, op, tr, loc):
+        self._op, self._tr, self._loc = op, tr, loc
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def grad(self, *args, **kwargs):
+        prev, self._tr.loc = self._tr.loc, self._loc or None
+        try:
+            return self._op.grad(*args, **kwargs)
+        finally:
+            self._tr.loc = prev
+
+
 def _reaches_outside(tr, roots):
     """Whether the traced tape from `roots` reaches a node this trace did not record."""
     seen = set()
@@ -150,6 +170,7 @@ def trace_vjp(tr, name, outs):
     error = None
     grads = None
     hooks = [(L.t, L.t._hooks) for L in wrt]
+    ops = [(n, n.op) for n in tr.tape]
     try:
         if _reaches_outside(tr, [outs[i] for i in diff]):
             raise AutogradError("an output depends on a tape recorded outside the call")
@@ -158,6 +179,8 @@ def trace_vjp(tr, name, outs):
         for t, _ in hooks:      # the engine runs the inputs' hooks when it gets there
             t._hooks = None
         tr.vjp_mode = True
+        for n, op in ops:
+            n.op = _AtLine(op, tr, tr.tape[n])
         grads = run_backward([outs[i] for i in diff], cots, True, False,
                              capture=[L.t for L in wrt])
         grads = [None if gt is None else tr.value_of(gt) for gt in grads]
@@ -169,6 +192,8 @@ def trace_vjp(tr, name, outs):
             error = f"{type(e).__name__}: {error}"
     finally:
         tr.vjp_mode = False
+        for n, op in ops:
+            n.op = op
         for t, h in hooks:
             t._hooks = h
     bw_nodes = g.nodes[n_nodes:]

@@ -68,7 +68,8 @@ class Tracer:
         # anew at every call). Held strongly so that their ids are not reused in the trace.
         self.born_tensors = {}
         self.born_arrays = {}
-        self.tape = set()        # tape nodes recorded by this trace
+        self.tape = {}           # tape node recorded by this trace -> its source line
+        self.loc = None          # the source line new nodes take, if not the caller's
         self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
         self._inc = None
@@ -148,7 +149,7 @@ class Tracer:
             # a tensor with a history outside the call (an argument computed eagerly): a
             # root of this trace's tape, so that no traced gradient walks into eager nodes
             t._node, t._idx = _Node(_OUTSIDE, (), {}, (t,)), 0
-            self.tape.add(t._node)
+            self.tape[t._node] = ""
         if t.grad is not None and isinstance(t.grad._data, np.ndarray):
             gref = ("arg", slot[1]) if slot is not None and slot[0] == "arg" else t
             gv = self._input(t.grad._data.shape, t.grad._data.dtype, ("grad", gref),
@@ -188,7 +189,7 @@ class Tracer:
     # ------------------------------------------------------------------ hooks from the core
     def apply(self, op, inputs, attrs):
         vals = [self.value_of(t) for t in inputs]
-        node = self.g.add_node(op.name, vals, attrs, loc=_loc())
+        node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
         if any(isinstance(d, str) for v in node.outputs for d in v.shape) and not any(
                 isinstance(d, str) for v in vals for d in v.shape):
             fn, ln = user_frame()
@@ -211,7 +212,7 @@ class Tracer:
                     _record(op, inputs, attrs, tuple(outs))
                     for y in outs:
                         if y._node is not None:
-                            self.tape.add(y._node)
+                            self.tape[y._node] = node.loc
                             break
                     break
         return outs[0] if op.n_out == 1 else tuple(outs)
