@@ -47,6 +47,8 @@ class Tensor:
         if isinstance(data, Tensor):
             data = data._data
         self._data = _to_array(data, dtype)
+        if STATE.tracer is not None:  # sampan.jit: made during a trace, so local to one call
+            STATE.tracer.born(self, self._data is not data)
         if requires_grad:
             self.requires_grad_(True)
 

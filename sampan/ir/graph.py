@@ -205,7 +205,7 @@ class Graph:
             args = tuple(r(v) for v in n.inputs)
             for v in n.outputs:
                 ren[v.id] = len(ren)
-            nodes.append((n.op, args, repr(sorted(n.attrs.items())), n.loc,
+            nodes.append((n.op, args, _attrs_key(n.attrs), n.loc,
                           tuple((v.shape, v.dtype) for v in n.outputs)))
         return ins, cs, tuple(nodes), tuple(r(v) for v in self.outputs)
 
@@ -221,6 +221,15 @@ class Graph:
 
     def nbytes_consts(self):
         return sum(v.const.nbytes for v in self.consts)
+
+
+def _attrs_key(attrs):
+    # as the text writes them: repr() spells every NaN "nan", so -nan would equal nan
+    from .text import fmt_lit
+    try:
+        return tuple((k, fmt_lit(a)) for k, a in sorted(attrs.items()))
+    except Exception:  # not plain data (the verifier reports it): compare its repr
+        return repr(sorted(attrs.items()))
 
 
 def spec_of(v):

@@ -7,7 +7,8 @@
       return (%4)
     }
 
-Small constants are written inline; larger ones by reference (`const(ref='c7')`) to
+Small constants are written inline (a NaN with a payload other than `nan`'s or `-nan`'s
+as its bits: `const(bits=[2143289345])`); larger ones by reference (`const(ref='c7')`) to
 arrays kept beside the text (in `Graph` objects, or a safetensors file when saved).
 """
 from __future__ import annotations
@@ -38,8 +39,8 @@ def fmt_lit(x) -> str:
         return repr(int(x))
     if isinstance(x, (float, np.floating)):
         x = float(x)
-        if math.isnan(x):
-            return "nan"
+        if math.isnan(x):  # the sign of a NaN is data too (copysign, signbit read it)
+            return "-nan" if math.copysign(1.0, x) < 0 else "nan"
         if math.isinf(x):
             return "inf" if x > 0 else "-inf"
         return repr(x)
@@ -74,11 +75,29 @@ def type_str(shape, dtype):
     return f"{_dt.short_name(dtype)}[{','.join(map(str, shape))}]"
 
 
+def _wide(dtype):
+    # float16/bfloat16 constants are written through float64 (exact for both)
+    return np.float64 if dtype in (_dt.bfloat16, _dt.float16) else dtype
+
+
+def _inline_array(value, shape, dtype):
+    """The array an inline `const(value=...)` literal stands for."""
+    return np.asarray(value, dtype=_wide(dtype)).astype(dtype).reshape(shape)
+
+
 def _const_rhs(v: Value) -> str:
     a = v.const
     if a.size <= INLINE_CONST_MAX and a.ndim <= 4:
-        data = a.astype(np.float64) if a.dtype in (_dt.bfloat16, _dt.float16) else a
-        return f"const(value={fmt_lit(data.tolist())})"
+        text = fmt_lit(a.astype(_wide(a.dtype)).tolist())
+        # `nan`/`-nan` stand for one NaN bit pattern each: a NaN with another payload is
+        # written as its bits, so that the text parses back to the same bytes
+        if _dt.is_floating(a.dtype) and np.isnan(a.astype(np.float64)).any():
+            back = _inline_array(_eval_lit(ast.parse(text, mode="eval").body), a.shape,
+                                 a.dtype)
+            if back.tobytes() != a.tobytes():
+                bits = np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
+                return f"const(bits={fmt_lit(bits.tolist())})"
+        return f"const(value={text})"
     return f"const(ref={v.name!r})"
 
 
@@ -241,9 +260,15 @@ def parse(text: str, consts: dict | None = None) -> Graph:
             raise err(str(e)) from None
         if op == "const":
             vid, shape, dtype = outs[0]
-            if "value" in attrs:
-                arr = np.asarray(attrs["value"], dtype=np.float64 if dtype in (
-                    _dt.bfloat16, _dt.float16) else dtype).astype(dtype).reshape(shape)
+            if "value" in attrs or "bits" in attrs:
+                try:
+                    if "bits" in attrs:
+                        arr = np.asarray(attrs["bits"], f"u{dtype.itemsize}").view(
+                            dtype).reshape(shape)
+                    else:
+                        arr = _inline_array(attrs["value"], shape, dtype)
+                except (ValueError, TypeError, OverflowError) as e:
+                    raise err(f"constant does not fit {type_str(shape, dtype)}: {e}") from None
                 env[vid] = g.add_const(arr)
             else:
                 name = attrs.get("ref")

@@ -1,6 +1,8 @@
 """sampan.jit: trace eager code into the Graph IR, optimise it, run generated code.
 
-`sampan.jit(fn)` / `@sampan.jit` / `sampan.jit(layer)` compile per input signature;
+`sampan.jit(fn)` / `@sampan.jit` / `sampan.jit(layer)` compile per input signature, guard
+the Python values and objects a trace read (`guards.py`: changing one traces again), and
+are differentiable from outside (`autodiff.py`: the gradient is traced and compiled too);
 `sampan.jit.save(fn_or_layer, path, example_inputs)` and `sampan.jit.load(path)`
 store and restore a compiled program without its Python source.
 """

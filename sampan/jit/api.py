@@ -13,6 +13,11 @@ Example::
     ...     w.grad = None
     ...     return loss
     >>> step(x, y); print(step.graph); print(step.code)
+
+A jitted function that does not run backward itself is differentiable from outside:
+with grad mode on and inputs (or a Layer's Parameters) that require grad, its gradient
+is traced and compiled too, and `y = f(x); y.backward()` accumulates into `.grad` as
+eager does (`autodiff.py`; `f.backward_graph` shows it).
 """
 from __future__ import annotations
 
@@ -27,9 +32,13 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
+from .autodiff import ran_backward, trace_vjp
+from .guards import build as _python_guards
+from .guards import tensor_guard
 from .tracer import Tracer
 
 RETRACE_WARN_AFTER = 3
+MAX_ENTRIES_PER_SIGNATURE = 8
 
 
 class RetraceWarning(UserWarning):
@@ -78,7 +87,7 @@ class Entry:
     """One traced and compiled signature."""
 
     def __init__(self, graph, raw_graph, compiled, in_slots, out_slots, out_tree, grad_none,
-                 timings, trace_s, guards=(), grad_check=None):
+                 timings, trace_s, guards=(), grad_check=None, vjp=None):
         self.graph = graph
         self.raw_graph = raw_graph
         self.compiled = compiled
@@ -91,17 +100,40 @@ class Entry:
         self.state = [s[1] for s in in_slots if s[0] == "state"]
         if grad_check is None:
             grad_check = [(t, t.grad is not None) for t in self.state]
-        self.grad_check = tuple(grad_check)  # (tensor, had a grad when traced)
+        # (tensor or ("arg", i), had a grad when traced): a graph that reads or writes a
+        # .grad accumulates into it or starts it, so it holds only while that is the same
+        self.grad_check = tuple(grad_check)
         self.guards = tuple(guards)
+        self.guard_names = ()     # what each guard watches, for messages
+        self.vjp = vjp            # the traced gradient of the call, or None
+        res_pos = [i for i, (k, _) in enumerate(out_slots) if k == "res"]
+        self.copy_res = tuple(res_pos[i] for i in vjp.copy_res) if vjp is not None else ()
+        # outputs the graph returns as constants (folded, or made from data by the traced
+        # code): copied per call, so that changing a result cannot change the next one
+        self.copy_out = frozenset(i for i, v in enumerate(graph.outputs) if v.is_const)
 
-    def valid(self):
+    def valid(self, args=()):
+        """Whether this trace still holds for a call with tensor leaves `args`."""
         for fn, v in self.guards:
             if fn() != v:
                 return False
-        for t, had in self.grad_check:
-            if (t.grad is not None) is not had:
+        for ref, had in self.grad_check:
+            if (_target(ref, args).grad is not None) is not had:
                 return False
         return True
+
+    def failing(self, args=()):
+        """What no longer holds for a call with tensor leaves `args` (for messages)."""
+        for i, (fn, v) in enumerate(self.guards):
+            if fn() != v:
+                name = (self.guard_names[i] if i < len(self.guard_names)
+                        else getattr(fn, "__qualname__", "a guarded value"))
+                return name.now() if hasattr(name, "now") else name
+        for ref, had in self.grad_check:
+            if (_target(ref, args).grad is not None) is not had:
+                return ("whether argument %d has a .grad" % ref[1] if isinstance(ref, tuple)
+                        else "whether a state tensor has a .grad")
+        return None
 
     def inputs(self, args):
         arrays = []
@@ -120,10 +152,20 @@ class Entry:
 
     def run(self, args):
         outs = self.compiled(*self.inputs(args))
+        if self.copy_res:
+            # residuals sharing an input that the write-back below overwrites: keep the
+            # values the gradient reads
+            outs = list(outs)
+            for i in self.copy_res:
+                outs[i] = outs[i].copy()
         leaves = []
-        for (kind, ref), a in zip(self.out_slots, outs):
+        res = []
+        copy_out = self.copy_out
+        for i, ((kind, ref), a) in enumerate(zip(self.out_slots, outs)):
             if kind == "out":
-                leaves.append(wrap(a))
+                leaves.append(wrap(a.copy() if i in copy_out else a))
+            elif kind == "res":
+                res.append(a)
             elif kind == "state":
                 t = _target(ref, args)
                 if a is not t._data:  # not already computed in place (donated input)
@@ -135,6 +177,8 @@ class Entry:
                 ref.seed, ref.counter = int(a[0]), int(a[1])
         for ref in self.grad_none:
             _target(ref, args).grad = None
+        if self.vjp is not None:
+            self.vjp.attach(leaves, args, res)
         return _unflatten(self.out_tree, leaves)
 
 
@@ -143,13 +187,16 @@ def _target(ref, args):
 
 
 # ---------------------------------------------------------------------- tracing
-def trace(fn, args, kwargs=None, state=(), name="main", info=None):
+def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiable=False):
     """Trace `fn(*args, **kwargs)` into a Graph.
 
     `state` is a list of (name, tensor) to make graph inputs up front (a Layer's
     parameters and buffers). Returns (graph, in_slots, out_slots, out_tree, grad_none);
     `info`, a dict if given, receives the trace's guards. `graph.meta["donate"]` pairs
-    each state output with the input holding that state's array."""
+    each state output with the input holding that state's array. With `differentiable`
+    (and grad mode on), a call reading tensors that require grad, and not running
+    backward itself, also gets its gradient traced: `info["vjp"]` (see `autodiff`), and
+    the graph returns the residuals that gradient reads (out slots "res")."""
     kwargs = kwargs or {}
     leaves = []
     tree = _flatten((tuple(args), kwargs), leaves)
@@ -166,13 +213,19 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
         g = tr.g
         out_slots = []
         final = []
+        out_tensors = []
         for t in out_leaves:
-            if isinstance(t._data, np.ndarray):  # untouched concrete tensor: return it as is
-                final.append(None)
-                continue
+            if isinstance(t._data, np.ndarray):
+                if not tr.is_born(t):  # a tensor from outside, untouched: return it as is
+                    final.append(None)
+                    continue
+                v = tr.value_of_const(t)  # made from data by the call: a new one per call
+            else:
+                v = tr.value_of(t)
             final.append(len(out_slots))
-            g.outputs.append(tr.value_of(t))
+            g.outputs.append(v)
             out_slots.append(("out", None))
+            out_tensors.append(t)
         out_tree = _fix_tree(out_tree, out_leaves, final)
         grad_none = []
         donate = {}
@@ -196,27 +249,63 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None):
         for gen, v in tr.rng.values():
             g.outputs.append(v)
             out_slots.append(("rng", gen))
-        g.meta["donate"] = _safe_donations(donate, tr)
+        vjp, pinned = None, set()
+        runs_backward = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
+                         or any(n.freed for n in tr.tape))   # a backward freed its nodes
+        if differentiable and STATE.grad_enabled and runs_backward:
+            vjp = ran_backward(name, out_tensors)
+        elif differentiable and STATE.grad_enabled:
+            r = trace_vjp(tr, name, out_tensors)
+            if r is not None:
+                vjp, res = r
+                for v in res:
+                    g.outputs.append(v)
+                    out_slots.append(("res", None))
+                aliases = vjp.aliases
+                pinned = {k for k in aliases if k is not None}
+                written = set(donate.values())
+                vjp.copy_res = frozenset(i for i, k in enumerate(aliases) if k in written)
+        g.meta["donate"] = _safe_donations(donate, tr, pinned)
     if info is not None:
+        info["vjp"] = vjp
         info["guards"] = list(tr.guards)
-        # the graph assumed each lifted state tensor's grad present or absent as it was
-        # when lifted, unless the traced code dropped that grad before reading it
-        info["grad_check"] = [
-            (L.t, L.grad is not None) for L in tr.lifted.values()
-            if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared
-            and tr.slots[tr.g.inputs.index(L.value)][0] == "state"]
+        consts = []
+        for _, d, t in tr.consts.values():
+            if isinstance(t, Tensor) and t._data is d and not tr.is_born(t):
+                b = t._base
+                consts.append((t, d, (b if b is not None else t)._version))
+        info["tensor_guard"] = tensor_guard(
+            consts, [(L.t, L.rg) for L in tr.lifted.values()
+                     if tr.slots[tr.g.inputs.index(L.value)][0] == "state"])
+        info["grad_check"] = _grad_check(tr, out_slots, grad_none)
     return g, list(tr.slots), out_slots, out_tree, grad_none
 
 
-def _safe_donations(donate, tr):
-    """Donate only state arrays (not call arguments) that overlap no other input's."""
+def _grad_check(tr, out_slots, grad_none):
+    """What the graph assumed about the .grad of lifted tensors (arguments and state).
+
+    Code that reads or writes gradients (a backward, an optimiser step) traced with a
+    grad present accumulates into it, traced with none starts it: the graph holds while
+    each grad is present or absent as when lifted (unless the traced code dropped it
+    before reading it). Code that never touches a gradient holds either way."""
+    touched = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
+               or any(L.gvalue is not None for L in tr.lifted.values()))
+    if not touched:
+        return []
+    return [(_ref_of(tr, L.t), L.grad is not None) for L in tr.lifted.values()
+            if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared]
+
+
+def _safe_donations(donate, tr, pinned=()):
+    """Donate only state arrays (not call arguments) that overlap no other input's, and
+    that no residual of a traced gradient reads (`pinned` input positions)."""
     arrays = [L.data for L in tr.lifted.values()]
     by_value = {id(L.value): L.data for L in tr.lifted.values()}
     ok = {}
     for j, k in donate.items():
         a = by_value.get(id(tr.g.inputs[k]))
-        if a is None or tr.slots[k][0] != "state" or not a.flags.writeable or sum(
-                np.may_share_memory(a, b) for b in arrays) != 1:
+        if a is None or k in pinned or tr.slots[k][0] != "state" or not a.flags.writeable \
+                or sum(np.may_share_memory(a, b) for b in arrays) != 1:
             continue
         ok[j] = k
     return ok
@@ -302,9 +391,13 @@ class JitFunction:
         if STATE.tracer is not None:  # called inside another trace: inline it
             return self.fn(*args, **kwargs)
         key, leaves = self._key(args, kwargs)
-        entry = self.cache.get(key)
-        if entry is None or not entry.valid():
-            entry = self._compile(key, args, kwargs)
+        entry = None
+        for e in self.cache.get(key, ()):
+            if e.valid(leaves):
+                entry = e
+                break
+        if entry is None:
+            entry = self._compile(key, args, kwargs, leaves)
         self._last = entry
         return entry.run(leaves)
 
@@ -318,10 +411,19 @@ class JitFunction:
             st += [(n, b) for n, b in self.layer.named_buffers() if b is not None]
         return st
 
-    def _compile(self, key, args, kwargs):
+    def _compile(self, key, args, kwargs, leaves=()):
         from ..passes import PassManager
         from ..runtime import compile_graph
-        if self.cache and key not in self.cache:
+        stale = self.cache.get(key)
+        if stale and self.n_traces >= RETRACE_WARN_AFTER:
+            what = stale[0].failing(leaves) or "a guarded value"
+            warnings.warn(
+                f"sampan.jit: {getattr(self.fn, '__qualname__', self.fn)} has been traced "
+                f"{self.n_traces + 1} times; this retrace was caused by {what} changing "
+                "since it was traced (a trace bakes in the Python values it reads). Pass "
+                "values that vary as tensor arguments, so one graph serves them all.",
+                RetraceWarning, stacklevel=3)
+        elif self.cache and key not in self.cache:
             self.n_traces_changed = self._changed(args, kwargs, self._last_sig)
             if self.n_traces >= RETRACE_WARN_AFTER:
                 name, old, new = self.n_traces_changed
@@ -337,7 +439,7 @@ class JitFunction:
             self.fn, args, kwargs, self._state(),
             name=type(self.layer).__name__ if self.layer is not None
             else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""),
-            info=info)
+            info=info, differentiable=True)
         trace_s = time.perf_counter() - t0
         raw = g.copy()
         pm = PassManager(self.pipeline, debug=self.debug)
@@ -345,9 +447,25 @@ class JitFunction:
             pm.passes = [p for p in pm.passes if p != "plan_memory"]
         g = pm.run(g)
         compiled = compile_graph(g, debug=self.debug)
+        vjp = info["vjp"]
+        if vjp is not None:
+            vjp.options = (self.pipeline, self.debug, self.memory_plan)
+        # guards: what the traced code asked for (optimiser hyperparameters …), the Python
+        # values and objects the function can reach, and the tensors the trace read
+        named = [(getattr(fn, "__qualname__", "a guarded value"), fn, v)
+                 for fn, v in info["guards"]]
+        named += [(n, get, get()) for n, get in _python_guards(self.fn, self.layer)]
+        tname, tguard = info["tensor_guard"]
+        named.append((tname, tguard, True))
         entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
-                      pm.timings, trace_s, info["guards"], info["grad_check"])
-        self.cache[key] = entry
+                      pm.timings, trace_s, [(f, v) for _, f, v in named],
+                      info["grad_check"], vjp)
+        entry.guard_names = tuple(n for n, _, _ in named)
+        # a signature keeps the traces of its recent guard outcomes (grads present or not,
+        # hyperparameters …), so that alternating between them does not trace every call
+        entries = self.cache.setdefault(key, [])
+        entries.insert(0, entry)
+        del entries[MAX_ENTRIES_PER_SIGNATURE:]
         self.n_traces += 1
         self._last_sig = self._arg_sigs(args, kwargs)
         return entry
@@ -367,6 +485,16 @@ class JitFunction:
     def raw_graph(self):
         """The Graph as traced, before passes."""
         return self._entry().raw_graph
+
+    @property
+    def backward_graph(self):
+        """The optimised gradient Graph of the last call (None when the call was not
+        differentiable from outside: nothing required grad, or it ran backward itself)."""
+        vjp = self._entry().vjp
+        if vjp is None:
+            return None
+        vjp.compile()
+        return vjp.graph
 
     @property
     def code(self) -> str:

@@ -7,7 +7,10 @@ traced function runs the gradient rules, which are ops, and they are traced too.
 Tensors that exist before the trace and are read by it become graph inputs when
 they carry state (parameters: leaves that require grad; tensors the trace modifies
 in place, e.g. optimiser buffers; anything the caller declares) and constants
-otherwise. A lifted tensor's `_data` (and its `.grad`) is swapped for a Value
+otherwise. Tensors the traced code makes from data (`sampan.tensor`, `from_numpy`) are
+values of one call: constants, whose in-place updates are not written back. A lifted
+tensor with a history outside the call gets a root node of its own while traced, so that
+traced gradients stop at it. A lifted tensor's `_data` (and its `.grad`) is swapped for a Value
 during the trace and restored afterwards; in-place updates just rebind the Value
 (functionalisation). Generators become a `(seed, counter)` input threaded through.
 """
@@ -17,9 +20,10 @@ import linecache
 
 import numpy as np
 
-from ..errors import SampanError, user_frame
+from ..autograd.tape import Node as _Node
+from ..errors import AutogradError, SampanError, user_frame
 from ..ir.graph import Graph, Value
-from ..ops.registry import STATE
+from ..ops.registry import STATE, OpDef
 from ..tensor import Tensor, _record, mark_view, refresh_view, wrap
 
 
@@ -59,6 +63,14 @@ class Tracer:
         self.feeds = {}          # key -> Tensor of a ("feed", fn) input
         self.guards = []         # [(fn, value at trace time)]: retrace when fn() changes
         self.grad_cleared = {}   # id -> tensor whose grad the code drops before use
+        # tensors the traced code made from data (sampan.tensor, from_numpy, Tensor(...)),
+        # and the fresh arrays they own: values of one call, never state (eager makes them
+        # anew at every call). Held strongly so that their ids are not reused in the trace.
+        self.born_tensors = {}
+        self.born_arrays = {}
+        self.tape = {}           # tape node recorded by this trace -> its source line
+        self.loc = None          # the source line new nodes take, if not the caller's
+        self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
         self._inc = None
         self._prev = None
@@ -92,14 +104,32 @@ class Tracer:
         self.slots.append(slot)
         return v
 
+    def born(self, t: Tensor, fresh_array: bool):
+        """`t` was just made from data by the traced code (called by `Tensor.__init__`)."""
+        self.born_tensors[id(t)] = t
+        if fresh_array:
+            self.born_arrays[id(t._data)] = t._data
+
+    def is_born(self, t) -> bool:
+        """Whether `t` (or the array it wraps, e.g. a Parameter around it) was made by
+        this trace."""
+        return id(t) in self.born_tensors or id(t._data) in self.born_arrays
+
     def lift(self, t: Tensor, slot=None, name=None) -> Value:
-        """Make `t` (a concrete tensor) a graph input for the rest of the trace."""
+        """Make `t` (a concrete tensor) a graph input for the rest of the trace.
+
+        A tensor the traced code made itself is no input: it becomes a constant of the
+        graph, so that updating it in place changes this call's value only, as in eager."""
         L = self.lifted.get(id(t))
         if L is not None:
             return t._data
         arr = t._data
         if not isinstance(arr, np.ndarray):
             raise TracingError("lift: tensor is already traced")
+        if slot is None and self.is_born(t):
+            v = self.value_of_const(t)
+            t._data = v
+            return v
         L = _Lifted(t)
         self.lifted[id(t)] = L
         ent = self.consts.get(id(arr))
@@ -115,6 +145,11 @@ class Tracer:
             v = self._input(arr.shape, arr.dtype, slot or ("state", t), name)
         L.value = v
         t._data = v
+        if t._node is not None:
+            # a tensor with a history outside the call (an argument computed eagerly): a
+            # root of this trace's tape, so that no traced gradient walks into eager nodes
+            t._node, t._idx = _Node(_OUTSIDE, (), {}, (t,)), 0
+            self.tape[t._node] = ""
         if t.grad is not None and isinstance(t.grad._data, np.ndarray):
             gref = ("arg", slot[1]) if slot is not None and slot[0] == "arg" else t
             gv = self._input(t.grad._data.shape, t.grad._data.dtype, ("grad", gref),
@@ -146,8 +181,13 @@ class Tracer:
         if not isinstance(d, np.ndarray):
             d = np.asarray(d)
             t._data = d
-        if self.lift_requires_grad and t.requires_grad and t._node is None:
+        if self.lift_requires_grad and t.requires_grad:
             return self.lift(t)
+        return self.value_of_const(t)
+
+    def value_of_const(self, t) -> Value:
+        """The constant holding concrete tensor `t`'s array (one per array)."""
+        d = t._data
         ent = self.consts.get(id(d))
         if ent is None:
             v = self.g.add_const(d)
@@ -158,7 +198,7 @@ class Tracer:
     # ------------------------------------------------------------------ hooks from the core
     def apply(self, op, inputs, attrs):
         vals = [self.value_of(t) for t in inputs]
-        node = self.g.add_node(op.name, vals, attrs, loc=_loc())
+        node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
         if any(isinstance(d, str) for v in node.outputs for d in v.shape) and not any(
                 isinstance(d, str) for v in vals for d in v.shape):
             fn, ln = user_frame()
@@ -178,6 +218,10 @@ class Tracer:
             for t in inputs:
                 if t.requires_grad:
                     _record(op, inputs, attrs, tuple(outs))
+                    for y in outs:
+                        if y._node is not None:
+                            self.tape[y._node] = node.loc
+                            break
                     break
         return outs[0] if op.n_out == 1 else tuple(outs)
 
@@ -301,6 +345,22 @@ def _reshape_copies(x, attrs):
     except ValueError:
         return True
     return False
+
+
+def _outside_grad(g, y):
+    tr = STATE.tracer
+    if tr is not None and tr.vjp_mode:
+        return ()         # the gradient of the call reaching its input: captured, done
+    fn, ln = user_frame()
+    raise TracingError(
+        "sampan.jit: a backward() inside the jitted function reaches a tensor computed "
+        "outside it (an argument or captured tensor with a grad_fn), whose history a traced "
+        f"gradient cannot continue into\n  at {fn}:{ln}: {linecache.getline(fn, ln).strip()}"
+        "\nPass a leaf instead (x.detach().requires_grad_()), or call backward() outside: "
+        "jitted calls are differentiable from outside.")
+
+
+_OUTSIDE = OpDef("jit_input", lambda *a, **k: None, grad=_outside_grad)
 
 
 def _dtname(d):

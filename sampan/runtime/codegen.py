@@ -35,7 +35,7 @@ def _py(x) -> str:
     """Python source for plain attribute data."""
     if isinstance(x, float):
         if math.isnan(x):
-            return "_nan"
+            return "-_nan" if math.copysign(1.0, x) < 0 else "_nan"
         if math.isinf(x):
             return "_inf" if x > 0 else "-_inf"
         return repr(x)
