@@ -52,12 +52,22 @@ class Node:
                 self.saved = tuple([t._version if t._base is None else t._base._version
                                     for t in inputs])
         elif op.saves_per_input:
-            # ((i, version), ...) for the inputs read by the gradients that will be computed
-            read = set()
-            for t, reads in zip(inputs, saves):
-                if t.requires_grad:
-                    read.update(reads)
-            self.saved = tuple([(i, _ver(inputs[i])) for i in sorted(read)]) or None
+            # ((i, version), ...) for the inputs read by the gradients that will be computed;
+            # which inputs those are depends only on which inputs require grad (cached per op)
+            if len(inputs) == 2:
+                key = (inputs[0].requires_grad, inputs[1].requires_grad)
+            else:
+                key = tuple([t.requires_grad for t in inputs])
+            read = op.saves_read.get(key)
+            if read is None:
+                read = op.saves_read[key] = tuple(sorted(
+                    {i for need, reads in zip(key, saves) if need for i in reads}))
+            if len(read) == 1:
+                i = read[0]
+                t = inputs[i]
+                self.saved = ((i, t._version if t._base is None else t._base._version),)
+            else:
+                self.saved = tuple([(i, _ver(inputs[i])) for i in read]) or None
         elif saves:
             self.saved = tuple([_ver(inputs[i]) for i in saves])
         else:

@@ -76,6 +76,7 @@ class OpDef:
         self.kernel = self.kernels.get("numpy")
         self.differentiable = callable(self.grad)
         self.saves_per_input = bool(self.saves) and isinstance(self.saves[0], tuple)
+        self.saves_read = {}        # requires_grad of each input -> inputs read (tape.py)
         if self.eager_check is None:
             self.eager_check = self.kind != "elementwise"
         self.checked = {}            # input shapes/dtypes/attrs the rule accepted (a cache)
