@@ -26,6 +26,8 @@ Example::
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..errors import AutogradError, SampanError
@@ -71,22 +73,34 @@ class VJP:
         self.timings = pm.timings
         self.compiled = compile_graph(self.graph, debug=debug, name="backward_fn")
 
-    def attach(self, outs, args, res):
+    def attach(self, outs, args, res, watch=()):
         """Give this call's differentiable outputs (`outs`, the "out" leaves) a tape node
-        that holds the call's residual arrays `res`."""
-        from ..autograd.tape import Node
+        that holds the call's residual arrays `res`. `watch`: (output, residual index)
+        for outputs whose arrays are residuals: changing one in place before backward
+        raises, as eager does for a saved output (tanh's, softmax's …)."""
+        from ..autograd.tape import Node, _ver
         from .api import _target
         ys = tuple(outs[i] for i in self.diff_out)
         if not ys:
             return
         inputs = tuple(_target(r, args) for r in self.refs)
-        node = Node(self.op, inputs, {"ctx": res}, ys)
+        seen = tuple((weakref.ref(y), _ver(y)) for y, _ in watch)
+        node = Node(self.op, inputs, {"ctx": res, "outs": seen}, ys)
         for i, y in enumerate(ys):
             y._node, y._idx, y.requires_grad = node, i, True
 
-    def _grad(self, g, y, *inputs, ctx):
+    def _grad(self, g, y, *inputs, ctx, outs=()):
         if self.error is not None:
             raise AutogradError(self.error)
+        from ..autograd.tape import _ver
+        for ref, v in outs:
+            t = ref()
+            if t is not None and _ver(t) != v:
+                raise AutogradError(
+                    f"backward through the jitted call {self.name}: an output of shape "
+                    f"{tuple(t.shape)} that its gradient reads was modified in place after "
+                    f"the call (version {v} -> {_ver(t)}); clone it before modifying it "
+                    "in place")
         if self.graph is None:        # nothing outside the call requires grad
             return (None,) * len(self.refs)
         if STATE.grad_enabled or STATE.tracer is not None:
