@@ -339,21 +339,20 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         info["tensor_guard"] = tensor_guard(
             consts, [(L.t, L.rg) for L in tr.lifted.values()
                      if tr.slots[tr.g.inputs.index(L.value)][0] == "state"])
-        info["grad_check"] = _grad_check(tr, out_slots, grad_none)
+        info["grad_check"] = _grad_check(tr)
     return g, list(tr.slots), out_slots, out_tree, grad_none
 
 
-def _grad_check(tr, out_slots, grad_none):
+def _grad_check(tr):
     """What the graph assumed about the .grad of lifted tensors (arguments and state).
 
     Code that reads or writes gradients (a backward, an optimiser step) traced with a
     grad present accumulates into it, traced with none starts it: the graph holds while
     each grad is present or absent as when lifted (unless the traced code dropped it
-    before reading it). Code that never touches a gradient holds either way."""
-    touched = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
-               or any(L.gvalue is not None for L in tr.lifted.values()))
-    if not touched:
-        return []
+    before reading it). Code that seems not to touch a gradient may still have read
+    whether there is one (`return p.grad`, `if p.grad is not None:`), which a trace
+    cannot see: it holds on the same condition (a loop accumulating gradients over calls
+    traces twice, once without grads and once with them)."""
     return [(_ref_of(tr, L.t), L.grad is not None) for L in tr.lifted.values()
             if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared]
 

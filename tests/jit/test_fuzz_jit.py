@@ -22,7 +22,7 @@ from sampan import nn
 from sampan.nn import functional as F
 
 PATTERNS = ("train_outside", "backward_inside", "submodule", "mutate", "retain",
-            "shapes", "no_grad", "input_grad")
+            "shapes", "no_grad", "input_grad", "two_calls", "frozen", "history")
 
 
 # ---------------------------------------------------------------------- random models
@@ -250,21 +250,31 @@ def run_case(seed):
     p = case.pattern
     what = f"seed {seed} pattern {p} dtype {case.dtype} conv {case.conv}"
 
-    if p in ("train_outside", "input_grad", "shapes"):
+    if p in ("train_outside", "input_grad", "shapes", "two_calls", "frozen", "history"):
         def body(jitted):
             m = case.model()
+            if p == "frozen":
+                for i, q in enumerate(m.parameters()):
+                    if i % 2 == 0:
+                        q.requires_grad_(False)
             f = sampan.jit(m) if jitted else m
             opt = _optim(case, m)
             rec = []
             for s in range(case.steps):
                 b = 5 if p != "shapes" else (5, 3, 5, 7)[s]
                 x, w, t = case.inputs(b, s)
-                if p == "input_grad":
+                if p in ("input_grad", "history"):
                     x.requires_grad_(True)
                 opt.zero_grad()
                 sampan.manual_seed(100 + s)
-                outs = f(x, w, t)
-                combine(outs, seed).backward()
+                xin = (x * 1.5).tanh() if p == "history" else x
+                outs = f(xin, w, t)
+                loss = combine(outs, seed)
+                if p == "two_calls":
+                    x2, _, _ = case.inputs(b, s + 50)
+                    outs2 = f(x2, w, t)
+                    loss = loss + combine(outs2, seed + 1) * (outs[0] * outs2[0]).mean()
+                loss.backward()
                 rec.append(([o.numpy().copy() for o in outs],
                             None if x.grad is None else x.grad.numpy().copy(),
                             None if w is None or w.grad is None else w.grad.numpy().copy()))
@@ -525,6 +535,26 @@ def test_output_viewing_a_buffer_shares_its_version_like_eager():
             rm.add_(1.0)
         assert bn.running_mean._version != v
         np.testing.assert_allclose(bn.running_mean.numpy()[:1 if view else 2], rm.numpy())
+
+
+def test_a_grad_read_inside_is_not_baked_in_as_none():
+    # was: traced while the weight had no grad, the call kept returning None (and taking
+    # the `is None` branch) after a backward gave it one
+    def f(x):
+        g = lin.weight.grad
+        return lin(x).sum(), (g * 1.0 if g is not None else None)
+
+    x = sampan.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 0.0]], dtype="float64")
+    for mode, step in _eager_and_jit(f):
+        sampan.manual_seed(0)
+        lin = nn.Linear(3, 2, dtype="float64")
+        loss, g0 = step(x)
+        assert g0 is None
+        loss.backward()
+        _, g1 = step(x)
+        np.testing.assert_allclose(g1.numpy(), [[1.5, 1.5], [1.0, 1.0], [3.0, 3.0]])
+        lin.weight.grad = None
+        assert step(x)[1] is None
 
 
 # ---------------------------------------------------------------------- pytest
