@@ -276,7 +276,11 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         out_slots = []
         final = []
         out_tensors = []
+        first = {}           # id(tensor) -> its leaf: one tensor returned twice stays one
         for t in out_leaves:
+            if id(t) in first:
+                final.append(first[id(t)])
+                continue
             if isinstance(t._data, np.ndarray):
                 if not tr.is_born(t):  # a tensor from outside, untouched: return it as is
                     final.append(None)
@@ -284,6 +288,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
                 v = tr.value_of_const(t)  # made from data by the call: a new one per call
             else:
                 v = tr.value_of(t)
+            first[id(t)] = len(out_slots)
             final.append(len(out_slots))
             g.outputs.append(v)
             out_slots.append(("out", None))

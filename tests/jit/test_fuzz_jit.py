@@ -537,6 +537,16 @@ def test_output_viewing_a_buffer_shares_its_version_like_eager():
         np.testing.assert_allclose(bn.running_mean.numpy()[:1 if view else 2], rm.numpy())
 
 
+def test_a_tensor_returned_twice_is_one_tensor_like_eager():
+    # was: two tensors, so changing one in place left the other's version behind
+    for mode, f in _eager_and_jit(lambda x: (x * 3.0,) * 2):
+        x = sampan.tensor([0.5, 1.0], dtype="float64", requires_grad=True)
+        a, b = f(x)
+        assert a is b, mode
+        (a.sum() + b.sum() * 2.0).backward()
+        np.testing.assert_allclose(x.grad.numpy(), [9.0, 9.0])
+
+
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
     # the `is None` branch) after a backward gave it one
