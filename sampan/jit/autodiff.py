@@ -26,6 +26,7 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -48,6 +49,9 @@ class VJP:
         self.keep = keep             # refs of other tensors whose arrays are residuals
         self.n_res = n_res
         self.error = error           # why there is no gradient to run (a message) or None
+        # per gradient returned, the cotangents (output positions) it depends on: an
+        # input that no output reached by a backward depends on gets None, as in eager
+        self.deps = _cot_deps(graph, n_res) if graph is not None else ()
         self.compiled = None
         self.options = None          # (pipeline, debug, memory_plan): compiled on first use
         self.copy_res = frozenset()  # residuals the call's state write-back would overwrite
@@ -85,11 +89,19 @@ class VJP:
             return
         inputs = tuple(_target(r, args) for r in self.refs)
         seen = tuple((weakref.ref(y), _ver(y)) for y, _ in watch)
-        node = Node(self.op, inputs, {"ctx": res, "outs": seen}, ys)
+        attrs = {"ctx": res, "outs": seen}
+        if len(ys) > 1:
+            # the engine gives outputs no gradient reached zeros: the node's hooks (run
+            # with the gradients that did arrive) say which ones were reached
+            attrs["reached"] = reached = set()
+        node = Node(self.op, inputs, attrs, ys)
+        if len(ys) > 1:
+            for i in range(len(ys)):
+                node.add_hook(i, functools.partial(_reach, reached, i))
         for i, y in enumerate(ys):
             y._node, y._idx, y.requires_grad = node, i, True
 
-    def _grad(self, g, y, *inputs, ctx, outs=()):
+    def _grad(self, g, y, *inputs, ctx, outs=(), reached=None):
         if self.error is not None:
             raise AutogradError(self.error)
         from ..autograd.tape import _ver
@@ -121,7 +133,27 @@ class VJP:
                     f"{tuple(a.shape)}; expected {tuple(v.shape)}, the output's shape")
             cots.append(a if a.dtype == v.dtype else a.astype(v.dtype))
         outs = self.compiled(*ctx, *cots)
-        return tuple(wrap(a) for a in outs) + (None,) * len(self.keep)
+        grads = [wrap(a) for a in outs]
+        if reached is not None:
+            got = frozenset(reached)
+            reached.clear()                 # for a later backward (retain_graph)
+            grads = [None if d and not d & got else gi for gi, d in zip(grads, self.deps)]
+        return tuple(grads) + (None,) * len(self.keep)
+
+
+def _reach(reached, i, g):
+    reached.add(i)
+
+
+def _cot_deps(bw, n_res):
+    """Per output of the backward graph `bw`, the frozenset of cotangent positions it
+    reads (through any chain of nodes); read before passes fold anything away."""
+    deps = {v.id: frozenset((k,)) for k, v in enumerate(bw.inputs[n_res:])}
+    for n in bw.nodes:
+        d = frozenset().union(*(deps.get(v.id, frozenset()) for v in n.inputs))
+        for v in n.outputs:
+            deps[v.id] = d
+    return tuple(deps.get(v.id, frozenset()) for v in bw.outputs)
 
 
 def _no_shape_rule(*a, **k):

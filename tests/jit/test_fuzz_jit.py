@@ -547,6 +547,51 @@ def test_a_tensor_returned_twice_is_one_tensor_like_eager():
         np.testing.assert_allclose(x.grad.numpy(), [9.0, 9.0])
 
 
+class _TwoHeads(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(3, 4, dtype="float64")
+        self.a = nn.Linear(4, 2, dtype="float64")
+        self.b = nn.Linear(4, 2, dtype="float64")
+
+    def forward(self, x):
+        h = self.body(x).tanh()
+        return self.a(h), self.b(h)
+
+
+def test_an_output_no_backward_reaches_leaves_its_inputs_grads_none():
+    # was: the jitted call's gradient ran with zeros for the unused output, so the head
+    # only that output reads got zero grads instead of None, and weight decay and
+    # momentum then moved it (eager and torch leave it alone)
+    x = sampan.tensor(np.linspace(-1, 1, 6).reshape(2, 3))
+    params = {}
+    for mode in ("eager", "jit"):
+        sampan.manual_seed(0)
+        m = _TwoHeads()
+        f = sampan.jit(m) if mode == "jit" else m
+        opt = sampan.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            ya, yb = f(x)
+            (ya if step < 2 else yb).sum().backward()     # head b only on the last step
+            if step == 0:
+                assert m.b.weight.grad is None and m.b.bias.grad is None, mode
+            opt.step()
+        params[mode] = [p.numpy().copy() for p in m.parameters()]
+    for pj, pe in zip(params["jit"], params["eager"]):
+        np.testing.assert_allclose(pj, pe, rtol=1e-12, atol=1e-12)
+    f = sampan.jit(lambda a, b: (a * 2.0, b.exp()))
+    a = sampan.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    b = sampan.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    ya, yb = f(a, b)
+    ya.sum().backward(retain_graph=True)
+    assert b.grad is None
+    np.testing.assert_array_equal(a.grad.numpy(), [2.0, 2.0])
+    yb.sum().backward()               # and the other one, through the same call
+    np.testing.assert_allclose(b.grad.numpy(), np.exp([1.0, 2.0]))
+    np.testing.assert_array_equal(a.grad.numpy(), [2.0, 2.0])
+
+
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
     # the `is None` branch) after a backward gave it one
