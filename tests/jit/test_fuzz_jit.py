@@ -22,7 +22,8 @@ from sampan import nn
 from sampan.nn import functional as F
 
 PATTERNS = ("train_outside", "backward_inside", "submodule", "mutate", "retain",
-            "shapes", "no_grad", "input_grad", "two_calls", "frozen", "history")
+            "shapes", "no_grad", "input_grad", "two_calls", "frozen", "history", "subset",
+            "mutate_out")
 
 
 # ---------------------------------------------------------------------- random models
@@ -220,7 +221,7 @@ def _cmp_models(mj, me, tol, what, grads=True):
 
 def _optim(case, m):
     if case.opt == "sgd":
-        return sampan.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        return sampan.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
     # Adam divides by the gradient's size: a gradient that is zero but for round-off (a
     # bias before a BatchNorm) would amplify that round-off. A large eps keeps it small.
     return sampan.optim.Adam(m.parameters(), lr=0.01, eps=1e-3)
@@ -250,7 +251,8 @@ def run_case(seed):
     p = case.pattern
     what = f"seed {seed} pattern {p} dtype {case.dtype} conv {case.conv}"
 
-    if p in ("train_outside", "input_grad", "shapes", "two_calls", "frozen", "history"):
+    if p in ("train_outside", "input_grad", "shapes", "two_calls", "frozen", "history",
+             "subset", "mutate_out"):
         def body(jitted):
             m = case.model()
             if p == "frozen":
@@ -269,6 +271,11 @@ def run_case(seed):
                 sampan.manual_seed(100 + s)
                 xin = (x * 1.5).tanh() if p == "history" else x
                 outs = f(xin, w, t)
+                if p == "subset":     # some outputs get no gradient at all
+                    outs = outs[:1 + (seed + s) % len(outs)]
+                if p == "mutate_out":   # as eager: an error if the gradient reads it
+                    with sampan.no_grad():
+                        outs[(3 * seed + s) % len(outs)].mul_(1.5)
                 loss = combine(outs, seed)
                 if p == "two_calls":
                     x2, _, _ = case.inputs(b, s + 50)
