@@ -35,7 +35,7 @@ from ..tensor import Tensor, wrap
 from .autodiff import ran_backward, trace_vjp
 from .guards import build as _python_guards
 from .guards import tensor_guard
-from .tracer import Tracer
+from .tracer import _OUTSIDE, Tracer
 
 RETRACE_WARN_AFTER = 3
 MAX_ENTRIES_PER_SIGNATURE = 8
@@ -106,6 +106,7 @@ class Entry:
         self.guards = tuple(guards)
         self.guard_names = ()     # what each guard watches, for messages
         self.vjp = vjp            # the traced gradient of the call, or None
+        self.hist = ()            # refs of tensors the call's tape node is the history of
         res_pos = [i for i, (k, _) in enumerate(out_slots) if k == "res"]
         self.copy_res = tuple(res_pos[i] for i in vjp.copy_res) if vjp is not None else ()
         # outputs the graph returns as constants (folded, or made from data by the traced
@@ -183,7 +184,10 @@ class Entry:
         if self.links:
             watch = self._link(leaves, res, args)
         if self.vjp is not None:
-            self.vjp.attach(leaves, args, res, watch)
+            ys = leaves
+            if self.hist:
+                ys = leaves + [_target(r, args) for r in self.hist]
+            self.vjp.attach(ys, args, res, watch)
         return _unflatten(self.out_tree, leaves)
 
 
@@ -296,6 +300,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         out_tree = _fix_tree(out_tree, out_leaves, final)
         grad_none = []
         donate = {}
+        hist = []     # tensors an in-place op of the call gave a history (b.mul_(w))
         for L in tr.lifted.values():
             t = L.t
             ref = _ref_of(tr, t)
@@ -303,6 +308,9 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
                 donate[len(g.outputs)] = g.inputs.index(L.value)
                 g.outputs.append(t._data)
                 out_slots.append(("state", ref))
+                if (t.requires_grad and t._node is not None and t._node is not L.node
+                        and t._node in tr.tape and t._node.op is not _OUTSIDE):
+                    hist.append((ref, t))
             gt = t.grad
             if gt is None:
                 if L.grad is not None or id(t) in tr.grad_cleared:
@@ -319,10 +327,13 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         vjp, pinned = None, set()
         runs_backward = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
                          or any(n.freed for n in tr.tape))   # a backward freed its nodes
+        # their gradient is traced with the outputs' (the call's tape node is their
+        # history after the call, as eager's in-place op is)
+        diff_tensors = out_tensors + [t for _, t in hist]
         if differentiable and STATE.grad_enabled and runs_backward:
-            vjp = ran_backward(name, out_tensors)
+            vjp = ran_backward(name, diff_tensors)
         elif differentiable and STATE.grad_enabled:
-            r = trace_vjp(tr, name, out_tensors)
+            r = trace_vjp(tr, name, diff_tensors)
             if r is not None:
                 vjp, res = r
                 for v in res:
@@ -335,6 +346,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         g.meta["donate"] = _safe_donations(donate, tr, pinned)
     if info is not None:
         info["vjp"] = vjp
+        info["hist"] = tuple(ref for ref, _ in hist)
         info["guards"] = list(tr.guards)
         consts = []
         for _, d, t in tr.consts.values():
@@ -527,6 +539,7 @@ class JitFunction:
                       pm.timings, trace_s, [(f, v) for _, f, v in named],
                       info["grad_check"], vjp)
         entry.guard_names = tuple(n for n, _, _ in named)
+        entry.hist = info["hist"]
         # a signature keeps the traces of its recent guard outcomes (grads present or not,
         # hyperparameters …), so that alternating between them does not trace every call
         entries = self.cache.setdefault(key, [])

@@ -228,7 +228,7 @@ def trace_vjp(tr, name, outs):
         for n, op in ops:
             n.op = _AtLine(op, tr, tr.tape[n])
         grads = run_backward([outs[i] for i in diff], cots, True, False,
-                             capture=[L.t for L in wrt])
+                             capture=[_as_lifted(L) for L in wrt])
         grads = [None if gt is None else tr.value_of(gt) for gt in grads]
         if len(g.inputs) != n_inputs + len(diff):
             raise AutogradError("the gradient reads tensors the forward did not")
@@ -294,6 +294,19 @@ def trace_vjp(tr, name, outs):
     vjp = VJP(name, bw, diff, wrt_refs, keep, len(res))
     vjp.aliases = aliases
     return vjp, res
+
+
+def _as_lifted(L):
+    """The tensor whose gradient is the gradient of the lifted input `L`: the tensor
+    itself, or, when an in-place op of the call gave it a new history, a stand-in at its
+    place when lifted (the gradient of the value it came in with)."""
+    t = L.t
+    if L.root is None or t._node is L.root:
+        return t
+    from ..tensor import Tensor
+    s = object.__new__(Tensor)
+    s._node, s._idx = L.root, 0
+    return s
 
 
 def ran_backward(name, outs):

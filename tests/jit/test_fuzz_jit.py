@@ -599,6 +599,43 @@ def test_an_output_no_backward_reaches_leaves_its_inputs_grads_none():
     np.testing.assert_array_equal(a.grad.numpy(), [2.0, 2.0])
 
 
+def test_an_argument_changed_in_place_with_grad_on_gets_the_history_like_eager():
+    # was: b.mul_(a) inside a jitted call wrote b back without a history, so a loss read
+    # through b after the call silently gave a (and b's own sources) no gradient
+    def g(a, b):
+        b.mul_(a)
+        return b.sum()
+
+    A, B = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.3, -0.7])
+    res = {}
+    for mode, f in _eager_and_jit(g):
+        for src in (False, True):
+            a = sampan.tensor(A, requires_grad=True)
+            z = sampan.tensor(B, requires_grad=True)
+            b = z * 1.0 if src else sampan.tensor(B)
+            out = f(a, b)
+            assert b.requires_grad
+            (out + (b * b).sum()).backward()
+            res[mode, src] = (a.grad.numpy(), z.grad.numpy() if src else None)
+    for src in (False, True):
+        at = torch.tensor(A, requires_grad=True)
+        zt = torch.tensor(B, requires_grad=True)
+        bt = zt * 1.0 if src else torch.tensor(B)
+        bt.mul_(at)
+        (bt.sum() + (bt * bt).sum()).backward()
+        for mode in ("eager", "jit"):
+            np.testing.assert_allclose(res[mode, src][0], at.grad.numpy(), rtol=1e-12)
+            if src:
+                np.testing.assert_allclose(res[mode, src][1], zt.grad.numpy(), rtol=1e-12)
+    # was also: the gradient of an argument with a history that the call changed in place
+    # was taken at its new value (z.grad = 1 instead of a)
+    a = sampan.tensor(A, requires_grad=True)
+    z = sampan.tensor(B, requires_grad=True)
+    sampan.jit(g)(a, z * 1.0).backward()
+    np.testing.assert_allclose(z.grad.numpy(), A, rtol=1e-12)
+    np.testing.assert_allclose(a.grad.numpy(), B, rtol=1e-12)
+
+
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
     # the `is None` branch) after a backward gave it one
