@@ -32,7 +32,7 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
-from .autodiff import ran_backward, trace_vjp
+from .autodiff import born_leaves, ran_backward, trace_vjp
 from .guards import build as _python_guards
 from .guards import tensor_guard
 from .tracer import _OUTSIDE, Tracer
@@ -107,6 +107,7 @@ class Entry:
         self.guard_names = ()     # what each guard watches, for messages
         self.vjp = vjp            # the traced gradient of the call, or None
         self.hist = ()            # refs of tensors the call's tape node is the history of
+        self.leaf_outs = ()       # out leaves that are new leaves requiring grad per call
         res_pos = [i for i, (k, _) in enumerate(out_slots) if k == "res"]
         self.copy_res = tuple(res_pos[i] for i in vjp.copy_res) if vjp is not None else ()
         # outputs the graph returns as constants (folded, or made from data by the traced
@@ -180,6 +181,8 @@ class Entry:
                 ref.seed, ref.counter = int(a[0]), int(a[1])
         for ref in self.grad_none:
             _target(ref, args).grad = None
+        for k in self.leaf_outs:
+            leaves[k].requires_grad = True
         watch = ()
         if self.links:
             watch = self._link(leaves, res, args)
@@ -330,10 +333,11 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         # their gradient is traced with the outputs' (the call's tape node is their
         # history after the call, as eager's in-place op is)
         diff_tensors = out_tensors + [t for _, t in hist]
+        born = born_leaves(tr, out_tensors)
         if differentiable and STATE.grad_enabled and runs_backward:
             vjp = ran_backward(name, diff_tensors)
         elif differentiable and STATE.grad_enabled:
-            r = trace_vjp(tr, name, diff_tensors)
+            r = trace_vjp(tr, name, diff_tensors, born)
             if r is not None:
                 vjp, res = r
                 for v in res:
@@ -347,6 +351,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
     if info is not None:
         info["vjp"] = vjp
         info["hist"] = tuple(ref for ref, _ in hist)
+        info["leaf_outs"] = tuple(b.ref[1] for b in born)
         info["guards"] = list(tr.guards)
         consts = []
         for _, d, t in tr.consts.values():
@@ -540,6 +545,7 @@ class JitFunction:
                       info["grad_check"], vjp)
         entry.guard_names = tuple(n for n, _, _ in named)
         entry.hist = info["hist"]
+        entry.leaf_outs = info["leaf_outs"]
         # a signature keeps the traces of its recent guard outcomes (grads present or not,
         # hyperparameters …), so that alternating between them does not trace every call
         entries = self.cache.setdefault(key, [])

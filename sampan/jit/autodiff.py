@@ -87,7 +87,8 @@ class VJP:
         ys = tuple(outs[i] for i in self.diff_out)
         if not ys:
             return
-        inputs = tuple(_target(r, args) for r in self.refs)
+        inputs = tuple(outs[r[1]] if type(r) is tuple and r[0] == "out" else _target(r, args)
+                       for r in self.refs)
         seen = tuple((weakref.ref(y), _ver(y)) for y, _ in watch)
         attrs = {"ctx": res, "outs": seen}
         if len(ys) > 1:
@@ -195,17 +196,37 @@ def _reaches_outside(tr, roots):
     return False
 
 
-def trace_vjp(tr, name, outs):
-    """Trace the gradient of the call whose trace `tr` holds; `outs` are its "out" leaves.
+class _BornLeaf:
+    """A leaf that requires grad, made by the traced code and returned (`w =
+    sampan.ones(3, requires_grad=True)`): eager gives each call's a gradient, so the
+    call's gradient has one for it (its ref: ("out", position among the out leaves))."""
+
+    __slots__ = ("t", "ref", "root", "value")
+
+    def __init__(self, t, k):
+        self.t, self.ref, self.root, self.value = t, ("out", k), None, None
+
+
+def born_leaves(tr, outs):
+    """[_BornLeaf] of the "out" leaves `outs` that the traced code made as leaves requiring
+    grad (from data, or by a creation op such as `sampan.ones`)."""
+    return [_BornLeaf(t, k) for k, t in enumerate(outs)
+            if t.requires_grad and t._node is None and id(t) not in tr.lifted]
+
+
+def trace_vjp(tr, name, outs, born=()):
+    """Trace the gradient of the call whose trace `tr` holds; `outs` are its "out" leaves
+    (then tensors it gave a history in place), `born` its `born_leaves`.
 
     Cuts `tr.g` back to the forward graph and returns (VJP, residual Values) or None when
     nothing the call read requires grad."""
     from ..autograd.engine import run_backward
     g = tr.g
+    mine = {id(b.t) for b in born}
     diff = [i for i, t in enumerate(outs) if t.requires_grad and not isinstance(
-        t._data, np.ndarray)]
+        t._data, np.ndarray) and id(t) not in mine]
     wrt = [L for L in tr.lifted.values() if L.rg and L.t.requires_grad
-           and tr.slots[g.inputs.index(L.value)][0] in ("arg", "state")]
+           and tr.slots[g.inputs.index(L.value)][0] in ("arg", "state")] + list(born)
     if not diff:
         return None
     if not wrt:      # the outputs require grad through tensors made inside the call only
@@ -283,7 +304,8 @@ def trace_vjp(tr, name, outs):
     aliases = residual_aliases(g, res)
     # inputs whose arrays the residuals are or view: changing one before backward raises
     res_inputs = {g.inputs[k].id for k in aliases if k is not None}
-    wrt_refs = [(_ref_of(tr, L.t), L.value.id in res_inputs)
+    wrt_refs = [(L.ref, False) if type(L) is _BornLeaf else
+                (_ref_of(tr, L.t), L.value.id in res_inputs)
                 for L, gv in zip(wrt, grads) if gv is not None]
     keep = []
     for L in tr.lifted.values():      # other tensors whose arrays the gradient reads

@@ -636,6 +636,27 @@ def test_an_argument_changed_in_place_with_grad_on_gets_the_history_like_eager()
     np.testing.assert_allclose(a.grad.numpy(), B, rtol=1e-12)
 
 
+def test_a_leaf_made_inside_and_returned_gets_its_gradient_like_eager():
+    # was: returned with the call's tape node as its history (not a leaf), so its .grad
+    # stayed None after a backward
+    def g(a):
+        w = sampan.ones(3, dtype="float64", requires_grad=True)
+        v = sampan.tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+        return (a * w * v).sum(), w, v
+
+    for mode, f in _eager_and_jit(g):
+        a = sampan.tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+        for _ in range(2):
+            loss, w, v = f(a)
+            assert w.grad_fn is None and v.grad_fn is None and w.requires_grad, mode
+            loss.backward()
+            np.testing.assert_array_equal(w.grad.numpy(), [1.0, 4.0, 9.0])
+            np.testing.assert_array_equal(v.grad.numpy(), [1.0, 2.0, 3.0])
+        np.testing.assert_array_equal(a.grad.numpy(), [2.0, 4.0, 6.0])
+        with sampan.no_grad():
+            assert f(a)[1].requires_grad, mode
+
+
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
     # the `is None` branch) after a backward gave it one
