@@ -657,6 +657,17 @@ def test_a_leaf_made_inside_and_returned_gets_its_gradient_like_eager():
             assert f(a)[1].requires_grad, mode
 
 
+def test_a_kernel_error_in_jitted_code_names_the_users_line():
+    # was: "at <sampan-jit-7:f>:2", the generated code's line
+    def f(x, t):
+        return sampan.cross_entropy(x, t)      # the line the error must name
+
+    line = f"test_fuzz_jit.py:{f.__code__.co_firstlineno + 1}"
+    x = sampan.tensor([[0.5, -1.0, 2.0], [1.5, 0.3, -0.7]])
+    with pytest.raises(sampan.SampanError, match=f"expected class indices[\\s\\S]*{line}"):
+        sampan.jit(f)(x, sampan.tensor([0, 7]))
+
+
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
     # the `is None` branch) after a backward gave it one
