@@ -689,9 +689,14 @@ def test_a_grad_read_inside_is_not_baked_in_as_none():
 
 
 # ---------------------------------------------------------------------- pytest
-@pytest.mark.parametrize("start", [0, 12, 24])
-def test_fuzz_jit_agrees_with_eager(start):
-    for seed in range(start, start + 12):
+# every pattern at least once (4, 22 and 35 found the bugs of the output/residual and
+# unreached-output commits); kept short: each new fused kernel compiles once (numba)
+SEEDS = [[1, 3, 4, 5, 8, 9, 10], [11, 13, 14, 15, 16, 17, 18], [19, 20, 22, 24, 25, 30, 35, 48]]
+
+
+@pytest.mark.parametrize("seeds", SEEDS, ids=["a", "b", "c"])
+def test_fuzz_jit_agrees_with_eager(seeds):
+    for seed in seeds:
         run_case(seed)
 
 
