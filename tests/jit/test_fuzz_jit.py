@@ -691,6 +691,28 @@ def test_a_kernel_error_in_jitted_code_names_the_users_line():
         sampan.jit(f)(x, sampan.tensor([0, 7]))
 
 
+class _Config:
+    def __init__(self):
+        self.scale = 2.0
+        self.inner = {"shift": 1.0}
+
+
+def test_a_captured_config_object_is_guarded():
+    # was: attributes of a plain object (argparse.Namespace, a config class) were baked in
+    # unguarded: changing cfg.scale between calls silently kept the old value
+    import argparse
+    for cfg in (_Config(), argparse.Namespace(scale=2.0, inner={"shift": 1.0})):
+        f = sampan.jit(lambda x: x * cfg.scale + cfg.inner["shift"])
+        x = sampan.tensor([1.0, 2.0])
+        np.testing.assert_array_equal(f(x).numpy(), [3.0, 5.0])
+        cfg.scale = 3.0
+        np.testing.assert_array_equal(f(x).numpy(), [4.0, 7.0])
+        cfg.inner["shift"] = 0.0
+        np.testing.assert_array_equal(f(x).numpy(), [3.0, 6.0])
+        f(x)
+        assert f.n_traces == 3
+
+
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
     # the `is None` branch) after a backward gave it one
