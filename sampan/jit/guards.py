@@ -120,7 +120,7 @@ class LayersCheck:
             if k in d:
                 self.pairs.append((d[k], d[k].copy(), name))
         for k, v in d.items():
-            if k not in _REGISTRIES and k not in _HOOKS and type(v) in _DEEP:
+            if k not in _REGISTRIES and k not in _HOOKS and (type(v) in _DEEP or _plain(v)):
                 self.deep.append((d, k, snapshot(v), name))
         self.names.append(name)
         self.lives = tuple(p[0] for p in self.pairs)

@@ -712,6 +712,20 @@ def test_a_captured_config_object_is_guarded():
         f(x)
         assert f.n_traces == 3
 
+    class M(nn.Layer):                         # held by a Layer: the same
+        def __init__(self):
+            super().__init__()
+            self.cfg = _Config()
+
+        def forward(self, x):
+            return x * self.cfg.scale
+
+    m = M()
+    f = sampan.jit(m)
+    f(x)
+    m.cfg.scale = 5.0
+    np.testing.assert_array_equal(f(x).numpy(), [5.0, 10.0])
+
 
 def test_a_grad_read_inside_is_not_baked_in_as_none():
     # was: traced while the weight had no grad, the call kept returning None (and taking
