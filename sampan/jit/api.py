@@ -35,6 +35,7 @@ from ..tensor import Tensor, wrap
 from .autodiff import born_leaves, ran_backward, trace_vjp
 from .guards import build as _python_guards
 from .guards import tensor_guard
+from .outputs import link_outputs, output_links
 from .tracer import _OUTSIDE, Tracer
 
 RETRACE_WARN_AFTER = 3
@@ -113,8 +114,8 @@ class Entry:
         # outputs the graph returns as constants (folded, or made from data by the traced
         # code): copied per call, so that changing a result cannot change the next one
         self.copy_out = frozenset(i for i, v in enumerate(graph.outputs) if v.is_const)
-        self.links = _output_links(graph, self.in_slots, out_slots, self.copy_out,
-                                   self.copy_res)
+        self.links = output_links(graph, self.in_slots, out_slots, self.copy_out,
+                                  self.copy_res)
 
     def valid(self, args=()):
         """Whether this trace still holds for a call with tensor leaves `args`."""
@@ -185,70 +186,13 @@ class Entry:
             leaves[k].requires_grad = True
         watch = ()
         if self.links:
-            watch = self._link(leaves, res, args)
+            watch = link_outputs(self.links, leaves, res, args)
         if self.vjp is not None:
             ys = leaves
             if self.hist:
                 ys = leaves + [_target(r, args) for r in self.hist]
             self.vjp.attach(ys, args, res, watch)
         return _unflatten(self.out_tree, leaves)
-
-
-    def _link(self, leaves, res, args):
-        """Outputs sharing memory with an input, another output or a residual, as eager's
-        views do: an output that is (a view of) an argument or state tensor, or of an
-        earlier output, shares that tensor's version counter (changing one in place is
-        seen where eager would see it); an output that is the new value of a tensor the
-        call updated (`return bn.running_mean`) is that tensor's array, as in eager;
-        outputs that are residuals of the call's gradient are returned for its tape node
-        to check. Returns [(leaf, residual index)]."""
-        watch = []
-        for li, kind, ref in self.links:
-            y = leaves[li]
-            if kind == "res":
-                if np.may_share_memory(y._data, res[ref]):
-                    watch.append((y, ref))
-                continue
-            t = leaves[ref] if kind == "out" else _target(ref, args)
-            if kind == "state":      # the new value of a tensor the call updated: it itself
-                y._data = t._data
-            if y._base is None and np.may_share_memory(y._data, t._data):
-                y._base = t._base if t._base is not None else t
-        return watch
-
-
-def _output_links(graph, in_slots, out_slots, copy_out, copy_res):
-    """[(out leaf, "in" | "state" | "out" | "res", what it may share memory with)] (see
-    Entry._link): the ref of an input, or of a tensor whose new value the output is, an
-    earlier out leaf, or a residual's index."""
-    from ..runtime.memory import output_roots
-    roots = output_roots(graph)
-    ins = {v.id: in_slots[k] for k, v in enumerate(graph.inputs)}
-    outs = [i for i, (k, _) in enumerate(out_slots) if k == "out"]
-    res = [i for i, (k, _) in enumerate(out_slots) if k == "res"]
-    written = {graph.outputs[i].id: ref for i, (k, ref) in enumerate(out_slots)
-               if k == "state"}
-    links = []
-    for li, i in enumerate(outs):
-        if i in copy_out:
-            continue
-        ref = written.get(graph.outputs[i].id)
-        if ref is not None:
-            links.append((li, "state", ref))
-            continue
-        r = roots[i]
-        for vid in r:
-            slot = ins.get(vid)
-            if slot is not None and slot[0] in ("arg", "state"):
-                links.append((li, "in", ("arg", slot[1]) if slot[0] == "arg" else slot[1]))
-        for lj, j in enumerate(outs[:li]):
-            if j not in copy_out and r & roots[j]:
-                links.append((li, "out", lj))
-                break
-        for m, j in enumerate(res):
-            if j not in copy_res and r & roots[j]:
-                links.append((li, "res", m))
-    return tuple(links)
 
 
 def _target(ref, args):
