@@ -212,14 +212,19 @@ class Case:
         return x, w, t
 
     def tol(self):
-        return (dict(rtol=1e-7, atol=1e-9) if self.dtype == "float64"
-                else dict(rtol=2e-4, atol=2e-5))
+        # rtol, and an absolute part relative to the largest entry: a gradient of 300
+        # has entries near 0 that round-off alone moves by 1e-4 in float32 (fused kernels
+        # round in another order than numpy; eager float32 is as far from float64)
+        return (dict(rtol=1e-7, atol=1e-9, scale=1e-12) if self.dtype == "float64"
+                else dict(rtol=2e-4, atol=2e-5, scale=2e-5))
 
 
 def _close(a, b, tol, what):
     a = a.numpy() if hasattr(a, "numpy") else a
     b = b.numpy() if hasattr(b, "numpy") else b
-    np.testing.assert_allclose(a, b, err_msg=what, **tol)
+    big = float(np.nanmax(np.abs(b), initial=0.0)) if np.size(b) else 0.0
+    atol = tol["atol"] + tol["scale"] * (big if np.isfinite(big) else 0.0)
+    np.testing.assert_allclose(a, b, rtol=tol["rtol"], atol=atol, err_msg=what)
 
 
 def _cmp_outs(oj, oe, tol, what):
@@ -303,7 +308,9 @@ def run_case(seed):
                 if p == "two_calls":
                     x2, _, _ = case.inputs(b, s + 50)
                     outs2 = f(x2, w, t)
-                    loss = loss + combine(outs2, seed + 1) * (outs[0] * outs2[0]).mean()
+                    # bounded (tanh): a product of two calls' losses can blow up over
+                    # steps, and then round-off decides the parameters
+                    loss = loss + combine(outs2, seed + 1) * (outs[0] * outs2[0]).mean().tanh()
                 loss.backward()
                 rec.append(([o.numpy().copy() for o in outs],
                             None if x.grad is None else x.grad.numpy().copy(),
