@@ -44,10 +44,24 @@ def user_frame(skip_internal: bool = True):
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR) or not skip_internal:
+        if skip_internal and fn.startswith("<sampan-jit-"):
+            # code jit generated: the user's line is the traced op's, which the line's
+            # trailing comment names (`v3 = ...  # %3: ... = mul(%1, %2)  # model.py:12`)
+            loc = _traced_loc(fn, f.f_lineno)
+            if loc is not None:
+                return loc
+        elif not os.path.abspath(fn).startswith(_PKG_DIR) or not skip_internal:
             return fn, f.f_lineno
         f = f.f_back
     return "<unknown>", 0
+
+
+def _traced_loc(fn, lineno):
+    """(file, line) that a line of jit-generated code names in its comment, or None."""
+    import linecache
+    import re
+    m = re.search(r"#\s*([^\s#]+):(\d+)\s*$", linecache.getline(fn, lineno))
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def user_location() -> str:

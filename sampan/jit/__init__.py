@@ -2,7 +2,8 @@
 
 `sampan.jit(fn)` / `@sampan.jit` / `sampan.jit(layer)` compile per input signature, guard
 the Python values and objects a trace read (`guards.py`: changing one traces again), and
-are differentiable from outside (`autodiff.py`: the gradient is traced and compiled too);
+are differentiable from outside (`autodiff.py`: the gradient is traced and compiled too),
+and return outputs that share memory and versions where eager's would (`outputs.py`);
 `sampan.jit.save(fn_or_layer, path, example_inputs)` and `sampan.jit.load(path)`
 store and restore a compiled program without its Python source.
 """

@@ -32,10 +32,11 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
-from .autodiff import ran_backward, trace_vjp
+from .autodiff import born_leaves, ran_backward, trace_vjp
 from .guards import build as _python_guards
 from .guards import tensor_guard
-from .tracer import Tracer
+from .outputs import link_outputs, output_links
+from .tracer import _OUTSIDE, Tracer
 
 RETRACE_WARN_AFTER = 3
 MAX_ENTRIES_PER_SIGNATURE = 8
@@ -106,11 +107,15 @@ class Entry:
         self.guards = tuple(guards)
         self.guard_names = ()     # what each guard watches, for messages
         self.vjp = vjp            # the traced gradient of the call, or None
+        self.hist = ()            # refs of tensors the call's tape node is the history of
+        self.leaf_outs = ()       # out leaves that are new leaves requiring grad per call
         res_pos = [i for i, (k, _) in enumerate(out_slots) if k == "res"]
         self.copy_res = tuple(res_pos[i] for i in vjp.copy_res) if vjp is not None else ()
         # outputs the graph returns as constants (folded, or made from data by the traced
         # code): copied per call, so that changing a result cannot change the next one
         self.copy_out = frozenset(i for i, v in enumerate(graph.outputs) if v.is_const)
+        self.links = output_links(graph, self.in_slots, out_slots, self.copy_out,
+                                  self.copy_res)
 
     def valid(self, args=()):
         """Whether this trace still holds for a call with tensor leaves `args`."""
@@ -177,8 +182,16 @@ class Entry:
                 ref.seed, ref.counter = int(a[0]), int(a[1])
         for ref in self.grad_none:
             _target(ref, args).grad = None
+        for k in self.leaf_outs:
+            leaves[k].requires_grad = True
+        watch = ()
+        if self.links:
+            watch = link_outputs(self.links, leaves, res, args)
         if self.vjp is not None:
-            self.vjp.attach(leaves, args, res)
+            ys = leaves
+            if self.hist:
+                ys = leaves + [_target(r, args) for r in self.hist]
+            self.vjp.attach(ys, args, res, watch)
         return _unflatten(self.out_tree, leaves)
 
 
@@ -214,7 +227,11 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         out_slots = []
         final = []
         out_tensors = []
+        first = {}           # id(tensor) -> its leaf: one tensor returned twice stays one
         for t in out_leaves:
+            if id(t) in first:
+                final.append(first[id(t)])
+                continue
             if isinstance(t._data, np.ndarray):
                 if not tr.is_born(t):  # a tensor from outside, untouched: return it as is
                     final.append(None)
@@ -222,6 +239,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
                 v = tr.value_of_const(t)  # made from data by the call: a new one per call
             else:
                 v = tr.value_of(t)
+            first[id(t)] = len(out_slots)
             final.append(len(out_slots))
             g.outputs.append(v)
             out_slots.append(("out", None))
@@ -229,6 +247,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         out_tree = _fix_tree(out_tree, out_leaves, final)
         grad_none = []
         donate = {}
+        hist = []     # tensors an in-place op of the call gave a history (b.mul_(w))
         for L in tr.lifted.values():
             t = L.t
             ref = _ref_of(tr, t)
@@ -236,6 +255,9 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
                 donate[len(g.outputs)] = g.inputs.index(L.value)
                 g.outputs.append(t._data)
                 out_slots.append(("state", ref))
+                if (t.requires_grad and t._node is not None and t._node is not L.node
+                        and t._node in tr.tape and t._node.op is not _OUTSIDE):
+                    hist.append((ref, t))
             gt = t.grad
             if gt is None:
                 if L.grad is not None or id(t) in tr.grad_cleared:
@@ -252,10 +274,14 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         vjp, pinned = None, set()
         runs_backward = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
                          or any(n.freed for n in tr.tape))   # a backward freed its nodes
+        # their gradient is traced with the outputs' (the call's tape node is their
+        # history after the call, as eager's in-place op is)
+        diff_tensors = out_tensors + [t for _, t in hist]
+        born = born_leaves(tr, out_tensors)
         if differentiable and STATE.grad_enabled and runs_backward:
-            vjp = ran_backward(name, out_tensors)
+            vjp = ran_backward(name, diff_tensors)
         elif differentiable and STATE.grad_enabled:
-            r = trace_vjp(tr, name, out_tensors)
+            r = trace_vjp(tr, name, diff_tensors, born)
             if r is not None:
                 vjp, res = r
                 for v in res:
@@ -268,6 +294,8 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         g.meta["donate"] = _safe_donations(donate, tr, pinned)
     if info is not None:
         info["vjp"] = vjp
+        info["hist"] = tuple(ref for ref, _ in hist)
+        info["leaf_outs"] = tuple(b.ref[1] for b in born)
         info["guards"] = list(tr.guards)
         consts = []
         for _, d, t in tr.consts.values():
@@ -277,21 +305,20 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         info["tensor_guard"] = tensor_guard(
             consts, [(L.t, L.rg) for L in tr.lifted.values()
                      if tr.slots[tr.g.inputs.index(L.value)][0] == "state"])
-        info["grad_check"] = _grad_check(tr, out_slots, grad_none)
+        info["grad_check"] = _grad_check(tr)
     return g, list(tr.slots), out_slots, out_tree, grad_none
 
 
-def _grad_check(tr, out_slots, grad_none):
+def _grad_check(tr):
     """What the graph assumed about the .grad of lifted tensors (arguments and state).
 
     Code that reads or writes gradients (a backward, an optimiser step) traced with a
     grad present accumulates into it, traced with none starts it: the graph holds while
     each grad is present or absent as when lifted (unless the traced code dropped it
-    before reading it). Code that never touches a gradient holds either way."""
-    touched = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
-               or any(L.gvalue is not None for L in tr.lifted.values()))
-    if not touched:
-        return []
+    before reading it). Code that seems not to touch a gradient may still have read
+    whether there is one (`return p.grad`, `if p.grad is not None:`), which a trace
+    cannot see: it holds on the same condition (a loop accumulating gradients over calls
+    traces twice, once without grads and once with them)."""
     return [(_ref_of(tr, L.t), L.grad is not None) for L in tr.lifted.values()
             if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared]
 
@@ -461,6 +488,8 @@ class JitFunction:
                       pm.timings, trace_s, [(f, v) for _, f, v in named],
                       info["grad_check"], vjp)
         entry.guard_names = tuple(n for n, _, _ in named)
+        entry.hist = info["hist"]
+        entry.leaf_outs = info["leaf_outs"]
         # a signature keeps the traces of its recent guard outcomes (grads present or not,
         # hyperparameters …), so that alternating between them does not trace every call
         entries = self.cache.setdefault(key, [])

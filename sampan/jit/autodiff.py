@@ -26,6 +26,9 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+import weakref
+
 import numpy as np
 
 from ..errors import AutogradError, SampanError
@@ -46,6 +49,9 @@ class VJP:
         self.keep = keep             # refs of other tensors whose arrays are residuals
         self.n_res = n_res
         self.error = error           # why there is no gradient to run (a message) or None
+        # per gradient returned, the cotangents (output positions) it depends on: an
+        # input that no output reached by a backward depends on gets None, as in eager
+        self.deps = _cot_deps(graph, n_res) if graph is not None else ()
         self.compiled = None
         self.options = None          # (pipeline, debug, memory_plan): compiled on first use
         self.copy_res = frozenset()  # residuals the call's state write-back would overwrite
@@ -71,22 +77,43 @@ class VJP:
         self.timings = pm.timings
         self.compiled = compile_graph(self.graph, debug=debug, name="backward_fn")
 
-    def attach(self, outs, args, res):
+    def attach(self, outs, args, res, watch=()):
         """Give this call's differentiable outputs (`outs`, the "out" leaves) a tape node
-        that holds the call's residual arrays `res`."""
-        from ..autograd.tape import Node
+        that holds the call's residual arrays `res`. `watch`: (output, residual index)
+        for outputs whose arrays are residuals: changing one in place before backward
+        raises, as eager does for a saved output (tanh's, softmax's …)."""
+        from ..autograd.tape import Node, _ver
         from .api import _target
         ys = tuple(outs[i] for i in self.diff_out)
         if not ys:
             return
-        inputs = tuple(_target(r, args) for r in self.refs)
-        node = Node(self.op, inputs, {"ctx": res}, ys)
+        inputs = tuple(outs[r[1]] if type(r) is tuple and r[0] == "out" else _target(r, args)
+                       for r in self.refs)
+        seen = tuple((weakref.ref(y), _ver(y)) for y, _ in watch)
+        attrs = {"ctx": res, "outs": seen}
+        if len(ys) > 1:
+            # the engine gives outputs no gradient reached zeros: the node's hooks (run
+            # with the gradients that did arrive) say which ones were reached
+            attrs["reached"] = reached = set()
+        node = Node(self.op, inputs, attrs, ys)
+        if len(ys) > 1:
+            for i in range(len(ys)):
+                node.add_hook(i, functools.partial(_reach, reached, i))
         for i, y in enumerate(ys):
             y._node, y._idx, y.requires_grad = node, i, True
 
-    def _grad(self, g, y, *inputs, ctx):
+    def _grad(self, g, y, *inputs, ctx, outs=(), reached=None):
         if self.error is not None:
             raise AutogradError(self.error)
+        from ..autograd.tape import _ver
+        for ref, v in outs:
+            t = ref()
+            if t is not None and _ver(t) != v:
+                raise AutogradError(
+                    f"backward through the jitted call {self.name}: an output of shape "
+                    f"{tuple(t.shape)} that its gradient reads was modified in place after "
+                    f"the call (version {v} -> {_ver(t)}); clone it before modifying it "
+                    "in place")
         if self.graph is None:        # nothing outside the call requires grad
             return (None,) * len(self.refs)
         if STATE.grad_enabled or STATE.tracer is not None:
@@ -107,7 +134,27 @@ class VJP:
                     f"{tuple(a.shape)}; expected {tuple(v.shape)}, the output's shape")
             cots.append(a if a.dtype == v.dtype else a.astype(v.dtype))
         outs = self.compiled(*ctx, *cots)
-        return tuple(wrap(a) for a in outs) + (None,) * len(self.keep)
+        grads = [wrap(a) for a in outs]
+        if reached is not None:
+            got = frozenset(reached)
+            reached.clear()                 # for a later backward (retain_graph)
+            grads = [None if d and not d & got else gi for gi, d in zip(grads, self.deps)]
+        return tuple(grads) + (None,) * len(self.keep)
+
+
+def _reach(reached, i, g):
+    reached.add(i)
+
+
+def _cot_deps(bw, n_res):
+    """Per output of the backward graph `bw`, the frozenset of cotangent positions it
+    reads (through any chain of nodes); read before passes fold anything away."""
+    deps = {v.id: frozenset((k,)) for k, v in enumerate(bw.inputs[n_res:])}
+    for n in bw.nodes:
+        d = frozenset().union(*(deps.get(v.id, frozenset()) for v in n.inputs))
+        for v in n.outputs:
+            deps[v.id] = d
+    return tuple(deps.get(v.id, frozenset()) for v in bw.outputs)
 
 
 def _no_shape_rule(*a, **k):
@@ -149,17 +196,37 @@ def _reaches_outside(tr, roots):
     return False
 
 
-def trace_vjp(tr, name, outs):
-    """Trace the gradient of the call whose trace `tr` holds; `outs` are its "out" leaves.
+class _BornLeaf:
+    """A leaf that requires grad, made by the traced code and returned (`w =
+    sampan.ones(3, requires_grad=True)`): eager gives each call's a gradient, so the
+    call's gradient has one for it (its ref: ("out", position among the out leaves))."""
+
+    __slots__ = ("t", "ref", "root", "value")
+
+    def __init__(self, t, k):
+        self.t, self.ref, self.root, self.value = t, ("out", k), None, None
+
+
+def born_leaves(tr, outs):
+    """[_BornLeaf] of the "out" leaves `outs` that the traced code made as leaves requiring
+    grad (from data, or by a creation op such as `sampan.ones`)."""
+    return [_BornLeaf(t, k) for k, t in enumerate(outs)
+            if t.requires_grad and t._node is None and id(t) not in tr.lifted]
+
+
+def trace_vjp(tr, name, outs, born=()):
+    """Trace the gradient of the call whose trace `tr` holds; `outs` are its "out" leaves
+    (then tensors it gave a history in place), `born` its `born_leaves`.
 
     Cuts `tr.g` back to the forward graph and returns (VJP, residual Values) or None when
     nothing the call read requires grad."""
     from ..autograd.engine import run_backward
     g = tr.g
+    mine = {id(b.t) for b in born}
     diff = [i for i, t in enumerate(outs) if t.requires_grad and not isinstance(
-        t._data, np.ndarray)]
+        t._data, np.ndarray) and id(t) not in mine]
     wrt = [L for L in tr.lifted.values() if L.rg and L.t.requires_grad
-           and tr.slots[g.inputs.index(L.value)][0] in ("arg", "state")]
+           and tr.slots[g.inputs.index(L.value)][0] in ("arg", "state")] + list(born)
     if not diff:
         return None
     if not wrt:      # the outputs require grad through tensors made inside the call only
@@ -182,7 +249,7 @@ def trace_vjp(tr, name, outs):
         for n, op in ops:
             n.op = _AtLine(op, tr, tr.tape[n])
         grads = run_backward([outs[i] for i in diff], cots, True, False,
-                             capture=[L.t for L in wrt])
+                             capture=[_as_lifted(L) for L in wrt])
         grads = [None if gt is None else tr.value_of(gt) for gt in grads]
         if len(g.inputs) != n_inputs + len(diff):
             raise AutogradError("the gradient reads tensors the forward did not")
@@ -237,7 +304,8 @@ def trace_vjp(tr, name, outs):
     aliases = residual_aliases(g, res)
     # inputs whose arrays the residuals are or view: changing one before backward raises
     res_inputs = {g.inputs[k].id for k in aliases if k is not None}
-    wrt_refs = [(_ref_of(tr, L.t), L.value.id in res_inputs)
+    wrt_refs = [(L.ref, False) if type(L) is _BornLeaf else
+                (_ref_of(tr, L.t), L.value.id in res_inputs)
                 for L, gv in zip(wrt, grads) if gv is not None]
     keep = []
     for L in tr.lifted.values():      # other tensors whose arrays the gradient reads
@@ -248,6 +316,19 @@ def trace_vjp(tr, name, outs):
     vjp = VJP(name, bw, diff, wrt_refs, keep, len(res))
     vjp.aliases = aliases
     return vjp, res
+
+
+def _as_lifted(L):
+    """The tensor whose gradient is the gradient of the lifted input `L`: the tensor
+    itself, or, when an in-place op of the call gave it a new history, a stand-in at its
+    place when lifted (the gradient of the value it came in with)."""
+    t = L.t
+    if L.root is None or t._node is L.root:
+        return t
+    from ..tensor import Tensor
+    s = object.__new__(Tensor)
+    s._node, s._idx = L.root, 0
+    return s
 
 
 def ran_backward(name, outs):

@@ -10,9 +10,11 @@ longer give the same snapshots is traced again; the RetraceWarning names the sou
 What is guarded is what the traced function can reach: its closure cells, the globals
 its code names, its defaults, and through them user functions, Layers (attributes,
 registries of parameters/buffers/sub-layers, hooks), dicts, lists, tuples,
-SimpleNamespace and dataclass instances (to a small depth and size). Reads through other
-objects (an attribute of an arbitrary class instance) are not guarded: pass such values
-as arguments, or as tensors.
+SimpleNamespace, dataclass and other plain instances of the user's classes (a config
+object, argparse.Namespace: their `__dict__`), to a small depth and size. Reads through
+objects reached otherwise (a global of a module the function does not name, an object's
+property computed on the fly) are not guarded: pass such values as arguments, or as
+tensors.
 
 Example::
 
@@ -75,11 +77,24 @@ def snapshot(v, depth=0):
                                    snapshot(x, depth + 1)) for k, x in v.items()]))
             return (t, Ref(v), len(v))
         if t is types.SimpleNamespace or (dataclasses.is_dataclass(v) and not isinstance(
-                v, type)):
+                v, type)) or _plain(v):
             d = getattr(v, "__dict__", None)      # None for a dataclass with __slots__
             if d is not None and len(d) <= MAX_ITEMS:
                 return (t, Ref(v), tuple([(k, snapshot(x, depth + 1)) for k, x in d.items()]))
     return Ref(v)
+
+
+def _plain(v) -> bool:
+    """An instance of a user's class holding its data in `__dict__` (a config object,
+    argparse.Namespace): its attributes are data a trace may bake in. Not a Layer (its own
+    check), nor sampan's or numpy's objects, functions, modules or classes."""
+    t = type(v)
+    if t.__module__ in ("builtins", "types") or _internal(t) or isinstance(v, type) \
+            or not hasattr(v, "__dict__"):
+        return False
+    from ..nn.layer import Layer
+    return not isinstance(v, (Layer, types.ModuleType, types.FunctionType,
+                              types.MethodType, functools.partial))
 
 
 class LayersCheck:
@@ -105,7 +120,7 @@ class LayersCheck:
             if k in d:
                 self.pairs.append((d[k], d[k].copy(), name))
         for k, v in d.items():
-            if k not in _REGISTRIES and k not in _HOOKS and type(v) in _DEEP:
+            if k not in _REGISTRIES and k not in _HOOKS and (type(v) in _DEEP or _plain(v)):
                 self.deep.append((d, k, snapshot(v), name))
         self.names.append(name)
         self.lives = tuple(p[0] for p in self.pairs)

@@ -39,7 +39,7 @@ def _loc():
 
 class _Lifted:
     __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "value", "gvalue",
-                 "gdata")
+                 "gdata", "root")
 
     def __init__(self, t):
         self.t = t
@@ -47,6 +47,7 @@ class _Lifted:
         self.rg, self.grad, self.version = t.requires_grad, t.grad, t._version
         self.value = None
         self.gvalue = None
+        self.root = None        # the tape root standing for its history outside, if any
 
 
 class Tracer:
@@ -150,6 +151,7 @@ class Tracer:
             # root of this trace's tape, so that no traced gradient walks into eager nodes
             t._node, t._idx = _Node(_OUTSIDE, (), {}, (t,)), 0
             self.tape[t._node] = ""
+            L.root = t._node
         if t.grad is not None and isinstance(t.grad._data, np.ndarray):
             gref = ("arg", slot[1]) if slot is not None and slot[0] == "arg" else t
             gv = self._input(t.grad._data.shape, t.grad._data.dtype, ("grad", gref),

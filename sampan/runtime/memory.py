@@ -239,3 +239,25 @@ def describe(p: dict) -> str:
     return (f"planned peak {p['planned_peak'] / mb:.2f} MiB (pool {p['pool_bytes'] / mb:.2f} "
             f"MiB in {len(p['sizes'])} buffers for {p['n_planned']} values) vs "
             f"{p['bytes_no_release'] / mb:.2f} MiB unplanned")
+
+
+def output_roots(g) -> list:
+    """Per graph output, the frozenset of arrays it may share memory with at run time:
+    ids of the graph inputs and of the fresh node results it is, views, or may be
+    returned by a kernel that can return its input (and, when the memory plan donates an
+    input to it, that input). Two outputs whose sets meet may be one array; an output
+    whose set holds an input's id may be (a view of) that input's array."""
+    donate = (g.meta.get("memory_plan") or {}).get("donate", {})
+    roots = {v.id: frozenset((v.id,)) for v in g.inputs}
+    for n in g.nodes:
+        if writes_out(n) or _fresh_result(n):
+            for v in n.outputs:
+                s = {v.id}
+                if v.id in donate:
+                    s.add(g.inputs[donate[v.id]].id)
+                roots[v.id] = frozenset(s)
+        else:
+            s = frozenset().union(*(roots.get(v.id, frozenset()) for v in n.inputs))
+            for v in n.outputs:
+                roots[v.id] = s | {v.id}
+    return [roots.get(v.id, frozenset((v.id,))) for v in g.outputs]
