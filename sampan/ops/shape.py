@@ -497,6 +497,18 @@ def getitem(x, idx):
 
 
 def _setitem_rule(x, v, *idx, index):
+    # the value must broadcast to the selected part (leading 1s dropped, as numpy and
+    # torch do): checked here, so a traced setitem fails at trace time with the user's
+    # line, not in the generated code with numpy's message
+    part = _getitem_rule(x, *idx, index=index).shape
+    vs = tuple(v.shape)
+    while len(vs) > len(part) and vs[0] == 1:
+        vs = vs[1:]
+    if len(vs) > len(part) or any(a != 1 and a != b for a, b in zip(vs[::-1], part[::-1])
+                                  if isinstance(a, int) and isinstance(b, int)):
+        raise op_error(ShapeError, "setitem", f"a value of shape {tuple(v.shape)} for "
+                       f"{format_index(index, idx)} (a part of shape {part}) of a tensor of "
+                       f"shape {tuple(x.shape)}", "a value that broadcasts to the part")
     return Spec(x.shape, x.dtype)
 
 
