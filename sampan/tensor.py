@@ -174,6 +174,8 @@ class Tensor:
         t = _new(Tensor)
         t._data = self._data
         t._base = self._base if self._base is not None else self
+        if STATE.tracer is not None:   # traced: writes through t must reach self's Value
+            STATE.tracer.detached(t, self)
         return t
 
     def detach_(self) -> "Tensor":
@@ -378,8 +380,14 @@ def refresh_view(t):
     (and, while tracing, its Value the view of the base's current Value)."""
     base, chain = t._view
     cur = base
-    for op, attrs in chain:
-        cur = apply(op, (cur,), attrs)
+    # the history is rebuilt even where grad is off (a traced read of the view in a
+    # no_grad block): else the view would come out of it with no history at all
+    prev, STATE.grad_enabled = STATE.grad_enabled, True
+    try:
+        for op, attrs in chain:
+            cur = apply(op, (cur,), attrs)
+    finally:
+        STATE.grad_enabled = prev
     t._vsync = t._base._version
     if STATE.tracer is not None:       # traced: the Value is rebuilt as well
         t._data = cur._data
