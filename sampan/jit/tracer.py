@@ -69,6 +69,9 @@ class Tracer:
         self.born_tensors = {}
         self.born_arrays = {}
         self.tape = {}           # tape node recorded by this trace -> its source line
+        # id(d) -> [d, source, base version when d's Value was last synced] for
+        # d = source.detach(): eager shares the memory, so the trace passes writes on
+        self.aliases = {}
         self.loc = None          # the source line new nodes take, if not the caller's
         self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
@@ -159,7 +162,38 @@ class Tracer:
             t.grad._data = gv
         return v
 
+    def detached(self, d, src):
+        """`d = src.detach()` during the trace: d shares src's memory in eager, so a write
+        through either must reach the other (functionalised: Values are rebound)."""
+        d_ = src._data
+        if not isinstance(d_, np.ndarray) or (src._view is not None
+                                              and src._vsync != src._base._version):
+            d._data = self.value_of(src)     # src's current Value (a stale view's too)
+        self.aliases[id(d)] = [d, src, d._base._version]
+
+    def _sync_alias(self, t):
+        """t (a detach made during the trace) may be stale: its source was written since."""
+        A = self.aliases[id(t)]
+        if A[2] != t._base._version:
+            t._data = self.value_of(A[1])
+            A[2] = t._base._version
+
+    def _write_through_alias(self, root, name):
+        """`root` (a detach made during the trace) was just written: write its new value
+        into its source too, without recording a gradient, as eager's shared memory does
+        (PyTorch: the source's values change, its history does not)."""
+        A = self.aliases[id(root)]
+        prev = STATE.grad_enabled
+        STATE.grad_enabled = False
+        try:
+            self.inplace(A[1], wrap(root._data), name)
+        finally:
+            STATE.grad_enabled = prev
+        A[2] = root._base._version
+
     def value_of(self, t) -> Value:
+        if self.aliases and id(t) in self.aliases:
+            self._sync_alias(t)
         if t._view is not None and t._vsync != t._base._version:
             # a view whose base was modified in place: its Value is the view of the base's
             # current Value (eager sees the new values through shared memory)
@@ -244,7 +278,11 @@ class Tracer:
             bump_version(target)
             rebase_view(target, result, name)
             self.own.add(id(target._data))
+            if self.aliases and id(base) in self.aliases:
+                self._write_through_alias(base, name)
             return target
+        if self.aliases and id(target) in self.aliases:
+            self._sync_alias(target)
         if isinstance(target._data, np.ndarray):
             self.lift(target)
         if result._node is not None and grad:
@@ -268,6 +306,8 @@ class Tracer:
             new = setitem(target, Ellipsis, wrap(rv))
             target._data = new._data
             target._node, target._idx = new._node, new._idx
+        if self.aliases and id(target) in self.aliases:
+            self._write_through_alias(target, name)
         return target
 
     def bool_of(self, t):
