@@ -1,0 +1,173 @@
+"""The in-place/view fuzzer (fuzz_inplace.py) on fixed seeds, and the minimised cases
+it found, each against PyTorch (float64)."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import sampan
+from sampan.errors import SampanError, ShapeError
+
+from . import fuzz_inplace as F
+
+
+def _both_raise(body, jit=False, sampan_error=SampanError):
+    """`body(lib)` raises on torch; on sampan (eager, or jitted) a sampan error, never a
+    bare numpy one nor a result."""
+    with pytest.raises(RuntimeError):
+        body(torch)
+    f = sampan.jit(lambda: body(sampan)) if jit else (lambda: body(sampan))
+    with pytest.raises(sampan_error):
+        f()
+
+
+# ---------------------------------------------------------------------- found by the fuzzer
+@pytest.mark.parametrize("jit", [False, True])
+def test_setitem_value_that_does_not_fit_the_part(jit):
+    # the jitted graph ran setitem's kernel with a value of the wrong shape: numpy's
+    # "could not broadcast" from generated code (the shape rule accepted any value)
+    def body(lib):
+        y = lib.zeros(2, 3, 2) if lib is torch else sampan.zeros((2, 3, 2))
+        y[1] = y * 2.0
+        return y
+    _both_raise(body, jit, ShapeError)
+
+
+def test_setitem_value_with_leading_ones_still_fits():
+    for lib in (torch, sampan):
+        y = lib.zeros(3, 4) if lib is torch else sampan.zeros((3, 4))
+        y[0] = lib.ones(1, 4) if lib is torch else sampan.ones((1, 4))
+        y[1:] = lib.ones(1, 1, 4) * 2.0 if lib is torch else sampan.ones((1, 1, 4)) * 2.0
+        np.testing.assert_array_equal(y.numpy(), [[1] * 4, [2] * 4, [2] * 4])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("case", ["0d_add_", "imul_grows"])
+def test_inplace_result_that_would_grow_the_target(case, jit):
+    # eager wrote with np.broadcast_to and failed with numpy's "cannot broadcast a
+    # non-scalar to a scalar array" / "more dimensions than allowed by the axis remapping"
+    def body(lib):
+        z = (lib.ones(2, 3, 1) if lib is torch else sampan.ones((2, 3, 1))) * 1.0
+        if case == "0d_add_":
+            s = z.sum()
+            s.add_(s.unsqueeze(0))
+        else:
+            m = z.mean(0)           # (3, 1)
+            m *= z
+    _both_raise(body, jit, ShapeError)
+
+
+# ---------------------------------------------------------------------- the fuzzer
+def test_fuzzer_seeds_agree_with_torch():
+    warnings.simplefilter("ignore")
+    bad = []
+    for seed in range(120):
+        for mode, problem in F.check(seed):
+            bad.append(f"seed {seed} [{mode}]: {problem.splitlines()[0]}")
+    assert not bad, "\n".join(bad[:10])
+
+
+def _x(lib):
+    a = np.array([[1.0, -2.0, 0.5], [-0.5, 3.0, -1.0]])
+    return torch.tensor(a, requires_grad=True) if lib is torch else \
+        sampan.tensor(a, requires_grad=True)
+
+
+def _grads_everywhere(body):
+    """(values, grad) of `body(lib, x)` on torch, sampan eager, sampan jitted with the
+    gradient taken outside and inside: body returns (loss, tensors...)."""
+    out = []
+    xt = _x(torch)
+    r = body(torch, xt)
+    r[0].backward()
+    out.append(("torch", [t.detach().numpy() for t in r], xt.grad.numpy()))
+    xs = _x(sampan)
+    r = body(sampan, xs)
+    r[0].backward()
+    out.append(("eager", [t.numpy() for t in r], xs.grad.numpy()))
+    xs = _x(sampan)
+    r = sampan.jit(lambda x: body(sampan, x))(xs)
+    r[0].backward()
+    out.append(("jit, grad outside", [t.numpy() for t in r], xs.grad.numpy()))
+
+    def inside(x):
+        r = body(sampan, x)
+        return r, sampan.grad(r[0], [x])[0]
+    xs = _x(sampan)
+    r, g = sampan.jit(inside)(xs)
+    out.append(("jit, grad inside", [t.numpy() for t in r], g.numpy()))
+    return out
+
+
+def _assert_all_match(body):
+    (_, want_v, want_g), *rest = _grads_everywhere(body)
+    for name, vals, g in rest:
+        for k, (a, b) in enumerate(zip(vals, want_v)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, err_msg=f"{name}: value {k}")
+        np.testing.assert_allclose(g, want_g, rtol=1e-12, err_msg=f"{name}: grad")
+
+
+def test_write_through_a_detached_alias_under_jit():
+    # detach() shares memory: eager (and torch) see d.sub_ in y; the trace gave d a
+    # Value of its own, so y (and its views) kept the old values under jit
+    def body(lib, x):
+        y = x * 2.0
+        row = y[0]
+        d = y.detach()
+        d.sub_(1.0)
+        d[1].relu_()
+        return (y * y).sum() + (row * 3.0).sum(), y, row, d
+    _assert_all_match(body)
+
+
+def test_write_to_the_source_of_a_detach_under_jit():
+    def body(lib, x):
+        y = x * 1.0
+        d = y.T.detach()
+        y[1].mul_(3.0)         # d sees it (shared memory)
+        return (y * d.T).sum(), y, d
+    _assert_all_match(body)
+
+
+def test_detach_of_a_view_written_before_it_under_jit():
+    # the detach of a stale view took the view's old Value
+    def body(lib, x):
+        y = x * 1.0
+        v = y[:, 1:]
+        y.mul_(2.0)
+        d = v.detach()
+        return (y * 1.0).sum(), d
+    _assert_all_match(body)
+
+
+def test_detached_alias_written_keeps_the_gradient_history():
+    # writing the detach of a view of a tensor index copy (the fuzzer's seed 94): the
+    # view read in no-grad mode lost its history under jit (refresh_view without grad)
+    def body(lib, x):
+        t = (x + 0.5)[lib.tensor([0, 0])]
+        tt = t.T
+        tt.detach().relu_()
+        return (t * 2.0).sum() + (tt * 3.0).sum(), t, tt
+    _assert_all_match(body)
+
+
+def test_stale_view_read_in_no_grad_keeps_its_history_under_jit():
+    # under jit, v's history was rebuilt in the no_grad block (without a tape), so
+    # (v * v).sum() had no grad_fn: "backward: tensor does not require grad"
+    def body(lib, x):
+        y = x * 1.0
+        v = y[0]
+        y.mul_(2.0)
+        with (torch.no_grad() if lib is torch else sampan.no_grad()):
+            w = v * 2.0
+        return (v * v).sum(), w
+    _assert_all_match(body)
+
+
+def test_write_through_detach_of_an_expand_raises_under_jit():
+    def body(lib):
+        y = (lib.ones(3) if lib is torch else sampan.ones((3,))) * 2.0
+        y.expand(2, 3).detach().div_(2.0)
+        return y
+    _both_raise(body, jit=True)
