@@ -276,9 +276,12 @@ class Tracer:
             if result._node is not None and grad:
                 result._node.preserve_input(target)
             bump_version(target)
+            alias = self.aliases.get(id(base))
+            if alias is not None:
+                alias[2] = base._base._version   # this write is d's own: nothing to pull
             rebase_view(target, result, name)
             self.own.add(id(target._data))
-            if self.aliases and id(base) in self.aliases:
+            if alias is not None:
                 self._write_through_alias(base, name)
             return target
         if self.aliases and id(target) in self.aliases:
@@ -296,6 +299,9 @@ class Tracer:
         target._data = rv
         self.own.add(id(rv))
         bump_version(target)
+        alias = self.aliases.get(id(target))
+        if alias is not None:
+            alias[2] = target._base._version     # this write is d's own: nothing to pull
         if result._node is not None and grad:
             target._node, target._idx = result._node, result._idx
             target.requires_grad = True
@@ -306,7 +312,7 @@ class Tracer:
             new = setitem(target, Ellipsis, wrap(rv))
             target._data = new._data
             target._node, target._idx = new._node, new._idx
-        if self.aliases and id(target) in self.aliases:
+        if alias is not None:
             self._write_through_alias(target, name)
         return target
 
