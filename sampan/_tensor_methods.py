@@ -199,6 +199,11 @@ def rebase_view(v, result, name="in-place op"):
     new = _unview(base, chain, _as_target(v, result))
     traced = STATE.tracer is not None     # traced: Values are rebound (functionalised)
     grad = STATE.grad_enabled
+    if grad and base.requires_grad and not new.requires_grad:
+        # a view covering all of the base (.T, reshape ...) overwritten by values that need
+        # no gradient: the base keeps a history that gives its old one a zero gradient
+        # (as torch's CopySlices), instead of becoming a constant
+        new = S.setitem(base, Ellipsis, new)
     if traced:
         base._data = new._data
     if grad:

@@ -171,3 +171,38 @@ def test_write_through_detach_of_an_expand_raises_under_jit():
         y.expand(2, 3).detach().div_(2.0)
         return y
     _both_raise(body, jit=True)
+
+
+def test_write_through_a_reshape_of_a_detach_under_jit():
+    # the write through d's view was undone: reading d to rebuild the view pulled the
+    # source's (old) Value back into d (the fuzzer's seed 1765)
+    def body(lib, x):
+        y = x * -1.5
+        d = y.detach()
+        d.reshape(3, 2).mul_(2.0)
+        d.T.add_(1.0)
+        return (y * y).sum(), y, d
+    _assert_all_match(body)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("view", ["T", "reshape", "unsqueeze"])
+def test_a_view_covering_the_base_overwritten_by_a_constant(view, jit):
+    # y.T.fill_(0) made y a constant (requires_grad False, no grad_fn), so
+    # y.sum().backward() raised; torch keeps a history (CopySlices) with a zero gradient
+    def body(lib, x):
+        y = x * 0.5
+        v = {"T": lambda: y.T, "reshape": lambda: y.reshape(6),
+             "unsqueeze": lambda: y.unsqueeze(0)}[view]()
+        v.fill_(2.0)
+        return (y * x).sum(), y
+    xt = _x(torch)
+    lt, yt = body(torch, xt)
+    lt.backward()
+    xs = _x(sampan)
+    f = sampan.jit(lambda x: body(sampan, x)) if jit else (lambda x: body(sampan, x))
+    ls, ys = f(xs)
+    assert ys.requires_grad
+    ls.backward()
+    np.testing.assert_allclose(xs.grad.numpy(), xt.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ys.numpy(), yt.detach().numpy())
