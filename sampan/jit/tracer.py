@@ -185,11 +185,18 @@ class Tracer:
         A = self.aliases[id(root)]
         prev = STATE.grad_enabled
         STATE.grad_enabled = False
+        mem = root._base              # d and its source share this version counter
+        v0 = mem._version
         try:
             self.inplace(A[1], wrap(root._data), name)
         finally:
             STATE.grad_enabled = prev
-        A[2] = root._base._version
+            # one write in eager, one version bump: the write-through is not a second
+            # write (it would fail the saved-value checks of what d's write recorded)
+            mem._version = v0
+        if A[1]._view is not None:
+            A[1]._vsync = v0          # rebuilt by the write-through at the bumped version
+        A[2] = v0
 
     def value_of(self, t) -> Value:
         if self.aliases and id(t) in self.aliases:
