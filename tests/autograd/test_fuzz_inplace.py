@@ -206,3 +206,29 @@ def test_a_view_covering_the_base_overwritten_by_a_constant(view, jit):
     ls.backward()
     np.testing.assert_allclose(xs.grad.numpy(), xt.grad.numpy(), rtol=1e-12)
     np.testing.assert_allclose(ys.numpy(), yt.detach().numpy())
+
+
+def test_write_through_a_detach_is_one_write_for_saved_values():
+    # d.sigmoid_() saves d's new value; passing the write on to d's source counted as a
+    # second write, so the jitted backward raised "sigmoid saved ... modified" (seed 5847)
+    def body(lib, x):
+        a = x * -1.5
+        d = (x + 2.0).detach()
+        d.mul_(a)
+        d.sigmoid_()
+        return (d * 3.0).sum(), d
+    _assert_all_match(body)
+
+
+def test_views_of_a_detach_source_after_two_writes_under_jit():
+    # the source (a view) is rebuilt by the write-through; a second write must still
+    # reach it
+    def body(lib, x):
+        y = x * 1.0
+        v = y[1]
+        d = v.detach()
+        d.add_(1.0)
+        w = v * 1.0
+        d.mul_(3.0)
+        return (y * w.unsqueeze(0)).sum(), y, v, w, d
+    _assert_all_match(body)
