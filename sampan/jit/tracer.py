@@ -38,13 +38,14 @@ def _loc():
 
 
 class _Lifted:
-    __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "value", "gvalue",
-                 "gdata")
+    __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "vsync", "value",
+                 "gvalue", "gdata")
 
     def __init__(self, t):
         self.t = t
         self.data, self.node, self.idx = t._data, t._node, t._idx
         self.rg, self.grad, self.version = t.requires_grad, t.grad, t._version
+        self.vsync = t._vsync
         self.value = None
         self.gvalue = None
 
@@ -72,6 +73,7 @@ class Tracer:
         # id(d) -> [d, source, base version when d's Value was last synced] for
         # d = source.detach(): eager shares the memory, so the trace passes writes on
         self.aliases = {}
+        self.kept = {}           # id -> (view made before the trace, its state to restore)
         self.loc = None          # the source line new nodes take, if not the caller's
         self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
@@ -98,6 +100,9 @@ class Tracer:
             t.grad, t._version = L.grad, L.version
             if L.grad is not None and L.gvalue is not None:
                 L.grad._data = L.gdata
+            t._vsync = L.vsync
+        for t, data, node, idx, rg, vsync in self.kept.values():
+            t._data, t._node, t._idx, t.requires_grad, t._vsync = data, node, idx, rg, vsync
         self.lifted_restored = True
 
     # ------------------------------------------------------------------ values
@@ -201,14 +206,19 @@ class Tracer:
     def value_of(self, t) -> Value:
         if self.aliases and id(t) in self.aliases:
             self._sync_alias(t)
+        if t._view is not None and isinstance(t._data, np.ndarray) and id(t) not in self.lifted:
+            # a view made before the trace: its Value is the view of its base's Value (so
+            # that writes to the base inside the trace reach it, and writes through it
+            # reach the base, as eager's shared memory does) and its history is rebuilt
+            # from the base's (else a gradient through it would miss what the trace
+            # wrote into the base); both are given back after the trace
+            if id(t) not in self.kept:
+                self.kept[id(t)] = (t, t._data, t._node, t._idx, t.requires_grad, t._vsync)
+            refresh_view(t)
+            return t._data
         if t._view is not None and t._vsync != t._base._version:
             # a view whose base was modified in place: its Value is the view of the base's
             # current Value (eager sees the new values through shared memory)
-            if isinstance(t._data, np.ndarray):    # made before the trace: leave t alone
-                cur = t._view[0]
-                for op, attrs in t._view[1]:
-                    cur = self.apply(op, (cur,), attrs)
-                return cur._data
             refresh_view(t)
         d = t._data
         if isinstance(d, Value):
