@@ -232,3 +232,67 @@ def test_views_of_a_detach_source_after_two_writes_under_jit():
         d.mul_(3.0)
         return (y * w.unsqueeze(0)).sum(), y, v, w, d
     _assert_all_match(body)
+
+
+# ---------------------------------------------------------------------- views made before a trace
+_BUF = np.arange(6.0).reshape(2, 3) / 3 - 0.7
+_X = np.array([0.5, -1.0, 2.0])
+
+
+def _pre_trace(lib, body, mode):
+    """A buffer and a view of it made before the call; `body(buf, v, x)` writes the
+    buffer with x (which requires grad) and returns a loss. (loss, d loss/dx, buffer)."""
+    mk = (lambda a, rg=False: torch.tensor(a, requires_grad=rg)) if lib is torch else \
+        (lambda a, rg=False: sampan.tensor(a, requires_grad=rg))
+    buf = mk(_BUF.copy())
+    v = buf[1:, 1:]
+    x = mk(_X.copy(), True)
+    if mode == "eager":
+        loss = body(buf, v, x)
+        g = (torch.autograd.grad if lib is torch else sampan.grad)(loss, [x])[0]
+    elif mode == "jit_in":
+        def f(x):
+            loss = body(buf, v, x)
+            return loss, sampan.grad(loss, [x])[0]
+        loss, g = sampan.jit(f)(x)
+    else:
+        loss = sampan.jit(lambda x: body(buf, v, x))(x)
+        g = sampan.grad(loss, [x])[0]
+    return float(loss.detach()), g.detach().numpy().copy(), buf.detach().numpy().copy()
+
+
+PRE_TRACE = {
+    # the view's history was not rebuilt: its gradient missed the trace's write (silently
+    # wrong), or it had none ("backward: tensor does not require grad")
+    "base_mul_": lambda buf, v, x: (buf.mul_(x), (v * 3.0).sum() + (buf * buf).sum())[1],
+    "row_add_": lambda buf, v, x: (buf[0].add_(x * 2.0), (v * v).sum())[1],
+    "copy_": lambda buf, v, x: (buf.copy_(x.expand(2, 3) * 1.0), v.sin().sum())[1],
+    # a write through the view: it read the view as a constant of its own array
+    "through_view": lambda buf, v, x: (v.add_(x[:2]), (buf * buf).sum())[1],
+}
+
+
+@pytest.mark.parametrize("mode", ["jit_in", "jit_out"])
+@pytest.mark.parametrize("case", sorted(PRE_TRACE))
+def test_view_made_before_the_trace_of_a_base_written_inside(case, mode):
+    want = _pre_trace(torch, PRE_TRACE[case], "eager")
+    got = _pre_trace(sampan, PRE_TRACE[case], mode)
+    for a, b, what in zip(got, want, ("loss", "grad", "buffer")):
+        np.testing.assert_allclose(a, b, rtol=1e-12, err_msg=what)
+
+
+def test_write_through_a_view_made_before_the_trace_on_every_call():
+    # the view was read as a constant (its values at trace time): every call after the
+    # first wrote the same row again, and the view was left holding a traced Value
+    for lib in (torch, sampan):
+        buf = torch.zeros(2, 3) if lib is torch else sampan.zeros((2, 3))
+        v = buf[0]
+
+        def step(x):
+            v.add_(x)
+            return (buf * 1.0).sum()
+        f = step if lib is torch else sampan.jit(step)
+        sums = [float(f(lib.ones(3) if lib is torch else sampan.ones((3,))))
+                for _ in range(3)]
+        assert sums == [3.0, 6.0, 9.0]
+        np.testing.assert_array_equal(v.numpy(), [3.0, 3.0, 3.0])
