@@ -149,6 +149,17 @@ def _reaches_outside(tr, roots):
     return False
 
 
+def _entry(L):
+    """What to capture the gradient of a lifted tensor at: the value it had when the call
+    read it. A tensor with a history outside the call may have been written in place by
+    the call since (its node is then the write's): capture at its root node instead."""
+    if L.root is None:
+        return L.t
+    p = wrap(L.value)
+    p._node, p._idx, p.requires_grad = L.root, 0, True
+    return p
+
+
 def trace_vjp(tr, name, outs):
     """Trace the gradient of the call whose trace `tr` holds; `outs` are its "out" leaves.
 
@@ -182,7 +193,7 @@ def trace_vjp(tr, name, outs):
         for n, op in ops:
             n.op = _AtLine(op, tr, tr.tape[n])
         grads = run_backward([outs[i] for i in diff], cots, True, False,
-                             capture=[L.t for L in wrt])
+                             capture=[_entry(L) for L in wrt])
         grads = [None if gt is None else tr.value_of(gt) for gt in grads]
         if len(g.inputs) != n_inputs + len(diff):
             raise AutogradError("the gradient reads tensors the forward did not")

@@ -39,7 +39,7 @@ def _loc():
 
 class _Lifted:
     __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "vsync", "value",
-                 "gvalue", "gdata")
+                 "gvalue", "gdata", "root")
 
     def __init__(self, t):
         self.t = t
@@ -48,6 +48,7 @@ class _Lifted:
         self.vsync = t._vsync
         self.value = None
         self.gvalue = None
+        self.root = None    # the tape node standing for the history outside the call
 
 
 class Tracer:
@@ -158,6 +159,7 @@ class Tracer:
             # root of this trace's tape, so that no traced gradient walks into eager nodes
             t._node, t._idx = _Node(_OUTSIDE, (), {}, (t,)), 0
             self.tape[t._node] = ""
+            L.root = t._node
         if t.grad is not None and isinstance(t.grad._data, np.ndarray):
             gref = ("arg", slot[1]) if slot is not None and slot[0] == "arg" else t
             gv = self._input(t.grad._data.shape, t.grad._data.dtype, ("grad", gref),
