@@ -8,6 +8,8 @@ the shape rule too.
 """
 from __future__ import annotations
 
+from weakref import ref as _weakref
+
 import numpy as np
 
 from . import dtypes as _dt
@@ -41,6 +43,7 @@ class Tensor:
     _vsync = 0          # the base's version when this view's history was last rebuilt
     _version = 0
     _hooks = None
+    _detached_from = None   # weakref to the tensor this one is a detach() of
     name = None
 
     def __init__(self, data, dtype=None, requires_grad=False):
@@ -174,7 +177,10 @@ class Tensor:
         t = _new(Tensor)
         t._data = self._data
         t._base = self._base if self._base is not None else self
-        if STATE.tracer is not None:   # traced: writes through t must reach self's Value
+        # weakly (a detached loss must not keep its graph alive): a trace that writes t or
+        # self passes the write on to the other, as the shared memory does in eager
+        t._detached_from = _weakref(self)
+        if STATE.tracer is not None:
             STATE.tracer.detached(t, self)
         return t
 

@@ -178,6 +178,18 @@ class Tracer:
             d._data = self.value_of(src)     # src's current Value (a stale view's too)
         self.aliases[id(d)] = [d, src, d._base._version]
 
+    def _adopt(self, t):
+        """t, a detach() made before the trace, is read or written by it for the first
+        time: like one made during the trace, its Value follows its source's (writes
+        pass between them); its own state is given back after the trace."""
+        ref = t._detached_from
+        src = ref() if ref is not None else None
+        if src is None or id(t) in self.aliases or id(t) in self.lifted:
+            return
+        self.kept[id(t)] = (t, t._data, t._node, t._idx, t.requires_grad, t._vsync)
+        t._data = self.value_of(src)
+        self.aliases[id(t)] = [t, src, t._base._version]
+
     def _sync_alias(self, t):
         """t (a detach made during the trace) may be stale: its source was written since."""
         A = self.aliases[id(t)]
@@ -206,6 +218,8 @@ class Tracer:
         A[2] = v0
 
     def value_of(self, t) -> Value:
+        if t._detached_from is not None and isinstance(t._data, np.ndarray):
+            self._adopt(t)
         if self.aliases and id(t) in self.aliases:
             self._sync_alias(t)
         if t._view is not None and isinstance(t._data, np.ndarray) and id(t) not in self.lifted:
@@ -289,6 +303,8 @@ class Tracer:
             check_inplace_target(target, name)
         if target._view is not None:
             base = target._view[0]
+            if base._detached_from is not None and isinstance(base._data, np.ndarray):
+                self._adopt(base)
             if base._view is None and isinstance(base._data, np.ndarray):
                 self.lift(base)      # state from outside the trace: its update is an output
             self.value_of(target)    # brings a stale view up to date first
@@ -303,6 +319,8 @@ class Tracer:
             if alias is not None:
                 self._write_through_alias(base, name)
             return target
+        if target._detached_from is not None and isinstance(target._data, np.ndarray):
+            self._adopt(target)
         if self.aliases and id(target) in self.aliases:
             self._sync_alias(target)
         if isinstance(target._data, np.ndarray):
