@@ -317,3 +317,27 @@ def test_jit_gradient_of_a_captured_tensor_the_call_writes_in_place():
         got = run(sampan, jit)
         assert got[0] == pytest.approx(want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
+def test_detach_made_before_the_trace_shares_writes_with_its_source():
+    # d = y.detach() made before the call: the call wrote d (lifted as its own state)
+    # and y (another state) separately, and the write-backs clobbered each other
+    # (the fuzzer's seed 253, first half eager)
+    def run(lib, jit):
+        x = lib.tensor(np.arange(12.0).reshape(3, 4) / 4 - 1.0, requires_grad=True)
+        u = lib.tensor(np.linspace(-1.0, 1.0, 4), requires_grad=True)
+        y = x + 1.0
+        d = y.detach()
+
+        def f(u):
+            d[1:] = (u * 2.0).unsqueeze(0)
+            y.neg_()
+            return (y * y).sum() + (d * 3.0).sum()
+        loss = sampan.jit(f)(u) if jit else f(u)
+        loss.backward()
+        return (y.detach().numpy().copy(), d.detach().numpy().copy(), x.grad.numpy(),
+                u.grad.numpy())
+    want = run(torch, False)
+    for jit in (False, True):
+        for a, b in zip(run(sampan, jit), want):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
