@@ -289,7 +289,9 @@ def residual_aliases(g, res):
                 k = pos[v.id]
                 break
             n = made.get(v.id)
-            if n is None or not OPS[n.op].view or not n.inputs:
+            # getitem with basic indexing only (no index tensors) is a numpy view too
+            if n is None or not n.inputs or not (OPS[n.op].view or (
+                    n.op == "getitem" and len(n.inputs) == 1)):
                 break
             v = n.inputs[0]
         out.append(k)

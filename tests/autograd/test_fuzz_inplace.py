@@ -341,3 +341,25 @@ def test_detach_made_before_the_trace_shares_writes_with_its_source():
     for jit in (False, True):
         for a, b in zip(run(sampan, jit), want):
             np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("made_before", [True, False])
+def test_jit_residual_that_is_a_slice_of_state_the_call_writes_back(made_before):
+    # mul's gradient for s reads the old v, a basic-index slice of y's state input; the
+    # write-back of y overwrote it before backward (a getitem was not counted as a view
+    # when finding the residuals that share an input's array)
+    def run(lib, jit):
+        u = lib.tensor(np.array([0.5, -1.0, 2.0, 1.0]), requires_grad=True)
+        y = u + 1.0
+        v0 = y[:] if made_before else None
+
+        def f(u):
+            v = v0 if made_before else y[1:]
+            s = u[:v.shape[0]] * 3.0
+            v.mul_(s)
+            return (v * 1.0).sum()
+        loss = sampan.jit(f)(u) if jit else f(u)
+        return (torch.autograd.grad if lib is torch else sampan.grad)(loss, [u])[0]
+    want = run(torch, False).numpy()
+    for jit in (False, True):
+        np.testing.assert_allclose(run(sampan, jit).numpy(), want, rtol=1e-12)
