@@ -310,6 +310,11 @@ class Tracer:
             self.value_of(target)    # brings a stale view up to date first
             if result._node is not None and grad:
                 result._node.preserve_input(target)
+            if _views_an_input(self.value_of(result)):
+                # written into the base, a view of an input's array would be state that
+                # changes while being written back (y.T.copy_(y)): write a copy
+                from ..ops.shape import clone
+                result = clone(result)
             bump_version(target)
             alias = self.aliases.get(id(base))
             if alias is not None:
@@ -333,6 +338,10 @@ class Tracer:
             rv = self.g.add_node("cast", [rv], {"dtype": _dtname(tv.dtype)}, loc=_loc()).output
         if rv.shape != tv.shape:
             rv = self.g.add_node("expand", [rv], {"shape": tuple(tv.shape)}, loc=_loc()).output
+        if id(target) in self.lifted and _views_an_input(rv):
+            # the new value of state is a view of an input's array (x.copy_(x[:, 0])):
+            # written back into that array, it would change while being copied
+            rv = self.g.add_node("copy", [rv], {}, loc=_loc()).output
         target._data = rv
         self.own.add(id(rv))
         bump_version(target)
@@ -408,6 +417,18 @@ class Tracer:
         self.own.add(id(nxt))
         ent[1] = nxt
         return wrap(key)
+
+
+def _views_an_input(v):
+    """Whether Value `v` is (a chain of views of) a graph input: at run time, an array
+    sharing that input's memory."""
+    from ..ops.registry import OPS
+    while v.node is not None:
+        n = v.node
+        if not n.inputs or not (OPS[n.op].view or (n.op == "getitem" and len(n.inputs) == 1)):
+            return False
+        v = n.inputs[0]
+    return v.const is None
 
 
 def _reshape_copies(x, attrs):

@@ -363,3 +363,33 @@ def test_jit_residual_that_is_a_slice_of_state_the_call_writes_back(made_before)
     want = run(torch, False).numpy()
     for jit in (False, True):
         np.testing.assert_allclose(run(sampan, jit).numpy(), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("pipeline", ["none", "train"])
+@pytest.mark.parametrize("case", ["own_column", "broadcast_then_written", "T_of_itself"])
+def test_jit_state_whose_new_value_views_an_input(case, pipeline):
+    # the new value of state was a numpy view of an input's array (x.copy_(x[:, :1])):
+    # the write-back copied it onto that array while reading it (seeds 3246, 1562)
+    def run(lib, jit):
+        x = lib.tensor(np.arange(6.0).reshape(2, 3) - 2.0, requires_grad=True)
+        y = x * 1.0
+        s = y.sum(1, keepdim=True) if lib is torch else y.sum(1, keepdims=True)
+
+        def f(x):
+            cl = (lambda t: t.clone()) if lib is torch else (lambda t: t)
+            if case == "own_column":
+                y.copy_(cl(y[:, 2:]))
+            elif case == "broadcast_then_written":
+                y.copy_(s)
+                s.add_(1.0)
+            else:
+                sq = y[:, :2].reshape(2, 2) if lib is torch else y[:, :2].reshape(2, 2)
+                sq.T.copy_(cl(sq))
+            return (y * y).sum() + (s * 1.0).sum()
+        loss = sampan.jit(f, pipeline=pipeline)(x) if jit else f(x)
+        loss.backward()
+        return y.detach().numpy().copy(), s.detach().numpy().copy(), x.grad.numpy()
+    want = run(torch, False)
+    for jit in (False, True):
+        for a, b in zip(run(sampan, jit), want):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
