@@ -172,10 +172,9 @@ class Tracer:
     def detached(self, d, src):
         """`d = src.detach()` during the trace: d shares src's memory in eager, so a write
         through either must reach the other (functionalised: Values are rebound)."""
-        d_ = src._data
-        if not isinstance(d_, np.ndarray) or (src._view is not None
-                                              and src._vsync != src._base._version):
-            d._data = self.value_of(src)     # src's current Value (a stale view's too)
+        # src's current Value (a stale view's too; a Value even for a src from outside
+        # the trace, so that d, made here, never holds an array a later sync replaces)
+        d._data = self.value_of(src)
         self.aliases[id(d)] = [d, src, d._base._version]
 
     def _adopt(self, t):

@@ -393,3 +393,27 @@ def test_jit_state_whose_new_value_views_an_input(case, pipeline):
     for jit in (False, True):
         for a, b in zip(run(sampan, jit), want):
             np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_detach_in_the_trace_of_a_view_made_before_it_is_returned_intact():
+    # d = v.detach() in the call, of a view v made before it: d kept v's array, was
+    # returned as a tensor from outside, and the call's gradient trace then synced it to
+    # a traced Value for good ("numpy was called on a traced value"; seed 10433)
+    def run(lib, jit):
+        u = lib.tensor(np.array([0.5, -1.0, 2.0, 1.0]), requires_grad=True)
+        y = u + 2.0
+        v = y[:3]
+        w = v[:2]
+
+        def f(u):
+            a = w[:1]
+            d = v.detach()
+            a.tanh_()
+            return (y * u).sum(), d
+        loss, d = sampan.jit(f)(u) if jit else f(u)
+        loss.backward()
+        return d.numpy().copy(), y.detach().numpy().copy(), u.grad.numpy()
+    want = run(torch, False)
+    for jit in (False, True):
+        for a, b in zip(run(sampan, jit), want):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
