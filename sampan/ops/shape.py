@@ -525,7 +525,16 @@ def _setitem_grad(g, y, x, v, *idx, index):
     from .elementwise import zeros_like_
     gx = apply(SETITEM, (g, zeros_like_(v)) + tuple(idx), {"index": index})
     gv = apply(GETITEM, (g,) + tuple(idx), {"index": index})
-    return (gx, unbroadcast(gv, tuple(v.shape))) + (None,) * len(idx)
+    # a value with more leading 1s than the part (x[:, 0] = v, v of shape (1, 1, 2) for
+    # a part (1, 2)): the gradient of the part, reshaped to the value's shape
+    vs = tuple(v.shape)
+    k = 0
+    while len(vs) - k > len(gv.shape) and vs[k] == 1:
+        k += 1
+    gv = unbroadcast(gv, vs[k:])
+    if k:
+        gv = reshape(gv, vs)
+    return (gx, gv) + (None,) * len(idx)
 
 
 SETITEM = defop("setitem", _setitem_rule, kernel=_setitem_kernel, grad=_setitem_grad, saves=(),

@@ -417,3 +417,22 @@ def test_detach_in_the_trace_of_a_view_made_before_it_is_returned_intact():
     for jit in (False, True):
         for a, b in zip(run(sampan, jit), want):
             np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_setitem_gradient_for_a_value_with_extra_leading_ones(jit):
+    # x[:, 0] = v with v (1, 1, 2) for a part (1, 2): the value's gradient was
+    # unbroadcast to a shape with more dims than it, and reshape failed (seed 13903)
+    def run(lib, jit):
+        x = lib.tensor(np.arange(6.0).reshape(1, 3, 2) / 5 - 0.3, requires_grad=True)
+        u = lib.tensor(np.array([[[1.5, -2.0]]]), requires_grad=True)
+
+        def f(x, u):
+            y = x * 1.0
+            y[:, 0] = u * 3.0
+            return (y * y).sum()
+        loss = sampan.jit(f)(x, u) if jit else f(x, u)
+        loss.backward()
+        return x.grad.numpy(), u.grad.numpy()
+    for a, b in zip(run(sampan, jit), run(torch, False)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
