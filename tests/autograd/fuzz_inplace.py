@@ -157,7 +157,6 @@ class _Gen:
             if n == 0:
                 return
             ids = [r.randrange(n) for _ in range(r.randint(1, 3))]
-            idx = ("T", d, tuple(ids))
             s = list(shape)
             s[d] = len(ids)
             self.emit("tindex", self._new(s), i, d, tuple(ids))
@@ -664,7 +663,7 @@ def fd_grads(prog, arrays, seed, eps=1e-6):
             ws = _weights(seed, [tuple(t.shape) for t in env])
             # the same terms as the differentiated loss: tensors that require grad there
             return env, ws
-    ref = run_torch_forward_mask(prog, arrays, seed)
+    ref = _loss_mask(prog, arrays, seed)
     out = []
     for n in range(len(arrays)):
         g = np.zeros_like(arrays[n])
@@ -681,8 +680,8 @@ def fd_grads(prog, arrays, seed, eps=1e-6):
     return out
 
 
-def run_torch_forward_mask(prog, arrays, seed):
-    """Which pool entries require grad (so are terms of the loss), by a sampan eager run."""
+def _loss_mask(prog, arrays, seed):
+    """Which pool entries require grad (the terms of the loss), by a sampan eager run."""
     xs = [sampan.tensor(a, requires_grad=True) for a in arrays]
     env = execute(prog, _Lib(sampan), xs)
     return [t.requires_grad for t in env]

@@ -62,8 +62,9 @@ def test_inplace_result_that_would_grow_the_target(case, jit):
 def test_fuzzer_seeds_agree_with_torch():
     warnings.simplefilter("ignore")
     bad = []
-    for seed in range(120):
-        for mode, problem in F.check(seed, ("eager", "jit_in", "jit_out")):
+    # every mode (eager; jit with the gradient inside, outside, and half eager), ~7 s
+    for seed in range(150):
+        for mode, problem in F.check(seed):
             bad.append(f"seed {seed} [{mode}]: {problem.splitlines()[0]}")
     assert not bad, "\n".join(bad[:10])
 
