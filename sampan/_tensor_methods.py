@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .autograd.tape import bump_version
-from .errors import AutogradError, op_error
+from .errors import AutogradError, ShapeError, op_error
 from .ops import composite as C
 from .ops import creation, elementwise as E, index as I, linalg as L, reduce as R, shape as S
 from .ops.registry import STATE
@@ -105,6 +105,7 @@ def _inplace(self, result, name="in-place op"):
     (setitem, reshape back ...: ops with gradients), and the view's history becomes
     "view of the new base"; so gradients through the base and through other views see
     the new values."""
+    _check_fits(self, result, name)
     if STATE.tracer is not None:  # functionalised by the tracer (also for captured tensors)
         return STATE.tracer.inplace(self, result, name)
     grad = STATE.grad_enabled
@@ -137,6 +138,20 @@ def _inplace(self, result, name="in-place op"):
         # self's old history gets a zero gradient, not the gradient of self
         _take_history(self, S.setitem(self, Ellipsis, _as_target(self, result)))
     return self
+
+
+def _check_fits(t, result, name):
+    """An in-place op writes into t: its out-of-place result must broadcast to t's shape
+    (``s.add_(v)`` with s 0-d and v of shape (1,) cannot grow s), as in PyTorch."""
+    rs, ts = tuple(result.shape), tuple(t.shape)
+    if rs == ts:
+        return
+    ok = len(rs) <= len(ts) and all(a == 1 or a == b or not isinstance(a, int) or
+                                    not isinstance(b, int) for a, b in zip(rs[::-1], ts[::-1]))
+    if not ok:
+        raise op_error(ShapeError, name, f"a result of shape {rs} to write into a tensor of "
+                       f"shape {ts}", "a result that broadcasts to the tensor's shape (an "
+                       "in-place op cannot change it)")
 
 
 def check_inplace_target(t, name="in-place op"):
@@ -184,6 +199,11 @@ def rebase_view(v, result, name="in-place op"):
     new = _unview(base, chain, _as_target(v, result))
     traced = STATE.tracer is not None     # traced: Values are rebound (functionalised)
     grad = STATE.grad_enabled
+    if grad and base.requires_grad and not new.requires_grad:
+        # a view covering all of the base (.T, reshape ...) overwritten by values that need
+        # no gradient: the base keeps a history that gives its old one a zero gradient
+        # (as torch's CopySlices), instead of becoming a constant
+        new = S.setitem(base, Ellipsis, new)
     if traced:
         base._data = new._data
     if grad:

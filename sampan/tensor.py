@@ -8,6 +8,8 @@ the shape rule too.
 """
 from __future__ import annotations
 
+from weakref import ref as _weakref
+
 import numpy as np
 
 from . import dtypes as _dt
@@ -41,6 +43,7 @@ class Tensor:
     _vsync = 0          # the base's version when this view's history was last rebuilt
     _version = 0
     _hooks = None
+    _detached_from = None   # weakref to the tensor this one is a detach() of
     name = None
 
     def __init__(self, data, dtype=None, requires_grad=False):
@@ -174,6 +177,11 @@ class Tensor:
         t = _new(Tensor)
         t._data = self._data
         t._base = self._base if self._base is not None else self
+        # weakly (a detached loss must not keep its graph alive): a trace that writes t or
+        # self passes the write on to the other, as the shared memory does in eager
+        t._detached_from = _weakref(self)
+        if STATE.tracer is not None:
+            STATE.tracer.detached(t, self)
         return t
 
     def detach_(self) -> "Tensor":
@@ -378,8 +386,14 @@ def refresh_view(t):
     (and, while tracing, its Value the view of the base's current Value)."""
     base, chain = t._view
     cur = base
-    for op, attrs in chain:
-        cur = apply(op, (cur,), attrs)
+    # the history is rebuilt even where grad is off (a traced read of the view in a
+    # no_grad block): else the view would come out of it with no history at all
+    prev, STATE.grad_enabled = STATE.grad_enabled, True
+    try:
+        for op, attrs in chain:
+            cur = apply(op, (cur,), attrs)
+    finally:
+        STATE.grad_enabled = prev
     t._vsync = t._base._version
     if STATE.tracer is not None:       # traced: the Value is rebuilt as well
         t._data = cur._data

@@ -325,9 +325,8 @@ def _as_lifted(L):
     t = L.t
     if L.root is None or t._node is L.root:
         return t
-    from ..tensor import Tensor
-    s = object.__new__(Tensor)
-    s._node, s._idx = L.root, 0
+    s = wrap(L.value)
+    s._node, s._idx, s.requires_grad = L.root, 0, True
     return s
 
 
@@ -359,7 +358,9 @@ def residual_aliases(g, res):
                 k = pos[v.id]
                 break
             n = made.get(v.id)
-            if n is None or not OPS[n.op].view or not n.inputs:
+            # getitem with basic indexing only (no index tensors) is a numpy view too
+            if n is None or not n.inputs or not (OPS[n.op].view or (
+                    n.op == "getitem" and len(n.inputs) == 1)):
                 break
             v = n.inputs[0]
         out.append(k)

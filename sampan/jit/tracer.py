@@ -38,13 +38,14 @@ def _loc():
 
 
 class _Lifted:
-    __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "value", "gvalue",
-                 "gdata", "root")
+    __slots__ = ("t", "data", "node", "idx", "rg", "grad", "version", "vsync", "value",
+                 "gvalue", "gdata", "root")
 
     def __init__(self, t):
         self.t = t
         self.data, self.node, self.idx = t._data, t._node, t._idx
         self.rg, self.grad, self.version = t.requires_grad, t.grad, t._version
+        self.vsync = t._vsync
         self.value = None
         self.gvalue = None
         self.root = None        # the tape root standing for its history outside, if any
@@ -70,6 +71,10 @@ class Tracer:
         self.born_tensors = {}
         self.born_arrays = {}
         self.tape = {}           # tape node recorded by this trace -> its source line
+        # id(d) -> [d, source, base version when d's Value was last synced] for
+        # d = source.detach(): eager shares the memory, so the trace passes writes on
+        self.aliases = {}
+        self.kept = {}           # id -> (view made before the trace, its state to restore)
         self.loc = None          # the source line new nodes take, if not the caller's
         self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
@@ -96,6 +101,9 @@ class Tracer:
             t.grad, t._version = L.grad, L.version
             if L.grad is not None and L.gvalue is not None:
                 L.grad._data = L.gdata
+            t._vsync = L.vsync
+        for t, data, node, idx, rg, vsync in self.kept.values():
+            t._data, t._node, t._idx, t.requires_grad, t._vsync = data, node, idx, rg, vsync
         self.lifted_restored = True
 
     # ------------------------------------------------------------------ values
@@ -161,15 +169,71 @@ class Tracer:
             t.grad._data = gv
         return v
 
+    def detached(self, d, src):
+        """`d = src.detach()` during the trace: d shares src's memory in eager, so a write
+        through either must reach the other (functionalised: Values are rebound)."""
+        # src's current Value (a stale view's too; a Value even for a src from outside
+        # the trace, so that d, made here, never holds an array a later sync replaces)
+        d._data = self.value_of(src)
+        self.aliases[id(d)] = [d, src, d._base._version]
+
+    def _adopt(self, t):
+        """t, a detach() made before the trace, is read or written by it for the first
+        time: like one made during the trace, its Value follows its source's (writes
+        pass between them); its own state is given back after the trace."""
+        ref = t._detached_from
+        src = ref() if ref is not None else None
+        if src is None or id(t) in self.aliases or id(t) in self.lifted:
+            return
+        self.kept[id(t)] = (t, t._data, t._node, t._idx, t.requires_grad, t._vsync)
+        t._data = self.value_of(src)
+        self.aliases[id(t)] = [t, src, t._base._version]
+
+    def _sync_alias(self, t):
+        """t (a detach made during the trace) may be stale: its source was written since."""
+        A = self.aliases[id(t)]
+        if A[2] != t._base._version:
+            t._data = self.value_of(A[1])
+            A[2] = t._base._version
+
+    def _write_through_alias(self, root, name):
+        """`root` (a detach made during the trace) was just written: write its new value
+        into its source too, without recording a gradient, as eager's shared memory does
+        (PyTorch: the source's values change, its history does not)."""
+        A = self.aliases[id(root)]
+        prev = STATE.grad_enabled
+        STATE.grad_enabled = False
+        mem = root._base              # d and its source share this version counter
+        v0 = mem._version
+        try:
+            self.inplace(A[1], wrap(root._data), name)
+        finally:
+            STATE.grad_enabled = prev
+            # one write in eager, one version bump: the write-through is not a second
+            # write (it would fail the saved-value checks of what d's write recorded)
+            mem._version = v0
+        if A[1]._view is not None:
+            A[1]._vsync = v0          # rebuilt by the write-through at the bumped version
+        A[2] = v0
+
     def value_of(self, t) -> Value:
+        if t._detached_from is not None and isinstance(t._data, np.ndarray):
+            self._adopt(t)
+        if self.aliases and id(t) in self.aliases:
+            self._sync_alias(t)
+        if t._view is not None and isinstance(t._data, np.ndarray) and id(t) not in self.lifted:
+            # a view made before the trace: its Value is the view of its base's Value (so
+            # that writes to the base inside the trace reach it, and writes through it
+            # reach the base, as eager's shared memory does) and its history is rebuilt
+            # from the base's (else a gradient through it would miss what the trace
+            # wrote into the base); both are given back after the trace
+            if id(t) not in self.kept:
+                self.kept[id(t)] = (t, t._data, t._node, t._idx, t.requires_grad, t._vsync)
+            refresh_view(t)
+            return t._data
         if t._view is not None and t._vsync != t._base._version:
             # a view whose base was modified in place: its Value is the view of the base's
             # current Value (eager sees the new values through shared memory)
-            if isinstance(t._data, np.ndarray):    # made before the trace: leave t alone
-                cur = t._view[0]
-                for op, attrs in t._view[1]:
-                    cur = self.apply(op, (cur,), attrs)
-                return cur._data
             refresh_view(t)
         d = t._data
         if isinstance(d, Value):
@@ -238,15 +302,31 @@ class Tracer:
             check_inplace_target(target, name)
         if target._view is not None:
             base = target._view[0]
+            if base._detached_from is not None and isinstance(base._data, np.ndarray):
+                self._adopt(base)
             if base._view is None and isinstance(base._data, np.ndarray):
                 self.lift(base)      # state from outside the trace: its update is an output
             self.value_of(target)    # brings a stale view up to date first
             if result._node is not None and grad:
                 result._node.preserve_input(target)
+            if _views_an_input(self.value_of(result)):
+                # written into the base, a view of an input's array would be state that
+                # changes while being written back (y.T.copy_(y)): write a copy
+                from ..ops.shape import clone
+                result = clone(result)
             bump_version(target)
+            alias = self.aliases.get(id(base))
+            if alias is not None:
+                alias[2] = base._base._version   # this write is d's own: nothing to pull
             rebase_view(target, result, name)
             self.own.add(id(target._data))
+            if alias is not None:
+                self._write_through_alias(base, name)
             return target
+        if target._detached_from is not None and isinstance(target._data, np.ndarray):
+            self._adopt(target)
+        if self.aliases and id(target) in self.aliases:
+            self._sync_alias(target)
         if isinstance(target._data, np.ndarray):
             self.lift(target)
         if result._node is not None and grad:
@@ -257,9 +337,16 @@ class Tracer:
             rv = self.g.add_node("cast", [rv], {"dtype": _dtname(tv.dtype)}, loc=_loc()).output
         if rv.shape != tv.shape:
             rv = self.g.add_node("expand", [rv], {"shape": tuple(tv.shape)}, loc=_loc()).output
+        if id(target) in self.lifted and _views_an_input(rv):
+            # the new value of state is a view of an input's array (x.copy_(x[:, 0])):
+            # written back into that array, it would change while being copied
+            rv = self.g.add_node("copy", [rv], {}, loc=_loc()).output
         target._data = rv
         self.own.add(id(rv))
         bump_version(target)
+        alias = self.aliases.get(id(target))
+        if alias is not None:
+            alias[2] = target._base._version     # this write is d's own: nothing to pull
         if result._node is not None and grad:
             target._node, target._idx = result._node, result._idx
             target.requires_grad = True
@@ -270,6 +357,8 @@ class Tracer:
             new = setitem(target, Ellipsis, wrap(rv))
             target._data = new._data
             target._node, target._idx = new._node, new._idx
+        if alias is not None:
+            self._write_through_alias(target, name)
         return target
 
     def bool_of(self, t):
@@ -327,6 +416,18 @@ class Tracer:
         self.own.add(id(nxt))
         ent[1] = nxt
         return wrap(key)
+
+
+def _views_an_input(v):
+    """Whether Value `v` is (a chain of views of) a graph input: at run time, an array
+    sharing that input's memory."""
+    from ..ops.registry import OPS
+    while v.node is not None:
+        n = v.node
+        if not n.inputs or not (OPS[n.op].view or (n.op == "getitem" and len(n.inputs) == 1)):
+            return False
+        v = n.inputs[0]
+    return v.const is None
 
 
 def _reshape_copies(x, attrs):

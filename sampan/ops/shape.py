@@ -497,6 +497,18 @@ def getitem(x, idx):
 
 
 def _setitem_rule(x, v, *idx, index):
+    # the value must broadcast to the selected part (leading 1s dropped, as numpy and
+    # torch do): checked here, so a traced setitem fails at trace time with the user's
+    # line, not in the generated code with numpy's message
+    part = _getitem_rule(x, *idx, index=index).shape
+    vs = tuple(v.shape)
+    while len(vs) > len(part) and vs[0] == 1:
+        vs = vs[1:]
+    if len(vs) > len(part) or any(a != 1 and a != b for a, b in zip(vs[::-1], part[::-1])
+                                  if isinstance(a, int) and isinstance(b, int)):
+        raise op_error(ShapeError, "setitem", f"a value of shape {tuple(v.shape)} for "
+                       f"{format_index(index, idx)} (a part of shape {part}) of a tensor of "
+                       f"shape {tuple(x.shape)}", "a value that broadcasts to the part")
     return Spec(x.shape, x.dtype)
 
 
@@ -513,7 +525,16 @@ def _setitem_grad(g, y, x, v, *idx, index):
     from .elementwise import zeros_like_
     gx = apply(SETITEM, (g, zeros_like_(v)) + tuple(idx), {"index": index})
     gv = apply(GETITEM, (g,) + tuple(idx), {"index": index})
-    return (gx, unbroadcast(gv, tuple(v.shape))) + (None,) * len(idx)
+    # a value with more leading 1s than the part (x[:, 0] = v, v of shape (1, 1, 2) for
+    # a part (1, 2)): the gradient of the part, reshaped to the value's shape
+    vs = tuple(v.shape)
+    k = 0
+    while len(vs) - k > len(gv.shape) and vs[k] == 1:
+        k += 1
+    gv = unbroadcast(gv, vs[k:])
+    if k:
+        gv = reshape(gv, vs)
+    return (gx, gv) + (None,) * len(idx)
 
 
 SETITEM = defop("setitem", _setitem_rule, kernel=_setitem_kernel, grad=_setitem_grad, saves=(),
