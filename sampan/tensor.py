@@ -339,6 +339,11 @@ def apply(op, inputs, attrs):
     if op.n_out == 1:
         if type(out) is not _ndarray:
             out = _asarray(out)
+        elif out.ndim > 1 and out.base is None and not out.flags.c_contiguous:
+            # a fresh result in another layout (numpy keeps a transposed input's): made
+            # C-contiguous, so that whether a later reshape is a view does not depend on
+            # layouts the tracer cannot see (eager and jit agree on it)
+            out = np.ascontiguousarray(out)
         y = _new(Tensor)
         y._data = out
         if op.view:

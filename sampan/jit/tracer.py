@@ -430,17 +430,29 @@ def _views_an_input(v):
     return v.const is None
 
 
+def _concrete(t):
+    """The array a tensor from outside the trace holds (a lifted input's or a constant's),
+    else None."""
+    if isinstance(t._data, np.ndarray):
+        return t._data
+    tr = STATE.tracer
+    L = tr.lifted.get(id(t)) if tr is not None else None
+    return L.data if L is not None and isinstance(L.data, np.ndarray) else None
+
+
 def _reshape_copies(x, attrs):
-    """Whether eager's reshape of `x` copies (x a non-contiguous view), as numpy decides:
-    replayed on an untouched byte array of the base's shape (eager arrays that are not
-    views are C-contiguous)."""
-    if x._view is None:
-        return False
-    base, chain = x._view
+    """Whether eager's reshape of `x` copies (x non-contiguous), as numpy decides: the view
+    chain replayed on the base's own array when it came from outside the trace, else on a
+    byte array of the base's shape (eager results that are not views are C-contiguous)."""
+    base, chain = x._view if x._view is not None else (x, ())
     shape = tuple(base._data.shape)
     if not all(isinstance(d, int) for d in shape + tuple(attrs["shape"])):
         return False
-    a = np.empty(shape, np.uint8)
+    a = _concrete(base)
+    if a is None:       # made in the trace: C-contiguous in eager too (tensor.apply)
+        if not chain:
+            return False
+        a = np.empty(shape, np.uint8)
     for op, at in chain:
         a = op.kernel(a, **at)
     try:

@@ -339,3 +339,23 @@ def test_optimizer_style_update_through_views_of_a_parameter_in_jit():
         np.testing.assert_allclose(jstep(x).numpy(), step(we, x).numpy(), rtol=1e-12)
     np.testing.assert_allclose(wj.numpy(), we.numpy(), rtol=1e-12)
     assert wj.is_leaf and jstep.n_traces == 1
+
+
+def test_reshape_of_a_result_computed_from_a_transpose_is_the_same_in_eager_and_jit():
+    # numpy gives `x.T * 2` the transposed layout, so eager's reshape of it copied while the
+    # tracer (which sees no layouts) made it a view: jit silently gave zeros. Fresh results
+    # are C-contiguous now, so the reshape is a view in both (torch documents either).
+    def prog(x):
+        p = x.T * 2.0
+        r = p.reshape(12, 1)
+        p.mul_(0.0)
+        return r * 1.0, p.sum()
+
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    eager = prog(sampan.tensor(x))
+    jitted = sampan.jit(prog)(sampan.tensor(x))
+    for a, b in zip(eager, jitted):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(eager[0].numpy(), np.zeros((12, 1)))
+    assert (x.T * 2.0).flags.f_contiguous      # the layout that made eager copy before
+    assert (sampan.tensor(x).T * 2.0).numpy().flags.c_contiguous
