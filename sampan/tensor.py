@@ -324,6 +324,12 @@ def apply(op, inputs, attrs):
         return st.tracer.apply(op, inputs, attrs)
     if op.eager_check:
         check_inputs(op, inputs, attrs)
+    if op.differentiable and st.grad_enabled:
+        # a view whose base was written in place since: its history first becomes the
+        # view of the base's current history (once here, for one or several outputs)
+        for t in inputs:
+            if t._view is not None and t._vsync != t._base._version:
+                refresh_view(t)
     try:
         n = len(inputs)
         if attrs:
@@ -355,9 +361,6 @@ def apply(op, inputs, attrs):
                 mark_view(y, x, op, attrs)
         if op.differentiable and st.grad_enabled:
             for t in inputs:
-                if t._view is not None and t._vsync != t._base._version:
-                    refresh_view(t)
-            for t in inputs:
                 if t.requires_grad:
                     if op.keeps_float or out.dtype in _FLOATS:
                         y._node = Node(op, inputs, attrs, (y,))
@@ -366,9 +369,6 @@ def apply(op, inputs, attrs):
         return y
     ys = tuple(wrap(_asarray(o)) for o in out)
     if op.differentiable and st.grad_enabled:
-        for t in inputs:
-            if t._view is not None and t._vsync != t._base._version:
-                refresh_view(t)
         for t in inputs:
             if t.requires_grad:
                 _record(op, inputs, attrs, ys)
