@@ -13,7 +13,9 @@ from sampan.data import DataLoader, TensorDataset
 from sampan.errors import DTypeError, SampanValueError, ShapeError
 from sampan.io import CheckpointError, load
 from sampan.optim import SGD, Adam
-from sampan.train import Checkpoint, Hook, Trainer
+from sampan.train import Checkpoint, Trainer
+
+from test_trainer import _Crash, _Losses  # the same hooks as the trainer's own tests
 
 
 # ----------------------------------------------------------------- a small run
@@ -27,23 +29,6 @@ def _trainer(hooks=(), seed=0):
                         shuffle=True, seed=3)
     return Trainer(model, Adam(model.parameters(), lr=0.02), sampan.cross_entropy, loader,
                    hooks=list(hooks))
-
-
-class _Losses(Hook):
-    def __init__(self):
-        self.losses = []
-
-    def after_step(self, trainer, logs):
-        self.losses.append(logs["loss"])
-
-
-class _Crash(Hook):
-    def __init__(self, at):
-        self.at = at
-
-    def after_step(self, trainer, logs):
-        if trainer.global_step == self.at:
-            raise KeyboardInterrupt
 
 
 EPOCHS = 4  # 4 batches an epoch: 16 steps
