@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops._util import lead_size
 from ..ops.registry import OPS
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -28,8 +29,7 @@ def _relu_out(a, out):
 def _matmul_out(a, b, out):
     if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
         # (..., m, k) @ (k, n) as one (M, k) @ (k, n) GEMM instead of one per batch entry
-        # (explicit row count: -1 cannot be inferred when k or n is 0)
-        m = int(np.prod(a.shape[:-1]))
+        m = lead_size(a.shape[:-1])
         np.matmul(a.reshape(m, a.shape[-1]), b, out=out.reshape(m, out.shape[-1]))
         return out
     return np.matmul(a, b, out=out)
