@@ -44,6 +44,11 @@ from .ops.reduce import all, amax, amin, any, argmax, argmin, cumsum, max, mean,
 from .ops.shape import (broadcast_to, cat, chunk, clone, concat, expand, flatten, flip, narrow,
                         pad, permute, reshape, split, squeeze, stack, transpose, unsqueeze)
 from .ops.sort import argsort, sort, topk
+from .ops import decomp as _decomp, layout as _layout, mathops as _mathops  # noqa: E402
+from .ops import scan as _scan, scatter as _scatter  # noqa: E402
+
+for _m in (_decomp, _layout, _mathops, _scan, _scatter):  # issue-17 families: EXPORTS
+    globals().update({_n: getattr(_m, _n) for _n in _m.EXPORTS})
 
 from . import nn  # noqa: E402  (layers need the op table loaded)
 from . import data, io  # noqa: E402
@@ -51,6 +56,7 @@ from .io.checkpoint import CheckpointError, load, save  # noqa: E402
 from . import optim  # noqa: E402
 from . import train  # noqa: E402
 from . import ir, jit, passes  # noqa: E402  (sampan.jit is callable: @sampan.jit)
+from . import linalg  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -100,3 +106,5 @@ __all__ = [
     "train",
     "ir", "jit", "passes",
 ]
+__all__ += ["linalg"]
+__all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]

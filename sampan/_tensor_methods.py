@@ -270,3 +270,18 @@ Tensor.zero_ = _zero_
 Tensor.fill_ = _fill_
 Tensor.copy_ = _copy_
 Tensor.__setitem__ = _setitem
+
+
+def _bind_family_methods():
+    """The issue-17 op families list their Tensor methods in `METHODS` (name -> function of
+    self) and their in-place methods in `INPLACE` (e.g. "masked_fill_" -> masked_fill: the
+    out-of-place function, whose result is written into self as the other in-place ops)."""
+    from .ops import decomp, layout, mathops, scan, scatter
+    for mod in (decomp, layout, mathops, scan, scatter):
+        for name, fn in mod.METHODS.items():
+            setattr(Tensor, name, fn)
+        for name, fn in getattr(mod, "INPLACE", {}).items():
+            setattr(Tensor, name, _mk_inplace(fn, name))
+
+
+_bind_family_methods()

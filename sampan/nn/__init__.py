@@ -8,33 +8,22 @@ Example::
     ...                                    sampan.randint(0, 10, (128,)))
     >>> loss.backward()
 """
-from . import functional, init
-from .activation import (ELU, GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax,
-                         Softplus, Tanh)
-from .attention import MultiHeadAttention, TransformerDecoderBlock, TransformerEncoderLayer
-from .container import LayerDict, LayerList, Sequential
-from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, ConvTranspose2d, MaxPool2d
+from . import functional, init, utils
+from . import (activation, attention, container, conv, distance, dropout, linear, losses, norm,
+               rnn, sampling, sparse, transformer)
 from .layer import Layer, LoadResult, Parameter, RemovableHandle, is_parameter
-from .linear import Bilinear, Dropout, Embedding, Flatten, Identity, Linear
-from .losses import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, KLDivLoss, L1Loss, MSELoss,
-                     NLLLoss, SmoothL1Loss)
-from .norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
-from .rnn import GRU, LSTM
+
+_LAYER_MODULES = (activation, attention, container, conv, distance, dropout, linear, losses,
+                  norm, rnn, sampling, sparse, transformer)
+for _m in _LAYER_MODULES:  # each layer module lists the names it exports in EXPORTS
+    globals().update({_n: getattr(_m, _n) for _n in _m.EXPORTS})
 
 F = functional
 Module = Layer  # PyTorch's name
-ModuleList = LayerList
-ModuleDict = LayerDict
-MultiheadAttention = MultiHeadAttention
+ModuleList = LayerList  # noqa: F405
+ModuleDict = LayerDict  # noqa: F405
+MultiheadAttention = MultiHeadAttention  # noqa: F405
 
-__all__ = [
-    "functional", "init", "F", "Layer", "Module", "Parameter", "RemovableHandle",
-    "LoadResult", "is_parameter", "Sequential", "LayerList", "LayerDict", "ModuleList",
-    "ModuleDict", "Linear", "Bilinear", "Embedding", "Identity", "Flatten", "Dropout",
-    "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-    "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm", "ReLU", "LeakyReLU",
-    "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "ELU", "Softplus",
-    "MultiHeadAttention", "MultiheadAttention", "TransformerEncoderLayer",
-    "TransformerDecoderBlock", "LSTM", "GRU", "CrossEntropyLoss", "NLLLoss", "MSELoss",
-    "L1Loss", "SmoothL1Loss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
-]
+__all__ = ["functional", "init", "utils", "F", "Layer", "Module", "Parameter", "RemovableHandle",
+           "LoadResult", "is_parameter", "ModuleList", "ModuleDict", "MultiheadAttention"]
+__all__ += [n for m in _LAYER_MODULES for n in m.EXPORTS]

@@ -106,3 +106,7 @@ class Softplus(Layer):
 
     def forward(self, x):
         return F.softplus(x, self.beta)
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["ReLU", "LeakyReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "ELU", "Softplus"]

@@ -210,3 +210,7 @@ class TransformerDecoderBlock(Layer):
         a, _ = self.attn(self.ln_1(x), key_padding_mask=key_padding_mask, is_causal=True)
         x = x + self.drop(a)
         return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["MultiHeadAttention", "TransformerEncoderLayer", "TransformerDecoderBlock"]

@@ -161,3 +161,7 @@ class LayerDict(Layer):
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError("LayerDict has no forward; index it")
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["Sequential", "LayerList", "LayerDict"]

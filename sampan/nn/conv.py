@@ -160,3 +160,7 @@ class AdaptiveAvgPool2d(Layer):
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]

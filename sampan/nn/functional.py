@@ -297,3 +297,12 @@ __all__ = [
     "binary_cross_entropy_with_logits", "kl_div",
     "conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
 ]
+
+# issue 17: the functional forms of each area live in their own module
+from ._f_basic import *  # noqa: E402,F401,F403
+from ._f_linalg import *  # noqa: E402,F401,F403
+from ._f_rnn import *  # noqa: E402,F401,F403
+from ._f_spatial import *  # noqa: E402,F401,F403
+from . import _f_basic, _f_linalg, _f_rnn, _f_spatial  # noqa: E402
+
+__all__ += _f_basic.__all__ + _f_linalg.__all__ + _f_spatial.__all__ + _f_rnn.__all__

@@ -158,3 +158,7 @@ class Dropout(Layer):
 
     def extra_repr(self):
         return f"p={self.p}"
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["Linear", "Bilinear", "Embedding", "Identity", "Flatten", "Dropout"]

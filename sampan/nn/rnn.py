@@ -197,3 +197,7 @@ class GRU(_RNNBase):
     def forward(self, x, hx=None, lengths=None):
         out, (h,) = self._run(x, [(hx, "h")], lengths)
         return out, h
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["LSTM", "GRU"]

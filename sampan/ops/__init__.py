@@ -4,7 +4,8 @@
 listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
-            "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused"]
+            "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
+            "mathops", "layout", "scatter", "scan", "decomp"]
 
 
 def load_all():

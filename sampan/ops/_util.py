@@ -144,3 +144,20 @@ def binary_samples(low=-2.0, high=2.0, blow=None, bhigh=None):
                               high=high if bhigh is None else bhigh)))
                 for a, b in BINARY_SHAPES]
     return samples
+
+
+def pick(op: str, torch_name: str, torch_value, numpy_name: str, numpy_value, default=None):
+    """One argument users spell two ways: PyTorch's name (`dim`, `keepdim`) or numpy's and
+    Paddle's (`axis`, `keepdims`). Either may be given (None = not given); both is an error.
+
+        axis = pick("sum", "dim", dim, "axis", axis)
+    """
+    if torch_value is not None and numpy_value is not None:
+        from ..errors import SampanValueError
+        raise op_error(SampanValueError, op,
+                       f"both {torch_name}={torch_value!r} and {numpy_name}={numpy_value!r}",
+                       f"one of {torch_name}= or {numpy_name}=",
+                       "they name the same argument")
+    if torch_value is not None:
+        return torch_value
+    return default if numpy_value is None else numpy_value

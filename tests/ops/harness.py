@@ -19,6 +19,18 @@ except ImportError:
     pass
 
 
+def _merge_area_oracles():
+    """Each area's oracle module (torch_oracle_<area>.py) adds its entries here."""
+    import importlib
+    for area in ("math", "layout", "scatter", "linalg"):
+        mod = importlib.import_module(f"{__package__}.torch_oracle_{area}")
+        ORACLE.update(mod.ORACLE)
+        COMPOSITE_ORACLE.update(mod.COMPOSITE_ORACLE)
+
+
+_merge_area_oracles()
+
+
 def op_cases():
     """(op name, sample index) for every op in the table."""
     return [(name, i) for name, op in sorted(OPS.items()) for i in range(len(op.samples()))]
