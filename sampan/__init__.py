@@ -13,8 +13,8 @@ Example::
 from . import _alloc
 from . import dtypes as _dtypes_mod
 from .device import Device, cuda_is_available
-from .dtypes import (bfloat16, bool_, float16, float32, float64, get_default_dtype, int8, int16,
-                     int32, int64, promote_types, set_default_dtype, uint8)
+from .dtypes import (bfloat16, bool_, finfo, float16, float32, float64, get_default_dtype, iinfo,
+                     int8, int16, int32, int64, promote_types, set_default_dtype, uint8)
 from .errors import (AutogradError, DeviceError, DTypeError, SampanError, SampanIndexError,
                      SampanValueError, ShapeError)
 from .tensor import Tensor
@@ -23,10 +23,13 @@ from .ops import load_all as _load_ops
 _load_ops()  # registers the op table
 _alloc.tune()  # keep freed activations in the process (see sampan/_alloc.py)
 from . import _tensor_methods  # noqa: F401  (binds operators and methods)
-from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
+from .autograd import (enable_grad, grad, inference_mode, is_grad_enabled,
+                       is_inference_mode_enabled, no_grad, set_grad_enabled)
+from ._threads import get_num_threads, set_num_threads
+from . import return_types
 from .ops.composite import (batch_norm, cross_entropy, dropout, gelu, layer_norm, leaky_relu,
                             log_softmax, logsumexp, one_hot, rms_norm, silu, softmax, softplus,
-                            std, var)
+                            std, std_mean, var, var_mean)
 from .ops.conv import conv1d, conv2d, conv_transpose2d
 from .ops.creation import (arange, empty, eye, from_numpy, full, full_like, linspace, ones,
                            ones_like, tensor, zeros, zeros_like)
@@ -42,7 +45,8 @@ from .ops.random import (Generator, default_generator, manual_seed, normal, rand
                          randint, randint_like, randn, randn_like, randperm, uniform)
 from .ops.reduce import all, amax, amin, any, argmax, argmin, cumsum, max, mean, min, prod, sum
 from .ops.shape import (broadcast_to, cat, chunk, clone, concat, expand, flatten, flip, narrow,
-                        pad, permute, reshape, split, squeeze, stack, transpose, unsqueeze)
+                        pad, permute, reshape, split, squeeze, stack, swapaxes, swapdims,
+                        transpose, unsqueeze)
 from .ops.sort import argsort, sort, topk
 from .ops import decomp as _decomp, layout as _layout, mathops as _mathops  # noqa: E402
 from .ops import scan as _scan, scatter as _scatter  # noqa: E402
@@ -67,17 +71,47 @@ def device(spec="cpu"):
     return as_device(spec)
 
 
+def is_tensor(obj) -> bool:
+    """Whether `obj` is a sampan Tensor (a Parameter is one)."""
+    return isinstance(obj, Tensor)
+
+
+def numel(input) -> int:
+    """The number of elements of a tensor. Example: ``sampan.numel(sampan.zeros(2, 3))``."""
+    return input.numel()
+
+
+def empty_like(input, dtype=None, requires_grad=False, device=None):
+    """A tensor of `input`'s shape and dtype (zeros, as `sampan.empty`)."""
+    return zeros(tuple(input.shape), dtype=dtype or input.dtype, requires_grad=requires_grad,
+                 device=device)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """`data` as a tensor without copying when possible: a tensor of the dtype is returned
+    itself, a numpy array of a sampan dtype is shared (writes show through both ways).
+    Example: ``t = sampan.as_tensor(np.zeros(3))`` (float64, sharing the array)."""
+    from .tensor import as_tensor as _as_tensor
+    if device is not None:
+        from .device import as_device
+        as_device(device)
+    return _as_tensor(data, dtype)
+
+
 __all__ = [
     "Tensor", "Device", "device", "cuda_is_available", "Generator", "default_generator",
     "manual_seed",
     # dtypes
     "bool_", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-    "float64", "get_default_dtype", "set_default_dtype", "promote_types",
+    "float64", "get_default_dtype", "set_default_dtype", "promote_types", "finfo", "iinfo",
+    "long", "int", "short", "half", "float", "double", "bool",
     # errors
     "SampanError", "ShapeError", "DTypeError", "DeviceError", "SampanValueError",
     "SampanIndexError", "AutogradError",
     # autograd
-    "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
+    "is_inference_mode_enabled", "set_num_threads", "get_num_threads", "return_types",
+    "is_tensor", "numel", "empty_like", "as_tensor",
     # creation
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
     "full_like", "arange", "linspace", "eye", "rand", "randn", "randint", "rand_like",
@@ -94,6 +128,7 @@ __all__ = [
     # shape & index
     "reshape", "permute", "transpose", "expand", "broadcast_to", "squeeze", "unsqueeze",
     "flatten", "concat", "cat", "stack", "split", "chunk", "narrow", "pad", "flip", "clone",
+    "swapaxes", "swapdims", "std_mean", "var_mean",
     "index_select", "index_add", "gather", "take_along_axis", "scatter_add", "matmul",
     # composites
     "softmax", "log_softmax", "logsumexp", "var", "std", "layer_norm", "rms_norm", "batch_norm",
@@ -108,3 +143,8 @@ __all__ = [
 ]
 __all__ += ["linalg"]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
+
+# PyTorch's dtype names (torch.float is float32, torch.int int32, torch.long int64 ...).
+# Bound last: `float`, `int` and `bool` shadow the builtins in this module's namespace.
+long, short, half, double = int64, int16, float16, float64
+float, int, bool = float32, int32, bool_  # noqa: A001

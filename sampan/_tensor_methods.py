@@ -10,6 +10,7 @@ from .autograd.tape import bump_version
 from .errors import AutogradError, ShapeError, op_error
 from .ops import composite as C
 from .ops import creation, elementwise as E, index as I, linalg as L, reduce as R, shape as S
+from .ops import sort as O
 from .ops.registry import STATE
 from .tensor import Tensor, apply
 
@@ -68,14 +69,15 @@ _methods = {
     "logical_not": E.logical_not, "where": lambda self, cond, other: E.where(cond, self, other),
     "sum": R.sum, "mean": R.mean, "amax": R.amax, "amin": R.amin, "max": R.max, "min": R.min,
     "prod": R.prod, "argmax": R.argmax, "argmin": R.argmin, "all": R.all, "any": R.any,
-    "cumsum": R.cumsum, "reshape": S.reshape, "view": S.reshape, "permute": S.permute,
-    "transpose": S.transpose, "expand": S.expand, "broadcast_to": S.expand,
+    "cumsum": R.cumsum, "reshape": S.reshape, "permute": S.permute,
+    "transpose": S.transpose, "swapaxes": S.swapaxes, "swapdims": S.swapdims,
+    "expand": S.expand, "broadcast_to": S.expand,
     "squeeze": S.squeeze, "unsqueeze": S.unsqueeze, "flatten": S.flatten, "flip": S.flip,
     "split": S.split, "chunk": S.chunk, "narrow": S.narrow,
     "index_select": I.index_select, "gather": lambda self, axis, index: I.take_along_axis(
         self, index, axis), "take_along_axis": I.take_along_axis,
     "softmax": C.softmax, "log_softmax": C.log_softmax, "logsumexp": C.logsumexp,
-    "var": C.var, "std": C.std,
+    "var": C.var, "std": C.std, "sort": O.sort, "argsort": O.argsort, "topk": O.topk,
 }
 for _n, _f in _methods.items():
     setattr(Tensor, _n, _f)
@@ -285,3 +287,158 @@ def _bind_family_methods():
 
 
 _bind_family_methods()
+
+
+# ---------------------------------------------------------------------- PyTorch surface
+def _is_dtype_arg(a):
+    return isinstance(a, np.dtype) or (isinstance(a, type) and issubclass(a, np.generic))
+
+
+def _view(self, *shape):
+    """``x.view(2, -1)``: a reshape; ``x.view(sampan.int32)``: the same memory read as
+    another dtype of the same size (eager only: not differentiable, not traceable)."""
+    if len(shape) == 1 and _is_dtype_arg(shape[0]):
+        return _view_dtype(self, shape[0])
+    return S.reshape(self, *shape)
+
+
+def _view_dtype(self, dtype):
+    from . import dtypes as _dt
+    from .errors import DTypeError, SampanError
+    from .tensor import wrap
+    d = _dt.as_dtype(dtype)
+    if STATE.tracer is not None:
+        raise SampanError("view(dtype): reading memory as another dtype is not traceable "
+                          "inside sampan.jit; use it outside the jitted function")
+    if d.itemsize != self._data.dtype.itemsize:
+        raise op_error(DTypeError, "view", f"dtype {self.dtype} -> {d}",
+                       "a dtype of the same element size")
+    t = wrap(self._data.view(d))
+    t._base = self._base if self._base is not None else self
+    return t
+
+
+def _get_data(self):
+    """``t.data``: the same memory with no history, as PyTorch. Writes through it
+    (``p.data.mul_(2)``) change `t` without being recorded and without counting as an
+    in-place change of `t` for autograd's saved-tensor check."""
+    if STATE.tracer is not None:    # traced: a detach, so the write reaches t's Value
+        return self.detach()
+    from .tensor import wrap
+    return wrap(self._data)
+
+
+def _set_data(self, value):
+    """``p.data = t``: p now holds t's memory (shape and dtype too), keeping its own
+    autograd state (a leaf stays a leaf), as PyTorch."""
+    from . import dtypes as _dt
+    from .errors import DTypeError, SampanError
+    if STATE.tracer is not None:
+        raise SampanError("assigning .data inside sampan.jit is not traceable; use "
+                          "x.copy_(t) under sampan.no_grad()")
+    value = value if isinstance(value, Tensor) else Tensor(value)
+    if self.requires_grad and not _dt.is_floating(value.dtype):
+        raise op_error(DTypeError, "data", f"a tensor of dtype {value.dtype} for a tensor "
+                       "that requires grad", "a floating dtype")
+    self._data = value._data
+    self._view, self._base = None, None
+
+
+Tensor.view = _view
+Tensor.data = property(_get_data, _set_data)
+
+
+def _stride(self, dim=None):
+    """Strides in elements (PyTorch's unit), or the stride of one dim.
+    Example: ``sampan.zeros(2, 3).stride()`` is ``(3, 1)``."""
+    a = self.numpy()
+    item = a.itemsize
+    st = tuple(s // item for s in a.strides)
+    if dim is None:
+        return st
+    return st[S._dim_range("stride", dim, a.ndim)]
+
+
+def _size(self, dim=None):
+    """The shape, or the length of one dim (negative dims count from the end)."""
+    s = self._data.shape
+    if dim is None:
+        return s
+    return s[S._dim_range("size", dim, len(s))]
+
+
+def _is_contiguous(self, memory_format=None):
+    """Whether the elements lie in row-major order without gaps (size-1 dims' strides do
+    not count, as in PyTorch)."""
+    a = self._data
+    return not isinstance(a, np.ndarray) or a.flags.c_contiguous
+
+
+def _type(self, dtype=None):
+    """``x.type()``: the type name (``"sampan.FloatTensor"``); ``x.type(dtype)``: x as
+    that dtype (itself when it has it already)."""
+    if dtype is None:
+        return "sampan." + _TYPE_NAMES.get(self.dtype.name, self.dtype.name) + "Tensor"
+    return self.to(dtype)
+
+
+_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half",
+               "bfloat16": "BFloat16", "int64": "Long", "int32": "Int", "int16": "Short",
+               "int8": "Char", "uint8": "Byte", "bool": "Bool"}
+
+Tensor.stride = _stride
+Tensor.size = _size
+Tensor.is_contiguous = _is_contiguous
+Tensor.type = _type
+Tensor.ndimension = lambda self: self.ndim
+Tensor.nelement = Tensor.numel
+Tensor.element_size = lambda self: self._data.dtype.itemsize
+Tensor.itemsize = property(lambda self: self._data.dtype.itemsize)
+Tensor.nbytes = property(lambda self: self._data.dtype.itemsize * self.numel())
+Tensor.short = lambda self: self.to("int16")
+Tensor.char = lambda self: self.to("int8")
+Tensor.byte = lambda self: self.to("uint8")
+
+
+def _new_shape(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+def _new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+    """Zeros of shape `size` with this tensor's dtype (unless `dtype`): ``x.new_zeros(2, 3)``."""
+    return creation.zeros(_new_shape(size), dtype=dtype or self.dtype, device=device,
+                          requires_grad=requires_grad)
+
+
+def _new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+    """Ones of shape `size` with this tensor's dtype (unless `dtype`)."""
+    return creation.ones(_new_shape(size), dtype=dtype or self.dtype, device=device,
+                         requires_grad=requires_grad)
+
+
+def _new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+    """A tensor of shape `size` with this tensor's dtype (zeros, as `sampan.empty`)."""
+    return _new_zeros(self, *size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def _new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+    """`fill_value` in shape `size` with this tensor's dtype (unless `dtype`)."""
+    return creation.full(tuple(size), fill_value, dtype=dtype or self.dtype, device=device,
+                         requires_grad=requires_grad)
+
+
+def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+    """A copy of `data` with this tensor's dtype (unless `dtype`), with no history."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    return creation.tensor(np.array(data), dtype=dtype or self.dtype, device=device,
+                           requires_grad=requires_grad)
+
+
+Tensor.new_zeros = _new_zeros
+Tensor.new_ones = _new_ones
+Tensor.new_empty = _new_empty
+Tensor.new_full = _new_full
+Tensor.new_tensor = _new_tensor

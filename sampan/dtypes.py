@@ -156,3 +156,59 @@ def scalar_dtype(value, other: np.dtype) -> np.dtype:
     if isinstance(value, (complex, np.complexfloating)):
         raise TypeError("sampan has no complex dtypes")
     return other
+
+
+# ---------------------------------------------------------------------- limits
+class finfo:
+    """Limits of a floating dtype, with PyTorch's attribute names (bits, eps, max, min,
+    tiny, smallest_normal, resolution, dtype), bfloat16 and float16 included.
+
+    Example::
+
+        >>> sampan.finfo(sampan.bfloat16).eps
+        0.0078125
+    """
+
+    def __init__(self, type=None):
+        d = as_dtype(type)
+        if not is_floating(d):
+            raise TypeError(f"finfo: got dtype {dtype_name(d)}; expected a floating dtype "
+                            "(sampan.iinfo for integers)")
+        f = ml_dtypes.finfo(d)
+        self.bits = f.bits
+        self.eps = builtins_float(f.eps)
+        self.max = builtins_float(f.max)
+        self.min = builtins_float(f.min)
+        self.tiny = self.smallest_normal = builtins_float(f.smallest_normal)
+        self.resolution = 10.0 ** -int(f.precision)   # as PyTorch: 0.01, not bf16(0.01)
+        self.dtype = dtype_name(d)
+
+    def __repr__(self):
+        return (f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, "
+                f"eps={self.eps:g}, smallest_normal={self.smallest_normal:g}, "
+                f"tiny={self.tiny:g}, dtype={self.dtype})")
+
+
+class iinfo:
+    """Limits of an integer dtype, with PyTorch's attribute names (bits, max, min, dtype).
+
+    Example::
+
+        >>> sampan.iinfo(sampan.int32).max
+        2147483647
+    """
+
+    def __init__(self, type):
+        d = as_dtype(type)
+        if not is_integer(d):
+            raise TypeError(f"iinfo: got dtype {dtype_name(d)}; expected an integer dtype "
+                            "(sampan.finfo for floats)")
+        i = np.iinfo(d)
+        self.bits, self.max, self.min = i.bits, int(i.max), int(i.min)
+        self.dtype = dtype_name(d)
+
+    def __repr__(self):
+        return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype})"
+
+
+builtins_float = float

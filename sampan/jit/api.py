@@ -52,6 +52,8 @@ def _flatten(obj, leaves):
     if isinstance(obj, Tensor):
         leaves.append(obj)
         return ("T", len(leaves) - 1)
+    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):   # x.max(dim=1)'s result
+        return ("ntuple", tuple(_flatten(x, leaves) for x in obj), type(obj))
     if isinstance(obj, (tuple, list)):
         return (type(obj).__name__, tuple(_flatten(x, leaves) for x in obj))
     if isinstance(obj, dict):
@@ -72,6 +74,8 @@ def _unflatten(tree, leaves):
     if kind in ("tuple", "list"):
         xs = [_unflatten(t, leaves) for t in tree[1]]
         return tuple(xs) if kind == "tuple" else xs
+    if kind == "ntuple":
+        return tree[2](*[_unflatten(t, leaves) for t in tree[1]])
     if kind == "dict":
         return {k: _unflatten(t, leaves) for k, t in tree[1]}
     if kind == "C":  # a concrete tensor returned as-is
@@ -351,6 +355,8 @@ def _fix_tree(tree, leaves, final):
         return ("C", leaves[tree[1]]) if i is None else ("T", i)
     if kind in ("tuple", "list"):
         return (kind, tuple(_fix_tree(t, leaves, final) for t in tree[1]))
+    if kind == "ntuple":
+        return (kind, tuple(_fix_tree(t, leaves, final) for t in tree[1]), tree[2])
     if kind == "dict":
         return (kind, tuple((k, _fix_tree(t, leaves, final)) for k, t in tree[1]))
     return tree

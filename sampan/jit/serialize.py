@@ -74,8 +74,9 @@ def _tree_json(tree, consts):
     kind = tree[0]
     if kind == "T":
         return {"t": tree[1]}
-    if kind in ("tuple", "list"):
-        return {kind: [_tree_json(t, consts) for t in tree[1]]}
+    if kind in ("tuple", "list", "ntuple"):   # a named tuple is saved as a plain tuple
+        name = "tuple" if kind == "ntuple" else kind
+        return {name: [_tree_json(t, consts) for t in tree[1]]}
     if kind == "dict":
         return {"dict": [[k, _tree_json(t, consts)] for k, t in tree[1]]}
     if kind == "C":

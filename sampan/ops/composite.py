@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..tensor import Tensor
-from ._util import Sample, randf, rng
+from ._util import Sample, pick, randf, rng
 from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid, sub, tanh,
                           where)
 from .reduce import amax, mean, sum
@@ -32,15 +32,25 @@ def _empty_axis(x, axis):
     return any(x.shape[a] == 0 for a in norm_axis(axis, x.ndim, "logsumexp"))
 
 
-def logsumexp(x, axis=-1, keepdims=False):
-    """log(sum(exp(x))) computed stably; -inf over an empty axis (PyTorch's value)."""
+def _dim(op, dim, axis, default=-1):
+    if axis is not None:
+        return pick(op, "dim", dim, "axis", axis)
+    return default if dim is None else dim
+
+
+def logsumexp(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """log(sum(exp(x))) over `dim` (default -1) computed stably; -inf over an empty axis
+    (PyTorch's value). Example: ``sampan.logsumexp(x, dim=1)``."""
+    axis = _dim("logsumexp", dim, axis)
+    if keepdims is not None:
+        keepdim = pick("logsumexp", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
     if _empty_axis(x, axis):   # log(0): the sum of no terms, written without a log
         r = add(sum(x, axis, keepdims=True), float("-inf"))
     else:
         m = amax(x, axis, keepdims=True).detach()
         r = add(log(sum(exp(sub(x, m)), axis, keepdims=True)), m)
-    return r if keepdims else _squeeze_axis(r, axis)
+    return r if keepdim else _squeeze_axis(r, axis)
 
 
 def _squeeze_axis(r, axis):
@@ -48,10 +58,20 @@ def _squeeze_axis(r, axis):
     return squeeze(r, axis)
 
 
-def softmax(x, axis=-1):
-    """exp(x) / sum(exp(x)) along `axis`, computed stably (the last axis: the `softmax`
-    row op, see rowwise.py). An empty axis gives an empty result, as in PyTorch."""
+def _as_float(x, dtype):
+    """softmax's `dtype=`: the input cast first, as PyTorch (to stop a float16 overflow)."""
     x = _t(x)
+    if dtype is not None and _dt.as_dtype(dtype) != x.dtype:
+        x = cast(x, dtype)
+    return x
+
+
+def softmax(x, dim=None, dtype=None, *, axis=None):
+    """exp(x) / sum(exp(x)) along `dim` (default -1), computed stably (the last axis: the
+    `softmax` row op, see rowwise.py). An empty axis gives an empty result, as in PyTorch.
+    Example: ``sampan.softmax(logits, dim=1)``."""
+    axis = _dim("softmax", dim, axis)
+    x = _as_float(x, dtype)
     if row_ops(x, axis):
         return softmax_last(x)
     if _empty_axis(x, axis):   # no elements: nothing to normalise
@@ -60,9 +80,10 @@ def softmax(x, axis=-1):
     return div(e, sum(e, axis, keepdims=True))
 
 
-def log_softmax(x, axis=-1):
-    """x - logsumexp(x) along `axis` (the last axis: the `log_softmax` row op)."""
-    x = _t(x)
+def log_softmax(x, dim=None, dtype=None, *, axis=None):
+    """x - logsumexp(x) along `dim` (default -1; the last axis: the `log_softmax` row op)."""
+    axis = _dim("log_softmax", dim, axis)
+    x = _as_float(x, dtype)
     if row_ops(x, axis):
         return log_softmax_last(x)
     if _empty_axis(x, axis):
@@ -70,25 +91,101 @@ def log_softmax(x, axis=-1):
     return sub(x, logsumexp(x, axis, keepdims=True))
 
 
-def var(x, axis=None, keepdims=False, correction=1):
-    """Variance with Bessel's correction by default (like PyTorch)."""
+def _correction(op, unbiased, correction):
+    if unbiased is not None and correction is not None:
+        from ..errors import SampanValueError, op_error
+        raise op_error(SampanValueError, op, f"both unbiased={unbiased!r} and "
+                       f"correction={correction!r}", "one of unbiased= or correction=")
+    if correction is not None:
+        return correction
+    return 0 if unbiased is False else 1
+
+
+def _var_args(op, x, dim, unbiased, keepdim, correction, axis, keepdims):
+    if isinstance(dim, bool):          # torch.var(x, False): the unbiased flag
+        dim, unbiased = None, pick(op, "unbiased", unbiased, "(positional unbiased)", dim)
+    dim = _dim(op, dim, axis, None)
+    if keepdims is not None:
+        keepdim = pick(op, "keepdim", keepdim, "keepdims", keepdims)
+    return dim, bool(keepdim), _correction(op, unbiased, correction)
+
+
+def _var(x, dim, keepdim, correction):
+    from ._util import norm_axis
     x = _t(x)
-    m = mean(x, axis, keepdims=True)
+    m = mean(x, dim, keepdims=True)
     d = sub(x, m)
-    n = x.numel() if axis is None else int(np.prod([x.shape[a] for a in
-                                                    ((axis,) if isinstance(axis, int)
-                                                     else axis)]))
-    return div(sum(mul(d, d), axis, keepdims=keepdims), float(max(n - correction, 1)))
+    n = 1
+    for a in norm_axis(dim, x.ndim, "var"):
+        n *= x.shape[a]
+    s = sum(mul(d, d), dim, keepdims=keepdim)
+    dof = n - correction
+    if dof <= 0:       # PyTorch: no degrees of freedom left gives NaN (0/0) or inf
+        return mul(s, float("nan")) if n <= 1 else div(s, 0.0)
+    return div(s, float(dof)), m
 
 
-def std(x, axis=None, keepdims=False, correction=1):
-    """Standard deviation (sqrt of `var`); its gradient is 0 where it is 0 (constant
-    values), as in PyTorch, not sqrt's 1/0 times var's 0 = NaN."""
+def var(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
+        keepdims=None):
+    """Variance over `dim` (int, tuple or None: all), with Bessel's correction by default
+    as PyTorch (``unbiased=False`` or ``correction=0`` for the population variance).
+    Example: ``x.var(dim=0, keepdim=True)``."""
+    dim, keepdim, c = _var_args("var", x, dim, unbiased, keepdim, correction, axis, keepdims)
+    v = _var(x, dim, keepdim, c)
+    return v[0] if isinstance(v, tuple) else v
+
+
+def _sqrt0(v):
+    """sqrt whose gradient is 0 where it is 0 (constant values), as in PyTorch, not
+    sqrt's 1/0 times var's 0 = NaN."""
     from .elementwise import eq, sqrt
-    v = var(x, axis, keepdims, correction)
     zero = eq(v, 0.0)
     # sqrt of a safe value, so the branch that is not taken holds no inf
     return where(zero, 0.0, sqrt(where(zero, 1.0, v)))
+
+
+def std(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
+        keepdims=None):
+    """Standard deviation (sqrt of `var`, same arguments); its gradient is 0 where it is 0.
+    Example: ``x.std(dim=1, unbiased=False)``."""
+    dim, keepdim, c = _var_args("std", x, dim, unbiased, keepdim, correction, axis, keepdims)
+    v = _var(x, dim, keepdim, c)
+    return _sqrt0(v[0] if isinstance(v, tuple) else v)
+
+
+def _with_mean(x, v, dim, keepdim):
+    if isinstance(v, tuple):
+        v, m = v
+        if not keepdim:
+            m = _squeeze_axis(m, dim) if dim is not None else reshape(m, ())
+        return v, m
+    return v, mean(x, dim, keepdims=keepdim)
+
+
+def var_mean(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
+             keepdims=None):
+    """``(var, mean)`` over `dim` in one pass over the data, as ``torch.var_mean``."""
+    dim, keepdim, c = _var_args("var_mean", x, dim, unbiased, keepdim, correction, axis,
+                                keepdims)
+    x = _t(x)
+    return _with_mean(x, _var(x, dim, keepdim, c), dim, keepdim)
+
+
+def std_mean(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
+             keepdims=None):
+    """``(std, mean)`` over `dim`, as ``torch.std_mean``.
+
+    Example::
+
+        >>> s, m = sampan.std_mean(sampan.tensor([1.0, 3.0]))
+        >>> round(s.item(), 4), m.item()
+        (1.4142, 2.0)
+    """
+    dim, keepdim, c = _var_args("std_mean", x, dim, unbiased, keepdim, correction, axis,
+                                keepdims)
+    x = _t(x)
+    v, m = _with_mean(x, _var(x, dim, keepdim, c), dim, keepdim)
+    return _sqrt0(v), m
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):

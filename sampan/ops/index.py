@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import DTypeError, SampanIndexError, ShapeError, op_error
 from ..tensor import Tensor, apply
-from ._util import Sample, randf, rng
+from ._util import Sample, pick, randf, rng
 from .registry import NO_ONNX, Spec, defop
 
 
@@ -101,8 +101,15 @@ INDEX_ADD = defop(
                             {"axis": 0}, diff=(0, 2))])
 
 
-def index_select(x, index, axis=0):
-    """Rows (or slices along `axis`) picked by an integer index. Example: ``emb[ids]``."""
+def index_select(x, dim, index=None, *, axis=None):
+    """Slices along `dim` picked by an integer index: PyTorch's order
+    ``index_select(x, dim, index)``; the older ``index_select(x, index, axis)`` (an index
+    first) works too. Example: ``emb.index_select(0, ids)``."""
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        dim, index = index, dim        # the older order: (x, index, axis)
+    if axis is not None:
+        dim = pick("index_select", "dim", dim, "axis", axis)
+    axis = 0 if dim is None else int(dim)
     x, index = _t(x), _t(index)
     return apply(INDEX_SELECT, (x, index), {"axis": axis % x.ndim})
 

@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..tensor import Tensor, apply
 from ._nb import HAVE_NUMBA, njit
-from ._util import Sample, norm_axis, randf, rng
+from ._util import Sample, norm_axis, pick, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 
@@ -239,6 +239,9 @@ CUMSUM = defop("cumsum", lambda x, axis: Spec(x.shape, x.dtype), kernel=_cumsum_
 
 
 # ---------------------------------------------------------------------- frontends
+# Every frontend takes PyTorch's names first (`dim`, `keepdim`) and numpy's/Paddle's
+# (`axis`, `keepdims`) as keywords; giving both is an error. The common call (positional
+# or PyTorch names) costs two `is not None` checks.
 def _axis_attr(x, axis):
     if axis is None:
         return None
@@ -249,76 +252,158 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def sum(x, axis=None, keepdims=False, dtype=None):
-    """Sum over `axis` (int, tuple or None for all). Example: ``sampan.sum(x, 1)``."""
+def _int_to_i64(x, dtype, op):
+    """PyTorch's accumulating reductions (sum, prod, cumsum) give int64 for bool and
+    integer inputs unless `dtype` says otherwise; `dtype` casts the input first."""
+    from .elementwise import cast
+    if dtype is not None:
+        return cast(x, dtype) if _dt.as_dtype(dtype) != x.dtype else x
+    d = x.dtype
+    if d == np.bool_ or (d.kind in "iu" and d != _dt.int64):
+        return cast(x, _dt.int64)
+    return x
+
+
+def sum(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
+    """Sum over `dim` (int, tuple or None for all); bool and integer inputs sum in int64.
+
+    Example::
+
+        >>> sampan.sum(sampan.ones(2, 3), dim=1).tolist()
+        [3.0, 3.0]
+    """
+    if axis is not None:
+        dim = pick("sum", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("sum", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
-    if x.dtype == np.bool_ or (dtype is not None):
+    if dtype is not None or x.dtype.kind in "biu":
+        x = _int_to_i64(x, dtype, "sum")
+    return apply(SUM, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
+
+
+def mean(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
+    """Mean over `dim` (integer inputs: in the default float dtype). Example: ``x.mean(0)``."""
+    if axis is not None:
+        dim = pick("mean", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("mean", "keepdim", keepdim, "keepdims", keepdims)
+    x = _t(x)
+    if dtype is not None or not _dt.is_floating(x.dtype):
         from .elementwise import cast
-        x = cast(x, dtype or "int64")
-    return apply(SUM, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+        d = _dt.get_default_dtype() if dtype is None else _dt.as_dtype(dtype)
+        if d != x.dtype:
+            x = cast(x, d)
+    return apply(MEAN, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
-def mean(x, axis=None, keepdims=False):
-    """Mean over `axis`. Example: ``x.mean(0)``."""
+def amax(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """Maximum over `dim` (ties share the gradient). Example: ``sampan.amax(x, dim=1)``."""
+    if axis is not None:
+        dim = pick("amax", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("amax", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
-    if not _dt.is_floating(x.dtype):
-        from .elementwise import cast
-        x = cast(x, _dt.get_default_dtype())
-    return apply(MEAN, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+    return apply(MAX, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
-def amax(x, axis=None, keepdims=False):
-    """Maximum over `axis` (ties share the gradient). Example: ``sampan.amax(x, 1)``."""
+def amin(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """Minimum over `dim` (ties share the gradient)."""
+    if axis is not None:
+        dim = pick("amin", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("amin", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
-    return apply(MAX, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+    return apply(MIN, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
-def amin(x, axis=None, keepdims=False):
-    """Minimum over `axis`."""
+def prod(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
+    """Product over `dim`; bool and integer inputs multiply in int64."""
+    if axis is not None:
+        dim = pick("prod", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("prod", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
-    return apply(MIN, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+    if dtype is not None or x.dtype.kind in "biu":
+        x = _int_to_i64(x, dtype, "prod")
+    return apply(PROD, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
-def prod(x, axis=None, keepdims=False):
-    """Product over `axis`."""
+def _one_axis(op, x, dim):
+    if isinstance(dim, (tuple, list)):
+        if len(dim) != 1:
+            from ..errors import SampanValueError, op_error
+            raise op_error(SampanValueError, op, f"dim={tuple(dim)}", "one int dim (or None)")
+        dim = dim[0]
+    return norm_axis(dim, x.ndim, op)[0]
+
+
+def argmax(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """Index of the maximum (int64; over all elements when `dim` is None).
+    Example: ``logits.argmax(dim=-1)``."""
+    if axis is not None:
+        dim = pick("argmax", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("argmax", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
-    return apply(PROD, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+    ax = None if dim is None else _one_axis("argmax", x, dim)
+    return apply(ARGMAX, (x,), {"axis": ax, "keepdims": bool(keepdim)})
 
 
-def argmax(x, axis=None, keepdims=False):
-    """Index of the maximum (int64). Example: ``logits.argmax(-1)``."""
-    x = _t(x)
-    ax = None if axis is None else norm_axis(axis, x.ndim, "argmax")[0]
-    return apply(ARGMAX, (x,), {"axis": ax, "keepdims": bool(keepdims)})
-
-
-def argmin(x, axis=None, keepdims=False):
+def argmin(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """Index of the minimum (int64)."""
+    if axis is not None:
+        dim = pick("argmin", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("argmin", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
-    ax = None if axis is None else norm_axis(axis, x.ndim, "argmin")[0]
-    return apply(ARGMIN, (x,), {"axis": ax, "keepdims": bool(keepdims)})
+    ax = None if dim is None else _one_axis("argmin", x, dim)
+    return apply(ARGMIN, (x,), {"axis": ax, "keepdims": bool(keepdim)})
 
 
-def all(x, axis=None, keepdims=False):
-    """True where every element is true."""
+def all(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """True where every element is true (over `dim`: int, tuple or None)."""
     from .elementwise import cast
+    if axis is not None:
+        dim = pick("all", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("all", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
     x = x if x.dtype == np.bool_ else cast(x, "bool")
-    return apply(ALL, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+    return apply(ALL, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
-def any(x, axis=None, keepdims=False):
-    """True where some element is true."""
+def any(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """True where some element is true (over `dim`: int, tuple or None)."""
     from .elementwise import cast
+    if axis is not None:
+        dim = pick("any", "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick("any", "keepdim", keepdim, "keepdims", keepdims)
     x = _t(x)
     x = x if x.dtype == np.bool_ else cast(x, "bool")
-    return apply(ANY, (x,), {"axis": _axis_attr(x, axis), "keepdims": bool(keepdims)})
+    return apply(ANY, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
-def cumsum(x, axis):
-    """Running sum along `axis`."""
+def cumsum(x, dim=None, *, dtype=None, axis=None):
+    """Running sum along `dim` (bool and integer inputs: in int64, as PyTorch).
+
+    Example::
+
+        >>> sampan.cumsum(sampan.tensor([1, 2, 3]), dim=0).tolist()
+        [1, 3, 6]
+    """
+    if axis is not None:
+        dim = pick("cumsum", "dim", dim, "axis", axis)
     x = _t(x)
-    return apply(CUMSUM, (x,), {"axis": norm_axis(axis, x.ndim, "cumsum")[0]})
+    if dim is None:
+        from ..errors import SampanValueError, op_error
+        raise op_error(SampanValueError, "cumsum", "no dim", "dim= (or axis=)")
+    if dtype is not None or x.dtype.kind in "biu":
+        x = _int_to_i64(x, dtype, "cumsum")
+    if x.ndim == 0:
+        return x
+    return apply(CUMSUM, (x,), {"axis": _one_axis("cumsum", x, dim)})
 
 
 def _values_at(x, idx, axis, keepdims):
@@ -330,24 +415,51 @@ def _values_at(x, idx, axis, keepdims):
     return v if keepdims else squeeze(v, axis)
 
 
-def max(x, axis=None, keepdims=False):
-    """Maximum values; with an int axis returns (values, indices) like PyTorch, and the
-    values' gradient goes to the returned index (amax shares it among ties)."""
-    if isinstance(axis, int):
+def _minmax(name, arg, reduce_all, pair, x, dim, keepdim, axis, keepdims):
+    if axis is not None:
+        dim = pick(name, "dim", dim, "axis", axis)
+    if keepdims is not None:
+        keepdim = pick(name, "keepdim", keepdim, "keepdims", keepdims)
+    if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
+        from .. import return_types
         x = _t(x)
-        idx = argmax(x, axis, keepdims=True)
-        return _values_at(x, idx, axis, keepdims), idx if keepdims else _drop(idx, axis)
-    return amax(x, axis, keepdims)
+        if x.ndim == 0:      # PyTorch: dim 0 (or -1) of a scalar is the scalar, index 0
+            norm_axis(dim, 0, name)
+            return getattr(return_types, name)(x, _t(np.zeros((), np.int64)))
+        ax = norm_axis(dim, x.ndim, name)[0]
+        idx = arg(x, ax, keepdim=True)
+        vals = _values_at(x, idx, ax, keepdim)
+        return getattr(return_types, name)(vals, idx if keepdim else _drop(idx, ax))
+    if isinstance(dim, (Tensor, np.ndarray)):   # max(a, b): elementwise, as torch.max
+        if keepdim is not None:
+            from ..errors import SampanValueError, op_error
+            raise op_error(SampanValueError, name, "a tensor `other` and keepdim",
+                           f"{name}(input, other) or {name}(input, dim, keepdim)")
+        return pair(x, dim)
+    return reduce_all(x, dim, keepdim)
 
 
-def min(x, axis=None, keepdims=False):
-    """Minimum values; with an int axis returns (values, indices) like PyTorch, and the
-    values' gradient goes to the returned index (amin shares it among ties)."""
-    if isinstance(axis, int):
-        x = _t(x)
-        idx = argmin(x, axis, keepdims=True)
-        return _values_at(x, idx, axis, keepdims), idx if keepdims else _drop(idx, axis)
-    return amin(x, axis, keepdims)
+def max(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """The maximum. With an int `dim`: a ``(values, indices)`` named tuple, as PyTorch,
+    whose values' gradient goes to the returned index (amax shares it among ties); with
+    a tensor second argument: the elementwise maximum; else the maximum over `dim`
+    (None: all, or a tuple).
+
+    Example::
+
+        >>> v, i = sampan.tensor([[1.0, 5.0], [4.0, 2.0]]).max(dim=1)
+        >>> v.tolist(), i.tolist()
+        ([5.0, 4.0], [1, 0])
+    """
+    from .elementwise import maximum
+    return _minmax("max", argmax, amax, maximum, x, dim, keepdim, axis, keepdims)
+
+
+def min(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
+    """The minimum: as `max` (``(values, indices)`` for an int `dim`, the elementwise
+    minimum for a tensor second argument)."""
+    from .elementwise import minimum
+    return _minmax("min", argmin, amin, minimum, x, dim, keepdim, axis, keepdims)
 
 
 def _drop(idx, axis):

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import SampanIndexError, ShapeError, op_error
 from ..tensor import Tensor, apply, mark_view
-from ._util import Sample, norm_axis, randf, rng, unbroadcast
+from ._util import Sample, norm_axis, pick, randf, rng, unbroadcast
 from .registry import NO_ONNX, STATE, Spec, defop
 
 
@@ -91,26 +91,48 @@ PERMUTE = defop("permute", _permute_rule, kernel=lambda a, dims: a.transpose(dim
                                  Sample((randf(rng(24), 3, 4),), {"dims": (1, 0)})])
 
 
+def _dim_range(op, d, ndim, extra=0):
+    """`d` as a non-negative dim of a tensor with `ndim` dims (plus `extra` new ones)."""
+    n = ndim + extra
+    if not isinstance(d, (int, np.integer)) or not -max(n, 1) <= d < max(n, 1):
+        raise op_error(ShapeError, op, f"dim {d!r} for a {ndim}-d tensor",
+                       f"an int dim in [{-max(n, 1)}, {max(n, 1)})")
+    return int(d) % n if n else 0
+
+
 def permute(x, *dims):
-    """Reorder dimensions. Example: ``x.permute(0, 2, 1)``."""
+    """Reorder dimensions. Example: ``x.permute(0, 2, 1)`` or ``sampan.permute(x, (0, 2, 1))``."""
     x = _t(x)
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         dims = dims[0]
-    dims = tuple(d % x.ndim for d in dims) if x.ndim else tuple(dims)
-    if dims == tuple(range(x.ndim)):
+    nd = x.ndim
+    dims = tuple(_dim_range("permute", d, nd) for d in dims) if nd else tuple(dims)
+    if dims == tuple(range(nd)):
         return x
     return apply(PERMUTE, (x,), {"dims": dims})
 
 
 def transpose(x, dim0=-2, dim1=-1):
-    """Swap two dimensions. Example: ``x.transpose(0, 1)``."""
+    """Swap two dimensions (also as `swapaxes`/`swapdims`). Example: ``x.transpose(0, 1)``."""
     x = _t(x)
     if x.ndim < 2:
+        _dim_range("transpose", dim0, x.ndim)
+        _dim_range("transpose", dim1, x.ndim)
         return x
     d = list(range(x.ndim))
-    a, b = dim0 % x.ndim, dim1 % x.ndim
+    a, b = _dim_range("transpose", dim0, x.ndim), _dim_range("transpose", dim1, x.ndim)
     d[a], d[b] = d[b], d[a]
     return permute(x, tuple(d))
+
+
+def swapaxes(x, axis0, axis1):
+    """numpy's name for `transpose(x, dim0, dim1)`."""
+    return transpose(x, axis0, axis1)
+
+
+def swapdims(x, dim0, dim1):
+    """PyTorch's alias of `transpose(x, dim0, dim1)`."""
+    return transpose(x, dim0, dim1)
 
 
 # ---------------------------------------------------------------------- expand
@@ -146,30 +168,42 @@ def expand(x, *shape):
 broadcast_to = expand
 
 
-def squeeze(x, axis=None):
-    """Drop size-1 dims (all, or the given ones)."""
+def squeeze(x, dim=None, *, axis=None):
+    """Drop size-1 dims: all of them, or those of `dim` (an int or a tuple) that have size
+    1 (a listed dim of another size stays, as in PyTorch). Example: ``x.squeeze(-1)``."""
+    if axis is not None:
+        dim = pick("squeeze", "dim", dim, "axis", axis)
     x = _t(x)
-    axes = norm_axis(axis, x.ndim, "squeeze") if axis is not None else None
+    axes = norm_axis(dim, x.ndim, "squeeze") if dim is not None else None
     shape = tuple(d for i, d in enumerate(x.shape)
                   if not (d == 1 and (axes is None or i in axes)))
     return reshape(x, shape)
 
 
-def unsqueeze(x, axis):
-    """Insert a size-1 dim at `axis`. Example: ``x.unsqueeze(0)``."""
+def unsqueeze(x, dim=None, *, axis=None):
+    """Insert a size-1 dim at `dim` (in [-ndim-1, ndim]). Example: ``x.unsqueeze(0)``."""
+    if axis is not None:
+        dim = pick("unsqueeze", "dim", dim, "axis", axis)
     x = _t(x)
-    axis = axis % (x.ndim + 1)
+    if dim is None:
+        raise op_error(ShapeError, "unsqueeze", "no dim", "dim= (or axis=)")
+    axis = _dim_range("unsqueeze", dim, x.ndim, 1)
     s = list(x.shape)
     s.insert(axis, 1)
     return reshape(x, tuple(s))
 
 
 def flatten(x, start_dim=0, end_dim=-1):
-    """Merge dims start_dim..end_dim into one."""
+    """Merge dims start_dim..end_dim into one. Example: ``x.flatten(1)``."""
     x = _t(x)
     if x.ndim == 0:
+        _dim_range("flatten", start_dim, 0)
+        _dim_range("flatten", end_dim, 0)
         return reshape(x, (1,))
-    s, e = start_dim % x.ndim, end_dim % x.ndim
+    s, e = _dim_range("flatten", start_dim, x.ndim), _dim_range("flatten", end_dim, x.ndim)
+    if s > e:
+        raise op_error(ShapeError, "flatten", f"start_dim {start_dim} after end_dim {end_dim}",
+                       "start_dim <= end_dim")
     n = 1
     for d in x.shape[s:e + 1]:
         n *= d
@@ -210,10 +244,16 @@ CONCAT = defop("concat", _concat_rule, kernel=lambda *a, axis: np.concatenate(a,
                                         randf(rng(31), 2, 2)), {"axis": 1})])
 
 
-def concat(xs, axis=0):
-    """Join tensors along an existing axis. Example: ``sampan.concat([a, b], 1)``."""
+def concat(xs, dim=None, *, axis=None):
+    """Join tensors along an existing dim (default 0; also as `cat`).
+    Example: ``sampan.cat([a, b], dim=1)``."""
     from .elementwise import cast
+    if axis is not None:
+        dim = pick("concat", "dim", dim, "axis", axis)
     xs = [_t(x) for x in xs]
+    if not xs:
+        raise op_error(ShapeError, "concat", "no tensors", "a non-empty sequence of tensors")
+    ax = _dim_range("concat", 0 if dim is None else dim, xs[0].ndim)
     if len(xs) == 1:
         return xs[0]
     from ..dtypes import promote_types
@@ -221,46 +261,108 @@ def concat(xs, axis=0):
     for x in xs[1:]:
         d = promote_types(d, x.dtype)
     xs = [x if x.dtype == d else cast(x, d) for x in xs]
-    return apply(CONCAT, tuple(xs), {"axis": axis % xs[0].ndim})
+    return apply(CONCAT, tuple(xs), {"axis": ax})
 
 
-cat = concat
+def cat(tensors, dim=None, *, axis=None):
+    """PyTorch's name for `concat`. Example: ``sampan.cat([a, b], dim=0)``."""
+    return concat(tensors, dim, axis=axis)
 
 
-def stack(xs, axis=0):
-    """Join tensors along a new axis."""
+def stack(xs, dim=None, *, axis=None):
+    """Join tensors of one shape along a new dim (default 0).
+    Example: ``sampan.stack([a, b], dim=1)``."""
+    if axis is not None:
+        dim = pick("stack", "dim", dim, "axis", axis)
     xs = [_t(x) for x in xs]
-    return concat([unsqueeze(x, axis) for x in xs], axis % (xs[0].ndim + 1))
+    if not xs:
+        raise op_error(ShapeError, "stack", "no tensors", "a non-empty sequence of tensors")
+    shapes = {tuple(x.shape) for x in xs}
+    if len(shapes) > 1:
+        raise op_error(ShapeError, "stack", "shapes " + ", ".join(str(tuple(x.shape))
+                                                                  for x in xs), "equal shapes")
+    ax = _dim_range("stack", 0 if dim is None else dim, xs[0].ndim, 1)
+    return concat([unsqueeze(x, ax) for x in xs], ax)
 
 
-def narrow(x, axis, start, length):
-    """Slice `length` elements from `start` along `axis`."""
+def narrow(x, dim=None, start=0, length=None, *, axis=None):
+    """`length` elements from `start` (negative: from the end) along `dim`.
+    Example: ``x.narrow(1, 0, 2)``."""
+    if axis is not None:
+        dim = pick("narrow", "dim", dim, "axis", axis)
+    x = _t(x)
+    if dim is None or length is None:
+        raise op_error(ShapeError, "narrow", "no dim or no length", "narrow(x, dim, start, "
+                       "length)")
+    ax = _dim_range("narrow", dim, x.ndim)
+    n = x.shape[ax]
+    start, length = int(start), int(length)
+    if isinstance(n, int):
+        if start < 0:
+            start += n
+        if not 0 <= start <= n or length < 0 or start + length > n:
+            raise op_error(ShapeError, "narrow", f"start {start}, length {length} along dim "
+                           f"{dim} of size {n}", "0 <= start and start + length <= size")
     idx = [slice(None)] * x.ndim
-    idx[axis] = slice(start, start + length)
+    idx[ax] = slice(start, start + length)
     return getitem(x, tuple(idx))
 
 
-def split(x, split_size_or_sections, axis=0):
-    """Split into chunks of a size, or into the given list of sizes (like PyTorch)."""
+def split(x, split_size_or_sections, dim=None, *, axis=None):
+    """Split along `dim` (default 0), with PyTorch's meaning: an int is the size of each
+    chunk (the last may be smaller), a list gives each section's size (they must add up).
+    This is not numpy's ``np.split`` (whose int is a number of sections and whose list
+    holds split points): for n equal parts use `chunk`. Example: ``a, b = x.split(2)``."""
+    if axis is not None:
+        dim = pick("split", "dim", dim, "axis", axis)
     x = _t(x)
-    n = x.shape[axis]
-    if isinstance(split_size_or_sections, int):
-        sizes = [split_size_or_sections] * (n // split_size_or_sections)
-        if n % split_size_or_sections:
-            sizes.append(n % split_size_or_sections)
+    ax = _dim_range("split", 0 if dim is None else dim, x.ndim)
+    n = x.shape[ax]
+    size = split_size_or_sections
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        size = int(size)
+        if size <= 0 and not (size == 0 and n == 0):
+            raise op_error(ShapeError, "split", f"split_size {size} for a dim of size {n}",
+                           "a positive chunk size")
+        if n == 0:
+            sizes = [0]
+        else:
+            sizes = [size] * (n // size)
+            if n % size:
+                sizes.append(n % size)
     else:
-        sizes = list(split_size_or_sections)
+        sizes = [int(s) for s in size]
+        if any(s < 0 for s in sizes) or (isinstance(n, int) and builtins_sum(sizes) != n):
+            raise op_error(ShapeError, "split", f"sections {sizes} for a dim of size {n}",
+                           f"non-negative section sizes that add up to {n}")
     out, start = [], 0
     for s in sizes:
-        out.append(narrow(x, axis, start, s))
+        out.append(narrow(x, ax, start, s))
         start += s
     return tuple(out)
 
 
-def chunk(x, chunks, axis=0):
-    """Split into `chunks` nearly equal pieces."""
-    n = x.shape[axis]
-    return split(x, -(-n // chunks), axis)
+def chunk(x, chunks, dim=None, *, axis=None):
+    """Split along `dim` (default 0) into at most `chunks` pieces of equal size (the last
+    may be smaller, and there may be fewer), as PyTorch. Example: ``q, k, v = x.chunk(3, -1)``."""
+    if axis is not None:
+        dim = pick("chunk", "dim", dim, "axis", axis)
+    x = _t(x)
+    ax = _dim_range("chunk", 0 if dim is None else dim, x.ndim)
+    chunks = int(chunks)
+    if chunks <= 0:
+        raise op_error(ShapeError, "chunk", f"chunks={chunks}", "a positive number of chunks")
+    n = x.shape[ax]
+    if n == 0:     # PyTorch: `chunks` empty pieces
+        return tuple(narrow(x, ax, 0, 0) for _ in range(chunks))
+    return split(x, -(-n // chunks), ax)
+
+
+def builtins_sum(xs):
+    t = 0
+    for v in xs:
+        t += v
+    return t
 
 
 # ---------------------------------------------------------------------- pad / flip
@@ -299,10 +401,19 @@ FLIP = defop("flip", lambda x, axes: Spec(x.shape, x.dtype),
              samples=lambda: [Sample((randf(rng(33), 2, 3, 4),), {"axes": (0, 2)})])
 
 
-def flip(x, axes):
-    """Reverse the order of elements along `axes`."""
+def flip(x, dims=None, *more, axis=None):
+    """Reverse the order of elements along `dims` (an int, a tuple, or several ints as
+    the method ``x.flip(0, 1)``). Example: ``sampan.flip(x, dims=(0,))``."""
+    if more:
+        dims = ((dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)) + more
+    if axis is not None:
+        dims = pick("flip", "dims", dims, "axis", axis)
     x = _t(x)
-    return apply(FLIP, (x,), {"axes": norm_axis(axes, x.ndim, "flip")})
+    if dims is None:
+        raise op_error(ShapeError, "flip", "no dims", "dims= (or axis=)")
+    if isinstance(dims, (tuple, list)) and not dims:
+        return x
+    return apply(FLIP, (x,), {"axes": norm_axis(dims, x.ndim, "flip")})
 
 
 # ---------------------------------------------------------------------- copy

@@ -13,7 +13,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
-from ._util import Sample, norm_axis, randf, rng
+from ._util import Sample, norm_axis, pick, randf, rng
 from .registry import NOT_DIFFERENTIABLE, Spec, defop
 
 _I64 = np.dtype(np.int64)
@@ -159,8 +159,15 @@ def _unzero(outs, scalar):
     return tuple(reshape(o, ()) for o in outs)
 
 
-def sort(x, axis=-1, descending=False):
-    """Sorted values and their int64 indices along `axis` (stable).
+def _dim(op, dim, axis):
+    if axis is not None:
+        return pick(op, "dim", dim, "axis", axis)
+    return -1 if dim is None else dim
+
+
+def sort(x, dim=None, descending=False, stable=False, *, axis=None):
+    """Sorted values and their int64 indices along `dim` (default -1), as a
+    ``(values, indices)`` named tuple. Always stable (so `stable=` changes nothing).
 
     Example::
 
@@ -168,15 +175,16 @@ def sort(x, axis=-1, descending=False):
         >>> v.tolist(), i.tolist()
         ([1.0, 2.0, 3.0], [1, 2, 0])
     """
+    from .. import return_types
     from .shape import reshape
-    x, axis, scalar = _prep(x, axis, "sort")
+    x, axis, scalar = _prep(x, _dim("sort", dim, axis), "sort")
     xs = reshape(x, (1,)) if scalar else x
     outs = apply(SORT, (xs,), {"axis": axis, "descending": bool(descending)})
-    return _unzero(outs, scalar)
+    return return_types.sort(*_unzero(outs, scalar))
 
 
-def argsort(x, axis=-1, descending=False):
-    """Indices that sort `x` along `axis` (stable, int64).
+def argsort(x, dim=None, descending=False, stable=False, *, axis=None):
+    """Indices that sort `x` along `dim` (default -1; stable, int64).
 
     Example::
 
@@ -184,15 +192,16 @@ def argsort(x, axis=-1, descending=False):
         [1, 2, 0]
     """
     from .shape import reshape
-    x, axis, scalar = _prep(x, axis, "argsort")
+    x, axis, scalar = _prep(x, _dim("argsort", dim, axis), "argsort")
     if scalar:
         return reshape(apply(ARGSORT, (reshape(x, (1,)),), {"axis": 0,
                                                            "descending": bool(descending)}), ())
     return apply(ARGSORT, (x,), {"axis": axis, "descending": bool(descending)})
 
 
-def topk(x, k, axis=-1, largest=True, sorted=True):
-    """The `k` largest (or smallest) values along `axis` and their int64 indices.
+def topk(x, k, dim=None, largest=True, sorted=True, *, axis=None):
+    """The `k` largest (or smallest) values along `dim` (default -1) and their int64
+    indices, as a ``(values, indices)`` named tuple.
 
     Results always come sorted (a valid order for sorted=False too).
 
@@ -202,10 +211,11 @@ def topk(x, k, axis=-1, largest=True, sorted=True):
         >>> v.tolist(), i.tolist()
         ([5.0, 3.0], [1, 2])
     """
+    from .. import return_types
     from .shape import reshape
-    x, axis, scalar = _prep(x, axis, "topk")
+    x, axis, scalar = _prep(x, _dim("topk", dim, axis), "topk")
     xs = reshape(x, (1,)) if scalar else x
     attrs = {"k": int(k), "axis": axis, "largest": bool(largest), "sorted": bool(sorted)}
     TOPK.shape_rule(Spec(tuple(xs.shape), xs.dtype), **attrs)   # a bad k would not fail
     outs = apply(TOPK, (xs,), attrs)
-    return _unzero(outs, scalar)
+    return return_types.topk(*_unzero(outs, scalar))

@@ -1,0 +1,104 @@
+"""`set_num_threads` / `get_num_threads`: one thread count for sampan's two pools of
+CPU threads, numba's (generated and hand-written parallel kernels) and the BLAS that
+numpy calls for matmul and convolution (its bundled OpenBLAS, reached through ctypes
+so no dependency is added). A missing piece (no numba, a BLAS without the symbol) is
+skipped: the count then applies to what is there."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+_SET_NAMES = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+              "openblas_set_num_threads64_", "openblas_set_num_threads",
+              "MKL_Set_Num_Threads", "bli_thread_set_num_threads")
+_GET_NAMES = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+              "openblas_get_num_threads64_", "openblas_get_num_threads", "MKL_Get_Max_Threads")
+_state = {"n": None, "blas": False}
+
+
+def _blas_libraries():
+    """Paths of the BLAS libraries numpy loaded (from /proc/self/maps on Linux), else
+    those bundled next to numpy."""
+    import numpy as np
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(" ", 1)[-1].strip()
+                low = os.path.basename(path).lower()
+                if ("openblas" in low or "mkl_rt" in low or "blis" in low) and (
+                        path not in found):
+                    found.append(path)
+    except OSError:
+        pass
+    if not found:
+        root = os.path.dirname(os.path.dirname(np.__file__))
+        found = sorted(glob.glob(os.path.join(root, "numpy.libs", "*openblas*")) +
+                       glob.glob(os.path.join(root, "numpy", ".dylibs", "*openblas*")))
+    return found
+
+
+def _blas():
+    """(set, get) ctypes functions of numpy's BLAS, or (None, None); looked up once."""
+    if _state["blas"] is False:
+        _state["blas"] = (None, None)
+        for path in _blas_libraries():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            s = next((getattr(lib, n) for n in _SET_NAMES if hasattr(lib, n)), None)
+            g = next((getattr(lib, n) for n in _GET_NAMES if hasattr(lib, n)), None)
+            if s is not None:
+                s.restype = None
+                s.argtypes = [ctypes.c_int]
+                if g is not None:
+                    g.restype = ctypes.c_int
+                    g.argtypes = []
+                _state["blas"] = (s, g)
+                break
+    return _state["blas"]
+
+
+def _numba():
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba
+
+
+def set_num_threads(n: int) -> None:
+    """Use `n` CPU threads for numba kernels and numpy's BLAS (as ``torch.set_num_threads``).
+    numba cannot start more threads than it was launched with (``NUMBA_NUM_THREADS``):
+    its count is capped there.
+
+    Example::
+
+        >>> sampan.set_num_threads(2); sampan.get_num_threads()
+        2
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads: got {n!r}; expected a positive int")
+    nb = _numba()
+    if nb is not None:
+        nb.set_num_threads(min(n, nb.config.NUMBA_NUM_THREADS))
+    s, _ = _blas()
+    if s is not None:
+        s(n)
+    _state["n"] = n
+
+
+def get_num_threads() -> int:
+    """The thread count `set_num_threads` set; before that, numba's (else the BLAS's,
+    else the CPU count)."""
+    if _state["n"] is not None:
+        return _state["n"]
+    nb = _numba()
+    if nb is not None:
+        return int(nb.get_num_threads())
+    _, g = _blas()
+    if g is not None:
+        return int(g())
+    return os.cpu_count() or 1
