@@ -238,13 +238,16 @@ class Tensor:
             return self
         return self.clone()
 
-    def to(self, *args, dtype=None, device=None, copy=False) -> "Tensor":
-        """Convert dtype and/or device: ``t.to("float64")``, ``t.to(device="cpu")``."""
+    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False) -> "Tensor":
+        """Convert dtype and/or device: ``t.to("float64")``, ``t.to(device="cpu")``,
+        ``t.to(other)`` (other's dtype and device)."""
         from .device import Device, as_device
         for a in args:
             if isinstance(a, (Device,)) or (isinstance(a, str) and a.split(":")[0] in
                                            ("cpu", "cuda")):
                 device = a
+            elif isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
             else:
                 dtype = a
         if device is not None:

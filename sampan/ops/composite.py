@@ -70,8 +70,12 @@ def softmax(x, dim=None, dtype=None, *, axis=None):
     """exp(x) / sum(exp(x)) along `dim` (default -1), computed stably (the last axis: the
     `softmax` row op, see rowwise.py). An empty axis gives an empty result, as in PyTorch.
     Example: ``sampan.softmax(logits, dim=1)``."""
-    axis = _dim("softmax", dim, axis)
-    x = _as_float(x, dtype)
+    if axis is not None:
+        axis = pick("softmax", "dim", dim, "axis", axis)
+    else:
+        axis = -1 if dim is None else dim
+    if dtype is not None or type(x) is not Tensor:
+        x = _as_float(x, dtype)
     if row_ops(x, axis):
         return softmax_last(x)
     if _empty_axis(x, axis):   # no elements: nothing to normalise
@@ -82,8 +86,12 @@ def softmax(x, dim=None, dtype=None, *, axis=None):
 
 def log_softmax(x, dim=None, dtype=None, *, axis=None):
     """x - logsumexp(x) along `dim` (default -1; the last axis: the `log_softmax` row op)."""
-    axis = _dim("log_softmax", dim, axis)
-    x = _as_float(x, dtype)
+    if axis is not None:
+        axis = pick("log_softmax", "dim", dim, "axis", axis)
+    else:
+        axis = -1 if dim is None else dim
+    if dtype is not None or type(x) is not Tensor:
+        x = _as_float(x, dtype)
     if row_ops(x, axis):
         return log_softmax_last(x)
     if _empty_axis(x, axis):

@@ -8,7 +8,7 @@ import builtins
 
 import numpy as np
 
-from .. import dtypes as _dt
+from .. import dtypes as _dt, return_types
 from ..tensor import Tensor, apply
 from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, norm_axis, pick, randf, rng
@@ -421,7 +421,6 @@ def _minmax(name, arg, reduce_all, pair, x, dim, keepdim, axis, keepdims):
     if keepdims is not None:
         keepdim = pick(name, "keepdim", keepdim, "keepdims", keepdims)
     if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
-        from .. import return_types
         x = _t(x)
         if x.ndim == 0:      # PyTorch: dim 0 (or -1) of a scalar is the scalar, index 0
             norm_axis(dim, 0, name)

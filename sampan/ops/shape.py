@@ -264,9 +264,7 @@ def concat(xs, dim=None, *, axis=None):
     return apply(CONCAT, tuple(xs), {"axis": ax})
 
 
-def cat(tensors, dim=None, *, axis=None):
-    """PyTorch's name for `concat`. Example: ``sampan.cat([a, b], dim=0)``."""
-    return concat(tensors, dim, axis=axis)
+cat = concat   # PyTorch's name
 
 
 def stack(xs, dim=None, *, axis=None):

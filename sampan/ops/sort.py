@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as _dt
+from .. import dtypes as _dt, return_types
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, norm_axis, pick, randf, rng
@@ -175,7 +175,6 @@ def sort(x, dim=None, descending=False, stable=False, *, axis=None):
         >>> v.tolist(), i.tolist()
         ([1.0, 2.0, 3.0], [1, 2, 0])
     """
-    from .. import return_types
     from .shape import reshape
     x, axis, scalar = _prep(x, _dim("sort", dim, axis), "sort")
     xs = reshape(x, (1,)) if scalar else x
@@ -211,7 +210,6 @@ def topk(x, k, dim=None, largest=True, sorted=True, *, axis=None):
         >>> v.tolist(), i.tolist()
         ([5.0, 3.0], [1, 2])
     """
-    from .. import return_types
     from .shape import reshape
     x, axis, scalar = _prep(x, _dim("topk", dim, axis), "topk")
     xs = reshape(x, (1,)) if scalar else x
