@@ -247,3 +247,16 @@ def test_dim_idioms_under_jit():
     r = sampan.jit(lambda x: x.max(dim=1))(x)
     assert isinstance(r, sampan.return_types.max)
     np.testing.assert_array_equal(r.indices.numpy(), A.argmax(1))
+
+
+def test_std_mean_var_gradients():
+    a = A.astype(np.float64)
+    for name, kw in [("std_mean", dict(dim=1)), ("var_mean", dict(dim=(0, 2), correction=0)),
+                     ("std", dict(dim=-1, unbiased=False, keepdim=True))]:
+        x = sampan.tensor(a, requires_grad=True)
+        t = torch.from_numpy(a.copy()).requires_grad_()
+        r, w = getattr(sampan, name)(x, **kw), getattr(torch, name)(t, **kw)
+        r, w = (r, w) if isinstance(r, tuple) else ((r,), (w,))
+        sum((o * (i + 1.0)).sum() for i, o in enumerate(r)).backward()
+        sum((o * (i + 1.0)).sum() for i, o in enumerate(w)).backward()
+        _close(x.grad, t.grad, atol=1e-10)
