@@ -34,7 +34,7 @@ def _empty_axis(x, axis):
 
 def _dim(op, dim, axis, default=-1):
     if axis is not None:
-        return pick(op, "dim", dim, "axis", axis)
+        return axis if dim is None else pick(op, "dim", dim, "axis", axis)
     return default if dim is None else dim
 
 
@@ -43,7 +43,8 @@ def logsumexp(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     (PyTorch's value). Example: ``sampan.logsumexp(x, dim=1)``."""
     axis = _dim("logsumexp", dim, axis)
     if keepdims is not None:
-        keepdim = pick("logsumexp", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("logsumexp", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     if _empty_axis(x, axis):   # log(0): the sum of no terms, written without a log
         r = add(sum(x, axis, keepdims=True), float("-inf"))
@@ -71,7 +72,7 @@ def softmax(x, dim=None, dtype=None, *, axis=None):
     `softmax` row op, see rowwise.py). An empty axis gives an empty result, as in PyTorch.
     Example: ``sampan.softmax(logits, dim=1)``."""
     if axis is not None:
-        axis = pick("softmax", "dim", dim, "axis", axis)
+        axis = axis if dim is None else pick("softmax", "dim", dim, "axis", axis)
     else:
         axis = -1 if dim is None else dim
     if dtype is not None or type(x) is not Tensor:
@@ -87,7 +88,7 @@ def softmax(x, dim=None, dtype=None, *, axis=None):
 def log_softmax(x, dim=None, dtype=None, *, axis=None):
     """x - logsumexp(x) along `dim` (default -1; the last axis: the `log_softmax` row op)."""
     if axis is not None:
-        axis = pick("log_softmax", "dim", dim, "axis", axis)
+        axis = axis if dim is None else pick("log_softmax", "dim", dim, "axis", axis)
     else:
         axis = -1 if dim is None else dim
     if dtype is not None or type(x) is not Tensor:
@@ -114,7 +115,8 @@ def _var_args(op, x, dim, unbiased, keepdim, correction, axis, keepdims):
         dim, unbiased = None, pick(op, "unbiased", unbiased, "(positional unbiased)", dim)
     dim = _dim(op, dim, axis, None)
     if keepdims is not None:
-        keepdim = pick(op, "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick(op, "keepdim", keepdim, "keepdims", keepdims))
     return dim, bool(keepdim), _correction(op, unbiased, correction)
 
 
@@ -129,7 +131,7 @@ def _var(x, dim, keepdim, correction):
     s = sum(mul(d, d), dim, keepdims=keepdim)
     dof = n - correction
     if dof <= 0:       # PyTorch: no degrees of freedom left gives NaN (0/0) or inf
-        return mul(s, float("nan")) if n <= 1 else div(s, 0.0)
+        return (mul(s, float("nan")) if n <= 1 else div(s, 0.0)), m
     return div(s, float(dof)), m
 
 
@@ -139,8 +141,7 @@ def var(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
     as PyTorch (``unbiased=False`` or ``correction=0`` for the population variance).
     Example: ``x.var(dim=0, keepdim=True)``."""
     dim, keepdim, c = _var_args("var", x, dim, unbiased, keepdim, correction, axis, keepdims)
-    v = _var(x, dim, keepdim, c)
-    return v[0] if isinstance(v, tuple) else v
+    return _var(x, dim, keepdim, c)[0]
 
 
 def _sqrt0(v):
@@ -157,17 +158,15 @@ def std(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
     """Standard deviation (sqrt of `var`, same arguments); its gradient is 0 where it is 0.
     Example: ``x.std(dim=1, unbiased=False)``."""
     dim, keepdim, c = _var_args("std", x, dim, unbiased, keepdim, correction, axis, keepdims)
-    v = _var(x, dim, keepdim, c)
-    return _sqrt0(v[0] if isinstance(v, tuple) else v)
+    return _sqrt0(_var(x, dim, keepdim, c)[0])
 
 
-def _with_mean(x, v, dim, keepdim):
-    if isinstance(v, tuple):
-        v, m = v
-        if not keepdim:
-            m = _squeeze_axis(m, dim) if dim is not None else reshape(m, ())
-        return v, m
-    return v, mean(x, dim, keepdims=keepdim)
+def _with_mean(x, vm, dim, keepdim):
+    """(var, mean) from `_var`'s pair, whose mean kept the reduced dims."""
+    v, m = vm
+    if not keepdim:
+        m = _squeeze_axis(m, dim) if dim is not None else reshape(m, ())
+    return v, m
 
 
 def var_mean(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,

@@ -108,7 +108,7 @@ def index_select(x, dim, index=None, *, axis=None):
     if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
         dim, index = index, dim        # the older order: (x, index, axis)
     if axis is not None:
-        dim = pick("index_select", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("index_select", "dim", dim, "axis", axis)
     axis = 0 if dim is None else int(dim)
     x, index = _t(x), _t(index)
     return apply(INDEX_SELECT, (x, index), {"axis": axis % x.ndim})

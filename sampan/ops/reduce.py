@@ -252,7 +252,7 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def _int_to_i64(x, dtype, op):
+def _int_to_i64(x, dtype):
     """PyTorch's accumulating reductions (sum, prod, cumsum) give int64 for bool and
     integer inputs unless `dtype` says otherwise; `dtype` casts the input first."""
     from .elementwise import cast
@@ -273,21 +273,23 @@ def sum(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
         [3.0, 3.0]
     """
     if axis is not None:
-        dim = pick("sum", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("sum", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("sum", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("sum", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     if dtype is not None or x.dtype.kind in "biu":
-        x = _int_to_i64(x, dtype, "sum")
+        x = _int_to_i64(x, dtype)
     return apply(SUM, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
 def mean(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
     """Mean over `dim` (integer inputs: in the default float dtype). Example: ``x.mean(0)``."""
     if axis is not None:
-        dim = pick("mean", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("mean", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("mean", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("mean", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     if dtype is not None or not _dt.is_floating(x.dtype):
         from .elementwise import cast
@@ -300,9 +302,10 @@ def mean(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
 def amax(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """Maximum over `dim` (ties share the gradient). Example: ``sampan.amax(x, dim=1)``."""
     if axis is not None:
-        dim = pick("amax", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("amax", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("amax", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("amax", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     return apply(MAX, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
@@ -310,9 +313,10 @@ def amax(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
 def amin(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """Minimum over `dim` (ties share the gradient)."""
     if axis is not None:
-        dim = pick("amin", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("amin", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("amin", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("amin", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     return apply(MIN, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
@@ -320,12 +324,13 @@ def amin(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
 def prod(x, dim=None, keepdim=None, dtype=None, *, axis=None, keepdims=None):
     """Product over `dim`; bool and integer inputs multiply in int64."""
     if axis is not None:
-        dim = pick("prod", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("prod", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("prod", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("prod", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     if dtype is not None or x.dtype.kind in "biu":
-        x = _int_to_i64(x, dtype, "prod")
+        x = _int_to_i64(x, dtype)
     return apply(PROD, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
 
 
@@ -342,9 +347,10 @@ def argmax(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """Index of the maximum (int64; over all elements when `dim` is None).
     Example: ``logits.argmax(dim=-1)``."""
     if axis is not None:
-        dim = pick("argmax", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("argmax", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("argmax", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("argmax", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     ax = None if dim is None else _one_axis("argmax", x, dim)
     return apply(ARGMAX, (x,), {"axis": ax, "keepdims": bool(keepdim)})
@@ -353,9 +359,10 @@ def argmax(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
 def argmin(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """Index of the minimum (int64)."""
     if axis is not None:
-        dim = pick("argmin", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("argmin", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("argmin", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("argmin", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     ax = None if dim is None else _one_axis("argmin", x, dim)
     return apply(ARGMIN, (x,), {"axis": ax, "keepdims": bool(keepdim)})
@@ -365,9 +372,10 @@ def all(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """True where every element is true (over `dim`: int, tuple or None)."""
     from .elementwise import cast
     if axis is not None:
-        dim = pick("all", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("all", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("all", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("all", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     x = x if x.dtype == np.bool_ else cast(x, "bool")
     return apply(ALL, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
@@ -377,9 +385,10 @@ def any(x, dim=None, keepdim=None, *, axis=None, keepdims=None):
     """True where some element is true (over `dim`: int, tuple or None)."""
     from .elementwise import cast
     if axis is not None:
-        dim = pick("any", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("any", "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick("any", "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick("any", "keepdim", keepdim, "keepdims", keepdims))
     x = _t(x)
     x = x if x.dtype == np.bool_ else cast(x, "bool")
     return apply(ANY, (x,), {"axis": _axis_attr(x, dim), "keepdims": bool(keepdim)})
@@ -394,13 +403,13 @@ def cumsum(x, dim=None, *, dtype=None, axis=None):
         [1, 3, 6]
     """
     if axis is not None:
-        dim = pick("cumsum", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("cumsum", "dim", dim, "axis", axis)
     x = _t(x)
     if dim is None:
         from ..errors import SampanValueError, op_error
         raise op_error(SampanValueError, "cumsum", "no dim", "dim= (or axis=)")
     if dtype is not None or x.dtype.kind in "biu":
-        x = _int_to_i64(x, dtype, "cumsum")
+        x = _int_to_i64(x, dtype)
     if x.ndim == 0:
         return x
     return apply(CUMSUM, (x,), {"axis": _one_axis("cumsum", x, dim)})
@@ -417,9 +426,10 @@ def _values_at(x, idx, axis, keepdims):
 
 def _minmax(name, arg, reduce_all, pair, x, dim, keepdim, axis, keepdims):
     if axis is not None:
-        dim = pick(name, "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick(name, "dim", dim, "axis", axis)
     if keepdims is not None:
-        keepdim = pick(name, "keepdim", keepdim, "keepdims", keepdims)
+        keepdim = (keepdims if keepdim is None else
+                   pick(name, "keepdim", keepdim, "keepdims", keepdims))
     if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
         x = _t(x)
         if x.ndim == 0:      # PyTorch: dim 0 (or -1) of a scalar is the scalar, index 0

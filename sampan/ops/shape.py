@@ -172,7 +172,7 @@ def squeeze(x, dim=None, *, axis=None):
     """Drop size-1 dims: all of them, or those of `dim` (an int or a tuple) that have size
     1 (a listed dim of another size stays, as in PyTorch). Example: ``x.squeeze(-1)``."""
     if axis is not None:
-        dim = pick("squeeze", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("squeeze", "dim", dim, "axis", axis)
     x = _t(x)
     axes = norm_axis(dim, x.ndim, "squeeze") if dim is not None else None
     shape = tuple(d for i, d in enumerate(x.shape)
@@ -183,7 +183,7 @@ def squeeze(x, dim=None, *, axis=None):
 def unsqueeze(x, dim=None, *, axis=None):
     """Insert a size-1 dim at `dim` (in [-ndim-1, ndim]). Example: ``x.unsqueeze(0)``."""
     if axis is not None:
-        dim = pick("unsqueeze", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("unsqueeze", "dim", dim, "axis", axis)
     x = _t(x)
     if dim is None:
         raise op_error(ShapeError, "unsqueeze", "no dim", "dim= (or axis=)")
@@ -249,7 +249,7 @@ def concat(xs, dim=None, *, axis=None):
     Example: ``sampan.cat([a, b], dim=1)``."""
     from .elementwise import cast
     if axis is not None:
-        dim = pick("concat", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("concat", "dim", dim, "axis", axis)
     xs = [_t(x) for x in xs]
     if not xs:
         raise op_error(ShapeError, "concat", "no tensors", "a non-empty sequence of tensors")
@@ -309,7 +309,7 @@ def flip(x, dims=None, *more, axis=None):
     if more:
         dims = ((dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)) + more
     if axis is not None:
-        dims = pick("flip", "dims", dims, "axis", axis)
+        dims = axis if dims is None else pick("flip", "dims", dims, "axis", axis)
     x = _t(x)
     if dims is None:
         raise op_error(ShapeError, "flip", "no dims", "dims= (or axis=)")

@@ -14,7 +14,7 @@ def stack(xs, dim=None, *, axis=None):
     """Join tensors of one shape along a new dim (default 0).
     Example: ``sampan.stack([a, b], dim=1)``."""
     if axis is not None:
-        dim = pick("stack", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("stack", "dim", dim, "axis", axis)
     xs = [_t(x) for x in xs]
     if not xs:
         raise op_error(ShapeError, "stack", "no tensors", "a non-empty sequence of tensors")
@@ -30,7 +30,7 @@ def narrow(x, dim=None, start=0, length=None, *, axis=None):
     """`length` elements from `start` (negative: from the end) along `dim`.
     Example: ``x.narrow(1, 0, 2)``."""
     if axis is not None:
-        dim = pick("narrow", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("narrow", "dim", dim, "axis", axis)
     x = _t(x)
     if dim is None or length is None:
         raise op_error(ShapeError, "narrow", "no dim or no length", "narrow(x, dim, start, "
@@ -55,7 +55,7 @@ def split(x, split_size_or_sections, dim=None, *, axis=None):
     This is not numpy's ``np.split`` (whose int is a number of sections and whose list
     holds split points): for n equal parts use `chunk`. Example: ``a, b = x.split(2)``."""
     if axis is not None:
-        dim = pick("split", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("split", "dim", dim, "axis", axis)
     x = _t(x)
     ax = _dim_range("split", 0 if dim is None else dim, x.ndim)
     n = x.shape[ax]
@@ -87,7 +87,7 @@ def chunk(x, chunks, dim=None, *, axis=None):
     """Split along `dim` (default 0) into at most `chunks` pieces of equal size (the last
     may be smaller, and there may be fewer), as PyTorch. Example: ``q, k, v = x.chunk(3, -1)``."""
     if axis is not None:
-        dim = pick("chunk", "dim", dim, "axis", axis)
+        dim = axis if dim is None else pick("chunk", "dim", dim, "axis", axis)
     x = _t(x)
     ax = _dim_range("chunk", 0 if dim is None else dim, x.ndim)
     chunks = int(chunks)

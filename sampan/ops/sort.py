@@ -161,7 +161,7 @@ def _unzero(outs, scalar):
 
 def _dim(op, dim, axis):
     if axis is not None:
-        return pick(op, "dim", dim, "axis", axis)
+        return axis if dim is None else pick(op, "dim", dim, "axis", axis)
     return -1 if dim is None else dim
 
 
