@@ -5,7 +5,8 @@ the Python values and objects a trace read (`guards.py`: changing one traces aga
 are differentiable from outside (`autodiff.py`: the gradient is traced and compiled too),
 and return outputs that share memory and versions where eager's would (`outputs.py`);
 `sampan.jit.save(fn_or_layer, path, example_inputs)` and `sampan.jit.load(path)`
-store and restore a compiled program without its Python source.
+store and restore a compiled program without its Python source; `dynamic=` on both marks
+dims (batch, sequence) whose size varies, so one program serves every size (`dynamic.py`).
 """
 import sys as _sys
 import types as _types

@@ -32,6 +32,7 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor, wrap
+from . import dynamic as _dyn
 from .autodiff import born_leaves, ran_backward, trace_vjp
 from .guards import build as _python_guards
 from .guards import tensor_guard
@@ -376,8 +377,10 @@ def _fix_slots(slots):
 class JitFunction:
     """A function (or Layer) compiled per input signature. See module doc."""
 
-    def __init__(self, fn, *, layer=None, pipeline="train", debug=False, memory_plan=True):
+    def __init__(self, fn, *, layer=None, pipeline="train", debug=False, memory_plan=True,
+                 dynamic=None):
         self.fn = fn
+        self.dynamic = dynamic    # symbolic dims (see dynamic.py), or None
         self.layer = layer
         self.pipeline = pipeline
         self.debug = debug
@@ -399,6 +402,10 @@ class JitFunction:
         leaves = []
         tree = _flatten((tuple(args), kwargs), leaves)
         specs = tuple(_spec(t) for t in leaves)
+        if self.dynamic is not None:  # marked dims are part of the key by name, not size
+            dyn = _dyn.leaf_dims(self.dynamic, self._params, args, kwargs)
+            specs = tuple((_dyn.symbolic_shape(s[0], dyn[i]),) + s[1:] if i in dyn else s
+                          for i, s in enumerate(specs))
         training = getattr(self.layer, "training", None)
         key = (tree, specs, training, STATE.grad_enabled, str(_dt.get_default_dtype()))
         return key, leaves
@@ -467,19 +474,26 @@ class JitFunction:
                     "again: keep tensor shapes stable (pad batches) and pass varying Python "
                     "values as tensors.", RetraceWarning, stacklevel=3)
         t0 = time.perf_counter()
-        info = {}
-        g, in_slots, out_slots, out_tree, grad_none = trace(
-            self.fn, args, kwargs, self._state(),
-            name=type(self.layer).__name__ if self.layer is not None
-            else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""),
-            info=info, differentiable=True)
-        trace_s = time.perf_counter() - t0
-        raw = g.copy()
-        pm = PassManager(self.pipeline, debug=self.debug)
-        if not self.memory_plan:
-            pm.passes = [p for p in pm.passes if p != "plan_memory"]
-        g = pm.run(g)
-        compiled = compile_graph(g, debug=self.debug)
+        name = (type(self.layer).__name__ if self.layer is not None
+                else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""))
+        dyn = (_dyn.leaf_dims(self.dynamic, self._params, args, kwargs)
+               if self.dynamic is not None else {})
+        if dyn:
+            info, g, raw, pm, in_slots, out_slots, out_tree, grad_none, compiled = \
+                self._trace_dynamic(args, kwargs, leaves, dyn, name)
+            trace_s = time.perf_counter() - t0
+        else:
+            info = {}
+            g, in_slots, out_slots, out_tree, grad_none = trace(
+                self.fn, args, kwargs, self._state(), name=name, info=info,
+                differentiable=True)
+            trace_s = time.perf_counter() - t0
+            raw = g.copy()
+            pm = PassManager(self.pipeline, debug=self.debug)
+            if not self.memory_plan:
+                pm.passes = [p for p in pm.passes if p != "plan_memory"]
+            g = pm.run(g)
+            compiled = compile_graph(g, debug=self.debug)
         vjp = info["vjp"]
         if vjp is not None:
             vjp.options = (self.pipeline, self.debug, self.memory_plan)
@@ -504,6 +518,36 @@ class JitFunction:
         self.n_traces += 1
         self._last_sig = self._arg_sigs(args, kwargs)
         return entry
+
+    def _trace_dynamic(self, args, kwargs, leaves, dyn, name):
+        """Trace at the call's sizes and once per symbol at another, unify the optimised
+        graphs into one with symbolic dims (`dynamic.py`); compiled per concrete size."""
+        from ..passes import PassManager
+        base, probes = _dyn.probe_sizes(_dyn.bind(leaves, dyn))
+        tree = _flatten((tuple(args), kwargs), [])
+        runs = []
+        for sizes in [base] + [dict(base, **{s: n}) for s, n in probes]:
+            a, k = _unflatten(tree, _dyn.resized(leaves, dyn, sizes))
+            info = {}
+            g, in_slots, out_slots, out_tree, grad_none = trace(
+                self.fn, a, k, self._state(), name=name, info=info, differentiable=True)
+            if info["vjp"] is not None and info["vjp"].graph is not None:
+                raise SampanError(
+                    f"sampan.jit: {name} is differentiated from outside the call (inputs or "
+                    "parameters require grad), which dynamic= does not support yet: call it "
+                    "under sampan.no_grad(), or run backward inside the jitted function")
+            raw = g.copy()
+            pm = PassManager([p for p in PassManager(self.pipeline).passes
+                              if p != "plan_memory"], debug=self.debug)
+            runs.append((info, pm.run(g), raw, pm, in_slots, out_slots, out_tree, grad_none))
+        info, g0, raw, pm, in_slots, out_slots, out_tree, grad_none = runs[0]
+        g = _dyn.unify(g0, [r[1] for r in runs[1:]], base, probes, what=name)
+        g.meta = dict(g0.meta)
+        raw = _dyn.unify(raw, [r[2] for r in runs[1:]], base, probes, what=name)
+        args_at = [i for i, (kind, _) in enumerate(in_slots) if kind == "arg"]
+        compiled = _dyn.SymbolicProgram(g, args_at, debug=self.debug,
+                                        label=f"sampan.jit {name}")
+        return info, g, raw, pm, in_slots, out_slots, out_tree, grad_none, compiled
 
     # ---------------------------------------------------------------- inspection
     def _entry(self):
@@ -556,19 +600,24 @@ def _describe(a):
     return repr(a)
 
 
-def jit(fn=None, *, pipeline="train", debug=False, memory_plan=True):
+def jit(fn=None, *, pipeline="train", debug=False, memory_plan=True, dynamic=None):
     """Compile a function or a Layer: ``sampan.jit(f)``, ``@sampan.jit``, ``sampan.jit(model)``.
+
+    `dynamic` marks dims whose size varies between calls, so one program serves them
+    all: ``dynamic={"x": {0: "batch"}}`` (argument name or position -> {dim: symbol}) or
+    ``dynamic="batch"`` (dim 0 of every tensor argument); see `sampan/jit/dynamic.py`.
 
     Example::
 
         >>> f = sampan.jit(lambda x: (x * 2).relu())
         >>> f(sampan.randn(3)); print(f.graph)
+        >>> g = sampan.jit(model, dynamic={"x": {0: "batch"}})   # any batch size
     """
+    kw = dict(pipeline=pipeline, debug=debug, memory_plan=memory_plan, dynamic=dynamic)
     if fn is None:
-        return lambda f: jit(f, pipeline=pipeline, debug=debug, memory_plan=memory_plan)
+        return lambda f: jit(f, **kw)
     if isinstance(fn, JitFunction):
         return fn
     if hasattr(fn, "named_parameters") and callable(fn):
-        return JitFunction(fn.__call__, layer=fn, pipeline=pipeline, debug=debug,
-                           memory_plan=memory_plan)
-    return JitFunction(fn, pipeline=pipeline, debug=debug, memory_plan=memory_plan)
+        return JitFunction(fn.__call__, layer=fn, **kw)
+    return JitFunction(fn, **kw)

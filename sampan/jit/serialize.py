@@ -105,12 +105,22 @@ def _key(k):
     return tuple(_key(x) for x in k) if isinstance(k, list) else k
 
 
-def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
-    """Trace `fn_or_layer(*example_inputs)`, optimise, and write a model directory."""
+def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) -> str:
+    """Trace `fn_or_layer(*example_inputs)`, optimise, and write a model directory.
+
+    `dynamic` marks dims of the inputs whose size may differ at each call, as in
+    `sampan.jit` (``{"x": {0: "batch"}}``, or ``"batch"`` for dim 0 of every input; a
+    jitted function's own `dynamic` is the default): the program is traced at more than
+    one size and stored with symbolic dims, so the loaded program takes any size there."""
     from ..passes import PassManager, pipeline
-    from .api import JitFunction, _flatten, trace
+    from . import dynamic as _dyn
+    from .api import JitFunction, _flatten, _unflatten, trace
     fn, state = fn_or_layer, []
+    params = []
     if isinstance(fn, JitFunction):
+        if dynamic is None:
+            dynamic = fn.dynamic
+        params = fn._params
         state, fn = fn._state(), fn.fn
     elif hasattr(fn, "named_parameters"):
         layer = fn
@@ -119,15 +129,37 @@ def save(fn_or_layer, path, example_inputs, passes="inference") -> str:
             state += [(n, b) for n, b in layer.named_buffers() if b is not None]
     example_inputs = tuple(example_inputs)
     leaves = []
-    _flatten((example_inputs, {}), leaves)
-    g, slots, out_slots, out_tree, _ = trace(fn, example_inputs, {}, state)
+    tree = _flatten((example_inputs, {}), leaves)
+    if not params:
+        import inspect
+        target = getattr(fn, "forward", fn)
+        try:
+            params = list(inspect.signature(target).parameters)
+        except (TypeError, ValueError):
+            params = []
+    dyn = _dyn.leaf_dims(dynamic, params, example_inputs, {})
     names = pipeline(passes) if isinstance(passes, str) else list(passes)
-    # state the program reads but never writes is fixed in a saved program: passes that
-    # know it (freeze_state, in the "inference" pipeline) may fold it into constants
-    written = {id(ref) for kind, ref in out_slots if kind == "state"}
-    g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
-                        if kind == "state" and id(ref) not in written}
-    g = PassManager([p for p in names if p != "plan_memory"]).run(g)
+
+    def traced(ins):
+        g, slots, out_slots, out_tree, _ = trace(fn, ins, {}, state)
+        # state the program reads but never writes is fixed in a saved program: passes
+        # that know it (freeze_state, in the "inference" pipeline) may fold it into
+        # constants
+        written = {id(ref) for kind, ref in out_slots if kind == "state"}
+        g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
+                            if kind == "state" and id(ref) not in written}
+        g = PassManager([p for p in names if p != "plan_memory"]).run(g)
+        return g, slots, out_slots, out_tree
+    g, slots, out_slots, out_tree = traced(example_inputs)
+    if dyn:   # one program for every size of the marked dims (see jit/dynamic.py)
+        base, probes = _dyn.probe_sizes(_dyn.bind(leaves, dyn))
+        runs = [traced(_unflatten(tree, _dyn.resized(leaves, dyn, sz))[0])[0]
+                for sz in [dict(base, **{s: n}) for s, n in probes]]
+        if base != _dyn.bind(leaves, dyn):   # an example of size 1: trace the base at 2
+            g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
+        meta_g = g.meta
+        g = _dyn.unify(g, runs, base, probes, what="saved program")
+        g.meta = meta_g
 
     arrays, dtypes = {}, {}
 
@@ -234,10 +266,21 @@ class Loaded:
         self.meta = meta
         self.graph = graph
         self.arrays = arrays
-        g = PassManager(["plan_memory"]).run(graph)
-        self.compiled = compile_graph(g, debug=debug)
-        self.code = self.compiled.code
+        from . import dynamic as _dyn
+        self.symbolic = bool(_dyn.symbols_of(graph))
+        if self.symbolic:   # symbolic dims: compiled per concrete size (jit/dynamic.py)
+            args_at = [i for i, spec in enumerate(meta["inputs"]) if spec["kind"] == "arg"]
+            self.compiled = _dyn.SymbolicProgram(graph, args_at, debug=debug,
+                                                 label=f"saved program {path}")
+        else:
+            g = PassManager(["plan_memory"]).run(graph)
+            self.compiled = compile_graph(g, debug=debug)
         self.out_consts = [arrays[f"outconst.{i}"] for i in range(meta.get("n_outconst", 0))]
+
+    @property
+    def code(self) -> str:
+        """The generated source (of the most recent concrete size, for symbolic dims)."""
+        return self.compiled.code
 
     @property
     def example_inputs(self):
@@ -250,11 +293,17 @@ class Loaded:
         if len(leaves) != self.meta["n_args"]:
             raise SampanError(f"saved program {self.path}: got {len(leaves)} tensor inputs; "
                               f"expected {self.meta['n_args']}")
+        from . import dynamic as _dyn
+        sizes = {}
+        if self.symbolic:
+            by_pos = {i: leaves[spec["index"]]._data
+                      for i, spec in enumerate(self.meta["inputs"]) if spec["kind"] == "arg"}
+            sizes = self.compiled.sizes_of(by_pos)
         out = []
         for spec, v in zip(self.meta["inputs"], self.graph.inputs):
             if spec["kind"] == "arg":
                 a = leaves[spec["index"]]._data
-                if tuple(a.shape) != tuple(v.shape) or a.dtype != v.dtype:
+                if not _dyn.fits(a.shape, v.shape, sizes) or a.dtype != v.dtype:
                     raise SampanError(
                         f"saved program {self.path}: input {spec['index']} is "
                         f"{a.dtype}{list(a.shape)}; expected {v.type_str()}")
@@ -311,15 +360,34 @@ def read(path, _recover=True):
     consts = {k[len("const."):]: a for k, a in arrays.items() if k.startswith("const.")}
     try:
         g = parse(text, consts)
-        verify(g)
     except Exception as e:  # noqa: BLE001 - the text is checksummed: only a writer bug
         raise LoadError(f"sampan.jit.load: graph of {path} is invalid: {e}") from None
     _check_meta(path, meta, g, arrays)
+    try:
+        verify(_at_example_sizes(g, meta, arrays))
+    except Exception as e:  # noqa: BLE001
+        raise LoadError(f"sampan.jit.load: graph of {path} is invalid: {e}") from None
     return g, meta, arrays
 
 
 def _is_version(meta, v) -> bool:
     return type(meta.get("version")) is int and meta["version"] == v   # not True == 1
+
+
+def _at_example_sizes(g, meta, arrays):
+    """`g`, or for a graph with symbolic dims its concrete form at the example inputs'
+    sizes (shape rules check concrete graphs)."""
+    from . import dynamic as _dyn
+    if not _dyn.symbols_of(g):
+        return g
+    args = {i: arrays[f"example.{spec['index']}"] for i, spec in enumerate(meta["inputs"])
+            if spec["kind"] == "arg"}
+    dims = _dyn.input_dims(g, list(args))
+    sizes = {}
+    for p, ds in dims.items():
+        for d, s in ds.items():
+            sizes[s] = args[p].shape[d]
+    return _dyn.concrete(g, sizes)
 
 
 def load(path, debug: bool = False) -> Loaded:

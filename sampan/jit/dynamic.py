@@ -1,0 +1,464 @@
+"""Symbolic dimensions: one traced program for every batch size (or sequence length).
+
+``sampan.jit(fn, dynamic={"x": {0: "batch"}})`` (or ``dynamic="batch"``: dim 0 of every
+tensor argument) marks dims whose size varies between calls. A trace bakes in the sizes
+it sees, so a marked function is traced at the call's sizes and once more per symbol at
+another size; the optimised graphs must then agree node for node, and every dim, shape
+attribute or constant that differs must be a multiple of the symbols' sizes (``batch``,
+``8*batch``, ``batch*seq``). The unified graph holds those as symbolic dims (``f32[batch,4]``)
+and attributes (``"$8*batch"``); it is compiled once per concrete size, on first use
+(`SymbolicProgram`), which costs milliseconds: generated kernels are shared.
+
+What makes a program depend on the batch size in some other way (a Python value read from
+``x.shape[0]`` used as a scale, a branch on the size) fails with an error naming the op and
+the source line. Small fills that constant folding turned into arrays (``zeros(n, 8)``)
+become ``full`` nodes again. `sampan.jit.save(..., dynamic=...)` writes the unified graph,
+so one saved program serves any batch size.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from ..errors import SampanError, ShapeError
+from ..tensor import Tensor
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ATTR = "$"                # a symbolic int inside an attribute is the string "$<expr>"
+
+
+class DynamicShapeError(ShapeError):
+    """A call's sizes disagree with the symbolic dims, or a program is not the same for
+    every size of a dim marked dynamic."""
+
+
+# ---------------------------------------------------------------------- marking
+def leaf_dims(dynamic, params, args, kwargs) -> dict:
+    """{leaf index: {dim: symbol}} for `dynamic` (see module doc) over the call's tensors,
+    in the order `api._flatten((args, kwargs))` lists them."""
+    from .api import _flatten
+    if dynamic is None:
+        return {}
+    if isinstance(dynamic, str):
+        _check_name(dynamic)
+    elif not isinstance(dynamic, dict):
+        raise SampanError(f"sampan.jit: dynamic= must be a symbol name (dim 0 of every tensor "
+                          f"argument) or a dict {{argument: {{dim: name}}}}; got {dynamic!r}")
+    named = [(params[i] if i < len(params) else f"arg{i}", i, a) for i, a in enumerate(args)]
+    named += [(k, k, a) for k, a in kwargs.items()]
+    out, n = {}, 0
+    known = set()
+    for name, pos, a in named:
+        leaves = []
+        _flatten(a, leaves)
+        known |= {name, pos}
+        if isinstance(dynamic, str):
+            spec = {0: dynamic} if isinstance(a, Tensor) and a.ndim else None
+        else:
+            spec = dynamic.get(name, dynamic.get(pos))
+        if spec is not None:
+            if not isinstance(a, Tensor):
+                raise SampanError(f"sampan.jit: dynamic= marks argument {name!r}, which is "
+                                  f"{type(a).__name__}, not a tensor")
+            out[n] = _dims_of(name, spec, a.ndim)
+        n += len(leaves)
+    if isinstance(dynamic, dict):
+        unknown = [k for k in dynamic if k not in known]
+        if unknown:
+            raise SampanError(f"sampan.jit: dynamic= names {unknown}, which are not arguments "
+                              f"of this call (arguments: {[p for p, _, _ in named]})")
+    return out
+
+
+def _check_name(s):
+    if not isinstance(s, str) or not _NAME.fullmatch(s):
+        raise SampanError(f"sampan.jit: a dynamic dim's name must be an identifier such as "
+                          f"'batch'; got {s!r}")
+
+
+def _dims_of(name, spec, ndim):
+    if not isinstance(spec, dict):
+        raise SampanError(f"sampan.jit: dynamic= for {name!r} must be {{dim: name}}; "
+                          f"got {spec!r}")
+    out = {}
+    for d, s in spec.items():
+        _check_name(s)
+        if type(d) is not int or not -ndim <= d < ndim:
+            raise SampanError(f"sampan.jit: dynamic= marks dim {d!r} of {name!r}, which has "
+                              f"{ndim} dims")
+        out[d % ndim] = s
+    return out
+
+
+def symbolic_shape(shape, dims):
+    return tuple(dims.get(i, d) for i, d in enumerate(shape))
+
+
+def bind(leaves, dyn) -> dict:
+    """{symbol: size} of a call; one symbol must have one size in every input."""
+    sizes, where = {}, {}
+    for i, dims in dyn.items():
+        shape = leaves[i].shape
+        for d, s in dims.items():
+            n = shape[d]
+            if s in sizes and sizes[s] != n:
+                raise DynamicShapeError(
+                    f"sampan.jit: dim {d} of input {i} is {n}, but dynamic dim '{s}' is "
+                    f"{sizes[s]} in {where[s]}; inputs that share a symbol must agree")
+            sizes[s], where[s] = n, f"dim {d} of input {i}"
+    return sizes
+
+
+# ---------------------------------------------------------------------- expressions
+def expr_str(coef: int, syms) -> str:
+    parts = ([str(coef)] if coef != 1 else []) + sorted(syms)
+    return "*".join(parts) if parts else str(coef)
+
+
+_TOKENS = re.compile(r"([*/])")
+
+
+def evaluate(expr: str, sizes: dict):
+    """The value of a symbolic expression under `sizes`: a dim ('batch', '4*batch*seq',
+    an int) or a value that scales with the sizes ('0.5/batch': a float)."""
+    parts = _TOKENS.split(expr)
+    n = _factor(parts[0], sizes, expr)
+    for op, part in zip(parts[1::2], parts[2::2]):
+        f = _factor(part, sizes, expr)
+        n = n * f if op == "*" else n / f
+    return n
+
+
+def _factor(part, sizes, expr):
+    if part.isdigit():
+        return int(part)
+    if part in sizes:
+        return sizes[part]
+    try:
+        return float(part)
+    except ValueError:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {part!r}, "
+                                f"which no input binds (bound: {sorted(sizes)})") from None
+
+
+def symbols_of(g) -> set:
+    out = set()
+    for v in g.values():
+        for d in v.shape:
+            if isinstance(d, str):
+                out |= {p for p in d.split("*") if not p.isdigit()}
+    return out
+
+
+def _unify_float(x0, xs, base, probes, digits=17):
+    """A float seen as x0 at the base sizes and xs[k] when probes[k] changed: x0, or
+    c*syms / c/syms (a value computed from the sizes, e.g. the 1/n of a mean)."""
+    if x0 != x0 or x0 in (math.inf, -math.inf) or x0 == 0:
+        return x0 if all(y == x0 or (y != y and x0 != x0) for y in xs) else None
+    num, den = [], []
+    c = x0
+    for (s, size), x in zip(probes, xs):
+        if x == x0:
+            continue
+        r = size / base[s]
+        if math.isclose(x, x0 / r, rel_tol=10.0 ** (1 - digits)):
+            den.append(s)
+            c *= base[s]
+        elif math.isclose(x, x0 * r, rel_tol=10.0 ** (1 - digits)):
+            num.append(s)
+            c /= base[s]
+        else:
+            return None
+    if not num and not den:
+        return x0
+    c = float(f"{c:.{digits}g}")
+    return "*".join([repr(c)] + sorted(num)) + "".join("/" + d for d in sorted(den))
+
+
+def _unify_int(x0, xs, base, probes):
+    """The symbolic form of an int seen as x0 at the base sizes and xs[k] when only
+    probes[k]'s symbol changed: x0 itself when no probe changes it, else coef*syms."""
+    syms = []
+    for (s, size), x in zip(probes, xs):
+        if x == x0:
+            continue
+        if x0 <= 0 or x * base[s] != x0 * size:
+            return None
+        syms.append(s)
+    if not syms:
+        return x0
+    den = 1
+    for s in syms:
+        den *= base[s]
+    if x0 % den:
+        return None
+    return expr_str(x0 // den, syms)
+
+
+# ---------------------------------------------------------------------- unification
+def unify(g0, others, base, probes, what="program"):
+    """Merge the base graph `g0` (traced at sizes `base`) with `others[k]`, traced with
+    probes[k] = (symbol, size) changed, into one graph with symbolic dims (in place on a
+    copy of g0). Raises DynamicShapeError naming the first op that does not generalise."""
+    g = g0.copy()
+    vals = [list(o.values()) for o in others]
+    mine = list(g.values())
+    if any(len(v) != len(mine) or len(o.nodes) != len(g.nodes)
+           or [n.op for n in o.nodes] != [n.op for n in g.nodes] for v, o in zip(vals, others)):
+        bad = _first_diff(g, others)
+        raise DynamicShapeError(
+            f"sampan.jit: the {what} traced at another size of {_syms(probes)} is a different "
+            f"program{bad}: something reads the size as a Python value (a branch, a loop "
+            "count). Mark only dims the code treats generically, or pad to one size")
+    fills = []
+    for k, v in enumerate(mine):
+        others_v = [vs[k] for vs in vals]
+        shape = []
+        for j, d in enumerate(v.shape):
+            ds = [o.shape[j] if j < len(o.shape) else None for o in others_v]
+            e = _unify_int(d, ds, base, probes) if None not in ds else None
+            if e is None:
+                raise DynamicShapeError(
+                    f"sampan.jit: dim {j} of {v.type_str()}{_where(v, g)} is {d} at "
+                    f"{_sizes(base)} and {ds} when {_syms(probes)} change: it is not a "
+                    f"multiple of the dynamic dims, so one program cannot serve every size")
+            shape.append(e)
+        v.shape = tuple(shape)
+        if v.const is not None:
+            cs = [o.const for o in others_v]
+            if all(c.shape == v.const.shape and np.array_equal(c, v.const, equal_nan=True)
+                   for c in cs):
+                continue
+            fill = _uniform(v.const)
+            fills_o = [_uniform(c) for c in cs]
+            if fill is not None and None not in fills_o and v.dtype.kind == "f":
+                digits = 15 if v.dtype.itemsize == 8 else 6 if v.dtype.itemsize == 4 else 3
+                fill = _unify_float(float(fill), [float(f) for f in fills_o], base, probes,
+                                    digits)
+            elif fill is not None and any(f != fill for f in fills_o):
+                fill = None
+            if fill is None or (not isinstance(fill, str)
+                                and all(isinstance(d, int) for d in v.shape)):
+                raise DynamicShapeError(
+                    f"sampan.jit: a constant {v.type_str()}{_where(v, g)} holds other values "
+                    f"at another size of {_syms(probes)}: the traced code computed it from "
+                    "the size (e.g. x.shape[0] as a number); compute it with ops on the "
+                    "input instead")
+            fills.append((v, fill))
+    for n, *ons in zip(g.nodes, *[o.nodes for o in others]):
+        try:
+            n.attrs = {a: _unify_attr(x, [o.attrs.get(a) for o in ons], base, probes)
+                       for a, x in n.attrs.items()}
+        except _NoUnify:
+            raise DynamicShapeError(
+                f"sampan.jit: {n.op} at {n.loc or '?'} has attributes {n.attrs} that change "
+                f"with {_syms(probes)} in a way that is not a multiple of them") from None
+    for v, fill in fills:     # folded fills become fills of the symbolic shape again
+        value = _ATTR + fill if isinstance(fill, str) else fill
+        value = value.item() if isinstance(value, np.generic) else value
+        node = g.add_node("full", [], {"shape": tuple(_attr_of(d) for d in v.shape),
+                                       "value": value, "dtype": v.dtype.name},
+                          out_specs=[v])
+        out = node.outputs[0]
+        g.nodes.insert(0, g.nodes.pop())
+        g.replace_all_uses_with(v, out)
+    if fills:
+        g.prune_consts()
+    return g
+
+
+class _NoUnify(Exception):
+    pass
+
+
+def _attr_of(d):
+    return d if isinstance(d, int) else _ATTR + d
+
+
+def _unify_attr(x, xs, base, probes):
+    if type(x) is int:
+        if any(type(y) is not int for y in xs):
+            raise _NoUnify
+        e = _unify_int(x, xs, base, probes)
+        if e is None:
+            raise _NoUnify
+        return _attr_of(e)
+    if type(x) is float:
+        if any(type(y) is not float for y in xs):
+            raise _NoUnify
+        e = _unify_float(x, xs, base, probes)
+        if e is None:
+            raise _NoUnify
+        return _attr_of(e) if isinstance(e, str) else e
+    if isinstance(x, tuple):
+        if any(not isinstance(y, tuple) or len(y) != len(x) for y in xs):
+            raise _NoUnify
+        return tuple(_unify_attr(a, [y[i] for y in xs], base, probes) for i, a in enumerate(x))
+    if isinstance(x, list):
+        return list(_unify_attr(tuple(x), [tuple(y) for y in xs], base, probes))
+    if any(y != x for y in xs if not (isinstance(x, float) and x != x)):
+        raise _NoUnify
+    return x
+
+
+def _uniform(a):
+    if a.size == 0:
+        return None
+    f = a.reshape(-1)[0]
+    return f if np.all(a == f) else None
+
+
+def _where(v, g):
+    if v.node is not None:
+        return f" (made by {v.node.op} at {v.node.loc or '?'})"
+    users = [n for n in g.nodes if any(u is v for u in n.inputs)]
+    if users:
+        return f" (read by {users[0].op} at {users[0].loc or '?'})"
+    return ""
+
+
+def _first_diff(g, others):
+    for o in others:
+        for a, b in zip(g.nodes, o.nodes):
+            if a.op != b.op:
+                return f" (first difference: {a.op} at {a.loc or '?'} vs {b.op} at " \
+                       f"{b.loc or '?'})"
+        if len(o.nodes) != len(g.nodes):
+            return f" ({len(g.nodes)} vs {len(o.nodes)} nodes)"
+    return ""
+
+
+def _syms(probes):
+    return ", ".join(f"'{s}'" for s, _ in probes)
+
+
+def _sizes(base):
+    return ", ".join(f"{s}={n}" for s, n in sorted(base.items()))
+
+
+# ---------------------------------------------------------------------- probes
+def probe_sizes(base: dict) -> tuple[dict, list]:
+    """Sizes to trace at: the call's own (a size of 1 is traced at 2 instead, since
+    broadcasting treats 1 specially) and, per symbol, one more."""
+    b = {s: (n if n >= 2 else 2) for s, n in base.items()}
+    return b, [(s, n + 1) for s, n in sorted(b.items())]
+
+
+def resized(leaves, dyn, sizes):
+    """The call's tensors with their dynamic dims at `sizes`: slices repeat cyclically, so
+    the values (ids into a table …) stay valid inputs."""
+    out = list(leaves)
+    for i, dims in dyn.items():
+        t = leaves[i]
+        a = t._data
+        for d, s in dims.items():
+            n = sizes[s]
+            if a.shape[d] != n:
+                if a.shape[d] == 0:
+                    raise DynamicShapeError(f"sampan.jit: dynamic dim '{s}' of input {i} is "
+                                            "0; trace with a non-empty example")
+                a = np.take(a, np.arange(n) % a.shape[d], axis=d)
+        if a is not t._data:
+            out[i] = Tensor(np.ascontiguousarray(a), requires_grad=t.requires_grad)
+    return out
+
+
+# ---------------------------------------------------------------------- concretising
+def concrete(g, sizes):
+    """A copy of symbolic graph `g` with every symbol replaced by its size."""
+    c = g.copy()
+    for v in c.values():
+        if any(isinstance(d, str) for d in v.shape):
+            v.shape = tuple(evaluate(d, sizes) if isinstance(d, str) else d for d in v.shape)
+    for n in c.nodes:
+        n.attrs = {a: _concrete_attr(x, sizes) for a, x in n.attrs.items()}
+    return c
+
+
+def _concrete_attr(x, sizes):
+    if isinstance(x, str) and x.startswith(_ATTR):
+        return evaluate(x[len(_ATTR):], sizes)
+    if isinstance(x, tuple):
+        return tuple(_concrete_attr(a, sizes) for a in x)
+    if isinstance(x, list):
+        return [_concrete_attr(a, sizes) for a in x]
+    return x
+
+
+def input_dims(g, positions) -> dict:
+    """{input position: {dim: symbol}} for the graph inputs `positions` (the call's
+    arguments) with symbolic dims; a symbol is bound by a dim that is exactly it."""
+    out = {}
+    for p in positions:
+        dims = {d: s for d, s in enumerate(g.inputs[p].shape)
+                if isinstance(s, str) and _NAME.fullmatch(s)}
+        if dims:
+            out[p] = dims
+    return out
+
+
+class SymbolicProgram:
+    """A graph with symbolic dims, callable like `runtime.Compiled`: each new binding of
+    the symbols is concretised, planned and compiled once and cached."""
+
+    MAX_CACHED = 64
+
+    def __init__(self, graph, arg_positions, debug=False, release=True, label="program"):
+        self.graph = graph
+        self.debug = debug
+        self.release = release
+        self.label = label
+        self.dims = input_dims(graph, arg_positions)
+        self.symbols = symbols_of(graph)
+        unbound = self.symbols - {s for d in self.dims.values() for s in d.values()}
+        if unbound:
+            raise DynamicShapeError(f"sampan.jit: symbols {sorted(unbound)} appear in the "
+                                    f"{label} but no input dim is exactly one of them")
+        self.cache = {}
+        self.last = None
+
+    @property
+    def code(self):
+        """The generated source for the most recent concrete size."""
+        return self.last.code if self.last is not None else \
+            "# compiled per concrete size on first call"
+
+    def sizes_of(self, arrays) -> dict:
+        sizes, where = {}, {}
+        for p, dims in self.dims.items():
+            shape = arrays[p].shape
+            for d, s in dims.items():
+                if d >= len(shape):
+                    continue          # a rank mismatch: the caller's check names it
+                n = shape[d]
+                if s in sizes and sizes[s] != n:
+                    raise DynamicShapeError(
+                        f"{self.label}: dim {d} of input {p} is {n}, but '{s}' is {sizes[s]} "
+                        f"from {where[s]}; inputs that share a dynamic dim must agree")
+                sizes[s], where[s] = n, f"dim {d} of input {p}"
+        return sizes
+
+    def compiled_for(self, sizes):
+        key = tuple(sorted(sizes.items()))
+        c = self.cache.get(key)
+        if c is None:
+            from ..passes import PassManager
+            from ..runtime import compile_graph
+            g = PassManager(["plan_memory"]).run(concrete(self.graph, sizes))
+            c = compile_graph(g, debug=self.debug, release=self.release)
+            if len(self.cache) >= self.MAX_CACHED:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = c
+        self.last = c
+        return c
+
+    def __call__(self, *arrays):
+        return self.compiled_for(self.sizes_of(arrays))(*arrays)
+
+
+def fits(shape, want, sizes) -> bool:
+    """Whether a concrete `shape` matches symbolic `want` under `sizes`."""
+    return len(shape) == len(want) and all(
+        (evaluate(w, sizes) if isinstance(w, str) else w) == n for n, w in zip(shape, want))
