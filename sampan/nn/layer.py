@@ -263,8 +263,8 @@ class Layer:
     # ------------------------------------------------------------------ modes & utilities
     def train(self, mode: bool = True):
         """Set training mode on the whole tree (affects Dropout, BatchNorm …)."""
-        for m in self.layers():
-            m.__dict__["training"] = bool(mode)
+        for m in Layer.layers(self):   # not self.layers(): a subclass may name a sub-layer
+            m.__dict__["training"] = bool(mode)    # "layers" (TransformerEncoder does)
         return self
 
     def eval(self):
