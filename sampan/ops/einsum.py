@@ -3,11 +3,13 @@
 The frontend (`einsum`) turns what a user writes (implicit output, `...`, size-1 dims that
 broadcast) into a canonical equation: explicit output, letters only, every letter one size
 in every operand that has it. Broadcast size-1 dims are reshaped away first, so the
-primitive (and its gradient) never broadcasts. The kernel is numpy's einsum with a
-contraction path (BLAS for the pairwise products); the gradient of each operand is again
-an einsum of the output gradient with the other operands."""
+primitive (and its gradient) never broadcasts. The kernel runs small contractions in
+numpy's einsum loop and larger ones as a plan of batched matmuls (BLAS) in numpy's
+contraction order; the gradient of each operand is again an einsum of the output gradient
+with the other operands."""
 from __future__ import annotations
 
+import math
 import string
 
 import numpy as np
@@ -165,16 +167,61 @@ def _einsum_rule(*xs, equation):
     return Spec(out_shape, d)
 
 
+_SMALL = 4096
+
+
 def _einsum_kernel(*xs, equation):
     if xs[0].dtype == _dt.bfloat16 or xs[0].dtype == np.float16:
         return _einsum_kernel(*[x.astype(np.float32) for x in xs],
                               equation=equation).astype(xs[0].dtype)
-    # a contraction path: pairwise products by BLAS instead of one nested C loop
-    out = np.einsum(equation, *xs, optimize="greedy" if len(xs) > 1 else False)
-    out = np.asarray(out)
-    if len(xs) == 1 and np.may_share_memory(out, xs[0]):
-        out = out.copy()          # 'ij->ji' gives numpy's view; an op result owns its memory
-    return out
+    terms, out = _terms(equation)
+    size = {}
+    for t, x in zip(terms, xs):
+        size.update(zip(t, x.shape))
+    if len(xs) == 1 or math.prod(size.values()) <= _SMALL:
+        # one operand, or few products in all: numpy's C loop costs less than a plan
+        r = np.asarray(np.einsum(equation, *xs))
+        # 'ij->ji' gives numpy's view; an op result owns its memory
+        return r.copy() if len(xs) == 1 and np.may_share_memory(r, xs[0]) else r
+    ops = list(zip(xs, terms))
+    path = [(0, 1)] if len(xs) == 2 else np.einsum_path(equation, *xs, optimize="greedy")[0][1:]
+    for step in path:   # numpy's order; each step's operands contracted pairwise
+        group = [ops[k] for k in step]
+        ops = [o for k, o in enumerate(ops) if k not in step]
+        while len(group) > 1:
+            need = set(out).union(*[set(t) for _, t in group[2:] + ops])
+            group = [_pair(*group[0], *group[1], need)] + group[2:]
+        ops.append(group[0])
+    r, t = ops[0]
+    return np.ascontiguousarray(np.einsum(t + "->" + out, r) if t != out else r)
+
+
+def _reduce_own(a, ta, keep):
+    """a with its diagonals taken and the letters no one else needs summed: (array, term)."""
+    t = "".join(c for c in dict.fromkeys(ta) if c in keep)
+    return (a, ta) if t == ta else (np.einsum(ta + "->" + t, a), t)
+
+
+def _pair(a, ta, b, tb, need):
+    """Contract two operands as one batched matrix product (numpy's optimize=True calls
+    tensordot, which loops over a batch: 12x slower than matmul on 'bij,bjk->bik')."""
+    a, ta = _reduce_own(a, ta, need | set(tb))
+    b, tb = _reduce_own(b, tb, need | set(ta))
+    batch = [c for c in ta if c in tb and c in need]
+    contr = [c for c in ta if c in tb and c not in need]
+    left = [c for c in ta if c not in tb]
+    right = [c for c in tb if c not in ta]
+    size = dict(zip(ta, a.shape))
+    size.update(zip(tb, b.shape))
+
+    def n(cs):
+        return math.prod([size[c] for c in cs])
+    am = a.transpose([ta.index(c) for c in batch + left + contr]).reshape(
+        n(batch), n(left), n(contr))
+    bm = b.transpose([tb.index(c) for c in batch + contr + right]).reshape(
+        n(batch), n(contr), n(right))
+    r = np.matmul(am, bm).reshape([size[c] for c in batch + left + right])
+    return r, "".join(batch + left + right)
 
 
 def _einsum_flops(*xs, equation):
