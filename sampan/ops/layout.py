@@ -277,6 +277,7 @@ METHODS: dict = {n: globals()[n] for n in [
     "moveaxis", "unbind", "tile", "repeat_interleave", "ravel", "take", "rot90", "fliplr",
     "flipud", "kron", "cross", "trace", "diag"]}
 METHODS.update({"repeat": _sh.repeat, "reshape_as": _sh.reshape_as})
-INPLACE: dict = {"tril_": tril, "triu_": triu, "addmm_": _mm.addmm, "baddbmm_": _mm.baddbmm}
+INPLACE: dict = {"tril_": tril, "triu_": triu, "addmm_": _mm.addmm, "addmv_": _mm.addmv,
+                 "addbmm_": _mm.addbmm, "baddbmm_": _mm.baddbmm}
 
 from . import layout_samples as _samples  # noqa: E402,F401  (registers the COMPOSITES)
