@@ -299,18 +299,37 @@ EINSUM = defop("einsum", _einsum_rule, kernel=_einsum_kernel, grad=_einsum_grad,
 def einsum(equation, *operands):
     """Einstein summation, as ``torch.einsum``: implicit or explicit output, ``...``,
     repeated subscripts (diagonals), size-1 dims that broadcast. Operands may also come
-    as one list. Example::
+    as one list, or in torch's sublist form ``einsum(a, [0, 1], b, [1, 2], [0, 2])``.
+    Example::
 
         >>> sampan.einsum("bij,bjk->bik", a, b)     # batched matrix product
         >>> sampan.einsum("ii", m)                   # trace
     """
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+    if not isinstance(equation, str) and not isinstance(equation, (list, tuple)):
+        equation, operands = _from_sublists((equation,) + operands)
+    elif len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     from .shape import reshape
     xs = _promote([_t(o) for o in operands])
     canon, shapes, _ = parse(equation, [tuple(x.shape) for x in xs])
     xs = [x if s is None else reshape(x, s) for x, s in zip(xs, shapes)]
     return apply(EINSUM, tuple(xs), {"equation": canon})
+
+
+def _from_sublists(args):
+    """torch's sublist form ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` as (equation, operands):
+    ints 0-51 name dims, Ellipsis is '...'."""
+    def term(sub):
+        try:
+            return "".join("..." if i is Ellipsis else _LETTERS[int(i)] for i in sub)
+        except (IndexError, TypeError, ValueError):
+            raise op_error(SampanValueError, "einsum", f"sublist {sub!r}",
+                           "ints in [0, 52) or Ellipsis naming the dims") from None
+    ops, terms = list(args[0::2]), [term(sub) for sub in args[1::2]]
+    out = None
+    if len(ops) > len(terms):                 # an odd count: the last is the output
+        out = term(ops.pop())
+    return ",".join(terms) + ("" if out is None else "->" + out), tuple(ops)
 
 
 def _promote(xs):

@@ -220,3 +220,12 @@ def test_methods_and_small_semantics():
         sampan.zeros(2, 2, 2).t()
     with pytest.raises(SampanError, match="cross"):
         sampan.cross(sampan.zeros(2, 4), sampan.zeros(2, 4))
+
+
+def test_einsum_sublist_form():
+    a, b = _inputs([(2, 3), (3, 4)], 4)
+    y = sampan.einsum(sampan.tensor(a), [0, 1], sampan.tensor(b), [1, 2], [0, 2])
+    np.testing.assert_allclose(y.numpy(), a @ b)
+    y = sampan.einsum(sampan.tensor(a), [Ellipsis, 1], sampan.tensor(b), [1, 2])
+    ty = torch.einsum(torch.tensor(a), [Ellipsis, 1], torch.tensor(b), [1, 2])
+    np.testing.assert_allclose(y.numpy(), ty.numpy())
