@@ -97,9 +97,12 @@ ROLL = defop("roll", _roll_rule, kernel=_roll_kernel, saves=(), onnx=NO_ONNX,
                               Sample((randf(rng(313), 2, 3),), {"shifts": (2,), "dims": None})])
 
 
-def roll(input, shifts, dims=None):
-    """Rotate elements along `dims` by `shifts` (ints or tuples); without dims the tensor
-    is rolled flattened and reshaped back, as ``torch.roll``. Example: ``x.roll(1, 0)``."""
+def roll(input, shifts, dims=None, *, axis=None):
+    """Rotate elements along `dims` (numpy: `axis`) by `shifts` (ints or tuples); without
+    dims the tensor is rolled flattened and reshaped back, as ``torch.roll``.
+    Example: ``x.roll(1, 0)``."""
+    from ._util import pick
+    dims = pick("roll", "dims", dims, "axis", axis)
     x = _t(input)
     shifts = (int(shifts),) if isinstance(shifts, (int, np.integer)) else tuple(
         int(s) for s in shifts)

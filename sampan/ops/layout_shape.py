@@ -10,6 +10,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import SampanValueError, ShapeError, op_error
 from ..tensor import Tensor
+from ._util import pick
 from .elementwise import add, cast, lt, mul, sub, where
 from .shape import concat, expand, flip, getitem, permute, reshape, stack, transpose
 
@@ -72,10 +73,10 @@ def movedim(input, source, destination):
 moveaxis = movedim
 
 
-def unbind(input, dim=0):
-    """The slices along `dim` as a tuple of views, as ``torch.unbind``."""
+def unbind(input, dim=None, *, axis=None):
+    """The slices along `dim` (default 0) as a tuple of views, as ``torch.unbind``."""
     x = _t(input)
-    d = _dim("unbind", dim, x.ndim)
+    d = _dim("unbind", pick("unbind", "dim", dim, "axis", axis, 0), x.ndim)
     return tuple(getitem(x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
 
 
@@ -160,7 +161,7 @@ def tile(input, dims):
     return repeat(x, (1,) * (x.ndim - len(dims)) + tuple(dims))
 
 
-def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None, axis=None):
     """Repeat each element (or slice along `dim`) `repeats` times, as
     ``torch.repeat_interleave``: repeats an int or a 1-d tensor of counts (one per slice,
     or one for all); without dim the input is flattened; with one argument, the index
@@ -170,6 +171,7 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     from .layout import repeat_index
     if repeats is None:
         return repeat_index(input, output_size)
+    dim = pick("repeat_interleave", "dim", dim, "axis", axis)
     x = _t(input)
     if dim is None:
         x, dim = reshape(x, (-1,)), 0
@@ -332,10 +334,11 @@ def kron(input, other):
     return reshape(mul(reshape(a, ia), reshape(b, ib)), tuple(p * q for p, q in zip(sa, sb)))
 
 
-def cross(input, other, dim=None):
+def cross(input, other, dim=None, *, axis=None):
     """Cross product of 3-vectors along `dim` (inputs broadcast), as ``torch.cross``;
     without dim, the first dim of size 3 (PyTorch's default, which it warns about)."""
     from ._util import broadcast_shapes
+    dim = pick("cross", "dim", dim, "axis", axis)
     a, b = _t(input), _t(other)
     shape = broadcast_shapes("cross", a.shape, b.shape)
     a, b = expand(a, shape), expand(b, shape)

@@ -229,3 +229,13 @@ def test_einsum_sublist_form():
     y = sampan.einsum(sampan.tensor(a), [Ellipsis, 1], sampan.tensor(b), [1, 2])
     ty = torch.einsum(torch.tensor(a), [Ellipsis, 1], torch.tensor(b), [1, 2])
     np.testing.assert_allclose(y.numpy(), ty.numpy())
+
+
+def test_numpy_axis_spellings():
+    x = sampan.arange(6).reshape(2, 3)
+    np.testing.assert_array_equal(x.roll(1, axis=1).numpy(), np.roll(x.numpy(), 1, axis=1))
+    assert len(x.unbind(axis=1)) == 3
+    np.testing.assert_array_equal(sampan.repeat_interleave(x, 2, axis=0).numpy(),
+                                  np.repeat(x.numpy(), 2, axis=0))
+    with pytest.raises(SampanValueError, match="both"):
+        x.roll(1, dims=0, axis=0)
