@@ -3,7 +3,9 @@ checks the shapes its PyTorch namesake requires (no broadcasting where torch has
 is a composite over matmul, einsum or mul, so it needs no kernel or gradient of its own."""
 from __future__ import annotations
 
-from ..errors import ShapeError, op_error
+import numpy as np
+
+from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor
 from .elementwise import add, mul, operands
 from .linalg import matmul
@@ -15,6 +17,8 @@ def _t(x):
 
 
 def _want(op, xs, ndims, what):
+    if xs[0].dtype == np.bool_:       # as PyTorch: a product of bools is not defined
+        raise op_error(DTypeError, op, "bool tensors", "numeric tensors (cast them first)")
     for x, n in zip(xs, ndims):
         if x.ndim != n:
             raise op_error(ShapeError, op, "shapes " + " and ".join(str(tuple(v.shape))
