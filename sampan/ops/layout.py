@@ -65,7 +65,8 @@ def tril(input, diagonal=0):
 
 
 def triu(input, diagonal=0):
-    """The upper triangle of the matrices in the last two dims, as ``torch.triu``."""
+    """The upper triangle of the matrices in the last two dims, as ``torch.triu``.
+    Example: ``sampan.triu(sampan.ones(3, 3), diagonal=1)``."""
     return apply(TRIU, (_t(input),), {"diagonal": int(diagonal)})
 
 
@@ -204,7 +205,8 @@ DIAG_EMBED = defop(
 def diagonal(input, offset=0, dim1=0, dim2=1):
     """The `offset` diagonal of the matrices in dims (dim1, dim2), appended as the last dim,
     as ``torch.diagonal``. It is a view, as in PyTorch: writing into it (``x.diagonal()
-    .fill_(0)``) writes into x, and autograd records it on x's history."""
+    .fill_(0)``) writes into x, and autograd records it on x's history.
+    Example: ``sampan.arange(9.0).reshape(3, 3).diagonal(1)``."""
     x = _t(input)
     nd = x.ndim
     if nd < 2:
@@ -215,7 +217,8 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
 
 def diag_embed(input, offset=0, dim1=-2, dim2=-1):
     """Matrices whose `offset` diagonal (in output dims dim1, dim2) holds the last dim of
-    `input`, zeros elsewhere, as ``torch.diag_embed``."""
+    `input`, zeros elsewhere, as ``torch.diag_embed``.
+    Example: ``sampan.diag_embed(sampan.ones(2, 3))``."""
     x = _t(input)
     nd = x.ndim + 1
     n = x.shape[-1] + abs(int(offset)) if x.ndim else 1
@@ -254,7 +257,8 @@ REPEAT_INDEX = defop(
 
 
 def repeat_index(repeats, output_size=None):
-    """``torch.repeat_interleave(repeats)``: each position i repeated repeats[i] times."""
+    """``torch.repeat_interleave(repeats)``: each position i repeated repeats[i] times.
+    Example: ``repeat_index(sampan.tensor([1, 2]))``."""
     return apply(REPEAT_INDEX, (_t(repeats),), {"output_size": output_size})
 
 

@@ -43,7 +43,7 @@ def mm(input, mat2):
 
 def bmm(input, mat2):
     """Batched matrix product of (b, n, m) and (b, m, p) (no broadcasting), as
-    ``torch.bmm``."""
+    ``torch.bmm``. Example: ``sampan.bmm(sampan.ones(2, 3, 4), sampan.ones(2, 4, 5))``."""
     a, b = operands(_t(input), _t(mat2))
     _want("bmm", (a, b), (3, 3), "two 3-d tensors (b, n, m) and (b, m, p)")
     if a.shape[0] != b.shape[0]:
@@ -54,7 +54,8 @@ def bmm(input, mat2):
 
 
 def mv(input, vec):
-    """Matrix-vector product (n, m) x (m,) -> (n,), as ``torch.mv``."""
+    """Matrix-vector product (n, m) x (m,) -> (n,), as ``torch.mv``.
+    Example: ``sampan.mv(sampan.ones(2, 3), sampan.ones(3))``."""
     a, v = operands(_t(input), _t(vec))
     _want("mv", (a, v), (2, 1), "a 2-d matrix and a 1-d vector")
     _inner_match("mv", a, v, 1, 0)
@@ -62,7 +63,8 @@ def mv(input, vec):
 
 
 def dot(input, other):
-    """Inner product of two 1-d tensors of one length (a 0-d result), as ``torch.dot``."""
+    """Inner product of two 1-d tensors of one length (a 0-d result), as ``torch.dot``.
+    Example: ``sampan.dot(sampan.ones(3), sampan.ones(3))``."""
     a, b = operands(_t(input), _t(other))
     _want("dot", (a, b), (1, 1), "two 1-d tensors")
     _inner_match("dot", a, b, 0, 0)
@@ -71,13 +73,14 @@ def dot(input, other):
 
 def vdot(input, other):
     """``torch.vdot``: the dot product with the first operand conjugated; sampan has no
-    complex dtypes, so it equals `dot`."""
+    complex dtypes, so it equals `dot`. Example: ``sampan.vdot(sampan.ones(3), sampan.ones(3))``."""
     return dot(input, other)
 
 
 def inner(input, other):
     """Sum of products over the last dims: shape a.shape[:-1] + b.shape[:-1] (a 0-d operand
-    multiplies), as ``torch.inner``."""
+    multiplies), as ``torch.inner``.
+    Example: ``sampan.inner(sampan.ones(2, 3), sampan.ones(4, 3))``."""
     from .einsum import tensordot
     a, b = operands(_t(input), _t(other))
     if a.ndim == 0 or b.ndim == 0:
@@ -87,7 +90,8 @@ def inner(input, other):
 
 
 def outer(input, vec2):
-    """Outer product of two 1-d tensors: (n,) x (m,) -> (n, m), as ``torch.outer``."""
+    """Outer product of two 1-d tensors: (n,) x (m,) -> (n, m), as ``torch.outer``.
+    Example: ``sampan.outer(sampan.arange(3), sampan.arange(4))``."""
     a, b = operands(_t(input), _t(vec2))
     _want("outer", (a, b), (1, 1), "two 1-d tensors")
     return mul(reshape(a, (a.shape[0], 1)), reshape(b, (1, b.shape[0])))
@@ -111,23 +115,27 @@ def _scaled_sum(op, input, prod, beta, alpha):
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
-    """beta * input + alpha * (mat1 @ mat2), as ``torch.addmm``."""
+    """beta * input + alpha * (mat1 @ mat2), as ``torch.addmm``.
+    Example: ``sampan.addmm(sampan.zeros(2, 4), sampan.ones(2, 3), sampan.ones(3, 4), alpha=2)``."""
     return _scaled_sum("addmm", input, mm(mat1, mat2), beta, alpha)
 
 
 def addmv(input, mat, vec, *, beta=1, alpha=1):
-    """beta * input + alpha * (mat @ vec), as ``torch.addmv``."""
+    """beta * input + alpha * (mat @ vec), as ``torch.addmv``.
+    Example: ``sampan.addmv(sampan.zeros(2), sampan.ones(2, 3), sampan.ones(3))``."""
     return _scaled_sum("addmv", input, mv(mat, vec), beta, alpha)
 
 
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
-    """beta * input + alpha * bmm(batch1, batch2), as ``torch.baddbmm``."""
+    """beta * input + alpha * bmm(batch1, batch2), as ``torch.baddbmm``.
+    Example: ``sampan.baddbmm(sampan.zeros(1, 5), sampan.ones(2, 1, 4), sampan.ones(2, 4, 5))``."""
     return _scaled_sum("baddbmm", input, bmm(batch1, batch2), beta, alpha)
 
 
 def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """beta * input + alpha * (the sum over the batch of batch1[i] @ batch2[i]), as
-    ``torch.addbmm``: one contraction (einsum), no (b, n, p) intermediate."""
+    ``torch.addbmm``: one contraction (einsum), no (b, n, p) intermediate.
+    Example: ``sampan.addbmm(sampan.zeros(3, 5), sampan.ones(2, 3, 4), sampan.ones(2, 4, 5))``."""
     from .einsum import einsum
     a, b = operands(_t(batch1), _t(batch2))
     _want("addbmm", (a, b), (3, 3), "two 3-d tensors (b, n, m) and (b, m, p)")

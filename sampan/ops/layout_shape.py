@@ -42,7 +42,8 @@ def _promote(xs):
 
 # ---------------------------------------------------------------------- transposes
 def t(input):
-    """Transpose of a matrix; 0-d and 1-d tensors are returned as they are (``torch.t``)."""
+    """Transpose of a matrix; 0-d and 1-d tensors are returned as they are (``torch.t``).
+    Example: ``sampan.ones(2, 3).t()``."""
     x = _t(input)
     if x.ndim > 2:
         raise op_error(ShapeError, "t", f"a {x.ndim}-d tensor",
@@ -52,7 +53,7 @@ def t(input):
 
 def movedim(input, source, destination):
     """Move dims `source` to positions `destination` (ints or tuples), the others keeping
-    their order, as ``torch.movedim``."""
+    their order, as ``torch.movedim``. Example: ``sampan.ones(2, 3, 4).movedim(0, -1)``."""
     x = _t(input)
     nd = x.ndim
     src = (source,) if isinstance(source, (int, np.integer)) else tuple(source)
@@ -74,7 +75,8 @@ moveaxis = movedim
 
 
 def unbind(input, dim=None, *, axis=None):
-    """The slices along `dim` (default 0) as a tuple of views, as ``torch.unbind``."""
+    """The slices along `dim` (default 0) as a tuple of views, as ``torch.unbind``.
+    Example: ``a, b = sampan.ones(2, 3).unbind()``."""
     x = _t(input)
     d = _dim("unbind", pick("unbind", "dim", dim, "axis", axis, 0), x.ndim)
     return tuple(getitem(x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
@@ -82,7 +84,7 @@ def unbind(input, dim=None, *, axis=None):
 
 def rot90(input, k=1, dims=(0, 1)):
     """Rotate by 90 degrees k times in the plane of `dims` (from the first towards the
-    second), as ``torch.rot90``."""
+    second), as ``torch.rot90``. Example: ``sampan.rot90(sampan.arange(4).reshape(2, 2))``."""
     x = _t(input)
     if len(dims) != 2 or x.ndim < 2:
         raise op_error(ShapeError, "rot90", f"dims {tuple(dims)} for a {x.ndim}-d tensor",
@@ -101,7 +103,8 @@ def rot90(input, k=1, dims=(0, 1)):
 
 
 def fliplr(input):
-    """Reverse the columns (dim 1) of a tensor of at least 2 dims."""
+    """Reverse the columns (dim 1) of a tensor of at least 2 dims.
+    Example: ``sampan.fliplr(sampan.arange(4).reshape(2, 2))``."""
     x = _t(input)
     if x.ndim < 2:
         raise op_error(ShapeError, "fliplr", f"a {x.ndim}-d tensor", "at least 2 dims")
@@ -109,7 +112,8 @@ def fliplr(input):
 
 
 def flipud(input):
-    """Reverse the rows (dim 0) of a tensor of at least 1 dim."""
+    """Reverse the rows (dim 0) of a tensor of at least 1 dim.
+    Example: ``sampan.flipud(sampan.arange(4))``."""
     x = _t(input)
     if x.ndim < 1:
         raise op_error(ShapeError, "flipud", "a 0-d tensor", "at least 1 dim")
@@ -117,12 +121,13 @@ def flipud(input):
 
 
 def ravel(input):
-    """The tensor flattened to 1-d."""
+    """The tensor flattened to 1-d. Example: ``sampan.ones(2, 3).ravel()``."""
     return reshape(_t(input), (-1,))
 
 
 def reshape_as(self, other):
-    """``x.reshape_as(y)``: x with y's shape."""
+    """``x.reshape_as(y)``: x with y's shape.
+    Example: ``sampan.ones(6).reshape_as(sampan.zeros(2, 3))``."""
     return reshape(self, tuple(other.shape))
 
 
@@ -130,7 +135,7 @@ def reshape_as(self, other):
 def repeat(self, *sizes):
     """``x.repeat(*sizes)`` (PyTorch's, numpy's tile): the tensor tiled sizes[i] times along
     each dim; extra leading sizes add dims. An expand and a reshape, so the gradient sums
-    the copies."""
+    the copies. Example: ``sampan.arange(3).repeat(2, 2)``."""
     if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
         sizes = tuple(sizes[0])
     x = _t(self)
@@ -155,7 +160,8 @@ def repeat(self, *sizes):
 
 
 def tile(input, dims):
-    """``torch.tile``: as repeat, with fewer counts than dims padded by leading 1s."""
+    """``torch.tile``: as repeat, with fewer counts than dims padded by leading 1s.
+    Example: ``sampan.tile(sampan.arange(3), (2,))``."""
     x = _t(input)
     dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
     return repeat(x, (1,) * (x.ndim - len(dims)) + tuple(dims))
@@ -166,7 +172,8 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None, axis=N
     ``torch.repeat_interleave``: repeats an int or a 1-d tensor of counts (one per slice,
     or one for all); without dim the input is flattened; with one argument, the index
     form (``repeat_interleave(tensor([1, 2])) == [0, 1, 1]``). With a tensor of counts the
-    output length depends on the data (a traced graph needs `output_size`)."""
+    output length depends on the data (a traced graph needs `output_size`).
+    Example: ``sampan.repeat_interleave(sampan.arange(3), 2)``."""
     from .index import index_select
     from .layout import repeat_index
     if repeats is None:
@@ -197,7 +204,8 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None, axis=N
 def meshgrid(*tensors, indexing="ij"):
     """Coordinate grids of 1-d tensors, as ``torch.meshgrid``: indexing "ij" (PyTorch's
     default: dim i follows tensor i) or "xy" (the first two swapped, numpy's default). The
-    grids are broadcast views."""
+    grids are broadcast views.
+    Example: ``gx, gy = sampan.meshgrid(sampan.arange(2), sampan.arange(3))``."""
     xs = _seq("meshgrid", tensors)
     if indexing not in ("ij", "xy"):
         raise op_error(SampanValueError, "meshgrid", f"indexing={indexing!r}", "'ij' or 'xy'")
@@ -221,7 +229,8 @@ def meshgrid(*tensors, indexing="ij"):
 
 def cartesian_prod(*tensors):
     """Every combination of the elements of 1-d tensors, one per row (``torch
-    .cartesian_prod``); one tensor is returned as it is."""
+    .cartesian_prod``); one tensor is returned as it is.
+    Example: ``sampan.cartesian_prod(sampan.arange(2), sampan.arange(3))``."""
     xs = _seq("cartesian_prod", tensors)
     if len(xs) == 1:
         return xs[0]
@@ -249,22 +258,26 @@ def _atleast(n, tensors):
 
 
 def atleast_1d(*tensors):
-    """Each tensor with at least 1 dim (0-d -> (1,)); a tuple for several."""
+    """Each tensor with at least 1 dim (0-d -> (1,)); a tuple for several.
+    Example: ``sampan.atleast_1d(sampan.tensor(1.0))``."""
     return _atleast(1, tensors)
 
 
 def atleast_2d(*tensors):
-    """Each tensor with at least 2 dims ((n,) -> (1, n))."""
+    """Each tensor with at least 2 dims ((n,) -> (1, n)).
+    Example: ``sampan.atleast_2d(sampan.arange(3))``."""
     return _atleast(2, tensors)
 
 
 def atleast_3d(*tensors):
-    """Each tensor with at least 3 dims ((n,) -> (1, n, 1), (m, n) -> (m, n, 1))."""
+    """Each tensor with at least 3 dims ((n,) -> (1, n, 1), (m, n) -> (m, n, 1)).
+    Example: ``sampan.atleast_3d(sampan.arange(3))``."""
     return _atleast(3, tensors)
 
 
 def vstack(tensors):
-    """Stack rows: concat along dim 0 after atleast_2d, as ``torch.vstack``."""
+    """Stack rows: concat along dim 0 after atleast_2d, as ``torch.vstack``.
+    Example: ``sampan.vstack([sampan.arange(3), sampan.arange(3)])``."""
     return concat(_promote(_atleast_list(2, _seq("vstack", (tensors,)))), 0)
 
 
@@ -272,25 +285,29 @@ row_stack = vstack
 
 
 def hstack(tensors):
-    """Stack columns: concat along dim 1 (dim 0 for 1-d tensors), as ``torch.hstack``."""
+    """Stack columns: concat along dim 1 (dim 0 for 1-d tensors), as ``torch.hstack``.
+    Example: ``sampan.hstack([sampan.arange(3), sampan.arange(2)])``."""
     xs = _atleast_list(1, _seq("hstack", (tensors,)))
     return concat(_promote(xs), 0 if all(x.ndim == 1 for x in xs) else 1)
 
 
 def dstack(tensors):
-    """Stack along dim 2 after atleast_3d, as ``torch.dstack``."""
+    """Stack along dim 2 after atleast_3d, as ``torch.dstack``.
+    Example: ``sampan.dstack([sampan.ones(2, 3), sampan.ones(2, 3)])``."""
     return concat(_promote(_atleast_list(3, _seq("dstack", (tensors,)))), 2)
 
 
 def column_stack(tensors):
-    """1-d (and 0-d) tensors as columns, then concat along dim 1 (``torch.column_stack``)."""
+    """1-d (and 0-d) tensors as columns, then concat along dim 1 (``torch.column_stack``).
+    Example: ``sampan.column_stack([sampan.arange(3), sampan.arange(3)])``."""
     xs = [reshape(x, (x.numel(), 1)) if x.ndim <= 1 else x
           for x in _seq("column_stack", (tensors,))]
     return concat(_promote(xs), 1)
 
 
 def block_diag(*tensors):
-    """A block-diagonal matrix of 0-d, 1-d (a row) or 2-d tensors, as ``torch.block_diag``."""
+    """A block-diagonal matrix of 0-d, 1-d (a row) or 2-d tensors, as ``torch.block_diag``.
+    Example: ``sampan.block_diag(sampan.ones(2, 2), sampan.ones(1, 3))``."""
     from .shape import pad
     xs = []
     for x in _promote(_seq("block_diag", tensors)):
@@ -310,7 +327,8 @@ def block_diag(*tensors):
 # ---------------------------------------------------------------------- products, indices
 def take(input, index):
     """Elements of the flattened input at `index` (negative counts from the end), in the
-    index's shape, as ``torch.take``."""
+    index's shape, as ``torch.take``.
+    Example: ``sampan.take(sampan.arange(6).reshape(2, 3), sampan.tensor([0, -1]))``."""
     from .index import index_select
     x, i = _t(input), _t(index)
     if i.dtype.kind not in "iu":
@@ -324,7 +342,8 @@ def take(input, index):
 
 
 def kron(input, other):
-    """Kronecker product, as ``torch.kron``: the block of b scaled by each element of a."""
+    """Kronecker product, as ``torch.kron``: the block of b scaled by each element of a.
+    Example: ``sampan.kron(sampan.eye(2), sampan.ones(2, 2))``."""
     a, b = _t(input), _t(other)
     nd = max(a.ndim, b.ndim)
     sa = (1,) * (nd - a.ndim) + tuple(a.shape)
@@ -336,7 +355,8 @@ def kron(input, other):
 
 def cross(input, other, dim=None, *, axis=None):
     """Cross product of 3-vectors along `dim` (inputs broadcast), as ``torch.cross``;
-    without dim, the first dim of size 3 (PyTorch's default, which it warns about)."""
+    without dim, the first dim of size 3 (PyTorch's default, which it warns about).
+    Example: ``sampan.cross(sampan.randn(4, 3), sampan.randn(4, 3), dim=1)``."""
     from ._util import broadcast_shapes
     dim = pick("cross", "dim", dim, "axis", axis)
     a, b = _t(input), _t(other)
@@ -360,7 +380,8 @@ def cross(input, other, dim=None, *, axis=None):
 
 
 def trace(input):
-    """Sum of the main diagonal of a matrix (integers sum as int64), as ``torch.trace``."""
+    """Sum of the main diagonal of a matrix (integers sum as int64), as ``torch.trace``.
+    Example: ``sampan.trace(sampan.eye(3))``."""
     from .layout import diagonal
     from .reduce import sum as _sum
     x = _t(input)
@@ -373,7 +394,8 @@ def trace(input):
 
 def diag(input, diagonal=0):
     """``torch.diag``: a 1-d tensor -> the square matrix with it on the `diagonal`-th
-    diagonal; a 2-d matrix -> its `diagonal`-th diagonal (a copy, as in PyTorch)."""
+    diagonal; a 2-d matrix -> its `diagonal`-th diagonal (a copy, as in PyTorch).
+    Example: ``sampan.diag(sampan.arange(3))``."""
     from .layout import diag_embed
     from .layout import diagonal as _diagonal
     from .shape import clone
@@ -397,10 +419,12 @@ def _tri_indices(op, f, row, col, offset, dtype):
 
 def triu_indices(row, col, offset=0, *, dtype="int64"):
     """Row and column indices (int64 [2, n], row-major) of the upper triangle of a row x
-    col matrix from the `offset` diagonal on, as ``torch.triu_indices``."""
+    col matrix from the `offset` diagonal on, as ``torch.triu_indices``.
+    Example: ``sampan.triu_indices(3, 3, 1)``."""
     return _tri_indices("triu_indices", np.triu_indices, row, col, offset, dtype)
 
 
 def tril_indices(row, col, offset=0, *, dtype="int64"):
-    """Indices (int64 [2, n]) of the lower triangle, as ``torch.tril_indices``."""
+    """Indices (int64 [2, n]) of the lower triangle, as ``torch.tril_indices``.
+    Example: ``sampan.tril_indices(3, 3)``."""
     return _tri_indices("tril_indices", np.tril_indices, row, col, offset, dtype)
