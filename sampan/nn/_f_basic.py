@@ -21,6 +21,10 @@ from ..ops.elementwise import (abs as _abs, add, cast, div, eq, expm1, ge, gt, l
 from ..ops.reduce import amax, sum
 from ..ops.shape import chunk, reshape
 from ..tensor import Tensor
+from ._losses import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss,  # noqa: F401
+                      hinge_embedding_loss, margin_ranking_loss, multi_margin_loss,
+                      multilabel_soft_margin_loss, poisson_nll_loss, soft_margin_loss,
+                      triplet_margin_loss, triplet_margin_with_distance_loss)
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -123,9 +127,10 @@ def hardtanh_(input, min_val=-1.0, max_val=1.0):
 
 
 def _hardswish(x):
-    # written by branch so the gradient at -3 and 3 is PyTorch's (x / 3 + 0.5)
+    # written by branch so the gradient at -3 and 3 is PyTorch's (0 and 1: the outer
+    # branches own the bounds)
     mid = div(mul(x, add(x, 3.0)), 6.0)
-    return where(lt(x, -3.0), mul(x, 0.0), where(le(x, 3.0), mid, x))
+    return where(le(x, -3.0), mul(x, 0.0), where(lt(x, 3.0), mid, x))
 
 
 def hardswish(input, inplace=False):
@@ -402,4 +407,7 @@ __all__ = ["relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "elu", "elu_",
            "logsigmoid", "softsign", "tanhshrink", "threshold", "threshold_", "hardshrink",
            "softshrink", "glu", "softmin", "prelu", "dropout", "dropout1d", "dropout2d",
            "dropout3d", "alpha_dropout", "feature_alpha_dropout", "normalize", "one_hot",
-           "gumbel_softmax"]
+           "gumbel_softmax", "ctc_loss", "triplet_margin_loss",
+           "triplet_margin_with_distance_loss", "margin_ranking_loss", "hinge_embedding_loss",
+           "soft_margin_loss", "cosine_embedding_loss", "multilabel_soft_margin_loss",
+           "poisson_nll_loss", "gaussian_nll_loss", "multi_margin_loss"]
