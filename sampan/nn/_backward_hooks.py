@@ -64,7 +64,9 @@ def call_with_backward_hooks(layer, args, kwargs, run):
 
     def on_input_grads(gs):
         got = dict(zip(diff, gs))
-        grad_input = fire(tuple(got.get(i) for i in tensor_args))
+        # an input that needs no gradient gets zeros next to one that does (PyTorch's)
+        grad_input = fire(tuple(got[i] if i in got else Tensor(np.zeros(
+            args[i].shape, args[i].dtype)) for i in tensor_args))
         pos = {i: k for k, i in enumerate(tensor_args)}
         return tuple(grad_input[pos[i]] if grad_input[pos[i]] is not None else got[i]
                      for i in diff)
