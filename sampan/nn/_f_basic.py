@@ -411,3 +411,29 @@ __all__ = ["relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "elu", "elu_",
            "triplet_margin_with_distance_loss", "margin_ranking_loss", "hinge_embedding_loss",
            "soft_margin_loss", "cosine_embedding_loss", "multilabel_soft_margin_loss",
            "poisson_nll_loss", "gaussian_nll_loss", "multi_margin_loss"]
+
+
+def _register_composites():
+    """The activations join the op harness (forward and gradients vs PyTorch, float64
+    gradcheck, second order, eager == jit) as composites."""
+    from ..ops._util import Sample, randf, rng
+    from ..ops.composite import COMPOSITES
+
+    def one(seed, *shape, low=-4.0, high=4.0):
+        return lambda: [Sample((randf(rng(seed), *shape, low=low, high=high),), {})]
+    COMPOSITES.update({
+        "nn_hardswish": (hardswish, one(171, 4, 5)),
+        "nn_hardsigmoid": (hardsigmoid, one(172, 4, 5)),
+        "nn_mish": (mish, one(173, 4, 5)),
+        "nn_selu": (selu, one(174, 4, 5)),
+        "nn_celu": (lambda x: celu(x, 0.7), one(175, 4, 5)),
+        "nn_softsign": (softsign, one(176, 4, 5)),
+        "nn_logsigmoid": (logsigmoid, one(177, 4, 5)),
+        "nn_softshrink": (softshrink, one(178, 4, 5)),
+        "nn_glu": (glu, lambda: [Sample((randf(rng(179), 3, 6),), {"dim": 1})]),
+        "nn_prelu": (prelu, lambda: [Sample((randf(rng(180), 2, 3, 4),
+                                             randf(rng(181), 3, low=0.1, high=0.5)), {})]),
+    })
+
+
+_register_composites()

@@ -105,3 +105,15 @@ def _ctc_posterior(torch, a, at):
 
 ORACLE["ctc_loss"] = _ctc_true
 ORACLE["ctc_loss_posterior"] = _ctc_posterior
+
+
+def _tf(name, **kw):
+    return lambda torch, a, at: getattr(torch.nn.functional, name)(*a, **at, **kw)
+
+
+COMPOSITE_ORACLE = {
+    "nn_hardswish": _tf("hardswish"), "nn_hardsigmoid": _tf("hardsigmoid"),
+    "nn_mish": _tf("mish"), "nn_selu": _tf("selu"), "nn_celu": _tf("celu", alpha=0.7),
+    "nn_softsign": _tf("softsign"), "nn_logsigmoid": _tf("logsigmoid"),
+    "nn_softshrink": _tf("softshrink"), "nn_glu": _tf("glu"), "nn_prelu": _tf("prelu"),
+}
