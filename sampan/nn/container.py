@@ -255,9 +255,6 @@ class ParameterList(_ParamStore):
     def __iadd__(self, values):
         return self.extend(values)
 
-    def __dir__(self):
-        return sorted(set(super().__dir__()) - set(self._keys))
-
     def append(self, value):
         """Add `value` at the end; returns self."""
         self._put(str(len(self._keys)), value)
