@@ -11,12 +11,11 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, SampanIndexError, SampanValueError, ShapeError, op_error
+from ..errors import DTypeError, SampanIndexError, ShapeError, op_error
 from ..ops import composite as _C
 from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
                              rms_norm, silu, softmax, softplus)
-from ..ops.elementwise import (add, div, eq, expm1, ge, gt, le, mul, relu, rsqrt, sigmoid, sub,
-                               tanh, where)
+from ..ops.elementwise import add, eq, mul, relu, rsqrt, sigmoid, sub, tanh, where
 from ..ops._util import lead_size
 from ..ops.index import index_select
 from ..ops.linalg import matmul
@@ -105,52 +104,7 @@ def embedding(ids, weight, padding_idx=None):
     return out
 
 
-# ---------------------------------------------------------------------- activations
-def leaky_relu(x, negative_slope=0.01):
-    """x if x > 0 else negative_slope * x. Example: ``F.leaky_relu(x, 0.2)``."""
-    return _C.leaky_relu(x, negative_slope)
-
-
-def relu6(x):
-    """min(max(x, 0), 6); no gradient at 0 and 6 (PyTorch's)."""
-    return hardtanh(x, 0.0, 6.0)
-
-
-def elu(x, alpha=1.0):
-    """x if x > 0 else alpha * (exp(x) - 1). Example: ``F.elu(x)``."""
-    x = _t(x)
-    pos = gt(x, 0.0)
-    # expm1 of x where x <= 0 (0 elsewhere, so no overflow): at x == 0 the gradient is
-    # alpha, as in PyTorch (minimum(x, 0) split it there and gave alpha / 2)
-    return where(pos, x, mul(expm1(where(pos, 0.0, x)), alpha))
-
-
-def hardtanh(x, min_val=-1.0, max_val=1.0):
-    """Clamp to [min_val, max_val]; the gradient passes strictly inside, none at the bounds
-    (PyTorch's hardtanh, unlike its clamp; maximum/minimum split it there). NaN stays."""
-    x = _t(x)
-    return where(le(x, min_val), min_val, where(ge(x, max_val), max_val, x))
-
-
-def mish(x):
-    """x * tanh(softplus(x))."""
-    return mul(x, tanh(softplus(x)))
-
-
-def glu(x, axis=-1):
-    """Gated linear unit: a * sigmoid(b) for the two halves of `x` along `axis`."""
-    from ..ops.shape import chunk
-    a, b = chunk(_t(x), 2, axis)
-    return mul(a, sigmoid(b))
-
-
-def dropout(x, p=0.5, training=True, generator=None):
-    """Zero elements with probability `p` and scale the rest by 1/(1-p) (training only).
-
-    Example: ``F.dropout(x, 0.1, training=model.training)``"""
-    if not 0.0 <= p <= 1.0:
-        raise op_error(SampanValueError, "dropout", f"p={p}", "a probability in [0, 1]")
-    return _C.dropout(x, p, training, generator)
+# activations and dropout: in _f_basic.py (PyTorch's signatures, inplace=)
 
 
 # ---------------------------------------------------------------------- normalisation
@@ -174,17 +128,6 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     if bias is not None:
         y = add(y, reshape(bias, shape))
     return y
-
-
-def normalize(x, p=2.0, axis=1, eps=1e-12):
-    """x / max(||x||_p, eps) along `axis`; a zero vector has gradient 1/eps (PyTorch's
-    value: the norm's gradient is taken as 0 at 0, not 1/0 * 0 = NaN)."""
-    from ..ops.elementwise import abs as _abs, clamp, pow as _pow
-    x = _t(x)
-    s = sum(_pow(_abs(x), p), axis, keepdims=True)
-    zero = eq(s, 0.0)
-    norm = where(zero, 0.0, _pow(where(zero, 1.0, s), 1.0 / p))   # a safe root, as std's
-    return div(x, clamp(norm, min=eps))   # clamp: at norm == eps the norm keeps the gradient
 
 
 # ---------------------------------------------------------------------- attention

@@ -10,6 +10,8 @@ Tensor (the eager fast path checks ``type(x) is Tensor``), while
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 from collections import OrderedDict, namedtuple
 
@@ -18,7 +20,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..autograd.hooks import RemovableHandle
 from ..autograd.tape import bump_version
-from ..errors import SampanError, SampanValueError, ShapeError
+from ..errors import DeviceError, SampanError, SampanValueError, ShapeError
 from ..tensor import Tensor
 
 
@@ -79,7 +81,37 @@ class Layer:
         d["_layers"] = OrderedDict()
         d["_forward_pre_hooks"] = OrderedDict()
         d["_forward_hooks"] = OrderedDict()
+        d["_backward_hooks"] = OrderedDict()
+        d["_backward_pre_hooks"] = OrderedDict()
         d["training"] = True
+
+    def __init_subclass__(cls, **kwargs):
+        """Give every layer constructor PyTorch's `device=` and `dtype=` keywords, once,
+        here: an `__init__` that does not take them itself has them removed from its
+        call; afterwards `dtype` converts the floating parameters and buffers and
+        `device` is checked (only "cpu" runs today)."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_factory_kwargs", False):
+            return
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):  # pragma: no cover
+            return
+        own_dtype, own_device = "dtype" in params, "device" in params
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kw):
+            dtype = kw.get("dtype") if own_dtype else kw.pop("dtype", None)
+            device = kw.get("device") if own_device else kw.pop("device", None)
+            if device is not None:
+                _check_device(type(self).__name__, device)
+            init(self, *args, **kw)
+            if dtype is not None:
+                self._cast_floating(_dt.as_dtype(dtype), "dtype=")
+
+        __init__._factory_kwargs = True
+        cls.__init__ = __init__
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
@@ -90,6 +122,13 @@ class Layer:
                 r = hook(self, args)
                 if r is not None:
                     args = r if isinstance(r, tuple) else (r,)
+        d = self.__dict__
+        if d.get("_backward_hooks") or d.get("_backward_pre_hooks"):
+            from ._backward_hooks import call_with_backward_hooks
+            return call_with_backward_hooks(self, args, kwargs, self._run_forward)
+        return self._run_forward(*args, **kwargs)
+
+    def _run_forward(self, *args, **kwargs):
         out = self.forward(*args, **kwargs)
         if self._forward_hooks:
             for hook in list(self._forward_hooks.values()):
@@ -182,6 +221,42 @@ class Layer:
         return layer
 
     add_module = add_sublayer
+    register_module = add_sublayer
+
+    def get_submodule(self, target: str = ""):
+        """The descendant at dotted path `target` ("" is self). Example:
+        ``net.get_submodule("encoder.0")``."""
+        layer = self
+        done = []
+        for name in target.split(".") if target else ():
+            child = layer._layers.get(name) if isinstance(layer, Layer) else None
+            if child is None:
+                where = ".".join(done) or type(self).__name__
+                raise AttributeError(f"get_submodule({target!r}): {where} "
+                                     f"({type(layer).__name__}) has no sub-layer {name!r}")
+            layer = child
+            done.append(name)
+        return layer
+
+    get_sublayer = get_submodule
+
+    def _get_leaf(self, target, kind, what):
+        path, _, name = target.rpartition(".")
+        layer = self.get_submodule(path)
+        reg = getattr(layer, kind)
+        if name not in reg or reg[name] is None:
+            raise AttributeError(f"get_{what}({target!r}): {type(layer).__name__} has no "
+                                 f"{what} {name!r}")
+        return reg[name]
+
+    def get_parameter(self, target: str):
+        """The parameter at dotted path `target`. Example:
+        ``net.get_parameter("fc.weight")``."""
+        return self._get_leaf(target, "_parameters", "parameter")
+
+    def get_buffer(self, target: str):
+        """The buffer at dotted path `target`. Example: ``net.get_buffer("bn.running_mean")``."""
+        return self._get_leaf(target, "_buffers", "buffer")
 
     def register_buffer(self, name: str, tensor, persistent: bool = True):
         """Register a non-trainable tensor (e.g. running statistics). Non-persistent
@@ -279,35 +354,47 @@ class Layer:
         return self
 
     def zero_grad(self, set_to_none: bool = True):
-        """Clear the gradients of every parameter."""
+        """Clear the gradients of every parameter (``set_to_none=False``: zero them in
+        place, as PyTorch)."""
         for p in self.parameters():
-            if set_to_none or p.grad is None:
+            g = p.grad
+            if set_to_none or g is None:
                 p.grad = None
+            elif isinstance(g._data, np.ndarray) and g._data.flags.writeable:
+                g._data[...] = 0
+                bump_version(g)
             else:
-                p.grad = Tensor(np.zeros_like(p.grad._data))
+                p.grad = Tensor(np.zeros(g.shape, g.dtype))
 
-    def requires_grad_(self, flag: bool = True):
+    def requires_grad_(self, requires_grad: bool = True):
+        """Set `requires_grad` on every parameter (e.g. to freeze a layer); returns self."""
         for p in self.parameters():
-            p.requires_grad_(flag)
+            p.requires_grad_(requires_grad)
         return self
 
-    def to(self, *args, dtype=None, device=None):
+    def to(self, *args, dtype=None, device=None, non_blocking=False):
         """Convert floating parameters and buffers to `dtype` in place (the Parameter
-        objects stay the same, so optimisers keep working). Example: ``m.to("float64")``."""
+        objects stay the same, so optimisers keep working); `device` is checked (only
+        "cpu" runs today). Accepts ``to(dtype)``, ``to(device)``, ``to(device, dtype)`` and
+        ``to(tensor)``. Returns self. Example: ``m.to("float64")``."""
         for a in args:
-            if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda"):
+            if isinstance(a, Tensor):
+                dtype = a.dtype
+            elif _is_device(a):
                 device = a
             else:
                 dtype = a
         if device is not None:
-            from ..device import as_device
-            as_device(device)
-        if dtype is None:
-            return self
-        d = _dt.as_dtype(dtype)
+            _check_device(f"{type(self).__name__}.to", device)
+        if dtype is not None:
+            self._cast_floating(_dt.as_dtype(dtype), "to")
+        return self
+
+    def _cast_floating(self, d, what):
         if not _dt.is_floating(d):
-            raise SampanValueError(f"{type(self).__name__}.to: got dtype {d}; expected a "
-                                   "floating dtype")
+            raise SampanValueError(f"{type(self).__name__}.{what}: got dtype {d}; expected a "
+                                   "floating dtype (only floating parameters and buffers are "
+                                   "converted)")
         for t in itertools.chain(self.parameters(), self.buffers()):
             if _dt.is_floating(t.dtype) and t.dtype != d:
                 t._data = t._data.astype(d)
@@ -316,11 +403,25 @@ class Layer:
                     t.grad = Tensor(t.grad._data.astype(d))
         return self
 
+    def type(self, dst_type):
+        """Convert the floating parameters and buffers to `dst_type`; returns self."""
+        return self.to(dst_type)
+
     def float(self):
+        """Floating parameters and buffers to float32; returns self."""
         return self.to(_dt.float32)
 
     def double(self):
+        """Floating parameters and buffers to float64; returns self."""
         return self.to(_dt.float64)
+
+    def half(self):
+        """Floating parameters and buffers to float16; returns self."""
+        return self.to(_dt.float16)
+
+    def bfloat16(self):
+        """Floating parameters and buffers to bfloat16; returns self."""
+        return self.to(_dt.bfloat16)
 
     # ------------------------------------------------------------------ state
     def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
@@ -387,18 +488,61 @@ class Layer:
         self._forward_hooks[h.id] = hook
         return h
 
+    def register_full_backward_pre_hook(self, hook) -> RemovableHandle:
+        """`hook(layer, grad_output)` runs when the gradients of the layer's outputs are
+        known, before those of its inputs; it may return a replacement `grad_output`."""
+        h = RemovableHandle(self._backward_pre_hooks)
+        self._backward_pre_hooks[h.id] = hook
+        return h
+
+    def register_full_backward_hook(self, hook) -> RemovableHandle:
+        """`hook(layer, grad_input, grad_output)` runs when the gradients of the layer's
+        tensor inputs are known (tuples, None for an input that needs no gradient); it may
+        return a replacement `grad_input`. Example::
+
+            >>> h = fc.register_full_backward_hook(lambda m, gi, go: print(gi[0].shape))
+        """
+        h = RemovableHandle(self._backward_hooks)
+        self._backward_hooks[h.id] = hook
+        return h
+
     # ------------------------------------------------------------------ repr
     def extra_repr(self) -> str:
         """One line describing this layer's settings (shown in the tree repr)."""
         return ""
 
     def __repr__(self):
-        lines = []
-        for name, child in self._layers.items():
-            body = repr(child).replace("\n", "\n  ")
-            lines.append(f"  ({name}): {body}")
+        # PyTorch's layout: a one-line extra_repr inline, else one entry a line
         extra = self.extra_repr()
-        if not lines:
-            return f"{type(self).__name__}({extra})"
-        head = f"{type(self).__name__}(" + (f"\n  {extra}" if extra else "")
-        return head + "\n" + "\n".join(lines) + "\n)"
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): " + repr(child).replace("\n", "\n  ")
+                       for name, child in self._layers.items()]
+        head = f"{type(self).__name__}("
+        if len(extra_lines) == 1 and not child_lines:
+            return head + extra_lines[0] + ")"
+        if not extra_lines and not child_lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(extra_lines + child_lines) + "\n)"
+
+
+def _is_device(a) -> bool:
+    from ..device import Device
+    if isinstance(a, Device) or type(a).__name__ == "device":   # sampan's or torch's
+        return True
+    if isinstance(a, str):
+        try:
+            _dt.as_dtype(a)
+            return False
+        except Exception:
+            return True
+    return False
+
+
+def _check_device(where, device):
+    """Only the CPU runs layers today: anything else is a clear DeviceError."""
+    from ..device import as_device
+    d = as_device(device if isinstance(device, str) or type(device).__name__ == "Device"
+                  else str(device))
+    if d.type != "cpu":   # pragma: no cover (as_device raises for cuda already)
+        raise DeviceError(f"{where}: device {d} is not available; layers run on 'cpu'")
+    return d

@@ -143,21 +143,23 @@ class Flatten(Layer):
 
 
 class Dropout(Layer):
-    """Zero elements with probability `p` in training mode (identity in eval mode).
+    """Zero elements with probability `p` in training mode (identity in eval mode);
+    `inplace` writes the result into the input.
 
     Example: ``nn.Dropout(0.1)``"""
 
-    def __init__(self, p=0.5):
+    def __init__(self, p=0.5, inplace=False):
         super().__init__()
         if not 0.0 <= p <= 1.0:
-            raise SampanValueError(f"Dropout: got p={p}; expected a probability in [0, 1]")
-        self.p = p
+            raise SampanValueError(f"{type(self).__name__}: got p={p}; expected a probability "
+                                   "in [0, 1]")
+        self.p, self.inplace = p, inplace
 
     def forward(self, x):
-        return F.dropout(x, self.p, self.training)
+        return F.dropout(x, self.p, self.training, self.inplace)
 
     def extra_repr(self):
-        return f"p={self.p}"
+        return f"p={self.p}, inplace={self.inplace}"   # as PyTorch prints it
 
 
 # the names sampan.nn exports from this module (not __all__: the module itself is not API)

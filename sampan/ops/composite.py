@@ -324,10 +324,11 @@ def softplus(x, beta=1.0):
     return div(softplus_op(mul(x, beta)), beta)
 
 
-def one_hot(labels, num_classes):
-    """int labels -> float one-hot vectors (default float dtype). Labels outside
-    [0, num_classes) raise (PyTorch does too; eq against arange gave a row of zeros)."""
-    from ..errors import DTypeError, SampanIndexError, op_error
+def one_hot(labels, num_classes=-1):
+    """int labels -> int64 one-hot vectors, as PyTorch (``num_classes=-1``: the largest
+    label + 1). Labels outside [0, num_classes) raise (PyTorch does too; eq against arange
+    gave a row of zeros)."""
+    from ..errors import DTypeError, SampanIndexError, SampanValueError, op_error
     from .creation import arange
     from .elementwise import eq
     from .shape import unsqueeze
@@ -336,10 +337,15 @@ def one_hot(labels, num_classes):
         raise op_error(DTypeError, "one_hot", f"labels of dtype {labels.dtype}",
                        "integer class ids")
     a = labels._data
+    if num_classes == -1:
+        if not isinstance(a, np.ndarray):
+            raise op_error(SampanValueError, "one_hot", "num_classes=-1 while tracing",
+                           "an explicit num_classes (the largest label is not known)")
+        num_classes = int(a.max()) + 1 if a.size else 0
     if isinstance(a, np.ndarray) and a.size and (a.min() < 0 or a.max() >= num_classes):
         raise op_error(SampanIndexError, "one_hot", f"class ids in [{a.min()}, {a.max()}]",
                        f"class ids in [0, {num_classes}) for num_classes={num_classes}")
-    return cast(eq(unsqueeze(labels, -1), arange(num_classes)), _dt.get_default_dtype())
+    return cast(eq(unsqueeze(labels, -1), arange(num_classes)), "int64")
 
 
 def dropout(x, p=0.5, training=True, generator=None):

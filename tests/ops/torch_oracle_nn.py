@@ -81,3 +81,39 @@ ORACLE = {
     "argsort": _argsort,
     "topk": _topk,
 }
+
+
+# ---------------------------------------------------------------------- nnbasic (issue 17)
+def _ctc_true(torch, a, at):
+    """The CTC negative log-likelihood of any log_probs (not only normalised ones), with
+    its true gradient: torch's ctc_loss of log_softmax(lp) minus each frame's logsumexp
+    (torch's own kernel returns exp(lp) - posterior as the gradient, see nn_ops.py)."""
+    lp, tg, il, tl = a
+    nll = torch.nn.functional.ctc_loss(lp.log_softmax(-1), tg, il, tl, blank=at["blank"],
+                                       reduction="none", zero_infinity=False)
+    lse = lp.logsumexp(-1)                                  # (T, N)
+    mask = torch.arange(lp.shape[0])[:, None] < il[None, :]
+    return nll - (lse * mask).sum(0)
+
+
+def _ctc_posterior(torch, a, at):
+    x = a[0].detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        y = _ctc_true(torch, (x,) + tuple(a[1:]), at)
+        return -torch.autograd.grad(y.sum(), x)[0]
+
+
+ORACLE["ctc_loss"] = _ctc_true
+ORACLE["ctc_loss_posterior"] = _ctc_posterior
+
+
+def _tf(name, **kw):
+    return lambda torch, a, at: getattr(torch.nn.functional, name)(*a, **at, **kw)
+
+
+COMPOSITE_ORACLE = {
+    "nn_hardswish": _tf("hardswish"), "nn_hardsigmoid": _tf("hardsigmoid"),
+    "nn_mish": _tf("mish"), "nn_selu": _tf("selu"), "nn_celu": _tf("celu", alpha=0.7),
+    "nn_softsign": _tf("softsign"), "nn_logsigmoid": _tf("logsigmoid"),
+    "nn_softshrink": _tf("softshrink"), "nn_glu": _tf("glu"), "nn_prelu": _tf("prelu"),
+}
