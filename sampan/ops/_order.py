@@ -163,7 +163,7 @@ def _quickselect(vals, idx, k):
 def _kth_kernel(a, k, axis, keepdim):
     rows, lead = _rows(a, axis)
     vals = np.array(rows, dtype=np.float64)   # a copy: the selection reorders it
-    idx = np.ascontiguousarray(np.broadcast_to(np.arange(rows.shape[1]), rows.shape))
+    idx = np.tile(np.arange(rows.shape[1], dtype=np.int64), (rows.shape[0], 1))
     _quickselect(vals, idx, k - 1)
     # values come from the input itself (exact for int64 beyond 2**53 too)
     pos = idx[:, k - 1]
@@ -265,7 +265,7 @@ def median(input, dim=None, keepdim=False, *, axis=None):
     if d is None:
         return _median_all(x, False)
     if x.ndim == 0:
-        return _median_all(x, False), Tensor(np.zeros((), np.int64))
+        return ValuesIndices(_median_all(x, False), Tensor(np.zeros((), np.int64)))
     return _median_dim(x, norm_axis(d, x.ndim, "median")[0], keepdim, False)
 
 

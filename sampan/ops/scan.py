@@ -11,7 +11,7 @@ from collections import namedtuple
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, ShapeError, op_error
+from ..errors import DTypeError, SampanValueError, ShapeError, op_error
 from ..tensor import Tensor, apply
 from . import _order
 from ._util import Sample, norm_axis, pick, randf, rng
@@ -41,6 +41,14 @@ def _axis_ok(op, x, axis):
     if not 0 <= axis < max(len(x.shape), 1):
         raise op_error(ShapeError, op, f"axis {axis} for a {len(x.shape)}-d input",
                        "a normalised axis in range")
+
+
+def _scan_axis(op, x, dim, axis):
+    """The normalised axis of a scan: `dim=` (or `axis=`) is required, as in PyTorch."""
+    d = pick(op, "dim", dim, "axis", axis)
+    if d is None:
+        raise op_error(SampanValueError, op, "no dim", "dim= (the dim to scan along)")
+    return norm_axis(d, max(x.ndim, 1), op)[0]
 
 
 def _revcumsum(t, axis):
@@ -92,10 +100,10 @@ def cumprod(input, dim=None, *, axis=None, dtype=None):
     if dtype is not None:
         from .elementwise import cast
         x = cast(x, dtype)
-    d = pick("cumprod", "dim", dim, "axis", axis)
+    a = _scan_axis("cumprod", x, dim, axis)
     if x.ndim == 0:
         return x
-    return apply(CUMPROD, (x,), {"axis": norm_axis(d, x.ndim, "cumprod")[0]})
+    return apply(CUMPROD, (x,), {"axis": a})
 
 
 # ---------------------------------------------------------------------- cummax / cummin
@@ -154,11 +162,11 @@ CUMMIN = defop("cummin", _cumext_rule("cummin"), kernel=_cumext_kernel(False),
 def _cumext(op, input, dim, axis):
     from .shape import reshape
     x = _t(input)
-    d = pick(op.name, "dim", dim, "axis", axis)
+    a = _scan_axis(op.name, x, dim, axis)
     if x.ndim == 0:
         v, i = apply(op, (reshape(x, (1,)),), {"axis": 0})
         return ValuesIndices(reshape(v, ()), reshape(i, ()))
-    return ValuesIndices(*apply(op, (x,), {"axis": norm_axis(d, x.ndim, op.name)[0]}))
+    return ValuesIndices(*apply(op, (x,), {"axis": a}))
 
 
 def cummax(input, dim=None, *, axis=None):
@@ -211,10 +219,10 @@ def logcumsumexp(input, dim=None, *, axis=None):
     """log(cumsum(exp(x))) along `dim`, computed stably. Example:
     ``sampan.logcumsumexp(x, 1)``."""
     x = _t(input)
-    d = pick("logcumsumexp", "dim", dim, "axis", axis)
+    a = _scan_axis("logcumsumexp", x, dim, axis)
     if x.ndim == 0:
         return x
-    return apply(LOGCUMSUMEXP, (x,), {"axis": norm_axis(d, x.ndim, "logcumsumexp")[0]})
+    return apply(LOGCUMSUMEXP, (x,), {"axis": a})
 
 
 # ---------------------------------------------------------------------- diff

@@ -18,8 +18,8 @@ from ..tensor import Tensor, apply
 from . import _datadep
 from ._util import Sample, pick, randf, rng
 from .composite import COMPOSITES
-from .index import (_check_index, _gather_index, _gather_shapes, _is_dim, _need_dim,
-                    gather, index_add, index_select, scatter_add, take_along_axis)
+from .index import (_check_index, _gather_index, _gather_shapes, _need_dim, gather,
+                    index_add, index_select, scatter_add, take_along_axis)
 from .registry import NO_ONNX, Spec, defop
 
 
@@ -404,15 +404,6 @@ def count_nonzero(input, dim=None, *, axis=None):
     return sum(nz, dim)
 
 
-def _gather_method(self, dim=None, index=None, *, axis=None, sparse_grad=False):
-    return gather(self, dim, index, axis=axis)
-
-
-def _m(fn):
-    """A method of self whose first argument is the input."""
-    return lambda self, *a, **k: fn(self, *a, **k)
-
-
 # ---------------------------------------------------------------------- composite samples
 def _comp_samples():
     r = rng(152)
@@ -440,15 +431,15 @@ for _name, (_fn, _s) in _comp_samples().items():
 
 
 EXPORTS = ["scatter", "scatter_reduce", "masked_select", "masked_scatter", "masked_fill",
-           "index_copy", "index_fill", "take_along_dim", "count_nonzero", "gather",
-           "scatter_add", "index_add", "index_select"] + _datadep.EXPORTS
-METHODS = {"scatter": _m(scatter), "scatter_reduce": _m(scatter_reduce),
-           "scatter_add": _m(scatter_add), "index_add": _m(index_add),
-           "index_copy": _m(index_copy), "index_fill": _m(index_fill),
-           "index_select": _m(index_select), "gather": _gather_method,
-           "masked_select": _m(masked_select), "masked_scatter": _m(masked_scatter),
-           "masked_fill": _m(masked_fill), "take_along_dim": _m(take_along_dim),
-           "count_nonzero": _m(count_nonzero), **_datadep.METHODS}
+           "index_copy", "index_fill", "take_along_dim", "count_nonzero"] + _datadep.EXPORTS
+# gather, scatter_add, index_add and index_select (index.py) are exported by sampan/__init__
+METHODS = {"scatter": scatter, "scatter_reduce": scatter_reduce,
+           "scatter_add": scatter_add, "index_add": index_add,
+           "index_copy": index_copy, "index_fill": index_fill,
+           "index_select": index_select, "gather": gather,
+           "masked_select": masked_select, "masked_scatter": masked_scatter,
+           "masked_fill": masked_fill, "take_along_dim": take_along_dim,
+           "count_nonzero": count_nonzero, **_datadep.METHODS}
 INPLACE = {"scatter_": scatter, "scatter_reduce_": scatter_reduce, "scatter_add_": scatter_add,
            "index_add_": index_add, "index_copy_": index_copy, "index_fill_": index_fill,
            "masked_fill_": masked_fill, "masked_scatter_": masked_scatter}

@@ -48,10 +48,6 @@ ORACLE: dict = {
 }
 
 
-def _gather_ix(t, a, k):
-    return t.gather(a[0], 1, a[1])
-
-
 COMPOSITE_ORACLE: dict = {
     "masked_fill": lambda t, a, k: a[0].masked_fill(a[1], a[2] if len(a) > 2 else k["value"]),
     "index_copy": lambda t, a, k: a[0].index_copy(a[1], a[2], a[3]),
