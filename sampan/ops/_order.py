@@ -86,19 +86,18 @@ def _sel_rule(op):
 # ---------------------------------------------------------------------- mode
 def _mode_kernel(a, axis, keepdim):
     rows, lead = _rows(a, axis)
-    vals = np.empty(rows.shape[0], a.dtype)
-    idx = np.empty(rows.shape[0], np.int64)
-    for r, row in enumerate(rows):
-        order = np.argsort(row, kind="stable")
-        srt = row[order]
-        new = np.ones(len(srt), bool)
-        new[1:] = srt[1:] != srt[:-1]
-        starts = np.flatnonzero(new)
-        counts = np.diff(np.append(starts, len(srt)))
-        best = int(np.argmax(counts))            # the first (smallest) most frequent value
-        s, e = starts[best], starts[best] + counts[best]
-        vals[r], idx[r] = srt[s], order[s:e].max()   # its last occurrence
-    return _finish(vals, idx, lead, a, axis, keepdim)
+    nr, n = rows.shape
+    order = np.argsort(rows, axis=1, kind="stable")
+    srt = np.take_along_axis(rows, order, axis=1)
+    run = np.zeros((nr, n), np.int64)             # the run of equal values each is in
+    run[:, 1:] = np.cumsum(srt[:, 1:] != srt[:, :-1], axis=1)
+    counts = np.zeros((nr, n), np.int64)
+    np.add.at(counts, (np.arange(nr)[:, None], run), 1)
+    best = np.argmax(counts, axis=1)[:, None]     # the first (smallest) most frequent value
+    inbest = run == best
+    idx = np.where(inbest, order, -1).max(axis=1)   # its last occurrence
+    vals = rows[np.arange(nr), idx]
+    return _finish(vals, idx.astype(np.int64), lead, a, axis, keepdim)
 
 
 MODE = defop(

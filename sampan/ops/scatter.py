@@ -393,6 +393,52 @@ def take_along_dim(input, indices, dim=None):
     return take_along_axis(expand(x, tuple(bx)), expand(idx, tuple(bi)), dim)
 
 
+def index_put(input, indices, values, accumulate=False):
+    """`input` with ``input[indices] = values`` for a tuple of integer index tensors (one per
+    leading dim, broadcast together; negative entries count from the end, as PyTorch's);
+    with ``accumulate=True`` duplicates add up. Example:
+    ``sampan.index_put(x, (sampan.tensor([0, 0]),), sampan.tensor(1.0), accumulate=True)``."""
+    from ._util import broadcast_shapes
+    from .elementwise import add, cast, lt, mul, where
+    from .registry import STATE
+    from .shape import expand, reshape, setitem
+    x = _t(input)
+    idx = tuple(_t(i) for i in (indices if isinstance(indices, (tuple, list)) else (indices,)))
+    if not idx or len(idx) > x.ndim:
+        raise op_error(ShapeError, "index_put", f"{len(idx)} index tensors for a "
+                       f"{x.ndim}-d input", f"1 to {x.ndim} index tensors")
+    for i, n in zip(idx, x.shape):
+        _check_index("index_put", i)
+        if STATE.tracer is None and i._data.size and (
+                int(i._data.min()) < -n or int(i._data.max()) >= n):
+            from ..errors import SampanIndexError
+            bad = int(i._data.min()) if int(i._data.min()) < -n else int(i._data.max())
+            raise op_error(SampanIndexError, "index_put", f"index {bad} for a dim of "
+                           f"length {n}", f"indices in [{-n}, {n})")
+    v = _t(values)
+    if v.dtype != x.dtype:
+        v = cast(v, _dt.dtype_name(x.dtype))
+    if not accumulate:
+        return setitem(x, idx, v)
+    k = len(idx)
+    b = broadcast_shapes("index_put", *(tuple(i.shape) for i in idx))
+    lin = None
+    for i, n in zip(idx, x.shape):    # the row of the flattened leading dims
+        i = where(lt(i, 0), add(i, n), i)
+        lin = i if lin is None else add(mul(lin, n), i)
+    rest = tuple(x.shape[k:])
+    rows = 1
+    for d in x.shape[:k]:
+        rows *= d
+    count = 1
+    for d in b:
+        count *= d
+    lin = reshape(expand(lin, b), (count,))
+    v = reshape(expand(v, b + rest) if tuple(v.shape) != b + rest else v, (count,) + rest)
+    out = index_add(reshape(x, (rows,) + rest), 0, lin, v)
+    return reshape(out, tuple(x.shape))
+
+
 def count_nonzero(input, dim=None, *, axis=None):
     """The number of nonzero elements (int64), over `dim` (an int, a tuple, or None for
     all). Example: ``sampan.count_nonzero(x, 0)``."""
@@ -405,6 +451,10 @@ def count_nonzero(input, dim=None, *, axis=None):
 
 
 # ---------------------------------------------------------------------- composite samples
+def _index_put_args(x, i, j, v, accumulate):
+    return index_put(x, (i, j), v, accumulate=accumulate)
+
+
 def _comp_samples():
     r = rng(152)
     x = randf(r, 3, 4)
@@ -421,6 +471,11 @@ def _comp_samples():
         "take_along_dim": (take_along_dim, lambda: [
             Sample((x, np.array([[0, 3, 1]])), {"dim": 1}, diff=(0,)),
             Sample((x, np.array([11, 0, 5])), {}, diff=(0,))]),
+        "index_put": (_index_put_args, lambda: [
+            Sample((x, np.array([2, 0, 2]), np.array([[1], [3]]), randf(r, 2, 3)),
+                   {"accumulate": True}),
+            Sample((x, np.array([-1, 0]), np.array([1, 2]), np.array(0.25, np.float32)),
+                   {"accumulate": False})]),
         "count_nonzero": (count_nonzero, lambda: [
             Sample((np.array([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]]),), {"dim": 1}, diff=())]),
     }
@@ -431,7 +486,8 @@ for _name, (_fn, _s) in _comp_samples().items():
 
 
 EXPORTS = ["scatter", "scatter_reduce", "masked_select", "masked_scatter", "masked_fill",
-           "index_copy", "index_fill", "take_along_dim", "count_nonzero"] + _datadep.EXPORTS
+           "index_copy", "index_fill", "index_put", "take_along_dim", "count_nonzero"] + \
+    _datadep.EXPORTS
 # gather, scatter_add, index_add and index_select (index.py) are exported by sampan/__init__
 METHODS = {"scatter": scatter, "scatter_reduce": scatter_reduce,
            "scatter_add": scatter_add, "index_add": index_add,
@@ -439,8 +495,9 @@ METHODS = {"scatter": scatter, "scatter_reduce": scatter_reduce,
            "index_select": index_select, "gather": gather,
            "masked_select": masked_select, "masked_scatter": masked_scatter,
            "masked_fill": masked_fill, "take_along_dim": take_along_dim,
-           "count_nonzero": count_nonzero, **_datadep.METHODS}
+           "count_nonzero": count_nonzero, "index_put": index_put, **_datadep.METHODS}
 INPLACE = {"scatter_": scatter, "scatter_reduce_": scatter_reduce, "scatter_add_": scatter_add,
            "index_add_": index_add, "index_copy_": index_copy, "index_fill_": index_fill,
-           "masked_fill_": masked_fill, "masked_scatter_": masked_scatter}
+           "masked_fill_": masked_fill, "masked_scatter_": masked_scatter,
+           "index_put_": index_put}
 globals().update({n: getattr(_datadep, n) for n in _datadep.EXPORTS})

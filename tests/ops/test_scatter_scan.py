@@ -162,6 +162,20 @@ def test_inplace_methods():
 
 
 # ---------------------------------------------------------------------- index validation
+def test_index_put():
+    i, j = np.array([2, 0, 2, -1]), np.array([[1], [4]])
+    v = R.standard_normal((2, 4))
+    for acc in (True, False):
+        jj = j if acc else np.array([1, 4, 0, 3])     # no duplicates without accumulate
+        vv = v if acc else v[0]
+        _grads(lambda a, b: sampan.index_put(a, (_s(i), _s(jj)), b, accumulate=acc),
+               lambda a, b: a.index_put((_t(i), _t(jj)), b, accumulate=acc), [X, vv])
+    a, b = _s(X), _t(X)
+    a.index_put_((_s(i[:2]),), _s(np.array(3.0)), accumulate=True)
+    b.index_put_((_t(i[:2]),), _t(np.array(3.0)), accumulate=True)
+    _eq(a, b)
+
+
 @pytest.mark.parametrize("bad", [5, -1, -6])
 def test_out_of_range_indices_raise(bad):
     i2 = np.array([[0, bad], [1, 1], [2, 0]])
@@ -178,7 +192,11 @@ def test_out_of_range_indices_raise(bad):
         "index_copy": lambda: sampan.index_copy(_s(X), 1, _s(i1), _s(src)),
         "index_fill": lambda: sampan.index_fill(_s(X), 1, _s(i1), 0.0),
         "take_along_dim": lambda: sampan.take_along_dim(_s(X), _s(i2), 1),
+        "index_put": lambda: sampan.index_put(_s(X), (_s(i1 * 0), _s(i1)), _s(1.0),
+                                              accumulate=True),
     }
+    if bad == -1:    # index_put counts negative indices from the end, as PyTorch
+        del calls["index_put"]
     for op, call in calls.items():
         with pytest.raises(SampanIndexError) as e:
             call()

@@ -53,6 +53,7 @@ COMPOSITE_ORACLE: dict = {
     "index_copy": lambda t, a, k: a[0].index_copy(a[1], a[2], a[3]),
     "index_fill": lambda t, a, k: a[0].index_fill(a[1], a[2], a[3]),
     "take_along_dim": lambda t, a, k: t.take_along_dim(a[0], a[1], dim=k.get("dim")),
+    "index_put": lambda t, a, k: a[0].index_put((a[1], a[2]), a[3], accumulate=k["accumulate"]),
     "count_nonzero": lambda t, a, k: t.count_nonzero(a[0], dim=k.get("dim")),
     "diff": lambda t, a, k: t.diff(a[0], n=k.get("n", 1), dim=k.get("dim", -1),
                                    prepend=a[1] if len(a) > 1 else None,
