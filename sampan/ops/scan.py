@@ -14,6 +14,7 @@ from .. import dtypes as _dt
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
 from ..tensor import Tensor, apply
 from . import _order
+from ._nb import njit
 from ._util import Sample, norm_axis, pick, randf, rng
 from .composite import COMPOSITES
 from .registry import NO_ONNX, Spec, defop
@@ -114,26 +115,34 @@ def _cumext_rule(op):
     return rule
 
 
+@njit(cache=True, nogil=True)
+def _cumext_rows(rows, vals, idx, largest):
+    for r in range(rows.shape[0]):
+        cur, ci = rows[r, 0], 0
+        for j in range(rows.shape[1]):
+            x = rows[r, j]
+            # ties take the later position; a NaN takes over and stays (as PyTorch)
+            if np.isnan(x) or (not np.isnan(cur) and ((x >= cur) if largest else (x <= cur))):
+                cur, ci = x, j
+            vals[r, j], idx[r, j] = cur, ci
+
+
 def _cumext_kernel(largest):
     def kernel(a, axis):
         m = np.moveaxis(a, axis, -1)
-        vals = np.empty_like(m)
-        idx = np.zeros(m.shape, np.int64)
-        if m.shape[-1] == 0:
-            return np.moveaxis(vals, -1, axis).copy(), np.moveaxis(idx, -1, axis).copy()
-        cur, ci = m[..., 0].copy(), np.zeros(m.shape[:-1], np.int64)
-        isf = a.dtype.kind == "f" or _low(a)
-        for j in range(m.shape[-1]):
-            x = m[..., j]
-            # ties take the later position; a NaN takes over and stays (as PyTorch)
-            take = (x >= cur) if largest else (x <= cur)
-            if isf:
-                take = np.isnan(x) | (take & ~np.isnan(cur))
-            cur = np.where(take, x, cur)
-            ci = np.where(take, j, ci)
-            vals[..., j], idx[..., j] = cur, ci
-        return (np.ascontiguousarray(np.moveaxis(vals, -1, axis)),
-                np.ascontiguousarray(np.moveaxis(idx, -1, axis)))
+        shape = m.shape
+        n = shape[-1]
+        rows = np.ascontiguousarray(m.reshape(-1, n) if n else m.reshape(0, 0))
+        key = rows.astype(np.float64) if rows.dtype.kind == "f" or _low(a) else (
+            rows.view(np.uint8) if rows.dtype == np.bool_ else rows)
+        vals = np.empty(key.shape, key.dtype)
+        idx = np.zeros(key.shape, np.int64)
+        if n:
+            _cumext_rows(key, vals, idx, largest)
+        # values are the input's own elements (read back through the indices)
+        out = np.take_along_axis(rows, idx, axis=1) if n else rows
+        return (np.ascontiguousarray(np.moveaxis(out.reshape(shape), -1, axis)),
+                np.ascontiguousarray(np.moveaxis(idx.reshape(shape), -1, axis)))
     return kernel
 
 
