@@ -80,14 +80,16 @@ def _sr_rule(x, idx, src, axis, reduce, include_self):
 
 
 def _identity(reduce, dtype):
+    """The value a scattered place starts from when the input takes no part."""
     if reduce in ("sum", "mean"):
         return 0
     if reduce == "prod":
         return 1
-    big = np.inf if dtype.kind == "f" or dtype == _dt.bfloat16 else (
-        True if dtype == np.bool_ else np.iinfo(dtype).max)
-    return -big if reduce == "amax" and dtype != np.bool_ else (
-        False if reduce == "amax" else big)
+    if dtype == np.bool_:
+        return reduce == "amin"
+    if dtype.kind == "f":
+        return -np.inf if reduce == "amax" else np.inf
+    return np.iinfo(dtype).min if reduce == "amax" else np.iinfo(dtype).max
 
 
 _UFUNC = {"sum": np.add, "mean": np.add, "prod": np.multiply, "amax": np.maximum,
@@ -105,7 +107,7 @@ def _sr_kernel(a, i, src, axis, reduce, include_self):
         n = np.zeros(a.shape, np.int64)
         np.add.at(n, key, 1)
         n = np.maximum(n + bool(include_self), 1)
-        out = out // n if out.dtype.kind in "iu" else (out / n).astype(out.dtype)
+        out = (out // n if out.dtype.kind in "iu" else out / n).astype(out.dtype)
     return out.astype(a.dtype) if low else out
 
 
