@@ -74,7 +74,9 @@ def _unique_rule(x, sorted=True, dim=None):
 
 def _unique_kernel(a, sorted=True, dim=None):
     if dim is None:
-        v, inv, cnt = np.unique(a.reshape(-1), return_inverse=True, return_counts=True)
+        # each NaN is its own value, as in PyTorch (numpy would merge them)
+        v, inv, cnt = np.unique(a.reshape(-1), return_inverse=True, return_counts=True,
+                                equal_nan=False)
         return v, inv.reshape(a.shape).astype(np.int64), cnt.astype(np.int64)
     d = dim % a.ndim
     moved = np.moveaxis(a, d, 0)

@@ -226,6 +226,11 @@ def test_nonzero_unique_bincount():
     _eq(sampan.histc(_s(np.array([0.0, 1.0, 1.0, 3.0])), bins=4),
         torch.histc(_t(np.array([0.0, 1.0, 1.0, 3.0])), bins=4))
 
+    xn = np.array([1.0, np.nan, 2.0, np.nan, 1.0])    # each NaN is its own value
+    for o, t in zip(sampan.unique(_s(xn), return_inverse=True, return_counts=True),
+                    torch.unique(_t(xn), return_inverse=True, return_counts=True)):
+        _eq(o, t)
+
     def f(x):
         return sampan.nonzero(x)
     with pytest.raises(sampan.jit.TracingError, match="depends on the data"):
