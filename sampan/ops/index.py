@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DTypeError, SampanIndexError, ShapeError, op_error
+from ..errors import DTypeError, SampanIndexError, SampanValueError, ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, pick, randf, rng
 from .registry import NO_ONNX, Spec, defop
@@ -58,15 +58,13 @@ def _zeros_like(x):
 
 
 def _index_add_kernel(a, i, src, axis):
+    _check_range("index_add", i, a.shape[axis], axis, a.shape)
     out = a.copy()
     if axis == 0 and a.ndim == 2 and src.ndim == 2 and a.dtype in (np.float32, np.float64) \
             and src.dtype == a.dtype:
         from . import sparse
         if sparse.HAVE_NUMBA:  # embedding gradients: a numba row loop, ~30x np.add.at
             ii = np.ascontiguousarray(i, np.int64).reshape(-1)
-            if ii.size and ii.min() < 0:  # numpy-style negative indices
-                ii = np.where(ii < 0, ii + a.shape[0], ii)
-            sparse._check_range(ii, a.shape[0])
             sparse._scatter_add_rows(np.ascontiguousarray(src), ii, out)
             return out
     idx = [slice(None)] * a.ndim
@@ -101,23 +99,50 @@ INDEX_ADD = defop(
                             {"axis": 0}, diff=(0, 2))])
 
 
-def index_select(x, dim, index=None, *, axis=None):
-    """Slices along `dim` picked by an integer index: PyTorch's order
-    ``index_select(x, dim, index)``; the older ``index_select(x, index, axis)`` (an index
-    first) works too. Example: ``emb.index_select(0, ids)``."""
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        dim, index = index, dim        # the older order: (x, index, axis)
-    if axis is not None:
-        dim = axis if dim is None else pick("index_select", "dim", dim, "axis", axis)
-    axis = 0 if dim is None else int(dim)
-    x, index = _t(x), _t(index)
-    return apply(INDEX_SELECT, (x, index), {"axis": axis % x.ndim})
+def _is_dim(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def index_add(x, index, src, axis=0):
-    """Functional `x` with `src` added at `index` along `axis` (duplicates accumulate)."""
-    x, index, src = _t(x), _t(index), _t(src)
-    return apply(INDEX_ADD, (x, index, src), {"axis": axis % x.ndim})
+def _dim_index(op, dim, index, axis, default=None):
+    """(dim, index) of a call in PyTorch's order ``f(input, dim, index)`` or numpy's
+    ``f(x, index, axis)``: the second argument decides (an int is a dim)."""
+    if dim is None or _is_dim(dim):
+        d = pick(op, "dim", dim, "axis", axis, default)
+        return d, index
+    d = pick(op, "dim", index, "axis", axis, default)   # numpy order: (x, index, axis)
+    return d, dim
+
+
+def _need_dim(op, d):
+    if not _is_dim(d):
+        raise op_error(SampanValueError, op, f"dim {d!r}", "an int dim")
+    return int(d)
+
+
+def index_select(input, dim=None, index=None, *, axis=None):
+    """Slices along `dim` picked by a 1-d integer index, in PyTorch's order
+    ``index_select(x, dim, index)`` (numpy's ``index_select(x, index, axis=0)`` works
+    too). Example: ``sampan.index_select(emb, 0, ids)``."""
+    dim, index = _dim_index("index_select", dim, index, axis, 0)
+    x, index = _t(input), _t(index)
+    return apply(INDEX_SELECT, (x, index), {"axis": _need_dim("index_select", dim) % x.ndim})
+
+
+def index_add(input, dim=None, index=None, source=None, *, alpha=1, axis=None):
+    """`input` with `alpha * source` added at `index` along `dim` (duplicates accumulate).
+    PyTorch's order ``index_add(x, dim, index, source)``; the older
+    ``index_add(x, index, source, axis=0)`` works too. Example:
+    ``sampan.index_add(x, 0, sampan.tensor([0, 0]), rows)``."""
+    if dim is None or _is_dim(dim):
+        d = pick("index_add", "dim", dim, "axis", axis, 0)
+    else:                                   # (x, index, source[, axis])
+        d = pick("index_add", "dim", source, "axis", axis, 0)
+        index, source = dim, index
+    x, index, src = _t(input), _t(index), _t(source)
+    if alpha != 1:
+        from .elementwise import mul
+        src = mul(src, alpha)
+    return apply(INDEX_ADD, (x, index, src), {"axis": _need_dim("index_add", d) % x.ndim})
 
 
 def _gather_shapes(op, x, idx, axis, src=None):
@@ -205,18 +230,31 @@ SCATTER_ADD = defop(
 
 
 def take_along_axis(x, index, axis):
-    """PyTorch's `gather`: ``out[i][j] = x[index[i][j]][j]`` for axis 0 (likewise for other
-    axes). `index` has x's ndim and may be smaller than x in the other dims; it is not
-    broadcast. Example: ``sampan.gather(x, idx, 1)``."""
+    """numpy's name for PyTorch's `gather` (numpy's argument order): ``out[i][j] =
+    x[index[i][j]][j]`` for axis 0 (likewise for other axes). `index` has x's ndim and may
+    be smaller than x in the other dims; it is not broadcast. Example:
+    ``sampan.take_along_axis(x, idx, 1)``."""
     x, index = _t(x), _t(index)
-    return apply(TAKE_ALONG_AXIS, (x, index), {"axis": axis % x.ndim})
+    return apply(TAKE_ALONG_AXIS, (x, index), {"axis": _need_dim("gather", axis) % x.ndim})
 
 
-gather = take_along_axis
+def gather(input, dim=None, index=None, *, axis=None, sparse_grad=False):
+    """PyTorch's gather, ``gather(x, dim, index)``: ``out[i][j] = x[index[i][j]][j]`` for
+    dim 0. numpy's order ``gather(x, index, axis)`` works too (the second argument decides:
+    an int is the dim). Example: ``sampan.gather(x, 1, idx)``."""
+    dim, index = _dim_index("gather", dim, index, axis)
+    return take_along_axis(input, index, dim)
 
 
-def scatter_add(x, index, src, axis):
-    """Functional scatter-add (PyTorch's): `x` with `src` (of the index's shape) added at
-    `index` along `axis`."""
-    x, index, src = _t(x), _t(index), _t(src)
-    return apply(SCATTER_ADD, (x, index, src), {"axis": axis % x.ndim})
+def scatter_add(input, dim=None, index=None, src=None, *, axis=None):
+    """`input` with `src` (of the index's shape) added at `index` along `dim`, duplicates
+    accumulating. PyTorch's order ``scatter_add(x, dim, index, src)``; the older
+    ``scatter_add(x, index, src, axis)`` works too (an int second argument is the dim).
+    Example: ``sampan.scatter_add(x, 1, idx, src)``."""
+    if dim is None or _is_dim(dim):
+        d = pick("scatter_add", "dim", dim, "axis", axis)
+    else:                                   # (x, index, src, axis)
+        d = pick("scatter_add", "dim", src, "axis", axis)
+        index, src = dim, index
+    x, index, src = _t(input), _t(index), _t(src)
+    return apply(SCATTER_ADD, (x, index, src), {"axis": _need_dim("scatter_add", d) % x.ndim})

@@ -221,10 +221,10 @@ def check_mutated_sample(name, sample):
             continue
         rules = rule if isinstance(rule, (tuple, list)) else [rule]
         for r, t in zip(rules, outputs(y)):
-            # a symbolic (str) dim is one the data decides (check_shape_rule's convention)
-            if len(r.shape) != len(t.shape) or any(not isinstance(a, str) and a != b for a, b
-                                                   in zip(r.shape, t.shape)) or \
-                    r.dtype != t.dtype:
+            # a symbolic (str) dim is one the data decides (nonzero, unique …): any length
+            if len(r.shape) != len(t.shape) or any(
+                    not isinstance(a, str) and a != b for a, b in zip(r.shape, t.shape)) \
+                    or r.dtype != t.dtype:
                 problems.append(f"{where}: rule says {r}, eager gave {t.dtype}{list(t.shape)}")
     return problems
 
