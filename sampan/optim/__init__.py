@@ -13,7 +13,9 @@ Example::
 """
 from . import functional, lr_scheduler
 from .adam import Adam, AdamW
+from .adam_variants import Adamax, NAdam, RAdam
 from .adaptive import Adagrad, RMSprop
+from .classic import ASGD, Adadelta, Rprop
 from .clip import clip_grad_norm_, clip_grad_value_
 from .lr_scheduler import (
                            CosineAnnealingLR,
@@ -30,7 +32,13 @@ from .optimizer import Optimizer
 from .sgd import SGD
 
 __all__ = [
+                           "ASGD",
                            "SGD",
+                           "Adadelta",
+                           "Adamax",
+                           "NAdam",
+                           "RAdam",
+                           "Rprop",
                            "Adagrad",
                            "Adam",
                            "AdamW",
