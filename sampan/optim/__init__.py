@@ -16,6 +16,7 @@ from .adam import Adam, AdamW
 from .adam_variants import Adamax, NAdam, RAdam
 from .adaptive import Adagrad, RMSprop
 from .classic import ASGD, Adadelta, Rprop
+from .lbfgs import LBFGS
 from .clip import clip_grad_norm_, clip_grad_value_
 from .lr_scheduler import (
                            CosineAnnealingLR,
@@ -43,6 +44,7 @@ __all__ = [
                            "Adam",
                            "AdamW",
                            "CosineAnnealingLR",
+                           "LBFGS",
                            "ExponentialLR",
                            "LRScheduler",
                            "LinearLR",
