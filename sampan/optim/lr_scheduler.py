@@ -25,7 +25,15 @@ import math
 from sampan.errors import SampanValueError
 
 __all__ = [
+    "ChainedScheduler",
+    "ConstantLR",
     "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "CyclicLR",
+    "LambdaLR",
+    "MultiplicativeLR",
+    "PolynomialLR",
+    "SequentialLR",
     "ExponentialLR",
     "LRScheduler",
     "LinearLR",
@@ -430,3 +438,16 @@ class ReduceLROnPlateau:
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.__dict__.update(copy.deepcopy(state_dict))
+
+
+# more schedulers live in their own module (file size); they are part of this namespace
+from ._lr_more import (  # noqa: E402
+    ChainedScheduler,
+    ConstantLR,
+    CosineAnnealingWarmRestarts,
+    CyclicLR,
+    LambdaLR,
+    MultiplicativeLR,
+    PolynomialLR,
+    SequentialLR,
+)
