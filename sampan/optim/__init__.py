@@ -39,6 +39,7 @@ from .lr_scheduler import (
 )
 from .optimizer import Optimizer
 from .sgd import SGD
+from .sparse_adam import SparseAdam
 
 __all__ = [
                            "ASGD",
@@ -70,6 +71,7 @@ __all__ = [
                            "RMSprop",
                            "ReduceLROnPlateau",
                            "SequentialLR",
+                           "SparseAdam",
                            "StepLR",
                            "clip_grad_norm_",
                            "clip_grad_value_",

@@ -161,3 +161,79 @@ def test_lbfgs_needs_closure_and_one_group():
         so.LBFGS([{"params": [w]}, {"params": [sampan.zeros(1, requires_grad=True)]}])
     with pytest.raises(sampan.SampanValueError, match="line_search_fn"):
         so.LBFGS([w], line_search_fn="backtracking")
+
+
+# ----------------------------------------------------------------- sparse embeddings
+from sampan.nn.linear import sparse_grad_rows  # noqa: E402
+
+SPARSE_CASES = [("SparseAdam", {"lr": 0.05}),
+                ("SparseAdam", {"lr": 0.05, "betas": (0.8, 0.9), "eps": 1e-6, "maximize": True}),
+                ("SGD", {"lr": 0.1, "momentum": 0.9}),
+                ("SGD", {"lr": 0.1, "momentum": 0.5, "nesterov": True, "maximize": True}),
+                ("Adagrad", {"lr": 0.1, "lr_decay": 0.05})]
+
+
+def _sparse_pair(name, kw, padding_idx=None):
+    rng = np.random.default_rng(7)
+    w0 = rng.standard_normal((9, 3))
+    se = sampan.nn.Embedding(9, 3, padding_idx=padding_idx, dtype="float64", sparse=True)
+    te = torch.nn.Embedding(9, 3, padding_idx=padding_idx, sparse=True, dtype=torch.float64)
+    se.weight._data[...] = w0
+    with torch.no_grad():
+        te.weight.copy_(torch.tensor(w0))
+    return rng, se, te, getattr(so, name)(se.parameters(), **kw), \
+        getattr(torch.optim, name)(te.parameters(), **kw)
+
+
+@pytest.mark.parametrize("name,kw", SPARSE_CASES,
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(SPARSE_CASES)])
+def test_sparse_embedding_updates_match_torch(name, kw):
+    rng, se, te, sopt, topt = _sparse_pair(name, kw, padding_idx=0)
+    for _ in range(6):
+        ids = rng.integers(0, 9, size=(2, 3))  # different rows each step, repeats, padding
+        c = rng.standard_normal((2, 3, 3))
+        sopt.zero_grad(), topt.zero_grad()
+        (se(sampan.tensor(ids)) * sampan.tensor(c)).sum().backward()
+        (te(torch.tensor(ids)) * torch.tensor(c)).sum().backward()
+        want = te.weight.grad.coalesce()
+        assert sparse_grad_rows(se.weight).tolist() == want.indices()[0].tolist()
+        sopt.step(), topt.step()
+        _close(se.weight.numpy(), te.weight.detach().numpy())
+    if name == "SparseAdam":
+        ts = topt.state[te.weight]
+        ss = sopt.state[se.weight]
+        assert ss["step"] == ts["step"]
+        _close(ss["exp_avg"], ts["exp_avg"].numpy())
+        _close(ss["exp_avg_sq"], ts["exp_avg_sq"].numpy())
+
+
+def test_sparse_rows_accumulate_and_reset_like_torch():
+    _, se, te, sopt, _ = _sparse_pair("SparseAdam", {})
+    se(sampan.tensor([1, 5])).sum().backward()
+    se(sampan.tensor([[2, 5]])).sum().backward()  # accumulates: union of the rows
+    assert sparse_grad_rows(se.weight).tolist() == [1, 2, 5]
+    sopt.zero_grad(set_to_none=False)  # zeroed (torch: no entries left), then fresh rows
+    se(sampan.tensor([7])).sum().backward()
+    assert sparse_grad_rows(se.weight).tolist() == [7]
+    se.zero_grad()
+    assert sparse_grad_rows(se.weight) is None
+    before = se.weight.numpy().copy()
+    se(sampan.tensor([3])).sum().backward()
+    sopt.step()
+    changed = np.flatnonzero(np.any(se.weight.numpy() != before, axis=1))
+    assert changed.tolist() == [3]
+
+
+def test_dense_optimisers_refuse_sparse_grads_and_sparse_adam_dense_ones():
+    se = sampan.nn.Embedding(4, 2, sparse=True)
+    se(sampan.tensor([1])).sum().backward()
+    before = se.weight.numpy().copy()
+    with pytest.raises(sampan.SampanValueError, match="sparse gradient"):
+        so.Adam(se.parameters()).step()
+    with pytest.raises(sampan.SampanValueError, match="weight_decay"):
+        so.SGD(se.parameters(), lr=0.1, weight_decay=0.1).step()
+    assert np.array_equal(se.weight.numpy(), before)  # refused before changing anything
+    w = sampan.zeros(3, requires_grad=True)
+    (w * w).sum().backward()
+    with pytest.raises(sampan.SampanValueError, match="dense gradient"):
+        so.SparseAdam([w]).step()
