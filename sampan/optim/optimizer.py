@@ -69,6 +69,9 @@ class Optimizer:
         self.param_groups: list[dict] = []
         self._scratch: dict = {}  # dtype -> flat work buffer shared by all parameters
         self._jit: dict = {}  # parameter -> {name: Tensor} state seen by traced steps
+        # parameters standing for tables kept outside numpy storage (sampan.rec's
+        # HashEmbedding.sparse_table): step() calls their `_table_step`
+        self._tables: list = []
         if isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
                             "or of dicts, got a single Tensor")
@@ -114,6 +117,7 @@ class Optimizer:
                                    "one group (or twice in one)")
         self._check_group(g)
         self.param_groups.append(g)
+        self._tables.extend(p for p in params if hasattr(p, "_table_step"))
 
     def _check_group(self, group: dict) -> None:
         """Subclasses validate hyperparameters here, naming the bad one."""
@@ -163,6 +167,8 @@ class Optimizer:
             self._sync_from_jit()
         for g in self.param_groups:  # refuse before anything changes
             self._check_sparse(g)
+        for p in self._tables:  # sparse tables (sampan.rec) apply their pending gradients
+            p._table_step()
         with no_grad():
             for g in self.param_groups:
                 self._update_group(g)

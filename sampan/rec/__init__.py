@@ -32,7 +32,11 @@ from sampan.rec.snapshot import (
 )
 from sampan.rec.table import HashEmbeddingTable, hashed_normal
 
+# the layers last: they stand on the pieces above and on the sampan core
+from sampan.rec.models import DLRM, DeepFM, HashEmbedding, WideAndDeep, predict, train_step
+
 __all__ = [
+    "DLRM", "DeepFM", "HashEmbedding", "WideAndDeep", "predict", "train_step",
     "AdmitAll", "CallableEviction", "ChunkedRows", "HashEmbeddingTable", "HashMap",
     "LFUEviction", "LocalShard", "LogLoss", "MinCountAdmission", "Prefetcher",
     "ProbabilisticAdmission", "PulledBatch", "RowAllocator", "ServingTable", "ShardedEmbedding",
