@@ -185,6 +185,7 @@ def _sparse_pair(name, kw, padding_idx=None):
         getattr(torch.optim, name)(te.parameters(), **kw)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # torch's own Adagrad
 @pytest.mark.parametrize("name,kw", SPARSE_CASES,
                          ids=[f"{n}-{i}" for i, (n, _) in enumerate(SPARSE_CASES)])
 def test_sparse_embedding_updates_match_torch(name, kw):
@@ -237,3 +238,18 @@ def test_dense_optimisers_refuse_sparse_grads_and_sparse_adam_dense_ones():
     (w * w).sum().backward()
     with pytest.raises(sampan.SampanValueError, match="dense gradient"):
         so.SparseAdam([w]).step()
+
+
+def test_eager_only_optimisers_refuse_a_traced_step_clearly():
+    w = sampan.ones(3, requires_grad=True)
+    opt = so.NAdam([w])
+
+    @sampan.jit
+    def step(x):
+        opt.zero_grad()
+        loss = (w * x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+    with pytest.raises(sampan.SampanError, match="no traced update rule"):
+        step(sampan.ones(3))
