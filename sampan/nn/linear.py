@@ -165,7 +165,7 @@ def _track_rows(weight, out, ids, padding_idx):
 def _settle_rows(ref, g):
     w = ref()
     if w is None:
-        return None
+        return
     pending = w.__dict__.get("_sparse_pending", [])
     new = np.unique(np.concatenate(pending)) if pending else np.zeros(0, np.int64)
     pending.clear()
@@ -176,7 +176,6 @@ def _settle_rows(ref, g):
         w._sparse_grad_rows = new
     else:
         w._sparse_grad_rows = np.union1d(old, new)
-    return None
 
 
 class Identity(Layer):

@@ -30,17 +30,17 @@ __all__ = [
     "CosineAnnealingLR",
     "CosineAnnealingWarmRestarts",
     "CyclicLR",
-    "LambdaLR",
-    "MultiplicativeLR",
-    "PolynomialLR",
-    "SequentialLR",
     "ExponentialLR",
     "LRScheduler",
+    "LambdaLR",
     "LinearLR",
     "LinearWarmup",
     "MultiStepLR",
+    "MultiplicativeLR",
     "OneCycleLR",
+    "PolynomialLR",
     "ReduceLROnPlateau",
+    "SequentialLR",
     "StepLR",
 ]
 
@@ -441,7 +441,7 @@ class ReduceLROnPlateau:
 
 
 # more schedulers live in their own module (file size); they are part of this namespace
-from ._lr_more import (  # noqa: E402
+from ._lr_more import (
     ChainedScheduler,
     ConstantLR,
     CosineAnnealingWarmRestarts,

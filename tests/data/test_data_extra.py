@@ -34,11 +34,25 @@ class Count(IterableDataset):
 
 
 def test_utils_data_is_sampan_data():
-    from sampan.utils.data import (BatchSampler, ChainDataset, ConcatDataset, DataLoader,
-                                   Dataset, IterableDataset, RandomSampler, Sampler,
-                                   SequentialSampler, StackDataset, Subset, SubsetRandomSampler,
-                                   TensorDataset, WeightedRandomSampler, default_collate,
-                                   get_worker_info, random_split)
+    from sampan.utils.data import (
+        BatchSampler,
+        ChainDataset,
+        ConcatDataset,
+        DataLoader,
+        Dataset,
+        IterableDataset,
+        RandomSampler,
+        Sampler,
+        SequentialSampler,
+        StackDataset,
+        Subset,
+        SubsetRandomSampler,
+        TensorDataset,
+        WeightedRandomSampler,
+        default_collate,
+        get_worker_info,
+        random_split,
+    )
     for obj in (BatchSampler, ChainDataset, ConcatDataset, DataLoader, Dataset, IterableDataset,
                 RandomSampler, Sampler, SequentialSampler, StackDataset, Subset,
                 SubsetRandomSampler, TensorDataset, WeightedRandomSampler, default_collate,

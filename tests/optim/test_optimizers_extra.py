@@ -164,7 +164,7 @@ def test_lbfgs_needs_closure_and_one_group():
 
 
 # ----------------------------------------------------------------- sparse embeddings
-from sampan.nn.linear import sparse_grad_rows  # noqa: E402
+from sampan.nn.linear import sparse_grad_rows
 
 SPARSE_CASES = [("SparseAdam", {"lr": 0.05}),
                 ("SparseAdam", {"lr": 0.05, "betas": (0.8, 0.9), "eps": 1e-6, "maximize": True}),
@@ -209,7 +209,7 @@ def test_sparse_embedding_updates_match_torch(name, kw):
 
 
 def test_sparse_rows_accumulate_and_reset_like_torch():
-    _, se, te, sopt, _ = _sparse_pair("SparseAdam", {})
+    _, se, _te, sopt, _ = _sparse_pair("SparseAdam", {})
     se(sampan.tensor([1, 5])).sum().backward()
     se(sampan.tensor([[2, 5]])).sum().backward()  # accumulates: union of the rows
     assert sparse_grad_rows(se.weight).tolist() == [1, 2, 5]

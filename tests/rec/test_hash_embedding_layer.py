@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import sampan
-import sampan.rec as rec
+from sampan import rec
 from sampan.nn import functional as F
 from sampan.rec.data import ClickStream
 from sampan.rec.optim import SparseAdam, SparseSGD
