@@ -2,10 +2,10 @@
 
 Like the schedulers there, each one is a closed form of its step count where PyTorch's
 is (`LambdaLR`, `ConstantLR`, `PolynomialLR`, `CyclicLR`, `CosineAnnealingWarmRestarts`);
-`MultiplicativeLR` keeps a running product per group. `SequentialLR` switches between
-schedulers at milestones; `ChainedScheduler` multiplies the factors (rate / base rate)
-its schedulers give, which is what PyTorch's chaining of multiplicative schedules
-computes. Sequences match PyTorch's schedulers of the same names.
+`MultiplicativeLR` scales the current rate, as PyTorch's. `SequentialLR` switches
+between schedulers at milestones; `ChainedScheduler` lets each schedule change the rate
+the previous ones gave (`LRScheduler.chain_lr`). Sequences match PyTorch's schedulers
+of the same names.
 """
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ class LambdaLR(LRScheduler):
     def lr_at(self, t):
         return [b * f(t) for f, b in zip(self.lr_lambdas, self.base_lrs)]
 
+    def chain_lr(self, lrs, t):  # a closed form: it sets the rate whatever came before
+        return self.lr_at(t)
+
     def state_dict(self):
         sd = _plain_state(self, ("lr_lambdas",))
         sd["lr_lambdas"] = _fn_state(self.lr_lambdas)
@@ -77,25 +80,38 @@ class LambdaLR(LRScheduler):
 
 
 class MultiplicativeLR(LambdaLR):
-    """Multiply each group's rate by ``lr_lambda(t)`` at every step t >= 1.
+    """Multiply each group's current rate by ``lr_lambda(t)`` at every step t >= 1.
+
+    Not a closed form (as in PyTorch): it scales whatever rate the group has, so after
+    a `SequentialLR` milestone it carries on from the previous schedule's rate, and a
+    resume needs the optimiser's state_dict (which holds the rates) as well as this one.
 
     Example::
 
         >>> sched = MultiplicativeLR(opt, lr_lambda=lambda t: 0.95)
     """
 
-    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
-        self._factors = [1.0] * len(optimizer.param_groups)
-        super().__init__(optimizer, lr_lambda, last_epoch)
-
     def step(self, epoch=None):
         t = self.last_epoch + 1 if epoch is None else int(epoch)
-        if t > 0:
-            self._factors = [c * f(t) for c, f in zip(self._factors, self.lr_lambdas)]
-        super().step(epoch)
+        self.last_epoch = t
+        groups = self.optimizer.param_groups
+        if epoch is None and t == 0:  # the initial step (construction) keeps the rates
+            lrs = [g["lr"] for g in groups]
+        else:
+            lrs = [g["lr"] * f(t) for g, f in zip(groups, self.lr_lambdas)]
+        for g, lr in zip(groups, lrs):
+            g["lr"] = lr
+        self._last_lr = list(lrs)
+
+    def get_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
 
     def lr_at(self, t):
-        return [b * c for b, c in zip(self.base_lrs, self._factors)]
+        raise NotImplementedError("MultiplicativeLR has no closed form; it scales the "
+                                  "current rates")
+
+    def chain_lr(self, lrs, t):
+        return list(lrs) if t <= 0 else [lr * f(t) for lr, f in zip(lrs, self.lr_lambdas)]
 
 
 class ConstantLR(LRScheduler):
@@ -168,6 +184,9 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         return [self.eta_min + (b - self.eta_min) * c for b in self.base_lrs]
 
     def lr_at(self, t):  # the position in the cycle is state: t alone does not fix it
+        return self.get_lr()
+
+    def chain_lr(self, lrs, t):
         return self.get_lr()
 
     def step(self, epoch=None):
@@ -280,6 +299,9 @@ class CyclicLR(LRScheduler):
                 self._set_momentum(g, m - (m - b) * frac * scale)
         return lrs
 
+    def chain_lr(self, lrs, t):
+        return self.lr_at(t)
+
     def state_dict(self):
         sd = _plain_state(self, ("_scale_fn_custom",))
         sd["_scale_fn_custom"] = _fn_state([self._scale_fn_custom])[0] \
@@ -365,8 +387,10 @@ class SequentialLR(_Composite):
 
 
 class ChainedScheduler(_Composite):
-    """Apply several schedules at once: the rate is ``base * prod(factor_i)``, each factor
-    being scheduler i's rate over its base rate (all schedulers step together).
+    """Apply several schedules at once, in order: each one changes the rate the ones
+    before it gave, as its step would change its own (`LRScheduler.chain_lr`); the
+    schedules that are only a closed form (LambdaLR, CyclicLR, OneCycleLR,
+    CosineAnnealingWarmRestarts) set it outright, as in PyTorch.
 
     Example::
 
@@ -381,13 +405,16 @@ class ChainedScheduler(_Composite):
         self._schedulers = list(schedulers)
         self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
         self.last_epoch = self._schedulers[0].last_epoch
-        self._apply()
+        # each child set its own step-0 rate when built; chain those steps instead
+        self._chain(self.base_lrs, advance=False)
 
-    def _apply(self):
-        lrs = list(self.base_lrs)
+    def _chain(self, lrs, advance: bool):
+        lrs = list(lrs)
         for s in self._schedulers:
-            lrs = [lr * (got / base if base else 0.0)
-                   for lr, got, base in zip(lrs, s.get_last_lr(), s.base_lrs)]
+            if advance:
+                s.last_epoch += 1
+            lrs = s.chain_lr(lrs, s.last_epoch)
+            s._last_lr = list(lrs)
         for g, lr in zip(self.optimizer.param_groups, lrs):
             g["lr"] = lr
         self._last_lr = lrs
@@ -395,7 +422,5 @@ class ChainedScheduler(_Composite):
     def step(self, epoch=None):
         if epoch is not None:
             raise SampanValueError("ChainedScheduler.step: takes no epoch")
-        for s in self._schedulers:
-            s.step()
         self.last_epoch += 1
-        self._apply()
+        self._chain([g["lr"] for g in self.optimizer.param_groups], advance=True)

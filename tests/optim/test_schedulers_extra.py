@@ -51,6 +51,15 @@ SCHEDULES = {
         milestones=[5])),
     "chained": both(lambda m, o: m.ChainedScheduler(
         [m.ConstantLR(o, factor=0.1, total_iters=3), m.ExponentialLR(o, gamma=0.9)])),
+    "chained_cosine_floor": both(lambda m, o: m.ChainedScheduler(
+        [m.ExponentialLR(o, gamma=0.97), m.CosineAnnealingLR(o, T_max=7, eta_min=0.01),
+         m.PolynomialLR(o, total_iters=30, power=0.5)])),
+    "chained_lambda_overrides": both(lambda m, o: m.ChainedScheduler(
+        [m.StepLR(o, 3, gamma=0.5), m.LambdaLR(o, lambda t: 1 / (t + 1)),
+         m.MultiplicativeLR(o, lambda t: 0.99)])),
+    "sequential_multiplicative": both(lambda m, o: m.SequentialLR(
+        o, [m.ExponentialLR(o, gamma=0.9), m.MultiplicativeLR(o, lambda t: 0.95 + 0.001 * t)],
+        milestones=[5])),
     "chained_three": both(lambda m, o: m.ChainedScheduler(
         [m.LinearLR(o, start_factor=0.2, total_iters=6), m.StepLR(o, 5, gamma=0.7),
          m.MultiStepLR(o, [10, 17], gamma=0.5)])),
@@ -96,7 +105,8 @@ def test_warm_restarts_fractional_epochs_match_torch():
 
 
 @pytest.mark.parametrize("kind", ["lambda_per_group", "multiplicative", "warm_restarts_mult",
-                                  "cyclic_triangular2", "sequential", "chained_three"])
+                                  "cyclic_triangular2", "sequential", "chained_three",
+                                  "chained_cosine_floor", "sequential_multiplicative"])
 def test_state_dict_resume(kind, tmp_path):
     mk = SCHEDULES[kind][0]
     o1, _ = _opts()
