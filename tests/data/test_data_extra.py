@@ -162,3 +162,11 @@ def test_persistent_workers_stop_when_the_loader_is_collected():
     for w in workers:
         w.join(3.0)
     assert not any(w.is_alive() for w in workers)
+
+
+def test_random_split_takes_a_sampan_generator():
+    a = [s.indices for s in sd.random_split(range(10), [6, 4], generator=sampan.Generator(2))]
+    b = [s.indices for s in sd.random_split(range(10), [6, 4], generator=sampan.Generator(2))]
+    assert a == b and sorted(a[0] + a[1]) == list(range(10))
+    with pytest.raises(sampan.SampanValueError, match="generator"):
+        sd.RandomSampler(range(3), generator=3).__iter__()
