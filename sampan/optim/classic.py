@@ -148,7 +148,7 @@ class Rprop(EagerOnly, Optimizer):
             factor = np.where(sign > 0, plus, np.where(sign < 0, minus, 1.0)).astype(w.dtype)
             size *= factor
             np.clip(size, lo, hi, out=size)
-            g = np.where(factor == minus, 0.0, g).astype(w.dtype)
+            g = np.where(sign < 0, 0.0, g).astype(w.dtype)  # a flip: skip this step
             w -= np.sign(g) * size
             prev[...] = g
             bump_version(p)

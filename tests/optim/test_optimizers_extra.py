@@ -296,3 +296,19 @@ def test_sparse_adam_state_dict_round_trip_continues_identically():
             (emb(sampan.tensor(ids)) * sampan.tensor(c)).sum().backward()
             opt.step()
     assert np.array_equal(se.weight.numpy(), twin.weight.numpy())
+
+
+@pytest.mark.parametrize("name,kw", [("Rprop", {"lr": 0.05, "etas": (0.3, 1.7)}),
+                                     ("NAdam", {"lr": 0.01}), ("ASGD", {"t0": 4})])
+def test_float32_steps_match_torch_to_rounding(name, kw):
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal(40).astype(np.float32)
+    sw = sampan.tensor(w0.copy(), requires_grad=True)
+    tw = torch.tensor(w0.copy(), requires_grad=True)
+    a, b = getattr(so, name)([sw], **kw), getattr(torch.optim, name)([tw], **kw)
+    for _ in range(15):
+        g = rng.standard_normal(40).astype(np.float32)
+        sw.grad, tw.grad = sampan.tensor(g.copy()), torch.tensor(g.copy())
+        a.step(), b.step()
+    assert sw.dtype == np.float32
+    np.testing.assert_allclose(sw.numpy(), tw.detach().numpy(), rtol=0, atol=5e-7)
