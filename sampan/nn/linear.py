@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import numpy as np
 
@@ -155,27 +154,37 @@ def _track_rows(weight, out, ids, padding_idx):
     rows = np.unique(np.asarray(ids._data if hasattr(ids, "_data") else ids, np.int64))
     if padding_idx is not None:
         rows = rows[rows != padding_idx]
-    pending = weight.__dict__.setdefault("_sparse_pending", [])
-    out.register_hook(lambda g: pending.append(rows))
-    if not getattr(weight, "_sparse_hooked", False):
-        weight._sparse_hooked = True
-        weight.register_hook(functools.partial(_settle_rows, weakref.ref(weight)))
+    settler = weight.__dict__.get("_sparse_settler")
+    if settler is None or settler.weight is not weight:
+        settler = weight._sparse_settler = _RowSettler(weight)
+        weight.register_hook(settler)
+    out.register_hook(functools.partial(_note_rows, settler, rows))
 
 
-def _settle_rows(ref, g):
-    w = ref()
-    if w is None:
-        return
-    pending = w.__dict__.get("_sparse_pending", [])
-    new = np.unique(np.concatenate(pending)) if pending else np.zeros(0, np.int64)
-    pending.clear()
-    old = getattr(w, "_sparse_grad_rows", None)
-    # a gradient that was dropped or zeroed (zero_grad) starts afresh, as torch's sparse
-    # gradient does (zero_() leaves it with no entries)
-    if w.grad is None or old is None or not w.grad._data.any():
-        w._sparse_grad_rows = new
-    else:
-        w._sparse_grad_rows = np.union1d(old, new)
+def _note_rows(settler, rows, g):
+    settler.pending.append(rows)
+
+
+class _RowSettler:
+    """The weight's gradient hook: turns the rows noted during a backward into the rows
+    the weight's gradient covers. An object, not a closure, so a deep-copied layer's
+    hook points at the copy's weight."""
+
+    def __init__(self, weight):
+        self.weight = weight
+        self.pending = []
+
+    def __call__(self, g):
+        w = self.weight
+        new = np.unique(np.concatenate(self.pending)) if self.pending else np.zeros(0, np.int64)
+        self.pending.clear()
+        old = getattr(w, "_sparse_grad_rows", None)
+        # a gradient that was dropped or zeroed (zero_grad) starts afresh, as torch's sparse
+        # gradient does (zero_() leaves it with no entries)
+        if w.grad is None or old is None or not w.grad._data.any():
+            w._sparse_grad_rows = new
+        else:
+            w._sparse_grad_rows = np.union1d(old, new)
 
 
 class Identity(Layer):

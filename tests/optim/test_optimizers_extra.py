@@ -312,3 +312,14 @@ def test_float32_steps_match_torch_to_rounding(name, kw):
         a.step(), b.step()
     assert sw.dtype == np.float32
     np.testing.assert_allclose(sw.numpy(), tw.detach().numpy(), rtol=0, atol=5e-7)
+
+
+def test_sparse_rows_of_a_deep_copied_embedding_are_its_own():
+    import copy
+    emb = sampan.nn.Embedding(6, 2, sparse=True)
+    emb(sampan.tensor([1])).sum().backward()
+    twin = copy.deepcopy(emb)
+    twin.zero_grad()
+    twin(sampan.tensor([4])).sum().backward()
+    assert sparse_grad_rows(twin.weight).tolist() == [4]
+    assert sparse_grad_rows(emb.weight).tolist() == [1]
