@@ -1,12 +1,30 @@
 """Data loading: datasets, samplers, collation and the DataLoader."""
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
-from .dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split
+from .dataset import (
+                      ChainDataset,
+                      ConcatDataset,
+                      Dataset,
+                      IterableDataset,
+                      StackDataset,
+                      Subset,
+                      TensorDataset,
+                      random_split,
+)
 from .loader import DataLoader, DataLoaderWorkerError
-from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, ShardSampler
+from .sampler import (
+                      BatchSampler,
+                      RandomSampler,
+                      Sampler,
+                      SequentialSampler,
+                      ShardSampler,
+                      SubsetRandomSampler,
+                      WeightedRandomSampler,
+)
 
 __all__ = [
     "BatchSampler",
+    "ChainDataset",
     "ConcatDataset",
     "DataLoader",
     "DataLoaderWorkerError",
@@ -16,8 +34,11 @@ __all__ = [
     "Sampler",
     "SequentialSampler",
     "ShardSampler",
+    "StackDataset",
     "Subset",
+    "SubsetRandomSampler",
     "TensorDataset",
+    "WeightedRandomSampler",
     "WorkerInfo",
     "default_collate",
     "default_convert",

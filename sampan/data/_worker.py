@@ -85,8 +85,11 @@ class IterFetcher:
         self.batch_size, self.drop_last = batch_size, drop_last
         self._it = None
         self._done = False
+        self._epoch = None
 
     def fetch(self, task=None):
+        if task is not None and task != self._epoch:  # a new epoch: restart the stream
+            self._epoch, self._it, self._done = task, None, False
         if self._done:
             return _End
         if self._it is None:

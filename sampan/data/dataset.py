@@ -9,9 +9,11 @@ import numpy as np
 from sampan.errors import SampanValueError
 
 __all__ = [
+    "ChainDataset",
     "ConcatDataset",
     "Dataset",
     "IterableDataset",
+    "StackDataset",
     "Subset",
     "TensorDataset",
     "random_split",
@@ -165,7 +167,8 @@ def random_split(dataset, lengths, seed=None, generator=None):
     """Split `dataset` into non-overlapping random `Subset`s of the given lengths.
 
     `lengths` are counts summing to `len(dataset)`, or fractions summing to 1 (the
-    remainder is dealt round-robin). The same `seed` gives the same split.
+    remainder is dealt round-robin). The same `seed` (or a `generator`, numpy or
+    `sampan.Generator`, in the same state) gives the same split.
 
     Example::
 
@@ -183,10 +186,71 @@ def random_split(dataset, lengths, seed=None, generator=None):
         raise SampanValueError(f"random_split: got lengths {lengths} for a dataset of length "
                                f"{n}; expected non-negative counts summing to {n} or "
                                "fractions summing to 1")
-    rng = generator if generator is not None else np.random.default_rng(seed)
+    from .sampler import numpy_rng
+
+    rng = numpy_rng(generator) if generator is not None else np.random.default_rng(seed)
     perm = rng.permutation(n).tolist()
     out, start = [], 0
     for length in lengths:
         out.append(Subset(dataset, perm[start:start + length]))
         start += length
     return out
+
+
+class ChainDataset(IterableDataset):
+    """Several iterable datasets one after another (chained lazily, as one stream).
+
+    Example::
+
+        >>> list(ChainDataset([Count(), Count()]))  # 0..4, then 0..4 again
+    """
+
+    def __init__(self, datasets):
+        self.datasets = list(datasets)
+
+    def __iter__(self):
+        for i, d in enumerate(self.datasets):
+            if not isinstance(d, IterableDataset):
+                raise SampanValueError(f"ChainDataset: dataset {i} is a "
+                                       f"{type(d).__name__}; expected IterableDatasets only")
+            yield from d
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.datasets)  # TypeError if one stream has no length
+
+
+class StackDataset(Dataset):
+    """Samples of several same-length datasets side by side: a tuple (positional
+    datasets) or a dict (keyword datasets).
+
+    Example::
+
+        >>> ds = StackDataset(images=imgs, labels=lbls); ds[0]
+        {'images': ..., 'labels': ...}
+    """
+
+    def __init__(self, *args, **kwargs):
+        if args and kwargs:
+            raise SampanValueError("StackDataset: got both positional and keyword datasets; "
+                                   "expected one form (tuple samples or dict samples)")
+        if not args and not kwargs:
+            raise SampanValueError("StackDataset: got no datasets; expected at least one")
+        self.datasets = args if args else kwargs
+        parts = list(args) if args else list(kwargs.values())
+        lengths = [len(d) for d in parts]
+        if len(set(lengths)) != 1:
+            names = list(range(len(args))) if args else list(kwargs)
+            raise SampanValueError(f"StackDataset: datasets of lengths "
+                                   f"{dict(zip(names, lengths))}; expected equal lengths")
+        self._length = lengths[0]
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]

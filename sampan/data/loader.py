@@ -63,6 +63,12 @@ class DataLoader:
     it, `DataLoaderWorkerError` names the worker and the batch's indices, and process
     workers are terminated at once (a thread cannot be; it ends when its task returns).
 
+    With `persistent_workers=True` the workers (and their dataset copies) live across
+    epochs until the loader is closed (`close()`) or garbage-collected. A `generator`
+    (a `sampan.Generator` or a numpy one) drives the shuffle and the workers' seeds
+    instead of `seed`. `pin_memory` and `pin_memory_device` are accepted for PyTorch
+    compatibility and do nothing (host memory needs no pinning on the CPU backend).
+
     Example::
 
         >>> loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, seed=0,
@@ -72,10 +78,29 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None,
                  drop_last=False, collate_fn=None, num_workers=0, worker_mode="thread",
-                 prefetch_factor=2, seed=None, timeout=0.0, worker_init_fn=None,
-                 mp_context=None):
+                 prefetch_factor=None, seed=None, timeout=0.0, worker_init_fn=None,
+                 mp_context=None, generator=None, persistent_workers=False, pin_memory=False,
+                 pin_memory_device="", multiprocessing_context=None):
         def bad(msg):
             return SampanValueError(f"DataLoader: {msg}")
+
+        if prefetch_factor is None:
+            prefetch_factor = 2
+        if multiprocessing_context is not None:  # torch's name for mp_context
+            if mp_context is not None:
+                raise bad("got both mp_context and multiprocessing_context; give one")
+            mp_context = multiprocessing_context
+        if persistent_workers and not (isinstance(num_workers, int) and num_workers > 0):
+            raise bad("persistent_workers=True needs num_workers > 0")
+        if not isinstance(pin_memory, bool) or not isinstance(pin_memory_device, str):
+            raise bad(f"got pin_memory={pin_memory!r}, pin_memory_device="
+                      f"{pin_memory_device!r}; expected a bool and a str")
+        self.generator = generator
+        self.persistent_workers = bool(persistent_workers)
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self._pool = None  # the persistent workers, once started
+        self._pool_finalizer = None
 
         if not isinstance(num_workers, int) or num_workers < 0:
             raise bad(f"got num_workers={num_workers!r}; expected an int >= 0")
@@ -112,7 +137,8 @@ class DataLoader:
             if sampler is not None and shuffle:
                 raise bad("got both sampler and shuffle=True; shuffle inside the sampler")
             if sampler is None:
-                sampler = RandomSampler(dataset, seed=seed) if shuffle else \
+                sampler = RandomSampler(dataset, seed=None if generator is not None else seed,
+                                        generator=generator) if shuffle else \
                     SequentialSampler(dataset)
             if batch_size is not None and batch_sampler is None:
                 batch_sampler = BatchSampler(sampler, batch_size, drop_last)
@@ -159,7 +185,42 @@ class DataLoader:
     def __iter__(self):
         if self.num_workers == 0:
             return _SingleIter(self)
-        return _WorkerIter(self)
+        tasks = self._tasks()  # first: a seeded shuffle's epoch also seeds the workers
+        if not self.persistent_workers:
+            return _WorkerIter(self, tasks, _Pool(self, self._base_seed()), owned=True)
+        pool = self._pool
+        if pool is None or pool.closed or pool.dead_worker() is not None:
+            if pool is not None:
+                self._pool_finalizer()
+            pool = self._pool = _Pool(self, self._base_seed())
+            # the finalizer holds the pool, not the loader: collecting the loader stops it
+            self._pool_finalizer = weakref.finalize(self, _Pool.shutdown, pool)
+        return _WorkerIter(self, tasks, pool, owned=False)
+
+    def _base_seed(self) -> int:
+        import numpy as np
+
+        g = self.generator
+        if g is not None:
+            if isinstance(g, np.random.Generator):
+                return int(g.integers(0, 2**31))
+            # keyed by the generator's state without advancing it, so the shuffle a
+            # sampan.Generator gives does not depend on whether there are workers
+            return int(np.random.default_rng([g.seed, g.counter, 1]).integers(0, 2**31))
+        if self.seed is not None:
+            return int(self.seed) * 1000 + getattr(self.sampler, "epoch", 0)
+        return int(np.random.default_rng().integers(0, 2**31))
+
+    def close(self) -> None:
+        """Stop persistent workers now (garbage collection of the loader also does).
+
+        Example::
+
+            >>> loader.close()
+        """
+        if self._pool_finalizer is not None:
+            self._pool_finalizer()
+        self._pool = None
 
 
 class _SingleIter:
@@ -212,6 +273,8 @@ class _Pool:
             make = threading.Thread
         self.workers = []
         self.closed = False
+        self.epoch = 0  # epochs served (persistent pools serve several)
+        self.next_seq = 0
         try:
             for wid in range(n):
                 args = (loader._fetcher(), self.index_queues[wid], self.results, self.done, wid, n,
@@ -277,22 +340,20 @@ class _Pool:
 class _WorkerIter:
     """Hands tasks to workers round-robin and yields their batches in task order."""
 
-    def __init__(self, loader: DataLoader):
-        import numpy as np
-
+    def __init__(self, loader: DataLoader, tasks, pool: _Pool, owned: bool):
         self._loader = loader
-        self._tasks = loader._tasks()
+        self._tasks = tasks
         self._n = loader.num_workers
         self._max_inflight = loader.prefetch_factor * self._n
         self._timeout = loader.timeout
-        if loader.seed is not None:
-            base_seed = int(loader.seed) * 1000 + getattr(loader.sampler, "epoch", 0)
-        else:
-            base_seed = int(np.random.default_rng().integers(0, 2**31))
-        self._pool = _Pool(loader, base_seed)
-        self._finalizer = weakref.finalize(self, _Pool.shutdown, self._pool)
-        self._send_seq = 0
-        self._recv_seq = 0
+        self._pool = pool
+        # an epoch's own pool stops with its iterator; persistent workers outlive it
+        self._finalizer = weakref.finalize(self, _Pool.shutdown, pool) if owned else None
+        # sequence numbers run on across the epochs of a persistent pool: a reply older
+        # than this epoch's first task (an abandoned epoch's) is dropped on arrival
+        pool.epoch += 1
+        self._epoch = pool.epoch
+        self._first_seq = self._send_seq = self._recv_seq = pool.next_seq
         self._task_of = {}  # seq -> (worker id, task), for error messages
         self._ready = {}  # seq -> reply that arrived early
         self._death = None  # (worker id, error, seq it died on or None) once one has died
@@ -320,6 +381,7 @@ class _WorkerIter:
                 if wid in self._live:
                     break
             task = None
+            sent = self._epoch  # an iterable dataset's workers restart their stream per epoch
         else:
             try:
                 task = next(self._tasks)
@@ -327,9 +389,11 @@ class _WorkerIter:
                 self._exhausted = True
                 return False
             wid = self._send_seq % self._n
+            sent = task
         self._task_of[self._send_seq] = (wid, task)
-        self._pool.index_queues[wid].put((self._send_seq, task))
+        self._pool.index_queues[wid].put((self._send_seq, sent))
         self._send_seq += 1
+        self._pool.next_seq = self._send_seq
         return True
 
     def _receive(self):
@@ -365,7 +429,8 @@ class _WorkerIter:
                         f"DataLoader: cannot unpickle a batch from a process worker ({e})")
                     raise self._fail(err) from e
             _, seq, status, payload = msg
-            self._ready[seq] = (status, payload)
+            if seq >= self._first_seq:
+                self._ready[seq] = (status, payload)
         return self._ready.pop(self._recv_seq)
 
     def _timeout_error(self) -> DataLoaderWorkerError:
@@ -410,9 +475,10 @@ class _WorkerIter:
             "see the worker's stderr", worker_id=wid, indices=task), seq
 
     def _fail(self, error: DataLoaderWorkerError) -> DataLoaderWorkerError:
-        """Stop the workers without waiting on one that hangs, then hand `error` back."""
+        """Stop the workers without waiting on one that hangs, then hand `error` back
+        (persistent workers too: the next epoch starts fresh ones)."""
         self._pool.shutdown(_ABORT_JOIN_S)
-        self._finalizer()
+        self.close()
         return error
 
     def __next__(self):
@@ -424,6 +490,8 @@ class _WorkerIter:
             wid, _ = self._task_of.pop(self._recv_seq)
             self._recv_seq += 1
             if status == "error":
+                if self._tasks is None and payload.task != "worker_init_fn":
+                    payload.task = None  # an iterable dataset's task is only its epoch
                 raise self._fail(_worker_error(payload, self._recv_seq - 1))
             if status == "end":
                 self._live.discard(wid)
@@ -433,8 +501,10 @@ class _WorkerIter:
             return _worker.from_wire(payload) if self._pool.mode == "process" else payload
 
     def close(self):
-        """Stop the workers now (also happens at the end of the epoch and on garbage collection)."""
-        self._finalizer()
+        """Stop the workers now (also happens at the end of the epoch and on garbage
+        collection); persistent workers are the loader's and keep running."""
+        if self._finalizer is not None:
+            self._finalizer()
 
 
 def _batch_text(seq: int, task) -> str:

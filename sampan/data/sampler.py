@@ -11,7 +11,29 @@ import numpy as np
 
 from sampan.errors import SampanValueError
 
-__all__ = ["BatchSampler", "RandomSampler", "Sampler", "SequentialSampler", "ShardSampler"]
+__all__ = ["BatchSampler", "RandomSampler", "Sampler", "SequentialSampler", "ShardSampler",
+           "SubsetRandomSampler", "WeightedRandomSampler"]
+
+
+def numpy_rng(generator):
+    """A numpy Generator to draw from: `generator` itself if it is one, else a stream
+    keyed by a `sampan.Generator`'s (seed, counter), advancing its counter, so the same
+    seed gives the same orders and each draw (epoch) a fresh one.
+
+    Example::
+
+        >>> numpy_rng(sampan.Generator(0)).permutation(3)  # same numbers for seed 0
+    """
+    if isinstance(generator, np.random.Generator):
+        return generator
+    from sampan.ops.random import Generator
+
+    if isinstance(generator, Generator):
+        key = [generator.seed, generator.counter]
+        generator.counter += 1
+        return np.random.default_rng(key)
+    raise SampanValueError(f"got generator of type {type(generator).__name__}; expected a "
+                           "sampan.Generator or a numpy.random.Generator")
 
 
 class Sampler:
@@ -52,8 +74,9 @@ class RandomSampler(Sampler):
     """A random permutation (or draws with `replacement=True`) of the dataset's indices.
 
     With a `seed`, epoch k uses the stream seeded by `(seed, k)`; the epoch advances on
-    every iteration and can be set with `set_epoch` (to resume). With a numpy
-    `generator`, that generator is drawn from instead. With neither, orders are fresh.
+    every iteration and can be set with `set_epoch` (to resume). With a `generator`
+    (a `sampan.Generator` or a numpy one) each iteration draws from it instead, so a
+    generator seeded alike gives the same orders. With neither, orders are fresh.
 
     Example::
 
@@ -88,7 +111,7 @@ class RandomSampler(Sampler):
 
     def _rng(self):
         if self.generator is not None:
-            return self.generator
+            return numpy_rng(self.generator)
         if self.seed is not None:
             return np.random.default_rng([int(self.seed), self.epoch])
         return np.random.default_rng()
@@ -102,6 +125,74 @@ class RandomSampler(Sampler):
         reps = -(-self.num_samples // n) if n else 0
         order = np.concatenate([rng.permutation(n) for _ in range(reps)]) if reps else []
         return iter(np.asarray(order, dtype=np.int64)[: self.num_samples].tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class SubsetRandomSampler(Sampler):
+    """The given `indices` in a random order (a fresh order each iteration).
+
+    Example::
+
+        >>> sorted(SubsetRandomSampler([4, 7, 9], generator=sampan.Generator(0)))
+        [4, 7, 9]
+    """
+
+    def __init__(self, indices, generator=None):
+        self.indices = list(indices)
+        self.generator = generator
+
+    def __iter__(self):
+        rng = numpy_rng(self.generator) if self.generator is not None else \
+            np.random.default_rng()
+        return iter([self.indices[i] for i in rng.permutation(len(self.indices))])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler):
+    """`num_samples` indices in ``[0, len(weights))`` drawn with probability proportional
+    to `weights` (with `replacement`, or each index at most once without).
+
+    Example::
+
+        >>> s = WeightedRandomSampler([0.1, 0.0, 0.9], 5, generator=sampan.Generator(0))
+        >>> 1 in list(s)
+        False
+    """
+
+    def __init__(self, weights, num_samples, replacement=True, generator=None):
+        w = np.asarray(weights.numpy() if hasattr(weights, "numpy") else weights,
+                       dtype=np.float64)
+        where = "WeightedRandomSampler"
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or \
+                num_samples <= 0:
+            raise SampanValueError(f"{where}: got num_samples={num_samples!r}; expected a "
+                                   "positive int")
+        if not isinstance(replacement, bool):
+            raise SampanValueError(f"{where}: got replacement={replacement!r}; expected a bool")
+        if w.ndim != 1 or w.size == 0:
+            raise SampanValueError(f"{where}: got weights of shape {w.shape}; expected a "
+                                   "non-empty 1-D sequence")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise SampanValueError(f"{where}: weights must be finite, >= 0 and not all 0; got "
+                                   f"min {w.min()}, sum {w.sum()}")
+        if not replacement and num_samples > np.count_nonzero(w):
+            raise SampanValueError(f"{where}: num_samples={num_samples} without replacement "
+                                   f"but only {np.count_nonzero(w)} weights are non-zero")
+        self.weights = w
+        self.num_samples = num_samples
+        self.replacement = replacement
+        self.generator = generator
+
+    def __iter__(self):
+        rng = numpy_rng(self.generator) if self.generator is not None else \
+            np.random.default_rng()
+        p = self.weights / self.weights.sum()
+        idx = rng.choice(p.size, size=self.num_samples, replace=self.replacement, p=p)
+        return iter(idx.astype(np.int64).tolist())
 
     def __len__(self) -> int:
         return self.num_samples

@@ -1,10 +1,14 @@
 """Linear, Bilinear, Embedding, Identity, Flatten, Dropout."""
 from __future__ import annotations
 
+import functools
 import math
+
+import numpy as np
 
 from ..errors import SampanValueError
 from ..ops.creation import empty
+from ..ops.registry import STATE
 from ..ops.shape import flatten
 from . import functional as F
 from . import init
@@ -85,6 +89,13 @@ class Embedding(Layer):
     """A lookup table of `num_embeddings` rows of size `embedding_dim` (N(0, 1) init;
     the `padding_idx` row starts at zero and never gets a gradient).
 
+    With ``sparse=True`` the weight's gradient is row-sparse, as PyTorch's: ``weight.grad``
+    stays a dense Tensor (zeros outside the rows looked up), and the rows the backward
+    passes touched since the gradient was last cleared (sorted, without `padding_idx`)
+    are in `sampan.nn.linear.sparse_grad_rows(weight)`. `optim.SparseAdam` updates only those rows;
+    `SGD` and `Adagrad` accept such gradients (without weight decay), and other
+    optimisers refuse them, as in PyTorch.
+
     Example::
 
         >>> emb = nn.Embedding(1000, 64, padding_idx=0)
@@ -92,8 +103,10 @@ class Embedding(Layer):
         (1, 3, 64)
     """
 
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, dtype=None):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, dtype=None, *,
+                 sparse=False):
         super().__init__()
+        self.sparse = bool(sparse)
         _check_positive("Embedding", num_embeddings=num_embeddings,
                         embedding_dim=embedding_dim)
         if padding_idx is not None:
@@ -109,11 +122,69 @@ class Embedding(Layer):
             self.weight._data[padding_idx] = 0
 
     def forward(self, ids):
-        return F.embedding(ids, self.weight, self.padding_idx)
+        out = F.embedding(ids, self.weight, self.padding_idx)
+        if self.sparse and out.requires_grad and STATE.tracer is None:
+            _track_rows(self.weight, out, ids, self.padding_idx)
+        return out
 
     def extra_repr(self):
         s = f"{self.num_embeddings}, {self.embedding_dim}"
-        return s + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+        s += f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return s + (", sparse=True" if self.sparse else "")
+
+
+def sparse_grad_rows(weight):
+    """The rows a sparse `Embedding`'s current ``weight.grad`` covers (sorted int64), or
+    None when the gradient is dense or absent.
+
+    Example::
+
+        >>> emb = nn.Embedding(10, 3, sparse=True); emb(sampan.tensor([4, 1, 4])).sum().backward()
+        >>> sparse_grad_rows(emb.weight)
+        array([1, 4])
+    """
+    if weight.grad is None:
+        return None
+    return getattr(weight, "_sparse_grad_rows", None)
+
+
+def _track_rows(weight, out, ids, padding_idx):
+    """Note the rows of this lookup when its output gets a gradient; when the weight's
+    gradient arrives, add them to the rows its (accumulated) gradient covers."""
+    rows = np.unique(np.asarray(ids._data if hasattr(ids, "_data") else ids, np.int64))
+    if padding_idx is not None:
+        rows = rows[rows != padding_idx]
+    settler = weight.__dict__.get("_sparse_settler")
+    if settler is None or settler.weight is not weight:
+        settler = weight._sparse_settler = _RowSettler(weight)
+        weight.register_hook(settler)
+    out.register_hook(functools.partial(_note_rows, settler, rows))
+
+
+def _note_rows(settler, rows, g):
+    settler.pending.append(rows)
+
+
+class _RowSettler:
+    """The weight's gradient hook: turns the rows noted during a backward into the rows
+    the weight's gradient covers. An object, not a closure, so a deep-copied layer's
+    hook points at the copy's weight."""
+
+    def __init__(self, weight):
+        self.weight = weight
+        self.pending = []
+
+    def __call__(self, g):
+        w = self.weight
+        new = np.unique(np.concatenate(self.pending)) if self.pending else np.zeros(0, np.int64)
+        self.pending.clear()
+        old = getattr(w, "_sparse_grad_rows", None)
+        # a gradient that was dropped or zeroed (zero_grad) starts afresh, as torch's sparse
+        # gradient does (zero_() leaves it with no entries)
+        if w.grad is None or old is None or not w.grad._data.any():
+            w._sparse_grad_rows = new
+        else:
+            w._sparse_grad_rows = np.union1d(old, new)
 
 
 class Identity(Layer):

@@ -38,6 +38,8 @@ class Adagrad(Optimizer):
         >>> opt = sampan.optim.Adagrad(model.parameters(), lr=0.05)
     """
 
+    _sparse_grads = True  # zero rows of a sparse grad change nothing (torch allows it)
+
     def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
                  initial_accumulator_value=0.0, eps=1e-10, maximize=False):
         super().__init__(params, {"lr": lr, "lr_decay": lr_decay, "weight_decay": weight_decay,

@@ -25,14 +25,22 @@ import math
 from sampan.errors import SampanValueError
 
 __all__ = [
+    "ChainedScheduler",
+    "ConstantLR",
     "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "CyclicLR",
     "ExponentialLR",
     "LRScheduler",
+    "LambdaLR",
     "LinearLR",
     "LinearWarmup",
     "MultiStepLR",
+    "MultiplicativeLR",
     "OneCycleLR",
+    "PolynomialLR",
     "ReduceLROnPlateau",
+    "SequentialLR",
     "StepLR",
 ]
 
@@ -67,6 +75,16 @@ class LRScheduler:
     def get_lr(self) -> list:
         """The rates the schedule gives at the current step."""
         return self.lr_at(self.last_epoch)
+
+    def chain_lr(self, lrs: list, t: int) -> list:
+        """The rates at step `t` when the rates were `lrs` (set by the schedules before
+        this one in a `ChainedScheduler`): this schedule's change from step t-1 to t
+        applied to them, as PyTorch's chainable form computes it. Schedules that are only
+        a closed form (LambdaLR, OneCycleLR ...) override it to return their own rates.
+        """
+        now = self.lr_at(t)
+        before = self.base_lrs if t <= 0 else self.lr_at(t - 1)
+        return [lr if b == 0 else lr * (n / b) for lr, n, b in zip(lrs, now, before)]
 
     def step(self, epoch=None) -> None:
         """Advance one step (or jump to `epoch`) and write the new rates into the groups.
@@ -177,6 +195,16 @@ class CosineAnnealingLR(LRScheduler):
         c = (1.0 + math.cos(math.pi * t / self.T_max)) / 2.0
         return [self.eta_min + (b - self.eta_min) * c for b in self.base_lrs]
 
+    def chain_lr(self, lrs, t):
+        if t <= 0:
+            return list(lrs)
+        T, lo = self.T_max, self.eta_min
+        if (t - 1 - T) % (2 * T) == 0:  # leaving the trough: the ratio form would be 0/0
+            return [lr + (b - lo) * (1 - math.cos(math.pi / T)) / 2
+                    for lr, b in zip(lrs, self.base_lrs)]
+        r = (1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T))
+        return [r * (lr - lo) + lo for lr in lrs]
+
 
 class LinearLR(LRScheduler):
     """Scale the rate linearly from `start_factor` to `end_factor` over `total_iters` steps.
@@ -240,6 +268,9 @@ class LinearWarmup(LRScheduler):
         lrs = self.after.lr_at(self.after.last_epoch)
         self.after._last_lr = list(lrs)
         return lrs
+
+    def chain_lr(self, lrs, t):
+        return self.lr_at(t)
 
     def state_dict(self):
         sd = {k: copy.deepcopy(v) for k, v in self.__dict__.items()
@@ -324,6 +355,9 @@ class OneCycleLR(LRScheduler):
             g["betas"] = (m, *g["betas"][1:])
         else:
             g["momentum"] = m
+
+    def chain_lr(self, lrs, t):
+        return self.lr_at(t)
 
     def _anneal(self, start, end, pct):
         if self.anneal_strategy == "cos":
@@ -430,3 +464,16 @@ class ReduceLROnPlateau:
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.__dict__.update(copy.deepcopy(state_dict))
+
+
+# more schedulers live in their own module (file size); they are part of this namespace
+from ._lr_more import (
+    ChainedScheduler,
+    ConstantLR,
+    CosineAnnealingWarmRestarts,
+    CyclicLR,
+    LambdaLR,
+    MultiplicativeLR,
+    PolynomialLR,
+    SequentialLR,
+)

@@ -69,6 +69,9 @@ class Optimizer:
         self.param_groups: list[dict] = []
         self._scratch: dict = {}  # dtype -> flat work buffer shared by all parameters
         self._jit: dict = {}  # parameter -> {name: Tensor} state seen by traced steps
+        # parameters standing for tables kept outside numpy storage (sampan.rec's
+        # HashEmbedding.sparse_table): step() calls their `_table_step`
+        self._tables: list = []
         if isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
                             "or of dicts, got a single Tensor")
@@ -114,6 +117,7 @@ class Optimizer:
                                    "one group (or twice in one)")
         self._check_group(g)
         self.param_groups.append(g)
+        self._tables.extend(p for p in params if hasattr(p, "_table_step"))
 
     def _check_group(self, group: dict) -> None:
         """Subclasses validate hyperparameters here, naming the bad one."""
@@ -161,12 +165,37 @@ class Optimizer:
         jit = self._jit
         if jit:
             self._sync_from_jit()
+        for g in self.param_groups:  # refuse before anything changes
+            self._check_sparse(g)
+        for p in self._tables:  # sparse tables (sampan.rec) apply their pending gradients
+            p._table_step()
         with no_grad():
             for g in self.param_groups:
                 self._update_group(g)
         if jit:
             self._sync_to_jit()
         return loss
+
+    # whether `_update_group` is right for the row-sparse gradient of an
+    # `nn.Embedding(sparse=True)` (a dense grad whose untouched rows are zero): true for
+    # the rules where zero rows change nothing, as in torch
+    _sparse_grads = False
+
+    def _check_sparse(self, group: dict) -> None:
+        for p in group["params"]:
+            if p.grad is None or getattr(p, "_sparse_grad_rows", None) is None:
+                continue
+            where = f"{type(self).__name__}.step"
+            if not self._sparse_grads:
+                raise op_error(SampanValueError, where, "a sparse gradient (from "
+                               f"nn.Embedding(sparse=True)), shape {tuple(p.shape)}",
+                               "dense gradients", "Use optim.SparseAdam (or SGD, Adagrad) "
+                               "for the sparse table, or Embedding(sparse=False)")
+            if group.get("weight_decay"):
+                raise op_error(SampanValueError, where, f"weight_decay="
+                               f"{group['weight_decay']} with a sparse gradient",
+                               "weight_decay=0 for parameters with sparse gradients",
+                               "Put the sparse table in its own group without decay")
 
     def _update_group(self, group: dict) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -28,6 +28,8 @@ class SGD(Optimizer):
         >>> loss.backward(); opt.step(); opt.zero_grad()
     """
 
+    _sparse_grads = True  # zero rows of a sparse grad change nothing (torch allows it)
+
     def __init__(self, params, lr=required, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, maximize=False):
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,

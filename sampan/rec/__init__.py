@@ -5,12 +5,14 @@ The pieces, bottom up: ``hashtable`` (numba id -> row map, chunked rows), ``tabl
 SGD / Adagrad / Adam / FTRL), ``kernels`` (dedupe, CSR bag pooling), ``sharded``
 (pull/push shards, prefetch), ``snapshot`` (full + delta export, serving), ``data``
 (CSR batches, W4 click stream, Parquet), ``metrics`` (AUC, log loss) and ``models``
-(HashEmbedding, DLRM, DeepFM, Wide&Deep; needs the sampan core).
+(HashEmbedding, DLRM, DeepFM, Wide&Deep, on the sampan core: train them with the ordinary
+``opt.zero_grad(); loss.backward(); opt.step()`` loop).
 """
 
 from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, hash_ids
 from sampan.rec.kernels import bag_pool, bag_pool_backward, segment_sum, unique_inverse
 from sampan.rec.metrics import LogLoss, StreamingAUC, auc
+from sampan.rec.models import DLRM, DeepFM, HashEmbedding, WideAndDeep, predict, train_step
 from sampan.rec.optim import SparseAdagrad, SparseAdam, SparseFTRL, SparseSGD
 from sampan.rec.policies import (
     AdmitAll,
@@ -33,11 +35,44 @@ from sampan.rec.snapshot import (
 from sampan.rec.table import HashEmbeddingTable, hashed_normal
 
 __all__ = [
-    "AdmitAll", "CallableEviction", "ChunkedRows", "HashEmbeddingTable", "HashMap",
-    "LFUEviction", "LocalShard", "LogLoss", "MinCountAdmission", "Prefetcher",
-    "ProbabilisticAdmission", "PulledBatch", "RowAllocator", "ServingTable", "ShardedEmbedding",
-    "SnapshotError", "SparseAdagrad", "SparseAdam", "SparseFTRL", "SparseSGD", "StreamingAUC",
-    "TTLEviction", "auc", "bag_pool", "bag_pool_backward", "export_delta", "export_full",
-    "export_sharded", "hash_ids", "hashed_normal", "restore", "restore_sharded", "segment_sum",
+    "DLRM",
+    "AdmitAll",
+    "CallableEviction",
+    "ChunkedRows",
+    "DeepFM",
+    "HashEmbedding",
+    "HashEmbeddingTable",
+    "HashMap",
+    "LFUEviction",
+    "LocalShard",
+    "LogLoss",
+    "MinCountAdmission",
+    "Prefetcher",
+    "ProbabilisticAdmission",
+    "PulledBatch",
+    "RowAllocator",
+    "ServingTable",
+    "ShardedEmbedding",
+    "SnapshotError",
+    "SparseAdagrad",
+    "SparseAdam",
+    "SparseFTRL",
+    "SparseSGD",
+    "StreamingAUC",
+    "TTLEviction",
+    "WideAndDeep",
+    "auc",
+    "bag_pool",
+    "bag_pool_backward",
+    "export_delta",
+    "export_full",
+    "export_sharded",
+    "hash_ids",
+    "hashed_normal",
+    "predict",
+    "restore",
+    "restore_sharded",
+    "segment_sum",
+    "train_step",
     "unique_inverse",
 ]

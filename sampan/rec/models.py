@@ -6,6 +6,16 @@ Wide&Deep, and a training step that updates dense and sparse parameters.
 returns ``rows_gather(E, inverse)``. After ``backward`` the gradient of ``E`` is exactly
 (unique ids, summed row gradients); :meth:`HashEmbedding.push` sends it to the shards,
 whose sparse optimiser updates only those rows.
+
+The layer's zero-size parameter ``sparse_table`` hands the table to whatever optimiser
+gets ``model.parameters()``: its ``step()`` pushes the pending sparse gradients, so a CTR
+loop reads like any other::
+
+    >>> model = DLRM(n_fields=2, n_dense=3, dim=4, bottom=(8, 4), top=(8,))
+    >>> opt = sampan.optim.Adagrad(model.parameters(), lr=0.05)   # dense weights
+    >>> logits = model(np.ones((5, 2), np.int64), np.zeros((5, 3), np.float32))
+    >>> loss = F.binary_cross_entropy_with_logits(logits, sampan.tensor(np.ones(5)))
+    >>> opt.zero_grad(); loss.backward(); opt.step()   # dense update + sparse push
 """
 
 from __future__ import annotations
@@ -39,6 +49,11 @@ class HashEmbedding(nn.Layer):
         self.dim = dim
         self.step = 0
         self._pending: list[tuple[np.ndarray, sampan.Tensor]] = []
+        # zero-size: it carries no numbers, only the table into model.parameters(); an
+        # optimiser's step() calls its `_table_step` (the push) besides its dense update.
+        # The rows' arithmetic stays with the table's own sparse optimiser.
+        self.sparse_table = nn.Parameter(sampan.zeros(0))
+        self.sparse_table._table_step = self.push
 
     def forward(self, ids=None, pulled: PulledBatch | None = None):
         """``(B, F, dim)`` tensor for a ``(B, F)`` id array (or a prefetched batch)."""
@@ -73,7 +88,10 @@ class HashEmbedding(nn.Layer):
         return pooled
 
     def push(self) -> None:
-        """Apply the sparse gradients of every lookup since the last push."""
+        """Apply the sparse gradients of every lookup since the last push (`optimizer.step()`
+        over the model's parameters calls it; with nothing pending it does nothing)."""
+        if not self._pending:
+            return
         for uniq, leaf in self._pending:
             if leaf.grad is not None:
                 self.emb.push(uniq, leaf.grad.numpy(), self.step)
@@ -194,14 +212,16 @@ def _push(model) -> None:
 def train_step(model, dense_opt, ids, dense, labels, pulled: PulledBatch | None = None):
     """One step: forward, BCE-with-logits (mean), backward, sparse push, dense update.
 
-    Returns the loss as a float.
+    A convenience for ``opt.zero_grad(); loss.backward(); opt.step()``, which gives the
+    same tables and weights; it also pushes when `dense_opt` does not hold the tables'
+    ``sparse_table`` parameters. Returns the loss as a float.
     """
     logits = model(ids, dense, pulled) if pulled is not None else model(ids, dense)
     loss = F.binary_cross_entropy_with_logits(logits, sampan.tensor(labels))
     dense_opt.zero_grad()
     loss.backward()
-    _push(model)
     dense_opt.step()
+    _push(model)  # a no-op when dense_opt.step() pushed already
     return float(loss.numpy())
 
 
