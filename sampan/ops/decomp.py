@@ -354,4 +354,25 @@ def qr(A, mode="reduced"):
     return QRResult(q, r)
 
 
+# ---------------------------------------------------------------------- the rest of the family
+from . import composite as _composite  # noqa: E402
+from . import random as _random  # noqa: E402
+from .random import (bernoulli, get_rng_state, initial_seed, multinomial, seed,  # noqa: E402
+                     set_rng_state)
+from .decomp_norms import (COMPOSITES_HERE, cdist, cosine_similarity, linalg_norm,  # noqa: E402
+                           matrix_norm, norm, pairwise_distance, pdist, vector_norm)
 from .decomp_spectral import eigh, eigvalsh, svd, svdvals  # noqa: E402
+
+_composite.COMPOSITES.update(COMPOSITES_HERE)
+
+
+def inverse(input):
+    """torch.inverse: ``sampan.inverse(A)`` is sampan.linalg.inv(A)."""
+    return inv(input)
+
+
+EXPORTS += ["norm", "det", "inverse", "slogdet", "cdist", "cosine_similarity",
+            "pairwise_distance", "pdist"]
+EXPORTS += _random.EXPORTS_17
+METHODS.update({"norm": norm, "det": det, "inverse": inverse, "slogdet": slogdet})
+INPLACE.update(_random.INPLACE_17)

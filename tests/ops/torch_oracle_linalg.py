@@ -67,3 +67,26 @@ ORACLE.update({
     "linalg_eigvalsh": lambda torch, a, attrs: torch.linalg.eigvalsh(
         _from_tri(torch, a[0], attrs["UPLO"] == "U"), UPLO=attrs["UPLO"]),
 })
+
+
+def _call(path):
+    def f(torch, a, attrs):
+        fn = torch
+        for part in path.split("."):
+            fn = getattr(fn, part)
+        return fn(*a, **attrs)
+    return f
+
+
+COMPOSITE_ORACLE.update({
+    "vector_norm": _call("linalg.vector_norm"),
+    "vector_norm_inf": _call("linalg.vector_norm"),
+    "matrix_norm": _call("linalg.matrix_norm"),
+    "matrix_norm_2": _call("linalg.matrix_norm"),
+    "linalg_norm": _call("linalg.norm"),
+    "norm": _call("norm"),
+    "cdist": _call("cdist"),
+    "cosine_similarity": _call("nn.functional.cosine_similarity"),
+    "pairwise_distance": _call("nn.functional.pairwise_distance"),
+    "pdist": _call("nn.functional.pdist"),
+})

@@ -1,0 +1,233 @@
+"""(issue 17) Norms and distances as composites over the op table (their gradients come
+from the primitives): vector_norm, matrix_norm, linalg.norm, torch.norm's `norm`, cdist,
+cosine_similarity, pairwise_distance, pdist. Imported by decomp.py, which exports them.
+
+Where a norm is 0 its gradient is 0 (torch's subgradient), not the 0/0 of d sqrt(s)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import DTypeError, SampanValueError, ShapeError, op_error
+from ..tensor import Tensor
+from ._util import Sample, norm_axis, pick, randf, rng
+
+
+def _t(x):
+    return x if isinstance(x, Tensor) else Tensor(np.asarray(x))
+
+
+def _root(s, p):
+    """s ** (1/p) with gradient 0 where s == 0 (s >= 0)."""
+    from .elementwise import gt, pow, sqrt, where
+    pos = gt(s, 0.0)
+    safe = where(pos, s, 1.0)
+    r = sqrt(safe) if p == 2 else pow(safe, 1.0 / p)
+    return where(pos, r, 0.0)
+
+
+def _dims(x, dim, op):
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:
+        dim = None
+    return norm_axis(dim, x.ndim, op)
+
+
+def _float_input(op, x, dtype):
+    from .. import dtypes as _dt
+    from .elementwise import cast
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    if not _dt.is_floating(x.dtype):
+        raise op_error(DTypeError, op, f"dtype {x.dtype}", "a floating dtype",
+                       "cast with .float() first, or pass dtype=")
+    return x
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, axis=None, keepdims=None):
+    """(sum |x|^ord)^(1/ord) over `dim` (None: all elements); ord inf/-inf give max/min |x|,
+    0 the count of nonzeros. Example: ``sampan.linalg.vector_norm(x, 2, dim=-1)``."""
+    from .elementwise import abs as _abs, cast, mul, ne, pow
+    from .reduce import amax, amin, sum
+    op = "linalg.vector_norm"
+    dim = pick(op, "dim", dim, "axis", axis)
+    keepdim = bool(pick(op, "keepdim", keepdim or None, "keepdims", keepdims, False))
+    x = _float_input(op, _t(x), dtype)
+    axes = _dims(x, dim, op)
+    if isinstance(ord, str) or not isinstance(ord, (int, float)):
+        raise op_error(SampanValueError, op, f"ord={ord!r}", "a number (inf, -inf, 0, p)")
+    a = _abs(x)
+    if ord == math.inf:
+        return amax(a, axes, keepdims=keepdim)
+    if ord == -math.inf:
+        return amin(a, axes, keepdims=keepdim)
+    if ord == 0:
+        return sum(cast(ne(x, 0.0), x.dtype), axes, keepdims=keepdim)
+    if ord == 1:
+        return sum(a, axes, keepdims=keepdim)
+    if ord == 2:
+        return _root(sum(mul(x, x), axes, keepdims=keepdim), 2)
+    return _root(sum(pow(a, float(ord)), axes, keepdims=keepdim), float(ord))
+
+
+def _move_last(x, d0, d1):
+    """x with dims d0, d1 moved to the end (in that order)."""
+    from .shape import permute
+    rest = [i for i in range(x.ndim) if i not in (d0, d1)]
+    order = rest + [d0, d1]
+    return x if order == list(range(x.ndim)) else permute(x, *order)
+
+
+def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
+    """Matrix norms over the two dims `dim`: 'fro', 'nuc', 2/-2 (largest/smallest singular
+    value), 1/-1 (max/min column abs sum), inf/-inf (max/min row abs sum).
+    Example: ``sampan.linalg.matrix_norm(A, "nuc")``."""
+    from .decomp_spectral import svdvals
+    from .elementwise import abs as _abs
+    from .reduce import amax, amin, sum
+    from .shape import unsqueeze
+    op = "linalg.matrix_norm"
+    A = _float_input(op, _t(A), dtype)
+    if A.ndim < 2:
+        raise op_error(ShapeError, op, f"shape {tuple(A.shape)}", "at least a 2-d input")
+    d = tuple(dim) if isinstance(dim, (list, tuple)) else ()
+    if len(d) != 2:
+        raise op_error(SampanValueError, op, f"dim={dim!r}", "a 2-tuple of dims")
+    d0, d1 = (norm_axis(i, A.ndim, op)[0] for i in d)
+    if d0 == d1:
+        raise op_error(SampanValueError, op, f"dim={dim!r}", "two different dims")
+    if ord == "fro":
+        return vector_norm(A, 2, (d0, d1), keepdim)
+    if ord in ("nuc", 2, -2):
+        s = svdvals(_move_last(A, d0, d1))
+        r = sum(s, -1) if ord == "nuc" else amax(s, -1) if ord == 2 else amin(s, -1)
+        if keepdim:
+            for i in sorted((d0, d1)):
+                r = unsqueeze(r, i)
+        return r
+    if ord in (1, -1, math.inf, -math.inf):
+        inner, outer = (d0, d1) if ord in (1, -1) else (d1, d0)
+        sums = sum(_abs(A), inner, keepdims=True)
+        r = (amax if ord > 0 else amin)(sums, outer, keepdims=True)
+        if keepdim:
+            return r
+        from .shape import squeeze
+        return squeeze(r, tuple(sorted((d0, d1))))
+    raise op_error(SampanValueError, op, f"ord={ord!r}",
+                   "'fro', 'nuc', inf, -inf, 1, -1, 2 or -2")
+
+
+def linalg_norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):
+    """torch.linalg.norm: a vector norm over one dim (or all, when ord and dim are None),
+    a matrix norm over two. Example: ``sampan.linalg.norm(A, "fro")``."""
+    A = _t(A)
+    if isinstance(dim, int) or (isinstance(dim, (list, tuple)) and len(dim) == 1):
+        return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
+    if dim is not None:
+        return matrix_norm(A, "fro" if ord is None else ord, dim, keepdim, dtype=dtype)
+    if ord is None:
+        return vector_norm(A, 2, None, keepdim, dtype=dtype)
+    if A.ndim == 1:
+        return vector_norm(A, ord, None, keepdim, dtype=dtype)
+    if A.ndim == 2:
+        return matrix_norm(A, ord, (-2, -1), keepdim, dtype=dtype)
+    raise op_error(ShapeError, "linalg.norm", f"ord={ord!r} with dim=None on a {A.ndim}-d "
+                   "input", "a 1-d or 2-d input, or dim=")
+
+
+def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+    """torch.norm: p='fro' (2-norm over `dim`, all elements when None), 'nuc', or a number
+    (a vector norm over `dim`). Example: ``sampan.norm(x, dim=1)``; also ``x.norm()``."""
+    x = _t(input)
+    if isinstance(dim, int):
+        dim = (dim,)
+    if isinstance(p, str):
+        if p == "fro" and (dim is None or len(dim) <= 2):
+            return vector_norm(x, 2, dim, keepdim, dtype=dtype)
+        return matrix_norm(x, p, tuple(range(x.ndim)) if dim is None else dim, keepdim,
+                           dtype=dtype)
+    return vector_norm(x, 2.0 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+# ---------------------------------------------------------------------- distances
+def cdist(x1, x2, p=2.0):
+    """p-norm distances between the rows of x1 (..., P, M) and x2 (..., R, M): (..., P, R),
+    batch dims broadcast. Example: ``sampan.cdist(a, b)``."""
+    from .elementwise import sub
+    from .shape import unsqueeze
+    x1, x2 = _t(x1), _t(x2)
+    if x1.ndim < 2 or x2.ndim < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise op_error(ShapeError, "cdist", f"shapes {tuple(x1.shape)} and {tuple(x2.shape)}",
+                       "(..., P, M) and (..., R, M) with one M")
+    if p < 0:
+        raise op_error(SampanValueError, "cdist", f"p={p}", "p >= 0")
+    return vector_norm(sub(unsqueeze(x1, -2), unsqueeze(x2, -3)), p, -1)
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """sum(x1 * x2) / (max(|x1|, eps) * max(|x2|, eps)) along `dim`, as torch: each input is
+    divided by its clamped norm (the clamp passes the norm's own gradient).
+    Example: ``sampan.cosine_similarity(a, b, dim=1)``."""
+    from .elementwise import add, clamp, div, mul, operands, sub
+    from .reduce import sum
+    from .shape import broadcast_to
+    x1, x2 = operands(_t(x1), _t(x2))
+    shape = np.broadcast_shapes(tuple(x1.shape), tuple(x2.shape))
+    x1 = broadcast_to(x1, shape) if tuple(x1.shape) != shape else x1
+    x2 = broadcast_to(x2, shape) if tuple(x2.shape) != shape else x2
+
+    def unit(x):
+        n = vector_norm(x, 2, dim, keepdim=True)
+        n = add(n, sub(clamp(n, min=eps), n).detach())
+        return div(x, n)
+    return sum(mul(unit(x1), unit(x2)), dim)
+
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """||x1 - x2 + eps||_p over the last dim, as torch. Example:
+    ``sampan.pairwise_distance(a, b)``."""
+    from .elementwise import add, operands, sub
+    x1, x2 = operands(_t(x1), _t(x2))
+    nd = max(x1.ndim, x2.ndim)
+    return vector_norm(add(sub(x1, x2), eps), p, max(nd - 1, 0) if nd else None, keepdim)
+
+
+def pdist(input, p=2.0):
+    """The upper triangle (row-major, without the diagonal) of cdist(input, input) for a 2-d
+    input: n (n - 1) / 2 distances. Example: ``sampan.nn.functional.pdist(x)``."""
+    from .shape import getitem
+    x = _t(input)
+    if x.ndim != 2:
+        raise op_error(ShapeError, "pdist", f"shape {tuple(x.shape)}", "a 2-d input (N, M)")
+    i, j = np.triu_indices(x.shape[0], 1)
+    return vector_norm(getitem(x, (Tensor(i.astype(np.int64)),)) -
+                       getitem(x, (Tensor(j.astype(np.int64)),)), p, -1)
+
+
+def _samples(*specs):
+    def f():
+        r = rng(200 + len(specs))
+        return [Sample(tuple(randf(r, *s) for s in shapes), attrs) for shapes, attrs in specs]
+    return f
+
+
+COMPOSITES_HERE = {
+    "vector_norm": (vector_norm, _samples((((3, 4),), {}),
+                                          (((2, 3, 2),), {"ord": 3.0, "dim": (0, 2),
+                                                          "keepdim": True}))),
+    "vector_norm_inf": (vector_norm, _samples((((3, 4),), {"ord": math.inf, "dim": 1}),
+                                              (((3, 4),), {"ord": 0.5, "dim": 0}))),
+    "matrix_norm": (matrix_norm, _samples((((2, 3, 3),), {"ord": "nuc"}),
+                                          (((3, 4),), {"ord": -math.inf, "keepdim": True}))),
+    "matrix_norm_2": (matrix_norm, _samples((((3, 3, 2),), {"ord": 2, "dim": (0, 1)}),
+                                            (((3, 4),), {"ord": 1}))),
+    "linalg_norm": (linalg_norm, _samples((((3, 4),), {}), (((2, 3, 4),), {"dim": 1}))),
+    "norm": (norm, _samples((((3, 4),), {}), (((2, 3, 4),), {"p": 1, "dim": (1, 2)}))),
+    "cdist": (cdist, _samples((((3, 2), (4, 2)), {}), (((2, 3, 2), (2, 2, 2)), {"p": 1.0}))),
+    "cosine_similarity": (cosine_similarity, _samples((((3, 4), (3, 4)), {}),
+                                                      (((2, 3), (3,)), {"dim": -1}))),
+    "pairwise_distance": (pairwise_distance, _samples((((3, 4), (3, 4)), {}),
+                                                      (((3, 4), (4,)), {"p": 3.0,
+                                                                        "keepdim": True}))),
+    "pdist": (pdist, _samples((((4, 3),), {}),)),
+}
