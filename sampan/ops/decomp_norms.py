@@ -231,3 +231,74 @@ COMPOSITES_HERE = {
                                                                         "keepdim": True}))),
     "pdist": (pdist, _samples((((4, 3),), {}),)),
 }
+
+
+# ---------------------------------------------------------------------- products, pinv
+def matrix_power(A, n):
+    """A @ A @ ... (n times) by repeated squaring, batched; n = 0 gives identities, n < 0
+    powers of inv(A). Example: ``sampan.linalg.matrix_power(A, 3)``."""
+    from .decomp import _matrix, inv
+    from .elementwise import add, mul
+    from .linalg import matmul
+    A = _t(A)
+    _matrix("linalg.matrix_power", A)
+    n = int(n)
+    if n == 0:
+        eye = Tensor(np.eye(A.shape[-1], dtype=A.dtype))
+        return add(mul(A, 0.0), eye)
+    if n < 0:
+        A, n = inv(A), -n
+    result, base = None, A
+    while n:
+        if n & 1:
+            result = base if result is None else matmul(result, base)
+        n >>= 1
+        if n:
+            base = matmul(base, base)
+    return result
+
+
+def multi_dot(tensors):
+    """The product of a list of matrices (the first may be a 1-d row vector, the last a 1-d
+    column vector, as torch.linalg.multi_dot). Example: ``multi_dot([a, b, c])``."""
+    from .linalg import matmul
+    ts = [_t(t) for t in tensors]
+    if len(ts) < 2:
+        raise op_error(SampanValueError, "linalg.multi_dot", f"{len(ts)} tensors",
+                       "at least 2 tensors")
+    for i, t in enumerate(ts):
+        if t.ndim != 2 and not (t.ndim == 1 and i in (0, len(ts) - 1)):
+            raise op_error(ShapeError, "linalg.multi_dot", f"tensor {i} of shape "
+                           f"{tuple(t.shape)}", "2-d tensors (the first and last may be 1-d)")
+    r = ts[0]
+    for t in ts[1:]:
+        r = matmul(r, t)
+    return r
+
+
+def pinv(A, *, rtol=None, hermitian=False):
+    """The Moore-Penrose pseudo-inverse through the SVD, singular values below
+    rtol * max(S) (default max(m, n) * eps) treated as 0, batched.
+    Example: ``sampan.linalg.pinv(A)``."""
+    from .decomp_spectral import svd
+    from .elementwise import div, gt, mul, where
+    from .linalg import matmul
+    from .reduce import amax
+    from .shape import transpose, unsqueeze
+    A = _float_input("linalg.pinv", _t(A), None)
+    m, n = A.shape[-2], A.shape[-1]
+    if rtol is None:
+        rtol = max(m, n) * float(np.finfo(A.dtype).eps)
+    u, s, vh = svd(A, full_matrices=False)
+    keep = gt(s, mul(amax(s, -1, keepdims=True), float(rtol)).detach())
+    sinv = where(keep, div(1.0, where(keep, s, 1.0)), 0.0)
+    return matmul(mul(transpose(vh, -2, -1), unsqueeze(sinv, -2)), transpose(u, -2, -1))
+
+
+COMPOSITES_HERE.update({
+    "matrix_power": (matrix_power, lambda: [Sample((randf(rng(210), 3, 3),), {"n": 3}),
+                                            Sample((randf(rng(211), 2, 3, 3, low=-1, high=1)
+                                                    + 2 * np.eye(3, dtype=np.float32),),
+                                                   {"n": -2})]),
+    "pinv": (pinv, lambda: [Sample((randf(rng(212), 3, 2),), {})]),
+})

@@ -90,3 +90,7 @@ COMPOSITE_ORACLE.update({
     "pairwise_distance": _call("nn.functional.pairwise_distance"),
     "pdist": _call("nn.functional.pdist"),
 })
+COMPOSITE_ORACLE.update({
+    "matrix_power": _call("linalg.matrix_power"),
+    "pinv": _call("linalg.pinv"),
+})
