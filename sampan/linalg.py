@@ -10,5 +10,5 @@ from .ops.decomp_norms import matrix_power, multi_dot, pinv
 from .ops.decomp_spectral import EighResult, SVDResult
 
 __all__: list = ["norm", "vector_norm", "matrix_norm", "inv", "solve", "det", "slogdet",
-                 "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "matrix_power", "multi_dot", "pinv", "QRResult",
-                 "SlogdetResult", "SVDResult", "EighResult"]
+                 "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "matrix_power",
+                 "multi_dot", "pinv", "QRResult", "SlogdetResult", "SVDResult", "EighResult"]

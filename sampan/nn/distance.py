@@ -1,4 +1,4 @@
-"""(issue 17) layers of this family; each name `sampan.nn` exports from it is listed in `EXPORTS`."""
+"""(issue 17) distance layers; each name `sampan.nn` exports from it is listed in `EXPORTS`."""
 from __future__ import annotations
 
 from ._f_linalg import cosine_similarity, pairwise_distance

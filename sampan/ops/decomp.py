@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import AutogradError, DTypeError, SampanValueError, ShapeError, op_error
-from ..tensor import Tensor, apply, wrap
+from ..tensor import apply, wrap
 from ._util import Sample, broadcast_shapes, rng, unbroadcast
-from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
+from .registry import NO_ONNX, Spec, defop
 
 EXPORTS: list = []
 METHODS: dict = {}
@@ -119,8 +119,7 @@ def _spd(r, *shape):
 
 
 def _wellcond(r, *shape):
-    n = shape[-1]
-    return (r.uniform(-1, 1, size=shape) + 2.5 * np.eye(n)).astype(np.float32)
+    return (r.uniform(-1, 1, size=shape) + 2.5 * np.eye(*shape[-2:])).astype(np.float32)
 
 
 # ---------------------------------------------------------------------- inv
@@ -308,28 +307,42 @@ def _qr_kernel(a, mode):
     return q, r
 
 
-def _qr_grad(g, y, a, mode):
+def _qr_grad_tall(gq, gr, q, r, a):
+    """gA = [gQ + Q copyltu(M)] R^-T with M = R gR^T - gQ^T Q (m >= n, reduced)."""
     from .elementwise import add, mul, sub
-    m, n = a.shape[-2], a.shape[-1]
-    if m < n or (mode == "complete" and m > n):
-        raise op_error(AutogradError, "linalg.qr", f"the gradient of a {m} x {n} QR in mode "
-                       f"{mode!r}", "m >= n (mode 'reduced', or 'complete' with m == n)",
-                       "the complete Q of a tall matrix is not unique; wide inputs are not "
-                       "implemented")
-    q, r = y
-    gq, gr = g
+    n = r.shape[-1]
     mm = sub(_mm(r, _mT(gr)), _mm(_mT(gq), q))
     low = _const(np.tril(np.ones((n, n))), a)
     strict = _const(np.tril(np.ones((n, n)), -1), a)
     copyltu = add(mul(mm, low), _mT(mul(mm, strict)))
-    return (_mm(add(gq, _mm(q, copyltu)), _mT(inv(r))),)
+    return _mm(add(gq, _mm(q, copyltu)), _mT(inv(r)))
+
+
+def _qr_grad(g, y, a, mode):
+    from .elementwise import add
+    from .shape import concat
+    m, n = a.shape[-2], a.shape[-1]
+    if mode == "complete" and m > n:
+        raise op_error(AutogradError, "linalg.qr", f"the gradient of a {m} x {n} QR in mode "
+                       "'complete'", "mode 'reduced' for a tall input (or m <= n)",
+                       "the complete Q of a tall matrix is not unique (torch raises too)")
+    q, r = y
+    gq, gr = g
+    if m >= n:
+        return (_qr_grad_tall(gq, gr, q, r, a),)
+    # wide: A = [X | Y] with X = Q R_X square and R = [R_X | Q^T Y]
+    gv = gr[..., :, m:]
+    gy = _mm(q, gv)
+    gx = _qr_grad_tall(add(gq, _mm(a[..., :, m:], _mT(gv))), gr[..., :, :m], q,
+                       r[..., :, :m], a)
+    return (concat([gx, gy], -1),)
 
 
 QR = defop("linalg_qr", _qr_rule, kernel=_qr_kernel, grad=_qr_grad, n_out=2, saves=(),
            save_output=True, flops=lambda a, mode: _cubic(a), onnx=NO_ONNX,
            samples=lambda: [Sample((rng(182).uniform(-1, 1, (4, 3)).astype(np.float32),),
                                    {"mode": "reduced"}),
-                            Sample((_wellcond(rng(183), 2, 3, 3),), {"mode": "complete"})])
+                            Sample((_wellcond(rng(183), 2, 3, 4),), {"mode": "complete"})])
 
 
 class QRResult(tuple):
@@ -357,11 +370,11 @@ def qr(A, mode="reduced"):
 # ---------------------------------------------------------------------- the rest of the family
 from . import composite as _composite  # noqa: E402
 from . import random as _random  # noqa: E402
-from .random import (bernoulli, get_rng_state, initial_seed, multinomial, seed,  # noqa: E402
-                     set_rng_state)
-from .decomp_norms import (COMPOSITES_HERE, cdist, cosine_similarity, linalg_norm,  # noqa: E402
-                           matrix_norm, norm, pairwise_distance, pdist, vector_norm)
-from .decomp_spectral import eigh, eigvalsh, svd, svdvals  # noqa: E402
+from .random import (bernoulli, get_rng_state, initial_seed, multinomial,  # noqa: E402,F401
+                     seed, set_rng_state)
+from .decomp_norms import (COMPOSITES_HERE, cdist, cosine_similarity,  # noqa: E402,F401
+                           linalg_norm, matrix_norm, norm, pairwise_distance, pdist, vector_norm)
+from .decomp_spectral import eigh, eigvalsh, svd, svdvals  # noqa: E402,F401
 
 _composite.COMPOSITES.update(COMPOSITES_HERE)
 

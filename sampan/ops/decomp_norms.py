@@ -135,10 +135,12 @@ def linalg_norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):
                    "input", "a 1-d or 2-d input, or dim=")
 
 
-def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+def norm(input, p="fro", dim=None, keepdim=False, dtype=None, *, axis=None, keepdims=None):
     """torch.norm: p='fro' (2-norm over `dim`, all elements when None), 'nuc', or a number
     (a vector norm over `dim`). Example: ``sampan.norm(x, dim=1)``; also ``x.norm()``."""
     x = _t(input)
+    dim = pick("norm", "dim", dim, "axis", axis)
+    keepdim = bool(pick("norm", "keepdim", keepdim or None, "keepdims", keepdims, False))
     if isinstance(dim, int):
         dim = (dim,)
     if isinstance(p, str):
@@ -278,7 +280,8 @@ def multi_dot(tensors):
 
 def pinv(A, *, rtol=None, hermitian=False):
     """The Moore-Penrose pseudo-inverse through the SVD, singular values below
-    rtol * max(S) (default max(m, n) * eps) treated as 0, batched.
+    rtol * max(S) (default max(m, n) * eps) treated as 0, batched (hermitian=True is
+    accepted and takes the same SVD path: the result is the same).
     Example: ``sampan.linalg.pinv(A)``."""
     from .decomp_spectral import svd
     from .elementwise import div, gt, mul, where
