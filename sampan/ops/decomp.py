@@ -143,20 +143,30 @@ def inv(A):
 
 # ---------------------------------------------------------------------- det, slogdet
 def _det_grad(g, y, a):
-    from .elementwise import mul
-    return (mul(_row(_row(mul(g, y))), _mT(inv(a))),)
+    """g * cofactor(A), the cofactors through the SVD so that a singular A has its (finite)
+    gradient too, as torch: cof(A) = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh."""
+    from .decomp_spectral import svd
+    from .elementwise import mul, where
+    from .reduce import prod
+    n = a.shape[-1]
+    u, s, vh = svd(a, full_matrices=False)
+    eye = _const(np.eye(n), a) > 0.5
+    others = prod(where(eye, 1.0, _col(s)), -1)            # prod_{j != i} s_j
+    sign = mul(det(u), det(vh)).detach()                    # +-1, locally constant
+    cof = _mm(mul(u, _col(others)), vh)
+    return (mul(_row(_row(mul(g, sign))), cof),)
 
 
 DET = defop("linalg_det", lambda a: Spec(tuple(a.shape[:-2]), _matrix("linalg.det", a)),
             kernel=lambda a: np.asarray(np.linalg.det(a), dtype=a.dtype), grad=_det_grad,
-            save_output=True, flops=_cubic, onnx="Det",
+            saves=(0,), flops=_cubic, onnx="Det",
             samples=lambda: [Sample((_wellcond(rng(172), 3, 3),)),
                              Sample((_wellcond(rng(173), 2, 3, 3) - 1.5,))])
 
 
 def det(A):
-    """Determinant (batched). The gradient uses inv(A): it raises for a singular A.
-    Example: ``sampan.linalg.det(A)``."""
+    """Determinant (batched); its gradient (the cofactor matrix) is finite for a singular A
+    too. Example: ``sampan.linalg.det(A)``."""
     return apply(DET, (A,), {})
 
 
