@@ -6,9 +6,10 @@ from __future__ import annotations
 from .ops.decomp import (QRResult, SlogdetResult, cholesky, det, eigh, eigvalsh, inv,
                          linalg_norm as norm, matrix_norm, qr, slogdet, solve, svd, svdvals,
                          vector_norm)
-from .ops.decomp_norms import matrix_power, multi_dot, pinv
+from .ops.decomp_norms import LstsqResult, lstsq, matrix_power, multi_dot, pinv
 from .ops.decomp_spectral import EighResult, SVDResult
 
 __all__: list = ["norm", "vector_norm", "matrix_norm", "inv", "solve", "det", "slogdet",
                  "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "matrix_power",
-                 "multi_dot", "pinv", "QRResult", "SlogdetResult", "SVDResult", "EighResult"]
+                 "multi_dot", "pinv", "lstsq", "QRResult", "LstsqResult", "SlogdetResult",
+                 "SVDResult", "EighResult"]

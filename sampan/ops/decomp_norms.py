@@ -305,3 +305,56 @@ COMPOSITES_HERE.update({
                                                    {"n": -2})]),
     "pinv": (pinv, lambda: [Sample((randf(rng(212), 3, 2),), {})]),
 })
+
+
+class LstsqResult(tuple):
+    """(solution, residuals, rank, singular_values), as torch.linalg.lstsq's named tuple."""
+    __slots__ = ()
+
+    def __new__(cls, solution, residuals, rank, singular_values):
+        return super().__new__(cls, (solution, residuals, rank, singular_values))
+
+    solution = property(lambda self: self[0])
+    residuals = property(lambda self: self[1])
+    rank = property(lambda self: self[2])
+    singular_values = property(lambda self: self[3])
+
+
+def lstsq(A, B, rcond=None, *, driver=None):
+    """Least-squares (minimum-norm) solutions X of A X = B for A (..., m, n), B (..., m, k),
+    through the SVD, singular values below rcond * max(S) treated as 0 (default
+    max(m, n) * eps). As torch's drivers: rank for 'gelsy' (the default), 'gelsd', 'gelss';
+    singular_values for 'gelsd', 'gelss'; residuals (squared column norms of A X - B) for
+    the others when m > n and A has full rank; what a driver does not compute is empty.
+    Example: ``x = sampan.linalg.lstsq(A, B).solution``."""
+    from .creation import zeros
+    from .decomp_spectral import svdvals
+    from .elementwise import cast, gt, mul, operands, sub
+    from .linalg import matmul
+    from .reduce import amax, sum
+    op = "linalg.lstsq"
+    A, B = operands(_t(A), _t(B))
+    A = _float_input(op, A, None)
+    driver = "gelsy" if driver is None else driver
+    if driver not in ("gels", "gelsy", "gelsd", "gelss"):
+        raise op_error(SampanValueError, op, f"driver={driver!r}",
+                       "'gels', 'gelsy', 'gelsd' or 'gelss'")
+    if A.ndim < 2 or B.ndim < 2 or B.shape[-2] != A.shape[-2]:
+        raise op_error(ShapeError, op, f"A {tuple(A.shape)} and B {tuple(B.shape)}",
+                       "A (..., m, n) and B (..., m, k) with one m")
+    m, n = A.shape[-2], A.shape[-1]
+    if rcond is None:
+        rcond = max(m, n) * float(np.finfo(A.dtype).eps)
+    x = matmul(pinv(A, rtol=rcond), B)
+    empty = zeros((0,), dtype=A.dtype)
+    s = svdvals(A)
+    rank = sum(cast(gt(s, mul(amax(s, -1, keepdims=True), float(rcond)).detach()),
+                    np.int64), -1)
+    from .registry import STATE
+    full = m > n and (STATE.tracer is not None or bool((rank.numpy() == n).all()))
+    res = empty
+    if driver != "gelsy" and full:
+        d = sub(matmul(A, x), B)
+        res = sum(mul(d, d), -2)
+    return LstsqResult(x, res, rank if driver != "gels" else zeros((0,), dtype=np.int64),
+                       s if driver in ("gelsd", "gelss") else empty)

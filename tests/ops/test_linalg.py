@@ -255,3 +255,20 @@ def test_second_order_gradients_of_every_linalg_op():
             args = H.to64(s.args)
             ins = H.make_inputs(args, tuple(range(len(args))))
             assert gradgradcheck(lambda *xs: apply(OPS[name], xs, dict(s.attrs)), ins), name
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsd", "gelss"])
+def test_lstsq_drivers(driver):
+    A, B = r.uniform(-1, 1, (2, 5, 3)), r.uniform(-1, 1, (2, 5, 2))
+    got = sampan.linalg.lstsq(T(A), T(B), driver=driver)
+    want = torch.linalg.lstsq(tt(A), tt(B), driver=driver)
+    for a, b in zip(got, want):
+        assert a.dtype == np.dtype(str(b.dtype).replace("torch.", ""))
+        close(a, b)
+    rank_def = r.uniform(-1, 1, (4, 2)) @ r.uniform(-1, 1, (2, 3))
+    b = r.uniform(-1, 1, (4, 1))
+    got = sampan.linalg.lstsq(T(rank_def), T(b), driver=driver)
+    assert got.solution.shape == (3, 1)
+    close(got.solution, np.linalg.lstsq(rank_def, b, rcond=None)[0])
+    _grads(lambda a, y: sampan.linalg.lstsq(a, y).solution.sum(),
+           lambda a, y: torch.linalg.lstsq(a, y).solution.sum(), A[0], B[0])
