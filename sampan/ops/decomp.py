@@ -381,7 +381,7 @@ def qr(A, mode="reduced"):
 from . import composite as _composite  # noqa: E402
 from . import random as _random  # noqa: E402
 from .random import (bernoulli, get_rng_state, initial_seed, multinomial,  # noqa: E402,F401
-                     seed, set_rng_state)
+                     poisson, seed, set_rng_state)
 from .decomp_norms import (COMPOSITES_HERE, cdist, cosine_similarity,  # noqa: E402,F401
                            linalg_norm, matrix_norm, norm, pairwise_distance, pdist, vector_norm)
 from .decomp_spectral import eigh, eigvalsh, svd, svdvals  # noqa: E402,F401

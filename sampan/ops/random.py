@@ -325,7 +325,43 @@ def _check_multinomial(x, num_samples, replacement):
                        "replacement=True)")
 
 
-EXPORTS_17 = ["bernoulli", "multinomial", "get_rng_state", "set_rng_state", "seed",
+def _poisson_rule(key, rates):
+    from ..errors import DTypeError, ShapeError, op_error
+    if tuple(key.shape) != (2,) or key.dtype != np.int64:
+        raise op_error(ShapeError, "poisson", f"key {key.dtype}{list(key.shape)}",
+                       "an int64[2] key from a Generator")
+    if not _dt.is_floating(rates.dtype):
+        raise op_error(DTypeError, "poisson", f"rates of dtype {rates.dtype}",
+                       "floating rates")
+    return Spec(tuple(rates.shape), rates.dtype)
+
+
+def _poisson_kernel(key, rates):
+    r = rates.astype(np.float64)
+    if not (np.isfinite(r) & (r >= 0)).all():
+        from ..errors import SampanValueError, op_error
+        raise op_error(SampanValueError, "poisson", "a negative, inf or nan rate",
+                       "finite rates >= 0")
+    return _stream(key).poisson(r).astype(rates.dtype)
+
+
+# a keyed op like the others, but not flagged `random`: its draws depend on a second input
+# (the rates), and the table's random flag promises ops of the key alone
+POISSON = defop("poisson", _poisson_rule, kernel=_poisson_kernel, grad=NOT_DIFFERENTIABLE,
+                onnx=NO_ONNX, flops=lambda key, rates: 0, nondiff_inputs=(0, 1),
+                samples=lambda: [Sample((_sample_key(), np.array([[0.5, 2.0, 7.0],
+                                                                  [0.0, 1.0, 30.0]],
+                                                                 dtype=np.float32)), diff=())])
+
+
+def poisson(input, generator=None):
+    """Poisson counts with the rates in `input` (same shape and dtype), drawn from the
+    generator's keyed stream. Example: ``sampan.poisson(sampan.full((3,), 4.0))``."""
+    x = input if isinstance(input, Tensor) else Tensor(np.asarray(input, dtype=np.float32))
+    return apply(POISSON, (_key(generator), x), {})
+
+
+EXPORTS_17 = ["poisson", "bernoulli", "multinomial", "get_rng_state", "set_rng_state", "seed",
               "initial_seed"]
 INPLACE_17 = {"uniform_": uniform_fill, "normal_": normal_fill, "bernoulli_": bernoulli_fill,
               "exponential_": exponential_fill, "random_": random_fill}

@@ -122,3 +122,36 @@ def test_seeds():
     a = sampan.rand(3).numpy()
     sampan.manual_seed(s)
     np.testing.assert_array_equal(a, sampan.rand(3).numpy())
+
+
+def test_poisson():
+    rates = sampan.tensor(np.repeat(np.array([[0.0, 0.5, 4.0, 30.0]], np.float32), 5000, 0))
+    c = sampan.poisson(rates)
+    assert c.dtype == np.float32 and c.shape == (5000, 4)
+    np.testing.assert_allclose(c.numpy().mean(0), [0.0, 0.5, 4.0, 30.0], rtol=0.05, atol=0.02)
+    np.testing.assert_allclose(c.numpy().var(0), [0.0, 0.5, 4.0, 30.0], rtol=0.1, atol=0.02)
+    s = sampan.get_rng_state()
+    a = sampan.poisson(rates[:3]).numpy()
+    sampan.set_rng_state(s)
+    np.testing.assert_array_equal(a, sampan.poisson(rates[:3]).numpy())
+    with pytest.raises(SampanError, match="poisson"):
+        sampan.poisson(sampan.tensor(np.array([-1.0])))
+
+
+def test_traced_draws_advance_and_replay():
+    def f(p):
+        return sampan.bernoulli(p) + sampan.multinomial(p + 0.1, 2).float().sum() + \
+            sampan.poisson(p * 3)
+    j = sampan.jit(f)
+    p = sampan.full((4,), 0.5)
+    sampan.manual_seed(0)
+    a, b = j(p).numpy(), j(p).numpy()
+    assert not np.array_equal(a, b)
+    sampan.manual_seed(0)
+    np.testing.assert_array_equal(j(p).numpy(), a)
+    sampan.manual_seed(0)
+    np.testing.assert_array_equal(f(p).numpy(), a)     # eager draws the same numbers
+    with sampan.no_grad():
+        w = sampan.zeros((3,), requires_grad=True)
+        w.uniform_(-1, 1)
+    assert w.requires_grad and (np.abs(w.numpy()) < 1).all() and w.numpy().any()
