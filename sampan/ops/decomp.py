@@ -145,7 +145,6 @@ def inv(A):
 def _det_grad(g, y, a):
     """g * cofactor(A), the cofactors through the SVD so that a singular A has its (finite)
     gradient too, as torch: cof(A) = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh."""
-    from .decomp_spectral import svd
     from .elementwise import mul, where
     from .reduce import prod
     n = a.shape[-1]
@@ -176,8 +175,8 @@ def _slogdet_rule(a):
 
 
 def _slogdet_kernel(a):
-    s, l = np.linalg.slogdet(a)
-    return np.asarray(s, dtype=a.dtype), np.asarray(l, dtype=a.dtype)
+    sign, logabs = np.linalg.slogdet(a)
+    return np.asarray(sign, dtype=a.dtype), np.asarray(logabs, dtype=a.dtype)
 
 
 def _slogdet_grad(g, y, a):
@@ -204,8 +203,7 @@ class SlogdetResult(tuple):
 
 def slogdet(A):
     """(sign, log|det|) of square matrices (batched): ``sign, logabs = slogdet(A)``."""
-    s, l = apply(SLOGDET, (A,), {})
-    return SlogdetResult(s, l)
+    return SlogdetResult(*apply(SLOGDET, (A,), {}))
 
 
 # ---------------------------------------------------------------------- solve
@@ -380,11 +378,27 @@ def qr(A, mode="reduced"):
 # ---------------------------------------------------------------------- the rest of the family
 from . import composite as _composite  # noqa: E402
 from . import random as _random  # noqa: E402
-from .random import (bernoulli, get_rng_state, initial_seed, multinomial,  # noqa: E402,F401
-                     poisson, seed, set_rng_state)
-from .decomp_norms import (COMPOSITES_HERE, cdist, cosine_similarity,  # noqa: E402,F401
-                           linalg_norm, matrix_norm, norm, pairwise_distance, pdist, vector_norm)
+from .decomp_norms import (  # noqa: E402,F401
+    COMPOSITES_HERE,
+    cdist,
+    cosine_similarity,
+    linalg_norm,
+    matrix_norm,
+    norm,
+    pairwise_distance,
+    pdist,
+    vector_norm,
+)
 from .decomp_spectral import eigh, eigvalsh, svd, svdvals  # noqa: E402,F401
+from .random import (  # noqa: E402,F401
+    bernoulli,
+    get_rng_state,
+    initial_seed,
+    multinomial,
+    poisson,
+    seed,
+    set_rng_state,
+)
 
 _composite.COMPOSITES.update(COMPOSITES_HERE)
 

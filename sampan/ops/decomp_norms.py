@@ -47,7 +47,8 @@ def _float_input(op, x, dtype):
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, axis=None, keepdims=None):
     """(sum |x|^ord)^(1/ord) over `dim` (None: all elements); ord inf/-inf give max/min |x|,
     0 the count of nonzeros. Example: ``sampan.linalg.vector_norm(x, 2, dim=-1)``."""
-    from .elementwise import abs as _abs, cast, mul, ne, pow
+    from .elementwise import abs as _abs
+    from .elementwise import cast, mul, ne, pow
     from .reduce import amax, amin, sum
     op = "linalg.vector_norm"
     dim = pick(op, "dim", dim, "axis", axis)
