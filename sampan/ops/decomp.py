@@ -58,8 +58,8 @@ def _lapack(op, what, f, *args, **kw):
             return f(*args, **kw)
     except np.linalg.LinAlgError as e:
         shape = tuple(args[0].shape)
-        raise op_error(SampanValueError, op, f"a {shape} input that is not {what}", what,
-                       f"LAPACK said: {e}") from None
+        raise op_error(SampanValueError, op, f"a {shape} input that is not {what}",
+                       f"{what} matrices", f"LAPACK said: {e}") from None
 
 
 def _count(shape):
@@ -253,13 +253,16 @@ def solve(A, B, *, left=True):
         return _mT(solve(_mT(A), _mT(B)))
     vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
     if vector:
+        if B.shape[-1] != A.shape[-1]:
+            raise op_error(ShapeError, "linalg.solve", f"A {tuple(A.shape)} and a vector b "
+                           f"{tuple(B.shape)}", f"b of length {A.shape[-1]}")
         return squeeze(apply(SOLVE, (A, unsqueeze(B, -1)), {}), -1)
     return apply(SOLVE, (A, B), {})
 
 
 # ---------------------------------------------------------------------- cholesky
 def _chol_kernel(a, upper):
-    L = _lapack("linalg.cholesky", "positive-definite", np.linalg.cholesky,
+    L = _lapack("linalg.cholesky", "symmetric positive-definite", np.linalg.cholesky,
                 np.swapaxes(a, -1, -2) if upper else a)
     return np.ascontiguousarray(np.swapaxes(L, -1, -2)) if upper else L
 

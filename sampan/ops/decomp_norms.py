@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
 from ..tensor import Tensor
-from ._util import Sample, norm_axis, pick, randf, rng
+from ._util import Sample, broadcast_shapes, norm_axis, pick, randf, rng
 
 
 def _t(x):
@@ -175,7 +175,7 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     from .reduce import sum
     from .shape import broadcast_to
     x1, x2 = operands(_t(x1), _t(x2))
-    shape = np.broadcast_shapes(tuple(x1.shape), tuple(x2.shape))
+    shape = broadcast_shapes("cosine_similarity", tuple(x1.shape), tuple(x2.shape))
     x1 = broadcast_to(x1, shape) if tuple(x1.shape) != shape else x1
     x2 = broadcast_to(x2, shape) if tuple(x2.shape) != shape else x2
 
