@@ -20,10 +20,10 @@ from .ops.decomp import (
                          vector_norm,
 )
 from .ops.decomp import linalg_norm as norm
-from .ops.decomp_norms import LstsqResult, lstsq, matrix_power, multi_dot, pinv
+from .ops.decomp_norms import LstsqResult, lstsq, matrix_power, matrix_rank, multi_dot, pinv
 from .ops.decomp_spectral import EighResult, SVDResult
 
 __all__: list = ["norm", "vector_norm", "matrix_norm", "inv", "solve", "det", "slogdet",
                  "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "matrix_power",
-                 "multi_dot", "pinv", "lstsq", "QRResult", "LstsqResult", "SlogdetResult",
-                 "SVDResult", "EighResult"]
+                 "matrix_rank", "multi_dot", "pinv", "lstsq", "QRResult", "LstsqResult",
+                 "SlogdetResult", "SVDResult", "EighResult"]

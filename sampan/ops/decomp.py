@@ -386,6 +386,7 @@ from .decomp_norms import (  # noqa: E402,F401
     cdist,
     cosine_similarity,
     linalg_norm,
+    logdet,
     matrix_norm,
     norm,
     pairwise_distance,
@@ -411,8 +412,9 @@ def inverse(input):
     return inv(input)
 
 
-EXPORTS += ["norm", "det", "inverse", "slogdet", "cdist", "cosine_similarity",
+EXPORTS += ["norm", "det", "inverse", "slogdet", "logdet", "cdist", "cosine_similarity",
             "pairwise_distance", "pdist"]
 EXPORTS += _random.EXPORTS_17
-METHODS.update({"norm": norm, "det": det, "inverse": inverse, "slogdet": slogdet})
+METHODS.update({"norm": norm, "det": det, "inverse": inverse, "slogdet": slogdet,
+                "logdet": logdet})
 INPLACE.update(_random.INPLACE_17)

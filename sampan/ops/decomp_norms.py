@@ -359,3 +359,29 @@ def lstsq(A, B, rcond=None, *, driver=None):
         res = sum(mul(d, d), -2)
     return LstsqResult(x, res, rank if driver != "gels" else zeros((0,), dtype=np.int64),
                        s if driver in ("gelsd", "gelss") else empty)
+
+
+def logdet(input):
+    """log(det(A)), batched: nan where det < 0 and -inf where det = 0, as torch.logdet.
+    Example: ``sampan.logdet(A)``."""
+    from .decomp import slogdet
+    from .elementwise import lt, where
+    sign, logabs = slogdet(_t(input))
+    return where(lt(sign, 0.0), float("nan"), logabs)
+
+
+def matrix_rank(A, *, atol=None, rtol=None, hermitian=False):
+    """The number of singular values above max(atol, rtol * max(S)) (int64), batched; rtol
+    defaults to max(m, n) * eps when atol is not given (torch's rule).
+    Example: ``sampan.linalg.matrix_rank(A)``."""
+    from .decomp_spectral import svdvals
+    from .elementwise import cast, gt, maximum, mul
+    from .reduce import amax, sum
+    A = _float_input("linalg.matrix_rank", _t(A), None)
+    m, n = A.shape[-2], A.shape[-1]
+    if rtol is None:
+        rtol = 0.0 if atol is not None and atol > 0 else max(m, n) * float(
+            np.finfo(A.dtype).eps)
+    s = svdvals(A).detach()
+    tol = maximum(mul(amax(s, -1, keepdims=True), float(rtol)), float(atol or 0.0))
+    return sum(cast(gt(s, tol), np.int64), -1)

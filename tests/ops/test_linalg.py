@@ -273,3 +273,15 @@ def test_lstsq_drivers(driver):
     close(got.solution, np.linalg.lstsq(rank_def, b, rcond=None)[0])
     _grads(lambda a, y: sampan.linalg.lstsq(a, y).solution.sum(),
            lambda a, y: torch.linalg.lstsq(a, y).solution.sum(), A[0], B[0])
+
+
+def test_logdet_and_matrix_rank():
+    A = np.stack([r.uniform(-1, 1, (3, 3)) + 2 * np.eye(3), -np.eye(3), np.zeros((3, 3))])
+    close(sampan.logdet(T(A)), torch.logdet(tt(A)))
+    close(T(A[:1]).logdet(), tt(A[:1]).logdet())
+    B = np.stack([r.uniform(-1, 1, (4, 2)) @ r.uniform(-1, 1, (2, 3)), np.eye(4)[:, :3]])
+    for kw in ({}, {"atol": 0.5}, {"rtol": 0.9}, {"hermitian": False}):
+        got = sampan.linalg.matrix_rank(T(B), **kw)
+        want = torch.linalg.matrix_rank(tt(B), **kw)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
