@@ -3,22 +3,8 @@ kernels in `sampan/ops/decomp.py`, with gradient rules; its docstring has the si
 gradient conventions). Example: ``Q, R = sampan.linalg.qr(A)``."""
 from __future__ import annotations
 
-from .ops.decomp import (
-                         QRResult,
-                         SlogdetResult,
-                         cholesky,
-                         det,
-                         eigh,
-                         eigvalsh,
-                         inv,
-                         matrix_norm,
-                         qr,
-                         slogdet,
-                         solve,
-                         svd,
-                         svdvals,
-                         vector_norm,
-)
+from .ops.decomp import (QRResult, SlogdetResult, cholesky, det, eigh, eigvalsh, inv,
+                         matrix_norm, qr, slogdet, solve, svd, svdvals, vector_norm)
 from .ops.decomp import linalg_norm as norm
 from .ops.decomp_norms import LstsqResult, lstsq, matrix_power, matrix_rank, multi_dot, pinv
 from .ops.decomp_spectral import EighResult, SVDResult

@@ -381,28 +381,12 @@ def qr(A, mode="reduced"):
 # ---------------------------------------------------------------------- the rest of the family
 from . import composite as _composite  # noqa: E402
 from . import random as _random  # noqa: E402
-from .decomp_norms import (  # noqa: E402,F401
-    COMPOSITES_HERE,
-    cdist,
-    cosine_similarity,
-    linalg_norm,
-    logdet,
-    matrix_norm,
-    norm,
-    pairwise_distance,
-    pdist,
-    vector_norm,
-)
+from .decomp_norms import (COMPOSITES_HERE, cdist, cosine_similarity,  # noqa: E402,F401
+                           linalg_norm, logdet, matrix_norm, norm, pairwise_distance, pdist,
+                           vector_norm)
 from .decomp_spectral import eigh, eigvalsh, svd, svdvals  # noqa: E402,F401
-from .random import (  # noqa: E402,F401
-    bernoulli,
-    get_rng_state,
-    initial_seed,
-    multinomial,
-    poisson,
-    seed,
-    set_rng_state,
-)
+from .random import (bernoulli, get_rng_state, initial_seed, multinomial,  # noqa: E402,F401
+                     poisson, seed, set_rng_state)
 
 _composite.COMPOSITES.update(COMPOSITES_HERE)
 
