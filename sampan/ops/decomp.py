@@ -396,9 +396,9 @@ def inverse(input):
     return inv(input)
 
 
-EXPORTS += ["norm", "det", "inverse", "slogdet", "logdet", "cdist", "cosine_similarity",
+EXPORTS += ["norm", "det", "inverse", "cholesky", "slogdet", "logdet", "cdist", "cosine_similarity",
             "pairwise_distance", "pdist"]
 EXPORTS += _random.EXPORTS_17
 METHODS.update({"norm": norm, "det": det, "inverse": inverse, "slogdet": slogdet,
-                "logdet": logdet})
+                "logdet": logdet, "cholesky": cholesky})
 INPLACE.update(_random.INPLACE_17)

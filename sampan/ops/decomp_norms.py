@@ -153,9 +153,15 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None, *, axis=None, keep
 
 
 # ---------------------------------------------------------------------- distances
-def cdist(x1, x2, p=2.0):
+_CDIST_MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
+                "donot_use_mm_for_euclid_dist")
+
+
+def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     """p-norm distances between the rows of x1 (..., P, M) and x2 (..., R, M): (..., P, R),
-    batch dims broadcast. Example: ``sampan.cdist(a, b)``."""
+    batch dims broadcast. For p = 2 with P or R above 25 (torch's default compute_mode) the
+    distances come from one matrix product, |x|^2 + |y|^2 - 2 x.y clamped at 1e-30, as
+    torch. Example: ``sampan.cdist(a, b)``."""
     from .elementwise import sub
     from .shape import unsqueeze
     x1, x2 = _t(x1), _t(x2)
@@ -164,7 +170,25 @@ def cdist(x1, x2, p=2.0):
                        "(..., P, M) and (..., R, M) with one M")
     if p < 0:
         raise op_error(SampanValueError, "cdist", f"p={p}", "p >= 0")
+    if compute_mode not in _CDIST_MODES:
+        raise op_error(SampanValueError, "cdist", f"compute_mode={compute_mode!r}",
+                       " or ".join(_CDIST_MODES))
+    big = any(isinstance(d, str) or d > 25 for d in (x1.shape[-2], x2.shape[-2]))
+    if p == 2 and (compute_mode == _CDIST_MODES[1] or (compute_mode == _CDIST_MODES[0]
+                                                       and big)):
+        return _euclid_mm(x1, x2)
     return vector_norm(sub(unsqueeze(x1, -2), unsqueeze(x2, -3)), p, -1)
+
+
+def _euclid_mm(x1, x2):
+    from .elementwise import add, clamp, mul, sqrt, sub
+    from .linalg import matmul
+    from .reduce import sum
+    from .shape import transpose, unsqueeze
+    n1 = sum(mul(x1, x1), -1, keepdims=True)                     # (..., P, 1)
+    n2 = unsqueeze(sum(mul(x2, x2), -1), -2)                      # (..., 1, R)
+    d2 = sub(add(n1, n2), mul(matmul(x1, transpose(x2, -2, -1)), 2.0))
+    return sqrt(clamp(d2, min=1e-30))
 
 
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
@@ -227,6 +251,8 @@ COMPOSITES_HERE = {
     "linalg_norm": (linalg_norm, _samples((((3, 4),), {}), (((2, 3, 4),), {"dim": 1}))),
     "norm": (norm, _samples((((3, 4),), {}), (((2, 3, 4),), {"p": 1, "dim": (1, 2)}))),
     "cdist": (cdist, _samples((((3, 2), (4, 2)), {}), (((2, 3, 2), (2, 2, 2)), {"p": 1.0}))),
+    "cdist_mm": (cdist, _samples((((2, 3, 2), (1, 4, 2)),
+                                  {"compute_mode": "use_mm_for_euclid_dist"}),)),
     "cosine_similarity": (cosine_similarity, _samples((((3, 4), (3, 4)), {}),
                                                       (((2, 3), (3,)), {"dim": -1}))),
     "pairwise_distance": (pairwise_distance, _samples((((3, 4), (3, 4)), {}),

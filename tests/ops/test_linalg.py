@@ -162,6 +162,10 @@ def test_distances_and_layers():
     a, b = r.uniform(-1, 1, (2, 4, 3)), r.uniform(-1, 1, (2, 5, 3))
     for p in (2.0, 1.0, 0.0, math.inf, 3.0):
         close(sampan.cdist(T(a), T(b), p), torch.cdist(tt(a), tt(b), p), 1e-7)
+    big = r.uniform(-1, 1, (30, 3))                     # above 25 rows: the mm path, as torch
+    _grads(lambda u, v: (sampan.cdist(u, v) ** 3).sum(),
+           lambda u, v: (torch.cdist(u, v) ** 3).sum(), big, b[0])
+    close(sampan.cdist(T(big), T(big)), torch.cdist(tt(big), tt(big)), 1e-7)
     x, y = r.uniform(-1, 1, (4, 3)), r.uniform(-1, 1, (4, 3))
     x[1] = 0.0
     y[2] = 1e-9                                              # below eps: clamped
@@ -184,6 +188,9 @@ def test_aliases_products_and_pinv():
     close(sampan.inverse(T(A)), torch.inverse(tt(A)))
     close(T(A).det(), tt(A).det())
     close(T(A).inverse(), tt(A).inverse())
+    S = A @ np.swapaxes(A, -1, -2)
+    close(sampan.cholesky(T(S), upper=True), torch.cholesky(tt(S), upper=True))
+    close(T(S).cholesky(), tt(S).cholesky())
     for n in (0, 1, 4, -3):
         close(sampan.linalg.matrix_power(T(A), n), torch.linalg.matrix_power(tt(A), n))
     ms = [r.uniform(size=3), r.uniform(size=(3, 4)), r.uniform(size=(4, 2)), r.uniform(size=2)]

@@ -87,6 +87,7 @@ COMPOSITE_ORACLE.update({
     "linalg_norm": _call("linalg.norm"),
     "norm": _call("norm"),
     "cdist": _call("cdist"),
+    "cdist_mm": _call("cdist"),
     "cosine_similarity": _call("nn.functional.cosine_similarity"),
     "pairwise_distance": _call("nn.functional.pairwise_distance"),
     "pdist": _call("nn.functional.pdist"),
