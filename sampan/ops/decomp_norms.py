@@ -398,7 +398,8 @@ def logdet(input):
 
 def matrix_rank(A, *, atol=None, rtol=None, hermitian=False):
     """The number of singular values above max(atol, rtol * max(S)) (int64), batched; rtol
-    defaults to max(m, n) * eps when atol is not given (torch's rule).
+    defaults to max(m, n) * eps when atol is not given (torch's rule); hermitian=True is
+    accepted and takes the same SVD path.
     Example: ``sampan.linalg.matrix_rank(A)``."""
     from .decomp_spectral import svdvals
     from .elementwise import cast, gt, maximum, mul

@@ -258,8 +258,10 @@ def random_fill(x, from_=None, to=None, *, generator=None):
     from_ = 0 if from_ is None else int(from_)
     d = np.dtype(x.dtype)
     if to is None:
+        # inclusive bounds as torch: [0, 2^mantissa] for floats, [0, max] for integers
+        # (int64's max itself cannot be an exclusive bound)
         to = 2 if d == np.bool_ else (2 ** (np.finfo(d).nmant + 1) + 1 if d.kind == "f"
-                                      else int(np.iinfo(d).max))
+                                      else min(int(np.iinfo(d).max) + 1, 2 ** 63 - 1))
     if not to > from_:
         from ..errors import SampanValueError, op_error
         raise op_error(SampanValueError, "random_", f"from={from_}, to={to}", "from < to")
