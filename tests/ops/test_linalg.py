@@ -189,8 +189,8 @@ def test_aliases_products_and_pinv():
     close(T(A).det(), tt(A).det())
     close(T(A).inverse(), tt(A).inverse())
     S = A @ np.swapaxes(A, -1, -2)
-    close(sampan.cholesky(T(S), upper=True), torch.cholesky(tt(S), upper=True))
-    close(T(S).cholesky(), tt(S).cholesky())
+    close(sampan.cholesky(T(S), upper=True), torch.linalg.cholesky(tt(S), upper=True))
+    close(T(S).cholesky(), torch.linalg.cholesky(tt(S)))      # torch.cholesky is deprecated
     for n in (0, 1, 4, -3):
         close(sampan.linalg.matrix_power(T(A), n), torch.linalg.matrix_power(tt(A), n))
     ms = [r.uniform(size=3), r.uniform(size=(3, 4)), r.uniform(size=(4, 2)), r.uniform(size=2)]
