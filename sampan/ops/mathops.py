@@ -344,9 +344,10 @@ XLOGY = _binary_op("xlogy", lambda a, b: np.where((a == 0) & (b == b), a.dtype.t
                    _xlogy_samples, fuse="float32", float_only=True)
 # C's fmod (the sign of a), integers kept; ONNX Mod with fmod=1
 FMOD = _binary_op("fmod", np.fmod, "fmod(a, b)", _fmod_grad, "Mod", _fmod_samples)
-HEAVISIDE = _binary_op("heaviside", np.heaviside,
-                       "b if a == 0 else (1 if a > 0 else (0 if a < 0 else a))",
-                       NOT_DIFFERENTIABLE, NO_ONNX, _bsamples(-1, 1, 0, 1, 57))
+# torch's rule: (a > 0) where a != 0, so heaviside(nan, v) is 0 (numpy's gives nan)
+HEAVISIDE = _binary_op("heaviside", lambda a, b: np.where(a == 0, b, a > 0).astype(a.dtype),
+                       "b if a == 0 else (1 if a > 0 else 0)", NOT_DIFFERENTIABLE, NO_ONNX,
+                       _bsamples(-1, 1, 0, 1, 57))
 
 
 def atan2(input, other):
