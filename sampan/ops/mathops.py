@@ -29,8 +29,8 @@ from ..tensor import Tensor, apply
 from . import _special
 from ._util import Sample, elementwise_rule, numel_flops, randf, rng, unbroadcast
 from .elementwise import (_FLOAT_DTYPES, _as_kernel, _bflops, _const, _unary_fn, add, binary,
-                          cast, div, eq, exp, le, logical_and, mul, neg, operands, sign, sqrt,
-                          sub, where, zeros_like_)
+                          cast, cos, div, eq, exp, le, logical_and, mul, neg, operands, sign,
+                          sin, sqrt, sub, where, zeros_like_)
 from .elementwise import mod as _mod
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, defop
 
@@ -153,7 +153,27 @@ POLYGAMMA = defop("polygamma", elementwise_rule("polygamma", float_only=True),
                   grad=lambda g, y, a, n: mul(g, polygamma(n + 1, a)),
                   samples=_polygamma_samples)
 
+def _sinc_kernel(a):
+    px = a * a.dtype.type(math.pi)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(a == 0, a.dtype.type(1), np.sin(px) / px).astype(a.dtype, copy=False)
+
+
+def _sinc_grad(g, y, a):
+    # (cos(pi a) pi a - sin(pi a)) / (pi a^2), 0 at a == 0 (torch's rule); the division
+    # by a safe a keeps every branch finite for the second order
+    safe = where(eq(a, 0.0), 1.0, a)
+    px = mul(safe, math.pi)
+    d = div(sub(mul(px, cos(px)), sin(px)), mul(px, safe))
+    return mul(g, where(eq(a, 0.0), 0.0, d))
+
+
+SINC = _unary("sinc", _sinc_kernel, "1 if a == 0 else sin(a * 3.141592653589793) / "
+              "(a * 3.141592653589793)", _sinc_grad, NO_ONNX, -2.5, 2.5, 37)
+
 tan = _unary_fn(TAN, "Tangent. Example: ``sampan.tan(x)``")
+sinc = _unary_fn(SINC, "sin(pi x) / (pi x), 1 at 0 (normalised, as torch and numpy). "
+                       "Example: ``sampan.sinc(x)``")
 asin = _unary_fn(ASIN, "Inverse sine (nan outside [-1, 1]). Example: ``sampan.asin(x)``")
 acos = _unary_fn(ACOS, "Inverse cosine. Example: ``sampan.acos(x)``")
 atan = _unary_fn(ATAN, "Inverse tangent. Example: ``sampan.atan(x)``")
@@ -472,7 +492,7 @@ def _check_inplace(fn, name):
 
 _UNARY = ["tan", "asin", "acos", "atan", "arcsin", "arccos", "arctan", "sinh", "cosh", "asinh",
           "acosh", "atanh", "arcsinh", "arccosh", "arctanh", "log2", "log10", "exp2", "erfc",
-          "erfinv", "lgamma", "digamma", "trunc", "fix", "frac", "nan_to_num", "clamp_min",
+          "erfinv", "lgamma", "digamma", "sinc", "trunc", "fix", "frac", "nan_to_num", "clamp_min",
           "clamp_max"]
 _BINARY = ["atan2", "arctan2", "remainder", "fmod", "lerp", "addcmul", "addcdiv", "copysign",
            "hypot", "xlogy", "heaviside"]

@@ -12,7 +12,7 @@ from sampan.errors import DTypeError, SampanValueError
 from .torch_oracle import to_torch
 
 UNARY = ["tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2",
-         "log10", "exp2", "erfc", "lgamma", "digamma", "erfinv", "trunc", "frac", "isnan",
+         "log10", "exp2", "erfc", "lgamma", "digamma", "erfinv", "sinc", "trunc", "frac", "isnan",
          "isinf", "isfinite", "isposinf", "isneginf", "signbit", "nan_to_num"]
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1e-30, -1e-30, 3.5,
            -3.5, 40.0, -40.0, 1e5, -1e5, 1e30, -1e30, -2.0, 1.0 - 1e-7, -1.0 + 1e-7]

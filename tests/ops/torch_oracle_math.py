@@ -12,7 +12,7 @@ def _b(name):
 
 ORACLE: dict = {n: _u(n) for n in (
     "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10",
-    "exp2", "erfc", "lgamma", "erfinv", "trunc", "isnan", "isinf", "isfinite", "isposinf",
+    "exp2", "erfc", "sinc", "lgamma", "erfinv", "trunc", "isnan", "isinf", "isfinite", "isposinf",
     "isneginf", "signbit")}
 ORACLE.update({n: _b(n) for n in ("atan2", "logaddexp", "logaddexp2", "hypot", "copysign",
                                   "xlogy", "fmod", "heaviside")})
