@@ -85,8 +85,13 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
         return close
     if a._data.dtype not in _FLOAT_DTYPES:
         a, b = cast(a, _dt.get_default_dtype()), cast(b, _dt.get_default_dtype())
+    # non-finite values are compared by `close` alone: zeroed before the subtraction, so
+    # inf - inf computes (and warns) nowhere
+    fin = logical_and(isfinite(a), isfinite(b))
+    a, b = where(fin, a, 0.0), where(fin, b, 0.0)
     err = abs(sub(a, b))
-    return logical_or(close, logical_and(isfinite(err), le(err, add(abs(mul(b, rtol)), atol))))
+    within = logical_and(isfinite(err), le(err, add(abs(mul(b, rtol)), atol)))
+    return logical_or(close, logical_and(fin, within))
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):

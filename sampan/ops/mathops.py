@@ -362,8 +362,13 @@ XLOGY = _binary_op("xlogy", lambda a, b: np.where((a == 0) & (b == b), a.dtype.t
                                                   a * np.log(b)).astype(a.dtype, copy=False),
                    "0 if (a == 0 and b == b) else a * log(b)", _xlogy_grad, NO_ONNX,
                    _xlogy_samples, fuse="float32", float_only=True)
-# C's fmod (the sign of a), integers kept; ONNX Mod with fmod=1
-FMOD = _binary_op("fmod", np.fmod, "fmod(a, b)", _fmod_grad, "Mod", _fmod_samples)
+# C's fmod (the sign of a), integers kept; ONNX Mod with fmod=1. numba's np.fmod of
+# integers is wrong for negative operands (fmod(18, -4) gave 18): the scalar form calls
+# it on magnitudes only and restores the sign, which is exact for floats as well (a zero
+# a is returned as it is, keeping -0.0, unless b is 0 or nan)
+_FMOD_SCALAR = ("(fmod(abs(a), abs(b)) if a > 0 else -fmod(abs(a), abs(b))) if a != 0 else "
+                "(a if (b != 0 and b == b) else fmod(a, b))")
+FMOD = _binary_op("fmod", np.fmod, _FMOD_SCALAR, _fmod_grad, "Mod", _fmod_samples)
 # torch's rule: (a > 0) where a != 0, so heaviside(nan, v) is 0 (numpy's gives nan)
 HEAVISIDE = _binary_op("heaviside", lambda a, b: np.where(a == 0, b, a > 0).astype(a.dtype),
                        "b if a == 0 else (1 if a > 0 else 0)", NOT_DIFFERENTIABLE, NO_ONNX,
