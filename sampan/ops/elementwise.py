@@ -170,6 +170,8 @@ def _int_samples():
 FLOOR_DIVIDE = defop("floor_divide", elementwise_rule("floor_divide"), kernel=np.floor_divide,
                      kind="elementwise", scalar="a // b", grad=NOT_DIFFERENTIABLE,
                      flops=_bflops, onnx=NO_ONNX, samples=_int_samples)
+
+
 def _mod_samples():
     r = rng(3)
     return _int_samples() + [Sample((randf(r, 3, 4, low=-5, high=5),

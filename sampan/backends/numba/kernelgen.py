@@ -75,7 +75,8 @@ _CALLS = {"abs": "abs", "max": "max_", "min": "min_", "sqrt": "np.sqrt", "floor"
           "ceil": "np.ceil", "sign": "np.sign", "round": "np.rint", "sin": "np.sin",
           "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "exp": "np.exp",
           "log": "np.log", "tanh": "np.tanh", "erf": "math.erf", "dgelu": "dgelu64",
-          # ops/mathops.py: libm calls numba types for float32 and float64 alike
+          # ops/mathops.py: libm calls numba types for float32 and float64 alike (its integer
+          # np.fmod is wrong for negative operands: mathops' scalar form avoids that)
           "tan": "np.tan", "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan",
           "sinh": "np.sinh", "cosh": "np.cosh", "asinh": "np.arcsinh", "acosh": "np.arccosh",
           "atanh": "np.arctanh", "log2": "np.log2", "log10": "np.log10", "exp2": "np.exp2",
