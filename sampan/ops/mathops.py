@@ -501,10 +501,10 @@ _UNARY = ["tan", "asin", "acos", "atan", "arcsin", "arccos", "arctan", "sinh", "
           "clamp_max"]
 _BINARY = ["atan2", "arctan2", "remainder", "fmod", "lerp", "addcmul", "addcdiv", "copysign",
            "hypot", "xlogy", "heaviside"]
-_PREDICATES = ["isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit", "isclose",
+_NO_INPLACE = ["isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit", "isclose",
                "allclose", "equal", "logaddexp", "logaddexp2"]
-EXPORTS: list = _UNARY + _BINARY + _PREDICATES + ["polygamma"]
-METHODS: dict = {n: globals()[n] for n in _UNARY + _BINARY + _PREDICATES}
+EXPORTS: list = _UNARY + _BINARY + _NO_INPLACE + ["polygamma"]
+METHODS: dict = {n: globals()[n] for n in _UNARY + _BINARY + _NO_INPLACE}
 METHODS["polygamma"] = lambda self, n: polygamma(n, self)
 INPLACE: dict = {n + "_": _check_inplace(globals()[n], n + "_") for n in _UNARY + _BINARY}
 INPLACE["polygamma_"] = _check_inplace(lambda self, n: polygamma(n, self), "polygamma_")
