@@ -170,8 +170,21 @@ def _int_samples():
 FLOOR_DIVIDE = defop("floor_divide", elementwise_rule("floor_divide"), kernel=np.floor_divide,
                      kind="elementwise", scalar="a // b", grad=NOT_DIFFERENTIABLE,
                      flops=_bflops, onnx=NO_ONNX, samples=_int_samples)
+
+
+def _mod_samples():
+    r = rng(3)
+    return _int_samples() + [Sample((randf(r, 3, 4, low=-5, high=5),
+                                     randf(r, 4, low=0.7, high=2.0)))]
+
+
+# torch.remainder's gradients: g for a, -g * floor(a / b) for b
 MOD = defop("mod", elementwise_rule("mod"), kernel=np.mod, kind="elementwise", scalar="a % b",
-            grad=NOT_DIFFERENTIABLE, flops=_bflops, onnx="Mod", samples=_int_samples)
+            grad=lambda g, y, a, b: (
+                unbroadcast(g, a.shape) if a.requires_grad else None,
+                unbroadcast(neg(mul(g, floor_divide(a, b))), b.shape) if b.requires_grad
+                else None),
+            flops=_bflops, onnx="Mod", samples=_mod_samples)
 
 add = _binary_fn(ADD, "Elementwise a + b with broadcasting. Example: ``sampan.add(x, 1.0)``")
 sub = _binary_fn(SUB, "Elementwise a - b. Example: ``sampan.sub(x, y)``")

@@ -74,7 +74,15 @@ _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">
 _CALLS = {"abs": "abs", "max": "max_", "min": "min_", "sqrt": "np.sqrt", "floor": "np.floor",
           "ceil": "np.ceil", "sign": "np.sign", "round": "np.rint", "sin": "np.sin",
           "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "exp": "np.exp",
-          "log": "np.log", "tanh": "np.tanh", "erf": "math.erf", "dgelu": "dgelu64"}
+          "log": "np.log", "tanh": "np.tanh", "erf": "math.erf", "dgelu": "dgelu64",
+          # ops/mathops.py: libm calls numba types for float32 and float64 alike (its integer
+          # np.fmod is wrong for negative operands: mathops' scalar form avoids that)
+          "tan": "np.tan", "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan",
+          "sinh": "np.sinh", "cosh": "np.cosh", "asinh": "np.arcsinh", "acosh": "np.arccosh",
+          "atanh": "np.arctanh", "log2": "np.log2", "log10": "np.log10", "exp2": "np.exp2",
+          "trunc": "np.trunc", "atan2": "np.arctan2", "hypot": "np.hypot",
+          "copysign": "np.copysign", "fmod": "np.fmod", "logaddexp": "np.logaddexp",
+          "logaddexp2": "np.logaddexp2", "lgamma": "math.lgamma", "erfc": "math.erfc"}
 # the scalar functions that have float32 forms in mathlib
 _CALLS32 = {"exp": "exp32", "log": "log32", "tanh": "tanh32", "erf": "erf32", "dgelu": "dgelu32"}
 _MATHLIB = ("exp32", "log32", "tanh32", "erf32", "dgelu32", "dgelu64", "max_", "min_")
