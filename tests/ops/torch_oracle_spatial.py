@@ -1,0 +1,74 @@
+"""(issue 17) PyTorch oracles for the spatial area's ops (pooling with ceil_mode and
+indices, unpooling, padding modes, resampling): `ORACLE[name](torch, args, attrs)` for ops
+in the table, `COMPOSITE_ORACLE[name]` for composites; merged by `harness.py` after the
+nn oracles, so the pooling entries here (which read ceil_mode and divisor_override)
+replace theirs."""
+
+
+def _max(torch, a, at, **kw):
+    return torch.nn.functional.max_pool2d(a[0], at["kernel_size"], at["stride"], at["padding"],
+                                          at["dilation"], ceil_mode=at.get("ceil_mode", False),
+                                          **kw)
+
+
+def _max_grad(torch, a, at):
+    x = a[0].detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        y = _max(torch, (x,), at)
+        return torch.autograd.grad(y, x, a[1], create_graph=True)[0]
+
+
+def _max_gather(torch, a, at):
+    y, idx = _max(torch, a, at, return_indices=True)
+    v = a[1].flatten(2)
+    return v.gather(2, idx.flatten(2)).view(y.shape)
+
+
+def _avg(torch, a, at):
+    return torch.nn.functional.avg_pool2d(
+        a[0], at["kernel_size"], at["stride"], at["padding"],
+        ceil_mode=at.get("ceil_mode", False), count_include_pad=at["count_include_pad"],
+        divisor_override=at.get("divisor_override") or None)
+
+
+def _avg_grad(torch, a, at):
+    g = a[0]
+    x = torch.zeros(tuple(g.shape[:2]) + tuple(at["input_size"]), dtype=g.dtype,
+                    requires_grad=True)
+    with torch.enable_grad():
+        y = _avg(torch, (x,), at)
+        return torch.autograd.grad(y, x, g, create_graph=True)[0]
+
+
+def _unpool(torch, a, at):
+    x, i = a
+    n, c = x.shape[:2]
+    h, w = at["output_size"]
+    out = torch.zeros(n, c, h * w, dtype=x.dtype).scatter(2, i.flatten(2), x.flatten(2))
+    return out.view(n, c, h, w)
+
+
+ORACLE: dict = {
+    "max_pool2d": _max,
+    "max_pool2d_grad": _max_grad,
+    "max_pool2d_gather": _max_gather,
+    "avg_pool2d": _avg,
+    "avg_pool2d_grad": _avg_grad,
+    "max_pool2d_indices": lambda torch, a, at: _max(torch, a, at, return_indices=True)[1],
+    "adaptive_max_pool2d_indices": lambda torch, a, at: torch.nn.functional.adaptive_max_pool2d(
+        a[0], at["output_size"], return_indices=True)[1],
+    "max_unpool2d": _unpool,
+}
+
+
+def _pad_mode(mode):
+    def oracle(torch, a, at):
+        pairs = list(at["pads"])
+        while pairs and pairs[0] == (0, 0):    # PyTorch takes amounts for the last dims only
+            pairs.pop(0)
+        flat = [v for pr in reversed(pairs) for v in pr]
+        return torch.nn.functional.pad(a[0], flat, mode=mode)
+    return oracle
+
+
+COMPOSITE_ORACLE: dict = {f"pad_{m}": _pad_mode(m) for m in ("reflect", "replicate", "circular")}
