@@ -1,9 +1,15 @@
 """(issue 17) functional forms re-exported by `sampan.nn.functional` through `__all__`:
-padding, pooling with indices, unpooling (the spatial area)."""
+padding, pooling with indices, unpooling, 1-d and 3-d conv and pooling (the spatial area)."""
 from __future__ import annotations
 
 from ..ops.padding import pad
 from ..ops.pool import avg_pool2d, max_pool2d
+from ..ops.pool3d import adaptive_avg_pool3d, avg_pool3d, conv3d, max_pool3d
 from ..ops.pool_index import adaptive_max_pool2d, max_unpool2d
+from ..ops.spatial1d import (adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d,
+                             conv_transpose1d, max_pool1d, max_unpool1d)
 
-__all__: list = ["pad", "max_pool2d", "avg_pool2d", "max_unpool2d", "adaptive_max_pool2d"]
+__all__: list = ["pad", "max_pool2d", "avg_pool2d", "max_unpool2d", "adaptive_max_pool2d",
+                 "conv3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "max_pool1d",
+                 "avg_pool1d", "adaptive_avg_pool1d", "adaptive_max_pool1d", "max_unpool1d",
+                 "conv_transpose1d"]

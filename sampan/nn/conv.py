@@ -264,22 +264,143 @@ class MaxUnpool2d(Layer):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class AdaptiveAvgPool2d(Layer):
-    """Average-pool to a fixed output size.
+class ConvTranspose1d(ConvTranspose2d):
+    """Transposed 1-d convolution over (N, C, L); weight (in, out / groups, k).
 
-    Example: ``nn.AdaptiveAvgPool2d(1)(sampan.randn(2, 8, 7, 7)).shape`` is (2, 8, 1, 1)"""
+    Example: ``nn.ConvTranspose1d(4, 2, 3, stride=2)(sampan.randn(1, 4, 5)).shape`` is
+    (1, 2, 11)"""
+    _nd = 1
+    _op = "conv_transpose1d"
 
-    def __init__(self, output_size):
+
+class Conv3d(_ConvNd):
+    """3-d convolution over (N, C, D, H, W) input (a composite of window slices and one
+    matmul: for small volumes).
+
+    Example: ``nn.Conv3d(2, 4, 3, padding=1)(sampan.randn(1, 2, 4, 4, 4)).shape`` is
+    (1, 4, 4, 4, 4)"""
+    _nd = 3
+    _op = "conv3d"
+
+
+class MaxPool1d(MaxPool2d):
+    """Max over windows along L (PyTorch's arguments).
+
+    Example: ``nn.MaxPool1d(2)(sampan.randn(2, 3, 8)).shape`` is (2, 3, 4)"""
+    _nd = 1
+    _op = "max_pool1d"
+
+
+class MaxPool3d(MaxPool2d):
+    """Max over kd x kh x kw windows of (N, C, D, H, W) input (PyTorch's arguments).
+
+    Example: ``nn.MaxPool3d(2)(sampan.randn(1, 2, 4, 4, 4)).shape`` is (1, 2, 2, 2, 2)"""
+    _nd = 3
+    _op = "max_pool3d"
+
+
+class AvgPool1d(AvgPool2d):
+    """Mean over windows along L (PyTorch's arguments).
+
+    Example: ``nn.AvgPool1d(2)(sampan.randn(2, 3, 8)).shape`` is (2, 3, 4)"""
+    _nd = 1
+    _op = "avg_pool1d"
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True):
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+class AvgPool3d(AvgPool2d):
+    """Mean over kd x kh x kw windows (PyTorch's arguments).
+
+    Example: ``nn.AvgPool3d(2)(sampan.randn(1, 2, 4, 4, 4)).shape`` is (1, 2, 2, 2, 2)"""
+    _nd = 3
+    _op = "avg_pool3d"
+
+
+class MaxUnpool1d(MaxUnpool2d):
+    """The partial inverse of MaxPool1d.
+
+    Example: ``nn.MaxUnpool1d(2)(*nn.MaxPool1d(2, return_indices=True)(x))``"""
+    _nd = 1
+    _op = "max_unpool1d"
+
+
+class _Adaptive(Layer):
+    _nd = 2
+    _op = "adaptive_avg_pool2d"
+    _indices = False
+
+    def __init__(self, output_size, return_indices=False):
         super().__init__()
-        self.output_size = _pair(output_size)
+        if return_indices and not self._indices:
+            raise SampanValueError(f"{type(self).__name__}: got return_indices=True; "
+                                   "expected it only on the adaptive max poolings")
+        self.output_size = (output_size if self._nd == 1 or isinstance(output_size, tuple)
+                            else _pair(output_size, self._nd))
+        self.return_indices = return_indices
 
     def forward(self, x):
-        return _fn("adaptive_avg_pool2d")(x, self.output_size)
+        if self._indices:
+            return _fn(self._op)(x, self.output_size, self.return_indices)
+        return _fn(self._op)(x, self.output_size)
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
 
 
+class AdaptiveAvgPool2d(_Adaptive):
+    """Average-pool to a fixed output size (None keeps that dim).
+
+    Example: ``nn.AdaptiveAvgPool2d(1)(sampan.randn(2, 8, 7, 7)).shape`` is (2, 8, 1, 1)"""
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveAvgPool1d(_Adaptive):
+    """Average-pool along L to a fixed length.
+
+    Example: ``nn.AdaptiveAvgPool1d(3)(sampan.randn(2, 4, 7)).shape`` is (2, 4, 3)"""
+    _nd = 1
+    _op = "adaptive_avg_pool1d"
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveAvgPool3d(_Adaptive):
+    """Average-pool to a fixed (D, H, W) size.
+
+    Example: ``nn.AdaptiveAvgPool3d(1)(sampan.randn(1, 2, 3, 4, 5)).shape`` is (1, 2, 1, 1, 1)"""
+    _nd = 3
+    _op = "adaptive_avg_pool3d"
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveMaxPool1d(_Adaptive):
+    """Max-pool along L to a fixed length; return_indices also gives the positions.
+
+    Example: ``nn.AdaptiveMaxPool1d(3)(sampan.randn(2, 4, 7)).shape`` is (2, 4, 3)"""
+    _nd = 1
+    _op = "adaptive_max_pool1d"
+    _indices = True
+
+
+class AdaptiveMaxPool2d(_Adaptive):
+    """Max-pool to a fixed output size; return_indices also gives the int64 flat
+    per-plane indices of the maxima.
+
+    Example: ``nn.AdaptiveMaxPool2d(2)(sampan.randn(2, 4, 7, 5)).shape`` is (2, 4, 2, 2)"""
+    _indices = True
+    _op = "adaptive_max_pool2d"
+
+
 # the names sampan.nn exports from this module (not __all__: the module itself is not API)
 EXPORTS = ["Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-           "MaxUnpool2d"]
+           "MaxUnpool2d", "ConvTranspose1d", "Conv3d", "MaxPool1d", "MaxPool3d", "AvgPool1d",
+           "AvgPool3d", "MaxUnpool1d", "AdaptiveAvgPool1d", "AdaptiveAvgPool3d",
+           "AdaptiveMaxPool1d", "AdaptiveMaxPool2d"]

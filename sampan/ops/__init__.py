@@ -5,7 +5,7 @@ listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
             "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
-            "mathops", "layout", "scatter", "scan", "decomp", "pool_index", "padding"]
+            "mathops", "layout", "scatter", "scan", "decomp", "pool_index", "padding", "pool3d"]
 
 
 def load_all():

@@ -176,3 +176,97 @@ def test_pad_old_positional_value_and_errors():
         F.pad(sampan.zeros(2, 3), (1, 1), mode="wrap")
     with pytest.raises(sampan.ShapeError, match="pad.*size >= 0"):
         F.pad(sampan.zeros(2, 3), (-2, -2))
+
+
+# ---------------------------------------------------------------------- 1-d and 3-d layers
+def _indices_match(s_layer, t_layer, x):
+    (ys, i_s), (yt, it) = s_layer(sampan.tensor(x)), t_layer(torch.tensor(x))
+    close(ys.numpy(), yt)
+    assert i_s.dtype == np.int64 and np.array_equal(i_s.numpy(), it.numpy())
+    return i_s, it, yt
+
+
+@pytest.mark.parametrize("name,args,shape", [
+    ("MaxPool1d", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), (2, 3, 8)),
+    ("MaxPool1d", dict(kernel_size=2, dilation=2), (3, 9)),
+    ("AvgPool1d", dict(kernel_size=3, stride=2, padding=1, count_include_pad=False), (2, 3, 8)),
+    ("AvgPool1d", dict(kernel_size=2, ceil_mode=True), (2, 2, 7)),
+    ("AdaptiveAvgPool1d", dict(output_size=3), (2, 3, 7)),
+    ("AdaptiveMaxPool1d", dict(output_size=4), (2, 3, 7)),
+    ("AdaptiveMaxPool2d", dict(output_size=(3, 2)), (2, 2, 7, 5)),
+    ("AdaptiveMaxPool2d", dict(output_size=(None, 2)), (1, 2, 4, 5)),
+    ("MaxPool3d", dict(kernel_size=2, ceil_mode=True), (1, 2, 3, 5, 4)),
+    ("MaxPool3d", dict(kernel_size=(3, 2, 2), stride=(2, 1, 2), padding=(1, 0, 1)),
+     (2, 1, 5, 4, 4)),
+    ("AvgPool3d", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                       count_include_pad=False), (1, 2, 5, 4, 6)),
+    ("AvgPool3d", dict(kernel_size=2, divisor_override=3), (1, 1, 4, 4, 5)),
+    ("AdaptiveAvgPool3d", dict(output_size=(2, 3, 1)), (1, 2, 5, 4, 3)),
+])
+def test_pool_layers_1d_3d(name, args, shape):
+    x = rand(_r(10), *shape)
+    compare_layer(getattr(nn, name)(**args), getattr(torch.nn, name)(**args), {}, [x])
+
+
+@pytest.mark.parametrize("name,args,shape", [
+    ("MaxPool1d", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), (2, 3, 8)),
+    ("AdaptiveMaxPool1d", dict(output_size=3), (2, 3, 7)),
+    ("AdaptiveMaxPool2d", dict(output_size=(2, 3)), (2, 2, 5, 7)),
+    ("MaxPool3d", dict(kernel_size=2, stride=(1, 2, 2), padding=1, ceil_mode=True),
+     (1, 2, 3, 5, 4)),
+])
+def test_pool_layers_indices(name, args, shape):
+    i_s, it, yt = _indices_match(getattr(nn, name)(**args, return_indices=True),
+                                 getattr(torch.nn, name)(**args, return_indices=True),
+                                 rand(_r(11), *shape))
+    if name == "MaxPool1d":
+        _both(lambda y: nn.MaxUnpool1d(3, 2, 1)(y, i_s, output_size=shape[-1:]),
+              lambda y: torch.nn.MaxUnpool1d(3, 2, 1)(y, it, output_size=shape[-1:]),
+              yt.detach().numpy())
+
+
+def test_conv_transpose1d():
+    s = nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2,
+                           dilation=1).double()
+    t = torch.nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1,
+                                 groups=2).double()
+    compare_layer(s, t, W, [rand(_r(12), 2, 4, 5)])
+    s = nn.ConvTranspose1d(3, 2, 3, stride=3, dilation=2).double()
+    t = torch.nn.ConvTranspose1d(3, 2, 3, stride=3, dilation=2).double()
+    compare_layer(s, t, W, [rand(_r(13), 1, 3, 4)], s_kwargs={"output_size": (15,)},
+                  t_kwargs={"output_size": (15,)})
+    _both(lambda x: F.conv_transpose1d(x, s.weight, None, 2, 1, 1, 1, 2),
+          lambda x: TF.conv_transpose1d(x, t.weight, None, 2, 1, 1, 1, 2),
+          rand(_r(14), 1, 3, 4))
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=(3, 2, 1),
+                                                             stride=(2, 1, 1), padding=1,
+                                                             groups=2),
+                                  dict(kernel_size=(2, 3, 3), padding="same", dilation=(1, 2, 1),
+                                       padding_mode="reflect"),
+                                  dict(kernel_size=3, padding=1, padding_mode="circular",
+                                       bias=False)])
+def test_conv3d(args):
+    s, t = nn.Conv3d(2, 4, **args).double(), torch.nn.Conv3d(2, 4, **args).double()
+    compare_layer(s, t, W if args.get("bias", True) else {"weight": same("weight")},
+                  [rand(_r(15), 2, 2, 4, 5, 4)])
+
+
+def test_3d_eager_equals_jit_and_errors():
+    conv, pool = nn.Conv3d(2, 2, 2), nn.MaxPool3d(2, ceil_mode=True)
+    x = sampan.randn(1, 2, 3, 4, 5)
+
+    def f(v):
+        return F.avg_pool3d(pool(conv(v)), 1) + F.adaptive_avg_pool3d(v, 1).sum()
+    np.testing.assert_allclose(sampan.jit(f)(x).numpy(), f(x).numpy(), rtol=1e-6)
+    with pytest.raises(sampan.ShapeError, match="conv3d.*5-d weight"):
+        F.conv3d(x, sampan.zeros(2, 2, 2, 2))
+    with pytest.raises(sampan.ShapeError, match="max_pool3d.*large enough"):
+        F.max_pool3d(x, 4)
+    with pytest.raises(sampan.ShapeError, match="avg_pool3d.*half the kernel"):
+        F.avg_pool3d(x, 2, padding=2)
+    with pytest.raises(sampan.ShapeError, match="max_pool1d.*\\(C, L\\)"):
+        F.max_pool1d(sampan.zeros(1, 1, 2, 3), 2)
+    with pytest.raises(sampan.SampanValueError, match="return_indices"):
+        nn.AdaptiveAvgPool2d.__mro__[1](2, return_indices=True)

@@ -117,7 +117,7 @@ def test_conv_transpose2d_vs_torch(cfg):
     r = _r(2)
     arrays = [r.standard_normal((n, c, h, w)), r.standard_normal((c, o // g, kh, kw)),
               r.standard_normal(o // g * g)]
-    _compare(lambda x, wt, b: sampan.conv_transpose2d(x, wt, b, s, p, op, d, g),
+    _compare(lambda x, wt, b: sampan.conv_transpose2d(x, wt, b, s, p, op, g, d),
              lambda x, wt, b: F.conv_transpose2d(x, wt, b, s, p, op, g, d), arrays)
 
 

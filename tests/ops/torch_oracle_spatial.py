@@ -72,3 +72,10 @@ def _pad_mode(mode):
 
 
 COMPOSITE_ORACLE: dict = {f"pad_{m}": _pad_mode(m) for m in ("reflect", "replicate", "circular")}
+COMPOSITE_ORACLE.update({
+    "conv3d": lambda torch, a, at: torch.nn.functional.conv3d(*a, **at),
+    "max_pool3d": lambda torch, a, at: torch.nn.functional.max_pool3d(*a, **at),
+    "avg_pool3d": lambda torch, a, at: torch.nn.functional.avg_pool3d(*a, **at),
+    "adaptive_avg_pool3d": lambda torch, a, at: torch.nn.functional.adaptive_avg_pool3d(*a,
+                                                                                        **at),
+})
