@@ -2,14 +2,29 @@
 padding, pooling with indices, unpooling, 1-d and 3-d conv and pooling (the spatial area)."""
 from __future__ import annotations
 
+from ..ops.grid import affine_grid, grid_sample
 from ..ops.padding import pad
 from ..ops.pool import avg_pool2d, max_pool2d
 from ..ops.pool3d import adaptive_avg_pool3d, avg_pool3d, conv3d, max_pool3d
 from ..ops.pool_index import adaptive_max_pool2d, max_unpool2d
+from ..ops.resample import (fold, interpolate, pixel_shuffle, pixel_unshuffle, unfold,
+                            upsample)
 from ..ops.spatial1d import (adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d,
                              conv_transpose1d, max_pool1d, max_unpool1d)
 
 __all__: list = ["pad", "max_pool2d", "avg_pool2d", "max_unpool2d", "adaptive_max_pool2d",
                  "conv3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "max_pool1d",
                  "avg_pool1d", "adaptive_avg_pool1d", "adaptive_max_pool1d", "max_unpool1d",
-                 "conv_transpose1d"]
+                 "conv_transpose1d", "interpolate", "upsample", "upsample_nearest",
+                 "upsample_bilinear", "pixel_shuffle", "pixel_unshuffle", "unfold", "fold",
+                 "grid_sample", "affine_grid"]
+
+
+def upsample_nearest(input, size=None, scale_factor=None):
+    """`interpolate(..., mode="nearest")` (PyTorch's older name)."""
+    return interpolate(input, size, scale_factor, "nearest")
+
+
+def upsample_bilinear(input, size=None, scale_factor=None):
+    """`interpolate(..., mode="bilinear", align_corners=True)` (PyTorch's older name)."""
+    return interpolate(input, size, scale_factor, "bilinear", True)

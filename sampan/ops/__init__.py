@@ -5,7 +5,9 @@ listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
             "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
-            "mathops", "layout", "scatter", "scan", "decomp", "pool_index", "padding", "pool3d"]
+            "mathops", "layout", "scatter", "scan", "decomp",
+            # issue 17, spatial area
+            "pool_index", "padding", "pool3d", "resample", "grid"]
 
 
 def load_all():

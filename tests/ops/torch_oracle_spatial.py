@@ -79,3 +79,34 @@ COMPOSITE_ORACLE.update({
     "adaptive_avg_pool3d": lambda torch, a, at: torch.nn.functional.adaptive_avg_pool3d(*a,
                                                                                         **at),
 })
+
+
+def _interp(mode):
+    def oracle(torch, a, at):
+        return torch.nn.functional.interpolate(a[0], mode=mode, **at)
+    return oracle
+
+
+COMPOSITE_ORACLE.update({f"interpolate_{m.replace('-', '_')}": _interp(m) for m in (
+    "nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinear")})
+COMPOSITE_ORACLE.update({
+    "pixel_shuffle": lambda torch, a, at: torch.nn.functional.pixel_shuffle(a[0], **at),
+    "pixel_unshuffle": lambda torch, a, at: torch.nn.functional.pixel_unshuffle(a[0], **at),
+    "unfold": lambda torch, a, at: torch.nn.functional.unfold(a[0], **at),
+    "fold": lambda torch, a, at: torch.nn.functional.fold(a[0], **at),
+})
+
+
+def _gs(mode, padding_mode, align):
+    def oracle(torch, a, at):
+        return torch.nn.functional.grid_sample(a[0], a[1], mode, padding_mode, align)
+    return oracle
+
+
+COMPOSITE_ORACLE.update({
+    "grid_sample_bilinear_zeros": _gs("bilinear", "zeros", False),
+    "grid_sample_bilinear_border": _gs("bilinear", "border", True),
+    "grid_sample_bilinear_reflection": _gs("bilinear", "reflection", False),
+    "grid_sample_nearest_reflection": _gs("nearest", "reflection", True),
+    "affine_grid": lambda torch, a, at: torch.nn.functional.affine_grid(a[0], **at),
+})
