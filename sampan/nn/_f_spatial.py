@@ -2,6 +2,7 @@
 padding, pooling with indices, unpooling, 1-d and 3-d conv and pooling (the spatial area)."""
 from __future__ import annotations
 
+from ..ops.bagnorm import embedding_bag, instance_norm, local_response_norm
 from ..ops.grid import affine_grid, grid_sample
 from ..ops.padding import pad
 from ..ops.pool import avg_pool2d, max_pool2d
@@ -17,7 +18,8 @@ __all__: list = ["pad", "max_pool2d", "avg_pool2d", "max_unpool2d", "adaptive_ma
                  "avg_pool1d", "adaptive_avg_pool1d", "adaptive_max_pool1d", "max_unpool1d",
                  "conv_transpose1d", "interpolate", "upsample", "upsample_nearest",
                  "upsample_bilinear", "pixel_shuffle", "pixel_unshuffle", "unfold", "fold",
-                 "grid_sample", "affine_grid"]
+                 "grid_sample", "affine_grid", "instance_norm", "local_response_norm",
+                 "embedding_bag"]
 
 
 def upsample_nearest(input, size=None, scale_factor=None):

@@ -270,3 +270,92 @@ def test_3d_eager_equals_jit_and_errors():
         F.max_pool1d(sampan.zeros(1, 1, 2, 3), 2)
     with pytest.raises(sampan.SampanValueError, match="return_indices"):
         nn.AdaptiveAvgPool2d.__mro__[1](2, return_indices=True)
+
+
+# ---------------------------------------------------------------------- instance norm, LRN
+@pytest.mark.parametrize("name,shape", [("InstanceNorm1d", (2, 3, 5)), ("InstanceNorm1d", (3, 6)),
+                                        ("InstanceNorm2d", (2, 3, 4, 3)),
+                                        ("InstanceNorm3d", (1, 3, 2, 3, 2))])
+@pytest.mark.parametrize("affine,track,momentum", [(False, False, 0.1), (True, True, 0.3),
+                                                   (True, True, None)])
+def test_instance_norm_layers(name, shape, affine, track, momentum):
+    s = getattr(nn, name)(3, affine=affine, track_running_stats=track, momentum=momentum)
+    t = getattr(torch.nn, name)(3, affine=affine, track_running_stats=track, momentum=momentum)
+    s, t = s.double(), t.double()
+    if affine:
+        with torch.no_grad():
+            t.weight.uniform_(0.5, 1.5), t.bias.uniform_(-0.5, 0.5)
+    for step in range(2):
+        compare_layer(s, t, W if affine else {}, [rand(_r(20 + step), *shape)])
+    if track:
+        close(s.running_mean.numpy(), t.running_mean)
+        close(s.running_var.numpy(), t.running_var)
+        s.eval(), t.eval()
+        compare_layer(s, t, W if affine else {}, [rand(_r(22), *shape)])
+
+
+def test_instance_norm_jit_updates_running_stats():
+    s = nn.InstanceNorm2d(2, track_running_stats=True)
+    t = torch.nn.InstanceNorm2d(2, track_running_stats=True)
+    x = rand(_r(23), 2, 2, 3, 3).astype("float32")
+    f = sampan.jit(lambda v: s(v))
+    for _ in range(2):
+        f(sampan.tensor(x)), t(torch.tensor(x))
+    close(s.running_var.numpy(), t.running_var, "float32")
+    with pytest.raises(sampan.ShapeError, match="InstanceNorm2d.*2 channels"):
+        s(sampan.zeros(1, 3, 2, 2))
+    with pytest.raises(sampan.ShapeError, match="instance_norm.*spatial"):
+        F.instance_norm(sampan.zeros(2, 3))
+
+
+@pytest.mark.parametrize("shape,kw", [((2, 5, 3), dict(size=3)),
+                                      ((1, 6, 3, 2), dict(size=4, alpha=0.2, beta=0.5, k=2.0)),
+                                      ((1, 4, 2, 2, 3), dict(size=2))])
+def test_local_response_norm(shape, kw):
+    compare_layer(nn.LocalResponseNorm(**kw), torch.nn.LocalResponseNorm(**kw), {},
+                  [rand(_r(24), *shape)])
+
+
+# ---------------------------------------------------------------------- EmbeddingBag
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("kind", ["offsets", "offsets_last", "2d", "padding"])
+def test_embedding_bag(mode, kind):
+    ids = np.array([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets, kw, fkw = np.array([0, 2, 2, 6]), {}, {}
+    if kind == "offsets_last":
+        offsets, kw = np.array([0, 3, 3, 7, 9]), {"include_last_offset": True}
+    if kind == "padding":
+        kw = {"padding_idx": 2}
+    if kind == "2d":
+        ids, offsets = ids[:8].reshape(2, 4), None
+    s = nn.EmbeddingBag(10, 3, mode=mode, **kw).double()
+    t = torch.nn.EmbeddingBag(10, 3, mode=mode, **kw).double()
+    if mode == "sum" and kind != "padding":
+        fkw = {"per_sample_weights": rand(_r(25), *ids.shape)}
+    inputs = [ids] if offsets is None else [ids, offsets]
+    s_kw = {k: sampan.tensor(v) for k, v in fkw.items()}
+    t_kw = {k: torch.tensor(v) for k, v in fkw.items()}
+    compare_layer(s, t, {"weight": same("weight")}, inputs, s_kwargs=s_kw, t_kwargs=t_kw)
+
+
+def test_embedding_bag_from_pretrained_jit_and_errors():
+    w = rand(_r(26), 6, 2)
+    s = nn.EmbeddingBag.from_pretrained(sampan.tensor(w), mode="sum")
+    t = torch.nn.EmbeddingBag.from_pretrained(torch.tensor(w), mode="sum")
+    assert not s.weight.requires_grad
+    ids = sampan.tensor(np.array([1, 2, 3, 5, 0]))
+    f = sampan.jit(lambda i, o: s(i, o))
+    for off in ([0, 2, 3], [0, 4, 4]):       # the bags follow the offsets after tracing
+        close(f(ids, sampan.tensor(off)).numpy(), t(torch.tensor(ids.numpy()),
+                                                    torch.tensor(off)))
+    unfrozen = nn.EmbeddingBag.from_pretrained(sampan.tensor(w), freeze=False, padding_idx=0)
+    assert unfrozen.weight.requires_grad and unfrozen.padding_idx == 0
+    with pytest.raises(sampan.SampanValueError, match="embedding_bag.*mode='sum'"):
+        F.embedding_bag(ids, sampan.tensor(w), sampan.tensor([0]),
+                        per_sample_weights=sampan.ones(5))
+    with pytest.raises(sampan.SampanValueError, match="embedding_bag.*offsets"):
+        F.embedding_bag(ids, sampan.tensor(w))
+    with pytest.raises(sampan.SampanIndexError):
+        F.embedding_bag(sampan.tensor([7]), sampan.tensor(w), sampan.tensor([0]))
+    with pytest.raises(sampan.SampanValueError, match="EmbeddingBag.*mode"):
+        nn.EmbeddingBag(3, 2, mode="min")

@@ -110,3 +110,21 @@ COMPOSITE_ORACLE.update({
     "grid_sample_nearest_reflection": _gs("nearest", "reflection", True),
     "affine_grid": lambda torch, a, at: torch.nn.functional.affine_grid(a[0], **at),
 })
+
+
+def _bag(mode):
+    def oracle(torch, a, at):
+        ids, w = a[0], a[1]
+        off = a[2] if len(a) > 2 else None
+        psw = a[3] if len(a) > 3 else None
+        return torch.nn.functional.embedding_bag(ids, w, off, mode=mode, per_sample_weights=psw,
+                                                 **at)
+    return oracle
+
+
+COMPOSITE_ORACLE.update({f"embedding_bag_{m}": _bag(m) for m in ("sum", "mean", "max")})
+COMPOSITE_ORACLE.update({
+    "instance_norm": lambda torch, a, at: torch.nn.functional.instance_norm(*a, **at),
+    "local_response_norm": lambda torch, a, at: torch.nn.functional.local_response_norm(*a,
+                                                                                        **at),
+})
