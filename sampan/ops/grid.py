@@ -96,18 +96,20 @@ def _coords(g, n, padding_mode, align):
 
 
 def _gather(xf, iy, ix, h, w, c):
-    """x at integer (iy, ix) (float tensors (N, Ho, Wo)), 0 outside the image: the values
-    (N, C, Ho, Wo) times the in-bounds mask."""
-    from .elementwise import add, cast, clamp, ge, le, logical_and, mul
+    """x at integer (iy, ix) (float tensors (N, Ho, Wo)) as (N, C, Ho, Wo), and whether
+    each point is inside the image (N, 1, Ho, Wo). Points outside (NaN included) read
+    pixel 0, which the caller masks out."""
+    from .elementwise import add, cast, clamp, ge, le, logical_and, mul, where
     from .index import take_along_axis
     from .shape import expand, reshape, unsqueeze
     n, ho, wo = iy.shape
     inside = logical_and(logical_and(ge(ix, 0.0), le(ix, float(w - 1))),
                          logical_and(ge(iy, 0.0), le(iy, float(h - 1))))
-    flat = add(mul(clamp(iy, 0.0, float(h - 1)), float(w)), clamp(ix, 0.0, float(w - 1)))
+    flat = where(inside, add(mul(clamp(iy, 0.0, float(h - 1)), float(w)),
+                             clamp(ix, 0.0, float(w - 1))), 0.0)
     idx = expand(reshape(cast(flat, "int64"), (n, 1, ho * wo)), (n, c, ho * wo))
     v = reshape(take_along_axis(xf, idx, 2), (n, c, ho, wo))
-    return mul(v, unsqueeze(cast(inside, xf.dtype), 1))
+    return v, unsqueeze(inside, 1)
 
 
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
@@ -121,7 +123,7 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
         >>> F.grid_sample(sampan.randn(1, 1, 3, 3), g).shape
         (1, 1, 3, 3)
     """
-    from .elementwise import add, floor, mul, operands, round, sub
+    from .elementwise import add, floor, mul, operands, round, sub, where
     from .shape import getitem, reshape, unsqueeze
     op = "grid_sample"
     x, g = operands(_t(input), _t(grid))
@@ -143,13 +145,17 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     iy = _coords(getitem(g, (Ellipsis, 1)), h, padding_mode, align)
     xf = reshape(x, (n, c, h * w))
     if mode == "nearest":
-        return _gather(xf, round(iy.detach()), round(ix.detach()), h, w, c)
+        v, inside = _gather(xf, round(iy.detach()), round(ix.detach()), h, w, c)
+        return where(inside, v, 0.0)
     x0, y0 = floor(ix.detach()), floor(iy.detach())
     x1, y1 = add(x0, 1.0), add(y0, 1.0)
     out = None
     for yy, xx, wy, wx in ((y0, x0, sub(y1, iy), sub(x1, ix)), (y0, x1, sub(y1, iy), sub(ix, x0)),
                            (y1, x0, sub(iy, y0), sub(x1, ix)), (y1, x1, sub(iy, y0), sub(ix, x0))):
-        v = mul(_gather(xf, yy, xx, h, w, c), unsqueeze(mul(wy, wx), 1))
+        v, inside = _gather(xf, yy, xx, h, w, c)
+        # the weight masked, not the product: a point at +-inf has inf weights, and
+        # inf * 0 would give NaN (sampan gives 0 there, PyTorch NaN or 0)
+        v = mul(v, where(inside, unsqueeze(mul(wy, wx), 1), 0.0))
         out = v if out is None else add(out, v)
     return out
 

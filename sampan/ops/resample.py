@@ -118,9 +118,9 @@ def _out_sizes(op, x, nd, size, scale_factor, recompute):
                            "input", f"a positive number or {nd} of them")
         sizes = tuple(int(math.floor(float(n) * float(s))) for n, s in zip(x.shape[2:], sf))
         scales = (None,) * nd if recompute else tuple(float(s) for s in sf)
-    if min(sizes) < 1:
+    if min(sizes) < 1 or min(x.shape[2:]) < 1:
         raise op_error(ShapeError, op, f"input {tuple(x.shape)} with size={size}, "
-                       f"scale_factor={scale_factor}", f"output sizes >= 1 (got {sizes})")
+                       f"scale_factor={scale_factor}", f"input and output sizes >= 1 (output {sizes})")
     return sizes, scales
 
 

@@ -128,3 +128,18 @@ def test_resample_bad_input():
         F.grid_sample(x, sampan.zeros(1, 2, 2, 3))
     with pytest.raises(sampan.ShapeError, match="affine_grid.*theta"):
         F.affine_grid(sampan.zeros(1, 2, 2), (1, 1, 3, 3))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value")
+def test_grid_sample_non_finite_grid_reads_nothing_outside():
+    # PyTorch gives NaN or 0 at such points; sampan gives 0 and never indexes with them
+    x = rand(_r(13), 1, 1, 3, 3)
+    grid = np.array([[[[np.nan, 0.1], [np.inf, 0.2]], [[-np.inf, -np.inf], [0.3, 0.4]]]])
+    for mode in ("bilinear", "nearest"):
+        s = F.grid_sample(sampan.tensor(x), sampan.tensor(grid), mode, align_corners=False)
+        t = TF.grid_sample(torch.tensor(x), torch.tensor(grid), mode, align_corners=False)
+        ok = np.isfinite(t.numpy())
+        close(s.numpy()[ok], t.numpy()[ok])
+        assert np.all(s.numpy()[~ok] == 0)
+    with pytest.raises(sampan.ShapeError, match="interpolate.*input and output sizes"):
+        F.interpolate(sampan.zeros(1, 1, 0, 2), size=3, mode="bilinear")
