@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..ops.bagnorm import embedding_bag, instance_norm, local_response_norm
 from ..ops.grid import affine_grid, grid_sample
 from ..ops.padding import pad
-from ..ops.pool import avg_pool2d, max_pool2d
 from ..ops.pool3d import adaptive_avg_pool3d, avg_pool3d, conv3d, max_pool3d
 from ..ops.pool_index import adaptive_max_pool2d, max_unpool2d
 from ..ops.resample import (fold, interpolate, pixel_shuffle, pixel_unshuffle, unfold,
@@ -13,7 +12,9 @@ from ..ops.resample import (fold, interpolate, pixel_shuffle, pixel_unshuffle, u
 from ..ops.spatial1d import (adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d,
                              conv_transpose1d, max_pool1d, max_unpool1d)
 
-__all__: list = ["pad", "max_pool2d", "avg_pool2d", "max_unpool2d", "adaptive_max_pool2d",
+# (max_pool2d and avg_pool2d, with their new ceil_mode/return_indices/divisor_override,
+# are exported by functional.py itself)
+__all__: list = ["pad", "max_unpool2d", "adaptive_max_pool2d",
                  "conv3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "max_pool1d",
                  "avg_pool1d", "adaptive_avg_pool1d", "adaptive_max_pool1d", "max_unpool1d",
                  "conv_transpose1d", "interpolate", "upsample", "upsample_nearest",

@@ -34,8 +34,8 @@ class _ConvNd(Layer):
     _transposed = False
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 dilation=1, groups=1, bias=True, padding_mode="zeros", output_padding=0,
-                 device=None, dtype=None):
+                 dilation=1, groups=1, bias=True, padding_mode="zeros", device=None,
+                 dtype=None, output_padding=0):
         super().__init__()
         name = type(self).__name__
         if in_channels % groups or out_channels % groups:
@@ -150,7 +150,7 @@ class ConvTranspose2d(_ConvNd):
                  output_padding=0, groups=1, bias=True, dilation=1, padding_mode="zeros",
                  device=None, dtype=None):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, padding_mode, output_padding, device, dtype)
+                         groups, bias, padding_mode, device, dtype, output_padding)
 
     def _args(self):
         a = super()._args()

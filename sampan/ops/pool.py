@@ -7,6 +7,11 @@ to the first maximum of each window (PyTorch's choice); that gradient is linear 
 and its own gradient is `max_pool2d_gather` (pick the value at each window's maximum),
 whose gradient is `max_pool2d_grad` again, so second order works. avg_pool2d and
 avg_pool2d_grad are each other's adjoints.
+
+PyTorch's ceil_mode (a last partial window, kept unless it would start in the right
+padding) pads the planes on the right up to that window's end; avg_pool2d's divisor is
+PyTorch's per-window count (or divisor_override). Both attributes are written only when
+set. The indices of max pooling and unpooling live in pool_index.py.
 """
 from __future__ import annotations
 
