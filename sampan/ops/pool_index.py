@@ -155,8 +155,8 @@ def max_pool2d_with_indices(x, kernel_size, stride=None, padding=0, dilation=1,
     Example::
 
         >>> y, i = sampan.ops.pool_index.max_pool2d_with_indices(sampan.randn(1, 1, 4, 4), 2)
-        >>> i.dtype
-        int64
+        >>> str(i.dtype)
+        'int64'
     """
     from .conv import checked_apply
     from .pool import MAX_POOL2D
@@ -182,7 +182,7 @@ def adaptive_max_pool2d(x, output_size, return_indices=False):
 
     Example::
 
-        >>> sampan.adaptive_max_pool2d(sampan.randn(2, 3, 7, 5), (2, 2)).shape
+        >>> F.adaptive_max_pool2d(sampan.randn(2, 3, 7, 5), (2, 2)).shape
         (2, 3, 2, 2)
     """
     from .index import take_along_axis
