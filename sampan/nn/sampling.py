@@ -1,5 +1,7 @@
-"""(issue 17) Resampling layers: Upsample (and its fixed-mode forms), PixelShuffle,
-PixelUnshuffle, Unfold and Fold, over the functions of `sampan.ops.resample`."""
+"""(issue 17) Resampling and padding layers: Upsample (and its fixed-mode forms),
+PixelShuffle, PixelUnshuffle, ChannelShuffle, Unfold and Fold over the functions of
+`sampan.ops.resample`; the padding layers (ZeroPad2d, ReflectionPad2d, … in 1, 2 and 3
+dims) over `F.pad`."""
 from __future__ import annotations
 
 from ..ops import resample as _R
@@ -117,5 +119,102 @@ class Fold(Layer):
                 f"dilation={self.dilation}, padding={self.padding}, stride={self.stride}")
 
 
+class ChannelShuffle(Layer):
+    """Interleave the channels of `groups` groups: (N, C, *) with C = g * k becomes
+    channel order (0, k, 2k, …, 1, k + 1, …), as PyTorch's.
+
+    Example: ``nn.ChannelShuffle(2)(sampan.randn(1, 4, 2, 2)).shape`` is (1, 4, 2, 2)"""
+
+    def __init__(self, groups):
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, x):
+        return _R.channel_shuffle(x, self.groups)
+
+    def extra_repr(self):
+        return f"groups={self.groups}"
+
+
+class _PadNd(Layer):
+    _nd = 2
+    _mode = "constant"
+
+    def __init__(self, padding, value=0.0):
+        super().__init__()
+        from ..errors import SampanValueError
+        if isinstance(padding, int):
+            padding = (padding,) * (2 * self._nd)
+        padding = tuple(int(p) for p in padding)
+        if len(padding) != 2 * self._nd:
+            raise SampanValueError(f"{type(self).__name__}: got padding={padding}; expected "
+                                   f"an int or {2 * self._nd} amounts (last dim first)")
+        self.padding, self.value = padding, value
+
+    def forward(self, x):
+        from ..ops.padding import pad
+        if self._mode == "constant":
+            return pad(x, self.padding, "constant", self.value)
+        return pad(x, self.padding, self._mode)
+
+    def extra_repr(self):
+        return f"{self.padding}" + (f", value={self.value}" if self._mode == "constant" else "")
+
+
+def _pad_layer(name, nd, mode, doc):
+    """One padding layer class: ConstantPad*d take (padding, value), the others padding."""
+    if mode == "constant" and not name.startswith("Zero"):
+        def init(self, padding, value):
+            _PadNd.__init__(self, padding, value)
+    else:
+        def init(self, padding):
+            _PadNd.__init__(self, padding)
+    cls = type(name, (_PadNd,), {"_nd": nd, "_mode": mode, "__doc__": doc, "__init__": init})
+    cls.__module__ = __name__
+    return cls
+
+
+_PAD_LAYERS = {}
+for _nd in (1, 2, 3):
+    for _kind, _mode in (("Zero", "constant"), ("Constant", "constant"),
+                         ("Reflection", "reflect"), ("Replication", "replicate"),
+                         ("Circular", "circular")):
+        _name = f"{_kind}Pad{_nd}d"
+        _PAD_LAYERS[_name] = _pad_layer(
+            _name, _nd, _mode, f"Pad the last {_nd} dim(s) (F.pad mode {_mode!r}"
+            f"{', zeros' if _kind == 'Zero' else ''}); padding is an int or {2 * _nd} amounts,"
+            f" last dim first.\n\n    Example: ``nn.{_name}(1)``")
+globals().update(_PAD_LAYERS)
+
+
+class LPPool1d(Layer):
+    """Power-average pooling along L: (sum of x**p over each window) ** (1/p).
+
+    Example: ``nn.LPPool1d(2, 3)(sampan.rand(1, 2, 7)).shape`` is (1, 2, 2)"""
+    _op = "lp_pool1d"
+
+    def __init__(self, norm_type, kernel_size, stride=None, ceil_mode=False):
+        super().__init__()
+        self.norm_type, self.kernel_size = norm_type, kernel_size
+        self.stride, self.ceil_mode = stride, ceil_mode
+
+    def forward(self, x):
+        from . import functional as F
+        return getattr(F, self._op)(x, self.norm_type, self.kernel_size, self.stride,
+                                    self.ceil_mode)
+
+    def extra_repr(self):
+        return (f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, ceil_mode={self.ceil_mode}")
+
+
+class LPPool2d(LPPool1d):
+    """Power-average pooling over (H, W) windows.
+
+    Example: ``nn.LPPool2d(2, 2)(sampan.rand(1, 2, 4, 4)).shape`` is (1, 2, 2, 2)"""
+    _op = "lp_pool2d"
+
+
 EXPORTS: list = ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle",
-                 "PixelUnshuffle", "Unfold", "Fold"]
+                 "PixelUnshuffle", "ChannelShuffle", "Unfold", "Fold", "LPPool1d",
+                 "LPPool2d"] + sorted(_PAD_LAYERS)

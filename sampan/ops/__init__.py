@@ -7,7 +7,7 @@ FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "s
             "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
             "mathops", "layout", "scatter", "scan", "decomp",
             # issue 17, spatial area
-            "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm"]
+            "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d"]
 
 
 def load_all():

@@ -208,6 +208,21 @@ def pixel_unshuffle(input, downscale_factor):
     return reshape(y, lead + (c * r * r, h // r, w // r))
 
 
+def channel_shuffle(input, groups):
+    """(N, C, *) with C = g * k -> channels reordered (0, k, 2k, …, 1, k + 1, …).
+
+    Example: ``F.channel_shuffle(sampan.randn(1, 4, 2, 2), 2).shape`` is (1, 4, 2, 2)"""
+    from .shape import reshape, transpose
+    x, g = _t(input), int(groups)
+    if x.ndim < 3 or g < 1 or x.shape[1] % g:
+        raise op_error(ShapeError, "channel_shuffle", f"input {tuple(x.shape)} with "
+                       f"groups={groups}", "(N, C, *) input with C divisible by groups >= 1")
+    n, c = x.shape[:2]
+    rest = tuple(x.shape[2:])
+    y = transpose(reshape(x, (n, g, c // g) + rest), 1, 2)
+    return reshape(y, (n, c) + rest)
+
+
 # ---------------------------------------------------------------------- unfold / fold
 def _pair(v, op, name):
     if isinstance(v, (int, np.integer)):
@@ -328,6 +343,8 @@ def _register():
         Sample((x(120, 1, 8, 2, 3),), {"upscale_factor": 2})])
     COMPOSITES["pixel_unshuffle"] = (pixel_unshuffle, lambda: [
         Sample((x(121, 2, 1, 4, 6),), {"downscale_factor": 2})])
+    COMPOSITES["channel_shuffle"] = (channel_shuffle, lambda: [
+        Sample((x(126, 1, 6, 2, 2),), {"groups": 3})])
     COMPOSITES["unfold"] = (unfold, lambda: [
         Sample((x(122, 1, 2, 4, 5),), {"kernel_size": (2, 3), "padding": 1, "stride": 2}),
         Sample((x(123, 1, 1, 5, 5),), {"kernel_size": 2, "dilation": 2})])

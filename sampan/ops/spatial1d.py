@@ -130,3 +130,47 @@ def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_paddi
                          (0, _one(output_padding, op, "output_padding")), groups,
                          (1, _one(dilation, op, "dilation")))
     return _sq(y)
+
+
+def _lp(x, norm_type, area, pooled):
+    """PyTorch's lp_pool tail: (sign(m) * relu(|m|) * area) ** (1 / p) of the pooled
+    mean m of x ** p."""
+    from .elementwise import abs as _abs
+    from .elementwise import mul, relu, sign
+    from .elementwise import pow as _pow
+    m = pooled(_pow(x, float(norm_type)))
+    return _pow(mul(mul(sign(m), relu(_abs(m))), float(area)), 1.0 / float(norm_type))
+
+
+def lp_pool1d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+    """Power-average pooling along L: (sum of x**p over each window) ** (1/p).
+
+    Example: ``F.lp_pool1d(sampan.rand(1, 2, 7), 2, 3).shape`` is (1, 2, 2)"""
+    k = _one(kernel_size, "lp_pool1d", "kernel_size")
+    return _lp(_t(input), norm_type, k,
+               lambda v: avg_pool1d(v, k, stride, 0, ceil_mode))
+
+
+def lp_pool2d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+    """Power-average pooling over (H, W) windows: (sum of x**p) ** (1/p).
+
+    Example: ``F.lp_pool2d(sampan.rand(1, 2, 4, 4), 2, 2).shape`` is (1, 2, 2, 2)"""
+    from .conv import _pair
+    from .pool import avg_pool2d
+    kh, kw = _pair(kernel_size, "lp_pool2d", "kernel_size")
+    return _lp(_t(input), norm_type, kh * kw,
+               lambda v: avg_pool2d(v, (kh, kw), stride, 0, ceil_mode))
+
+
+def _register():
+    from ._util import Sample, randf, rng
+    from .composite import COMPOSITES
+    COMPOSITES["lp_pool2d"] = (lp_pool2d, lambda: [
+        Sample((randf(rng(150), 1, 2, 4, 5, low=0.2, high=2.0),),
+               {"norm_type": 2, "kernel_size": 2, "ceil_mode": True})])
+    COMPOSITES["lp_pool1d"] = (lp_pool1d, lambda: [
+        Sample((randf(rng(151), 1, 2, 7, low=0.2, high=2.0),),
+               {"norm_type": 3, "kernel_size": 3, "stride": 2})])
+
+
+_register()

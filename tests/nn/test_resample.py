@@ -143,3 +143,29 @@ def test_grid_sample_non_finite_grid_reads_nothing_outside():
         assert np.all(s.numpy()[~ok] == 0)
     with pytest.raises(sampan.ShapeError, match="interpolate.*input and output sizes"):
         F.interpolate(sampan.zeros(1, 1, 0, 2), size=3, mode="bilinear")
+
+
+@pytest.mark.parametrize("name,padding,shape", [
+    ("ZeroPad2d", (1, 0, 2, 1), (1, 2, 3, 3)), ("ConstantPad1d", 2, (2, 3)),
+    ("ConstantPad3d", (1, 0, 0, 1, 2, 0), (1, 2, 2, 2)), ("ReflectionPad1d", (2, 1), (1, 2, 4)),
+    ("ReflectionPad2d", 1, (2, 3, 3)), ("ReflectionPad3d", (1, 1, 0, 1, 1, 0), (1, 1, 2, 3, 2)),
+    ("ReplicationPad2d", (2, 0, 1, 3), (1, 1, 2, 3)), ("ReplicationPad3d", 1, (1, 1, 2, 2, 2)),
+    ("CircularPad1d", (1, 2), (1, 2, 3)), ("CircularPad2d", (1, 1, 2, 0), (1, 1, 3, 3)),
+])
+def test_padding_layers(name, padding, shape):
+    args = (padding, 1.5) if name.startswith("Constant") else (padding,)
+    compare_layer(getattr(nn, name)(*args), getattr(torch.nn, name)(*args), {},
+                  [rand(_r(30), *shape)])
+
+
+def test_channel_shuffle_and_lp_pool():
+    compare_layer(nn.ChannelShuffle(3), torch.nn.ChannelShuffle(3), {},
+                  [rand(_r(31), 2, 6, 2, 1)])
+    x = rand(_r(32), 1, 2, 5, 6, low=0.1, high=2.0)
+    for p, k, s, ceil in ((2, 2, None, False), (3, (2, 3), (1, 2), True)):
+        compare_layer(nn.LPPool2d(p, k, s, ceil), torch.nn.LPPool2d(p, k, s, ceil), {}, [x])
+    compare_layer(nn.LPPool1d(2, 3, 2), torch.nn.LPPool1d(2, 3, 2), {}, [x[0]])
+    with pytest.raises(sampan.ShapeError, match="channel_shuffle.*divisible"):
+        F.channel_shuffle(sampan.zeros(1, 4, 2), 3)
+    with pytest.raises(sampan.SampanValueError, match="ReflectionPad2d.*4 amounts"):
+        nn.ReflectionPad2d((1, 2))

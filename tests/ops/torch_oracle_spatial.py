@@ -128,3 +128,8 @@ COMPOSITE_ORACLE.update({
     "local_response_norm": lambda torch, a, at: torch.nn.functional.local_response_norm(*a,
                                                                                         **at),
 })
+COMPOSITE_ORACLE.update({
+    "channel_shuffle": lambda torch, a, at: torch.nn.functional.channel_shuffle(a[0], **at),
+    "lp_pool1d": lambda torch, a, at: torch.nn.functional.lp_pool1d(a[0], **at),
+    "lp_pool2d": lambda torch, a, at: torch.nn.functional.lp_pool2d(a[0], **at),
+})
