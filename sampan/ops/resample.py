@@ -120,7 +120,8 @@ def _out_sizes(op, x, nd, size, scale_factor, recompute):
         scales = (None,) * nd if recompute else tuple(float(s) for s in sf)
     if min(sizes) < 1 or min(x.shape[2:]) < 1:
         raise op_error(ShapeError, op, f"input {tuple(x.shape)} with size={size}, "
-                       f"scale_factor={scale_factor}", f"input and output sizes >= 1 (output {sizes})")
+                       f"scale_factor={scale_factor}",
+                       f"input and output sizes >= 1 (output {sizes})")
     return sizes, scales
 
 
