@@ -12,6 +12,7 @@ class EmbeddingBag(Layer):
     """A lookup table whose forward reduces bags of rows: a 2-d input is one bag a row, a
     1-d input is split at `offsets`; mode "sum", "mean" (default) or "max";
     per_sample_weights (mode "sum"); padding_idx entries are left out; N(0, 1) init.
+    `sparse=True` is accepted, but the weight's gradient is dense (as for sparse=False).
 
     Example::
 

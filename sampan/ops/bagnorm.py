@@ -122,7 +122,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2,
     from .elementwise import cast, div, ge, gt, logical_and, lt, maximum, mul, ne, where
     from .index import index_select
     from .linalg import matmul
-    from .reduce import amax, sum as _sum
+    from .reduce import amax
+    from .reduce import sum as _sum
     from .shape import concat, reshape, unsqueeze
     op = "embedding_bag"
     ids, w = _t(input), _t(weight)

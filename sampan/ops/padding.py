@@ -134,8 +134,8 @@ def pad(input, pad, mode="constant", value=None):
         >>> F.pad(sampan.ones(1, 2, 3), (1, 1), mode="reflect").shape
         (1, 2, 5)
     """
-    from .shape import PAD
     from ..tensor import apply
+    from .shape import PAD
     x = _t(input)
     if mode not in MODES:
         raise op_error(SampanValueError, "pad", f"mode={mode!r}", f"one of {MODES}")
