@@ -290,7 +290,13 @@ def pad(x, pad, mode="constant", value=None):
     """PyTorch's `F.pad`: `pad` is last dim first ((left, right, top, bottom, …); negative
     amounts crop) or a per-dim tuple of (before, after) pairs; mode "constant" (with
     `value`), "reflect", "replicate" or "circular" (see `sampan.ops.padding`). A number
-    in place of `mode` is the value (sampan's older `pad(x, pad, value)`)."""
+    in place of `mode` is the value (sampan's older `pad(x, pad, value)`).
+
+    Example::
+
+        >>> sampan.pad(sampan.ones(2, 3), (1, -1), value=5.0).numpy()[0]
+        array([5., 1., 1.], dtype=float32)
+    """
     from .padding import pad as _pad_modes
     if not isinstance(mode, str):
         mode, value = "constant", mode
