@@ -140,10 +140,8 @@ def pad(input, pad, mode="constant", value=None):
     if mode not in MODES:
         raise op_error(SampanValueError, "pad", f"mode={mode!r}", f"one of {MODES}")
     pairs = torch_pairs("pad", x, pad)
-    if mode == "constant":
+    if mode == "constant":   # always through the op: the result is never a view of x
         x, pairs = crop(x, pairs)
-        if not any(a or b for a, b in pairs):
-            return x
         return apply(PAD, (x,), {"pads": pairs, "value": float(0.0 if value is None
                                                                  else value)})
     if value not in (None, 0, 0.0):
@@ -155,7 +153,11 @@ def pad(input, pad, mode="constant", value=None):
         raise op_error(ShapeError, "pad", f"mode={mode!r}, {len(tuple(pad))} pad amounts, "
                        f"a {x.ndim}-d input", "2, 4 or 6 amounts for the last 1, 2 or 3 "
                        "dims of a (k+1)- or (k+2)-d input (PyTorch's combinations)")
-    return _BY_MODE[mode](x, pairs)
+    y = _BY_MODE[mode](x, pairs)
+    if not any(a > 0 or b > 0 for a, b in pairs):   # only cropped: a copy, as PyTorch's
+        from .shape import clone
+        y = clone(y)
+    return y
 
 
 def _samples(mode):

@@ -359,3 +359,12 @@ def test_embedding_bag_from_pretrained_jit_and_errors():
         F.embedding_bag(sampan.tensor([7]), sampan.tensor(w), sampan.tensor([0]))
     with pytest.raises(sampan.SampanValueError, match="EmbeddingBag.*mode"):
         nn.EmbeddingBag(3, 2, mode="min")
+
+
+def test_pad_result_is_never_a_view():
+    for mode in ("constant", "reflect", "circular"):
+        x = sampan.ones(1, 2, 4)
+        for pad in ((0, 0), (-1, 0)):
+            y = F.pad(x, pad, mode=mode)
+            y.add_(1.0)
+            assert float(x.sum()) == 8.0, (mode, pad)
