@@ -1,4 +1,5 @@
-"""Normalisation layers: BatchNorm1d/2d, LayerNorm, RMSNorm, GroupNorm."""
+"""Normalisation layers: BatchNorm1d/2d, LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d/2d/3d,
+LocalResponseNorm."""
 from __future__ import annotations
 
 import numpy as np
@@ -169,5 +170,93 @@ class GroupNorm(Layer):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
+class _InstanceNorm(Layer):
+    _nd = 2
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False,
+                 track_running_stats=False, device=None, dtype=None):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        self.weight = Parameter(ones(num_features, dtype=dtype)) if affine else None
+        self.bias = Parameter(zeros(num_features, dtype=dtype)) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", zeros(num_features, dtype=dtype))
+            self.register_buffer("running_var", ones(num_features, dtype=dtype))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype="int64"))
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            self.running_mean._data[...] = 0
+            self.running_var._data[...] = 1
+            self.num_batches_tracked._data[...] = 0
+
+    def forward(self, x):
+        from ..ops.bagnorm import instance_norm
+        from ..ops.shape import squeeze, unsqueeze
+        name = type(self).__name__
+        if x.ndim not in (self._nd + 1, self._nd + 2):
+            raise op_error(ShapeError, name, f"input of shape {tuple(x.shape)}",
+                           f"{self._nd + 1}-d (unbatched) or {self._nd + 2}-d input")
+        unbatched = x.ndim == self._nd + 1
+        c = x.shape[0 if unbatched else 1]
+        if c != self.num_features and (self.affine or self.track_running_stats):
+            raise op_error(ShapeError, name, f"input of shape {tuple(x.shape)}",
+                           f"{self.num_features} channels (num_features)")
+        if unbatched:
+            x = unsqueeze(x, 0)
+        # PyTorch: momentum=None means no running-statistics update for instance norms
+        y = instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                          self.training or not self.track_running_stats,
+                          0.0 if self.momentum is None else self.momentum, self.eps)
+        return squeeze(y, 0) if unbatched else y
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Normalise each channel of each sample over L ((N, C, L) or (C, L)); PyTorch's
+    defaults (affine=False, track_running_stats=False).
+
+    Example: ``nn.InstanceNorm1d(4)(sampan.randn(2, 4, 6)).shape`` is (2, 4, 6)"""
+    _nd = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Normalise each channel of each sample over (H, W).
+
+    Example: ``nn.InstanceNorm2d(3, affine=True)(sampan.randn(2, 3, 4, 4)).shape``"""
+    _nd = 2
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Normalise each channel of each sample over (D, H, W).
+
+    Example: ``nn.InstanceNorm3d(2)(sampan.randn(1, 2, 3, 3, 3)).shape``"""
+    _nd = 3
+
+
+class LocalResponseNorm(Layer):
+    """Normalise each value by the mean square over `size` neighbouring channels.
+
+    Example: ``nn.LocalResponseNorm(3)(sampan.randn(1, 5, 4, 4)).shape`` is (1, 5, 4, 4)"""
+
+    def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, x):
+        from ..ops.bagnorm import local_response_norm
+        return local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self):
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
 # the names sampan.nn exports from this module (not __all__: the module itself is not API)
-EXPORTS = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm"]
+EXPORTS = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm1d",
+           "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm"]

@@ -5,7 +5,9 @@ listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
             "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
-            "mathops", "layout", "scatter", "scan", "decomp", "nn_ops"]
+            "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
+            # issue 17, spatial area
+            "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d"]
 
 
 def load_all():

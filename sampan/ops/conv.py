@@ -629,9 +629,10 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     return _bias(squeeze(y, 2), b, 3)
 
 
-def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1,
-                     groups=1):
+def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1):
     """Transposed 2-d convolution (the adjoint of conv2d); weight (in, out/groups, kh, kw).
+    PyTorch's argument order (groups before dilation).
 
     Example::
 

@@ -7,6 +7,11 @@ to the first maximum of each window (PyTorch's choice); that gradient is linear 
 and its own gradient is `max_pool2d_gather` (pick the value at each window's maximum),
 whose gradient is `max_pool2d_grad` again, so second order works. avg_pool2d and
 avg_pool2d_grad are each other's adjoints.
+
+PyTorch's ceil_mode (a last partial window, kept unless it would start in the right
+padding) pads the planes on the right up to that window's end; avg_pool2d's divisor is
+PyTorch's per-window count (or divisor_override). Both attributes are written only when
+set. The indices of max pooling and unpooling live in pool_index.py.
 """
 from __future__ import annotations
 
@@ -22,16 +27,48 @@ from .conv import (_check_4d, _check_attrs, _check_out, _f32, _numel, _out_dim, 
 from .registry import NO_ONNX, Spec, defop
 
 
-def _pool_hw(op, x, kernel_size, stride, padding, dilation=(1, 1)):
+def _out_len(n, k, s, p, d, ceil_mode):
+    """PyTorch's pooled length: with ceil_mode a last partial window is kept, unless it
+    would start past the input (in the right padding)."""
+    if not ceil_mode:
+        return _out_dim(n, k, s, p, d)
+    if isinstance(n, str):
+        raise op_error(ShapeError, "pool", f"symbolic size {n} with ceil_mode=True",
+                       "static spatial sizes with ceil_mode")
+    o = -(-(n + 2 * p - d * (k - 1) - 1) // s) + 1
+    return o - 1 if (o - 1) * s >= n + p else o
+
+
+def _pool_hw(op, x, kernel_size, stride, padding, dilation=(1, 1), ceil_mode=False):
     _check_4d(op, "input", x)
     _check_attrs(op, stride, padding, dilation)
     if min(kernel_size) < 1 or any(2 * p > k for p, k in zip(padding, kernel_size)):
         raise op_error(ShapeError, op, f"kernel_size={kernel_size}, padding={padding}",
                        "kernel_size >= 1 and padding at most half the kernel size")
-    hw = tuple(_out_dim(n, k, s, p, d) for n, k, s, p, d in
+    hw = tuple(_out_len(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
                zip(x.shape[2:], kernel_size, stride, padding, dilation))
     _check_out(op, x, hw)
     return hw
+
+
+def _padded_hw(in_hw, padding, hw, kernel_size, stride, dilation):
+    """Size of the padded planes: the input plus padding, or up to the end of ceil_mode's
+    last window where that reaches further."""
+    return tuple(max(n + 2 * p, (o - 1) * s + d * (k - 1) + 1) for n, p, o, k, s, d in
+                 zip(in_hw, padding, hw, kernel_size, stride, dilation))
+
+
+def _padw(x, padding, hw, kernel_size, stride, dilation, value):
+    """x padded by `padding` on both sides and, where ceil_mode's last window reaches
+    further, on the right up to that window's end (with `value`)."""
+    n, c, h, w = x.shape
+    ph, pw = padding
+    lh, lw = _padded_hw((h, w), padding, hw, kernel_size, stride, dilation)
+    if (lh, lw) == (h + 2 * ph, w + 2 * pw):
+        return _pad(x, ph, pw, value)
+    out = np.full((n, c, lh, lw), value, x.dtype)
+    out[:, :, ph:ph + h, pw:pw + w] = x
+    return out
 
 
 def _taps(kernel_size):
@@ -40,7 +77,8 @@ def _taps(kernel_size):
 
 
 def _pool_flops(x, kernel_size, stride, padding, **_):
-    hw = _pool_hw("pool", x, kernel_size, stride, padding, _.get("dilation", (1, 1)))
+    hw = _pool_hw("pool", x, kernel_size, stride, padding, _.get("dilation", (1, 1)),
+                  _.get("ceil_mode", False))
     return _numel(tuple(x.shape[:2]) + hw) * kernel_size[0] * kernel_size[1]
 
 
@@ -53,25 +91,25 @@ def _lowest(d):
     return -np.inf if d.kind == "f" else np.iinfo(d).min
 
 
-def _max_rule(x, kernel_size, stride, padding, dilation):
+def _max_rule(x, kernel_size, stride, padding, dilation, ceil_mode=False):
     if x.dtype == np.bool_ or not (_dt.is_floating(x.dtype) or _dt.is_integer(x.dtype)):
         raise op_error(DTypeError, "max_pool2d", f"dtype {x.dtype}", "a numeric dtype")
-    hw = _pool_hw("max_pool2d", x, kernel_size, stride, padding, dilation)
+    hw = _pool_hw("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
     return Spec(tuple(x.shape[:2]) + hw, x.dtype)
 
 
-def _hw(x, kernel_size, stride, padding, dilation=(1, 1)):
-    return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in
+def _hw(x, kernel_size, stride, padding, dilation=(1, 1), ceil_mode=False):
+    return tuple(_out_len(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
                  zip(x.shape[2:], kernel_size, stride, padding, dilation))
 
 
-def _max_kernel(x, kernel_size, stride, padding, dilation):
-    ho, wo = _hw(x, kernel_size, stride, padding, dilation)
-    if _is_2x2(x, kernel_size, stride, padding, dilation):
+def _max_kernel(x, kernel_size, stride, padding, dilation, ceil_mode=False):
+    ho, wo = _hw(x, kernel_size, stride, padding, dilation, ceil_mode)
+    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode):
         out = np.empty(x.shape[:2] + (ho, wo), x.dtype)
         _max_2x2(np.ascontiguousarray(x), out)
         return out
-    xp = _pad(x, *padding, _lowest(x.dtype))
+    xp = _padw(x, padding, (ho, wo), kernel_size, stride, dilation, _lowest(x.dtype))
     out = None
     for _k, i, j in _taps(kernel_size):
         s = xp[_win(i, j, ho, wo, stride, dilation)]
@@ -79,10 +117,10 @@ def _max_kernel(x, kernel_size, stride, padding, dilation):
     return out
 
 
-def _argmax(x, kernel_size, stride, padding, dilation):
+def _argmax(x, kernel_size, stride, padding, dilation, ceil_mode=False):
     """Tap index (0..kh*kw-1) of each window's first maximum (a NaN counts as maximum)."""
-    ho, wo = _hw(x, kernel_size, stride, padding, dilation)
-    xp = _pad(x, *padding, _lowest(x.dtype))
+    ho, wo = _hw(x, kernel_size, stride, padding, dilation, ceil_mode)
+    xp = _padw(x, padding, (ho, wo), kernel_size, stride, dilation, _lowest(x.dtype))
     best = arg = None
     for t, i, j in _taps(kernel_size):
         s = xp[_win(i, j, ho, wo, stride, dilation)]
@@ -190,16 +228,17 @@ if HAVE_NUMBA:
         return odd
 
 
-def _is_2x2(x, kernel_size, stride, padding, dilation):
+def _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode=False):
     return (HAVE_NUMBA and x.dtype in (np.float32, np.float64)
             and tuple(kernel_size) == (2, 2) and tuple(stride) == (2, 2)
-            and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1))
+            and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)
+            and not (ceil_mode and (x.shape[2] % 2 or x.shape[3] % 2)))
 
 
-def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
+def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation, ceil_mode=False):
     n, c, h, w = x.shape
     (ph, pw) = padding
-    if _is_2x2(x, kernel_size, stride, padding, dilation) and g.dtype == x.dtype:
+    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode) and g.dtype == x.dtype:
         out = np.empty(x.shape, x.dtype)
         ho, wo = g.shape[2], g.shape[3]
         out[:, :, 2 * ho:] = 0   # rows and columns no window covers (odd sizes)
@@ -208,48 +247,53 @@ def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation):
                              x.dtype.type(0), out):
             return out
     if HAVE_NUMBA and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
-        xp = np.ascontiguousarray(_pad(x, *padding, _lowest(x.dtype)))
+        xp = np.ascontiguousarray(_padw(x, padding, g.shape[2:], kernel_size, stride,
+                                        dilation, _lowest(x.dtype)))
         buf = np.zeros(xp.shape, g.dtype)
         _max_grad_loop(xp, np.ascontiguousarray(g), kernel_size[0], kernel_size[1],
                        stride[0], stride[1], dilation[0], dilation[1], buf)
         return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
-    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation)
-    buf = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
+    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation, ceil_mode)
+    buf = np.zeros((n, c) + _padded_hw((h, w), padding, (ho, wo), kernel_size, stride,
+                                       dilation), g.dtype)
     zero = g.dtype.type(0)
     for t, i, j in _taps(kernel_size):
         buf[_win(i, j, ho, wo, stride, dilation)] += np.where(arg == t, g, zero)
     return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
 
 
-def _max_gather_kernel(x, v, kernel_size, stride, padding, dilation):
-    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation)
-    vp = _pad(v, *padding, 0)
+def _max_gather_kernel(x, v, kernel_size, stride, padding, dilation, ceil_mode=False):
+    arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation, ceil_mode)
+    vp = _padw(v, padding, (ho, wo), kernel_size, stride, dilation, 0)
     out = np.zeros(arg.shape, v.dtype)
     for t, i, j in _taps(kernel_size):
         np.copyto(out, vp[_win(i, j, ho, wo, stride, dilation)], where=arg == t)
     return out
 
 
-def _max_grad_rule(x, g, kernel_size, stride, padding, dilation):
-    y = _max_rule(x, kernel_size, stride, padding, dilation)
+def _max_grad_rule(x, g, kernel_size, stride, padding, dilation, ceil_mode=False):
+    y = _max_rule(x, kernel_size, stride, padding, dilation, ceil_mode)
     if tuple(g.shape) != tuple(y.shape):
         raise op_error(ShapeError, "max_pool2d_grad", f"input {tuple(x.shape)} and grad "
                        f"{tuple(g.shape)}", f"a grad of the pooled shape {tuple(y.shape)}")
     return Spec(tuple(x.shape), g.dtype)
 
 
-def _max_gather_rule(x, v, kernel_size, stride, padding, dilation):
-    y = _max_rule(x, kernel_size, stride, padding, dilation)
+def _max_gather_rule(x, v, kernel_size, stride, padding, dilation, ceil_mode=False):
+    y = _max_rule(x, kernel_size, stride, padding, dilation, ceil_mode)
     if tuple(v.shape) != tuple(x.shape):
         raise op_error(ShapeError, "max_pool2d_gather", f"input {tuple(x.shape)} and values "
                        f"{tuple(v.shape)}", "values shaped like the input")
     return Spec(tuple(y.shape), v.dtype)
 
 
-def _pattrs(kernel_size, stride=None, padding=0, dilation=1):
+def _pattrs(kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     k = _pair(kernel_size, "max_pool2d", "kernel_size")
-    return {"kernel_size": k, "stride": k if stride is None else _pair(stride),
-            "padding": _pair(padding), "dilation": _pair(dilation)}
+    a = {"kernel_size": k, "stride": k if stride is None or stride == () else _pair(stride),
+         "padding": _pair(padding), "dilation": _pair(dilation)}
+    if ceil_mode:   # only when set: graphs and oracles without it stay as they were
+        a["ceil_mode"] = True
+    return a
 
 
 def _max_samples():
@@ -258,7 +302,9 @@ def _max_samples():
             Sample((randf(r, 2, 2, 7, 8),), _pattrs(3, 2, 1)),
             Sample((randf(r, 1, 2, 9, 7),), _pattrs((3, 2), (2, 1), (1, 0), (2, 1))),
             Sample((randf(r, 1, 3, 5, 5),), _pattrs(3, 1, 1)),
-            Sample((randf(r, 0, 2, 4, 4),), _pattrs(2))]
+            Sample((randf(r, 0, 2, 4, 4),), _pattrs(2)),
+            Sample((randf(r, 1, 2, 5, 7),), _pattrs(2, ceil_mode=True)),
+            Sample((randf(r, 1, 1, 6, 5),), _pattrs(3, 2, 1, ceil_mode=True))]
 
 
 def _with_grad(samples, name):
@@ -296,60 +342,88 @@ MAX_POOL2D_GATHER = defop("max_pool2d_gather", _max_gather_rule,
 
 
 # ---------------------------------------------------------------------- avg_pool2d
-def _avg_rule(x, kernel_size, stride, padding, count_include_pad):
+# ceil_mode and divisor_override appear in the attributes only when set (0: no override),
+# so graphs written before them read the same
+def _avg_rule(x, kernel_size, stride, padding, count_include_pad, ceil_mode=False,
+              divisor_override=0):
     if not _dt.is_floating(x.dtype):
         raise op_error(DTypeError, "avg_pool2d", f"dtype {x.dtype}", "a floating dtype")
-    hw = _pool_hw("avg_pool2d", x, kernel_size, stride, padding)
+    if not isinstance(divisor_override, (int, np.integer)) or divisor_override < 0:
+        raise op_error(ShapeError, "avg_pool2d", f"divisor_override={divisor_override!r}",
+                       "a positive int or None")
+    hw = _pool_hw("avg_pool2d", x, kernel_size, stride, padding, (1, 1), ceil_mode)
     return Spec(tuple(x.shape[:2]) + hw, x.dtype)
 
 
-def _divisor(h, w, ho, wo, kernel_size, stride, padding, count_include_pad, dtype):
-    if count_include_pad:
-        return dtype.type(kernel_size[0] * kernel_size[1])
+def _divisor(h, w, ho, wo, kernel_size, stride, padding, count_include_pad, dtype,
+             divisor_override=0):
+    """PyTorch's divisor per window: the window clipped to the padded input (its padding
+    counted), or to the input itself without count_include_pad, or the override."""
+    if divisor_override:
+        return dtype.type(divisor_override)
 
     def counts(n, no, k, s, p):
         start = np.arange(no) * s - p
-        return np.minimum(start + k, n) - np.maximum(start, 0)
+        end = np.minimum(start + k, n + p)
+        if count_include_pad:
+            return end - start
+        return np.minimum(end, n) - np.maximum(start, 0)
     return np.outer(counts(h, ho, kernel_size[0], stride[0], padding[0]),
                     counts(w, wo, kernel_size[1], stride[1], padding[1])).astype(dtype)
 
 
-def _avg_kernel(x, kernel_size, stride, padding, count_include_pad):
-    ho, wo = _hw(x, kernel_size, stride, padding)
-    xp = _pad(x, *padding, 0)
+def _avg_kernel(x, kernel_size, stride, padding, count_include_pad, ceil_mode=False,
+                divisor_override=0):
+    ho, wo = _hw(x, kernel_size, stride, padding, (1, 1), ceil_mode)
+    xp = _padw(x, padding, (ho, wo), kernel_size, stride, (1, 1), 0)
     out = None
     for _k, i, j in _taps(kernel_size):
         s = xp[_win(i, j, ho, wo, stride, (1, 1))]
         out = s.copy() if out is None else np.add(out, s, out=out)
     out /= _divisor(x.shape[2], x.shape[3], ho, wo, kernel_size, stride, padding,
-                    count_include_pad, out.dtype)
+                    count_include_pad, out.dtype, divisor_override)
     return out
 
 
-def _avg_grad_rule(g, input_size, kernel_size, stride, padding, count_include_pad):
+def _avg_grad_rule(g, input_size, kernel_size, stride, padding, count_include_pad,
+                   ceil_mode=False, divisor_override=0):
     x = Spec(tuple(g.shape[:2]) + tuple(input_size), g.dtype)
-    y = _avg_rule(x, kernel_size, stride, padding, count_include_pad)
+    y = _avg_rule(x, kernel_size, stride, padding, count_include_pad, ceil_mode,
+                  divisor_override)
     if tuple(g.shape) != tuple(y.shape):
         raise op_error(ShapeError, "avg_pool2d_grad", f"grad {tuple(g.shape)} for input size "
                        f"{tuple(input_size)}", f"a grad of the pooled shape {tuple(y.shape)}")
     return x
 
 
-def _avg_grad_kernel(g, input_size, kernel_size, stride, padding, count_include_pad):
+def _avg_grad_kernel(g, input_size, kernel_size, stride, padding, count_include_pad,
+                     ceil_mode=False, divisor_override=0):
     n, c, ho, wo = g.shape
     h, w = input_size
     ph, pw = padding
-    gs = g / _divisor(h, w, ho, wo, kernel_size, stride, padding, count_include_pad, g.dtype)
-    buf = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
+    gs = g / _divisor(h, w, ho, wo, kernel_size, stride, padding, count_include_pad, g.dtype,
+                      divisor_override)
+    buf = np.zeros((n, c) + _padded_hw((h, w), padding, (ho, wo), kernel_size, stride,
+                                       (1, 1)), g.dtype)
     for _k, i, j in _taps(kernel_size):
         buf[_win(i, j, ho, wo, stride, (1, 1))] += gs
     return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
 
 
-def _aattrs(kernel_size, stride=None, padding=0, count_include_pad=True):
+def _aattrs(kernel_size, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
+            divisor_override=None):
     k = _pair(kernel_size, "avg_pool2d", "kernel_size")
-    return {"kernel_size": k, "stride": k if stride is None else _pair(stride),
-            "padding": _pair(padding), "count_include_pad": bool(count_include_pad)}
+    a = {"kernel_size": k, "stride": k if stride is None or stride == () else _pair(stride),
+         "padding": _pair(padding), "count_include_pad": bool(count_include_pad)}
+    if ceil_mode:
+        a["ceil_mode"] = True
+    if divisor_override is not None:
+        if isinstance(divisor_override, bool) or not isinstance(
+                divisor_override, (int, np.integer)) or divisor_override < 1:
+            raise op_error(ShapeError, "avg_pool2d", f"divisor_override={divisor_override!r}",
+                           "a positive int or None")
+        a["divisor_override"] = int(divisor_override)
+    return a
 
 
 def _avg_samples():
@@ -358,7 +432,9 @@ def _avg_samples():
             Sample((randf(r, 2, 2, 7, 8),), _aattrs(3, 2, 1)),
             Sample((randf(r, 1, 2, 7, 8),), _aattrs(3, 2, 1, False)),
             Sample((randf(r, 1, 2, 9, 7),), _aattrs((3, 2), (2, 1), (1, 0), False)),
-            Sample((randf(r, 0, 2, 4, 4),), _aattrs(2))]
+            Sample((randf(r, 0, 2, 4, 4),), _aattrs(2)),
+            Sample((randf(r, 1, 2, 6, 5),), _aattrs(3, 2, 1, True, True)),
+            Sample((randf(r, 1, 1, 5, 7),), _aattrs(2, 2, 1, False, True, 3))]
 
 
 def _avg_grad_samples():
@@ -406,21 +482,32 @@ def _back(y, squeeze):
     return sq(y, 0) if squeeze else y
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1):
-    """Max over kh x kw windows (padding counts as -inf).
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """Max over kh x kw windows (padding counts as -inf); PyTorch's signature.
+
+    ceil_mode keeps a last partial window; return_indices also returns the int64 flat
+    per-plane index (row * W + col) of each window's maximum.
 
     Example::
 
         >>> sampan.max_pool2d(sampan.randn(1, 3, 8, 8), 2).shape
         (1, 3, 4, 4)
     """
+    if return_indices:
+        from .pool_index import max_pool2d_with_indices
+        return max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
     x, sq = _nchw(x, "max_pool2d")
-    y = checked_apply(MAX_POOL2D, (x,), _pattrs(kernel_size, stride, padding, dilation))
+    y = checked_apply(MAX_POOL2D, (x,), _pattrs(kernel_size, stride, padding, dilation,
+                                                ceil_mode))
     return _back(y, sq)
 
 
-def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
-    """Mean over kh x kw windows; padding counts as zeros unless count_include_pad=False.
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """Mean over kh x kw windows (PyTorch's signature and divisor): padding counts as zeros
+    unless count_include_pad=False; ceil_mode keeps a last partial window;
+    divisor_override divides every window's sum by that number instead.
 
     Example::
 
@@ -431,8 +518,9 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
     x, sq = _nchw(x, "avg_pool2d")
     if not _dt.is_floating(x.dtype):
         x = cast(x, _dt.get_default_dtype())
-    return _back(checked_apply(AVG_POOL2D, (x,), _aattrs(kernel_size, stride, padding,
-                                                         count_include_pad)), sq)
+    attrs = _aattrs(kernel_size, stride, padding, count_include_pad, ceil_mode,
+                    divisor_override)
+    return _back(checked_apply(AVG_POOL2D, (x,), attrs), sq)
 
 
 def _adaptive_axis(x, axis, n_out):

@@ -269,7 +269,13 @@ cat = concat   # PyTorch's name
 
 # ---------------------------------------------------------------------- pad / flip
 def _pad_rule(x, pads, value=0.0):
-    return Spec(tuple(d + a + b for d, (a, b) in zip(x.shape, pads)), x.dtype)
+    if len(pads) != len(x.shape) or any(a < 0 or b < 0 for a, b in pads):
+        raise op_error(ShapeError, "pad", f"pads {tuple(pads)} for a {len(x.shape)}-d input",
+                       "one (before, after) pair >= 0 per dim (the frontend crops negative "
+                       "amounts)")
+    return Spec(tuple(d if isinstance(d, str) and not (a or b) else
+                      (f"{d}+{a + b}" if isinstance(d, str) else d + a + b)
+                      for d, (a, b) in zip(x.shape, pads)), x.dtype)
 
 
 def _pad_grad(g, y, x, pads, value=0.0):
@@ -284,16 +290,21 @@ PAD = defop("pad", _pad_rule, kernel=lambda a, pads, value=0.0: np.pad(
                                                               "value": 0.0})])
 
 
-def pad(x, pad, value=0.0):
-    """Constant padding. `pad` is PyTorch-style (last dim first: (left, right, top, bottom…))
-    or a per-dim tuple of (before, after) pairs."""
-    x = _t(x)
-    if pad and isinstance(pad[0], (tuple, list)):
-        pads = tuple((int(a), int(b)) for a, b in pad)
-    else:
-        pairs = [(int(pad[i]), int(pad[i + 1])) for i in range(0, len(pad), 2)]
-        pads = tuple([(0, 0)] * (x.ndim - len(pairs)) + pairs[::-1])
-    return apply(PAD, (x,), {"pads": pads, "value": float(value)})
+def pad(x, pad, mode="constant", value=None):
+    """PyTorch's `F.pad`: `pad` is last dim first ((left, right, top, bottom, …); negative
+    amounts crop) or a per-dim tuple of (before, after) pairs; mode "constant" (with
+    `value`), "reflect", "replicate" or "circular" (see `sampan.ops.padding`). A number
+    in place of `mode` is the value (sampan's older `pad(x, pad, value)`).
+
+    Example::
+
+        >>> sampan.pad(sampan.ones(2, 3), (1, -1), value=5.0).numpy()[0]
+        array([5., 1., 1.], dtype=float32)
+    """
+    from .padding import pad as _pad_modes
+    if not isinstance(mode, str):
+        mode, value = "constant", mode
+    return _pad_modes(x, pad, mode, value)
 
 
 FLIP = defop("flip", lambda x, axes: Spec(x.shape, x.dtype),

@@ -22,7 +22,8 @@ except ImportError:
 def _merge_area_oracles():
     """Each area's oracle module (torch_oracle_<area>.py) adds its entries here."""
     import importlib
-    for area in ("math", "layout", "scatter", "linalg", "nn"):
+    # spatial last: its pooling oracles replace nn's (they read ceil_mode, divisor_override)
+    for area in ("math", "layout", "scatter", "linalg", "nn", "spatial"):
         mod = importlib.import_module(f"{__package__}.torch_oracle_{area}")
         ORACLE.update(mod.ORACLE)
         COMPOSITE_ORACLE.update(mod.COMPOSITE_ORACLE)

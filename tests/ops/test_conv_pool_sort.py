@@ -117,7 +117,7 @@ def test_conv_transpose2d_vs_torch(cfg):
     r = _r(2)
     arrays = [r.standard_normal((n, c, h, w)), r.standard_normal((c, o // g, kh, kw)),
               r.standard_normal(o // g * g)]
-    _compare(lambda x, wt, b: sampan.conv_transpose2d(x, wt, b, s, p, op, d, g),
+    _compare(lambda x, wt, b: sampan.conv_transpose2d(x, wt, b, s, p, op, g, d),
              lambda x, wt, b: F.conv_transpose2d(x, wt, b, s, p, op, g, d), arrays)
 
 
@@ -244,7 +244,7 @@ def test_max_pool2d_ties_go_to_first_max_like_torch():
 def test_avg_pool2d_vs_torch(cfg, cip):
     h, w, k, s, p, _ = cfg
     x = _r(10).standard_normal((2, 3, h, w))
-    _compare(lambda x: sampan.avg_pool2d(x, k, s, p, cip),
+    _compare(lambda x: sampan.avg_pool2d(x, k, s, p, count_include_pad=cip),
              lambda x: F.avg_pool2d(x, k, s, p, count_include_pad=cip), [x])
 
 
@@ -265,7 +265,7 @@ def test_pool_accepts_chw():
 def test_pool_gradcheck_and_second_order():
     x = _st(_r(13).permutation(2 * 5 * 5).reshape(1, 2, 5, 5) / 3.0)
     for f in (lambda x: sampan.max_pool2d(x, 3, 2, 1),
-              lambda x: sampan.avg_pool2d(x, 3, 2, 1, False),
+              lambda x: sampan.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
               lambda x: sampan.adaptive_avg_pool2d(x, (2, 3))):
         assert gradcheck(f, [x])
         assert gradgradcheck(lambda x, f=f: sampan.tanh(f(x)), [x])
