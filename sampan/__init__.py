@@ -61,6 +61,7 @@ from . import optim  # noqa: E402
 from . import train  # noqa: E402
 from . import ir, jit, passes  # noqa: E402  (sampan.jit is callable: @sampan.jit)
 from . import linalg  # noqa: E402
+from . import onnx  # noqa: E402  (imports the onnx package only when used)
 from . import utils  # noqa: E402  (sampan.utils.data: torch's import path for sampan.data)
 
 __version__ = "0.1.0"
@@ -142,7 +143,7 @@ __all__ = [
     "train",
     "ir", "jit", "passes",
 ]
-__all__ += ["linalg"]
+__all__ += ["linalg", "onnx"]
 __all__ += ["utils"]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
 

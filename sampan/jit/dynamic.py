@@ -23,6 +23,7 @@ import re
 import numpy as np
 
 from ..errors import SampanError, ShapeError
+from ..ops.registry import Spec
 from ..tensor import Tensor
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -212,7 +213,7 @@ def unify(g0, others, base, probes, what="program"):
             f"sampan.jit: the {what} traced at another size of {_syms(probes)} is a different "
             f"program{bad}: something reads the size as a Python value (a branch, a loop "
             "count). Mark only dims the code treats generically, or pad to one size")
-    fills = []
+    fills, vectors = [], []
     for k, v in enumerate(mine):
         others_v = [vs[k] for vs in vals]
         shape = []
@@ -239,6 +240,14 @@ def unify(g0, others, base, probes, what="program"):
                                     digits)
             elif fill is not None and any(f != fill for f in fills_o):
                 fill = None
+            if fill is None and v.dtype.kind in "iu" and v.ndim <= 1 and all(
+                    c.shape == v.const.shape for c in cs):
+                # a shape vector (x.shape as a tensor): each entry a multiple of the symbols
+                ents = [_unify_int(int(x), [int(c.reshape(-1)[j]) for c in cs], base, probes)
+                        for j, x in enumerate(v.const.reshape(-1))]
+                if None not in ents:
+                    vectors.append((v, ents))
+                    continue
             if fill is None or (not isinstance(fill, str)
                                 and all(isinstance(d, int) for d in v.shape)):
                 raise DynamicShapeError(
@@ -264,7 +273,19 @@ def unify(g0, others, base, probes, what="program"):
         out = node.outputs[0]
         g.nodes.insert(0, g.nodes.pop())
         g.replace_all_uses_with(v, out)
-    if fills:
+    for v, ents in vectors:   # symbolic shape vectors: one fill per entry, concatenated
+        parts = [g.add_node("full", [], {"shape": (1,), "value": _attr_of(e),
+                                         "dtype": v.dtype.name},
+                            out_specs=[Spec((1,), v.dtype)]).outputs[0] for e in ents]
+        if v.ndim == 0:
+            node = g.add_node("reshape", parts, {"shape": ()}, out_specs=[v])
+        else:
+            node = g.add_node("concat", parts, {"axis": 0}, out_specs=[v])
+        made = g.nodes[-(len(parts) + 1):]
+        del g.nodes[-(len(parts) + 1):]
+        g.nodes[0:0] = made
+        g.replace_all_uses_with(v, node.outputs[0])
+    if fills or vectors:
         g.prune_consts()
     return g
 

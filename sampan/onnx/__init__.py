@@ -1,0 +1,14 @@
+"""`sampan.onnx`: ONNX interchange.
+
+- `to_layer(path_or_model)`: an ONNX model as a trainable `nn.Layer` (initializers become
+  Parameters; fine-tune it, jit it, save it); `load(path_or_model)`: its `Graph` IR.
+- `export(fn_or_layer, example_inputs, path, ...)`: a traced program written as ONNX.
+- `OnnxError`: what a model sampan cannot read or write raises.
+
+The import table (`sampan/onnx/ops/`) maps ONNX op types onto sampan ops per opset; export
+lowers each op of the op table through its ONNX mapping. Needs the `onnx` extra.
+"""
+from .importer import OnnxModule, load, to_layer
+from .ops import OnnxError, supported
+
+__all__ = ["OnnxError", "OnnxModule", "load", "to_layer", "supported"]

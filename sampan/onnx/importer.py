@@ -1,0 +1,374 @@
+"""ONNX import: a ModelProto becomes a trainable `OnnxModule` (an `nn.Layer` that runs the
+graph node by node through the handlers of `sampan/onnx/ops/`) and, traced with
+`sampan.jit`, a sampan `Graph`.
+
+Floating initializers become Parameters (so an imported model fine-tunes with sampan's
+autograd and optimisers); other initializers and Constant nodes are static values, and a
+node whose inputs are all static runs once while the graph is built, so shape arithmetic
+folds away. The model is checked before anything runs: a damaged file, a cycle, an input
+no node or initializer defines, an initializer whose data disagree with its dims, an
+opset newer than this sampan reads: each is an `OnnxError` naming it. Nothing in the file
+is executed as code (ONNX has no code; functions and subgraphs are refused for now).
+
+Example::
+
+    >>> layer = sampan.onnx.to_layer("model.onnx")
+    >>> y = layer(x)                 # eager, differentiable
+    >>> g = sampan.onnx.load("model.onnx")   # the Graph IR
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..ops.registry import STATE
+from ..tensor import Tensor
+from ..nn.layer import Layer, Parameter
+from .ops import OnnxError, lookup
+
+MAX_OPSET = 23           # the newest default-domain opset whose semantics the table follows
+
+
+# ---------------------------------------------------------------------- reading
+def read_model(src):
+    """A checked ModelProto from a path, bytes or a ModelProto."""
+    import onnx
+    if isinstance(src, onnx.ModelProto):
+        model = src
+    else:
+        data = src
+        if isinstance(src, (str, os.PathLike)):
+            try:
+                with open(src, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise OnnxError(f"sampan.onnx: cannot read {src}: {e}") from None
+        model = onnx.ModelProto()
+        try:
+            model.ParseFromString(data)
+        except Exception as e:  # noqa: BLE001 - any protobuf decode failure
+            raise OnnxError(f"sampan.onnx: {src if isinstance(src, str) else 'the model'} is "
+                            f"not a valid ONNX file (protobuf decoding failed: {e})") from None
+        if isinstance(src, (str, os.PathLike)) and _uses_external_data(model):
+            from onnx.external_data_helper import load_external_data_for_model
+            try:
+                load_external_data_for_model(model, os.path.dirname(os.path.abspath(src)))
+            except Exception as e:  # noqa: BLE001
+                raise OnnxError(f"sampan.onnx: external data of {src} cannot be read: {e}") \
+                    from None
+    check_model(model)
+    return model
+
+
+def _uses_external_data(model):
+    import onnx
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def opset_of(model, domain=""):
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and domain in ("", "ai.onnx") or o.domain == domain:
+            return int(o.version)
+    return None
+
+
+def check_model(model):
+    """Structural checks with sampan errors (onnx's checker runs first where it can)."""
+    import onnx
+    g = model.graph
+    if not g.node and not g.output:
+        raise OnnxError("sampan.onnx: the model has an empty graph (no nodes, no outputs); "
+                        "a truncated or damaged file?")
+    ops = opset_of(model)
+    if ops is None:
+        raise OnnxError("sampan.onnx: the model imports no default-domain opset")
+    if ops > MAX_OPSET:
+        raise OnnxError(f"sampan.onnx: the model uses opset {ops}; this sampan reads opsets up "
+                        f"to {MAX_OPSET}")
+    if model.functions:
+        raise OnnxError("sampan.onnx: models with local functions are not supported yet "
+                        f"({', '.join(f.name for f in model.functions)})")
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    for k, n in enumerate(g.node):
+        for name in n.input:
+            if name not in defined:
+                raise OnnxError(f"sampan.onnx: node {n.name or k!r} ({n.op_type}) reads "
+                                f"{name!r}, which no earlier node, input or initializer defines "
+                                "(a cycle, a dangling name, or nodes out of order)")
+        defined |= set(n.output)
+    for o in g.output:
+        if o.name not in defined:
+            raise OnnxError(f"sampan.onnx: graph output {o.name!r} is never computed")
+    for t in g.initializer:
+        _array(t)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version)
+              for o in model.opset_import}
+    for n in g.node:   # every op known (with the list of what is) before onnx's checker
+        lookup(n.domain, n.op_type, opsets.get(n.domain or "", ops), n.name)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:  # noqa: BLE001 - the checker's own errors, restated
+        raise OnnxError(f"sampan.onnx: the model fails onnx's checker: {e}") from None
+
+
+def _array(t):
+    from onnx import numpy_helper
+    try:
+        a = numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001
+        raise OnnxError(f"sampan.onnx: initializer {t.name!r} cannot be read: {e}") from None
+    if tuple(a.shape) != tuple(t.dims):
+        raise OnnxError(f"sampan.onnx: initializer {t.name!r} has dims {list(t.dims)} but "
+                        f"{a.size} values")
+    return a
+
+
+# ---------------------------------------------------------------------- nodes
+class Node:
+    """One ONNX node as handlers see it (see `sampan/onnx/ops/__init__.py`)."""
+
+    __slots__ = ("op_type", "name", "domain", "attrs", "inputs", "outputs", "n_outputs")
+
+    def __init__(self, proto):
+        from onnx import helper
+        self.op_type = proto.op_type
+        self.name = proto.name
+        self.domain = proto.domain
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self.n_outputs = len(self.outputs)
+        attrs = {}
+        for a in proto.attribute:
+            if a.type in (a.GRAPH, a.GRAPHS):
+                raise OnnxError(f"sampan.onnx: node {self.name!r} ({self.op_type}) has a "
+                                "subgraph attribute; control flow is not supported yet")
+            v = helper.get_attribute_value(a)
+            if a.type == a.TENSOR:
+                v = _array(v)
+            elif a.type == a.TENSORS:
+                v = [_array(x) for x in v]
+            elif isinstance(v, bytes):
+                v = v.decode("utf-8", "replace")
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [x.decode("utf-8", "replace") for x in v]
+            attrs[a.name] = v
+        self.attrs = attrs
+
+    def attr(self, name, default=None):
+        return self.attrs.get(name, default)
+
+    def __repr__(self):
+        return f"<onnx {self.op_type} {self.name!r}>"
+
+
+class Context:
+    """What a handler may ask of the importer."""
+
+    def __init__(self, opsets):
+        self.opsets = opsets
+        self.opset = opsets.get("", 1)
+        self.node = None
+        self._static = {}      # id(tensor) -> numpy value
+        self._params = {}      # id(parameter) -> parameter: readable by static(), not folded
+
+    def is_static(self, t) -> bool:
+        return t is not None and id(t) in self._static
+
+    def static(self, t, what="this input"):
+        if t is None:
+            return None
+        v = self._static.get(id(t))
+        if v is None and id(t) in self._params and isinstance(t._data, np.ndarray):
+            v = t._data        # a weight read as a value (a scale, say): its current data
+        if v is None:
+            n = self.node
+            raise OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): "
+                            f"{what} must be known when the graph is built (a constant, an "
+                            "initializer or computed from shapes), but it is computed from data")
+        return v
+
+    def make_static(self, array, dtype=None):
+        a = np.asarray(array, dtype=dtype)
+        t = Tensor(a)
+        self._static[id(t)] = a
+        return t
+
+    def error(self, msg):
+        n = self.node
+        return OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): "
+                         f"{msg}")
+
+
+def _safe(name):
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return ("p_" + s) if not s or s[0].isdigit() else s
+
+
+# ---------------------------------------------------------------------- the layer
+class OnnxModule(Layer):
+    """An imported ONNX graph as a Layer: ``forward(*inputs)`` runs its nodes with sampan
+    ops (eager or traced). Floating initializers are Parameters (`onnx_names` maps each
+    parameter name back to its initializer); outputs come back as one tensor or a tuple."""
+
+    def __init__(self, model):
+        super().__init__()
+        import onnx
+        model = read_model(model)
+        g = model.graph
+        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version)
+                       for o in model.opset_import}
+        inits = {t.name: _array(t) for t in g.initializer}
+        self.input_names = [i.name for i in g.input if i.name not in inits]
+        self.input_types = {i.name: _value_type(i) for i in g.input if i.name not in inits}
+        self.output_names = [o.name for o in g.output]
+        self.nodes = [Node(n) for n in g.node]
+        self.onnx_names = {}
+        self._static_inits = {}
+        used = set()
+        for name, a in inits.items():
+            if _dt.is_floating(a.dtype):
+                p = _safe(name)
+                while p in used:
+                    p += "_"
+                used.add(p)
+                setattr(self, p, Parameter(Tensor(np.array(a))))
+                self.onnx_names[p] = name
+            else:
+                self._static_inits[name] = np.array(a)
+        self.graph_name = g.name or "onnx"
+        del onnx
+
+    @property
+    def opset(self):
+        return self.opsets.get("", 1)
+
+    def forward(self, *args, **kwargs):
+        if len(args) + len(kwargs) != len(self.input_names):
+            raise OnnxError(f"sampan.onnx: {self.graph_name} takes {len(self.input_names)} "
+                            f"inputs ({', '.join(self.input_names)}); got "
+                            f"{len(args) + len(kwargs)}")
+        env = {"": None}
+        ctx = Context(self.opsets)
+        for name, a in zip(self.input_names, args):
+            env[name] = self._input(name, a)
+        for name, a in kwargs.items():
+            if name not in self.input_types:
+                raise OnnxError(f"sampan.onnx: {self.graph_name} has no input {name!r} "
+                                f"(inputs: {', '.join(self.input_names)})")
+            env[name] = self._input(name, a)
+        for p, name in self.onnx_names.items():
+            env[name] = getattr(self, p)
+            ctx._params[id(env[name])] = env[name]
+        for name, a in self._static_inits.items():
+            env[name] = ctx.make_static(a)
+        for n in self.nodes:
+            ctx.node = n
+            ins = [env[i] for i in n.inputs]
+            fn = lookup(n.domain, n.op_type, self.opsets.get(n.domain or "", self.opset),
+                        n.name)
+            if all(t is None or ctx.is_static(t) for t in ins):
+                outs = _run_static(fn, ctx, n, ins)
+            else:
+                outs = fn(ctx, n, *ins)
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            for name, t in zip(n.outputs, outs):
+                env[name] = t
+        res = tuple(env[o] for o in self.output_names)
+        return res[0] if len(res) == 1 else res
+
+    def _input(self, name, a):
+        t = a if isinstance(a, Tensor) else Tensor(np.asarray(a))
+        want = self.input_types.get(name)
+        if want is not None:
+            dtype, shape = want
+            if dtype is not None and t.dtype != dtype:
+                raise OnnxError(f"sampan.onnx: input {name!r} is {t.dtype}; the model wants "
+                                f"{dtype}")
+            if shape is not None and (len(shape) != t.ndim or any(
+                    isinstance(d, int) and d != s for d, s in zip(shape, t.shape))):
+                raise OnnxError(f"sampan.onnx: input {name!r} has shape {list(t.shape)}; the "
+                                f"model wants {list(shape)}")
+        return t
+
+    def example_inputs(self, dim_sizes=None):
+        """Zeros of each input's type; symbolic dims take `dim_sizes[name]` (default 2)."""
+        out = []
+        for name in self.input_names:
+            dtype, shape = self.input_types[name]
+            dims = [d if isinstance(d, int) else (dim_sizes or {}).get(d, 2)
+                    for d in (shape or ())]
+            out.append(Tensor(np.zeros(dims, dtype or np.float32)))
+        return tuple(out)
+
+
+def _run_static(fn, ctx, n, ins):
+    """Run a node on static inputs now (tracer off): its outputs are static too."""
+    saved = STATE.tracer
+    STATE.tracer = None
+    try:
+        vals = [None if t is None else ctx.make_static(ctx.static(t)) for t in ins]
+        from ..autograd import no_grad
+        with no_grad():
+            outs = fn(ctx, n, *vals)
+    finally:
+        STATE.tracer = saved
+    many = isinstance(outs, (tuple, list))
+    outs = list(outs) if many else [outs]
+    res = []
+    for t in outs:
+        if t is None:
+            res.append(None)
+            continue
+        a = t._data if isinstance(t, Tensor) else np.asarray(t)
+        res.append(ctx.make_static(a))
+    return tuple(res) if many else res[0]
+
+
+def _value_type(vi):
+    """(numpy dtype or None, shape with dim_param names, or None) of a ValueInfoProto."""
+    from onnx import helper
+    tt = vi.type.tensor_type
+    dtype = None
+    if tt.elem_type:
+        try:
+            dtype = _dt.as_dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        except Exception:  # noqa: BLE001 - a type sampan has no dtype for
+            dtype = None
+    shape = None
+    if tt.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                      for d in tt.shape.dim)
+    return dtype, shape
+
+
+# ---------------------------------------------------------------------- public
+def to_layer(src) -> OnnxModule:
+    """An ONNX model (path, bytes or ModelProto) as a trainable sampan Layer."""
+    return OnnxModule(src)
+
+
+def load(src, *, dim_sizes=None):
+    """An ONNX model as a sampan `Graph` (traced in inference mode; inputs' symbolic dims
+    stay symbolic through `sampan.jit`'s dynamic dims)."""
+    from ..autograd import no_grad
+    from ..jit import jit
+    layer = to_layer(src)
+    layer.eval()
+    dyn = {}
+    for k, name in enumerate(layer.input_names):
+        _, shape = layer.input_types[name]
+        dims = {i: _sym(d) for i, d in enumerate(shape or ()) if not isinstance(d, int)}
+        if dims:
+            dyn[k] = dims
+    f = jit(layer, pipeline="inference", dynamic=dyn or None)
+    with no_grad():
+        f(*layer.example_inputs(dim_sizes))
+    return f.graph
+
+
+def _sym(d):
+    s = re.sub(r"[^0-9A-Za-z_]", "_", str(d))
+    return s if s and not s[0].isdigit() else "d_" + s
