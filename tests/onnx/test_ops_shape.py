@@ -303,3 +303,72 @@ def test_opsets_match_the_reference(op, opset, inputs, attrs, n_out, static):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
         np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- gradients
+D = R.standard_normal((2, 3, 4))
+GRAD = [   # (op, opset, float64 inputs (the first is differentiated), attrs, static)
+    ("Gather", 13, {"x": D, "i": NEG}, {"axis": 1}, ()),
+    ("Slice", 13, {"x": D, "s": np.array([-1], np.int64), "e": np.array([-BIG], np.int64),
+                   "a": np.array([2], np.int64), "t": np.array([-2], np.int64)},
+     {}, {"s", "e", "a", "t"}),
+    ("Pad", 18, {"x": D, "p": np.array([2, 1, 1, 2], np.int64),
+                 "v": None, "a": np.array([1, -1], np.int64)}, {"mode": "reflect"},
+     {"p", "a"}),
+    ("Pad", 19, {"x": D, "p": np.array([0, 1, 2, 0, 2, 3], np.int64)}, {"mode": "wrap"},
+     {"p"}),
+    ("ReduceL2", 18, {"x": D, "a": np.array([0, 2], np.int64)}, {}, {"a"}),
+    ("ReduceLogSumExp", 18, {"x": D, "a": np.array([1], np.int64)}, {"keepdims": 0}, {"a"}),
+    ("ReduceMax", 18, {"x": D, "a": np.array([-1], np.int64)}, {}, {"a"}),
+    ("ScatterND", 16, {"x": D, "i": np.array([[0, 1], [1, 2]], np.int64),
+                       "u": R.standard_normal((2, 4))}, {"reduction": "add"}, ()),
+    ("ScatterElements", 18, {"u": R.standard_normal((1, 4)), "x": D[0],
+                             "i": np.array([[2, 0, 1, 2]], np.int64)}, {}, ()),
+    ("GatherND", 12, {"x": D, "i": np.array([[[1], [0]], [[2], [-1]]], np.int64)},
+     {"batch_dims": 1}, ()),
+    ("TopK", 11, {"x": D, "k": np.array([2], np.int64)}, {"axis": 1}, {"k"}),
+    ("CumSum", 14, {"x": D, "a": np.array(1, np.int64)}, {"exclusive": 1, "reverse": 1},
+     {"a"}),
+    ("DepthToSpace", 13, {"x": R.standard_normal((1, 4, 2, 3))}, {"blocksize": 2,
+                                                                  "mode": "CRD"}, ()),
+    ("ReverseSequence", 10, {"x": D[0], "l": np.array([3, 1, 2, 3], np.int64)}, {}, ()),
+    ("OneHot", 11, {"v": np.array([0.5, -2.0]), "i": np.array([1, -1, 7], np.int64),
+                    "d": np.array(4, np.int64)}, {}, {"d"}),
+]
+
+
+@pytest.mark.parametrize("op,opset,inputs,attrs,static", GRAD,
+                         ids=[f"{c[0]}-{c[1]}" for c in GRAD])
+def test_gradients_match_finite_differences(op, opset, inputs, attrs, static):
+    names = list(inputs)
+    if op in ("ScatterElements", "OneHot"):     # the differentiated input is not the first
+        order = {"ScatterElements": ["x", "i", "u"], "OneHot": ["i", "d", "v"]}[op]
+        inputs = {n: inputs[n] for n in order}
+    m, _ = _model(op, opset, inputs, attrs, 1 if op != "TopK" else 2, static)
+    want = _reference(m, inputs, static)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(
+        f"y{i}", helper.np_dtype_to_tensor_dtype(w.dtype), list(w.shape))
+        for i, w in enumerate(want))
+    layer = sampan.onnx.to_layer(m)
+    wrt = names[0]
+    w = R.standard_normal(want[0].shape)
+
+    def loss(**over):
+        args = [sampan.tensor(over.get(n, a), requires_grad=(n == wrt))
+                for n, a in inputs.items() if a is not None and n not in static]
+        out = layer(*args)
+        out = out[0] if isinstance(out, tuple) else out
+        return (out * sampan.tensor(w)).sum(), args
+
+    val, args = loss()
+    val.backward()
+    g = [a for n, a in zip([n for n in inputs if n not in static], args) if n == wrt][0].grad
+    x0, eps, fd = inputs[wrt], 1e-6, np.zeros_like(inputs[wrt])
+    for k in range(x0.size):
+        for sgn in (1, -1):
+            x = x0.copy()
+            x.reshape(-1)[k] += sgn * eps
+            with sampan.no_grad():
+                fd.reshape(-1)[k] += sgn * loss(**{wrt: x})[0].item() / (2 * eps)
+    np.testing.assert_allclose(g.numpy(), fd, rtol=1e-5, atol=1e-6)

@@ -148,7 +148,7 @@ def concat(ctx, node, *xs):
             raise ctx.error(f"inputs {[(list(t.shape), str(t.dtype)) for t in xs]} differ "
                             "in rank or dtype (expected equal ranks and one dtype)")
     if len(xs) == 1:
-        return sampan.clone(xs[0])
+        return xs[0]
     return sampan.concat(xs, axis)
 
 
@@ -173,7 +173,7 @@ def _split(ctx, node, x, split, num_outputs=None):
     if len(sizes) != node.n_outputs:
         raise ctx.error(f"{len(sizes)} parts for {node.n_outputs} outputs")
     if len(sizes) == 1:
-        return (sampan.clone(x),)
+        return (x,)
     return tuple(sampan.split(x, sizes, axis))
 
 
@@ -211,8 +211,8 @@ def expand(ctx, node, x, shape):
         raise ctx.error(f"input shape {list(x.shape)} does not broadcast with {shape}") \
             from None
     if tuple(out) == tuple(x.shape):
-        return sampan.clone(x)
-    return sampan.clone(sampan.broadcast_to(x, out))
+        return x
+    return sampan.broadcast_to(x, out)
 
 
 @onnx_op("Tile", since=6)
@@ -241,7 +241,7 @@ def _pad(ctx, node, x, pads, value, axes=None, mode="constant"):
     for i, a in enumerate(axes):
         pairs[a] = (pads[i], pads[i + len(axes)])
     if not any(a or b for a, b in pairs):
-        return sampan.clone(x)
+        return x
     if mode == "constant":
         if value is None or ctx.is_static(value) or not isinstance(value, sampan.Tensor):
             v = 0.0 if value is None else ctx.static(value, "constant_value") \
