@@ -372,3 +372,83 @@ def test_gradients_match_finite_differences(op, opset, inputs, attrs, static):
             with sampan.no_grad():
                 fd.reshape(-1)[k] += sgn * loss(**{wrt: x})[0].item() / (2 * eps)
     np.testing.assert_allclose(g.numpy(), fd, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- whole models
+def _typed(op, opset, inputs, attrs=None, n_out=1, static=()):
+    m, args = _model(op, opset, inputs, attrs, n_out, static)
+    want = _reference(m, inputs, static)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(
+        f"y{i}", helper.np_dtype_to_tensor_dtype(w.dtype), list(w.shape))
+        for i, w in enumerate(want))
+    return m, args, want
+
+
+def test_torch_exported_model_eager_jit_and_backward():
+    torch = pytest.importorskip("torch")
+    import io
+
+    class M(torch.nn.Module):
+        def forward(self, x, idx):
+            y = x.reshape(x.shape[0], -1, 4).transpose(1, 2)       # shape arithmetic
+            z = torch.cat([y[:, 1:3], y.flip(-1)[:, :2]], 1)       # Slice (step -1)
+            v, i = torch.topk(z, 2, dim=-1)
+            s = z.cumsum(1).amax(-1)
+            t = x[:, idx].flatten(1).repeat(1, 2)                   # Gather, Tile
+            return v, torch.gather(z, 2, i), s, t, z.argmax(1), z.sum((1, 2), keepdim=True)
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(M(), (torch.randn(2, 3, 4), torch.tensor([2, 0])), f, dynamo=False,
+                          input_names=["x", "idx"], dynamic_axes={"x": {0: "N"}},
+                          opset_version=17)
+    layer = sampan.onnx.to_layer(f.getvalue())
+    idx = np.array([2, 0])
+    traced = sampan.jit(layer, pipeline="inference", dynamic={0: {0: "N"}})
+    for n in (2, 5):
+        x = torch.randn(n, 3, 4)
+        want = [w.numpy() for w in M()(x, torch.tensor(idx))]
+        for got in (layer(x.numpy(), idx), traced(sampan.tensor(x.numpy()), sampan.tensor(idx))):
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
+    g = sampan.onnx.load(f.getvalue())
+    assert g.inputs[0].shape[0] == "N"
+    xt = torch.randn(3, 3, 4, requires_grad=True)
+    sum(o.float().sum() for o in M()(xt, torch.tensor(idx))).backward()
+    xs = sampan.tensor(xt.detach().numpy(), requires_grad=True)
+    sum(sampan.cast(o, sampan.float32).sum() for o in layer(xs, idx)).backward()
+    np.testing.assert_allclose(xs.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_data_dependent_ops_run_eagerly_and_refuse_tracing_clearly():
+    ins = {"x": np.array([[1, 0], [0, 2]], np.float32)}
+    m, args, want = _typed("NonZero", 13, ins)
+    layer = sampan.onnx.to_layer(m)
+    np.testing.assert_array_equal(layer(*args).numpy(), want[0])
+    with pytest.raises(sampan.SampanError, match="depends on the data"):
+        sampan.jit(layer)(sampan.tensor(args[0]))
+
+
+def test_static_inputs_computed_from_data_are_clear_errors():
+    ins = {"x": X, "s": np.array([6, 4], np.int64)}
+    m, args, _ = _typed("Reshape", 14, ins)
+    with pytest.raises(OnnxError, match=r"node 'n0' \(Reshape, opset 14\): the target shape "
+                                        "must be known"):
+        sampan.onnx.to_layer(m)(*args)
+    m, args = _model("Squeeze", 13, {"x": X, "a": np.array([1], np.int64)}, static={"a"})
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", TensorProto.FLOAT, [2, 3, 4]))
+    with pytest.raises(OnnxError, match="cannot squeeze axis 1 of size 3"):
+        sampan.onnx.to_layer(m)(*args)
+
+
+def test_pad_value_computed_from_data_is_differentiable():
+    ins = {"x": D, "p": np.array([1, 0, 0, 2], np.int64), "v": np.array(2.5)}
+    m, _, want = _typed("Pad", 18, {**ins, "a": np.array([0, 2], np.int64)},
+                        static={"p", "a"})
+    x, v = sampan.tensor(D, requires_grad=True), sampan.tensor(ins["v"], requires_grad=True)
+    y = sampan.onnx.to_layer(m)(x, v)
+    np.testing.assert_allclose(y.numpy(), want[0])
+    y.sum().backward()
+    assert v.grad.item() == want[0].size - D.size and np.all(x.grad.numpy() == 1)
