@@ -452,3 +452,11 @@ def test_pad_value_computed_from_data_is_differentiable():
     np.testing.assert_allclose(y.numpy(), want[0])
     y.sum().backward()
     assert v.grad.item() == want[0].size - D.size and np.all(x.grad.numpy() == 1)
+
+
+def test_compress_with_a_known_condition_traces():
+    ins = {"x": X, "c": np.array([True, False, True])}
+    m, args, want = _typed("Compress", 11, ins, {"axis": 1}, static={"c"})
+    f = sampan.jit(sampan.onnx.to_layer(m))
+    with sampan.no_grad():
+        np.testing.assert_array_equal(f(sampan.tensor(args[0])).numpy(), want[0])

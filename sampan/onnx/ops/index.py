@@ -185,6 +185,9 @@ def compress(ctx, node, x, condition):
     n = x.shape[axis]
     if condition.ndim != 1:
         raise ctx.error(f"condition of shape {list(condition.shape)} (expected 1-d)")
+    if ctx.is_static(condition):   # known positions: an index_select that traces
+        c = np.asarray(ctx.static(condition)).reshape(-1)[:n]
+        return sampan.index_select(x, axis, sampan.tensor(np.flatnonzero(c).astype(np.int64)))
     if condition.shape[0] > n:
         condition = condition[:n]
     return sampan.index_select(x, axis, _nonzero_1d(condition))
