@@ -24,6 +24,7 @@ import re
 import numpy as np
 
 from .. import dtypes as _dt
+from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor
 from ..nn.layer import Layer, Parameter
@@ -282,7 +283,10 @@ class OnnxModule(Layer):
         return res[0] if len(res) == 1 else res
 
     def _input(self, name, a):
-        t = a if isinstance(a, Tensor) else Tensor(np.asarray(a))
+        try:
+            t = a if isinstance(a, Tensor) else Tensor(np.asarray(a))
+        except SampanError as e:    # a dtype sampan has no tensors of (uint64, string ...)
+            raise OnnxError(f"sampan.onnx: input {name!r}: {e}") from None
         want = self.input_types.get(name)
         if want is not None:
             dtype, shape = want

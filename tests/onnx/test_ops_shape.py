@@ -460,3 +460,14 @@ def test_compress_with_a_known_condition_traces():
     f = sampan.jit(sampan.onnx.to_layer(m))
     with sampan.no_grad():
         np.testing.assert_array_equal(f(sampan.tensor(args[0])).numpy(), want[0])
+
+
+def test_dtypes_sampan_lacks_are_onnx_errors_naming_them(new_opsets):
+    case = [c for _, c in conformance_cases(["TopK"]) if c.name == "test_top_k_uint64"][0]
+    with pytest.raises(OnnxError, match="input 'x'.*uint64"):
+        run_case(case)
+    m, _ = _model("ConstantOfShape", 9, {"s": np.array([2], np.int64)},
+                  {"value": numpy_helper.from_array(np.array([1], np.uint32))}, static={"s"})
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", TensorProto.UINT32, [2]))
+    with pytest.raises(OnnxError, match=r"ConstantOfShape.*value is uint32, a dtype sampan"):
+        sampan.onnx.to_layer(m)()

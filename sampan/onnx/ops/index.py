@@ -261,6 +261,19 @@ def trilu(ctx, node, x, k=None):
     return sampan.triu(x, k) if node.attr("upper", 1) else sampan.tril(x, k)
 
 
+def _sampan_dtype(ctx, dt, what):
+    """`dt` if sampan has tensors of it, else an OnnxError naming it."""
+    dt = np.dtype(dt)
+    if dt.name not in _DTYPES:
+        raise ctx.error(f"{what} is {dt.name}, a dtype sampan has no tensors of (it has "
+                        f"{', '.join(_DTYPES)})")
+    return dt
+
+
+_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+           "float32", "float64")
+
+
 def _np_dtype(ctx, code, default):
     if code is None:
         return np.dtype(default)
@@ -269,11 +282,7 @@ def _np_dtype(ctx, code, default):
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(int(code)))
     except Exception:  # noqa: BLE001 - not a dtype onnx maps to numpy
         raise ctx.error(f"dtype {code} has no numpy equivalent") from None
-    try:
-        sampan.dtypes.as_dtype(dt)
-    except Exception:  # noqa: BLE001 - a dtype sampan lacks
-        raise ctx.error(f"dtype {dt} is not a sampan dtype") from None
-    return dt
+    return _sampan_dtype(ctx, dt, "the dtype attribute")
 
 
 @onnx_op("EyeLike", since=9)
@@ -291,6 +300,7 @@ def constant_of_shape(ctx, node, shape):
     v = np.zeros(1, np.float32) if v is None else np.asarray(v)
     if v.size != 1:
         raise ctx.error(f"value holds {v.size} elements (expected one)")
+    _sampan_dtype(ctx, v.dtype, "value")
     if min(dims, default=0) < 0:
         raise ctx.error(f"shape {dims} has a negative dim")
     return ctx.make_static(np.full(dims, v.reshape(-1)[0], dtype=v.dtype))
