@@ -471,3 +471,17 @@ def test_dtypes_sampan_lacks_are_onnx_errors_naming_them(new_opsets):
     m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", TensorProto.UINT32, [2]))
     with pytest.raises(OnnxError, match=r"ConstantOfShape.*value is uint32, a dtype sampan"):
         sampan.onnx.to_layer(m)()
+
+
+def test_last_step_gather_serves_every_size_under_jit():
+    # x[:, -1] on a dynamic axis (the last token of a sequence) exports as one Gather
+    g = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], axis=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "T"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                          [numpy_helper.from_array(np.array(-1, np.int64), "i")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    f = sampan.jit(sampan.onnx.to_layer(m), pipeline="inference", dynamic={0: {1: "T"}})
+    for t in (3, 5, 4):
+        x = R.standard_normal((2, t)).astype(np.float32)
+        with sampan.no_grad():
+            np.testing.assert_array_equal(f(sampan.tensor(x)).numpy(), x[:, -1])

@@ -74,6 +74,13 @@ def slice_v10(ctx, node, x, starts, ends, axes=None, steps=None):
 @onnx_op("Gather", since=1)
 def gather(ctx, node, x, indices):
     axis = norm_axis(ctx, node.attr("axis", 0), x.ndim)
+    if ctx.is_static(indices) and indices.ndim == 0:
+        # one index (x[:, -1], say): plain indexing keeps a negative one as it is, so a
+        # traced graph serves every size of that axis
+        i, n = int(ctx.static(indices)), x.shape[axis]
+        if not -n <= i < n:
+            raise ctx.error(f"index {i} is outside [-{n}, {n}) on axis {axis}")
+        return x[(slice(None),) * axis + (i,)]
     idx = _wrap(ctx, indices, x.shape[axis])
     out = sampan.index_select(x, axis, sampan.reshape(idx, -1))
     return sampan.reshape(out, *x.shape[:axis], *indices.shape, *x.shape[axis + 1:])
