@@ -165,9 +165,10 @@ def _model(op, opset, inputs, attrs=None, n_out=1, static=()):
     return m, args
 
 
-# cases the onnx reference cannot run (no Scatter, float OneHot indices, negative pads):
+# cases the onnx reference cannot run (no Scatter, float OneHot indices, negative pads) or
+# runs against the spec (Slice):
 # onnxruntime is their reference
-ORT = {("Scatter", 9), ("OneHot", 9), ("Pad", 11)}
+ORT = {("Scatter", 9), ("OneHot", 9), ("Pad", 11), ("Slice", 11)}
 
 
 def _reference(m, inputs, static):
@@ -209,6 +210,11 @@ OLD = [   # (op, opset, inputs, attrs, outputs, static inputs)
                    "t": np.array([-2, -1], np.int64)}, {}, 1, {"s", "e", "a", "t"}),
     ("Slice", 13, {"x": X, "s": np.array([5], np.int64), "e": np.array([1], np.int64),
                    "a": np.array([-1], np.int64), "t": np.array([-1], np.int64)},
+     {}, 1, {"s", "e", "a", "t"}),
+    # a negative step from before the start: the spec (and onnxruntime) clamp the start to
+    # 0, so the result holds element 0; the onnx reference (Python slicing) gives nothing
+    ("Slice", 11, {"x": X, "s": np.array([-100], np.int64), "e": np.array([-BIG], np.int64),
+                   "a": np.array([1], np.int64), "t": np.array([-1], np.int64)},
      {}, 1, {"s", "e", "a", "t"}),
     ("Pad", 2, {"x": X}, {"pads": [0, 1, 2, 0, 1, 1], "mode": "reflect"}, 1, ()),
     ("Pad", 11, {"x": X, "p": np.array([0, 1, 0, 1, -1, 2], np.int64),
@@ -473,15 +479,26 @@ def test_dtypes_sampan_lacks_are_onnx_errors_naming_them(new_opsets):
         sampan.onnx.to_layer(m)()
 
 
-def test_last_step_gather_serves_every_size_under_jit():
-    # x[:, -1] on a dynamic axis (the last token of a sequence) exports as one Gather
-    g = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], axis=1)], "g",
+@pytest.mark.parametrize("what", ["last", "last3", "flip"])
+def test_negative_positions_serve_every_size_under_jit(what):
+    # x[:, -1], x[:, -3:] and x.flip(1) on a dynamic axis (a sequence's last token, its
+    # tail, reversed): one Gather or Slice whose negative positions stay relative to the end
+    if what == "last":
+        node, init, want = helper.make_node("Gather", ["x", "i"], ["y"], axis=1), \
+            {"i": np.array(-1)}, lambda x: x[:, -1]
+    else:
+        s, e, t = (-3, BIG, 1) if what == "last3" else (-1, -BIG, -1)
+        node, init = helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"]), \
+            {"s": np.array([s]), "e": np.array([e]), "a": np.array([1]), "t": np.array([t])}
+        want = (lambda x: x[:, -3:]) if what == "last3" else (lambda x: x[:, ::-1])
+    g = helper.make_graph([node], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "T"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
-                          [numpy_helper.from_array(np.array(-1, np.int64), "i")])
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         [2] if what == "last" else [2, "U"])],
+                          [numpy_helper.from_array(v, k) for k, v in init.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     f = sampan.jit(sampan.onnx.to_layer(m), pipeline="inference", dynamic={0: {1: "T"}})
-    for t in (3, 5, 4):
+    for t in (4, 6, 5):
         x = R.standard_normal((2, t)).astype(np.float32)
         with sampan.no_grad():
-            np.testing.assert_array_equal(f(sampan.tensor(x)).numpy(), x[:, -1])
+            np.testing.assert_array_equal(f(sampan.tensor(x)).numpy(), want(x))

@@ -34,6 +34,8 @@ def _wrap(ctx, idx, n, what="indices"):
 
 
 # ---------------------------------------------------------------------- Slice
+_FAR = 2 ** 31 - 1     # bounds this far out (INT_MAX, INT64_MIN ...) mean "to the end"
+
 def _slice(ctx, x, starts, ends, axes, steps):
     starts, ends = ints(starts), ints(ends)
     axes = list(range(len(starts))) if axes is None else ints(axes)
@@ -47,13 +49,17 @@ def _slice(ctx, x, starts, ends, axes, steps):
         n = x.shape[a]
         if st == 0:
             raise ctx.error(f"step 0 on axis {a}")
-        s = s + n if s < 0 else s
-        e = e + n if e < 0 else e
-        if st > 0:
-            s, e = min(max(s, 0), n), min(max(e, 0), n)
+        if st < 0 and s < -n:    # ONNX starts such a slice at 0; Python's would be empty
+            e = e + n if e < 0 else e
+            key[a] = slice(0, None if e < 0 else e, st)
+        elif st > 0:
+            # otherwise Python's slice clamps as ONNX does: kept as given, a negative start
+            # stays relative to the end, so a graph traced with a dynamic dim serves every
+            # size (x[:, -3:], x.flip(1)); INT_MAX-like bounds mean "to the end"
+            key[a] = slice(None if s <= -_FAR else s, None if e >= _FAR else e, st)
         else:
-            s, e = min(max(s, 0), n - 1), min(max(e, -1), n - 1)
-        key[a] = slice(s, None if e < 0 else e, st)
+            key[a] = slice(None if s >= _FAR else s, None if e <= -_FAR else e, st)
+    key = [slice(k.start, k.stop, None if k.step == 1 else k.step) for k in key]
     if all(k == slice(None) for k in key):
         return x
     return x[tuple(key)]
