@@ -24,12 +24,13 @@ import re
 import numpy as np
 
 from .. import dtypes as _dt
+from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor
 from ..nn.layer import Layer, Parameter
 from .ops import OnnxError, lookup
 
-MAX_OPSET = 23           # the newest default-domain opset whose semantics the table follows
+MAX_OPSET = 28           # the newest default-domain opset the handlers were checked against (onnx 1.23)
 
 
 # ---------------------------------------------------------------------- reading
