@@ -12,3 +12,12 @@ from .importer import OnnxModule, load, to_layer
 from .ops import OnnxError, supported
 
 __all__ = ["OnnxError", "OnnxModule", "load", "to_layer", "supported"]
+
+
+def __getattr__(name):
+    # `sampan.onnx.backend` imports onnx's backend API: loaded on first use, so that
+    # `import sampan` never imports onnx
+    if name == "backend":
+        import importlib
+        return importlib.import_module(".backend", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
