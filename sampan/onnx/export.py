@@ -314,7 +314,7 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
                                                            _dims(v.shape)))
     nodes = [helper.make_node(t, ins, outs, name=f"{t}_{k}", **attrs)
              for k, (t, ins, outs, attrs) in enumerate(ctx.nodes)]
-    inits = [numpy_helper.from_array(np.ascontiguousarray(a), nm)
+    inits = [numpy_helper.from_array(np.array(a, order="C"), nm)   # not ascontiguousarray: 0-d stays 0-d
              for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
     oid = helper.make_opsetid("", opset)
@@ -442,6 +442,15 @@ def export(fn_or_layer, example_inputs, path, *, opset=None, input_names=None,
 
         >>> sampan.onnx.export(sampan.nn.Linear(4, 2), (sampan.randn(3, 4),), "lin.onnx")
     """
+    model = to_model(fn_or_layer, example_inputs, opset=opset, input_names=input_names,
+                     output_names=output_names, dynamic_axes=dynamic_axes)
+    save_model(model, path, external_data_threshold)
+    return model
+
+
+def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
+             output_names=None, dynamic_axes=None):
+    """The ONNX ModelProto `export` writes (not checked, not written)."""
     from ..tensor import Tensor
     opset = check_opset(opset)
     if isinstance(example_inputs, Tensor) or not isinstance(example_inputs, (tuple, list)):
@@ -471,9 +480,7 @@ def export(fn_or_layer, example_inputs, path, *, opset=None, input_names=None,
             raise OnnxError(f"sampan.onnx.export: the program reads a {kind!r} input; only "
                             "arguments and weights can be exported")
     outs = [i for i, (kind, _) in enumerate(out_slots) if kind == "out"]
-    model = graph_to_model(g, args, state, outs, opset=opset, output_names=output_names)
-    save_model(model, path, external_data_threshold)
-    return model
+    return graph_to_model(g, args, state, outs, opset=opset, output_names=output_names)
 
 
 def _params_of(fn):

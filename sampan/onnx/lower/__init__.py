@@ -28,4 +28,5 @@ def register_lowering(op_name: str):
     return deco
 
 
-from . import elementwise, fused, matmul, reduce, rowwise, shape  # noqa: E402,F401
+from . import (conv, creation, elementwise, fused, index, matmul, reduce, rowwise,  # noqa: E402,F401
+               shape, sort)

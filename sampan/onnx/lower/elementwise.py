@@ -178,12 +178,23 @@ def _trunc(ctx, x):
 
 @register_lowering("expm1")
 def _expm1(ctx, x):
-    return E(ctx, "Sub", E(ctx, "Exp", x), num(ctx, 1, x))
+    # Kahan's form: (u - 1) * x / log(u) keeps the digits exp(x) - 1 loses near 0
+    u = E(ctx, "Exp", x)
+    um1 = E(ctx, "Sub", u, num(ctx, 1, x))
+    r = E(ctx, "Div", E(ctx, "Mul", um1, x), E(ctx, "Log", u))
+    r = E(ctx, "Where", E(ctx, "Equal", um1, num(ctx, -1, x)), um1, r)
+    r = E(ctx, "Where", E(ctx, "IsInf", u), u, r)
+    return E(ctx, "Where", E(ctx, "Equal", u, num(ctx, 1, x)), x, r)
 
 
 @register_lowering("log1p")
 def _log1p(ctx, x):
-    return E(ctx, "Log", E(ctx, "Add", x, num(ctx, 1, x)))
+    # Goldberg's form: log(u) * x / (u - 1) with u = 1 + x, exact where u rounds to 1
+    u = E(ctx, "Add", x, num(ctx, 1, x))
+    um1 = E(ctx, "Sub", u, num(ctx, 1, x))
+    r = E(ctx, "Div", E(ctx, "Mul", E(ctx, "Log", u), x), um1)
+    r = E(ctx, "Where", E(ctx, "IsInf", u), u, r)
+    return E(ctx, "Where", E(ctx, "Equal", um1, num(ctx, 0, x)), x, r)
 
 
 def _log_base(base):
