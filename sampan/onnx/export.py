@@ -543,3 +543,23 @@ def save_model(model, path, external_data_threshold=EXTERNAL_DATA_BYTES):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+# ---------------------------------------------------------------------- saved programs
+def saved_to_model(program_dir, *, opset=None, input_names=None, output_names=None):
+    """The ModelProto of a program written by `sampan.jit.save` (its Graph as saved, with
+    its weights as initializers; symbolic dims it was saved with become dim_params)."""
+    from ..jit.serialize import read
+    g, meta, arrays = read(program_dir)
+    n_args = meta["n_args"]
+    names = _input_names(input_names, [], n_args, ()) if input_names is not None else \
+        [f"input_{i}" for i in range(n_args)]
+    args, state = {}, {}
+    for p, spec in enumerate(meta["inputs"]):
+        if spec["kind"] == "arg":
+            args[p] = names[spec["index"]]
+        else:      # weights, frozen feeds, generator states: fixed in a saved program
+            state[p] = (_clean(g.inputs[p].name or spec["key"]), arrays[spec["key"]])
+    outs = [i for i, kind in enumerate(meta["outputs"]) if kind == "out"]
+    return graph_to_model(g, args, state, outs, opset=opset, output_names=output_names,
+                          name=str(meta.get("graph_name") or "sampan"))
