@@ -8,10 +8,11 @@
 The import table (`sampan/onnx/ops/`) maps ONNX op types onto sampan ops per opset; export
 lowers each op of the op table through its ONNX mapping. Needs the `onnx` extra.
 """
+from .export import export  # export: writes a traced program as an ONNX model
 from .importer import OnnxModule, load, to_layer
 from .ops import OnnxError, supported
 
-__all__ = ["OnnxError", "OnnxModule", "load", "to_layer", "supported"]
+__all__ = ["OnnxError", "OnnxModule", "export", "load", "to_layer", "supported"]
 
 
 def __getattr__(name):
