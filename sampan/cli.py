@@ -4,6 +4,8 @@
     sampan bisect <saved-model>               which pass changes a saved program's outputs?
     sampan passes                             list registered passes and pipelines
     sampan onnx export <saved-model> -o m.onnx  write a saved program as ONNX
+    sampan onnx import m.onnx -o <saved-model>  an ONNX model as a saved program
+    sampan onnx check m.onnx                  compare sampan with onnxruntime on the model
 """
 from __future__ import annotations
 
