@@ -172,6 +172,7 @@ class Context:
         self.opset = opsets.get("", 1)
         self.node = None
         self._static = {}      # id(tensor) -> numpy value
+        self._keep = []        # the static tensors: alive, so no other tensor reuses an id
         self._params = {}      # id(parameter) -> parameter: readable by static(), not folded
 
     def is_static(self, t) -> bool:
@@ -194,6 +195,7 @@ class Context:
         a = np.asarray(array, dtype=dtype)
         t = Tensor(a)
         self._static[id(t)] = a
+        self._keep.append(t)
         return t
 
     def error(self, msg):
