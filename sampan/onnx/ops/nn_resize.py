@@ -249,3 +249,36 @@ def grid_sample(ctx, node, x, grid):
             mode, mode), pad, bool(node.attr("align_corners", 0)))
     return F.grid_sample(x, grid, mode=mode, padding_mode=pad,
                          align_corners=bool(node.attr("align_corners", 0)))
+
+
+@onnx_op("Col2Im", since=18)
+def col2im(ctx, node, x, image_shape, block_shape):
+    """Sum the columns back into an image: each (channel, block offset, position) value
+    is added at its pixel with one `index_add` over the flattened padded image."""
+    img = [int(v) for v in _shape_value(ctx, image_shape, "image_shape")]
+    blk = [int(v) for v in _shape_value(ctx, block_shape, "block_shape")]
+    r = len(img)
+    dil = [int(v) for v in node.attr("dilations", [1] * r)]
+    strides = [int(v) for v in node.attr("strides", [1] * r)]
+    pads = [int(v) for v in node.attr("pads", [0] * 2 * r)]
+    n, ck, L = x.shape
+    kprod = int(np.prod(blk))
+    if ck % kprod:
+        raise ctx.error(f"input dim 1 ({ck}) is not a multiple of prod(block_shape) "
+                        f"{blk}")
+    c = ck // kprod
+    padded = [img[i] + pads[i] + pads[r + i] for i in range(r)]
+    nblk = [(padded[i] - dil[i] * (blk[i] - 1) - 1) // strides[i] + 1 for i in range(r)]
+    if int(np.prod(nblk)) != L:
+        raise ctx.error(f"input has {L} blocks; image_shape {img}, block_shape {blk}, "
+                        f"pads, strides and dilations give {int(np.prod(nblk))}")
+    kk = np.stack(np.meshgrid(*[np.arange(b) for b in blk], indexing="ij"), -1).reshape(-1, r)
+    ll = np.stack(np.meshgrid(*[np.arange(b) for b in nblk], indexing="ij"), -1).reshape(-1, r)
+    pos = kk[:, None, :] * np.array(dil) + ll[None, :, :] * np.array(strides)   # (K, L, r)
+    flat = np.ravel_multi_index(tuple(pos.reshape(-1, r).T), padded).astype(np.int64)
+    out = sampan.zeros(n, c, int(np.prod(padded)), dtype=x.dtype)
+    out = sampan.index_add(out, 2, sampan.Tensor(flat), sampan.reshape(x, n, c, kprod * L))
+    out = sampan.reshape(out, n, c, *padded)
+    if any(pads):
+        out = F.pad(out, [v for i in reversed(range(r)) for v in (-pads[i], -pads[r + i])])
+    return out
