@@ -40,10 +40,21 @@ __all__ = ["SampanBackend", "SampanRep", "CaseResult", "node_cases", "case_op_ty
 
 class SampanRep(BackendRep):
     """A prepared model: `run(inputs)` takes a list of arrays (graph-input order) or a
-    dict keyed by input name, and returns the outputs as numpy arrays."""
+    dict keyed by input name, and returns the outputs as numpy arrays.
 
-    def __init__(self, layer):
+    sampan builds static graphs: axes, shapes, pads, `k` … must be known when the graph
+    is built. A model that reads one from a graph input (the node suite does) fails
+    that way when run as is; then `run` binds the values fed to those inputs as
+    constants (integer inputs first, then every input of rank <= 1) and runs that model,
+    one per distinct set of values (`specialized` tells whether the last run did)."""
+
+    MAX_SPECIAL = 16        # specialised models kept per prepared model
+
+    def __init__(self, layer, model=None):
         self.layer = layer
+        self.model = model
+        self.specialized = False
+        self._special = {}
         self._outputs = namedtupledict("Outputs", layer.output_names)
 
     def run(self, inputs, **kwargs):
@@ -59,10 +70,57 @@ class SampanRep(BackendRep):
         else:
             args = [inputs]
         ts = [_tensor(names[k] if k < len(names) else f"#{k}", a) for k, a in enumerate(args)]
-        with no_grad():
-            outs = self.layer(*ts)
+        self.specialized = False
+        try:
+            with no_grad():
+                outs = self.layer(*ts)
+        except OnnxError as e:
+            if _NEEDS_STATIC not in str(e) or self.model is None or len(ts) != len(names):
+                raise
+            outs = self._run_specialized(names, ts, e)
+            self.specialized = True
         outs = outs if isinstance(outs, tuple) else (outs,)
         return self._outputs(*[_array(o) for o in outs])
+
+    def _run_specialized(self, names, ts, err):
+        arrays = [t.numpy() for t in ts]
+        stages = ([k for k, a in enumerate(arrays) if a.dtype.kind in "iub"],
+                  [k for k, a in enumerate(arrays) if a.dtype.kind in "iub" or a.ndim <= 1])
+        for fold in stages:
+            if not fold:
+                continue
+            key = tuple((k, arrays[k].dtype.str, arrays[k].shape, arrays[k].tobytes())
+                        for k in fold)
+            layer = self._special.get(key)
+            if layer is None:
+                layer = to_layer(_bind_inputs(self.model, {names[k]: arrays[k]
+                                                           for k in fold}))
+                layer.eval()
+                if len(self._special) >= self.MAX_SPECIAL:
+                    self._special.pop(next(iter(self._special)))
+                self._special[key] = layer
+            try:
+                with no_grad():
+                    return layer(*[t for k, t in enumerate(ts) if k not in fold])
+            except OnnxError as e:
+                if _NEEDS_STATIC not in str(e):
+                    raise
+        raise err
+
+
+_NEEDS_STATIC = "must be known when the graph is built"
+
+
+def _bind_inputs(model, values):
+    """A copy of `model` whose inputs named in `values` are initializers holding them."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = [i for i in m.graph.input if i.name not in values]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    for name, a in values.items():
+        m.graph.initializer.append(onnx.numpy_helper.from_array(a, name))
+    return m
 
 
 def _tensor(name, a):
@@ -99,9 +157,11 @@ class SampanBackend(Backend):
         if not cls.supports_device(device):
             raise OnnxError(f"sampan.onnx.backend: device {device!r} is not supported; "
                             "sampan's ONNX backend runs on CPU")
+        from .importer import read_model
+        model = read_model(model)
         layer = to_layer(model)
         layer.eval()
-        return SampanRep(layer)
+        return SampanRep(layer, model)
 
     @classmethod
     def run_model(cls, model, inputs, device="CPU", **kwargs):
@@ -161,6 +221,7 @@ class CaseResult(NamedTuple):
     passed: bool
     error: str          # "" when passed: else the exception's type and first line
     seconds: float
+    specialized: bool = False   # ran with inputs bound as constants (see SampanRep)
 
 
 def node_cases():
@@ -191,9 +252,11 @@ def _first_line(e, n=200):
     return f"{type(e).__name__}: {msg[:n]}"
 
 
-def run_case(backend, case) -> tuple[bool, str]:
-    """Prepare and run one case on `backend`; (passed, error) by the onnx runner's rule."""
+def run_case(backend, case) -> tuple[bool, str, bool]:
+    """Prepare and run one case on `backend`; (passed, error, specialized) by the onnx
+    runner's rule."""
     from onnx.backend.test.runner import Runner
+    special = False
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
@@ -204,11 +267,12 @@ def run_case(backend, case) -> tuple[bool, str]:
                 refs = [onnx.numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto)
                         else a for a in refs]
                 outs = list(rep.run(ins))
+                special |= bool(getattr(rep, "specialized", False))
                 Runner.assert_similar_outputs(refs, outs, rtol=case.rtol, atol=case.atol,
                                               model_dir=case.name)
     except Exception as e:  # noqa: BLE001 - every failure is a failed case, with its reason
-        return False, _first_line(e)
-    return True, ""
+        return False, _first_line(e), special
+    return True, "", special
 
 
 def run_cases(cases, backend=SampanBackend, progress=None) -> list[CaseResult]:
@@ -218,9 +282,9 @@ def run_cases(cases, backend=SampanBackend, progress=None) -> list[CaseResult]:
     res = []
     for i, c in enumerate(cases):
         t = time.perf_counter()
-        ok, err = run_case(backend, c)
+        ok, err, special = run_case(backend, c)
         res.append(CaseResult(c.name, case_op_type(c, by_name), ok, err,
-                              time.perf_counter() - t))
+                              time.perf_counter() - t, special))
         if progress is not None:
             progress(i + 1, len(cases))
     return res
