@@ -120,10 +120,19 @@ MODELS = {
     "mlp": (_mlp, _f(8), {"x": {0: "N"}}, ["y"]),
     "lenet": (LeNet, _f(1, 16, 16), {"x": {0: "N"}}, ["y"]),
     "resblock": (ResBlock, _f(4, 6, 6), {"x": {0: "N"}}, ["y"]),
-    "encoder": (Encoder, _f(5, 16), {"x": {0: "N", 1: "T"}}, ["y"]),
+    # the TorchScript exporter bakes the sequence length into the attention's Reshape
+    # (onnxruntime refuses another length too): only the batch is dynamic
+    "encoder": (Encoder, _f(5, 16), {"x": {0: "N"}}, ["y"]),
     "lstm": (LSTM, _f(5, 4), {"x": {0: "N"}}, ["y", "h", "c"]),
     "gpt": (GPT, _ids, {"x": {0: "N"}}, ["y"]),
 }
+
+
+# ONNX ops each export must contain: the layer is imported as that op, not something else
+EXPECT = {"mlp": {"Gemm", "Relu", "Tanh"}, "lenet": {"Conv", "MaxPool", "Flatten", "Gemm"},
+          "resblock": {"BatchNormalization", "Conv", "Add"},
+          "encoder": {"MatMul", "Softmax", "LayerNormalization"}, "lstm": {"LSTM"},
+          "gpt": {"Gather", "Where", "Softmax", "LayerNormalization", "Erf"}}
 
 
 def _export(name):
@@ -168,15 +177,14 @@ def _torch(m, xs):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_import_matches_onnxruntime_and_pytorch(name, exported):
     m, blob = exported(name)
+    ops = {n.op_type for n in onnx.load_from_string(blob).graph.node}
+    assert EXPECT[name] <= ops, (name, sorted(ops))
     layer = sampan.onnx.to_layer(blob)
     layer.eval()
     sess = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
     make = MODELS[name][1]
-    batches = BATCHES if name != "encoder" else BATCHES + (4,)
-    for b in batches:
+    for b in BATCHES:
         xs = make(b)
-        if name == "encoder" and b == 4:      # a second sequence length too
-            xs = [np.random.default_rng(7).standard_normal((2, 3, 16), np.float32)]
         with sampan.no_grad():
             got = layer(*[sampan.tensor(a) for a in xs])
         got = [t.numpy() for t in (got if isinstance(got, tuple) else (got,))]
