@@ -27,6 +27,7 @@ from ..errors import SampanError
 from ..ops.registry import NO_ONNX, OPS, Spec
 from . import lower  # noqa: F401 - registers the lowerings in the op table
 from .errors import OnnxError
+from .lower.peephole import fold_patterns
 
 MIN_OPSET = 17
 EXTERNAL_DATA_BYTES = 2 << 30      # protobuf's limit: larger models keep weights outside
@@ -82,6 +83,7 @@ class Ctx:
         self.specs = {}            # ONNX name of a sampan value -> Spec
         self.dims = dims           # symbol -> (input name, dim)
         self._n = 0
+        self.used = set()          # every name given out (inputs, weights, values)
         self._consts = {}
         self._dim_cache = {}
         self.op, self.loc = "", ""
@@ -97,8 +99,12 @@ class Ctx:
 
     # names and specs
     def fresh(self, hint="t") -> str:
-        self._n += 1
-        return f"{hint}_{self._n}"
+        while True:
+            self._n += 1
+            name = f"{hint}_{self._n}"
+            if name not in self.used:
+                self.used.add(name)
+                return name
 
     def spec(self, name) -> Spec:
         """Shape and dtype of a sampan value (a lowering's inputs)."""
@@ -122,15 +128,17 @@ class Ctx:
         return outs[0] if n_out == 1 else outs
 
     # constants
-    def const(self, array, hint="c") -> str:
-        """An initializer holding `array` (small ones are shared by value)."""
+    def const(self, array, hint="c", exact=False) -> str:
+        """An initializer holding `array` (small ones are shared by value); named `hint`
+        itself with `exact` when that name is free."""
         a = np.asarray(array)
         key = None
-        if a.size <= 16:
+        if a.size <= 16 and not exact:
             key = (a.dtype.str, a.shape, a.tobytes())
             if key in self._consts:
                 return self._consts[key]
-        name = self.fresh(hint)
+        name = hint if exact and hint not in self.used else self.fresh(hint)
+        self.used.add(name)
         self.inits[name] = a
         if key is not None:
             self._consts[key] = name
@@ -281,9 +289,10 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
             raise OnnxError(f"sampan.onnx.export: graph input {p} ({v.type_str()}) is neither "
                             "an argument nor a weight")
         ctx.specs[names[v.id]] = Spec(v.shape, v.dtype)
+        ctx.used.add(names[v.id])
     for c in g.consts:
         if c.id in read:
-            nm = ctx.const(c.const, _clean(c.name) if c.name else "const")
+            nm = ctx.const(c.const, _const_name(c.name), exact=bool(c.name))
             names[c.id] = nm
             ctx.specs.setdefault(nm, Spec(c.shape, c.dtype))
     for n in g.nodes:
@@ -302,6 +311,15 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
             names[v.id] = o
             ctx.specs[o] = Spec(v.shape, v.dtype)
     out_names = _out_names(output_names, len(outputs))
+    clash = set(out_names) & (set(args.values()) | set(ctx.inits) | {
+        o for _, _, outs, _ in ctx.nodes for o in outs})
+    if clash:
+        raise OnnxError(f"sampan.onnx.export: output names {sorted(clash)} are already the "
+                        "names of inputs or weights; choose others with output_names=")
+    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs})
+    needed = {i for _, ins, _, _ in ctx.nodes for i in ins} | {names[g.outputs[i].id]
+                                                               for i in outputs}
+    ctx.inits = {nm: a for nm, a in ctx.inits.items() if nm in needed}
     graph_outputs = []
     taken = {}
     for i, nm in zip(outputs, out_names):
@@ -314,8 +332,8 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
                                                            _dims(v.shape)))
     nodes = [helper.make_node(t, ins, outs, name=f"{t}_{k}", **attrs)
              for k, (t, ins, outs, attrs) in enumerate(ctx.nodes)]
-    inits = [numpy_helper.from_array(np.array(a, order="C"), nm)   # not ascontiguousarray: 0-d stays 0-d
-             for nm, a in ctx.inits.items()]
+    # np.array, not ascontiguousarray: a 0-d array stays 0-d
+    inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
     oid = helper.make_opsetid("", opset)
     return helper.make_model(graph, opset_imports=[oid], producer_name="sampan",
@@ -325,16 +343,21 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
 def _rename(ctx, src, new, taken) -> bool:
     """Rename the node output `src` to graph output name `new` (no Identity needed) when a
     node made it and it is not already a graph output under another name."""
-    if src in taken or src in ctx.inits or src in ctx.dims_inputs():
+    if src in taken or not any(src in outs for _, _, outs, _ in ctx.nodes):
         return False
     for _, ins, outs, _ in ctx.nodes:
-        for k, o in enumerate(outs):
-            if o == src:
-                outs[k] = new
-        for k, i in enumerate(ins):
-            if i == src:
-                ins[k] = new
-    return any(new in outs for _, _, outs, _ in ctx.nodes)
+        outs[:] = [new if o == src else o for o in outs]
+        ins[:] = [new if i == src else i for i in ins]
+    return True
+
+
+def _const_name(name):
+    """A weight's ONNX name: its parameter name ('0.weight'), without freeze_state's
+    'frozen.' prefix."""
+    if not name:
+        return "const"
+    name = str(name)
+    return _clean(name[len("frozen."):] if name.startswith("frozen.") else name)
 
 
 def _dims(shape):

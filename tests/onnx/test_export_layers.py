@@ -118,3 +118,17 @@ def test_gpt_block_dynamic_batch(tmp_path, opset):
                 opset=opset)
     ops = {n.op_type for n in mp.graph.node}
     assert ("Gelu" in ops) == (mp.opset_import[0].version >= 20)
+
+
+def test_standardize_scale_shift_is_one_layer_normalization(tmp_path):
+    sampan.manual_seed(6)
+    w, b = sampan.randn(8), sampan.randn(8)
+
+    def f(x):
+        return sampan.layer_norm(x, (8,)) * w + b   # standardize, then a fused mul/add
+    x = sampan.randn(3, 8)
+    mp = sampan.onnx.export(f, (x,), tmp_path / "ln.onnx")
+    assert [n.op_type for n in mp.graph.node] == ["LayerNormalization"]
+    s = _session(tmp_path / "ln.onnx")
+    np.testing.assert_allclose(s.run(None, {s.get_inputs()[0].name: x.numpy()})[0],
+                               f(x).numpy(), atol=1e-5)
