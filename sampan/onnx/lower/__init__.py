@@ -28,5 +28,5 @@ def register_lowering(op_name: str):
     return deco
 
 
-from . import (conv, creation, elementwise, fused, index, matmul, reduce, rowwise,  # noqa: E402,F401
-               shape, sort)
+from . import (conv, creation, elementwise, fused, index, layout, matmul, reduce,  # noqa: E402,F401
+               rowwise, shape, sort)
