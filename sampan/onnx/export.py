@@ -176,39 +176,42 @@ class Ctx:
         if expr in self._dim_cache:
             return self._dim_cache[expr]
         parts = re.split(r"([*/])", expr)
-        val, is_float = None, False
-        coef = 1.0
+        coef, num, den = 1.0, [], []
         for op, part in zip(["*"] + parts[1::2], parts[0::2]):
             if part in self.dims:
-                src, d = self.dims[part]
-                t = self.emit("Shape", [src], start=d, end=d + 1)
-            else:
-                try:
-                    c = int(part) if part.isdigit() else float(part)
-                except ValueError:
-                    raise OnnxError(f"sampan.onnx.export: symbolic size {expr!r} names "
-                                    f"{part!r}, which no input binds") from None
-                if op == "*":
-                    coef *= c
-                    continue
-                t = self.const(np.asarray([c], np.float64))
-            if op == "/":
-                is_float = True
-            if val is None:
-                val = t
-            else:
-                if is_float:
-                    val, t = self.cast(val, np.float64), self.cast(t, np.float64)
-                val = self.emit("Mul" if op == "*" else "Div", [val, t])
-        if val is None:
-            val = self.const(np.asarray([coef], np.float64 if coef % 1 else np.int64))
-        elif coef != 1:
-            if is_float or coef % 1:
-                val = self.emit("Mul", [self.cast(val, np.float64),
-                                        self.const(np.asarray([coef], np.float64))])
-            else:
-                val = self.emit("Mul", [val, self.const(np.asarray([int(coef)], np.int64))])
+                (num if op == "*" else den).append(self._dim(part))
+                continue
+            try:
+                c = int(part) if part.isdigit() else float(part)
+            except ValueError:
+                raise OnnxError(f"sampan.onnx.export: symbolic size {expr!r} names {part!r}, "
+                                "which no input binds") from None
+            coef = coef * c if op == "*" else coef / c
+        if not den and float(coef).is_integer():      # a size: int64
+            val = self._product(num) if num else None
+            if val is None or coef != 1:
+                k = self.const(np.asarray([int(coef)], np.int64), "ints")
+                val = k if val is None else self.emit("Mul", [val, k])
+        else:                                         # a value that scales: float64
+            val = self.const(np.asarray([coef], np.float64))
+            if num:
+                val = self.emit("Mul", [val, self.cast(self._product(num), np.float64)])
+            if den:
+                val = self.emit("Div", [val, self.cast(self._product(den), np.float64)])
         self._dim_cache[expr] = val
+        return val
+
+    def _dim(self, sym) -> str:
+        key = ("dim", sym)
+        if key not in self._dim_cache:
+            src, d = self.dims[sym]
+            self._dim_cache[key] = self.emit("Shape", [src], start=d, end=d + 1)
+        return self._dim_cache[key]
+
+    def _product(self, names) -> str:
+        val = names[0]
+        for t in names[1:]:
+            val = self.emit("Mul", [val, t])
         return val
 
     def cast(self, name, dtype) -> str:
