@@ -436,22 +436,27 @@ def _input_names(input_names, params, n, example_inputs):
     return [f"input_{i}" for i in range(n)]
 
 
-def _dynamic_from_axes(dynamic_axes, in_names, params):
+def _dynamic_from_axes(dynamic_axes, in_names, params, output_names):
     """PyTorch's dynamic_axes ({input name: {dim: symbol}} or {name: [dims]}) as jit's
-    dynamic= (keyed by parameter name or position); output entries are checked only."""
+    dynamic= (keyed by position). Entries for outputs are accepted and need nothing: an
+    output's dims follow from the inputs' symbols."""
     if dynamic_axes is None:
         return None
     if not isinstance(dynamic_axes, dict):
         raise OnnxError(f"sampan.onnx.export: dynamic_axes must be a dict {{input name: "
                         f"{{dim: symbol}}}}; got {dynamic_axes!r}")
+    outs = set(output_names or ())
     out = {}
     for key, spec in dynamic_axes.items():
         if isinstance(spec, (list, tuple)):
             spec = {d: f"{_clean(key)}_dim{d}" for d in spec}
         if key in in_names:
             out[in_names.index(key)] = spec
-        elif key in params:
+        elif key in params and params.index(key) < len(in_names):
             out[params.index(key)] = spec
+        elif not (key in outs or (output_names is None and str(key).startswith("output"))):
+            raise OnnxError(f"sampan.onnx.export: dynamic_axes names {key!r}, which is no "
+                            f"input (inputs: {in_names}) or output")
     return out or None
 
 
@@ -491,7 +496,7 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         params0 = _params_of(fn_or_layer)
         n_leaves = _count_leaves(example_inputs)
         in_names = _input_names(input_names, params0, n_leaves, example_inputs)
-        dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0)
+        dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
         g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
     finally:
         if layer is not None and was_training:
