@@ -27,6 +27,8 @@ from ..errors import SampanError
 from ..ops.registry import NO_ONNX, OPS, Spec
 from . import lower  # noqa: F401 - registers the lowerings in the op table
 from .errors import OnnxError
+from .lower.context import Ctx, onnx_dtype
+from .lower.peephole import fold_patterns
 
 MIN_OPSET = 17
 EXTERNAL_DATA_BYTES = 2 << 30      # protobuf's limit: larger models keep weights outside
@@ -71,180 +73,6 @@ def check_opset(opset) -> int:
     return opset
 
 
-# ---------------------------------------------------------------------- the context
-class Ctx:
-    """What a lowering sees: emit nodes, make initializers, read specs and the opset."""
-
-    def __init__(self, opset: int, dims: dict):
-        self.opset = opset
-        self.nodes = []            # (op_type, inputs, outputs, attrs)
-        self.inits = {}            # name -> ndarray
-        self.specs = {}            # ONNX name of a sampan value -> Spec
-        self.dims = dims           # symbol -> (input name, dim)
-        self._n = 0
-        self._consts = {}
-        self._dim_cache = {}
-        self.op, self.loc = "", ""
-        self.out = []              # Specs of the outputs of the op being lowered
-
-    @property
-    def out_dtype(self):
-        """dtype of the (first) output of the op being lowered."""
-        return np.dtype(self.out[0].dtype)
-
-    def dims_inputs(self) -> set:
-        return {src for src, _ in self.dims.values()}
-
-    # names and specs
-    def fresh(self, hint="t") -> str:
-        self._n += 1
-        return f"{hint}_{self._n}"
-
-    def spec(self, name) -> Spec:
-        """Shape and dtype of a sampan value (a lowering's inputs)."""
-        return self.specs[name]
-
-    def fail(self, why: str):
-        """Raise the export error for the current node (`why`: what is not supported)."""
-        raise OnnxError(f"sampan.onnx.export: op {self.op!r} at {self.loc or '?'} cannot be "
-                        f"written as ONNX at opset {self.opset}: {why}")
-
-    # nodes
-    def emit(self, op_type: str, inputs, n_out: int = 1, **attrs):
-        """Add an ONNX node; returns its output name (a list when n_out != 1). An input of
-        None is an omitted optional input."""
-        outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
-        ins = ["" if i is None else i for i in inputs]
-        while ins and ins[-1] == "":
-            ins.pop()
-        self.nodes.append((op_type, ins, outs, {k: v for k, v in attrs.items()
-                                                 if v is not None}))
-        return outs[0] if n_out == 1 else outs
-
-    # constants
-    def const(self, array, hint="c") -> str:
-        """An initializer holding `array` (small ones are shared by value)."""
-        a = np.asarray(array)
-        key = None
-        if a.size <= 16:
-            key = (a.dtype.str, a.shape, a.tobytes())
-            if key in self._consts:
-                return self._consts[key]
-        name = self.fresh(hint)
-        self.inits[name] = a
-        if key is not None:
-            self._consts[key] = name
-        return name
-
-    def scalar(self, value, dtype) -> str:
-        """A 0-d initializer of `dtype`; a "$expr" value (a symbolic size) is computed."""
-        if isinstance(value, str) and value.startswith("$"):
-            return self.emit("Squeeze", [self.cast(self.expr(value[1:]), dtype),
-                                         self.ints([0])])
-        return self.const(np.asarray(value, dtype=dtype))
-
-    def ints(self, values) -> str:
-        """A 1-D int64 tensor of `values`; "$expr" entries (symbolic sizes) are computed
-        from the inputs' shapes at run time."""
-        values = list(values)
-        if all(not isinstance(v, str) for v in values):
-            return self.const(np.asarray(values, np.int64).reshape(len(values)), "ints")
-        parts, run = [], []
-        for v in values:
-            if isinstance(v, str):
-                if run:
-                    parts.append(self.const(np.asarray(run, np.int64), "ints"))
-                    run = []
-                parts.append(self.expr(v[1:] if v.startswith("$") else v))
-            else:
-                run.append(int(v))
-        if run:
-            parts.append(self.const(np.asarray(run, np.int64), "ints"))
-        return parts[0] if len(parts) == 1 else self.emit("Concat", parts, axis=0)
-
-    def expr(self, expr: str) -> str:
-        """An int64 [1] tensor (a float64 one for a quotient) holding a symbolic size such
-        as 'batch' or '8*batch*seq' (see `sampan.jit.dynamic`)."""
-        if expr in self._dim_cache:
-            return self._dim_cache[expr]
-        parts = re.split(r"([*/])", expr)
-        val, is_float = None, False
-        coef = 1.0
-        for op, part in zip(["*"] + parts[1::2], parts[0::2]):
-            if part in self.dims:
-                src, d = self.dims[part]
-                t = self.emit("Shape", [src], start=d, end=d + 1)
-            else:
-                try:
-                    c = int(part) if part.isdigit() else float(part)
-                except ValueError:
-                    raise OnnxError(f"sampan.onnx.export: symbolic size {expr!r} names "
-                                    f"{part!r}, which no input binds") from None
-                if op == "*":
-                    coef *= c
-                    continue
-                t = self.const(np.asarray([c], np.float64))
-            if op == "/":
-                is_float = True
-            if val is None:
-                val = t
-            else:
-                if is_float:
-                    val, t = self.cast(val, np.float64), self.cast(t, np.float64)
-                val = self.emit("Mul" if op == "*" else "Div", [val, t])
-        if val is None:
-            val = self.const(np.asarray([coef], np.float64 if coef % 1 else np.int64))
-        elif coef != 1:
-            if is_float or coef % 1:
-                val = self.emit("Mul", [self.cast(val, np.float64),
-                                        self.const(np.asarray([coef], np.float64))])
-            else:
-                val = self.emit("Mul", [val, self.const(np.asarray([int(coef)], np.int64))])
-        self._dim_cache[expr] = val
-        return val
-
-    def cast(self, name, dtype) -> str:
-        return self.emit("Cast", [name], to=onnx_dtype(np.dtype(dtype)))
-
-    def onnx_dtype(self, dtype) -> int:
-        return onnx_dtype(np.dtype(dtype))
-
-    # other ops
-    def lower(self, op_name, inputs, attrs, out_specs=None):
-        """Lower sampan op `op_name` on ONNX names `inputs` (input specs must be known);
-        returns its outputs' names. Lowerings built from other ops' lowerings use this."""
-        from ..ir.graph import infer
-        op = OPS[op_name]
-        if out_specs is None:
-            out_specs = infer(op_name, [self.specs[i] for i in inputs], attrs)
-        fn = op.onnx
-        if fn is None or fn == NO_ONNX:
-            self.fail(f"the op {op_name!r} has no ONNX mapping")
-        saved, self.out = self.out, list(out_specs)
-        try:
-            if isinstance(fn, str):
-                outs = self.emit(fn, list(inputs), n_out=len(out_specs))
-            else:
-                outs = fn(self, *inputs, **attrs)
-        finally:
-            self.out = saved
-        outs = [outs] if isinstance(outs, str) else list(outs)
-        for n, s in zip(outs, out_specs):
-            self.specs.setdefault(n, Spec(tuple(s.shape), np.dtype(s.dtype)))
-        return outs
-
-
-def onnx_dtype(dt: np.dtype) -> int:
-    from onnx import helper
-    if dt.name == "bfloat16":
-        from onnx import TensorProto
-        return TensorProto.BFLOAT16
-    try:
-        return helper.np_dtype_to_tensor_dtype(dt)
-    except (KeyError, TypeError, ValueError):
-        raise OnnxError(f"sampan.onnx.export: dtype {dt} has no ONNX type") from None
-
-
 # ---------------------------------------------------------------------- Graph -> ModelProto
 def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
                    output_names=None, name="sampan"):
@@ -281,9 +109,10 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
             raise OnnxError(f"sampan.onnx.export: graph input {p} ({v.type_str()}) is neither "
                             "an argument nor a weight")
         ctx.specs[names[v.id]] = Spec(v.shape, v.dtype)
+        ctx.used.add(names[v.id])
     for c in g.consts:
         if c.id in read:
-            nm = ctx.const(c.const, _clean(c.name) if c.name else "const")
+            nm = ctx.const(c.const, _const_name(c.name), exact=bool(c.name))
             names[c.id] = nm
             ctx.specs.setdefault(nm, Spec(c.shape, c.dtype))
     for n in g.nodes:
@@ -302,6 +131,15 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
             names[v.id] = o
             ctx.specs[o] = Spec(v.shape, v.dtype)
     out_names = _out_names(output_names, len(outputs))
+    clash = set(out_names) & (set(args.values()) | set(ctx.inits) | {
+        o for _, _, outs, _ in ctx.nodes for o in outs})
+    if clash:
+        raise OnnxError(f"sampan.onnx.export: output names {sorted(clash)} are already the "
+                        "names of inputs or weights; choose others with output_names=")
+    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs})
+    needed = {i for _, ins, _, _ in ctx.nodes for i in ins} | {names[g.outputs[i].id]
+                                                               for i in outputs}
+    ctx.inits = {nm: a for nm, a in ctx.inits.items() if nm in needed}
     graph_outputs = []
     taken = {}
     for i, nm in zip(outputs, out_names):
@@ -314,8 +152,8 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
                                                            _dims(v.shape)))
     nodes = [helper.make_node(t, ins, outs, name=f"{t}_{k}", **attrs)
              for k, (t, ins, outs, attrs) in enumerate(ctx.nodes)]
-    inits = [numpy_helper.from_array(np.array(a, order="C"), nm)   # not ascontiguousarray: 0-d stays 0-d
-             for nm, a in ctx.inits.items()]
+    # np.array, not ascontiguousarray: a 0-d array stays 0-d
+    inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
     oid = helper.make_opsetid("", opset)
     return helper.make_model(graph, opset_imports=[oid], producer_name="sampan",
@@ -325,16 +163,21 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
 def _rename(ctx, src, new, taken) -> bool:
     """Rename the node output `src` to graph output name `new` (no Identity needed) when a
     node made it and it is not already a graph output under another name."""
-    if src in taken or src in ctx.inits or src in ctx.dims_inputs():
+    if src in taken or not any(src in outs for _, _, outs, _ in ctx.nodes):
         return False
     for _, ins, outs, _ in ctx.nodes:
-        for k, o in enumerate(outs):
-            if o == src:
-                outs[k] = new
-        for k, i in enumerate(ins):
-            if i == src:
-                ins[k] = new
-    return any(new in outs for _, _, outs, _ in ctx.nodes)
+        outs[:] = [new if o == src else o for o in outs]
+        ins[:] = [new if i == src else i for i in ins]
+    return True
+
+
+def _const_name(name):
+    """A weight's ONNX name: its parameter name ('0.weight'), without freeze_state's
+    'frozen.' prefix."""
+    if not name:
+        return "const"
+    name = str(name)
+    return _clean(name[len("frozen."):] if name.startswith("frozen.") else name)
 
 
 def _dims(shape):
@@ -410,22 +253,27 @@ def _input_names(input_names, params, n, example_inputs):
     return [f"input_{i}" for i in range(n)]
 
 
-def _dynamic_from_axes(dynamic_axes, in_names, params):
+def _dynamic_from_axes(dynamic_axes, in_names, params, output_names):
     """PyTorch's dynamic_axes ({input name: {dim: symbol}} or {name: [dims]}) as jit's
-    dynamic= (keyed by parameter name or position); output entries are checked only."""
+    dynamic= (keyed by position). Entries for outputs are accepted and need nothing: an
+    output's dims follow from the inputs' symbols."""
     if dynamic_axes is None:
         return None
     if not isinstance(dynamic_axes, dict):
         raise OnnxError(f"sampan.onnx.export: dynamic_axes must be a dict {{input name: "
                         f"{{dim: symbol}}}}; got {dynamic_axes!r}")
+    outs = set(output_names or ())
     out = {}
     for key, spec in dynamic_axes.items():
         if isinstance(spec, (list, tuple)):
             spec = {d: f"{_clean(key)}_dim{d}" for d in spec}
         if key in in_names:
             out[in_names.index(key)] = spec
-        elif key in params:
+        elif key in params and params.index(key) < len(in_names):
             out[params.index(key)] = spec
+        elif not (key in outs or (output_names is None and str(key).startswith("output"))):
+            raise OnnxError(f"sampan.onnx.export: dynamic_axes names {key!r}, which is no "
+                            f"input (inputs: {in_names}) or output")
     return out or None
 
 
@@ -465,7 +313,7 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         params0 = _params_of(fn_or_layer)
         n_leaves = _count_leaves(example_inputs)
         in_names = _input_names(input_names, params0, n_leaves, example_inputs)
-        dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0)
+        dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
         g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
     finally:
         if layer is not None and was_training:

@@ -92,3 +92,21 @@ def test_cli_exports_a_saved_program(tmp_path):
                           str(tmp_path / "missing"), "-o", str(out)], capture_output=True,
                          text=True, env=env)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_dynamic_axes_naming_no_input(tmp_path):
+    with pytest.raises(sampan.onnx.OnnxError, match="'y'"):
+        sampan.onnx.export(nn.Linear(2, 2), (sampan.randn(1, 2),), tmp_path / "m.onnx",
+                           dynamic_axes={"y": {0: "batch"}})
+
+
+def test_input_and_output_names_and_list_dynamic_axes(tmp_path):
+    m = nn.Linear(2, 3)
+    mp = sampan.onnx.export(m, (sampan.randn(4, 2),), tmp_path / "m.onnx",
+                            input_names=["features"], output_names=["scores"],
+                            dynamic_axes={"features": [0], "scores": [0]})
+    assert [i.name for i in mp.graph.input] == ["features"]
+    assert [o.name for o in mp.graph.output] == ["scores"]
+    assert mp.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "features_dim0"
+    with pytest.raises(sampan.onnx.OnnxError, match="input_names"):
+        sampan.onnx.export(m, (sampan.randn(4, 2),), tmp_path / "m.onnx", input_names=["a", "b"])

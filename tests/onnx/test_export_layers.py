@@ -118,3 +118,35 @@ def test_gpt_block_dynamic_batch(tmp_path, opset):
                 opset=opset)
     ops = {n.op_type for n in mp.graph.node}
     assert ("Gelu" in ops) == (mp.opset_import[0].version >= 20)
+
+
+def test_standardize_scale_shift_is_one_layer_normalization(tmp_path):
+    sampan.manual_seed(6)
+    w, b = sampan.randn(8), sampan.randn(8)
+
+    def f(x):
+        return sampan.layer_norm(x, (8,)) * w + b   # standardize, then a fused mul/add
+    x = sampan.randn(3, 8)
+    mp = sampan.onnx.export(f, (x,), tmp_path / "ln.onnx")
+    assert [n.op_type for n in mp.graph.node] == ["LayerNormalization"]
+    s = _session(tmp_path / "ln.onnx")
+    np.testing.assert_allclose(s.run(None, {s.get_inputs()[0].name: x.numpy()})[0],
+                               f(x).numpy(), atol=1e-5)
+
+
+def test_symbolic_sizes_in_attributes_are_computed(tmp_path):
+    """Sizes read from the input (x.shape[0]) become Shape-based tensors: a reshape to
+    7*n, zeros of (n, 3), a division by n*m."""
+    def f(x):
+        z = sampan.zeros(x.shape[0], 3)
+        flat = sampan.concat([x[:, :4], z], 1).reshape(x.shape[0] * 7)
+        return flat, x.mean(0) * x.shape[0] + x.sum(1, keepdim=True) / (x.shape[0] * x.shape[1])
+    x = sampan.randn(4, 5)
+    path = tmp_path / "sym.onnx"
+    mp = sampan.onnx.export(f, (x,), path, dynamic_axes={"x": {0: "n", 1: "m"}})
+    assert mp.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "7*n"
+    s = _session(path)
+    for n, m in ((4, 5), (2, 4), (9, 6)):
+        x = sampan.randn(n, m)
+        for got, want in zip(s.run(None, {"x": x.numpy()}), f(x)):
+            np.testing.assert_allclose(got, want.numpy(), atol=1e-5)

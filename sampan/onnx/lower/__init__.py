@@ -7,7 +7,7 @@ inputs, in the same order, and no attributes) or a lowering function registered 
     def _sum(ctx, x, *, axes, keepdims):
         return ctx.emit("ReduceSum", [x, ctx.ints(axes)], keepdims=int(keepdims))
 
-A lowering gets the export context (`sampan.onnx.export.Ctx`: `emit` a node, `const` /
+A lowering gets the export context (`sampan.onnx.lower.context.Ctx`: `emit` a node, `const` /
 `ints` / `scalar` for initializers, `spec` of an input, `opset`, `fail`) and the ONNX
 names of the node's inputs, with the node's attributes as keywords; it returns the ONNX
 name of each output. Lowerings never import onnx: the context builds the protos.
@@ -28,5 +28,5 @@ def register_lowering(op_name: str):
     return deco
 
 
-from . import (conv, creation, elementwise, fused, index, matmul, reduce, rowwise,  # noqa: E402,F401
-               shape, sort)
+from . import (conv, creation, elementwise, fused, index, layout, matmul, reduce,  # noqa: E402,F401
+               rowwise, shape, sort)

@@ -74,3 +74,17 @@ def _window_sum(ctx, x, kernel_size, stride, padding, scale):
     w = ctx.const(np.full((c, 1) + tuple(kernel_size), scale, spec.dtype), "window")
     return ctx.emit("Conv", [x, w], strides=list(stride), group=c,
                     pads=[int(p) for p in padding] + ends, kernel_shape=list(kernel_size))
+
+
+@register_lowering("max_pool2d_indices")
+def _max_pool_indices(ctx, x, *, kernel_size, stride, padding, dilation=(1, 1),
+                      ceil_mode=False):
+    # MaxPool's indices count over the whole (N, C, H, W) tensor; sampan's (and torch's)
+    # within each (n, c) plane
+    h, w = ctx.spec(x).shape[2:]
+    if not isinstance(h, int) or not isinstance(w, int):
+        ctx.fail("max pooling indices over a plane of symbolic size")
+    _, i = ctx.emit("MaxPool", [x], n_out=2, kernel_shape=list(kernel_size),
+                    strides=list(stride), pads=_pads(padding), dilations=list(dilation),
+                    ceil_mode=int(ceil_mode))
+    return ctx.emit("Mod", [i, ctx.scalar(h * w, np.int64)])

@@ -47,3 +47,14 @@ def _uniform(ctx, key, *, shape, low, high, dtype):
                         dtype=ctx.onnx_dtype(dtype))
     return ctx.emit("RandomUniform", [], shape=list(shape), low=float(low), high=float(high),
                     dtype=ctx.onnx_dtype(dtype))
+
+
+@register_lowering("randint")
+def _randint(ctx, key, *, shape, low, high, dtype):
+    if any(isinstance(d, str) for d in shape):
+        ctx.fail("randint of symbolic shape")
+    u = ctx.emit("RandomUniform", [], shape=list(shape), low=float(low), high=float(high),
+                 dtype=ctx.onnx_dtype(np.float64))
+    # float64 keeps every integer below 2**53 exactly; high itself has probability 0
+    r = ctx.emit("Min", [ctx.emit("Floor", [u]), ctx.scalar(float(high) - 1, np.float64)])
+    return ctx.cast(r, dtype)

@@ -299,7 +299,7 @@ def _full(ctx, *, shape, value, dtype):
     dt = _as(dtype)
     if isinstance(value, str):   # a symbolic fill value ('$0.5/batch', see jit.dynamic)
         v = ctx.scalar(value, dt)
-        return E(ctx, "Expand", v, ctx.ints(shape))
+        return v if not shape else E(ctx, "Expand", v, ctx.ints(shape))
     if all(isinstance(d, int) for d in shape):
         return E(ctx, "Identity", ctx.const(np.full(shape, value, dt)))
     return E(ctx, "Expand", ctx.scalar(value, dt), ctx.ints(shape))

@@ -141,3 +141,18 @@ def _unique(ctx, x, *, sorted=True, dim=None):
         return y, inv, cnt
     y, _, inv, cnt = ctx.emit("Unique", [x], n_out=4, sorted=int(sorted), axis=int(dim))
     return y, inv, cnt
+
+
+@register_lowering("masked_scatter")
+def _masked_scatter(ctx, x, mask, source):
+    """Where the mask is set, the next element of source in order: its running count."""
+    shape = ctx.emit("Shape", [x])
+    m = ctx.emit("Expand", [mask, shape])
+    flat = ctx.emit("Reshape", [m, ctx.ints([-1])])
+    pos = ctx.emit("Sub", [ctx.emit("CumSum", [ctx.cast(flat, np.int64),
+                                               ctx.scalar(0, np.int64)]),
+                           ctx.scalar(1, np.int64)])
+    pos = ctx.emit("Max", [pos, ctx.scalar(0, np.int64)])
+    src = ctx.emit("Reshape", [as_dtype(ctx, source, ctx.out_dtype), ctx.ints([-1])])
+    vals = ctx.emit("Reshape", [ctx.emit("Gather", [src, pos], axis=0), shape])
+    return ctx.emit("Where", [m, vals, x])

@@ -37,3 +37,27 @@ def _argsort(ctx, x, *, axis, descending=False):
                     largest=int(descending), sorted=1)
     return ctx.emit("Identity", [i]) if np.dtype(ctx.out_dtype) == np.int64 else \
         ctx.cast(i, ctx.out_dtype)
+
+
+@register_lowering("kthvalue")
+def _kthvalue(ctx, x, *, k, axis, keepdim=False):
+    """The k-th smallest: the last of TopK's k smallest."""
+    v, i = ctx.emit("TopK", [x, ctx.ints([k])], n_out=2, axis=int(axis), largest=0, sorted=1)
+    sl = [ctx.ints([k - 1]), ctx.ints([k]), ctx.ints([int(axis)])]
+    v = ctx.emit("Slice", [v, *sl])
+    i = ctx.emit("Slice", [i, *sl])
+    if not keepdim:
+        v = ctx.emit("Squeeze", [v, ctx.ints([int(axis)])])
+        i = ctx.emit("Squeeze", [i, ctx.ints([int(axis)])])
+    return v, i
+
+
+@register_lowering("searchsorted")
+def _searchsorted(ctx, seq, vals, *, right=False):
+    """How many of the sorted sequence are below (at most, with `right`) each value."""
+    one_d = len(ctx.spec(seq).shape) == 1
+    s = ctx.emit("Unsqueeze", [seq, ctx.ints([0 if one_d else -2])])
+    v = ctx.emit("Unsqueeze", [vals, ctx.ints([-1])])
+    hit = ctx.emit("LessOrEqual" if right else "Less", [s, v])
+    n = ctx.emit("ReduceSum", [ctx.cast(hit, np.int64), ctx.ints([-1])], keepdims=0)
+    return n
