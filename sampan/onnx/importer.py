@@ -283,6 +283,9 @@ class OnnxModule(Layer):
         return res[0] if len(res) == 1 else res
 
     def _input(self, name, a):
+        if not isinstance(a, Tensor) and np.asarray(a).dtype not in _dt.DTYPES.values():
+            raise OnnxError(f"sampan.onnx: input {name!r} is {np.asarray(a).dtype}, which sampan "
+                            f"has no dtype for (it has {', '.join(_dt.DTYPES)})")
         t = a if isinstance(a, Tensor) else Tensor(np.asarray(a))
         want = self.input_types.get(name)
         if want is not None:

@@ -83,21 +83,79 @@ def pow_(ctx, node, x, y):
     return r if r.dtype == x.dtype else sampan.cast(r, x.dtype)
 
 
+# ---------------------------------------------------------------------- bits
+# sampan has no bitwise kernels, so the bit ops are integer arithmetic on sampan ops
+# (traceable; exact in two's complement, where floor division by 2 is an arithmetic shift)
+_BITS = {_dt.uint8: 8, _dt.int8: 8, _dt.int16: 16, _dt.int32: 32, _dt.int64: 64}
+
+
+def _int_type(ctx, x):
+    if x.dtype not in _BITS:
+        raise ctx.error(f"inputs of type {x.dtype}; expected an integer type sampan has "
+                        "(uint8, int8, int16, int32, int64: no uint16/uint32/uint64)")
+    return _BITS[x.dtype]
+
+
 @onnx_op("BitShift", since=11)
 def bitshift(ctx, node, x, y):
+    """Later opsets (26 on) add signed types: right shifts sign-extend, and a shift < 0 or
+    >= the width leaves only the sign fill. Opset 11's unsigned case is the same rule."""
     _same(ctx, x, y)
+    n = _int_type(ctx, x)
     direction = node.attr("direction", "")
-    if x.dtype != _dt.uint8:
-        raise ctx.error(f"inputs of type {x.dtype}; ONNX BitShift takes unsigned integers, and "
-                        "of those sampan has uint8 only (no uint16/uint32/uint64)")
-    # uint8 shifts as int64 arithmetic: x * 2**y mod 256 and x // 2**y (y >= 8 clears all)
-    x64 = sampan.cast(x, _dt.int64)
-    p = sampan.pow(sampan.full_like(x64, 2), sampan.cast(sampan.clamp(y, None, 8), _dt.int64))
-    if direction == "LEFT":
-        return sampan.cast(sampan.remainder(sampan.mul(x64, p), 256), _dt.uint8)
-    if direction == "RIGHT":
-        return sampan.cast(sampan.floor_divide(x64, p), _dt.uint8)
-    raise ctx.error(f"direction={direction!r}; expected 'LEFT' or 'RIGHT'")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.error(f"direction={direction!r}; expected 'LEFT' or 'RIGHT'")
+    valid = sampan.logical_and(sampan.ge(y, 0), sampan.lt(y, n))
+    yc = sampan.where(valid, y, sampan.zeros_like(y))
+    # 2**y in two halves: 2**(width-1) would overflow a signed type
+    lo = sampan.floor_divide(yc, 2)
+    two = sampan.full_like(yc, 2)
+    p_lo, p_hi = sampan.pow(two, lo), sampan.pow(two, sampan.sub(yc, lo))
+    if direction == "LEFT":      # wraps as the bits shifted out are dropped
+        r = sampan.mul(sampan.mul(x, p_lo), p_hi)
+        return sampan.where(valid, r, sampan.zeros_like(r))
+    r = sampan.floor_divide(sampan.floor_divide(x, p_lo), p_hi)
+    fill = sampan.where(sampan.lt(x, 0), sampan.full_like(x, -1), sampan.zeros_like(x)) \
+        if x.dtype.kind == "i" else sampan.zeros_like(x)
+    return sampan.where(valid, r, fill)
+
+
+def _bits(x, n):
+    """x's n bits, lowest first, each 0 or 1 in x's type."""
+    out = []
+    for _ in range(n):
+        out.append(sampan.remainder(x, 2))
+        x = sampan.floor_divide(x, 2)
+    return out
+
+
+def _bitwise(op_type, combine):
+    @onnx_op(op_type, since=18)
+    def handler(ctx, node, a, b):
+        _same(ctx, a, b)
+        n = _int_type(ctx, a)
+        out = None
+        for k, (ba, bb) in enumerate(zip(_bits(a, n), _bits(b, n))):
+            # the top bit of a signed type weighs -2**(n-1)
+            w = -(2 ** k) if a.dtype.kind == "i" and k == n - 1 else 2 ** k
+            term = sampan.mul(combine(ba, bb), w)
+            out = term if out is None else sampan.add(out, term)
+        return out
+    handler.__name__ = op_type.lower()
+
+
+_bitwise("BitwiseAnd", sampan.mul)
+_bitwise("BitwiseOr", lambda p, q: sampan.sub(sampan.add(p, q), sampan.mul(p, q)))
+_bitwise("BitwiseXor", lambda p, q: sampan.sub(sampan.add(p, q), sampan.mul(sampan.mul(p, q),
+                                                                             2)))
+
+
+@onnx_op("BitwiseNot", since=18)
+def bitwise_not(ctx, node, x):
+    n = _int_type(ctx, x)
+    if x.dtype.kind == "u":
+        return sampan.sub(sampan.full_like(x, 2 ** n - 1), x)
+    return sampan.sub(sampan.neg(x), 1)        # ~x == -x - 1 in two's complement
 
 
 # ---------------------------------------------------------------------- unary math
