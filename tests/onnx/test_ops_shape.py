@@ -165,9 +165,10 @@ def _model(op, opset, inputs, attrs=None, n_out=1, static=()):
     return m, args
 
 
-# cases the onnx reference cannot run (no Scatter, float OneHot indices, negative pads):
+# cases the onnx reference cannot run (no Scatter, float OneHot indices, negative pads) or
+# runs against the spec (Slice):
 # onnxruntime is their reference
-ORT = {("Scatter", 9), ("OneHot", 9), ("Pad", 11)}
+ORT = {("Scatter", 9), ("OneHot", 9), ("Pad", 11), ("Slice", 11)}
 
 
 def _reference(m, inputs, static):
@@ -209,6 +210,11 @@ OLD = [   # (op, opset, inputs, attrs, outputs, static inputs)
                    "t": np.array([-2, -1], np.int64)}, {}, 1, {"s", "e", "a", "t"}),
     ("Slice", 13, {"x": X, "s": np.array([5], np.int64), "e": np.array([1], np.int64),
                    "a": np.array([-1], np.int64), "t": np.array([-1], np.int64)},
+     {}, 1, {"s", "e", "a", "t"}),
+    # a negative step from before the start: the spec (and onnxruntime) clamp the start to
+    # 0, so the result holds element 0; the onnx reference (Python slicing) gives nothing
+    ("Slice", 11, {"x": X, "s": np.array([-100], np.int64), "e": np.array([-BIG], np.int64),
+                   "a": np.array([1], np.int64), "t": np.array([-1], np.int64)},
      {}, 1, {"s", "e", "a", "t"}),
     ("Pad", 2, {"x": X}, {"pads": [0, 1, 2, 0, 1, 1], "mode": "reflect"}, 1, ()),
     ("Pad", 11, {"x": X, "p": np.array([0, 1, 0, 1, -1, 2], np.int64),
@@ -372,3 +378,127 @@ def test_gradients_match_finite_differences(op, opset, inputs, attrs, static):
             with sampan.no_grad():
                 fd.reshape(-1)[k] += sgn * loss(**{wrt: x})[0].item() / (2 * eps)
     np.testing.assert_allclose(g.numpy(), fd, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- whole models
+def _typed(op, opset, inputs, attrs=None, n_out=1, static=()):
+    m, args = _model(op, opset, inputs, attrs, n_out, static)
+    want = _reference(m, inputs, static)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(
+        f"y{i}", helper.np_dtype_to_tensor_dtype(w.dtype), list(w.shape))
+        for i, w in enumerate(want))
+    return m, args, want
+
+
+def test_torch_exported_model_eager_jit_and_backward():
+    torch = pytest.importorskip("torch")
+    import io
+
+    class M(torch.nn.Module):
+        def forward(self, x, idx):
+            y = x.reshape(x.shape[0], -1, 4).transpose(1, 2)       # shape arithmetic
+            z = torch.cat([y[:, 1:3], y.flip(-1)[:, :2]], 1)       # Slice (step -1)
+            v, i = torch.topk(z, 2, dim=-1)
+            s = z.cumsum(1).amax(-1)
+            t = x[:, idx].flatten(1).repeat(1, 2)                   # Gather, Tile
+            return v, torch.gather(z, 2, i), s, t, z.argmax(1), z.sum((1, 2), keepdim=True)
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(M(), (torch.randn(2, 3, 4), torch.tensor([2, 0])), f, dynamo=False,
+                          input_names=["x", "idx"], dynamic_axes={"x": {0: "N"}},
+                          opset_version=17)
+    layer = sampan.onnx.to_layer(f.getvalue())
+    idx = np.array([2, 0])
+    traced = sampan.jit(layer, pipeline="inference", dynamic={0: {0: "N"}})
+    for n in (2, 5):
+        x = torch.randn(n, 3, 4)
+        want = [w.numpy() for w in M()(x, torch.tensor(idx))]
+        for got in (layer(x.numpy(), idx), traced(sampan.tensor(x.numpy()), sampan.tensor(idx))):
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
+    g = sampan.onnx.load(f.getvalue())
+    assert g.inputs[0].shape[0] == "N"
+    xt = torch.randn(3, 3, 4, requires_grad=True)
+    sum(o.float().sum() for o in M()(xt, torch.tensor(idx))).backward()
+    xs = sampan.tensor(xt.detach().numpy(), requires_grad=True)
+    sum(sampan.cast(o, sampan.float32).sum() for o in layer(xs, idx)).backward()
+    np.testing.assert_allclose(xs.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_data_dependent_ops_run_eagerly_and_refuse_tracing_clearly():
+    ins = {"x": np.array([[1, 0], [0, 2]], np.float32)}
+    m, args, want = _typed("NonZero", 13, ins)
+    layer = sampan.onnx.to_layer(m)
+    np.testing.assert_array_equal(layer(*args).numpy(), want[0])
+    with pytest.raises(sampan.SampanError, match="depends on the data"):
+        sampan.jit(layer)(sampan.tensor(args[0]))
+
+
+def test_static_inputs_computed_from_data_are_clear_errors():
+    ins = {"x": X, "s": np.array([6, 4], np.int64)}
+    m, args, _ = _typed("Reshape", 14, ins)
+    with pytest.raises(OnnxError, match=r"node 'n0' \(Reshape, opset 14\): the target shape "
+                                        "must be known"):
+        sampan.onnx.to_layer(m)(*args)
+    m, args = _model("Squeeze", 13, {"x": X, "a": np.array([1], np.int64)}, static={"a"})
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", TensorProto.FLOAT, [2, 3, 4]))
+    with pytest.raises(OnnxError, match="cannot squeeze axis 1 of size 3"):
+        sampan.onnx.to_layer(m)(*args)
+
+
+def test_pad_value_computed_from_data_is_differentiable():
+    ins = {"x": D, "p": np.array([1, 0, 0, 2], np.int64), "v": np.array(2.5)}
+    m, _, want = _typed("Pad", 18, {**ins, "a": np.array([0, 2], np.int64)},
+                        static={"p", "a"})
+    x, v = sampan.tensor(D, requires_grad=True), sampan.tensor(ins["v"], requires_grad=True)
+    y = sampan.onnx.to_layer(m)(x, v)
+    np.testing.assert_allclose(y.numpy(), want[0])
+    y.sum().backward()
+    assert v.grad.item() == want[0].size - D.size and np.all(x.grad.numpy() == 1)
+
+
+def test_compress_with_a_known_condition_traces():
+    ins = {"x": X, "c": np.array([True, False, True])}
+    m, args, want = _typed("Compress", 11, ins, {"axis": 1}, static={"c"})
+    f = sampan.jit(sampan.onnx.to_layer(m))
+    with sampan.no_grad():
+        np.testing.assert_array_equal(f(sampan.tensor(args[0])).numpy(), want[0])
+
+
+def test_dtypes_sampan_lacks_are_onnx_errors_naming_them(new_opsets):
+    case = [c for _, c in conformance_cases(["TopK"]) if c.name == "test_top_k_uint64"][0]
+    with pytest.raises(OnnxError, match="input 'x'.*uint64"):
+        run_case(case)
+    m, _ = _model("ConstantOfShape", 9, {"s": np.array([2], np.int64)},
+                  {"value": numpy_helper.from_array(np.array([1], np.uint32))}, static={"s"})
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", TensorProto.UINT32, [2]))
+    with pytest.raises(OnnxError, match=r"ConstantOfShape.*value is uint32, a dtype sampan"):
+        sampan.onnx.to_layer(m)()
+
+
+@pytest.mark.parametrize("what", ["last", "last3", "flip"])
+def test_negative_positions_serve_every_size_under_jit(what):
+    # x[:, -1], x[:, -3:] and x.flip(1) on a dynamic axis (a sequence's last token, its
+    # tail, reversed): one Gather or Slice whose negative positions stay relative to the end
+    if what == "last":
+        node, init, want = helper.make_node("Gather", ["x", "i"], ["y"], axis=1), \
+            {"i": np.array(-1)}, lambda x: x[:, -1]
+    else:
+        s, e, t = (-3, BIG, 1) if what == "last3" else (-1, -BIG, -1)
+        node, init = helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"]), \
+            {"s": np.array([s]), "e": np.array([e]), "a": np.array([1]), "t": np.array([t])}
+        want = (lambda x: x[:, -3:]) if what == "last3" else (lambda x: x[:, ::-1])
+    g = helper.make_graph([node], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "T"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         [2] if what == "last" else [2, "U"])],
+                          [numpy_helper.from_array(v, k) for k, v in init.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    f = sampan.jit(sampan.onnx.to_layer(m), pipeline="inference", dynamic={0: {1: "T"}})
+    for t in (4, 6, 5):
+        x = R.standard_normal((2, t)).astype(np.float32)
+        with sampan.no_grad():
+            np.testing.assert_array_equal(f(sampan.tensor(x)).numpy(), want(x))

@@ -34,6 +34,8 @@ def _wrap(ctx, idx, n, what="indices"):
 
 
 # ---------------------------------------------------------------------- Slice
+_FAR = 2 ** 31 - 1     # bounds this far out (INT_MAX, INT64_MIN ...) mean "to the end"
+
 def _slice(ctx, x, starts, ends, axes, steps):
     starts, ends = ints(starts), ints(ends)
     axes = list(range(len(starts))) if axes is None else ints(axes)
@@ -47,13 +49,17 @@ def _slice(ctx, x, starts, ends, axes, steps):
         n = x.shape[a]
         if st == 0:
             raise ctx.error(f"step 0 on axis {a}")
-        s = s + n if s < 0 else s
-        e = e + n if e < 0 else e
-        if st > 0:
-            s, e = min(max(s, 0), n), min(max(e, 0), n)
+        if st < 0 and s < -n:    # ONNX starts such a slice at 0; Python's would be empty
+            e = e + n if e < 0 else e
+            key[a] = slice(0, None if e < 0 else e, st)
+        elif st > 0:
+            # otherwise Python's slice clamps as ONNX does: kept as given, a negative start
+            # stays relative to the end, so a graph traced with a dynamic dim serves every
+            # size (x[:, -3:], x.flip(1)); INT_MAX-like bounds mean "to the end"
+            key[a] = slice(None if s <= -_FAR else s, None if e >= _FAR else e, st)
         else:
-            s, e = min(max(s, 0), n - 1), min(max(e, -1), n - 1)
-        key[a] = slice(s, None if e < 0 else e, st)
+            key[a] = slice(None if s >= _FAR else s, None if e <= -_FAR else e, st)
+    key = [slice(k.start, k.stop, None if k.step == 1 else k.step) for k in key]
     if all(k == slice(None) for k in key):
         return x
     return x[tuple(key)]
@@ -74,6 +80,13 @@ def slice_v10(ctx, node, x, starts, ends, axes=None, steps=None):
 @onnx_op("Gather", since=1)
 def gather(ctx, node, x, indices):
     axis = norm_axis(ctx, node.attr("axis", 0), x.ndim)
+    if ctx.is_static(indices) and indices.ndim == 0:
+        # one index (x[:, -1], say): plain indexing keeps a negative one as it is, so a
+        # traced graph serves every size of that axis
+        i, n = int(ctx.static(indices)), x.shape[axis]
+        if not -n <= i < n:
+            raise ctx.error(f"index {i} is outside [-{n}, {n}) on axis {axis}")
+        return x[(slice(None),) * axis + (i,)]
     idx = _wrap(ctx, indices, x.shape[axis])
     out = sampan.index_select(x, axis, sampan.reshape(idx, -1))
     return sampan.reshape(out, *x.shape[:axis], *indices.shape, *x.shape[axis + 1:])
@@ -185,6 +198,9 @@ def compress(ctx, node, x, condition):
     n = x.shape[axis]
     if condition.ndim != 1:
         raise ctx.error(f"condition of shape {list(condition.shape)} (expected 1-d)")
+    if ctx.is_static(condition):   # known positions: an index_select that traces
+        c = np.asarray(ctx.static(condition)).reshape(-1)[:n]
+        return sampan.index_select(x, axis, sampan.tensor(np.flatnonzero(c).astype(np.int64)))
     if condition.shape[0] > n:
         condition = condition[:n]
     return sampan.index_select(x, axis, _nonzero_1d(condition))
@@ -258,6 +274,19 @@ def trilu(ctx, node, x, k=None):
     return sampan.triu(x, k) if node.attr("upper", 1) else sampan.tril(x, k)
 
 
+def _sampan_dtype(ctx, dt, what):
+    """`dt` if sampan has tensors of it, else an OnnxError naming it."""
+    dt = np.dtype(dt)
+    if dt.name not in _DTYPES:
+        raise ctx.error(f"{what} is {dt.name}, a dtype sampan has no tensors of (it has "
+                        f"{', '.join(_DTYPES)})")
+    return dt
+
+
+_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+           "float32", "float64")
+
+
 def _np_dtype(ctx, code, default):
     if code is None:
         return np.dtype(default)
@@ -266,11 +295,7 @@ def _np_dtype(ctx, code, default):
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(int(code)))
     except Exception:  # noqa: BLE001 - not a dtype onnx maps to numpy
         raise ctx.error(f"dtype {code} has no numpy equivalent") from None
-    try:
-        sampan.dtypes.as_dtype(dt)
-    except Exception:  # noqa: BLE001 - a dtype sampan lacks
-        raise ctx.error(f"dtype {dt} is not a sampan dtype") from None
-    return dt
+    return _sampan_dtype(ctx, dt, "the dtype attribute")
 
 
 @onnx_op("EyeLike", since=9)
@@ -288,6 +313,7 @@ def constant_of_shape(ctx, node, shape):
     v = np.zeros(1, np.float32) if v is None else np.asarray(v)
     if v.size != 1:
         raise ctx.error(f"value holds {v.size} elements (expected one)")
+    _sampan_dtype(ctx, v.dtype, "value")
     if min(dims, default=0) < 0:
         raise ctx.error(f"shape {dims} has a negative dim")
     return ctx.make_static(np.full(dims, v.reshape(-1)[0], dtype=v.dtype))
