@@ -120,3 +120,19 @@ def test_as_a_process(small):
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("ok: 3 outputs")
+
+
+def test_import_then_export_round_trip(mlp, tmp_path, capsys):
+    """ONNX (PyTorch's) -> saved sampan program -> ONNX (sampan's) runs in onnxruntime
+    and matches sampan at another batch size."""
+    path, m = mlp
+    prog, again = str(tmp_path / "mlp.sampan"), str(tmp_path / "again.onnx")
+    assert main(["onnx", "import", path, "-o", prog]) == 0
+    # opset 17: export's default is the newest onnxruntime runs (28 here), past what the
+    # importer reads (MAX_OPSET 23)
+    assert main(["onnx", "export", prog, "-o", again, "--opset", "17"]) == 0
+    capsys.readouterr()
+    assert main(["onnx", "check", again, "--tol", "1e-5", "--dim", "batch=5"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("ok: 1 outputs")
+    assert "float32[5, 2]" in out      # the symbolic batch survived both ways
