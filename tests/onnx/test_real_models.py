@@ -3,7 +3,8 @@ MLP, LeNet, a ResNet-style block with BatchNorm, `nn.TransformerEncoderLayer`, `
 and a small GPT-style decoder; sampan imports each (`sampan.onnx.to_layer`) and must agree
 with onnxruntime and with PyTorch on the same inputs (max abs error <= 1e-5, float32) at
 two batch sizes through the dynamic batch axis. One imported model fine-tunes with
-`sampan.optim.SGD`; one is jitted, saved with `sampan.jit.save` and reloaded."""
+`sampan.optim.SGD`; each is jitted with a dynamic batch, saved with `sampan.jit.save`
+and reloaded."""
 import io
 import warnings
 
@@ -218,19 +219,24 @@ def test_fine_tune_imported_model(exported):
     assert len(changed) == len(before), set(before) - set(changed)
 
 
-def test_jit_save_and_reload_imported_model(exported, tmp_path):
-    m, blob = exported("mlp")
+@pytest.mark.parametrize("name", list(MODELS))
+def test_jit_save_and_reload_imported_model(name, exported, tmp_path):
+    """Traced with a dynamic batch, saved, reloaded: one program for every batch size."""
+    m, blob = exported(name)
+    make = MODELS[name][1]
     layer = sampan.onnx.to_layer(blob)
     layer.eval()
     dyn = {0: {0: "N"}}
     f = sampan.jit(layer, pipeline="inference", dynamic=dyn)
-    xs = {b: _f(8)(b)[0] for b in BATCHES}
-    with sampan.no_grad():
-        jitted = {b: f(sampan.tensor(x)).numpy() for b, x in xs.items()}
-    path = sampan.jit.save(layer, str(tmp_path / "mlp.sampan"), (sampan.tensor(xs[2]),),
-                           dynamic=dyn)
+    path = sampan.jit.save(layer, str(tmp_path / f"{name}.sampan"),
+                           tuple(sampan.tensor(a) for a in make(2)), dynamic=dyn)
     loaded = sampan.jit.load(path)
-    for b, x in xs.items():
-        want = _torch(m, [x])[0]
-        assert np.abs(jitted[b] - want).max() <= TOL
-        assert np.abs(loaded(sampan.tensor(x)).numpy() - want).max() <= TOL
+    for b in BATCHES:
+        xs = make(b)
+        want = _torch(m, xs)
+        with sampan.no_grad():
+            for run in (f, loaded):
+                got = run(*[sampan.tensor(a) for a in xs])
+                got = got if isinstance(got, tuple) else (got,)
+                errs = [np.abs(g.numpy() - w).max() for g, w in zip(got, want)]
+                assert len(got) == len(want) and max(errs) <= TOL, (name, b, errs)
