@@ -303,3 +303,39 @@ def _full(ctx, *, shape, value, dtype):
     if all(isinstance(d, int) for d in shape):
         return E(ctx, "Identity", ctx.const(np.full(shape, value, dt)))
     return E(ctx, "Expand", ctx.scalar(value, dt), ctx.ints(shape))
+
+
+def _int_identity(onnx_op, kinds="biu"):
+    """`onnx_op` for floats; the identity where the op changes nothing (ceil of an int)."""
+    def lower(ctx, x):
+        if ctx.spec(x).dtype.kind in kinds:
+            return E(ctx, "Identity", x)
+        return E(ctx, onnx_op, x)
+    return lower
+
+
+for _name, _t in [("ceil", "Ceil"), ("floor", "Floor"), ("round", "Round")]:
+    register_lowering(_name)(_int_identity(_t))
+register_lowering("abs")(_int_identity("Abs", "bu"))
+register_lowering("sign")(_int_identity("Sign", "b"))
+
+
+@register_lowering("neg")
+def _neg(ctx, x):
+    k = ctx.spec(x).dtype.kind
+    if k == "b":
+        ctx.fail("negation of a bool tensor")
+    if k == "u":      # numpy wraps around: 0 - x
+        return E(ctx, "Sub", num(ctx, 0, x), x)
+    return E(ctx, "Neg", x)
+
+
+@register_lowering("logical_not")
+def _not(ctx, x):
+    return E(ctx, "Not", as_dtype(ctx, x, bool))
+
+
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    def _logical(ctx, a, b, _t=_CMP[_name]):
+        return E(ctx, _t, as_dtype(ctx, a, bool), as_dtype(ctx, b, bool))
+    register_lowering(_name)(_logical)

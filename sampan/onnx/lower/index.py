@@ -74,7 +74,11 @@ def _scatter_reduce(ctx, x, idx, src, *, axis, reduce, include_self=True):
         total = ctx.emit("ScatterElements", [base, idx, src], axis=int(axis), reduction="add")
         cnt = ctx.emit("ScatterElements", [cnt0, idx, ones], axis=int(axis), reduction="add")
         cnt = ctx.emit("Max", [cnt, ctx.scalar(1, dt)])
-        return ctx.emit("Div", [total, cnt])    # integer Div truncates, as torch does
+        if dt.kind in "iu":     # sampan's integer mean rounds down, as floor division
+            from .elementwise import _floor_divide
+            ctx.specs[total] = ctx.specs[cnt] = ctx.out[0]
+            return _floor_divide(ctx, total, cnt)
+        return ctx.emit("Div", [total, cnt])
     if reduce not in _REDUCE:
         ctx.fail(f"scatter_reduce with reduce={reduce!r}")
     red, ident = _REDUCE[reduce]
