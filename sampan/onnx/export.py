@@ -206,7 +206,8 @@ def _trace(fn_or_layer, example_inputs, dynamic):
     from ..jit.api import JitFunction, _flatten, _unflatten, trace
     from ..passes import PassManager, pipeline
     fn, state, params = fn_or_layer, [], []
-    if isinstance(fn, JitFunction):
+    if isinstance(fn, JitFunction):   # its own dynamic= unless dynamic_axes says otherwise
+        dynamic = fn.dynamic if dynamic is None else dynamic
         params, state, fn = fn._params, fn._state(), fn.fn
     elif hasattr(fn, "named_parameters"):
         state = list(fn.named_parameters())
@@ -357,6 +358,9 @@ def check(model, path=None):
         onnx.checker.check_model(path if path is not None else model, full_check=True)
         if path is None:
             onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        else:     # a model with external data: inferred from the file, written beside it
+            onnx.shape_inference.infer_shapes_path(path, path + ".shapes", strict_mode=True)
+            os.remove(path + ".shapes")
     except Exception as e:  # noqa: BLE001 - any checker failure is an exporter bug
         raise OnnxError(f"sampan.onnx.export: the model written does not pass onnx's "
                         f"checker: {e}") from None
