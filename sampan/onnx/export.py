@@ -305,11 +305,12 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
     if isinstance(example_inputs, Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
-    layer = fn_or_layer if hasattr(fn_or_layer, "eval") and hasattr(
-        fn_or_layer, "named_parameters") else None
-    was_training = getattr(layer, "training", False)
-    if layer is not None:
-        layer.eval()
+    from ..nn.layer import Layer
+    # every layer in eval mode for the trace, each put back in its own mode after it
+    modes = [(m, m.training) for m in Layer.layers(fn_or_layer)] \
+        if isinstance(fn_or_layer, Layer) else []
+    for m, _ in modes:
+        m.__dict__["training"] = False
     try:
         params0 = _params_of(fn_or_layer)
         n_leaves = _count_leaves(example_inputs)
@@ -317,8 +318,8 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
         g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
     finally:
-        if layer is not None and was_training:
-            layer.train()
+        for m, mode in modes:
+            m.__dict__["training"] = mode
     args, state = {}, {}
     for p, (kind, ref) in enumerate(slots):
         if kind == "arg":

@@ -183,3 +183,14 @@ def test_jitted_function_and_an_input_returned_as_is(tmp_path):
         a, b = s.run(None, {"x": xn.numpy()})
         np.testing.assert_array_equal(a, xn.numpy())
         np.testing.assert_allclose(b, f(xn)[1].numpy(), atol=1e-6)
+
+
+def test_export_uses_eval_mode_and_restores_each_layers_mode(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.BatchNorm1d(4))
+    m.train()
+    m[2].eval()
+    x = sampan.randn(6, 4)
+    mp = sampan.onnx.export(m, (x,), tmp_path / "d.onnx")
+    assert not {"RandomUniform", "RandomUniformLike", "Dropout"} & {
+        n.op_type for n in mp.graph.node}
+    assert m.training and m[1].training and not m[2].training

@@ -245,8 +245,7 @@ def _heaviside(ctx, x, v):
     zero = num(ctx, 0, x)
     step = E(ctx, "Where", E(ctx, "Greater", x, zero), num(ctx, 1, x),
              E(ctx, "Where", E(ctx, "Less", x, zero), zero, x))   # NaN stays NaN
-    return E(ctx, "Where", E(ctx, "Equal", x, zero), E(ctx, "Expand", v, E(ctx, "Shape", x))
-             if ctx.spec(v).shape != ctx.spec(x).shape else v, step)
+    return E(ctx, "Where", E(ctx, "Equal", x, zero), v, step)
 
 
 @register_lowering("lerp")
