@@ -29,16 +29,15 @@ def common(ctx, *xs):
     return [as_dtype(ctx, x, dt) for x in xs]
 
 
-def out_dtype(ctx, *xs):
-    return np.result_type(*[ctx.spec(x).dtype for x in xs])
+def to_out(ctx, *xs):
+    """The inputs cast to the output's dtype (sampan's promotion decided it: a float32
+    tensor times a float64 scalar stays float32)."""
+    return [as_dtype(ctx, x, ctx.out_dtype) for x in xs]
 
 
 def _binary(onnx_op):
     def lower(ctx, a, b):
-        dt = out_dtype(ctx, a, b)
-        if onnx_op == "Div" and dt.kind in "biu":
-            dt = np.dtype(np.float32)
-        return ctx.emit(onnx_op, [as_dtype(ctx, a, dt), as_dtype(ctx, b, dt)])
+        return ctx.emit(onnx_op, to_out(ctx, a, b))
     return lower
 
 
@@ -76,7 +75,7 @@ def _cast(ctx, x, *, dtype):
 
 @register_lowering("where")
 def _where(ctx, c, a, b):
-    a, b = common(ctx, a, b)
+    a, b = to_out(ctx, a, b)
     return E(ctx, "Where", as_dtype(ctx, c, bool), a, b)
 
 
