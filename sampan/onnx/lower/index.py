@@ -160,3 +160,30 @@ def _masked_scatter(ctx, x, mask, source):
     src = ctx.emit("Reshape", [as_dtype(ctx, source, ctx.out_dtype), ctx.ints([-1])])
     vals = ctx.emit("Reshape", [ctx.emit("Gather", [src, pos], axis=0), shape])
     return ctx.emit("Where", [m, vals, x])
+
+
+@register_lowering("histc")
+def _histc(ctx, x, *, bins, min, max):
+    """Counts per bin: each value's bin index (out-of-range values into one extra bin,
+    cut off after) scattered as ones into zeros."""
+    dt = ctx.spec(x).dtype
+    v = ctx.emit("Reshape", [ctx.cast(x, np.float64), ctx.ints([-1])])
+    if min == max:     # the data's own range (widened by one if it is a single value)
+        lo = ctx.emit("ReduceMin", [v], keepdims=0)
+        hi = ctx.emit("ReduceMax", [v], keepdims=0)
+        same = ctx.emit("Equal", [lo, hi])
+        one = ctx.scalar(1.0, np.float64)
+        lo = ctx.emit("Where", [same, ctx.emit("Sub", [lo, one]), lo])
+        hi = ctx.emit("Where", [same, ctx.emit("Add", [hi, one]), hi])
+    else:
+        lo, hi = ctx.scalar(float(min), np.float64), ctx.scalar(float(max), np.float64)
+    scale = ctx.emit("Div", [ctx.scalar(float(bins), np.float64), ctx.emit("Sub", [hi, lo])])
+    i = ctx.emit("Floor", [ctx.emit("Mul", [ctx.emit("Sub", [v, lo]), scale])])
+    i = ctx.emit("Min", [i, ctx.scalar(float(bins - 1), np.float64)])   # the top edge
+    inside = ctx.emit("And", [ctx.emit("GreaterOrEqual", [v, lo]),
+                              ctx.emit("LessOrEqual", [v, hi])])
+    i = ctx.cast(ctx.emit("Where", [inside, i, ctx.scalar(float(bins), np.float64)]), np.int64)
+    ones = ctx.emit("Expand", [ctx.scalar(1, dt), ctx.emit("Shape", [i])])
+    zeros = ctx.const(np.zeros(bins + 1, dt), "zeros")
+    counts = ctx.emit("ScatterElements", [zeros, i, ones], axis=0, reduction="add")
+    return ctx.emit("Slice", [counts, ctx.ints([0]), ctx.ints([bins])])
