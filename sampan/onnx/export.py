@@ -206,7 +206,8 @@ def _trace(fn_or_layer, example_inputs, dynamic):
     from ..jit.api import JitFunction, _flatten, _unflatten, trace
     from ..passes import PassManager, pipeline
     fn, state, params = fn_or_layer, [], []
-    if isinstance(fn, JitFunction):
+    if isinstance(fn, JitFunction):   # its own dynamic= unless dynamic_axes says otherwise
+        dynamic = fn.dynamic if dynamic is None else dynamic
         params, state, fn = fn._params, fn._state(), fn.fn
     elif hasattr(fn, "named_parameters"):
         state = list(fn.named_parameters())
@@ -304,11 +305,12 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
     if isinstance(example_inputs, Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
-    layer = fn_or_layer if hasattr(fn_or_layer, "eval") and hasattr(
-        fn_or_layer, "named_parameters") else None
-    was_training = getattr(layer, "training", False)
-    if layer is not None:
-        layer.eval()
+    from ..nn.layer import Layer
+    # every layer in eval mode for the trace, each put back in its own mode after it
+    modes = [(m, m.training) for m in Layer.layers(fn_or_layer)] \
+        if isinstance(fn_or_layer, Layer) else []
+    for m, _ in modes:
+        m.__dict__["training"] = False
     try:
         params0 = _params_of(fn_or_layer)
         n_leaves = _count_leaves(example_inputs)
@@ -316,8 +318,8 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
         g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
     finally:
-        if layer is not None and was_training:
-            layer.train()
+        for m, mode in modes:
+            m.__dict__["training"] = mode
     args, state = {}, {}
     for p, (kind, ref) in enumerate(slots):
         if kind == "arg":
@@ -357,6 +359,9 @@ def check(model, path=None):
         onnx.checker.check_model(path if path is not None else model, full_check=True)
         if path is None:
             onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        else:     # a model with external data: inferred from the file, written beside it
+            onnx.shape_inference.infer_shapes_path(path, path + ".shapes", strict_mode=True)
+            os.remove(path + ".shapes")
     except Exception as e:  # noqa: BLE001 - any checker failure is an exporter bug
         raise OnnxError(f"sampan.onnx.export: the model written does not pass onnx's "
                         f"checker: {e}") from None

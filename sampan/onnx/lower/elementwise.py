@@ -29,16 +29,15 @@ def common(ctx, *xs):
     return [as_dtype(ctx, x, dt) for x in xs]
 
 
-def out_dtype(ctx, *xs):
-    return np.result_type(*[ctx.spec(x).dtype for x in xs])
+def to_out(ctx, *xs):
+    """The inputs cast to the output's dtype (sampan's promotion decided it: a float32
+    tensor times a float64 scalar stays float32)."""
+    return [as_dtype(ctx, x, ctx.out_dtype) for x in xs]
 
 
 def _binary(onnx_op):
     def lower(ctx, a, b):
-        dt = out_dtype(ctx, a, b)
-        if onnx_op == "Div" and dt.kind in "biu":
-            dt = np.dtype(np.float32)
-        return ctx.emit(onnx_op, [as_dtype(ctx, a, dt), as_dtype(ctx, b, dt)])
+        return ctx.emit(onnx_op, to_out(ctx, a, b))
     return lower
 
 
@@ -76,7 +75,7 @@ def _cast(ctx, x, *, dtype):
 
 @register_lowering("where")
 def _where(ctx, c, a, b):
-    a, b = common(ctx, a, b)
+    a, b = to_out(ctx, a, b)
     return E(ctx, "Where", as_dtype(ctx, c, bool), a, b)
 
 
@@ -245,8 +244,7 @@ def _heaviside(ctx, x, v):
     zero = num(ctx, 0, x)
     step = E(ctx, "Where", E(ctx, "Greater", x, zero), num(ctx, 1, x),
              E(ctx, "Where", E(ctx, "Less", x, zero), zero, x))   # NaN stays NaN
-    return E(ctx, "Where", E(ctx, "Equal", x, zero), E(ctx, "Expand", v, E(ctx, "Shape", x))
-             if ctx.spec(v).shape != ctx.spec(x).shape else v, step)
+    return E(ctx, "Where", E(ctx, "Equal", x, zero), v, step)
 
 
 @register_lowering("lerp")
@@ -303,3 +301,39 @@ def _full(ctx, *, shape, value, dtype):
     if all(isinstance(d, int) for d in shape):
         return E(ctx, "Identity", ctx.const(np.full(shape, value, dt)))
     return E(ctx, "Expand", ctx.scalar(value, dt), ctx.ints(shape))
+
+
+def _int_identity(onnx_op, kinds="biu"):
+    """`onnx_op` for floats; the identity where the op changes nothing (ceil of an int)."""
+    def lower(ctx, x):
+        if ctx.spec(x).dtype.kind in kinds:
+            return E(ctx, "Identity", x)
+        return E(ctx, onnx_op, x)
+    return lower
+
+
+for _name, _t in [("ceil", "Ceil"), ("floor", "Floor"), ("round", "Round")]:
+    register_lowering(_name)(_int_identity(_t))
+register_lowering("abs")(_int_identity("Abs", "bu"))
+register_lowering("sign")(_int_identity("Sign", "b"))
+
+
+@register_lowering("neg")
+def _neg(ctx, x):
+    k = ctx.spec(x).dtype.kind
+    if k == "b":
+        ctx.fail("negation of a bool tensor")
+    if k == "u":      # numpy wraps around: 0 - x
+        return E(ctx, "Sub", num(ctx, 0, x), x)
+    return E(ctx, "Neg", x)
+
+
+@register_lowering("logical_not")
+def _not(ctx, x):
+    return E(ctx, "Not", as_dtype(ctx, x, bool))
+
+
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    def _logical(ctx, a, b, _t=_CMP[_name]):
+        return E(ctx, _t, as_dtype(ctx, a, bool), as_dtype(ctx, b, bool))
+    register_lowering(_name)(_logical)

@@ -74,7 +74,11 @@ def _scatter_reduce(ctx, x, idx, src, *, axis, reduce, include_self=True):
         total = ctx.emit("ScatterElements", [base, idx, src], axis=int(axis), reduction="add")
         cnt = ctx.emit("ScatterElements", [cnt0, idx, ones], axis=int(axis), reduction="add")
         cnt = ctx.emit("Max", [cnt, ctx.scalar(1, dt)])
-        return ctx.emit("Div", [total, cnt])    # integer Div truncates, as torch does
+        if dt.kind in "iu":     # sampan's integer mean rounds down, as floor division
+            from .elementwise import _floor_divide
+            ctx.specs[total] = ctx.specs[cnt] = ctx.out[0]
+            return _floor_divide(ctx, total, cnt)
+        return ctx.emit("Div", [total, cnt])
     if reduce not in _REDUCE:
         ctx.fail(f"scatter_reduce with reduce={reduce!r}")
     red, ident = _REDUCE[reduce]
@@ -156,3 +160,30 @@ def _masked_scatter(ctx, x, mask, source):
     src = ctx.emit("Reshape", [as_dtype(ctx, source, ctx.out_dtype), ctx.ints([-1])])
     vals = ctx.emit("Reshape", [ctx.emit("Gather", [src, pos], axis=0), shape])
     return ctx.emit("Where", [m, vals, x])
+
+
+@register_lowering("histc")
+def _histc(ctx, x, *, bins, min, max):
+    """Counts per bin: each value's bin index (out-of-range values into one extra bin,
+    cut off after) scattered as ones into zeros."""
+    dt = ctx.spec(x).dtype
+    v = ctx.emit("Reshape", [ctx.cast(x, np.float64), ctx.ints([-1])])
+    if min == max:     # the data's own range (widened by one if it is a single value)
+        lo = ctx.emit("ReduceMin", [v], keepdims=0)
+        hi = ctx.emit("ReduceMax", [v], keepdims=0)
+        same = ctx.emit("Equal", [lo, hi])
+        one = ctx.scalar(1.0, np.float64)
+        lo = ctx.emit("Where", [same, ctx.emit("Sub", [lo, one]), lo])
+        hi = ctx.emit("Where", [same, ctx.emit("Add", [hi, one]), hi])
+    else:
+        lo, hi = ctx.scalar(float(min), np.float64), ctx.scalar(float(max), np.float64)
+    scale = ctx.emit("Div", [ctx.scalar(float(bins), np.float64), ctx.emit("Sub", [hi, lo])])
+    i = ctx.emit("Floor", [ctx.emit("Mul", [ctx.emit("Sub", [v, lo]), scale])])
+    i = ctx.emit("Min", [i, ctx.scalar(float(bins - 1), np.float64)])   # the top edge
+    inside = ctx.emit("And", [ctx.emit("GreaterOrEqual", [v, lo]),
+                              ctx.emit("LessOrEqual", [v, hi])])
+    i = ctx.cast(ctx.emit("Where", [inside, i, ctx.scalar(float(bins), np.float64)]), np.int64)
+    ones = ctx.emit("Expand", [ctx.scalar(1, dt), ctx.emit("Shape", [i])])
+    zeros = ctx.const(np.zeros(bins + 1, dt), "zeros")
+    counts = ctx.emit("ScatterElements", [zeros, i, ones], axis=0, reduction="add")
+    return ctx.emit("Slice", [counts, ctx.ints([0]), ctx.ints([bins])])

@@ -37,8 +37,8 @@ def _expand(ctx, x, *, shape):
 
 @register_lowering("concat")
 def _concat(ctx, *xs, axis):
-    from .elementwise import common
-    return ctx.emit("Concat", common(ctx, *xs), axis=int(axis))
+    from .elementwise import to_out
+    return ctx.emit("Concat", to_out(ctx, *xs), axis=int(axis))
 
 
 @register_lowering("copy")
