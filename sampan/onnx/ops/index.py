@@ -36,6 +36,7 @@ def _wrap(ctx, idx, n, what="indices"):
 # ---------------------------------------------------------------------- Slice
 _FAR = 2 ** 31 - 1     # bounds this far out (INT_MAX, INT64_MIN ...) mean "to the end"
 
+
 def _slice(ctx, x, starts, ends, axes, steps):
     starts, ends = ints(starts), ints(ends)
     axes = list(range(len(starts))) if axes is None else ints(axes)
