@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 import sampan
-from ... import dtypes as _dtypes
 
+from ... import dtypes as _dtypes
 from . import onnx_op
 
 

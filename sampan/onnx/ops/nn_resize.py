@@ -198,7 +198,8 @@ def resize(ctx, node, x, roi=None, scales=None, sizes=None):
             full_s = [sc if i in axes else 1.0 for i in range(r)]
         else:
             full_s = None
-    return _resize(ctx, x, kind, full_s, full_z if z is not None else None, cmode, full_roi if rv is not None else None,
+    return _resize(ctx, x, kind, full_s, full_z if z is not None else None, cmode,
+                   full_roi if rv is not None else None,
                    a=float(node.attr("cubic_coeff_a", -0.75)),
                    nearest_mode=node.attr("nearest_mode", "round_prefer_floor"),
                    antialias=bool(node.attr("antialias", 0)),
