@@ -3,6 +3,9 @@
     sampan viz <saved-model> -o graph.svg     draw a saved program's graph
     sampan bisect <saved-model>               which pass changes a saved program's outputs?
     sampan passes                             list registered passes and pipelines
+    sampan onnx export <saved-model> -o m.onnx  write a saved program as ONNX
+    sampan onnx import m.onnx -o <saved-model>  an ONNX model as a saved program
+    sampan onnx check m.onnx                  compare sampan with onnxruntime on the model
 """
 from __future__ import annotations
 
@@ -57,6 +60,8 @@ def main(argv=None) -> int:
     b.set_defaults(fn=_bisect)
     p = sub.add_parser("passes", help="list passes and pipelines")
     p.set_defaults(fn=_passes)
+    from .onnx.cli import register as _onnx_commands
+    _onnx_commands(sub)
     a = ap.parse_args(argv)
     from . import jit  # noqa: F401  (loads the package)
     return a.fn(a)

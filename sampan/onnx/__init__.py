@@ -8,7 +8,17 @@
 The import table (`sampan/onnx/ops/`) maps ONNX op types onto sampan ops per opset; export
 lowers each op of the op table through its ONNX mapping. Needs the `onnx` extra.
 """
+from .export import export  # export: writes a traced program as an ONNX model
 from .importer import OnnxModule, load, to_layer
 from .ops import OnnxError, supported
 
-__all__ = ["OnnxError", "OnnxModule", "load", "to_layer", "supported"]
+__all__ = ["OnnxError", "OnnxModule", "export", "load", "to_layer", "supported"]
+
+
+def __getattr__(name):
+    # `sampan.onnx.backend` imports onnx's backend API: loaded on first use, so that
+    # `import sampan` never imports onnx
+    if name == "backend":
+        import importlib
+        return importlib.import_module(".backend", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

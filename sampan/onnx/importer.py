@@ -24,7 +24,6 @@ import re
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import SampanError
 from ..ops.registry import STATE
 from ..tensor import Tensor
 from ..nn.layer import Layer, Parameter
@@ -278,7 +277,8 @@ class OnnxModule(Layer):
                 outs = fn(ctx, n, *ins)
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             for name, t in zip(n.outputs, outs):
-                env[name] = t
+                if name:            # "" is an omitted output; env[""] must stay None
+                    env[name] = t
         res = tuple(env[o] for o in self.output_names)
         return res[0] if len(res) == 1 else res
 

@@ -27,12 +27,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ...errors import SampanError
-
-
-class OnnxError(SampanError):
-    """An ONNX model sampan cannot read or write: names the op type, node, opset, and what
-    was expected."""
+from ..errors import OnnxError  # noqa: F401 - one error class for import and export
 
 
 # (domain, op_type) -> [(since, fn)] sorted by since

@@ -1,0 +1,418 @@
+"""Export: a sampan program as an ONNX model.
+
+`export(fn_or_layer, example_inputs, path)` traces the call with `sampan.jit` (a Layer in
+eval mode, under no_grad), runs the "inference" pipeline (weights frozen into constants,
+folded, fused), and hands the optimised Graph to `graph_to_model`, which walks it node by
+node through each op's ONNX mapping in the op table (`OPS[op].onnx`: an ONNX op type, or
+a lowering in `sampan/onnx/lower/`). Constants and weights become initializers; symbolic
+dims (`dynamic_axes`) become `dim_param`s, and attributes that depend on them become
+shape tensors computed from the inputs (Shape → Mul → Concat). The model is checked
+(`onnx.checker.check_model(full_check=True)`, strict shape inference) before it is
+written, atomically; one whose initializers pass 2 GB keeps them in a `.data` file.
+
+Example::
+
+    >>> sampan.onnx.export(mlp, (x,), "mlp.onnx", dynamic_axes={"x": {0: "batch"}})
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+import numpy as np
+
+from ..errors import SampanError
+from ..ops.registry import NO_ONNX, OPS, Spec
+from . import lower  # noqa: F401 - registers the lowerings in the op table
+from .errors import OnnxError
+from .lower.context import Ctx, onnx_dtype
+from .lower.peephole import fold_patterns
+
+MIN_OPSET = 17
+EXTERNAL_DATA_BYTES = 2 << 30      # protobuf's limit: larger models keep weights outside
+_SIG = re.compile(r"[^A-Za-z0-9_.:/-]")
+
+
+# ---------------------------------------------------------------------- opsets
+def max_opset() -> int:
+    """The newest opset the installed onnx knows."""
+    import onnx
+    return onnx.defs.onnx_opset_version()
+
+
+_ORT_OPSET = []
+
+
+def default_opset() -> int:
+    """The newest opset the installed onnxruntime runs: the highest `since_version` of the
+    default-domain kernels its CPU provider registers (onnxruntime documents no API for it;
+    its kernel registry is what it runs), capped by onnx's own; onnx's if no onnxruntime."""
+    if not _ORT_OPSET:
+        best = max_opset()
+        try:
+            from onnxruntime.capi import onnxruntime_pybind11_state as C
+            vs = [k.version_range[0] for k in C.get_all_opkernel_def()
+                  if k.domain in ("", "ai.onnx") and k.provider == "CPUExecutionProvider"]
+            if vs:
+                best = min(best, max(vs))
+        except Exception:  # noqa: BLE001 - no (or an unusual) onnxruntime: onnx's newest
+            pass
+        _ORT_OPSET.append(best)
+    return _ORT_OPSET[0]
+
+
+def check_opset(opset) -> int:
+    hi = max_opset()
+    if opset is None:
+        return default_opset()
+    if type(opset) is not int or not MIN_OPSET <= opset <= hi:
+        raise OnnxError(f"sampan.onnx.export: opset {opset!r} is not supported; expected an "
+                        f"int from {MIN_OPSET} to {hi} (the newest the installed onnx knows)")
+    return opset
+
+
+# ---------------------------------------------------------------------- Graph -> ModelProto
+def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
+                   output_names=None, name="sampan"):
+    """The ONNX ModelProto of Graph `g`.
+
+    `args` maps input positions of `g` to ONNX input names (the model's inputs), `state`
+    input positions to (name, array) (initializers); `outputs` lists which of g.outputs
+    the model returns (default: all), named by `output_names` (default "output", or
+    "output_<i>")."""
+    from onnx import helper, numpy_helper
+    opset = check_opset(opset)
+    outputs = list(range(len(g.outputs))) if outputs is None else list(outputs)
+    dims = {}
+    for p, nm in args.items():
+        for d, s in enumerate(g.inputs[p].shape):
+            if isinstance(s, str) and re.fullmatch(r"[A-Za-z_]\w*", s) and s not in dims:
+                dims[s] = (nm, d)
+    ctx = Ctx(opset, dims)
+    names = {}
+    read = {v.id for n in g.nodes for v in n.inputs} | {g.outputs[i].id for i in outputs}
+    graph_inputs = []
+    for p, v in enumerate(g.inputs):
+        if v.id not in read:
+            continue        # an unread input (state freeze_state made a constant)
+        if p in args:
+            names[v.id] = args[p]
+            graph_inputs.append(helper.make_tensor_value_info(
+                args[p], onnx_dtype(v.dtype), _dims(v.shape)))
+        elif p in state:
+            nm, arr = state[p]
+            names[v.id] = nm
+            ctx.inits[nm] = np.asarray(arr)
+        else:
+            raise OnnxError(f"sampan.onnx.export: graph input {p} ({v.type_str()}) is neither "
+                            "an argument nor a weight")
+        ctx.specs[names[v.id]] = Spec(v.shape, v.dtype)
+        ctx.used.add(names[v.id])
+    for c in g.consts:
+        if c.id in read:
+            nm = ctx.const(c.const, _const_name(c.name), exact=bool(c.name))
+            names[c.id] = nm
+            ctx.specs.setdefault(nm, Spec(c.shape, c.dtype))
+    for n in g.nodes:
+        ctx.op, ctx.loc = n.op, n.loc
+        op = OPS.get(n.op)
+        fn = op.onnx if op is not None else None
+        if fn is None or fn == NO_ONNX:
+            raise OnnxError(f"sampan.onnx.export: op {n.op!r} at {n.loc or '?'} has no ONNX "
+                            f"mapping (asked for opset {opset}); it cannot be exported")
+        outs = ctx.lower(n.op, [names[v.id] for v in n.inputs], n.attrs,
+                         [Spec(v.shape, v.dtype) for v in n.outputs])
+        if len(outs) < len(n.outputs):
+            raise OnnxError(f"sampan.onnx.export: the lowering of {n.op!r} at {n.loc or '?'} "
+                            f"gave {len(outs)} outputs; expected {len(n.outputs)}")
+        for v, o in zip(n.outputs, outs):
+            names[v.id] = o
+            ctx.specs[o] = Spec(v.shape, v.dtype)
+    out_names = _out_names(output_names, len(outputs))
+    clash = set(out_names) & (set(args.values()) | set(ctx.inits) | {
+        o for _, _, outs, _ in ctx.nodes for o in outs})
+    if clash:
+        raise OnnxError(f"sampan.onnx.export: output names {sorted(clash)} are already the "
+                        "names of inputs or weights; choose others with output_names=")
+    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs})
+    needed = {i for _, ins, _, _ in ctx.nodes for i in ins} | {names[g.outputs[i].id]
+                                                               for i in outputs}
+    ctx.inits = {nm: a for nm, a in ctx.inits.items() if nm in needed}
+    graph_outputs = []
+    taken = {}
+    for i, nm in zip(outputs, out_names):
+        v = g.outputs[i]
+        src = names[v.id]
+        if not _rename(ctx, src, nm, taken):
+            ctx.nodes.append(("Identity", [src], [nm], {}))
+        taken[src] = nm
+        graph_outputs.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype),
+                                                           _dims(v.shape)))
+    nodes = [helper.make_node(t, ins, outs, name=f"{t}_{k}", **attrs)
+             for k, (t, ins, outs, attrs) in enumerate(ctx.nodes)]
+    # np.array, not ascontiguousarray: a 0-d array stays 0-d
+    inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
+    graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
+    oid = helper.make_opsetid("", opset)
+    return helper.make_model(graph, opset_imports=[oid], producer_name="sampan",
+                             ir_version=helper.find_min_ir_version_for([oid]))
+
+
+def _rename(ctx, src, new, taken) -> bool:
+    """Rename the node output `src` to graph output name `new` (no Identity needed) when a
+    node made it and it is not already a graph output under another name."""
+    if src in taken or not any(src in outs for _, _, outs, _ in ctx.nodes):
+        return False
+    for _, ins, outs, _ in ctx.nodes:
+        outs[:] = [new if o == src else o for o in outs]
+        ins[:] = [new if i == src else i for i in ins]
+    return True
+
+
+def _const_name(name):
+    """A weight's ONNX name: its parameter name ('0.weight'), without freeze_state's
+    'frozen.' prefix."""
+    if not name:
+        return "const"
+    name = str(name)
+    return _clean(name[len("frozen."):] if name.startswith("frozen.") else name)
+
+
+def _dims(shape):
+    return [d if isinstance(d, int) else str(d) for d in shape]
+
+
+def _clean(name) -> str:
+    return _SIG.sub("_", str(name))
+
+
+def _out_names(names, n):
+    if names is None:
+        return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
+    names = list(names)
+    if len(names) != n or len(set(names)) != n:
+        raise OnnxError(f"sampan.onnx.export: output_names has {len(names)} names; the "
+                        f"program has {n} outputs (names must differ)")
+    return names
+
+
+# ---------------------------------------------------------------------- tracing
+def _trace(fn_or_layer, example_inputs, dynamic):
+    """(optimised Graph, input slots, output slots, parameter names) of the call."""
+    from ..autograd import no_grad
+    from ..jit import dynamic as _dyn
+    from ..jit.api import JitFunction, _flatten, _unflatten, trace
+    from ..passes import PassManager, pipeline
+    fn, state, params = fn_or_layer, [], []
+    if isinstance(fn, JitFunction):   # its own dynamic= unless dynamic_axes says otherwise
+        dynamic = fn.dynamic if dynamic is None else dynamic
+        params, state, fn = fn._params, fn._state(), fn.fn
+    elif hasattr(fn, "named_parameters"):
+        state = list(fn.named_parameters())
+        if hasattr(fn, "named_buffers"):
+            state += [(n, b) for n, b in fn.named_buffers() if b is not None]
+    if not params:
+        import inspect
+        try:
+            params = list(inspect.signature(getattr(fn, "forward", fn)).parameters)
+        except (TypeError, ValueError):
+            params = []
+    leaves = []
+    tree = _flatten((example_inputs, {}), leaves)
+    dyn = _dyn.leaf_dims(dynamic, params, example_inputs, {})
+    names = [p for p in pipeline("inference") if p != "plan_memory"]
+
+    def traced(ins):
+        g, slots, out_slots, _, _ = trace(fn, ins, {}, state)
+        written = {id(ref) for kind, ref in out_slots if kind == "state"}
+        g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
+                            if kind == "state" and id(ref) not in written}
+        return PassManager(names).run(g), slots, out_slots
+    with no_grad():
+        g, slots, out_slots = traced(example_inputs)
+        if dyn:
+            base, probes = _dyn.probe_sizes(_dyn.bind(leaves, dyn))
+            runs = [traced(_unflatten(tree, _dyn.resized(leaves, dyn, sz))[0])[0]
+                    for sz in [dict(base, **{s: n}) for s, n in probes]]
+            if base != _dyn.bind(leaves, dyn):
+                g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
+            g = _dyn.unify(g, runs, base, probes, what="exported program")
+    return g, slots, out_slots, params, len(leaves)
+
+
+def _input_names(input_names, params, n, example_inputs):
+    if input_names is not None:
+        names = list(input_names)
+        if len(names) != n or len(set(names)) != n:
+            raise OnnxError(f"sampan.onnx.export: input_names has {len(names)} names; the "
+                            f"call has {n} tensor inputs (names must differ)")
+        return names
+    if n == len(example_inputs) and len(params) >= n and params[0] != "args":
+        return [str(p) for p in params[:n]]
+    return [f"input_{i}" for i in range(n)]
+
+
+def _dynamic_from_axes(dynamic_axes, in_names, params, output_names):
+    """PyTorch's dynamic_axes ({input name: {dim: symbol}} or {name: [dims]}) as jit's
+    dynamic= (keyed by position). Entries for outputs are accepted and need nothing: an
+    output's dims follow from the inputs' symbols."""
+    if dynamic_axes is None:
+        return None
+    if not isinstance(dynamic_axes, dict):
+        raise OnnxError(f"sampan.onnx.export: dynamic_axes must be a dict {{input name: "
+                        f"{{dim: symbol}}}}; got {dynamic_axes!r}")
+    outs = set(output_names or ())
+    out = {}
+    for key, spec in dynamic_axes.items():
+        if isinstance(spec, (list, tuple)):
+            spec = {d: f"{_clean(key)}_dim{d}" for d in spec}
+        if key in in_names:
+            out[in_names.index(key)] = spec
+        elif key in params and params.index(key) < len(in_names):
+            out[params.index(key)] = spec
+        elif not (key in outs or (output_names is None and str(key).startswith("output"))):
+            raise OnnxError(f"sampan.onnx.export: dynamic_axes names {key!r}, which is no "
+                            f"input (inputs: {in_names}) or output")
+    return out or None
+
+
+def export(fn_or_layer, example_inputs, path, *, opset=None, input_names=None,
+           output_names=None, dynamic_axes=None, external_data_threshold=EXTERNAL_DATA_BYTES):
+    """Trace `fn_or_layer(*example_inputs)` and write it to `path` as an ONNX model.
+
+    `opset` defaults to the newest that the installed onnxruntime runs; `dynamic_axes`
+    marks symbolic dims as in PyTorch (``{"x": {0: "batch"}}``); a model whose weights
+    pass `external_data_threshold` bytes keeps them in `<path>.data`. Returns the
+    ModelProto written.
+
+    Example::
+
+        >>> sampan.onnx.export(sampan.nn.Linear(4, 2), (sampan.randn(3, 4),), "lin.onnx")
+    """
+    model = to_model(fn_or_layer, example_inputs, opset=opset, input_names=input_names,
+                     output_names=output_names, dynamic_axes=dynamic_axes)
+    save_model(model, path, external_data_threshold)
+    return model
+
+
+def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
+             output_names=None, dynamic_axes=None):
+    """The ONNX ModelProto `export` writes (not checked, not written)."""
+    from ..tensor import Tensor
+    opset = check_opset(opset)
+    if isinstance(example_inputs, Tensor) or not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    from ..nn.layer import Layer
+    # every layer in eval mode for the trace, each put back in its own mode after it
+    modes = [(m, m.training) for m in Layer.layers(fn_or_layer)] \
+        if isinstance(fn_or_layer, Layer) else []
+    for m, _ in modes:
+        m.__dict__["training"] = False
+    try:
+        params0 = _params_of(fn_or_layer)
+        n_leaves = _count_leaves(example_inputs)
+        in_names = _input_names(input_names, params0, n_leaves, example_inputs)
+        dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
+        g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
+    finally:
+        for m, mode in modes:
+            m.__dict__["training"] = mode
+    args, state = {}, {}
+    for p, (kind, ref) in enumerate(slots):
+        if kind == "arg":
+            args[p] = in_names[ref]
+        elif kind == "state":
+            state[p] = (_clean(g.inputs[p].name or f"state_{p}"), ref._data)
+        else:
+            raise OnnxError(f"sampan.onnx.export: the program reads a {kind!r} input; only "
+                            "arguments and weights can be exported")
+    outs = [i for i, (kind, _) in enumerate(out_slots) if kind == "out"]
+    return graph_to_model(g, args, state, outs, opset=opset, output_names=output_names)
+
+
+def _params_of(fn):
+    import inspect
+    from ..jit.api import JitFunction
+    if isinstance(fn, JitFunction):
+        return list(fn._params)
+    try:
+        return list(inspect.signature(getattr(fn, "forward", fn)).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def _count_leaves(example_inputs):
+    from ..jit.api import _flatten
+    leaves = []
+    _flatten((example_inputs, {}), leaves)
+    return len(leaves)
+
+
+# ---------------------------------------------------------------------- checking, writing
+def check(model, path=None):
+    """Run onnx's full checker and strict shape inference; OnnxError on a failure."""
+    import onnx
+    try:
+        onnx.checker.check_model(path if path is not None else model, full_check=True)
+        if path is None:
+            onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        else:     # a model with external data: inferred from the file, written beside it
+            onnx.shape_inference.infer_shapes_path(path, path + ".shapes", strict_mode=True)
+            os.remove(path + ".shapes")
+    except Exception as e:  # noqa: BLE001 - any checker failure is an exporter bug
+        raise OnnxError(f"sampan.onnx.export: the model written does not pass onnx's "
+                        f"checker: {e}") from None
+
+
+def save_model(model, path, external_data_threshold=EXTERNAL_DATA_BYTES):
+    """Check `model` and write it to `path` atomically (a temporary folder beside it, then
+    renames); initializers over `external_data_threshold` bytes in all go to
+    `<name>.data` beside it."""
+    import onnx
+    path = os.fspath(path)
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    external = size > external_data_threshold
+    if not external:
+        check(model)
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=folder)
+    try:
+        p = os.path.join(tmp, base)
+        if external:
+            onnx.save_model(model, p, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=base + ".data", size_threshold=0)
+            check(None, p)
+            os.replace(os.path.join(tmp, base + ".data"), os.path.join(folder, base + ".data"))
+        else:
+            onnx.save_model(model, p)
+        os.replace(p, path)
+    except SampanError:
+        raise
+    except OSError as e:
+        raise OnnxError(f"sampan.onnx.export: cannot write {path}: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+# ---------------------------------------------------------------------- saved programs
+def saved_to_model(program_dir, *, opset=None, input_names=None, output_names=None):
+    """The ModelProto of a program written by `sampan.jit.save` (its Graph as saved, with
+    its weights as initializers; symbolic dims it was saved with become dim_params)."""
+    from ..jit.serialize import read
+    g, meta, arrays = read(program_dir)
+    n_args = meta["n_args"]
+    names = _input_names(input_names, [], n_args, ()) if input_names is not None else \
+        [f"input_{i}" for i in range(n_args)]
+    args, state = {}, {}
+    for p, spec in enumerate(meta["inputs"]):
+        if spec["kind"] == "arg":
+            args[p] = names[spec["index"]]
+        else:      # weights, frozen feeds, generator states: fixed in a saved program
+            state[p] = (_clean(g.inputs[p].name or spec["key"]), arrays[spec["key"]])
+    outs = [i for i, kind in enumerate(meta["outputs"]) if kind == "out"]
+    return graph_to_model(g, args, state, outs, opset=opset, output_names=output_names,
+                          name=str(meta.get("graph_name") or "sampan"))

@@ -1,0 +1,41 @@
+"""ONNX lowerings, one function per sampan op, registered into the op table.
+
+An op's `onnx` field is either an ONNX op type (a string: the ONNX op takes the same
+inputs, in the same order, and no attributes) or a lowering function registered here::
+
+    @register_lowering("sum")
+    def _sum(ctx, x, *, axes, keepdims):
+        return ctx.emit("ReduceSum", [x, ctx.ints(axes)], keepdims=int(keepdims))
+
+A lowering gets the export context (`sampan.onnx.lower.context.Ctx`: `emit` a node, `const` /
+`ints` / `scalar` for initializers, `spec` of an input, `opset`, `fail`) and the ONNX
+names of the node's inputs, with the node's attributes as keywords; it returns the ONNX
+name of each output. Lowerings never import onnx: the context builds the protos.
+The families live in the modules imported at the bottom.
+
+Ops left `NO_ONNX`, and why: gradients and training helpers (`*_grad`, `triu_scatter`,
+`max_pool2d_gather`, `ctc_loss_posterior`, `rows_scatter_add` aside); ops ONNX has no op
+or exact formula for (`lgamma`, `polygamma`, `erfinv`, `poisson`, the linalg
+decompositions, solve and inverse: ONNX has only `Det`); scans other than a sum
+(`cumprod`, `cummax`, `cummin`, `logcumsumexp`: they need a `Scan` subgraph, which this
+exporter does not write); ops whose output size is a data value (`bincount`,
+`repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
+`adaptive_max_pool2d_indices`.
+"""
+from __future__ import annotations
+
+from ...ops.registry import OPS
+
+
+def register_lowering(op_name: str):
+    """Decorator: make `fn(ctx, *inputs, **attrs)` the ONNX mapping of op `op_name`."""
+    def deco(fn):
+        if op_name not in OPS:
+            raise ValueError(f"register_lowering: no op {op_name!r} in the op table")
+        OPS[op_name].onnx = fn
+        return fn
+    return deco
+
+
+from . import (conv, creation, elementwise, fused, index, layout, matmul, reduce,  # noqa: E402,F401
+               rowwise, shape, sort)

@@ -1,0 +1,102 @@
+"""Import handler for ONNX's Attention (opset 23): MHA, GQA and MQA over 3-D or 4-D
+Q/K/V, with the KV cache (past_key/past_value -> present_*), a boolean or additive mask,
+offset-aware causal masking, softcap, softmax precision and the qk_matmul_output modes.
+
+Built from sampan ops (matmul, softmax, where), so it traces and differentiates. A query
+row with every key masked gives a zero row, as the spec's errata asks (not NaN).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import sampan
+
+from ... import dtypes as _dtypes
+from . import onnx_op
+
+
+def _heads(ctx, t, n, what):
+    """(B, S, n*D) -> (B, n, S, D)."""
+    b, s, hid = t.shape
+    if not n or hid % n:
+        raise ctx.error(f"{what} has shape {list(t.shape)}: its hidden size must be a "
+                        f"multiple of the {what} head count ({n}); set q_num_heads and "
+                        "kv_num_heads for 3-D inputs")
+    return sampan.transpose(sampan.reshape(t, b, s, n, hid // n), 1, 2)
+
+
+@onnx_op("Attention", since=23)
+def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
+    three = q.ndim == 3
+    if three:
+        q = _heads(ctx, q, int(node.attr("q_num_heads", 0)), "Q")
+        kvh = int(node.attr("kv_num_heads", 0))
+        k = _heads(ctx, k, kvh, "K")
+        v = _heads(ctx, v, kvh, "V")
+    elif q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ctx.error(f"Q, K, V have shapes {list(q.shape)}, {list(k.shape)}, "
+                        f"{list(v.shape)}; expected all 3-D or all 4-D")
+    past = 0
+    if past_k is not None:
+        past = past_k.shape[2]
+        k = sampan.cat([past_k, k], dim=2)
+        v = sampan.cat([past_v, v], dim=2)
+    present_k, present_v = k, v
+    in_dtype = q.dtype
+    if in_dtype not in (np.float32, np.float64):   # half types: accumulate in float32
+        q, k, v = (sampan.cast(t, np.float32) for t in (q, k, v))
+        if mask is not None and mask.dtype != np.bool_:
+            mask = sampan.cast(mask, np.float32)
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        if hq % hkv:
+            raise ctx.error(f"q heads {hq} is not a multiple of kv heads {hkv}")
+        k = sampan.repeat_interleave(k, hq // hkv, dim=1)
+        v = sampan.repeat_interleave(v, hq // hkv, dim=1)
+    scale = node.attr("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = sampan.matmul(q, sampan.transpose(k, -2, -1)) * scale
+    qk = [s]
+    cap = float(node.attr("softcap", 0.0))
+    if cap > 0:
+        s = sampan.tanh(s / cap) * cap
+    qk.append(s)
+    sq, total = q.shape[2], k.shape[2]
+    neg = sampan.full_like(s, -math.inf)
+    if node.attr("is_causal", 0):
+        allowed = np.arange(total)[None, :] <= np.arange(sq)[:, None] + past
+        s = sampan.where(sampan.Tensor(allowed), s, neg)
+    if mask is not None:
+        if mask.shape[-1] < total:     # a shorter mask leaves the tail keys masked out
+            pad = total - mask.shape[-1]
+            fill = False if mask.dtype == np.bool_ else -math.inf
+            tail = sampan.full(list(mask.shape[:-1]) + [pad], fill, dtype=mask.dtype)
+            mask = sampan.cat([mask, tail], dim=-1)
+        if mask.dtype == np.bool_:
+            s = sampan.where(mask, s, neg)
+        else:
+            s = s + mask
+    qk.append(s)
+    prec = node.attr("softmax_precision")
+    if prec is not None:
+        from onnx import helper
+        want = _dtypes.as_dtype(helper.tensor_dtype_to_np_dtype(int(prec)))
+        if want != in_dtype and want != s.dtype:
+            s = sampan.cast(sampan.cast(s, in_dtype), want)
+    dead = sampan.amax(s, dim=-1, keepdim=True) == -math.inf
+    p = sampan.softmax(sampan.where(dead, sampan.zeros_like(s), s), dim=-1)
+    p = sampan.where(dead, sampan.zeros_like(p), p)
+    qk.append(p)
+    y = sampan.matmul(p if p.dtype == v.dtype else sampan.cast(p, v.dtype), v)
+    if three:
+        b, h, sq_, dv = y.shape
+        y = sampan.reshape(sampan.transpose(y, 1, 2), b, sq_, h * dv)
+    mode = int(node.attr("qk_matmul_output_mode", 0))
+    if not 0 <= mode <= 3:
+        raise ctx.error(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
+    out = qk[mode]
+    if y.dtype != in_dtype:
+        y, out = sampan.cast(y, in_dtype), sampan.cast(out, in_dtype)
+    return y, present_k, present_v, out
