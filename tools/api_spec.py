@@ -19,6 +19,8 @@ import pkgutil
 import re
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join(ROOT, "API.spec")
 sys.path.insert(0, ROOT)
@@ -71,6 +73,9 @@ def spec_lines() -> list[str]:
                 lines.append(f"{full}: function{_sig(obj)}{tag}")
             elif inspect.ismodule(obj):
                 lines.append(f"{full}: module{tag}")
+            elif isinstance(obj, np.dtype):
+                # a dtype's class name differs between numpy and ml_dtypes releases
+                lines.append(f"{full}: dtype({obj.name}){tag}")
             else:
                 lines.append(f"{full}: {type(obj).__name__}{tag}")
     return lines
