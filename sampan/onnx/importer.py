@@ -182,8 +182,14 @@ class Context:
         if t is None:
             return None
         v = self._static.get(id(t))
-        if v is None and id(t) in self._params and isinstance(t._data, np.ndarray):
-            v = t._data        # a weight read as a value (a scale, say): its current data
+        if v is None and id(t) in self._params:
+            # a weight read as a value (a Resize scale, say): its current data; while
+            # sampan.jit traces, the array the tracer swapped for a Value
+            d = t._data
+            if not isinstance(d, np.ndarray):
+                lifted = getattr(STATE.tracer, "lifted", {}).get(id(t))
+                d = None if lifted is None else lifted.data
+            v = d if isinstance(d, np.ndarray) else None
         if v is None:
             n = self.node
             raise OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): "

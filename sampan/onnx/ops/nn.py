@@ -337,10 +337,14 @@ def _onnx_indices(x, idx, padded, begin, storage_order):
     else:
         for c, s in zip(coords, sizes):
             flat = c if flat is None else flat * s + c
-    n, ch = x.shape[0], x.shape[1]
+    ch, k = x.shape[1], len(sizes)
     plane = int(np.prod(sizes))
-    base = np.arange(n * ch, dtype=np.int64).reshape([n, ch] + [1] * len(sizes)) * plane
-    return flat + sampan.Tensor(base)
+    # the (n, c) plane offsets, with the batch index counted by ops (a dynamic batch
+    # dim must not bake the example's batch size into a constant)
+    one = flat[(slice(None), slice(0, 1)) + (slice(0, 1),) * k] * 0 + 1   # not foldable
+    batch = sampan.cumsum(one, dim=0) - 1                               # (N, 1, 1..)
+    chan = sampan.Tensor(np.arange(ch, dtype=np.int64).reshape([1, ch] + [1] * k))
+    return flat + (batch * ch + chan) * plane
 
 
 @onnx_op("GlobalAveragePool", since=1)

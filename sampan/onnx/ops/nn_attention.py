@@ -4,6 +4,8 @@ offset-aware causal masking, softcap, softmax precision and the qk_matmul_output
 
 Built from sampan ops (matmul, softmax, where), so it traces and differentiates. A query
 row with every key masked gives a zero row, as the spec's errata asks (not NaN).
+Q and K are scaled by sqrt(scale) before their matmul and the softmax is written out, in
+the input's dtype, as the spec's function body does (float16 accumulates in float32).
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
         v = sampan.cat([past_v, v], dim=2)
     present_k, present_v = k, v
     in_dtype = q.dtype
-    if in_dtype not in (np.float32, np.float64):   # half types: accumulate in float32
+    if in_dtype == np.float16:                     # float16: accumulate in float32
         q, k, v = (sampan.cast(t, np.float32) for t in (q, k, v))
         if mask is not None and mask.dtype != np.bool_:
             mask = sampan.cast(mask, np.float32)
@@ -57,7 +59,8 @@ def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
         v = sampan.repeat_interleave(v, hq // hkv, dim=1)
     scale = node.attr("scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    s = sampan.matmul(q, sampan.transpose(k, -2, -1)) * scale
+    root = float(np.asarray(math.sqrt(scale), dtype=q.dtype))   # as the spec: Q, K by sqrt
+    s = sampan.matmul(q * root, sampan.transpose(k * root, -2, -1))
     qk = [s]
     cap = float(node.attr("softcap", 0.0))
     if cap > 0:
@@ -85,9 +88,11 @@ def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
         want = _dtypes.as_dtype(helper.tensor_dtype_to_np_dtype(int(prec)))
         if want != in_dtype and want != s.dtype:
             s = sampan.cast(sampan.cast(s, in_dtype), want)
-    dead = sampan.amax(s, dim=-1, keepdim=True) == -math.inf
-    p = sampan.softmax(sampan.where(dead, sampan.zeros_like(s), s), dim=-1)
-    p = sampan.where(dead, sampan.zeros_like(p), p)
+    mx = sampan.amax(s, dim=-1, keepdim=True)
+    dead = mx == -math.inf
+    e = sampan.exp(s - sampan.where(dead, sampan.zeros_like(mx), mx))
+    tot = sampan.sum(e, dim=-1, keepdim=True)
+    p = e / sampan.where(tot == 0, sampan.ones_like(tot), tot)
     qk.append(p)
     y = sampan.matmul(p if p.dtype == v.dtype else sampan.cast(p, v.dtype), v)
     if three:

@@ -222,10 +222,11 @@ def dropout(ctx, node, x, ratio=None, training_mode=None):
                           and float(ctx.static(ratio)) == 0.0):
         if not want_mask:
             return x
-        mask = sampan.Tensor(np.ones(x.shape, dtype=bool))
+        nan = sampan.isnan(x)                       # all True, computed from x so that a
+        mask = sampan.logical_or(nan, sampan.logical_not(nan))   # dynamic dim stays dynamic
         return x, (mask if ctx.opset >= 10 else sampan.cast(mask, x.dtype))
     p = 0.5 if ratio is None else ratio
-    keep = sampan.rand(*x.shape) >= p               # sampan's generator (seeded, traced)
+    keep = sampan.rand_like(x) >= p               # sampan's generator (seeded, traced)
     scale = 1.0 / (1.0 - p)
     y = x * sampan.cast(keep, x.dtype) * (sampan.cast(scale, x.dtype)
                                           if isinstance(scale, sampan.Tensor) else scale)
