@@ -130,7 +130,8 @@ def _array(t):
 class Node:
     """One ONNX node as handlers see it (see `sampan/onnx/ops/__init__.py`)."""
 
-    __slots__ = ("op_type", "name", "domain", "attrs", "inputs", "outputs", "n_outputs")
+    __slots__ = ("op_type", "name", "domain", "attrs", "inputs", "outputs", "n_outputs",
+                 "checked")
 
     def __init__(self, proto):
         from onnx import helper
@@ -155,7 +156,8 @@ class Node:
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
                 v = [x.decode("utf-8", "replace") for x in v]
             attrs[a.name] = v
-        self.attrs = attrs
+        self.attrs = _ReadAttrs(attrs)
+        self.checked = False
 
     def attr(self, name, default=None):
         return self.attrs.get(name, default)
@@ -281,6 +283,8 @@ class OnnxModule(Layer):
                 outs = _run_static(fn, ctx, n, ins)
             else:
                 outs = fn(ctx, n, *ins)
+            if not n.checked:
+                _check_attrs_read(n, self.opsets.get(n.domain or "", self.opset))
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             for name, t in zip(n.outputs, outs):
                 if name:            # "" is an omitted output; env[""] must stay None
@@ -314,6 +318,74 @@ class OnnxModule(Layer):
                     for d in (shape or ())]
             out.append(Tensor(np.zeros(dims, dtype or np.float32)))
         return tuple(out)
+
+
+class _ReadAttrs(dict):
+    """A node's attributes, remembering which ones its handler looked at."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.read = set()
+
+    def __getitem__(self, k):
+        self.read.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        self.read.add(k)
+        return super().get(k, default)
+
+    def __contains__(self, k):
+        self.read.add(k)
+        return super().__contains__(k)
+
+    def _all(self):
+        self.read |= set(self.keys())
+
+    def items(self):
+        self._all()
+        return super().items()
+
+    def values(self):
+        self._all()
+        return super().values()
+
+    def copy(self):
+        self._all()
+        return dict(self)
+
+    def __iter__(self):
+        self._all()
+        return super().__iter__()
+
+
+def _check_attrs_read(n, opset):
+    """After a node's first run: an attribute its handler never read, set to something
+    other than the op's default, would have been silently ignored (a newer opset's
+    feature, say): refuse it."""
+    n.checked = True
+    unread = set(dict.keys(n.attrs)) - n.attrs.read
+    if not unread or n.domain not in ("", "ai.onnx"):
+        return
+    import onnx
+    from onnx import helper
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset)
+    except Exception:  # noqa: BLE001 - no schema: nothing to compare with
+        schema = None
+    for name in sorted(unread):
+        a = schema.attributes.get(name) if schema is not None else None
+        if a is not None and a.default_value.type:
+            d = helper.get_attribute_value(a.default_value)
+            d = d.decode() if isinstance(d, bytes) else d
+            v = dict.get(n.attrs, name)
+            if (np.array_equal(np.asarray(v), np.asarray(d)) if not isinstance(d, str)
+                    else v == d):
+                continue
+        raise OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {opset}): "
+                        f"attribute {name!r} = {dict.get(n.attrs, name)!r} is not handled by "
+                        "sampan's importer (it would be ignored); supported: "
+                        f"{sorted(n.attrs.read) or 'none'}")
 
 
 def _run_static(fn, ctx, n, ins):

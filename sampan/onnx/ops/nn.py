@@ -152,6 +152,10 @@ def conv(ctx, node, x, w, b=None):
 def conv_transpose(ctx, node, x, w, b=None):
     nsp = _spatial(ctx, x)
     kernel = [int(s) for s in w.shape[2:]]
+    ks = node.attr("kernel_shape")
+    if ks is not None and list(ks) != kernel:
+        raise ctx.error(f"kernel_shape {list(ks)} disagrees with the weight's spatial dims "
+                        f"{kernel}")
     strides = _ints(node, "strides", nsp, 1)
     dil = _ints(node, "dilations", nsp, 1)
     group = int(node.attr("group", 1))

@@ -207,6 +207,9 @@ def hardmax(ctx, node, x):
 # ---------------------------------------------------------------------- dropout
 @onnx_op("Dropout", since=1)
 def dropout(ctx, node, x, ratio=None, training_mode=None):
+    # the seed only picks the mask's numbers (sampan's generator draws them); the ratio
+    # attribute of opsets < 12 does not matter at inference, the only mode they run in
+    node.attr("seed"), node.attr("is_test"), node.attr("ratio")
     want_mask = node.n_outputs > 1 and node.outputs[1] != ""
     if ctx.opset < 12:
         # opsets < 12 run Dropout as identity (opsets 1-6's is_test=0 default is read as
