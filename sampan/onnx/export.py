@@ -200,7 +200,8 @@ def _out_names(names, n):
 
 # ---------------------------------------------------------------------- tracing
 def _trace(fn_or_layer, example_inputs, dynamic):
-    """(optimised Graph, input slots, output slots, parameter names) of the call."""
+    """(optimised Graph, input slots, output slots) of the call, as `sampan.jit.save`
+    traces it: state read and never written is frozen; `dynamic` dims unified."""
     from ..autograd import no_grad
     from ..jit import dynamic as _dyn
     from ..jit.api import JitFunction, _flatten, _unflatten, trace
@@ -239,7 +240,7 @@ def _trace(fn_or_layer, example_inputs, dynamic):
             if base != _dyn.bind(leaves, dyn):
                 g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
             g = _dyn.unify(g, runs, base, probes, what="exported program")
-    return g, slots, out_slots, params, len(leaves)
+    return g, slots, out_slots
 
 
 def _input_names(input_names, params, n, example_inputs):
@@ -316,7 +317,7 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         n_leaves = _count_leaves(example_inputs)
         in_names = _input_names(input_names, params0, n_leaves, example_inputs)
         dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
-        g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
+        g, slots, out_slots = _trace(fn_or_layer, example_inputs, dynamic)
     finally:
         for m, mode in modes:
             m.__dict__["training"] = mode

@@ -1,8 +1,8 @@
 """Every op of the table with an ONNX mapping, on every sample: a one-node program is
 exported, run in onnxruntime and compared with the op's numpy kernel, in the sample's
 dtypes and again in float64 and int64 (where the op takes them and onnxruntime has a kernel
-for them).
-Composites are traced from their functions (they lower through their primitives)."""
+for them). Composites are traced from their functions (they lower through their
+primitives)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +10,9 @@ import pytest
 
 import sampan.onnx
 from sampan.ir.graph import Graph
+from sampan.onnx.export import MIN_OPSET, check, graph_to_model, to_model
 from sampan.ops.composite import COMPOSITES
 from sampan.ops.registry import NO_ONNX, OPS, Spec
-from sampan.onnx.export import MIN_OPSET, check, graph_to_model, to_model
 from sampan.tensor import wrap
 
 onnx = pytest.importorskip("onnx")
@@ -20,7 +20,6 @@ ort = pytest.importorskip("onnxruntime")
 
 # ops whose ONNX form cannot reproduce sampan's values, only their shape and dtype
 RANDOM = {n for n, o in OPS.items() if o.random}
-# onnxruntime's float64 kernels are missing for these ONNX ops: no float64 variant
 _OPTS = ort.SessionOptions()
 _OPTS.log_severity_level = 3
 
