@@ -101,7 +101,7 @@ def _one_node(name, args, attrs):
 
 def _as_int(a):
     if isinstance(a, np.ndarray) and a.dtype == np.float32:
-        return np.asarray(np.round(a * 3), np.int64)
+        return np.asarray(np.round(np.nan_to_num(a * 3, posinf=9, neginf=-9)), np.int64)
     return a
 
 
