@@ -17,9 +17,8 @@ Ops left `NO_ONNX`, and why: gradients and training helpers (`*_grad`, `triu_sca
 `max_pool2d_gather`, `ctc_loss_posterior`; `getitem_grad` and `rows_scatter_add` are
 lowered: in-place writes through views and embeddings use them forward); ops ONNX has no op
 or exact formula for (`lgamma`, `polygamma`, `erfinv`, `poisson`, the linalg
-decompositions, solve and inverse: ONNX has only `Det`); scans other than a sum
-(`cumprod`, `cummax`, `cummin`, `logcumsumexp`: they need a `Scan` subgraph, which this
-exporter does not write); ops whose output size is a data value (`bincount`,
+decompositions, solve and inverse: ONNX has only `Det`); ops whose output size is a
+data value (`bincount`,
 `repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
 `adaptive_max_pool2d_indices`.
 """
