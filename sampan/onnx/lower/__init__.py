@@ -18,9 +18,8 @@ Ops left `NO_ONNX`, and why: gradients and training helpers (`*_grad`, `triu_sca
 lowered: in-place writes through views and embeddings use them forward); ops ONNX has no op
 or exact formula for (`lgamma`, `polygamma`, `erfinv`, `poisson`, the linalg
 decompositions, solve and inverse: ONNX has only `Det`); ops whose output size is a
-data value (`bincount`,
-`repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
-`adaptive_max_pool2d_indices`.
+data value (`bincount`, `repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
+`adaptive_max_pool2d_indices` (not written yet).
 """
 from __future__ import annotations
 
