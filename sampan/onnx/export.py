@@ -27,7 +27,7 @@ from ..errors import SampanError
 from ..ops.registry import NO_ONNX, OPS, Spec
 from . import lower  # noqa: F401 - registers the lowerings in the op table
 from .errors import OnnxError
-from .lower.context import Ctx, onnx_dtype
+from .lower.context import LOC, Ctx, onnx_dtype
 from .lower.peephole import fold_patterns
 
 MIN_OPSET = 17
@@ -150,13 +150,18 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
         taken[src] = nm
         graph_outputs.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype),
                                                            _dims(v.shape)))
-    nodes = [helper.make_node(t, ins, outs, name=f"{t}_{k}", **attrs)
-             for k, (t, ins, outs, attrs) in enumerate(ctx.nodes)]
+    nodes = []
+    for k, (t, ins, outs, attrs) in enumerate(ctx.nodes):
+        attrs = dict(attrs)
+        loc = attrs.pop(LOC, None)
+        nodes.append(helper.make_node(t, ins, outs, name=f"{t}_{k}", doc_string=loc, **attrs))
     # np.array, not ascontiguousarray: a 0-d array stays 0-d
     inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
     oid = helper.make_opsetid("", opset)
+    from .. import __version__
     return helper.make_model(graph, opset_imports=[oid], producer_name="sampan",
+                             producer_version=__version__,
                              ir_version=helper.find_min_ir_version_for([oid]))
 
 
