@@ -27,7 +27,7 @@ from ..errors import SampanError
 from ..ops.registry import NO_ONNX, OPS, Spec
 from . import lower  # noqa: F401 - registers the lowerings in the op table
 from .errors import OnnxError
-from .lower.context import Ctx, onnx_dtype
+from .lower.context import LOC, Ctx, onnx_dtype
 from .lower.peephole import fold_patterns
 
 MIN_OPSET = 17
@@ -150,13 +150,18 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
         taken[src] = nm
         graph_outputs.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype),
                                                            _dims(v.shape)))
-    nodes = [helper.make_node(t, ins, outs, name=f"{t}_{k}", **attrs)
-             for k, (t, ins, outs, attrs) in enumerate(ctx.nodes)]
+    nodes = []
+    for k, (t, ins, outs, attrs) in enumerate(ctx.nodes):
+        attrs = dict(attrs)
+        loc = attrs.pop(LOC, None)
+        nodes.append(helper.make_node(t, ins, outs, name=f"{t}_{k}", doc_string=loc, **attrs))
     # np.array, not ascontiguousarray: a 0-d array stays 0-d
     inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
     oid = helper.make_opsetid("", opset)
+    from .. import __version__
     return helper.make_model(graph, opset_imports=[oid], producer_name="sampan",
+                             producer_version=__version__,
                              ir_version=helper.find_min_ir_version_for([oid]))
 
 
@@ -200,7 +205,8 @@ def _out_names(names, n):
 
 # ---------------------------------------------------------------------- tracing
 def _trace(fn_or_layer, example_inputs, dynamic):
-    """(optimised Graph, input slots, output slots, parameter names) of the call."""
+    """(optimised Graph, input slots, output slots) of the call, as `sampan.jit.save`
+    traces it: state read and never written is frozen; `dynamic` dims unified."""
     from ..autograd import no_grad
     from ..jit import dynamic as _dyn
     from ..jit.api import JitFunction, _flatten, _unflatten, trace
@@ -239,7 +245,7 @@ def _trace(fn_or_layer, example_inputs, dynamic):
             if base != _dyn.bind(leaves, dyn):
                 g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
             g = _dyn.unify(g, runs, base, probes, what="exported program")
-    return g, slots, out_slots, params, len(leaves)
+    return g, slots, out_slots
 
 
 def _input_names(input_names, params, n, example_inputs):
@@ -316,7 +322,7 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         n_leaves = _count_leaves(example_inputs)
         in_names = _input_names(input_names, params0, n_leaves, example_inputs)
         dynamic = _dynamic_from_axes(dynamic_axes, in_names, params0, output_names)
-        g, slots, out_slots, params, _ = _trace(fn_or_layer, example_inputs, dynamic)
+        g, slots, out_slots = _trace(fn_or_layer, example_inputs, dynamic)
     finally:
         for m, mode in modes:
             m.__dict__["training"] = mode

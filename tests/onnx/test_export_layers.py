@@ -45,6 +45,8 @@ def test_mlp_dynamic_batch(tmp_path):
     dim = mp.graph.input[0].type.tensor_type.shape.dim[0]
     assert dim.dim_param == "batch"
     assert len(mp.graph.initializer) >= 6     # the weights are initializers
+    assert "0.weight" in {t.name for t in mp.graph.initializer}
+    assert all("test_export_layers.py:" in n.doc_string for n in mp.graph.node)  # user lines
 
 
 class LeNet(nn.Layer):

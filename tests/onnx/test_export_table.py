@@ -1,8 +1,8 @@
 """Every op of the table with an ONNX mapping, on every sample: a one-node program is
 exported, run in onnxruntime and compared with the op's numpy kernel, in the sample's
 dtypes and again in float64 and int64 (where the op takes them and onnxruntime has a kernel
-for them).
-Composites are traced from their functions (they lower through their primitives)."""
+for them). Composites are traced from their functions (they lower through their
+primitives)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +10,9 @@ import pytest
 
 import sampan.onnx
 from sampan.ir.graph import Graph
+from sampan.onnx.export import MIN_OPSET, check, graph_to_model, onnx_dtype, to_model
 from sampan.ops.composite import COMPOSITES
 from sampan.ops.registry import NO_ONNX, OPS, Spec
-from sampan.onnx.export import MIN_OPSET, check, graph_to_model, to_model
 from sampan.tensor import wrap
 
 onnx = pytest.importorskip("onnx")
@@ -20,7 +20,6 @@ ort = pytest.importorskip("onnxruntime")
 
 # ops whose ONNX form cannot reproduce sampan's values, only their shape and dtype
 RANDOM = {n for n, o in OPS.items() if o.random}
-# onnxruntime's float64 kernels are missing for these ONNX ops: no float64 variant
 _OPTS = ort.SessionOptions()
 _OPTS.log_severity_level = 3
 
@@ -102,7 +101,7 @@ def _one_node(name, args, attrs):
 
 def _as_int(a):
     if isinstance(a, np.ndarray) and a.dtype == np.float32:
-        return np.asarray(np.round(a * 3), np.int64)
+        return np.asarray(np.round(np.nan_to_num(a * 3, posinf=9, neginf=-9)), np.int64)
     return a
 
 
@@ -160,8 +159,8 @@ def test_composite_round_trip(name, i):
     _compare(name, _run(model, [s.args[k] for k in pos]), want)
 
 
-def test_string_mappings_are_valid():
-    """A string in the op table is an ONNX op that takes the op's inputs and no
+def _string_problems():
+    """A string in the op table must be an ONNX op that takes the op's inputs and no
     attributes: no sample of the op has attributes, and the ONNX schema needs none."""
     bad = []
     for name, op in sorted(OPS.items()):
@@ -176,4 +175,52 @@ def test_string_mappings_are_valid():
             bad.append(f"{name}: {op.onnx} has required attributes")
         if any(s.attrs for s in op.samples()):
             bad.append(f"{name}: the op has attributes; {op.onnx} takes none")
+            continue
+        for s in op.samples():    # ONNX's shape inference must give the op's own result
+            want = OPS[name].shape_rule(*[Spec(a.shape, a.dtype) for a in s.args])
+            want = list(want) if isinstance(want, (list, tuple)) else [want]
+            got = _onnx_shapes(op.onnx, s.args, len(want))
+            if got != [(tuple(w.shape), np.dtype(w.dtype)) for w in want]:
+                bad.append(f"{name}: {op.onnx} gives {got} on a sample; the op gives {want}")
+                break
+    return bad
+
+
+def _onnx_shapes(op_type, args, n_out):
+    from onnx import helper
+    ins = [helper.make_tensor_value_info(f"in{i}", onnx_dtype(a.dtype), a.shape)
+           for i, a in enumerate(args)]
+    node = helper.make_node(op_type, [i.name for i in ins], [f"o{k}" for k in range(n_out)])
+    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info(
+        f"o{k}", 0, None) for k in range(n_out)])
+    oid = helper.make_opsetid("", MIN_OPSET)
+    try:
+        m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[oid]),
+                                              strict_mode=True)
+    except Exception as e:  # noqa: BLE001
+        return [f"an error: {str(e)[:80]}"]
+    out = []
+    for o in m.graph.output:
+        t = o.type.tensor_type
+        dims = tuple(d.dim_value for d in t.shape.dim) if t.HasField("shape") else None
+        out.append((dims, helper.tensor_dtype_to_np_dtype(t.elem_type) if t.elem_type else None))
+    return out
+
+
+def test_string_mappings_are_valid():
+    bad = _string_problems()
     assert not bad, "\n".join(bad)
+
+
+def test_the_table_checks_catch_a_missing_or_wrong_mapping(monkeypatch):
+    from tests.ops.test_op_table import test_table_is_complete
+    monkeypatch.setattr(OPS["relu"], "onnx", None)
+    with pytest.raises(AssertionError, match="relu: no ONNX mapping"):
+        test_table_is_complete()
+    monkeypatch.setattr(OPS["relu"], "onnx", "Relux")
+    assert _string_problems() == ["relu: 'Relux' is no ONNX op"]
+    monkeypatch.setattr(OPS["relu"], "onnx", "ReduceSum")   # another result shape
+    monkeypatch.setattr(OPS["cumsum"], "onnx", "CumSum")    # cumsum has an axis attribute
+    bad = _string_problems()
+    assert len(bad) == 2 and bad[0].startswith("cumsum: the op has attributes")
+    assert bad[1].startswith("relu: ReduceSum gives")

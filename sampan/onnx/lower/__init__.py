@@ -14,13 +14,12 @@ name of each output. Lowerings never import onnx: the context builds the protos.
 The families live in the modules imported at the bottom.
 
 Ops left `NO_ONNX`, and why: gradients and training helpers (`*_grad`, `triu_scatter`,
-`max_pool2d_gather`, `ctc_loss_posterior`, `rows_scatter_add` aside); ops ONNX has no op
+`max_pool2d_gather`, `ctc_loss_posterior`; `getitem_grad` and `rows_scatter_add` are
+lowered: in-place writes through views and embeddings use them forward); ops ONNX has no op
 or exact formula for (`lgamma`, `polygamma`, `erfinv`, `poisson`, the linalg
-decompositions, solve and inverse: ONNX has only `Det`); scans other than a sum
-(`cumprod`, `cummax`, `cummin`, `logcumsumexp`: they need a `Scan` subgraph, which this
-exporter does not write); ops whose output size is a data value (`bincount`,
-`repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
-`adaptive_max_pool2d_indices`.
+decompositions, solve and inverse: ONNX has only `Det`); ops whose output size is a
+data value (`bincount`, `repeat_interleave`, `unique_consecutive`); `mode`, `ctc_loss`,
+`adaptive_max_pool2d_indices` (not written yet).
 """
 from __future__ import annotations
 

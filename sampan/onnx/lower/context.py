@@ -15,6 +15,8 @@ import numpy as np
 from ...ops.registry import NO_ONNX, OPS, Spec
 from ..errors import OnnxError
 
+LOC = "__sampan_loc__"     # the source line of a node, kept beside its attributes
+
 
 class Ctx:
     """What a lowering sees: emit nodes, make initializers, read specs and the opset."""
@@ -66,8 +68,10 @@ class Ctx:
         ins = ["" if i is None else i for i in inputs]
         while ins and ins[-1] == "":
             ins.pop()
-        self.nodes.append((op_type, ins, outs, {k: v for k, v in attrs.items()
-                                                 if v is not None}))
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        if self.loc:     # the user's line, for the node's doc_string (see graph_to_model)
+            attrs[LOC] = self.loc
+        self.nodes.append((op_type, ins, outs, attrs))
         return outs[0] if n_out == 1 else outs
 
     # constants
