@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
+
+from .. import dtypes as _dt
 from ..errors import SampanError
 from .config import MEMORY_PASS, InferenceError
 
@@ -42,6 +45,50 @@ def unfuse(g):
             rep[out.id] = r
     g.nodes = new_nodes
     g.outputs = [rep.get(v.id, v) for v in g.outputs]
+    return g
+
+
+def to_bf16(g):
+    """Compute in bfloat16: float32 constants (the weights) become bfloat16 constants of
+    the same name, float32 inputs are cast on entry and float32 outputs on exit, and every
+    node's output dtype follows from its shape rule. Needs a graph without fused nodes
+    (the numba kernels compute in float32/float64).
+
+    Example: ``g2 = to_bf16(unfuse(g.copy()))``"""
+    from ..ir.graph import infer
+    f32, bf = np.dtype(np.float32), np.dtype(_dt.bfloat16)
+    rep = {}
+    for c in list(g.consts):
+        if c.dtype == f32:
+            rep[c.id] = g.add_const(c.const.astype(bf), name=c.name)
+    body = []
+    read = {v.id for n in g.nodes for v in n.inputs}
+    for v in g.inputs:
+        if v.dtype == f32 and v.id in read:
+            n = g.add_node("cast", [v], {"dtype": "bfloat16"})
+            body.append(g.nodes.pop())
+            rep[v.id] = n.outputs[0]
+    old = g.nodes
+    for n in old:
+        n.inputs = [rep.get(v.id, v) for v in n.inputs]
+        if n.attrs.get("dtype") in ("float32", f32):
+            n.attrs = dict(n.attrs, dtype="bfloat16")
+        try:
+            specs = infer(n.op, n.inputs, n.attrs)
+        except Exception as e:  # noqa: BLE001 - an op without a bfloat16 form
+            raise InferenceError(f"set_precision('bf16'): {n.op} at {n.loc or '?'} does not "
+                                 f"take bfloat16 inputs ({e})") from None
+        for v, sp in zip(n.outputs, specs):
+            v.dtype = sp.dtype
+        body.append(n)
+    g.nodes = body
+    outs = []
+    for v in g.outputs:
+        if v.dtype == bf:
+            v = g.add_node("cast", [v], {"dtype": "float32"}).outputs[0]
+        outs.append(v)
+    g.outputs = outs
+    g.prune_consts()
     return g
 
 
@@ -81,15 +128,16 @@ def optimise(g, config, symbolic: bool):
     g = g.copy()
     done = []
     dump("loaded", g)
-    if config.runtime() == "numpy" and any(n.op == "fused" for n in g.nodes):
-        _step("unfuse", unfuse, g, done, verify)
+    no_gen = config.runtime() == "numpy" or config.precision() == "bf16"
+    if no_gen and any(n.op == "fused" for n in g.nodes):
+        g = _step("unfuse", unfuse, g, done, verify)
         done.append("unfuse")
-        dump("unfuse", g, " (the numpy runtime runs no generated kernels)")
+        dump("unfuse", g, " (no generated kernels: numpy runtime or bf16)")
     names = config.pass_builder().enabled_passes() if config.ir_optim() else []
     for name in names:
         if name == MEMORY_PASS:
             continue                       # at compile time, per concrete size
-        if config.runtime() == "numpy" and name in FUSION_PASSES:
+        if no_gen and name in FUSION_PASSES:
             continue
         p = PASSES.get(name)
         if p is None:                      # unregistered after it was added
@@ -98,6 +146,10 @@ def optimise(g, config, symbolic: bool):
         g = _step(name, p, g, done, verify)
         done.append(name)
         dump(name, g)
+    if config.precision() == "bf16":
+        g = _step("to_bf16", to_bf16, g, done, verify)
+        done.append("to_bf16")
+        dump("to_bf16", g)
     plan = config.memory_optim_enabled() and (
         not config.ir_optim() or MEMORY_PASS in names)
     if plan:

@@ -200,16 +200,12 @@ class Config:
         raise _offload_unavailable(f"enable_onnxruntime_offload({min_subgraph_size!r})")
 
     def set_precision(self, precision: str) -> None:
-        """"fp32" (default); "bf16" and "int8" are not available yet (int8 comes from
-        `sampan.quant`)."""
+        """"fp32" (default); "bf16": weights cast to bfloat16 and every op computed in
+        bfloat16 through the op table's kernels (no generated kernels; inputs and outputs
+        stay float32); "int8" is not available yet (it comes from `sampan.quant`)."""
         if precision not in PRECISIONS:
             raise InferenceError(f"Config.set_precision: unknown precision {precision!r}; "
                                  f"expected one of {', '.join(PRECISIONS)}")
-        if precision == "bf16":
-            raise NotAvailableError(
-                "Config.set_precision('bf16'): bfloat16 inference is not available yet "
-                "(the numba kernels and the memory plan compute in float32/float64 only); "
-                "use 'fp32'")
         if precision == "int8":
             raise NotAvailableError(
                 "Config.set_precision('int8'): int8 programs come from sampan.quant "

@@ -394,9 +394,11 @@ class Predictor:
 
     def weights(self) -> dict:
         """The weight arrays the program reads, by name (shared with clones)."""
-        out = {v.name: v.const for v in self._prog.graph.consts if v.name is not None}
-        for spec, a in zip(self._prog.meta["inputs"], self._prog.base_args):
-            if a is not None:
+        g = self._prog.graph
+        read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
+        out = {v.name: v.const for v in g.consts if v.name is not None}
+        for spec, a, v in zip(self._prog.meta["inputs"], self._prog.base_args, g.inputs):
+            if a is not None and v.id in read:      # state the passes did not freeze
                 out[spec["key"]] = a
         return out
 

@@ -167,8 +167,6 @@ def test_runtime_and_precision_options(saved):
     with pytest.raises(InferenceError, match="unknown runtime 'tvm'"):
         cfg.set_runtime("tvm")
     cfg.set_precision("fp32")
-    with pytest.raises(NotAvailableError, match="bf16.*not available yet"):
-        cfg.set_precision("bf16")
     with pytest.raises(NotAvailableError, match="sampan.quant"):
         cfg.set_precision("int8")
     with pytest.raises(InferenceError, match="unknown precision 'fp8'"):
@@ -194,3 +192,28 @@ def test_config_edits_after_create_do_not_change_the_predictor(saved):
     p = create_predictor(cfg)
     cfg.pass_builder().delete_pass("cse")
     assert "cse" in p.passes_run
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (3, 8)), ("cnn", (2, 1, 8, 8))])
+def test_bf16_casts_the_weights_and_computes_in_bf16(saved, tmp_path, name, shape):
+    models, paths = saved
+    cfg = Config(paths[name])
+    cfg.set_precision("bf16")
+    cfg.switch_ir_debug(str(tmp_path))
+    p = create_predictor(cfg)
+    assert p.passes_run[0] == "unfuse" and p.passes_run[-2:] == ["to_bf16", "plan_memory"]
+    assert _steps(tmp_path)[-2:] == ["to_bf16", "plan_memory"]
+    w = p.weights()
+    assert w and all(a.dtype == sampan.bfloat16 for a in w.values())
+    assert all(n.outputs[0].dtype == sampan.bfloat16 for n in p.graph.nodes[:-1]
+               if n.op in ("matmul", "conv2d"))
+    assert p.get_input_handle("x").type() == np.float32
+    x = rand(*shape)
+    got = p.run([x])[0]
+    want = eager(models[name], x)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=3e-2 * np.abs(want).max())
+    assert not np.array_equal(got, want)        # it did compute in bfloat16
+    c = p.clone()
+    assert all(c.weights()[k] is a for k, a in w.items())
+    np.testing.assert_array_equal(c.run([x])[0], got)
