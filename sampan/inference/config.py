@@ -182,8 +182,10 @@ class Config:
         return self._threads
 
     def set_runtime(self, name: str) -> None:
-        """"numba" (default: generated fused kernels), "numpy" (every node runs its op
-        table kernel, no generated kernels) or "onnxruntime" (not available yet)."""
+        """"numba" (default: generated fused kernels), "numpy" (no fusion: fused nodes of
+        the saved graph are expanded back into their ops and every node runs its op-table
+        kernel, as eager does; those kernels keep their own hand-written loops, e.g.
+        conv2d's) or "onnxruntime" (not available yet)."""
         if name not in RUNTIMES:
             raise InferenceError(f"Config.set_runtime: unknown runtime {name!r}; expected "
                                  f"one of {', '.join(RUNTIMES)}")

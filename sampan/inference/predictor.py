@@ -118,8 +118,8 @@ def _out_names(tree):
     return found
 
 
-def _spec(v, dims):
-    """`float32[batch, 8]`: the model's type of a graph input, symbols by name."""
+def _spec(v):
+    """`float32[batch, 8]`: the model's type of a value, symbols by name."""
     return f"{v.dtype}[{', '.join(str(d) for d in v.shape)}]"
 
 
@@ -262,7 +262,7 @@ class OutputHandle:
         np.copyto(ext, a)
 
     def __repr__(self):
-        return f"OutputHandle({self.name!r}, {_spec(self._value, None)})"
+        return f"OutputHandle({self.name!r}, {_spec(self._value)})"
 
 
 class Predictor:
