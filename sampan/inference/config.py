@@ -44,6 +44,8 @@ class PassBuilder:
     Edits: `append_pass(name)`, `insert_pass(index, name)`, `delete_pass(name or index)`
     (every occurrence of a name), `turn_off(name)` (kept in the list, skipped; `turn_on`
     undoes it). `all_passes()` lists every pass, `enabled_passes()` those that run.
+    `plan_memory` needs concrete sizes, so wherever it sits it runs last, when a program is
+    compiled for a set of input shapes.
 
     Example: ``cfg.pass_builder().insert_pass(0, "cse")``"""
 
@@ -131,7 +133,8 @@ class Config:
     def __init__(self, model_dir):
         from ..passes import pipeline
         self.model_dir = os.fspath(model_dir)
-        self._builder = PassBuilder(pipeline("inference"))
+        names = pipeline("inference")
+        self._builder = PassBuilder(names + [MEMORY_PASS] * (MEMORY_PASS not in names))
         self._ir_optim = True
         self._memory_optim = True
         self._debug_dir = None
@@ -145,7 +148,8 @@ class Config:
         return self._builder
 
     def switch_ir_optim(self, on: bool = True) -> None:
-        """Run the pass list (True, the default) or no pass but the memory plan."""
+        """Run the pass list (True, the default) or no pass but the memory plan (the
+        runtime's own rewrites still run: the numpy runtime and bf16 expand fused nodes)."""
         self._ir_optim = bool(on)
 
     def ir_optim(self) -> bool:

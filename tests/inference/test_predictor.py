@@ -21,8 +21,15 @@ def _pred(path, **kw):
 
 
 @pytest.mark.parametrize("runtime", ["numba", "numpy"])
-def test_mlp_matches_eager_and_compiles_once_per_batch(saved, runtime):
+def test_mlp_matches_eager_and_compiles_once_per_batch(saved, runtime, monkeypatch):
+    import sampan.runtime
     models, paths = saved
+    real, made = sampan.runtime.compile_graph, []
+
+    def counting(g, **kw):
+        made.append(tuple(g.inputs[0].shape))
+        return real(g, **kw)
+    monkeypatch.setattr(sampan.runtime, "compile_graph", counting)
     p = _pred(paths["mlp"], set_runtime=runtime)
     assert p.get_input_names() == ["x"] and p.get_output_names() == ["output_0"]
     h, o = p.get_input_handle("x"), p.get_output_handle("output_0")
@@ -34,6 +41,7 @@ def test_mlp_matches_eager_and_compiles_once_per_batch(saved, runtime):
                                    atol=1e-6)
         assert o.shape() == [b, 4]
     assert p.compiled_sizes() == [{"batch": 1}, {"batch": 3}, {"batch": 7}]
+    assert made == [(1, 8), (3, 8), (7, 8)]      # one executor per batch size, cached
 
 
 def test_cnn_matches_eager(saved):
