@@ -61,9 +61,10 @@ from . import optim  # noqa: E402
 from . import train  # noqa: E402
 from . import ir, jit, passes  # noqa: E402  (sampan.jit is callable: @sampan.jit)
 from . import linalg  # noqa: E402
-from . import onnx  # noqa: E402  (imports the onnx package only when used)
 from . import utils  # noqa: E402  (sampan.utils.data: torch's import path for sampan.data)
-from . import onnx  # noqa: E402  (its lowerings complete the op table's ONNX mappings)
+from . import onnx  # noqa: E402  (its lowerings complete the op table's ONNX mappings; the
+#                      onnx package itself is imported only when used)
+from . import inference  # noqa: E402  (Config, create_predictor over saved programs)
 
 __version__ = "0.1.0"
 
@@ -146,7 +147,7 @@ __all__ = [
 ]
 __all__ += ["linalg", "onnx"]
 __all__ += ["utils"]
-__all__ += ["onnx"]
+__all__ += ["inference"]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
 
 # PyTorch's dtype names (torch.float is float32, torch.int int32, torch.long int64 ...).

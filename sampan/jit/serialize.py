@@ -198,6 +198,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         "inputs": ins, "n_args": len(leaves),
         "outputs": [k for k, _ in out_slots],
         "out_tree": _tree_json(out_tree, out_consts), "dtypes": dtypes,
+        "arg_names": _arg_names(example_inputs, params),   # the Predictor's input names
     }
     for i, a in enumerate(out_consts):
         put(f"outconst.{i}", a)
@@ -205,6 +206,19 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     files = {"graph.ir": text.encode("utf-8"),
              "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
     return _write_dir(os.fspath(path), files, arrays)
+
+
+def _arg_names(args, params) -> list:
+    """A name per tensor leaf of the call: the parameter's, with `.k` for the k-th leaf of
+    a nested argument (unique; `argN` where the signature has no name)."""
+    from .api import _flatten
+    names = []
+    for i, a in enumerate(args):
+        sub = []
+        _flatten(a, sub)
+        base = params[i] if i < len(params) else f"arg{i}"
+        names += [base] if isinstance(a, Tensor) else [f"{base}.{k}" for k in range(len(sub))]
+    return names if len(set(names)) == len(names) else [f"arg{i}" for i in range(len(names))]
 
 
 def _write_dir(path: str, files: dict, arrays: dict) -> str:

@@ -1,0 +1,16 @@
+"""Serving saved programs: `Config` (passes, runtime, precision, threads), and
+`create_predictor` giving a `Predictor` with zero-copy input and output handles.
+
+Example::
+
+    >>> from sampan import inference
+    >>> cfg = inference.Config("mlp.sampan"); cfg.pass_builder().turn_off("cse")
+    >>> p = inference.create_predictor(cfg)
+    >>> p.get_input_handle("x").share_external_data(x); p.run()
+    >>> y = p.get_output_handle("output_0").copy_to_cpu()
+"""
+from .config import Config, InferenceError, NotAvailableError, PassBuilder
+from .predictor import InputHandle, OutputHandle, Predictor, create_predictor
+
+__all__ = ["Config", "PassBuilder", "Predictor", "InputHandle", "OutputHandle",
+           "create_predictor", "InferenceError", "NotAvailableError"]

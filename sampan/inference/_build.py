@@ -1,0 +1,181 @@
+"""What `create_predictor` does to a loaded graph before compiling it: the runtime's own
+rewrite (the numpy runtime expands fused nodes back into their op-table nodes), the
+configured passes with the verifier after each, and the debug dumps.
+
+`plan_memory` is not run here: it needs concrete sizes, so it runs when a program is
+compiled for a size (once for a graph without symbolic dims)."""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import SampanError
+from .config import MEMORY_PASS, InferenceError
+
+FUSION_PASSES = ("fuse_elementwise",)       # passes that ask for generated kernels
+_DUMP_FILE = re.compile(r"\d\d+_[A-Za-z0-9_.-]+\.(ir|dot)")
+
+
+def unfuse(g):
+    """Replace every `fused` node by the nodes of its body (op-table kernels only).
+
+    Example: ``g2 = unfuse(g.copy())`` runs under the numpy runtime without numba."""
+    from ..ops.fused import body_attrs
+    new_nodes, rep = [], {}
+    for n in list(g.nodes):
+        n.inputs = [rep.get(v.id, v) for v in n.inputs]
+        if n.op != "fused":
+            new_nodes.append(n)
+            continue
+        vals = list(n.inputs)
+        for e in n.attrs["body"]:
+            made = g.add_node(e[0], [vals[i] for i in e[1]], body_attrs(e), loc=n.loc)
+            g.nodes.pop()                  # placed where the fused node was, below
+            new_nodes.append(made)
+            vals.append(made.outputs[0])
+        for out, k in zip(n.outputs, n.attrs["outputs"]):
+            r = vals[k]
+            if (tuple(r.shape), r.dtype) != (tuple(out.shape), out.dtype):
+                raise InferenceError(f"unfuse: body result {k} of the fused node at "
+                                     f"{n.loc or '?'} is {r.type_str()}, the node says "
+                                     f"{out.type_str()}")
+            rep[out.id] = r
+    g.nodes = new_nodes
+    g.outputs = [rep.get(v.id, v) for v in g.outputs]
+    return g
+
+
+def to_bf16(g):
+    """Compute in bfloat16: float32 constants (the weights) become bfloat16 constants of
+    the same name, float32 inputs are cast on entry and float32 outputs on exit, and every
+    node's output dtype follows from its shape rule. Needs a graph without fused nodes
+    (the numba kernels compute in float32/float64).
+
+    Example: ``g2 = to_bf16(unfuse(g.copy()))``"""
+    from ..ir.graph import infer
+    f32, bf = np.dtype(np.float32), np.dtype(_dt.bfloat16)
+    rep = {}
+    for c in list(g.consts):
+        if c.dtype == f32:
+            rep[c.id] = g.add_const(c.const.astype(bf), name=c.name)
+    body = []
+    read = {v.id for n in g.nodes for v in n.inputs}
+    for v in g.inputs:
+        if v.dtype == f32 and v.id in read:
+            n = g.add_node("cast", [v], {"dtype": "bfloat16"})
+            body.append(g.nodes.pop())
+            rep[v.id] = n.outputs[0]
+    old = g.nodes
+    for n in old:
+        n.inputs = [rep.get(v.id, v) for v in n.inputs]
+        if n.attrs.get("dtype") in ("float32", f32):
+            n.attrs = dict(n.attrs, dtype="bfloat16")
+        try:
+            specs = infer(n.op, n.inputs, n.attrs)
+        except Exception as e:  # noqa: BLE001 - an op without a bfloat16 form
+            raise InferenceError(f"set_precision('bf16'): {n.op} at {n.loc or '?'} does not "
+                                 f"take bfloat16 inputs ({e})") from None
+        for v, sp in zip(n.outputs, specs):
+            v.dtype = sp.dtype
+        body.append(n)
+    g.nodes = body
+    outs = []
+    for v in g.outputs:
+        if v.dtype == bf:
+            v = g.add_node("cast", [v], {"dtype": "float32"}).outputs[0]
+        outs.append(v)
+    g.outputs = outs
+    g.prune_consts()
+    return g
+
+
+class Dumper:
+    """Writes `NN_name.ir` (str(graph)) and `NN_name.dot` (graph.to_dot()) per step."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.k = 0
+        if folder is None:
+            return
+        os.makedirs(folder, exist_ok=True)
+        for f in os.listdir(folder):          # a previous run's dumps: the list changed
+            if _DUMP_FILE.fullmatch(f):
+                os.remove(os.path.join(folder, f))
+
+    def __call__(self, name, g, note=""):
+        if self.folder is None:
+            return
+        stem = os.path.join(self.folder, f"{self.k:02d}_{name}")
+        self.k += 1
+        head = f"// after step {self.k - 1}: {name}{note}\n"
+        with open(stem + ".ir", "w") as f:
+            f.write(head + str(g))
+        with open(stem + ".dot", "w") as f:
+            f.write(g.to_dot())
+
+
+def optimise(g, config, symbolic: bool):
+    """The loaded graph `g` after the runtime's rewrite and the configured passes.
+
+    Returns (graph, steps run). A pass that raises or leaves a graph the verifier rejects
+    fails here, naming it and the passes run before it."""
+    from ..ir import verify
+    from ..passes import PASSES
+    dump = Dumper(config.ir_debug_dir())
+    g = g.copy()
+    done = []
+    dump("loaded", g)
+    no_gen = config.runtime() == "numpy" or config.precision() == "bf16"
+    if no_gen and any(n.op == "fused" for n in g.nodes):
+        g = _step("unfuse", unfuse, g, done, verify)
+        done.append("unfuse")
+        dump("unfuse", g, " (no generated kernels: numpy runtime or bf16)")
+    names = config.pass_builder().enabled_passes() if config.ir_optim() else []
+    for name in names:
+        if name == MEMORY_PASS:
+            continue                       # at compile time, per concrete size
+        if no_gen and name in FUSION_PASSES:
+            continue
+        p = PASSES.get(name)
+        if p is None:                      # unregistered after it was added
+            raise InferenceError(f"create_predictor: pass {name!r} is no longer registered; "
+                                 f"passes run before it: {done or 'none'}")
+        g = _step(name, p, g, done, verify)
+        done.append(name)
+        dump(name, g)
+    if config.precision() == "bf16":
+        g = _step("to_bf16", to_bf16, g, done, verify)
+        done.append("to_bf16")
+        dump("to_bf16", g)
+    plan = config.memory_optim_enabled() and (
+        not config.ir_optim() or MEMORY_PASS in names)
+    if plan:
+        done.append(MEMORY_PASS)
+        note = " (runs per concrete size at compile time)" if symbolic else ""
+        if symbolic:
+            dump(MEMORY_PASS, g, note)
+        else:
+            from ..passes import PassManager
+            dump(MEMORY_PASS, PassManager([MEMORY_PASS]).run(g), note)
+    return g, done, plan
+
+
+def _step(name, fn, g, done, verify):
+    try:
+        out = fn(g)
+    except SampanError as e:
+        raise InferenceError(f"create_predictor: pass {name!r} failed: {e}\npasses run "
+                             f"before it: {done or 'none'}") from e
+    except Exception as e:
+        raise InferenceError(f"create_predictor: pass {name!r} failed ({type(e).__name__}: "
+                             f"{e}); passes run before it: {done or 'none'}") from e
+    g = out if out is not None else g
+    try:
+        verify(g)
+    except SampanError as e:
+        raise InferenceError(f"create_predictor: pass {name!r} left an invalid graph: {e}\n"
+                             f"passes run before it: {done or 'none'}") from None
+    return g

@@ -1,0 +1,245 @@
+"""`Config`: what a Predictor loads and how it optimises and runs it (Paddle Inference's
+AnalysisConfig, in Python names), and `PassBuilder`, the editable pass pipeline.
+
+The pipeline starts as the "inference" pipeline of `sampan.passes` (which ends with
+`plan_memory`). The saved program was already optimised when it was saved; running the
+passes again at load is cheap and lets a user add, move or drop passes without saving
+again. Every edit is checked at once: an unknown pass name fails at the edit, naming it.
+
+Example::
+
+    >>> cfg = sampan.inference.Config("mlp.sampan")
+    >>> cfg.pass_builder().delete_pass("cse"); cfg.switch_ir_debug("/tmp/ir")
+    >>> p = sampan.inference.create_predictor(cfg)
+"""
+from __future__ import annotations
+
+import os
+
+from ..errors import SampanError
+
+RUNTIMES = ("numpy", "numba", "onnxruntime")
+PRECISIONS = ("fp32", "bf16", "int8")
+MEMORY_PASS = "plan_memory"
+
+
+class InferenceError(SampanError):
+    """A Predictor was configured or fed wrongly (names the input, pass or option)."""
+
+
+class NotAvailableError(InferenceError):
+    """An option whose implementation is not in sampan yet."""
+
+
+def _offload_unavailable(what: str) -> NotAvailableError:
+    return NotAvailableError(
+        f"Config.{what}: the onnxruntime runtime needs issue 18's ONNX export and issue "
+        "19's onnxruntime_offload pass, which are not available yet; use "
+        "set_runtime('numba') (the default) or 'numpy'")
+
+
+class PassBuilder:
+    """The passes `create_predictor` runs on the loaded graph, in order.
+
+    Edits: `append_pass(name)`, `insert_pass(index, name)`, `delete_pass(name or index)`
+    (every occurrence of a name), `turn_off(name)` (kept in the list, skipped; `turn_on`
+    undoes it). `all_passes()` lists every pass, `enabled_passes()` those that run.
+    `plan_memory` needs concrete sizes, so wherever it sits it runs last, when a program is
+    compiled for a set of input shapes.
+
+    Example: ``cfg.pass_builder().insert_pass(0, "cse")``"""
+
+    def __init__(self, passes):
+        self._passes = list(passes)
+        self._off: set = set()
+
+    @staticmethod
+    def _known(name, edit):
+        from ..passes import PASSES, list_passes
+        if not isinstance(name, str) or name not in PASSES:
+            raise InferenceError(f"PassBuilder.{edit}: unknown pass {name!r}; registered "
+                                 f"passes: {', '.join(list_passes())}")
+
+    def append_pass(self, name: str) -> None:
+        """Run pass `name` last."""
+        self._known(name, "append_pass")
+        self._passes.append(name)
+
+    def insert_pass(self, index: int, name: str) -> None:
+        """Run pass `name` at position `index` of the list (as list.insert)."""
+        self._known(name, "insert_pass")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise InferenceError(f"PassBuilder.insert_pass: index must be an int; got "
+                                 f"{index!r}")
+        self._passes.insert(index, name)
+
+    def delete_pass(self, name_or_index) -> None:
+        """Remove every occurrence of a pass name, or the pass at an index."""
+        if isinstance(name_or_index, int) and not isinstance(name_or_index, bool):
+            n = len(self._passes)
+            if not -n <= name_or_index < n:
+                raise InferenceError(f"PassBuilder.delete_pass: index {name_or_index} is "
+                                     f"outside the {n} passes {self._passes}")
+            del self._passes[name_or_index]
+            return
+        if name_or_index not in self._passes:
+            raise InferenceError(f"PassBuilder.delete_pass: pass {name_or_index!r} is not in "
+                                 f"the pipeline {self._passes}")
+        self._passes = [p for p in self._passes if p != name_or_index]
+
+    def turn_off(self, name: str) -> None:
+        """Keep pass `name` in the list but skip it (every occurrence)."""
+        if name not in self._passes:
+            raise InferenceError(f"PassBuilder.turn_off: pass {name!r} is not in the "
+                                 f"pipeline {self._passes}")
+        self._off.add(name)
+
+    def turn_on(self, name: str) -> None:
+        """Undo `turn_off(name)`."""
+        self._off.discard(name)
+
+    def all_passes(self) -> list:
+        """Every pass of the list, turned off or not."""
+        return list(self._passes)
+
+    def enabled_passes(self) -> list:
+        """The passes that run, in order."""
+        return [p for p in self._passes if p not in self._off]
+
+    def is_turned_off(self, name: str) -> bool:
+        return name in self._off
+
+    def copy(self) -> "PassBuilder":
+        b = PassBuilder(self._passes)
+        b._off = set(self._off)
+        return b
+
+    def __repr__(self):
+        marks = [p + (" (off)" if p in self._off else "") for p in self._passes]
+        return f"PassBuilder([{', '.join(marks)}])"
+
+
+class Config:
+    """How to load, optimise and run a program saved by `sampan.jit.save`.
+
+    Defaults: the "inference" pass pipeline, the memory plan on, the numba runtime (fused
+    kernels), fp32. Nothing is read from `model_dir` until `create_predictor`.
+
+    Example::
+
+        >>> cfg = Config("cnn.sampan"); cfg.set_runtime("numpy"); cfg.set_num_threads(1)
+    """
+
+    def __init__(self, model_dir):
+        from ..passes import pipeline
+        self.model_dir = os.fspath(model_dir)
+        names = pipeline("inference")
+        self._builder = PassBuilder(names + [MEMORY_PASS] * (MEMORY_PASS not in names))
+        self._ir_optim = True
+        self._memory_optim = True
+        self._debug_dir = None
+        self._threads = None
+        self._runtime = "numba"
+        self._precision = "fp32"
+
+    # ------------------------------------------------------------ optimisation
+    def pass_builder(self) -> PassBuilder:
+        """The editable pass list (see `PassBuilder`)."""
+        return self._builder
+
+    def switch_ir_optim(self, on: bool = True) -> None:
+        """Run the pass list (True, the default) or no pass but the memory plan (the
+        runtime's own rewrites still run: the numpy runtime and bf16 expand fused nodes)."""
+        self._ir_optim = bool(on)
+
+    def ir_optim(self) -> bool:
+        return self._ir_optim
+
+    def enable_memory_optim(self) -> None:
+        """Plan intermediate buffers once and reuse them on every call (the default)."""
+        self._memory_optim = True
+
+    def disable_memory_optim(self) -> None:
+        """Let every intermediate be a fresh array (no `plan_memory`)."""
+        self._memory_optim = False
+
+    def memory_optim_enabled(self) -> bool:
+        return self._memory_optim
+
+    def switch_ir_debug(self, dir=None) -> None:
+        """Write the graph as text (`NN_pass.ir`) and DOT (`NN_pass.dot`) after every pass
+        that runs, numbered in order, into `dir` (None or False: off)."""
+        self._debug_dir = os.fspath(dir) if dir not in (None, False) else None
+
+    def ir_debug_dir(self):
+        return self._debug_dir
+
+    # ------------------------------------------------------------ execution
+    def set_num_threads(self, n: int) -> None:
+        """CPU threads for numba kernels and BLAS (`sampan.set_num_threads`, applied when
+        the predictor is created; the setting is process-wide)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InferenceError(f"Config.set_num_threads: got {n!r}; expected a positive int")
+        self._threads = n
+
+    def num_threads(self):
+        return self._threads
+
+    def set_runtime(self, name: str) -> None:
+        """"numba" (default: generated fused kernels), "numpy" (no fusion: fused nodes of
+        the saved graph are expanded back into their ops and every node runs its op-table
+        kernel, as eager does; those kernels keep their own hand-written loops, e.g.
+        conv2d's) or "onnxruntime" (not available yet)."""
+        if name not in RUNTIMES:
+            raise InferenceError(f"Config.set_runtime: unknown runtime {name!r}; expected "
+                                 f"one of {', '.join(RUNTIMES)}")
+        if name == "onnxruntime":
+            raise _offload_unavailable("set_runtime('onnxruntime')")
+        self._runtime = name
+
+    def runtime(self) -> str:
+        return self._runtime
+
+    def enable_onnxruntime_offload(self, min_subgraph_size: int = 3) -> None:
+        """Run subgraphs of at least `min_subgraph_size` nodes in onnxruntime (not
+        available yet: it needs issue 18's ONNX export)."""
+        raise _offload_unavailable(f"enable_onnxruntime_offload({min_subgraph_size!r})")
+
+    def set_precision(self, precision: str) -> None:
+        """"fp32" (default); "bf16": weights cast to bfloat16 and every op computed in
+        bfloat16 through the op table's kernels (no generated kernels; inputs and outputs
+        stay float32); "int8" is not available yet (it comes from `sampan.quant`)."""
+        if precision not in PRECISIONS:
+            raise InferenceError(f"Config.set_precision: unknown precision {precision!r}; "
+                                 f"expected one of {', '.join(PRECISIONS)}")
+        if precision == "int8":
+            raise NotAvailableError(
+                "Config.set_precision('int8'): int8 programs come from sampan.quant "
+                "(calibrate, then the quantize and fuse_quant passes), which is not in this "
+                "sampan yet; use 'fp32'")
+        self._precision = precision
+
+    def precision(self) -> str:
+        return self._precision
+
+    def copy(self) -> "Config":
+        c = Config.__new__(Config)
+        c.__dict__.update(self.__dict__)
+        c._builder = self._builder.copy()
+        return c
+
+    def summary(self) -> str:
+        """The settings, one a line."""
+        rows = [("model_dir", self.model_dir),
+                ("ir_optim", self._ir_optim),
+                ("passes", self._builder.enabled_passes() if self._ir_optim else []),
+                ("turned off", sorted(self._builder._off)),
+                ("memory_optim", self._memory_optim),
+                ("ir_debug", self._debug_dir),
+                ("num_threads", self._threads),
+                ("runtime", self._runtime),
+                ("precision", self._precision)]
+        return "\n".join(f"{k:<13} {v}" for k, v in rows)
+
+    def __repr__(self):
+        return f"Config({self.model_dir!r}, runtime={self._runtime!r})"
