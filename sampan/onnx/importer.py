@@ -147,6 +147,10 @@ class Node:
                 raise OnnxError(f"sampan.onnx: node {self.name!r} ({self.op_type}) has a "
                                 "subgraph attribute; control flow is not supported yet")
             v = helper.get_attribute_value(a)
+            if a.type == a.FLOAT:      # float32 in the file: its shortest decimal (1e-05,
+                v = _short_float(v)    # not 9.999999747378752e-06), as the exporter wrote it
+            elif a.type == a.FLOATS:
+                v = [_short_float(x) for x in v]
             if a.type == a.TENSOR:
                 v = _array(v)
             elif a.type == a.TENSORS:
@@ -164,6 +168,10 @@ class Node:
 
     def __repr__(self):
         return f"<onnx {self.op_type} {self.name!r}>"
+
+
+def _short_float(v):
+    return float(str(np.float32(v))) if np.isfinite(v) else float(v)
 
 
 class Context:

@@ -85,7 +85,7 @@ def test_damaged_bytes_never_crash(tmp_path):
     data = _shape_model().SerializeToString()
     rng = np.random.default_rng(0)
     kinds = set()
-    for k in range(150):
+    for k in range(300):
         b = bytearray(data)
         if k % 3 == 0:
             b = b[:rng.integers(0, len(b))]

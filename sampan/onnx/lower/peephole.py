@@ -11,6 +11,7 @@ import numpy as np
 def fold_patterns(ctx, keep) -> None:
     """Rewrite `ctx.nodes` in place; names in `keep` (graph outputs) stay defined."""
     _fold_layer_norm(ctx, keep)
+    _fold_conv_bias(ctx, keep)
 
 
 def _const_like(ctx, name, value):
@@ -56,6 +57,37 @@ def _fold_layer_norm(ctx, keep):
             y = nodes[j][2][0]
         if y != outs[0]:
             nodes[k] = (t, [ins[0], new_scale] + ([new_bias] if new_bias else []), [y], attrs)
+    ctx.nodes[:] = [n for k, n in enumerate(nodes) if k not in dead]
+
+
+def _fold_conv_bias(ctx, keep):
+    """Conv then Add of a (1, C, 1, ...) constant (sampan adds a conv's bias reshaped to
+    broadcast over the channels) is one Conv with its B input: the ONNX form every runtime
+    fuses, and what an importer maps back to a conv with a bias."""
+    nodes = ctx.nodes
+    users = {}
+    for k, (_, ins, _, _) in enumerate(nodes):
+        for i in ins:
+            users.setdefault(i, []).append(k)
+    dead = set()
+    for k, (t, ins, outs, attrs) in enumerate(nodes):
+        if t != "Conv" or len(ins) != 2 or len(outs) != 1 or outs[0] in keep:
+            continue
+        nxt = users.get(outs[0], [])
+        if len(nxt) != 1 or nodes[nxt[0]][0] != "Add" or len(nodes[nxt[0]][1]) != 2:
+            continue
+        j = nxt[0]
+        other = [i for i in nodes[j][1] if i != outs[0]]
+        if len(other) != 1 or len(users.get(other[0], [])) != 1:
+            continue
+        b = ctx.inits.get(other[0])
+        w = ctx.inits.get(ins[1])
+        if b is None or b.ndim < 3 or b.shape[0] != 1 or any(d != 1 for d in b.shape[2:]) \
+                or (w is not None and (w.shape[0] != b.shape[1] or w.dtype != b.dtype)):
+            continue
+        ctx.inits[other[0]] = b.reshape(b.shape[1])
+        nodes[k] = (t, ins + [other[0]], list(nodes[j][2]), attrs)
+        dead.add(j)
     ctx.nodes[:] = [n for k, n in enumerate(nodes) if k not in dead]
 
 

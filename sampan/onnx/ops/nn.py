@@ -142,10 +142,13 @@ def conv(ctx, node, x, w, b=None):
     dil = _ints(node, "dilations", nsp, 1)
     group = int(node.attr("group", 1))
     begin, end = _pads(ctx, node, list(x.shape[2:]), kernel, strides, dil)
-    xp = _pad(x, begin, end)
     one = (lambda v: v[0]) if nsp == 1 else tuple
-    y = _CONV[nsp](xp, w, b, stride=one(strides), padding=0, dilation=one(dil), groups=group)
-    return y
+    if begin == end:      # symmetric: the conv's own padding (the graph sampan would trace)
+        return _CONV[nsp](x, w, b, stride=one(strides), padding=one(begin),
+                          dilation=one(dil), groups=group)
+    xp = _pad(x, begin, end)
+    return _CONV[nsp](xp, w, b, stride=one(strides), padding=0, dilation=one(dil),
+                      groups=group)
 
 
 @onnx_op("ConvTranspose", since=1)

@@ -30,6 +30,7 @@ def _stash(x, stash_type):
 @onnx_op("BatchNormalization", since=1)
 def batch_norm(ctx, node, x, scale, bias, mean, var):
     eps = float(node.attr("epsilon", 1e-5))
+    mom = float(node.attr("momentum", 0.9))      # only the training outputs use it
     training = bool(node.attr("training_mode", 0)) if ctx.opset >= 14 else False
     if ctx.opset < 14 and node.n_outputs > 1 and ctx.opset >= 9:
         training = True                 # opsets 9-13 signal training by their extra outputs
@@ -44,7 +45,6 @@ def batch_norm(ctx, node, x, scale, bias, mean, var):
     bvar = sampan.mean((x - _chan(bmean, x.ndim)) ** 2, dim=axes)
     y = (x - _chan(bmean, x.ndim)) * sampan.rsqrt(_chan(bvar, x.ndim) + eps) \
         * _chan(scale, x.ndim) + _chan(bias, x.ndim)
-    mom = float(node.attr("momentum", 0.9))
     run_mean = mean * mom + bmean * (1 - mom)
     run_var = var * mom + bvar * (1 - mom)
     if ctx.opset >= 14:
@@ -70,7 +70,13 @@ def layer_norm(ctx, node, x, scale, bias=None):
     if not 0 <= axis < x.ndim:
         raise ctx.error(f"axis {node.attr('axis')} is out of range for X {list(x.shape)}")
     eps = float(node.attr("epsilon", 1e-5))
-    xs = _stash(x, int(node.attr("stash_type", 1)))
+    stash = int(node.attr("stash_type", 1))
+    only_y = all(not o for o in node.outputs[1:])
+    if (only_y and axis == x.ndim - 1 and scale.ndim == 1 and (bias is None or bias.ndim == 1)
+            and (stash, x.dtype) in ((1, np.float32), (11, np.float64))):
+        # the usual case: sampan's layer norm row op (the graph sampan itself traces)
+        return F.layer_norm(x, (x.shape[-1],), scale, bias, eps)
+    xs = _stash(x, stash)
     axes = tuple(range(axis, x.ndim))
     m = sampan.mean(xs, dim=axes, keepdim=True)
     d = xs - m
