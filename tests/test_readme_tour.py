@@ -29,6 +29,12 @@ def test_tour_runs(tmp_path, monkeypatch):
     np.testing.assert_array_equal(ns["indices"].numpy(), ns["logits"].numpy().argmax(1))
     assert ns["indices"].dtype == np.int64
     assert "i64[batch,12]" in open(tmp_path / "classifier.sampan" / "graph.ir").read()
+    with sampan.no_grad():
+        direct = ns["model"](sampan.tensor(ns["batch"])).numpy()
+        np.testing.assert_allclose(ns["probs"], direct, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ns["imported"](sampan.tensor(ns["batch"])).numpy(), direct,
+                                   rtol=1e-4, atol=1e-5)
+    assert ns["graph"].inputs[0].shape[0] == "batch"
     loaded = sampan.jit.load(str(tmp_path / "classifier.sampan"))
     ids = sampan.randint(0, 1000, (5, 12))
     with sampan.no_grad():

@@ -327,7 +327,10 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
         for m, mode in modes:
             m.__dict__["training"] = mode
     args, state = {}, {}
+    read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
     for p, (kind, ref) in enumerate(slots):
+        if kind not in ("arg", "state") and g.inputs[p].id not in read:
+            continue      # e.g. a weight's .grad the trace lifted but the program never reads
         if kind == "arg":
             args[p] = in_names[ref]
         elif kind == "state":

@@ -22,6 +22,8 @@ def fold_constants(g):
         op = OPS[n.op]
         limit = max([SMALL] + [v.size for v in n.inputs]) if n.inputs else 64
         if (op.random or op.n_out != 1 or not all(v.is_const for v in n.inputs)
+                or not all(isinstance(d, int) for d in n.outputs[0].shape)  # symbolic dims
+                or _symbolic(n.attrs)
                 or n.outputs[0].size > limit or op.kernel is None):
             nodes.append(n)
             continue
@@ -37,3 +39,14 @@ def fold_constants(g):
     g.outputs = [rep.get(v.id, v) for v in g.outputs]
     g.prune_consts()
     return g
+
+
+def _symbolic(x) -> bool:
+    """Whether attributes hold a symbolic size ("$batch": see sampan/jit/dynamic.py)."""
+    if isinstance(x, str):
+        return x.startswith("$")
+    if isinstance(x, dict):
+        return any(_symbolic(v) for v in x.values())
+    if isinstance(x, (tuple, list)):
+        return any(_symbolic(v) for v in x)
+    return False
