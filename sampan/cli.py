@@ -3,6 +3,7 @@
     sampan viz <saved-model> -o graph.svg     draw a saved program's graph
     sampan bisect <saved-model>               which pass changes a saved program's outputs?
     sampan passes                             list registered passes and pipelines
+    sampan deploy <saved-model> -o outdir     a standalone numpy module of a saved program
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def main(argv=None) -> int:
     b.set_defaults(fn=_bisect)
     p = sub.add_parser("passes", help="list passes and pipelines")
     p.set_defaults(fn=_passes)
+    from .deploy.cli import add_parser as _deploy_parser
+    _deploy_parser(sub)
     a = ap.parse_args(argv)
     from . import jit  # noqa: F401  (loads the package)
     return a.fn(a)
