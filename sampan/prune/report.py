@@ -31,41 +31,65 @@ def _dir_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def measure(model, example_inputs, accuracy=None, repeats=500, warmup=50) -> dict:
-    """One row of `report`: parameters, weight sparsity, saved-program bytes, accuracy
-    (`accuracy(model)`, if given) and the saved program's latency at `example_inputs`
-    (p50/p99 microseconds over `repeats` calls after `warmup`)."""
+def _saved(model, example_inputs, d, name):
     from .. import jit
     was = model.training
     model.eval()
+    try:
+        path = jit.save(model, os.path.join(d, f"{name}.sampan"), tuple(example_inputs))
+    finally:
+        model.train(was)
+    return _dir_bytes(path), jit.load(path)
+
+
+def _time(progs, example_inputs, repeats, warmup):
+    """Per program, `repeats` times of its compiled graph on the example's arrays (no
+    tensor wrapping: what a predictor with bound input buffers pays), the programs taking
+    turns call by call, so a shared machine's load falls on all of them alike."""
+    calls = []
+    for p in progs:   # the compiled graph on prepared arrays, as a predictor runs it
+        arrays = p.input_arrays(tuple(example_inputs))
+        calls.append((p.compiled, arrays))
+        for _ in range(warmup):
+            p.compiled(*arrays)
+    ts = np.empty((len(progs), repeats))
+    for i in range(repeats):
+        for k, (f, arrays) in enumerate(calls):
+            t0 = time.perf_counter()
+            f(*arrays)
+            ts[k, i] = time.perf_counter() - t0
+    return ts
+
+
+def measure(models: dict, example_inputs, accuracy=None, repeats=500, warmup=50) -> dict:
+    """The rows of `report`, {name: row}: parameters, weight sparsity, saved-program
+    bytes, accuracy (`accuracy(model)`, if given) and the saved program's latency at
+    `example_inputs` (p50/p99 microseconds over `repeats` calls after `warmup`)."""
     d = tempfile.mkdtemp(prefix="sampan-prune-")
     try:
-        path = jit.save(model, os.path.join(d, "m.sampan"), tuple(example_inputs))
-        size = _dir_bytes(path)
-        prog = jit.load(path)
-        for _ in range(warmup):
-            prog(*example_inputs)
-        ts = np.empty(repeats)
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            prog(*example_inputs)
-            ts[i] = time.perf_counter() - t0
+        saved = {n: _saved(m, example_inputs, d, f"m{i}")
+                 for i, (n, m) in enumerate(models.items())}
+        ts = _time([p for _, p in saved.values()], example_inputs, repeats, warmup)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    row = {"params": model.num_parameters(), "sparsity": _zeros(model), "bytes": size,
-           "p50_us": float(np.percentile(ts, 50) * 1e6),
-           "p99_us": float(np.percentile(ts, 99) * 1e6)}
-    row["accuracy"] = None if accuracy is None else float(accuracy(model))
-    model.train(was)
-    return row
+    rows = {}
+    for k, (n, m) in enumerate(models.items()):
+        was = m.training
+        m.eval()
+        rows[n] = {"params": m.num_parameters(), "sparsity": _zeros(m),
+                   "bytes": saved[n][0], "p50_us": float(np.percentile(ts[k], 50) * 1e6),
+                   "p99_us": float(np.percentile(ts[k], 99) * 1e6),
+                   "accuracy": None if accuracy is None else float(accuracy(m))}
+        m.train(was)
+    return rows
 
 
 def report(models: dict, example_inputs, accuracy=None, repeats=500, file=None) -> dict:
-    """Measure each model of `models` ({name: Layer}) with `measure` and print a table
-    (to `file`, default stdout); returns {name: row}. Latency ratios are against the
-    first model."""
+    """Measure the models of `models` ({name: Layer}) with `measure` and print a table
+    (to `file`, default stdout); returns {name: row}. Speed-ups are against the first
+    model's p50."""
     import sys
-    rows = {n: measure(m, example_inputs, accuracy, repeats) for n, m in models.items()}
+    rows = measure(models, example_inputs, accuracy, repeats)
     out = file or sys.stdout
     print(f"{'model':<22} {'params':>9} {'sparsity':>8} {'saved KiB':>9} {'accuracy':>8} "
           f"{'p50 us':>8} {'p99 us':>8} {'speed-up':>8}", file=out)

@@ -161,3 +161,36 @@ def test_cli_deploy(deployed, tmp_path, capsys):
     assert main(["deploy", progs["mlp"], "-o", str(tmp_path / "o")]) == 0
     assert "KiB" in capsys.readouterr().out
     assert (tmp_path / "o" / "model.py").exists() and (tmp_path / "o" / "weights.npz").exists()
+
+
+_KERNELS = r"""
+import sys
+sys.modules["numba"] = None
+import numpy as np
+import sampan
+from sampan.ops.registry import OPS
+from sampan.deploy.kernels import KERNELS
+n = 0
+for op, k in sorted(KERNELS.items()):
+    samples = OPS[op].samples() if OPS[op].samples else []
+    assert samples, op
+    for s in samples:
+        for dt in (None, np.float16, np.float64):   # the sample's dtype, half, double
+            args = [a.astype(dt) if dt and isinstance(a, np.ndarray) and a.dtype.kind == "f"
+                    else a for a in s.args]
+            try:
+                ref = OPS[op].kernel(*args, **s.attrs)
+            except Exception:
+                continue
+            got = k(*args, **s.attrs)
+            ref, got = np.asarray(ref), np.asarray(got)
+            assert ref.dtype == got.dtype and ref.shape == got.shape, (op, ref.dtype, got.dtype)
+            assert ref.tobytes() == got.tobytes(), (op, s.attrs, dt)
+            n += 1
+print(n)
+"""
+
+
+def test_kernels_match_the_op_tables_numpy_paths(tmp_path):
+    n = int(_py(_KERNELS, [], str(tmp_path)).strip().splitlines()[-1])
+    assert n >= 60

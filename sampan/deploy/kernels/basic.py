@@ -106,3 +106,35 @@ def planned_matmul(a, b):
     if a.ndim > 2 and b.ndim == 2 and not a.flags.c_contiguous and n >= 256:
         return np.matmul(a, b)
     return k_matmul(a, b)
+
+
+def _decode_index(enc, arrays):
+    out = []
+    for it in enc:
+        k = it[0]
+        if k == "s":
+            out.append(slice(it[1], it[2], it[3]))
+        elif k == "i":
+            out.append(it[1])
+        elif k == "n":
+            out.append(None)
+        elif k == "e":
+            out.append(Ellipsis)
+        else:
+            out.append(arrays[it[1]])
+    return tuple(out)
+
+
+def k_getitem(a, *idx, index):
+    key = _decode_index(index, idx)
+    r = a[key]
+    if type(r) is not np.ndarray:   # one element: a 0-d view, not a numpy scalar
+        r = a[key + (Ellipsis,)]
+    return r
+
+
+def k_index_select(a, i, axis):
+    n = a.shape[axis]
+    if i.size and (i.min() < -n or i.max() >= n):
+        raise IndexError(f"index_select: an index is out of range for a dim of size {n}")
+    return np.take(a, i, axis=axis)
