@@ -11,10 +11,14 @@ Each producer keeps the `1 - amount` fraction of its channels with the largest w
 norm (`norm="l1"` or `"l2"`) in their original order. The last producer is kept whole:
 its channels are the model's outputs.
 
-A dependency the walk cannot follow is refused with an error naming the layer: a model
-that is not a Sequential (its forward may add a residual, concatenate or branch, which
-ties channels of several layers together), a grouped convolution, or a layer of unknown
-kind between two producers. Create the optimiser after pruning: the pruned layers hold
+Any other Layer (a forward of its own) is traced at `example_inputs` and the same pairs
+are read from its graph (`traced.py`): the values between a producer and its consumers,
+with the per-channel state (biases, batch-norm) they read.
+
+A dependency that cannot be followed is refused with an error naming the layer (or the
+op and its source line): a residual add, a concatenation or a branch that ties the
+channels of several layers together, a grouped convolution, or a layer or op that mixes
+channels between two producers. Create the optimiser after pruning: the pruned layers hold
 new, smaller Parameters.
 
 Example::
@@ -131,11 +135,7 @@ def channels(model, amount=0.5, example_inputs=(), norm="l2", min_channels=1):
     if norm not in ("l1", "l2"):
         raise PruneError(f"sampan.prune.channels: norm must be 'l1' or 'l2'; got {norm!r}")
     if not isinstance(model, nn.Sequential):
-        raise PruneError(
-            f"sampan.prune.channels: {type(model).__name__} is not an nn.Sequential: its "
-            "forward may add a residual, concatenate or branch, which ties the channels of "
-            "several layers together, and that dependency cannot be followed; write the "
-            "prunable part as an nn.Sequential")
+        return _traced(model, amount, example_inputs, norm, min_channels)
     layers = _flat(model)
     for n, m in layers:
         if isinstance(m, nn.Conv2d) and m.groups != 1:
@@ -217,3 +217,48 @@ def _cut_consumer(m, feat, name):
                              f"features, fewer than the layer before it gives")
         m.weight = _param(m.weight._data[feat, :], m.weight)
         m.in_features = len(feat)
+
+
+def _keep(p, amount, norm, min_channels):
+    s = _scores(p, norm)
+    k = max(min_channels, s.size - int(round(amount * s.size)))
+    return np.sort(np.argsort(-s, kind="stable")[:k]), s.size
+
+
+def _traced(model, amount, example_inputs, norm, min_channels):
+    """`channels` for any Layer: dependencies from its traced graph (see traced.py)."""
+    from . import traced
+    if not example_inputs:
+        raise PruneError(f"sampan.prune.channels: {type(model).__name__} is not an "
+                         "nn.Sequential, so its channel dependencies are read from a trace: "
+                         "pass example_inputs=")
+    for n, m in model.named_layers():
+        if isinstance(m, (nn.Conv2d, nn.Linear)) and is_pruned(m):
+            raise PruneError(f"sampan.prune.channels: {n!r} carries a magnitude-pruning "
+                             "mask; call sampan.prune.remove(model) first")
+    steps = traced.plan(model, tuple(example_inputs))
+    rep = ChannelReport(params_before=model.num_parameters())
+    for pname, states, consumers, _c in steps:
+        p = model.get_submodule(pname)
+        keep, n_out = _keep(p, amount, norm, min_channels)
+        if len(keep) >= n_out:
+            continue
+        _cut_producer(p, keep)
+        for s in states:
+            if s == f"{pname}.bias":
+                continue
+            owner, attr = traced._owner(model, s)
+            t = getattr(owner, attr)
+            if isinstance(t, nn.Parameter):
+                setattr(owner, attr, _param(t._data[keep], t))
+            else:
+                owner.register_buffer(attr, Tensor(np.ascontiguousarray(t._data[keep])))
+            if isinstance(owner, _NORMS):
+                owner.num_features = len(keep)
+        for lname, per in consumers:
+            feat = keep if per == 1 else (keep[:, None] * per
+                                          + np.arange(per)[None, :]).reshape(-1)
+            _cut_consumer(model.get_submodule(lname), feat, lname)
+        rep.pruned.append((pname, n_out, len(keep)))
+    rep.params_after = model.num_parameters()
+    return rep

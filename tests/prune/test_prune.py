@@ -134,7 +134,10 @@ class _Residual(nn.Layer):
 
 
 def test_dependencies_that_cannot_be_followed_are_refused():
-    with pytest.raises(PruneError, match="residual"):
+    x = sampan.randn(1, 4, 6, 6)
+    with pytest.raises(PruneError, match="residual add"):
+        sampan.prune.channels(_Residual(), 0.5, example_inputs=(x,))
+    with pytest.raises(PruneError, match="example_inputs"):
         sampan.prune.channels(_Residual(), 0.5)
     grouped = nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.Conv2d(8, 4, 1))
     with pytest.raises(PruneError, match="grouped"):
@@ -158,3 +161,34 @@ def test_report_prints_a_table():
     assert "sparsity" in text and "half" in text and "speed-up" in text
     assert rows["half"]["params"] < rows["dense"]["params"]
     assert rows["half"]["accuracy"] == 0.5
+
+
+class _Functional(nn.Layer):
+    """The CNN of `_cnn` with a forward of its own: pruned through its traced graph."""
+
+    def __init__(self, seq):
+        super().__init__()
+        self.c1, self.bn, self.c2, self.f1, self.f2 = seq[0], seq[1], seq[4], seq[8], seq[10]
+
+    def forward(self, x):
+        F = nn.functional
+        h = F.max_pool2d(sampan.relu(self.bn(self.c1(x))), 2)
+        h = F.max_pool2d(sampan.relu(self.c2(h)), 2).flatten(1)
+        return sampan.softmax(self.f2(sampan.relu(self.f1(h))), -1)
+
+
+def test_traced_pruning_of_a_custom_forward_matches_the_sequential_walk():
+    seq = _cnn()
+    seq[1].running_mean._data[:] = np.linspace(-1, 1, 8, dtype=np.float32)
+    seq[1].running_var._data[:] = np.linspace(0.5, 2, 8, dtype=np.float32)
+    seq.eval()
+    import copy
+    fun = _Functional(copy.deepcopy(seq))
+    fun.eval()
+    x = sampan.randn(3, 1, 8, 8)
+    r1 = sampan.prune.channels(seq, 0.5, example_inputs=(x,), norm="l1")
+    r2 = sampan.prune.channels(fun, 0.5, example_inputs=(x,), norm="l1")
+    assert [p[1:] for p in r1.pruned] == [p[1:] for p in r2.pruned]
+    assert r1.params_after == r2.params_after
+    assert fun.bn.num_features == 4 and fun.bn.running_mean.shape == (4,)
+    np.testing.assert_array_equal(sampan.softmax(seq(x), -1).numpy(), fun(x).numpy())
