@@ -192,3 +192,22 @@ def test_traced_pruning_of_a_custom_forward_matches_the_sequential_walk():
     assert r1.params_after == r2.params_after
     assert fun.bn.num_features == 4 and fun.bn.running_mean.shape == (4,)
     np.testing.assert_array_equal(sampan.softmax(seq(x), -1).numpy(), fun(x).numpy())
+
+
+def test_masks_survive_a_jit_compiled_training_step():
+    net = _mlp()
+    sampan.prune.magnitude(net, amount=0.5)
+    opt = sampan.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = sampan.randn(16, 10), sampan.randint(0, 4, (16,))
+
+    @sampan.jit
+    def step(x, y):
+        opt.zero_grad()
+        loss = sampan.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    for _ in range(4):
+        step(x, y)
+    for layer in (net[0], net[2]):
+        assert np.all(layer.weight._data[~sampan.prune.mask_of(layer)] == 0)
