@@ -60,6 +60,7 @@ from .io.checkpoint import CheckpointError, load, save  # noqa: E402
 from . import optim  # noqa: E402
 from . import train  # noqa: E402
 from . import ir, jit, passes  # noqa: E402  (sampan.jit is callable: @sampan.jit)
+from . import deploy, prune  # noqa: E402  (issue 19: standalone module, pruning)
 from . import linalg  # noqa: E402
 from . import utils  # noqa: E402  (sampan.utils.data: torch's import path for sampan.data)
 from . import onnx  # noqa: E402  (its lowerings complete the op table's ONNX mappings; the
@@ -148,6 +149,7 @@ __all__ = [
 __all__ += ["linalg", "onnx"]
 __all__ += ["utils"]
 __all__ += ["inference"]
+__all__ += ["deploy", "prune"]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
 
 # PyTorch's dtype names (torch.float is float32, torch.int int32, torch.long int64 ...).

@@ -6,6 +6,7 @@
     sampan onnx export <saved-model> -o m.onnx  write a saved program as ONNX
     sampan onnx import m.onnx -o <saved-model>  an ONNX model as a saved program
     sampan onnx check m.onnx                  compare sampan with onnxruntime on the model
+    sampan deploy <saved-model> -o outdir     a standalone numpy module of a saved program
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def main(argv=None) -> int:
     p.set_defaults(fn=_passes)
     from .onnx.cli import register as _onnx_commands
     _onnx_commands(sub)
+    from .deploy.cli import add_parser as _deploy_parser
+    _deploy_parser(sub)
     a = ap.parse_args(argv)
     from . import jit  # noqa: F401  (loads the package)
     return a.fn(a)

@@ -1,0 +1,24 @@
+"""`sampan deploy`: a saved program as ONE generated Python file that needs numpy alone.
+
+The file holds the kernels of exactly the ops the program uses (numpy references from
+`sampan/deploy/kernels/`, copied as source; ufunc ops bind numpy's ufunc), the program as
+straight-line code, one line per IR node with the IR line as a comment, and a loader for
+its weights: `weights.npz`, read with `np.load(allow_pickle=False)` after its sha256 is
+checked against the one recorded in the file. Symbolic dims of `sampan.jit.save(...,
+dynamic=...)` are bound per call from the inputs' shapes and substituted into the shape
+attributes (as `sampan.jit.dynamic.concrete` does), so one module serves every batch size.
+
+It reproduces sampan's numpy runtime bit for bit: the program compiled by
+`sampan.runtime` with the op table's numpy kernels (numba absent, so fused nodes run their
+bodies op by op and no kernel takes a numba path), memory plan included (a planned matmul
+of a non-contiguous batch is a batched product, as there).
+
+Example::
+
+    >>> sampan.jit.save(model, "m.sampan", (x,), dynamic="batch")
+    >>> sampan.deploy.generate("m.sampan", "out")      # or: sampan deploy m.sampan -o out
+    >>> # elsewhere, numpy only: import model; y = model.load()(x_array)
+"""
+from .generate import DeployError, Generated, generate, package_bytes, supported_ops
+
+__all__ = ["generate", "Generated", "DeployError", "supported_ops", "package_bytes"]

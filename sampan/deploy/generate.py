@@ -1,0 +1,456 @@
+"""Generate the standalone module of a saved program (see the package doc)."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import os
+import tempfile
+import textwrap
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SampanError
+from ..ir.text import node_str
+from ..ops.registry import OPS
+from .kernels import KERNELS, basic
+
+MODULE = "model.py"
+WEIGHTS = "weights.npz"
+_ATTR = "$"
+
+
+class DeployError(SampanError):
+    """A saved program cannot be written as a standalone numpy module."""
+
+
+@dataclass
+class Generated:
+    """What `generate` wrote: paths and sizes in bytes (see `report`)."""
+    module: str
+    weights: str
+    module_bytes: int
+    weights_bytes: int
+    package_bytes: int
+    ops: tuple
+
+    def report(self) -> str:
+        kb = 1024
+        return (f"{self.module}: {self.module_bytes / kb:.1f} KiB of code for "
+                f"{len(self.ops)} ops ({', '.join(self.ops)}); {self.weights}: "
+                f"{self.weights_bytes / kb:.1f} KiB; the sampan package's Python source: "
+                f"{self.package_bytes / kb:.0f} KiB "
+                f"({self.package_bytes / max(self.module_bytes, 1):.0f}x the module)")
+
+
+def package_bytes() -> int:
+    """Bytes of the sampan package's Python source files (what a deployment would ship)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    n = 0
+    for d, _, files in os.walk(root):
+        n += sum(os.path.getsize(os.path.join(d, f)) for f in files if f.endswith(".py"))
+    return n
+
+
+# ---------------------------------------------------------------------- source helpers
+def _expr(e: str) -> str:
+    """A symbolic expression ('5*batch', '0.5/batch') as Python over the sizes `_s`
+    (left to right, as `sampan.jit.dynamic.evaluate` reads it)."""
+    out = []
+    for tok in e.replace("*", " * ").replace("/", " / ").split():
+        if tok in ("*", "/"):
+            out.append(tok)
+        elif tok.isdigit():
+            out.append(tok)
+        elif tok.isidentifier():
+            out.append(f"_s[{tok!r}]")
+        else:
+            out.append(repr(float(tok)))
+    return "(" + " ".join(out) + ")"
+
+
+def _py(x) -> str:
+    if isinstance(x, str) and x.startswith(_ATTR):
+        return _expr(x[len(_ATTR):])
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "_nan"
+        if math.isinf(x):
+            return "_inf" if x > 0 else "-_inf"
+        return repr(x)
+    if isinstance(x, tuple):
+        inner = ", ".join(_py(v) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, list):
+        return "[" + ", ".join(_py(v) for v in x) + "]"
+    if isinstance(x, (bool, int, str, type(None))):
+        return repr(x)
+    raise DeployError(f"sampan deploy: attribute value {x!r} ({type(x).__name__}) has no "
+                      "source form")
+
+
+def _helpers(fn, module, seen, out):
+    """`fn`'s source and, first, that of the module-level functions it calls."""
+    if fn.__name__ in seen:
+        return
+    seen.add(fn.__name__)
+    for name in fn.__code__.co_names:
+        f = vars(module).get(name)
+        if inspect.isfunction(f) and f.__module__ == module.__name__:
+            _helpers(f, module, seen, out)
+    for c in fn.__code__.co_consts:   # nested functions call helpers too
+        if inspect.iscode(c):
+            for name in c.co_names:
+                f = vars(module).get(name)
+                if inspect.isfunction(f) and f.__module__ == module.__name__:
+                    _helpers(f, module, seen, out)
+    out.append(inspect.getsource(fn))
+
+
+def _constants_of(module, sources) -> list:
+    """Module constants (upper-case names) that the copied sources read."""
+    text = "\n".join(sources)
+    return [f"{k} = {v!r}" if not isinstance(v, tuple) or not v or not isinstance(
+        v[0], np.dtype) else f"{k} = ({', '.join(f'np.dtype({d.name!r})' for d in v)},)"
+        for k, v in vars(module).items()
+        if k.isupper() and k.startswith("_") and k in text]
+
+
+def _kernel_source(ops) -> tuple[list, dict]:
+    """(source lines, {op: callable name}) for the kernels of `ops`."""
+    import sys
+    lines, names = [], {}
+    by_module: dict = {}
+    for op in sorted(ops):
+        k = OPS[op].kernel if op in OPS else None
+        if op == "planned_matmul":
+            fn = basic.planned_matmul
+        elif isinstance(k, np.ufunc) and hasattr(np, k.__name__):
+            names[op] = f"np.{k.__name__}"
+            continue
+        elif op in KERNELS:
+            fn = KERNELS[op]
+        else:
+            continue
+        by_module.setdefault(fn.__module__, []).append(fn)
+        names[op] = fn.__name__
+    done = set()
+    for modname, fns in by_module.items():
+        mod = sys.modules[modname]
+        seen, src = set(), []
+        for fn in fns:
+            _helpers(fn, mod, seen, src)
+        consts = [c for c in _constants_of(mod, src) if c.split(" =")[0] not in done]
+        done |= {c.split(" =")[0] for c in consts}
+        lines += ["\n".join(consts)] + [s.rstrip() for s in src]
+    return lines, names
+
+
+def supported_ops() -> list:
+    """Op names the standalone module can run."""
+    return sorted({n for n, o in OPS.items() if isinstance(o.kernel, np.ufunc)} | set(KERNELS)
+                  | {"fused"})
+
+
+# ---------------------------------------------------------------------- the graph
+def _plannable_matmuls(g) -> set:
+    """Ids of matmul outputs the memory plan may give a buffer (at >= 256 bytes)."""
+    from ..jit import dynamic as _dyn
+    from ..runtime.memory import plan
+    sizes = {s: 2 for s in _dyn.symbols_of(g)}
+    c = _dyn.concrete(g, sizes) if sizes else g
+    assign = plan(c, min_bytes=0)["assign"]
+    return {n.outputs[0].id for n in c.nodes if n.op == "matmul" and n.outputs[0].id in assign}
+
+
+def _check_ops(g):
+    ok = set(supported_ops())
+    for n in g.nodes:
+        ops = [n.op] + ([e[0] for e in n.attrs["body"]] if n.op == "fused" else [])
+        for op in ops:
+            if op not in ok:
+                raise DeployError(f"sampan deploy: op {op!r} (node {node_str(n)[:120]}) has "
+                                  f"no standalone numpy kernel; supported: {', '.join(sorted(ok))}")
+        for v in n.outputs + list(n.inputs):
+            if v.dtype.name == "bfloat16":
+                raise DeployError(f"sampan deploy: {n.op} at {n.loc or '?'} uses bfloat16, "
+                                  "which numpy alone cannot hold; save the program in float32")
+
+
+def _body_lines(g, meta, arrays):
+    """(function lines, npz arrays, op names used, parameter names, input specs)."""
+    ren = {v.id: k for k, v in enumerate(g.values())}
+    names, npz = {}, {}
+    params, in_specs = [], []
+    read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
+    for k, (spec, v) in enumerate(zip(meta["inputs"], g.inputs)):
+        nm = f"x{k}"
+        names[v.id] = nm
+        if spec["kind"] == "arg":
+            params.append(nm)
+            in_specs.append((nm, v.dtype.name, tuple(v.shape)))
+        elif v.id in read:
+            if spec["kind"] == "rng":
+                raise DeployError("sampan deploy: the program reads random state (dropout "
+                                  "in training mode?); save the model in eval mode")
+            npz[nm] = np.asarray(arrays[spec["key"]])
+    for v in g.consts:
+        if v.id in read:
+            names[v.id] = f"c{ren[v.id]}"
+            npz[names[v.id]] = np.asarray(v.const)
+    planned = _plannable_matmuls(g)
+    last = {}
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            last[v.id] = i
+    keep = {v.id for v in g.outputs}
+    lines, used = [], set()
+
+    def call(op, args, attrs, outs, ndim0, comment):
+        used.add(op)
+        a = list(args) + [f"{k}={_py(x)}" for k, x in attrs.items()]
+        c = f"{op}({', '.join(a)})"
+        if len(outs) == 1 and ndim0:
+            c = f"np.asarray({c})"
+        lines.append(f"    {', '.join(outs)} = {c}  # {comment}")
+
+    for i, n in enumerate(g.nodes):
+        ir = node_str(n, lambda v: f"%{ren[v.id]}").replace("\n", " ")
+        ir = ir if len(ir) <= 150 else ir[:147] + "..."
+        for v in n.outputs:
+            names[v.id] = f"v{ren[v.id]}"
+        ins = [names[v.id] for v in n.inputs]
+        if n.op == "fused":   # the body one op a line (what the numpy runtime interprets)
+            vals = list(ins)
+            lines.append(f"    # {ir}")
+            for j, e in enumerate(n.attrs["body"]):
+                t = f"t{ren[n.outputs[0].id]}_{j}"
+                attrs = dict(e[2]) if len(e) > 2 else {}
+                call(e[0], [vals[p] for p in e[1]], attrs, [t], True, e[0])
+                vals.append(t)
+            for v, p in zip(n.outputs, n.attrs["outputs"]):
+                lines.append(f"    {names[v.id]} = {vals[p]}")
+            temps = [f"t{ren[n.outputs[0].id]}_{j}" for j in range(len(n.attrs["body"]))]
+            lines.append(f"    del {', '.join(temps)}")
+        else:
+            op = "planned_matmul" if n.outputs[0].id in planned else n.op
+            call(op, ins, n.attrs, [names[v.id] for v in n.outputs],
+                 OPS[n.op].n_out == 1 and n.outputs[0].ndim == 0, ir)
+        dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
+                and v.id not in keep and v.const is None and not names[v.id].startswith("c")
+                and names[v.id] not in npz]
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+    outs = ", ".join(names[v.id] for v in g.outputs)
+    lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
+    return lines, npz, used, params, in_specs
+
+
+# ---------------------------------------------------------------------- writing
+def _write_atomic(path, write):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=os.path.basename(path) + ".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def generate(program_dir, outdir, name: str = MODULE) -> Generated:
+    """Write `outdir/<name>` (numpy only) and `outdir/weights.npz` for a saved program.
+
+    Example: ``sampan.deploy.generate("m.sampan", "out")``, then without sampan::
+
+        import model; m = model.load(); y = m(x)"""
+    from ..jit.serialize import read
+    g, meta, arrays = read(program_dir)
+    _check_ops(g)
+    body, npz, used, params, in_specs = _body_lines(g, meta, arrays)
+    kernels, knames = _kernel_source(used)
+    body = [_rename(ln, knames) for ln in body]
+    n_out = sum(k == "out" for k in meta["outputs"])
+    out_kinds = [k == "out" for k in meta["outputs"]]
+    out_consts = [np.asarray(arrays[f"outconst.{i}"]) for i in range(meta.get("n_outconst", 0))]
+    for i, a in enumerate(out_consts):
+        npz[f"outconst{i}"] = a
+    os.makedirs(outdir, exist_ok=True)
+    wpath = os.path.join(outdir, WEIGHTS)
+    h = hashlib.sha256()
+
+    def write_npz(f):
+        import io
+        buf = io.BytesIO()
+        np.savez(buf, **npz)
+        data = buf.getvalue()
+        h.update(data)
+        f.write(data)
+    _write_atomic(wpath, write_npz)
+    manifest = {k: (a.dtype.name, tuple(a.shape)) for k, a in npz.items()}
+    src = _module_source(program_dir, g, params, in_specs, body, kernels, manifest,
+                         h.hexdigest(), meta["out_tree"], out_kinds, n_out, len(out_consts),
+                         sorted(set(knames) - {"planned_matmul"} | (
+                             {"matmul"} if "planned_matmul" in knames else set())))
+    mpath = os.path.join(outdir, name)
+    _write_atomic(mpath, lambda f: f.write(src.encode("utf-8")))
+    ops = tuple(sorted(set(knames) - {"planned_matmul"}
+                       | ({"matmul"} if "planned_matmul" in knames else set())))
+    return Generated(mpath, wpath, len(src.encode("utf-8")), os.path.getsize(wpath),
+                     package_bytes(), ops)
+
+
+def _rename(line, knames):
+    """The op name of a call line replaced by its kernel's name."""
+    head, sep, rest = line.partition(" = ")
+    if not sep or line.lstrip().startswith("#"):
+        return line
+    pre = ""
+    if rest.startswith("np.asarray("):
+        pre, rest = "np.asarray(", rest[len("np.asarray("):]
+    op, paren, tail = rest.partition("(")
+    if paren and op in knames:
+        return f"{head} = {pre}{knames[op]}({tail}"
+    return line
+
+
+_TEMPLATE = '''\
+"""Standalone inference module generated by `sampan deploy` from {program!r}.
+
+It needs numpy alone: the kernels below are those of the {n_ops} ops the program uses.
+The weights are read from {weights!r} (next to this file, or the path given to `load`)
+without pickle, after their sha256 is checked against the one recorded here.
+
+    import model
+    m = model.load()
+    y = m(x)            # numpy arrays in, numpy arrays out
+"""
+import hashlib
+import io
+import os
+
+import numpy as np
+
+WEIGHTS = {weights!r}
+WEIGHTS_SHA256 = {sha!r}
+# name -> (dtype, shape) of every array in the weights
+MANIFEST = {manifest}
+# the call's inputs: (name, dtype, shape); a str dim is a symbol bound by the call
+INPUTS = {inputs}
+OUT_TREE = {out_tree}
+OUT_KINDS = {out_kinds}
+N_OUTCONST = {n_outconst}
+_inf = float("inf")
+_nan = float("nan")
+
+
+class DeployError(Exception):
+    """Damaged weights, or inputs of the wrong shape or dtype."""
+
+
+# ---------------------------------------------------------------------- kernels
+{kernels}
+
+# ---------------------------------------------------------------------- program
+def _program(c, _s{sig}):
+{unpack}
+{body}
+
+
+def _tree(j, leaves, consts):
+    if "t" in j:
+        return leaves[j["t"]]
+    if "tuple" in j:
+        return tuple(_tree(x, leaves, consts) for x in j["tuple"])
+    if "list" in j:
+        return [_tree(x, leaves, consts) for x in j["list"]]
+    if "dict" in j:
+        return {{_key(k): _tree(x, leaves, consts) for k, x in j["dict"]}}
+    if "const" in j:
+        return consts[j["const"]].copy()
+    return j["static"]
+
+
+def _key(k):
+    return tuple(_key(x) for x in k) if isinstance(k, list) else k
+
+
+def _sizes(arrays):
+    """The symbols' sizes in this call, every input checked against INPUTS."""
+    if len(arrays) != len(INPUTS):
+        raise DeployError(f"expected {{len(INPUTS)}} inputs, got {{len(arrays)}}")
+    s, where = {{}}, {{}}
+    for i, (a, (_name, dtype, shape)) in enumerate(zip(arrays, INPUTS)):
+        ok = a.dtype == np.dtype(dtype) and a.ndim == len(shape)
+        for d, (n, want) in enumerate(zip(a.shape, shape) if ok else ()):
+            if isinstance(want, str) and want.isidentifier():
+                if s.get(want, n) != n:
+                    raise DeployError(f"input {{i}}: dim {{d}} is {{n}}, but {{want!r}} is "
+                                      f"{{s[want]}} from {{where[want]}}")
+                s[want], where[want] = n, f"dim {{d}} of input {{i}}"
+            elif not isinstance(want, str) and want != n:
+                ok = False
+        if not ok:
+            raise DeployError(f"input {{i}} is {{a.dtype}}{{list(a.shape)}}; the model expects "
+                              f"{{dtype}}{{list(shape)}}")
+    return s
+
+
+class Model:
+    """The program with its weights: call it with numpy arrays."""
+
+    def __init__(self, path=None):
+        path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), WEIGHTS)
+        with open(path, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != WEIGHTS_SHA256:
+            raise DeployError(f"{{path}} is damaged or not this model's: its sha256 is not "
+                              f"the one recorded in this module")
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {{k: z[k] for k in z.files}}
+        if sorted(arrays) != sorted(MANIFEST):
+            raise DeployError(f"{{path}} holds {{sorted(arrays)}}; expected {{sorted(MANIFEST)}}")
+        for k, (dtype, shape) in MANIFEST.items():
+            a = arrays[k]
+            if a.dtype != np.dtype(dtype) or a.shape != tuple(shape):
+                raise DeployError(f"{{path}}: array {{k}} is {{a.dtype}}{{list(a.shape)}}; "
+                                  f"expected {{dtype}}{{list(shape)}}")
+        self.arrays = arrays
+        self.consts = [arrays[f"outconst{{i}}"] for i in range(N_OUTCONST)]
+
+    def __call__(self, *inputs):
+        arrays = [np.asarray(a) for a in inputs]
+        outs = _program(self.arrays, _sizes(arrays), *arrays)
+        leaves = [o for o, keep in zip(outs, OUT_KINDS) if keep]
+        return _tree(OUT_TREE, leaves, self.consts)
+
+
+def load(path=None):
+    """The model with its weights (default: {weights} next to this file)."""
+    return Model(path)
+'''
+
+
+def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sha, out_tree,
+                   out_kinds, n_out, n_outconst, ops):
+    unpack = [f"    {k} = c[{k!r}]" for k in manifest if not k.startswith("outconst")]
+    src = _TEMPLATE.format(
+        program=os.path.basename(os.path.abspath(os.fspath(program_dir))), n_ops=len(ops),
+        weights=WEIGHTS, sha=sha, manifest=_pretty(manifest), inputs=_pretty(in_specs),
+        out_tree=repr(out_tree), out_kinds=repr(out_kinds), n_outconst=n_outconst,
+        kernels="\n\n".join(textwrap.dedent(k).rstrip() for k in kernels if k.strip()),
+        sig="".join(f", {p}" for p in params), unpack="\n".join(unpack) or "    pass",
+        body="\n".join(body))
+    compile(src, "<generated>", "exec")   # a generator bug fails here, not at the user's
+    return src
+
+
+def _pretty(x) -> str:
+    if isinstance(x, dict):
+        return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in x.items()) + "}"
+    return "[\n" + "".join(f"    {v!r},\n" for v in x) + "]"
