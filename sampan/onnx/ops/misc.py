@@ -182,3 +182,190 @@ def non_max_suppression(ctx, node, boxes, scores, max_out=None, iou_thr=None, sc
                     kept.append(i)
                     out.append((bi, ci, i))
     return sampan.tensor(np.array(out, np.int64).reshape(-1, 3))
+
+
+# ---------------------------------------------------------------------- bilinear sampling
+def _gather_hw(xf, idx):
+    """xf [B, C, H*W] at flat positions idx [B, K] (int64): [B, C, K]."""
+    b, c = xf.shape[0], xf.shape[1]
+    return sampan.gather(xf, 2, sampan.broadcast_to(idx.unsqueeze(1), (b, c, idx.shape[1])))
+
+
+def _corner(xf, yi, xi, w, width):
+    """One bilinear corner: the values at integer (yi, xi) [B, K] weighted by w [B, K]."""
+    v = _gather_hw(xf, yi * width + xi)
+    return v * sampan.cast(w, xf.dtype).unsqueeze(1)
+
+
+def _floor_int(t):
+    return sampan.cast(sampan.floor(t), sampan.int64)
+
+
+# ---------------------------------------------------------------------- RoiAlign
+@onnx_op("RoiAlign", since=10)
+def roi_align_v10(ctx, node, x, rois, batch_indices):
+    return _roi_align(ctx, node, x, rois, batch_indices, "output_half_pixel")
+
+
+@onnx_op("RoiAlign", since=16)
+def roi_align_v16(ctx, node, x, rois, batch_indices):
+    return _roi_align(ctx, node, x, rois, batch_indices,
+                      node.attr("coordinate_transformation_mode", "half_pixel"))
+
+
+def _roi_align(ctx, node, x, rois, batch_indices, ctm):
+    mode = node.attr("mode", "avg")
+    ph, pw = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
+    ratio = int(node.attr("sampling_ratio", 0))
+    scale = float(node.attr("spatial_scale", 1.0))
+    if mode not in ("avg", "max") or ctm not in ("half_pixel", "output_half_pixel"):
+        raise ctx.error(f"mode={mode!r}, coordinate_transformation_mode={ctm!r} (expected "
+                        "avg or max, half_pixel or output_half_pixel)")
+    if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4 or batch_indices.ndim != 1 \
+            or batch_indices.shape[0] != rois.shape[0]:
+        raise ctx.error(f"X {list(x.shape)}, rois {list(rois.shape)}, batch_indices "
+                        f"{list(batch_indices.shape)} (expected [N, C, H, W], [R, 4], [R])")
+    n, c, h, w = x.shape
+    r = rois.shape[0]
+    half = ctm == "half_pixel"
+    box = rois * scale - (0.5 if half else 0.0)
+    if box.dtype != np.float64:
+        box = sampan.cast(box, sampan.float64)
+    x0, y0 = box[:, 0:1], box[:, 1:2]
+    rw, rh = box[:, 2:3] - x0, box[:, 3:4] - y0
+    if not half:
+        rw, rh = sampan.clamp(rw, min=1.0), sampan.clamp(rh, min=1.0)
+    bh, bw = rh / ph, rw / pw
+    if ratio > 0:
+        gh = gw = ratio
+        gh_r = gw_r = None
+    else:    # a grid per roi, ceil(roi size / bin count): the rois must be known
+        b = np.asarray(ctx.static(rois, "rois (with sampling_ratio=0)"), np.float64)
+        b = b * scale - (0.5 if half else 0.0)
+        sw, sh = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
+        if not half:
+            sw, sh = np.maximum(sw, 1.0), np.maximum(sh, 1.0)
+        gh_r = np.ceil(sh / ph).astype(np.int64)
+        gw_r = np.ceil(sw / pw).astype(np.int64)
+        gh, gw = max(int(gh_r.max(initial=1)), 1), max(int(gw_r.max(initial=1)), 1)
+    # sample coordinates [R, ph*gh] and [R, pw*gw]
+    fy = (np.arange(ph)[:, None] + (np.arange(gh)[None, :] + 0.5) / gh).reshape(1, -1)
+    fx = (np.arange(pw)[:, None] + (np.arange(gw)[None, :] + 0.5) / gw).reshape(1, -1)
+    if gh_r is not None:    # per-roi grids: the sample offsets use each roi's own count
+        fy = (np.arange(ph)[None, :, None] + (np.arange(gh)[None, None, :] + 0.5)
+              / gh_r[:, None, None]).reshape(r, -1)
+        fx = (np.arange(pw)[None, :, None] + (np.arange(gw)[None, None, :] + 0.5)
+              / gw_r[:, None, None]).reshape(r, -1)
+    ys = y0 + bh * sampan.tensor(fy)
+    xs = x0 + bw * sampan.tensor(fx)
+    ky, kx = ys.shape[1], xs.shape[1]
+    # every (y sample, x sample) pair: [R, ky, kx] flattened
+    yy = sampan.broadcast_to(ys.unsqueeze(2), (r, ky, kx)).reshape((r, ky * kx))
+    xx = sampan.broadcast_to(xs.unsqueeze(1), (r, ky, kx)).reshape((r, ky * kx))
+    inside = sampan.logical_not((yy < -1.0) | (yy > h) | (xx < -1.0) | (xx > w))
+    yy, xx = sampan.clamp(yy, min=0.0), sampan.clamp(xx, min=0.0)
+    ylo, xlo = _floor_int(yy), _floor_int(xx)
+    ytop, xtop = ylo >= h - 1, xlo >= w - 1
+    ylo, xlo = sampan.where(ytop, h - 1, ylo), sampan.where(xtop, w - 1, xlo)
+    yhi, xhi = sampan.where(ytop, h - 1, ylo + 1), sampan.where(xtop, w - 1, xlo + 1)
+    yy = sampan.where(ytop, sampan.cast(ylo, yy.dtype), yy)
+    xx = sampan.where(xtop, sampan.cast(xlo, xx.dtype), xx)
+    ly, lx = yy - sampan.cast(ylo, yy.dtype), xx - sampan.cast(xlo, xx.dtype)
+    hy, hx = 1.0 - ly, 1.0 - lx
+    valid = sampan.cast(inside, yy.dtype)
+    bi = _int_indices(ctx, batch_indices, n)
+    xf = sampan.index_select(x, 0, bi).reshape((r, c, h * w))
+    corners = [_corner(xf, ylo, xlo, hy * hx * valid, w), _corner(xf, ylo, xhi, hy * lx * valid, w),
+               _corner(xf, yhi, xlo, ly * hx * valid, w), _corner(xf, yhi, xhi, ly * lx * valid, w)]
+    shape6 = (r, c, ph, gh, pw, gw)
+    if mode == "avg":
+        v = (corners[0] + corners[1] + corners[2] + corners[3]).reshape(shape6)
+        if gh_r is None:
+            return sampan.sum(v, (3, 5)) / float(max(gh * gw, 1))
+        keep = ((np.arange(gh)[None, :] < gh_r[:, None])[:, None, None, :, None, None]
+                & (np.arange(gw)[None, :] < gw_r[:, None])[:, None, None, None, None, :])
+        cnt = np.maximum(gh_r * gw_r, 1).astype(np.float64).reshape(r, 1, 1, 1)
+        v = v * sampan.tensor(keep.astype(np.dtype(x.dtype)))
+        return sampan.sum(v, (3, 5)) / sampan.tensor(cnt.astype(np.dtype(x.dtype)))
+    v = sampan.maximum(sampan.maximum(corners[0], corners[1]),
+                       sampan.maximum(corners[2], corners[3])).reshape(shape6)
+    if gh_r is not None:
+        keep = ((np.arange(gh)[None, :] < gh_r[:, None])[:, None, None, :, None, None]
+                & (np.arange(gw)[None, :] < gw_r[:, None])[:, None, None, None, None, :])
+        v = sampan.where(sampan.tensor(keep), v, -np.inf)
+    return sampan.amax(v, (3, 5))
+
+
+def _int_indices(ctx, idx, n):
+    if not np.issubdtype(np.dtype(idx.dtype), np.integer):
+        raise ctx.error(f"batch_indices are {idx.dtype} (expected int64)")
+    if ctx.is_static(idx):
+        a = np.asarray(ctx.static(idx))
+        if a.size and (a.min() < 0 or a.max() >= n):
+            raise ctx.error(f"batch_indices {a[:8].tolist()} go outside [0, {n})")
+    return idx if idx.dtype == np.int64 else sampan.cast(idx, sampan.int64)
+
+
+# ---------------------------------------------------------------------- DeformConv
+def _bilinear_zeros(xf, yy, xx, h, w):
+    """Bilinear samples of xf [B, C, H*W] at real (yy, xx) [B, K]; corners outside the
+    image count as zero (GridSample's zeros padding with aligned corners)."""
+    y0, x0 = sampan.floor(yy), sampan.floor(xx)
+    ly, lx = yy - y0, xx - x0
+    y0, x0 = sampan.cast(y0, sampan.int64), sampan.cast(x0, sampan.int64)
+    out = None
+    for dy, wy in ((0, 1.0 - ly), (1, ly)):
+        for dx, wx in ((0, 1.0 - lx), (1, lx)):
+            yi, xi = y0 + dy, x0 + dx
+            ok = (yi >= 0) & (yi <= h - 1) & (xi >= 0) & (xi <= w - 1)
+            wgt = wy * wx * sampan.cast(ok, yy.dtype)
+            v = _corner(xf, sampan.clamp(yi, 0, h - 1), sampan.clamp(xi, 0, w - 1), wgt, w)
+            out = v if out is None else out + v
+    return out
+
+
+@onnx_op("DeformConv", since=19)
+def deform_conv(ctx, node, x, weight, offset, bias=None, mask=None):
+    if x.ndim != 4:
+        raise ctx.error(f"X has shape {list(x.shape)}; sampan imports 2-d DeformConv only "
+                        "(expected [N, C, H, W])")
+    n, c, h, w = x.shape
+    oc, cg = weight.shape[0], weight.shape[1]
+    ks = ints(node.attr("kernel_shape", list(weight.shape[2:])))
+    group, og = int(node.attr("group", 1)), int(node.attr("offset_group", 1))
+    pads = ints(node.attr("pads", [0, 0, 0, 0]))
+    st = ints(node.attr("strides", [1, 1]))
+    dil = ints(node.attr("dilations", [1, 1]))
+    kh, kw = ks
+    if c != cg * group or oc % group or c % og or tuple(ks) != tuple(weight.shape[2:]):
+        raise ctx.error(f"X {list(x.shape)}, W {list(weight.shape)}, group={group}, "
+                        f"offset_group={og}, kernel_shape={ks} do not agree")
+    oh = (h + pads[0] + pads[2] - (kh - 1) * dil[0] - 1) // st[0] + 1
+    ow = (w + pads[1] + pads[3] - (kw - 1) * dil[1] - 1) // st[1] + 1
+    if tuple(offset.shape) != (n, og * kh * kw * 2, oh, ow):
+        raise ctx.error(f"offset has shape {list(offset.shape)}; expected "
+                        f"{[n, og * kh * kw * 2, oh, ow]}")
+    if mask is not None and tuple(mask.shape) != (n, og * kh * kw, oh, ow):
+        raise ctx.error(f"mask has shape {list(mask.shape)}; expected "
+                        f"{[n, og * kh * kw, oh, ow]}")
+    # sample positions [N*og, kh*kw*oh*ow]: the kernel tap's place plus its offset
+    off = offset.reshape((n * og, kh, kw, 2, oh, ow))
+    base_y = (-pads[0] + st[0] * np.arange(oh))[None, None, :, None] \
+        + dil[0] * np.arange(kh)[:, None, None, None]
+    base_x = (-pads[1] + st[1] * np.arange(ow))[None, None, None, :] \
+        + dil[1] * np.arange(kw)[None, :, None, None]
+    dt = np.dtype(x.dtype)
+    yy = off[:, :, :, 0] + sampan.tensor(np.broadcast_to(base_y, (kh, kw, oh, ow)).astype(dt))
+    xx = off[:, :, :, 1] + sampan.tensor(np.broadcast_to(base_x, (kh, kw, oh, ow)).astype(dt))
+    k = kh * kw * oh * ow
+    xf = x.reshape((n * og, c // og, h * w))
+    cols = _bilinear_zeros(xf, yy.reshape((n * og, k)), xx.reshape((n * og, k)), h, w)
+    if mask is not None:
+        cols = cols * mask.reshape((n * og, 1, k))
+    # [N, group, C/group * kh*kw, oh*ow] against W [group, OC/group, C/group * kh*kw]
+    cols = cols.reshape((n, group, cg * kh * kw, oh * ow))
+    wm = weight.reshape((1, group, oc // group, cg * kh * kw))
+    y = sampan.matmul(wm, cols).reshape((n, oc, oh, ow))
+    if bias is not None:
+        y = y + bias.reshape((1, oc, 1, 1))
+    return y
