@@ -84,7 +84,10 @@ def check_model(model):
                         "a truncated or damaged file?")
     ops = opset_of(model)
     if ops is None:
-        raise OnnxError("sampan.onnx: the model imports no default-domain opset")
+        # a graph of other domains' nodes only (the training ops' update steps) needs none
+        if not g.node or any(n.domain in ("", "ai.onnx") for n in g.node):
+            raise OnnxError("sampan.onnx: the model imports no default-domain opset")
+        ops = 1
     if ops > MAX_OPSET:
         raise OnnxError(f"sampan.onnx: the model uses opset {ops}; this sampan reads opsets up "
                         f"to {MAX_OPSET}")
