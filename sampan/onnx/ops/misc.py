@@ -1,9 +1,11 @@
 """Import handlers for the remaining ops: CumProd, CenterCropPad, Swish, TensorScatter,
-Bernoulli and NonMaxSuppression.
+Bernoulli, NonMaxSuppression, RoiAlign and DeformConv.
 
 CumProd, CenterCropPad, Swish and TensorScatter are built from differentiable sampan ops
 (TensorScatter's write positions may be data: a one-hot matrix of them places the
-update). Bernoulli draws from sampan's generator (a `seed` attribute seeds a generator of
+update). RoiAlign and DeformConv sample bilinearly with gathers at positions computed by
+sampan ops, so they are differentiable in the image, the weights, the rois and the
+offsets. Bernoulli draws from sampan's generator (a `seed` attribute seeds a generator of
 its own), so its values are not numpy's. NonMaxSuppression's output length depends on the
 data: it runs eagerly (its output is indices, which carry no gradient) and is refused
 while `sampan.jit` traces.
