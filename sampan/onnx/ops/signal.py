@@ -164,7 +164,9 @@ def _window(ctx, node, size, a0, a1, a2):
     periodic = bool(node.attr("periodic", 1))
     denom = n if periodic else n - 1
     k = np.arange(n, dtype=np.float64)
-    ang = 2 * np.pi * k / denom if denom > 0 else np.zeros(n)
+    if denom <= 0:    # a symmetric window of one point: 1, as numpy's and torch's are
+        return ctx.make_static(np.ones(n, dtype))
+    ang = 2 * np.pi * k / denom
     w = a0 - a1 * np.cos(ang) + a2 * np.cos(2 * ang)
     return ctx.make_static(w.astype(dtype))
 
