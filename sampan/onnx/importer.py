@@ -84,13 +84,24 @@ def check_model(model):
                         "a truncated or damaged file?")
     ops = opset_of(model)
     if ops is None:
-        raise OnnxError("sampan.onnx: the model imports no default-domain opset")
+        # a graph of other domains' nodes only (the training ops' update steps) needs none
+        if not g.node or any(n.domain in ("", "ai.onnx") for n in g.node):
+            raise OnnxError("sampan.onnx: the model imports no default-domain opset")
+        ops = 1
     if ops > MAX_OPSET:
         raise OnnxError(f"sampan.onnx: the model uses opset {ops}; this sampan reads opsets up "
                         f"to {MAX_OPSET}")
     if model.functions:
         raise OnnxError("sampan.onnx: models with local functions are not supported yet "
                         f"({', '.join(f.name for f in model.functions)})")
+    for vi in list(g.input) + list(g.output):
+        kind = vi.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            what = {"sequence_type": "sequence", "optional_type": "optional",
+                    "map_type": "map", "sparse_tensor_type": "sparse tensor"}.get(kind, kind)
+            raise OnnxError(f"sampan.onnx: graph {'input' if vi in g.input else 'output'} "
+                            f"{vi.name!r} is of {what} type; sampan imports tensors only (it "
+                            "has no sequence, optional or map values)")
     defined = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
     for k, n in enumerate(g.node):
         for name in n.input:
