@@ -1,0 +1,114 @@
+"""Import handlers for the newer ONNX ops of language models: RMSNormalization and
+RotaryEmbedding (opset 23), Swish (24), SwiGLU (28), CausalConvWithState (27) and
+LinearAttention (27).
+
+Each is a composition of sampan ops, so an imported model trains and traces. 16-bit
+floats are computed in float32 where the spec's function body or reference does so
+(RMSNormalization's stash_type, the recurrences of LinearAttention, the fused SiLU of
+CausalConvWithState) and cast back to the input's type.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import sampan
+
+from ... import dtypes as _dt
+from . import onnx_op
+
+def _is16(dtype):
+    return _dt.is_floating(dtype) and np.dtype(dtype).itemsize == 2
+
+
+def _up(t):
+    """`t` in float32 when it is a 16-bit float (the precision the spec computes in)."""
+    return sampan.cast(t, np.float32) if _is16(t.dtype) else t
+
+
+# ---------------------------------------------------------------------- RMSNormalization
+@onnx_op("RMSNormalization", since=23)
+def rms_normalization(ctx, node, x, scale):
+    axis = int(node.attr("axis", -1))
+    eps = float(node.attr("epsilon", 1e-5))
+    stash = int(node.attr("stash_type", 1))
+    if stash != 1:
+        raise ctx.error(f"stash_type {stash} is not supported (only 1, float32, as in the "
+                        "ONNX reference)")
+    r = x.ndim
+    if not -r <= axis < r:
+        raise ctx.error(f"axis {axis} is out of range for an input of rank {r}")
+    axis %= r
+    xs = _up(x)
+    ms = sampan.mean(xs * xs, dim=tuple(range(axis, r)), keepdim=True)
+    y = xs * sampan.rsqrt(ms + eps)
+    if y.dtype != x.dtype:
+        y = sampan.cast(y, x.dtype)
+    return y * (scale if scale.dtype == x.dtype else sampan.cast(scale, x.dtype))
+
+
+# ---------------------------------------------------------------------- RotaryEmbedding
+@onnx_op("RotaryEmbedding", since=23)
+def rotary_embedding(ctx, node, x, cos, sin, position_ids=None):
+    interleaved = bool(node.attr("interleaved", 0))
+    rot = int(node.attr("rotary_embedding_dim", 0))
+    heads = int(node.attr("num_heads", 0) or 0)
+    shape = list(x.shape)
+    if x.ndim == 4:                        # (B, H, S, D) -> (B, S, H, D)
+        t = sampan.transpose(x, 1, 2)
+    elif x.ndim == 3:
+        if not heads or shape[2] % heads:
+            raise ctx.error(f"input has shape {shape}: a 3-D input needs num_heads set to "
+                            f"a divisor of its hidden size (got num_heads={heads})")
+        t = sampan.reshape(x, shape[0], shape[1], heads, shape[2] // heads)
+    else:
+        raise ctx.error(f"input has shape {shape}; expected (B, H, S, D) or (B, S, H*D)")
+    d = t.shape[3]
+    rot = rot or d
+    if rot % 2 or rot > d:
+        raise ctx.error(f"rotary_embedding_dim {rot} must be even and at most the head size "
+                        f"{d}")
+    half = rot // 2
+    if position_ids is not None:           # caches (max_pos, half) gathered per token
+        flat = sampan.reshape(position_ids, -1)
+        b, s = position_ids.shape
+        cos = sampan.reshape(sampan.index_select(cos, 0, flat), b, s, cos.shape[-1])
+        sin = sampan.reshape(sampan.index_select(sin, 0, flat), b, s, sin.shape[-1])
+    if cos.shape[-1] != half or sin.shape[-1] != half:
+        raise ctx.error(f"cos_cache/sin_cache end in {cos.shape[-1]}/{sin.shape[-1]}; "
+                        f"expected rotary_embedding_dim / 2 = {half}")
+    cos, sin = sampan.unsqueeze(cos, -2), sampan.unsqueeze(sin, -2)   # over heads
+    xr = t[..., :rot] if rot < d else t
+    if interleaved:
+        pairs = sampan.reshape(xr, *xr.shape[:3], half, 2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if interleaved:
+        out = sampan.reshape(sampan.stack([real, imag], dim=-1), *xr.shape)
+    else:
+        out = sampan.cat([real, imag], dim=-1)
+    if rot < d:
+        out = sampan.cat([out, t[..., rot:]], dim=-1)
+    if x.ndim == 4:
+        return sampan.transpose(out, 1, 2)
+    return sampan.reshape(out, *shape)
+
+
+# ---------------------------------------------------------------------- Swish, SwiGLU
+def _swish(x, alpha):
+    return x * sampan.sigmoid(x * alpha) if alpha != 1.0 else sampan.silu(x)
+
+
+@onnx_op("Swish", since=24)
+def swish(ctx, node, x):
+    return _swish(x, float(node.attr("alpha", 1.0)))
+
+
+@onnx_op("SwiGLU", since=28)
+def swiglu(ctx, node, a, b):
+    if tuple(a.shape) != tuple(b.shape):
+        raise ctx.error(f"A has shape {list(a.shape)} and B {list(b.shape)}; SwiGLU does "
+                        "not broadcast: expected equal shapes")
+    return _swish(a, float(node.attr("alpha", 1.0))) * b
