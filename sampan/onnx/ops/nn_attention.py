@@ -31,6 +31,29 @@ def _heads(ctx, t, n, what):
 
 @onnx_op("Attention", since=23)
 def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
+    return _attention(ctx, node, q, k, v, mask, past_k, past_v)
+
+
+@onnx_op("Attention", since=24)
+def attention_24(ctx, node, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+    """Opset 24 adds `nonpad_kv_seqlen`: per-batch counts of valid keys (an external,
+    static KV cache), which mask the padded keys and move the causal frontier."""
+    return _attention(ctx, node, q, k, v, mask, past_k, past_v, nonpad)
+
+
+@onnx_op("Attention", since=25)
+def attention_25(ctx, node, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+    """Opset 25 adds sliding windows: `left_window_size` / `right_window_size` keys on
+    each side of the query's absolute position (-1: unbounded)."""
+    left = int(node.attr("left_window_size", -1))
+    right = int(node.attr("right_window_size", -1))
+    if left < -1 or right < -1:
+        raise ctx.error(f"left_window_size {left} / right_window_size {right}: each must be "
+                        "-1 (unbounded) or >= 0")
+    return _attention(ctx, node, q, k, v, mask, past_k, past_v, nonpad, left, right)
+
+
+def _attention(ctx, node, q, k, v, mask, past_k, past_v, nonpad=None, left=-1, right=-1):
     three = q.ndim == 3
     if three:
         q = _heads(ctx, q, int(node.attr("q_num_heads", 0)), "Q")
@@ -40,6 +63,11 @@ def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
     elif q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ctx.error(f"Q, K, V have shapes {list(q.shape)}, {list(k.shape)}, "
                         f"{list(v.shape)}; expected all 3-D or all 4-D")
+    if (past_k is None) != (past_v is None):
+        raise ctx.error("past_key and past_value must be given together")
+    if nonpad is not None and past_k is not None:
+        raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key/past_value (an "
+                        "external cache and an internal one)")
     past = 0
     if past_k is not None:
         past = past_k.shape[2]
@@ -68,9 +96,10 @@ def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
     qk.append(s)
     sq, total = q.shape[2], k.shape[2]
     neg = sampan.full_like(s, -math.inf)
-    if node.attr("is_causal", 0):
-        allowed = np.arange(total)[None, :] <= np.arange(sq)[:, None] + past
-        s = sampan.where(sampan.Tensor(allowed), s, neg)
+    allowed = _structural(ctx, bool(node.attr("is_causal", 0)), left, right, nonpad,
+                          past, q.shape[0], sq, total)
+    if allowed is not None:
+        s = sampan.where(allowed, s, neg)
     if mask is not None:
         if mask.shape[-1] < total:     # a shorter mask leaves the tail keys masked out
             pad = total - mask.shape[-1]
@@ -103,14 +132,42 @@ def attention(ctx, node, q, k, v, mask=None, past_k=None, past_v=None):
         raise ctx.error(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
     out = qk[mode]
     if y.dtype != in_dtype:
-        y, out = sampan.cast(y, in_dtype), sampan.cast(out, in_dtype)
+        y = sampan.cast(y, in_dtype)
+    if out.dtype != in_dtype:           # softmax_precision may have widened it
+        out = sampan.cast(out, in_dtype)
     return y, present_k, present_v, out
 
 
-@onnx_op("Attention", since=24)
-def attention_24(ctx, node, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
-    """Opset 24 adds the `nonpad_kv_seqlen` input (per-batch valid key lengths, with its
-    own interplay with the causal offset): not handled yet, so refused, never ignored."""
-    if nonpad is not None:
-        raise ctx.error("the nonpad_kv_seqlen input (opset 24) is not supported yet")
-    return attention(ctx, node, q, k, v, mask, past_k, past_v)
+def _structural(ctx, causal, left, right, nonpad, past, b, sq, total):
+    """The keys each query may see by position: causal, sliding window and nonpad
+    padding, as one boolean mask ((sq, total), or (b, 1, sq, total) with nonpad), or
+    None. Query i's absolute position is i + offset: offset is the past length (internal
+    cache) or nonpad_kv_seqlen[b] - sq (external cache), unclamped as in the reference
+    (a negative offset masks whole rows, which give zeros)."""
+    base = np.arange(sq)[:, None] - np.arange(total)[None, :]      # i - j
+    windowed = left >= 0 or right >= 0
+    if nonpad is None:
+        if not (causal or windowed):
+            return None
+        diff = base + past
+        ok = np.ones((sq, total), bool)
+        if causal:
+            ok &= diff >= 0
+        if left >= 0:
+            ok &= diff <= left
+        if right >= 0:
+            ok &= -diff <= right
+        return sampan.Tensor(ok)
+    if nonpad.ndim != 1 or nonpad.shape[0] != b:
+        raise ctx.error(f"nonpad_kv_seqlen has shape {list(nonpad.shape)}; expected [{b}] "
+                        "(one count per batch entry)")
+    n = sampan.reshape(sampan.cast(nonpad, np.int64), b, 1, 1, 1)
+    ok = sampan.Tensor(np.arange(total).reshape(1, 1, 1, total)) < n       # padding
+    diff = sampan.Tensor(base.reshape(1, 1, sq, total)) + (n - sq)
+    if causal:
+        ok = sampan.logical_and(ok, diff >= 0)
+    if left >= 0:
+        ok = sampan.logical_and(ok, diff <= left)
+    if right >= 0:
+        ok = sampan.logical_and(ok, -diff <= right)
+    return ok
