@@ -112,3 +112,27 @@ def swiglu(ctx, node, a, b):
         raise ctx.error(f"A has shape {list(a.shape)} and B {list(b.shape)}; SwiGLU does "
                         "not broadcast: expected equal shapes")
     return _swish(a, float(node.attr("alpha", 1.0))) * b
+
+
+# ---------------------------------------------------------------------- CausalConvWithState
+@onnx_op("CausalConvWithState", since=27)
+def causal_conv_with_state(ctx, node, x, w, bias=None, past=None):
+    act = node.attr("activation", "none")
+    if act not in ("none", "silu", "swish"):
+        raise ctx.error(f"activation {act!r} is not one of 'none', 'silu', 'swish'")
+    if x.ndim != 3 or w.ndim != 3 or w.shape[0] != x.shape[1] or w.shape[1] != 1:
+        raise ctx.error(f"input {list(x.shape)} and weight {list(w.shape)}: expected "
+                        "(B, C, L) and a depthwise (C, 1, k) kernel")
+    b, c, _ = x.shape
+    k = w.shape[2]
+    if past is None:
+        past = sampan.zeros((b, c, k - 1), dtype=x.dtype)
+    elif list(past.shape) != [b, c, k - 1]:
+        raise ctx.error(f"past_state has shape {list(past.shape)}; expected {[b, c, k - 1]}")
+    padded = sampan.cat([past, x], dim=2)
+    y = sampan.conv1d(_up(padded), _up(w), None if bias is None else _up(bias), groups=c)
+    if act != "none":
+        y = sampan.silu(y)
+    if y.dtype != x.dtype:
+        y = sampan.cast(y, x.dtype)
+    return y, padded[:, :, padded.shape[2] - (k - 1):]
