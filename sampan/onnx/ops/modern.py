@@ -136,3 +136,81 @@ def causal_conv_with_state(ctx, node, x, w, bias=None, past=None):
     if y.dtype != x.dtype:
         y = sampan.cast(y, x.dtype)
     return y, padded[:, :, padded.shape[2] - (k - 1):]
+
+
+# ---------------------------------------------------------------------- LinearAttention
+_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _unpack(ctx, t, heads, what):
+    """(B, T, H*D) -> (B, H, T, D), in float32 (the precision of the recurrence)."""
+    if t.ndim != 3 or t.shape[2] % heads:
+        raise ctx.error(f"{what} has shape {list(t.shape)}; expected (B, T, {heads}*D)")
+    b, n, hd = t.shape
+    t = sampan.transpose(sampan.reshape(t, b, n, heads, hd // heads), 1, 2)
+    return t if t.dtype == np.float32 else sampan.cast(t, np.float32)
+
+
+@onnx_op("LinearAttention", since=27)
+def linear_attention(ctx, node, q, k, v, past=None, decay=None, beta=None):
+    """The recurrence run token by token (chunk_size is a tuning hint with no effect on
+    the result, so it is read and ignored)."""
+    rule = node.attr("update_rule", "gated_delta")
+    node.attr("chunk_size", 64)
+    hq, hkv = int(node.attr("q_num_heads", 0)), int(node.attr("kv_num_heads", 0))
+    if rule not in _RULES:
+        raise ctx.error(f"update_rule {rule!r} is not one of {', '.join(_RULES)}")
+    if hq <= 0 or hkv <= 0 or hq % hkv:
+        raise ctx.error(f"q_num_heads {hq} must be a positive multiple of kv_num_heads {hkv}")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gating != (decay is not None) or delta != (beta is not None):
+        raise ctx.error(f"update_rule {rule!r} takes {'a' if gating else 'no'} decay input "
+                        f"and {'a' if delta else 'no'} beta input; got decay "
+                        f"{'given' if decay is not None else 'omitted'}, beta "
+                        f"{'given' if beta is not None else 'omitted'}")
+    q4, k4, v4 = _unpack(ctx, q, hq, "query"), _unpack(ctx, k, hkv, "key"), \
+        _unpack(ctx, v, hkv, "value")
+    b, _, n, dk = q4.shape
+    dv = v4.shape[3]
+    if decay is not None:
+        last = decay.shape[-1] if decay.ndim == 3 else None
+        if last not in (hkv, hkv * dk):
+            raise ctx.error(f"decay has shape {list(decay.shape)}; expected (B, T, {hkv}) or "
+                            f"(B, T, {hkv * dk})")
+        decay = _unpack(ctx, decay, hkv, "decay")           # (B, Hkv, T, 1 or dk)
+    if beta is not None:
+        last = beta.shape[-1] if beta.ndim == 3 else None
+        if last not in (hkv, 1):
+            raise ctx.error(f"beta has shape {list(beta.shape)}; expected (B, T, {hkv}) or "
+                            "(B, T, 1)")
+        beta = _unpack(ctx, beta, last, "beta")             # (B, Hkv or 1, T, 1)
+    want = [b, hkv, dk, dv]
+    if past is not None:
+        if list(past.shape) != want:
+            raise ctx.error(f"past_state has shape {list(past.shape)}; expected {want}")
+        state_dtype = past.dtype
+        state = past if past.dtype == np.float32 else sampan.cast(past, np.float32)
+    else:
+        state_dtype = q.dtype
+        state = sampan.zeros(want, dtype=np.float32)
+    scale = float(node.attr("scale", 0.0) or 0.0) or 1.0 / float(np.sqrt(dk))
+    group = hq // hkv
+    outs = []
+    for i in range(n):
+        k_t, v_t = k4[:, :, i, :], v4[:, :, i, :]
+        if gating:
+            state = state * sampan.unsqueeze(sampan.exp(decay[:, :, i, :]), -1)
+        if delta:
+            got = sampan.sum(state * sampan.unsqueeze(k_t, -1), dim=2)     # S^T k
+            v_t = beta[:, :, i, :] * (v_t - got)
+        state = state + sampan.unsqueeze(k_t, -1) * sampan.unsqueeze(v_t, -2)
+        read = state if group == 1 else sampan.repeat_interleave(state, group, dim=1)
+        outs.append(sampan.sum(sampan.unsqueeze(q4[:, :, i, :], -1) * read, dim=2) * scale)
+    y = sampan.stack(outs, dim=2) if outs else sampan.zeros((b, hq, 0, dv),
+                                                             dtype=np.float32)
+    y = sampan.reshape(sampan.transpose(y, 1, 2), b, n, hq * dv)
+    if y.dtype != q.dtype:
+        y = sampan.cast(y, q.dtype)
+    if state.dtype != state_dtype:
+        state = sampan.cast(state, state_dtype)
+    return y, state
