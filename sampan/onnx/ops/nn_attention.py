@@ -171,3 +171,91 @@ def _structural(ctx, causal, left, right, nonpad, past, b, sq, total):
     if right >= 0:
         ok = sampan.logical_and(ok, -diff <= right)
     return ok
+
+
+# ---------------------------------------------------------------------- FlexAttention
+_SOFTMAX_TYPES = {1: np.float32, 10: np.float16, 11: np.float64, 16: "bfloat16"}
+
+
+@onnx_op("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(ctx, node, q, k, v):
+    """Scaled dot-product attention over (B, H, L, E) inputs with the optional score_mod
+    and prob_mod subgraphs (one tensor in, one out), run here with the import table, so
+    they trace and differentiate like the rest of the model."""
+    score_mod, prob_mod = node.attr("score_mod"), node.attr("prob_mod")
+    prec = node.attr("softmax_precision")
+    scale = node.attr("scale")
+    known = {"score_mod", "prob_mod", "softmax_precision", "scale"}
+    extra = sorted(set(dict.keys(node.attrs)) - known)
+    if extra:        # the preview domain has no schema check: refuse what is unknown
+        raise ctx.error(f"attribute(s) {extra} are not FlexAttention's ({sorted(known)})")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ctx.error(f"Q, K, V have shapes {list(q.shape)}, {list(k.shape)}, "
+                        f"{list(v.shape)}; expected rank-4 (B, H, L, E) tensors")
+    hq, hkv = q.shape[1], k.shape[1]
+    if v.shape[1] != hkv or hq % hkv or k.shape[3] != q.shape[3] or v.shape[2] != k.shape[2]:
+        raise ctx.error(f"Q {list(q.shape)}, K {list(k.shape)}, V {list(v.shape)}: K and V "
+                        "need the same heads and length, Q's heads a multiple of theirs and "
+                        "Q and K the same head size")
+    if hq != hkv:
+        k = sampan.repeat_interleave(k, hq // hkv, dim=1)
+        v = sampan.repeat_interleave(v, hq // hkv, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    root = float(np.asarray(math.sqrt(np.float32(scale)), dtype=q.dtype))
+    s = sampan.matmul(q * root, sampan.transpose(k * root, -2, -1))
+    if prec is None:
+        want = np.float32 if np.dtype(q.dtype).itemsize < 4 else q.dtype
+    elif int(prec) in _SOFTMAX_TYPES:
+        want = _dtypes.as_dtype(_SOFTMAX_TYPES[int(prec)])
+    else:
+        raise ctx.error(f"softmax_precision {prec} is not float, float16, bfloat16 or double")
+    if s.dtype != want:
+        s = sampan.cast(s, want)
+    if score_mod is not None:
+        s = _run_mod(ctx, node, score_mod, s, "score_mod")
+    p = sampan.softmax(s, dim=-1)
+    if prob_mod is not None:
+        p = _run_mod(ctx, node, prob_mod, p, "prob_mod")
+    y = sampan.matmul(p, v if v.dtype == p.dtype else sampan.cast(v, p.dtype))
+    return y if y.dtype == v.dtype else sampan.cast(y, v.dtype)
+
+
+def _run_mod(ctx, node, graph, x, what):
+    """Run a one-input, one-output modifier subgraph on `x` through the import table."""
+    from ..importer import Node, _array, _check_attrs_read, _run_static
+    from . import lookup
+    if len(graph.input) != 1 or len(graph.output) != 1:
+        raise ctx.error(f"{what} has {len(graph.input)} inputs and {len(graph.output)} "
+                        "outputs; expected one of each")
+    outer = ctx.node
+    env = {"": None, graph.input[0].name: x}
+    for t in graph.initializer:
+        env[t.name] = ctx.make_static(_array(t))
+    try:
+        for proto in graph.node:
+            n = Node(proto)
+            missing = [i for i in n.inputs if i not in env]
+            if missing:
+                raise ctx.error(f"{what}'s node {n.name!r} ({n.op_type}) reads {missing}, "
+                                "which the subgraph does not define (outer-scope names are "
+                                "not supported)")
+            opset = ctx.opsets.get(n.domain or "", ctx.opset)
+            fn = lookup(n.domain, n.op_type, opset, n.name)
+            ctx.node = n
+            ins = [env[i] for i in n.inputs]
+            if all(t is None or ctx.is_static(t) for t in ins):
+                outs = _run_static(fn, ctx, n, ins)
+            else:
+                outs = fn(ctx, n, *ins)
+            _check_attrs_read(n, opset)
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            for name, t in zip(n.outputs, outs):
+                if name:
+                    env[name] = t
+    finally:
+        ctx.node = outer
+    y = env.get(graph.output[0].name)
+    if y is None or tuple(y.shape) != tuple(x.shape):
+        raise ctx.error(f"{what} gives {None if y is None else list(y.shape)}; expected one "
+                        f"tensor shaped like its input {list(x.shape)}")
+    return y if y.dtype == x.dtype else sampan.cast(y, x.dtype)
