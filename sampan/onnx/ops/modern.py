@@ -143,18 +143,19 @@ _RULES = ("linear", "gated", "delta", "gated_delta")
 
 
 def _unpack(ctx, t, heads, what):
-    """(B, T, H*D) -> (B, H, T, D), in float32 (the precision of the recurrence)."""
+    """(B, T, H*D) -> (B, H, T, D); 16-bit floats in float32."""
     if t.ndim != 3 or t.shape[2] % heads:
         raise ctx.error(f"{what} has shape {list(t.shape)}; expected (B, T, {heads}*D)")
     b, n, hd = t.shape
-    t = sampan.transpose(sampan.reshape(t, b, n, heads, hd // heads), 1, 2)
-    return t if t.dtype == np.float32 else sampan.cast(t, np.float32)
+    return _up(sampan.transpose(sampan.reshape(t, b, n, heads, hd // heads), 1, 2))
 
 
 @onnx_op("LinearAttention", since=27)
 def linear_attention(ctx, node, q, k, v, past=None, decay=None, beta=None):
     """The recurrence run token by token (chunk_size is a tuning hint with no effect on
-    the result, so it is read and ignored)."""
+    the result, so it is read and ignored). The reference runs it in float32 for every
+    input type; here 16-bit inputs run in float32 and float32/float64 in their own type
+    (a double model keeps double gradients)."""
     rule = node.attr("update_rule", "gated_delta")
     node.attr("chunk_size", 64)
     hq, hkv = int(node.attr("q_num_heads", 0)), int(node.attr("kv_num_heads", 0))
@@ -189,10 +190,12 @@ def linear_attention(ctx, node, q, k, v, past=None, decay=None, beta=None):
         if list(past.shape) != want:
             raise ctx.error(f"past_state has shape {list(past.shape)}; expected {want}")
         state_dtype = past.dtype
-        state = past if past.dtype == np.float32 else sampan.cast(past, np.float32)
+        state = _up(past)
+        if state.dtype != q4.dtype:
+            state = sampan.cast(state, q4.dtype)
     else:
         state_dtype = q.dtype
-        state = sampan.zeros(want, dtype=np.float32)
+        state = sampan.zeros(want, dtype=q4.dtype)
     scale = float(node.attr("scale", 0.0) or 0.0) or 1.0 / float(np.sqrt(dk))
     group = hq // hkv
     outs = []
@@ -206,8 +209,7 @@ def linear_attention(ctx, node, q, k, v, past=None, decay=None, beta=None):
         state = state + sampan.unsqueeze(k_t, -1) * sampan.unsqueeze(v_t, -2)
         read = state if group == 1 else sampan.repeat_interleave(state, group, dim=1)
         outs.append(sampan.sum(sampan.unsqueeze(q4[:, :, i, :], -1) * read, dim=2) * scale)
-    y = sampan.stack(outs, dim=2) if outs else sampan.zeros((b, hq, 0, dv),
-                                                             dtype=np.float32)
+    y = sampan.stack(outs, dim=2) if outs else sampan.zeros((b, hq, 0, dv), dtype=q4.dtype)
     y = sampan.reshape(sampan.transpose(y, 1, 2), b, n, hq * dv)
     if y.dtype != q.dtype:
         y = sampan.cast(y, q.dtype)
