@@ -1,6 +1,10 @@
-"""Import handler for ONNX's Attention (opset 23): MHA, GQA and MQA over 3-D or 4-D
-Q/K/V, with the KV cache (past_key/past_value -> present_*), a boolean or additive mask,
-offset-aware causal masking, softcap, softmax precision and the qk_matmul_output modes.
+"""Import handlers for ONNX's Attention (opsets 23-25) and FlexAttention (ai.onnx.preview).
+
+Attention: MHA, GQA and MQA over 3-D or 4-D Q/K/V, with the KV cache (past_key/past_value
+-> present_*), a boolean or additive mask, offset-aware causal masking, softcap, softmax
+precision and the qk_matmul_output modes; from opset 24 `nonpad_kv_seqlen` (an external
+cache: per-batch valid key counts, which also move the causal frontier) and from opset 25
+sliding windows. FlexAttention runs its score_mod/prob_mod subgraphs with the import table.
 
 Built from sampan ops (matmul, softmax, where), so it traces and differentiates. A query
 row with every key masked gives a zero row, as the spec's errata asks (not NaN).
