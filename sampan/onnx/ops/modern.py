@@ -1,5 +1,5 @@
 """Import handlers for the newer ONNX ops of language models: RMSNormalization and
-RotaryEmbedding (opset 23), Swish (24), SwiGLU (28), CausalConvWithState (27) and
+RotaryEmbedding (opset 23), SwiGLU (28), CausalConvWithState (27) and
 LinearAttention (27).
 
 Each is a composition of sampan ops, so an imported model trains and traces. 16-bit
@@ -96,14 +96,10 @@ def rotary_embedding(ctx, node, x, cos, sin, position_ids=None):
     return sampan.reshape(out, *shape)
 
 
-# ---------------------------------------------------------------------- Swish, SwiGLU
+# ---------------------------------------------------------------------- SwiGLU
 def _swish(x, alpha):
+    # the Swish op itself is misc.py's (fix/onnx-signal); SwiGLU's gate is the same function
     return x * sampan.sigmoid(x * alpha) if alpha != 1.0 else sampan.silu(x)
-
-
-@onnx_op("Swish", since=24)
-def swish(ctx, node, x):
-    return _swish(x, float(node.attr("alpha", 1.0)))
 
 
 @onnx_op("SwiGLU", since=28)
