@@ -154,6 +154,12 @@ class Node:
         self.n_outputs = len(self.outputs)
         attrs = {}
         for a in proto.attribute:
+            if a.type == a.GRAPH and self.domain not in ("", "ai.onnx"):
+                # a modifier subgraph (FlexAttention's score_mod): its handler runs it
+                # or refuses it (control flow never gets here: If, Loop and Scan are
+                # default-domain ops, refused when the model is checked)
+                attrs[a.name] = a.g
+                continue
             if a.type in (a.GRAPH, a.GRAPHS):
                 raise OnnxError(f"sampan.onnx: node {self.name!r} ({self.op_type}) has a "
                                 "subgraph attribute; control flow is not supported yet")
