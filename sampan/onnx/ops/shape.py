@@ -254,8 +254,9 @@ def _pad(ctx, node, x, pads, value, axes=None, mode="constant"):
         x0 = sampan.pad(x, tuple(pairs), value=0.0)
         sl = tuple(slice(max(-a, 0), mask.shape[d] - max(-b, 0))
                    for d, (a, b) in enumerate(pairs))
-        m = sampan.tensor(mask[sl].astype(x.dtype))
-        return x0 + m * sampan.reshape(value, *([1] * x.ndim))
+        m = sampan.tensor(mask[sl])
+        # where, not x0 + m * value: a value of -inf would give 0 * -inf = nan inside
+        return sampan.where(m, sampan.reshape(value, *([1] * x.ndim)), x0)
     fn = {"reflect": _padding.pad_reflect, "replicate": _padding.pad_replicate,
           "circular": _padding.pad_circular}[_MODES[mode]]
     return fn(x, tuple(pairs))
