@@ -1,0 +1,161 @@
+"""Kernels of the int8 ops (`ops/quant.py`): quantise in one pass, and an int8 GEMM that
+accumulates in int32 and finishes each output in the same loop (int32 as it is, float32
+dequantised with the scales, or int8 requantised).
+
+The GEMM takes the weight transposed, (N, K), so each output is one dot product of two
+contiguous int8 rows: LLVM turns the int8 x int8 -> int32 sum into AVX-512 VNNI
+`vpdpwssd` (or `pmaddwd` without VNNI). Columns are split over numba's threads. numpy's
+integer matmul has no BLAS behind it (about 50x slower than this loop); without numba the
+fallback multiplies the int8 values as float64 through BLAS, which is exact (products of
+8-bit values summed over any K below 2^37).
+
+Zero points are corrected outside the dot: sum (a - za)(b - zb) = sum ab - za * colsum(b)
+- zb * rowsum(a) + K za zb.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._nb import HAVE_NUMBA, njit
+
+I32, F32, Q8 = 0, 1, 2      # what the GEMM writes: int32 sums, float32, requantised int8
+
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True)
+    def _quantize3(x, scale, zp, lo, hi, out):
+        """out[o, c, i] = clip(rint(x[o, c, i] / s[c]) + zp[c], lo, hi); NaN -> zp."""
+        n0, n1, n2 = x.shape
+        for o in range(n0):
+            for c in range(n1):
+                s = scale[c]
+                z = zp[c]
+                for i in range(n2):
+                    v = x[o, c, i] / s
+                    if v != v:
+                        q = z
+                    else:
+                        q = np.rint(v) + z
+                    if q < lo:
+                        q = lo
+                    elif q > hi:
+                        q = hi
+                    out[o, c, i] = q
+
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_i, out_f, out_q):
+        m, k = a.shape
+        n = bt.shape[0]
+        rows = np.zeros(m, np.int64)
+        for i in range(m):
+            s = 0
+            for p in range(k):
+                s += np.int64(a[i, p])
+            rows[i] = s
+        for j in range(n):
+            cs = np.int64(0)
+            for p in range(k):
+                cs += np.int64(bt[j, p])
+            corr = k * np.int64(za) * np.int64(zb[j]) - np.int64(za) * cs
+            for i in range(m):
+                s = np.int32(0)
+                for p in range(k):
+                    s += np.int32(a[i, p]) * np.int32(bt[j, p])
+                acc = np.int64(s) + corr - np.int64(zb[j]) * rows[i]
+                if mode == 0:
+                    out_i[i, j] = acc
+                elif mode == 1:
+                    out_f[i, j] = np.float32(np.float64(acc) * mult[j])
+                else:
+                    q = np.rint(np.float64(acc) * mult[j]) + zy
+                    out_q[i, j] = lo if q < lo else (hi if q > hi else q)
+
+
+def quantize(x, scale, zp, axis, lo, hi, out_dtype):
+    """clip(rint(x / scale) + zp, lo, hi) as `out_dtype`; scale and zp are scalars or
+    vectors along `axis` of x (ONNX QuantizeLinear; NaN gives the zero point)."""
+    x = np.ascontiguousarray(x)
+    s = np.asarray(scale, x.dtype).reshape(-1)
+    z = np.asarray(zp).reshape(-1).astype(np.int32)
+    c = s.shape[0]
+    if c == 1:
+        shape3 = (1, 1, x.size)
+    else:
+        shape3 = (int(np.prod(x.shape[:axis])), c, int(np.prod(x.shape[axis + 1:])))
+    out = np.empty(x.shape, out_dtype)
+    if HAVE_NUMBA and x.dtype in (np.float32, np.float64) and x.size:
+        _quantize3(x.reshape(shape3), s, z, lo, hi, out.reshape(shape3))
+        return out
+    x3 = x.reshape(shape3)
+    with np.errstate(invalid="ignore"):
+        v = x3 / s.reshape(1, c, 1)
+        v = np.where(np.isnan(v), 0, np.rint(v)) + z.reshape(1, c, 1)
+        return np.clip(v, lo, hi).astype(out_dtype).reshape(x.shape)
+
+
+def gemm(a, bt, za, zb, mult=None, zy=0, lo=-128, hi=127, mode=I32, out_dtype=np.int8):
+    """(M, K) x (N, K)^T in int32, finished as `mode` says (see module doc): by the numba
+    loop or by BLAS on the exactly representable values, whichever measured faster for
+    this shape on this machine (`choice`)."""
+    m, k = a.shape
+    n = bt.shape[0]
+    zb = np.broadcast_to(np.asarray(zb, np.int32).reshape(-1), (n,))
+    mult = (np.ones(n) if mult is None else
+            np.broadcast_to(np.asarray(mult, np.float64).reshape(-1), (n,)))
+    if HAVE_NUMBA and m and n and k and choice(m, k, n) == "loop":
+        return _loop(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
+    return _blas(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
+
+
+def _loop(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
+    m, n = a.shape[0], bt.shape[0]
+    out_i = np.empty((m, n) if mode == I32 else (1, 1), np.int32)
+    out_f = np.empty((m, n) if mode == F32 else (1, 1), np.float32)
+    out_q = np.empty((m, n) if mode == Q8 else (1, 1), out_dtype)
+    _gemm(np.ascontiguousarray(a), np.ascontiguousarray(bt), int(za),
+          np.ascontiguousarray(zb), np.ascontiguousarray(mult), int(zy), lo, hi, mode,
+          out_i, out_f, out_q)
+    return (out_i, out_f, out_q)[mode]
+
+
+def _blas(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
+    k = a.shape[1]
+    # exact in float32 while every partial sum stays below 2^24, else in float64
+    big = k * 255 * 255 if a.dtype == np.uint8 or bt.dtype == np.uint8 else k * 128 * 128
+    ft = np.float32 if big < 2 ** 24 else np.float64
+    acc = a.astype(ft) @ bt.astype(ft).T
+    acc = acc.astype(np.int64) if mode == I32 else acc.astype(np.float64)
+    if za:
+        acc -= za * bt.astype(np.int64).sum(1)[None, :]
+    if np.any(zb):
+        acc -= zb[None, :].astype(np.int64) * a.astype(np.int64).sum(1)[:, None]
+        acc += k * za * zb[None, :].astype(np.int64)
+    if mode == I32:
+        return acc.astype(np.int32)
+    if mode == F32:
+        return (acc * mult).astype(np.float32)
+    return np.clip(np.rint(acc * mult) + zy, lo, hi).astype(out_dtype)
+
+
+_CHOICE: dict = {}
+
+
+def choice(m, k, n) -> str:
+    """"loop" or "blas" for an (m, k) x (k, n) int8 GEMM: both are timed once per shape
+    on this machine (a few calls each on random data) and the faster is kept."""
+    key = (m, k, n)
+    c = _CHOICE.get(key)
+    if c is None:
+        import time
+        r = np.random.default_rng(0)
+        a = r.integers(-128, 128, (m, k)).astype(np.int8)
+        bt = r.integers(-127, 128, (n, k)).astype(np.int8)
+        zb, mult = np.zeros(n, np.int32), np.ones(n)
+        best = {}
+        for name, f in (("loop", _loop), ("blas", _blas)):
+            f(a, bt, 0, zb, mult, 0, -128, 127, F32, np.int8)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                f(a, bt, 0, zb, mult, 0, -128, 127, F32, np.int8)
+            best[name] = time.perf_counter() - t0
+        c = _CHOICE[key] = min(best, key=best.get)
+    return c
