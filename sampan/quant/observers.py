@@ -129,14 +129,13 @@ def _kl_range(v, lo, hi, bins=2048):
     best, best_i = np.inf, bins
     for i in range(levels, bins + 1, 16):
         p = hist[:i].copy()
-        p[-1] += hist[i:].sum()
+        p[-1] += hist[i:].sum()          # P: the clipped distribution
         nz = p > 0
-        chunks = np.array_split(np.arange(i), levels)
-        q = np.zeros(i)
-        for c in chunks:
+        q = np.zeros(i)                  # Q: the unclipped bins merged to `levels`
+        for c in np.array_split(np.arange(i), levels):
             cnt = nz[c].sum()
             if cnt:
-                q[c] = np.where(nz[c], p[c].sum() / cnt, 0)
+                q[c] = np.where(nz[c], hist[c].sum() / cnt, 0)
         ps, qs = p / p.sum(), q / max(q.sum(), 1e-30)
         m = (ps > 0) & (qs > 0)
         kl = float(np.sum(ps[m] * np.log(ps[m] / qs[m]))) + (1e3 if np.any((ps > 0) & ~m)

@@ -26,9 +26,10 @@ def cnn(seed=0):
                          nn.Flatten(), nn.Linear(16 * 9, 10))
 
 
-def mlp(seed=0):
+def mlp(seed=0, hidden=64):
     sampan.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Linear(SIDE * SIDE, 64), nn.ReLU(), nn.Linear(64, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(SIDE * SIDE, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 10))
 
 
 def train(model, x, y, steps=150, lr=0.05, batch=64, seed=0):
