@@ -31,7 +31,7 @@ if HAVE_NUMBA:
                 z = zp[c]
                 for i in range(n2):
                     v = x[o, c, i] / s
-                    if v != v:
+                    if np.isnan(v):
                         q = z
                     else:
                         q = np.rint(v) + z
@@ -67,7 +67,7 @@ if HAVE_NUMBA:
                     out_f[i, j] = np.float32(np.float64(acc) * mult[j])
                 else:
                     q = np.rint(np.float64(acc) * mult[j]) + zy
-                    out_q[i, j] = lo if q < lo else (hi if q > hi else q)
+                    out_q[i, j] = lo if q < lo else (min(q, hi))
 
 
 def quantize(x, scale, zp, axis, lo, hi, out_dtype):

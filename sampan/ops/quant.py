@@ -351,7 +351,7 @@ def _conv_check(op, x, w, stride, padding, dilation, groups):
 
 
 def _conv(x, w, xz, wz, stride, padding, dilation, groups, mult, yz, lo, hi, mode, dt):
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
     ho, wo = (_out_dim(h, kh, stride[0], padding[0], dilation[0]),
               _out_dim(wd, kw, stride[1], padding[1], dilation[1]))

@@ -20,5 +20,13 @@ from .observers import OBSERVERS
 from .program import quantize_graph, quantize_program
 from .qat import convert, prepare_qat
 
-__all__ = ["calibrate", "Calibration", "QuantError", "OBSERVERS", "quantize_program",
-           "quantize_graph", "prepare_qat", "convert"]
+__all__ = [
+           "OBSERVERS",
+           "Calibration",
+           "QuantError",
+           "calibrate",
+           "convert",
+           "prepare_qat",
+           "quantize_graph",
+           "quantize_program",
+]

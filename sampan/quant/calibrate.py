@@ -154,8 +154,8 @@ def calibrate(program_or_layer, data_loader, observer="minmax"):
 
 
 def _calibrate_layer(layer, data_loader, observer):
-    from ..nn import Conv2d, Linear
     from ..autograd import no_grad
+    from ..nn import Conv2d, Linear
     targets = [(n, m) for n, m in layer.named_layers() if isinstance(m, (Linear, Conv2d))]
     if not targets:
         raise QuantError(f"sampan.quant.calibrate: {type(layer).__name__} has no Linear or "

@@ -97,8 +97,8 @@ def prepare_qat(model, inplace=False):
 
 
 def _int8_forward(m, s, z):
-    from ..ops.quant import QCONV2D, QMATMUL, QUANTIZE
     from ..ops.conv import _bias
+    from ..ops.quant import QCONV2D, QMATMUL, QUANTIZE
     from ..tensor import Tensor, apply
     kind = _kind(m)
     axis = 1 if kind == "linear" else 0

@@ -21,7 +21,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def cnn_dir(data, tmp_path_factory):
-    (x, y), (xt, yt) = data
+    (x, y), (xt, _) = data
     m = P.train(P.cnn(), x, y, steps=200)
     d = str(tmp_path_factory.mktemp("q") / "cnn.sampan")
     sampan.jit.save(m, d, (sampan.Tensor(xt[:8]),), dynamic="batch")
@@ -61,7 +61,7 @@ def test_ptq_int8_within_one_point_and_qat_not_worse(data, cnn_dir, tmp_path):
 
 @pytest.mark.parametrize("observer", ["minmax", "percentile", "kl", "mse"])
 def test_observers_keep_accuracy(data, cnn_dir, tmp_path, observer):
-    (x, y), (xt, yt) = data
+    (x, _), (xt, yt) = data
     m, d = cnn_dir
     cal = sampan.quant.calibrate(d, _cal(x, 2), observer=observer)
     assert len(cal.acts) == 3 and cal.observer == observer

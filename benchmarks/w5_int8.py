@@ -1,0 +1,74 @@
+"""W5, int8 part: the W1 MLP (784-512-512-10) as a saved fp32 program and after
+`sampan.quant.quantize_program`, batch-64 throughput of both in one run (samples/s, median
+of repetitions with min-max), the int8/fp32 ratio, the int8 GEMM path chosen per layer,
+and the largest output difference. Weights are W1's initial weights (accuracy is measured
+by tests/quant on a trained model); calibration is 8 batches of the W1 input distribution.
+
+    OPENBLAS_CORETYPE= OPENBLAS_L2_SIZE= python benchmarks/w5_int8.py [--reps 7]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+
+
+def _rate(fn, x, reps, inner):
+    fn(x)
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn(x)
+        out.append(x.shape[0] * inner / (time.perf_counter() - t))
+    return float(np.median(out)), float(min(out)), float(max(out))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--inner", type=int, default=50)
+    a = ap.parse_args(argv)
+    import sampan
+    from sampan import nn
+    from sampan.ops import _qkernels as K
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from models import w1_weights
+    w = w1_weights()
+    m = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                      nn.Linear(512, 10))
+    for i, k in enumerate((0, 2, 4)):
+        m[k].weight._data[...] = w[f"w{i}"]
+        m[k].bias._data[...] = w[f"b{i}"]
+    m.eval()
+    r = np.random.default_rng(1)
+    x = r.standard_normal((64, 784)).astype(np.float32)
+    d = tempfile.mkdtemp()
+    f32 = os.path.join(d, "w1.sampan")
+    sampan.jit.save(m, f32, (sampan.Tensor(x),), dynamic="batch")
+    cal = [r.standard_normal((64, 784)).astype(np.float32) for _ in range(8)]
+    q8 = sampan.quant.quantize_program(f32, cal, os.path.join(d, "w1-int8.sampan"))
+    pf, pq = sampan.jit.load(f32), sampan.jit.load(q8)
+    xt = sampan.Tensor(x)
+    err = float(np.abs(pf(xt).numpy() - pq(xt).numpy()).max())
+    rf = _rate(pf, xt, a.reps, a.inner)
+    rq = _rate(pq, xt, a.reps, a.inner)
+    base = {"workload": "W5", "model": "W1 MLP", "batch": 64, "metric": "samples_per_s",
+            "cpu": platform.processor() or platform.machine()}
+    for mode, v in (("fp32", rf), ("int8", rq)):
+        print(json.dumps(dict(base, system="sampan", mode=mode, value=v[0], min=v[1],
+                              max=v[2])))
+    print(json.dumps({"workload": "W5", "metric": "int8_over_fp32", "value": rq[0] / rf[0],
+                      "gemm_path": {f"{m_}x{k}x{n}": c for (m_, k, n), c in
+                                    K._CHOICE.items()},
+                      "max_abs_diff": err}))
+
+
+if __name__ == "__main__":
+    main()
