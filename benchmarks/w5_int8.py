@@ -18,15 +18,19 @@ import time
 import numpy as np
 
 
-def _rate(fn, x, reps, inner):
-    fn(x)
-    out = []
+def _rates(fns, x, reps, inner):
+    """Samples/s of each of `fns` (median, min, max), repetitions interleaved so that a
+    busy moment of a shared machine falls on all of them alike."""
+    for f in fns.values():
+        f(x)
+    out = {k: [] for k in fns}
     for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(inner):
-            fn(x)
-        out.append(x.shape[0] * inner / (time.perf_counter() - t))
-    return float(np.median(out)), float(min(out)), float(max(out))
+        for k, f in fns.items():
+            t = time.perf_counter()
+            for _ in range(inner):
+                f(x)
+            out[k].append(x.shape[0] * inner / (time.perf_counter() - t))
+    return {k: (float(np.median(v)), float(min(v)), float(max(v))) for k, v in out.items()}
 
 
 def main(argv=None):
@@ -57,17 +61,38 @@ def main(argv=None):
     pf, pq = sampan.jit.load(f32), sampan.jit.load(q8)
     xt = sampan.Tensor(x)
     err = float(np.abs(pf(xt).numpy() - pq(xt).numpy()).max())
-    rf = _rate(pf, xt, a.reps, a.inner)
-    rq = _rate(pq, xt, a.reps, a.inner)
+    threads = sampan.get_num_threads()
+
+    def f32_one_thread(t):
+        sampan.set_num_threads(1)
+        try:
+            return pf(t)
+        finally:
+            sampan.set_num_threads(threads)
+    res = _rates({"fp32": pf, "fp32_1thread": f32_one_thread, "int8": pq}, xt, a.reps,
+                 a.inner)
     base = {"workload": "W5", "model": "W1 MLP", "batch": 64, "metric": "samples_per_s",
-            "cpu": platform.processor() or platform.machine()}
-    for mode, v in (("fp32", rf), ("int8", rq)):
+            "cpu": _cpu(), "threads": threads}
+    for mode, v in res.items():
         print(json.dumps(dict(base, system="sampan", mode=mode, value=v[0], min=v[1],
                               max=v[2])))
-    print(json.dumps({"workload": "W5", "metric": "int8_over_fp32", "value": rq[0] / rf[0],
-                      "gemm_path": {f"{m_}x{k}x{n}": c for (m_, k, n), c in
-                                    K._CHOICE.items()},
+    print(json.dumps({"workload": "W5", "metric": "int8_over_fp32",
+                      "value": res["int8"][0] / res["fp32"][0],
+                      "int8_over_fp32_1thread": res["int8"][0] / res["fp32_1thread"][0],
+                      "gemm_path": {"x".join(map(str, key[:3])): c
+                                    for key, c in K._CHOICE.items()},
                       "max_abs_diff": err}))
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

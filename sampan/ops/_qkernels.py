@@ -70,6 +70,34 @@ if HAVE_NUMBA:
                     out_q[i, j] = lo if q < lo else (min(q, hi))
 
 
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _finish(ct, xu, w, zx, zb, mult, zy, lo, hi, mode, out_i, out_f, out_q):
+        """The zero-point corrections and output of the VNNI path: ct (N', M') holds
+        sum_k w[n, k] * xu[m, k] (xu the activations as uint8 with zero point zx)."""
+        m, k = xu.shape
+        n = w.shape[0]
+        rows = np.zeros(m, np.int64)
+        for i in range(m):
+            s = 0
+            for p in range(k):
+                s += np.int64(xu[i, p])
+            rows[i] = s
+        for j in range(n):
+            cs = np.int64(0)
+            for p in range(k):
+                cs += np.int64(w[j, p])
+            corr = k * np.int64(zx) * np.int64(zb[j]) - np.int64(zx) * cs
+            for i in range(m):
+                acc = np.int64(ct[j, i]) + corr - np.int64(zb[j]) * rows[i]
+                if mode == 0:
+                    out_i[i, j] = acc
+                elif mode == 1:
+                    out_f[i, j] = np.float32(np.float64(acc) * mult[j])
+                else:
+                    q = np.rint(np.float64(acc) * mult[j]) + zy
+                    out_q[i, j] = lo if q < lo else (hi if q > hi else q)
+
+
 def quantize(x, scale, zp, axis, lo, hi, out_dtype):
     """clip(rint(x / scale) + zp, lo, hi) as `out_dtype`; scale and zp are scalars or
     vectors along `axis` of x (ONNX QuantizeLinear; NaN gives the zero point)."""
@@ -93,17 +121,43 @@ def quantize(x, scale, zp, axis, lo, hi, out_dtype):
 
 
 def gemm(a, bt, za, zb, mult=None, zy=0, lo=-128, hi=127, mode=I32, out_dtype=np.int8):
-    """(M, K) x (N, K)^T in int32, finished as `mode` says (see module doc): by the numba
-    loop or by BLAS on the exactly representable values, whichever measured faster for
-    this shape on this machine (`choice`)."""
+    """(M, K) x (N, K)^T in int32, finished as `mode` says (see module doc): by the VNNI
+    micro-kernel, the numba loop or BLAS on the exactly representable values, whichever
+    measured fastest for this shape on this machine (`choice`)."""
     m, k = a.shape
     n = bt.shape[0]
     zb = np.broadcast_to(np.asarray(zb, np.int32).reshape(-1), (n,))
     mult = (np.ones(n) if mult is None else
             np.broadcast_to(np.asarray(mult, np.float64).reshape(-1), (n,)))
-    if HAVE_NUMBA and m and n and k and choice(m, k, n) == "loop":
-        return _loop(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
-    return _blas(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
+    path = choice(m, k, n, bt.dtype == np.int8) if HAVE_NUMBA and m and n and k else "blas"
+    return _PATHS[path](a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
+
+
+def _vnni_gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
+    """The AVX-512 VNNI micro-kernel (`_vnni.py`) on padded, packed operands."""
+    from . import _vnni
+    m, k = a.shape
+    n = bt.shape[0]
+    kp, mp, np_ = -(-k // 4) * 4, -(-m // 32) * 32, -(-n // 4) * 4
+    xu, zx = (a.view(np.uint8) ^ np.uint8(0x80), int(za) + 128) if a.dtype == np.int8 \
+        else (a, int(za))       # int8 x + 128 as uint8: the zero point moves by 128
+    xp = np.zeros((mp, kp), np.uint8)
+    xp[:m, :k] = xu
+    xp = np.ascontiguousarray(xp.view(np.int32).reshape(mp // 16, 16, kp // 4)
+                              .transpose(0, 2, 1))
+    w = np.ascontiguousarray(bt)
+    if np_ != n or kp != k:
+        w = np.zeros((np_, kp), np.int8)
+        w[:n, :k] = bt
+    ct = np.empty((np_, mp), np.int32)
+    _vnni.run(w, xp, ct, kp, mp)
+    out_i = np.empty((m, n) if mode == I32 else (1, 1), np.int32)
+    out_f = np.empty((m, n) if mode == F32 else (1, 1), np.float32)
+    out_q = np.empty((m, n) if mode == Q8 else (1, 1), out_dtype)
+    _finish(ct, np.ascontiguousarray(xu), np.ascontiguousarray(bt), zx,
+            np.ascontiguousarray(zb), np.ascontiguousarray(mult), int(zy), lo, hi, mode,
+            out_i, out_f, out_q)
+    return (out_i, out_f, out_q)[mode]
 
 
 def _loop(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
@@ -137,21 +191,27 @@ def _blas(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
 
 
 _CHOICE: dict = {}
+_PATHS = {"loop": _loop, "blas": _blas, "vnni": _vnni_gemm}
 
 
-def choice(m, k, n) -> str:
-    """"loop" or "blas" for an (m, k) x (k, n) int8 GEMM: both are timed once per shape
-    on this machine (a few calls each on random data) and the faster is kept."""
-    key = (m, k, n)
+def choice(m, k, n, int8_weight=True) -> str:
+    """"vnni", "loop" or "blas" for an (m, k) x (k, n) int8 GEMM: each available path is
+    timed once per shape on this machine (a few calls on random data) and the fastest is
+    kept (`_CHOICE` records them)."""
+    key = (m, k, n, bool(int8_weight))
     c = _CHOICE.get(key)
     if c is None:
         import time
+
+        from . import _vnni
         r = np.random.default_rng(0)
         a = r.integers(-128, 128, (m, k)).astype(np.int8)
         bt = r.integers(-127, 128, (n, k)).astype(np.int8)
         zb, mult = np.zeros(n, np.int32), np.ones(n)
+        names = ["loop", "blas"] + (["vnni"] if int8_weight and _vnni.available() else [])
         best = {}
-        for name, f in (("loop", _loop), ("blas", _blas)):
+        for name in names:
+            f = _PATHS[name]
             f(a, bt, 0, zb, mult, 0, -128, 127, F32, np.int8)
             t0 = time.perf_counter()
             for _ in range(3):

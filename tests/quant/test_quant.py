@@ -139,13 +139,16 @@ def test_fake_quant_gradient_is_straight_through_as_torch():
         assert 0 < np.count_nonzero(xs.grad.numpy()) < x.size    # some saturate
 
 
-@pytest.mark.parametrize("path", ["loop", "blas"])
+@pytest.mark.parametrize("path", ["loop", "blas", "vnni"])
 def test_int8_gemm_is_exact(path):
     from sampan.ops import _qkernels as K
-    if path == "loop" and not K.HAVE_NUMBA:
+    from sampan.ops import _vnni
+    if path != "blas" and not K.HAVE_NUMBA:
         pytest.skip("no numba")
+    if path == "vnni" and not _vnni.available():
+        pytest.skip("no AVX-512 VNNI on this CPU")
     r = np.random.default_rng(7)
-    f = K._loop if path == "loop" else K._blas
+    f = K._PATHS[path]
     for m, k, n, ua in [(5, 7, 3, False), (64, 1100, 17, True), (1, 300, 9, False)]:
         a = r.integers(0 if ua else -128, 256 if ua else 128, (m, k)).astype(
             np.uint8 if ua else np.int8)
