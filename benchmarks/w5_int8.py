@@ -38,10 +38,11 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--inner", type=int, default=50)
     a = ap.parse_args(argv)
+    import sys
+
     import sampan
     from sampan import nn
     from sampan.ops import _qkernels as K
-    import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from models import w1_weights
     w = w1_weights()

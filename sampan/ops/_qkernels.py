@@ -1,13 +1,16 @@
 """Kernels of the int8 ops (`ops/quant.py`): quantise in one pass, and an int8 GEMM that
-accumulates in int32 and finishes each output in the same loop (int32 as it is, float32
-dequantised with the scales, or int8 requantised).
+accumulates in int32 and finishes each output (int32 as it is, float32 dequantised with
+the scales, or int8 requantised).
 
-The GEMM takes the weight transposed, (N, K), so each output is one dot product of two
-contiguous int8 rows: LLVM turns the int8 x int8 -> int32 sum into AVX-512 VNNI
-`vpdpwssd` (or `pmaddwd` without VNNI). Columns are split over numba's threads. numpy's
-integer matmul has no BLAS behind it (about 50x slower than this loop); without numba the
-fallback multiplies the int8 values as float64 through BLAS, which is exact (products of
-8-bit values summed over any K below 2^37).
+The GEMM takes the weight transposed, (N, K), and has three paths; `choice` times each
+once per shape on this machine and keeps the fastest:
+- "vnni": the AVX-512 VNNI micro-kernel of `_vnni.py` (vpdpbusd, 64 multiply-adds an
+  instruction), where the CPU has it; 2.5x single-threaded fp32 BLAS on W1's layers here;
+- "loop": a numba loop, one dot of two contiguous int8 rows per output (LLVM makes it
+  vpmaddwd / vpdpwssd, about a third of fp32 BLAS's rate);
+- "blas": the int8 values multiplied as float32 through BLAS, exact while every partial
+  sum stays below 2^24 (K * 128 * 128 for int8), else as float64 (exact for any K below
+  2^37). Also the path without numba. numpy's own integer matmul has no BLAS behind it.
 
 Zero points are corrected outside the dot: sum (a - za)(b - zb) = sum ab - za * colsum(b)
 - zb * rowsum(a) + K za zb.
@@ -67,7 +70,7 @@ if HAVE_NUMBA:
                     out_f[i, j] = np.float32(np.float64(acc) * mult[j])
                 else:
                     q = np.rint(np.float64(acc) * mult[j]) + zy
-                    out_q[i, j] = lo if q < lo else (min(q, hi))
+                    out_q[i, j] = max(lo, min(q, hi))
 
 
     @njit(cache=True, nogil=True, boundscheck=False)
@@ -95,7 +98,7 @@ if HAVE_NUMBA:
                     out_f[i, j] = np.float32(np.float64(acc) * mult[j])
                 else:
                     q = np.rint(np.float64(acc) * mult[j]) + zy
-                    out_q[i, j] = lo if q < lo else (hi if q > hi else q)
+                    out_q[i, j] = max(lo, min(q, hi))
 
 
 def quantize(x, scale, zp, axis, lo, hi, out_dtype):
@@ -197,7 +200,9 @@ _PATHS = {"loop": _loop, "blas": _blas, "vnni": _vnni_gemm}
 def choice(m, k, n, int8_weight=True) -> str:
     """"vnni", "loop" or "blas" for an (m, k) x (k, n) int8 GEMM: each available path is
     timed once per shape on this machine (a few calls on random data) and the fastest is
-    kept (`_CHOICE` records them)."""
+    kept (`_CHOICE` records them). Row counts share a class per power of two (up to 1024
+    rows, the size timed), so a new batch size does not time again."""
+    m = min(1 << max(0, m - 1).bit_length(), 1024)   # rows in power-of-two classes
     key = (m, k, n, bool(int8_weight))
     c = _CHOICE.get(key)
     if c is None:

@@ -92,7 +92,7 @@ def _loop(b, ir, i64, n, body):
 
 def _ir():
     import llvmlite.binding as llvm
-    import llvmlite.ir as ir
+    from llvmlite import ir
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     v16 = ir.VectorType(i32, 16)
     mod = ir.Module("sampan_int8")
