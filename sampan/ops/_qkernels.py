@@ -79,19 +79,21 @@ if HAVE_NUMBA:
         sum_k w[n, k] * xu[m, k] (xu the activations as uint8 with zero point zx)."""
         m, k = xu.shape
         n = w.shape[0]
-        rows = np.zeros(m, np.int64)
+        rows = np.zeros(m, np.int64)      # int32 sums vectorise; K * 255 fits for K < 2^23
         for i in range(m):
-            s = 0
+            s = np.int32(0)
             for p in range(k):
-                s += np.int64(xu[i, p])
+                s += np.int32(xu[i, p])
             rows[i] = s
+        corr = np.empty(n, np.int64)
         for j in range(n):
-            cs = np.int64(0)
+            cs = np.int32(0)
             for p in range(k):
-                cs += np.int64(w[j, p])
-            corr = k * np.int64(zx) * np.int64(zb[j]) - np.int64(zx) * cs
-            for i in range(m):
-                acc = np.int64(ct[j, i]) + corr - np.int64(zb[j]) * rows[i]
+                cs += np.int32(w[j, p])
+            corr[j] = k * np.int64(zx) * np.int64(zb[j]) - np.int64(zx) * cs
+        for i in range(m):                # rows of the output in order (its writes stream)
+            for j in range(n):
+                acc = np.int64(ct[j, i]) + corr[j] - np.int64(zb[j]) * rows[i]
                 if mode == 0:
                     out_i[i, j] = acc
                 elif mode == 1:
