@@ -74,8 +74,8 @@ if HAVE_NUMBA:
 
 
     @njit(cache=True, nogil=True, boundscheck=False)
-    def _finish(ct, xu, w, zx, zb, mult, zy, lo, hi, mode, out_i, out_f, out_q):
-        """The zero-point corrections and output of the VNNI path: ct (N', M') holds
+    def _finish(c, xu, w, zx, zb, mult, zy, lo, hi, mode, out_i, out_f, out_q):
+        """The zero-point corrections and output of the VNNI path: c (M', N') holds
         sum_k w[n, k] * xu[m, k] (xu the activations as uint8 with zero point zx)."""
         m, k = xu.shape
         n = w.shape[0]
@@ -86,21 +86,27 @@ if HAVE_NUMBA:
                 s += np.int32(xu[i, p])
             rows[i] = s
         corr = np.empty(n, np.int64)
+        zb64 = np.empty(n, np.int64)
         for j in range(n):
             cs = np.int32(0)
             for p in range(k):
                 cs += np.int32(w[j, p])
-            corr[j] = k * np.int64(zx) * np.int64(zb[j]) - np.int64(zx) * cs
-        for i in range(m):                # rows of the output in order (its writes stream)
-            for j in range(n):
-                acc = np.int64(ct[j, i]) + corr[j] - np.int64(zb[j]) * rows[i]
-                if mode == 0:
-                    out_i[i, j] = acc
-                elif mode == 1:
+            zb64[j] = zb[j]
+            corr[j] = k * np.int64(zx) * zb64[j] - np.int64(zx) * cs
+        if mode == 1:
+            for i in range(m):
+                for j in range(n):
+                    acc = np.int64(c[i, j]) + corr[j] - zb64[j] * rows[i]
                     out_f[i, j] = np.float32(np.float64(acc) * mult[j])
-                else:
-                    q = np.rint(np.float64(acc) * mult[j]) + zy
-                    out_q[i, j] = max(lo, min(q, hi))
+        else:
+            for i in range(m):
+                for j in range(n):
+                    acc = np.int64(c[i, j]) + corr[j] - zb64[j] * rows[i]
+                    if mode == 0:
+                        out_i[i, j] = acc
+                    else:
+                        q = np.rint(np.float64(acc) * mult[j]) + zy
+                        out_q[i, j] = max(lo, min(q, hi))
 
 
 def quantize(x, scale, zp, axis, lo, hi, out_dtype):
@@ -138,7 +144,7 @@ def gemm(a, bt, za, zb, mult=None, zy=0, lo=-128, hi=127, mode=I32, out_dtype=np
     return _PATHS[path](a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
 
 
-def _vnni_gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
+def _vnni_gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype, threads=None):
     """The AVX-512 VNNI micro-kernel (`_vnni.py`) on padded, packed operands."""
     from . import _vnni
     m, k = a.shape
@@ -154,12 +160,12 @@ def _vnni_gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
     if np_ != n or kp != k:
         w = np.zeros((np_, kp), np.int8)
         w[:n, :k] = bt
-    ct = np.empty((np_, mp), np.int32)
-    _vnni.run(w, xp, ct, kp, mp)
+    c = np.empty((mp, np_), np.int32)
+    _vnni.run(w, xp, c, kp, mp, threads)
     out_i = np.empty((m, n) if mode == I32 else (1, 1), np.int32)
     out_f = np.empty((m, n) if mode == F32 else (1, 1), np.float32)
     out_q = np.empty((m, n) if mode == Q8 else (1, 1), out_dtype)
-    _finish(ct, np.ascontiguousarray(xu), np.ascontiguousarray(bt), zx,
+    _finish(c, np.ascontiguousarray(xu), np.ascontiguousarray(bt), zx,
             np.ascontiguousarray(zb), np.ascontiguousarray(mult), int(zy), lo, hi, mode,
             out_i, out_f, out_q)
     return (out_i, out_f, out_q)[mode]
@@ -196,13 +202,17 @@ def _blas(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
 
 
 _CHOICE: dict = {}
-_PATHS = {"loop": _loop, "blas": _blas, "vnni": _vnni_gemm}
+def _vnni_one(*args):
+    return _vnni_gemm(*args, threads=1)
+
+
+_PATHS = {"loop": _loop, "blas": _blas, "vnni": _vnni_gemm, "vnni1": _vnni_one}
 
 
 def choice(m, k, n, int8_weight=True) -> str:
-    """"vnni", "loop" or "blas" for an (m, k) x (k, n) int8 GEMM: each available path is
-    timed once per shape on this machine (a few calls on random data) and the fastest is
-    kept (`_CHOICE` records them). Row counts share a class per power of two (up to 1024
+    """"vnni" (threaded), "vnni1" (one thread), "loop" or "blas" for an (m, k) x (k, n)
+    int8 GEMM: each available path is timed once per shape on this machine (a few calls on
+    random data) and the fastest is kept (`_CHOICE` records them). Row counts share a class per power of two (up to 1024
     rows, the size timed), so a new batch size does not time again."""
     m = min(1 << max(0, m - 1).bit_length(), 1024)   # rows in power-of-two classes
     key = (m, k, n, bool(int8_weight))
@@ -215,7 +225,8 @@ def choice(m, k, n, int8_weight=True) -> str:
         a = r.integers(-128, 128, (m, k)).astype(np.int8)
         bt = r.integers(-127, 128, (n, k)).astype(np.int8)
         zb, mult = np.zeros(n, np.int32), np.ones(n)
-        names = ["loop", "blas"] + (["vnni"] if int8_weight and _vnni.available() else [])
+        names = ["loop", "blas"] + (["vnni", "vnni1"] if int8_weight and _vnni.available()
+                                    else [])
         best = {}
         for name in names:
             f = _PATHS[name]

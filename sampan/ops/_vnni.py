@@ -3,7 +3,7 @@
 compiled once for this CPU. numba's loops cannot reach the instruction: LLVM does not form
 it from scalar code.
 
-    ct[n, m] = sum_k w[n, k] * xu[m, k]      (w int8 (N, K) rows; xu uint8, packed)
+    c[m, n] = sum_k w[n, k] * xu[m, k]      (w int8 (N, K) rows; xu uint8, packed)
 
 The weight is read as it is stored, (N, K) row-major: four weight rows at a time, each
 4-byte group broadcast to a vector. The activations (M, K) are packed per call into
@@ -25,7 +25,7 @@ def available() -> bool:
 
 
 def kernel():
-    """The compiled function `f(w, xp, ct, N/4, K/4, M/32, K, M)`, or None."""
+    """The compiled function `f(w, xp, c, N/4, K/4, M/32, K, N)`, or None."""
     if "fn" not in _STATE:
         _STATE["fn"] = None
         try:
@@ -35,23 +35,23 @@ def kernel():
     return _STATE["fn"]
 
 
-def run(w, xp, ct, kp, mp):
-    """ct = w @ xu^T for padded w (N', K'), packed activations xp and ct (N', M'); the
-    weight rows are split over sampan's thread count (the kernel holds no GIL: ctypes
-    releases it), the calling thread taking one share."""
+def run(w, xp, c, kp, mp, threads=None):
+    """c (M', N') = xu @ w^T for padded w (N', K') and packed activations xp; the weight
+    rows are split over `threads` (default: sampan's thread count; the kernel holds no
+    GIL, ctypes releases it), the calling thread taking one share."""
     f = kernel()
     n4 = w.shape[0] // 4
-    threads = _threads()
-    parts = max(1, min(threads, n4 // 16))          # >= 64 weight rows a share
+    ldc = w.shape[0]
+    parts = max(1, min(threads or _threads(), n4 // 16))    # >= 64 weight rows a share
     if parts == 1:
-        f(w.ctypes.data, xp.ctypes.data, ct.ctypes.data, n4, kp // 4, mp // 32, kp, mp)
+        f(w.ctypes.data, xp.ctypes.data, c.ctypes.data, n4, kp // 4, mp // 32, kp, ldc)
         return
     cuts = [n4 * i // parts for i in range(parts + 1)]
 
     def share(i):
         r0, r1 = cuts[i], cuts[i + 1]
-        f(w.ctypes.data + 4 * r0 * kp, xp.ctypes.data, ct.ctypes.data + 16 * r0 * mp,
-          r1 - r0, kp // 4, mp // 32, kp, mp)
+        f(w.ctypes.data + 4 * r0 * kp, xp.ctypes.data, c.ctypes.data + 16 * r0,
+          r1 - r0, kp // 4, mp // 32, kp, ldc)
     futures = [_pool(parts - 1).submit(share, i) for i in range(1, parts)]
     share(0)
     for fu in futures:
@@ -128,12 +128,14 @@ def _ir():
                         acc = accs[r * _CB + j]
                         b.store(b.call(dp, [b.load(acc), xs[j], wv]), acc)
             _loop(b, ir, i64, k4, inner)
-            for r in range(_R):
+            for r in range(_R):          # c[m, n]: each lane to its activation row
                 for j in range(_CB):
-                    off = b.add(b.mul(b.add(r0, c(r)), ldc),
-                                b.mul(b.add(b.mul(jb, c(_CB)), c(j)), c(16)))
-                    b.store(b.load(accs[r * _CB + j]),
-                            b.bitcast(b.gep(ct, [off]), v16.as_pointer()), align=4)
+                    acc = b.load(accs[r * _CB + j])
+                    m0 = b.mul(b.add(b.mul(jb, c(_CB)), c(j)), c(16))
+                    for lane in range(16):
+                        off = b.add(b.mul(b.add(m0, c(lane)), ldc), b.add(r0, c(r)))
+                        b.store(b.extract_element(acc, ir.Constant(i32, lane)),
+                                b.gep(ct, [off]))
         _loop(b, ir, i64, m32, cols)
     _loop(b, ir, i64, n4, rows)
     b.ret_void()
