@@ -24,25 +24,24 @@ from ._nb import HAVE_NUMBA, njit
 I32, F32, Q8 = 0, 1, 2      # what the GEMM writes: int32 sums, float32, requantised int8
 
 if HAVE_NUMBA:
-    @njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True, boundscheck=False)
     def _quantize3(x, scale, zp, lo, hi, out):
-        """out[o, c, i] = clip(rint(x[o, c, i] / s[c]) + zp[c], lo, hi); NaN -> zp."""
+        """out[o, c, i] = clip(rint(x[o, c, i] / s[c]) + zp[c], lo, hi); NaN -> zp. Clipped
+        before the zero point is added, in selects, so the loop vectorises."""
         n0, n1, n2 = x.shape
         for o in range(n0):
             for c in range(n1):
                 s = scale[c]
                 z = zp[c]
+                a = x.dtype.type(lo - z)
+                b = x.dtype.type(hi - z)
                 for i in range(n2):
-                    v = x[o, c, i] / s
-                    if np.isnan(v):
-                        q = z
-                    else:
-                        q = np.rint(v) + z
-                    if q < lo:
-                        q = lo
-                    elif q > hi:
-                        q = hi
-                    out[o, c, i] = q
+                    v = np.rint(x[o, c, i] / s)
+                    # selects, not min/max: numba's builtin min/max ran 1.7x slower here
+                    v = a if v < a else v  # noqa: FURB136
+                    v = b if v > b else v  # noqa: FURB136
+                    v = 0 if np.isnan(v) else v
+                    out[o, c, i] = np.int32(v) + z
 
     @njit(cache=True, nogil=True, boundscheck=False)
     def _gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_i, out_f, out_q):
@@ -152,8 +151,10 @@ def _vnni_gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype, threads=None):
     kp, mp, np_ = -(-k // 4) * 4, -(-m // 32) * 32, -(-n // 4) * 4
     xu, zx = (a.view(np.uint8) ^ np.uint8(0x80), int(za) + 128) if a.dtype == np.int8 \
         else (a, int(za))       # int8 x + 128 as uint8: the zero point moves by 128
-    xp = np.zeros((mp, kp), np.uint8)
-    xp[:m, :k] = xu
+    xp = np.ascontiguousarray(xu)
+    if (mp, kp) != (m, k):
+        xp = np.zeros((mp, kp), np.uint8)
+        xp[:m, :k] = xu
     xp = np.ascontiguousarray(xp.view(np.int32).reshape(mp // 16, 16, kp // 4)
                               .transpose(0, 2, 1))
     w = np.ascontiguousarray(bt)
