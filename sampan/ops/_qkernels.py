@@ -6,8 +6,8 @@ The GEMM takes the weight transposed, (N, K), and has three paths; `choice` time
 once per shape on this machine and keeps the fastest:
 - "vnni": the AVX-512 VNNI micro-kernel of `_vnni.py` (vpdpbusd, 64 multiply-adds an
   instruction), where the CPU has it; 2.5x single-threaded fp32 BLAS on W1's layers here;
-- "loop": a numba loop, one dot of two contiguous int8 rows per output (LLVM makes it
-  vpmaddwd / vpdpwssd, about a third of fp32 BLAS's rate);
+- "loop": a numba loop, one dot of two contiguous int8 rows per output (several times
+  slower than fp32 BLAS at batch 64; it wins for a single row, where the others pad);
 - "blas": the int8 values multiplied as float32 through BLAS, exact while every partial
   sum stays below 2^24 (K * 128 * 128 for int8), else as float64 (exact for any K below
   2^37). Also the path without numba. numpy's own integer matmul has no BLAS behind it.
