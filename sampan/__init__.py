@@ -150,6 +150,8 @@ __all__ += ["linalg", "onnx"]
 __all__ += ["utils"]
 __all__ += ["inference"]
 __all__ += ["deploy", "prune"]
+from . import quant  # noqa: E402  (issue 19: int8 quantisation)
+__all__ += ["quant"]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
 
 # PyTorch's dtype names (torch.float is float32, torch.int int32, torch.long int64 ...).

@@ -1,0 +1,118 @@
+"""W5, int8 part: the W1 MLP (784-512-512-10) as a saved fp32 program and after
+`sampan.quant.quantize_program`, batch-64 throughput of both in one run (samples/s, median
+of repetitions with min-max; and per-call p10 / median latency, calls alternated), the
+int8/fp32 ratios, the int8 GEMM path chosen per layer, and the largest output difference.
+fp32 is also timed with one BLAS/numba thread: on a shared 2-core machine two-thread BLAS
+loses most to other load, so the ratio against it swings most. Weights are W1's initial weights (accuracy is measured
+by tests/quant on a trained model); calibration is 8 batches of the W1 input distribution.
+
+    OPENBLAS_CORETYPE= OPENBLAS_L2_SIZE= python benchmarks/w5_int8.py [--reps 7]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+
+
+def _rates(fns, x, reps, inner):
+    """Samples/s of each of `fns` (median, min, max), repetitions interleaved so that a
+    busy moment of a shared machine falls on all of them alike."""
+    for f in fns.values():
+        f(x)
+    out = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            for _ in range(inner):
+                f(x)
+            out[k].append(x.shape[0] * inner / (time.perf_counter() - t))
+    return {k: (float(np.median(v)), float(min(v)), float(max(v))) for k, v in out.items()}
+
+
+def _per_call(fns, x, n=400):
+    """Per-call wall time (us) of each of `fns`, calls alternated: the 10th percentile (the
+    machine's own speed, least disturbed by other load) and the median."""
+    ts = {k: [] for k in fns}
+    for _ in range(n):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f(x)
+            ts[k].append(time.perf_counter() - t)
+    return {k: (float(np.percentile(v, 10)) * 1e6, float(np.median(v)) * 1e6)
+            for k, v in ts.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--inner", type=int, default=50)
+    a = ap.parse_args(argv)
+    import sys
+
+    import sampan
+    from sampan import nn
+    from sampan.ops import _qkernels as K
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from models import w1_weights
+    w = w1_weights()
+    m = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                      nn.Linear(512, 10))
+    for i, k in enumerate((0, 2, 4)):
+        m[k].weight._data[...] = w[f"w{i}"]
+        m[k].bias._data[...] = w[f"b{i}"]
+    m.eval()
+    r = np.random.default_rng(1)
+    x = r.standard_normal((64, 784)).astype(np.float32)
+    d = tempfile.mkdtemp()
+    f32 = os.path.join(d, "w1.sampan")
+    sampan.jit.save(m, f32, (sampan.Tensor(x),), dynamic="batch")
+    cal = [r.standard_normal((64, 784)).astype(np.float32) for _ in range(8)]
+    q8 = sampan.quant.quantize_program(f32, cal, os.path.join(d, "w1-int8.sampan"))
+    pf, pq = sampan.jit.load(f32), sampan.jit.load(q8)
+    xt = sampan.Tensor(x)
+    err = float(np.abs(pf(xt).numpy() - pq(xt).numpy()).max())
+    threads = sampan.get_num_threads()
+
+    def f32_one_thread(t):
+        sampan.set_num_threads(1)
+        try:
+            return pf(t)
+        finally:
+            sampan.set_num_threads(threads)
+    res = _rates({"fp32": pf, "fp32_1thread": f32_one_thread, "int8": pq}, xt, a.reps,
+                 a.inner)
+    calls = _per_call({"fp32": pf, "fp32_1thread": f32_one_thread, "int8": pq}, xt)
+    base = {"workload": "W5", "model": "W1 MLP", "batch": 64, "metric": "samples_per_s",
+            "cpu": _cpu(), "threads": threads}
+    for mode, v in res.items():
+        print(json.dumps(dict(base, system="sampan", mode=mode, value=v[0], min=v[1],
+                              max=v[2], call_us_p10=calls[mode][0],
+                              call_us_median=calls[mode][1])))
+    print(json.dumps({"workload": "W5", "metric": "int8_over_fp32",
+                      "value": res["int8"][0] / res["fp32"][0],
+                      "int8_over_fp32_1thread": res["int8"][0] / res["fp32_1thread"][0],
+                      "int8_over_fp32_per_call_p10": calls["fp32"][0] / calls["int8"][0],
+                      "gemm_path": {"x".join(map(str, key[:3])): c
+                                    for key, c in K._CHOICE.items()},
+                      "max_abs_diff": err}))
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
