@@ -205,19 +205,29 @@ class Config:
         available yet: it needs issue 18's ONNX export)."""
         raise _offload_unavailable(f"enable_onnxruntime_offload({min_subgraph_size!r})")
 
-    def set_precision(self, precision: str) -> None:
+    def set_precision(self, precision: str, calibration_data=None, observer="minmax",
+                      weight_only=False) -> None:
         """"fp32" (default); "bf16": weights cast to bfloat16 and every op computed in
         bfloat16 through the op table's kernels (no generated kernels; inputs and outputs
-        stay float32); "int8" is not available yet (it comes from `sampan.quant`)."""
+        stay float32); "int8": `sampan.quant`'s post-training quantisation of the program
+        at `create_predictor`, calibrated on `calibration_data` (batches of the program's
+        inputs) with `observer`, or weight-only int8 (`weight_only=True`, no data needed).
+        A program that is already int8 (written by `sampan.quant.quantize_program`) is
+        served as it is."""
         if precision not in PRECISIONS:
             raise InferenceError(f"Config.set_precision: unknown precision {precision!r}; "
                                  f"expected one of {', '.join(PRECISIONS)}")
         if precision == "int8":
-            raise NotAvailableError(
-                "Config.set_precision('int8'): int8 programs come from sampan.quant "
-                "(calibrate, then the quantize and fuse_quant passes), which is not in this "
-                "sampan yet; use 'fp32'")
+            from ..quant import OBSERVERS
+            if observer not in OBSERVERS:
+                raise InferenceError(f"Config.set_precision: unknown observer {observer!r}; "
+                                     f"expected one of {', '.join(OBSERVERS)}")
+        self._int8 = (calibration_data, observer, bool(weight_only))
         self._precision = precision
+
+    def int8_options(self):
+        """(calibration_data, observer, weight_only) given with set_precision("int8")."""
+        return getattr(self, "_int8", (None, "minmax", False))
 
     def precision(self) -> str:
         return self._precision

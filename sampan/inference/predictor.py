@@ -24,6 +24,8 @@ Example::
 """
 from __future__ import annotations
 
+import os
+
 import threading
 
 import numpy as np
@@ -48,8 +50,35 @@ def create_predictor(config: Config) -> "Predictor":
     config = config.copy()              # later edits to the caller's config change nothing
     if config.num_threads() is not None:
         _threads.set_num_threads(config.num_threads())
-    graph, meta, arrays = read(config.model_dir)
+    path = config.model_dir
+    if config.precision() == "int8":
+        path = _int8_program(config)
+    graph, meta, arrays = read(path)
     return Predictor(_Program(config, graph, meta, arrays))
+
+
+_INT8_OPS = ("qmatmul", "qconv2d", "qlinear_matmul", "qlinear_conv", "matmul_integer",
+             "conv_integer", "dequantize")
+
+
+def _int8_program(config):
+    """The int8 form of the configured program: itself when it already is one, else
+    `sampan.quant.quantize_program` of it into a temporary directory."""
+    import tempfile
+    from ..jit.serialize import read
+    from ..quant import quantize_program
+    graph, _, _ = read(config.model_dir)
+    if any(n.op in _INT8_OPS for n in graph.nodes):
+        return config.model_dir
+    data, observer, weight_only = config.int8_options()
+    if data is None and not weight_only:
+        raise InferenceError("create_predictor: precision 'int8' needs calibration_data "
+                             "(Config.set_precision('int8', calibration_data=batches)) or "
+                             "weight_only=True, or a program quantised already by "
+                             "sampan.quant.quantize_program")
+    out = os.path.join(tempfile.mkdtemp(prefix="sampan-int8-"), "model.sampan")
+    return quantize_program(config.model_dir, data, out, observer=observer,
+                            weight_only=weight_only)
 
 
 class _Program:

@@ -167,8 +167,8 @@ def test_runtime_and_precision_options(saved):
     with pytest.raises(InferenceError, match="unknown runtime 'tvm'"):
         cfg.set_runtime("tvm")
     cfg.set_precision("fp32")
-    with pytest.raises(NotAvailableError, match="sampan.quant"):
-        cfg.set_precision("int8")
+    with pytest.raises(InferenceError, match="unknown observer 'median'"):
+        cfg.set_precision("int8", observer="median")
     with pytest.raises(InferenceError, match="unknown precision 'fp8'"):
         cfg.set_precision("fp8")
     assert cfg.runtime() == "numba" and cfg.precision() == "fp32"
