@@ -31,6 +31,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from ..autograd import no_grad
 from ..tensor import Tensor
+from . import emulate
 from .importer import to_layer
 from .ops import OnnxError
 
@@ -70,6 +71,7 @@ class SampanRep(BackendRep):
         else:
             args = [inputs]
         ts = [_tensor(names[k] if k < len(names) else f"#{k}", a) for k, a in enumerate(args)]
+        raw = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in args]
         self.specialized = False
         try:
             with no_grad():
@@ -77,13 +79,13 @@ class SampanRep(BackendRep):
         except OnnxError as e:
             if _NEEDS_STATIC not in str(e) or self.model is None or len(ts) != len(names):
                 raise
-            outs = self._run_specialized(names, ts, e)
+            outs = self._run_specialized(names, ts, raw, e)
             self.specialized = True
         outs = outs if isinstance(outs, tuple) else (outs,)
-        return self._outputs(*[_array(o) for o in outs])
+        # emulated dtypes (uint16/32/64, float8, int4 ...) come back as declared
+        return self._outputs(*self.layer.declared(outs))
 
-    def _run_specialized(self, names, ts, err):
-        arrays = [t.numpy() for t in ts]
+    def _run_specialized(self, names, ts, arrays, err):
         stages = ([k for k, a in enumerate(arrays) if a.dtype.kind in "iub"],
                   [k for k, a in enumerate(arrays) if a.dtype.kind in "iub" or a.ndim <= 1])
         for fold in stages:
@@ -130,6 +132,8 @@ def _tensor(name, a):
         raise OnnxError(f"sampan.onnx.backend: input {name!r} is a sequence; sampan has no "
                         "sequence type (only tensors)")
     a = np.asarray(a)
+    if a.dtype in emulate.BY_STORAGE:     # carried in a sampan dtype (see emulate.py)
+        return Tensor(emulate.to_carrier(a, what=f"input {name!r}"))
     try:
         return Tensor(a)
     except Exception:  # noqa: BLE001 - a dtype sampan has none of
