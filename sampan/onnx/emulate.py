@@ -178,16 +178,16 @@ def check_uint64(ctx, node, name, t):
                         f"{node.op_type} on it would be wrong")
 
 
-def round_to(x, f, saturate):
+def round_to(x, f, saturate, round_mode="up"):
     """Round a float Tensor to the nearest value (ties to even) of float format `f`, with
     sampan ops. Overflow: `saturate` clips to +-max (infinities too), as ONNX's saturating
     Cast does; otherwise it gives inf where the type has one, else NaN (float4 has no NaN:
     it saturates), as ml_dtypes' conversion does. The result is in x's float dtype
-    (float32 at least)."""
+    (float32 at least). float8 e8m0 rounds by `round_mode` (see `_round_e8m0`)."""
     if x.dtype not in (_dt.float32, _dt.float64):
         x = sampan.cast(x, np.float32)
     if f.name == "FLOAT8E8M0":
-        return _round_e8m0(x, saturate)
+        return _round_e8m0(x, saturate, round_mode)
     if saturate or f.name == "FLOAT4E2M1":
         x = sampan.clip(x, -f.max, f.max)
     a = sampan.abs(x)
@@ -221,6 +221,36 @@ def round_to(x, f, saturate):
     return y
 
 
-def _round_e8m0(x, saturate):
-    raise OnnxError("sampan.onnx: casting to FLOAT8E8M0 is not supported yet (its "
-                    "round_mode rules are not implemented); reading it is")
+def _round_e8m0(x, saturate, mode="up"):
+    """float8 e8m0 (a bare exponent, 2**(E-127), E=255 NaN, no zero, no sign): |x|'s
+    float32 exponent, rounded by `mode` on its mantissa ("up": any fraction goes up,
+    "down": truncates, "nearest": the reference's guard-bit rule), with `saturate`
+    keeping E at 254 instead of overflowing to NaN. Built on sampan ops: no bit views."""
+    if mode not in ("up", "down", "nearest"):
+        raise OnnxError(f"sampan.onnx: round_mode={mode!r}; expected 'up', 'down' or "
+                        "'nearest'")
+    x = sampan.cast(x, np.float32) if x.dtype != _dt.float32 else x
+    # in float64: numpy's float32 exp2(127) is not exactly 2**127
+    a = sampan.cast(sampan.abs(x), np.float64)
+    special = sampan.logical_or(sampan.isnan(x), sampan.isinf(x))
+    a = sampan.where(special, sampan.full_like(a, 1.0), a)
+    normal = a >= 2.0 ** -126
+    tiny = sampan.where(normal, a, sampan.full_like(a, 1.0))
+    e = sampan.floor(sampan.log2(tiny))
+    e = sampan.where(sampan.exp2(e) > tiny, e - 1, e)
+    e = sampan.where(sampan.exp2(e + 1) <= tiny, e + 1, e)
+    big_e = sampan.where(normal, e + 127, sampan.zeros_like(e))          # biased exponent
+    unit = sampan.where(normal, sampan.exp2(e), sampan.full_like(a, 2.0 ** -126))
+    frac = a / unit - sampan.where(normal, sampan.full_like(a, 1.0), sampan.zeros_like(a))
+    if mode == "up":
+        up = frac > 0
+    elif mode == "down":
+        up = frac < 0                                                    # never
+    else:
+        up = sampan.logical_or(frac > 0.5, sampan.logical_and(frac == 0.5, big_e > 0))
+    if saturate:
+        up = sampan.logical_and(up, big_e < 254)
+    big_e = big_e + sampan.cast(up, np.float64)
+    y = sampan.cast(sampan.exp2(big_e - 127), np.float32)
+    nan = sampan.full_like(y, np.nan)
+    return sampan.where(sampan.logical_or(special, big_e > 254), nan, y)

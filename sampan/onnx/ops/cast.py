@@ -6,8 +6,8 @@ see `sampan/onnx/emulate.py`) cast into their carrier with ONNX's rule: floats r
 nearest even on the type's grid, with `saturate` (float8 only, default 1) clipping to
 +-max (infinities too) where it would otherwise give inf/NaN; integers truncate toward
 zero and wrap into the type's range (NaN and infinities give 0), as numpy/ml_dtypes do.
-Strings, complex and float8 e8m0 as a target are an OnnxError naming the type.
-`round_mode` concerns only the e8m0 target; it is read, and that target is refused.
+float8 e8m0 (a bare power of two) rounds by `round_mode` ("up" by default, "down",
+"nearest"). Strings and complex are an OnnxError naming the type.
 """
 from __future__ import annotations
 
@@ -42,18 +42,15 @@ def _check_input(ctx, x):
         raise ctx.error(f"input of type {x.dtype}, which sampan has no dtype for")
 
 
-def cast_to(ctx, x, code, saturate=True):
+def cast_to(ctx, x, code, saturate=True, round_mode="up"):
     """`x` (a sampan Tensor, maybe a carrier) cast to the ONNX type `code`."""
     f = _em.fmt(code)
     if f is None:
         d = onnx_dtype(ctx, code)
         return x if x.dtype == d else sampan.cast(x, d)
-    if f.name == "FLOAT8E8M0":
-        raise ctx.error("to=FLOAT8E8M0: casting to float8 e8m0 is not supported yet (its "
-                        "round_mode rules are not implemented); reading it is")
     if f.is_float:
         return _em.round_to(x if x.dtype.kind == "f" else sampan.cast(x, np.float32), f,
-                            saturate and f.name.startswith("FLOAT8"))
+                            saturate and f.name.startswith("FLOAT8"), round_mode)
     if x.dtype.kind == "f":
         x = sampan.where(sampan.isfinite(x), sampan.trunc(x), sampan.zeros_like(x))
     elif x.dtype == _dt.bool_:
@@ -79,16 +76,14 @@ def cast(ctx, node, x):
             to = TensorProto.DataType.Value(to.upper())
         except ValueError:
             raise ctx.error(f"to={to!r} is not an ONNX data type") from None
-    node.attr("round_mode")          # e8m0 targets only, and those are refused
     _check_input(ctx, x)
-    return cast_to(ctx, x, to, _saturate(node))
+    return cast_to(ctx, x, to, _saturate(node), node.attr("round_mode", "up"))
 
 
 @onnx_op("CastLike", since=15)
 def cast_like(ctx, node, x, like):
     _check_input(ctx, x)
-    node.attr("round_mode")
     code = ctx.onnx_type(1)
     if not code:
         return x if x.dtype == like.dtype else sampan.cast(x, like.dtype)
-    return cast_to(ctx, x, code, _saturate(node))
+    return cast_to(ctx, x, code, _saturate(node), node.attr("round_mode", "up"))

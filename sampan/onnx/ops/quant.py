@@ -215,3 +215,36 @@ def qlinear_conv(ctx, node, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp=No
     if x.dtype not in (_dt.uint8, _dt.int8):
         raise ctx.error(f"x is {x.dtype}; expected uint8 or int8")
     return _requantize(ctx, acc, mult, y_zp, x, code, round_first=False)
+
+
+# ---------------------------------------------------------------------- BitCast
+@onnx_op("BitCast", since=26)
+def bitcast(ctx, node, x):
+    """Reinterpret the bits of x as `to` (same width). sampan has no bit-view op, so the
+    input must be known when the graph is built (a constant, an initializer, or bound by
+    `sampan.onnx.backend`); the view is then numpy's, on the declared storage dtypes."""
+    from onnx import helper
+    to = node.attr("to")
+    if to is None:
+        raise ctx.error("needs the `to` attribute")
+    a = ctx.static(x, "BitCast's input (sampan has no bit-view op for data)")
+    src = _em.fmt(ctx.onnx_type(0))
+    if src is not None:
+        a = _em.to_declared(a, src)
+    dst = _em.fmt(to)
+    try:
+        want = dst.storage if dst is not None else np.dtype(helper.tensor_dtype_to_np_dtype(to))
+    except Exception:  # noqa: BLE001 - onnx's refusal, restated
+        raise ctx.error(f"to={to} is not an ONNX data type sampan reads") from None
+    if want.itemsize != a.dtype.itemsize or a.dtype.itemsize * 8 != _bits(a.dtype):
+        raise ctx.error(f"cannot reinterpret {a.dtype} as {want}: BitCast needs types of "
+                        "the same bit width (and sampan no sub-byte ones)")
+    out = np.array(a, copy=True).view(want)     # (ascontiguousarray makes 0-d 1-d)
+    return ctx.make_static(_em.to_carrier(out, dst) if dst is not None else out)
+
+
+def _bits(dtype):
+    f = _em.BY_STORAGE.get(np.dtype(dtype))
+    if f is not None and f.name in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1"):
+        return 4 if "4" in f.name else 2
+    return np.dtype(dtype).itemsize * 8
