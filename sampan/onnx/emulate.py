@@ -45,8 +45,20 @@ class Fmt:
     """One emulated ONNX type: its storage dtype (numpy/ml_dtypes), its carrier, and for
     integers its range, for floats its grid (mantissa bits, min normal exponent, max)."""
 
-    __slots__ = ("name", "code", "storage", "carrier", "lo", "hi", "mant", "emin", "max",
-                 "has_inf", "has_nan", "neg_zero")
+    __slots__ = (
+        "carrier",
+        "code",
+        "emin",
+        "has_inf",
+        "has_nan",
+        "hi",
+        "lo",
+        "mant",
+        "max",
+        "name",
+        "neg_zero",
+        "storage",
+    )
 
     def __init__(self, name, storage, carrier, lo=None, hi=None):
         from onnx import TensorProto
@@ -134,16 +146,19 @@ def to_declared(t, f):
 # ---------------------------------------------------------------------- inside the graph
 # op types whose outputs hold only values of their inputs (or a handler that settles its
 # own result): nothing to settle
-PASSTHROUGH = frozenset(
-    "Identity Reshape Transpose Squeeze Unsqueeze Flatten Concat Split Gather GatherND "
-    "GatherElements Slice Expand Tile Where Max Min TopK Sort Pad Cast CastLike "
-    "QuantizeLinear DynamicQuantizeLinear Constant ReduceMax ReduceMin".split())
+PASSTHROUGH = frozenset({
+    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split",
+    "Gather", "GatherND", "GatherElements", "Slice", "Expand", "Tile", "Where", "Max", "Min",
+    "TopK", "Sort", "Pad", "Cast", "CastLike", "QuantizeLinear", "DynamicQuantizeLinear",
+    "Constant", "ReduceMax", "ReduceMin",
+})
 
 # op types exact on uint64's two's complement bits (no sign-dependent result)
-BITS_SAFE = frozenset(
-    "Add Sub Mul Neg BitwiseAnd BitwiseOr BitwiseXor BitwiseNot Identity Reshape Transpose "
-    "Squeeze Unsqueeze Flatten Concat Split Gather Slice Expand Tile Where Equal Shape Size "
-    "Constant Cast CastLike".split())
+BITS_SAFE = frozenset({
+    "Add", "Sub", "Mul", "Neg", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
+    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split",
+    "Gather", "Slice", "Expand", "Tile", "Where", "Equal", "Shape", "Size", "Constant",
+})
 
 
 def settle(t, f, carrier=None):

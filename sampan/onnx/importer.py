@@ -230,7 +230,14 @@ def _safe(name):
 class OnnxModule(Layer):
     """An imported ONNX graph as a Layer: ``forward(*inputs)`` runs its nodes with sampan
     ops (eager or traced). Floating initializers are Parameters (`onnx_names` maps each
-    parameter name back to its initializer); outputs come back as one tensor or a tuple."""
+    parameter name back to its initializer); outputs come back as one tensor or a tuple.
+
+    Values of an ONNX dtype sampan lacks (uint16/32/64, int4/uint4/int2/uint2, float8,
+    float4) travel in a carrier dtype that holds them exactly (`sampan/onnx/emulate.py`):
+    `forward` takes them as numpy/ml_dtypes arrays of the declared dtype (or carrier
+    Tensors) and returns carrier Tensors, so the layer traces and composes;
+    `declared(outputs)` gives numpy arrays of the declared dtypes (what
+    `sampan.onnx.backend` returns)."""
 
     def __init__(self, model):
         super().__init__()
