@@ -461,12 +461,15 @@ def _run_static(fn, ctx, n, ins):
 
 
 def _elem_types(model):
-    """{value name: ONNX elem type} for every value onnx's shape inference types."""
+    """{value name: ONNX elem type} for every value onnx's shape inference types (run only
+    when the model mentions an emulated dtype: the others need no intermediate types)."""
     import onnx
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - inference is a help, the declared types remain
-        inferred = model
+    inferred = model
+    if _mentions_emulated(model):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - inference is a help, the declared types remain
+            inferred = model
     g = inferred.graph
     out = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
@@ -475,6 +478,19 @@ def _elem_types(model):
     for t in g.initializer:
         out.setdefault(t.name, int(t.data_type))
     return out
+
+
+def _mentions_emulated(model):
+    g = model.graph
+    codes = {vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
+    codes |= {t.data_type for t in g.initializer}
+    for n in g.node:
+        for a in n.attribute:
+            if a.name in ("to", "output_dtype", "precision"):
+                codes.add(a.i)
+            elif a.type == a.TENSOR:
+                codes.add(a.t.data_type)
+    return any(_em.fmt(c) is not None for c in codes)
 
 
 def _check_bits(ctx, n, ins, emulated):

@@ -80,6 +80,12 @@ def _broadcast(ctx, v, x, axis, block, what):
     return rep
 
 
+def _code(ctx, k, t):
+    """The ONNX type of the node's input `k`: as the importer knows it, else (a value of a
+    sampan dtype whose type no value_info states) from the tensor's dtype."""
+    return ctx.onnx_type(k) or _em.onnx_code(t.dtype)
+
+
 def _float(t, dtype=np.float32):
     return t if t.dtype == dtype else sampan.cast(t, dtype)
 
@@ -90,7 +96,7 @@ def quantize_linear(ctx, node, x, scale, zp=None):
     axis = _axis(ctx, node, x)
     block = int(node.attr("block_size", 0))
     out_code = int(node.attr("output_dtype", 0))
-    zp_code = ctx.onnx_type(2) if zp is not None else 0
+    zp_code = _code(ctx, 2, zp) if zp is not None else 0
     if out_code and zp_code and out_code != zp_code:
         raise ctx.error(f"output_dtype={_type_name(out_code)} disagrees with the zero "
                         f"point's type {_type_name(zp_code)}")
@@ -128,7 +134,7 @@ def dequantize_linear(ctx, node, x, scale, zp=None):
     axis = _axis(ctx, node, x)
     block = int(node.attr("block_size", 0))
     out_code = int(node.attr("output_dtype", 0))
-    f = _em.fmt(ctx.onnx_type(0))
+    f = _em.fmt(_code(ctx, 0, x))
     dx = _float(x)
     if zp is not None and not (f is not None and f.is_float):
         dx = dx - _float(_broadcast(ctx, zp, x, axis, block, "x_zero_point"))
@@ -184,7 +190,7 @@ def _requantize(ctx, acc, mult, y_zp, like, code, round_first):
 def qlinear_matmul(ctx, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp=None):
     acc = sampan.matmul(_centered(a, a_zp), _centered(b, b_zp))
     mult = a_scale * b_scale / y_scale           # in the scales' dtype, as the reference
-    code = ctx.onnx_type(7) if y_zp is not None else ctx.onnx_type(0)
+    code = _code(ctx, 7, y_zp) if y_zp is not None else _code(ctx, 0, a)
     return _requantize(ctx, acc, mult, y_zp, a, code, round_first=True)
 
 
@@ -211,7 +217,7 @@ def qlinear_conv(ctx, node, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp=No
     if w_scale.ndim == 1 and w_scale.shape[0] > 1:
         w_scale = sampan.reshape(w_scale, [1, w_scale.shape[0]] + [1] * (acc.ndim - 2))
     mult = x_scale * w_scale / y_scale
-    code = ctx.onnx_type(7) if y_zp is not None else ctx.onnx_type(0)
+    code = _code(ctx, 7, y_zp) if y_zp is not None else _code(ctx, 0, x)
     if x.dtype not in (_dt.uint8, _dt.int8):
         raise ctx.error(f"x is {x.dtype}; expected uint8 or int8")
     return _requantize(ctx, acc, mult, y_zp, x, code, round_first=False)
@@ -228,7 +234,7 @@ def bitcast(ctx, node, x):
     if to is None:
         raise ctx.error("needs the `to` attribute")
     a = ctx.static(x, "BitCast's input (sampan has no bit-view op for data)")
-    src = _em.fmt(ctx.onnx_type(0))
+    src = _em.fmt(_code(ctx, 0, x))
     if src is not None:
         a = _em.to_declared(a, src)
     dst = _em.fmt(to)
