@@ -206,22 +206,17 @@ def round_to(x, f, saturate, round_mode="up"):
     if saturate or f.name == "FLOAT4E2M1":
         x = sampan.clip(x, -f.max, f.max)
     a = sampan.abs(x)
-    tiny = sampan.where(a > 0, a, sampan.full_like(a, 1.0))
+    tiny = sampan.where(a > 0, a, 1.0)
     e = sampan.floor(sampan.log2(tiny))
     # log2 may round up just below a power of two, or down just above: fix e exactly
     e = sampan.where(sampan.exp2(e) > tiny, e - 1, e)
     e = sampan.where(sampan.exp2(e + 1) <= tiny, e + 1, e)
-    e = sampan.maximum(e, sampan.full_like(e, float(f.emin)))
+    e = sampan.maximum(e, float(f.emin))
     q = sampan.exp2(e - f.mant)
     r = sampan.round(a / q) * q
-    over = r > f.max
-    if f.has_inf:
-        big = sampan.full_like(r, np.inf)
-    elif f.has_nan:
-        big = sampan.full_like(r, np.nan)
-    else:
-        big = sampan.full_like(r, f.max)
-    r = sampan.where(over, big, r)
+    # (scalars, not full_like: a constant of x's shape would pin a dynamic dim under jit)
+    big = np.inf if f.has_inf else np.nan if f.has_nan else f.max
+    r = sampan.where(r > f.max, big, r)
     y = sampan.where(x < 0, -r, r)
     if f.neg_zero:
         y = sampan.where(a == 0, x, y)    # -0 stays -0
@@ -231,8 +226,11 @@ def round_to(x, f, saturate, round_mode="up"):
     if f.has_nan:
         y = sampan.where(nan, x, y)
     if not saturate:
-        big = x if f.has_inf else sampan.where(x < 0, -big, big)
-        y = sampan.where(sampan.isinf(x), big, y)
+        inf = sampan.isinf(x)
+        if f.has_inf:
+            y = sampan.where(inf, x, y)
+        else:
+            y = sampan.where(sampan.logical_and(inf, x < 0), -big, sampan.where(inf, big, y))
     return y
 
 
@@ -248,15 +246,15 @@ def _round_e8m0(x, saturate, mode="up"):
     # in float64: numpy's float32 exp2(127) is not exactly 2**127
     a = sampan.cast(sampan.abs(x), np.float64)
     special = sampan.logical_or(sampan.isnan(x), sampan.isinf(x))
-    a = sampan.where(special, sampan.full_like(a, 1.0), a)
+    a = sampan.where(special, 1.0, a)
     normal = a >= 2.0 ** -126
-    tiny = sampan.where(normal, a, sampan.full_like(a, 1.0))
+    tiny = sampan.where(normal, a, 1.0)
     e = sampan.floor(sampan.log2(tiny))
     e = sampan.where(sampan.exp2(e) > tiny, e - 1, e)
     e = sampan.where(sampan.exp2(e + 1) <= tiny, e + 1, e)
-    big_e = sampan.where(normal, e + 127, sampan.zeros_like(e))          # biased exponent
-    unit = sampan.where(normal, sampan.exp2(e), sampan.full_like(a, 2.0 ** -126))
-    frac = a / unit - sampan.where(normal, sampan.full_like(a, 1.0), sampan.zeros_like(a))
+    big_e = sampan.where(normal, e + 127, 0.0)          # biased exponent
+    unit = sampan.where(normal, sampan.exp2(e), 2.0 ** -126)
+    frac = a / unit - sampan.cast(normal, np.float64)
     if mode == "up":
         up = frac > 0
     elif mode == "down":
@@ -267,5 +265,4 @@ def _round_e8m0(x, saturate, mode="up"):
         up = sampan.logical_and(up, big_e < 254)
     big_e = big_e + sampan.cast(up, np.float64)
     y = sampan.cast(sampan.exp2(big_e - 127), np.float32)
-    nan = sampan.full_like(y, np.nan)
-    return sampan.where(sampan.logical_or(special, big_e > 254), nan, y)
+    return sampan.where(sampan.logical_or(special, big_e > 254), np.nan, y)

@@ -237,3 +237,29 @@ def test_dequantize_linear_scale_is_trainable():
     (p,) = list(layer.parameters())
     want = (x.astype(np.float32) - np.array([1, 0, -1], np.float32)).sum(0)
     np.testing.assert_allclose(p.grad.numpy(), want)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_quant_and_float8_graph_traces_with_dynamic_batch_and_matches_onnxruntime():
+    """Quantize/Dequantize (int4 zero point), a float8 round trip and DynamicQuantizeLinear
+    under sampan.jit with a symbolic batch: the same numbers as eager and onnxruntime."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"]),
+             helper.make_node("Cast", ["x"], ["f8"], to=TensorProto.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["f8"], ["z"], to=TensorProto.FLOAT),
+             helper.make_node("DynamicQuantizeLinear", ["x"], ["dq", "ds", "dz"])]
+    m = _model(nodes, [("x", TensorProto.FLOAT, ["N", 4])],
+               [("y", TensorProto.FLOAT, ["N", 4]), ("z", TensorProto.FLOAT, ["N", 4]),
+                ("dq", TensorProto.UINT8, ["N", 4])])
+    m.graph.initializer.extend([numpy_helper.from_array(np.float32(0.1), "s"),
+                                numpy_helper.from_array(np.array(3, ml_dtypes.int4), "zp")])
+    layer = sampan.onnx.to_layer(m)
+    f = sampan.jit(layer, dynamic={0: {0: "N"}})
+    for n in (3, 5):
+        x = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32) * 3
+        with sampan.no_grad():
+            traced, eager = f(sampan.tensor(x)), layer(x)
+        for a, b in zip(traced, eager):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        for a, b in zip(layer.declared(eager), _ort(m, {"x": x})):
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), atol=1e-6)

@@ -52,7 +52,7 @@ def cast_to(ctx, x, code, saturate=True, round_mode="up"):
         return _em.round_to(x if x.dtype.kind == "f" else sampan.cast(x, np.float32), f,
                             saturate and f.name.startswith("FLOAT8"), round_mode)
     if x.dtype.kind == "f":
-        x = sampan.where(sampan.isfinite(x), sampan.trunc(x), sampan.zeros_like(x))
+        x = sampan.where(sampan.isfinite(x), sampan.trunc(x), 0.0)
     elif x.dtype == _dt.bool_:
         x = sampan.cast(x, f.carrier)
     if f.name == "UINT64":

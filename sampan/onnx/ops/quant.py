@@ -150,7 +150,7 @@ def dynamic_quantize_linear(ctx, node, x):
     zero = sampan.zeros((), dtype=np.float32)
     hi = sampan.maximum(sampan.max(x), zero)
     lo = sampan.minimum(sampan.min(x), zero)
-    span = sampan.where(hi == lo, sampan.full_like(hi, 1.0), hi - lo)
+    span = sampan.where(hi == lo, 1.0, hi - lo)
     scale = span / 255.0
     zp = sampan.round(sampan.clip(0.0 - lo / scale, 0.0, 255.0))
     y = sampan.clip(sampan.round(x / scale) + zp, 0.0, 255.0)
