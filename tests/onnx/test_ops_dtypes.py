@@ -263,3 +263,17 @@ def test_quant_and_float8_graph_traces_with_dynamic_batch_and_matches_onnxruntim
             np.testing.assert_array_equal(a.numpy(), b.numpy())
         for a, b in zip(layer.declared(eager), _ort(m, {"x": x})):
             np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), atol=1e-6)
+
+
+@pytest.mark.parametrize("src,dst,a", [
+    (TensorProto.INT8, TensorProto.UINT8, np.array([-128, -1, 0, 127], np.int8)),
+    (TensorProto.UINT16, TensorProto.INT16, np.array([0, 65535, 32768, 32767], np.uint16)),
+    (TensorProto.INT32, TensorProto.UINT32, np.array([-1, -2**31, 5], np.int32)),
+    (TensorProto.BOOL, TensorProto.UINT8, np.array([True, False]))])
+def test_integer_bitcast_on_data_is_wrap_around(src, dst, a):
+    m = _model([helper.make_node("BitCast", ["x"], ["y"], to=dst)], [("x", src, [len(a)])],
+               [("y", dst, [len(a)])], opset=26)
+    layer = sampan.onnx.to_layer(m)
+    y = layer.declared(layer(a))          # data, not bound: sampan ops, no bit view
+    want = a.view(helper.tensor_dtype_to_np_dtype(dst))
+    assert y.dtype == want.dtype and y.tolist() == want.tolist()

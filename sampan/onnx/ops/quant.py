@@ -226,27 +226,43 @@ def qlinear_conv(ctx, node, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp=No
 # ---------------------------------------------------------------------- BitCast
 @onnx_op("BitCast", since=26)
 def bitcast(ctx, node, x):
-    """Reinterpret the bits of x as `to` (same width). sampan has no bit-view op, so the
-    input must be known when the graph is built (a constant, an initializer, or bound by
-    `sampan.onnx.backend`); the view is then numpy's, on the declared storage dtypes."""
+    """Reinterpret the bits of x as `to` (same width). Between integer types (and bool) it
+    is two's complement wrap-around, with sampan ops; a float on either side needs a bit
+    view, which sampan has no op for: then the input must be known when the graph is
+    built (a constant, an initializer, or bound by `sampan.onnx.backend`) and the view is
+    numpy's, on the declared storage dtypes."""
     from onnx import helper
     to = node.attr("to")
     if to is None:
         raise ctx.error("needs the `to` attribute")
-    a = ctx.static(x, "BitCast's input (sampan has no bit-view op for data)")
     src = _em.fmt(_code(ctx, 0, x))
-    if src is not None:
-        a = _em.to_declared(a, src)
+    have = src.storage if src is not None else x.dtype
     dst = _em.fmt(to)
     try:
         want = dst.storage if dst is not None else np.dtype(helper.tensor_dtype_to_np_dtype(to))
     except Exception:  # noqa: BLE001 - onnx's refusal, restated
         raise ctx.error(f"to={to} is not an ONNX data type sampan reads") from None
-    if want.itemsize != a.dtype.itemsize or a.dtype.itemsize * 8 != _bits(a.dtype):
-        raise ctx.error(f"cannot reinterpret {a.dtype} as {want}: BitCast needs types of "
-                        "the same bit width (and sampan no sub-byte ones)")
+    if want.itemsize != have.itemsize or _bits(have) != _bits(want):
+        raise ctx.error(f"cannot reinterpret {have} as {want}: BitCast needs types of "
+                        "the same bit width (and sampan reinterprets no sub-byte ones)")
+    if have.kind in "iub" and want.kind in "iu" and not ctx.is_static(x):
+        return _int_view(x, want, dst)
+    a = ctx.static(x, "BitCast's input (sampan has no bit-view op for floats in data)")
+    if src is not None:
+        a = _em.to_declared(a, src)
     out = np.array(a, copy=True).view(want)     # (ascontiguousarray makes 0-d 1-d)
     return ctx.make_static(_em.to_carrier(out, dst) if dst is not None else out)
+
+
+def _int_view(x, want, dst):
+    """Integer bits read as another integer type of the same width: wrap into its range
+    (64 bits: int64 and uint64's carrier share the bits already)."""
+    w = want.itemsize * 8
+    v = sampan.cast(x, np.int64) if x.dtype != _dt.int64 else x
+    if w < 64:
+        v = sampan.mod(v, 2**w) if want.kind == "u" else \
+            sampan.mod(v + 2 ** (w - 1), 2**w) - 2 ** (w - 1)
+    return sampan.cast(v, dst.carrier if dst is not None else want)
 
 
 def _bits(dtype):
