@@ -2,7 +2,9 @@
 
 `prepare(model)` imports a model with `sampan.onnx.to_layer` and returns a `SampanRep`
 whose `run(inputs)` runs it eagerly (no autograd) and returns numpy arrays, one per graph
-output, in a namedtuple keyed by output name. `run_model` and `run_node` are the one-off
+output, in a namedtuple keyed by output name. Inputs and outputs of the dtypes sampan
+emulates (uint16/32/64, float8, float4, int4/int2: `sampan/onnx/emulate.py`) are numpy /
+ml_dtypes arrays of the declared dtype. `run_model` and `run_node` are the one-off
 forms; `supports_device("CPU")` is True (sampan's numpy backend).
 
 `node_cases()` and `run_cases()` run the official node conformance suite (the cases that
@@ -139,13 +141,8 @@ def _tensor(name, a):
     except Exception:  # noqa: BLE001 - a dtype sampan has none of
         raise OnnxError(f"sampan.onnx.backend: input {name!r} has dtype {a.dtype}, which "
                         "sampan has no tensor type for (sampan has bool, uint8, int8, int16, "
-                        "int32, int64, float16, bfloat16, float32, float64)") from None
-
-
-def _array(t):
-    if t is None:
-        return None
-    return t.numpy() if isinstance(t, Tensor) else np.asarray(t)
+                        "int32, int64, float16, bfloat16, float32, float64, and emulates "
+                        "uint16/32/64, float8, float4, int4, int2)") from None
 
 
 class SampanBackend(Backend):
