@@ -2,7 +2,9 @@
 
 `prepare(model)` imports a model with `sampan.onnx.to_layer` and returns a `SampanRep`
 whose `run(inputs)` runs it eagerly (no autograd) and returns numpy arrays, one per graph
-output, in a namedtuple keyed by output name. `run_model` and `run_node` are the one-off
+output, in a namedtuple keyed by output name. Inputs and outputs of the dtypes sampan
+emulates (uint16/32/64, float8, float4, int4/int2: `sampan/onnx/emulate.py`) are numpy /
+ml_dtypes arrays of the declared dtype. `run_model` and `run_node` are the one-off
 forms; `supports_device("CPU")` is True (sampan's numpy backend).
 
 `node_cases()` and `run_cases()` run the official node conformance suite (the cases that
@@ -31,6 +33,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from ..autograd import no_grad
 from ..tensor import Tensor
+from . import emulate
 from .importer import to_layer
 from .ops import OnnxError
 
@@ -70,6 +73,7 @@ class SampanRep(BackendRep):
         else:
             args = [inputs]
         ts = [_tensor(names[k] if k < len(names) else f"#{k}", a) for k, a in enumerate(args)]
+        raw = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in args]
         self.specialized = False
         try:
             with no_grad():
@@ -77,13 +81,13 @@ class SampanRep(BackendRep):
         except OnnxError as e:
             if _NEEDS_STATIC not in str(e) or self.model is None or len(ts) != len(names):
                 raise
-            outs = self._run_specialized(names, ts, e)
+            outs = self._run_specialized(names, ts, raw, e)
             self.specialized = True
         outs = outs if isinstance(outs, tuple) else (outs,)
-        return self._outputs(*[_array(o) for o in outs])
+        # emulated dtypes (uint16/32/64, float8, int4 ...) come back as declared
+        return self._outputs(*self.layer.declared(outs))
 
-    def _run_specialized(self, names, ts, err):
-        arrays = [t.numpy() for t in ts]
+    def _run_specialized(self, names, ts, arrays, err):
         stages = ([k for k, a in enumerate(arrays) if a.dtype.kind in "iub"],
                   [k for k, a in enumerate(arrays) if a.dtype.kind in "iub" or a.ndim <= 1])
         for fold in stages:
@@ -130,18 +134,15 @@ def _tensor(name, a):
         raise OnnxError(f"sampan.onnx.backend: input {name!r} is a sequence; sampan has no "
                         "sequence type (only tensors)")
     a = np.asarray(a)
+    if a.dtype in emulate.BY_STORAGE:     # carried in a sampan dtype (see emulate.py)
+        return Tensor(emulate.to_carrier(a, what=f"input {name!r}"))
     try:
         return Tensor(a)
     except Exception:  # noqa: BLE001 - a dtype sampan has none of
         raise OnnxError(f"sampan.onnx.backend: input {name!r} has dtype {a.dtype}, which "
                         "sampan has no tensor type for (sampan has bool, uint8, int8, int16, "
-                        "int32, int64, float16, bfloat16, float32, float64)") from None
-
-
-def _array(t):
-    if t is None:
-        return None
-    return t.numpy() if isinstance(t, Tensor) else np.asarray(t)
+                        "int32, int64, float16, bfloat16, float32, float64, and emulates "
+                        "uint16/32/64, float8, float4, int4, int2)") from None
 
 
 class SampanBackend(Backend):

@@ -27,6 +27,7 @@ from .. import dtypes as _dt
 from ..ops.registry import STATE
 from ..tensor import Tensor
 from ..nn.layer import Layer, Parameter
+from . import emulate as _em
 from .ops import OnnxError, lookup
 
 MAX_OPSET = 28           # the newest default-domain opset the handlers were checked against (onnx 1.23)
@@ -168,10 +169,10 @@ class Node:
                 v = _short_float(v)    # not 9.999999747378752e-06), as the exporter wrote it
             elif a.type == a.FLOATS:
                 v = [_short_float(x) for x in v]
-            if a.type == a.TENSOR:
-                v = _array(v)
+            if a.type == a.TENSOR:      # an emulated dtype's values: in its carrier
+                v = _em.to_carrier(_array(v), what=f"attribute {a.name!r}")
             elif a.type == a.TENSORS:
-                v = [_array(x) for x in v]
+                v = [_em.to_carrier(_array(x), what=f"attribute {a.name!r}") for x in v]
             elif isinstance(v, bytes):
                 v = v.decode("utf-8", "replace")
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
@@ -194,8 +195,9 @@ def _short_float(v):
 class Context:
     """What a handler may ask of the importer."""
 
-    def __init__(self, opsets):
+    def __init__(self, opsets, types=None):
         self.opsets = opsets
+        self.types = types or {}   # value name -> ONNX elem type (inferred where not given)
         self.opset = opsets.get("", 1)
         self.node = None
         self._static = {}      # id(tensor) -> numpy value
@@ -231,6 +233,13 @@ class Context:
         self._keep.append(t)
         return t
 
+    def onnx_type(self, k, output=False):
+        """The ONNX elem type (TensorProto code, 0 if unknown) of the node's input `k` (or
+        output `k`): emulated dtypes travel in a carrier, so handlers that need the
+        declared type (QuantizeLinear's zero point, say) ask here."""
+        names = self.node.outputs if output else self.node.inputs
+        return int(self.types.get(names[k], 0)) if k < len(names) and names[k] else 0
+
     def error(self, msg):
         n = self.node
         return OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): "
@@ -246,7 +255,14 @@ def _safe(name):
 class OnnxModule(Layer):
     """An imported ONNX graph as a Layer: ``forward(*inputs)`` runs its nodes with sampan
     ops (eager or traced). Floating initializers are Parameters (`onnx_names` maps each
-    parameter name back to its initializer); outputs come back as one tensor or a tuple."""
+    parameter name back to its initializer); outputs come back as one tensor or a tuple.
+
+    Values of an ONNX dtype sampan lacks (uint16/32/64, int4/uint4/int2/uint2, float8,
+    float4) travel in a carrier dtype that holds them exactly (`sampan/onnx/emulate.py`):
+    `forward` takes them as numpy/ml_dtypes arrays of the declared dtype (or carrier
+    Tensors) and returns carrier Tensors, so the layer traces and composes;
+    `declared(outputs)` gives numpy arrays of the declared dtypes (what
+    `sampan.onnx.backend` returns)."""
 
     def __init__(self, model):
         super().__init__()
@@ -257,14 +273,21 @@ class OnnxModule(Layer):
                        for o in model.opset_import}
         inits = {t.name: _array(t) for t in g.initializer}
         self.input_names = [i.name for i in g.input if i.name not in inits]
-        self.input_types = {i.name: _value_type(i) for i in g.input if i.name not in inits}
+        self.value_types = _elem_types(model)
+        # values of a dtype sampan lacks: carried in a sampan dtype (see emulate.py)
+        self.emulated = {k: f for k, f in ((k, _em.fmt(c)) for k, c in
+                                           self.value_types.items()) if f is not None}
+        self.input_types = {i.name: _value_type(i, self.emulated.get(i.name))
+                            for i in g.input if i.name not in inits}
         self.output_names = [o.name for o in g.output]
         self.nodes = [Node(n) for n in g.node]
         self.onnx_names = {}
         self._static_inits = {}
         used = set()
         for name, a in inits.items():
-            if _dt.is_floating(a.dtype):
+            if a.dtype in _em.BY_STORAGE:
+                self._static_inits[name] = _em.to_carrier(a, what=f"initializer {name!r}")
+            elif _dt.is_floating(a.dtype):
                 p = _safe(name)
                 while p in used:
                     p += "_"
@@ -286,7 +309,7 @@ class OnnxModule(Layer):
                             f"inputs ({', '.join(self.input_names)}); got "
                             f"{len(args) + len(kwargs)}")
         env = {"": None}
-        ctx = Context(self.opsets)
+        ctx = Context(self.opsets, self.value_types)
         for name, a in zip(self.input_names, args):
             env[name] = self._input(name, a)
         for name, a in kwargs.items():
@@ -304,6 +327,8 @@ class OnnxModule(Layer):
             ins = [env[i] for i in n.inputs]
             fn = lookup(n.domain, n.op_type, self.opsets.get(n.domain or "", self.opset),
                         n.name)
+            if self.emulated:
+                _check_bits(ctx, n, ins, self.emulated)
             if all(t is None or ctx.is_static(t) for t in ins):
                 outs = _run_static(fn, ctx, n, ins)
             else:
@@ -313,11 +338,35 @@ class OnnxModule(Layer):
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             for name, t in zip(n.outputs, outs):
                 if name:            # "" is an omitted output; env[""] must stay None
+                    f = self.emulated.get(name)
+                    if f is not None and n.op_type not in _em.PASSTHROUGH:
+                        t = _settle(ctx, t, f)
                     env[name] = t
         res = tuple(env[o] for o in self.output_names)
         return res[0] if len(res) == 1 else res
 
+    def declared(self, outs):
+        """Outputs of `forward` as numpy arrays of the model's declared dtypes: an output
+        of an emulated dtype (uint16/32/64, float8, int4 …) converts from its carrier."""
+        many = isinstance(outs, tuple)
+        res = []
+        for name, t in zip(self.output_names, outs if many else (outs,)):
+            f = self.emulated.get(name)
+            if t is None or f is None:
+                res.append(t.numpy() if isinstance(t, Tensor) else t)
+            else:
+                res.append(_em.to_declared(t, f))
+        return tuple(res) if many else res[0]
+
     def _input(self, name, a):
+        f = self.emulated.get(name)
+        if f is not None and not isinstance(a, Tensor):
+            a = np.asarray(a)
+            if a.dtype == f.storage:
+                a = _em.to_carrier(a, f, what=f"input {name!r}")
+            elif a.dtype != f.carrier:
+                raise OnnxError(f"sampan.onnx: input {name!r} is {a.dtype}; the model wants "
+                                f"{f.storage} (or its carrier {f.carrier})")
         if not isinstance(a, Tensor) and np.asarray(a).dtype not in _dt.DTYPES.values():
             raise OnnxError(f"sampan.onnx: input {name!r} is {np.asarray(a).dtype}, which sampan "
                             f"has no dtype for (it has {', '.join(_dt.DTYPES)})")
@@ -436,12 +485,77 @@ def _run_static(fn, ctx, n, ins):
     return tuple(res) if many else res[0]
 
 
-def _value_type(vi):
-    """(numpy dtype or None, shape with dim_param names, or None) of a ValueInfoProto."""
+def _elem_types(model):
+    """{value name: ONNX elem type} for every value onnx's shape inference types (run only
+    when the model mentions an emulated dtype: the others need no intermediate types)."""
+    import onnx
+    inferred = model
+    if _mentions_emulated(model):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - inference is a help, the declared types remain
+            inferred = model
+    g = inferred.graph
+    out = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        if vi.type.tensor_type.elem_type:
+            out[vi.name] = int(vi.type.tensor_type.elem_type)
+    for t in g.initializer:
+        out.setdefault(t.name, int(t.data_type))
+    return out
+
+
+def _mentions_emulated(model):
+    g = model.graph
+    codes = {vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
+    codes |= {t.data_type for t in g.initializer}
+    for n in g.node:
+        for a in n.attribute:
+            if a.name in ("to", "output_dtype", "precision"):
+                codes.add(a.i)
+            elif a.type == a.TENSOR:
+                codes.add(a.t.data_type)
+    return any(_em.fmt(c) is not None for c in codes)
+
+
+def _check_bits(ctx, n, ins, emulated):
+    """uint64 rides in int64 as bits: an op whose result depends on the sign refuses an
+    eager value >= 2**63 (see emulate.py)."""
+    if n.op_type in _em.BITS_SAFE or (n.op_type == "BitShift" and
+                                      dict.get(n.attrs, "direction") == "LEFT"):
+        return
+    for name, t in zip(n.inputs, ins):
+        f = emulated.get(name)
+        if f is not None and f.name == "UINT64" and t is not None:
+            _em.check_uint64(ctx, n, name, t)
+
+
+def _settle(ctx, t, f):
+    """A node's output reduced to its declared emulated type; static stays static."""
+    if not isinstance(t, Tensor):
+        return t
+    if not ctx.is_static(t):
+        return _em.settle(t, f)
+    saved = STATE.tracer
+    STATE.tracer = None
+    try:
+        from ..autograd import no_grad
+        with no_grad():
+            r = _em.settle(Tensor(ctx.static(t)), f)
+    finally:
+        STATE.tracer = saved
+    return ctx.make_static(r._data)
+
+
+def _value_type(vi, emulated=None):
+    """(numpy dtype or None, shape with dim_param names, or None) of a ValueInfoProto;
+    an emulated dtype's value is typed by its carrier."""
     from onnx import helper
     tt = vi.type.tensor_type
     dtype = None
-    if tt.elem_type:
+    if emulated is not None:
+        dtype = emulated.carrier
+    elif tt.elem_type:
         try:
             dtype = _dt.as_dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
         except Exception:  # noqa: BLE001 - a type sampan has no dtype for
