@@ -48,7 +48,12 @@ def _run(model, arrays):
     if any(o.type == "tensor(bfloat16)" for o in s.get_outputs()):
         pytest.skip("onnxruntime's Python API cannot return bfloat16 arrays")
     feed = {i.name: a for i, a in zip(s.get_inputs(), arrays)}
-    return s.run(None, feed)
+    try:
+        return s.run(None, feed)
+    except Exception as e:  # noqa: BLE001
+        if "is not supported now" in str(e):   # e.g. per-channel ConvInteger zero points
+            pytest.skip(f"onnxruntime's kernel lacks this case: {str(e)[:200]}")
+        raise
 
 
 # (values, indices) ops: the index of one of several equal values is unspecified (TopK
@@ -129,7 +134,12 @@ def test_op_round_trip(name, i, dt):
         if [np.dtype(r.dtype) for r in rule] != [np.asarray(w).dtype for w in (
                 want if isinstance(want, tuple) else (want,))]:
             pytest.skip("the op's shape rule and kernel disagree on the int64 output dtype")
-    model = _one_node(name, args, s.attrs)
+    try:
+        model = _one_node(name, args, s.attrs)
+    except sampan.onnx.OnnxError as e:
+        if dt != "sample" and "cannot be written" in str(e):   # e.g. float64 quantisation
+            pytest.skip(str(e))
+        raise
     with np.errstate(all="ignore"):
         want = OPS[name].kernel(*args, **s.attrs)
     _compare(name, _run(model, args), want, args, s.attrs)

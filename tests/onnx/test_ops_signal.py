@@ -61,10 +61,10 @@ def test_conformance_cases_pass_per_op_type():
 
 def test_other_ops_of_this_task_fail_only_as_documented():
     """Identity's sequence/optional cases are refused when the model is read, naming the
-    type; TopK's uint64 case names the dtype; AffineGrid's and Range's expanded cases use
-    If/Loop (control flow)."""
+    type; AffineGrid's and Range's expanded cases use If/Loop (control flow). (TopK's uint64
+    case passes since the importer emulates uint64.)"""
     names = {"test_identity_sequence": "sequence type", "test_identity_opt": "optional type",
-             "test_top_k_uint64": "uint64", "test_affine_grid_2d_expanded": "control-flow",
+             "test_affine_grid_2d_expanded": "control-flow",
              "test_range_float_type_positive_delta_expanded": "control-flow"}
     cases = [c for c in be.node_cases() if c.name in names]
     assert len(cases) == len(names)

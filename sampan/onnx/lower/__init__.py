@@ -37,4 +37,4 @@ def register_lowering(op_name: str):
 
 
 from . import (conv, creation, elementwise, fused, index, layout, matmul, reduce,  # noqa: E402,F401
-               rowwise, shape, sort)
+               quant, rowwise, shape, sort)
