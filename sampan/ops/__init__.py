@@ -7,7 +7,9 @@ FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "s
             "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
             "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
             # issue 17, spatial area
-            "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d"]
+            "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d",
+            # issue 19: subgraphs run by onnxruntime (the onnxruntime_offload pass)
+            "engine"]
 
 
 def load_all():

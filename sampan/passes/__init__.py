@@ -12,6 +12,7 @@ from .manager import (PASSES, PIPELINES, Pass, PassError, PassManager, list_pass
                       register_pass, set_pipeline, unregister_pass)
 from . import (cse, dce, fold_constants, fuse, inference, plan_memory, simplify,  # noqa: F401,E402
                slice_grads)
+from . import offload  # noqa: F401,E402
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 
 __all__ = ["Pass", "PASSES", "PIPELINES", "PassError", "PassManager", "register_pass",

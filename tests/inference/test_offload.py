@@ -1,0 +1,181 @@
+"""The onnxruntime_offload pass, the engine op, and the Predictor's onnxruntime runtime."""
+import threading
+
+import numpy as np
+import pytest
+
+import sampan
+from sampan import nn
+from sampan.inference import Config, InferenceError, create_predictor
+from sampan.ir import Graph, parse, verify
+from sampan.ops import engine as E
+from sampan.passes import PassManager
+from sampan.passes.offload import offload, offload_report
+from sampan.runtime import compile_graph
+
+from ._models import rand
+
+
+class Gap(nn.Layer):
+    """Linear -> relu -> lgamma (no ONNX lowering) -> Linear -> tanh."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        return self.b(sampan.lgamma(h.abs() + 1.0)).tanh()
+
+
+@pytest.fixture(scope="module")
+def gap(tmp_path_factory):
+    sampan.manual_seed(3)
+    m = Gap()
+    m.eval()
+    return sampan.jit.save(m, str(tmp_path_factory.mktemp("offload") / "gap.sampan"),
+                           (sampan.randn(3, 4),), dynamic="batch")
+
+
+def _pred(path, runtime="numba", offload_min=None):
+    c = Config(path)
+    c.set_runtime(runtime)
+    if offload_min is not None:
+        c.enable_onnxruntime_offload(offload_min)
+    return create_predictor(c)
+
+
+def _engines(p):
+    return [n for n in p.graph.nodes if n.op == "engine"]
+
+
+def test_unsupported_op_in_the_middle_gives_two_engines(gap):
+    ref = _pred(gap)
+    p = _pred(gap, offload_min=3)
+    eng = _engines(p)
+    assert len(eng) == 2
+    ops = [n.op for n in p.graph.nodes]
+    # lgamma between the engines, fused by fuse_elementwise with nothing else
+    assert ops.index("engine") < next(i for i, n in enumerate(p.graph.nodes)
+                                      if n.op != "engine") < len(ops) - 1
+    assert "lgamma" not in {o for n in eng for o in n.meta["offloaded"]}
+    assert "matmul" in eng[0].meta["offloaded"] and "matmul" in eng[1].meta["offloaded"]
+    for b in (1, 5, 17):                      # symbolic batch: one session per size
+        x = rand(b, 4, seed=b)
+        np.testing.assert_allclose(p.run([x])[0], ref.run([x])[0], rtol=1e-5, atol=1e-5)
+    assert [s["batch"] for s in p.compiled_sizes()] == [1, 5, 17]
+    rep = offload_report(p.graph)
+    fell = [(line, why) for line, why in rep if not why.startswith("engine")]
+    assert len(fell) == 1 and "lgamma" in fell[0][0] and "no ONNX lowering" in fell[0][1]
+    assert sum(why.startswith("engine") for _, why in rep) >= 5
+    assert "onnxruntime_offload" in p.passes_run and "unfuse" in p.passes_run
+
+
+def test_min_subgraph_size_is_respected(gap):
+    # the groups: matmul, add, relu, abs, add (5 nodes) and matmul, add, tanh (3 nodes)
+    p = _pred(gap, offload_min=4)
+    assert len(_engines(p)) == 1
+    small = [why for _, why in offload_report(p.graph) if "min_subgraph_size=4" in why]
+    assert len(small) == 3 and "group of 3 supported node(s)" in small[0]
+    assert len(_engines(_pred(gap, offload_min=6))) == 0
+    x = rand(2, 4)
+    np.testing.assert_allclose(p.run([x])[0], _pred(gap).run([x])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_onnxruntime_runtime_falls_back_per_node(gap):
+    p = _pred(gap, runtime="onnxruntime")
+    ops = [n.op for n in p.graph.nodes]
+    assert ops == ["engine", "lgamma", "engine"]
+    x = rand(6, 4)
+    np.testing.assert_allclose(p.run([x])[0], _pred(gap).run([x])[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (1, 8)), ("mlp", (7, 8)),
+                                        ("cnn", (1, 1, 8, 8)), ("cnn", (3, 1, 8, 8))])
+def test_mlp_and_cnn_match_numba(saved, name, shape):
+    _, paths = saved
+    x = rand(*shape, seed=len(shape))
+    ref = _pred(paths[name]).run([x])[0]
+    for p in (_pred(paths[name], offload_min=3), _pred(paths[name], runtime="onnxruntime")):
+        assert _engines(p)
+        np.testing.assert_allclose(p.run([x])[0], ref, rtol=1e-5, atol=1e-5)
+    whole = _pred(paths[name], runtime="onnxruntime")
+    assert [n.op for n in whole.graph.nodes] == ["engine"]      # everything is supported
+
+
+def test_clone_shares_sessions_and_runs_in_threads(saved):
+    _, paths = saved
+    p = _pred(paths["cnn"], offload_min=3)
+    x = rand(4, 1, 8, 8)
+    want = p.run([x])[0]
+    n_sessions = len(E._CACHE)
+    clones = [p.clone() for _ in range(3)]
+    assert len(E._CACHE) == n_sessions            # the clones reuse the sessions
+    got = [None] * len(clones)
+
+    def work(k):
+        for _ in range(5):
+            got[k] = clones[k].run([x])[0]
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(len(clones))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for g in got:
+        np.testing.assert_array_equal(g, want)
+
+
+def _diamond():
+    """x -> relu -> (lgamma, and straight on) -> add: one group {relu, add} would need the
+    lgamma both after and before it."""
+    g = Graph()
+    x = g.add_input(("batch", 5), "float32", name="x")
+    (r,) = g.add_node("relu", [x], {}).outputs
+    (u,) = g.add_node("lgamma", [r], {}).outputs
+    (s,) = g.add_node("add", [r, u], {}).outputs
+    (t,) = g.add_node("tanh", [s], {}).outputs
+    g.outputs = [t]
+    return g
+
+
+def test_partition_stays_acyclic_and_the_ir_round_trips():
+    g = offload(_diamond(), min_subgraph_size=1)
+    verify(g)
+    assert [n.op for n in g.nodes] == ["engine", "lgamma", "engine"]
+    assert parse(str(g)) == g
+    from sampan.jit import dynamic as _dyn
+    c = _dyn.concrete(g, {"batch": 3})
+    x = np.abs(rand(3, 5)) + 0.5
+    want = np.tanh(x + sampan.lgamma(sampan.tensor(x)).numpy())
+    np.testing.assert_allclose(compile_graph(c)(x)[0], want, rtol=1e-5, atol=1e-6)
+    # the pass registered in the manager reads its options from the graph's meta
+    d = _diamond()
+    d.meta["onnxruntime_offload"] = {"min_subgraph_size": 3}
+    out = PassManager(["onnxruntime_offload"], debug=True).run(d)
+    assert [n.op for n in out.nodes] == ["relu", "lgamma", "add", "tanh"]
+    assert all("min_subgraph_size=3" in w or "lgamma" in w for _, w in offload_report(out))
+
+
+def test_engine_op_eager_kernel():
+    (s,) = E.OPS["engine"].samples()
+    y, r = sampan.ops.registry.OPS["engine"].kernel(*s.args, **s.attrs)
+    x, w = s.args
+    np.testing.assert_allclose(r, np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, np.maximum(x @ w, 0) + x @ w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(E.EngineError, match="input 0"):
+        E.OPS["engine"].shape_rule(sampan.ops.registry.Spec((3, 9), np.float32),
+                                   sampan.ops.registry.Spec((4, 5), np.float32), **s.attrs)
+
+
+def test_bad_options(gap):
+    c = Config(gap)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InferenceError, match="min_subgraph_size"):
+            c.enable_onnxruntime_offload(bad)
+    c.set_runtime("onnxruntime")
+    c.set_precision("bf16")
+    with pytest.raises(InferenceError, match="bf16"):
+        create_predictor(c)
+    with pytest.raises(Exception, match="unknown engine"):
+        offload(_diamond(), engine="nope")
