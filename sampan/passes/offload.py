@@ -2,8 +2,10 @@
 
 1. Support, per node, from the op table's ONNX mapping: a node is offloadable when its op
    has a lowering (`OPS[op].onnx` an ONNX op type or a registered lowering, see
-   `sampan/onnx/lower/`) and lowering that node alone succeeds at the chosen opset (the
-   node is exported on its own, at a size of 7 per symbolic dim). Random ops (onnxruntime
+   `sampan/onnx/lower/`), lowering that node alone succeeds at the chosen opset (the node
+   is exported on its own, at a size of 7 per symbolic dim) and the engine accepts the
+   model (onnxruntime builds a session: this catches an ONNX op it has no kernel for at
+   that dtype; each distinct node is tried once per process). Random ops (onnxruntime
    would draw other numbers), engine nodes and dtypes onnxruntime's CPU kernels do not
    cover (bfloat16, float16, complex ...) stay sampan.
 2. Partition: supported nodes joined along producer -> consumer edges into maximal
@@ -33,12 +35,13 @@ Example::
 from __future__ import annotations
 
 import heapq
+import warnings
 
 import numpy as np
 
 from ..ir.graph import Node
 from ..ir.text import node_str
-from ..ops.engine import ENGINES, runner_for, spec_attr
+from ..ops.engine import ENGINES, EngineError, runner_for, spec_attr
 from ..ops.registry import NO_ONNX, OPS
 from ..runtime.codegen import NODE_KERNELS
 from .manager import PassError, register_pass
@@ -74,7 +77,7 @@ def offload(g, *, min_subgraph_size=3, engine="onnxruntime", opset=None):
     if engine not in ENGINES:
         raise PassError(f"onnxruntime_offload: unknown engine {engine!r}; registered: "
                         f"{sorted(ENGINES)}")
-    why = support(g, opset)
+    why = support(g, opset, engine)
     groups = partition(g, [w is None for w in why])
     lines = [node_str(n) for n in g.nodes]
     report = [None] * len(g.nodes)
@@ -107,11 +110,10 @@ def _weight(n) -> int:
 
 
 # ---------------------------------------------------------------------- 1. support
-def support(g, opset=None) -> list:
+def support(g, opset=None, engine="onnxruntime") -> list:
     """Per node: None when onnxruntime can run it, else the reason it cannot."""
     from ..jit import dynamic as _dyn
     from ..onnx.export import check_opset
-    from ..ops.engine import build_model
     opset = check_opset(opset)
     syms = _dyn.symbols_of(g)
     c = _dyn.concrete(g, {s: TRIAL_SIZE for s in syms}) if syms else g
@@ -132,17 +134,46 @@ def support(g, opset=None) -> list:
             out.append(f"dtype {bad[0]} is not offloaded (onnxruntime's CPU kernels cover "
                        f"{', '.join(sorted(str(d) for d in _DTYPES))})")
             continue
-        ins = [v.const if v.is_const else (v.shape, v.dtype) for v in cn.inputs]
-        m = len(cn.inputs)
-        body = ((cn.op, tuple(range(m)), tuple(cn.attrs.items()), len(cn.outputs)),)
-        try:
-            build_model(ins, body, tuple(range(m, m + len(cn.outputs))), opset=opset)
-        except Exception as e:  # noqa: BLE001 - any failure to lower means: stays sampan
-            msg = str(e).split("\n")[0]
-            out.append(f"lowering {n.op!r} failed at opset {opset}: {msg}")
-            continue
-        out.append(None)
+        out.append(_try_node(cn, opset, engine))
     return out
+
+
+_TRIED: dict = {}         # (engine, opset, op, attrs, input specs) -> reason or None
+
+
+def _try_node(n, opset, engine):
+    """None when node `n` (concrete) lowers and the engine builds a session for it."""
+    from ..ops.engine import build_model
+    ins = [v.const if v.is_const else (tuple(v.shape), v.dtype) for v in n.inputs]
+    m = len(n.inputs)
+    body = ((n.op, tuple(range(m)), tuple(n.attrs.items()), len(n.outputs)),)
+    outs = tuple(range(m, m + len(n.outputs)))
+    try:
+        key = (engine, opset, body, tuple(
+            ("c", a.shape, a.dtype.str, a.tobytes()) if isinstance(a, np.ndarray) and a.size
+            <= 64 else ("c", a.shape, a.dtype.str) if isinstance(a, np.ndarray)
+            else (a[0], np.dtype(a[1]).str) for a in ins))
+        hash(key)
+    except TypeError:               # an unhashable attribute (a list): try every time
+        key = None
+    if key is not None and key in _TRIED:
+        return _TRIED[key]
+    why = None
+    try:
+        model = build_model(ins, body, outs, opset=opset)
+    except Exception as e:  # noqa: BLE001 - any failure to lower means: stays sampan
+        why = f"lowering {n.op!r} failed at opset {opset}: {str(e).splitlines()[0]}"
+    else:
+        try:
+            ENGINES[engine](model.SerializeToString(), m, 1)
+        except Exception as e:  # noqa: BLE001 - the engine refused the model: say why
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = f"{engine} cannot run {n.op!r} lowered at opset {opset}: {msg[:300]}"
+    if key is not None:
+        if len(_TRIED) > 4096:
+            _TRIED.clear()
+        _TRIED[key] = why
+    return why
 
 
 # ---------------------------------------------------------------------- 2. partition
@@ -296,7 +327,13 @@ def _bind_engine(node, inplace=None):
         if not v.is_const and not all(isinstance(d, int) for d in v.shape):
             raise PassError(f"engine node at {node.loc or '?'}: input {v.type_str()} has "
                             "symbolic dims; compile the graph for concrete sizes")
-    run = runner_for(a["engine"], ins, a["body"], a["outputs"], get_num_threads()).run
+    try:
+        run = runner_for(a["engine"], ins, a["body"], a["outputs"], get_num_threads()).run
+    except EngineError as e:   # the group lowered node by node, but not as a whole
+        warnings.warn(f"engine node at {node.loc or '?'}: {e}; its "
+                      f"{len(a['body'])} ops run their op-table kernels instead",
+                      RuntimeWarning, stacklevel=2)
+        run = _interpreter(node)
     feed = [i for i, v in enumerate(node.inputs) if not v.is_const]
     single = len(node.outputs) == 1
     dts = [v.dtype for v in node.outputs]
@@ -311,6 +348,24 @@ def _bind_engine(node, inplace=None):
                     res[j] = b
         return res[0] if single else tuple(res)
     return kernel
+
+
+def _interpreter(node):
+    """The body run with the op table's numpy kernels (the fallback of `_bind_engine`)."""
+    body, outputs = node.attrs["body"], node.attrs["outputs"]
+    feed = [i for i, v in enumerate(node.inputs) if not v.is_const]
+    consts = {i: v.const for i, v in enumerate(node.inputs) if v.is_const}
+
+    def run(arrays):
+        vals = [consts[i] if i in consts else None for i in range(len(node.inputs))]
+        for i, x in zip(feed, arrays):
+            vals[i] = x
+        for op_name, idx, attrs, _ in body:
+            op = OPS[op_name]
+            r = op.kernel(*[vals[k] for k in idx], **dict(attrs))
+            vals.extend([np.asarray(x) for x in r] if op.n_out != 1 else [np.asarray(r)])
+        return [vals[k] for k in outputs]
+    return run
 
 
 NODE_KERNELS["engine"] = _bind_engine

@@ -179,3 +179,50 @@ def test_bad_options(gap):
         create_predictor(c)
     with pytest.raises(Exception, match="unknown engine"):
         offload(_diamond(), engine="nope")
+
+
+def test_engine_that_cannot_be_built_falls_back_with_a_warning(monkeypatch):
+    g = offload(_diamond(), min_subgraph_size=1)
+    from sampan.jit import dynamic as _dyn
+    c = _dyn.concrete(g, {"batch": 2})
+
+    class Refuses:
+        def __init__(self, *a):
+            raise RuntimeError("no kernel for this model")
+    monkeypatch.setitem(E.ENGINES, "onnxruntime", Refuses)
+    E.clear_cache()
+    with pytest.warns(RuntimeWarning, match="no kernel for this model"):
+        fn = compile_graph(c)
+    x = np.abs(rand(2, 5)) + 0.5
+    want = np.tanh(x + sampan.lgamma(sampan.tensor(x)).numpy())
+    np.testing.assert_allclose(fn(x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_support_names_what_the_engine_refuses(monkeypatch):
+    from sampan.passes import offload as O
+
+    class Picky(E._OrtRunner):
+        def __init__(self, model_bytes, n, threads=None):
+            if b"Tanh" in model_bytes:
+                raise RuntimeError("Tanh is not implemented here")
+            super().__init__(model_bytes, n, threads)
+    monkeypatch.setitem(E.ENGINES, "picky", Picky)
+    g = offload(_diamond(), min_subgraph_size=1, engine="picky")
+    assert [n.op for n in g.nodes] == ["engine", "lgamma", "engine", "tanh"]
+    why = dict((line.split(" = ")[1].split("(")[0], w) for line, w in offload_report(g))
+    assert "picky cannot run 'tanh'" in why["tanh"] and "not implemented" in why["tanh"]
+    assert O.support(_diamond(), engine="picky")[0] is None
+
+
+def test_ir_debug_dump_with_engine_nodes(gap, tmp_path):
+    c = Config(gap)
+    c.enable_onnxruntime_offload()
+    c.switch_ir_debug(str(tmp_path / "ir"))
+    p = create_predictor(c)
+    names = sorted(f.name for f in (tmp_path / "ir").iterdir())
+    ir = next(f for f in names if f.endswith("_onnxruntime_offload.ir"))
+    assert "engine(" in (tmp_path / "ir" / ir).read_text()
+    assert any(f.endswith("_onnxruntime_offload.dot") for f in names)
+    assert "ort_offload   3" in c.summary()
+    x = rand(3, 4)
+    assert p.run([x])[0].shape == (3, 3)
