@@ -1,4 +1,4 @@
-"""Batch-1 latency of the W1 MLP (784-512-512-10) through the Predictor's numba runtime,
+"""Batch-1 latency of the W1 MLP (784-512-512-10) and the W2 LeNet-5 through the Predictor's numba runtime,
 its onnxruntime runtime (the whole graph in one engine node), `enable_onnxruntime_offload`
 on the numba runtime, and a bare onnxruntime session on the model `sampan.onnx.export`
 writes, measured interleaved (round-robin blocks of calls) in one run: p50 and p99 per call.
@@ -28,23 +28,36 @@ def mlp():
     return m
 
 
+def lenet():
+    sampan.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                      nn.Linear(84, 10))
+    m.eval()
+    return m
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=200, help="calls per block")
     ap.add_argument("--rounds", type=int, default=15, help="blocks per runner")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
-    import onnxruntime as ort
     if a.threads:
         sampan.set_num_threads(a.threads)
-    m = mlp()
+    bench("W1 MLP", mlp(), (784,), a)
+    bench("W2 LeNet", lenet(), (1, 28, 28), a)
+
+
+def bench(label, m, shape, a):
+    import onnxruntime as ort
     d = tempfile.mkdtemp(prefix="offload-bench-")
-    path = sampan.jit.save(m, os.path.join(d, "mlp.sampan"), (sampan.randn(4, 784),),
-                           dynamic="batch")
-    onnx_path = os.path.join(d, "mlp.onnx")
-    sampan.onnx.export(m, (sampan.randn(4, 784),), onnx_path,
-                       input_names=["x"], dynamic_axes={"x": {0: "batch"}})
-    x = np.random.default_rng(1).standard_normal((1, 784)).astype(np.float32)
+    ex = (sampan.randn(4, *shape),)
+    path = sampan.jit.save(m, os.path.join(d, "m.sampan"), ex, dynamic="batch")
+    onnx_path = os.path.join(d, "m.onnx")
+    sampan.onnx.export(m, ex, onnx_path, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    x = np.random.default_rng(1).standard_normal((1, *shape)).astype(np.float32)
     runners = {}
     for name, runtime, off in (("sampan numba", "numba", None),
                                ("sampan onnxruntime runtime", "onnxruntime", None),
@@ -79,7 +92,7 @@ def main():
                 times[name].append(time.perf_counter() - t)
     c = Config(path)
     got = create_predictor(c).run([x])[0]
-    print(f"W1 MLP batch 1, {a.rounds} interleaved rounds x {a.calls} calls; onnxruntime "
+    print(f"{label} batch 1, {a.rounds} interleaved rounds x {a.calls} calls; onnxruntime "
           f"{ort.__version__}; max |sampan - ort| = {float(np.abs(got - ref).max()):.2e}")
     base = np.percentile(times["bare onnxruntime session"], 50)
     for name, ts in times.items():

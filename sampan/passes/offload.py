@@ -245,11 +245,9 @@ def partition(g, ok) -> list:
 def _engine_node(g, grp, engine, k):
     members = [g.nodes[i] for i in grp]
     inside = {v.id for n in members for v in n.outputs}
-    read_outside = {v.id for n in g.nodes for v in n.inputs if v.id not in inside} | {
-        v.id for v in g.outputs}
-    for n in g.nodes:
-        if n not in members:
-            read_outside |= {v.id for v in n.inputs}
+    mine = {id(n) for n in members}
+    read_outside = {v.id for v in g.outputs} | {
+        v.id for n in g.nodes if id(n) not in mine for v in n.inputs}
     inputs, index = [], {}
     for n in members:
         for v in n.inputs:

@@ -226,3 +226,16 @@ def test_ir_debug_dump_with_engine_nodes(gap, tmp_path):
     assert "ort_offload   3" in c.summary()
     x = rand(3, 4)
     assert p.run([x])[0].shape == (3, 3)
+
+
+def test_two_inputs_two_symbols_and_two_outputs(saved):
+    _, paths = saved
+    a, b = rand(2, 3, 4), rand(2, 6, seed=1)
+    ref = _pred(paths["two"]).run([a, b])
+    for p in (_pred(paths["two"], runtime="onnxruntime"), _pred(paths["two"], offload_min=1)):
+        assert any(len(n.outputs) > 1 for n in _engines(p)) or len(_engines(p)) > 1
+        for got, want in zip(p.run([a, b]), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        a2, b2 = rand(5, 7, 4, seed=2), rand(5, 6, seed=3)
+        for got, want in zip(p.run([a2, b2]), _pred(paths["two"]).run([a2, b2])):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
