@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanError
-from .config import MEMORY_PASS, InferenceError
+from .config import MEMORY_PASS, OFFLOAD_PASS, InferenceError
 
 FUSION_PASSES = ("fuse_elementwise",)       # passes that ask for generated kernels
 _DUMP_FILE = re.compile(r"\d\d+_[A-Za-z0-9_.-]+\.(ir|dot)")
@@ -140,11 +140,22 @@ def optimise(g, config, symbolic: bool):
     g = g.copy()
     done = []
     dump("loaded", g)
-    no_gen = config.runtime() == "numpy" or config.precision() == "bf16"
-    if no_gen and any(n.op == "fused" for n in g.nodes):
+    ort = config.runtime() == "onnxruntime"
+    if config.precision() == "bf16" and (ort or config.offload_min_subgraph_size()):
+        raise InferenceError("create_predictor: set_precision('bf16') cannot be combined with "
+                             "onnxruntime (its CPU kernels have no bfloat16 forms); use fp32")
+    no_gen = config.runtime() in ("numpy", "onnxruntime") or config.precision() == "bf16"
+    if ort or config.offload_min_subgraph_size():     # the options the offload pass reads
+        g.meta["onnxruntime_offload"] = {
+            "min_subgraph_size": 1 if ort else config.offload_min_subgraph_size()}
+    # the offload pass partitions plain ops (a fused node with one op onnxruntime lacks
+    # would keep all of its ops out); fuse_elementwise after it fuses what stays sampan
+    if (no_gen or config.offload_min_subgraph_size()) and any(n.op == "fused"
+                                                              for n in g.nodes):
         g = _step("unfuse", unfuse, g, done, verify)
         done.append("unfuse")
-        dump("unfuse", g, " (no generated kernels: numpy runtime or bf16)")
+        dump("unfuse", g, " (no generated kernels: numpy runtime or bf16)" if no_gen else
+             " (for onnxruntime_offload; fuse_elementwise fuses what stays sampan)")
     names = config.pass_builder().enabled_passes() if config.ir_optim() else []
     for name in names:
         if name == MEMORY_PASS:
@@ -158,6 +169,10 @@ def optimise(g, config, symbolic: bool):
         g = _step(name, p, g, done, verify)
         done.append(name)
         dump(name, g)
+    if ort and OFFLOAD_PASS not in names:    # the onnxruntime runtime: everything it runs
+        g = _step(OFFLOAD_PASS, PASSES[OFFLOAD_PASS], g, done, verify)
+        done.append(OFFLOAD_PASS)
+        dump(OFFLOAD_PASS, g, " (the onnxruntime runtime: every supported node)")
     if config.precision() == "bf16":
         g = _step("to_bf16", to_bf16, g, done, verify)
         done.append("to_bf16")

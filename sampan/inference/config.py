@@ -31,11 +31,7 @@ class NotAvailableError(InferenceError):
     """An option whose implementation is not in sampan yet."""
 
 
-def _offload_unavailable(what: str) -> NotAvailableError:
-    return NotAvailableError(
-        f"Config.{what}: the onnxruntime runtime needs issue 18's ONNX export and issue "
-        "19's onnxruntime_offload pass, which are not available yet; use "
-        "set_runtime('numba') (the default) or 'numpy'")
+OFFLOAD_PASS = "onnxruntime_offload"
 
 
 class PassBuilder:
@@ -141,6 +137,7 @@ class Config:
         self._threads = None
         self._runtime = "numba"
         self._precision = "fp32"
+        self._offload = None          # min_subgraph_size of enable_onnxruntime_offload
 
     # ------------------------------------------------------------ optimisation
     def pass_builder(self) -> PassBuilder:
@@ -189,21 +186,39 @@ class Config:
         """"numba" (default: generated fused kernels), "numpy" (no fusion: fused nodes of
         the saved graph are expanded back into their ops and every node runs its op-table
         kernel, as eager does; those kernels keep their own hand-written loops, e.g.
-        conv2d's) or "onnxruntime" (not available yet)."""
+        conv2d's) or "onnxruntime": fused nodes are expanded as for "numpy", the configured
+        passes run without fusion, then `onnxruntime_offload` with a minimum subgraph size
+        of 1 puts every node onnxruntime supports into engine nodes; the nodes it does not
+        support run their op-table kernels (see `sampan.passes.offload`)."""
         if name not in RUNTIMES:
             raise InferenceError(f"Config.set_runtime: unknown runtime {name!r}; expected "
                                  f"one of {', '.join(RUNTIMES)}")
-        if name == "onnxruntime":
-            raise _offload_unavailable("set_runtime('onnxruntime')")
         self._runtime = name
 
     def runtime(self) -> str:
         return self._runtime
 
     def enable_onnxruntime_offload(self, min_subgraph_size: int = 3) -> None:
-        """Run subgraphs of at least `min_subgraph_size` nodes in onnxruntime (not
-        available yet: it needs issue 18's ONNX export)."""
-        raise _offload_unavailable(f"enable_onnxruntime_offload({min_subgraph_size!r})")
+        """Run connected subgraphs of at least `min_subgraph_size` nodes that onnxruntime
+        supports as onnxruntime sessions (engine nodes); the rest stays sampan. Adds the
+        `onnxruntime_offload` pass to the pass list before `fuse_elementwise` (or last),
+        where it can be moved or turned off like any pass; the report of what was offloaded
+        and what fell back, and why, is `predictor.graph.meta["offload_report"]`."""
+        if isinstance(min_subgraph_size, bool) or not isinstance(min_subgraph_size, int) \
+                or min_subgraph_size < 1:
+            raise InferenceError(f"Config.enable_onnxruntime_offload: min_subgraph_size must "
+                                 f"be a positive int; got {min_subgraph_size!r}")
+        self._offload = min_subgraph_size
+        passes = self._builder.all_passes()
+        if OFFLOAD_PASS not in passes:
+            at = passes.index("fuse_elementwise") if "fuse_elementwise" in passes else (
+                passes.index(MEMORY_PASS) if MEMORY_PASS in passes else len(passes))
+            self._builder.insert_pass(at, OFFLOAD_PASS)
+        self._builder.turn_on(OFFLOAD_PASS)
+
+    def offload_min_subgraph_size(self):
+        """The `enable_onnxruntime_offload` setting (None: not enabled)."""
+        return self._offload
 
     def set_precision(self, precision: str, calibration_data=None, observer="minmax",
                       weight_only=False) -> None:
@@ -248,6 +263,7 @@ class Config:
                 ("ir_debug", self._debug_dir),
                 ("num_threads", self._threads),
                 ("runtime", self._runtime),
+                ("ort_offload", self._offload),
                 ("precision", self._precision)]
         return "\n".join(f"{k:<13} {v}" for k, v in rows)
 

@@ -8,8 +8,8 @@ FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "s
             "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
             # issue 17, spatial area
             "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d",
-            # issue 19: int8 quantisation
-            "quant"]
+            # issue 19: int8 quantisation; subgraphs run by onnxruntime (the offload pass)
+            "quant", "engine"]
 
 
 def load_all():

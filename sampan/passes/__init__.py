@@ -13,6 +13,7 @@ from .manager import (PASSES, PIPELINES, Pass, PassError, PassManager, list_pass
 from . import (cse, dce, fold_constants, fuse, inference, plan_memory, simplify,  # noqa: F401,E402
                slice_grads)
 from . import fuse_quant, quantize  # noqa: F401,E402  (issue 19: int8)
+from . import offload  # noqa: F401,E402
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 
 __all__ = ["Pass", "PASSES", "PIPELINES", "PassError", "PassManager", "register_pass",

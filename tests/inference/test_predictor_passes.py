@@ -160,10 +160,11 @@ def test_numpy_runtime_runs_no_generated_kernels(saved, tmp_path):
 def test_runtime_and_precision_options(saved):
     _, paths = saved
     cfg = Config(paths["mlp"])
-    with pytest.raises(NotAvailableError, match="issue 18"):
-        cfg.set_runtime("onnxruntime")
-    with pytest.raises(NotAvailableError, match="issue 18.*onnxruntime_offload"):
-        cfg.enable_onnxruntime_offload(min_subgraph_size=3)
+    ort = cfg.copy()              # the onnxruntime options: tests/inference/test_offload.py
+    ort.set_runtime("onnxruntime")
+    ort.enable_onnxruntime_offload(min_subgraph_size=3)
+    assert ort.runtime() == "onnxruntime"
+    assert "onnxruntime_offload" in ort.pass_builder().all_passes()
     with pytest.raises(InferenceError, match="unknown runtime 'tvm'"):
         cfg.set_runtime("tvm")
     cfg.set_precision("fp32")
