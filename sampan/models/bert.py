@@ -189,19 +189,19 @@ class BertLayer(nn.Layer):
         self.act = _ACTIVATIONS[c.hidden_act]
         self.p, self.p_attn = c.hidden_dropout_prob, c.attention_probs_dropout_prob
 
-    def attention(self, x, bias):
-        """Self-attention of x (B, S, H) with the additive key mask `bias` (B, 1, 1, S),
-        before the output projection: (B, S, H).
+    def attention(self, x, bias, b, s):
+        """Self-attention of the rows x (B*S, H) of B sequences of S tokens, with the
+        additive key mask `bias` (B, 1, 1, S), before the output projection: (B*S, H).
 
         Layouts are chosen for the GEMMs: numpy's batched matmul runs one BLAS call per
         (batch, head) only when both operands are C-contiguous there (a strided operand
-        is ~20x slower), so q and k^T are copied into (B, h, S, d) and (B, h, d, S) once;
-        v may stay a strided view (p @ v reads it row-wise)."""
-        b, s, h = x.shape
+        is ~20x slower), so q, k^T and v are copied into (B, h, S, d), (B, h, d, S) and
+        (B, h, S, d) once."""
+        h = x.shape[-1]
         nh, d = self.heads, self.head_dim
         q = self.query(x).reshape(b, s, nh, d).permute(0, 2, 1, 3).contiguous()
         kt = self.key(x).reshape(b, s, nh, d).permute(0, 2, 3, 1).contiguous()
-        v = self.value(x).reshape(b, s, nh, d).permute(0, 2, 1, 3)
+        v = self.value(x).reshape(b, s, nh, d).permute(0, 2, 1, 3).contiguous()
         # scale q (S x d) rather than the scores (S x S): 1/sqrt(d) on 4x fewer elements
         scores = (q * self.scale) @ kt
         if bias is not None:
@@ -209,13 +209,18 @@ class BertLayer(nn.Layer):
         p = F.softmax(scores, -1)
         if self.training and self.p_attn > 0:
             p = F.dropout(p, self.p_attn, True)
-        return (p @ v).permute(0, 2, 1, 3).reshape(b, s, h)
+        return (p @ v).permute(0, 2, 1, 3).reshape(b * s, h)
 
     def forward(self, x, bias=None):
-        a = _dropout(self, self.attn_out(self.attention(x, bias)), self.p)
+        """x (B, S, H) -> (B, S, H). Inside, the tokens are rows of one (B*S, H) matrix:
+        every Linear is one 2-d GEMM and its bias add, the residual add and GELU sit next
+        to it with no reshape between, so the jit's fusion pass joins them."""
+        b, s, h = x.shape
+        x = x.reshape(b * s, h)
+        a = _dropout(self, self.attn_out(self.attention(x, bias, b, s)), self.p)
         x = self.attn_norm(x + a)
         f = self.ffn_out(_activation(self.act, self.ffn_in(x)))
-        return self.ffn_norm(x + _dropout(self, f, self.p))
+        return self.ffn_norm(x + _dropout(self, f, self.p)).reshape(b, s, h)
 
 
 def mask_bias(attention_mask, dtype=np.float32):
