@@ -87,8 +87,9 @@ def from_hf_state(model: BertModel, state: dict, where: str = "from_hf_state") -
             raise ModelError(f"{where}: the checkpoint has no {hf!r} (for {ours}); a BERT "
                              f"checkpoint of {model.config.num_hidden_layers} layers holds it")
         a = np.asarray(state[key])
-        if a.dtype.kind != "f":
+        if a.dtype.kind != "f" and a.dtype.name != "bfloat16":   # ml_dtypes' kind is "V"
             raise ModelError(f"{where}: {key!r} has dtype {a.dtype}; expected floating point")
+        a = a.astype(np.float32, copy=False)      # float16 / bfloat16 checkpoints too
         want = tuple(p.shape[::-1]) if transposed else tuple(p.shape)
         if tuple(a.shape) != want:
             raise ModelError(f"{where}: {key!r} has shape {list(a.shape)}; the config "
@@ -131,6 +132,7 @@ def read_safetensors(path) -> dict:
     except ImportError:
         raise ModelError("load_hf: reading model.safetensors needs the safetensors package "
                          "(pip install 'sampan[io]')") from None
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for bf16 checkpoints)
     try:
         with safe_open(path, framework="np") as f:
             return {k: f.get_tensor(k) for k in f.keys()}

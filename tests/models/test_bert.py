@@ -140,6 +140,18 @@ def test_name_mapping_round_trip(ckpt, tmp_path):
     assert m3.pooler is None and m3.hf_unused == ["pooler.dense.bias", "pooler.dense.weight"]
 
 
+def test_half_precision_checkpoints(ckpt, tmp_path):
+    import ml_dtypes
+    d, state = ckpt
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        low = {k: (v.astype(dt) if v.dtype == np.float32 else v) for k, v in state.items()}
+        m = bert.load_hf(write_ckpt(tmp_path / np.dtype(dt).name, low))
+        w = m.encoder[1].value.weight.numpy()
+        assert w.dtype == np.float32
+        np.testing.assert_array_equal(
+            w, low["encoder.layer.1.attention.self.value.weight"].astype(np.float32).T)
+
+
 def test_loading_errors(ckpt, tmp_path):
     d, state = ckpt
     missing = dict(state)
