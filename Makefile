@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[jit,io,onnx,test]'
+	$(BIN)/pip install -q -e '.[jit,io,onnx,test,models]'
 	touch $(STAMP)
 
 demo: $(STAMP)
