@@ -120,10 +120,12 @@ class System:
         self.note = note or {}
 
 
-def predictor_system(path, runtime, mode):
+def predictor_system(path, runtime, mode, threads=None):
     import sampan.inference as inf
     cfg = inf.Config(path)
     cfg.set_runtime(runtime)
+    if threads:
+        cfg.set_num_threads(threads)
     p1 = inf.create_predictor(cfg)
     p64 = p1.clone()
 
@@ -149,7 +151,8 @@ def ort_system(onnx_path, mode, threads=None):
 
     def call(x):
         return s.run([oname], {iname: x})[0]
-    return System("onnxruntime", mode, call, call, {"onnxruntime": ort.__version__})
+    return System("onnxruntime", mode, call, call, {"onnxruntime": ort.__version__,
+                                                     "ort_threads": threads or "default"})
 
 
 def torch_system(tmodel):
@@ -179,7 +182,7 @@ def ort_int8(onnx_path, out_path, cal):
     return out_path
 
 
-def build_systems(name, net, xtr, xte, folder, log):
+def build_systems(name, net, xtr, xte, folder, log, threads=None):
     """Every system serving `net`; the skipped ones print a `#` line saying why."""
     import sampan
     ex = (sampan.tensor(xte[:2]),)
@@ -188,12 +191,12 @@ def build_systems(name, net, xtr, xte, folder, log):
     systems = []
     for rt in RUNTIMES:
         try:
-            systems.append(predictor_system(path, rt, f"predictor_{rt}"))
+            systems.append(predictor_system(path, rt, f"predictor_{rt}", threads))
         except Exception as e:  # onnxruntime runtime not in this sampan yet
             log(f"# {name}: Predictor runtime {rt!r} unavailable: {first_line(e)}")
     onnx_path = os.path.join(folder, f"{name}.onnx")
     sampan.onnx.export(net, ex, onnx_path, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
-    systems.append(ort_system(onnx_path, "fp32"))
+    systems.append(ort_system(onnx_path, "fp32", threads))
     systems.append(torch_system(torch_model(name, net)))
     quant = quant_module()
     if quant is None:
@@ -207,7 +210,7 @@ def build_systems(name, net, xtr, xte, folder, log):
             log(f"# {name}: sampan.quant.quantize_program failed: {first_line(e)}")
         for rt in RUNTIMES if q8 else ():
             try:
-                systems.append(predictor_system(q8, rt, f"predictor_{rt}_int8"))
+                systems.append(predictor_system(q8, rt, f"predictor_{rt}_int8", threads))
             except Exception as e:
                 log(f"# {name}: int8 Predictor runtime {rt!r} unavailable: {first_line(e)}")
         try:
@@ -217,7 +220,7 @@ def build_systems(name, net, xtr, xte, folder, log):
             sampan.onnx.export(net, ex, o21, opset=21, input_names=["x"],
                                dynamic_axes={"x": {0: "batch"}})
             qo = ort_int8(o21, os.path.join(folder, f"{name}-int8.onnx"), cal)
-            systems.append(ort_system(qo, "int8_qdq"))
+            systems.append(ort_system(qo, "int8_qdq", threads))
         except Exception as e:
             log(f"# {name}: onnxruntime int8 quantisation failed: {first_line(e)}")
     return systems
@@ -275,6 +278,7 @@ def time_blocks(systems, x1, x64, calls, iters64, blocks, pause):
             res[id(s)]["p50"].append(float(np.percentile(ts, 50)) / 1e3)
             res[id(s)]["p99"].append(float(np.percentile(ts, 99)) / 1e3)
             g = s.call64
+            time.sleep(pause)              # its own batch-1 threads too (BLAS, OpenMP)
             t = clock()
             for _ in range(iters64):
                 g(x64)
@@ -286,7 +290,7 @@ def run_model(name, args, info, folder, log):
     import sampan
     net, xtr, xte, yte = trained(name, args.steps[name], args.train, args.test)
     net.eval()
-    systems = build_systems(name, net, xtr, xte, folder, log)
+    systems = build_systems(name, net, xtr, xte, folder, log, args.threads)
     # correctness first: every system's logits on a fixed batch against sampan eager
     with sampan.no_grad():
         ref = net(sampan.tensor(xte[:EVAL_BATCH])).numpy()
@@ -351,17 +355,26 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=2000, help="batch-1 calls per block")
     ap.add_argument("--iters64", type=int, default=100, help="batch-64 calls per block")
     ap.add_argument("--blocks", type=int, default=5, help="timed blocks per system")
-    ap.add_argument("--pause", type=float, default=0.1, help="seconds idle before a block")
+    ap.add_argument("--pause", type=float, default=0.2,
+                    help="seconds idle before each timed loop (thread pools of the loop "
+                         "before go to sleep: a busy 2-core machine showed 1.3 ms and 15 ms "
+                         "for the same batch-64 call right after PyTorch ran)")
     ap.add_argument("--mlp-steps", type=int, default=600, help="MLP training steps")
     ap.add_argument("--lenet-steps", type=int, default=800, help="LeNet training steps")
     ap.add_argument("--train", type=int, default=12000, help="planted training images")
     ap.add_argument("--test", type=int, default=3000, help="planted test images")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for every system (sampan's BLAS and kernels, onnxruntime's "
+                         "intra-op pool, torch); default: sampan's own count, onnxruntime's "
+                         "default pool")
     args = ap.parse_args(argv)
     args.steps = {"MLP": args.mlp_steps, "LeNet": args.lenet_steps}
     import torch
 
     import sampan
     from onnx_conformance import machine
+    if args.threads:
+        sampan.set_num_threads(args.threads)
     torch.set_num_threads(sampan.get_num_threads())   # the same threads as sampan's
     info = machine()
 
