@@ -147,7 +147,10 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             bufname = f"_b{ren[v.id]}"
             env[bufname] = b[:v.nbytes].view(v.dtype).reshape(v.shape)
             kname = f"out_{n.op}"
-            env[kname] = (specialize and _spec.out_matmul(n)) or out_kernel(n)
+            fn = specialize and _spec.out_matmul(n)
+            if fn:                     # its own name: other matmuls keep the general one
+                kname = "out_matmul2d"
+            env[kname] = fn or out_kernel(n)
             args.append(f"out={bufname}")
         elif specialize and (fn := _spec.node_kernel(n)) is not None:
             kname = f"s{i}_{n.op}"     # attributes bound at compile time
