@@ -117,7 +117,10 @@ class _Program:
         with _COMPILE:
             if self.plan:
                 g = PassManager(["plan_memory"]).run(g)
-            return compile_graph(g, name="predictor_fn")
+            # numba runtime: kernels chosen once for the concrete shapes (see
+            # runtime/specialize.py); the numpy runtime keeps the op-table kernels
+            return compile_graph(g, name="predictor_fn",
+                                 specialize=self.config.runtime() == "numba")
 
 
 def _arg_names(meta):

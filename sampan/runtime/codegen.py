@@ -72,10 +72,15 @@ class Compiled:
 
 
 def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
-                  release: bool = True, name: str = "graph_fn") -> Compiled:
+                  release: bool = True, name: str = "graph_fn",
+                  specialize: bool = False) -> Compiled:
     """Generate, compile and return the executor of `g`.
 
+    `specialize`: bind kernels chosen for the nodes' concrete types where
+    `runtime/specialize.py` has one (executors that serve many calls: the Predictor).
+
     Example: ``c = compile_graph(g); outs = c(x_array)``; ``print(c.code)``"""
+    from . import specialize as _spec
     plan = g.meta.get("memory_plan") if use_plan else None
     assign = plan["assign"] if plan else {}
     donate = plan.get("donate", {}) if plan else {}
@@ -142,8 +147,15 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             bufname = f"_b{ren[v.id]}"
             env[bufname] = b[:v.nbytes].view(v.dtype).reshape(v.shape)
             kname = f"out_{n.op}"
-            env[kname] = out_kernel(n)
+            fn = specialize and _spec.out_matmul(n)
+            if fn:                     # its own name: other matmuls keep the general one
+                kname = "out_matmul2d"
+            env[kname] = fn or out_kernel(n)
             args.append(f"out={bufname}")
+        elif specialize and (fn := _spec.node_kernel(n)) is not None:
+            kname = f"s{i}_{n.op}"     # attributes bound at compile time
+            env[kname] = fn
+            args = args[:len(n.inputs)]
         else:
             kname = f"k_{n.op}"
             if kname not in kernels:
