@@ -53,12 +53,34 @@ def cast_to(ctx, x, code, saturate=True, round_mode="up"):
                             saturate and f.name.startswith("FLOAT8"), round_mode)
     if x.dtype.kind == "f":
         x = sampan.where(sampan.isfinite(x), sampan.trunc(x), 0.0)
+        rule = _oor_rule(f) if f.storage.itemsize == 1 and f.name[-1] in "24" else "wrap"
+        # out of range is undefined in ONNX's Cast; the node suite's expected values follow
+        # ml_dtypes, which wraps up to 0.6 and gives 0 from 0.7: follow the installed one
+        if rule == "saturate":
+            x = sampan.clamp(x, float(f.lo), float(f.hi))
+        elif rule == "zero":
+            x = sampan.where((x < float(f.lo)) | (x > float(f.hi)), 0.0, x)
     elif x.dtype == _dt.bool_:
         x = sampan.cast(x, f.carrier)
     if f.name == "UINT64":
         return sampan.cast(x, f.carrier) if x.dtype != f.carrier else x
     # wrap in int64, then narrow: an int8 carrier cannot take 20 before wrapping
     return sampan.cast(_em.settle(x, f, np.int64), f.carrier)
+
+
+_OOR: dict = {}
+
+
+def _oor_rule(f) -> str:
+    """What the installed ml_dtypes does with floats out of sub-byte type `f`'s range:
+    "wrap", "saturate" or "zero"."""
+    if f.name not in _OOR:
+        with np.errstate(all="ignore"):
+            got = np.array([f.lo - 3.0, f.hi + 3.0], np.float32).astype(f.storage)
+        got = got.astype(np.int64).tolist()
+        _OOR[f.name] = ("saturate" if got == [f.lo, f.hi] else "zero" if got == [0, 0]
+                        else "wrap")
+    return _OOR[f.name]
 
 
 def _saturate(node):
