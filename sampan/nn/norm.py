@@ -13,11 +13,10 @@ from . import functional as F
 from .layer import Layer, Parameter
 
 
-class _BatchNorm(Layer):
-    _dims = ()
+class _RunningStatsNorm(Layer):
+    """Per-channel affine parameters and running statistics (batch and instance norm)."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, dtype=None):
+    def __init__(self, num_features, eps, momentum, affine, track_running_stats, dtype):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
@@ -35,6 +34,14 @@ class _BatchNorm(Layer):
             self.running_mean._data[...] = 0
             self.running_var._data[...] = 1
             self.num_batches_tracked._data[...] = 0
+
+
+class _BatchNorm(_RunningStatsNorm):
+    _dims = ()
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
 
     def forward(self, x):
         name = type(self).__name__
@@ -170,28 +177,12 @@ class GroupNorm(Layer):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-class _InstanceNorm(Layer):
+class _InstanceNorm(_RunningStatsNorm):
     _nd = 2
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False,
                  track_running_stats=False, device=None, dtype=None):
-        super().__init__()
-        self.num_features, self.eps, self.momentum = num_features, eps, momentum
-        self.affine, self.track_running_stats = affine, track_running_stats
-        self.weight = Parameter(ones(num_features, dtype=dtype)) if affine else None
-        self.bias = Parameter(zeros(num_features, dtype=dtype)) if affine else None
-        if track_running_stats:
-            self.register_buffer("running_mean", zeros(num_features, dtype=dtype))
-            self.register_buffer("running_var", ones(num_features, dtype=dtype))
-            self.register_buffer("num_batches_tracked", tensor(0, dtype="int64"))
-        else:
-            self.running_mean = self.running_var = self.num_batches_tracked = None
-
-    def reset_running_stats(self):
-        if self.track_running_stats:
-            self.running_mean._data[...] = 0
-            self.running_var._data[...] = 1
-            self.num_batches_tracked._data[...] = 0
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
 
     def forward(self, x):
         from ..ops.bagnorm import instance_norm

@@ -18,27 +18,14 @@ import sampan
 from ...ops.registry import STATE
 from . import onnx_op
 from .cast import onnx_dtype
+from .reduce import scan
 from .shape import ints, norm_axes, norm_axis
 
 
 # ---------------------------------------------------------------------- CumProd
 @onnx_op("CumProd", since=26)
 def cumprod(ctx, node, x, axis):
-    a = np.asarray(ctx.static(axis, "axis")).reshape(-1)
-    if a.size != 1:
-        raise ctx.error(f"axis holds {a.size} values (expected one)")
-    ax = norm_axis(ctx, a[0], x.ndim)
-    rev, excl = bool(node.attr("reverse", 0)), bool(node.attr("exclusive", 0))
-    y = sampan.flip(x, ax) if rev else x
-    if excl:   # shift by one along the axis: the product of what comes strictly before
-        n = y.shape[ax]
-        pads = [(0, 0)] * y.ndim
-        pads[ax] = (1, 0)
-        y = sampan.pad(sampan.narrow(y, ax, 0, max(n - 1, 0)), tuple(pads), value=1)
-    y = sampan.cumprod(y, axis=ax)
-    if y.dtype != x.dtype:
-        y = sampan.cast(y, x.dtype)
-    return sampan.flip(y, ax) if rev else y
+    return scan(ctx, node, x, axis, sampan.cumprod, 1)
 
 
 # ---------------------------------------------------------------------- CenterCropPad

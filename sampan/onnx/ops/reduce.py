@@ -107,18 +107,24 @@ def argmin(ctx, node, x):
 # ---------------------------------------------------------------------- CumSum
 @onnx_op("CumSum", since=11)
 def cumsum(ctx, node, x, axis):
+    return scan(ctx, node, x, axis, sampan.cumsum, 0.0)
+
+
+def scan(ctx, node, x, axis, fn, identity):
+    """CumSum / CumProd: `fn` along the static `axis`, with `reverse` and `exclusive`
+    (shifted by one along the axis, `identity` first: what comes strictly before)."""
     a = np.asarray(ctx.static(axis, "axis")).reshape(-1)
     if a.size != 1:
         raise ctx.error(f"axis holds {a.size} values (expected one)")
     ax = norm_axis(ctx, a[0], x.ndim)
     rev, excl = bool(node.attr("reverse", 0)), bool(node.attr("exclusive", 0))
     y = sampan.flip(x, ax) if rev else x
-    if excl:   # shift by one along the axis: the sum of what comes strictly before
+    if excl:
         n = y.shape[ax]
         pads = [(0, 0)] * y.ndim
         pads[ax] = (1, 0)
-        y = sampan.pad(sampan.narrow(y, ax, 0, max(n - 1, 0)), tuple(pads), value=0.0)
-    y = sampan.cumsum(y, axis=ax)
+        y = sampan.pad(sampan.narrow(y, ax, 0, max(n - 1, 0)), tuple(pads), value=identity)
+    y = fn(y, axis=ax)
     if y.dtype != x.dtype:
         y = sampan.cast(y, x.dtype)
     return sampan.flip(y, ax) if rev else y
