@@ -5,13 +5,13 @@ import hashlib
 import inspect
 import math
 import os
-import tempfile
 import textwrap
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import SampanError
+from ..io import _atomic
 from ..ir.text import node_str
 from ..ops.registry import OPS
 from .kernels import KERNELS, basic
@@ -248,21 +248,6 @@ def _body_lines(g, meta, arrays):
 
 
 # ---------------------------------------------------------------------- writing
-def _write_atomic(path, write):
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=os.path.basename(path) + ".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     """Write `outdir/<name>` (numpy only) and `outdir/weights.npz` for a saved program.
 
@@ -291,14 +276,14 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
         data = buf.getvalue()
         h.update(data)
         f.write(data)
-    _write_atomic(wpath, write_npz)
+    _atomic.write_file(wpath, write_npz)
     manifest = {k: (a.dtype.name, tuple(a.shape)) for k, a in npz.items()}
     src = _module_source(program_dir, g, params, in_specs, body, kernels, manifest,
                          h.hexdigest(), meta["out_tree"], out_kinds, n_out, len(out_consts),
                          sorted(set(knames) - {"planned_matmul"} | (
                              {"matmul"} if "planned_matmul" in knames else set())))
     mpath = os.path.join(outdir, name)
-    _write_atomic(mpath, lambda f: f.write(src.encode("utf-8")))
+    _atomic.write_file(mpath, lambda f: f.write(src.encode("utf-8")))
     ops = tuple(sorted(set(knames) - {"planned_matmul"}
                        | ({"matmul"} if "planned_matmul" in knames else set())))
     return Generated(mpath, wpath, len(src.encode("utf-8")), os.path.getsize(wpath),

@@ -289,3 +289,29 @@ def _mtime(p) -> float:
         return os.stat(p).st_mtime
     except (OSError, TypeError):
         return 0.0
+
+
+def _temp_name(base: str, tok: str) -> str:
+    return f".{base}.{tok}.tmp"
+
+
+def write_file(path: str, write) -> None:
+    """Write a file atomically: `write(f)` fills a locked temporary beside `path`, which
+    is fsynced and renamed over it (temporaries of killed writers are removed first)."""
+    folder, base = os.path.split(os.path.abspath(path))
+    remove_stale(folder, re.escape(_temp_name(base, "@")).replace("@", "[0-9a-f]{16}"))
+    fd, tmp = create_file(folder, lambda tok: _temp_name(base, tok))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            # renamed while its lock is held: no cleaner can take it for a dead save's
+            os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(folder)   # make the rename itself durable

@@ -39,7 +39,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import struct
 
 import numpy as np
@@ -207,31 +206,7 @@ def save(obj, path) -> None:
         f.write(prefix)
         f.write(hbytes)
         _tf.write(f, enc.arrays, meta)
-    _atomic_write(os.fspath(path), write)
-
-
-def _temp_name(base: str, tok: str) -> str:
-    return f".{base}.{tok}.tmp"
-
-
-def _atomic_write(path: str, write) -> None:
-    folder, base = os.path.split(os.path.abspath(path))
-    _atomic.remove_stale(folder, re.escape(_temp_name(base, "@")).replace("@", "[0-9a-f]{16}"))
-    fd, tmp = _atomic.create_file(folder, lambda tok: _temp_name(base, tok))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            # renamed while its lock is held: no cleaner can take it for a dead save's
-            os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _atomic.fsync_dir(folder)   # make the rename itself durable
+    _atomic.write_file(os.fspath(path), write)
 
 
 def load(path):
