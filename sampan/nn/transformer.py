@@ -33,15 +33,12 @@ def _clones(layer, n, what):
     return LayerList([copy.deepcopy(layer) for _ in range(n)])
 
 
-class TransformerEncoder(Layer):
-    """`num_layers` copies of `encoder_layer` (a `TransformerEncoderLayer`), then `norm`
-    if given. `enable_nested_tensor` and `mask_check` are accepted for PyTorch
-    compatibility; sampan has no nested tensors, so they change nothing."""
+class _Stack(Layer):
+    """`num_layers` deep copies of `layer` in `self.layers`, then `norm` if given."""
 
-    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True,
-                 mask_check=True):
+    def __init__(self, layer, num_layers, norm, what):
         super().__init__()
-        self.layers = _clones(encoder_layer, num_layers, "TransformerEncoder")
+        self.layers = _clones(layer, num_layers, what)
         self.num_layers = num_layers
         self.norm = norm
 
@@ -50,6 +47,16 @@ class TransformerEncoder(Layer):
         """The stack of layers (PyTorch's name; it shadows `Layer.layers()`, which lists
         sub-layers: use `Layer.layers(encoder)` or `named_layers()` for that)."""
         return self._layers["layers"]
+
+
+class TransformerEncoder(_Stack):
+    """`num_layers` copies of `encoder_layer` (a `TransformerEncoderLayer`), then `norm`
+    if given. `enable_nested_tensor` and `mask_check` are accepted for PyTorch
+    compatibility; sampan has no nested tensors, so they change nothing."""
+
+    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True,
+                 mask_check=True):
+        super().__init__(encoder_layer, num_layers, norm, "TransformerEncoder")
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
         x = src
@@ -110,20 +117,11 @@ class TransformerDecoderLayer(Layer):
         return self.norm3(x + self._ff(x))
 
 
-class TransformerDecoder(Layer):
+class TransformerDecoder(_Stack):
     """`num_layers` copies of `decoder_layer`, then `norm` if given."""
 
     def __init__(self, decoder_layer, num_layers, norm=None):
-        super().__init__()
-        self.layers = _clones(decoder_layer, num_layers, "TransformerDecoder")
-        self.num_layers = num_layers
-        self.norm = norm
-
-    @property
-    def layers(self):
-        """The stack of layers (PyTorch's name; it shadows `Layer.layers()`, which lists
-        sub-layers: use `Layer.layers(encoder)` or `named_layers()` for that)."""
-        return self._layers["layers"]
+        super().__init__(decoder_layer, num_layers, norm, "TransformerDecoder")
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
