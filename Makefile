@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[jit,io,onnx,test,models]'
+	$(BIN)/pip install -q -e '.[jit,io,onnx,test,models,serve,dist,onednn]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,7 +27,7 @@ test-slow: $(STAMP)
 # the benchmarks' extra peers (JAX) on top of the test deps; make test / demo don't need them
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install -q -e '.[jit,io,onnx,test,bench]'
+	$(BIN)/pip install -q -e '.[jit,io,onnx,test,models,serve,dist,onednn,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

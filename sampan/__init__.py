@@ -67,6 +67,11 @@ from . import onnx  # noqa: E402  (its lowerings complete the op table's ONNX ma
 #                      onnx package itself is imported only when used)
 from . import inference  # noqa: E402  (Config, create_predictor over saved programs)
 
+# issues 20-23: each package lists the names it binds on `sampan` in its EXPORTS
+from . import amp, distributed, profiler, serving  # noqa: E402
+for _m in (amp, distributed, profiler, serving):
+    globals().update({_n: getattr(_m, _n) for _n in _m.EXPORTS})
+
 __version__ = "0.1.0"
 
 
@@ -152,6 +157,8 @@ __all__ += ["inference"]
 __all__ += ["deploy", "prune"]
 from . import quant  # noqa: E402  (issue 19: int8 quantisation)
 __all__ += ["quant"]
+__all__ += ["amp", "distributed", "profiler", "serving"]
+__all__ += [n for m in (amp, distributed, profiler, serving) for n in m.EXPORTS]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
 
 # PyTorch's dtype names (torch.float is float32, torch.int int32, torch.long int64 ...).

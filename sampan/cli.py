@@ -46,6 +46,14 @@ def _passes(a):
     return 0
 
 
+_COMMAND_MODULES = (
+    "sampan.serving.cli",       # sampan serve
+    "sampan.profiler.cli",      # sampan profile
+    "sampan.backends.cli",      # sampan kernels
+    "sampan.distributed.cli",   # sampan launch
+)
+
+
 def main(argv=None) -> int:
     """Entry point of the `sampan` script."""
     ap = argparse.ArgumentParser(prog="sampan", description="sampan command line")
@@ -65,6 +73,12 @@ def main(argv=None) -> int:
     _onnx_commands(sub)
     from .deploy.cli import add_parser as _deploy_parser
     _deploy_parser(sub)
+    # further commands: each module, once it exists, adds its own with `register(sub)`
+    import importlib
+    import importlib.util
+    for mod in _COMMAND_MODULES:
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod).register(sub)
     a = ap.parse_args(argv)
     from . import jit  # noqa: F401  (loads the package)
     return a.fn(a)

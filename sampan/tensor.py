@@ -17,6 +17,7 @@ from .device import CPU
 from .errors import AutogradError, SampanError
 from .autograd.tape import Node
 from .ops.registry import NOT_DIFFERENTIABLE, STATE, check_inputs, raise_kernel_error
+from .ops import modes as _modes
 
 _ndarray = np.ndarray
 _asarray = np.asarray
@@ -320,9 +321,14 @@ def wrap(arr) -> Tensor:
 
 
 # ---------------------------------------------------------------------- dispatch
+_HOOKS = _modes.HOOKS
+
+
 def apply(op, inputs, attrs):
     """Run one op eagerly (or hand it to the tracer) and record it on the tape."""
     st = STATE
+    if _HOOKS.active and not st.hooked:  # a profiler or autocast is on (sampan/ops/modes.py)
+        return _modes.dispatch(op, inputs, attrs)
     if st.tracer is not None:
         return st.tracer.apply(op, inputs, attrs)
     if op.eager_check:

@@ -117,6 +117,7 @@ class _State(threading.local):
     def __init__(self):
         self.grad_enabled = True
         self.tracer = None           # set by sampan.jit while tracing
+        self.hooked = False          # inside `ops.modes.dispatch`: the modes already ran
 
 
 STATE = _State()
