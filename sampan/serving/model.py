@@ -1,0 +1,142 @@
+"""What the server serves: a `ServedModel`, made from a model directory by its kind.
+
+A model directory holds the model's files and, optionally, ``config.json``::
+
+    {"kind": "program",              # which loader reads the directory (default "program")
+     "max_batch_size": 64,           # 0: inputs carry no batch dimension, never batched
+     "dynamic_batching": {"max_queue_delay_us": 500, "preferred_batch_sizes": [8, 32],
+                          "max_queue_size": 256, "timeout_ms": 5000},
+     "instance_count": 2}            # worker threads, each with its own clone
+
+The server reads the generic keys; a kind's loader reads the rest of the file itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import SampanError
+
+
+class ServingError(SampanError):
+    """A model directory, config or request the server cannot serve (the message names it)."""
+
+
+# KServe v2 datatypes <-> numpy
+DATATYPES = {"BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8),
+             "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16),
+             "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
+             "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32),
+             "FP64": np.dtype(np.float64)}
+_BY_NUMPY = {v: k for k, v in DATATYPES.items()}
+
+
+def datatype_of(dtype) -> str:
+    """The protocol's name for a numpy dtype (``float32`` -> ``"FP32"``)."""
+    try:
+        return _BY_NUMPY[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise ServingError(f"serving: dtype {dtype} has no open-inference-protocol "
+                           f"datatype; expected one of {', '.join(DATATYPES)}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: ``shape`` uses -1 for a dimension of any size; when the model
+    has ``max_batch_size > 0`` the shape includes the batch dimension first (as -1)."""
+    name: str
+    datatype: str
+    shape: tuple
+
+
+@dataclass
+class ServedModel:
+    """A model the server can run. `infer` is called from several worker threads at once
+    and must be safe for that (clone per thread in `clone`, or lock inside)."""
+    name: str
+    inputs: list
+    outputs: list
+    max_batch_size: int = 0
+    version: str = "1"
+    platform: str = "sampan"
+    config: dict = field(default_factory=dict)
+
+    def infer(self, inputs: dict) -> dict:
+        """Map input name -> array to output name -> array (arrays share the batch dim)."""
+        raise NotImplementedError
+
+    def clone(self) -> "ServedModel":
+        """A model for one more worker thread (default: this one, if `infer` is safe)."""
+        return self
+
+    def metadata(self) -> dict:
+        """Extra fields for ``GET /v2/models/{name}`` (e.g. the snapshot sequence)."""
+        return {}
+
+    def ready(self) -> bool:
+        return True
+
+    def start(self) -> None:
+        """Begin background work (a snapshot watcher); called once when serving starts."""
+
+    def stop(self) -> None:
+        """End background work; called once when the server shuts down."""
+
+
+KINDS: dict[str, Callable[[str, str, dict], ServedModel]] = {}
+
+
+def register_kind(kind: str):
+    """Decorator: ``@register_kind("dlrm") def load(name, directory, config) -> ServedModel``."""
+    def deco(fn):
+        if kind in KINDS:
+            raise ValueError(f"serving: model kind {kind!r} is registered twice")
+        KINDS[kind] = fn
+        return fn
+    return deco
+
+
+def read_config(directory: str) -> dict:
+    """``config.json`` of a model directory ({} when absent); a malformed file is an error
+    naming it."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ServingError(f"serving: cannot read {path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ServingError(f"serving: {path} must hold a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
+def load_model(name: str, directory: str) -> ServedModel:
+    """The ServedModel for `directory`, made by the loader of its config's ``kind``."""
+    if not os.path.isdir(directory):
+        raise ServingError(f"serving: model {name!r}: {directory!r} is not a directory")
+    cfg = read_config(directory)
+    kind = cfg.get("kind", "program")
+    if kind not in KINDS:
+        _load_builtin_kinds()
+    if kind not in KINDS:
+        raise ServingError(f"serving: model {name!r}: unknown kind {kind!r} in "
+                           f"{directory}/config.json; expected one of {sorted(KINDS)}")
+    return KINDS[kind](name, directory, cfg)
+
+
+# modules that register kinds when imported (each, once it exists)
+_KIND_MODULES = ("sampan.serving.program", "sampan.serving.rec")
+
+
+def _load_builtin_kinds() -> None:
+    import importlib
+    import importlib.util
+    for mod in _KIND_MODULES:
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod)
