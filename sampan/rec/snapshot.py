@@ -46,6 +46,7 @@ __all__ = [
     "restore",
     "restore_sharded",
     "table_state",
+    "verify_snapshot",
 ]
 
 MAGIC = b"SMPNEMB\0"
@@ -503,6 +504,17 @@ def restore(full_path: str, delta_paths=(), **table_kwargs) -> HashEmbeddingTabl
     return _build(loaded, table_kwargs)
 
 
+def verify_snapshot(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """:func:`read_snapshot` plus the checks of a table file (header fields, array dtypes
+    and shapes, unique ids), for a full or a delta: ``(header, arrays)``.
+
+    >>> # header, arrays = verify_snapshot("emb.d1"); header["seq"], header["base_seq"]
+    """
+    header, arrays = read_snapshot(path)
+    _check_file(path, header, arrays)
+    return header, arrays
+
+
 def table_state(table: HashEmbeddingTable) -> dict[str, np.ndarray]:
     """Everything a snapshot holds, sorted by id, for comparing tables bit for bit."""
     with table.lock:
@@ -524,8 +536,8 @@ class ServingTable:
     >>> # ServingTable("emb.full").lookup([1, 2, 3]) -> (3, dim) float32
     """
 
-    def __init__(self, full_path: str):
-        header, arrays = read_snapshot(full_path)
+    def __init__(self, full_path: str, loaded: tuple[dict, dict] | None = None):
+        header, arrays = read_snapshot(full_path) if loaded is None else loaded
         _check_chain([(full_path, header, arrays)])
         cfg = header["table"]
         self.dim = cfg["dim"]
@@ -557,10 +569,13 @@ class ServingTable:
         self.rows.ensure(self.next_row)
         self.rows.scatter(rows, weights)
 
-    def apply_delta(self, path: str) -> None:
-        """Verify a delta completely, then apply it atomically with respect to lookups."""
-        header, arrays = read_snapshot(path)
-        _check_file(path, header, arrays)
+    def apply_delta(self, path: str, loaded: tuple[dict, dict] | None = None) -> None:
+        """Verify a delta completely, then apply it atomically with respect to lookups.
+
+        ``loaded``: what :func:`verify_snapshot` returned for `path`, so a server can read
+        the file outside its own locks (sequence, lineage and dimension are checked here
+        either way)."""
+        header, arrays = verify_snapshot(path) if loaded is None else loaded
         ids, removed = arrays["ids"], arrays["removed"]
         with self.lock:  # the sequence check too, so two appliers cannot both pass it
             _check_follows(path, header, self.lineage, self.seq, self.dim,

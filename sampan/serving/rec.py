@@ -1,0 +1,456 @@
+"""The ``dlrm`` model kind: a trained :class:`sampan.rec.DLRM` served with its embeddings
+read from a :class:`sampan.rec.ServingTable`, updated online from delta exports.
+
+A ``dlrm`` model directory (:func:`export_dlrm` writes one)::
+
+    config.json        {"kind": "dlrm", "n_fields": 26, "n_dense": 13, "dim": 16,
+                        "dense_program": "dense.program", "embeddings": "embeddings.full",
+                        "snapshot_dir": "deltas", "poll_interval_ms": 200,
+                        "max_batch_size": 256, "dynamic_batching": {...}}
+    dense.program/     the bottom MLP, pairwise dots and top MLP as a saved jit program
+    embeddings.full    the table's full export (sampan.rec.export_full)
+    deltas/            the watched snapshot directory (relative paths are inside the model
+                       directory; an absolute path anywhere)
+
+Inputs: ``dense_features`` FP32 ``[-1, n_dense]`` and ``sparse_ids`` INT64
+``[-1, n_fields]`` (one raw id per field, as the DLRM trains on); output ``probability``
+FP32 ``[-1, 1]``.
+
+Online updates: ``start()`` runs a thread that polls ``snapshot_dir`` for ``*.delta`` (and
+``*.full``) files, verifies each completely (checksum, header, arrays) outside any lock,
+and applies them in sequence order. A batch holds the model's lock shared over its table
+lookups, applying an update takes it exclusively, so every batch sees one snapshot.
+A corrupt file, a delta of another table, a duplicate or stale delta, and a delta that
+skips one are refused for good (a warning on the ``sampan.serving`` logger, and
+``refused_deltas`` / ``last_refused`` in the metadata) and leave the table as it was.
+A full export of the same table with a newer sequence replaces the table, which is how a
+broken chain is repaired. The dense weights are those saved in the directory: deltas
+carry embeddings only.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+
+import numpy as np
+
+from sampan.serving.model import ServedModel, ServingError, TensorSpec, register_kind
+
+__all__ = ["DLRMModel", "demo_inputs", "export_demo_dlrm", "export_dlrm"]
+
+log = logging.getLogger("sampan.serving")
+
+INPUTS = ("dense_features", "sparse_ids")
+OUTPUT = "probability"
+
+
+class _RWLock:
+    """Many readers or one writer; a waiting writer stops new readers from entering, so
+    a steady stream of batches cannot starve an update."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def _int(cfg: dict, key: str, where: str) -> int:
+    v = cfg.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ServingError(f"serving: {where}: config key {key!r} must be a positive "
+                           f"integer, got {v!r}")
+    return v
+
+
+class DLRMModel(ServedModel):
+    """A served DLRM; made by the ``dlrm`` kind's loader from a model directory.
+
+    >>> # m = sampan.serving.model.load_model("ctr", "ctr_dir"); m.start()
+    >>> # m.infer({"dense_features": x, "sparse_ids": ids})["probability"]  # (B, 1)
+    """
+
+    def __init__(self, name: str, directory: str, config: dict):
+        from sampan import inference
+        from sampan.rec.snapshot import ServingTable
+
+        where = f"model {name!r} ({directory}/config.json)"
+        self.n_fields = _int(config, "n_fields", where)
+        self.n_dense = _int(config, "n_dense", where)
+        mbs = config.get("max_batch_size", 0)
+        super().__init__(
+            name=name, max_batch_size=mbs, platform="sampan_dlrm", config=config,
+            inputs=[TensorSpec(INPUTS[0], "FP32", (-1, self.n_dense)),
+                    TensorSpec(INPUTS[1], "INT64", (-1, self.n_fields))],
+            outputs=[TensorSpec(OUTPUT, "FP32", (-1, 1))])
+
+        def path(key, default):
+            p = config.get(key, default)
+            if not isinstance(p, str):
+                raise ServingError(f"serving: {where}: {key!r} must be a path, got {p!r}")
+            return os.path.join(directory, p)  # an absolute p stays as it is
+
+        try:
+            self._table = ServingTable(path("embeddings", "embeddings.full"))
+            pred = inference.create_predictor(inference.Config(path("dense_program",
+                                                                    "dense.program")))
+        except (OSError, ValueError) as e:  # SnapshotError and sampan errors included
+            raise ServingError(f"serving: {where}: cannot load: {e}") from None
+        if self._table.dim != config.get("dim", self._table.dim):
+            raise ServingError(f"serving: {where}: embeddings have dim {self._table.dim}, "
+                               f"the config says {config['dim']}")
+        if len(pred.get_input_names()) != 2 or len(pred.get_output_names()) != 1:
+            raise ServingError(f"serving: {where}: the dense program takes "
+                               f"{pred.get_input_names()} and gives "
+                               f"{pred.get_output_names()}; expected (dense, emb) -> prob")
+        self._predictor = pred
+        self._local = threading.local()      # a predictor clone per worker thread
+        self._rw = _RWLock()
+        self.snapshot_dir = path("snapshot_dir", "") if config.get("snapshot_dir") else None
+        interval = config.get("poll_interval_ms", 200)
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) \
+                or interval <= 0:
+            raise ServingError(f"serving: {where}: poll_interval_ms must be a positive "
+                               f"number, got {interval!r}")
+        self.poll_interval = interval / 1000.0
+        self._seen: dict[str, tuple] = {}    # file -> (size, mtime) already handled
+        self._stats = {"applied_deltas": 0, "refused_deltas": 0, "last_refused": None}
+        self._poll_lock = threading.Lock()   # one poller at a time (thread or a caller)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- inference
+    def _input(self, inputs: dict, name: str, dtype, width: int) -> np.ndarray:
+        a = inputs.get(name)
+        if a is None:
+            raise ServingError(f"model {self.name!r}: input {name!r} is missing; the model "
+                               f"takes {list(INPUTS)}")
+        a = np.asarray(a)
+        if a.dtype != dtype or a.ndim != 2 or a.shape[1] != width:
+            raise ServingError(f"model {self.name!r}: input {name!r} is {a.dtype}"
+                               f"{list(a.shape)}, expected {np.dtype(dtype)}[-1, {width}]")
+        return np.ascontiguousarray(a)
+
+    def infer(self, inputs: dict) -> dict:
+        """``{"dense_features": (B, n_dense) f32, "sparse_ids": (B, n_fields) i64}`` ->
+        ``{"probability": (B, 1) f32}``; all B rows see the same snapshot."""
+        dense = self._input(inputs, INPUTS[0], np.float32, self.n_dense)
+        ids = self._input(inputs, INPUTS[1], np.int64, self.n_fields)
+        if dense.shape[0] != ids.shape[0]:
+            raise ServingError(f"model {self.name!r}: {INPUTS[0]} has {dense.shape[0]} rows, "
+                               f"{INPUTS[1]} has {ids.shape[0]}; they must agree")
+        if not len(ids):
+            return {OUTPUT: np.zeros((0, 1), np.float32)}
+        with self._rw.shared():   # every field's lookup from one snapshot
+            emb = self._table.lookup(ids)
+        pred = getattr(self._local, "p", None)
+        if pred is None:
+            pred = self._local.p = self._predictor.clone()
+        out = pred.run([dense, emb])[0]
+        return {OUTPUT: np.asarray(out, np.float32).reshape(-1, 1)}
+
+    def metadata(self) -> dict:
+        """The snapshot served (sequence, step, lineage) and the update counters."""
+        with self._rw.shared():
+            t = self._table
+            meta = {"snapshot_sequence": t.seq, "snapshot_step": t.step,
+                    "snapshot_lineage": t.lineage}
+        meta.update(self._stats)
+        meta["snapshot_dir"] = self.snapshot_dir
+        return meta
+
+    # ---------------------------------------------------------------- online updates
+    def start(self) -> None:
+        """Catch up with the snapshot directory, then watch it on a daemon thread."""
+        if self.snapshot_dir is None or self._thread is not None:
+            return
+        self.poll()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"sampan-serving-{self.name}-snapshots")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (an update being applied finishes first)."""
+        t, self._thread = self._thread, None
+        if t is not None:
+            self._stop.set()
+            t.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            try:
+                self.poll()
+            except Exception:  # a bug here must not end the watching silently
+                log.exception("model %r: snapshot watcher failed; retrying", self.name)
+
+    def poll(self) -> list:
+        """Handle the snapshot directory's new files once; returns ``(file, outcome)``
+        pairs, outcome ``"applied"``, ``"ignored"`` or ``"refused: <reason>"``."""
+        with self._poll_lock:
+            done, held = [], []
+            for attempt in range(2):
+                held = self._progress(held + self._read_new(done), done)
+                # A delta that skips one is refused only if a second listing, made after
+                # the first ended, still lacks the missing one: exports are renamed into
+                # place in order, but one listing may miss a file renamed in meanwhile.
+                if not held:
+                    break
+            for path, header, _ in held:
+                self._refuse(done, path, f"out of order: it follows export "
+                                         f"{header['base_seq']}, the model serves "
+                                         f"{self._table.seq} (a delta is missing)")
+            return done
+
+    def _read_new(self, done: list) -> list:
+        from sampan.rec.snapshot import verify_snapshot
+        try:
+            names = sorted(os.listdir(self.snapshot_dir))
+        except FileNotFoundError:
+            return []
+        found = []
+        for n in names:
+            if not n.endswith((".delta", ".full")):
+                continue  # the exporters' temporary files among them
+            path = os.path.join(self.snapshot_dir, n)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            sig = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if self._seen.get(path) == sig:
+                continue
+            self._seen[path] = sig
+            try:
+                header, arrays = verify_snapshot(path)
+            except FileNotFoundError:
+                self._seen.pop(path, None)
+                continue
+            except (OSError, ValueError) as e:  # SnapshotError is a ValueError
+                self._refuse(done, path, f"corrupt: {e}")
+                continue
+            found.append((path, header, arrays))
+        return found
+
+    def _progress(self, files: list, done: list) -> list:
+        """Apply what follows the served snapshot, in sequence order; returns the deltas
+        that skip one (they may follow once the missing one is found)."""
+        from sampan.rec.snapshot import ServingTable, SnapshotError
+        files.sort(key=lambda f: (f[1]["seq"], f[1]["kind"] != "full"))
+        held = []
+        for path, header, arrays in files:
+            t = self._table
+            if header.get("lineage") is None or header.get("lineage") != t.lineage:
+                self._refuse(done, path, f"of table lineage {header.get('lineage')}, the "
+                                         f"model serves lineage {t.lineage}")
+            elif header["kind"] == "full":
+                if header["seq"] <= t.seq:
+                    done.append((path, "ignored"))  # an older full: the chain starts there
+                    continue
+                try:
+                    new = ServingTable(path, (header, arrays))
+                except (SnapshotError, ValueError) as e:
+                    self._refuse(done, path, f"corrupt: {e}")
+                    continue
+                with self._rw.exclusive():
+                    self._table = new
+                self._applied(done, path, header)
+            elif header["seq"] <= t.seq:
+                self._refuse(done, path, f"duplicate or stale: export {header['seq']} "
+                                         f"after the model already serves {t.seq}")
+            elif header["base_seq"] != t.seq:
+                held.append((path, header, arrays))
+            else:
+                try:
+                    with self._rw.exclusive():
+                        t.apply_delta(path, (header, arrays))
+                except (SnapshotError, ValueError) as e:
+                    self._refuse(done, path, str(e))
+                    continue
+                self._applied(done, path, header)
+        return held
+
+    def _applied(self, done: list, path: str, header: dict) -> None:
+        self._stats["applied_deltas"] += 1
+        done.append((path, "applied"))
+        log.info("model %r: applied %s export %d (step %d) from %s", self.name,
+                 header["kind"], header["seq"], header["step"], path)
+
+    def _refuse(self, done: list, path: str, reason: str) -> None:
+        self._stats["refused_deltas"] += 1
+        self._stats["last_refused"] = {"file": os.path.basename(path), "reason": reason}
+        done.append((path, f"refused: {reason}"))
+        log.warning("model %r: refused snapshot %s: %s; still serving export %d",
+                    self.name, path, reason, self._table.seq)
+
+
+@register_kind("dlrm")
+def load(name: str, directory: str, config: dict) -> DLRMModel:
+    """The ``dlrm`` kind's loader (see the module docstring for the directory)."""
+    return DLRMModel(name, directory, config)
+
+
+# -------------------------------------------------------------------- writing a directory
+def _dense_layer(model):
+    """The DLRM's dense part as a layer of (dense features, looked-up vectors) -> prob."""
+    import sampan
+    from sampan import nn
+    from sampan.ops.sparse import pair_dots
+
+    class DenseDLRM(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.bottom, self.top = model.bottom, model.top
+
+        def forward(self, dense, emb):
+            x = self.bottom(dense)
+            t = sampan.concat([sampan.unsqueeze(x, 1), emb], axis=1)
+            return sampan.sigmoid(self.top(sampan.concat([x, pair_dots(t)], axis=1)))
+
+    return DenseDLRM()
+
+
+def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
+                max_batch_size: int = 256, dynamic_batching: dict | None = None,
+                poll_interval_ms: float = 200, instance_count: int | None = None) -> dict:
+    """Write a ``dlrm`` model directory from a trained one-shard :class:`sampan.rec.DLRM`:
+    the dense part as a saved program, the table's full export, ``config.json``.
+
+    The full export continues the table's snapshot chain: later
+    ``sampan.rec.export_delta(table, f"{directory}/{snapshot_dir}/<name>.delta")`` calls
+    reach a running server. Returns the config.
+
+    >>> # cfg = export_dlrm(model, "ctr"); export_delta(table, "ctr/deltas/000001.delta")
+    """
+    import sampan
+    from sampan.io._atomic import write_file
+    from sampan.rec.snapshot import export_full
+
+    emb = model.embedding.emb
+    if len(emb.shards) != 1:
+        raise ServingError(f"export_dlrm: the DLRM's table has {len(emb.shards)} shards; a "
+                           f"served DLRM reads one table (train with n_shards=1)")
+    dim = model.embedding.dim
+    n_dense = model.bottom[0].in_features
+    pairs = model.top[0].in_features - dim
+    k = (1 + math.isqrt(1 + 8 * pairs)) // 2  # the top MLP sees k(k-1)/2 dots, k = F + 1
+    if k * (k - 1) // 2 != pairs:
+        raise ServingError(f"export_dlrm: the top MLP takes {pairs + dim} features, which "
+                           f"is no DLRM's dim {dim} + F(F+1)/2")
+    n_fields = k - 1
+    os.makedirs(directory, exist_ok=True)
+    if snapshot_dir:
+        os.makedirs(os.path.join(directory, snapshot_dir), exist_ok=True)
+    layer = _dense_layer(model)
+    was_training = model.training
+    model.eval()
+    try:
+        ex = (sampan.zeros(2, n_dense), sampan.zeros(2, n_fields, dim))
+        sampan.jit.save(layer, os.path.join(directory, "dense.program"), ex,
+                        dynamic={"dense": {0: "batch"}, "emb": {0: "batch"}})
+    finally:
+        model.train(was_training)
+    export_full(emb.shards[0].table, os.path.join(directory, "embeddings.full"))
+    cfg = {"kind": "dlrm", "n_fields": n_fields, "n_dense": n_dense, "dim": dim,
+           "dense_program": "dense.program", "embeddings": "embeddings.full",
+           "max_batch_size": max_batch_size, "poll_interval_ms": poll_interval_ms,
+           "dynamic_batching": dynamic_batching if dynamic_batching is not None else
+           {"max_queue_delay_us": 500, "max_queue_size": 1024, "timeout_ms": 10000}}
+    if snapshot_dir:
+        cfg["snapshot_dir"] = snapshot_dir
+    if instance_count is not None:
+        cfg["instance_count"] = instance_count
+    body = json.dumps(cfg, indent=2, sort_keys=True).encode() + b"\n"
+    write_file(os.path.join(directory, "config.json"), lambda f: f.write(body))
+    return cfg
+
+
+# The demo DLRM: small enough to train in about a second, W4's click stream shape scaled down.
+DEMO = {"n_fields": 8, "n_dense": 4, "dim": 8, "bottom": (16, 8), "top": (32,)}
+
+
+def demo_inputs(batch_size: int, seed: int = 0) -> dict:
+    """Request inputs for the demo DLRM: ``batch_size`` click-stream samples (rows of
+    ``dense_features`` and ``sparse_ids``), deterministic in `seed`.
+
+    >>> sorted(demo_inputs(2))
+    ['dense_features', 'sparse_ids']
+    """
+    from sampan.rec.data import ClickStream
+    b = ClickStream(seed=0, n_fields=DEMO["n_fields"],
+                    n_dense=DEMO["n_dense"]).batch(10**6 + seed, batch_size)
+    return {INPUTS[0]: b.dense, INPUTS[1]: b.ids_matrix()}
+
+
+def export_demo_dlrm(directory: str, steps: int = 20, n_deltas: int = 3) -> None:
+    """Train the small demo DLRM `steps` steps on the synthetic click stream and write a
+    servable ``dlrm`` directory (watching ``deltas/``), plus `n_deltas` later exports,
+    each after a few more steps, in ``spare_deltas/`` (``000001.delta`` ...): move them
+    into ``deltas/`` (``os.replace``, in order) to update a running server.
+
+    >>> # export_demo_dlrm("demo_dlrm"); sampan serve --model ctr=demo_dlrm
+    """
+    import sampan
+    from sampan.rec.data import ClickStream
+    from sampan.rec.models import DLRM, train_step
+    from sampan.rec.snapshot import export_delta
+
+    sampan.manual_seed(0)
+    model = DLRM(**DEMO)
+    opt = sampan.optim.Adagrad(model.parameters(), lr=0.05)
+    stream = ClickStream(seed=0, n_fields=DEMO["n_fields"], n_dense=DEMO["n_dense"])
+    i = 0
+
+    def train(n):
+        nonlocal i
+        for _ in range(n):
+            b = stream.batch(i, 256)
+            train_step(model, opt, b.ids_matrix(), b.dense, b.labels)
+            i += 1
+
+    train(steps)
+    export_dlrm(model, directory, max_batch_size=128,
+                dynamic_batching={"max_queue_delay_us": 1000, "max_queue_size": 1024,
+                                  "timeout_ms": 10000})
+    spare = os.path.join(directory, "spare_deltas")
+    os.makedirs(spare, exist_ok=True)
+    table = model.embedding.emb.shards[0].table
+    for _ in range(n_deltas):
+        train(2)
+        seq = table.export_seq + 1
+        export_delta(table, os.path.join(spare, f"{seq:06d}.delta"))
