@@ -112,6 +112,11 @@ class Scenario:
                 if np.allclose(a, e[req], rtol=0, atol=ATOL)}
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def wait_for(cond, what: str, timeout: float = 15.0):
     t0 = time.monotonic()
     while True:
@@ -154,22 +159,22 @@ def run(sc: Scenario, send, metadata, n_clients: int = 4, n_deltas: int = 5) -> 
             sc.train(2)
             seq = sc.export()
             n0 = len(answers)
-            wait_for(lambda: served(seq), f"the server to serve export {seq}")
-            wait_for(lambda: len(answers) >= n0 + 3, f"answers at export {seq}")
+            wait_for(lambda q=seq: served(q), f"the server to serve export {seq}")
+            wait_for(lambda n=n0: len(answers) >= n + 3, f"answers at export {seq}")
             if k == 2:   # a flipped byte: the checksum catches it
-                data = bytearray(open(os.path.join(sc.deltas, "000001.delta"), "rb").read())
+                data = bytearray(_read(os.path.join(sc.deltas, "000001.delta")))
                 data[len(data) // 2] ^= 0x40
                 sc.drop("corrupt.delta", bytes(data))
                 refused += 1
-                m = wait_for(lambda: metadata()["refused_deltas"] == refused and metadata(),
+                m = wait_for(lambda n=refused: metadata()["refused_deltas"] == n and metadata(),
                              "the corrupt delta refused")
                 assert m["last_refused"]["file"] == "corrupt.delta"
                 assert "checksum" in m["last_refused"]["reason"], m["last_refused"]
                 assert m["snapshot_sequence"] == seq
             if k == 3:   # an old delta again
-                sc.drop("stale.delta", open(os.path.join(sc.deltas, "000002.delta"), "rb").read())
+                sc.drop("stale.delta", _read(os.path.join(sc.deltas, "000002.delta")))
                 refused += 1
-                m = wait_for(lambda: metadata()["refused_deltas"] == refused and metadata(),
+                m = wait_for(lambda n=refused: metadata()["refused_deltas"] == n and metadata(),
                              "the stale delta refused")
                 assert "stale" in m["last_refused"]["reason"], m["last_refused"]
         # out of order: export n+1 elsewhere, n+2 into the directory; then bring n+1
@@ -180,7 +185,7 @@ def run(sc: Scenario, send, metadata, n_clients: int = 4, n_deltas: int = 5) -> 
         sc.train(1)
         sc.export()
         refused += 1
-        m = wait_for(lambda: metadata()["refused_deltas"] == refused and metadata(),
+        m = wait_for(lambda n=refused: metadata()["refused_deltas"] == n and metadata(),
                      "the out-of-order delta refused")
         assert "out of order" in m["last_refused"]["reason"], m["last_refused"]
         assert m["last_refused"]["file"] == f"{last + 2:06d}.delta"
