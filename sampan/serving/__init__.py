@@ -1,5 +1,32 @@
 """`sampan serve`: saved programs and recommendation models behind the KServe v2 / Triton
 open inference protocol (HTTP/REST), with dynamic batching, health, metrics and online
-embedding updates (issue 20). The server libraries are imported only when serving."""
+embedding updates (issue 20). The server libraries are imported only when serving.
+
+Python API (`server.py`)::
+
+    >>> from sampan.serving import Server
+    >>> s = Server({"mlp": "models/mlp"}, host="127.0.0.1", port=0).start()
+    >>> s.url                                  # 'http://127.0.0.1:43121'
+    >>> import tritonclient.http as http
+    >>> c = http.InferenceServerClient(s.url[len("http://"):])
+    >>> x = http.InferInput("x", [1, 784], "FP32"); x.set_data_from_numpy(a)
+    >>> c.infer("mlp", [x]).as_numpy("output_0")
+    >>> s.stop()                               # graceful: answers what it accepted
+
+`Server(models, host, port, *, repository=None, workers=None, overrides=None,
+max_body_bytes=64 MiB, log_level="warning")`: `models` maps a name to a model directory
+(see `model.py` for its config.json) or to a `ServedModel`; `repository` adds every
+subdirectory of a folder as a model; `overrides` replaces config.json keys for every
+model (``{"max_batch_size": 32, "dynamic_batching": {"max_queue_delay_us": 500}}``;
+``"dynamic_batching": None`` turns batching off). `start()` serves from a background
+thread, `stop()` shuts down, `serve()` serves in the calling thread until SIGTERM.
+Command line: ``sampan serve --model mlp=models/mlp --port 8000`` (`cli.py`).
+"""
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.serving.*)
+
+from .model import ServedModel, ServingError, TensorSpec, load_model, register_kind  # noqa
+from .server import Server  # noqa: E402  (imports no server library until it starts)
+
+__all__ = ["Server", "ServedModel", "ServingError", "TensorSpec", "load_model",
+           "register_kind"]

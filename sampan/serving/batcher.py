@@ -1,0 +1,266 @@
+"""Dynamic batching: a bounded queue per model and worker threads, one model clone each.
+
+The event loop calls `Batcher.submit` (a few microseconds under one lock) and awaits the
+asyncio future it returns; a worker thread forms a batch, runs it and hands every future
+its answer through `loop.call_soon_threadsafe`, so no model code ever runs on the loop.
+
+A batch: the oldest queued request and every later one whose inputs are compatible with
+it (same names, dtypes and non-batch dims), taken in order up to ``max_batch_size`` rows.
+A worker dispatches at once when the rows reach ``max_batch_size`` (or the largest of
+``preferred_batch_sizes``), otherwise it waits until ``max_queue_delay_us`` after the
+oldest request was queued and dispatches what it has. One worker forms a batch at a time
+while the others run theirs. Batching off (no ``dynamic_batching`` in the config, or
+``max_batch_size`` 0): each request runs alone, in arrival order.
+
+A full queue (``max_queue_size`` requests) refuses at `submit` (the server answers 503);
+a request whose deadline passes while queued is dropped unrun (504).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from .model import ServingError
+
+
+class RequestError(ServingError):
+    """A request the server answers with an HTTP error `status` (message names why)."""
+
+    def __init__(self, msg, status=400, headers=None):
+        super().__init__(msg)
+        self.status = status
+        self.headers = headers or {}
+
+
+class Pending:
+    """One queued request: its inputs, compatibility key, rows and timing."""
+    __slots__ = ("inputs", "key", "rows", "fut", "loop", "t_enq", "deadline", "cancelled",
+                 "t_start", "t_end", "batch")
+
+    def __init__(self, inputs, key, rows, fut, loop, deadline):
+        self.inputs, self.key, self.rows = inputs, key, rows
+        self.fut, self.loop, self.deadline = fut, loop, deadline
+        self.t_enq = time.perf_counter()
+        self.cancelled = False
+        self.t_start = self.t_end = None
+        self.batch = 0
+
+
+def _answer(items):
+    """On the event loop: resolve futures with (result | exception)."""
+    for fut, ok, value in items:
+        if not fut.done():
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+
+class Batcher:
+    """The queue and workers of one served model (see module doc)."""
+
+    def __init__(self, model, instances=1, metrics=None):
+        cfg = model.config or {}
+        db = cfg.get("dynamic_batching")
+        self.model = model
+        self.batching = bool(db is not None and db is not False and model.max_batch_size > 0)
+        db = db if isinstance(db, dict) else {}
+        self.max_rows = int(model.max_batch_size) if self.batching else 0
+        self.delay = float(db.get("max_queue_delay_us", 100)) / 1e6
+        pref = [int(p) for p in db.get("preferred_batch_sizes") or ()]
+        self.dispatch_rows = min([self.max_rows] + ([max(pref)] if pref else []))
+        self.max_queue = int(db.get("max_queue_size", cfg.get("max_queue_size", 256)))
+        self.timeout = db.get("timeout_ms", cfg.get("timeout_ms"))
+        self.instances = max(1, int(instances))
+        self.metrics = metrics
+        self._q: deque = deque()
+        self._cond = threading.Condition()
+        self._form = threading.Lock()
+        self._closing = False
+        self._threads: list = []
+        self.batches = 0          # batches run (any size)
+        self.batched = 0          # batches of more than one request
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, warmup=True):
+        """Make the clones (the first is the model itself), warm them, start the threads."""
+        clones = [self.model] + [self.model.clone() for _ in range(self.instances - 1)]
+        if warmup:
+            for c in clones:
+                w = getattr(c, "warmup", None)
+                if w is not None:
+                    w()
+        for i, c in enumerate(clones):
+            t = threading.Thread(target=self._work, args=(c,), daemon=True,
+                                 name=f"sampan-serve-{self.model.name}-{i}")
+            t.start()
+            self._threads.append(t)
+
+    def close(self, timeout=None):
+        """Refuse new requests, let the workers answer every queued one, join them."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+
+    def depth(self) -> int:
+        return len(self._q)
+
+    # ------------------------------------------------------------ event-loop side
+    def submit(self, inputs, loop, timeout_s=None):
+        """Queue a request; returns (Pending, asyncio future of its outputs dict)."""
+        rows = 0
+        if self.model.max_batch_size > 0:
+            rows = next(iter(inputs.values())).shape[0]
+            if self.batching and rows > self.max_rows:
+                raise RequestError(f"model {self.model.name!r}: a request of {rows} rows is "
+                                   f"larger than max_batch_size {self.max_rows}")
+        key = tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(inputs.items()))
+        fut = loop.create_future()
+        if timeout_s is None and self.timeout is not None:
+            timeout_s = float(self.timeout) / 1e3
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        p = Pending(inputs, key, rows, fut, loop, deadline)
+        with self._cond:
+            if self._closing:
+                raise RequestError(f"model {self.model.name!r}: the server is shutting down",
+                                   503, {"Retry-After": "1"})
+            if len(self._q) >= self.max_queue:
+                raise RequestError(f"model {self.model.name!r}: the queue is full "
+                                   f"({self.max_queue} requests waiting); retry later",
+                                   503, {"Retry-After": "1"})
+            self._q.append(p)
+            self._cond.notify()
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._q))
+        return p, fut
+
+    # ------------------------------------------------------------ worker side
+    def _drop_expired(self, now, out):
+        """Remove cancelled and past-deadline requests from the queue (lock held)."""
+        q = self._q
+        if not any(p.cancelled or (p.deadline is not None and p.deadline <= now) for p in q):
+            return
+        keep = deque()
+        for p in q:
+            if p.cancelled or (p.deadline is not None and p.deadline <= now):
+                out.append(p)
+            else:
+                keep.append(p)
+        self._q = keep
+
+    def _next_batch(self):
+        """The next batch to run ([] once closing and drained), plus expired requests."""
+        expired: list = []
+        with self._form, self._cond:
+            while True:
+                self._drop_expired(time.perf_counter(), expired)
+                if self._q:
+                    break
+                if self._closing:
+                    return [], expired
+                self._cond.wait()
+            if not self.batching:
+                return [self._q.popleft()], expired
+            while True:
+                first = self._q[0]
+                picked, rows = [], 0
+                for p in self._q:
+                    if p.key == first.key and rows + p.rows <= self.max_rows:
+                        picked.append(p)
+                        rows += p.rows
+                        if rows >= self.max_rows:
+                            break
+                left = first.t_enq + self.delay - time.perf_counter()
+                if rows >= self.dispatch_rows or left <= 0 or self._closing:
+                    break
+                self._cond.wait(left)
+                self._drop_expired(time.perf_counter(), expired)
+                if not self._q:
+                    return [], expired
+            ids = {id(p) for p in picked}
+            self._q = deque(p for p in self._q if id(p) not in ids)
+            return picked, expired
+
+    def _work(self, model):
+        while True:
+            batch, expired = self._next_batch()
+            if expired:
+                self._expire(expired)
+            if self.metrics is not None:
+                self.metrics.queue_depth.set(len(self._q))
+            if not batch:
+                if self._closing and not self._q:
+                    return
+                continue
+            self._run(model, batch)
+
+    def _expire(self, reqs):
+        by_loop: dict = {}
+        for p in reqs:
+            err = RequestError(f"model {self.model.name!r}: the request timed out after "
+                               f"waiting {1e3 * (time.perf_counter() - p.t_enq):.1f} ms in "
+                               "the queue; it was not run", 504)
+            by_loop.setdefault(p.loop, []).append((p.fut, False, err))
+        for loop, items in by_loop.items():
+            _call(loop, items)
+
+    def _run(self, model, batch):
+        t0 = time.perf_counter()
+        for p in batch:
+            p.t_start = t0
+            p.batch = len(batch)
+        try:
+            if len(batch) == 1:
+                outs = [model.infer(batch[0].inputs)]
+            else:
+                names = batch[0].inputs.keys()
+                joined = {k: np.concatenate([p.inputs[k] for p in batch]) for k in names}
+                res = model.infer(joined)
+                total = sum(p.rows for p in batch)
+                outs, at = [], 0
+                for p in batch:
+                    outs.append({k: _rows(k, v, at, p.rows, total, self.model.name)
+                                 for k, v in res.items()})
+                    at += p.rows
+            items = [(p.fut, True, o) for p, o in zip(batch, outs)]
+        except Exception as e:
+            err = e if isinstance(e, RequestError) else RequestError(
+                f"model {self.model.name!r}: inference failed: {type(e).__name__}: {e}", 500)
+            items = [(p.fut, False, err) for p in batch]
+        t1 = time.perf_counter()
+        for p in batch:
+            p.t_end = t1
+        self.batches += 1
+        self.batched += len(batch) > 1
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(sum(max(p.rows, 1) for p in batch))
+            self.metrics.batch_requests.observe(len(batch))
+            self.metrics.compute.observe(t1 - t0)
+            for p in batch:
+                self.metrics.queue.observe(t0 - p.t_enq)
+        by_loop: dict = {}
+        for p, it in zip(batch, items):
+            by_loop.setdefault(p.loop, []).append(it)
+        for loop, its in by_loop.items():
+            _call(loop, its)
+
+
+def _call(loop, items):
+    try:
+        loop.call_soon_threadsafe(_answer, items)
+    except RuntimeError:      # the loop is closed: nobody waits for these answers any more
+        pass
+
+
+def _rows(name, v, at, n, total, model):
+    a = np.asarray(v)
+    if a.ndim == 0 or a.shape[0] != total:
+        raise RequestError(f"model {model!r}: output {name!r} has shape {list(a.shape)}, "
+                           f"which does not have the batch's {total} rows first, so the "
+                           "batch cannot be split back", 500)
+    return a[at:at + n]

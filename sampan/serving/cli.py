@@ -1,0 +1,88 @@
+"""``sampan serve``: serve model directories over the open inference protocol.
+
+    sampan serve --model mlp=models/mlp [--model ...] [--repository DIR]
+                 [--host 127.0.0.1] [--port 8000] [--workers N] [--max-batch-size N]
+                 [--max-queue-delay-us US] [--preferred-batch-sizes 8,32]
+                 [--max-queue-size N] [--timeout-ms MS] [--no-batching]
+                 [--max-body-bytes N] [--log-level info]
+
+Flags override every model's config.json. Once it listens it prints one JSON line,
+``{"event": "listening", "url": ...}``, on stdout; logs are JSON lines on stderr.
+SIGTERM (or Ctrl-C) stops accepting, answers every accepted request and exits 0.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _model_arg(s):
+    name, sep, d = s.partition("=")
+    if not sep or not name or not d:
+        raise ValueError(f"--model takes name=dir; got {s!r}")
+    return name, d
+
+
+def _sizes(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve models over the KServe v2 / Triton protocol",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", default=[], type=_model_arg,
+                   metavar="NAME=DIR", help="a model directory to serve (repeatable)")
+    p.add_argument("--repository", help="a folder whose subdirectories are models")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--workers", type=int, help="worker threads per model (instance_count)")
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--max-queue-delay-us", type=int)
+    p.add_argument("--preferred-batch-sizes", type=_sizes)
+    p.add_argument("--max-queue-size", type=int)
+    p.add_argument("--timeout-ms", type=float, help="default per-request timeout")
+    p.add_argument("--batching", dest="batching", action="store_true", default=None,
+                   help="turn dynamic batching on (with config.json's or default settings)")
+    p.add_argument("--no-batching", dest="batching", action="store_false",
+                   help="run each request alone")
+    p.add_argument("--max-body-bytes", type=int, default=64 << 20)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(fn=run)
+
+
+def overrides_of(a) -> dict:
+    """The config.json keys the flags override."""
+    o: dict = {}
+    if a.max_batch_size is not None:
+        o["max_batch_size"] = a.max_batch_size
+    db = {k: v for k, v in (("max_queue_delay_us", a.max_queue_delay_us),
+                            ("preferred_batch_sizes", a.preferred_batch_sizes),
+                            ("max_queue_size", a.max_queue_size),
+                            ("timeout_ms", a.timeout_ms)) if v is not None}
+    if a.batching is False:
+        o["dynamic_batching"] = None
+        for k in ("max_queue_size", "timeout_ms"):   # still apply without batching
+            if k in db:
+                o[k] = db[k]
+    elif db or a.batching:
+        o["dynamic_batching"] = db
+    if a.workers is not None:
+        o["instance_count"] = a.workers
+    return o
+
+
+def run(a) -> int:
+    from .model import ServingError
+    from .server import Server
+    try:
+        s = Server(dict(a.model), a.host, a.port, repository=a.repository,
+                   overrides=overrides_of(a), max_body_bytes=a.max_body_bytes,
+                   log_level=a.log_level)
+
+        def ready(srv):
+            print(json.dumps({"event": "listening", "url": srv.url,
+                              "models": sorted(srv.entries)}), flush=True)
+        return s.serve(on_ready=ready)
+    except ServingError as e:
+        print(f"sampan serve: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,122 @@
+"""Operations: Prometheus metrics (one CollectorRegistry per server, never the global
+one) and structured JSON logs (one object per line, through `logging`).
+
+Metrics (label ``model``; requests also ``status``, the HTTP status code)::
+
+    sampan_requests_total            infer requests answered
+    sampan_request_failures_total    those answered with a status other than 200
+    sampan_queue_depth               requests waiting in the model's queue
+    sampan_batch_size                rows per batch run (histogram)
+    sampan_batch_requests            requests per batch run (histogram; > 1: batched)
+    sampan_queue_seconds             time a request waited before its batch ran
+    sampan_compute_seconds           time a batch ran in the model
+    sampan_request_seconds           time from the body being read to the answer
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+LOG = logging.getLogger("sampan.serving")
+
+_LAT = (.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class ModelMetrics:
+    """The children of the server's metrics bound to one model (cheap to update)."""
+
+    def __init__(self, m, model):
+        self._m, self._model = m, model
+        self.queue_depth = m.depth.labels(model)
+        self.batch_size = m.batch.labels(model)
+        self.batch_requests = m.batch_requests.labels(model)
+        self.queue = m.queue.labels(model)
+        self.compute = m.compute.labels(model)
+        self.total = m.total.labels(model)
+        self._by_status: dict = {}
+
+    def answered(self, status: int, seconds: float | None):
+        c = self._by_status.get(status)
+        if c is None:
+            c = self._by_status[status] = (
+                self._m.requests.labels(self._model, str(status)),
+                self._m.failures.labels(self._model, str(status)) if status != 200 else None)
+        c[0].inc()
+        if c[1] is not None:
+            c[1].inc()
+        if seconds is not None:
+            self.total.observe(seconds)
+
+
+class Metrics:
+    """Every metric of one server in its own registry; `text()` is the /metrics page."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("sampan_requests", "Inference requests answered",
+                                ["model", "status"], registry=r)
+        self.failures = Counter("sampan_request_failures",
+                                "Inference requests answered with an error status",
+                                ["model", "status"], registry=r)
+        self.depth = Gauge("sampan_queue_depth", "Requests waiting in the model's queue",
+                           ["model"], registry=r)
+        self.batch = Histogram("sampan_batch_size", "Rows per batch run", ["model"],
+                               buckets=_BATCH, registry=r)
+        self.batch_requests = Histogram("sampan_batch_requests", "Requests per batch run",
+                                        ["model"], buckets=_BATCH, registry=r)
+        self.queue = Histogram("sampan_queue_seconds", "Time a request waited in the queue",
+                               ["model"], buckets=_LAT, registry=r)
+        self.compute = Histogram("sampan_compute_seconds", "Time a batch ran in the model",
+                                 ["model"], buckets=_LAT, registry=r)
+        self.total = Histogram("sampan_request_seconds",
+                               "Time from the request body read to the answer", ["model"],
+                               buckets=_LAT, registry=r)
+
+    def model(self, name) -> ModelMetrics:
+        return ModelMetrics(self, name)
+
+    def text(self):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message and the record's `fields`."""
+
+    def format(self, record):
+        rec = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+               + f".{int(record.msecs):03d}Z", "level": record.levelname.lower(),
+               "logger": record.name, "msg": record.getMessage()}
+        rec.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            rec["exc"] = self.formatException(record.exc_info)
+        return json.dumps(rec, default=str)
+
+
+def setup_logging(level="info", stream=None):
+    """Send `sampan.serving` (and uvicorn's own) logs to `stream` as JSON lines."""
+    h = logging.StreamHandler(stream)
+    h.setFormatter(JsonFormatter())
+    lvl = getattr(logging, str(level).upper(), logging.INFO)
+    for name in ("sampan.serving", "uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [h]
+        lg.setLevel(lvl)
+        lg.propagate = False
+
+
+def log_request(rid, model, status, batch, queue_s, compute_s, total_s, error=None):
+    """The per-request log line (INFO; a failure at WARNING)."""
+    lvl = logging.INFO if status == 200 else logging.WARNING
+    if not LOG.isEnabledFor(lvl):
+        return
+    f = {"request_id": rid, "model": model, "status": status, "batch_size": batch,
+         "queue_ms": None if queue_s is None else round(queue_s * 1e3, 3),
+         "compute_ms": None if compute_s is None else round(compute_s * 1e3, 3),
+         "total_ms": round(total_s * 1e3, 3)}
+    if error:
+        f["error"] = error
+    LOG.log(lvl, "infer", extra={"fields": f})

@@ -1,0 +1,230 @@
+"""Model kinds "program" and "onnxruntime": a saved sampan program (`sampan.jit.save`
+output) behind the server.
+
+A model directory of kind "program" is either the saved program itself (its
+``graph.ir``/``meta.json``/... beside an optional ``config.json``) or a folder with a
+``config.json`` whose ``"path"`` names the program (relative to the folder; default
+``model.sampan``). It is run by a `sampan.inference` Predictor, one `clone()` per worker
+thread. Config keys read here besides the generic ones (see `model.py`)::
+
+    {"runtime": "numba",          # Predictor runtime: numba | numpy | onnxruntime
+     "threads": null,             # Config.set_num_threads (process-wide)
+     "pad_batch": true}           # pad a batch to the next bucket size (below)
+
+Batch buckets: a program with a symbolic batch dim is compiled once per batch size it
+sees; under dynamic batching that is every size from 1 to ``max_batch_size``. With
+``pad_batch`` (the default when the model batches) a batch is padded with zero rows up
+to the next power of two (or preferred batch size) and the extra rows are dropped from
+the outputs, so a worker compiles at most log2(max_batch_size) + 1 executors; this
+assumes rows are independent, which batching assumes anyway.
+
+Kind "onnxruntime" serves the same model through onnxruntime: an ``.onnx`` file in the
+directory (``"onnx"`` in config.json names it; default the only ``*.onnx`` there) runs
+in an `onnxruntime.InferenceSession` (one per worker thread); without one, the saved
+program runs in a Predictor with ``Config.set_runtime("onnxruntime")``.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .model import (DATATYPES, ServedModel, ServingError, TensorSpec, datatype_of,
+                    register_kind)
+
+
+def _program_path(name, directory, config):
+    if os.path.exists(os.path.join(directory, "meta.json")):
+        return directory
+    rel = config.get("path", "model.sampan")
+    if not isinstance(rel, str):
+        raise ServingError(f"serving: model {name!r}: config.json 'path' must be a string; "
+                           f"got {rel!r}")
+    path = os.path.normpath(os.path.join(directory, rel))
+    if not os.path.isdir(path):
+        raise ServingError(f"serving: model {name!r}: {directory} holds no saved program "
+                           f"(no meta.json there, and {path} is not a directory)")
+    return path
+
+
+def _dims(shape):
+    return tuple(-1 if not isinstance(d, (int, np.integer)) or d < 0 else int(d)
+                 for d in shape)
+
+
+def _batchable(specs):
+    """Every input has a first dim of any size (a symbolic batch dim)."""
+    return bool(specs) and all(s.shape and s.shape[0] == -1 for s in specs)
+
+
+def _max_batch(name, config, specs):
+    mb = config.get("max_batch_size")
+    if mb is None:
+        return 64 if _batchable(specs) else 0
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+        raise ServingError(f"serving: model {name!r}: max_batch_size must be an int >= 0; "
+                           f"got {mb!r}")
+    if mb > 0 and not _batchable(specs):
+        raise ServingError(f"serving: model {name!r}: max_batch_size {mb} needs every input "
+                           f"to have a symbolic first dim; inputs "
+                           f"{[(s.name, list(s.shape)) for s in specs]}")
+    return mb
+
+
+def buckets(max_batch_size, preferred=()):
+    """Batch sizes a padded batch is rounded up to: powers of two, the preferred sizes
+    and `max_batch_size` itself. Example: ``buckets(48) == [1, 2, 4, 8, 16, 32, 48]``"""
+    out, b = set(), 1
+    while b < max_batch_size:
+        out.add(b)
+        b *= 2
+    out.add(max_batch_size)
+    out.update(p for p in preferred if 0 < p <= max_batch_size)
+    return sorted(out)
+
+
+class _Padded(ServedModel):
+    """Shared by both kinds: pads a batch to its bucket, runs `_run`, crops the rows."""
+
+    def _setup_buckets(self):
+        pad = self.config.get("pad_batch", True)
+        pref = (self.config.get("dynamic_batching") or {}).get("preferred_batch_sizes") or ()
+        self._buckets = buckets(self.max_batch_size, pref) if (
+            pad and self.max_batch_size > 0) else None
+
+    def infer(self, inputs):
+        bk = self._buckets
+        if bk is None:
+            return self._run(inputs)
+        n = next(iter(inputs.values())).shape[0]
+        size = next((b for b in bk if b >= n), n)
+        if size == n:
+            return self._run(inputs)
+        padded = {}
+        for k, a in inputs.items():
+            p = np.zeros((size,) + a.shape[1:], a.dtype)
+            p[:n] = a
+            padded[k] = p
+        return {k: v[:n] for k, v in self._run(padded).items()}
+
+    def warmup(self):
+        """Run every bucket once on zeros (compiles their executors before traffic)."""
+        for b in self._buckets or ():
+            self._run({s.name: np.zeros((b,) + s.shape[1:], DATATYPES[s.datatype])
+                       for s in self.inputs})
+
+
+class ProgramModel(_Padded):
+    """A saved program run by a Predictor (this object's own; `clone` makes another)."""
+
+    def __init__(self, name, directory, config, runtime="numba", platform="sampan",
+                 predictor=None):
+        import sampan.inference as inf
+        self.directory = directory
+        self.runtime = runtime
+        if predictor is None:
+            path = _program_path(name, directory, config)
+            cfg = inf.Config(path)
+            cfg.set_runtime(config.get("runtime", runtime))
+            if config.get("threads"):
+                cfg.set_num_threads(int(config["threads"]))
+            try:
+                predictor = inf.create_predictor(cfg)
+            except ServingError:
+                raise
+            except Exception as e:
+                raise ServingError(f"serving: model {name!r}: cannot load {path}: "
+                                   f"{e}") from None
+        p = predictor
+        self._p = p
+        self._hin = [p.get_input_handle(n) for n in p.get_input_names()]
+        self._hout = [(n, p.get_output_handle(n)) for n in p.get_output_names()]
+        ins = [TensorSpec(h.name, datatype_of(np.dtype(str(h.type()))), _dims(h.shape()))
+               for h in self._hin]
+        outs = [TensorSpec(n, datatype_of(np.dtype(str(h.type()))), _dims(h.shape()))
+                for n, h in self._hout]
+        super().__init__(name=name, inputs=ins, outputs=outs,
+                         max_batch_size=_max_batch(name, config, ins),
+                         platform=platform, config=config)
+        self._setup_buckets()
+
+    def _run(self, inputs):
+        for h in self._hin:
+            h.share_external_data(np.ascontiguousarray(inputs[h.name]))
+        self._p.run()
+        return {n: h.copy_to_cpu() for n, h in self._hout}
+
+    def clone(self):
+        return ProgramModel(self.name, self.directory, self.config, self.runtime,
+                            self.platform, predictor=self._p.clone())
+
+    def metadata(self):
+        return {"runtime": self._p._prog.config.runtime()}
+
+
+_ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
+              "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int16)": "INT16",
+              "tensor(int8)": "INT8", "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL"}
+
+
+class OrtModel(_Padded):
+    """An ONNX file run by an onnxruntime InferenceSession (one per clone)."""
+
+    def __init__(self, name, onnx_path, config):
+        import onnxruntime as ort
+        self.onnx_path = onnx_path
+        so = ort.SessionOptions()
+        if config.get("threads"):
+            so.intra_op_num_threads = int(config["threads"])
+        try:
+            self._s = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise ServingError(f"serving: model {name!r}: onnxruntime cannot load "
+                               f"{onnx_path}: {e}") from None
+
+        def spec(a):
+            if a.type not in _ORT_TYPES:
+                raise ServingError(f"serving: model {name!r}: {a.name} has ONNX type "
+                                   f"{a.type}, which the server does not serve")
+            return TensorSpec(a.name, _ORT_TYPES[a.type], _dims(a.shape))
+        ins = [spec(a) for a in self._s.get_inputs()]
+        outs = [spec(a) for a in self._s.get_outputs()]
+        self._onames = [s.name for s in outs]
+        super().__init__(name=name, inputs=ins, outputs=outs,
+                         max_batch_size=_max_batch(name, config, ins),
+                         platform="onnxruntime_onnx", config=config)
+        self._setup_buckets()
+
+    def _run(self, inputs):
+        res = self._s.run(self._onames, inputs)
+        return dict(zip(self._onames, res))
+
+    def clone(self):
+        return OrtModel(self.name, self.onnx_path, self.config)
+
+    def metadata(self):
+        import onnxruntime as ort
+        return {"onnxruntime": ort.__version__}
+
+
+@register_kind("program")
+def load_program(name, directory, config) -> ServedModel:
+    return ProgramModel(name, directory, config)
+
+
+@register_kind("onnxruntime")
+def load_onnxruntime(name, directory, config) -> ServedModel:
+    rel = config.get("onnx")
+    if rel is None:
+        found = sorted(f for f in os.listdir(directory) if f.endswith(".onnx"))
+        if len(found) > 1:
+            raise ServingError(f"serving: model {name!r}: {directory} holds several .onnx "
+                               f"files {found}; name one with 'onnx' in config.json")
+        rel = found[0] if found else None
+    if rel is not None:
+        path = os.path.join(directory, rel)
+        if not os.path.isfile(path):
+            raise ServingError(f"serving: model {name!r}: {path} is not a file")
+        return OrtModel(name, path, config)
+    return ProgramModel(name, directory, config, runtime="onnxruntime",
+                        platform="sampan_onnxruntime")

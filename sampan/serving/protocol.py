@@ -1,0 +1,219 @@
+"""The KServe v2 / Triton open inference protocol's request and response bodies, over
+HTTP/REST, with the binary tensor data extension.
+
+Request: a JSON object ``{"id"?, "parameters"?, "inputs": [{"name", "datatype", "shape",
+"data" | "parameters": {"binary_data_size": n}}], "outputs"?: [{"name", "parameters"?:
+{"binary_data": bool}}]}``. ``data`` is flat (row-major) or nested. With binary inputs
+the body is the JSON header followed by the raw little-endian bytes of each binary input
+in order, and the ``Inference-Header-Content-Length`` header gives the JSON's length.
+
+Response: ``{"model_name", "model_version", "id"?, "outputs": [{"name", "datatype",
+"shape", "data" | "parameters": {"binary_data_size": n}}]}``, binary outputs after the
+JSON in the same way. An output is binary when its request entry asks
+(``binary_data``) or, for outputs not listed, when the request's ``binary_data_output``
+parameter is true. Errors: ``{"error": message}`` with the HTTP status.
+
+Everything a request can get wrong raises `RequestError` (HTTP 400) naming the input.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .batcher import RequestError
+from .model import DATATYPES
+
+HEADER = "inference-header-content-length"
+
+
+class Decoded:
+    """A parsed request: arrays by input name, outputs wanted {name: binary?}, params."""
+    __slots__ = ("id", "inputs", "outputs", "params", "binary_default")
+
+    def __init__(self, rid, inputs, outputs, params, binary_default):
+        self.id, self.inputs, self.outputs = rid, inputs, outputs
+        self.params, self.binary_default = params, binary_default
+
+
+def _bad(model, msg):
+    return RequestError(f"model {model.name!r}: {msg}", 400)
+
+
+def _shape(model, spec_name, j):
+    shape = j.get("shape")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise _bad(model, f"input {spec_name!r}: 'shape' must be a list of non-negative "
+                          f"ints; got {shape!r}")
+    return tuple(shape)
+
+
+def _check_shape(model, spec, shape):
+    want = spec.shape
+    if len(shape) != len(want) or any(w != -1 and w != d for w, d in zip(want, shape)):
+        raise _bad(model, f"input {spec.name!r}: shape {list(shape)} does not fit the "
+                          f"model's {list(want)} (-1: any size)")
+
+
+def _from_json(model, spec, dtype, shape, data):
+    n = math.prod(shape)
+    if not isinstance(data, list):
+        raise _bad(model, f"input {spec.name!r}: 'data' must be a list (flat or nested); "
+                          f"got {type(data).__name__}")
+    try:
+        if dtype.kind in "iub":
+            raw = np.asarray(data)
+            if raw.size and raw.dtype.kind not in "iub":
+                raise _bad(model, f"input {spec.name!r}: datatype {spec.datatype} needs "
+                                  f"{'booleans' if dtype.kind == 'b' else 'integers'}; "
+                                  f"the data holds {raw.dtype.name} values")
+            a = raw.astype(dtype)
+        else:
+            a = np.array(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise _bad(model, f"input {spec.name!r}: 'data' is not a regular list of numbers "
+                          f"of datatype {spec.datatype}: {e}") from None
+    if a.size != n:
+        raise _bad(model, f"input {spec.name!r}: shape {list(shape)} needs {n} values; "
+                          f"'data' has {a.size}")
+    return a.reshape(shape)
+
+
+def decode(model, body: bytes, header_len=None) -> Decoded:
+    """Parse and check an infer request body against `model`'s inputs and outputs."""
+    if header_len is not None:
+        try:
+            hl = int(header_len)
+        except ValueError:
+            raise _bad(model, f"Inference-Header-Content-Length {header_len!r} is not an "
+                              "integer") from None
+        if not 0 < hl <= len(body):
+            raise _bad(model, f"Inference-Header-Content-Length is {hl}, but the body has "
+                              f"{len(body)} bytes")
+        head, blob = body[:hl], memoryview(body)[hl:]
+    else:
+        head, blob = body, memoryview(b"")
+    try:
+        req = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad(model, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(req, dict):
+        raise _bad(model, f"the request must be a JSON object; got {type(req).__name__}")
+    params = req.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise _bad(model, "'parameters' must be an object")
+    ins = req.get("inputs")
+    if not isinstance(ins, list) or not ins:
+        raise _bad(model, "the request needs a non-empty 'inputs' list")
+    specs = {s.name: s for s in model.inputs}
+    arrays, at = {}, 0
+    for j in ins:
+        if not isinstance(j, dict) or not isinstance(j.get("name"), str):
+            raise _bad(model, f"each input must be an object with a 'name'; got {j!r:.80}")
+        name = j["name"]
+        spec = specs.get(name)
+        if spec is None:
+            raise _bad(model, f"unknown input {name!r}; the model's inputs are "
+                              f"{list(specs)}")
+        if name in arrays:
+            raise _bad(model, f"input {name!r} is given twice")
+        if j.get("datatype") != spec.datatype:
+            raise _bad(model, f"input {name!r}: datatype {j.get('datatype')!r}; the model "
+                              f"expects {spec.datatype}")
+        dtype = DATATYPES[spec.datatype]
+        shape = _shape(model, name, j)
+        _check_shape(model, spec, shape)
+        p = j.get("parameters") or {}
+        size = p.get("binary_data_size") if isinstance(p, dict) else None
+        if size is not None:
+            need = math.prod(shape) * dtype.itemsize
+            if not isinstance(size, int) or size != need:
+                raise _bad(model, f"input {name!r}: binary_data_size is {size!r}, but shape "
+                                  f"{list(shape)} of {spec.datatype} needs {need} bytes")
+            if at + size > len(blob):
+                raise _bad(model, f"input {name!r}: binary_data_size {size} runs past the "
+                                  f"end of the body ({len(blob) - at} binary bytes left)")
+            a = np.frombuffer(blob[at:at + size], dtype=dtype.newbyteorder("<"))
+            arrays[name] = a.astype(dtype, copy=False).reshape(shape)
+            at += size
+        elif "data" in j:
+            arrays[name] = _from_json(model, spec, dtype, shape, j["data"])
+        else:
+            raise _bad(model, f"input {name!r} has neither 'data' nor a binary_data_size "
+                              "parameter")
+    if at != len(blob):
+        raise _bad(model, f"the body has {len(blob) - at} binary bytes after the inputs "
+                          f"that no input's binary_data_size accounts for")
+    missing = [n for n in specs if n not in arrays]
+    if missing:
+        raise _bad(model, f"missing input(s) {missing}; the model's inputs are {list(specs)}")
+    if model.max_batch_size > 0:
+        rows = {n: a.shape[0] if a.ndim else None for n, a in arrays.items()}
+        if len(set(rows.values())) != 1 or None in rows.values():
+            raise _bad(model, f"the inputs must share their first (batch) dim; got {rows}")
+    bdo = params.get("binary_data_output", False)
+    outs = {}
+    known = {s.name for s in model.outputs}
+    for o in req.get("outputs") or ():
+        if not isinstance(o, dict) or o.get("name") not in known:
+            got = o.get("name") if isinstance(o, dict) else o
+            raise _bad(model, f"unknown output {got!r} requested; the model's outputs are "
+                              f"{sorted(known)}")
+        op = o.get("parameters") or {}
+        outs[o["name"]] = bool(op.get("binary_data", bdo)) if isinstance(op, dict) else bdo
+    rid = req.get("id")
+    return Decoded(rid if isinstance(rid, str) else None, arrays, outs, params, bool(bdo))
+
+
+def timeout_s(model, params):
+    """A request's own timeout from its parameters: ``timeout`` (microseconds, Triton's)
+    or ``timeout_ms``; None when it gives none."""
+    for key, scale in (("timeout_ms", 1e-3), ("timeout", 1e-6)):
+        v = params.get(key)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise _bad(model, f"parameter {key!r} must be a positive number; got {v!r}")
+            return float(v) * scale
+    return None
+
+
+def encode(model, dec: Decoded, results: dict):
+    """The response body (bytes) and the JSON header length (None when all-JSON)."""
+    specs = {s.name: s for s in model.outputs}
+    wanted = dec.outputs or {n: dec.binary_default for n in specs}
+    outs, blobs = [], []
+    for name, binary in wanted.items():
+        a = np.asarray(results[name])
+        dt = specs[name].datatype if name in specs else None
+        if dt is None or DATATYPES[dt] != a.dtype:
+            from .model import datatype_of
+            dt = datatype_of(a.dtype)
+        o = {"name": name, "datatype": dt, "shape": list(a.shape)}
+        if binary:
+            b = np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()
+            o["parameters"] = {"binary_data_size": len(b)}
+            blobs.append(b)
+        else:
+            o["data"] = a.ravel().tolist()
+        outs.append(o)
+    resp = {"model_name": model.name, "model_version": str(model.version), "outputs": outs}
+    if dec.id is not None:
+        resp["id"] = dec.id
+    head = json.dumps(resp, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return b"".join([head] + blobs), len(head)
+
+
+def metadata(model) -> dict:
+    """``GET /v2/models/{name}``: name, versions, platform, inputs and outputs."""
+    def t(s):
+        return {"name": s.name, "datatype": s.datatype, "shape": [int(d) for d in s.shape]}
+    out = {"name": model.name, "versions": [str(model.version)], "platform": model.platform,
+           "inputs": [t(s) for s in model.inputs], "outputs": [t(s) for s in model.outputs]}
+    extra = model.metadata() or {}
+    for k, v in extra.items():
+        out.setdefault(k, v)
+    return out

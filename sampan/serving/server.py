@@ -1,0 +1,211 @@
+"""`Server`: models, their batchers and the HTTP app under uvicorn, in this process.
+
+    >>> from sampan.serving import Server
+    >>> with Server({"mlp": "models/mlp"}, port=0) as s:     # port 0: a free port
+    ...     print(s.url)                                      # http://127.0.0.1:PORT
+    ...     # tritonclient.http.InferenceServerClient(s.url[len("http://"):]) ...
+
+`start()` loads every model (errors raise here, naming the model), warms it, starts its
+worker threads and runs uvicorn in a background thread; `stop()` shuts down gracefully:
+uvicorn stops accepting, the requests already accepted are answered, then the workers
+drain their queues and the models' `stop()` runs. `serve()` does the same in the calling
+(main) thread until SIGTERM/SIGINT: that is `sampan serve`.
+
+Settings: per model from its directory's ``config.json`` (see `model.py`), overridden by
+`overrides` (``{"max_batch_size": 32, "dynamic_batching": {...}, "instance_count": 2}``
+for every model, as the CLI flags do; ``"dynamic_batching": None`` turns batching off).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+from .model import ServedModel, ServingError, load_model, read_config
+
+MAX_BODY_BYTES = 64 << 20
+
+
+def repository_models(directory) -> dict:
+    """{name: dir} for each subdirectory of a model repository (hidden ones skipped)."""
+    if not os.path.isdir(directory):
+        raise ServingError(f"serving: model repository {directory!r} is not a directory")
+    return {d: os.path.join(directory, d) for d in sorted(os.listdir(directory))
+            if not d.startswith(".") and os.path.isdir(os.path.join(directory, d))}
+
+
+def _merge(cfg: dict, overrides: dict) -> dict:
+    out = dict(cfg)
+    for k, v in (overrides or {}).items():
+        if k == "dynamic_batching" and isinstance(v, dict):
+            base = out.get("dynamic_batching")
+            out[k] = dict(base if isinstance(base, dict) else {}, **v)
+        else:
+            out[k] = v
+    if out.get("dynamic_batching") is None:
+        out.pop("dynamic_batching", None)
+    return out
+
+
+def _load(name, where, overrides):
+    if isinstance(where, ServedModel):
+        if overrides:
+            where.config = _merge(where.config or {}, overrides)
+            if "max_batch_size" in overrides:
+                where.max_batch_size = int(overrides["max_batch_size"])
+        return where
+    if not overrides:
+        return load_model(name, os.fspath(where))
+    # the loader reads config.json itself: give it the merged config through a kind call
+    from .model import KINDS, _load_builtin_kinds
+    directory = os.fspath(where)
+    if not os.path.isdir(directory):
+        raise ServingError(f"serving: model {name!r}: {directory!r} is not a directory")
+    cfg = _merge(read_config(directory), overrides)
+    kind = cfg.get("kind", "program")
+    if kind not in KINDS:
+        _load_builtin_kinds()
+    if kind not in KINDS:
+        raise ServingError(f"serving: model {name!r}: unknown kind {kind!r}; expected one "
+                           f"of {sorted(KINDS)}")
+    return KINDS[kind](name, directory, cfg)
+
+
+class _State:
+    draining = False
+
+
+class Server:
+    """The server over `models` ({name: model directory or ServedModel}); see module doc.
+
+    Example: ``s = Server({"mlp": "m/"}).start(); ...; s.stop()``"""
+
+    def __init__(self, models=None, host="127.0.0.1", port=0, *, repository=None,
+                 workers=None, overrides=None, max_body_bytes=MAX_BODY_BYTES,
+                 log_level="warning", warmup=True):
+        self.specs = dict(models or {})
+        if repository is not None:
+            for n, d in repository_models(repository).items():
+                self.specs.setdefault(n, d)
+        if not self.specs:
+            raise ServingError("serving: no models to serve (give --model name=dir or "
+                               "--repository DIR)")
+        self.host, self.port = host, int(port)
+        self.workers = workers
+        self.overrides = dict(overrides or {})
+        self.max_body_bytes = int(max_body_bytes)
+        self.log_level = log_level
+        self.warmup = warmup
+        self.entries: dict = {}
+        self._uv = None
+        self._thread = None
+        self._sock = None
+        self._state = _State()
+
+    # ------------------------------------------------------------ setup
+    def _build(self):
+        from .app import Entry, make_app
+        from .batcher import Batcher
+        from .ops import Metrics, setup_logging
+        setup_logging(self.log_level)
+        self.metrics = Metrics()
+        for name, where in self.specs.items():
+            m = _load(name, where, self.overrides)
+            inst = self.workers or int((m.config or {}).get("instance_count", 2))
+            mm = self.metrics.model(name)
+            self.entries[name] = Entry(m, Batcher(m, inst, mm), mm)
+        import sampan
+        return make_app(self.entries, "sampan", getattr(sampan, "__version__", "0"),
+                        self.max_body_bytes, metrics=self.metrics, state=self._state,
+                        on_startup=[self._start_models], on_shutdown=[self._drain])
+
+    def _start_models(self):
+        for e in self.entries.values():
+            e.batcher.start(self.warmup)
+            e.model.start()
+
+    def _drain(self):
+        self._state.draining = True
+        for e in self.entries.values():
+            e.batcher.close()
+        for e in self.entries.values():
+            e.model.stop()
+
+    def _config(self, app):
+        import uvicorn
+        s = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((self.host, self.port))
+        s.listen(2048)
+        s.set_inheritable(True)
+        self._sock = s
+        self.port = s.getsockname()[1]
+        cfg = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                             log_level=self.log_level, timeout_graceful_shutdown=None,
+                             backlog=2048)
+        self._uv = uvicorn.Server(cfg)
+        return self._uv
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # ------------------------------------------------------------ running
+    def start(self, timeout=120.0) -> "Server":
+        """Serve in a background thread; returns once the server accepts requests."""
+        uv = self._config(self._build())
+        err = []
+
+        def run():
+            try:
+                uv.run(sockets=[self._sock])
+            except BaseException as e:      # noqa: BLE001 -- reported by start()
+                err.append(e)
+        self._thread = threading.Thread(target=run, name="sampan-serve", daemon=True)
+        self._thread.start()
+        ev = threading.Event()
+        while not uv.started and self._thread.is_alive():
+            ev.wait(0.01)
+        if not uv.started:
+            raise ServingError(f"serving: the server did not start: {err[0] if err else '?'}")
+        return self
+
+    def stop(self, timeout=60.0) -> None:
+        """Graceful shutdown (see module doc); returns when the server thread has ended."""
+        if self._uv is not None and self._thread is not None:
+            self._uv.should_exit = True
+            self._thread.join(timeout)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def serve(self, on_ready=None) -> int:
+        """Serve in this thread until SIGTERM or SIGINT, then drain and return 0."""
+        import signal
+        uv = self._config(self._build())
+        # uvicorn re-raises the signal it caught after its shutdown: a handler that ignores
+        # it lets the command return 0 after the drain instead of dying by the signal
+        prev = signal.signal(signal.SIGTERM, lambda *a: None)
+        if on_ready is not None:
+            orig = uv.startup
+
+            async def startup(sockets=None):
+                await orig(sockets=sockets)
+                on_ready(self)
+            uv.startup = startup
+        try:
+            uv.run(sockets=[self._sock])
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, prev)
+            self._sock.close()
+        return 0
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
