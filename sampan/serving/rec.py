@@ -30,6 +30,7 @@ carry embeddings only.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -40,7 +41,7 @@ import numpy as np
 
 from sampan.serving.model import ServedModel, ServingError, TensorSpec, register_kind
 
-__all__ = ["DLRMModel", "demo_inputs", "export_demo_dlrm", "export_dlrm"]
+__all__ = ["DLRMModel", "SnapshotWatcher", "demo_inputs", "export_demo_dlrm", "export_dlrm"]
 
 log = logging.getLogger("sampan.serving")
 
@@ -90,114 +91,56 @@ class _RWLock:
                 self._cond.notify_all()
 
 
-def _int(cfg: dict, key: str, where: str) -> int:
+def _int(cfg: dict, key: str, where: str, low: int = 1) -> int:
     v = cfg.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ServingError(f"serving: {where}: config key {key!r} must be a positive "
-                           f"integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ServingError(f"serving: {where}: config key {key!r} must be an integer >= "
+                           f"{low}, got {v!r}")
     return v
 
 
-class DLRMModel(ServedModel):
-    """A served DLRM; made by the ``dlrm`` kind's loader from a model directory.
+class SnapshotWatcher:
+    """A :class:`sampan.rec.ServingTable` kept current from a snapshot directory.
 
-    >>> # m = sampan.serving.model.load_model("ctr", "ctr_dir"); m.start()
-    >>> # m.infer({"dense_features": x, "sparse_ids": ids})["probability"]  # (B, 1)
+    `lookup` reads every field of a batch under the shared side of a reader/writer lock;
+    `poll` applies new exports under the exclusive side, after verifying each file
+    outside the lock. `start` polls on a daemon thread every `poll_interval` seconds.
+
+    >>> # w = SnapshotWatcher(ServingTable("emb.full"), "deltas/"); w.poll()
+    >>> # [('deltas/000001.delta', 'applied')]
     """
 
-    def __init__(self, name: str, directory: str, config: dict):
-        from sampan import inference
-        from sampan.rec.snapshot import ServingTable
-
-        where = f"model {name!r} ({directory}/config.json)"
-        self.n_fields = _int(config, "n_fields", where)
-        self.n_dense = _int(config, "n_dense", where)
-        mbs = config.get("max_batch_size", 0)
-        super().__init__(
-            name=name, max_batch_size=mbs, platform="sampan_dlrm", config=config,
-            inputs=[TensorSpec(INPUTS[0], "FP32", (-1, self.n_dense)),
-                    TensorSpec(INPUTS[1], "INT64", (-1, self.n_fields))],
-            outputs=[TensorSpec(OUTPUT, "FP32", (-1, 1))])
-
-        def path(key, default):
-            p = config.get(key, default)
-            if not isinstance(p, str):
-                raise ServingError(f"serving: {where}: {key!r} must be a path, got {p!r}")
-            return os.path.join(directory, p)  # an absolute p stays as it is
-
-        try:
-            self._table = ServingTable(path("embeddings", "embeddings.full"))
-            pred = inference.create_predictor(inference.Config(path("dense_program",
-                                                                    "dense.program")))
-        except (OSError, ValueError) as e:  # SnapshotError and sampan errors included
-            raise ServingError(f"serving: {where}: cannot load: {e}") from None
-        if self._table.dim != config.get("dim", self._table.dim):
-            raise ServingError(f"serving: {where}: embeddings have dim {self._table.dim}, "
-                               f"the config says {config['dim']}")
-        if len(pred.get_input_names()) != 2 or len(pred.get_output_names()) != 1:
-            raise ServingError(f"serving: {where}: the dense program takes "
-                               f"{pred.get_input_names()} and gives "
-                               f"{pred.get_output_names()}; expected (dense, emb) -> prob")
-        self._predictor = pred
-        self._local = threading.local()      # a predictor clone per worker thread
+    def __init__(self, table, directory: str | None, poll_interval: float = 0.2,
+                 name: str = "model"):
+        self.table = table
+        self.directory = directory
+        self.poll_interval = float(poll_interval)
+        self.name = name
+        self.stats = {"applied_deltas": 0, "refused_deltas": 0, "last_refused": None}
         self._rw = _RWLock()
-        self.snapshot_dir = path("snapshot_dir", "") if config.get("snapshot_dir") else None
-        interval = config.get("poll_interval_ms", 200)
-        if not isinstance(interval, (int, float)) or isinstance(interval, bool) \
-                or interval <= 0:
-            raise ServingError(f"serving: {where}: poll_interval_ms must be a positive "
-                               f"number, got {interval!r}")
-        self.poll_interval = interval / 1000.0
-        self._seen: dict[str, tuple] = {}    # file -> (size, mtime) already handled
-        self._stats = {"applied_deltas": 0, "refused_deltas": 0, "last_refused": None}
+        self._seen: dict[str, tuple] = {}    # file -> (size, mtime, inode) already handled
         self._poll_lock = threading.Lock()   # one poller at a time (thread or a caller)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # ---------------------------------------------------------------- inference
-    def _input(self, inputs: dict, name: str, dtype, width: int) -> np.ndarray:
-        a = inputs.get(name)
-        if a is None:
-            raise ServingError(f"model {self.name!r}: input {name!r} is missing; the model "
-                               f"takes {list(INPUTS)}")
-        a = np.asarray(a)
-        if a.dtype != dtype or a.ndim != 2 or a.shape[1] != width:
-            raise ServingError(f"model {self.name!r}: input {name!r} is {a.dtype}"
-                               f"{list(a.shape)}, expected {np.dtype(dtype)}[-1, {width}]")
-        return np.ascontiguousarray(a)
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Vectors of a ``(B, F)`` id batch, all from one snapshot: ``(B, F, dim)``."""
+        with self._rw.shared():
+            return self.table.lookup(ids)
 
-    def infer(self, inputs: dict) -> dict:
-        """``{"dense_features": (B, n_dense) f32, "sparse_ids": (B, n_fields) i64}`` ->
-        ``{"probability": (B, 1) f32}``; all B rows see the same snapshot."""
-        dense = self._input(inputs, INPUTS[0], np.float32, self.n_dense)
-        ids = self._input(inputs, INPUTS[1], np.int64, self.n_fields)
-        if dense.shape[0] != ids.shape[0]:
-            raise ServingError(f"model {self.name!r}: {INPUTS[0]} has {dense.shape[0]} rows, "
-                               f"{INPUTS[1]} has {ids.shape[0]}; they must agree")
-        if not len(ids):
-            return {OUTPUT: np.zeros((0, 1), np.float32)}
-        with self._rw.shared():   # every field's lookup from one snapshot
-            emb = self._table.lookup(ids)
-        pred = getattr(self._local, "p", None)
-        if pred is None:
-            pred = self._local.p = self._predictor.clone()
-        out = pred.run([dense, emb])[0]
-        return {OUTPUT: np.asarray(out, np.float32).reshape(-1, 1)}
-
-    def metadata(self) -> dict:
+    def state(self) -> dict:
         """The snapshot served (sequence, step, lineage) and the update counters."""
         with self._rw.shared():
-            t = self._table
-            meta = {"snapshot_sequence": t.seq, "snapshot_step": t.step,
-                    "snapshot_lineage": t.lineage}
-        meta.update(self._stats)
-        meta["snapshot_dir"] = self.snapshot_dir
-        return meta
+            t = self.table
+            out = {"snapshot_sequence": t.seq, "snapshot_step": t.step,
+                   "snapshot_lineage": t.lineage}
+        out.update(self.stats)
+        out["snapshot_dir"] = self.directory
+        return out
 
-    # ---------------------------------------------------------------- online updates
     def start(self) -> None:
-        """Catch up with the snapshot directory, then watch it on a daemon thread."""
-        if self.snapshot_dir is None or self._thread is not None:
+        """Catch up with the directory, then watch it on a daemon thread."""
+        if self.directory is None or self._thread is not None:
             return
         self.poll()
         self._stop.clear()
@@ -220,34 +163,36 @@ class DLRMModel(ServedModel):
                 log.exception("model %r: snapshot watcher failed; retrying", self.name)
 
     def poll(self) -> list:
-        """Handle the snapshot directory's new files once; returns ``(file, outcome)``
-        pairs, outcome ``"applied"``, ``"ignored"`` or ``"refused: <reason>"``."""
+        """Handle the directory's new files once; returns ``(file, outcome)`` pairs, the
+        outcome ``"applied"``, ``"ignored"`` (an older full) or ``"refused: <reason>"``."""
+        if self.directory is None:
+            return []
         with self._poll_lock:
             done, held = [], []
-            for attempt in range(2):
+            for _ in range(2):
                 held = self._progress(held + self._read_new(done), done)
                 # A delta that skips one is refused only if a second listing, made after
                 # the first ended, still lacks the missing one: exports are renamed into
-                # place in order, but one listing may miss a file renamed in meanwhile.
+                # place in order, but one listing may miss a file renamed meanwhile.
                 if not held:
                     break
             for path, header, _ in held:
                 self._refuse(done, path, f"out of order: it follows export "
                                          f"{header['base_seq']}, the model serves "
-                                         f"{self._table.seq} (a delta is missing)")
+                                         f"{self.table.seq} (a delta is missing)")
             return done
 
     def _read_new(self, done: list) -> list:
         from sampan.rec.snapshot import verify_snapshot
         try:
-            names = sorted(os.listdir(self.snapshot_dir))
+            names = sorted(os.listdir(self.directory))
         except FileNotFoundError:
             return []
         found = []
         for n in names:
             if not n.endswith((".delta", ".full")):
                 continue  # the exporters' temporary files among them
-            path = os.path.join(self.snapshot_dir, n)
+            path = os.path.join(self.directory, n)
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -274,7 +219,7 @@ class DLRMModel(ServedModel):
         files.sort(key=lambda f: (f[1]["seq"], f[1]["kind"] != "full"))
         held = []
         for path, header, arrays in files:
-            t = self._table
+            t = self.table
             if header.get("lineage") is None or header.get("lineage") != t.lineage:
                 self._refuse(done, path, f"of table lineage {header.get('lineage')}, the "
                                          f"model serves lineage {t.lineage}")
@@ -288,7 +233,7 @@ class DLRMModel(ServedModel):
                     self._refuse(done, path, f"corrupt: {e}")
                     continue
                 with self._rw.exclusive():
-                    self._table = new
+                    self.table = new
                 self._applied(done, path, header)
             elif header["seq"] <= t.seq:
                 self._refuse(done, path, f"duplicate or stale: export {header['seq']} "
@@ -306,17 +251,141 @@ class DLRMModel(ServedModel):
         return held
 
     def _applied(self, done: list, path: str, header: dict) -> None:
-        self._stats["applied_deltas"] += 1
+        self.stats["applied_deltas"] += 1
         done.append((path, "applied"))
         log.info("model %r: applied %s export %d (step %d) from %s", self.name,
                  header["kind"], header["seq"], header["step"], path)
 
     def _refuse(self, done: list, path: str, reason: str) -> None:
-        self._stats["refused_deltas"] += 1
-        self._stats["last_refused"] = {"file": os.path.basename(path), "reason": reason}
+        self.stats["refused_deltas"] += 1
+        self.stats["last_refused"] = {"file": os.path.basename(path), "reason": reason}
         done.append((path, f"refused: {reason}"))
         log.warning("model %r: refused snapshot %s: %s; still serving export %d",
-                    self.name, path, reason, self._table.seq)
+                    self.name, path, reason, self.table.seq)
+
+
+def _buckets(max_batch_size: int, preferred=()) -> list:
+    """Batch sizes a batch is padded up to (powers of two, preferred sizes, the maximum),
+    so a worker compiles a few executors of the dense program instead of one a size."""
+    out, b = {max_batch_size}, 1
+    while b < max_batch_size:
+        out.add(b)
+        b *= 2
+    out.update(p for p in preferred if isinstance(p, int) and 0 < p <= max_batch_size)
+    return sorted(out)
+
+
+class DLRMModel(ServedModel):
+    """A served DLRM; made by the ``dlrm`` kind's loader from a model directory. Clones
+    share the table and its watcher and own a Predictor of the dense program each.
+
+    >>> # m = sampan.serving.model.load_model("ctr", "ctr_dir"); m.start()
+    >>> # m.infer({"dense_features": x, "sparse_ids": ids})["probability"]  # (B, 1)
+    """
+
+    def __init__(self, name: str, directory: str, config: dict):
+        from sampan import inference
+        from sampan.rec.snapshot import ServingTable
+
+        where = f"model {name!r} ({directory}/config.json)"
+        self.n_fields = _int(config, "n_fields", where)
+        self.n_dense = _int(config, "n_dense", where)
+        mbs = _int(dict(config, max_batch_size=config.get("max_batch_size", 0)),
+                   "max_batch_size", where, 0)
+        super().__init__(
+            name=name, max_batch_size=mbs, platform="sampan_dlrm", config=config,
+            inputs=[TensorSpec(INPUTS[0], "FP32", (-1, self.n_dense)),
+                    TensorSpec(INPUTS[1], "INT64", (-1, self.n_fields))],
+            outputs=[TensorSpec(OUTPUT, "FP32", (-1, 1))])
+
+        def path(key, default):
+            p = config.get(key, default)
+            if not isinstance(p, str):
+                raise ServingError(f"serving: {where}: {key!r} must be a path, got {p!r}")
+            return os.path.join(directory, p)  # an absolute p stays as it is
+
+        try:
+            table = ServingTable(path("embeddings", "embeddings.full"))
+            pred = inference.create_predictor(inference.Config(path("dense_program",
+                                                                    "dense.program")))
+        except (OSError, ValueError) as e:  # SnapshotError and sampan errors included
+            raise ServingError(f"serving: {where}: cannot load: {e}") from None
+        if table.dim != config.get("dim", table.dim):
+            raise ServingError(f"serving: {where}: embeddings have dim {table.dim}, the "
+                               f"config says {config['dim']}")
+        if len(pred.get_input_names()) != 2 or len(pred.get_output_names()) != 1:
+            raise ServingError(f"serving: {where}: the dense program takes "
+                               f"{pred.get_input_names()} and gives "
+                               f"{pred.get_output_names()}; expected (dense, emb) -> prob")
+        interval = config.get("poll_interval_ms", 200)
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) \
+                or interval <= 0:
+            raise ServingError(f"serving: {where}: poll_interval_ms must be a positive "
+                               f"number, got {interval!r}")
+        watched = path("snapshot_dir", "") if config.get("snapshot_dir") else None
+        self.watcher = SnapshotWatcher(table, watched, interval / 1000.0, name)
+        self._predictor = pred
+        self._run_lock = threading.Lock()  # uncontended when each worker has its clone
+        pref = (config.get("dynamic_batching") or {}).get("preferred_batch_sizes") or ()
+        self._buckets = _buckets(mbs, pref) if mbs > 0 else None
+
+    def clone(self) -> DLRMModel:
+        c = copy.copy(self)
+        c._predictor = self._predictor.clone()
+        c._run_lock = threading.Lock()
+        return c
+
+    def _input(self, inputs: dict, name: str, dtype, width: int) -> np.ndarray:
+        a = inputs.get(name)
+        if a is None:
+            raise ServingError(f"model {self.name!r}: input {name!r} is missing; the model "
+                               f"takes {list(INPUTS)}")
+        a = np.asarray(a)
+        if a.dtype != dtype or a.ndim != 2 or a.shape[1] != width:
+            raise ServingError(f"model {self.name!r}: input {name!r} is {a.dtype}"
+                               f"{list(a.shape)}, expected {np.dtype(dtype)}[-1, {width}]")
+        return np.ascontiguousarray(a)
+
+    def infer(self, inputs: dict) -> dict:
+        """``{"dense_features": (B, n_dense) f32, "sparse_ids": (B, n_fields) i64}`` ->
+        ``{"probability": (B, 1) f32}``; all B rows see the same snapshot."""
+        dense = self._input(inputs, INPUTS[0], np.float32, self.n_dense)
+        ids = self._input(inputs, INPUTS[1], np.int64, self.n_fields)
+        n = len(ids)
+        if len(dense) != n:
+            raise ServingError(f"model {self.name!r}: {INPUTS[0]} has {len(dense)} rows, "
+                               f"{INPUTS[1]} has {n}; they must agree")
+        if not n:
+            return {OUTPUT: np.zeros((0, 1), np.float32)}
+        emb = self.watcher.lookup(ids)
+        return {OUTPUT: self._dense(dense, emb)[:n]}
+
+    def _dense(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
+        n = len(dense)
+        size = next((b for b in self._buckets or () if b >= n), n)
+        if size != n:  # rows are independent: zero rows pad, and are dropped after
+            dense = np.concatenate([dense, np.zeros((size - n, dense.shape[1]), np.float32)])
+            emb = np.concatenate([emb, np.zeros((size - n,) + emb.shape[1:], np.float32)])
+        with self._run_lock:
+            out = self._predictor.run([dense, emb])[0]
+        return np.asarray(out, np.float32).reshape(-1, 1)
+
+    def warmup(self) -> None:
+        """Compile the dense program for every batch bucket before traffic."""
+        for b in self._buckets or (1,):
+            self._dense(np.zeros((b, self.n_dense), np.float32),
+                        np.zeros((b, self.n_fields, self.watcher.table.dim), np.float32))
+
+    def metadata(self) -> dict:
+        """``snapshot_sequence`` (the export served), ``snapshot_step``, the lineage,
+        ``applied_deltas``, ``refused_deltas`` and ``last_refused`` (file, reason)."""
+        return self.watcher.state()
+
+    def start(self) -> None:
+        self.watcher.start()
+
+    def stop(self) -> None:
+        self.watcher.stop()
 
 
 @register_kind("dlrm")
