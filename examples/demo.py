@@ -7,7 +7,10 @@
 4. train a short DLRM on the synthetic click stream and show AUC rising (when sampan.rec
    is present);
 5. serve the CNN through a Predictor (sampan.inference), fp32 and, where sampan.quant is
-   present, int8 after post-training quantisation: accuracy and batch-1 latency.
+   present, int8 after post-training quantisation: accuracy and batch-1 latency;
+6. `sampan serve` for a few seconds on 127.0.0.1 (when sampan.serving is present): the CNN
+   program and a small DLRM, queried with the real tritonclient, the DLRM's embeddings
+   updated from delta exports while it serves.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -85,6 +88,9 @@ def main():
     step("5. serve the CNN through a Predictor: accuracy and batch-1 latency")
     serve(model, xs, ys)
 
+    step("6. sampan serve: the CNN and a DLRM over HTTP, queried with tritonclient")
+    serve_http(os.path.join(OUT, "digits_cnn_served.program"), xs, ys)
+
 
 def serve(model, xs, ys, calls=2000):
     """The CNN saved with a symbolic batch, behind `sampan.inference` Predictors: fp32,
@@ -131,6 +137,60 @@ def serve(model, xs, ys, calls=2000):
         print(f"Predictor {label}: accuracy {acc:.4f}, batch-1 latency p50 "
               f"{np.percentile(ts, 50) * 1e6:.1f} us, p99 {np.percentile(ts, 99) * 1e6:.1f} us "
               f"over {calls} calls; program {size / 1024:.0f} KiB")
+
+
+def serve_http(cnn_program, xs, ys):
+    """Serve the CNN program and a freshly trained small DLRM on 127.0.0.1 (a free port)
+    for a few seconds, query both with tritonclient, then move the DLRM's spare delta
+    exports into its watched directory and query again at the new snapshot."""
+    import shutil
+    import time
+    try:
+        from tritonclient import http
+
+        from sampan.serving import Server
+        from sampan.serving.rec import demo_inputs, export_demo_dlrm
+    except ImportError as e:
+        print(f"serving: not available ({e})")
+        return
+    ctr = os.path.join(OUT, "serving", "ctr")
+    shutil.rmtree(ctr, ignore_errors=True)
+    t0 = time.perf_counter()
+    export_demo_dlrm(ctr)
+    # warmup=False: each batch size compiles on first use, not all of them up front
+    with Server({"digits": cnn_program, "ctr": ctr}, host="127.0.0.1", port=0,
+                warmup=False) as server:
+        print(f"serving digits and ctr at {server.url}")
+        client = http.InferenceServerClient(server.url[len("http://"):])
+        x = http.InferInput("x", [8, *xs.shape[1:]], "FP32")
+        x.set_data_from_numpy(xs[:8], binary_data=True)
+        pred = client.infer("digits", [x]).as_numpy("output_0").argmax(-1)
+        print(f"digits: predicted {pred.tolist()}, labels {ys[:8].tolist()}")
+        req = demo_inputs(4)
+
+        def ask():
+            ins = [http.InferInput(k, list(v.shape), "INT64" if v.dtype.kind == "i" else "FP32")
+                   for k, v in req.items()]
+            for i, v in zip(ins, req.values()):
+                i.set_data_from_numpy(v)
+            p = client.infer("ctr", ins).as_numpy("probability")[:, 0]
+            seq = client.get_model_metadata("ctr")["snapshot_sequence"]
+            print(f"ctr at snapshot {seq}: click probabilities "
+                  + " ".join(f"{v:.4f}" for v in p))
+            return seq
+
+        seq = ask()
+        spare = os.path.join(ctr, "spare_deltas")
+        names = sorted(os.listdir(spare))
+        for name in names:  # in order, each renamed into place whole
+            os.replace(os.path.join(spare, name), os.path.join(ctr, "deltas", name))
+        deadline = time.monotonic() + 5
+        while client.get_model_metadata("ctr")["snapshot_sequence"] < seq + len(names) and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
+        ask()
+        client.close()
+    print(f"server stopped ({time.perf_counter() - t0:.1f} s with the DLRM's training)")
 
 
 if __name__ == "__main__":
