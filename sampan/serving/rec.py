@@ -302,7 +302,7 @@ class DLRMModel(ServedModel):
             p = config.get(key, default)
             if not isinstance(p, str):
                 raise ServingError(f"serving: {where}: {key!r} must be a path, got {p!r}")
-            return os.path.join(directory, p)  # an absolute p stays as it is
+            return os.path.abspath(os.path.join(directory, p))  # an absolute p stays
 
         try:
             table = ServingTable(path("embeddings", "embeddings.full"))
