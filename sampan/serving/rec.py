@@ -117,6 +117,7 @@ class SnapshotWatcher:
         self.poll_interval = float(poll_interval)
         self.name = name
         self.stats = {"applied_deltas": 0, "refused_deltas": 0, "last_refused": None}
+        self._stats_lock = threading.Lock()  # a reader sees a count with its reason
         self._rw = _RWLock()
         self._seen: dict[str, tuple] = {}    # file -> (size, mtime, inode) already handled
         self._poll_lock = threading.Lock()   # one poller at a time (thread or a caller)
@@ -134,7 +135,8 @@ class SnapshotWatcher:
             t = self.table
             out = {"snapshot_sequence": t.seq, "snapshot_step": t.step,
                    "snapshot_lineage": t.lineage}
-        out.update(self.stats)
+        with self._stats_lock:
+            out.update(self.stats)
         out["snapshot_dir"] = self.directory
         return out
 
@@ -188,6 +190,9 @@ class SnapshotWatcher:
             names = sorted(os.listdir(self.directory))
         except FileNotFoundError:
             return []
+        listed = {os.path.join(self.directory, n) for n in names}
+        for gone in [p for p in self._seen if p not in listed]:
+            del self._seen[gone]  # a file removed and written again is read again
         found = []
         for n in names:
             if not n.endswith((".delta", ".full")):
@@ -251,14 +256,16 @@ class SnapshotWatcher:
         return held
 
     def _applied(self, done: list, path: str, header: dict) -> None:
-        self.stats["applied_deltas"] += 1
+        with self._stats_lock:
+            self.stats["applied_deltas"] += 1
         done.append((path, "applied"))
         log.info("model %r: applied %s export %d (step %d) from %s", self.name,
                  header["kind"], header["seq"], header["step"], path)
 
     def _refuse(self, done: list, path: str, reason: str) -> None:
-        self.stats["refused_deltas"] += 1
-        self.stats["last_refused"] = {"file": os.path.basename(path), "reason": reason}
+        with self._stats_lock:
+            self.stats["refused_deltas"] += 1
+            self.stats["last_refused"] = {"file": os.path.basename(path), "reason": reason}
         done.append((path, f"refused: {reason}"))
         log.warning("model %r: refused snapshot %s: %s; still serving export %d",
                     self.name, path, reason, self.table.seq)
@@ -349,6 +356,10 @@ class DLRMModel(ServedModel):
     def infer(self, inputs: dict) -> dict:
         """``{"dense_features": (B, n_dense) f32, "sparse_ids": (B, n_fields) i64}`` ->
         ``{"probability": (B, 1) f32}``; all B rows see the same snapshot."""
+        extra = sorted(set(inputs) - set(INPUTS))
+        if extra:
+            raise ServingError(f"model {self.name!r}: unknown input(s) {extra}; the model "
+                               f"takes {list(INPUTS)}")
         dense = self._input(inputs, INPUTS[0], np.float32, self.n_dense)
         ids = self._input(inputs, INPUTS[1], np.int64, self.n_fields)
         n = len(ids)

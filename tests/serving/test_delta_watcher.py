@@ -226,6 +226,8 @@ def test_bad_inputs_and_directories_name_what_is_wrong(tmp_path):
         m.infer(dict(x, sparse_ids=x["sparse_ids"].astype(np.int32)))
     with pytest.raises(ServingError, match=r"'dense_features' is float32\[2, 5\]"):
         m.infer(dict(x, dense_features=np.zeros((2, 5), np.float32)))
+    with pytest.raises(ServingError, match=r"unknown input\(s\) \['ids'\]"):
+        m.infer(dict(x, ids=x["sparse_ids"]))
     with pytest.raises(ServingError, match="has 1 rows"):
         m.infer(dict(x, dense_features=x["dense_features"][:1]))
     assert m.infer({k: v[:0] for k, v in x.items()})["probability"].shape == (0, 1)
