@@ -139,6 +139,9 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
         t0 = time.perf_counter()
         rid, p, status = None, None, 500
         err_msg = None
+        b = e.batcher
+        b.arriving += 1           # a worker filling a batch waits for this one
+        arriving = True
         try:
             body = await _read_body(request, max_body_bytes)
             hl = request.headers.get(protocol.HEADER)
@@ -149,7 +152,9 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
                 dec = protocol.decode(e.model, body, hl)
             rid = dec.id
             tmo = protocol.timeout_s(e.model, dec.params)
-            p, fut = e.batcher.submit(dec.inputs, asyncio.get_running_loop(), tmo)
+            b.arriving -= 1
+            arriving = False
+            p, fut = b.submit(dec.inputs, asyncio.get_running_loop(), tmo)
             if p.deadline is not None:
                 left = p.deadline - time.perf_counter()
                 try:
@@ -172,6 +177,9 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
         except RequestError as err:
             status, err_msg = err.status, str(err)
             resp = _error(err_msg, err.status, err.headers)
+        finally:
+            if arriving:
+                b.arriving -= 1
         dt = time.perf_counter() - t0
         e.metrics.answered(status, dt)
         q = c = None

@@ -4,6 +4,12 @@ The event loop calls `Batcher.submit` (a few microseconds under one lock) and aw
 asyncio future it returns; a worker thread forms a batch, runs it and hands every future
 its answer through `loop.call_soon_threadsafe`, so no model code ever runs on the loop.
 
+How long a worker waits for a batch to fill: ``delay_policy`` "arriving" (the default)
+waits, up to ``max_queue_delay_us``, only while requests are on their way (accepted by
+the server, being read or parsed, not yet queued); with none arriving it dispatches at
+once, so a lone client pays no delay (the queue still fills while the workers run, which
+is where batches form under load). "fixed" always waits up to the delay (Triton's rule).
+
 A batch: the oldest queued request and every later one whose inputs are compatible with
 it (same names, dtypes and non-batch dims), taken in order up to ``max_batch_size`` rows.
 A worker dispatches at once when the rows reach ``max_batch_size`` (or the largest of
@@ -72,6 +78,11 @@ class Batcher:
         self.delay = float(db.get("max_queue_delay_us", 100)) / 1e6
         pref = [int(p) for p in db.get("preferred_batch_sizes") or ()]
         self.dispatch_rows = min([self.max_rows] + ([max(pref)] if pref else []))
+        self.policy = db.get("delay_policy", "arriving")
+        if self.policy not in ("arriving", "fixed"):
+            raise ServingError(f"serving: model {model.name!r}: delay_policy must be "
+                               f"'arriving' or 'fixed'; got {self.policy!r}")
+        self.arriving = 0         # requests being read/parsed, not yet queued (loop side)
         self.max_queue = int(db.get("max_queue_size", cfg.get("max_queue_size", 256)))
         self.timeout = db.get("timeout_ms", cfg.get("timeout_ms"))
         self.instances = max(1, int(instances))
@@ -176,7 +187,8 @@ class Batcher:
                         if rows >= self.max_rows:
                             break
                 left = first.t_enq + self.delay - time.perf_counter()
-                if rows >= self.dispatch_rows or left <= 0 or self._closing:
+                if (rows >= self.dispatch_rows or left <= 0 or self._closing
+                        or (self.policy == "arriving" and self.arriving <= 0)):
                     break
                 self._cond.wait(left)
                 self._drop_expired(time.perf_counter(), expired)

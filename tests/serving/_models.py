@@ -13,8 +13,9 @@ from sampan.serving.model import ServedModel, TensorSpec, register_kind
 
 
 def save_mlp(folder):
-    """A 12 -> 32 -> 5 MLP saved with a dynamic batch dim; returns (path, weights) where
-    weights are float64 copies for the numpy reference."""
+    """A 12 -> 32 -> 5 MLP saved with a dynamic batch dim (and exported to ONNX in the
+    model directory `folder`/mlp_ort, kind "onnxruntime"); returns (path, weights),
+    weights as float64 copies for the numpy reference."""
     import sampan
     from sampan import nn
     sampan.manual_seed(3)
@@ -23,6 +24,13 @@ def save_mlp(folder):
     path = sampan.jit.save(net, os.path.join(folder, "mlp.sampan"),
                            (sampan.tensor(np.zeros((2, 12), np.float32)),),
                            dynamic={"x": {0: "batch"}})
+    ort = os.path.join(folder, "mlp_ort")
+    os.makedirs(ort)
+    sampan.onnx.export(net, (sampan.tensor(np.zeros((2, 12), np.float32)),),
+                       os.path.join(ort, "mlp.onnx"), input_names=["x"],
+                       dynamic_axes={"x": {0: "batch"}})
+    with open(os.path.join(ort, "config.json"), "w") as f:
+        json.dump({"kind": "onnxruntime", "instance_count": 1}, f)
     w = [(net[k].weight.numpy().astype(np.float64), net[k].bias.numpy().astype(np.float64))
          for k in (0, 2)]
     return path, w

@@ -1,10 +1,13 @@
+import os
+
 import pytest
 
 
 @pytest.fixture(scope="package")
 def served(tmp_path_factory):
     """One server for the package's tests: mlp (batching on), mlp_single (off), slow (queue of 2,
-    one worker), mixed (two datatypes, no batch dim); bodies above 1 MiB refused."""
+    one worker), mixed (two datatypes, no batch dim),
+    mlp_ort (the MLP's ONNX export behind onnxruntime); bodies above 1 MiB refused."""
     from sampan.serving import Server
 
     from ._models import Mixed, Slow, model_dir, save_mlp
@@ -12,11 +15,12 @@ def served(tmp_path_factory):
     prog, w = save_mlp(folder)
     models = {
         "mlp": model_dir(folder, "mlp", prog, max_batch_size=16, instance_count=2,
-                         dynamic_batching={"max_queue_delay_us": 20000,
+                         dynamic_batching={"max_queue_delay_us": 20000, "delay_policy": "fixed",
                                            "preferred_batch_sizes": [16]}),
         "mlp_single": model_dir(folder, "mlp_single", prog, instance_count=1),
         "slow": Slow("slow", 0.25, instance_count=1, max_queue_size=2),
         "mixed": Mixed(),
+        "mlp_ort": os.path.join(folder, "mlp_ort"),
     }
     s = Server(models, max_body_bytes=1 << 20).start()
     s.weights = w

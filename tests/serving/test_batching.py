@@ -123,3 +123,30 @@ def test_metrics_page_parses(served):
     assert fams["sampan_batch_size"].type == "histogram"
     assert _sample(fams, "sampan_request_seconds", "_count", model="mlp") >= 1
     assert _sample(fams, "sampan_queue_depth", "", model="mlp") == 0
+
+
+def test_delay_policy_arriving_dispatches_a_lone_request_at_once():
+    """With nothing on its way a worker does not sit out max_queue_delay_us (1 s here);
+    with "fixed" it does."""
+    import asyncio
+
+    from sampan.serving.batcher import Batcher
+
+    from ._models import Slow
+
+    async def one(policy):
+        m = Slow("s", 0.0, dynamic_batching={"max_queue_delay_us": 1_000_000,
+                                             "delay_policy": policy})
+        b = Batcher(m, 1)
+        b.start()
+        try:
+            t = time.perf_counter()
+            p, fut = b.submit({"x": np.ones((1, 4), np.float32)}, asyncio.get_running_loop())
+            out = await fut
+            return time.perf_counter() - t, out["y"], p.batch
+        finally:
+            b.close()
+    dt, y, n = asyncio.run(one("arriving"))
+    assert dt < 0.5 and n == 1 and (y == 2).all()
+    dt, _, _ = asyncio.run(one("fixed"))
+    assert dt >= 0.9

@@ -1,5 +1,6 @@
 """The open inference protocol, spoken by the real client (tritonclient.http)."""
 import json
+import os
 
 import httpx
 import numpy as np
@@ -158,3 +159,41 @@ def test_malformed_bodies_answer_400_naming_the_input(served):
 def test_oversized_body_answers_400(served):
     r = _post(served, "mlp", b" " * ((1 << 20) + 10))
     assert r.status_code == 400 and "max_body_bytes" in r.json()["error"]
+
+
+def test_onnxruntime_kind_serves_the_same_model(served, client):
+    m = client.get_model_metadata("mlp_ort")
+    assert m["platform"] == "onnxruntime_onnx"
+    assert m["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 12]}]
+    x = _x(4, 11)
+    i = http.InferInput("x", [4, 12], "FP32")
+    i.set_data_from_numpy(x)
+    r = client.infer("mlp_ort", [i])
+    (name,) = [o["name"] for o in m["outputs"]]
+    np.testing.assert_allclose(r.as_numpy(name), mlp_reference(served.weights, x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_repository_and_cli_overrides(tmp_path, served):
+    """A model repository (each subdirectory a model) with the CLI's flags overriding
+    config.json."""
+    import argparse
+
+    from sampan.serving import Server
+    from sampan.serving.cli import overrides_of, register
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    a = ap.parse_args(["serve", "--repository", "r", "--max-batch-size", "4",
+                       "--max-queue-delay-us", "300", "--workers", "1"])
+    o = overrides_of(a)
+    assert o == {"max_batch_size": 4, "dynamic_batching": {"max_queue_delay_us": 300},
+                 "instance_count": 1}
+    assert overrides_of(ap.parse_args(["serve", "--no-batching"])) == {
+        "dynamic_batching": None}
+    repo = os.path.dirname(served.entries["mlp"].model.directory)
+    s = Server(repository=repo, overrides=o, warmup=False)
+    s._build()
+    e = s.entries
+    assert {"mlp", "mlp_single", "mlp_ort"} <= set(e)
+    assert e["mlp_single"].model.max_batch_size == 4 and e["mlp_single"].batcher.batching
+    assert e["mlp"].batcher.delay == 300e-6 and e["mlp"].batcher.instances == 1

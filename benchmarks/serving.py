@@ -1,0 +1,414 @@
+"""S1 serving: the W5 MLP (784-512-512-10, the W1 weights of models.w1_weights) saved with
+a dynamic batch dim and served by `sampan serve` in a subprocess on 127.0.0.1, driven
+from this (client) process over HTTP with the binary tensor extension (the body
+tritonclient sends), at concurrency 1, 8 and 64, through three model directories of one
+server:
+
+- ``mlp_batch``: dynamic batching on (max_batch_size 64, max_queue_delay_us below),
+- ``mlp_single``: the same program, batching off (each request runs alone),
+- ``mlp_ort``: the same model exported to ONNX, run by onnxruntime, batching off: the
+  peer.
+
+Each line: requests/s, p50/p99 latency (ms), failed requests, the machine record. Then
+the ratios against the targets (concurrency 64: batching >= 5x batching off; concurrency
+1: batching adds <= max_queue_delay_us + 10% to p50), and the overload case: far above
+capacity against a short queue, every request must get 200 or 503 within its timeout
+and the server's RSS stay bounded. The demo DLRM of `sampan.serving.rec` is served too
+when that module provides `export_demo_dlrm` (skipped with a `#` line otherwise).
+
+Every run is bounded (requests and seconds per point) and stops the server by itself.
+
+    python benchmarks/serving.py [--quick] [--requests 3000] [--seconds 8]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+if __name__ == "__main__" and ({"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"} & set(os.environ)):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from common import ROOT  # noqa: E402
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
+          "FP16": np.float16, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+
+
+# ---------------------------------------------------------------------- models
+def build_models(folder, delay_us, log):
+    """The MLP program, its ONNX export and the model directories; returns the
+    repository path and the numpy reference function."""
+    import sampan
+    from w5_inference import mlp_layer
+    net = mlp_layer()
+    net.eval()
+    ex = (sampan.tensor(np.zeros((2, 784), np.float32)),)
+    repo = os.path.join(folder, "repo")
+    prog = sampan.jit.save(net, os.path.join(folder, "mlp.sampan"), ex,
+                           dynamic={"x": {0: "batch"}})
+
+    def mdir(name, **cfg):
+        d = os.path.join(repo, name)
+        os.makedirs(d)
+        cfg.setdefault("path", os.path.relpath(prog, d))
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return d
+    mdir("mlp_batch", max_batch_size=64, instance_count=2,
+         dynamic_batching={"max_queue_delay_us": delay_us, "max_queue_size": 1024})
+    mdir("mlp_single", max_batch_size=64, instance_count=2, max_queue_size=1024)
+    mdir("mlp_overload", max_batch_size=64, instance_count=2,
+         dynamic_batching={"max_queue_delay_us": delay_us, "max_queue_size": 32,
+                           "timeout_ms": 2000})
+    d = mdir("mlp_ort", kind="onnxruntime", max_batch_size=64, instance_count=2,
+             max_queue_size=1024)
+    sampan.onnx.export(net, ex, os.path.join(d, "mlp.onnx"), input_names=["x"],
+                       dynamic_axes={"x": {0: "batch"}})
+    try:
+        from sampan.serving.rec import export_demo_dlrm
+    except ImportError as e:
+        log(f"# demo DLRM skipped: sampan.serving.rec.export_demo_dlrm does not import "
+            f"({e})")
+    else:
+        d = os.path.join(repo, "dlrm")
+        os.makedirs(d)
+        export_demo_dlrm(d)
+    w = [(net[k].weight.numpy().astype(np.float64), net[k].bias.numpy().astype(np.float64))
+         for k in (0, 2, 4)]
+
+    def ref(x):
+        h = x.astype(np.float64)
+        for i, (a, b) in enumerate(w):
+            h = h @ a + b
+            if i < 2:
+                h = np.maximum(h, 0)
+        return h
+    return repo, ref
+
+
+# ---------------------------------------------------------------------- server
+class ServerProcess:
+    """`sampan serve --repository` as a subprocess; its URL from the first stdout line."""
+
+    def __init__(self, repo, extra=()):
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH",
+                                                                                ""))
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "sampan.cli", "serve", "--repository", repo, "--port", "0",
+             "--log-level", "warning", *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the server did not start: {self.p.stderr.read()[-2000:]}")
+        rec = json.loads(line)
+        self.url, self.models = rec["url"], rec["models"]
+
+    def rss_mb(self):
+        try:
+            with open(f"/proc/{self.p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return float("nan")
+
+    def cpu_s(self):
+        """User + system CPU seconds of the server process so far."""
+        try:
+            with open(f"/proc/{self.p.pid}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        for s in (self.p.stdout, self.p.stderr):
+            s.close()
+        return self.p.returncode
+
+
+# ---------------------------------------------------------------------- client
+def binary_body(inputs):
+    """An infer request with binary inputs and binary outputs (as tritonclient sends)."""
+    head = {"inputs": [{"name": n, "datatype": dt, "shape": list(a.shape),
+                        "parameters": {"binary_data_size": a.nbytes}}
+                       for n, (dt, a) in inputs.items()],
+            "parameters": {"binary_data_output": True}}
+    h = json.dumps(head).encode()
+    return h + b"".join(a.tobytes() for _, a in inputs.values()), len(h)
+
+
+async def drive(url, model, body, hlen, concurrency, requests, seconds, timeout=30.0):
+    """`requests` POSTs (or `seconds`, whichever ends first) from `concurrency` tasks over
+    keep-alive connections; returns (latencies_s of 200s, {status: count}, wall_s)."""
+    import httpx
+    limits = httpx.Limits(max_connections=concurrency,
+                          max_keepalive_connections=concurrency)
+    headers = {"Inference-Header-Content-Length": str(hlen),
+               "Content-Type": "application/octet-stream"}
+    lat, codes = [], {}
+    left = [requests]
+    t_end = time.perf_counter() + seconds
+    import socket
+    # TCP_NODELAY: the client writes headers and body apart (h11); without it the body
+    # waits for the server's delayed ACK
+    tr = httpx.AsyncHTTPTransport(limits=limits, socket_options=[
+        (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    async with httpx.AsyncClient(base_url=url, transport=tr, timeout=timeout) as c:
+        async def one():
+            while left[0] > 0 and time.perf_counter() < t_end:
+                left[0] -= 1
+                t = time.perf_counter()
+                try:
+                    r = await c.post(f"/v2/models/{model}/infer", content=body,
+                                     headers=headers)
+                    code = r.status_code
+                except Exception as e:      # noqa: BLE001 -- counted as a failure
+                    code = type(e).__name__
+                dt = time.perf_counter() - t
+                codes[code] = codes.get(code, 0) + 1
+                if code == 200:
+                    lat.append(dt)
+        t0 = time.perf_counter()
+        await asyncio.gather(*[one() for _ in range(concurrency)])
+        wall = time.perf_counter() - t0
+    return lat, codes, wall
+
+
+async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, timeout=30.0):
+    """As `drive`, from keep-alive connections written with asyncio streams: the request
+    bytes are built once and a response is read by its Content-Length, so the client
+    spends a few microseconds a request (httpx spends milliseconds at concurrency 64 and
+    became the bottleneck on 2 cores)."""
+    host, port = url[len("http://"):].rsplit(":", 1)
+    req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
+           f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
+           f"Inference-Header-Content-Length: {hlen}\r\n\r\n").encode() + body
+    lat, codes = [], {}
+    left = [requests]
+    t_end = time.perf_counter() + seconds
+
+    async def one():
+        import socket
+        r, w = await asyncio.open_connection(host, int(port))
+        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while left[0] > 0 and time.perf_counter() < t_end:
+                left[0] -= 1
+                t = time.perf_counter()
+                try:
+                    w.write(req)
+                    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), timeout)
+                    code = int(head[9:12])
+                    n = 0
+                    for line in head.split(b"\r\n"):
+                        if line[:15].lower() == b"content-length:":
+                            n = int(line[15:])
+                    await asyncio.wait_for(r.readexactly(n), timeout)
+                except Exception as e:      # noqa: BLE001 -- counted as a failure
+                    codes[type(e).__name__] = codes.get(type(e).__name__, 0) + 1
+                    return
+                codes[code] = codes.get(code, 0) + 1
+                if code == 200:
+                    lat.append(time.perf_counter() - t)
+        finally:
+            w.close()
+    t0 = time.perf_counter()
+    await asyncio.gather(*[one() for _ in range(concurrency)])
+    return lat, codes, time.perf_counter() - t0
+
+
+def check_answers(url, model, x, ref):
+    """tritonclient's answer for `x` against the numpy float64 reference."""
+    import tritonclient.http as http
+    c = http.InferenceServerClient(url[len("http://"):])
+    try:
+        i = http.InferInput("x", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        y = c.infer(model, [i]).as_numpy(c.get_model_metadata(model)["outputs"][0]["name"])
+    finally:
+        c.close()
+    return float(np.abs(y - ref(x)).max())
+
+
+def _client_cpu():
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def point(server, model, body, hlen, conc, args, info, mode, **extra):
+    """One (model, concurrency) point; besides the client's view (throughput, latency)
+    it records the CPU milliseconds per answered request of the server process and of
+    this client process: on a shared machine those say which side limits it."""
+    url = server.url
+    run = drive_raw if args.client == "raw" else drive
+    asyncio.run(run(url, model, body, hlen, conc, max(conc * 4, 50), 2.0))   # warm-up
+    s0, c0 = server.cpu_s(), _client_cpu()
+    lat, codes, wall = asyncio.run(run(url, model, body, hlen, conc, args.requests,
+                                       args.seconds))
+    s1, c1 = server.cpu_s(), _client_cpu()
+    ok = codes.get(200, 0)
+    lat_ms = np.array(lat) * 1e3 if lat else np.array([np.nan])
+    rec = {"workload": "S1", "system": "sampan_serve", "mode": mode, "model": model,
+           "metric": "requests_per_s", "value": round(ok / wall, 1), "concurrency": conc,
+           "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
+           "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
+           "requests": sum(codes.values()), "failed": sum(codes.values()) - ok,
+           "statuses": {str(k): v for k, v in codes.items()},
+           "server_cpu_ms_per_request": round(1e3 * (s1 - s0) / max(ok, 1), 3),
+           "client_cpu_ms_per_request": round(1e3 * (c1 - c0) / max(ok, 1), 3),
+           "wall_s": round(wall, 2), "client": args.client, **extra, **info}
+    print(json.dumps(rec), flush=True)
+    return rec
+
+
+def overload(server, x, args, info):
+    """Far above capacity against a queue of 32: every request 200 or 503 within its
+    timeout; the server's RSS sampled during the run."""
+    body, hlen = binary_body({"x": ("FP32", x)})
+    rss = [server.rss_mb()]
+    conc = args.overload_concurrency
+
+    async def run():
+        run = drive_raw if args.client == "raw" else drive
+        task = asyncio.ensure_future(run(server.url, "mlp_overload", body, hlen, conc,
+                                           args.requests * 2, args.seconds, timeout=5.0))
+        while not task.done():
+            await asyncio.sleep(0.25)
+            rss.append(server.rss_mb())
+        return task.result()
+    t = time.perf_counter()
+    lat, codes, wall = asyncio.run(run())
+    rss.append(server.rss_mb())
+    other = {str(k): v for k, v in codes.items() if k not in (200, 503)}
+    rec = {"workload": "S1", "system": "sampan_serve", "mode": "overload",
+           "model": "mlp_overload", "metric": "requests_per_s",
+           "value": round(codes.get(200, 0) / wall, 1), "concurrency": conc,
+           "ok": codes.get(200, 0), "rejected_503": codes.get(503, 0), "other": other,
+           "max_latency_ms_200": round(max(lat) * 1e3, 1) if lat else None,
+           "timeout_ms": 2000, "rss_mb_start": round(rss[0], 1),
+           "rss_mb_max": round(max(rss), 1), "rss_mb_end": round(rss[-1], 1),
+           "wall_s": round(time.perf_counter() - t, 2),
+           "target_met": not other and (not lat or max(lat) < 2.5), **info}
+    print(json.dumps(rec), flush=True)
+
+
+def dlrm_points(server, args, info, log):
+    import tritonclient.http as http
+    c = http.InferenceServerClient(server.url[len("http://"):])
+    meta = c.get_model_metadata("dlrm")
+    c.close()
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for s in meta["inputs"]:
+        shape = [1 if d == -1 else d for d in s["shape"]]
+        dt = DTYPES[s["datatype"]]
+        a = (rng.integers(0, 1000, shape) if np.dtype(dt).kind in "iu"
+             else rng.standard_normal(shape)).astype(dt)
+        inputs[s["name"]] = (s["datatype"], a)
+    body, hlen = binary_body(inputs)
+    for conc in args.concurrency:
+        point(server, "dlrm", body, hlen, conc, args, info, "dlrm_batching_config")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests and seconds")
+    ap.add_argument("--requests", type=int, default=3000, help="requests per point (max)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="seconds per point (max)")
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 64])
+    ap.add_argument("--delay-us", type=int, default=500, help="max_queue_delay_us")
+    ap.add_argument("--overload-concurrency", type=int, default=256)
+    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                    help="load client: asyncio streams (default, cheapest) or httpx")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.seconds = min(args.requests, 600), min(args.seconds, 3.0)
+        args.overload_concurrency = min(args.overload_concurrency, 192)
+    from onnx_conformance import machine
+    info = machine()
+
+    def log(msg):
+        print(msg, flush=True)
+    with tempfile.TemporaryDirectory(prefix="sampan-s1-") as folder:
+        repo, ref = build_models(folder, args.delay_us, log)
+        server = ServerProcess(repo)
+        try:
+            x = np.random.default_rng(1).standard_normal((1, 784)).astype(np.float32)
+            for m in ("mlp_batch", "mlp_single", "mlp_ort"):
+                err = check_answers(server.url, m, np.repeat(x, 3, 0), ref)
+                log(f"# {m}: max abs error vs numpy float64 {err:.2e}")
+            body, hlen = binary_body({"x": ("FP32", x)})
+            res = {}
+            for conc in args.concurrency:
+                for model, mode in (("mlp_single", "batching_off"),
+                                    ("mlp_batch", "batching_on"),
+                                    ("mlp_ort", "onnxruntime_batching_off")):
+                    res[mode, conc] = point(server, model, body, hlen, conc, args, info,
+                                            mode, max_queue_delay_us=args.delay_us
+                                            if mode == "batching_on" else None)
+            targets(res, args, info)
+            overload(server, x, args, info)
+            if "dlrm" in server.models:
+                dlrm_points(server, args, info, log)
+        finally:
+            rc = server.stop()
+            log(f"# server stopped by SIGTERM, exit code {rc}")
+    return 0
+
+
+def targets(res, args, info):
+    hi, lo = max(args.concurrency), min(args.concurrency)
+    if ("batching_on", hi) in res:
+        on, off = res["batching_on", hi], res["batching_off", hi]
+        r = on["value"] / max(off["value"], 1e-9)
+        print(json.dumps({"workload": "S1", "system": "sampan_serve",
+                          "mode": "batching_on/batching_off", "metric": "throughput_ratio",
+                          "concurrency": hi, "value": round(r, 3), "target": 5.0,
+                          "target_met": r >= 5.0, "vs_onnxruntime": round(
+                              on["value"] / max(res["onnxruntime_batching_off", hi]["value"],
+                                                1e-9), 3)}), flush=True)
+    if ("batching_on", lo) in res:
+        on, off = res["batching_on", lo], res["batching_off", lo]
+        added = on["p50_ms"] - off["p50_ms"]
+        bound = 1.1 * args.delay_us / 1e3
+        print(json.dumps({"workload": "S1", "system": "sampan_serve",
+                          "mode": "batching_on-batching_off", "metric": "p50_added_ms",
+                          "concurrency": lo, "value": round(added, 3),
+                          "target_max": round(bound, 3), "target_met": added <= bound}),
+              flush=True)
+    failed = sum(v["failed"] for v in res.values())
+    print(json.dumps({"workload": "S1", "system": "sampan_serve", "mode": "below_capacity",
+                      "metric": "failed_requests", "value": failed, "target": 0,
+                      "target_met": failed == 0}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
