@@ -91,7 +91,8 @@ def test_dot_loop_serves_only_tiny_weight_gradients_of_small_images():
 
 DIRECT_CASES = [  # x shape, w shape, padding, groups, dtype: odd and even output channels
     ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1, np.float32),
-    ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1, np.float64),
+    pytest.param((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1, np.float64,  # compiles float64
+                 marks=pytest.mark.slow),                                # kernels: ~12 s
     ((2, 3, 9, 7), (5, 3, 3, 2), (1, 0), 1, np.float32),
     ((1, 2, 6, 11), (5, 2, 3, 2), (0, 3), 1, np.float32),
     ((2, 1, 3, 3), (6, 1, 5, 5), (2, 2), 1, np.float32),    # the kernel reaches past the input

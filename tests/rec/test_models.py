@@ -58,8 +58,9 @@ def _fit(model, steps, batch, seed=0):
     return losses, auc(p, np.concatenate([b.labels for b in test]))
 
 
-@pytest.mark.parametrize("cls", [DLRM, DeepFM, WideAndDeep])
-def test_models_learn_on_the_planted_stream(cls):
+@pytest.mark.parametrize("cls", [DLRM, pytest.param(DeepFM, marks=pytest.mark.slow),
+                                 pytest.param(WideAndDeep, marks=pytest.mark.slow)])
+def test_models_learn_on_the_planted_stream(cls):  # DeepFM, W&D: 12 s each, slow
     sampan.manual_seed(0)
     losses, a = _fit(cls(), 40, 1024)
     assert np.mean(losses[-10:]) < np.mean(losses[:5]) - 0.03
