@@ -111,13 +111,17 @@ class ServerProcess:
     def __init__(self, repo, extra=()):
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH",
                                                                                 ""))
+        # stderr (the JSON logs) to a file: a pipe nobody reads fills and blocks the writer
+        self.log = tempfile.TemporaryFile("w+")
         self.p = subprocess.Popen(
             [sys.executable, "-m", "sampan.cli", "serve", "--repository", repo, "--port", "0",
              "--log-level", "warning", *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            stderr=self.log, text=True)
         line = self.p.stdout.readline()
         if not line:
-            raise RuntimeError(f"the server did not start: {self.p.stderr.read()[-2000:]}")
+            self.p.wait(30)
+            self.log.seek(0)
+            raise RuntimeError(f"the server did not start: {self.log.read()[-2000:]}")
         rec = json.loads(line)
         self.url, self.models = rec["url"], rec["models"]
 
@@ -148,8 +152,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
-        for s in (self.p.stdout, self.p.stderr):
-            s.close()
+        self.p.stdout.close()
+        self.log.close()
         return self.p.returncode
 
 
