@@ -210,7 +210,7 @@ class Server:
         finally:
             signal.signal(signal.SIGTERM, prev)
             self._sock.close()
-        return 0
+        return 0 if uv.started else 1       # 1: startup failed (the log says why)
 
     def __enter__(self):
         return self.start()
