@@ -9,7 +9,8 @@ server:
 - ``mlp_ort``: the same model exported to ONNX, run by onnxruntime, batching off: the
   peer.
 
-Each line: requests/s, p50/p99 latency (ms), failed requests, the machine record. Then
+Each line: requests/s (median of blocks that rotate the systems' order), p50/p99
+latency (ms), failed requests, server and client CPU per request, the machine record. Then
 the ratios against the targets (concurrency 64: batching >= 5x batching off; concurrency
 1: batching adds <= max_queue_delay_us + 10% to p50), and the overload case: far above
 capacity against a short queue, every request must get 200 or 503 within its timeout
@@ -277,30 +278,62 @@ def _client_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def point(server, model, body, hlen, conc, args, info, mode, **extra):
-    """One (model, concurrency) point; besides the client's view (throughput, latency)
-    it records the CPU milliseconds per answered request of the server process and of
-    this client process: on a shared machine those say which side limits it."""
-    url = server.url
+def _block(server, model, body, hlen, conc, args):
+    """One timed run of `model` at `conc`: client view and CPU of both processes."""
     run = drive_raw if args.client == "raw" else drive
-    asyncio.run(run(url, model, body, hlen, conc, max(conc * 4, 50), 2.0))   # warm-up
     s0, c0 = server.cpu_s(), _client_cpu()
-    lat, codes, wall = asyncio.run(run(url, model, body, hlen, conc, args.requests,
-                                       args.seconds))
+    lat, codes, wall = asyncio.run(run(server.url, model, body, hlen, conc,
+                                       max(1, args.requests // args.blocks),
+                                       args.seconds / args.blocks))
     s1, c1 = server.cpu_s(), _client_cpu()
     ok = codes.get(200, 0)
-    lat_ms = np.array(lat) * 1e3 if lat else np.array([np.nan])
-    rec = {"workload": "S1", "system": "sampan_serve", "mode": mode, "model": model,
-           "metric": "requests_per_s", "value": round(ok / wall, 1), "concurrency": conc,
-           "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
-           "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
-           "requests": sum(codes.values()), "failed": sum(codes.values()) - ok,
-           "statuses": {str(k): v for k, v in codes.items()},
-           "server_cpu_ms_per_request": round(1e3 * (s1 - s0) / max(ok, 1), 3),
-           "client_cpu_ms_per_request": round(1e3 * (c1 - c0) / max(ok, 1), 3),
-           "wall_s": round(wall, 2), "client": args.client, **extra, **info}
-    print(json.dumps(rec), flush=True)
-    return rec
+    return {"lat": lat, "codes": codes, "rps": ok / wall, "ok": ok,
+            "server_cpu": s1 - s0, "client_cpu": c1 - c0}
+
+
+def points(server, conc, systems, body, hlen, args, info, extra=None):
+    """Every (model, mode) of `systems` at concurrency `conc`, in `args.blocks` blocks
+    whose order rotates, so that load from the rest of the machine falls on each alike;
+    one line per system: median requests/s over the blocks (min, max), p50/p99 over all
+    its requests, failures, and the CPU milliseconds per answered request of the server
+    process and of this client process (on a shared machine they say which side limits
+    it). Returns {mode: line} with the per-block values kept for the ratios."""
+    for model, _ in systems:        # warm-up: connections, executors, caches
+        run = drive_raw if args.client == "raw" else drive
+        asyncio.run(run(server.url, model, body, hlen, conc, max(conc * 4, 50), 2.0))
+    blocks = {mode: [] for _, mode in systems}
+    for b in range(args.blocks):
+        k = b % len(systems)
+        for model, mode in systems[k:] + systems[:k]:
+            blocks[mode].append(_block(server, model, body, hlen, conc, args))
+    out = {}
+    for model, mode in systems:
+        bl = blocks[mode]
+        lat = [t for x in bl for t in x["lat"]]
+        lat_ms = np.array(lat) * 1e3 if lat else np.array([np.nan])
+        codes: dict = {}
+        for x in bl:
+            for c, n in x["codes"].items():
+                codes[c] = codes.get(c, 0) + n
+        ok = sum(x["ok"] for x in bl)
+        rps = [x["rps"] for x in bl]
+        rec = {"workload": "S1", "system": "sampan_serve", "mode": mode, "model": model,
+               "metric": "requests_per_s", "value": round(float(np.median(rps)), 1),
+               "min": round(min(rps), 1), "max": round(max(rps), 1), "concurrency": conc,
+               "blocks": args.blocks,
+               "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
+               "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
+               "requests": sum(codes.values()), "failed": sum(codes.values()) - ok,
+               "statuses": {str(k): v for k, v in codes.items()},
+               "server_cpu_ms_per_request": round(
+                   1e3 * sum(x["server_cpu"] for x in bl) / max(ok, 1), 3),
+               "client_cpu_ms_per_request": round(
+                   1e3 * sum(x["client_cpu"] for x in bl) / max(ok, 1), 3),
+               "client": args.client, **(extra or {}).get(mode, {}), **info}
+        print(json.dumps(rec), flush=True)
+        rec["_rps"] = rps
+        out[mode] = rec
+    return out
 
 
 def overload(server, x, args, info):
@@ -348,12 +381,13 @@ def dlrm_points(server, args, info, log):
              else rng.standard_normal(shape)).astype(dt)
         inputs[s["name"]] = (s["datatype"], a)
     body, hlen = binary_body(inputs)
+    systems = [(m, mode) for m, mode in (("dlrm_single", "batching_off"),
+                                         ("dlrm", "batching_on")) if m in server.models]
     res = {}
     for conc in args.concurrency:
-        for model, mode in (("dlrm_single", "batching_off"), ("dlrm", "batching_on")):
-            if model in server.models:
-                res[mode, conc] = point(server, model, body, hlen, conc, args, info, mode)
-    if ("batching_off", max(args.concurrency)) in res:
+        for mode, rec in points(server, conc, systems, body, hlen, args, info).items():
+            res[mode, conc] = rec
+    if len(systems) == 2:
         targets(res, args, info, "dlrm")
 
 
@@ -364,6 +398,8 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds per point (max)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 64])
     ap.add_argument("--delay-us", type=int, default=500, help="max_queue_delay_us")
+    ap.add_argument("--blocks", type=int, default=3,
+                    help="timed blocks per point, rotating the systems' order")
     ap.add_argument("--overload-concurrency", type=int, default=256)
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
                     help="load client: asyncio streams (default, cheapest) or httpx")
@@ -386,13 +422,13 @@ def main(argv=None):
                 log(f"# {m}: max abs error vs numpy float64 {err:.2e}")
             body, hlen = binary_body({"x": ("FP32", x)})
             res = {}
+            systems = [("mlp_single", "batching_off"), ("mlp_batch", "batching_on"),
+                       ("mlp_ort", "onnxruntime_batching_off")]
+            extra = {"batching_on": {"max_queue_delay_us": args.delay_us}}
             for conc in args.concurrency:
-                for model, mode in (("mlp_single", "batching_off"),
-                                    ("mlp_batch", "batching_on"),
-                                    ("mlp_ort", "onnxruntime_batching_off")):
-                    res[mode, conc] = point(server, model, body, hlen, conc, args, info,
-                                            mode, max_queue_delay_us=args.delay_us
-                                            if mode == "batching_on" else None)
+                for mode, rec in points(server, conc, systems, body, hlen, args, info,
+                                        extra).items():
+                    res[mode, conc] = rec
             targets(res, args, info)
             overload(server, x, args, info)
             if "dlrm" in server.models:
@@ -407,7 +443,8 @@ def targets(res, args, info, model="mlp"):
     hi, lo = max(args.concurrency), min(args.concurrency)
     if ("batching_on", hi) in res:
         on, off = res["batching_on", hi], res["batching_off", hi]
-        r = on["value"] / max(off["value"], 1e-9)
+        # block by block (the same moment of the machine), then the median
+        r = float(np.median([a / max(b, 1e-9) for a, b in zip(on["_rps"], off["_rps"])]))
         print(json.dumps({"workload": "S1", "system": "sampan_serve",
                           "mode": "batching_on/batching_off", "metric": "throughput_ratio",
                           "model": model, "concurrency": hi, "value": round(r, 3),
@@ -415,9 +452,10 @@ def targets(res, args, info, model="mlp"):
                           "server_cpu_per_request_ratio": round(
                               off["server_cpu_ms_per_request"]
                               / max(on["server_cpu_ms_per_request"], 1e-9), 3),
-                          **({"vs_onnxruntime": round(on["value"] / max(
-                              res["onnxruntime_batching_off", hi]["value"], 1e-9), 3)}
-                             if ("onnxruntime_batching_off", hi) in res else {})}),
+                          **({"vs_onnxruntime": round(float(np.median([
+                              a / max(b, 1e-9) for a, b in zip(
+                                  on["_rps"], res["onnxruntime_batching_off", hi]["_rps"])
+                          ])), 3)} if ("onnxruntime_batching_off", hi) in res else {})}),
               flush=True)
     if ("batching_on", lo) in res:
         on, off = res["batching_on", lo], res["batching_off", lo]
