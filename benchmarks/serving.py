@@ -19,7 +19,11 @@ when that module provides `export_demo_dlrm` (skipped with a `#` line otherwise)
 
 Every run is bounded (requests and seconds per point) and stops the server by itself.
 
-    python benchmarks/serving.py [--quick] [--requests 3000] [--seconds 8]
+    python benchmarks/serving.py [--quick] [--requests 3000] [--seconds 8] [--hidden 512]
+
+``--hidden 4096`` serves a wider MLP of the same shape, whose batch-1 run costs more than
+the server's HTTP work per request: the case dynamic batching is for (with the W5 MLP a
+batch-1 run is ~50 us, well under the ~300 us the event loop spends on a request).
 """
 from __future__ import annotations
 
@@ -54,12 +58,28 @@ DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np
 
 
 # ---------------------------------------------------------------------- models
-def build_models(folder, delay_us, log):
+def wide_mlp(hidden):
+    """784-hidden-hidden-10 with W1's initialisation (uniform +-1/sqrt(fan_in), zero
+    biases), for the compute-bound case (`--hidden`)."""
+    import sampan
+    from sampan import nn
+    r = np.random.default_rng(0)
+    net = nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                        nn.ReLU(), nn.Linear(hidden, 10))
+    for k in (0, 2, 4):
+        w = net[k].weight._data
+        w[...] = r.uniform(-1, 1, w.shape).astype(np.float32) / np.sqrt(w.shape[0])
+        net[k].bias._data[...] = 0
+    sampan.manual_seed(0)
+    return net
+
+
+def build_models(folder, delay_us, log, hidden=512, policy="arriving"):
     """The MLP program, its ONNX export and the model directories; returns the
     repository path and the numpy reference function."""
     import sampan
     from w5_inference import mlp_layer
-    net = mlp_layer()
+    net = mlp_layer() if hidden == 512 else wide_mlp(hidden)
     net.eval()
     ex = (sampan.tensor(np.zeros((2, 784), np.float32)),)
     repo = os.path.join(folder, "repo")
@@ -74,7 +94,8 @@ def build_models(folder, delay_us, log):
             json.dump(cfg, f)
         return d
     mdir("mlp_batch", max_batch_size=64, instance_count=2,
-         dynamic_batching={"max_queue_delay_us": delay_us, "max_queue_size": 1024})
+         dynamic_batching={"max_queue_delay_us": delay_us, "max_queue_size": 1024,
+                           "delay_policy": policy})
     mdir("mlp_single", max_batch_size=64, instance_count=2, max_queue_size=1024)
     mdir("mlp_overload", max_batch_size=64, instance_count=2,
          dynamic_batching={"max_queue_delay_us": delay_us, "max_queue_size": 32,
@@ -398,6 +419,10 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds per point (max)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 64])
     ap.add_argument("--delay-us", type=int, default=500, help="max_queue_delay_us")
+    ap.add_argument("--hidden", type=int, default=512,
+                    help="hidden width (512: the W5 MLP; wider: compute-bound per request)")
+    ap.add_argument("--delay-policy", default="arriving", choices=["arriving", "fixed"],
+                    help="mlp_batch's delay_policy (see sampan/serving/batcher.py)")
     ap.add_argument("--blocks", type=int, default=3,
                     help="timed blocks per point, rotating the systems' order")
     ap.add_argument("--overload-concurrency", type=int, default=256)
@@ -413,7 +438,11 @@ def main(argv=None):
     def log(msg):
         print(msg, flush=True)
     with tempfile.TemporaryDirectory(prefix="sampan-s1-") as folder:
-        repo, ref = build_models(folder, args.delay_us, log)
+        repo, ref = build_models(folder, args.delay_us, log, args.hidden,
+                                 args.delay_policy)
+        if args.hidden != 512:
+            info = dict(info, hidden=args.hidden)
+            log(f"# hidden {args.hidden}: a wider MLP than W5's (compute-bound case)")
         server = ServerProcess(repo)
         try:
             x = np.random.default_rng(1).standard_normal((1, 784)).astype(np.float32)
@@ -424,7 +453,8 @@ def main(argv=None):
             res = {}
             systems = [("mlp_single", "batching_off"), ("mlp_batch", "batching_on"),
                        ("mlp_ort", "onnxruntime_batching_off")]
-            extra = {"batching_on": {"max_queue_delay_us": args.delay_us}}
+            extra = {"batching_on": {"max_queue_delay_us": args.delay_us,
+                                     "delay_policy": args.delay_policy}}
             for conc in args.concurrency:
                 for mode, rec in points(server, conc, systems, body, hlen, args, info,
                                         extra).items():
