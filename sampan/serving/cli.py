@@ -72,7 +72,12 @@ def overrides_of(a) -> dict:
 
 
 def run(a) -> int:
+    import faulthandler
+    import signal
+
     from .model import ServingError
+    if hasattr(signal, "SIGUSR1"):     # `kill -USR1 <pid>`: every thread's stack on stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     from .server import Server
     try:
         s = Server(dict(a.model), a.host, a.port, repository=a.repository,

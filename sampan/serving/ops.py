@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
+import queue
 import time
 
 LOG = logging.getLogger("sampan.serving")
@@ -96,16 +98,52 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(rec, default=str)
 
 
-def setup_logging(level="info", stream=None):
-    """Send `sampan.serving` (and uvicorn's own) logs to `stream` as JSON lines."""
+class _DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Hands records to the writer thread; drops them (counted) when its queue is full,
+    so a slow or blocked stderr never stalls the event loop."""
+
+    dropped = 0
+
+    def enqueue(self, record):
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            type(self).dropped += 1
+
+    def prepare(self, record):
+        return record          # formatted by the writer thread (JsonFormatter reads fields)
+
+
+_listener = None
+
+
+def setup_logging(level="info", stream=None, backlog=10000):
+    """Send `sampan.serving` (and uvicorn's own) logs to `stream` as JSON lines, written
+    by a background thread from a bounded queue (a full queue drops lines, never blocks:
+    a server whose stderr is a pipe nobody reads stalled on its 64 KiB buffer)."""
+    global _listener
     h = logging.StreamHandler(stream)
     h.setFormatter(JsonFormatter())
+    if _listener is not None:
+        _listener.stop()
+    q: queue.Queue = queue.Queue(backlog)
+    _listener = logging.handlers.QueueListener(q, h)
+    _listener.start()
+    qh = _DroppingQueueHandler(q)
     lvl = getattr(logging, str(level).upper(), logging.INFO)
     for name in ("sampan.serving", "uvicorn", "uvicorn.error"):
         lg = logging.getLogger(name)
-        lg.handlers[:] = [h]
+        lg.handlers[:] = [qh]
         lg.setLevel(lvl)
         lg.propagate = False
+
+
+def flush_logging():
+    """Write every queued log line (at shutdown, and for tests)."""
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+        _listener.start()
 
 
 def log_request(rid, model, status, batch, queue_s, compute_s, total_s, error=None):

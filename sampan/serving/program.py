@@ -15,8 +15,8 @@ thread. Config keys read here besides the generic ones (see `model.py`)::
 Threads: one a run by default. A server gets its parallelism from its worker threads
 (``instance_count``) and from concurrent requests; a multi-threaded BLAS or onnxruntime
 pool per run only adds threads that spin between calls and take the cores the event loop
-and the other workers need (measured on a busy 2-core machine: a 64x784 @ 784x512 matmul took 70 ms with
-numpy's OpenBLAS at 2 threads, 0.6 ms at 1).
+and the other workers need (measured on a busy 2-core machine: a 64x784 @ 784x512
+matmul took 70 ms with numpy's OpenBLAS at 2 threads, 0.6 ms at 1).
 
 Batch buckets: a program with a symbolic batch dim is compiled once per batch size it
 sees; under dynamic batching that is every size from 1 to ``max_batch_size``. With

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from .model import ServedModel, ServingError, load_model, read_config
 
@@ -130,6 +131,8 @@ class Server:
             e.batcher.close()
         for e in self.entries.values():
             e.model.stop()
+        from .ops import flush_logging
+        flush_logging()
 
     def _config(self, app):
         import uvicorn
@@ -168,10 +171,11 @@ class Server:
                 err.append(e)
         self._thread = threading.Thread(target=run, name="sampan-serve", daemon=True)
         self._thread.start()
-        ev = threading.Event()
-        while not uv.started and self._thread.is_alive():
+        ev, t_end = threading.Event(), time.monotonic() + timeout
+        while not uv.started and self._thread.is_alive() and time.monotonic() < t_end:
             ev.wait(0.01)
         if not uv.started:
+            uv.should_exit = True
             raise ServingError(f"serving: the server did not start: {err[0] if err else '?'}")
         return self
 
@@ -206,7 +210,7 @@ class Server:
         finally:
             signal.signal(signal.SIGTERM, prev)
             self._sock.close()
-        return 0
+        return 0 if uv.started else 1       # 1: startup failed (the log says why)
 
     def __enter__(self):
         return self.start()

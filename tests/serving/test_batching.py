@@ -150,3 +150,28 @@ def test_delay_policy_arriving_dispatches_a_lone_request_at_once():
     assert dt < 0.5 and n == 1 and (y == 2).all()
     dt, _, _ = asyncio.run(one("fixed"))
     assert dt >= 0.9
+
+
+def test_request_logs_are_one_json_object_a_line():
+    import io
+    import json
+    import logging
+
+    from sampan.serving.ops import LOG, flush_logging, log_request, setup_logging
+    buf = io.StringIO()
+    logs = [logging.getLogger(n) for n in ("sampan.serving", "uvicorn", "uvicorn.error")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in logs]
+    try:
+        setup_logging("info", buf)
+        log_request("r-1", "mlp", 200, 3, 0.0012, 0.0004, 0.002)
+        log_request("r-2", "mlp", 503, 0, None, None, 0.0001, error="the queue is full")
+        flush_logging()
+    finally:
+        for lg, (h, lvl, prop) in zip(logs, saved):
+            lg.handlers[:], lg.level, lg.propagate = h, lvl, prop
+    a, b = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert a["request_id"] == "r-1" and a["model"] == "mlp" and a["status"] == 200
+    assert a["batch_size"] == 3 and a["queue_ms"] == 1.2 and a["compute_ms"] == 0.4
+    assert a["total_ms"] == 2.0 and a["level"] == "info"
+    assert b["level"] == "warning" and b["error"] == "the queue is full"
+    assert logging.getLogger("sampan.serving") is LOG

@@ -20,22 +20,23 @@ def sleepy_server(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"kind": "test_sleepy", "delay": 0.15,
                                                "instance_count": 1}))
+    log = open(tmp_path / "stderr", "w")      # a file: an unread pipe can fill up
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-m", "tests.serving._sleepy_server", "--model",
                           f"sleepy={d}", "--port", "0", "--log-level", "warning"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         line = p.stdout.readline()
         if not line:
-            pytest.fail(f"the server did not start: {p.stderr.read()}")
+            p.wait(30)
+            pytest.fail(f"the server did not start: {(tmp_path / 'stderr').read_text()}")
         yield p, json.loads(line)["url"]
     finally:
         if p.poll() is None:
             p.kill()
         p.wait(10)
         p.stdout.close()
-        p.stderr.close()
+        log.close()
 
 
 def test_sigterm_answers_requests_in_flight_and_exits_0(sleepy_server):
@@ -62,7 +63,7 @@ def test_sigterm_answers_requests_in_flight_and_exits_0(sleepy_server):
     p.send_signal(signal.SIGTERM)
     for t in ts:
         t.join(30)
-    assert p.wait(30) == 0, p.stderr.read()
+    assert p.wait(30) == 0
     assert len(got) == 5
     for r in got:
         assert not isinstance(r, Exception), r
