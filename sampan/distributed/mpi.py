@@ -87,6 +87,7 @@ class MPIGroup(ProcessGroup):
             hb_dir = comm.bcast(tempfile.mkdtemp(prefix="sampan-mpi-") if own else None, 0)
         os.makedirs(hb_dir, exist_ok=True)
         g = cls(comm, timeout, hb_dir, own)
+        os.environ["SAMPAN_RANK"], os.environ["SAMPAN_WORLD_SIZE"] = str(g.rank), str(g.size)
         _install_excepthook(g)
         return g
 
