@@ -134,10 +134,13 @@ def _alive(pid):
 
 
 def launch(nprocs, script, args=(), hostfile=None, timeout=60.0, python=None,
-           out=None) -> int:
+           stdout=None, stderr=None) -> int:
     """Run `script` on `nprocs` ranks; return the job's status (0: every rank succeeded).
-    On a failure, prints (to `out`, default stderr) which rank failed and its traceback."""
-    out = out or sys.stderr
+    The ranks' output goes to `stdout`/`stderr` (default: this process's); on a failure,
+    the launcher prints to `stderr` which rank failed first and each failed rank's
+    traceback."""
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    out = stderr
     n = int(nprocs)
     if n < 1:
         raise DistributedError(f"sampan launch: got -n {nprocs}; expected at least 1")
@@ -164,8 +167,8 @@ def launch(nprocs, script, args=(), hostfile=None, timeout=60.0, python=None,
             else:
                 dst.write(line.decode(errors="replace"))
             dst.flush()
-    readers = [threading.Thread(target=pump, args=(p.stdout, sys.stdout), daemon=True),
-               threading.Thread(target=pump, args=(p.stderr, sys.stderr), daemon=True)]
+    readers = [threading.Thread(target=pump, args=(p.stdout, stdout), daemon=True),
+               threading.Thread(target=pump, args=(p.stderr, stderr), daemon=True)]
     for t in readers:
         t.start()
     failed_at = None
