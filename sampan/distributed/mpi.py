@@ -11,10 +11,11 @@ round once): every rank gets the same, correctly rounded sum, at the cost of twi
 bytes on the wire for those dtypes. Their broadcasts and gathers move the 2-byte buffers
 as they are (a uint16 view).
 
-Before each collective the ranks exchange a small signature (collective, op/root, dtype,
-shape) with an `Iallgather`: a dtype or shape that differs between ranks is an error
-naming both ranks instead of a silent garbage reduction, and all_gather learns the uneven
-first-dim sizes from it. SAMPAN_DIST_CHECK=0 turns the check off for all_reduce.
+With each collective the ranks exchange a small signature (collective, op/root, dtype,
+shape) with an `Iallgather` started just before it (the two progress together, so the
+check costs no extra round trip): a dtype or shape that differs between ranks is an error
+naming both ranks instead of a silent garbage reduction; all_gather waits for it to learn
+the uneven first-dim sizes. SAMPAN_DIST_CHECK=0 turns the check off for all_reduce.
 
 Which rank died: every rank runs a heartbeat thread that rewrites
 `<dir>/rank-<r>.hb` ("pid collective-number name") every 0.5 s; `<dir>` is the launcher's
@@ -169,13 +170,16 @@ class MPIGroup(ProcessGroup):
     def request_work(self, name, seq, req, finish):
         return Work(self, name, seq, lambda: self._test(name, seq, req), finish)
 
-    def submit(self, name, arr, post, attr=0, check=True, compare_dim0=True) -> Work:
-        """Start collective `name` on `arr` in two nonblocking phases: the signature
-        exchange (when `check`), then `post(table) -> (request, finish)`, the collective
-        itself. Collectives must start in the same order on every rank, so the second
-        phases start in submission order (`_advance`), whichever handle is tested."""
+    def submit(self, name, arr, post, attr=0, check=True, needs_table=False) -> Work:
+        """Start collective `name` on `arr`: the signature exchange (an Iallgather of
+        (collective, attr, dtype, shape), when `check`) and `post(table) -> (request,
+        finish)`, the collective itself. The collective starts right behind its signature
+        (they progress together: the check costs no round trip) unless `needs_table`
+        (all_gather learns the uneven sizes from it); it is verified when the handle is
+        tested. Collectives must start in the same order on every rank, so collectives
+        start in submission order (`_advance`), whichever handle is tested."""
         seq = self.start(name)
-        p = _Pending(name, seq, post)
+        p = _Pending(name, seq, post, needs_table)
         if check:
             shape = arr.shape
             rest = shape[1:] if shape else ()
@@ -183,18 +187,34 @@ class MPIGroup(ProcessGroup):
                               shape[0] if shape else 1,
                               zlib.crc32(repr(tuple(rest)).encode())], np.int64)
             p.table = np.empty((self.size, p.sig.size), np.int64)
-            p.cols = slice(None) if compare_dim0 else [0, 1, 2, 3, 5]
+            p.cols = [0, 1, 2, 3, 5] if needs_table else slice(None)
             p.what = f"{name} of {arr.dtype}{list(arr.shape)}"
-            p.sig_req = self.comm.Iallgather([p.sig, MPI.INT64_T], [p.table, MPI.INT64_T])
         with self._lock:
+            if check:
+                p.sig_req = self.comm.Iallgather([p.sig, MPI.INT64_T],
+                                                 [p.table, MPI.INT64_T])
             self._queue.append(p)
-        self._advance()
+            self._advance()
 
         def test():
             self._advance()
+            if p.error is None and p.sig_req is not None and not p.verified:
+                try:
+                    if not self._test(name, seq, p.sig_req):
+                        return False
+                    self._verify(p)
+                except DistributedError as e:
+                    p.error = e
+                    self._drain(p)
             if p.error is not None:
                 return True
-            return p.req is not None and self._test(name, seq, p.req)
+            if p.req is None:
+                return False
+            try:
+                return self._test(name, seq, p.req)
+            except DistributedError as e:
+                p.error = e
+                return True
 
         def finish():
             if p.error is not None:
@@ -207,17 +227,35 @@ class MPIGroup(ProcessGroup):
             q = self._queue
             while q:
                 p = q[0]
-                if p.sig_req is not None and not self._test(p.name, p.seq, p.sig_req):
-                    return
-                q.popleft()
-                try:
-                    if p.sig_req is not None:
+                if p.needs_table:
+                    if p.sig_req is not None and not self._test(p.name, p.seq, p.sig_req):
+                        return
+                    try:
                         self._verify(p)
+                    except DistributedError as e:
+                        p.error = e
+                q.popleft()
+                if p.error is None:
                     p.req, p.finish = p.post(p.table)
-                except DistributedError as e:
-                    p.error = e
+
+    def _drain(self, p):
+        """After a mismatch: let the collective that already started end (with an error,
+        or garbage the caller will not see), briefly, so the group stays usable."""
+        if p.req is None:
+            return
+        t = time.monotonic() + min(self.timeout, 2.0)
+        while time.monotonic() < t:
+            try:
+                if p.req.Test():
+                    return
+            except MPI.Exception:
+                return
+            time.sleep(1e-4)
 
     def _verify(self, p):
+        if p.verified or p.sig_req is None:
+            return
+        p.verified = True
         t = p.table
         bad = [r for r in range(self.size) if not np.array_equal(t[r, p.cols], p.sig[p.cols])]
         if bad:
@@ -228,13 +266,14 @@ class MPIGroup(ProcessGroup):
 
 
 class _Pending:
-    __slots__ = ("name", "seq", "post", "sig", "table", "cols", "what", "sig_req", "req",
-                 "finish", "error")
+    __slots__ = ("name", "seq", "post", "needs_table", "sig", "table", "cols", "what",
+                 "sig_req", "req", "finish", "error", "verified")
 
-    def __init__(self, name, seq, post):
-        self.name, self.seq, self.post = name, seq, post
+    def __init__(self, name, seq, post, needs_table):
+        self.name, self.seq, self.post, self.needs_table = name, seq, post, needs_table
         self.sig = self.table = self.cols = self.what = self.sig_req = None
         self.req = self.finish = self.error = None
+        self.verified = False
 
 
 def _describe(row):
@@ -291,7 +330,7 @@ def all_gather(g, arr):
             parts = [out[at[i]:at[i + 1]] for i in range(len(dims))]
             return [q.reshape(()) for q in parts] if scalar else parts
         return req, finish
-    return g.submit("all_gather", arr, post, compare_dim0=False)
+    return g.submit("all_gather", arr, post, needs_table=True)
 
 
 def reduce_scatter(g, arr, op="sum"):
