@@ -411,6 +411,8 @@ def _install_excepthook(g):
     def hook(tp, value, tb):
         text = "".join(traceback.format_exception(tp, value, tb))
         report_failure(g.rank, text, g.hb_dir)
+        if g.own_dir:               # the job ends here: no destroy() will clean it up
+            shutil.rmtree(g.hb_dir, ignore_errors=True)
         try:
             prev(tp, value, tb)
         finally:
