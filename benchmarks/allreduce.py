@@ -30,10 +30,18 @@ def _reps(mb, quick):
     return max(5, n // 3) if quick else n
 
 
-def sampan_allreduce_bandwidth(sizes_mb=SIZES_MB, quick=False, emit_lines=True):
-    """Collective: call on every rank of an MPI job. Returns (on every rank) one dict per
-    size with the median seconds and GB/s of raw mpi4py and of sampan, and the ratio; rank 0
-    prints them as JSON lines when `emit_lines`."""
+def _under_mpi():
+    return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+def sampan_allreduce_bandwidth(sizes_mb=SIZES_MB, quick=False, emit_lines=True, nprocs=2):
+    """All-reduce bandwidth, sampan vs raw mpi4py. Inside an MPI job: collective, call it
+    on every rank; returns (on every rank) one dict per size with the median seconds and
+    GB/s of each system and the ratio; rank 0 prints the JSON lines when `emit_lines`.
+    Outside one: runs this file on `nprocs` ranks through mpiexec, prints its lines (when
+    `emit_lines`) and returns the records it printed."""
+    if not _under_mpi():
+        return _self_launch(sizes_mb, quick, emit_lines, nprocs)
     import numpy as np
     from mpi4py import MPI
 
@@ -66,8 +74,9 @@ def sampan_allreduce_bandwidth(sizes_mb=SIZES_MB, quick=False, emit_lines=True):
         for f in fns.values():              # warm-up
             f()
             f()
-        for _ in range(_reps(mb, quick)):
-            for k, f in fns.items():
+        for i in range(_reps(mb, quick)):
+            order = list(fns.items())
+            for k, f in (order if i % 2 == 0 else order[::-1]):   # who goes first alternates
                 comm.Barrier()
                 t = time.perf_counter()
                 f()
@@ -103,6 +112,32 @@ def sampan_allreduce_bandwidth(sizes_mb=SIZES_MB, quick=False, emit_lines=True):
     return out
 
 
+def _self_launch(sizes_mb, quick, emit_lines, nprocs):
+    import json
+
+    from sampan.distributed.cli import find_mpiexec
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(HERE),
+                                                      os.environ.get("PYTHONPATH")) if p))
+    cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, os.path.abspath(__file__),
+           "--sizes", ",".join(str(s) for s in sizes_mb)] + (["--quick"] if quick else [])
+    p = subprocess.run(cmd, env=env, timeout=300, capture_output=True, text=True)
+    recs = []
+    for line in p.stdout.splitlines():
+        if emit_lines:
+            print(line, flush=True)
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            pass
+    if p.returncode:
+        sys.stderr.write(p.stderr[-4000:])
+    return recs
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -111,12 +146,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     sizes = tuple(float(s) for s in a.sizes.split(",")) if a.sizes else SIZES_MB
     sizes = tuple(int(s) if float(s).is_integer() else s for s in sizes)
-    if "PMI_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
-        from sampan.distributed.cli import find_mpiexec
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        cmd = [find_mpiexec(), "-n", str(a.n), sys.executable, os.path.abspath(__file__)]
-        cmd += sys.argv[1:] if argv is None else list(argv)
-        return subprocess.run(cmd, env=env, timeout=300).returncode
+    if not _under_mpi():
+        recs = sampan_allreduce_bandwidth(sizes, quick=a.quick, nprocs=a.n)
+        return 0 if recs else 1
     sampan_allreduce_bandwidth(sizes, quick=a.quick)
     import sampan.distributed as dist
     dist.destroy()
