@@ -99,10 +99,11 @@ class Work:
 
 def _spin(test, limit):
     """Poll `test` until true or `limit` seconds pass. MPI moves a large message's bytes
-    only inside Test calls (no progress thread), so the first second is a tight loop
-    (releasing the GIL every 64 polls, so a backward pass on another thread runs); after
-    that the peer is late rather than the transfer long, and sleeps that grow to 1 ms keep
-    a long wait from burning a core."""
+    only inside Test calls (no progress thread), so the first second is a tight loop, as
+    MPI's own blocking calls are (mpi4py releases the GIL inside Test, so other threads
+    run; a sleep(0) here gave the core away to other processes on a busy host); after that
+    the peer is late rather than the transfer long, and sleeps that grow to 1 ms keep a
+    long wait from burning a core."""
     t0 = time.perf_counter()
     deadline = t0 + limit
     n = 0
@@ -114,9 +115,7 @@ def _spin(test, limit):
         now = time.perf_counter()
         if now > deadline:
             return test()
-        if now - t0 < 1.0:
-            time.sleep(0)
-        else:
+        if now - t0 > 1.0:
             slow = min(slow + 1, 1000)
             time.sleep(1e-6 * slow)
     return True
