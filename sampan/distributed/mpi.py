@@ -16,9 +16,9 @@ shape) with an `Iallgather` started just before it (the two progress together, s
 check costs no extra round trip): a dtype or shape that differs between ranks is an error
 naming both ranks instead of a silent garbage reduction; all_gather waits for it to learn
 the uneven first-dim sizes. all_reduce, the hot path, checks its first 16 calls and every
-16th after (SAMPAN_DIST_CHECK=1: every call, 0: none, N: every N-th); an unchecked
-mismatch of sizes still fails (MPI's truncation error, or the timeout), a mismatch of
-dtypes of one size then goes unnoticed.
+16th after (SAMPAN_DIST_CHECK=1: every call, 0: none, N: every N-th): a mismatch that
+persists (ranks with different models) is named within 16 calls, while one unchecked
+call with a mismatch goes unnoticed (MPICH then reduces the common prefix).
 
 Which rank died: every rank runs a heartbeat thread that rewrites
 `<dir>/rank-<r>.hb` ("pid collective-number name") every 0.5 s; `<dir>` is the launcher's
