@@ -411,7 +411,7 @@ def send(g, arr, dst):
     seq = g.start("send")
     buf, t = _buffer(arr)
     req = g.comm.Isend([buf, t], dest=dst, tag=_TAG)
-    return g.request_work("send", seq, req, lambda: None)
+    return g.request_work("send", seq, req, lambda buf=buf: None)   # buf lives until done
 
 
 def recv(g, out, src):
