@@ -84,6 +84,7 @@ class MPIGroup(ProcessGroup):
         self._lock = threading.RLock()
         self._queue = deque()
         self._stop = threading.Event()
+        self._write_beat()      # the first one before init returns: a rank may die at once
         self._hb = threading.Thread(target=self._beat, name="sampan-mpi-heartbeat",
                                     daemon=True)
         self._hb.start()
@@ -107,18 +108,18 @@ class MPIGroup(ProcessGroup):
     def _hb_path(self, r):
         return os.path.join(self.hb_dir, f"rank-{r}.hb")
 
-    def _beat(self):
+    def _write_beat(self):
         path = self._hb_path(self.rank)
-        tmp = path + ".tmp"
-        while True:
-            try:
-                with open(tmp, "w") as f:
-                    f.write(f"{os.getpid()} {self.seq} {self.current}\n")
-                os.replace(tmp, path)
-            except OSError:
-                pass
-            if self._stop.wait(_HB_INTERVAL):
-                return
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{os.getpid()} {self.seq} {self.current}\n")
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+
+    def _beat(self):
+        while not self._stop.wait(_HB_INTERVAL):
+            self._write_beat()
 
     def peers(self):
         """{rank: (seconds since its last heartbeat, its collective number, its pid)}."""
