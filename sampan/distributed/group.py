@@ -11,6 +11,7 @@ own) and process-wide second (an MPI rank has one for every thread).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -101,9 +102,9 @@ def _spin(test, limit):
     """Poll `test` until true or `limit` seconds pass. MPI moves a large message's bytes
     only inside Test calls (no progress thread), so the first second is a tight loop, as
     MPI's own blocking calls are (mpi4py releases the GIL inside Test, so other threads
-    run; a sleep(0) here gave the core away to other processes on a busy host); after that
-    the peer is late rather than the transfer long, and sleeps that grow to 1 ms keep a
-    long wait from burning a core."""
+    run), yielding the core every 64 polls as MPICH does (on an oversubscribed host the
+    peer may be waiting for it); after that the peer is late rather than the transfer
+    long, and sleeps that grow to 1 ms keep a long wait from burning a core."""
     t0 = time.perf_counter()
     deadline = t0 + limit
     n = 0
@@ -112,6 +113,7 @@ def _spin(test, limit):
         n += 1
         if n % 64:
             continue
+        _yield()
         now = time.perf_counter()
         if now > deadline:
             return test()
@@ -119,6 +121,9 @@ def _spin(test, limit):
             slow = min(slow + 1, 1000)
             time.sleep(1e-6 * slow)
     return True
+
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class ProcessGroup:
