@@ -79,6 +79,10 @@ def check_async_tensors_send_recv():
     assert all(isinstance(g, sampan.Tensor) for g in gathered)
     _close(np.concatenate([g.numpy() for g in gathered]), np.arange(n, dtype=float),
            "all_gather of tensors")
+    base = np.arange(6.0).reshape(2, 3)
+    view = base.T                                       # not contiguous: reduced via a copy
+    assert dist.all_reduce(view) is view
+    _close(base, np.arange(6.0).reshape(2, 3) * n, "all_reduce of a transposed view")
     if r == 0:
         dist.send(np.arange(4.0), dst=1)
         dist.send(sampan.tensor([7, 8], dtype="int64"), dst=1)
