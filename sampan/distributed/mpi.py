@@ -198,7 +198,7 @@ class MPIGroup(ProcessGroup):
                               zlib.crc32(repr(tuple(rest)).encode())], np.int64)
             p.table = np.empty((self.size, p.sig.size), np.int64)
             p.cols = [0, 1, 2, 3, 5] if needs_table else slice(None)
-            p.what = f"{name} of {arr.dtype}{list(arr.shape)}"
+            p.what = arr                 # described only on a mismatch
         with self._lock:
             if check:
                 p.sig_req = self.comm.Iallgather([p.sig, MPI.INT64_T],
@@ -307,7 +307,8 @@ class MPIGroup(ProcessGroup):
         bad = [r for r in range(self.size) if not np.array_equal(t[r, p.cols], p.sig[p.cols])]
         if bad:
             raise DistributedError(
-                f"{p.name} #{p.seq}: rank {self.rank} passed {p.what} but rank {bad[0]} "
+                f"{p.name} #{p.seq}: rank {self.rank} passed {p.name} of {p.what.dtype}"
+                f"{list(p.what.shape)} but rank {bad[0]} "
                 f"passed {_describe(t[bad[0]])}; expected the same collective, dtype and "
                 "shape on every rank")
 
