@@ -79,7 +79,12 @@ class MPIGroup(ProcessGroup):
         # and then every 16th (the default: the check's own small collective costs ~30 us,
         # 5% of a 4 MB reduction; which calls are checked depends only on the count of
         # calls, the same on every rank)
-        self.check_every = int(os.environ.get("SAMPAN_DIST_CHECK", "16"))
+        raw = os.environ.get("SAMPAN_DIST_CHECK", "16")
+        try:
+            self.check_every = max(0, int(raw))
+        except ValueError:
+            raise DistributedError(f"SAMPAN_DIST_CHECK={raw!r}; expected 1 (check every "
+                                   "all_reduce), 0 (none) or N (every N-th)") from None
         self.n_all_reduce = 0
         self.hb_dir, self.own_dir = hb_dir, own_dir
         self._lock = threading.RLock()
