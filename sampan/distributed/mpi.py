@@ -167,13 +167,22 @@ class MPIGroup(ProcessGroup):
         return seq
 
     def destroy(self):
+        """Stop the heartbeat and leave the group; rank 0 removes the heartbeat directory
+        it made once every rank has stopped writing there (a bounded barrier)."""
         self._stop.set()
+        self._hb.join(2.0)
         try:
             os.remove(self._hb_path(self.rank))
         except OSError:
             pass
+        try:
+            done = _spin_request(self.comm.Ibarrier(), min(self.timeout, 5.0))
+        except MPI.Exception:
+            done = False
         if self.own_dir:
             shutil.rmtree(self.hb_dir, ignore_errors=True)
+        if done:
+            self.comm.Free()
 
     def _test(self, name, seq, req, status=None):
         try:
@@ -329,6 +338,15 @@ class _Pending:
         self.verified = False
 
 
+def _spin_request(req, limit):
+    deadline = time.perf_counter() + limit
+    while not req.Test():
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(1e-4)
+    return True
+
+
 def _describe(row):
     dt = _DTNAME.get(int(row[2]), "?")
     return f"{_NAMES[row[0]]} of {dt}[ndim {row[3]}, dim0 {row[4]}]"
@@ -454,17 +472,20 @@ KERNELS = {"all_reduce": all_reduce, "broadcast": broadcast, "all_gather": all_g
 
 # ------------------------------------------------------------------ failing loudly
 _HOOKED = [False]
+_LATEST = [None]
 
 
 def _install_excepthook(g):
     """An uncaught exception on one rank: print its traceback (and leave it for `sampan
     launch`), then abort the job so that its peers stop at once."""
+    _LATEST[0] = g
     if _HOOKED[0]:
         return
     _HOOKED[0] = True
     prev = sys.excepthook
 
     def hook(tp, value, tb):
+        g = _LATEST[0]              # the group of the latest init (init, destroy, init …)
         text = "".join(traceback.format_exception(tp, value, tb))
         report_failure(g.rank, text, g.hb_dir)
         if g.own_dir:               # the job ends here: no destroy() will clean it up
