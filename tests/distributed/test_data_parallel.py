@@ -3,6 +3,9 @@ in-process replicas (threads) and one `mpiexec -n 2` job, against one process on
 global batch (the reference a data-parallel run must reproduce) and torch's sampler."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -17,6 +20,28 @@ from sampan.errors import SampanError
 from sampan.nn import functional as F
 
 N, B, STEPS = 2, 16, 5
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mpi_job(tmp_path_factory):
+    """The 2-rank MPI job (dp_mpi_job.py), started first so that it runs while the
+    in-process tests do; the last test collects it. Stopped here whatever happens."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        yield None
+        return
+    out = str(tmp_path_factory.mktemp("dp_mpi"))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.Popen([mpiexec, "-n", str(N), sys.executable,
+                          os.path.join(HERE, "dp_mpi_job.py"), out], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    yield p, out
+    if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 def _data(n=B, d=12, k=4, seed=0):
@@ -267,3 +292,17 @@ def test_elastic_resume_two_ranks_to_one(tmp_path):
     for s, loss in two[0][:7] + one:        # the loss curve continues the reference run
         assert loss == pytest.approx(ref[s], rel=1e-5, abs=1e-6), s
     _close(_params(ref_trainer.model), _params(t1.model), tol=1e-5)
+
+
+# ------------------------------------------------------------------------ MPI
+def test_mpi_two_ranks_match_one_process(mpi_job):
+    if mpi_job is None:
+        pytest.skip("no mpiexec next to this python (pip install mpich mpi4py)")
+    p, out = mpi_job
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, log
+    ref = _single(lr=0.1)
+    for r in range(N):
+        got = np.load(os.path.join(out, f"rank{r}.npz"))
+        assert int(got["size"]) == N
+        _close(ref, [got[f"arr_{i}"] for i in range(len(ref))])
