@@ -2,7 +2,8 @@
 
 At construction the parameters and buffers of rank 0 are copied to every rank. The
 parameters are laid out, in reverse registration order (backward meets the last layers
-first), into buckets of about `bucket_mb` megabytes of one dtype each. A grad-ready
+first), into buckets of about `bucket_mb` megabytes of one dtype each (the first one
+at most `FIRST_BUCKET_MB`, 1 MB, as torch's reducer does). A grad-ready
 hook on every parameter (`sampan.autograd.hooks.register_grad_ready_hook`: it fires as
 soon as the parameter's `.grad` holds all of this backward's contributions) copies the
 gradient into its bucket; a bucket whose gradients are all in starts its asynchronous
@@ -39,6 +40,8 @@ from ..tensor import wrap
 from . import _comm
 
 __all__ = ["DataParallel"]
+
+FIRST_BUCKET_MB = 1.0
 
 
 class _Bucket:
@@ -106,11 +109,14 @@ class DataParallel(Layer):
 
     # ------------------------------------------------------------------ layout
     def _make_buckets(self, params):
-        cap = self.bucket_mb * 2 ** 20
+        full = self.bucket_mb * 2 ** 20
         buckets, open_ = [], {}          # dtype -> the bucket being filled
         for p in reversed(params):
             dt = p._data.dtype
             b = open_.get(dt)
+            # the first bucket is small (torch's 1 MB): its reduction starts early in
+            # backward, and the rest overlaps with the remaining gradients
+            cap = min(FIRST_BUCKET_MB * 2 ** 20, full) if b is not None and b.index == 0 else full
             if b is None or (b.params and b.nbytes() + p._data.nbytes > cap):
                 b = open_[dt] = _Bucket(len(buckets), dt)
                 buckets.append(b)
