@@ -37,13 +37,14 @@ def _under_mpi() -> bool:
     return int(os.environ.get("SAMPAN_WORLD_SIZE", "1") or 1) > 1
 
 
-def init(backend="auto", timeout=60.0) -> ProcessGroup:
+def init(backend="auto", timeout=None) -> ProcessGroup:
     """Join the process group and make it current; returns it.
 
     backend: "mpi" (mpi4py over the MPI that `sampan launch`/`mpiexec` started), "inproc"
     (a single-rank group here; `spawn` makes multi-rank ones) or "auto" (mpi when MPI's
-    environment variables are set, else a single-rank group). `timeout` (seconds) bounds
-    every wait: a collective a peer does not join fails with an error naming that peer.
+    environment variables are set, else a single-rank group). `timeout` (seconds; default
+    $SAMPAN_TIMEOUT, which `sampan launch --timeout` sets, else 60) bounds every wait: a
+    collective a peer does not join fails with an error naming that peer.
     Inside a `spawn` replica, or when already initialised, returns the current group."""
     if backend not in ("auto", "mpi", "inproc"):
         raise DistributedError(f"init: got backend={backend!r}; expected 'auto', 'mpi' or "
@@ -54,6 +55,8 @@ def init(backend="auto", timeout=60.0) -> ProcessGroup:
             raise DistributedError(f"init: got backend={backend!r} but this rank is already "
                                    f"in a {g.backend} group; call destroy() first")
         return g
+    if timeout is None:
+        timeout = float(os.environ.get("SAMPAN_TIMEOUT") or 60.0)
     if backend == "auto":
         backend = "mpi" if _under_mpi() else "inproc"
     if backend == "mpi":

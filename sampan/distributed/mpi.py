@@ -11,10 +11,11 @@ round once): every rank gets the same, correctly rounded sum, at the cost of twi
 bytes on the wire for those dtypes. Their broadcasts and gathers move the 2-byte buffers
 as they are (a uint16 view).
 
-Before each collective the ranks exchange a small signature (collective, op/root, dtype,
-shape) with an `Iallgather`: a dtype or shape that differs between ranks is an error
-naming both ranks instead of a silent garbage reduction, and all_gather learns the uneven
-first-dim sizes from it. SAMPAN_DIST_CHECK=0 turns the check off for all_reduce.
+With each collective the ranks exchange a small signature (collective, op/root, dtype,
+shape) with an `Iallgather` started just before it (the two progress together, so the
+check costs no extra round trip): a dtype or shape that differs between ranks is an error
+naming both ranks instead of a silent garbage reduction; all_gather waits for it to learn
+the uneven first-dim sizes. SAMPAN_DIST_CHECK=0 turns the check off for all_reduce.
 
 Which rank died: every rank runs a heartbeat thread that rewrites
 `<dir>/rank-<r>.hb` ("pid collective-number name") every 0.5 s; `<dir>` is the launcher's
@@ -35,6 +36,7 @@ import threading
 import time
 import traceback
 import zlib
+from collections import deque
 
 import numpy as np
 
@@ -71,6 +73,8 @@ class MPIGroup(ProcessGroup):
         self.current = "init"
         self.check = os.environ.get("SAMPAN_DIST_CHECK", "1") != "0"
         self.hb_dir, self.own_dir = hb_dir, own_dir
+        self._lock = threading.RLock()
+        self._queue = deque()
         self._stop = threading.Event()
         self._hb = threading.Thread(target=self._beat, name="sampan-mpi-heartbeat",
                                     daemon=True)
@@ -87,6 +91,7 @@ class MPIGroup(ProcessGroup):
             hb_dir = comm.bcast(tempfile.mkdtemp(prefix="sampan-mpi-") if own else None, 0)
         os.makedirs(hb_dir, exist_ok=True)
         g = cls(comm, timeout, hb_dir, own)
+        os.environ["SAMPAN_RANK"], os.environ["SAMPAN_WORLD_SIZE"] = str(g.rank), str(g.size)
         _install_excepthook(g)
         return g
 
@@ -146,37 +151,6 @@ class MPIGroup(ProcessGroup):
         self.current = name
         return seq
 
-    def request_work(self, name, seq, req, finish):
-        def test():
-            try:
-                return req.Test()
-            except MPI.Exception as e:
-                raise DistributedError(f"{name} #{seq} on rank {self.rank} failed: "
-                                       f"{e.Get_error_string()}") from None
-        return Work(self, name, seq, test, finish)
-
-    def signature(self, name, seq, arr, attr=0, compare_dim0=True):
-        """Exchange (collective, attr, dtype, shape) with every rank; raise naming the ranks
-        whose call differs. Returns the table of signatures (one row per rank)."""
-        shape = arr.shape
-        rest = shape[1:] if shape else ()
-        sig = np.array([_NAMES.index(name), attr, _DTCODE[arr.dtype], arr.ndim,
-                        shape[0] if shape else 1,
-                        zlib.crc32(repr(tuple(rest)).encode())], np.int64)
-        table = np.empty((self.size, sig.size), np.int64)
-        req = self.comm.Iallgather([sig, MPI.INT64_T], [table, MPI.INT64_T])
-        self.request_work(name, seq, req, lambda: None).wait()
-        cols = slice(None) if compare_dim0 else [0, 1, 2, 3, 5]
-        bad = [r for r in range(self.size) if not np.array_equal(table[r, cols], sig[cols])]
-        if bad:
-            r = bad[0]
-            what = _describe(table[r])
-            raise DistributedError(f"{name} #{seq}: rank {self.rank} passed "
-                                   f"{_describe(sig, arr)} but rank {r} passed {what}; "
-                                   "expected the same collective, dtype and shape on every "
-                                   "rank")
-        return table
-
     def destroy(self):
         self._stop.set()
         try:
@@ -186,10 +160,123 @@ class MPIGroup(ProcessGroup):
         if self.own_dir:
             shutil.rmtree(self.hb_dir, ignore_errors=True)
 
+    def _test(self, name, seq, req, status=None):
+        try:
+            return req.Test() if status is None else req.Test(status)
+        except MPI.Exception as e:
+            raise DistributedError(f"{name} #{seq} on rank {self.rank} failed: "
+                                   f"{e.Get_error_string()}") from None
 
-def _describe(row, arr=None):
-    if arr is not None:
-        return f"{_NAMES[row[0]]} of {arr.dtype}{list(arr.shape)}"
+    def request_work(self, name, seq, req, finish):
+        return Work(self, name, seq, lambda: self._test(name, seq, req), finish)
+
+    def submit(self, name, arr, post, attr=0, check=True, needs_table=False) -> Work:
+        """Start collective `name` on `arr`: the signature exchange (an Iallgather of
+        (collective, attr, dtype, shape), when `check`) and `post(table) -> (request,
+        finish)`, the collective itself. The collective starts right behind its signature
+        (they progress together: the check costs no round trip) unless `needs_table`
+        (all_gather learns the uneven sizes from it); it is verified when the handle is
+        tested. Collectives must start in the same order on every rank, so collectives
+        start in submission order (`_advance`), whichever handle is tested."""
+        seq = self.start(name)
+        p = _Pending(name, seq, post, needs_table)
+        if check:
+            shape = arr.shape
+            rest = shape[1:] if shape else ()
+            p.sig = np.array([_NAMES.index(name), attr, _DTCODE[arr.dtype], arr.ndim,
+                              shape[0] if shape else 1,
+                              zlib.crc32(repr(tuple(rest)).encode())], np.int64)
+            p.table = np.empty((self.size, p.sig.size), np.int64)
+            p.cols = [0, 1, 2, 3, 5] if needs_table else slice(None)
+            p.what = f"{name} of {arr.dtype}{list(arr.shape)}"
+        with self._lock:
+            if check:
+                p.sig_req = self.comm.Iallgather([p.sig, MPI.INT64_T],
+                                                 [p.table, MPI.INT64_T])
+            self._queue.append(p)
+            self._advance()
+
+        def test():
+            self._advance()
+            if p.error is None and p.sig_req is not None and not p.verified:
+                try:
+                    if not self._test(name, seq, p.sig_req):
+                        return False
+                    self._verify(p)
+                except DistributedError as e:
+                    p.error = e
+                    self._drain(p)
+            if p.error is not None:
+                return True
+            if p.req is None:
+                return False
+            try:
+                return self._test(name, seq, p.req)
+            except DistributedError as e:
+                p.error = e
+                return True
+
+        def finish():
+            if p.error is not None:
+                raise p.error
+            return p.finish()
+        return Work(self, name, seq, test, finish)
+
+    def _advance(self):
+        with self._lock:
+            q = self._queue
+            while q:
+                p = q[0]
+                if p.needs_table:
+                    if p.sig_req is not None and not self._test(p.name, p.seq, p.sig_req):
+                        return
+                    try:
+                        self._verify(p)
+                    except DistributedError as e:
+                        p.error = e
+                q.popleft()
+                if p.error is None:
+                    p.req, p.finish = p.post(p.table)
+
+    def _drain(self, p):
+        """After a mismatch: let the collective that already started end (with an error,
+        or garbage the caller will not see), briefly, so the group stays usable."""
+        if p.req is None:
+            return
+        t = time.monotonic() + min(self.timeout, 2.0)
+        while time.monotonic() < t:
+            try:
+                if p.req.Test():
+                    return
+            except MPI.Exception:
+                return
+            time.sleep(1e-4)
+
+    def _verify(self, p):
+        if p.verified or p.sig_req is None:
+            return
+        p.verified = True
+        t = p.table
+        bad = [r for r in range(self.size) if not np.array_equal(t[r, p.cols], p.sig[p.cols])]
+        if bad:
+            raise DistributedError(
+                f"{p.name} #{p.seq}: rank {self.rank} passed {p.what} but rank {bad[0]} "
+                f"passed {_describe(t[bad[0]])}; expected the same collective, dtype and "
+                "shape on every rank")
+
+
+class _Pending:
+    __slots__ = ("name", "seq", "post", "needs_table", "sig", "table", "cols", "what",
+                 "sig_req", "req", "finish", "error", "verified")
+
+    def __init__(self, name, seq, post, needs_table):
+        self.name, self.seq, self.post, self.needs_table = name, seq, post, needs_table
+        self.sig = self.table = self.cols = self.what = self.sig_req = None
+        self.req = self.finish = self.error = None
+        self.verified = False
+
+
+def _describe(row):
     dt = _DTNAME.get(int(row[2]), "?")
     return f"{_NAMES[row[0]]} of {dt}[ndim {row[3]}, dim0 {row[4]}]"
 
@@ -203,52 +290,47 @@ def _buffer(arr):
 
 # ------------------------------------------------------------------------- kernels
 def all_reduce(g, arr, op="sum"):
-    seq = g.start("all_reduce")
-    if g.check:
-        g.signature("all_reduce", seq, arr, _OPCODE[op])
-    low = arr.dtype in _LOW
-    buf = arr.astype(np.float32) if low else arr
-    req = g.comm.Iallreduce(MPI.IN_PLACE, [buf, _TYPES[buf.dtype]], _OPS[op])
+    def post(table):
+        low = arr.dtype in _LOW
+        buf = arr.astype(np.float32) if low else arr
+        req = g.comm.Iallreduce(MPI.IN_PLACE, [buf, _TYPES[buf.dtype]], _OPS[op])
 
-    def finish():
-        if op == "mean":
-            np.divide(buf, g.size, out=buf)
-        if low:
-            np.copyto(arr, buf, casting="unsafe")
-        return arr
-    return g.request_work("all_reduce", seq, req, finish)
+        def finish():
+            if op == "mean":
+                np.divide(buf, g.size, out=buf)
+            if low:
+                np.copyto(arr, buf, casting="unsafe")
+            return arr
+        return req, finish
+    return g.submit("all_reduce", arr, post, _OPCODE[op], check=g.check)
 
 
 def broadcast(g, arr, src=0):
-    seq = g.start("broadcast")
-    g.signature("broadcast", seq, arr, src)
-    req = g.comm.Ibcast(list(_buffer(arr)), root=src)
-    return g.request_work("broadcast", seq, req, lambda: arr)
+    def post(table):
+        return g.comm.Ibcast(list(_buffer(arr)), root=src), lambda: arr
+    return g.submit("broadcast", arr, post, src)
 
 
 def all_gather(g, arr):
-    seq = g.start("all_gather")
-    table = g.signature("all_gather", seq, arr, compare_dim0=False)
     scalar = arr.ndim == 0
-    if scalar:
-        arr = arr.reshape(1)
-    rest = arr.shape[1:]
-    per = int(np.prod(rest, dtype=np.int64))
-    dims = [int(d) for d in table[:, 4]]
-    out = np.empty((sum(dims),) + rest, arr.dtype)
-    buf, t = _buffer(arr)
-    obuf, _ = _buffer(out)
-    counts = [d * per for d in dims]
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-    req = g.comm.Iallgatherv([buf, t], [obuf, counts, displs, t])
+    a = arr.reshape(1) if scalar else arr
 
-    def finish():
-        parts, at = [], 0
-        for d in dims:
-            parts.append(out[at:at + d])
-            at += d
-        return [p.reshape(()) for p in parts] if scalar else parts
-    return g.request_work("all_gather", seq, req, finish)
+    def post(table):
+        rest = a.shape[1:]
+        per = int(np.prod(rest, dtype=np.int64))
+        dims = [int(d) for d in table[:, 4]]
+        out = np.empty((sum(dims),) + rest, a.dtype)
+        buf, t = _buffer(a)
+        counts = [d * per for d in dims]
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        req = g.comm.Iallgatherv([buf, t], [_buffer(out)[0], counts, displs, t])
+
+        def finish():
+            at = np.cumsum([0] + dims)
+            parts = [out[at[i]:at[i + 1]] for i in range(len(dims))]
+            return [q.reshape(()) for q in parts] if scalar else parts
+        return req, finish
+    return g.submit("all_gather", arr, post, needs_table=True)
 
 
 def reduce_scatter(g, arr, op="sum"):
@@ -256,24 +338,25 @@ def reduce_scatter(g, arr, op="sum"):
     if arr.ndim == 0 or arr.shape[0] % n:
         raise DistributedError(f"reduce_scatter: got shape {list(arr.shape)}; expected a "
                                f"first dim divisible by the world size {n}")
-    seq = g.start("reduce_scatter")
-    g.signature("reduce_scatter", seq, arr, _OPCODE[op])
-    low = arr.dtype in _LOW
-    buf = arr.astype(np.float32) if low else arr
-    out = np.empty((arr.shape[0] // n,) + arr.shape[1:], buf.dtype)
-    t = _TYPES[buf.dtype]
-    req = g.comm.Ireduce_scatter_block([buf, t], [out, t], _OPS[op])
 
-    def finish():
-        if op == "mean":
-            out[...] /= n
-        return out.astype(arr.dtype) if low else out
-    return g.request_work("reduce_scatter", seq, req, finish)
+    def post(table):
+        low = arr.dtype in _LOW
+        buf = arr.astype(np.float32) if low else arr
+        out = np.empty((arr.shape[0] // n,) + arr.shape[1:], buf.dtype)
+        t = _TYPES[buf.dtype]
+        req = g.comm.Ireduce_scatter_block([buf, t], [out, t], _OPS[op])
+
+        def finish():
+            if op == "mean":
+                np.divide(out, n, out=out)
+            return out.astype(arr.dtype) if low else out
+        return req, finish
+    return g.submit("reduce_scatter", arr, post, _OPCODE[op])
 
 
 def barrier(g, arr=None):
-    seq = g.start("barrier")
-    return g.request_work("barrier", seq, g.comm.Ibarrier(), lambda: None)
+    return g.submit("barrier", None, lambda table: (g.comm.Ibarrier(), lambda: None),
+                    check=False)
 
 
 _TAG = 23

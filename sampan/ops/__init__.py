@@ -9,7 +9,9 @@ FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "s
             # issue 17, spatial area
             "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d",
             # issue 19: int8 quantisation; subgraphs run by onnxruntime (the offload pass)
-            "quant", "engine"]
+            "quant", "engine",
+            # issue 23: collectives (run through the current sampan.distributed group)
+            "collective"]
 
 
 def load_all():

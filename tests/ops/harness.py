@@ -23,7 +23,7 @@ def _merge_area_oracles():
     """Each area's oracle module (torch_oracle_<area>.py) adds its entries here."""
     import importlib
     # spatial last: its pooling oracles replace nn's (they read ceil_mode, divisor_override)
-    for area in ("math", "layout", "scatter", "linalg", "nn", "spatial", "quant"):
+    for area in ("math", "layout", "scatter", "linalg", "nn", "spatial", "quant", "dist"):
         mod = importlib.import_module(f"{__package__}.torch_oracle_{area}")
         ORACLE.update(mod.ORACLE)
         COMPOSITE_ORACLE.update(mod.COMPOSITE_ORACLE)
