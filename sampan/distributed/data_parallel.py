@@ -143,6 +143,9 @@ class DataParallel(Layer):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
+        tr = STATE.tracer
+        if tr is not None:      # the distribute pass buckets the traced grads as we do
+            tr.g.meta.setdefault("bucket_mb", self.bucket_mb)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -5,7 +5,8 @@
 `sampan.jit` records which graph outputs are parameter gradients (`meta["grads"]`:
 (output position, input position of the parameter)). The pass lays those gradients, in
 reverse parameter order, into buckets of about `bucket_mb` megabytes of one dtype
-(`graph.meta["bucket_mb"]`, else `BUCKET_MB`), and right after the node that completes
+(`graph.meta["bucket_mb"]`, which a traced `DataParallel` sets to its own, else
+`BUCKET_MB`), and right after the node that completes
 a bucket's last gradient inserts
 
     flat = concat(reshape(g_i, (-1,)) ...);  red = all_reduce(flat, op="mean")
@@ -29,6 +30,7 @@ import numpy as np
 from .manager import register_pass
 
 BUCKET_MB = 25.0
+FIRST_BUCKET_MB = 1.0    # as DataParallel (and torch's reducer): the first bucket is small
 
 
 def _bucketize(grads, cap):
@@ -37,8 +39,9 @@ def _bucketize(grads, cap):
         dt = np.dtype(v.dtype)
         nbytes = int(np.prod(v.shape, dtype=np.int64)) * dt.itemsize
         b = open_.get(dt)
-        if b is None or (b["values"] and b["bytes"] + nbytes > cap):
-            b = open_[dt] = {"values": [], "bytes": 0}
+        lim = min(cap, FIRST_BUCKET_MB * 2 ** 20) if b is not None and b["first"] else cap
+        if b is None or (b["values"] and b["bytes"] + nbytes > lim):
+            b = open_[dt] = {"values": [], "bytes": 0, "first": not buckets}
             buckets.append(b)
         b["values"].append(v)
         b["bytes"] += nbytes
