@@ -7,7 +7,9 @@
 4. train a short DLRM on the synthetic click stream and show AUC rising (when sampan.rec
    is present);
 5. serve the CNN through a Predictor (sampan.inference), fp32 and, where sampan.quant is
-   present, int8 after post-training quantisation: accuracy and batch-1 latency.
+   present, int8 after post-training quantisation: accuracy and batch-1 latency;
+6. train the CNN data-parallel on 2 ranks (`sampan launch -n 2`) for one epoch: both
+   ranks print the same parameter checksum.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -84,6 +86,29 @@ def main():
 
     step("5. serve the CNN through a Predictor: accuracy and batch-1 latency")
     serve(model, xs, ys)
+
+    data_parallel()
+
+
+def data_parallel():
+    """The digits CNN for one epoch on 2 ranks through `sampan launch` (MPI); both ranks
+    print their parameter checksum, which must be the same."""
+    import re
+    import time
+    step("6. data parallel: the digits CNN on 2 ranks through `sampan launch`")
+    script = os.path.join(HERE, "digits_dp.py")
+    cmd = [sys.executable, "-c", "import sys; from sampan.cli import main; sys.exit(main())",
+           "launch", "-n", "2", script]
+    print("$ sampan launch -n 2 examples/digits_dp.py")
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
+    print("\n".join(sorted(lines)))
+    if r.returncode:
+        raise SystemExit(f"sampan launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    sums = {m.group(1) for ln in lines for m in [re.search(r"checksum (\w+)", ln)] if m}
+    assert len(lines) == 2 and len(sums) == 1, "the ranks' parameters differ"
+    print(f"both ranks hold identical parameters ({time.perf_counter() - t:.1f} s)")
 
 
 def serve(model, xs, ys, calls=2000):
