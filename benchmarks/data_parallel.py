@@ -7,10 +7,11 @@ samples a step), one BLAS thread per rank. Systems, each in fresh processes, in 
 Lines: samples/s of each; scaling efficiency = samples/s(2 ranks) / (2 x samples/s(1
 rank)); sampan DP / torch DDP; exposed communication (the wait after backward ends) over
 the total communication time (the same buckets all-reduced back to back, blocking) from
-DataParallel's timestamps. Then all-reduce bandwidth through dist-comm's
-`benchmarks/allreduce.py: sampan_allreduce_bandwidth`, when that file exists.
+DataParallel's timestamps. The 2-rank sampan job then prints the all-reduce bandwidth
+lines of dist-comm's `benchmarks/allreduce.py: sampan_allreduce_bandwidth` (1-64 MB
+against raw mpi4py), when that file exists (`--no-bandwidth` skips them).
 Targets: efficiency >= 0.9 (W3), >= 0.8 (W1); >= 1.0x DDP; exposed < 20%.
-Usage: python data_parallel.py [W1 W3] [--quick] [--reps N]
+Usage: python data_parallel.py [W1 W3] [--quick] [--reps N] [--no-bandwidth]
 """
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ def sampan_worker(wls, steps, reps):
         n = dist.world_size()
     for wl in wls:
         _sampan_one(wl, steps[wl], reps, n)
+    if n > 1 and os.environ.get("DP_BANDWIDTH") == "1" and \
+            os.path.exists(os.path.join(HERE, "allreduce.py")):
+        import allreduce     # dist-comm's: 1-64 MB vs raw mpi4py, JSON lines from rank 0
+        allreduce.sampan_allreduce_bandwidth(quick=reps < 5)
     if n > 1:
         dist.destroy()
 
@@ -197,6 +202,8 @@ def _result(procs, timeout=600):
         if p.returncode != 0:
             raise RuntimeError(f"worker failed ({p.returncode}):\n{out[-3000:]}")
         for line in out.splitlines():
+            if line.startswith("{"):          # a benchmark line printed by the worker
+                print(line, flush=True)
             if line.startswith("RESULT "):
                 r = json.loads(line[7:])
                 got[r["workload"]] = r
@@ -205,11 +212,12 @@ def _result(procs, timeout=600):
     return got
 
 
-def run(system, wls, n, steps, reps):
+def run(system, wls, n, steps, reps, env=()):
     """Results by workload of one job: `system` on `n` ranks running every workload."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", system, *wls,
            "--steps", json.dumps(steps), "--reps", str(reps)]
-    kw = dict(env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kw = dict(env=dict(_env(), **dict(env)), stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT, text=True)
     if system == "sampan":
         if n > 1:
             cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n)] + cmd
@@ -228,6 +236,8 @@ def main():
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--steps", default=None, help="JSON {workload: steps per rep}")
     ap.add_argument("--worker", default=None)
+    ap.add_argument("--no-bandwidth", dest="bandwidth", action="store_false",
+                    help="skip dist-comm's all-reduce bandwidth lines")
     a = ap.parse_args()
     steps = {wl: ({"W1": 10, "W3": 2} if a.quick else {"W1": 30, "W3": 5})[wl]
              for wl in a.workloads}
@@ -239,11 +249,11 @@ def main():
     res = {}
     for system in ("sampan", "torch"):     # one job per system and rank count
         for n in (1, 2):
-            for wl, r in run(system, a.workloads, n, steps, reps).items():
+            env = {"DP_BANDWIDTH": "1"} if (system, n) == ("sampan", 2) and a.bandwidth else {}
+            for wl, r in run(system, a.workloads, n, steps, reps, env).items():
                 res[wl, system, n] = r
     for wl in a.workloads:
         report(wl, {(s, n): r for (w, s, n), r in res.items() if w == wl})
-    bandwidth()
 
 
 def report(wl, res):
@@ -268,21 +278,6 @@ def report(wl, res):
     emit(wl, "sampan", "2rank", "exposed_comm_fraction", [frac], target=0.2, met=frac < 0.2,
          exposed_ms=round(d["exposed_s"] * 1e3, 3), comm_ms=round(d["comm_s"] * 1e3, 3),
          buckets=d["buckets"], grad_mb=round(d["grad_mb"], 2), **info)
-
-
-def bandwidth():
-    """dist-comm's all-reduce bandwidth figures (1-64 MB against raw mpi4py), if present."""
-    if not os.path.exists(os.path.join(HERE, "allreduce.py")):
-        print(json.dumps({"workload": "D1", "metric": "allreduce_bandwidth",
-                          "skipped": "benchmarks/allreduce.py not present"}), flush=True)
-        return
-    import allreduce
-    fn = getattr(allreduce, "sampan_allreduce_bandwidth", None)
-    if fn is None:
-        print(json.dumps({"workload": "D1", "metric": "allreduce_bandwidth",
-                          "skipped": "allreduce.py has no sampan_allreduce_bandwidth"}))
-        return
-    fn()
 
 
 if __name__ == "__main__":

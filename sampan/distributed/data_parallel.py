@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from ..autograd import hooks as _hooks
 from ..autograd.hooks import queue_callback, register_grad_ready_hook
 from ..errors import SampanError, SampanValueError
 from ..nn.layer import Layer
@@ -175,10 +176,14 @@ class DataParallel(Layer):
         if not self._sync or STATE.tracer is not None or _comm.world_size() == 1:
             return
         st = self._step
+        if st is not None and st["queue"] is not _hooks._TL.queue:
+            self._abandon(st)   # an earlier backward raised before its end callback ran
+            st = None
         if st is None:
             st = self.__dict__["_step"] = {"left": [len(b.params) for b in self.buckets],
                                            "done": set(), "next": 0,
-                                           "t0": time.perf_counter()}
+                                           "t0": time.perf_counter(),
+                                           "queue": _hooks._TL.queue}
             for b in self.buckets:      # fresh buffers: an old .grad view stays intact
                 b.flat = np.empty(b.size, b.dtype)
                 b.work = None
@@ -251,6 +256,14 @@ class DataParallel(Layer):
             "launch_s": [b.t_launch - st["t0"] for b in self.buckets],
             "done_s": [b.t_done - st["t0"] for b in self.buckets],
             "bucket_bytes": [b.nbytes() for b in self.buckets]}
+
+    def _abandon(self, st):
+        """Forget a step whose backward failed: its launched reductions are waited for
+        (their buffers stay untouched until done) and the gradients stay local."""
+        self.__dict__["_step"] = None
+        for b in self.buckets:
+            _comm.wait(b.work)
+            b.work = None
 
     def _drain(self, st):
         """Start and wait for every bucket (zeros where unfilled), so that a rank that

@@ -337,3 +337,29 @@ def test_jitted_distribute_step_equals_eager_data_parallel():
         _close(ref, params, tol=1e-5)
         assert n_ar == info["buckets"] >= 3 and info["grads"] == 6   # DP's bucket size
     assert "distribute" in sampan.passes.pipeline("data_parallel")
+
+
+def test_a_backward_that_raises_leaves_the_next_step_right():
+    ref = _single(steps=1)
+
+    def body():
+        r = dist.rank()
+        x, y = _data()
+        dp = DataParallel(_model(seed=r), bucket_mb=0.002)
+        opt = sampan.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
+        sl = slice(r * B // N, (r + 1) * B // N)
+
+        def fail(m, i, o):
+            o.register_hook(lambda g: 1 / 0)      # fails mid-backward
+
+        h = dp.module[2].register_forward_hook(fail)
+        with pytest.raises(ZeroDivisionError):
+            _loss(dp, x[sl], y[sl]).backward()    # the last layer's bucket already started
+        h.remove()
+        opt.zero_grad()
+        _loss(dp, x[sl], y[sl]).backward()
+        opt.step()
+        return _params(dp.module)
+
+    for params in dist.spawn(body, N):
+        _close(ref, params)
