@@ -208,5 +208,6 @@ def recv(x_or_shape, src, dtype=None, async_op=False):
 from .checkpoint import DistributedCheckpoint  # noqa: E402
 from .data_parallel import DataParallel  # noqa: E402
 from .sampler import DistributedSampler  # noqa: E402
+from .sync_batchnorm import SyncBatchNorm  # noqa: E402
 
-__all__ += ["DataParallel", "DistributedSampler", "DistributedCheckpoint"]
+__all__ += ["DataParallel", "DistributedSampler", "DistributedCheckpoint", "SyncBatchNorm"]

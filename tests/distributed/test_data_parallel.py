@@ -363,3 +363,37 @@ def test_a_backward_that_raises_leaves_the_next_step_right():
 
     for params in dist.spawn(body, N):
         _close(ref, params)
+
+
+def test_sync_batchnorm_equals_batchnorm_on_the_global_batch():
+    from sampan.distributed.sync_batchnorm import SyncBatchNorm
+
+    def bn_model():
+        with _RNG:
+            sampan.manual_seed(0)
+            return nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                                 nn.Linear(16, 4))
+
+    x, y = _data()
+    m = bn_model()
+    opt = sampan.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        opt.zero_grad()
+        _loss(m, x, y).backward()
+        opt.step()
+    ref = [t.numpy().copy() for t in m.state_dict().values()]
+
+    def body():
+        r = dist.rank()
+        dp = DataParallel(SyncBatchNorm.convert_sync_batchnorm(bn_model()))
+        assert isinstance(dp.module[1], SyncBatchNorm)
+        opt = sampan.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
+        sl = slice(r * B // N, (r + 1) * B // N)
+        for _ in range(3):
+            opt.zero_grad()
+            _loss(dp, x[sl], y[sl]).backward()
+            opt.step()
+        return [t.numpy().copy() for t in dp.module.state_dict().values()]
+
+    for got in dist.spawn(body, N):      # parameters and running statistics
+        _close(ref, got, tol=1e-5)
