@@ -1,11 +1,13 @@
 """D1: data-parallel scaling of W1 (MLP) and W3 (small GPT) training (WORKLOADS.md).
 
-Each rank trains on the workload's batch (weak scaling: the 2-rank job takes 2x the
-samples a step), one BLAS thread per rank. Systems, each in fresh processes, in one run:
-  sampan  1 rank (plain step)  and 2 ranks (`mpiexec -n 2`, eager `DataParallel`)
-  torch   1 rank (plain step)  and 2 ranks (DDP, gloo, init_method tcp://127.0.0.1:port)
-Lines: samples/s of each; scaling efficiency = samples/s(2 ranks) / (2 x samples/s(1
-rank)); sampan DP / torch DDP; exposed communication (the wait after backward ends) over
+Each rank trains on the workload's batch (weak scaling: a 2-rank step takes 2x the
+samples), one BLAS thread per rank. One 2-rank job per system (sampan: `mpiexec -n 2`,
+eager `DataParallel`; torch: DDP, gloo, init_method tcp://127.0.0.1:port); inside it each
+repetition times rank 0 alone on plain steps (1 rank x 1 thread, rank 1 asleep), then
+both ranks on data-parallel steps, so a pair sees the same machine load. Lines:
+samples/s of each; scaling efficiency = samples/s(2 ranks) / (2 x samples/s(1 rank)),
+per pair; sampan DP / torch DDP (jobs alternated, paired by round); exposed
+communication (the wait after backward ends) over
 the total communication time (the same buckets all-reduced back to back, blocking) from
 DataParallel's timestamps. The 2-rank sampan job then prints the all-reduce bandwidth
 lines of dist-comm's `benchmarks/allreduce.py: sampan_allreduce_bandwidth` (1-64 MB
@@ -49,21 +51,17 @@ def _inputs(wl):
 # ------------------------------------------------------------------------ workers
 def sampan_worker(wls, steps, reps):
     import sampan.distributed as dist
-    n = 1
-    if "PMI_RANK" in os.environ or "PMI_SIZE" in os.environ:
-        dist.init("mpi")
-        n = dist.world_size()
+    dist.init("mpi")
     for wl in wls:
-        _sampan_one(wl, steps[wl], reps, n)
-    if n > 1 and os.environ.get("DP_BANDWIDTH") == "1" and \
+        _sampan_one(wl, steps[wl], reps)
+    if os.environ.get("DP_BANDWIDTH") == "1" and \
             os.path.exists(os.path.join(HERE, "allreduce.py")):
         import allreduce     # dist-comm's: 1-64 MB vs raw mpi4py, JSON lines from rank 0
         allreduce.sampan_allreduce_bandwidth(quick=reps < 5)
-    if n > 1:
-        dist.destroy()
+    dist.destroy()
 
 
-def _sampan_one(wl, steps, reps, n):
+def _sampan_one(wl, steps, reps):
     import sampan
     import sampan.distributed as dist
     from sampan import nn
@@ -82,57 +80,56 @@ def _sampan_one(wl, steps, reps, n):
             p = {k: getattr(self, k.replace(".", "_")) for k in self.keys}
             return fwd(F, p, x, *extra)
 
-    model = Model()
-    dp = DataParallel(model, bucket_mb=BUCKET_MB) if n > 1 else model
     x, y = batch()
     x, y = sampan.tensor(x), sampan.tensor(y)
     ext = tuple(sampan.tensor(e) for e in extra)
     name, kw = OPT[wl]
-    opt = getattr(sampan.optim, name)(model.parameters(), **kw)
     exposed = []
 
-    def step():
-        opt.zero_grad()
-        F.ce(dp(x, *ext), y).backward()
-        opt.step()
-        if n > 1:
-            exposed.append(dp.last_timing["exposed_comm_s"])
+    def make(parallel):
+        model = Model()           # the solo model has no DataParallel hooks on it
+        net = DataParallel(model, bucket_mb=BUCKET_MB) if parallel else model
+        opt = getattr(sampan.optim, name)(model.parameters(), **kw)
 
-    out = _time(step, steps, reps, barrier=dist.barrier if n > 1 else None)
-    if n > 1:
-        # the same buckets all-reduced back to back, blocking: the communication a step does
-        bufs = [np.ones(b.size, b.dtype) for b in dp.buckets]
+        def step():
+            opt.zero_grad()
+            F.ce(net(x, *ext), y).backward()
+            opt.step()
+            if parallel:
+                exposed.append(net.last_timing["exposed_comm_s"])
+        return step, net
+
+    solo, _ = make(False)
+    step, dp = make(True)
+    out = _time_paired(solo, step, steps, reps, dist.rank(), dist.barrier)
+    # the same buckets all-reduced back to back, blocking: the communication of one step
+    bufs = [np.ones(b.size, b.dtype) for b in dp.buckets]
+    for a in bufs:
+        dist.all_reduce(a, op="mean")
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(5):
         for a in bufs:
             dist.all_reduce(a, op="mean")
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            for a in bufs:
-                dist.all_reduce(a, op="mean")
-        comm = (time.perf_counter() - t0) / 5
-        out.update(comm_s=comm, exposed_s=float(np.median(exposed)),
-                   buckets=len(dp.buckets), grad_mb=sum(b.nbytes() for b in dp.buckets) / 2**20)
-    out.update(ranks=n, workload=wl, **blas_info())
-    if n == 1 or dist.rank() == 0:
+    out.update(comm_s=(time.perf_counter() - t0) / 5, exposed_s=float(np.median(exposed)),
+               buckets=len(dp.buckets), grad_mb=sum(b.nbytes() for b in dp.buckets) / 2**20,
+               workload=wl, **blas_info())
+    if dist.rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
 
 
 def torch_worker(wls, steps, reps):
     import torch
+    import torch.distributed as tdist
     torch.set_num_threads(1)
-    n = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if n > 1:
-        import torch.distributed as tdist
-        tdist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank,
-                                 world_size=n)
+    tdist.init_process_group("gloo", init_method=os.environ["INIT"],
+                             rank=int(os.environ["RANK"]), world_size=2)
     for wl in wls:
-        _torch_one(wl, steps[wl], reps, n, rank)
-    if n > 1:
-        tdist.destroy_process_group()
+        _torch_one(wl, steps[wl], reps, tdist.get_rank())
+    tdist.destroy_process_group()
 
 
-def _torch_one(wl, steps, reps, n, rank):
+def _torch_one(wl, steps, reps, rank):
     import torch
     import torch.distributed as tdist
     weights, batch, fwd, extra = _inputs(wl)
@@ -148,37 +145,59 @@ def _torch_one(wl, steps, reps, n, rank):
         def forward(self, x, *extra):
             return fwd(F, {k: self.p[k.replace(".", "_")] for k in self.keys}, x, *extra)
 
-    model = Model()
-    net = torch.nn.parallel.DistributedDataParallel(model) if n > 1 else model
     x, y = batch()
     x, y = torch.tensor(x), torch.tensor(y)
     ext = tuple(torch.tensor(e) for e in extra)
     name, kw = OPT[wl]
-    opt = getattr(torch.optim, name)(model.parameters(), **kw)
 
-    def step():
-        opt.zero_grad()
-        F.ce(net(x, *ext), y).backward()
-        opt.step()
+    def make(parallel):
+        model = Model()
+        net = torch.nn.parallel.DistributedDataParallel(model) if parallel else model
+        opt = getattr(torch.optim, name)(model.parameters(), **kw)
 
-    out = _time(step, steps, reps, barrier=(lambda: tdist.barrier()) if n > 1 else None)
-    out.update(ranks=n, workload=wl, **blas_info())
+        def step():
+            opt.zero_grad()
+            F.ce(net(x, *ext), y).backward()
+            opt.step()
+        return step
+
+    out = _time_paired(make(False), make(True), steps, reps, rank, tdist.barrier)
+    out.update(workload=wl, **blas_info())
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def _time(step, steps, reps, barrier=None):
+def _time_paired(solo, step, steps, reps, rank, barrier):
+    """Per repetition, in the same 2-rank job: rank 0 alone runs `steps` plain steps (1
+    rank x 1 thread; rank 1 sleeps meanwhile), then both run `steps` data-parallel steps.
+    Drift of a shared machine falls on both halves of a pair."""
+    import tempfile
+    flag = os.path.join(tempfile.gettempdir(), f"sampan-dp-bench-{os.environ['DP_RUN']}")
+    if rank == 0:
+        solo()
+        solo()
     for _ in range(2):
         step()
-    rates = []
-    for _ in range(reps):
-        if barrier is not None:
-            barrier()
+    solo_rates, rates = [], []
+    for i in range(reps):
+        if rank == 0:
+            t = time.perf_counter()
+            for _ in range(steps):
+                solo()
+            solo_rates.append(steps / (time.perf_counter() - t))
+            open(f"{flag}-{i}", "w").close()
+        else:                           # sleep, not spin: the other core stays free
+            while not os.path.exists(f"{flag}-{i}"):
+                time.sleep(0.002)
+        barrier()
+        if rank == 0:
+            os.remove(f"{flag}-{i}")
         t = time.perf_counter()
         for _ in range(steps):
             step()
         rates.append(steps / (time.perf_counter() - t))
-    return {"steps_per_s": rates}
+        barrier()
+    return {"steps_per_s": rates, "solo_steps_per_s": solo_rates}
 
 
 # ------------------------------------------------------------------------ driver
@@ -212,21 +231,18 @@ def _result(procs, timeout=600):
     return got
 
 
-def run(system, wls, n, steps, reps, env=()):
-    """Results by workload of one job: `system` on `n` ranks running every workload."""
+def run(system, wls, steps, reps, env=()):
+    """Results by workload of one 2-rank job of `system` running every workload."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", system, *wls,
            "--steps", json.dumps(steps), "--reps", str(reps)]
-    kw = dict(env=dict(_env(), **dict(env)), stdout=subprocess.PIPE,
-              stderr=subprocess.STDOUT, text=True)
+    env = dict(_env(), DP_RUN=f"{os.getpid()}-{time.monotonic_ns()}", **dict(env))
+    kw = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if system == "sampan":
-        if n > 1:
-            cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n)] + cmd
-        return _result([subprocess.Popen(cmd, **kw)])
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        return _result([subprocess.Popen([mpiexec, "-n", "2"] + cmd, env=env, **kw)])
     init = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen(cmd, **dict(kw, env=dict(kw["env"], RANK=str(r),
-                                                        WORLD_SIZE=str(n), INIT=init)))
-             for r in range(n)]
-    return _result(procs)
+    return _result([subprocess.Popen(cmd, env=dict(env, RANK=str(r), INIT=init), **kw)
+                    for r in range(2)])
 
 
 def main():
@@ -239,45 +255,49 @@ def main():
     ap.add_argument("--no-bandwidth", dest="bandwidth", action="store_false",
                     help="skip dist-comm's all-reduce bandwidth lines")
     a = ap.parse_args()
-    steps = {wl: ({"W1": 10, "W3": 2} if a.quick else {"W1": 30, "W3": 5})[wl]
+    steps = {wl: ({"W1": 10, "W3": 2} if a.quick else {"W1": 30, "W3": 4})[wl]
              for wl in a.workloads}
     steps.update(json.loads(a.steps) if a.steps else {})
     reps = a.reps or (3 if a.quick else 5)
     if a.worker:
         fn = sampan_worker if a.worker == "sampan" else torch_worker
         return fn(a.workloads, steps, reps)
+    rounds = 1 if a.quick else 2          # sampan, torch, sampan, torch: paired by round
     res = {}
-    for system in ("sampan", "torch"):     # one job per system and rank count
-        for n in (1, 2):
-            env = {"DP_BANDWIDTH": "1"} if (system, n) == ("sampan", 2) and a.bandwidth else {}
-            for wl, r in run(system, a.workloads, n, steps, reps, env).items():
-                res[wl, system, n] = r
+    for k in range(rounds):
+        for system in ("sampan", "torch"):
+            env = {"DP_BANDWIDTH": "1"} if system == "sampan" and k == 0 and a.bandwidth \
+                else {}
+            for wl, r in run(system, a.workloads, steps, reps, env).items():
+                res.setdefault((wl, system), []).append(r)
     for wl in a.workloads:
-        report(wl, {(s, n): r for (w, s, n), r in res.items() if w == wl})
+        report(wl, res[wl, "sampan"], res[wl, "torch"])
 
 
-def report(wl, res):
+def report(wl, ours, theirs):
     b = BATCH[wl]
-    info = dict(threads_per_rank=1, note="noisy shared 2-core machine: compare ratios "
-                "within this run only")
-    sps = {k: [s * b * k[1] for s in v["steps_per_s"]] for k, v in res.items()}
-    for (system, n), v in sps.items():
-        blas = {k: res[system, n].get(k) for k in ("blas", "blas_kernel", "blas_threads")}
-        emit(wl, system, f"{n}rank", "samples_per_s", v, ranks=n, **blas, **info)
-    med = {k: float(np.median(v)) for k, v in sps.items()}
+    info = dict(threads_per_rank=1, note="noisy shared 2-core machine: ratios are paired "
+                "within one job (efficiency) or one round (vs DDP)")
     target = 0.9 if wl == "W3" else 0.8
-    for system in ("sampan", "torch"):
-        eff = med[system, 2] / (2 * med[system, 1])
-        emit(wl, system, "2rank", "scaling_efficiency", [eff], target=target,
-             met=eff >= target, **info)
-    ratio = med["sampan", 2] / med["torch", 2]
-    emit(wl, "sampan", "2rank", "vs_torch_ddp", [ratio], target=1.0, met=ratio >= 1.0,
-         **info)
-    d = res["sampan", 2]
-    frac = d["exposed_s"] / d["comm_s"]
-    emit(wl, "sampan", "2rank", "exposed_comm_fraction", [frac], target=0.2, met=frac < 0.2,
-         exposed_ms=round(d["exposed_s"] * 1e3, 3), comm_ms=round(d["comm_s"] * 1e3, 3),
-         buckets=d["buckets"], grad_mb=round(d["grad_mb"], 2), **info)
+    for system, runs in (("sampan", ours), ("torch", theirs)):
+        blas = {k: runs[0].get(k) for k in ("blas", "blas_kernel", "blas_threads")}
+        solo = [s * b for r in runs for s in r["solo_steps_per_s"]]
+        dp = [s * 2 * b for r in runs for s in r["steps_per_s"]]
+        emit(wl, system, "1rank", "samples_per_s", solo, ranks=1, **blas, **info)
+        emit(wl, system, "2rank", "samples_per_s", dp, ranks=2, **blas, **info)
+        eff = [d / s for r in runs for d, s in zip(r["steps_per_s"], r["solo_steps_per_s"])]
+        emit(wl, system, "2rank", "scaling_efficiency", eff, target=target,
+             met=float(np.median(eff)) >= target, **info)
+    ratio = [float(np.median(o["steps_per_s"]) / np.median(t["steps_per_s"]))
+             for o, t in zip(ours, theirs)]
+    emit(wl, "sampan", "2rank", "vs_torch_ddp", ratio, target=1.0,
+         met=float(np.median(ratio)) >= 1.0, **info)
+    frac = [r["exposed_s"] / r["comm_s"] for r in ours]
+    emit(wl, "sampan", "2rank", "exposed_comm_fraction", frac, target=0.2,
+         met=float(np.median(frac)) < 0.2,
+         exposed_ms=round(float(np.median([r["exposed_s"] for r in ours])) * 1e3, 3),
+         comm_ms=round(float(np.median([r["comm_s"] for r in ours])) * 1e3, 3),
+         buckets=ours[0]["buckets"], grad_mb=round(ours[0]["grad_mb"], 2), **info)
 
 
 if __name__ == "__main__":
