@@ -190,8 +190,6 @@ def barrier(async_op=False):
 def send(x, dst, async_op=False):
     """Send `x` to rank `dst` (matched, in order, by a `recv(..., src=this rank)`)."""
     a, _ = _target(x, "send")
-    if not a.flags.c_contiguous or a is not getattr(x, "_data", x):
-        a = np.ascontiguousarray(a)
     return _run("send", a, async_op, {"dst": dst}, lambda res: None)
 
 

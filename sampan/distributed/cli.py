@@ -8,7 +8,7 @@ launch directory, then MPI_Abort). The launcher watches the ranks (their pid fil
 tracebacks and mpiexec's own report of a bad termination); when one fails it prints which
 rank failed and its traceback and returns non-zero. Ranks themselves bound every collective
 by the timeout (SAMPAN_TIMEOUT), so a dead or stuck rank never hangs the job; if mpiexec
-is still running `timeout` seconds after a failure, the launcher kills it.
+is still running `timeout` + 5 seconds after a failure, the launcher kills it.
 """
 from __future__ import annotations
 
@@ -177,7 +177,8 @@ def launch(nprocs, script, args=(), hostfile=None, timeout=60.0, python=None,
             watch.scan()
             if watch.failed and failed_at is None:
                 failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > timeout:
+            # a backstop: the ranks' own timeouts end the job first, with their reports
+            if failed_at is not None and time.monotonic() - failed_at > timeout + 5:
                 _kill(p)
                 break
             time.sleep(0.1)

@@ -11,6 +11,7 @@ own) and process-wide second (an MPI rank has one for every thread).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -98,22 +99,31 @@ class Work:
 
 
 def _spin(test, limit):
-    """Poll `test` until true or `limit` seconds pass: a tight loop first (a collective of
-    a few MB finishes in well under a millisecond, and MPI progresses inside Test), then
-    sleeps that grow to 1 ms so a long wait does not burn a core."""
+    """Poll `test` until true or `limit` seconds pass. MPI moves a large message's bytes
+    only inside Test calls (no progress thread), so the first second is a tight loop, as
+    MPI's own blocking calls are (mpi4py releases the GIL inside Test, so other threads
+    run), yielding the core every 64 polls as MPICH does (on an oversubscribed host the
+    peer may be waiting for it); after that the peer is late rather than the transfer
+    long, and sleeps that grow to 1 ms keep a long wait from burning a core."""
     t0 = time.perf_counter()
     deadline = t0 + limit
     n = 0
+    slow = 0
     while not test():
         n += 1
-        if n > 2000:
-            now = time.perf_counter()
-            if now > deadline:
-                return test()
-            time.sleep(min(1e-3, 1e-6 * (n - 2000)) if now - t0 > 0.05 else 0)
-        elif n % 64 == 0:
-            time.sleep(0)      # let other threads (a backward pass) run
+        if n % 64:
+            continue
+        _yield()
+        now = time.perf_counter()
+        if now > deadline:
+            return test()
+        if now - t0 > 1.0:
+            slow = min(slow + 1, 1000)
+            time.sleep(1e-6 * slow)
     return True
+
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class ProcessGroup:

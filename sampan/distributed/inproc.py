@@ -72,10 +72,10 @@ class InprocGroup(ProcessGroup):
         """Join collective number `seq`: `compute(inputs by rank)` runs once, on the last
         rank to arrive; `take(result)` runs on each rank to produce its own result."""
         w, r = self.world, self.rank
-        seq = self.seq
-        self.seq += 1
         full = (name,) + sig
         with w.cond:
+            seq = self.seq
+            self.seq += 1
             if w.failed is not None:
                 raise w.peer_failed(r)
             slot = w.slots.get(seq)

@@ -21,30 +21,46 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 N = 2
 
 
-@pytest.mark.parametrize("name", list(CHECKS))
-def test_inproc(name):
-    fn, args = CHECKS[name]
-    dist.spawn(fn, N, args=args, timeout=20)
-
-
-@pytest.fixture(scope="module")
-def mpi_results(tmp_path_factory):
+@pytest.fixture(scope="module", autouse=True)
+def mpi_job(tmp_path_factory):
+    """The 2-rank MPI job, started when the module starts so that it runs while the
+    in-process tests do; stopped (if still running) when the module ends."""
     from sampan.distributed.cli import find_mpiexec
     out = tmp_path_factory.mktemp("mpi")
     env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     for k in ("SAMPAN_LAUNCH_DIR", "SAMPAN_TIMEOUT"):
         env.pop(k, None)
-    p = subprocess.run([find_mpiexec(), "-n", str(N), sys.executable,
-                        os.path.join(HERE, "mpi_checks.py"), str(out)],
-                       env=env, capture_output=True, text=True, timeout=180)
+    p = subprocess.Popen([find_mpiexec(), "-n", str(N), sys.executable,
+                          os.path.join(HERE, "mpi_checks.py"), str(out)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield p, out
+    if p.poll() is None:
+        p.kill()
+    p.communicate()
+
+
+@pytest.fixture(scope="module")
+def mpi_results(mpi_job):
+    p, out = mpi_job
+    try:
+        stdout, stderr = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
     res = []
     for r in range(N):
         path = out / f"rank-{r}.json"
         assert path.exists(), f"rank {r} wrote no results (rc {p.returncode}):\n" \
-            f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+            f"{stdout[-3000:]}\n{stderr[-3000:]}"
         res.append(json.loads(path.read_text()))
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, stderr[-3000:]
     return res
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_inproc(name):
+    fn, args = CHECKS[name]
+    dist.spawn(fn, N, args=args, timeout=20)
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
