@@ -326,16 +326,19 @@ def test_jitted_distribute_step_equals_eager_data_parallel():
             opt.step()
             return loss
 
-        step = sampan.jit(train_step, pipeline="data_parallel")
+        step = sampan.jit(train_step, pipeline="data_parallel", debug=True)  # verifier on
         for _ in range(STEPS):
             step(sampan.tensor(x[sl]), sampan.tensor(y[sl]))
-        ops = [n.op for n in step.graph.nodes]
-        return _params(dp.module), ops.count("all_reduce"), step.graph.meta["distributed"]
+        g = step.graph
+        grads = [p.grad.numpy().copy() for p in dp.module.parameters()]
+        return (_params(dp.module), [n.op for n in g.nodes].count("all_reduce"),
+                g.meta["distributed"], grads)
 
     outs = dist.spawn(body, N)
-    for (params, n_ar, info), ref in zip(outs, eager):
+    for (params, n_ar, info, _), ref in zip(outs, eager):
         _close(ref, params, tol=1e-5)
         assert n_ar == info["buckets"] >= 3 and info["grads"] == 6   # DP's bucket size
+    _close(outs[0][3], outs[1][3], tol=0)    # .grad holds the reduced (same) gradient
     assert "distribute" in sampan.passes.pipeline("data_parallel")
 
 
