@@ -96,9 +96,12 @@ def data_parallel():
     import re
     import time
     step("6. data parallel: the digits CNN on 2 ranks through `sampan launch`")
+    from digits_dp import save_digits
     script = os.path.join(HERE, "digits_dp.py")
+    data = os.path.join(OUT, "digits_split.npz")
+    save_digits(data)            # the ranks skip importing scikit-learn
     cmd = [sys.executable, "-c", "import sys; from sampan.cli import main; sys.exit(main())",
-           "launch", "-n", "2", script]
+           "launch", "-n", "2", script, "--data", data]
     print("$ sampan launch -n 2 examples/digits_dp.py")
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

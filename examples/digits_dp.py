@@ -3,12 +3,17 @@ global batch of 32; every rank prints the checksum of its parameters (identical 
 ranks: the gradients were averaged and the updates are the same).
 
 Run: sampan launch -n 2 examples/digits_dp.py     (or: mpiexec -n 2 python examples/digits_dp.py)
+`--data F.npz` reads the split from a file `save_digits` wrote instead of scikit-learn
+(whose import is the slowest part of a rank's start).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import zlib
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +25,6 @@ from sampan.distributed.sampler import DistributedSampler  # noqa: E402
 from sampan.train import Trainer  # noqa: E402
 
 from digits_cnn import DigitsCNN, evaluate  # noqa: E402
-from digits_common import digits  # noqa: E402
 
 GLOBAL_BATCH = 32
 
@@ -33,10 +37,31 @@ def checksum(model) -> str:
     return f"{crc:08x}"
 
 
-def main(epochs=1):
+def save_digits(path):
+    """Write digits_common's train/test split to `path` (.npz) for `--data`."""
+    from digits_common import digits
+    tr, te = digits(seed=0)
+    np.savez(path, **{f"{k}{i}": t.numpy() for k, ds in (("train", tr), ("test", te))
+                      for i, t in enumerate(ds.tensors)})
+
+
+def _datasets(path):
+    if path is None:
+        from digits_common import digits
+        return digits(seed=0)
+    from sampan.data import TensorDataset
+    with np.load(path) as z:
+        return tuple(TensorDataset(sampan.tensor(z[f"{k}0"]), sampan.tensor(z[f"{k}1"]))
+                     for k in ("train", "test"))
+
+
+def main(argv=None, epochs=1):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=None, help=".npz written by save_digits")
+    a = ap.parse_args(argv)
     dist.init()                   # MPI under `sampan launch` / mpiexec, else one rank
     rank, n = dist.rank(), dist.world_size()
-    train_set, test_set = digits(seed=0)
+    train_set, test_set = _datasets(a.data)
     sampan.manual_seed(rank)      # different initial weights: DataParallel broadcasts rank 0's
     model = DataParallel(DigitsCNN())
     sampler = DistributedSampler(train_set, shuffle=True, seed=0)
