@@ -7,10 +7,11 @@ starts itself on 2 ranks through the environment's mpiexec; `benchmarks/data_par
 calls `sampan_allreduce_bandwidth(sizes_mb)` (which does the same outside an MPI job).
 Each size alternates raw and sampan repetitions (ABAB…) so that the machine's noise falls
 on both; bandwidth is bytes / median time; the ratio (raw time / sampan time, target
->= 0.95 from 4 MB up) is the median over repetitions of adjacent pairs' ratios, with the ratio of the medians and of the fastest repetitions (what each costs
-when a shared host leaves both ranks alone) alongside. "sampan" is the default (the
-cross-rank signature check on all_reduce's first 16 calls and every 16th);
-"sampan_checked" checks every call (SAMPAN_DIST_CHECK=1), to show what that check costs.
+>= 0.95 from 4 MB up) is the median over repetitions of adjacent pairs' ratios, with the
+ratio of the medians and of the fastest repetitions (what each costs when a shared host
+leaves both ranks alone) alongside. "sampan" is the default (the cross-rank signature
+check on all_reduce's first 16 calls and every 16th); "sampan_checked" checks every call
+(SAMPAN_DIST_CHECK=1), to show what that check costs.
 """
 from __future__ import annotations
 

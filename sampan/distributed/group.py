@@ -23,6 +23,7 @@ from ..errors import SampanError
 REDUCE_OPS = ("sum", "mean", "max", "min")
 DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, bfloat16, np.int64, np.int32,
                                      np.float16, np.int8, np.uint8, np.int16))
+_DTYPE_SET = frozenset(DTYPES)
 
 
 class DistributedError(SampanError, RuntimeError):
@@ -165,7 +166,7 @@ def check_array(name, arr):
     if not isinstance(arr, np.ndarray):
         raise DistributedError(f"{name}: got {type(arr).__name__}; expected a numpy array "
                                "or a sampan Tensor")
-    if arr.dtype not in DTYPES:
+    if arr.dtype not in _DTYPE_SET:
         raise DistributedError(f"{name}: got dtype {arr.dtype}; expected one of "
                                f"{', '.join(str(d) for d in DTYPES)}")
 

@@ -79,7 +79,12 @@ class MPIGroup(ProcessGroup):
         # and then every 16th (the default: the check's own small collective costs ~30 us,
         # 5% of a 4 MB reduction; which calls are checked depends only on the count of
         # calls, the same on every rank)
-        self.check_every = int(os.environ.get("SAMPAN_DIST_CHECK", "16"))
+        raw = os.environ.get("SAMPAN_DIST_CHECK", "16")
+        try:
+            self.check_every = max(0, int(raw))
+        except ValueError:
+            raise DistributedError(f"SAMPAN_DIST_CHECK={raw!r}; expected 1 (check every "
+                                   "all_reduce), 0 (none) or N (every N-th)") from None
         self.n_all_reduce = 0
         self.hb_dir, self.own_dir = hb_dir, own_dir
         self._lock = threading.RLock()
@@ -162,13 +167,22 @@ class MPIGroup(ProcessGroup):
         return seq
 
     def destroy(self):
+        """Stop the heartbeat and leave the group; rank 0 removes the heartbeat directory
+        it made once every rank has stopped writing there (a bounded barrier)."""
         self._stop.set()
+        self._hb.join(2.0)
         try:
             os.remove(self._hb_path(self.rank))
         except OSError:
             pass
+        try:
+            done = _spin_request(self.comm.Ibarrier(), min(self.timeout, 5.0))
+        except MPI.Exception:
+            done = False
         if self.own_dir:
             shutil.rmtree(self.hb_dir, ignore_errors=True)
+        if done:
+            self.comm.Free()
 
     def _test(self, name, seq, req, status=None):
         try:
@@ -198,7 +212,7 @@ class MPIGroup(ProcessGroup):
                               zlib.crc32(repr(tuple(rest)).encode())], np.int64)
             p.table = np.empty((self.size, p.sig.size), np.int64)
             p.cols = [0, 1, 2, 3, 5] if needs_table else slice(None)
-            p.what = f"{name} of {arr.dtype}{list(arr.shape)}"
+            p.what = arr                 # described only on a mismatch
         with self._lock:
             if check:
                 p.sig_req = self.comm.Iallgather([p.sig, MPI.INT64_T],
@@ -307,7 +321,8 @@ class MPIGroup(ProcessGroup):
         bad = [r for r in range(self.size) if not np.array_equal(t[r, p.cols], p.sig[p.cols])]
         if bad:
             raise DistributedError(
-                f"{p.name} #{p.seq}: rank {self.rank} passed {p.what} but rank {bad[0]} "
+                f"{p.name} #{p.seq}: rank {self.rank} passed {p.name} of {p.what.dtype}"
+                f"{list(p.what.shape)} but rank {bad[0]} "
                 f"passed {_describe(t[bad[0]])}; expected the same collective, dtype and "
                 "shape on every rank")
 
@@ -321,6 +336,15 @@ class _Pending:
         self.sig = self.table = self.cols = self.what = self.sig_req = None
         self.req = self.finish = self.error = None
         self.verified = False
+
+
+def _spin_request(req, limit):
+    deadline = time.perf_counter() + limit
+    while not req.Test():
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(1e-4)
+    return True
 
 
 def _describe(row):
@@ -448,17 +472,20 @@ KERNELS = {"all_reduce": all_reduce, "broadcast": broadcast, "all_gather": all_g
 
 # ------------------------------------------------------------------ failing loudly
 _HOOKED = [False]
+_LATEST = [None]
 
 
 def _install_excepthook(g):
     """An uncaught exception on one rank: print its traceback (and leave it for `sampan
     launch`), then abort the job so that its peers stop at once."""
+    _LATEST[0] = g
     if _HOOKED[0]:
         return
     _HOOKED[0] = True
     prev = sys.excepthook
 
     def hook(tp, value, tb):
+        g = _LATEST[0]              # the group of the latest init (init, destroy, init …)
         text = "".join(traceback.format_exception(tp, value, tb))
         report_failure(g.rank, text, g.hb_dir)
         if g.own_dir:               # the job ends here: no destroy() will clean it up

@@ -96,3 +96,25 @@ def test_stopped_rank_is_named_by_the_heartbeat(tmp_path, monkeypatch):
     assert "rank 1 (pid" in p.stderr and "no heartbeat" in p.stderr, p.stderr[-3000:]
     assert "timed out after 3 s" in p.stderr
     assert wall < 3 + 30
+
+
+def test_hostfile_timeout_and_env_reach_mpiexec(tmp_path, monkeypatch):
+    """The command line and environment `sampan launch` hands to mpiexec (a stand-in that
+    records them): -n, -f HOSTFILE, the rank runner, SAMPAN_TIMEOUT/SAMPAN_LAUNCH_DIR."""
+    from sampan.cli import main
+    record = tmp_path / "argv.txt"
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" > {record}\n"
+                    f"printf '%s\\n' \"$SAMPAN_TIMEOUT $SAMPAN_LAUNCH_DIR\" >> {record}\n")
+    fake.chmod(0o755)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1:2\nnode2:2\n")
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    monkeypatch.setenv("SAMPAN_MPIEXEC", str(fake))
+    assert main(["launch", "-n", "4", "--hostfile", str(hosts), "--timeout", "7",
+                 str(script), "--lr", "0.1"]) == 0
+    argv, env = record.read_text().splitlines()
+    assert argv.startswith(f"-n 4 -f {hosts} ")
+    assert argv.endswith(f"sampan/distributed/run.py {script} --lr 0.1")
+    assert env.startswith("7.0 ") and "sampan-launch-" in env
