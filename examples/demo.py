@@ -11,6 +11,8 @@
 6. `sampan serve` for a few seconds on 127.0.0.1 (when sampan.serving is present): the CNN
    program and a small DLRM, queried with the real tritonclient, the DLRM's embeddings
    updated from delta exports while it serves.
+7. train the CNN data-parallel on 2 ranks (`sampan launch -n 2`) for one epoch: both
+   ranks print the same parameter checksum.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -90,6 +92,32 @@ def main():
 
     step("6. sampan serve: the CNN and a DLRM over HTTP, queried with tritonclient")
     serve_http(os.path.join(OUT, "digits_cnn_served.program"), xs, ys)
+
+    data_parallel()
+
+
+def data_parallel():
+    """The digits CNN for one epoch on 2 ranks through `sampan launch` (MPI); both ranks
+    print their parameter checksum, which must be the same."""
+    import re
+    import time
+    step("7. data parallel: the digits CNN on 2 ranks through `sampan launch`")
+    from digits_dp import save_digits
+    script = os.path.join(HERE, "digits_dp.py")
+    data = os.path.join(OUT, "digits_split.npz")
+    save_digits(data)            # the ranks skip importing scikit-learn
+    cmd = [sys.executable, "-c", "import sys; from sampan.cli import main; sys.exit(main())",
+           "launch", "-n", "2", script, "--data", data]
+    print("$ sampan launch -n 2 examples/digits_dp.py")
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
+    print("\n".join(sorted(lines)))
+    if r.returncode:
+        raise SystemExit(f"sampan launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    sums = {m.group(1) for ln in lines for m in [re.search(r"checksum (\w+)", ln)] if m}
+    assert len(lines) == 2 and len(sums) == 1, "the ranks' parameters differ"
+    print(f"both ranks hold identical parameters ({time.perf_counter() - t:.1f} s)")
 
 
 def serve(model, xs, ys, calls=2000):

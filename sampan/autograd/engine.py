@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import AutogradError
 from ..ops.registry import STATE
+from . import hooks as _hooks
 from .tape import _ver
 
 
@@ -69,7 +70,36 @@ def _check_saved(node):
 
 def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     """Core engine. `capture`: list of tensors whose gradients to return instead of
-    accumulating into leaves' `.grad`. Returns the captured grads (or None)."""
+    accumulating into leaves' `.grad`. Returns the captured grads (or None).
+    Callbacks queued during it (`hooks.queue_callback`) run when it has finished."""
+    outer = getattr(_hooks._TL, "queue", None)
+    q = _hooks._TL.queue = []
+    try:
+        out = _run_backward(roots, grad_roots, retain_graph, create_graph, capture)
+    finally:
+        _hooks._TL.queue = outer
+    for fn in q:
+        fn()
+    return out
+
+
+def _finish_leaf(t, g, create_graph):
+    """Tensor hooks, then accumulation into `.grad`, then the ready hooks of leaf `t`."""
+    if t._hooks:
+        for fn in list(t._hooks.values()):
+            r = fn(g)
+            if r is not None:
+                g = r
+    if not create_graph:
+        g = g.detach() if g._node is not None else g
+    t.grad = g if t.grad is None else t.grad + g
+    ready = t.__dict__.get("_ready_hooks")
+    if ready:
+        for fn in list(ready.values()):
+            fn(t)
+
+
+def _run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
     from ..tensor import Tensor, as_tensor, refresh_view
     if retain_graph is None:
         retain_graph = create_graph
@@ -107,8 +137,11 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                 cap_node.setdefault((t._node, t._idx), []).append(i)
         captured = [None] * len(capture)
 
-    # dependency counts over the reachable graph
+    # dependency counts over the reachable graph; with ready hooks somewhere, also how
+    # many edges reach each hooked leaf, so its .grad is final (and its hooks run) as
+    # soon as the last one is walked instead of after the whole backward
     deps = {}
+    leaf_deps = {} if _hooks.READY["leaves"] and capture is None else None
     seen = set()
     stack = list(starts)
     while stack:
@@ -125,6 +158,12 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                 deps[m] = deps.get(m, 0) + 1
                 if m not in seen:
                     stack.append(m)
+        if leaf_deps is not None:
+            e = n.edges
+            for j in range(1, len(e), 2):
+                k = e[j]
+                if e[j - 1] is None and k is not None and k.__dict__.get("_ready_hooks"):
+                    leaf_deps[id(k)] = leaf_deps.get(id(k), 0) + 1
 
     ready = [n for n in dict.fromkeys(starts) if deps.get(n, 0) == 0]
     prev = STATE.grad_enabled
@@ -201,6 +240,11 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     deps[m] = c
                     if c == 0:
                         ready.append(m)
+                elif leaf_deps and k is not None and id(k) in leaf_deps:
+                    c = leaf_deps[id(k)] - 1
+                    leaf_deps[id(k)] = c
+                    if c == 0 and id(k) in leaf_grads:
+                        _finish_leaf(k, leaf_grads.pop(id(k))[1], create_graph)
             if not retain_graph:
                 node.freed = True
                 node.saved = None
@@ -209,19 +253,17 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
 
     # leaves
     for key, (t, g) in leaf_grads.items():
+        if capture is None:
+            _finish_leaf(t, g, create_graph)
+            continue
         if t._hooks:
             for fn in list(t._hooks.values()):
                 r = fn(g)
                 if r is not None:
                     g = r
-        if capture is not None:
-            ci = cap_leaf.get(key)
-            if ci is not None:
-                captured[ci] = g
-            continue
-        if not create_graph:
-            g = g.detach() if g._node is not None else g
-        t.grad = g if t.grad is None else t.grad + g
+        ci = cap_leaf.get(key)
+        if ci is not None:
+            captured[ci] = g
     return captured if capture is not None else None
 
 

@@ -209,3 +209,11 @@ def recv(x_or_shape, src, dtype=None, async_op=False):
         x_or_shape = np.empty(tuple(x_or_shape), dtype=as_dtype(dtype))
     a, fin = _target(x_or_shape, "recv")
     return _run("recv", a, async_op, {"src": src}, fin)
+
+# data-parallel training on top of the collectives (issue 23, branch fix/dist-dp)
+from .checkpoint import DistributedCheckpoint  # noqa: E402
+from .data_parallel import DataParallel  # noqa: E402
+from .sampler import DistributedSampler  # noqa: E402
+from .sync_batchnorm import SyncBatchNorm  # noqa: E402
+
+__all__ += ["DataParallel", "DistributedSampler", "DistributedCheckpoint", "SyncBatchNorm"]

@@ -270,6 +270,9 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
             elif not isinstance(gt._data, np.ndarray) and gt._data is not L.gvalue:
                 g.outputs.append(tr.value_of(gt))
                 out_slots.append(("grad", ref))
+                if L.value in g.inputs:     # for the `distribute` pass: which param's grad
+                    g.meta.setdefault("grads", []).append(
+                        (len(g.outputs) - 1, g.inputs.index(L.value)))
         for t in tr.grad_cleared.values():  # dropped, and no new grad: drop it per call
             if id(t) not in tr.lifted:
                 grad_none.append(t)

@@ -1,0 +1,44 @@
+"""The few collective calls DataParallel makes, in place on numpy arrays, over the
+current group of `sampan.distributed`; with no group the world is one rank and every
+call is a no-op (a model wrapped outside any launch trains as a single process)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _dist():
+    import sampan.distributed as d
+    return d
+
+
+def world_size() -> int:
+    d = _dist()
+    return d.world_size() if d.is_initialized() else 1
+
+
+def rank() -> int:
+    d = _dist()
+    return d.rank() if d.is_initialized() else 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        _dist().barrier()
+
+
+def all_reduce_mean(a: np.ndarray):
+    """Start an asynchronous mean all-reduce of `a` in place; a handle for `wait`."""
+    if world_size() == 1:
+        return None
+    return _dist().all_reduce(a, op="mean", async_op=True)
+
+
+def wait(work) -> None:
+    if work is not None:
+        work.wait()
+
+
+def broadcast_(a: np.ndarray, src: int = 0) -> None:
+    """Copy rank `src`'s `a` into every rank's `a`."""
+    if world_size() > 1:
+        _dist().broadcast(a, src=src)
