@@ -6,6 +6,11 @@ buffer are written into it with `out=` (buffer views are made once, at compile
 time). The source is registered with `linecache`, so a traceback from a kernel
 lands on a readable line of generated code. Debug mode checks every intermediate
 against its IR type (the op's shape rule).
+
+While `sampan.profiler` records, a call runs a second executor generated (once, on the
+first profiled call) with a clock read around every node: each node or fused kernel
+becomes a "kernel" event with its IR line, the user's source line, FLOPs and bytes
+(`runtime/profiled.py`). The normal executor has no timing code in it at all.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import numpy as np
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
+from ..profiler import recorder as _rec
 from .memory import inplace_ok, out_kernel
 
 _counter = itertools.count()
@@ -61,26 +67,47 @@ def _check(arr, shape, dtype, line):
 class Compiled:
     """A compiled graph: call it with input arrays, get a tuple of output arrays."""
 
-    def __init__(self, fn, code, filename, plan):
+    def __init__(self, fn, code, filename, plan, remake=None):
         self.fn = fn
         self.code = code
         self.filename = filename
         self.plan = plan
+        self._remake = remake       # () -> the profiling variant of this executor
+        self._profiled = None
 
     def __call__(self, *arrays):
+        if _rec.ACTIVE and self._remake is not None:
+            return self.profiled(*arrays)
         return self.fn(*arrays)
+
+    def profiled(self, *arrays):
+        """Run the variant that records a "kernel" event per node (made on first use)."""
+        if self._profiled is None:
+            self._profiled = self._remake()
+        p = self._profiled
+        t0 = _rec.now()
+        try:
+            return p.fn(*arrays)
+        finally:
+            _rec.emit("run", "jit", t0, _rec.now() - t0, program=p.program)
 
 
 def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                   release: bool = True, name: str = "graph_fn",
-                  specialize: bool = False) -> Compiled:
+                  specialize: bool = False, profile: bool = False) -> Compiled:
     """Generate, compile and return the executor of `g`.
 
     `specialize`: bind kernels chosen for the nodes' concrete types where
     `runtime/specialize.py` has one (executors that serve many calls: the Predictor).
 
+    `profile`: generate the variant that records a profiler event per node (made by
+    `Compiled.profiled` when a profile is active; not meant to be asked for directly).
+
     Example: ``c = compile_graph(g); outs = c(x_array)``; ``print(c.code)``"""
     from . import specialize as _spec
+    if profile:
+        from .profiled import node_events
+        env_ev, meta = node_events(g, name)
     plan = g.meta.get("memory_plan") if use_plan else None
     assign = plan["assign"] if plan else {}
     donate = plan.get("donate", {}) if plan else {}
@@ -103,6 +130,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     keep = {v.id for v in g.outputs} | {v.id for v in g.inputs if not release}
     keep |= {g.inputs[k].id for k in donate.values()}
     lines = [f"def {name}({', '.join(names[v.id] for v in g.inputs)}):"]
+    if profile:
+        env.update(env_ev)
     kernels = {}
     for i, n in enumerate(g.nodes):
         op = OPS[n.op]
@@ -170,7 +199,11 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             lhs = names[n.outputs[0].id]
         else:
             lhs = ", ".join(names[v.id] for v in n.outputs)
+        if profile:
+            lines.append("    _t = _now()")
         lines.append(f"    {lhs} = {call}  # {ir}")
+        if profile:
+            lines.append(f"    _ev({i}, _t)")
         if debug:
             for v in n.outputs:
                 env[f"_t{v.id}"] = (v.shape, v.dtype, ir)
@@ -187,4 +220,12 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     filename = f"<sampan-jit-{next(_counter)}:{g.name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), env)
-    return Compiled(env[name], src, filename, plan)
+    if profile:
+        c = Compiled(env[name], src, filename, plan)
+        c.program = g.name or name
+        return c
+
+    def remake():
+        return compile_graph(g, debug=debug, use_plan=use_plan, release=release, name=name,
+                             specialize=specialize, profile=True)
+    return Compiled(env[name], src, filename, plan, remake)
