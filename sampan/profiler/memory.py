@@ -33,10 +33,19 @@ class MemoryTimeline:
         return sorted(self.peak_ops.items(), key=lambda kv: -kv[1])[:n]
 
     def __str__(self):
-        ops = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.top_ops())
-        return (f"memory: peak {self.peak_bytes / 2**20:.2f} MiB at "
-                f"{self.peak_ns / 1e6:.3f} ms ({ops or 'nothing allocated'}); "
-                f"{self.allocations} allocations, {self.allocated_bytes / 2**20:.2f} MiB")
+        ops = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.top_ops())
+        return (f"memory: peak {fmt_bytes(self.peak_bytes)} at {self.peak_ns / 1e6:.3f} ms "
+                f"({ops or 'nothing allocated'}); {self.allocations} allocations, "
+                f"{fmt_bytes(self.allocated_bytes)} in all")
+
+
+def fmt_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def memory_timeline(prof) -> MemoryTimeline:
