@@ -138,7 +138,9 @@ class Profile:
                 self._memory.close()
             events = []
             for tid, tname, buf in bufs:
-                self.thread_names.setdefault(tid, tname)
+                # an ended thread's ident is reused by a later one: one lane, both names
+                old = self.thread_names.get(tid)
+                self.thread_names[tid] = tname if old in (None, tname) else f"{old} / {tname}"
                 events.extend(buf)
             # parents before the children they enclose: by start, the longer first
             events.sort(key=lambda e: (e.ts, -e.dur))
