@@ -13,6 +13,8 @@ memory; and an advisor that reads a profile and says what to change.
 `Event` schema is in `events`.
 """
 
-from .session import Profile, ProfilerError, profile, record  # noqa: F401
+from .session import Profile, ProfilerError, profile, record
+
+__all__ = ["Profile", "ProfilerError", "profile", "record"]
 
 EXPORTS: list = []  # names bound on `sampan` itself (e.g. summary, flops)

@@ -9,10 +9,13 @@ Categories and the names/args each carries:
 
 - "op": an eager op (name = op name); args shapes, dtypes (with record_shapes), flops
   (from the op table), bytes (inputs + outputs).
-- "backward": one autograd node run backward (name = "<op>_backward").
+- "backward": one autograd node run backward (name = "<op>_backward", args op); and
+  one "backward" span around each whole walk (args nodes).
 - "kernel": one node or fused kernel of a jitted program; args ir (the IR line), src
   (the user's file:line), flops, bytes, program (the jitted function's name).
-- "jit": "compile" (args fn, signature), "cache_hit" / "cache_miss" (signature cache).
+- "jit": "compile" (args fn, signature), "cache_hit" / "cache_miss" (signature cache;
+  instants, args fn, and for a miss signature, reason, traces); "run" (a span around
+  one call of a compiled program, enclosing its "kernel" events; args program).
 - "optim": one optimiser step (name = "<Optimizer>.step").
 - "data": "fetch" (a worker fetching a batch), "collate", "wait" (the consumer waiting
   on the loader's queue).
@@ -20,7 +23,8 @@ Categories and the names/args each carries:
   "snapshot_export".
 - "collective": reserved for data-parallel collectives (issue 23).
 - "user": a range from `sampan.profiler.record("name")`.
-- "memory": a counter sample; args bytes_live, delta, op.
+- "memory": a counter sample; args bytes_live, delta, op (the op that allocated the
+  array, also on its free), alloc (an id pairing an allocation with its free).
 """
 from __future__ import annotations
 
