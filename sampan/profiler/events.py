@@ -15,7 +15,8 @@ Categories and the names/args each carries:
   (the user's file:line), flops, bytes, program (the jitted function's name).
 - "jit": "compile" (args fn, signature), "cache_hit" / "cache_miss" (signature cache;
   instants, args fn, and for a miss signature, reason, traces); "run" (a span around
-  one call of a compiled program, enclosing its "kernel" events; args program).
+  one call of a compiled program, enclosing its "kernel" events; args program);
+  "profiling_variant" (making a program's per-kernel recording executor, once).
 - "optim": one optimiser step (name = "<Optimizer>.step").
 - "data": "fetch" (a worker fetching a batch), "collate", "wait" (the consumer waiting
   on the loader's queue).

@@ -13,6 +13,7 @@ profile collects every buffer when it stops.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -105,6 +106,20 @@ def start() -> None:
         _GEN += 1
         _BUFFERS.clear()
         ACTIVE = True
+
+
+def _after_fork_in_child() -> None:
+    """A forked process (a DataLoader process worker) records nothing: its events could
+    never reach the profile, and a lock held by another thread at the fork stays held."""
+    global ACTIVE, _LOCK, _TLS
+    ACTIVE = False
+    _LOCK = threading.Lock()
+    _TLS = threading.local()
+    _BUFFERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def stop() -> list:

@@ -235,17 +235,19 @@ class record:
     >>> @sampan.profiler.record("step")
     ... def step(): return 1
     """
-    __slots__ = ("name", "args", "_span")
+    __slots__ = ("name", "args", "_spans")
 
     def __init__(self, name: str, **args):
         self.name, self.args = str(name), args
+        self._spans: list = []      # one per entry: the same object may be entered nested
 
     def __enter__(self):
-        self._span = recorder.span(self.name, "user", **self.args)
-        return self._span.__enter__()
+        s = recorder.span(self.name, "user", **self.args)
+        self._spans.append(s)
+        return s.__enter__()
 
     def __exit__(self, *exc):
-        return self._span.__exit__(*exc)
+        return self._spans.pop().__exit__(*exc)
 
     def __call__(self, fn):
         import functools

@@ -73,7 +73,10 @@ class EventTable:
     """The rows of `key_averages`; `table()` formats them, `row(name)` looks one up."""
 
     SORT_KEYS = {"self_time": "self_ns", "total_time": "total_ns", "calls": "calls",
-                 "flops": "flops", "gflops": "gflops", "avg_time": "avg_ns", "name": "name"}
+                 "flops": "flops", "gflops": "gflops", "avg_time": "avg_ns", "name": "name",
+                 # torch.profiler's spellings
+                 "self_cpu_time_total": "self_ns", "cpu_time_total": "total_ns",
+                 "count": "calls"}
 
     def __init__(self, rows: list[Row], wall_ns: int):
         self.rows = rows
@@ -92,7 +95,7 @@ class EventTable:
         raise KeyError(name)
 
     def sorted(self, sort_by: str = "self_time") -> list[Row]:
-        key = self.SORT_KEYS.get(sort_by.replace("cpu_", "").replace("self_cpu", "self"))
+        key = self.SORT_KEYS.get(sort_by)
         if key is None:
             raise SampanValueError(f"key_averages.table: sort_by={sort_by!r}; expected one "
                                    f"of {sorted(self.SORT_KEYS)}")

@@ -82,8 +82,11 @@ class Compiled:
 
     def profiled(self, *arrays):
         """Run the variant that records a "kernel" event per node (made on first use)."""
-        if self._profiled is None:
+        if self._profiled is None:    # made once; the span shows the gap it leaves
+            t0 = _rec.now()
             self._profiled = self._remake()
+            _rec.emit("profiling_variant", "jit", t0, _rec.now() - t0,
+                      program=self._profiled.program)
         p = self._profiled
         t0 = _rec.now()
         try:

@@ -104,6 +104,10 @@ def test_jitted_step_kernels_sum_to_its_wall_time():
     f = sampan.jit(step)
     x = sampan.randn(512, 256)
     ref = f(x).numpy()                         # traced and compiled outside the profile
+    with profiler.profile(profile_memory=False) as warm:
+        f(x)                                   # makes the recording executor, once
+    assert [e.name for e in warm.events if e.cat == "jit"] == [
+        "cache_hit", "profiling_variant", "run"]
     with profiler.profile(profile_memory=False) as prof:
         for _ in range(3):
             with profiler.record("step"):
@@ -116,7 +120,7 @@ def test_jitted_step_kernels_sum_to_its_wall_time():
         ks = [e for e in prof.events if e.cat == "kernel" and _contains(r, e)]
         assert {e.name for e in ks} >= {"matmul"} and len(ks) >= 3
         total = sum(e.dur for e in ks)
-        assert 0.9 * s.dur <= total <= s.dur, (total, s.dur)
+        assert 0.9 * s.dur <= total <= s.dur, (total, s.dur, r.dur)
         assert 0.9 * r.dur <= total <= r.dur
     ks = [e for e in prof.events if e.cat == "kernel"]
     mm = [e for e in ks if e.name == "matmul"]
@@ -134,7 +138,7 @@ def test_jit_compile_and_signature_cache_events():
     jit = [e for e in prof.events if e.cat == "jit"]
     c = Counter(e.name for e in jit)
     assert c["cache_miss"] == 2 and c["compile"] == 2 and c["cache_hit"] == 3
-    assert c["run"] == 5
+    assert c["run"] == 5 and c["profiling_variant"] == 2
     comp = [e for e in jit if e.name == "compile"]
     assert comp[0].dur > 0 and "[3]" in str(comp[0].args["signature"])
     assert "[4]" in str(comp[1].args["signature"])
@@ -251,3 +255,14 @@ def test_span_categories_are_the_schema():
                 pass
         return time.perf_counter() - t
     assert cost() < 0.05                                # one flag read per site
+
+
+def test_process_workers_record_nothing_but_the_consumer_waits():
+    ds = TensorDataset(sampan.randn(16, 4), sampan.randn(16, 1))
+    loader = DataLoader(ds, batch_size=8, num_workers=1, worker_mode="process")
+    t0 = time.perf_counter()
+    with profiler.profile() as prof:
+        n = sum(1 for _ in loader)
+    data = Counter(e.name for e in prof.events if e.cat == "data")
+    assert n == 2 and data == {"wait": 2}       # the fetches ran in another process
+    assert time.perf_counter() - t0 < 30
