@@ -49,7 +49,7 @@ def _split_args(a) -> None:
     if any(r.split("=")[0] in _OPTS for r in rest):
         p = argparse.ArgumentParser(prog="sampan profile", add_help=False)
         _options(p)
-        ns, unknown = p.parse_known_args(rest, namespace=a)
+        _, unknown = p.parse_known_args(rest, namespace=a)
         rest = unknown
     a.args = rest + tail
 

@@ -110,7 +110,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     from . import specialize as _spec
     if profile:
         from .profiled import node_events
-        env_ev, meta = node_events(g, name)
+        env_ev, _ = node_events(g, name)
     plan = g.meta.get("memory_plan") if use_plan else None
     assign = plan["assign"] if plan else {}
     donate = plan.get("donate", {}) if plan else {}
