@@ -7,10 +7,11 @@ time). The source is registered with `linecache`, so a traceback from a kernel
 lands on a readable line of generated code. Debug mode checks every intermediate
 against its IR type (the op's shape rule).
 
-While `sampan.profiler` records, a call runs a second executor generated (once, on the
-first profiled call) with a clock read around every node: each node or fused kernel
-becomes a "kernel" event with its IR line, the user's source line, FLOPs and bytes
-(`runtime/profiled.py`). The normal executor has no timing code in it at all.
+While `sampan.profiler` records, a call runs a second executor made (once, on the first
+profiled call) from the same lines with a clock read around every node, sharing the
+first one's kernels and buffers: each node or fused kernel becomes a "kernel" event
+with its IR line, the user's source line, FLOPs and bytes (`runtime/profiled.py`). The
+normal executor has no timing code in it at all.
 """
 from __future__ import annotations
 
@@ -97,20 +98,14 @@ class Compiled:
 
 def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                   release: bool = True, name: str = "graph_fn",
-                  specialize: bool = False, profile: bool = False) -> Compiled:
+                  specialize: bool = False) -> Compiled:
     """Generate, compile and return the executor of `g`.
 
     `specialize`: bind kernels chosen for the nodes' concrete types where
     `runtime/specialize.py` has one (executors that serve many calls: the Predictor).
 
-    `profile`: generate the variant that records a profiler event per node (made by
-    `Compiled.profiled` when a profile is active; not meant to be asked for directly).
-
     Example: ``c = compile_graph(g); outs = c(x_array)``; ``print(c.code)``"""
     from . import specialize as _spec
-    if profile:
-        from .profiled import node_events
-        env_ev, _ = node_events(g, name)
     plan = g.meta.get("memory_plan") if use_plan else None
     assign = plan["assign"] if plan else {}
     donate = plan.get("donate", {}) if plan else {}
@@ -133,8 +128,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     keep = {v.id for v in g.outputs} | {v.id for v in g.inputs if not release}
     keep |= {g.inputs[k].id for k in donate.values()}
     lines = [f"def {name}({', '.join(names[v.id] for v in g.inputs)}):"]
-    if profile:
-        env.update(env_ev)
+    node_at = {}                     # line index -> node index (for the profiling variant)
     kernels = {}
     for i, n in enumerate(g.nodes):
         op = OPS[n.op]
@@ -202,11 +196,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             lhs = names[n.outputs[0].id]
         else:
             lhs = ", ".join(names[v.id] for v in n.outputs)
-        if profile:
-            lines.append("    _t = _now()")
+        node_at[len(lines)] = i
         lines.append(f"    {lhs} = {call}  # {ir}")
-        if profile:
-            lines.append(f"    _ev({i}, _t)")
         if debug:
             for v in n.outputs:
                 env[f"_t{v.id}"] = (v.shape, v.dtype, ir)
@@ -223,12 +214,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     filename = f"<sampan-jit-{next(_counter)}:{g.name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), env)
-    if profile:
-        c = Compiled(env[name], src, filename, plan)
-        c.program = g.name or name
-        return c
 
     def remake():
-        return compile_graph(g, debug=debug, use_plan=use_plan, release=release, name=name,
-                             specialize=specialize, profile=True)
+        from .profiled import profiled_variant
+        return profiled_variant(g, name, lines, node_at, env, plan)
     return Compiled(env[name], src, filename, plan, remake)

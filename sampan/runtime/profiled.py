@@ -1,10 +1,15 @@
-"""The profiling executor's per-node events (see `codegen.py`): what each node records.
+"""The profiling variant of a jit executor (see `codegen.py`): the same generated lines
+with ``_t = _now()`` before and ``_ev(i, _t)`` after every node, run over the same
+kernels and buffers (a copy of the executor's globals).
 
 Facts that do not change between calls (the IR line, the user's source line, FLOPs,
-bytes) are computed once per node when the variant is generated; a call then reads the
-clock around each node and appends one `Event` to the thread's buffer.
+bytes) are computed once per node when the variant is made; a call then reads the clock
+around each node and appends one `Event` to the thread's buffer.
 """
 from __future__ import annotations
+
+import itertools
+import linecache
 
 from ..ir.text import node_str
 from ..ops.registry import OPS
@@ -49,3 +54,27 @@ def node_events(g, name):
             op, args = meta[i]
             _rec._buffer().append(Event(op, "kernel", t0, t1 - t0, ident(), dict(args)))
     return {"_now": now, "_ev": ev}, meta
+
+
+_counter = itertools.count()
+
+
+def profiled_variant(g, name, lines, node_at, env, plan):
+    """The recording executor of `g` from its executor's `lines` and globals `env`;
+    `node_at` maps a line index to the index of the node it runs."""
+    from .codegen import Compiled
+    timed = []
+    for j, line in enumerate(lines):
+        if j in node_at:
+            timed += ["    _t = _now()", line, f"    _ev({node_at[j]}, _t)"]
+        else:
+            timed.append(line)
+    src = "\n".join(timed) + "\n"
+    genv = dict(env)
+    genv.update(node_events(g, name)[0])
+    filename = f"<sampan-jit-profiled-{next(_counter)}:{g.name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), genv)
+    c = Compiled(genv[name], src, filename, plan)
+    c.program = g.name or name
+    return c
