@@ -128,7 +128,8 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     stack.append(m)
 
     ready = [n for n in dict.fromkeys(starts) if deps.get(n, 0) == 0]
-    t_start = _rec.now() if _rec.ACTIVE else 0
+    recording = _rec.ACTIVE     # sampan.profiler: read once per walk, not per node
+    t_start = _rec.now() if recording else 0
     prev = STATE.grad_enabled
     STATE.grad_enabled = bool(create_graph)
     sliced = False          # whether any SliceGrads is pending in node_grads
@@ -163,7 +164,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     y = (tuple(node.output(i) for i in range(len(node.outs)))
                          if node.outs is not None else None)
                 attrs = node.attrs
-                if _rec.ACTIVE:
+                if recording:
                     t0 = _rec.now()
                     in_grads = op.grad(g_in, y, *inputs, **attrs)
                     _rec.emit(op.name + "_backward", "backward", t0, _rec.now() - t0,
@@ -214,7 +215,7 @@ def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                 node.saved = None
     finally:
         STATE.grad_enabled = prev
-        if t_start and _rec.ACTIVE:   # the whole walk, around its nodes' events
+        if recording:   # the whole walk, around its nodes' events
             _rec.emit("backward", "backward", t_start, _rec.now() - t_start, nodes=len(seen))
 
     # leaves
