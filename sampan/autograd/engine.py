@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import AutogradError
 from ..ops.registry import STATE
+from ..profiler import recorder as _rec
 from . import hooks as _hooks
 from .tape import _ver
 
@@ -166,6 +167,8 @@ def _run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     leaf_deps[id(k)] = leaf_deps.get(id(k), 0) + 1
 
     ready = [n for n in dict.fromkeys(starts) if deps.get(n, 0) == 0]
+    recording = _rec.ACTIVE     # sampan.profiler: read once per walk, not per node
+    t_start = _rec.now() if recording else 0
     prev = STATE.grad_enabled
     STATE.grad_enabled = bool(create_graph)
     sliced = False          # whether any SliceGrads is pending in node_grads
@@ -200,8 +203,14 @@ def _run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                     y = (tuple(node.output(i) for i in range(len(node.outs)))
                          if node.outs is not None else None)
                 attrs = node.attrs
-                in_grads = (op.grad(g_in, y, *inputs, **attrs) if attrs else
-                            op.grad(g_in, y, *inputs))
+                if recording:
+                    t0 = _rec.now()
+                    in_grads = op.grad(g_in, y, *inputs, **attrs)
+                    _rec.emit(op.name + "_backward", "backward", t0, _rec.now() - t0,
+                              op=op.name)
+                else:
+                    in_grads = (op.grad(g_in, y, *inputs, **attrs) if attrs else
+                                op.grad(g_in, y, *inputs))
                 if not isinstance(in_grads, (tuple, list)):
                     in_grads = (in_grads,)
             else:
@@ -250,6 +259,8 @@ def _run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):
                 node.saved = None
     finally:
         STATE.grad_enabled = prev
+        if recording:   # the whole walk, around its nodes' events
+            _rec.emit("backward", "backward", t_start, _rec.now() - t_start, nodes=len(seen))
 
     # leaves
     for key, (t, g) in leaf_grads.items():

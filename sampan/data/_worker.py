@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..profiler import recorder as _rec
+
 _POLL_S = 0.2
 _local = threading.local()
 
@@ -63,6 +65,24 @@ class _End:
     """Stand-in for StopIteration from an iterable dataset."""
 
 
+def collate(fn, samples):
+    """`fn(samples)`, as a "collate" span while profiling (thread workers and the main
+    thread; process workers record nothing: the profile lives in the main process)."""
+    if _rec.ACTIVE:
+        with _rec.span("collate", "data", samples=len(samples)
+                       if hasattr(samples, "__len__") else 1):
+            return fn(samples)
+    return fn(samples)
+
+
+def fetch(fetcher, task, worker_id=None):
+    """`fetcher.fetch(task)`, as a "fetch" span while profiling."""
+    if _rec.ACTIVE:
+        with _rec.span("fetch", "data", worker=worker_id):
+            return fetcher.fetch(task)
+    return fetcher.fetch(task)
+
+
 class MapFetcher:
     """Loads one task (a list of indices, or one index) from a map-style dataset."""
 
@@ -71,10 +91,10 @@ class MapFetcher:
 
     def fetch(self, task):
         if not self.batched:
-            return self.collate_fn(self.dataset[task])
+            return collate(self.collate_fn, self.dataset[task])
         getitems = getattr(self.dataset, "__getitems__", None)
         samples = getitems(task) if getitems else [self.dataset[i] for i in task]
-        return self.collate_fn(samples)
+        return collate(self.collate_fn, samples)
 
 
 class IterFetcher:
@@ -96,7 +116,7 @@ class IterFetcher:
             self._it = iter(self.dataset)
         if self.batch_size is None:
             try:
-                return self.collate_fn(next(self._it))
+                return collate(self.collate_fn, next(self._it))
             except StopIteration:
                 self._done = True
                 return _End
@@ -109,7 +129,7 @@ class IterFetcher:
             self._done = True
             if not samples or self.drop_last:
                 return _End
-        return self.collate_fn(samples)
+        return collate(self.collate_fn, samples)
 
 
 # ------------------------------------------------------------------ crossing processes
@@ -207,7 +227,7 @@ def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_w
                 send(seq, "error", init_error)
                 continue
             try:
-                batch = fetcher.fetch(task)
+                batch = fetch(fetcher, task, worker_id)
             except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's, with traceback
                 # a sys.exit() in the dataset would end the worker silently; report it
                 send(seq, "error", _failure(worker_id, mode, e, task))

@@ -18,6 +18,7 @@ import time
 import weakref
 
 from sampan.errors import SampanError, SampanValueError
+from sampan.profiler import recorder as _rec
 
 from . import _worker
 from .collate import default_collate, default_convert
@@ -235,11 +236,11 @@ class _SingleIter:
 
     def __next__(self):
         if self._tasks is None:
-            batch = self._fetcher.fetch()
+            batch = _worker.fetch(self._fetcher, None)
             if batch is _worker._End:
                 raise StopIteration
             return batch
-        return self._fetcher.fetch(next(self._tasks))
+        return _worker.fetch(self._fetcher, next(self._tasks))
 
 
 class _Pool:
@@ -486,7 +487,11 @@ class _WorkerIter:
             if self._recv_seq >= self._send_seq:
                 self.close()
                 raise StopIteration
-            status, payload = self._receive()
+            if _rec.ACTIVE:    # the consumer waiting on the workers (sampan.profiler)
+                with _rec.span("wait", "data", seq=self._recv_seq):
+                    status, payload = self._receive()
+            else:
+                status, payload = self._receive()
             wid, _ = self._task_of.pop(self._recv_seq)
             self._recv_seq += 1
             if status == "error":

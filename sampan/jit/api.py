@@ -31,6 +31,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ops.registry import STATE
+from ..profiler import recorder as _rec
 from ..tensor import Tensor, wrap
 from . import dynamic as _dyn
 from .autodiff import born_leaves, ran_backward, trace_vjp
@@ -440,9 +441,31 @@ class JitFunction:
                 entry = e
                 break
         if entry is None:
-            entry = self._compile(key, args, kwargs, leaves)
+            if _rec.ACTIVE:
+                entry = self._compile_recorded(key, args, kwargs, leaves)
+            else:
+                entry = self._compile(key, args, kwargs, leaves)
+        elif _rec.ACTIVE:
+            _rec.instant("cache_hit", "jit", fn=self._fn_name())
         self._last = entry
         return entry.run(leaves)
+
+    def _fn_name(self):
+        return (type(self.layer).__name__ if self.layer is not None
+                else getattr(self.fn, "__qualname__", str(self.fn)))
+
+    def _compile_recorded(self, key, args, kwargs, leaves):
+        """`_compile` while profiling: a "cache_miss" instant and a "compile" span."""
+        fn = self._fn_name()
+        sig = {k: str(v) for k, v in self._arg_sigs(args, kwargs).items()}
+        reason = "guard" if key in self.cache else ("new signature" if self.cache else "first")
+        _rec.instant("cache_miss", "jit", fn=fn, signature=sig, reason=reason,
+                     traces=self.n_traces + 1)
+        t0 = _rec.now()
+        try:
+            return self._compile(key, args, kwargs, leaves)
+        finally:
+            _rec.emit("compile", "jit", t0, _rec.now() - t0, fn=fn, signature=sig)
 
     def _state(self):
         if self.layer is None:

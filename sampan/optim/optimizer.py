@@ -35,6 +35,7 @@ import numpy as np
 from sampan.autograd import no_grad
 from sampan.errors import DTypeError, SampanValueError, ShapeError, op_error
 from sampan.ops.registry import STATE
+from sampan.profiler import recorder as _rec
 from sampan.tensor import Tensor, wrap
 
 __all__ = ["Optimizer", "decayed_grad", "required"]
@@ -162,6 +163,18 @@ class Optimizer:
             with no_grad():
                 self._traced_step(STATE.tracer)
             return loss
+        if _rec.ACTIVE:     # one "optim" span per step (sampan.profiler)
+            t0 = _rec.now()
+            try:
+                self._eager_step()
+            finally:
+                _rec.emit(f"{type(self).__name__}.step", "optim", t0, _rec.now() - t0,
+                          params=sum(len(g["params"]) for g in self.param_groups))
+            return loss
+        self._eager_step()
+        return loss
+
+    def _eager_step(self) -> None:
         jit = self._jit
         if jit:
             self._sync_from_jit()
@@ -174,7 +187,6 @@ class Optimizer:
                 self._update_group(g)
         if jit:
             self._sync_to_jit()
-        return loss
 
     # whether `_update_group` is right for the row-sparse gradient of an
     # `nn.Embedding(sparse=True)` (a dense grad whose untouched rows are zero): true for

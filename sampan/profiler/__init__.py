@@ -1,5 +1,20 @@
 """Seeing where time goes (issue 21): one timeline of ops, jit kernels, autograd, optimiser
 steps, data loading, the rec pipeline and user ranges; a model summary with FLOPs and
-memory; and an advisor that reads a profile and says what to change."""
+memory; and an advisor that reads a profile and says what to change.
+
+    >>> import sampan, sampan.profiler
+    >>> with sampan.profiler.profile() as prof:
+    ...     with sampan.profiler.record("step"):
+    ...         _ = sampan.ones(4) * 3
+    >>> sorted({e.cat for e in prof.events} - {"memory"})
+    ['op', 'user']
+
+`recorder` is what instrumented code calls (one flag check when not profiling); the
+`Event` schema is in `events`.
+"""
+
+from .session import Profile, ProfilerError, profile, record
+
+__all__ = ["Profile", "ProfilerError", "profile", "record"]
 
 EXPORTS: list = []  # names bound on `sampan` itself (e.g. summary, flops)

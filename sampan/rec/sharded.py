@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sampan.profiler import recorder as _rec
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
@@ -119,6 +120,12 @@ class ShardedEmbedding:
         return ((hash_ids(ids) >> np.uint64(40)) % np.uint64(len(self.shards))).astype(np.int64)
 
     def _split(self, uniq: np.ndarray) -> list[np.ndarray]:
+        if _rec.ACTIVE:
+            with _rec.span("split", "rec", ids=int(uniq.size), shards=len(self.shards)):
+                return self._split_ids(uniq)
+        return self._split_ids(uniq)
+
+    def _split_ids(self, uniq: np.ndarray) -> list[np.ndarray]:
         if len(self.shards) == 1:
             return [np.arange(uniq.size)]
         sid = self.shard_of(uniq)
@@ -135,8 +142,22 @@ class ShardedEmbedding:
         """Dedupe ``ids`` and assign rows on every shard: ``(uniq, inverse, parts, rows)``."""
         uniq, inverse = unique_inverse(ids)
         parts = self._split(uniq)
+        before = self._sizes() if _rec.ACTIVE else None
         rows = self._map(lambda i, p: self.shards[i].assign(uniq[p], step), parts)
+        if _rec.ACTIVE and before is not None:
+            # the tables are the cache: an id with a row already is a hit; one that made a
+            # row (or was refused admission) a miss
+            made = sum(self._sizes()) - sum(before)
+            refused = sum(int((r < 0).sum()) for r in rows)
+            _rec.instant("cache", "rec", hits=int(uniq.size) - made - refused,
+                         misses=made + refused, ids=int(uniq.size))
         return uniq, inverse, parts, rows
+
+    def _sizes(self):
+        try:
+            return [len(s.table) for s in self.shards]
+        except (AttributeError, TypeError):   # a remote shard: it counts for itself
+            return None
 
     def fetch(self, uniq, parts, rows) -> np.ndarray:
         """Gather the vectors of a plan, shape ``(len(uniq), dim)``."""
@@ -150,11 +171,18 @@ class ShardedEmbedding:
 
     def pull(self, ids, step: int | None = None):
         """``(uniq, inverse, vectors)`` with ``vectors[inverse]`` the rows of ``ids``."""
-        uniq, inverse, parts, rows = self.plan(ids, step)
-        return uniq, inverse, self.fetch(uniq, parts, rows)
+        with _rec.span("pull", "rec", ids=int(np.size(ids))):
+            uniq, inverse, parts, rows = self.plan(ids, step)
+            return uniq, inverse, self.fetch(uniq, parts, rows)
 
     def push(self, uniq, grads, step: int | None = None) -> None:
         """Apply summed gradients of unique ids on their shards."""
+        if _rec.ACTIVE:
+            with _rec.span("push", "rec", ids=int(np.size(uniq))):
+                return self._push(uniq, grads, step)
+        return self._push(uniq, grads, step)
+
+    def _push(self, uniq, grads, step) -> None:
         uniq = np.ascontiguousarray(uniq, np.int64)
         grads = np.ascontiguousarray(grads, np.float32)
         parts = self._split(uniq)
@@ -214,8 +242,9 @@ class Prefetcher:
         try:
             for batch in self._it:
                 t0 = time.perf_counter()
-                uniq, inv, parts, rows = self.emb.plan(self.ids_of(batch), step)
-                vecs = self.emb.fetch(uniq, parts, rows)
+                with _rec.span("pull", "rec", step=step, prefetch=True):
+                    uniq, inv, parts, rows = self.emb.plan(self.ids_of(batch), step)
+                    vecs = self.emb.fetch(uniq, parts, rows)
                 t1 = time.perf_counter()
                 self._pushed.acquire()
                 if self._stop.is_set():
@@ -226,7 +255,8 @@ class Prefetcher:
                     seen = HashMap(sum(p.size for p in pushed))
                     for p in pushed:
                         seen.put(p, np.zeros(p.size, np.int64))
-                    self.emb._refetch(uniq, parts, rows, seen.get(uniq) >= 0, vecs)
+                    with _rec.span("pull", "rec", step=step, refetch=True):
+                        self.emb._refetch(uniq, parts, rows, seen.get(uniq) >= 0, vecs)
                 t3 = time.perf_counter()
                 self.bg_seconds += (t1 - t0) + (t3 - t2)
                 self._out.put(PulledBatch(batch, uniq, inv, vecs,
@@ -242,7 +272,11 @@ class Prefetcher:
 
     def __next__(self) -> PulledBatch:
         t0 = time.perf_counter()
-        item = self._out.get()
+        if _rec.ACTIVE:
+            with _rec.span("prefetch_wait", "rec"):
+                item = self._out.get()
+        else:
+            item = self._out.get()
         self.wait_seconds += time.perf_counter() - t0
         if item is None:
             raise StopIteration

@@ -32,6 +32,7 @@ import threading
 import numpy as np
 
 from sampan.errors import SampanError
+from sampan.profiler import recorder as _rec
 from sampan.rec.hashtable import ChunkedRows, HashMap
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.table import META_FIELDS, HashEmbeddingTable
@@ -247,6 +248,11 @@ def _undo_export(table: HashEmbeddingTable, arrays: dict, undo: dict) -> None:
 
 
 def _export(table: HashEmbeddingTable, path: str, kind: str) -> dict:
+    with _rec.span("snapshot_export", "rec", kind=kind, path=os.path.basename(path)):
+        return _export_one(table, path, kind)
+
+
+def _export_one(table: HashEmbeddingTable, path: str, kind: str) -> dict:
     with table.lock:
         header, arrays, undo = _take_export(table, kind)
     try:
@@ -287,6 +293,11 @@ def export_sharded(emb, directory: str, kind: str = "full") -> dict:
     """
     if kind not in ("full", "delta"):
         raise ValueError(f"kind must be 'full' or 'delta', got {kind!r}")
+    with _rec.span("snapshot_export", "rec", kind=kind, shards=len(emb.shards)):
+        return _export_sharded(emb, directory, kind)
+
+
+def _export_sharded(emb, directory: str, kind: str) -> dict:
     tables = [sh.table for sh in emb.shards]
     for t in tables:
         t.lock.acquire()

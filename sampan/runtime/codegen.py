@@ -6,6 +6,12 @@ buffer are written into it with `out=` (buffer views are made once, at compile
 time). The source is registered with `linecache`, so a traceback from a kernel
 lands on a readable line of generated code. Debug mode checks every intermediate
 against its IR type (the op's shape rule).
+
+While `sampan.profiler` records, a call runs a second executor made (once, on the first
+profiled call) from the same lines with a clock read around every node, sharing the
+first one's kernels and buffers: each node or fused kernel becomes a "kernel" event
+with its IR line, the user's source line, FLOPs and bytes (`runtime/profiled.py`). The
+normal executor has no timing code in it at all.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import numpy as np
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
+from ..profiler import recorder as _rec
 from .memory import inplace_ok, out_kernel
 
 _counter = itertools.count()
@@ -61,14 +68,32 @@ def _check(arr, shape, dtype, line):
 class Compiled:
     """A compiled graph: call it with input arrays, get a tuple of output arrays."""
 
-    def __init__(self, fn, code, filename, plan):
+    def __init__(self, fn, code, filename, plan, remake=None):
         self.fn = fn
         self.code = code
         self.filename = filename
         self.plan = plan
+        self._remake = remake       # () -> the profiling variant of this executor
+        self._profiled = None
 
     def __call__(self, *arrays):
+        if _rec.ACTIVE and self._remake is not None:
+            return self.profiled(*arrays)
         return self.fn(*arrays)
+
+    def profiled(self, *arrays):
+        """Run the variant that records a "kernel" event per node (made on first use)."""
+        if self._profiled is None:    # made once; the span shows the gap it leaves
+            t0 = _rec.now()
+            self._profiled = self._remake()
+            _rec.emit("profiling_variant", "jit", t0, _rec.now() - t0,
+                      program=self._profiled.program)
+        p = self._profiled
+        t0 = _rec.now()
+        try:
+            return p.fn(*arrays)
+        finally:
+            _rec.emit("run", "jit", t0, _rec.now() - t0, program=p.program)
 
 
 def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
@@ -103,6 +128,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     keep = {v.id for v in g.outputs} | {v.id for v in g.inputs if not release}
     keep |= {g.inputs[k].id for k in donate.values()}
     lines = [f"def {name}({', '.join(names[v.id] for v in g.inputs)}):"]
+    node_at = {}                     # line index -> node index (for the profiling variant)
     kernels = {}
     for i, n in enumerate(g.nodes):
         op = OPS[n.op]
@@ -170,6 +196,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             lhs = names[n.outputs[0].id]
         else:
             lhs = ", ".join(names[v.id] for v in n.outputs)
+        node_at[len(lines)] = i
         lines.append(f"    {lhs} = {call}  # {ir}")
         if debug:
             for v in n.outputs:
@@ -187,4 +214,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     filename = f"<sampan-jit-{next(_counter)}:{g.name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), env)
-    return Compiled(env[name], src, filename, plan)
+
+    def remake():
+        from .profiled import profiled_variant
+        return profiled_variant(g, name, lines, node_at, env, plan)
+    return Compiled(env[name], src, filename, plan, remake)

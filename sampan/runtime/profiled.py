@@ -1,0 +1,80 @@
+"""The profiling variant of a jit executor (see `codegen.py`): the same generated lines
+with ``_t = _now()`` before and ``_ev(i, _t)`` after every node, run over the same
+kernels and buffers (a copy of the executor's globals).
+
+Facts that do not change between calls (the IR line, the user's source line, FLOPs,
+bytes) are computed once per node when the variant is made; a call then reads the clock
+around each node and appends one `Event` to the thread's buffer.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+
+from ..ir.text import node_str
+from ..ops.registry import OPS
+from ..profiler import recorder as _rec
+from ..profiler.events import Event
+
+
+def _flops(n) -> int:
+    op = OPS[n.op]
+    if op.flops is None:
+        return 0
+    try:
+        return int(op.flops(*n.inputs, **n.attrs))
+    except Exception:  # noqa: BLE001 - a formula that cannot read symbolic dims: unknown
+        return 0
+
+
+def _nbytes(v) -> int:
+    try:
+        return int(v.nbytes)
+    except Exception:  # noqa: BLE001 - a symbolic size
+        return 0
+
+
+def node_events(g, name):
+    """({"_now", "_ev"} for the generated code's globals, per-node (op, args))."""
+    ren = {v.id: k for k, v in enumerate(g.values())}
+    program = g.name or name
+    meta = []
+    for n in g.nodes:
+        args = {"ir": node_str(n, lambda v: f"%{ren[v.id]}"), "src": n.loc or "",
+                "flops": _flops(n),
+                "bytes": sum(_nbytes(v) for v in n.inputs) + sum(_nbytes(v)
+                                                                 for v in n.outputs),
+                "program": program}
+        meta.append((n.op, args))
+    now, ident = _rec.now, _rec.get_ident
+
+    def ev(i, t0):
+        t1 = now()
+        if _rec.ACTIVE:
+            op, args = meta[i]
+            _rec._buffer().append(Event(op, "kernel", t0, t1 - t0, ident(), dict(args)))
+    return {"_now": now, "_ev": ev}, meta
+
+
+_counter = itertools.count()
+
+
+def profiled_variant(g, name, lines, node_at, env, plan):
+    """The recording executor of `g` from its executor's `lines` and globals `env`;
+    `node_at` maps a line index to the index of the node it runs."""
+    from .codegen import Compiled
+    timed = []
+    for j, line in enumerate(lines):
+        if j in node_at:
+            timed += ["    _t = _now()", line, f"    _ev({node_at[j]}, _t)"]
+        else:
+            timed.append(line)
+    src = "\n".join(timed) + "\n"
+    genv = dict(env)
+    genv.update(node_events(g, name)[0])
+    filename = f"<sampan-jit-profiled-{next(_counter)}:{g.name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), genv)
+    c = Compiled(genv[name], src, filename, plan)
+    c.program = g.name or name
+    return c
