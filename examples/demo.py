@@ -13,6 +13,8 @@
    updated from delta exports while it serves.
 7. train the CNN data-parallel on 2 ranks (`sampan launch -n 2`) for one epoch: both
    ranks print the same parameter checksum.
+8. profile one training epoch of the CNN: out/trace.json (open it in ui.perfetto.dev), the
+   model summary, the busiest ops and the advisor's findings.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -95,6 +97,9 @@ def main():
 
     data_parallel()
 
+    step("8. profile one training epoch: trace, summary, advisor")
+    profile_epoch()
+
 
 def data_parallel():
     """The digits CNN for one epoch on 2 ranks through `sampan launch` (MPI); both ranks
@@ -118,6 +123,38 @@ def data_parallel():
     sums = {m.group(1) for ln in lines for m in [re.search(r"checksum (\w+)", ln)] if m}
     assert len(lines) == 2 and len(sums) == 1, "the ranks' parameters differ"
     print(f"both ranks hold identical parameters ({time.perf_counter() - t:.1f} s)")
+
+
+def profile_epoch():
+    """One eager epoch of a fresh CNN under `sampan.profiler.profile`, its batches loaded by
+    two worker threads: writes out/trace.json and prints the model summary, the top ops
+    and the advisor's findings."""
+    import time
+
+    from digits_common import digits
+
+    from sampan.data import DataLoader
+    from sampan.profiler import profile, record
+    from sampan.train import Trainer
+    sampan.manual_seed(0)
+    train_set, _ = digits(seed=0)
+    loader = DataLoader(train_set, batch_size=32, shuffle=True, seed=0, num_workers=2)
+    model = DigitsCNN()
+    opt = sampan.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
+    trainer = Trainer(model, opt, sampan.cross_entropy, loader)
+    sampan.summary(model, train_set[:32][0])
+    t = time.perf_counter()
+    with profile() as prof, record("epoch"):
+        trainer.fit(1)
+    secs = time.perf_counter() - t
+    path = prof.export_chrome_trace(os.path.join(OUT, "trace.json"))
+    print(f"one epoch ({len(loader)} steps) profiled in {secs:.1f} s: {len(prof.events)} "
+          f"events -> {path} (open it in https://ui.perfetto.dev)")
+    print(prof.key_averages().table(sort_by="self_time", row_limit=8))
+    findings = prof.advise()
+    print(f"advisor: {len(findings)} finding(s)")
+    for f in findings:
+        print(f)
 
 
 def serve(model, xs, ys, calls=2000):

@@ -14,7 +14,8 @@ memory; and an advisor that reads a profile and says what to change.
 """
 
 from .session import Profile, ProfilerError, profile, record
+from .summary import flops, summary
 
-__all__ = ["Profile", "ProfilerError", "profile", "record"]
+__all__ = ["Profile", "ProfilerError", "flops", "profile", "record", "summary"]
 
-EXPORTS: list = []  # names bound on `sampan` itself (e.g. summary, flops)
+EXPORTS: list = ["summary", "flops"]  # names bound on `sampan` itself
