@@ -7,7 +7,9 @@
 4. train a short DLRM on the synthetic click stream and show AUC rising (when sampan.rec
    is present);
 5. serve the CNN through a Predictor (sampan.inference), fp32 and, where sampan.quant is
-   present, int8 after post-training quantisation: accuracy and batch-1 latency.
+   present, int8 after post-training quantisation: accuracy and batch-1 latency;
+6. train the DLRM with its table on 2 Ray shard actors, kill one, and watch training carry
+   on with the restored shard.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -84,6 +86,10 @@ def main():
 
     step("5. serve the CNN through a Predictor: accuracy and batch-1 latency")
     serve(model, xs, ys)
+
+    step("6. parameter servers on Ray: 2 shard actors, one killed mid-training")
+    import rec_ray_ps
+    rec_ray_ps.main([])
 
 
 def serve(model, xs, ys, calls=2000):

@@ -42,7 +42,8 @@ from sampan.rec.sharded import LocalShard, ShardedEmbedding
 from sampan.rec.snapshot import _take_export, _write_atomic, export_full, restore, table_state
 from sampan.rec.table import HashEmbeddingTable
 
-__all__ = ["RemoteShardedEmbedding", "ShardServer", "ShardUnavailableError", "require_ray"]
+__all__ = ["RemoteShardedEmbedding", "ShardServer", "ShardUnavailableError", "init_ray",
+           "require_ray"]
 
 # what a restored table takes from the caller (the rest is in the snapshot)
 _RESTORE_KWARGS = ("admission", "eviction", "initial_capacity", "pending_limit")
@@ -64,7 +65,7 @@ def require_ray():
     return ray
 
 
-def _init_ray(ray, **kwargs) -> None:
+def init_ray(ray, **kwargs) -> None:
     """``ray.init`` with this sampan on the workers' import path (they inherit it)."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env_path = os.environ.get("PYTHONPATH", "")
@@ -265,7 +266,7 @@ class RemoteShardedEmbedding(ShardedEmbedding):
             snapshot_dir = self._tmp.name
         self.snapshot_dir = snapshot_dir
         if not ray.is_initialized():
-            _init_ray(ray)
+            init_ray(ray)
         make_opt = optimizer_factory or (lambda: SparseAdagrad(0.05))
         opts = {"num_cpus": 0, "max_restarts": max_restarts,
                 "max_task_retries": max_task_retries}
@@ -372,6 +373,8 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                     raise ShardUnavailableError(
                         f"remote embedding shard {s.index} lost operations again while "
                         f"recovering (at {reply[1]}, last step {s.step})")
+            if s.restores and s.restores[-1]["pid"] == info["pid"]:
+                s.restores[-1]["resent"] = s.restores[-1].get("resent", 0) + len(todo)
             for k in [k for k in s.replayed if k < s.durable - 4096]:
                 s.replayed.pop(k)  # results nobody asked for (their call had an answer)
 

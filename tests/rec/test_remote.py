@@ -23,8 +23,8 @@ DIM, FIELDS, DENSE = 4, 8, 5
 def remote(tmp_path_factory):
     """One local cluster and one 2-shard remote embedding for the module (actor start-up
     dominates: tests ``clear()`` it instead of starting new actors)."""
-    from sampan.rec.remote import _init_ray
-    _init_ray(ray, num_cpus=2, object_store_memory=200 * 2**20, configure_logging=False)
+    from sampan.rec.remote import init_ray
+    init_ray(ray, num_cpus=2, object_store_memory=200 * 2**20, configure_logging=False)
     emb = ShardedEmbedding(DIM, n_shards=2, backend="ray", delta_every=3,
                            snapshot_dir=str(tmp_path_factory.mktemp("ps")),
                            optimizer_factory=lambda: SparseAdagrad(0.05))
