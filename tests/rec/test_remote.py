@@ -170,3 +170,18 @@ def test_missing_ray_names_the_dist_extra(monkeypatch):
         ShardedEmbedding(DIM, n_shards=2, backend="ray")
     with pytest.raises(ValueError, match="backend"):
         ShardedEmbedding(DIM, backend="spark")
+
+
+@pytest.mark.slow
+def test_200_steps_with_a_kill_keep_the_undisturbed_auc(remote):
+    from sampan.rec.metrics import auc
+    from sampan.rec.models import predict
+    batches = _batches(200, size=256)
+    held = _batches(1, size=4096)[0]  # batch 0 of another size: other samples
+    aucs = []
+    for kill in (None, 100):
+        remote.clear()
+        m, _ = _train(remote, batches, prefetch=True, kill_at=kill)
+        aucs.append(auc(predict(m, held.ids_matrix(), held.dense), held.labels))
+    assert len(remote.restores()[0]) == 1
+    assert abs(aucs[0] - aucs[1]) <= 0.01 and aucs[0] > 0.6
