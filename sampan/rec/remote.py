@@ -38,7 +38,7 @@ import numpy as np
 from sampan.errors import SampanError
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
-from sampan.rec.sharded import LocalShard, ShardedEmbedding
+from sampan.rec.sharded import LocalShard, ShardedEmbedding, _init_signature
 from sampan.rec.snapshot import _take_export, _write_atomic, export_full, restore, table_state
 from sampan.rec.table import HashEmbeddingTable
 
@@ -501,3 +501,6 @@ class RemoteShardedEmbedding(ShardedEmbedding):
     def kill_shard(self, index: int) -> None:
         """Kill one shard's actor process (Ray restarts it; for tests and demos)."""
         self._ray.kill(self.shards[index].actor, no_restart=False)
+
+
+RemoteShardedEmbedding.__signature__ = _init_signature(RemoteShardedEmbedding)

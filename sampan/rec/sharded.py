@@ -17,6 +17,7 @@ per-shard calls on a thread pool (the table kernels release the GIL).
 from __future__ import annotations
 
 import copy
+import inspect
 import queue
 import threading
 import time
@@ -198,6 +199,15 @@ class ShardedEmbedding:
 
         self._map(one, parts)
         return out[inverse]
+
+
+def _init_signature(cls) -> inspect.Signature:
+    """``cls(...)``'s signature as ``__init__`` spells it (``__new__`` only dispatches)."""
+    sig = inspect.signature(cls.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+ShardedEmbedding.__signature__ = _init_signature(ShardedEmbedding)
 
 
 class Prefetcher:
