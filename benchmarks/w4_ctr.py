@@ -4,6 +4,7 @@ into fixed 10^6-row tables. Also the hash map micro-benchmark (lookups/s, one co
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/w4_ctr.py
     ... --steps 40 --systems sampan,torch-dict      (quick look)
+    ... --backends local,ray --systems sampan-prefetch,torch-hashed   (Ray shard actors)
 
 One JSON line per (system, mode): train samples/s (median of 5 blocks of steps/5 steps,
 min–max), AUC on held-out batches after exactly ``--steps`` steps, and table memory. The
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -25,7 +27,8 @@ from sampan.rec.data import ClickStream
 from sampan.rec.hashtable import HashMap, RowAllocator
 from sampan.rec.metrics import auc
 from sampan.rec.models import DLRM, predict, train_step
-from sampan.rec.sharded import Prefetcher
+from sampan.rec.remote import init_ray, require_ray
+from sampan.rec.sharded import Prefetcher, ShardedEmbedding
 
 F, D, DIM = 26, 13, 16
 LAYERS = [(13, 64), (64, 16), (367, 256), (256, 1)]  # bottom, bottom, top, top
@@ -39,12 +42,13 @@ def shared_weights(seed=0):
 
 
 # ------------------------------------------------------------------------------ sampan
-def sampan_model(weights, n_shards=1):
+def sampan_model(weights, n_shards=1, backend="local", staleness=0):
     # sized for the ~2.5M distinct ids that 200 W4 steps see (torch-hashed: 26M rows)
+    extra = {"backend": "ray", "max_staleness": staleness} if backend == "ray" else {}
     m = DLRM(n_fields=F, n_dense=D, dim=DIM, n_shards=n_shards, lr=0.05,
-             initial_capacity=(1 << 22) // n_shards)
-    names = [k for k in m.state_dict() if k.endswith(".weight")]
-    sd = {}
+             initial_capacity=(1 << 22) // n_shards, **extra)
+    sd = dict(m.state_dict())  # keeps the zero-size embedding.sparse_table
+    names = [k for k in sd if k.endswith(".weight")]
     for (w, b), name in zip(weights, names):
         sd[name] = w
         sd[name[: -len("weight")] + "bias"] = b
@@ -52,9 +56,10 @@ def sampan_model(weights, n_shards=1):
     return m, sampan.optim.Adagrad(m.parameters(), lr=0.05)
 
 
-def sampan_run(batches, evals, weights, blocks, prefetch, n_shards=1):
+def sampan_run(batches, evals, weights, blocks, prefetch, n_shards=1, backend="local",
+               staleness=0):
     """Generator: yields each block's seconds, then a dict of results."""
-    m, opt = sampan_model(weights, n_shards)
+    m, opt = sampan_model(weights, n_shards, backend, staleness)
     times, pf = [], None
     if prefetch:
         pf = Prefetcher(m.embedding.emb, batches, ids_of=lambda b: b.ids_matrix())
@@ -77,9 +82,10 @@ def sampan_run(batches, evals, weights, blocks, prefetch, n_shards=1):
     p = np.concatenate([predict(m, b.ids_matrix(), b.dense) for b in evals])
     a = auc(p, np.concatenate([b.labels for b in evals]))
     emb = m.embedding.emb
-    mem = sum(s.table.nbytes for s in emb.shards)
+    mem = emb.nbytes if backend == "ray" else sum(s.table.nbytes for s in emb.shards)
+    rows = len(emb)
     emb.close()
-    yield {"auc": round(a, 4), "table_mb": round(mem / 2**20, 1), "rows": len(emb),
+    yield {"auc": round(a, 4), "table_mb": round(mem / 2**20, 1), "rows": rows,
            **({"overlap": round(overlap, 3)} if overlap is not None else {})}
 
 
@@ -235,6 +241,67 @@ def hashmap_bench(n=10**6, reps=5):
          insert_ns=round(insert_s / n * 1e9, 1), **blas_info())
 
 
+# ------------------------------------------------------------------------------ ray PS
+def remote_round_trip(batch, n_shards, reps=20):
+    """Median seconds of pull + push (confirmed) of one batch's ids, per backend."""
+    ids = batch.ids_matrix()
+    out = {}
+    for backend in ("local", "ray"):
+        emb = ShardedEmbedding(DIM, n_shards=n_shards, backend=backend)
+        ts = []
+        for r in range(reps + 2):
+            t0 = time.perf_counter()
+            uniq, inv, vec = emb.pull(ids, r)
+            emb.push(uniq, vec * np.float32(0.01), r)
+            if backend == "ray":
+                emb.flush()
+            if r >= 2:  # two warm-up trips
+                ts.append(time.perf_counter() - t0)
+        emb.close()
+        out[backend] = ts
+    return out
+
+
+def remote_recovery(rows=10**6, chunk=1 << 17):
+    """Kill a 1-shard remote table of ``rows`` rows (all in its snapshot chain), time the
+    restart: restore seconds inside the actor and kill-to-answer seconds at the caller."""
+    emb = ShardedEmbedding(DIM, n_shards=1, backend="ray", delta_every=10**9,
+                           initial_capacity=rows, timeout=300)
+    ids = np.arange(rows, dtype=np.int64) * 7919 + 11
+    for i in range(0, rows, chunk):
+        u, _, v = emb.pull(ids[i:i + chunk], 0)
+        emb.push(u, v * np.float32(0.01), 0)
+    with tempfile.TemporaryDirectory() as d:
+        emb.export_sharded(d)  # also the shard's own new full snapshot
+    emb.flush()
+    old = emb.info()[0]["pid"]
+    t0 = time.perf_counter()
+    emb.kill_shard(0)  # asynchronous: wait until a new actor process answers
+    while (info := emb.info()[0])["pid"] == old:
+        time.sleep(0.01)
+    got = emb.read(ids[:5])
+    wall = time.perf_counter() - t0
+    ok = info["rows"] == rows and np.isfinite(got).all()
+    emb.close()
+    return info["restored"], wall, ok
+
+
+def ray_lines(args, batches, info):
+    ray = require_ray()
+    if not ray.is_initialized():
+        init_ray(ray, num_cpus=2, object_store_memory=512 * 2**20)
+    trip_batch = ClickStream(seed=0).batch(0, 2048)  # 2048 x 26 ids whatever --batch says
+    trips = remote_round_trip(trip_batch, 2)
+    emit("W4", "sampan", "ps-round-trip", "seconds", trips["ray"], backend="ray", shards=2,
+         ids=int(trip_batch.ids_matrix().size),
+         local_median=round(float(np.median(trips["local"])), 5), **info)
+    restored, wall, ok = remote_recovery(args.recovery_rows)
+    emit("W4", "sampan", "ps-recovery", "restore_seconds", [restored["seconds"]],
+         backend="ray", rows=args.recovery_rows, files=restored["files"],
+         kill_to_answer_s=round(wall, 2), rows_ok=bool(ok), target_s=2.0,
+         met=bool(restored["seconds"] <= 2.0), **info)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -242,11 +309,27 @@ def main(argv=None):
     ap.add_argument("--eval-batches", type=int, default=10)
     ap.add_argument("--systems", default="sampan,sampan-prefetch,torch-dict,torch-hashed")
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--backends", default=None,
+                    help="local and/or ray (default: both when ray is installed): 'ray' "
+                         "adds 2-shard Ray actor systems (prefetch, max_staleness 1 and 0) "
+                         "and their in-process 2-shard peer, the round trip and recovery")
+    ap.add_argument("--recovery-rows", type=int, default=10**6)
+    ap.add_argument("--quick", action="store_true", help="40 steps of 1024, 200k-row "
+                    "recovery (finishes in about a minute or two)")
     ap.add_argument("--threads", type=int, default=1,
                     help="BLAS / torch intra-op threads for both systems (sampan's prefetch "
                          "thread comes on top)")
     args = ap.parse_args(argv)
+    if args.backends is None:
+        import importlib.util
+        args.backends = "local,ray" if importlib.util.find_spec("ray") else "local"
+    backends = args.backends.split(",")
+    if args.quick:
+        args.steps, args.batch, args.recovery_rows = 40, 1024, 200_000
     systems = args.systems.split(",")
+    if "ray" in backends:
+        peer = "sampan-prefetch" if args.shards == 2 else "sampan-prefetch-2shards"
+        systems += [s for s in (peer, "sampan-ray", "sampan-ray-sync") if s not in systems]
     from threadpoolctl import threadpool_limits
     threadpool_limits(args.threads)
     hashmap_bench()
@@ -270,9 +353,15 @@ def main(argv=None):
         pass
     # Systems run block by block in turn (order rotating each round), so that load from
     # other processes on a shared machine falls on all of them alike.
-    runners = {}
+    runners, ray_lines_once = {}, False
     for s in systems:
-        if s.startswith("sampan"):
+        if s.startswith("sampan-ray"):
+            ray_lines_once = ray_lines_once or (ray_lines(args, batches, info) or True)
+            runners[s] = sampan_run(batches, evals, weights, blocks, True, 2, "ray",
+                                    0 if s == "sampan-ray-sync" else 1)
+        elif s == "sampan-prefetch-2shards":
+            runners[s] = sampan_run(batches, evals, weights, blocks, True, 2)
+        elif s.startswith("sampan"):
             runners[s] = sampan_run(batches, evals, weights, blocks, s == "sampan-prefetch",
                                     args.shards)
         else:
@@ -287,10 +376,15 @@ def main(argv=None):
     for s in systems:
         extra = next(runners[s])
         rates = [len(b) * args.batch / t for b, t in zip(blocks, times[s])]
-        if s.startswith("sampan"):
-            mode = "prefetch" if s == "sampan-prefetch" else "eager"
-            recs[s] = emit("W4", "sampan", mode, "samples_per_s", rates, shards=args.shards,
+        if s.startswith("sampan-ray"):
+            recs[s] = emit("W4", "sampan", "prefetch", "samples_per_s", rates, shards=2,
+                           backend="ray", max_staleness=0 if s.endswith("sync") else 1,
                            **extra, **info)
+        elif s.startswith("sampan"):
+            mode = "prefetch" if s.startswith("sampan-prefetch") else "eager"
+            recs[s] = emit("W4", "sampan", mode, "samples_per_s", rates,
+                           shards=2 if s.endswith("2shards") else args.shards,
+                           backend="local", **extra, **info)
         else:
             recs[s] = emit("W4", "pytorch", s.split("-", 1)[1], "samples_per_s", rates,
                            **extra, **info)
@@ -301,6 +395,19 @@ def main(argv=None):
                 emit("W4", f"{s}/{peer}".replace("-", "_"), recs[s]["mode"], "speed_ratio",
                      [recs[s]["value"] / recs[peer]["value"]], auc=recs[s]["auc"],
                      peer_auc=recs[peer]["auc"])
+
+    # the Ray targets: >= 0.8x the in-process backend, AUC within 0.005 of synchronous
+    local = recs.get("sampan-prefetch-2shards") or (
+        recs.get("sampan-prefetch") if args.shards == 2 else None)
+    if "sampan-ray" in recs and local is not None:
+        ratio = recs["sampan-ray"]["value"] / local["value"]
+        emit("W4", "sampan_ray/sampan_local", "prefetch", "speed_ratio", [ratio],
+             target=0.8, met=bool(ratio >= 0.8), shards=2, auc=recs["sampan-ray"]["auc"],
+             peer_auc=local["auc"])
+    if "sampan-ray" in recs and "sampan-ray-sync" in recs:
+        gap = abs(recs["sampan-ray"]["auc"] - recs["sampan-ray-sync"]["auc"])
+        emit("W4", "sampan_ray_stale1/sampan_ray_sync", "prefetch", "auc_gap", [gap],
+             target=0.005, met=bool(gap <= 0.005))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@
    ranks print the same parameter checksum.
 8. profile one training epoch of the CNN: out/trace.json (open it in ui.perfetto.dev), the
    model summary, the busiest ops and the advisor's findings.
+9. train the DLRM with its table on 2 Ray shard actors, kill one, and watch training carry
+   on with the restored shard.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -99,6 +101,10 @@ def main():
 
     step("8. profile one training epoch: trace, summary, advisor")
     profile_epoch()
+
+    step("9. parameter servers on Ray: 2 shard actors, one killed mid-training")
+    import rec_ray_ps
+    rec_ray_ps.main([])
 
 
 def data_parallel():

@@ -3,7 +3,8 @@
 The pieces, bottom up: ``hashtable`` (numba id -> row map, chunked rows), ``table``
 (HashEmbeddingTable with metadata), ``policies`` (admission, eviction), ``optim`` (sparse
 SGD / Adagrad / Adam / FTRL), ``kernels`` (dedupe, CSR bag pooling), ``sharded``
-(pull/push shards, prefetch), ``snapshot`` (full + delta export, serving), ``data``
+(pull/push shards, prefetch), ``remote`` (Ray actor shards), ``snapshot`` (full + delta
+export, serving), ``data``
 (CSR batches, W4 click stream, Parquet), ``metrics`` (AUC, log loss) and ``models``
 (HashEmbedding, DLRM, DeepFM, Wide&Deep, on the sampan core: train them with the ordinary
 ``opt.zero_grad(); loss.backward(); opt.step()`` loop).
@@ -29,6 +30,7 @@ from sampan.rec.snapshot import (
     export_delta,
     export_full,
     export_sharded,
+    reshard,
     restore,
     restore_sharded,
 )
@@ -70,6 +72,7 @@ __all__ = [
     "hash_ids",
     "hashed_normal",
     "predict",
+    "reshard",
     "restore",
     "restore_sharded",
     "segment_sum",

@@ -45,7 +45,9 @@ class HashEmbedding(nn.Layer):
                  emb: ShardedEmbedding | None = None, **table_kwargs):
         super().__init__()
         make = optimizer_factory or (lambda: SparseAdagrad(lr))
-        self.emb = emb or ShardedEmbedding(dim, n_shards, make, **table_kwargs)
+        # `emb or ...` would test len(emb): an empty table is falsy
+        self.emb = emb if emb is not None else ShardedEmbedding(dim, n_shards, make,
+                                                                **table_kwargs)
         self.dim = dim
         self.step = 0
         self._pending: list[tuple[np.ndarray, sampan.Tensor]] = []

@@ -17,6 +17,7 @@ per-shard calls on a thread pool (the table kernels release the GIL).
 from __future__ import annotations
 
 import copy
+import inspect
 import queue
 import threading
 import time
@@ -86,13 +87,29 @@ class PulledBatch:
 class ShardedEmbedding:
     """Ids partitioned over ``n_shards`` shards by hash; calls fan out on a thread pool.
 
+    ``backend="ray"`` puts every shard in a Ray actor instead (``sampan.rec.remote``;
+    ``num_shards`` is an alias of ``n_shards``).
+
     >>> e = ShardedEmbedding(4, n_shards=2); u, inv, v = e.pull([7, 8, 7]); v[inv].shape
     (3, 4)
     """
 
+    def __new__(cls, *args, backend: str = "local", **kwargs):
+        if backend not in ("local", "ray"):
+            raise ValueError(f"ShardedEmbedding backend must be 'local' or 'ray', got "
+                             f"{backend!r}")
+        if backend == "ray" and cls is ShardedEmbedding:
+            from sampan.rec.remote import RemoteShardedEmbedding  # imports ray lazily
+            return object.__new__(RemoteShardedEmbedding)
+        return object.__new__(cls)
+
     def __init__(self, dim: int, n_shards: int = 4, optimizer_factory=None, shards=None,
-                 threads: int | None = None, **table_kwargs):
+                 threads: int | None = None, *, backend: str = "local",
+                 num_shards: int | None = None, **table_kwargs):
         self.dim = int(dim)
+        if num_shards is not None:
+            n_shards = num_shards
+        self.max_staleness = 0
         if shards is None:
             if n_shards < 1:
                 raise ValueError(f"n_shards must be >= 1, got {n_shards}")
@@ -212,6 +229,15 @@ class ShardedEmbedding:
         return out[inverse]
 
 
+def _init_signature(cls) -> inspect.Signature:
+    """``cls(...)``'s signature as ``__init__`` spells it (``__new__`` only dispatches)."""
+    sig = inspect.signature(cls.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+ShardedEmbedding.__signature__ = _init_signature(ShardedEmbedding)
+
+
 class Prefetcher:
     """Iterate ``PulledBatch`` es, preparing batch t+1 on a background thread during step t.
 
@@ -221,36 +247,52 @@ class Prefetcher:
     just the ids that push touched, so training sees exactly what a synchronous loop would
     (as long as pushes go through ``emb.push`` and nothing else evicts meanwhile).
     ``ids_of(batch)`` extracts the id array of a batch.
+
+    ``max_staleness`` (default: the embedding's, 0 for the local backend) above 0 trades
+    that exactness for overlap: batch t+1 is pulled without waiting for step t's push, so
+    the vectors a step trains on miss at most the last ``max_staleness`` steps' updates
+    (batch t is pulled only after step t - max_staleness - 1 reported ``done()``).
     ``overlap()`` reports the fraction of background work hidden behind the caller.
     """
 
-    def __init__(self, emb: ShardedEmbedding, batches, ids_of, start_step: int = 0):
+    def __init__(self, emb: ShardedEmbedding, batches, ids_of, start_step: int = 0,
+                 max_staleness: int | None = None):
         self.emb, self.ids_of = emb, ids_of
+        s = getattr(emb, "max_staleness", 0) if max_staleness is None else int(max_staleness)
+        if s < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {s}")
+        self.max_staleness = s
         self._it = iter(batches)
-        self._out: queue.Queue = queue.Queue(maxsize=1)
-        self._pushed = threading.Semaphore(1)  # batch 0 needs no push before its gather
+        self._out: queue.Queue = queue.Queue(maxsize=max(1, s))
+        # batch 0 needs no push before its gather; with staleness s, batches 0..s none
+        self._pushed = threading.Semaphore(1 if s == 0 else s + 1)
         self._step = start_step
         self.bg_seconds = 0.0
         self.wait_seconds = 0.0
         self._stop = threading.Event()
-        emb.push_log = []
+        emb.push_log = [] if s == 0 else None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self):
-        step = self._step
+        step, stale = self._step, self.max_staleness > 0
         try:
             for batch in self._it:
+                if stale:
+                    self._pushed.acquire()
+                    if self._stop.is_set():
+                        return
                 t0 = time.perf_counter()
                 with _rec.span("pull", "rec", step=step, prefetch=True):
                     uniq, inv, parts, rows = self.emb.plan(self.ids_of(batch), step)
                     vecs = self.emb.fetch(uniq, parts, rows)
                 t1 = time.perf_counter()
-                self._pushed.acquire()
-                if self._stop.is_set():
-                    return
+                if not stale:
+                    self._pushed.acquire()
+                    if self._stop.is_set():
+                        return
                 t2 = time.perf_counter()
-                pushed, self.emb.push_log = self.emb.push_log, []
+                pushed, self.emb.push_log = self.emb.push_log, ([] if not stale else None)
                 if pushed:
                     seen = HashMap(sum(p.size for p in pushed))
                     for p in pushed:

@@ -33,7 +33,7 @@ import numpy as np
 
 from sampan.errors import SampanError
 from sampan.profiler import recorder as _rec
-from sampan.rec.hashtable import ChunkedRows, HashMap
+from sampan.rec.hashtable import ChunkedRows, HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.table import META_FIELDS, HashEmbeddingTable
 
@@ -44,6 +44,7 @@ __all__ = [
     "export_full",
     "export_sharded",
     "read_snapshot",
+    "reshard",
     "restore",
     "restore_sharded",
     "table_state",
@@ -340,12 +341,13 @@ def _check_shard(path: str, header: dict, index: int, count: int, lineage) -> No
                             f"names {lineage} for shard {index}")
 
 
-def restore_sharded(directory: str, seqs, **shard_kwargs):
+def restore_sharded(directory: str, seqs, n_shards: int | None = None, **shard_kwargs):
     """Tables of every shard from manifests ``seqs`` (a full one, then deltas), in order.
 
     Returns one restored :class:`HashEmbeddingTable` per shard; wrap them in
     ``LocalShard`` s to serve or train. Every file must sit at the shard index and shard
-    count it records.
+    count it records. ``n_shards`` other than the exported count re-hashes every row
+    onto that many new tables (:func:`reshard`).
 
     >>> # tables = restore_sharded("snap/", [0, 1]); len(tables) == emb_shards
     """
@@ -369,7 +371,47 @@ def restore_sharded(directory: str, seqs, **shard_kwargs):
             _check_shard(p, h, i, count, (m.get("lineages") or [None] * count)[i])
         _check_chain(chain)
         loaded.append(chain)
-    return [_build(chain, shard_kwargs) for chain in loaded]
+    tables = [_build(chain, shard_kwargs) for chain in loaded]
+    if n_shards is not None and n_shards != count:
+        return reshard(tables, n_shards, **shard_kwargs)
+    return tables
+
+
+def reshard(tables, n_shards: int, **table_kwargs) -> list[HashEmbeddingTable]:
+    """The rows of ``tables`` (weights, slots, metadata) moved onto ``n_shards`` new tables,
+    each row on the shard ``ShardedEmbedding.shard_of`` gives its id for that count.
+
+    The new tables start new lineages (their chains begin with the next ``export_full``).
+
+    >>> # three = reshard(restore_sharded("snap/", [0, 1]), 3)
+    """
+    if n_shards < 1:
+        raise ValueError(f"n_shards must be >= 1, got {n_shards}")
+    t0 = tables[0]
+    cfgs = {json.dumps(_config(t), sort_keys=True) for t in tables}
+    if len(cfgs) != 1:
+        raise SnapshotError(f"reshard: the shards' tables differ in configuration: {cfgs}")
+    parts = []
+    for t in tables:
+        with t.lock:
+            ids, rows = t.map.items()
+            parts.append(_capture(t, rows, ids))
+    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    dest = ((hash_ids(arrays["ids"]) >> np.uint64(40)) % np.uint64(n_shards)).astype(np.int64)
+    step = max(t.step for t in tables)
+    out = []
+    for i in range(n_shards):
+        sel = np.flatnonzero(dest == i)
+        table = HashEmbeddingTable(t0.dim, seed=t0.seed, init_std=t0.init_std,
+                                   default=t0.default, chunk_shift=t0.weights.shift,
+                                   **table_kwargs)
+        if t0.slots is not None:
+            table.attach_slots(t0.slots.width, t0.slot_init)
+        with table.lock:
+            _apply(table, {"step": step, "seq": None}, {k: a[sel] for k, a in arrays.items()},
+                   slots=True)
+        out.append(table)
+    return out
 
 
 def _want(path: str, arrays: dict, name: str, dtype, shape: tuple) -> np.ndarray:
