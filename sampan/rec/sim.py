@@ -53,6 +53,7 @@ Semantics.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import os
 import shutil
@@ -63,9 +64,9 @@ from typing import NamedTuple
 import numpy as np
 
 from sampan.errors import SampanError
+from sampan.rec.hashtable import hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
-from sampan.rec.hashtable import hash_ids
 from sampan.rec.sharded import LocalShard
 from sampan.rec.snapshot import export_delta, export_full, restore, table_state
 from sampan.rec.table import HashEmbeddingTable
@@ -160,6 +161,26 @@ class _Msg(NamedTuple):
     grads: np.ndarray | None
 
 
+@functools.lru_cache(maxsize=4096)
+def _batch(data_seed: int, batch: int, fields: int, vocab: int, shards: int, w: int, t: int):
+    """Worker ``w``'s batch of step ``t``: unique ids, inverse, labels, per-shard parts.
+
+    A function of the data config only (never of the schedule); cached, so read-only.
+    """
+    rng = np.random.default_rng([data_seed, w, t])
+    raw = rng.zipf(1.5, (batch, fields)) % vocab
+    ids = (raw + np.arange(fields) * vocab).astype(np.int64)
+    true = ((ids * 2654435761) % 1000).sum(axis=1) / (500.0 * fields) - 1.0
+    labels = (rng.random(batch) < 1.0 / (1.0 + np.exp(-3.0 * true))).astype(np.float64)
+    uniq, inv = unique_inverse(ids.ravel())
+    # the routing of ShardedEmbedding.shard_of: high hash bits pick the shard
+    sid = (hash_ids(uniq) >> np.uint64(40)) % np.uint64(shards)
+    out = uniq, inv, labels, [np.flatnonzero(sid == k) for k in range(shards)]
+    for a in (uniq, inv, labels, *out[3]):
+        a.flags.writeable = False
+    return out
+
+
 def _tmp_root() -> str | None:
     # snapshots fsync: on tmpfs that is free, on a disk it costs ms per file
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -207,15 +228,7 @@ class Simulation:
     # -- data and the model ------------------------------------------------------------
     def _batch(self, w: int, t: int):
         c = self.config
-        rng = np.random.default_rng([c["data_seed"], w, t])
-        raw = rng.zipf(1.5, (c["batch"], c["fields"])) % c["vocab"]
-        ids = (raw + np.arange(c["fields"]) * c["vocab"]).astype(np.int64)
-        true = ((ids * 2654435761) % 1000).sum(axis=1) / (500.0 * c["fields"]) - 1.0
-        labels = (rng.random(c["batch"]) < 1.0 / (1.0 + np.exp(-3.0 * true))).astype(np.float64)
-        uniq, inv = unique_inverse(ids.ravel())
-        # the routing of ShardedEmbedding.shard_of: high hash bits pick the shard
-        sid = (hash_ids(uniq) >> np.uint64(40)) % np.uint64(self.S)
-        return uniq, inv, labels, [np.flatnonzero(sid == k) for k in range(self.S)]
+        return _batch(c["data_seed"], c["batch"], c["fields"], c["vocab"], self.S, w, t)
 
     def _compute(self, wk: _Worker) -> np.ndarray:
         uniq, inv, labels, parts = wk.batch
@@ -491,12 +504,9 @@ class Simulation:
         merged = {k: np.concatenate([st[k] for st in states]) for k in keys}
         order = np.argsort(merged["ids"], kind="stable")
         table = {k: v[order] for k, v in merged.items()}
-        log = SimLog(self._public_config(), self._steps, tuple(self.events))
+        log = SimLog(dict(self.config), self._steps, tuple(self.events))
         return SimResult(table, log, np.array(self._stale, np.int64).reshape(-1, 3),
                          self.lost, list(self.violations), self.crashes, self.redelivered)
-
-    def _public_config(self) -> dict:
-        return dict(self.config)
 
     # -- entry points ------------------------------------------------------------------
     def run(self, steps: int) -> SimResult:
