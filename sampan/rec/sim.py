@@ -37,7 +37,10 @@ Semantics.
   logged operations numbered after the snapshot, in number order. Nothing is applied
   twice and nothing is lost: without eviction, the tables after any crash are
   bit-identical to a crash-free run of the same schedule. Messages in flight during a
-  crash are simply delivered later. (With an eviction policy the restored table has a
+  crash are simply delivered later. What a crash *can* lose: a worker's retained log
+  lives in that worker, so a worker dying together with a shard loses that worker's
+  operations on the shard since the shard's last snapshot (at most ``snapshot_every``
+  events' worth; workers do not die in this simulator). (With an eviction policy the restored table has a
   new row layout, so later eviction choices may differ from the crash-free run; the
   pinning guarantee below still holds.)
 - Pinning: a shard pins the ids of a pull until that worker's push of the same step
@@ -490,7 +493,9 @@ class Simulation:
                     raise SimulationError(f"replay: event {i} crashes shard {ev.shard} of {self.S}")
                 self._record(ev)
                 continue
-            if ev.kind not in WORK_KINDS or ev.tick < self.tick:
+            delay_ok = 0 <= ev.delay <= (self.config["max_delay"] if ev.kind.endswith("_req")
+                                         else 0)
+            if ev.kind not in WORK_KINDS or ev.tick < self.tick or not delay_ok:
                 raise SimulationError(f"replay: event {i} {ev} is not a valid next event")
             self.tick = ev.tick
             if (ev.kind, ev.worker, ev.step, ev.shard) not in self._eligible():
@@ -504,11 +509,15 @@ class Simulation:
         merged = {k: np.concatenate([st[k] for st in states]) for k in keys}
         order = np.argsort(merged["ids"], kind="stable")
         table = {k: v[order] for k, v in merged.items()}
-        log = SimLog(dict(self.config), self._steps, tuple(self.events))
-        return SimResult(table, log, np.array(self._stale, np.int64).reshape(-1, 3),
+        return SimResult(table, self.log, np.array(self._stale, np.int64).reshape(-1, 3),
                          self.lost, list(self.violations), self.crashes, self.redelivered)
 
     # -- entry points ------------------------------------------------------------------
+    @property
+    def log(self) -> SimLog:
+        """The config and schedule of the last run, for :meth:`replay`."""
+        return SimLog(dict(self.config), getattr(self, "_steps", 0), tuple(self.events))
+
     def run(self, steps: int) -> SimResult:
         """Train ``steps`` steps on every worker under this seed's schedule."""
         if not isinstance(steps, (int, np.integer)) or steps < 0:

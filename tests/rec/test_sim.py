@@ -112,6 +112,25 @@ def test_crash_at_every_event_position_recovers_exactly(stale):
     assert redelivered >= n // 4  # crashes did lose operations, which came back
 
 
+class _Forgetful(Simulation):
+    """Recovery that skips the re-delivery: what the exact-recovery test must catch."""
+
+    def _apply(self, k, kind, t, ids, grads, redo=False):
+        if redo:
+            self._ops[k] += 1
+            return None
+        return super()._apply(k, kind, t, ids, grads)
+
+
+def test_recovery_checks_catch_a_recovery_that_loses_operations():
+    cfg = dict(workers=2, shards=2, seed=3, snapshot_every=6)
+    sim = Simulation(**cfg)
+    base = sim.run(3)
+    assert sim.log == base.log
+    caught = [_Forgetful(crash_at={p: p % 2}, **cfg).run(3) for p in range(10, 40, 3)]
+    assert any(r.redelivered and r.digest() != base.digest() for r in caught)
+
+
 def test_random_crashes_lose_nothing_against_the_same_schedule_without_them():
     for seed in range(4):
         r = Simulation(seed=seed, **dict(ASYNC, crash_prob=0.08)).run(5)
@@ -150,6 +169,9 @@ def test_replay_reproduces_and_refuses_a_tampered_log():
         Simulation.replay(SimLog(r.log.config, r.log.steps, tuple(ev)))
     with pytest.raises(SimulationError, match="unfinished"):
         Simulation.replay(SimLog(r.log.config, r.log.steps, tuple(ev[: i - 3])))
+    late = [e._replace(delay=99) if e.kind == "push_req" else e for e in r.log.events]
+    with pytest.raises(SimulationError, match="not a valid next event"):
+        Simulation.replay(SimLog(r.log.config, r.log.steps, tuple(late)))
     with pytest.raises(SimulationError, match="crashes shard"):
         Simulation.replay(SimLog(r.log.config, r.log.steps, (Event(0, "crash", shard=9),)))
 
