@@ -40,9 +40,9 @@ Semantics.
   crash are simply delivered later. What a crash *can* lose: a worker's retained log
   lives in that worker, so a worker dying together with a shard loses that worker's
   operations on the shard since the shard's last snapshot (at most ``snapshot_every``
-  events' worth; workers do not die in this simulator). (With an eviction policy the restored table has a
-  new row layout, so later eviction choices may differ from the crash-free run; the
-  pinning guarantee below still holds.)
+  events' worth; workers do not die in this simulator). With an eviction policy the
+  restored table has a new row layout, so later eviction choices may differ from the
+  crash-free run; the pinning guarantee below still holds.
 - Pinning: a shard pins the ids of a pull until that worker's push of the same step
   lands (``HashEmbeddingTable.pin``), so eviction never drops a row a pending push still
   targets; ``SimResult.violations`` lists any eviction of such an id (empty unless
