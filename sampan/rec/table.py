@@ -122,6 +122,9 @@ class HashEmbeddingTable:
         self.lock = threading.RLock()
         self.step = 0
         self.export_seq: int | None = None  # sequence number of the last snapshot export
+        # id -> pin count: rows a caller still means to push to, which eviction must keep
+        self.pins = HashMap(64)
+        self.on_evict = None  # optional callback(ids) after eviction removes rows
 
     # -- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -270,6 +273,33 @@ class HashEmbeddingTable:
             self.dirty[rows] = True
 
     # -- eviction ------------------------------------------------------------------------
+    def pin(self, ids) -> None:
+        """Keep the rows of ``ids`` through eviction until as many :meth:`unpin` calls.
+
+        A worker pins the ids it pulled until its push of their gradients lands, so an
+        eviction in between cannot drop (or recycle) a row a pending push targets. Pins
+        count per id; pinning an id without a row is allowed (it stays unevictable if
+        it gets one). Explicit :meth:`remove` ignores pins.
+        """
+        keys, cnt = np.unique(_as_keys(ids, "HashEmbeddingTable.pin"), return_counts=True)
+        with self.lock:
+            have = self.pins.get(keys)
+            self.pins.put(keys, np.where(have < 0, 0, have) + cnt)
+
+    def unpin(self, ids) -> None:
+        """Release one pin of each id (one per occurrence); unpinning an unpinned id raises."""
+        keys, cnt = np.unique(_as_keys(ids, "HashEmbeddingTable.unpin"), return_counts=True)
+        with self.lock:
+            have = self.pins.get(keys)
+            bad = have < cnt
+            if bad.any():
+                raise ValueError(f"HashEmbeddingTable.unpin: id {int(keys[bad][0])} is pinned "
+                                 f"{max(int(have[bad][0]), 0)} times, asked to unpin "
+                                 f"{int(cnt[bad][0])}")
+            left = have - cnt
+            self.pins.remove(keys[left == 0])
+            self.pins.put(keys[left > 0], left[left > 0])
+
     def remove(self, ids) -> int:
         """Delete ids and free their rows; returns how many existed."""
         keys = _as_keys(ids, "HashEmbeddingTable.remove")
@@ -292,6 +322,7 @@ class HashEmbeddingTable:
 
         Window policies (TTL, user) look at one window of rows per call; a capacity
         policy keeps sweeping windows (at most ``max_rounds``) until under capacity.
+        Pinned ids (:meth:`pin`) are never chosen.
         """
         if self.eviction is None:
             return 0
@@ -304,8 +335,13 @@ class HashEmbeddingTable:
                     break
                 n_rows = self.alloc.next_row
                 victims = self.eviction.select(self.meta, self.live[:n_rows], len(self), step)
+                if victims.size and len(self.pins):
+                    victims = victims[self.pins.get(self.meta["key"][victims]) < 0]
                 if victims.size:
-                    total += self.remove(self.meta["key"][victims])
+                    keys = self.meta["key"][victims]
+                    total += self.remove(keys)
+                    if self.on_evict is not None:
+                        self.on_evict(keys)
         return total
 
     # -- listing -------------------------------------------------------------------------
