@@ -290,6 +290,12 @@ def _class_key(op, arrays, attrs) -> str:
     return ";".join(parts).replace(" ", "")
 
 
+def _mem_key(arrays, attrs):
+    """The in-memory class key (cheaper than the string the disk cache keeps)."""
+    k = tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in arrays])
+    return (k, tuple(attrs.items())) if attrs else k
+
+
 def _measure(cands, arrays, attrs):
     """Best time of each candidate: one warm call each (builds primitives, compiles
     loops), then up to REPS rounds that alternate the candidates (a busy machine slows
@@ -342,9 +348,7 @@ class Chooser:
 
     def __call__(self, *arrays, **attrs):
         if not self.ready:
-            self.ready = True
-            if not backends():      # nothing to choose from: exactly today's kernel
-                self.table = None
+            self._settle()
         if self.table is None:
             return self.numpy(*arrays, **attrs)
         if _prefer:
@@ -353,26 +357,31 @@ class Chooser:
                 fn = self.op.kernels.get(pref) if (pref == "numpy" or pref in backends()) \
                     else None
                 return self._run(fn or self.numpy, arrays, attrs)
-        key = _class_key(self.name, arrays, attrs)
+        key = _mem_key(arrays, attrs)
         fn = self.table.get(key)
         if fn is None:
             return self._decide(key, arrays, attrs)
         return self._run(fn, arrays, attrs)
 
+    def _settle(self):
+        self.ready = True
+        if not backends():          # nothing to choose from: exactly today's kernel
+            self.table = None
+
     def pick(self, arrays, attrs=None):
         """The chosen non-numpy kernel for this call (measured if new), or None: for
         callers that run the numpy side themselves (the jit's planned-buffer matmul)."""
         attrs = attrs or {}
-        if not self.ready or self.table is None:
-            self(*arrays, **attrs)          # settles availability (and measures)
-            if self.table is None:
-                return None
+        if not self.ready:
+            self._settle()
+        if self.table is None:
+            return None
         if _prefer:
             pref = preferred(self.name)
             if pref is not None:
                 return None if pref == "numpy" or pref not in backends() \
                     else self.op.kernels.get(pref)
-        key = _class_key(self.name, arrays, attrs)
+        key = _mem_key(arrays, attrs)
         if key not in self.table:
             self._decide(key, arrays, attrs)
         fn = self.table[key]
@@ -389,22 +398,23 @@ class Chooser:
 
     def provider(self, arrays, attrs) -> str:
         """The backend name this call would run on (measuring it if new)."""
-        key = _class_key(self.name, arrays, attrs)
+        key = _mem_key(arrays, attrs)
         if self.table is not None and key not in self.table and backends():
             self._decide(key, arrays, attrs)
         fn = (self.table or {}).get(key, self.numpy)
         return next(n for n, f in self.op.kernels.items() if f is fn)
 
-    def _decide(self, key, arrays, attrs):
+    def _decide(self, mkey, arrays, attrs):
+        key = _class_key(self.name, arrays, attrs)
         stored = _read().get(machine_key(), {}).get(key)
         cands = self.candidates()
         if stored and stored.get("winner") in cands:
-            self.table[key] = cands[stored["winner"]]
-            return self._run(self.table[key], arrays, attrs)
+            self.table[mkey] = cands[stored["winner"]]
+            return self._run(self.table[mkey], arrays, attrs)
         result = self.numpy(*arrays, **attrs)
         times = _measure(cands, arrays, attrs)
         winner = min(times, key=times.get) if times else "numpy"
-        self.table[key] = cands[winner]
+        self.table[mkey] = cands[winner]
         _store(key, {"winner": winner,
                      "times_us": {k: round(v * 1e6, 2) for k, v in times.items()}})
         return result

@@ -190,5 +190,5 @@ def version() -> str:
 
 def check(status: int, call: str) -> None:
     if status != 0:
-        raise OneDNNError(f"oneDNN: {call} returned status {status} "
-                          "(1: out of memory, 2: invalid arguments, 3: unimplemented, 5: runtime error)")
+        raise OneDNNError(f"oneDNN: {call} returned status {status} (1: out of memory, "
+                          "2: invalid arguments, 3: unimplemented, 5: runtime error)")
