@@ -100,9 +100,10 @@ _lock = threading.Lock()
 
 
 def _candidates():
-    """Paths of libdnnl.so.3: the installed package's own files first, then the
-    environment's lib folder (where the wheel puts it)."""
-    out = []
+    """Paths of libdnnl.so.3: `$SAMPAN_ONEDNN_LIB` (another build, e.g. to compare the
+    `onednn` package's), the installed package's own files, then the environment's lib
+    folder (where the wheel puts it)."""
+    out = [os.environ["SAMPAN_ONEDNN_LIB"]] if os.environ.get("SAMPAN_ONEDNN_LIB") else []
     try:
         import importlib.metadata as md
         dist = md.distribution("onednn-cpu-gomp")
@@ -124,7 +125,8 @@ def _load():
     if not paths:
         _state["why"] = "the onednn-cpu-gomp package is not installed"
         return None
-    paths.sort(key=lambda s: (not s.endswith(".so.3"), s))
+    if not os.environ.get("SAMPAN_ONEDNN_LIB"):
+        paths.sort(key=lambda s: (not s.endswith(".so.3"), s))
     try:
         dll = ctypes.CDLL(paths[0])
     except OSError as e:
@@ -137,9 +139,14 @@ def _load():
     dll.dnnl_version.restype = ctypes.POINTER(_Version)
     dll.dnnl_version.argtypes = []
     eng, strm = p(), p()
-    check(dll.dnnl_engine_create(ctypes.byref(eng), CPU_ENGINE, 0), "dnnl_engine_create")
-    check(dll.dnnl_stream_create(ctypes.byref(strm), eng, STREAM_IN_ORDER),
-          "dnnl_stream_create")
+    st = dll.dnnl_engine_create(ctypes.byref(eng), CPU_ENGINE, 0)
+    if st == 0:
+        st = dll.dnnl_stream_create(ctypes.byref(strm), eng, STREAM_IN_ORDER)
+    if st != 0:
+        # e.g. the `onednn` 2026.1 wheel: its CPU runtime is SYCL, which finds no CPU
+        # device without Intel's OpenCL CPU runtime
+        _state["why"] = f"{paths[0]}: no CPU engine (dnnl_engine_create status {st})"
+        return None
     _state["engine"], _state["stream"] = eng, strm
     try:   # the OpenMP runtime oneDNN runs on (already loaded with it: same soname)
         _state["gomp"] = ctypes.CDLL("libgomp.so.1")
