@@ -177,3 +177,19 @@ def test_broadcast_strides_fall_back():
     a = np.broadcast_to(_r(1, 8), (5, 8))
     with pytest.raises(onednn.Unsupported):
         onednn.matmul(a, _r(8, 3))
+
+
+def test_one_thread_count_for_openmp_too():
+    import ctypes
+
+    import sampan
+    g = onednn._lib.gomp()
+    assert g is not None
+    g.omp_get_max_threads.restype = ctypes.c_int
+    n = sampan.get_num_threads()
+    try:
+        sampan.set_num_threads(1)
+        assert g.omp_get_max_threads() == 1
+    finally:
+        sampan.set_num_threads(n)
+    assert g.omp_get_max_threads() == n
