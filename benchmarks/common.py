@@ -38,8 +38,11 @@ def machine_info() -> dict:
         _MACHINE.update(cpu=choice.cpu_model(),
                         cpu_flags=[f for f in flags if f.startswith(("avx512", "amx"))])
     from sampan.backends import choice
-    return dict(_MACHINE, kernels=choice.providers(),
-                prefer=choice.preferred("matmul") or "measured")
+    pref = choice.preferred(None)
+    # preferred: every op with a choice runs there where it has a kernel for the call
+    kernels = choice.providers() if pref is None else {
+        op: pref for op in choice.OPS_WITH_CHOICE}
+    return dict(_MACHINE, kernels=kernels, kernel_choice=pref or "measured")
 
 
 def timeit(fn, reps=7, warmup=2, inner=1):
