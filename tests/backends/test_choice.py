@@ -134,6 +134,8 @@ def test_eager_equals_jit_with_onednn_chosen(cache, monkeypatch):
 
 
 def test_without_onednn_runs_as_today(cache, monkeypatch):
+    monkeypatch.delenv("SAMPAN_ONEDNN", raising=False)
+    monkeypatch.delenv("SAMPAN_ONEDNN_LIB", raising=False)
     monkeypatch.setattr(_lib, "_state", dict(_lib._state, lib=False))
     monkeypatch.setattr(_lib, "_candidates", lambda: [])
     choice.reset()
