@@ -1,6 +1,6 @@
 """Kernel candidates per (op, shape class of W1-W3, dtype): each candidate's time (sampan's
 numpy kernel with its BLAS and numba loops, oneDNN), the winner the kernel choice keeps,
-and PyTorch's same op in the same run. Usage: python kernels.py [--quick] [--dtype f32|bf16]
+and PyTorch's same op in the same run. Usage: python kernels.py [--quick] [--dtype f32|bf16] [--threads N]
 
 One JSON line per (op, shapes, dtype): {"workload": "kernels", "system": "sampan", ...,
 "value": winner's µs, "candidates_us": {...}, "winner": ..., "pytorch_us": ...}."""
@@ -81,9 +81,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtype", action="append", choices=("f32", "bf16"))
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads for sampan (BLAS, OpenMP, numba) and PyTorch alike; 1 is "
+                         "far less sensitive to a busy machine than 2")
     args = ap.parse_args()
     import torch
-    torch.set_num_threads(2)
+
+    import sampan
+    torch.set_num_threads(args.threads)
+    sampan.set_num_threads(args.threads)
     reps = 5 if args.quick else 15
     r = np.random.default_rng(0)
     for dname in args.dtype or ["f32", "bf16"]:
@@ -107,6 +113,7 @@ def main():
                         candidates_us={k: round(v * 1e6, 1) for k, v in ok.items()},
                         pytorch_us=round(pt * 1e6, 1) if pt else None,
                         vs_pytorch=round(pt / ok[winner], 3) if pt else None,
+                        threads=args.threads,
                         **common.blas_info())
     _ = choice
 

@@ -40,10 +40,14 @@ def _blas_libraries():
 
 
 def _blas():
-    """(set, get) ctypes functions of numpy's BLAS, or (None, None); looked up once."""
+    """(set, get) ctypes functions of numpy's BLAS, or (None, None); looked up once.
+    `set` sets every BLAS loaded in the process (numpy's and, e.g., scipy's own OpenBLAS:
+    setting only the first found left numpy's at its default count)."""
     if _state["blas"] is False:
         _state["blas"] = (None, None)
-        for path in _blas_libraries():
+        found = []
+        # numpy's own BLAS first (its 64-bit-integer build), so `get` reads that one
+        for path in sorted(_blas_libraries(), key=lambda q: "64_" not in q):
             try:
                 lib = ctypes.CDLL(path)
             except OSError:
@@ -56,8 +60,14 @@ def _blas():
                 if g is not None:
                     g.restype = ctypes.c_int
                     g.argtypes = []
-                _state["blas"] = (s, g)
-                break
+                found.append((s, g))
+        if found:
+            setters = [f[0] for f in found]
+
+            def set_all(n):
+                for f in setters:
+                    f(n)
+            _state["blas"] = (set_all, found[0][1])
     return _state["blas"]
 
 
