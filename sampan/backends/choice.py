@@ -394,9 +394,10 @@ class Chooser:
         if fn is self.numpy:
             return fn(*arrays, **attrs)
         from .onednn import Unsupported
+        from .onednn._lib import OneDNNError
         try:
             return fn(*arrays, **attrs)
-        except Unsupported:
+        except (Unsupported, OneDNNError):    # a call it does not serve: today's kernel
             return self.numpy(*arrays, **attrs)
 
     def provider(self, arrays, attrs) -> str:
