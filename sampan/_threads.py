@@ -40,10 +40,14 @@ def _blas_libraries():
 
 
 def _blas():
-    """(set, get) ctypes functions of numpy's BLAS, or (None, None); looked up once."""
+    """(set, get) ctypes functions of numpy's BLAS, or (None, None); looked up once.
+    `set` sets every BLAS loaded in the process (numpy's and, e.g., scipy's own OpenBLAS:
+    setting only the first found left numpy's at its default count)."""
     if _state["blas"] is False:
         _state["blas"] = (None, None)
-        for path in _blas_libraries():
+        found = []
+        # numpy's own BLAS first (its 64-bit-integer build), so `get` reads that one
+        for path in sorted(_blas_libraries(), key=lambda q: "64_" not in q):
             try:
                 lib = ctypes.CDLL(path)
             except OSError:
@@ -56,8 +60,14 @@ def _blas():
                 if g is not None:
                     g.restype = ctypes.c_int
                     g.argtypes = []
-                _state["blas"] = (s, g)
-                break
+                found.append((s, g))
+        if found:
+            setters = [f[0] for f in found]
+
+            def set_all(n):
+                for f in setters:
+                    f(n)
+            _state["blas"] = (set_all, found[0][1])
     return _state["blas"]
 
 
@@ -70,7 +80,8 @@ def _numba():
 
 
 def set_num_threads(n: int) -> None:
-    """Use `n` CPU threads for numba kernels and numpy's BLAS (as ``torch.set_num_threads``).
+    """Use `n` CPU threads for numba kernels, numpy's BLAS and oneDNN's OpenMP (as
+    ``torch.set_num_threads``).
     numba cannot start more threads than it was launched with (``NUMBA_NUM_THREADS``):
     its count is capped there.
 
@@ -88,6 +99,7 @@ def set_num_threads(n: int) -> None:
     if s is not None:
         s(n)
     _state["n"] = n
+    _omp_set(n)
 
 
 def get_num_threads() -> int:
@@ -102,3 +114,36 @@ def get_num_threads() -> int:
     if g is not None:
         return int(g())
     return os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------- OpenMP
+# oneDNN (onednn-cpu-gomp) and numba's "omp" threading layer both run on the system's
+# libgomp: one OpenMP pool, so they cannot oversubscribe each other; OpenBLAS keeps its
+# own pthreads. What is left between the two pools is spin-waiting: after a parallel
+# region libgomp's workers spin (GOMP_SPINCOUNT, 300k iterations by default) and
+# OpenBLAS's threads spin after each GEMM, each stealing the other's cores on a small
+# machine. libgomp reads its wait policy once, when it is loaded; `before_openmp` sets
+# sampan's default (see WAIT_POLICY) unless the user set one.
+WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def before_openmp() -> None:
+    """Called before oneDNN loads libgomp: sampan's wait policy, unless one is set."""
+    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        os.environ.update(WAIT_POLICY)
+
+
+def _omp_set(n: int) -> None:
+    try:
+        from .backends.onednn import _lib
+    except ImportError:
+        return
+    g = _lib.gomp() if _lib._state["lib"] not in (False, None) else None
+    if g is not None:
+        g.omp_set_num_threads(ctypes.c_int(n))
+
+
+def apply_policy() -> None:
+    """Give a newly loaded OpenMP runtime the thread count set_num_threads chose."""
+    if _state["n"] is not None:
+        _omp_set(_state["n"])
