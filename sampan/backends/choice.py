@@ -12,7 +12,10 @@ The cache file (`$SAMPAN_KERNEL_CACHE`, default `kernels.json` in sampan's cache
 directory) holds one section per machine key: the CPU model, its SIMD flags and the
 versions of numpy, numba and oneDNN, so a winner measured elsewhere is never used here.
 It is written atomically with a checksum; a corrupt or foreign file is ignored with a
-warning and rebuilt.
+warning and rebuilt. A choice measured while the machine was busy (1-minute load average
+above one per core) is provisional: it is used while the machine stays busy and measured
+again the first time a process meets it on a quiet machine, so a winner picked by noise
+does not stay for good.
 
 `prefer("onednn")` (or `prefer("numpy", op="matmul")`) overrides the measurement, as a
 context manager or globally. `SAMPAN_KERNEL_CHOICE=off` keeps every op on its numpy
@@ -412,7 +415,10 @@ class Chooser:
         key = _class_key(self.name, arrays, attrs)
         stored = _read().get(machine_key(), {}).get(key)
         cands = self.candidates()
-        if stored and stored.get("winner") in cands:
+        busy = _busy()
+        if stored and stored.get("winner") in cands and (busy or not stored.get("busy")):
+            # a choice measured on a busy machine is provisional: kept while the machine
+            # is still busy, measured again the first time it is quiet
             self.table[mkey] = cands[stored["winner"]]
             return self._run(self.table[mkey], arrays, attrs)
         result = self.numpy(*arrays, **attrs)
@@ -421,9 +427,20 @@ class Chooser:
         if "numpy" in times and times[winner] > times["numpy"] / WIN_MARGIN:
             winner = "numpy"        # a near tie stays on today's kernel (one thread pool)
         self.table[mkey] = cands[winner]
-        _store(key, {"winner": winner,
+        _store(key, {"winner": winner, "busy": busy,
                      "times_us": {k: round(v * 1e6, 2) for k, v in times.items()}})
         return result
+
+
+BUSY_LOAD_PER_CORE = 1.0   # 1-minute load average per core above which timings are noise
+
+
+def _busy() -> bool:
+    """Whether other work loads the machine enough to make a measurement unreliable."""
+    try:
+        return os.getloadavg()[0] > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1)
+    except OSError:         # no load average on this platform
+        return False
 
 
 def install() -> None:
