@@ -14,6 +14,7 @@ from . import (cse, dce, fold_constants, fuse, inference, plan_memory, simplify,
                slice_grads)
 from . import fuse_quant, quantize  # noqa: F401,E402  (issue 19: int8)
 from . import offload  # noqa: F401,E402
+from . import amp  # noqa: F401,E402  (issue 22: mixed precision)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 
 __all__ = ["Pass", "PASSES", "PIPELINES", "PassError", "PassManager", "register_pass",
