@@ -9,7 +9,7 @@ Example::
     ...     loss = sampan.cross_entropy(model(x), y)
     >>> scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
 """
-from .autocast import autocast, get_autocast_dtype, is_autocast_enabled, policy
+from .mode import autocast, get_autocast_dtype, is_autocast_enabled, policy
 from .grad_scaler import GradScaler
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.amp.*)
