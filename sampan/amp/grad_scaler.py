@@ -153,6 +153,11 @@ class GradScaler:
                 self._growth_tracker = good
         self._per_opt = {}
 
+    def discard_step(self, optimizer) -> None:
+        """Forget this iteration's unscale_/inf check for `optimizer` without stepping or
+        changing the scale (a step computed only to look at its gradients)."""
+        self._per_opt.pop(id(optimizer), None)
+
     # ----------------------------------------------------------------- state
     def get_scale(self) -> float:
         """The current scale (the initial one before the first `scale`; 1.0 if disabled)."""
