@@ -26,6 +26,22 @@ def blas_info() -> dict:
     return {"blas": "unknown"}
 
 
+_MACHINE: dict = {}
+
+
+def machine_info() -> dict:
+    """The machine every line was measured on: CPU model, its AVX-512/AMX flags, and the
+    kernel provider the kernel choice (sampan/backends/choice.py) picked per op so far."""
+    if not _MACHINE:
+        from sampan.backends import choice
+        flags = choice.cpu_flags()
+        _MACHINE.update(cpu=choice.cpu_model(),
+                        cpu_flags=[f for f in flags if f.startswith(("avx512", "amx"))])
+    from sampan.backends import choice
+    return dict(_MACHINE, kernels=choice.providers(),
+                prefer=choice.preferred("matmul") or "measured")
+
+
 def timeit(fn, reps=7, warmup=2, inner=1):
     """Run fn `warmup` times, then `reps` timed runs of `inner` calls; seconds per call."""
     for _ in range(warmup):
@@ -45,5 +61,6 @@ def emit(workload, system, mode, metric, values, **extra):
            "value": round(statistics.median(values), 4), "min": round(min(values), 4),
            "max": round(max(values), 4)}
     rec.update(extra)
+    rec.setdefault("machine", machine_info())
     print(json.dumps(rec), flush=True)
     return rec

@@ -235,7 +235,12 @@ def main():
     ap.add_argument("--no-jit", action="store_true", help="skip sampan jit")
     ap.add_argument("--no-jax", action="store_true", help="skip JAX jit")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--kernels", default="measured", choices=("measured", "numpy", "onednn"),
+                    help="sampan's kernel provider: measured per op (default) or preferred")
     args = ap.parse_args()
+    if args.kernels != "measured":
+        import sampan.backends
+        sampan.backends.prefer(args.kernels)
     info = blas_info()
     import torch
     torch.set_num_threads(2)

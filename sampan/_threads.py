@@ -70,7 +70,8 @@ def _numba():
 
 
 def set_num_threads(n: int) -> None:
-    """Use `n` CPU threads for numba kernels and numpy's BLAS (as ``torch.set_num_threads``).
+    """Use `n` CPU threads for numba kernels, numpy's BLAS and oneDNN's OpenMP (as
+    ``torch.set_num_threads``).
     numba cannot start more threads than it was launched with (``NUMBA_NUM_THREADS``):
     its count is capped there.
 
@@ -88,6 +89,7 @@ def set_num_threads(n: int) -> None:
     if s is not None:
         s(n)
     _state["n"] = n
+    _omp_set(n)
 
 
 def get_num_threads() -> int:
@@ -102,3 +104,36 @@ def get_num_threads() -> int:
     if g is not None:
         return int(g())
     return os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------- OpenMP
+# oneDNN (onednn-cpu-gomp) and numba's "omp" threading layer both run on the system's
+# libgomp: one OpenMP pool, so they cannot oversubscribe each other; OpenBLAS keeps its
+# own pthreads. What is left between the two pools is spin-waiting: after a parallel
+# region libgomp's workers spin (GOMP_SPINCOUNT, 300k iterations by default) and
+# OpenBLAS's threads spin after each GEMM, each stealing the other's cores on a small
+# machine. libgomp reads its wait policy once, when it is loaded; `before_openmp` sets
+# sampan's default (see WAIT_POLICY) unless the user set one.
+WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def before_openmp() -> None:
+    """Called before oneDNN loads libgomp: sampan's wait policy, unless one is set."""
+    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        os.environ.update(WAIT_POLICY)
+
+
+def _omp_set(n: int) -> None:
+    try:
+        from .backends.onednn import _lib
+    except ImportError:
+        return
+    g = _lib.gomp() if _lib._state["lib"] not in (False, None) else None
+    if g is not None:
+        g.omp_set_num_threads(ctypes.c_int(n))
+
+
+def apply_policy() -> None:
+    """Give a newly loaded OpenMP runtime the thread count set_num_threads chose."""
+    if _state["n"] is not None:
+        _omp_set(_state["n"])

@@ -27,6 +27,14 @@ def _relu_out(a, out):
 
 
 def _matmul_out(a, b, out):
+    fn = getattr(OPS["matmul"].kernel, "pick", None)
+    fn = fn and fn((a, b))          # the kernel choice eager uses (backends/choice.py)
+    if fn is not None:
+        from ..backends.onednn import Unsupported
+        try:
+            return fn(a, b, out=out)
+        except Unsupported:
+            pass
     if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
         # (..., m, k) @ (k, n) as one (M, k) @ (k, n) GEMM instead of one per batch entry
         m = lead_size(a.shape[:-1])

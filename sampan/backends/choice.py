@@ -1,0 +1,457 @@
+"""Kernel choice by measurement.
+
+An op with kernels from more than one backend (`OpDef.kernels`: "numpy", the op table's
+own kernel with its BLAS calls and numba loops, and e.g. "onednn") gets a `Chooser` as
+its `kernel`, so eager dispatch (`tensor.apply`), the jit executor (which binds
+`op.kernel` for opaque nodes, `runtime/codegen.py`) and gradients (written with ops) all
+read one choice. The first time a chooser meets an (op, shapes, dtypes, attributes)
+class it times every candidate a few repetitions (bounded time), keeps the winner in
+memory and in an on-disk cache, and returns the numpy kernel's result of that call.
+
+The cache file (`$SAMPAN_KERNEL_CACHE`, default `kernels.json` in sampan's cache
+directory) holds one section per machine key: the CPU model, its SIMD flags and the
+versions of numpy, numba and oneDNN, so a winner measured elsewhere is never used here.
+It is written atomically with a checksum; a corrupt or foreign file is ignored with a
+warning and rebuilt.
+
+`prefer("onednn")` (or `prefer("numpy", op="matmul")`) overrides the measurement, as a
+context manager or globally. `SAMPAN_KERNEL_CHOICE=off` keeps every op on its numpy
+kernel without measuring.
+
+Example::
+
+    >>> from sampan.backends import choice
+    >>> with choice.prefer("numpy"):
+    ...     pass
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from ..ops.registry import OPS
+
+# ops whose kernels another backend may provide, and that backend's module
+BACKENDS = {"onednn": "sampan.backends.onednn"}
+OPS_WITH_CHOICE = ("matmul", "conv2d", "conv_transpose2d", "conv2d_grad_weight",
+                   "max_pool2d", "avg_pool2d", "matmul_integer")
+FORMAT = 1
+TIME_BUDGET_S = 0.25     # measuring one class stops after this (every candidate ran once)
+REPS = 7
+SMALL_S = 30e-6          # see _measure
+MIN_ROUNDS = 3         # rounds run even past the budget (one noisy run decides nothing)
+
+_prefer: dict = {}                   # op (None: every op) -> backend name
+_lock = threading.RLock()
+_state = {"disk": None, "path": None, "backends": None}
+
+
+class KernelCacheWarning(UserWarning):
+    """The kernel choice cache file was unreadable or corrupt and is rebuilt."""
+
+
+# ----------------------------------------------------------------------------- machine
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list:
+    """The CPU's AVX-512, AMX, AVX2/FMA and VNNI flags (those that change kernels)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    fl = line.split(":", 1)[1].split()
+                    return sorted(x for x in set(fl) if x.startswith(("avx512", "amx"))
+                                  or x in ("avx2", "fma", "avx_vnni", "f16c"))
+    except OSError:
+        pass
+    return []
+
+
+def library_versions() -> dict:
+    out = {"numpy": np.__version__}
+    try:
+        import numba
+        out["numba"] = numba.__version__
+    except ImportError:
+        pass
+    for name in backends():
+        out[name] = _module(name).version()
+    return out
+
+
+def machine_key() -> str:
+    """CPU model | flags digest | library versions: a winner holds only under all three."""
+    flags = hashlib.sha256(" ".join(cpu_flags()).encode()).hexdigest()[:12]
+    libs = ",".join(f"{k}={v}" for k, v in sorted(library_versions().items()))
+    return f"{cpu_model()}|{flags}|{libs}|threads={_threads()}"
+
+
+def _threads():
+    from .. import _threads as t
+    return t.get_num_threads()
+
+
+# ----------------------------------------------------------------------------- backends
+def _module(name):
+    import importlib
+    return importlib.import_module(BACKENDS[name])
+
+
+def backends() -> list:
+    """Names of the extra backends that load on this machine (loads them once)."""
+    if _state["backends"] is None:
+        found = []
+        if os.environ.get("SAMPAN_KERNEL_CHOICE", "on") != "off":
+            for name in BACKENDS:
+                try:
+                    mod = _module(name)
+                    if mod.available():
+                        found.append(name)
+                except Exception:  # noqa: BLE001 - a broken install is "not there"
+                    pass
+        _state["backends"] = found
+    return _state["backends"]
+
+
+def reset() -> None:
+    """Forget loaded backends and in-memory choices (tests that swap the loader)."""
+    with _lock:
+        _state.update(backends=None, disk=None, path=None, dirty=False, written=-1e9)
+        for name in OPS_WITH_CHOICE:
+            k = OPS[name].kernel
+            if isinstance(k, Chooser):
+                k.table = {}
+                k.ready = False
+
+
+# ----------------------------------------------------------------------------- the cache
+def cache_path() -> str:
+    p = os.environ.get("SAMPAN_KERNEL_CACHE")
+    if p:
+        return p
+    d = os.environ.get("SAMPAN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "sampan")
+    return os.path.join(d, "kernels.json")
+
+
+def _digest(machines) -> str:
+    return hashlib.sha256(json.dumps(machines, sort_keys=True).encode()).hexdigest()
+
+
+def _read() -> dict:
+    """{machine key: {class key: record}} from disk; {} (with a warning) when corrupt."""
+    path = cache_path()
+    if _state["disk"] is not None and _state["path"] == path:
+        return _state["disk"]
+    machines = {}
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode())
+        if (not isinstance(doc, dict) or doc.get("format") != FORMAT
+                or not isinstance(doc.get("machines"), dict)
+                or doc.get("sha256") != _digest(doc["machines"])):
+            raise ValueError("bad format or checksum")
+        machines = doc["machines"]
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        warnings.warn(f"sampan: kernel choice cache {path} is unreadable ({e}); ignoring "
+                      "it and measuring again", KernelCacheWarning, stacklevel=3)
+    _state.update(disk=machines, path=path)
+    return machines
+
+
+def _write(machines) -> None:
+    from ..io._atomic import write_file
+    path = cache_path()
+    data = json.dumps({"format": FORMAT, "machines": machines, "sha256": _digest(machines)},
+                      sort_keys=True, indent=1).encode()
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_file(path, lambda f: f.write(data))
+    except OSError as e:
+        warnings.warn(f"sampan: cannot write the kernel choice cache {path}: {e}",
+                      KernelCacheWarning, stacklevel=3)
+
+
+def entries() -> dict:
+    """This machine's stored choices: {class key: {"winner", "times_us"}}."""
+    flush()
+    return dict(_read().get(machine_key(), {}))
+
+
+def clear() -> None:
+    """Delete the cache file and forget every choice."""
+    with _lock:
+        try:
+            os.unlink(cache_path())
+        except FileNotFoundError:
+            pass
+        reset()
+
+
+WRITE_EVERY_S = 2.0      # a burst of new classes (a model's first step) is one write
+
+
+def _store(key, record) -> None:
+    with _lock:
+        machines = _read()
+        machines.setdefault(machine_key(), {})[key] = record
+        now = time.monotonic()
+        if now - _state.get("written", -1e9) >= WRITE_EVERY_S:
+            _state["written"] = now
+            _state["dirty"] = False
+            _write(machines)
+        elif not _state.get("dirty"):
+            _state["dirty"] = True
+            import atexit
+            atexit.register(flush)
+
+
+def flush() -> None:
+    """Write choices not yet on disk (also run at exit)."""
+    with _lock:
+        if _state.get("dirty") and _state["disk"] is not None:
+            _state["dirty"] = False
+            _state["written"] = time.monotonic()
+            _write(_state["disk"])
+
+
+# ----------------------------------------------------------------------------- prefer
+def prefer(backend: str | None, op: str | None = None):
+    """Run `op` (None: every op with a choice) on `backend` ("numpy", "onednn") where it
+    has a kernel for the call, whatever was measured; `backend=None` drops the override.
+    Called plainly it holds until changed; used as ``with prefer(...)`` it is undone at
+    the end of the block.
+
+    Example::
+
+        >>> with prefer("numpy", op="matmul"):
+        ...     pass
+    """
+    if backend is not None and backend != "numpy" and backend not in BACKENDS:
+        from ..errors import SampanError
+        raise SampanError(f"prefer: unknown backend {backend!r}; expected 'numpy' or one "
+                          f"of {sorted(BACKENDS)}")
+    with _lock:
+        prev = _prefer.get(op)
+        if backend is None:
+            _prefer.pop(op, None)
+        else:
+            _prefer[op] = backend
+    return _PreferHandle(op, prev)
+
+
+class _PreferHandle:
+    """prefer()'s result: already in force; as a context manager, undone at exit."""
+
+    def __init__(self, op, prev):
+        self.op, self.prev = op, prev
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            if self.prev is None:
+                _prefer.pop(self.op, None)
+            else:
+                _prefer[self.op] = self.prev
+        return False
+
+
+def preferred(op: str):
+    """The backend `prefer` set for `op` (or for every op), else None."""
+    return _prefer.get(op) or _prefer.get(None)
+
+
+# ----------------------------------------------------------------------------- chooser
+def _class_key(op, arrays, attrs) -> str:
+    parts = [op] + [f"{a.dtype.str}{list(a.shape)}{'' if a.flags.c_contiguous else 'nc'}"
+                    for a in arrays]
+    if attrs:
+        parts.append(",".join(f"{k}={v}" for k, v in sorted(attrs.items())))
+    return ";".join(parts).replace(" ", "")
+
+
+def _mem_key(arrays, attrs):
+    """The in-memory class key (cheaper than the string the disk cache keeps)."""
+    k = tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in arrays])
+    return (k, tuple(attrs.items())) if attrs else k
+
+
+def _measure(cands, arrays, attrs):
+    """Best time of each candidate: one warm call each (builds primitives, compiles
+    loops), then up to REPS rounds that alternate the candidates (a busy machine slows
+    them alike), within TIME_BUDGET_S; a candidate 20x slower than the best leaves."""
+    from .onednn import Unsupported
+    best, live = {}, []
+    for name, fn in cands.items():
+        try:
+            t = time.perf_counter()
+            fn(*arrays, **attrs)
+            best[name] = time.perf_counter() - t
+            live.append(name)
+            if name == "numpy" and best[name] < SMALL_S:
+                # a call this small: oneDNN's per-call cost (~10 us of ctypes and
+                # primitive execution) leaves nothing to win; keep numpy, stop measuring
+                return {"numpy": best[name]}
+        except Unsupported:
+            continue
+        except Exception:  # noqa: BLE001 - a backend failing here loses the choice
+            continue
+    deadline = time.perf_counter() + TIME_BUDGET_S
+    for i in range(REPS):
+        if len(live) < 2 or (i >= MIN_ROUNDS and time.perf_counter() > deadline):
+            break
+        for name in list(live):
+            t = time.perf_counter()
+            cands[name](*arrays, **attrs)
+            best[name] = min(best[name], time.perf_counter() - t)
+        low = min(best[n] for n in live)
+        live = [n for n in live if best[n] < 20 * low]
+    return best
+
+
+class Chooser:
+    """`op.kernel` for an op with several backends: picks per call class (see module)."""
+
+    def __init__(self, op):
+        self.op = op
+        self.name = op.name
+        self.numpy = op.kernels["numpy"]
+        self.table = {}             # class key -> callable (memory)
+        self.ready = False
+        self.__name__ = getattr(self.numpy, "__name__", op.name)
+        self.__doc__ = getattr(self.numpy, "__doc__", None)
+
+    def candidates(self):
+        out = {"numpy": self.numpy}      # first: a tiny call stops after it
+        out.update((n, f) for n, f in self.op.kernels.items() if n in backends())
+        return out
+
+    def __call__(self, *arrays, **attrs):
+        if not self.ready:
+            self._settle()
+        if self.table is None:
+            return self.numpy(*arrays, **attrs)
+        if _prefer:
+            pref = preferred(self.name)
+            if pref is not None:
+                fn = self.op.kernels.get(pref) if (pref == "numpy" or pref in backends()) \
+                    else None
+                return self._run(fn or self.numpy, arrays, attrs)
+        key = _mem_key(arrays, attrs)
+        fn = self.table.get(key)
+        if fn is None:
+            return self._decide(key, arrays, attrs)
+        return self._run(fn, arrays, attrs)
+
+    def _settle(self):
+        self.ready = True
+        if not backends():          # nothing to choose from: exactly today's kernel
+            self.table = None
+
+    def pick(self, arrays, attrs=None):
+        """The chosen non-numpy kernel for this call (measured if new), or None: for
+        callers that run the numpy side themselves (the jit's planned-buffer matmul)."""
+        attrs = attrs or {}
+        if not self.ready:
+            self._settle()
+        if self.table is None:
+            return None
+        if _prefer:
+            pref = preferred(self.name)
+            if pref is not None:
+                return None if pref == "numpy" or pref not in backends() \
+                    else self.op.kernels.get(pref)
+        key = _mem_key(arrays, attrs)
+        if key not in self.table:
+            self._decide(key, arrays, attrs)
+        fn = self.table[key]
+        return None if fn is self.numpy else fn
+
+    def _run(self, fn, arrays, attrs):
+        if fn is self.numpy:
+            return fn(*arrays, **attrs)
+        from .onednn import Unsupported
+        try:
+            return fn(*arrays, **attrs)
+        except Unsupported:
+            return self.numpy(*arrays, **attrs)
+
+    def provider(self, arrays, attrs) -> str:
+        """The backend name this call would run on (measuring it if new)."""
+        key = _mem_key(arrays, attrs)
+        if self.table is not None and key not in self.table and backends():
+            self._decide(key, arrays, attrs)
+        fn = (self.table or {}).get(key, self.numpy)
+        return next(n for n, f in self.op.kernels.items() if f is fn)
+
+    def _decide(self, mkey, arrays, attrs):
+        key = _class_key(self.name, arrays, attrs)
+        stored = _read().get(machine_key(), {}).get(key)
+        cands = self.candidates()
+        if stored and stored.get("winner") in cands:
+            self.table[mkey] = cands[stored["winner"]]
+            return self._run(self.table[mkey], arrays, attrs)
+        result = self.numpy(*arrays, **attrs)
+        times = _measure(cands, arrays, attrs)
+        winner = min(times, key=times.get) if times else "numpy"
+        self.table[mkey] = cands[winner]
+        _store(key, {"winner": winner,
+                     "times_us": {k: round(v * 1e6, 2) for k, v in times.items()}})
+        return result
+
+
+def install() -> None:
+    """Put a Chooser in front of every op that has (or may get) a second backend. Cheap:
+    nothing is loaded until a chooser is first called."""
+    for name in OPS_WITH_CHOICE:
+        op = OPS.get(name)
+        if op is None or isinstance(op.kernel, Chooser) or "numpy" not in op.kernels:
+            continue
+        for b in BACKENDS:
+            op.kernels.setdefault(b, _Lazy(b, name))
+        op.kernel = Chooser(op)
+
+
+class _Lazy:
+    """A backend's kernel, imported on first call (keeps `import sampan` light)."""
+
+    def __init__(self, backend, op):
+        self.backend, self.opname, self.fn = backend, op, None
+
+    def __call__(self, *arrays, **attrs):
+        if self.fn is None:
+            self.fn = _module(self.backend).KERNELS[self.opname]
+        return self.fn(*arrays, **attrs)
+
+
+def providers(op_names=OPS_WITH_CHOICE) -> dict:
+    """{op: the backends that served its calls so far} (for benchmark records)."""
+    out = {}
+    for name in op_names:
+        k = OPS[name].kernel if name in OPS else None
+        if isinstance(k, Chooser):
+            used = sorted({next((n for n, f in k.op.kernels.items() if f is fn), "?")
+                           for fn in (k.table or {}).values()})
+            if used:
+                out[name] = "+".join(used)
+    return out

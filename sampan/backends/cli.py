@@ -1,0 +1,29 @@
+"""`sampan kernels`: show or clear the kernel choice cache (backends/choice.py)."""
+from __future__ import annotations
+
+import json
+
+
+def _kernels(a) -> int:
+    from . import choice
+    if a.clear:
+        choice.clear()
+        print(f"cleared {choice.cache_path()}")
+        return 0
+    from . import onednn
+    info = {"cache": choice.cache_path(), "machine": choice.machine_key(),
+            "cpu_flags": choice.cpu_flags(),
+            "backends": {"onednn": onednn.version() if onednn.available()
+                         else f"unavailable: {onednn.why_unavailable()}"},
+            "choices": choice.entries()}
+    print(json.dumps(info, indent=1, sort_keys=True))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add `kernels --show | --clear` to the `sampan` command."""
+    p = subparsers.add_parser("kernels", help="show or clear the measured kernel choices")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--show", action="store_true", help="print this machine's choices (default)")
+    g.add_argument("--clear", action="store_true", help="delete the choice cache")
+    p.set_defaults(fn=_kernels)
