@@ -164,3 +164,31 @@ def test_gradients_reach_float32_master_weights():
     w.grad = None
     sampan.jit(step)(x, y).backward()
     assert w.grad.dtype == F32
+
+
+def test_fused_casts_keep_the_rounding_points():
+    """Casts to bf16 end fused groups (rounded on the way out) and casts from bf16 start
+    them: with float32 fast math off the jit's results are eager's, bit for bit."""
+    from sampan.passes import fuse
+    r = np.random.default_rng(2)
+    x = sampan.tensor(r.standard_normal((16, 32)).astype(np.float32))
+    w1 = sampan.tensor(r.standard_normal((32, 32)).astype(np.float32))
+    w2 = sampan.tensor(r.standard_normal((32, 8)).astype(np.float32))
+    b = sampan.tensor(r.standard_normal(32).astype(np.float32))
+
+    def f(x):
+        with autocast():
+            h = sampan.relu(x @ w1 + b)          # cast from bf16, add, relu: one kernel
+            return sampan.relu(h * 0.5 - 0.25) @ w2   # ..., cast to bf16 at its end
+    prev = fuse.FAST_MATH
+    fuse.set_fast_math(False)
+    try:
+        jf = sampan.jit(f)
+        got = jf(x)
+        casts = [e for n in jf.graph.nodes if n.op == "fused" for e in n.attrs["body"]
+                 if e[0] == "cast"]
+    finally:
+        fuse.set_fast_math(prev)
+    assert got.dtype == BF16 and len(casts) >= 2
+    np.testing.assert_array_equal(got.numpy().astype(np.float32),
+                                  f(x).numpy().astype(np.float32))
