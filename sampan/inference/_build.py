@@ -9,13 +9,11 @@ from __future__ import annotations
 import os
 import re
 
-import numpy as np
-
-from .. import dtypes as _dt
 from ..errors import SampanError
 from .config import MEMORY_PASS, OFFLOAD_PASS, InferenceError
 
 FUSION_PASSES = ("fuse_elementwise",)       # passes that ask for generated kernels
+AMP_PASS = "amp"                            # set_precision("bf16")
 _DUMP_FILE = re.compile(r"\d\d+_[A-Za-z0-9_.-]+\.(ir|dot)")
 
 
@@ -45,50 +43,6 @@ def unfuse(g):
             rep[out.id] = r
     g.nodes = new_nodes
     g.outputs = [rep.get(v.id, v) for v in g.outputs]
-    return g
-
-
-def to_bf16(g):
-    """Compute in bfloat16: float32 constants (the weights) become bfloat16 constants of
-    the same name, float32 inputs are cast on entry and float32 outputs on exit, and every
-    node's output dtype follows from its shape rule. Needs a graph without fused nodes
-    (the numba kernels compute in float32/float64).
-
-    Example: ``g2 = to_bf16(unfuse(g.copy()))``"""
-    from ..ir.graph import infer
-    f32, bf = np.dtype(np.float32), np.dtype(_dt.bfloat16)
-    rep = {}
-    for c in list(g.consts):
-        if c.dtype == f32:
-            rep[c.id] = g.add_const(c.const.astype(bf), name=c.name)
-    body = []
-    read = {v.id for n in g.nodes for v in n.inputs}
-    for v in g.inputs:
-        if v.dtype == f32 and v.id in read:
-            n = g.add_node("cast", [v], {"dtype": "bfloat16"})
-            body.append(g.nodes.pop())
-            rep[v.id] = n.outputs[0]
-    old = g.nodes
-    for n in old:
-        n.inputs = [rep.get(v.id, v) for v in n.inputs]
-        if n.attrs.get("dtype") in ("float32", f32):
-            n.attrs = dict(n.attrs, dtype="bfloat16")
-        try:
-            specs = infer(n.op, n.inputs, n.attrs)
-        except Exception as e:  # noqa: BLE001 - an op without a bfloat16 form
-            raise InferenceError(f"set_precision('bf16'): {n.op} at {n.loc or '?'} does not "
-                                 f"take bfloat16 inputs ({e})") from None
-        for v, sp in zip(n.outputs, specs):
-            v.dtype = sp.dtype
-        body.append(n)
-    g.nodes = body
-    outs = []
-    for v in g.outputs:
-        if v.dtype == bf:
-            v = g.add_node("cast", [v], {"dtype": "float32"}).outputs[0]
-        outs.append(v)
-    g.outputs = outs
-    g.prune_consts()
     return g
 
 
@@ -144,18 +98,25 @@ def optimise(g, config, symbolic: bool):
     if config.precision() == "bf16" and (ort or config.offload_min_subgraph_size()):
         raise InferenceError("create_predictor: set_precision('bf16') cannot be combined with "
                              "onnxruntime (its CPU kernels have no bfloat16 forms); use fp32")
-    no_gen = config.runtime() in ("numpy", "onnxruntime") or config.precision() == "bf16"
+    no_gen = config.runtime() in ("numpy", "onnxruntime")
+    bf16 = config.precision() == "bf16"
     if ort or config.offload_min_subgraph_size():     # the options the offload pass reads
         g.meta["onnxruntime_offload"] = {
             "min_subgraph_size": 1 if ort else config.offload_min_subgraph_size()}
     # the offload pass partitions plain ops (a fused node with one op onnxruntime lacks
     # would keep all of its ops out); fuse_elementwise after it fuses what stays sampan
-    if (no_gen or config.offload_min_subgraph_size()) and any(n.op == "fused"
-                                                              for n in g.nodes):
+    if (no_gen or bf16 or config.offload_min_subgraph_size()) and any(n.op == "fused"
+                                                                      for n in g.nodes):
         g = _step("unfuse", unfuse, g, done, verify)
         done.append("unfuse")
-        dump("unfuse", g, " (no generated kernels: numpy runtime or bf16)" if no_gen else
+        dump("unfuse", g, " (no generated kernels: numpy runtime)" if no_gen else
+             " (bf16: the amp pass places casts between op-table nodes)" if bf16 else
              " (for onnxruntime_offload; fuse_elementwise fuses what stays sampan)")
+    if bf16:     # first, so that simplify, fold_constants and fusion fold its casts
+        from ..passes import PASSES
+        g = _step(AMP_PASS, PASSES[AMP_PASS], g, done, verify)
+        done.append(AMP_PASS)
+        dump(AMP_PASS, g, " (set_precision('bf16'): the op table's autocast policy)")
     names = config.pass_builder().enabled_passes() if config.ir_optim() else []
     for name in names:
         if name == MEMORY_PASS:
@@ -173,10 +134,6 @@ def optimise(g, config, symbolic: bool):
         g = _step(OFFLOAD_PASS, PASSES[OFFLOAD_PASS], g, done, verify)
         done.append(OFFLOAD_PASS)
         dump(OFFLOAD_PASS, g, " (the onnxruntime runtime: every supported node)")
-    if config.precision() == "bf16":
-        g = _step("to_bf16", to_bf16, g, done, verify)
-        done.append("to_bf16")
-        dump("to_bf16", g)
     plan = config.memory_optim_enabled() and (
         not config.ir_optim() or MEMORY_PASS in names)
     if plan:

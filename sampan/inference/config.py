@@ -222,10 +222,12 @@ class Config:
 
     def set_precision(self, precision: str, calibration_data=None, observer="minmax",
                       weight_only=False) -> None:
-        """"fp32" (default); "bf16": weights cast to bfloat16 and every op computed in
-        bfloat16 through the op table's kernels (no generated kernels; inputs and outputs
-        stay float32); "int8": `sampan.quant`'s post-training quantisation of the program
-        at `create_predictor`, calibrated on `calibration_data` (batches of the program's
+        """"fp32" (default); "bf16": mixed precision by the op table's autocast policy
+        (the `amp` pass, run first: matmuls and convolutions in bfloat16 with bfloat16
+        weights, softmax/norms/reductions in float32, elementwise ops following their
+        inputs; the casts folded into fused kernels; inputs and outputs stay float32);
+        "int8": `sampan.quant`'s post-training quantisation of the program at
+        `create_predictor`, calibrated on `calibration_data` (batches of the program's
         inputs) with `observer`, or weight-only int8 (`weight_only=True`, no data needed).
         A program that is already int8 (written by `sampan.quant.quantize_program`) is
         served as it is."""

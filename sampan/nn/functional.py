@@ -15,7 +15,8 @@ from ..errors import DTypeError, SampanIndexError, ShapeError, op_error
 from ..ops import composite as _C
 from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
                              rms_norm, silu, softmax, softplus)
-from ..ops.elementwise import add, eq, mul, relu, rsqrt, sigmoid, sub, tanh, where
+from ..amp import mode as _ac
+from ..ops.elementwise import add, cast, eq, mul, relu, rsqrt, sigmoid, sub, tanh, where
 from ..ops._util import lead_size
 from ..ops.index import index_select
 from ..ops.linalg import matmul
@@ -48,10 +49,19 @@ def linear(x, weight, bias=None):
         lead = tuple(x.shape[:-1])
         y = matmul(reshape(x, (lead_size(lead), x.shape[-1])), weight)
         if bias is not None:
-            y = add(y, bias)
+            y = add(y, _amp_bias(y, bias))
         return reshape(y, lead + (weight.shape[1],))
     y = matmul(x, weight)
-    return y if bias is None else add(y, bias)
+    return y if bias is None else add(y, _amp_bias(y, bias))
+
+
+def _amp_bias(y, bias):
+    """Under autocast linear is one low-precision op, as in PyTorch: its bias is cast to
+    the GEMM's dtype instead of promoting the result back to float32."""
+    if y.dtype != bias.dtype and _ac.is_autocast_enabled() and y.dtype == \
+            _ac.get_autocast_dtype():
+        return cast(bias, y.dtype)
+    return bias
 
 
 def bilinear(x1, x2, weight, bias=None):

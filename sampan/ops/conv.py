@@ -365,7 +365,7 @@ def _conv2d_samples():
 
 
 CONV2D = defop("conv2d", _conv2d_rule, kernel=_f32(_conv2d_kernel), grad=_conv2d_grad,
-               flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples)
+               flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples, amp="lower")
 
 
 # ---------------------------------------------------------------------- conv_transpose2d
@@ -476,7 +476,7 @@ def _ct_samples():
 
 
 CONV_TRANSPOSE2D = defop("conv_transpose2d", _ct_rule, kernel=_f32(_ct_kernel), grad=_ct_grad,
-                         flops=_ct_flops, onnx="ConvTranspose", samples=_ct_samples)
+                         flops=_ct_flops, onnx="ConvTranspose", samples=_ct_samples, amp="lower")
 
 
 # ---------------------------------------------------------------------- conv2d weight grad

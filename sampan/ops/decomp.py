@@ -132,7 +132,7 @@ INV = defop("linalg_inv", lambda a: Spec(tuple(a.shape), _matrix("linalg.inv", a
             kernel=lambda a: _lapack("linalg.inv", "invertible", np.linalg.inv, a),
             grad=_inv_grad, saves=(), save_output=True, flops=_cubic, onnx=NO_ONNX,
             samples=lambda: [Sample((_wellcond(rng(170), 3, 3),)),
-                             Sample((_wellcond(rng(171), 2, 3, 3),))])
+                             Sample((_wellcond(rng(171), 2, 3, 3),))], amp="float32")
 
 
 def inv(A):
@@ -160,7 +160,7 @@ DET = defop("linalg_det", lambda a: Spec(tuple(a.shape[:-2]), _matrix("linalg.de
             kernel=lambda a: np.asarray(np.linalg.det(a), dtype=a.dtype), grad=_det_grad,
             saves=(0,), flops=_cubic, onnx="Det",
             samples=lambda: [Sample((_wellcond(rng(172), 3, 3),)),
-                             Sample((_wellcond(rng(173), 2, 3, 3) - 1.5,))])
+                             Sample((_wellcond(rng(173), 2, 3, 3) - 1.5,))], amp="float32")
 
 
 def det(A):
@@ -187,7 +187,7 @@ def _slogdet_grad(g, y, a):
 SLOGDET = defop("linalg_slogdet", _slogdet_rule, kernel=_slogdet_kernel, grad=_slogdet_grad,
                 n_out=2, saves=(0,), flops=_cubic, onnx=NO_ONNX,
                 samples=lambda: [Sample((_wellcond(rng(174), 3, 3) - 1.5,)),
-                                 Sample((_wellcond(rng(175), 2, 3, 3),))])
+                                 Sample((_wellcond(rng(175), 2, 3, 3),))], amp="float32")
 
 
 class SlogdetResult(tuple):
@@ -237,7 +237,8 @@ SOLVE = defop("linalg_solve", _solve_rule, kernel=_solve_kernel, grad=_solve_gra
               samples=lambda: [Sample((_wellcond(rng(176), 3, 3),
                                        rng(177).uniform(-1, 1, (3, 2)).astype(np.float32))),
                                Sample((_wellcond(rng(178), 2, 3, 3),
-                                       rng(179).uniform(-1, 1, (3, 1)).astype(np.float32)))])
+                                       rng(179).uniform(-1, 1, (3, 1)).astype(np.float32)))],
+              amp="float32")
 
 
 def solve(A, B, *, left=True):
@@ -283,7 +284,8 @@ CHOLESKY = defop("linalg_cholesky",
                  kernel=_chol_kernel, grad=_chol_grad, saves=(), save_output=True,
                  flops=lambda a, upper: _cubic(a) // 6, onnx=NO_ONNX,
                  samples=lambda: [Sample((_spd(rng(180), 3, 3),), {"upper": False}),
-                                  Sample((_spd(rng(181), 2, 3, 3),), {"upper": True})])
+                                  Sample((_spd(rng(181), 2, 3, 3),), {"upper": True})],
+                 amp="float32")
 
 
 def cholesky(A, *, upper=False):
@@ -353,7 +355,8 @@ QR = defop("linalg_qr", _qr_rule, kernel=_qr_kernel, grad=_qr_grad, n_out=2, sav
            save_output=True, flops=lambda a, mode: _cubic(a), onnx=NO_ONNX,
            samples=lambda: [Sample((rng(182).uniform(-1, 1, (4, 3)).astype(np.float32),),
                                    {"mode": "reduced"}),
-                            Sample((_wellcond(rng(183), 2, 3, 4),), {"mode": "complete"})])
+                            Sample((_wellcond(rng(183), 2, 3, 4),), {"mode": "complete"})],
+           amp="float32")
 
 
 class QRResult(tuple):

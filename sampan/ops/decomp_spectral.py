@@ -85,7 +85,7 @@ def _svd_samples():
 
 SVD = defop("linalg_svd", _svd_rule, kernel=_svd_kernel, grad=_svd_grad, n_out=3, saves=(),
             save_output=True, flops=lambda a, full_matrices: 4 * _cubic(a), onnx=NO_ONNX,
-            samples=_svd_samples)
+            samples=_svd_samples, amp="float32")
 
 
 class SVDResult(tuple):
@@ -123,7 +123,7 @@ SVDVALS = defop("linalg_svdvals", lambda a: _svd_rule(a, False)[1], kernel=_svdv
                 grad=_svdvals_grad, saves=(0,), flops=lambda a: 2 * _cubic(a), onnx=NO_ONNX,
                 samples=lambda: [Sample((rng(192).uniform(-1, 1, (3, 4)).astype(np.float32),)),
                                  Sample((rng(193).uniform(-1, 1, (2, 3, 3)).astype(
-                                     np.float32),))])
+                                     np.float32),))], amp="float32")
 
 
 def svdvals(A):
@@ -173,7 +173,7 @@ def _sym(r, *shape):
 EIGH = defop("linalg_eigh", _eigh_rule, kernel=_eigh_kernel, grad=_eigh_grad, n_out=2,
              saves=(), save_output=True, flops=lambda a, UPLO: 3 * _cubic(a), onnx=NO_ONNX,
              samples=lambda: [Sample((_sym(rng(194), 3, 3),), {"UPLO": "L"}),
-                              Sample((_sym(rng(195), 2, 3, 3),), {"UPLO": "U"})])
+                              Sample((_sym(rng(195), 2, 3, 3),), {"UPLO": "U"})], amp="float32")
 
 
 class EighResult(tuple):
@@ -204,7 +204,7 @@ EIGVALSH = defop("linalg_eigvalsh", lambda a, UPLO: _eigh_rule(a, UPLO)[0],
                  kernel=lambda a, UPLO: _eigh_kernel(a, UPLO)[0], grad=_eigvalsh_grad,
                  saves=(0,), flops=lambda a, UPLO: _cubic(a), onnx=NO_ONNX,
                  samples=lambda: [Sample((_sym(rng(196), 3, 3),), {"UPLO": "L"}),
-                                  Sample((_sym(rng(197), 2, 3, 3),), {"UPLO": "U"})])
+                                  Sample((_sym(rng(197), 2, 3, 3),), {"UPLO": "U"})], amp="float32")
 
 
 def eigvalsh(A, UPLO="L"):

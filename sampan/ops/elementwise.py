@@ -140,7 +140,7 @@ def _pow_grad(g, y, a, b):
 
 POW = defop("pow", elementwise_rule("pow"), kernel=np.power, kind="elementwise",
             scalar="a ** b", flops=_bflops, onnx="Pow", grad=_pow_grad,
-            samples=binary_samples(low=0.5, high=2.0))
+            samples=binary_samples(low=0.5, high=2.0), amp="float32")
 
 
 def _minmax_grad(cmp):
@@ -336,6 +336,9 @@ _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _FUSE_UNARY = {"neg": "always", "abs": "always", "relu": "always", "sqrt": "always",
                "reciprocal": "always", "floor": "always", "ceil": "always", "exp": "float32",
                "log": "float32", "tanh": "float32", "erf": "float32", "sigmoid": "float32"}
+# mixed precision (OpDef.amp): exponentials and logarithms compute in float32 under autocast
+_AMP_UNARY = {"exp": "float32", "log": "float32", "log1p": "float32", "expm1": "float32",
+              "softplus": "float32"}
 _U = {}
 for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     ("neg", np.negative, "-a", lambda g, y, a: neg(g), "Neg", -2, 2, (), False),
@@ -365,7 +368,8 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     _U[_name] = defop(_name, elementwise_rule(_name, float_only=_name not in ("neg", "abs")),
                       kernel=_kernel, kind="elementwise", fuse=_FUSE_UNARY.get(_name, ""),
                       scalar=_scalar, grad=_grad, flops=numel_flops, onnx=_onnx,
-                      samples=unary_samples(_lo, _hi), saves=_save, save_output=_so)
+                      samples=unary_samples(_lo, _hi), saves=_save, save_output=_so,
+                      amp=_AMP_UNARY.get(_name, "follow"))
 
 # non-differentiable (piecewise-constant) unary ops: gradient is zero
 for _name, _kernel, _scalar, _onnx in [("sign", np.sign, "sign(a)", "Sign"),

@@ -192,7 +192,7 @@ def _ctc_samples():
 
 CTC_LOSS = defop("ctc_loss", _ctc_rule, kernel=_ctc_kernel, grad=_ctc_grad,
                  nondiff_inputs=(1, 2, 3), flops=_ctc_flops, onnx=NO_ONNX,
-                 samples=_ctc_samples)
+                 samples=_ctc_samples, amp="float32")
 CTC_LOSS_POSTERIOR = defop(
     "ctc_loss_posterior",
     lambda lp, tg, il, tl, blank=0: (_ctc_rule(lp, tg, il, tl, blank),

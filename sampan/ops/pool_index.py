@@ -144,7 +144,7 @@ MAX_UNPOOL2D = defop(
     "max_unpool2d", _unpool_rule, kernel=_unpool_kernel, grad=_unpool_grad, saves=(1,),
     nondiff_inputs=(1,), flops=lambda x, indices, output_size: 0, onnx="MaxUnpool",
     samples=_unpool_samples,
-    doc="zeros of output_size per plane with x written at its flat indices")
+    doc="zeros of output_size per plane with x written at its flat indices", amp="float32")
 
 
 # ---------------------------------------------------------------------- frontends

@@ -98,7 +98,7 @@ def _sum_kernel(a, axis=None, keepdims=False):
 
 SUM = defop("sum", _red_rule(), kernel=_sum_kernel, kind="reduction", scalar="a + b",
             grad=lambda g, y, x, axis=None, keepdims=False: _expand_back(g, x, axis, keepdims),
-            saves=(), flops=_red_flops, onnx="ReduceSum", samples=_red_samples)
+            saves=(), flops=_red_flops, onnx="ReduceSum", samples=_red_samples, amp="float32")
 
 
 def _mean_grad(g, y, x, axis=None, keepdims=False):
@@ -120,7 +120,7 @@ def _mean_kernel(a, axis=None, keepdims=False):
 
 MEAN = defop("mean", _red_rule(), kernel=_mean_kernel, kind="reduction",
              scalar="a + b", grad=_mean_grad, saves=(), flops=_red_flops, onnx="ReduceMean",
-             samples=lambda: _red_samples()[:4])
+             samples=lambda: _red_samples()[:4], amp="float32")
 
 
 def _minmax_grad(g, y, x, axis=None, keepdims=False):
@@ -186,7 +186,7 @@ def _prod_samples():
 
 PROD = defop("prod", _red_rule(), kernel=_acc_kernel(np.prod), kind="reduction",
              scalar="a * b", grad=_prod_grad, flops=_red_flops,
-             onnx="ReduceProd", samples=_prod_samples)
+             onnx="ReduceProd", samples=_prod_samples, amp="float32")
 
 
 def _argrule(x, axis=None, keepdims=False):
@@ -235,7 +235,7 @@ def _cumsum_grad(g, y, x, axis):
 CUMSUM = defop("cumsum", lambda x, axis: Spec(x.shape, x.dtype), kernel=_cumsum_kernel,
                kind="opaque", grad=_cumsum_grad, saves=(), flops=_red_flops, onnx="CumSum",
                samples=lambda: [Sample((randf(rng(16), 3, 4),), {"axis": 1}),
-                                Sample((randf(rng(17), 5),), {"axis": 0})])
+                                Sample((randf(rng(17), 5),), {"axis": 0})], amp="float32")
 
 
 # ---------------------------------------------------------------------- frontends

@@ -32,6 +32,7 @@ class Spec:
 
 
 NOT_DIFFERENTIABLE = "not differentiable"
+AMP_POLICIES = ("follow", "lower", "float32")
 NO_ONNX = "none"
 
 
@@ -70,6 +71,12 @@ class OpDef:
     # without bounds checks: a shape the rule rejects wrote out of bounds or was silently
     # accepted. See `check_inputs`.
     eager_check: bool | None = None
+    # mixed precision (`sampan.amp.autocast` and the `amp` pass read it): "lower" runs in
+    # the autocast dtype (float32 inputs cast down: GEMMs, convolutions), "float32" runs in
+    # float32 (bfloat16/float16 inputs cast up: softmax, norms' statistics, exp/log/pow,
+    # sums, losses), "follow" computes in whatever its inputs are (elementwise and shape
+    # ops; the public functions promote mixed inputs before the op)
+    amp: str = "follow"
     doc: str = ""
 
     def __post_init__(self):
@@ -80,6 +87,9 @@ class OpDef:
         if self.eager_check is None:
             self.eager_check = self.kind != "elementwise"
         self.checked = {}            # input shapes/dtypes/attrs the rule accepted (a cache)
+        if self.amp not in AMP_POLICIES:
+            raise ValueError(f"op {self.name!r}: amp={self.amp!r}; expected one of "
+                             f"{', '.join(AMP_POLICIES)}")
 
     def __repr__(self):
         return f"<op {self.name}>"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..tensor import Tensor, apply
 from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit
 from ._util import Sample, lead_size, randf, rng
@@ -216,14 +217,15 @@ def _y_samples(log):
 
 SOFTMAX = defop("softmax", _rule("softmax"), kernel=_fwd_kernel(False),
                 grad=lambda g, y, x: softmax_grad(y, g), saves=(), save_output=True,
-                flops=lambda x: 5 * int(np.prod(x.shape)), onnx="Softmax", samples=_samples(1))
+                flops=lambda x: 5 * int(np.prod(x.shape)), onnx="Softmax", samples=_samples(1),
+                amp="float32")
 SOFTMAX_GRAD = defop("softmax_grad", _rule("softmax_grad"), kernel=_bwd_kernel(False),
                      grad=_sm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
                      onnx=NO_ONNX, samples=_y_samples(False))
 LOG_SOFTMAX = defop("log_softmax", _rule("log_softmax"), kernel=_fwd_kernel(True),
                     grad=lambda g, y, x: log_softmax_grad(y, g), saves=(), save_output=True,
                     flops=lambda x: 5 * int(np.prod(x.shape)), onnx="LogSoftmax",
-                    samples=_samples(1))
+                    samples=_samples(1), amp="float32")
 LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_bwd_kernel(True),
                          grad=_lsm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
                          onnx=NO_ONNX, samples=_y_samples(True))
@@ -266,7 +268,7 @@ def _eps_samples(n_in):
 STANDARDIZE = defop("standardize", _rule("standardize"), kernel=_standardize_kernel,
                     grad=_standardize_grad, saves=(0,),
                     flops=lambda x, eps: 7 * int(np.prod(x.shape)), onnx=NO_ONNX,
-                    samples=_eps_samples(1))
+                    samples=_eps_samples(1), amp="float32")
 STANDARDIZE_GRAD = defop("standardize_grad", _rule("standardize_grad"),
                          kernel=_standardize_grad_kernel, grad=NOT_DIFFERENTIABLE,
                          flops=lambda x, g, eps: 12 * int(np.prod(x.shape)), onnx=NO_ONNX,
@@ -290,10 +292,12 @@ def log_softmax_grad(y, g):
 
 def row_ops(x: Tensor, axis) -> bool:
     """Whether the composites run as these row ops: over the last axis of a floating
-    tensor with dims (other axes keep the composite definition)."""
+    tensor with dims (other axes keep the composite definition). bfloat16 included: its
+    rows are computed in float32 and rounded once (the composite rounded every step)."""
     if not x.shape:
         return False
-    return axis in (-1, len(x.shape) - 1) and x.dtype.kind == "f"
+    d = x.dtype
+    return axis in (-1, len(x.shape) - 1) and (d.kind == "f" or d == _dt.bfloat16)
 
 
 def softmax_last(x: Tensor) -> Tensor:
@@ -456,7 +460,7 @@ def _xent_grad_samples():
 XENT = defop("softmax_cross_entropy", _xent_rule, kernel=_xent_kernel, grad=_xent_grad,
              n_out=2, saves=(0, 1), save_output=True,
              flops=lambda x, t, ignore_index: 4 * int(np.prod(x.shape)),
-             onnx=NO_ONNX, samples=_xent_samples, nondiff_inputs=(1,))
+             onnx=NO_ONNX, samples=_xent_samples, nondiff_inputs=(1,), amp="float32")
 XENT_GRAD = defop("softmax_cross_entropy_grad", _xent_grad_rule, kernel=_xent_grad_kernel,
                   grad=NOT_DIFFERENTIABLE,
                   flops=lambda x, t, lse, g, h, ignore_index: 4 * int(np.prod(x.shape)),
@@ -694,7 +698,8 @@ def _ln_gw_samples():
 
 LAYER_NORM = defop("layer_norm_affine", _ln_rule("layer_norm_affine", (0,), (1, 2)),
                    kernel=_ln_kernel, grad=_ln_grad, saves=(0, 1), onnx="LayerNormalization",
-                   flops=lambda x, w, b, eps: 9 * int(np.prod(x.shape)), samples=_ln_samples)
+                   flops=lambda x, w, b, eps: 9 * int(np.prod(x.shape)), samples=_ln_samples,
+                   amp="float32")
 LN_GRAD_X = defop("layer_norm_grad_input", _ln_rule("layer_norm_grad_input", (0, 2), (1,)),
                   kernel=_ln_grad_x_kernel, grad=NOT_DIFFERENTIABLE, onnx=NO_ONNX,
                   flops=lambda x, w, g, eps: 14 * int(np.prod(x.shape)),

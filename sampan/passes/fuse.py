@@ -153,14 +153,30 @@ def fusable(n) -> bool:
         return False
     if any(not all(isinstance(d, int) for d in v.shape) for v in n.inputs):
         return False
-    if n.op == "cast" and (n.inputs[0].dtype == _dt.bfloat16 or out.dtype == _dt.bfloat16):
-        return False   # keep bfloat16 rounding points where the program put them
+    # casts to and from bfloat16 (autocast's) fuse where the kernel keeps the rounding
+    # point where the program put it: see `_from_low`/`_to_low` in find_groups
     if op.fuse == "float32" and (out.dtype not in _F32_LIKE or not FAST_MATH):
         return False
     if n.op in ("div", "reciprocal", "sqrt") and out.dtype.kind != "f" and out.dtype != \
             _dt.bfloat16:
         return False
     return True
+
+
+def _to_low(n) -> bool:
+    """A cast to bfloat16: inside a kernel it computes in float32 without rounding, so it
+    may end a group (the wrapper rounds the group's outputs) but nothing in its group may
+    read it."""
+    return n.op == "cast" and n.outputs[0].dtype == _dt.bfloat16 and \
+        n.inputs[0].dtype != _dt.bfloat16
+
+
+def _from_low(n) -> bool:
+    """A cast from bfloat16: exact when its input comes from outside the kernel (read as
+    bfloat16, widened to float32), so it may start a group but not join its producer's
+    (whose bfloat16 values are unrounded float32 inside the kernel)."""
+    return n.op == "cast" and n.inputs[0].dtype == _dt.bfloat16 and \
+        n.outputs[0].dtype != _dt.bfloat16
 
 
 def find_groups(g):
@@ -182,6 +198,8 @@ def find_groups(g):
     has_col = []           # group index -> number of leading axes its column sums reduce
     col_nodes = set()      # ids of column sums placed in groups
     gdep = []              # group index -> bitmask of groups its members read from
+    rounding = set()       # ids of casts to bfloat16 placed in groups (see _to_low)
+    has_round = []         # group index -> holds such a cast (groups holding one never merge)
     anc = {}               # value id -> bitmask of groups it depends on (directly)
 
     def closure(mask):     # groups reachable upstream, through groups' current members
@@ -221,7 +239,7 @@ def find_groups(g):
                 continue
         if red or fusable(n):
             S = tuple(n.inputs[0].shape if red else n.outputs[0].shape)
-            for v in n.inputs:
+            for v in (() if _from_low(n) else n.inputs):
                 p = v.node
                 gi = group_of.get(id(p)) if p is not None else None
                 if gi is None or len(members[gi]) >= MAX_GROUP or not _fits(
@@ -230,9 +248,10 @@ def find_groups(g):
                 if (don and (has_red[gi] or has_col[gi])) or (red and (has_don[gi]
                                                                        or has_col[gi])):
                     continue
-                if any(u.node is not None and id(u.node) in col_nodes
+                if any(u.node is not None and (id(u.node) in col_nodes or id(u.node) in rounding)
                        and group_of.get(id(u.node)) == gi for u in n.inputs):
-                    continue   # a column sum is complete only after the group's last row
+                    continue   # a column sum is complete only after the group's last row,
+                    # a bfloat16 cast is rounded only on the way out
                 bit = 1 << gi
                 ok = True
                 for u in n.inputs:   # another path into n that leaves the group first?
@@ -252,18 +271,24 @@ def find_groups(g):
                 has_red.append(False)
                 has_don.append(False)
                 has_col.append(0)
+                has_round.append(False)
                 gdep.append(0)
+            if _to_low(n):
+                rounding.add(id(n))
+                has_round[chosen] = True
             has_red[chosen] = has_red[chosen] or red
             has_don[chosen] = has_don[chosen] or don
             group_of[id(n)] = chosen
             members[chosen].append(n)
             gdep[chosen] |= dep & ~(1 << chosen)
             dep = 1 << chosen
-            if MERGE_GROUPS and not has_red[chosen] and not has_col[chosen]:
+            if MERGE_GROUPS and not has_red[chosen] and not has_col[chosen] \
+                    and not _from_low(n):
                 for v in n.inputs:
                     gj = group_of.get(id(v.node)) if v.node is not None else None
                     if (gj is not None and gj != chosen and not has_red[gj]
-                            and not has_col[gj]
+                            and not has_col[gj] and not has_round[gj]
+                            and not has_round[chosen]
                             and shape_of[gj] == shape_of[chosen]
                             and len(members[chosen]) + len(members[gj]) <= MAX_GROUP
                             and not _linked(chosen, gj, members, group_of, users, pos)

@@ -1,4 +1,5 @@
 """Algebraic simplification: x*1, 1*x, x/1, x+0, 0+x, x-0, cast to the same dtype,
+a round trip through a wider float (bfloat16 -> float32 -> bfloat16: autocast's),
 reshape/expand to the same shape, reshape chains, permute chains (double transpose).
 
 An identity is applied only when the result has exactly x's shape and dtype, so
@@ -7,7 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .manager import register_pass
+
+
+_F16, _BF16 = np.dtype(np.float16), _dt.bfloat16
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_WIDER = {(_BF16, _F32), (_BF16, _F64), (_F16, _F32), (_F16, _F64), (_F32, _F64)}
 
 
 def _all(v, x):
@@ -51,6 +58,10 @@ def _rewrite(g, n):
         return ins[0]
     elif op == "cast" and ins[0].dtype == n.outputs[0].dtype:
         return ins[0]
+    elif op == "cast" and ins[0].node is not None and ins[0].node.op == "cast":
+        x = ins[0].node.inputs[0]     # cast(cast(x, wide), x.dtype) with wide exact for x
+        if x.dtype == n.outputs[0].dtype and (x.dtype, ins[0].dtype) in _WIDER:
+            return x
     elif op in ("reshape", "expand") and tuple(ins[0].shape) == tuple(a["shape"]):
         return ins[0]
     elif op == "reshape":

@@ -66,6 +66,9 @@ class Trainer:
     ``fn(output, target) -> number``, averaged over `evaluate`'s batches. A scheduler
     steps after every optimiser step (``scheduler_interval="step"``) or every epoch
     (``"epoch"``); `ReduceLROnPlateau` is fed `plateau_monitor` once per epoch.
+    ``amp=sampan.bfloat16`` or ``sampan.float16`` runs forward and loss under
+    `sampan.amp.autocast`; float16 also scales the loss with a `sampan.amp.GradScaler`
+    (`grad_scaler`, saved in `state_dict`), skipping steps whose gradients overflow.
 
     Example::
 
@@ -80,7 +83,7 @@ class Trainer:
 
     def __init__(self, model, optimizer, loss_fn, train_loader, eval_loader=None, hooks=(),
                  scheduler=None, metrics=None, scheduler_interval="step", grad_clip_norm=None,
-                 plateau_monitor=None):
+                 plateau_monitor=None, amp=None):
         if scheduler_interval not in ("step", "epoch"):
             raise SampanValueError(f"Trainer: scheduler_interval {scheduler_interval!r}; "
                                    "expected 'step' or 'epoch'")
@@ -100,6 +103,13 @@ class Trainer:
         self.scheduler_interval = scheduler_interval
         self.grad_clip_norm = grad_clip_norm
         self.plateau_monitor = plateau_monitor
+        self.amp = None
+        self.grad_scaler = None
+        if amp is not None:
+            from sampan.amp import GradScaler, autocast
+            self.amp = autocast(amp).dtype    # checks the dtype
+            if self.amp == np.float16:
+                self.grad_scaler = GradScaler()
         self.epoch = 0
         self.global_step = 0
         self.batch_in_epoch = 0
@@ -137,11 +147,16 @@ class Trainer:
             >>> loss, output, target = trainer.compute_loss(batch)
         """
         args, kwargs, target = self.split_batch(batch)
-        output = self.model(*args, **kwargs)
         if target is None:
             raise SampanValueError("Trainer: the batch has no target; give (inputs, target) "
                                    "tuples or override compute_loss")
-        return self.loss_fn(output, target), output, target
+        if self.amp is None:
+            output = self.model(*args, **kwargs)
+            return self.loss_fn(output, target), output, target
+        from sampan.amp import autocast
+        with autocast(self.amp):
+            output = self.model(*args, **kwargs)
+            return self.loss_fn(output, target), output, target
 
     def train_step(self, batch, update: bool = True) -> float:
         """One optimisation step on `batch` (no hooks); returns the loss as a float.
@@ -154,15 +169,24 @@ class Trainer:
         """
         self.optimizer.zero_grad()
         loss, output, _ = self.compute_loss(batch)
-        loss.backward()
+        scaler = self.grad_scaler
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        if scaler is not None:      # hooks and clipping see the true gradients
+            scaler.unscale_(self.optimizer)
         self.last_output = output
         self._call("after_backward")
         if self.grad_clip_norm is not None:
             from sampan.optim import clip_grad_norm_
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
             clip_grad_norm_(params, self.grad_clip_norm)
+        if scaler is not None and not update:
+            scaler.discard_step(self.optimizer)
         if update:
-            self.optimizer.step()
+            if scaler is None:
+                self.optimizer.step()
+            else:
+                scaler.step(self.optimizer)      # skipped when a gradient overflowed
+                scaler.update()
             if self.scheduler is not None and self.scheduler_interval == "step" and \
                     not _is_plateau(self.scheduler):
                 self.scheduler.step()
@@ -306,6 +330,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "trainer": {"epoch": self.epoch, "global_step": self.global_step,
                         "batch_in_epoch": self.batch_in_epoch, "loss_sum": self._loss_sum,
                         "loss_count": self._loss_count, "history": list(self.history)},
@@ -339,6 +364,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.grad_scaler is not None and state.get("grad_scaler"):
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
         t = state["trainer"]
         self.epoch, self.global_step = int(t["epoch"]), int(t["global_step"])
         self.batch_in_epoch = int(t["batch_in_epoch"])

@@ -1,0 +1,148 @@
+"""W1-W3 training under bfloat16 autocast: sampan (eager and jit) beside PyTorch eager
+(`torch.autocast("cpu", dtype=torch.bfloat16)`), each beside its own float32 training, in
+one process run from identical weights (the models and optimisers of w1_w3_train.py).
+Every line records the CPU model, its AVX-512/AMX flags and the kernel provider per op
+(`common.emit`'s "machine"); `--kernels numpy` keeps bf16 GEMMs on the numpy kernel
+(float32 sgemm, rounded), `onednn` prefers oneDNN, default: measured per op.
+
+Also the loss after N steps (default 200, `--loss-steps`) of sampan's bf16 W3 training
+against its float32 training from the same weights (target: within 1%).
+
+Usage: python w1_w3_amp.py [W1 W2 W3] [--reps N] [--quick] [--no-jit] [--loss-steps N]
+[--no-timing] [--kernels measured|numpy|onednn]"""
+from __future__ import annotations
+
+import argparse
+import time
+from functools import partial
+
+import models as M
+from common import blas_info, emit
+from w1_w3_train import SPEC, causal_mask
+
+
+def build_sampan(wl, amp, jit=False):
+    import sampan
+    s = SPEC[wl]
+    F = M.SampanF()
+    p = {k: sampan.tensor(v, requires_grad=True) for k, v in s["weights"]().items()}
+    x, y = s["batch"]()
+    x, y = sampan.tensor(x), sampan.tensor(y)
+    extra = (sampan.tensor(causal_mask()),) if wl == "W3" else ()
+    name, kw = s["opt"]
+    opt = getattr(sampan.optim, name)(list(p.values()), **kw)
+
+    def step(x, y, *extra):
+        opt.zero_grad()
+        with sampan.amp.autocast(sampan.bfloat16, enabled=amp):
+            loss = F.ce(s["fwd"](F, p, x, *extra), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    if jit:
+        step = sampan.jit(step)
+    return lambda: float(step(x, y, *extra).item())
+
+
+def build_torch(wl, amp):
+    import torch
+    s = SPEC[wl]
+    F = M.TorchF()
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in s["weights"]().items()}
+    x, y = s["batch"]()
+    x, y = torch.tensor(x), torch.tensor(y)
+    extra = (torch.tensor(causal_mask()),) if wl == "W3" else ()
+    name, kw = s["opt"]
+    opt = getattr(torch.optim, name)(list(p.values()), **kw)
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = F.ce(s["fwd"](F, p, x, *extra), y)
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+    return step
+
+
+def loss_after(build, n):
+    f = build()
+    loss = None
+    for _ in range(n):
+        loss = f()
+    return loss
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"])
+    ap.add_argument("--reps", type=int, default=None, help="timed blocks per system")
+    ap.add_argument("--pause", type=float, default=0.3)
+    ap.add_argument("--no-jit", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="3 blocks, 20 loss steps")
+    ap.add_argument("--loss-steps", type=int, default=None,
+                    help="W3 steps of the bf16-vs-float32 loss check (default 200; 0: none)")
+    ap.add_argument("--no-timing", action="store_true", help="only the loss check")
+    ap.add_argument("--kernels", default="measured", choices=("measured", "numpy", "onednn"))
+    args = ap.parse_args()
+    if args.kernels != "measured":
+        import sampan.backends
+        sampan.backends.prefer(args.kernels)
+    import torch
+    torch.set_num_threads(2)
+    info = blas_info()
+    reps = args.reps or (3 if args.quick else 5)
+    for wl in args.workloads:
+        if not args.no_timing:
+            timing(wl, args, reps, info)
+        steps = args.loss_steps if args.loss_steps is not None else (20 if args.quick else 200)
+        if wl == "W3" and steps:
+            jit = not args.no_jit
+            l32 = loss_after(partial(build_sampan, wl, False, jit=jit), steps)
+            l16 = loss_after(partial(build_sampan, wl, True, jit=jit), steps)
+            emit(wl, "sampan", "jit_bf16" if jit else "eager_bf16", "loss_rel_diff_pct_vs_fp32",
+                 [100 * abs(l16 - l32) / abs(l32)], steps=steps, loss_bf16=round(l16, 6),
+                 loss_fp32=round(l32, 6))
+
+
+def timing(wl, args, reps, info):
+    """steps/s of every system in one interleaved, rotated run, and the ratios."""
+    systems = {("sampan", "eager_fp32"): partial(build_sampan, wl, False),
+               ("sampan", "eager_bf16"): partial(build_sampan, wl, True),
+               ("pytorch", "eager_fp32"): partial(build_torch, wl, False),
+               ("pytorch", "eager_bf16"): partial(build_torch, wl, True)}
+    if not args.no_jit:
+        systems[("sampan", "jit_fp32")] = partial(build_sampan, wl, False, jit=True)
+        systems[("sampan", "jit_bf16")] = partial(build_sampan, wl, True, jit=True)
+    fns, first = {}, {}
+    for k, b in systems.items():
+        fns[k] = b()
+        first[k] = [fns[k](), fns[k]()]       # warm-up: tracing, compiles
+    n = SPEC[wl]["steps"]
+    rates = {k: [] for k in fns}
+    order = list(fns.items())
+    for r in range(reps):   # interleaved and rotated, as w1_w3_train.py
+        for k, f in order[r % len(order):] + order[:r % len(order)]:
+            time.sleep(args.pause)
+            t = time.perf_counter()
+            for _ in range(n):
+                f()
+            rates[k].append(n / (time.perf_counter() - t))
+    recs = {k: emit(wl, k[0], k[1], "steps_per_s", v, loss_after_1_step=round(
+        first[k][1], 6), **info) for k, v in rates.items()}
+    tb = recs[("pytorch", "eager_bf16")]["value"]
+    for mode in ("eager", "jit"):
+        ours = recs.get(("sampan", f"{mode}_bf16"))
+        if ours is None:
+            continue
+        emit(wl, f"sampan_{mode}_bf16/pytorch_eager_bf16", mode, "speed_ratio",
+             [ours["value"] / tb])
+        emit(wl, f"sampan_{mode}_bf16/sampan_{mode}_fp32", mode, "speed_ratio",
+             [ours["value"] / recs[("sampan", f"{mode}_fp32")]["value"]])
+    emit(wl, "pytorch_eager_bf16/pytorch_eager_fp32", "eager", "speed_ratio",
+         [tb / recs[("pytorch", "eager_fp32")]["value"]])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""`autocast`: mixed precision as a dispatch mode, with the policy read from the op table.
+
+Each op's `OpDef.amp` says what it does under autocast: "lower" ops (matmul, convolutions,
+einsum) get their float32 inputs cast to the autocast dtype, "float32" ops (softmax,
+log_softmax, the cross-entropy op, layer norm's statistics, exp/log/pow, sums and means)
+get their bfloat16/float16 inputs cast up to float32, and "follow" ops run on whatever
+they are given. PyTorch's CPU autocast puts matmul/linear/conv/bmm/einsum in its lower
+list and the losses, prod, linear algebra and max_unpool2d in its float32 list, as here;
+softmax, log_softmax, layer_norm, exp/log/pow, sum and mean it leaves to follow their
+inputs, where sampan computes them in float32 (as PyTorch's CUDA autocast does: they are
+where bfloat16 loses the most).
+
+The mode runs before the tracer, so under `sampan.jit` the casts are traced and the
+fusion pass folds them into its kernels. The casts are differentiable: gradients reach
+float32 master weights as float32.
+
+Example::
+
+    >>> with sampan.amp.autocast(sampan.bfloat16):
+    ...     y = x @ w            # bfloat16
+    ...     p = sampan.softmax(y, -1)   # float32
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+from .. import dtypes as _dt
+from ..errors import SampanValueError
+from ..ops import modes as _modes
+
+_LOW = (_dt.bfloat16, _dt.float16)
+_F32 = _dt.float32
+_TLS = threading.local()
+
+
+def _stack():
+    s = getattr(_TLS, "stack", None)
+    if s is None:
+        s = _TLS.stack = []
+    return s
+
+
+def _mode(op, inputs, attrs, call_next):
+    """The dispatch mode: casts inputs per the innermost autocast's dtype and `op.amp`."""
+    pol = op.amp
+    if pol == "follow":
+        return call_next(op, inputs, attrs)
+    top = _TLS.stack[-1]
+    if top is None:                       # an enabled=False block
+        return call_next(op, inputs, attrs)
+    from ..ops.elementwise import cast
+    if pol == "lower":
+        name = top.name
+        want = top.dtype
+        new = [cast(t, name) if ((d := t._data.dtype) == _F32 or (d in _LOW and d != want))
+               else t for t in inputs]
+    else:                                 # "float32"
+        new = [cast(t, "float32") if t._data.dtype in _LOW else t for t in inputs]
+    return call_next(op, tuple(new), attrs)
+
+
+class _Policy:
+    __slots__ = ("dtype", "name")
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.name = _dt.dtype_name(dtype)
+
+
+class autocast:
+    """Run ops in mixed precision inside a `with` block (or a decorated function).
+
+    `dtype` is `sampan.bfloat16` (default) or `sampan.float16`; `enabled=False` turns an
+    outer autocast off inside this block. Thread-local and nestable, as PyTorch's.
+    Weights stay float32 (they are cast per use); call `backward` outside the block.
+
+    Example::
+
+        >>> with sampan.amp.autocast(dtype=sampan.bfloat16):
+        ...     loss = sampan.cross_entropy(model(x), y)
+        >>> loss.backward()
+    """
+
+    def __init__(self, dtype=None, enabled: bool = True):
+        d = _dt.bfloat16 if dtype is None else _as_low(dtype)
+        self.dtype = d
+        self.enabled = bool(enabled)
+        self._depth = []
+
+    def __enter__(self):
+        st = _stack()
+        st.append(_Policy(self.dtype) if self.enabled else None)
+        self._depth.append(len(st))
+        if len(st) == 1:
+            _modes.push_mode(_mode)
+        return self
+
+    def __exit__(self, *exc):
+        st = _stack()
+        depth = self._depth.pop()
+        del st[depth - 1:]
+        if not st:
+            _modes.pop_mode(_mode)
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with autocast(self.dtype, self.enabled):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    def __repr__(self):
+        return f"autocast(dtype={_dt.dtype_name(self.dtype)}, enabled={self.enabled})"
+
+
+def _as_low(dtype):
+    try:
+        d = _dt.as_dtype(dtype)
+    except Exception:  # noqa: BLE001 - any unknown spelling
+        d = None
+    if d not in _LOW:
+        raise SampanValueError(f"sampan.amp.autocast: dtype {dtype!r}; expected "
+                               "sampan.bfloat16 or sampan.float16")
+    return d
+
+
+def is_autocast_enabled() -> bool:
+    """Whether ops on this thread run under an enabled autocast now."""
+    st = getattr(_TLS, "stack", None)
+    return bool(st) and st[-1] is not None
+
+
+def get_autocast_dtype():
+    """The innermost enabled autocast's dtype on this thread (None outside autocast)."""
+    st = getattr(_TLS, "stack", None)
+    return st[-1].dtype if st and st[-1] is not None else None
+
+
+def policy(op_name: str) -> str:
+    """The op table's autocast policy of `op_name` ("lower", "float32" or "follow")."""
+    from ..ops.registry import get_op
+    return get_op(op_name).amp
