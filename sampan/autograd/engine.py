@@ -61,12 +61,37 @@ def _sum(cur, g):
 
 
 def _check_saved(node):
-    for t, v in node.saved_pairs():
-        if _ver(t) != v:
-            raise AutogradError(
-                f"backward through {node.op.name}: a tensor of shape {tuple(t.shape)} that "
-                f"{node.op.name} saved for its gradient was modified in place afterwards "
-                f"(version {v} -> {_ver(t)}); clone it before modifying it in place")
+    # the check of every backward step: versions compared in place, without building
+    # node.saved_pairs()'s list (about 7% of a small-op backward); the same pairs, in order
+    saved = node.saved
+    if saved is not None:
+        op = node.op
+        inputs = node.inputs
+        if op.saves_per_input:
+            for i, v in saved:
+                t = inputs[i]
+                b = t._base
+                if (t if b is None else b)._version != v:
+                    _saved_changed(node, t, v)
+        else:
+            idx = op.saves if op.saves is not None else range(len(inputs))
+            for i, v in zip(idx, saved):
+                t = inputs[i]
+                b = t._base
+                if (t if b is None else b)._version != v:
+                    _saved_changed(node, t, v)
+    if node.outs is not None:
+        for r, v in zip(node.outs, node.out_versions):
+            t = r()
+            if t is not None and _ver(t) != v:
+                _saved_changed(node, t, v)
+
+
+def _saved_changed(node, t, v):
+    raise AutogradError(
+        f"backward through {node.op.name}: a tensor of shape {tuple(t.shape)} that "
+        f"{node.op.name} saved for its gradient was modified in place afterwards "
+        f"(version {v} -> {_ver(t)}); clone it before modifying it in place")
 
 
 def run_backward(roots, grad_roots, retain_graph, create_graph, capture=None):

@@ -98,14 +98,20 @@ def norm_axis(axis, ndim, op="op"):
     return tuple(sorted(set(out)))
 
 
+_UNBROADCAST_OPS = []   # (reduce.sum, shape.reshape), bound at the first call
+
+
 def unbroadcast(g, shape):
     """Sum `g` down to `shape` (the gradient of broadcasting)."""
     gs = tuple(g.shape)
     shape = tuple(shape)
     if gs == shape:
         return g
-    from .reduce import sum as _sum
-    from .shape import reshape
+    if not _UNBROADCAST_OPS:     # bound once: reduce and shape import this module
+        from .reduce import sum as _s
+        from .shape import reshape as _r
+        _UNBROADCAST_OPS[:] = (_s, _r)
+    _sum, reshape = _UNBROADCAST_OPS
     lead = len(gs) - len(shape)
     axes = tuple(range(lead)) + tuple(
         i + lead for i, d in enumerate(shape) if d == 1 and gs[i + lead] != 1)

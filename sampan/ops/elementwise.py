@@ -313,8 +313,24 @@ def _as_kernel(f):
     return k
 
 
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _relu_loop(a, out):
+        # np.maximum(a, 0) bit for bit (NaN kept, -0.0 -> +0.0) as selects LLVM vectorises:
+        # numpy's maximum took ~4x as long here on activation-sized arrays
+        z = a.dtype.type(0)
+        for i in range(a.size):
+            v = a[i]
+            out[i] = v if v > z or v != v else z
+
+
 def _relu(a):
+    if HAVE_NUMBA and a.dtype in _RELU_FAST:
+        return run_flat(_relu_loop, a.dtype, a)
     return np.maximum(a, a.dtype.type(0))
+
+
+_RELU_FAST = {np.dtype(np.float32), np.dtype(np.float64)}
 
 
 def _softplus(a):

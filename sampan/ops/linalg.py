@@ -8,7 +8,9 @@ from .. import dtypes as _dt
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, broadcast_shapes, lead_size, randf, rng, same_dtype, unbroadcast
+from .elementwise import operands
 from .registry import Spec, defop
+from .shape import reshape, transpose
 
 
 def _matmul_rule(a, b):
@@ -36,12 +38,10 @@ def _matmul_kernel(a, b):
 
 
 def _mT(x):
-    from .shape import transpose
     return transpose(x, -2, -1)
 
 
 def _matmul_grad(g, y, a, b):
-    from .shape import reshape
     ga = unbroadcast(matmul(g, _mT(b)), a.shape) if a.requires_grad else None
     if not b.requires_grad:
         gb = None
@@ -81,8 +81,6 @@ MATMUL = defop("matmul", _matmul_rule, kernel=_matmul_kernel, grad=_matmul_grad,
 
 def matmul(a, b):
     """Matrix product with batch broadcasting; 1-d operands as in numpy. Example: ``x @ w``."""
-    from .elementwise import operands
-    from .shape import reshape
     a, b = operands(a, b)
     if a.ndim >= 2 and b.ndim >= 2:
         return apply(MATMUL, (a, b), {})

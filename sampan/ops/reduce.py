@@ -13,6 +13,7 @@ from ..tensor import Tensor, apply
 from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, norm_axis, pick, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
+from .shape import expand, reshape
 
 
 def _red_shape(x, axis, keepdims):
@@ -58,7 +59,6 @@ def _keep_shape(x, axis):
 
 
 def _expand_back(g, x, axis, keepdims):
-    from .shape import expand, reshape
     if not keepdims:
         g = reshape(g, _keep_shape(x, axis))
     return expand(g, tuple(x.shape))
@@ -125,7 +125,6 @@ MEAN = defop("mean", _red_rule(), kernel=_mean_kernel, kind="reduction",
 
 def _minmax_grad(g, y, x, axis=None, keepdims=False):
     from .elementwise import cast, div, eq, mul
-    from .shape import reshape
     yk = y if keepdims else reshape(y, _keep_shape(x, axis))
     mask = cast(eq(x, yk), x.dtype)
     count = sum(mask, axis, keepdims=True)
