@@ -390,20 +390,25 @@ def overload(server, x, args, info):
     print(json.dumps(rec), flush=True)
 
 
+def random_inputs(meta, rng):
+    """One request's inputs (batch 1) for a model's metadata: ids in [0, 1000), normal
+    floats; {name: (datatype, array)} as `binary_body` takes them."""
+    inputs = {}
+    for spec in meta["inputs"]:
+        shape = [1 if d == -1 else d for d in spec["shape"]]
+        dt = DTYPES[spec["datatype"]]
+        a = (rng.integers(0, 1000, shape) if np.dtype(dt).kind in "iu"
+             else rng.standard_normal(shape)).astype(dt)
+        inputs[spec["name"]] = (spec["datatype"], a)
+    return inputs
+
+
 def dlrm_points(server, args, info, log):
     import tritonclient.http as http
     c = http.InferenceServerClient(server.url[len("http://"):])
     meta = c.get_model_metadata("dlrm")
     c.close()
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for s in meta["inputs"]:
-        shape = [1 if d == -1 else d for d in s["shape"]]
-        dt = DTYPES[s["datatype"]]
-        a = (rng.integers(0, 1000, shape) if np.dtype(dt).kind in "iu"
-             else rng.standard_normal(shape)).astype(dt)
-        inputs[s["name"]] = (s["datatype"], a)
-    body, hlen = binary_body(inputs)
+    body, hlen = binary_body(random_inputs(meta, np.random.default_rng(0)))
     systems = [(m, mode) for m, mode in (("dlrm_single", "batching_off"),
                                          ("dlrm", "batching_on")) if m in server.models]
     res = {}
@@ -427,17 +432,9 @@ def delta_under_load(server, directory, args, info):
     if not files:
         return
     c = http.InferenceServerClient(server.url[len("http://"):])
-    seq0 = c.get_model_metadata("dlrm").get("snapshot_sequence")
     meta = c.get_model_metadata("dlrm")
-    rng = np.random.default_rng(2)
-    inputs = {}
-    for spec in meta["inputs"]:
-        shape = [1 if d == -1 else d for d in spec["shape"]]
-        dt = DTYPES[spec["datatype"]]
-        a = (rng.integers(0, 1000, shape) if np.dtype(dt).kind in "iu"
-             else rng.standard_normal(shape)).astype(dt)
-        inputs[spec["name"]] = (spec["datatype"], a)
-    body, hlen = binary_body(inputs)
+    seq0 = meta.get("snapshot_sequence")
+    body, hlen = binary_body(random_inputs(meta, np.random.default_rng(2)))
     watched = os.path.join(directory, "deltas")
     seconds = min(args.seconds, 4.0)
 
