@@ -15,7 +15,9 @@ the ratios against the targets (concurrency 64: batching >= 5x batching off; con
 1: batching adds <= max_queue_delay_us + 10% to p50), and the overload case: far above
 capacity against a short queue, every request must get 200 or 503 within its timeout
 and the server's RSS stay bounded. The demo DLRM of `sampan.serving.rec` is served too
-when that module provides `export_demo_dlrm` (skipped with a `#` line otherwise).
+when that module provides `export_demo_dlrm` (skipped with a `#` line otherwise), and a
+line for a delta applied under load (its spare deltas moved into the watched directory
+during a concurrency-64 run: failed requests and the served snapshot sequence).
 
 Every run is bounded (requests and seconds per point) and stops the server by itself.
 
@@ -388,20 +390,25 @@ def overload(server, x, args, info):
     print(json.dumps(rec), flush=True)
 
 
+def random_inputs(meta, rng):
+    """One request's inputs (batch 1) for a model's metadata: ids in [0, 1000), normal
+    floats; {name: (datatype, array)} as `binary_body` takes them."""
+    inputs = {}
+    for spec in meta["inputs"]:
+        shape = [1 if d == -1 else d for d in spec["shape"]]
+        dt = DTYPES[spec["datatype"]]
+        a = (rng.integers(0, 1000, shape) if np.dtype(dt).kind in "iu"
+             else rng.standard_normal(shape)).astype(dt)
+        inputs[spec["name"]] = (spec["datatype"], a)
+    return inputs
+
+
 def dlrm_points(server, args, info, log):
     import tritonclient.http as http
     c = http.InferenceServerClient(server.url[len("http://"):])
     meta = c.get_model_metadata("dlrm")
     c.close()
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for s in meta["inputs"]:
-        shape = [1 if d == -1 else d for d in s["shape"]]
-        dt = DTYPES[s["datatype"]]
-        a = (rng.integers(0, 1000, shape) if np.dtype(dt).kind in "iu"
-             else rng.standard_normal(shape)).astype(dt)
-        inputs[s["name"]] = (s["datatype"], a)
-    body, hlen = binary_body(inputs)
+    body, hlen = binary_body(random_inputs(meta, np.random.default_rng(0)))
     systems = [(m, mode) for m, mode in (("dlrm_single", "batching_off"),
                                          ("dlrm", "batching_on")) if m in server.models]
     res = {}
@@ -410,6 +417,54 @@ def dlrm_points(server, args, info, log):
             res[mode, conc] = rec
     if len(systems) == 2:
         targets(res, args, info, "dlrm")
+
+
+def delta_under_load(server, directory, args, info):
+    """The demo DLRM at concurrency 64 while its spare delta exports are moved, one by
+    one, into the directory the server watches: no request may fail, and the served
+    snapshot sequence must advance by the number of deltas."""
+    import shutil
+    import threading
+
+    import tritonclient.http as http
+    spare = os.path.join(directory, "spare_deltas")
+    files = sorted(os.listdir(spare)) if os.path.isdir(spare) else []
+    if not files:
+        return
+    c = http.InferenceServerClient(server.url[len("http://"):])
+    meta = c.get_model_metadata("dlrm")
+    seq0 = meta.get("snapshot_sequence")
+    body, hlen = binary_body(random_inputs(meta, np.random.default_rng(2)))
+    watched = os.path.join(directory, "deltas")
+    seconds = min(args.seconds, 4.0)
+
+    def move():
+        for f in files:
+            time.sleep(seconds / (len(files) + 1))
+            shutil.copy(os.path.join(spare, f), os.path.join(watched, f + ".part"))
+            os.replace(os.path.join(watched, f + ".part"), os.path.join(watched, f))
+    mover = threading.Thread(target=move)
+    mover.start()
+    lat, codes, wall = asyncio.run(drive_raw(server.url, "dlrm", body, hlen, 64,
+                                             10**9, seconds))
+    mover.join()
+    t_end = time.perf_counter() + 5
+    seq1 = seq0
+    while time.perf_counter() < t_end:
+        seq1 = c.get_model_metadata("dlrm").get("snapshot_sequence")
+        if seq0 is None or seq1 >= seq0 + len(files):
+            break
+        time.sleep(0.1)
+    c.close()
+    failed = sum(n for k, n in codes.items() if k != 200)
+    rec = {"workload": "S1", "system": "sampan_serve", "mode": "delta_under_load",
+           "model": "dlrm", "metric": "failed_requests", "value": failed,
+           "requests": sum(codes.values()), "deltas_applied": len(files),
+           "snapshot_sequence_before": seq0, "snapshot_sequence_after": seq1,
+           "requests_per_s": round(codes.get(200, 0) / wall, 1), "concurrency": 64,
+           "target": 0, "target_met": failed == 0 and seq1 == (seq0 or 0) + len(files),
+           **info}
+    print(json.dumps(rec), flush=True)
 
 
 def main(argv=None):
@@ -463,6 +518,7 @@ def main(argv=None):
             overload(server, x, args, info)
             if "dlrm" in server.models:
                 dlrm_points(server, args, info, log)
+                delta_under_load(server, os.path.join(repo, "dlrm"), args, info)
         finally:
             rc = server.stop()
             log(f"# server stopped by SIGTERM, exit code {rc}")

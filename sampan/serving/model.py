@@ -116,11 +116,12 @@ def read_config(directory: str) -> dict:
     return cfg
 
 
-def load_model(name: str, directory: str) -> ServedModel:
-    """The ServedModel for `directory`, made by the loader of its config's ``kind``."""
+def load_model(name: str, directory: str, config: dict | None = None) -> ServedModel:
+    """The ServedModel for `directory`, made by the loader of its config's ``kind``;
+    `config` replaces what ``config.json`` says (the server merges its overrides in)."""
     if not os.path.isdir(directory):
         raise ServingError(f"serving: model {name!r}: {directory!r} is not a directory")
-    cfg = read_config(directory)
+    cfg = read_config(directory) if config is None else config
     kind = cfg.get("kind", "program")
     if kind not in KINDS:
         _load_builtin_kinds()

@@ -55,21 +55,10 @@ def _load(name, where, overrides):
             if "max_batch_size" in overrides:
                 where.max_batch_size = int(overrides["max_batch_size"])
         return where
-    if not overrides:
-        return load_model(name, os.fspath(where))
-    # the loader reads config.json itself: give it the merged config through a kind call
-    from .model import KINDS, _load_builtin_kinds
     directory = os.fspath(where)
-    if not os.path.isdir(directory):
-        raise ServingError(f"serving: model {name!r}: {directory!r} is not a directory")
-    cfg = _merge(read_config(directory), overrides)
-    kind = cfg.get("kind", "program")
-    if kind not in KINDS:
-        _load_builtin_kinds()
-    if kind not in KINDS:
-        raise ServingError(f"serving: model {name!r}: unknown kind {kind!r}; expected one "
-                           f"of {sorted(KINDS)}")
-    return KINDS[kind](name, directory, cfg)
+    if not overrides:
+        return load_model(name, directory)
+    return load_model(name, directory, _merge(read_config(directory), overrides))
 
 
 class _State:
