@@ -434,7 +434,7 @@ def test_nothing_in_the_group_reads_a_column_sum():
     assert not any(e[0] == "sum" for e in kernels[1].attrs["body"])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 99), st.integers(0, 99)),
                 min_size=3, max_size=12))
 def test_random_dags_with_column_sums_fused_equal_unfused(ops):
