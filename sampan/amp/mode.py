@@ -60,6 +60,18 @@ def _mode(op, inputs, attrs, call_next):
     return call_next(op, tuple(new), attrs)
 
 
+def _sync(st):
+    """The mode is pushed while some block of this thread's stack is enabled: a lone
+    ``autocast(enabled=False)`` leaves dispatch on its one-flag fast path."""
+    want = any(p is not None for p in st)
+    if want and not getattr(_TLS, "pushed", False):
+        _modes.push_mode(_mode)
+        _TLS.pushed = True
+    elif not want and getattr(_TLS, "pushed", False):
+        _modes.pop_mode(_mode)
+        _TLS.pushed = False
+
+
 class _Policy:
     __slots__ = ("dtype", "name")
 
@@ -92,16 +104,14 @@ class autocast:
         st = _stack()
         st.append(_Policy(self.dtype) if self.enabled else None)
         self._depth.append(len(st))
-        if len(st) == 1:
-            _modes.push_mode(_mode)
+        _sync(st)
         return self
 
     def __exit__(self, *exc):
         st = _stack()
         depth = self._depth.pop()
         del st[depth - 1:]
-        if not st:
-            _modes.pop_mode(_mode)
+        _sync(st)
         return False
 
     def __call__(self, fn):

@@ -129,6 +129,12 @@ def test_nesting_disabling_and_the_decorator():
     assert f(x, w).dtype == np.float16 and (x @ w).dtype == F32
     with pytest.raises(SampanValueError, match="bfloat16 or sampan.float16"):
         autocast(sampan.float32)
+    from sampan.ops import modes
+    with autocast(enabled=False):       # alone it pushes no mode: dispatch stays fast
+        assert not modes.HOOKS.active and (x @ w).dtype == F32
+        with autocast(sampan.bfloat16):  # and an enabled block inside it still casts
+            assert (x @ w).dtype == BF16
+        assert not modes.HOOKS.active
 
 
 def test_thread_local():
