@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 
@@ -104,14 +103,8 @@ def main(argv=None):
 
 
 def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from sampan.backends.choice import cpu_model
+    return cpu_model()
 
 
 if __name__ == "__main__":
