@@ -19,30 +19,13 @@ from functools import partial
 import models as M
 from common import blas_info, emit
 from w1_w3_train import SPEC, causal_mask
+from w1_w3_train import build_sampan as _train_step
 
 
 def build_sampan(wl, amp, jit=False):
+    """w1_w3_train's sampan step, under bfloat16 autocast when `amp`."""
     import sampan
-    s = SPEC[wl]
-    F = M.SampanF()
-    p = {k: sampan.tensor(v, requires_grad=True) for k, v in s["weights"]().items()}
-    x, y = s["batch"]()
-    x, y = sampan.tensor(x), sampan.tensor(y)
-    extra = (sampan.tensor(causal_mask()),) if wl == "W3" else ()
-    name, kw = s["opt"]
-    opt = getattr(sampan.optim, name)(list(p.values()), **kw)
-
-    def step(x, y, *extra):
-        opt.zero_grad()
-        with sampan.amp.autocast(sampan.bfloat16, enabled=amp):
-            loss = F.ce(s["fwd"](F, p, x, *extra), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    if jit:
-        step = sampan.jit(step)
-    return lambda: float(step(x, y, *extra).item())
+    return _train_step(wl, jit=jit, amp=sampan.bfloat16 if amp else None)
 
 
 def build_torch(wl, amp):

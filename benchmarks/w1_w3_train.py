@@ -41,7 +41,11 @@ def causal_mask():
     return np.tril(np.ones((M.W3["seq"],) * 2, bool))
 
 
-def build_sampan(wl, jit=False):
+def build_sampan(wl, jit=False, amp=None):
+    """One training step of workload `wl` as a callable; `amp`: run forward and loss
+    under ``sampan.amp.autocast(amp)`` (w1_w3_amp.py)."""
+    import contextlib
+
     import sampan
     s = SPEC[wl]
     F = M.SampanF()
@@ -57,7 +61,8 @@ def build_sampan(wl, jit=False):
 
     def step(x, y, *extra):
         opt.zero_grad()
-        loss = F.ce(s["fwd"](F, p, x, *extra), y)
+        with sampan.amp.autocast(amp) if amp is not None else contextlib.nullcontext():
+            loss = F.ce(s["fwd"](F, p, x, *extra), y)
         loss.backward()
         opt.step()
         return loss
