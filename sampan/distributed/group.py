@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import bfloat16
 from ..errors import SampanError
+from ..profiler import recorder as _rec
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
 DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, bfloat16, np.int64, np.int32,
@@ -40,7 +41,7 @@ class Work:
     None). `is_completed()` never blocks."""
 
     __slots__ = ("group", "name", "seq", "_test", "_block", "_finish", "_done", "_result",
-                 "_lock")
+                 "_lock", "_t0", "_tid")
 
     def __init__(self, group, name, seq, test, finish, block=None):
         self.group, self.name, self.seq = group, name, seq
@@ -50,6 +51,10 @@ class Work:
         self._done = False
         self._result = None
         self._lock = threading.Lock()
+        # sampan.profiler: the collective is a span from its start to its completion, on
+        # the thread that started it
+        self._t0 = _rec.now() if _rec.ACTIVE else None
+        self._tid = threading.get_ident()
 
     @classmethod
     def completed(cls, group, name, result=None):
@@ -62,6 +67,10 @@ class Work:
             if not self._done:
                 self._result = self._finish()
                 self._done = True
+                if self._t0 is not None and _rec.ACTIVE:
+                    _rec.emit_event(_rec.Event(self.name, "collective", self._t0,
+                                               _rec.now() - self._t0, self._tid,
+                                               {"seq": self.seq, "ranks": self.group.size}))
 
     def is_completed(self) -> bool:
         if not self._done and self._test():
@@ -73,10 +82,13 @@ class Work:
         if self._done:
             return self._result
         limit = self.group.timeout if timeout is None else float(timeout)
+        t = _rec.now() if _rec.ACTIVE else None
         if self._block is not None:
             ok = self._block(limit)
         else:
             ok = _spin(self._test, limit)
+        if t is not None:            # the time this thread was blocked on it
+            _rec.emit("wait", "collective", t, _rec.now() - t, op=self.name, seq=self.seq)
         if not ok:
             raise self.group.stalled(self.name, self.seq, limit)
         self._complete()
