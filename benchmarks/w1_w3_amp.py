@@ -13,13 +13,13 @@ Usage: python w1_w3_amp.py [W1 W2 W3] [--reps N] [--quick] [--no-jit] [--loss-st
 from __future__ import annotations
 
 import argparse
-import time
 from functools import partial
 
 import models as M
 from common import blas_info, emit
 from w1_w3_train import SPEC, causal_mask
 from w1_w3_train import build_sampan as _train_step
+from w1_w3_train import interleaved_rates
 
 
 def build_sampan(wl, amp, jit=False):
@@ -102,16 +102,7 @@ def timing(wl, args, reps, info):
     for k, b in systems.items():
         fns[k] = b()
         first[k] = [fns[k](), fns[k]()]       # warm-up: tracing, compiles
-    n = SPEC[wl]["steps"]
-    rates = {k: [] for k in fns}
-    order = list(fns.items())
-    for r in range(reps):   # interleaved and rotated, as w1_w3_train.py
-        for k, f in order[r % len(order):] + order[:r % len(order)]:
-            time.sleep(args.pause)
-            t = time.perf_counter()
-            for _ in range(n):
-                f()
-            rates[k].append(n / (time.perf_counter() - t))
+    rates = interleaved_rates(fns, SPEC[wl]["steps"], reps, args.pause)
     recs = {k: emit(wl, k[0], k[1], "steps_per_s", v, loss_after_1_step=round(
         first[k][1], 6), **info) for k, v in rates.items()}
     tb = recs[("pytorch", "eager_bf16")]["value"]

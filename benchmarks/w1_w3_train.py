@@ -225,6 +225,27 @@ def peak_gemm():
     return lambda: np.matmul(a, b, out=out)
 
 
+def interleaved_rates(systems, n, reps, pause):
+    """{key: [steps/s of each block]} for blocks of `n` calls of every system's step,
+    `reps` rounds, interleaved so background load hits all systems alike and rotated so
+    that each system runs in each position (first after the pause, after a GEMM-heavy
+    peer, ...) equally often: with a fixed order, sampan's A/B against itself moved by up
+    to 5% with which side ran first. Each block starts after `pause` seconds: thread pools
+    of the system before (OpenBLAS workers spin ~0.1 s after a GEMM, OpenMP's a little)
+    would otherwise take a core from this one; measured, that slowed PyTorch after sampan
+    by ~1.5x on W1."""
+    rates = {k: [] for k in systems}
+    order = list(systems.items())
+    for r in range(reps):
+        for k, f in order[r % len(order):] + order[:r % len(order)]:
+            time.sleep(pause)
+            t = time.perf_counter()
+            for _ in range(n):
+                f()
+            rates[k].append(n / (time.perf_counter() - t))
+    return rates
+
+
 def two_steps(build):
     f = build()
     return f, [f(), f()]
@@ -307,25 +328,10 @@ def main():
             gemm_flops = None
         if gemm_flops:
             systems[PEAK] = peak_gemm()
-        n = SPEC[wl]["steps"]
-        rates = {k: [] for k in systems}
         # W3's blocks are 3 steps of ~0.15 s: more of them, as its ratio moved by +-0.1
         # between runs with 5 and by +-0.05 with 8
         reps = args.reps or SPEC[wl].get("reps", 5)
-        order = list(systems.items())
-        for r in range(reps):  # interleaved so background load hits all systems alike
-            # and rotated, so that each system runs in each position (first after the
-            # pause, after a GEMM-heavy peer, ...) equally often: with a fixed order,
-            # sampan's A/B against itself moved by up to 5% with which side ran first
-            for k, f in order[r % len(order):] + order[:r % len(order)]:
-                # a pause first: thread pools of the system before (OpenBLAS workers spin
-                # ~0.1 s after a GEMM, OpenMP's a little) would otherwise take a core from
-                # this one; measured, that slowed PyTorch after sampan by ~1.5x on W1
-                time.sleep(args.pause)
-                t = time.perf_counter()
-                for _ in range(n):
-                    f()
-                rates[k].append(n / (time.perf_counter() - t))
+        rates = interleaved_rates(systems, SPEC[wl]["steps"], reps, args.pause)
         peak = rates.pop(PEAK, None)
         recs = {k: emit(wl, k[0], k[1], "steps_per_s", v, loss_after_1_step=round(
             losses[k][1], 6), **notes.get(k, {}), **info) for k, v in rates.items()}
