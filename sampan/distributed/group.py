@@ -54,7 +54,7 @@ class Work:
         # sampan.profiler: the collective is a span from its start to its completion, on
         # the thread that started it
         self._t0 = _rec.now() if _rec.ACTIVE else None
-        self._tid = threading.get_ident()
+        self._tid = threading.get_ident() if self._t0 is not None else 0
 
     @classmethod
     def completed(cls, group, name, result=None):
