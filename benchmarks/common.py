@@ -37,12 +37,13 @@ def machine_info() -> dict:
         flags = choice.cpu_flags()
         _MACHINE.update(cpu=choice.cpu_model(),
                         cpu_flags=[f for f in flags if f.startswith(("avx512", "amx"))])
-    from sampan.backends import choice
+    from sampan.backends import choice, pool
     pref = choice.preferred(None)
     # preferred: every op with a choice runs there where it has a kernel for the call
     kernels = choice.providers() if pref is None else {
         op: pref for op in choice.OPS_WITH_CHOICE}
-    return dict(_MACHINE, kernels=kernels, kernel_choice=pref or "measured")
+    return dict(_MACHINE, kernels=kernels, kernel_choice=pref or "measured",
+                gemm_pool=pool.current())
 
 
 def timeit(fn, reps=7, warmup=2, inner=1):
@@ -67,3 +68,21 @@ def emit(workload, system, mode, metric, values, **extra):
     rec.setdefault("machine", machine_info())
     print(json.dumps(rec), flush=True)
     return rec
+
+
+def add_kernel_args(ap) -> None:
+    """--kernels and --pool: how sampan picks its GEMM and convolution kernels."""
+    ap.add_argument("--kernels", default="measured", choices=("measured", "numpy", "onednn"),
+                    help="sampan's kernel provider: measured per op (default) or preferred")
+    ap.add_argument("--pool", default="measured", choices=("measured", "openblas", "onednn"),
+                    help="the GEMM thread pool (sampan/backends/pool.py): calibrated per "
+                         "machine (default) or forced")
+
+
+def apply_kernel_args(args) -> None:
+    if args.pool != "measured":
+        from sampan.backends import pool
+        pool.set_pool(args.pool)
+    if args.kernels != "measured":
+        from sampan.backends import choice
+        choice.prefer(args.kernels)

@@ -16,7 +16,7 @@ import argparse
 from functools import partial
 
 import models as M
-from common import blas_info, emit
+from common import add_kernel_args, apply_kernel_args, blas_info, emit
 from w1_w3_train import SPEC, causal_mask
 from w1_w3_train import build_sampan as _train_step
 from w1_w3_train import interleaved_rates
@@ -67,11 +67,9 @@ def main():
     ap.add_argument("--loss-steps", type=int, default=None,
                     help="W3 steps of the bf16-vs-float32 loss check (default 200; 0: none)")
     ap.add_argument("--no-timing", action="store_true", help="only the loss check")
-    ap.add_argument("--kernels", default="measured", choices=("measured", "numpy", "onednn"))
+    add_kernel_args(ap)
     args = ap.parse_args()
-    if args.kernels != "measured":
-        import sampan.backends
-        sampan.backends.prefer(args.kernels)
+    apply_kernel_args(args)
     import torch
     torch.set_num_threads(2)
     info = blas_info()

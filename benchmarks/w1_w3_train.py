@@ -22,7 +22,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"  # before jax is imported: CPU only, no acce
 import numpy as np
 
 import models as M
-from common import blas_info, emit
+from common import add_kernel_args, apply_kernel_args, blas_info, emit
 
 SPEC = {
     "W1": dict(weights=M.w1_weights, batch=M.w1_batch, fwd=M.w1_forward,
@@ -261,12 +261,9 @@ def main():
     ap.add_argument("--no-jit", action="store_true", help="skip sampan jit")
     ap.add_argument("--no-jax", action="store_true", help="skip JAX jit")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--kernels", default="measured", choices=("measured", "numpy", "onednn"),
-                    help="sampan's kernel provider: measured per op (default) or preferred")
+    add_kernel_args(ap)
     args = ap.parse_args()
-    if args.kernels != "measured":
-        import sampan.backends
-        sampan.backends.prefer(args.kernels)
+    apply_kernel_args(args)
     info = blas_info()
     import torch
     torch.set_num_threads(2)

@@ -14,7 +14,7 @@ _SET_NAMES = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threa
               "MKL_Set_Num_Threads", "bli_thread_set_num_threads")
 _GET_NAMES = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
               "openblas_get_num_threads64_", "openblas_get_num_threads", "MKL_Get_Max_Threads")
-_state = {"n": None, "blas": False}
+_state = {"n": None, "blas": False, "blas_cap": None}
 
 
 def _blas_libraries():
@@ -97,9 +97,25 @@ def set_num_threads(n: int) -> None:
         nb.set_num_threads(min(n, nb.config.NUMBA_NUM_THREADS))
     s, _ = _blas()
     if s is not None:
-        s(n)
+        s(min(n, _state["blas_cap"] or n))
     _state["n"] = n
     _omp_set(n)
+
+
+def cap_blas(cap: int | None) -> None:
+    """Give numpy's BLAS at most `cap` threads whatever `set_num_threads` says (None: no
+    cap): the "onednn" GEMM pool (backends/pool.py) keeps OpenBLAS on one thread so its
+    workers never spin beside oneDNN's. `get_num_threads` still reports the count set;
+    uncapping gives the BLAS that count back (or, if none was set, the one it had)."""
+    if cap == _state["blas_cap"]:
+        return
+    s, g = _blas()
+    if _state["blas_cap"] is None and g is not None:
+        _state["blas_before"] = int(g())
+    _state["blas_cap"] = cap
+    target = _state["n"] if _state["n"] is not None else _state.get("blas_before")
+    if s is not None and target is not None:
+        s(min(target, cap) if cap else target)
 
 
 def get_num_threads() -> int:

@@ -17,6 +17,11 @@ above one per core) is provisional: it is used while the machine stays busy and 
 again the first time a process meets it on a quiet machine, so a winner picked by noise
 does not stay for good.
 
+Which classes race at all depends on the process's GEMM pool (`pool.py`): under the
+"openblas" pool float32 stays on numpy unmeasured (oneDNN serves bfloat16 and int8);
+under the "onednn" pool OpenBLAS runs on one thread and every class is measured. The
+pool's name is part of the class key, so a winner never crosses pools.
+
 `prefer("onednn")` (or `prefer("numpy", op="matmul")`) overrides the measurement, as a
 context manager or globally. `SAMPAN_KERNEL_CHOICE=off` keeps every op on its numpy
 kernel without measuring.
@@ -136,9 +141,18 @@ def backends() -> list:
 
 
 def reset() -> None:
-    """Forget loaded backends and in-memory choices (tests that swap the loader)."""
+    """Forget loaded backends, the GEMM pool and in-memory choices (tests that swap the
+    loader)."""
+    from . import pool
     with _lock:
         _state.update(backends=None, disk=None, path=None, dirty=False, written=-1e9)
+        pool.reset()
+        forget_classes()
+
+
+def forget_classes() -> None:
+    """Forget the in-memory per-class choices (they are re-read or measured again)."""
+    with _lock:
         for name in OPS_WITH_CHOICE:
             k = OPS[name].kernel
             if isinstance(k, Chooser):
@@ -215,6 +229,16 @@ def clear() -> None:
 WRITE_EVERY_S = 2.0      # a burst of new classes (a model's first step) is one write
 
 
+def stored(key):
+    """This machine's cached record under `key`, or None."""
+    return _read().get(machine_key(), {}).get(key)
+
+
+def store(key, record) -> None:
+    """Keep `record` under `key` for this machine (written to disk in bursts)."""
+    _store(key, record)
+
+
 def _store(key, record) -> None:
     with _lock:
         machines = _read()
@@ -288,8 +312,8 @@ def preferred(op: str):
 
 
 # ----------------------------------------------------------------------------- chooser
-def _class_key(op, arrays, attrs) -> str:
-    parts = [op] + [f"{a.dtype.str}{list(a.shape)}{'' if a.flags.c_contiguous else 'nc'}"
+def _class_key(op, arrays, attrs, pool=None) -> str:
+    parts = [f"{pool}:{op}" if pool else op] + [f"{a.dtype.str}{list(a.shape)}{'' if a.flags.c_contiguous else 'nc'}"
                     for a in arrays]
     if attrs:
         parts.append(",".join(f"{k}={v}" for k, v in sorted(attrs.items())))
@@ -344,6 +368,7 @@ class Chooser:
         self.numpy = op.kernels["numpy"]
         self.table = {}             # class key -> callable (memory)
         self.ready = False
+        self.pool = None            # the process's GEMM pool (backends/pool.py)
         self.__name__ = getattr(self.numpy, "__name__", op.name)
         self.__doc__ = getattr(self.numpy, "__doc__", None)
 
@@ -373,6 +398,9 @@ class Chooser:
         self.ready = True
         if not backends():          # nothing to choose from: exactly today's kernel
             self.table = None
+            return
+        from . import pool
+        self.pool = pool.decide()
 
     def pick(self, arrays, attrs=None):
         """The chosen non-numpy kernel for this call (measured if new), or None: for
@@ -412,7 +440,13 @@ class Chooser:
         return next(n for n, f in self.op.kernels.items() if f is fn)
 
     def _decide(self, mkey, arrays, attrs):
-        key = _class_key(self.name, arrays, attrs)
+        if self.pool == "openblas" and all(a.dtype.kind == "f" and a.dtype.itemsize >= 4
+                                           for a in arrays):
+            # the OpenBLAS pool: float32/64 stay on numpy (no switch between thread
+            # pools); oneDNN serves only what numpy has no BLAS for (bfloat16, int8)
+            self.table[mkey] = self.numpy
+            return self.numpy(*arrays, **attrs)
+        key = _class_key(self.name, arrays, attrs, self.pool)
         stored = _read().get(machine_key(), {}).get(key)
         cands = self.candidates()
         busy = _busy()

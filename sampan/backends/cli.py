@@ -10,8 +10,8 @@ def _kernels(a) -> int:
         choice.clear()
         print(f"cleared {choice.cache_path()}")
         return 0
-    from . import onednn
-    info = {"cache": choice.cache_path(), "machine": choice.machine_key(),
+    from . import onednn, pool
+    info = {"gemm_pool": (choice.stored(pool.POOL_KEY) or {}).get("winner"),"cache": choice.cache_path(), "machine": choice.machine_key(),
             "cpu_flags": choice.cpu_flags(),
             "backends": {"onednn": onednn.version() if onednn.available()
                          else f"unavailable: {onednn.why_unavailable()}"},

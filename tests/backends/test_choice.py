@@ -19,6 +19,8 @@ needs_onednn = pytest.mark.skipif(not onednn.available(),
 def cache(tmp_path, monkeypatch):
     path = tmp_path / "kernels.json"
     monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(path))
+    # the pool whose float32 classes race numpy against oneDNN (test_pool.py tests both)
+    monkeypatch.setenv("SAMPAN_GEMM_POOL", "onednn")
     monkeypatch.setattr(choice, "_busy", lambda: False)   # the load average, made quiet
     choice.reset()
     yield path

@@ -1,0 +1,158 @@
+"""One GEMM thread pool per process.
+
+numpy's OpenBLAS and oneDNN each keep their own worker threads. After a multi-threaded
+GEMM, OpenBLAS's workers spin-wait for the next one (for up to 2**28 cycles, about 0.1 s,
+unless OPENBLAS_THREAD_TIMEOUT was set before numpy loaded), so a oneDNN call that follows
+finds its OpenMP workers sharing a core with a spinner and runs several times slower; on a
+2-core machine a step that alternates the two libraries pays that on every switch. Timing
+the libraries against each other call by call then measures the switch, not the kernels.
+
+So a process runs its float32 GEMMs and convolutions under one of two pools:
+
+- ``"openblas"``: numpy's OpenBLAS with every thread, as sampan ran before oneDNN was
+  there. oneDNN serves only calls numpy has no BLAS for (bfloat16, int8).
+- ``"onednn"``: OpenBLAS on one thread (its workers never wake, so they never spin) and
+  the threads given to oneDNN's OpenMP pool. Each (op, shape) class then picks numpy
+  (one thread) or oneDNN by measurement (`choice.py`), a fair race.
+
+The pool is chosen per machine by a short calibration (a fixed set of GEMM and
+convolution shapes of the W1-W3 kind, each timed in blocks of calls under both pools; the
+geometric mean of the per-shape ratios decides, oneDNN needing to win by `choice.WIN_MARGIN`)
+and kept in the kernel choice cache next to the per-class winners, keyed by the same
+machine key; a calibration run on a busy machine is provisional like any other choice.
+``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it.
+
+Example::
+
+    >>> from sampan.backends import pool
+    >>> pool.current() in (None, "openblas", "onednn")
+    True
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+
+POOLS = ("openblas", "onednn")
+POOL_KEY = "pool:gemm"        # its record's key in the cache (no op class starts so)
+BLOCK = 2                     # calls per timed block (one more, untimed, before it)
+ROUNDS = 2                    # blocks per (shape, pool); the best block counts
+_state = {"pool": None, "forced": None}
+
+
+def _shapes():
+    """(op name, arrays, attrs) of the calibration: the GEMMs of an MLP and a small
+    transformer's step (forward and the two backward products) and a LeNet convolution."""
+    r = np.random.default_rng(0)
+
+    def f(*s):
+        return r.standard_normal(s).astype(np.float32)
+    mm = [((128, 784), (784, 512)), ((128, 512), (512, 512)), ((512, 128), (128, 512)),
+          ((1024, 256), (256, 256)), ((32, 128, 64), (32, 64, 128))]
+    out = [("matmul", (f(*a), f(*b)), {}) for a, b in mm]
+    out.append(("conv2d", (f(64, 6, 14, 14), f(16, 6, 5, 5)),
+                {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}))
+    return out
+
+
+def current() -> str | None:
+    """The pool in force, or None before the first GEMM decided it (or without oneDNN)."""
+    return _state["pool"]
+
+
+def set_pool(name: str | None) -> None:
+    """Run this process under pool `name` ("openblas" or "onednn"), whatever was measured;
+    None goes back to the measured pool. Per-class choices made so far are forgotten."""
+    from . import choice
+    if name is not None and name not in POOLS:
+        from ..errors import SampanError
+        raise SampanError(f"set_pool: unknown pool {name!r}; expected one of {list(POOLS)}")
+    with choice._lock:
+        _state["forced"] = name
+        _apply(None)
+        choice.forget_classes()
+
+
+def decide() -> str:
+    """The pool for this process: forced, else cached for this machine, else calibrated
+    now (a fraction of a second, once per machine). Applies its thread policy."""
+    from . import choice
+    if _state["pool"] is not None:
+        return _state["pool"]
+    with choice._lock:
+        if _state["pool"] is not None:
+            return _state["pool"]
+        name = _state["forced"] or os.environ.get("SAMPAN_GEMM_POOL")
+        if name not in POOLS:
+            name = "openblas" if not choice.backends() else _measured(choice)
+        _apply(name)
+        return name
+
+
+def _measured(choice) -> str:
+    stored = choice.stored(POOL_KEY)
+    busy = choice._busy()
+    if stored and stored.get("winner") in POOLS and (busy or not stored.get("busy")):
+        return stored["winner"]
+    times = calibrate()
+    ratios = [times["onednn"][i] / times["openblas"][i] for i in range(len(times["openblas"]))]
+    gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    winner = "onednn" if gmean < 1 / choice.WIN_MARGIN else "openblas"
+    choice.store(POOL_KEY, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
+                            "times_us": {k: [round(t * 1e6, 1) for t in v]
+                                         for k, v in times.items()}})
+    return winner
+
+
+def _best_block(fn, arrays, attrs) -> float:
+    fn(*arrays, **attrs)
+    best = float("inf")
+    for _ in range(ROUNDS):
+        t = time.perf_counter()
+        for _ in range(BLOCK):
+            fn(*arrays, **attrs)
+        best = min(best, (time.perf_counter() - t) / BLOCK)
+    return best
+
+
+def calibrate() -> dict:
+    """{pool: [seconds per call of each calibration shape]}; under "onednn" a shape
+    counts its faster kernel (numpy on one thread or oneDNN), as the choice will. The
+    "openblas" pool is timed last: its spinning workers would slow what follows."""
+    from ..ops.registry import OPS
+    from .onednn import KERNELS
+    from .onednn._lib import OneDNNError
+    from .onednn.primitives import Unsupported
+    shapes = _shapes()
+    out = {"onednn": [], "openblas": []}
+    _apply("onednn")
+    try:
+        for op, arrays, attrs in shapes:
+            t_np = _best_block(OPS[op].kernels["numpy"], arrays, attrs)
+            try:
+                t_dnn = _best_block(KERNELS[op], arrays, attrs)
+            except (Unsupported, OneDNNError):
+                t_dnn = float("inf")
+            out["onednn"].append(min(t_np, t_dnn))
+        _apply("openblas")
+        for op, arrays, attrs in shapes:
+            out["openblas"].append(_best_block(OPS[op].kernels["numpy"], arrays, attrs))
+    finally:
+        _apply(None)
+    return out
+
+
+def _apply(name) -> None:
+    """Set the thread policy of pool `name` (None: no pool yet, every library its count)."""
+    from .. import _threads
+    _state["pool"] = name
+    _threads.cap_blas(1 if name == "onednn" else None)
+
+
+def reset() -> None:
+    """Forget the pool (tests; the next GEMM decides again)."""
+    _state["forced"] = None
+    _apply(None)
