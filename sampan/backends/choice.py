@@ -395,12 +395,12 @@ class Chooser:
         return self._run(fn, arrays, attrs)
 
     def _settle(self):
-        self.ready = True
         if not backends():          # nothing to choose from: exactly today's kernel
             self.table = None
-            return
-        from . import pool
-        self.pool = pool.decide()
+        else:
+            from . import pool
+            self.pool = pool.decide()     # before `ready`: other threads wait for it
+        self.ready = True
 
     def pick(self, arrays, attrs=None):
         """The chosen non-numpy kernel for this call (measured if new), or None: for

@@ -122,13 +122,16 @@ def calibrate() -> dict:
     """{pool: [seconds per call of each calibration shape]}; under "onednn" a shape
     counts its faster kernel (numpy on one thread or oneDNN), as the choice will. The
     "openblas" pool is timed last: its spinning workers would slow what follows."""
+    from .. import _threads
     from ..ops.registry import OPS
     from .onednn import KERNELS
     from .onednn._lib import OneDNNError
     from .onednn.primitives import Unsupported
     shapes = _shapes()
     out = {"onednn": [], "openblas": []}
-    _apply("onednn")
+    # the pools' thread policies, without making either current (another thread
+    # asking for the pool meanwhile waits for the decision on choice's lock)
+    _threads.cap_blas(1)
     try:
         for op, arrays, attrs in shapes:
             t_np = _best_block(OPS[op].kernels["numpy"], arrays, attrs)
@@ -137,11 +140,11 @@ def calibrate() -> dict:
             except (Unsupported, OneDNNError):
                 t_dnn = float("inf")
             out["onednn"].append(min(t_np, t_dnn))
-        _apply("openblas")
+        _threads.cap_blas(None)
         for op, arrays, attrs in shapes:
             out["openblas"].append(_best_block(OPS[op].kernels["numpy"], arrays, attrs))
     finally:
-        _apply(None)
+        _threads.cap_blas(1 if _state["pool"] == "onednn" else None)
     return out
 
 
