@@ -116,7 +116,22 @@ def node_kernel(node):
 
 def out_matmul(node):
     """np.matmul itself for a 2-d @ 2-d product into a planned buffer (the general
-    out-variant first tests for a batch of products)."""
+    out-variant first tests for a batch of products), unless the kernel choice
+    (backends/choice.py) runs this class elsewhere: the general out-variant asks it."""
     if node.op == "matmul" and all(len(v.shape) == 2 for v in node.inputs):
+        if _chosen_elsewhere(node):
+            return None
         return np.matmul
     return None
+
+
+def _chosen_elsewhere(node) -> bool:
+    from ..ops.registry import OPS
+    pick = getattr(OPS["matmul"].kernel, "pick", None)
+    if pick is None:
+        return False
+    try:
+        arrays = tuple(np.zeros(v.shape, v.dtype) for v in node.inputs)
+    except TypeError:          # a symbolic dimension: the general variant decides per call
+        return True
+    return pick(arrays) is not None

@@ -245,3 +245,24 @@ def test_run_overhead_is_small(saved, name, shape):
           f"(+{(copy - direct) * 1e6:.2f}), jit.load callable {jit_load * 1e6:.2f} us")
     # a figure, not a timed assertion (timings belong in benchmarks): only that each runs
     assert min(direct, shared, copy, jit_load) > 0
+
+
+def test_planned_matmuls_follow_the_kernel_choice(saved, monkeypatch):
+    """The Predictor's 2-d matmuls into planned buffers (runtime/specialize.py) run where
+    the kernel choice says, as eager and the jit do, not on np.matmul regardless."""
+    from sampan.backends import choice, onednn
+    from sampan.ops.registry import OPS
+    if not onednn.available():
+        pytest.skip(f"oneDNN unavailable: {onednn.why_unavailable()}")
+    models, paths = saved
+    calls = []
+    real = OPS["matmul"].kernels["onednn"]
+    monkeypatch.setitem(OPS["matmul"].kernels, "onednn",
+                        lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    x = rand(7, 8, seed=3)
+    with choice.prefer("onednn", op="matmul"):
+        p = _pred(paths["mlp"])
+        got = p.run([x])[0]
+    np.testing.assert_allclose(got, eager(models["mlp"], x), rtol=1e-5, atol=1e-6)
+    # the first layer's product, (7, 8) @ (8, 16), is the one planned into a buffer
+    assert (7, 8) in calls and all(s[0] == 7 for s in calls)
