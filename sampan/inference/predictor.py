@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 
+from ..profiler import recorder as _rec
 from ..tensor import Tensor
 from ._build import optimise
 from .config import Config, InferenceError
@@ -119,8 +120,11 @@ class _Program:
                 g = PassManager(["plan_memory"]).run(g)
             # numba runtime: kernels chosen once for the concrete shapes (see
             # runtime/specialize.py); the numpy runtime keeps the op-table kernels
+            # on a profiler timeline the program is the model file that ran
             return compile_graph(g, name="predictor_fn",
-                                 specialize=self.config.runtime() == "numba")
+                                 specialize=self.config.runtime() == "numba",
+                                 program="predictor:" + os.path.basename(
+                                     os.path.normpath(str(self.path))))
 
 
 def _arg_names(meta):
@@ -318,6 +322,7 @@ class Predictor:
         self._out_by_name = {h.name: h for h in self._out}
         self._out_pairs = list(zip(self._out, prog.out_pos))
         self._cache = {}             # input shapes -> executor
+        self._compiled = {}          # executor -> its Compiled (the profiling variant)
         self._key_sizes = {}         # input shapes -> symbol sizes
         self._ready = False          # every input fed once
         self._sizes = []             # the symbol sizes compiled, in order
@@ -325,7 +330,7 @@ class Predictor:
         self._static_fn = None       # the executor of a program without symbolic dims
         if not prog.symbolic:
             self._last = prog.compile({})
-            self._static_fn = self._last.fn
+            self._static_fn = self._keep(self._last)
             self._sizes.append({})
         self._fn = self._static_fn   # the executor for the fed shapes, once known
 
@@ -373,7 +378,10 @@ class Predictor:
             if fn is None:
                 fn = self._compile_for(key)
             self._fn = fn
-        outs = fn(*self._args)
+        if _rec.ACTIVE:         # under sampan.profiler: one "kernel" event per node
+            outs = self._compiled[fn].profiled(*self._args)
+        else:
+            outs = fn(*self._args)
         for h, p in self._out_pairs:
             h._put(outs[p])
         if inputs is not None:
@@ -405,11 +413,15 @@ class Predictor:
         compiled = prog.compile(sizes)
         if len(self._cache) >= MAX_CACHED:
             self._key_sizes.pop(next(iter(self._cache)))
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[key] = compiled.fn
+            self._compiled.pop(self._cache.pop(next(iter(self._cache))), None)
+        self._cache[key] = fn = self._keep(compiled)
         self._key_sizes[key] = sizes
         self._sizes.append(sizes)
         self._last = compiled
+        return fn
+
+    def _keep(self, compiled):
+        self._compiled[compiled.fn] = compiled
         return compiled.fn
 
     # ---------------------------------------------------------------- the rest
@@ -419,7 +431,7 @@ class Predictor:
         c = Predictor(self._prog)
         for key, sizes in self._key_sizes.items():
             c._last = compiled = self._prog.compile(sizes)
-            c._cache[key] = compiled.fn
+            c._cache[key] = c._keep(compiled)
             c._key_sizes[key] = sizes
             c._sizes.append(sizes)
         return c

@@ -98,11 +98,12 @@ class Compiled:
 
 def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                   release: bool = True, name: str = "graph_fn",
-                  specialize: bool = False) -> Compiled:
+                  specialize: bool = False, program: str | None = None) -> Compiled:
     """Generate, compile and return the executor of `g`.
 
     `specialize`: bind kernels chosen for the nodes' concrete types where
     `runtime/specialize.py` has one (executors that serve many calls: the Predictor).
+    `program`: the name profiler events give this executor (default: the graph's).
 
     Example: ``c = compile_graph(g); outs = c(x_array)``; ``print(c.code)``"""
     from . import specialize as _spec
@@ -217,5 +218,5 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
 
     def remake():
         from .profiled import profiled_variant
-        return profiled_variant(g, name, lines, node_at, env, plan)
+        return profiled_variant(g, name, lines, node_at, env, plan, program)
     return Compiled(env[name], src, filename, plan, remake)

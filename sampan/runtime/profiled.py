@@ -34,10 +34,10 @@ def _nbytes(v) -> int:
         return 0
 
 
-def node_events(g, name):
+def node_events(g, name, program=None):
     """({"_now", "_ev"} for the generated code's globals, per-node (op, args))."""
     ren = {v.id: k for k, v in enumerate(g.values())}
-    program = g.name or name
+    program = program or g.name or name
     meta = []
     for n in g.nodes:
         args = {"ir": node_str(n, lambda v: f"%{ren[v.id]}"), "src": n.loc or "",
@@ -59,7 +59,7 @@ def node_events(g, name):
 _counter = itertools.count()
 
 
-def profiled_variant(g, name, lines, node_at, env, plan):
+def profiled_variant(g, name, lines, node_at, env, plan, program=None):
     """The recording executor of `g` from its executor's `lines` and globals `env`;
     `node_at` maps a line index to the index of the node it runs."""
     from .codegen import Compiled
@@ -71,10 +71,10 @@ def profiled_variant(g, name, lines, node_at, env, plan):
             timed.append(line)
     src = "\n".join(timed) + "\n"
     genv = dict(env)
-    genv.update(node_events(g, name)[0])
+    genv.update(node_events(g, name, program)[0])
     filename = f"<sampan-jit-profiled-{next(_counter)}:{g.name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), genv)
     c = Compiled(genv[name], src, filename, plan)
-    c.program = g.name or name
+    c.program = program or g.name or name
     return c

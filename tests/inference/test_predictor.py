@@ -266,3 +266,32 @@ def test_planned_matmuls_follow_the_kernel_choice(saved, monkeypatch):
     np.testing.assert_allclose(got, eager(models["mlp"], x), rtol=1e-5, atol=1e-6)
     # the first layer's product, (7, 8) @ (8, 16), is the one planned into a buffer
     assert (7, 8) in calls and all(s[0] == 7 for s in calls)
+
+
+def test_profiled_runs_record_every_node_and_answer_the_same(saved):
+    """Under sampan.profiler a Predictor run records a "kernel" event per executed node
+    (its IR line and FLOPs, the program named by its file) inside the run's span; outside
+    the profiler it records nothing, and both answer alike."""
+    from sampan.profiler import profile
+    models, paths = saved
+    p = _pred(paths["cnn"])
+    x = rand(3, 1, 8, 8, seed=5)
+    plain = p.run([x])[0]
+    with profile() as prof:
+        got = p.run([x])[0]
+        p.run([rand(2, 1, 8, 8, seed=6)])          # a new shape: compiled, then profiled
+    np.testing.assert_array_equal(got, plain)
+    kern = [e for e in prof.events if e.cat == "kernel"]
+    runs = [e for e in prof.events if e.cat == "jit" and e.name == "run"]
+    name = "predictor:" + os.path.basename(str(paths["cnn"]))
+    assert len(runs) == 2 and {e.args["program"] for e in kern} == {name}
+    per_run = len(kern) // 2
+    assert per_run >= 4 and {"conv2d", "matmul"} <= {e.name for e in kern}
+    assert all(r.ts <= k.ts and k.end <= r.end for r, ks in
+               zip(runs, (kern[:per_run], kern[per_run:])) for k in ks)
+    conv = next(e for e in kern if e.name == "conv2d")
+    assert conv.args["flops"] > 0 and "conv2d" in conv.args["ir"]
+    with profile() as quiet:
+        pass
+    p.run([x])
+    assert quiet.events == []
