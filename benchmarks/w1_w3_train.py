@@ -218,11 +218,21 @@ def gemm_flops_per_step(wl):
 
 
 def peak_gemm():
-    """One float32 PEAK_N^3 matmul per call (numpy's BLAS, its own threads)."""
+    """One float32 PEAK_N^3 matmul per call (numpy's BLAS with all its threads, also when
+    sampan's oneDNN GEMM pool holds it at one: the machine's peak, not the pool's)."""
+    from sampan import _threads
     r = np.random.default_rng(0)
     a, b = (r.standard_normal((PEAK_N, PEAK_N), dtype=np.float32) for _ in range(2))
     out = np.empty_like(a)
-    return lambda: np.matmul(a, b, out=out)
+
+    def run():
+        cap = _threads._state["blas_cap"]
+        _threads.cap_blas(None)
+        try:
+            np.matmul(a, b, out=out)
+        finally:
+            _threads.cap_blas(cap)
+    return run
 
 
 def interleaved_rates(systems, n, reps, pause):

@@ -88,8 +88,8 @@ def test_set_num_threads():
         if g is not None:            # numpy's bundled OpenBLAS was found: it follows
             assert g() == 1
         sampan.set_num_threads(2)
-        if g is not None:
-            assert g() == 2
+        if g is not None:            # up to the GEMM pool's cap (backends/pool.py)
+            assert g() == min(2, th._state["blas_cap"] or 2)
         a = sampan.randn(64, 64)
         np.testing.assert_allclose((a @ a).numpy(), a.numpy() @ a.numpy(), rtol=1e-5)
         with pytest.raises(ValueError):

@@ -26,8 +26,13 @@ def machine_peak_gflops(n: int = 512, budget_s: float = 0.2) -> float:
         b = rng.standard_normal((n, n), dtype=np.float32)
         try:
             from threadpoolctl import threadpool_info, threadpool_limits
+            from .. import _threads
             threads = max([int(i.get("num_threads", 1)) for i in threadpool_info()
                            if i.get("user_api") == "blas"] or [1])
+            if _threads._state["blas_cap"]:
+                # the oneDNN GEMM pool holds OpenBLAS at one thread; the machine's rate
+                # is that of the threads the process computes with (backends/pool.py)
+                threads = _threads.get_num_threads()
             with threadpool_limits(1, user_api="blas"):
                 rate = _best_rate(a, b, budget_s, time.thread_time) * threads
         except ImportError:      # no way to pin the threads: wall time, best of many
