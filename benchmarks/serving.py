@@ -239,47 +239,111 @@ async def drive(url, model, body, hlen, concurrency, requests, seconds, timeout=
     return lat, codes, wall
 
 
-async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, timeout=30.0):
-    """As `drive`, from keep-alive connections written with asyncio streams: the request
-    bytes are built once and a response is read by its Content-Length, so the client
-    spends a few microseconds a request (httpx spends milliseconds at concurrency 64 and
-    became the bottleneck on 2 cores)."""
-    host, port = url[len("http://"):].rsplit(":", 1)
-    req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
-           f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
-           f"Inference-Header-Content-Length: {hlen}\r\n\r\n").encode() + body
-    lat, codes = [], {}
-    left = [requests]
-    t_end = time.perf_counter() + seconds
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection of `drive_raw`: writes the prebuilt request, finds the
+    status and Content-Length in the response head with bytes.find, and sends the next
+    request from `data_received` (no stream reader, no task switch per request)."""
 
-    async def one():
-        import socket
-        r, w = await asyncio.open_connection(host, int(port))
-        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while left[0] > 0 and time.perf_counter() < t_end:
-                left[0] -= 1
-                t = time.perf_counter()
-                try:
-                    w.write(req)
-                    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), timeout)
-                    code = int(head[9:12])
-                    n = 0
-                    for line in head.split(b"\r\n"):
-                        if line[:15].lower() == b"content-length:":
-                            n = int(line[15:])
-                    await asyncio.wait_for(r.readexactly(n), timeout)
-                except Exception as e:      # noqa: BLE001 -- counted as a failure
-                    codes[type(e).__name__] = codes.get(type(e).__name__, 0) + 1
-                    return
-                codes[code] = codes.get(code, 0) + 1
-                if code == 200:
-                    lat.append(time.perf_counter() - t)
-        finally:
-            w.close()
+    def __init__(self, run):
+        self.run, self.buf, self.need, self.t, self.tr = run, b"", -1, 0.0, None
+        self.busy = False
+
+    def connection_made(self, transport):
+        self.tr = transport
+        self.next()
+
+    def next(self):
+        r = self.run
+        if r.left > 0 and time.perf_counter() < r.t_end:
+            r.left -= 1
+            self.busy = True
+            self.t = time.perf_counter()
+            self.tr.write(r.req)
+        else:
+            self.busy = False
+            self.tr.close()
+
+    def data_received(self, data):
+        buf = self.buf + data if self.buf else data
+        while True:
+            if self.need < 0:
+                h = buf.find(b"\r\n\r\n")
+                if h < 0:
+                    break
+                # "\r\n" first: not inference-header-content-length
+                i = buf.find(b"\r\ncontent-length:", 0, h)
+                if i < 0:
+                    i = buf.lower().find(b"\r\ncontent-length:", 0, h)
+                self.code = int(buf[9:12])
+                self.need = h + 4 + (int(buf[i + 17:buf.find(b"\r\n", i + 2, h + 2)])
+                                     if i >= 0 else 0)
+            if len(buf) < self.need:
+                break
+            buf, self.need, self.busy = buf[self.need:], -1, False
+            r = self.run
+            r.codes[self.code] = r.codes.get(self.code, 0) + 1
+            if self.code == 200:
+                r.lat.append(time.perf_counter() - self.t)
+            self.next()
+        self.buf = buf
+
+    def connection_lost(self, exc):
+        r = self.run
+        if self.busy or exc is not None:      # closed with an answer owed: a failure
+            name = type(exc).__name__ if exc is not None else "ConnectionClosed"
+            r.codes[name] = r.codes.get(name, 0) + 1
+        r.open -= 1
+        if r.open == 0 and not r.closed.done():
+            r.closed.set_result(None)
+
+
+async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, timeout=30.0):
+    """As `drive`, from keep-alive connections driven by a bare asyncio Protocol: the
+    request bytes are built once and a response is delimited by its Content-Length, so
+    the client spends a few tens of microseconds a request (httpx spends milliseconds at
+    concurrency 64; asyncio streams spent ~60 us, a quarter of the 2 cores the server
+    shares). A connection that stalls past `timeout` is counted as a failure."""
+    import socket
+    host, port = url[len("http://"):].rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+
+    class Run:
+        pass
+    r = Run()
+    r.req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
+             f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
+             f"Inference-Header-Content-Length: {hlen}\r\n\r\n").encode() + body
+    r.lat, r.codes, r.left = [], {}, requests
+    r.t_end = time.perf_counter() + seconds
+    r.closed, r.conns, r.open = loop.create_future(), [], concurrency
     t0 = time.perf_counter()
-    await asyncio.gather(*[one() for _ in range(concurrency)])
-    return lat, codes, time.perf_counter() - t0
+    for _ in range(concurrency):
+        # TCP_NODELAY before the first write (connection_made sends the first request)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, int(port)))
+        _, c = await loop.create_connection(lambda: _Conn(r), sock=sock)
+        r.conns.append(c)
+    try:
+        await asyncio.wait_for(asyncio.shield(r.closed), seconds + timeout)
+    except asyncio.TimeoutError:
+        for c in r.conns:
+            if c.busy:
+                r.codes["TimeoutError"] = r.codes.get("TimeoutError", 0) + 1
+                c.busy = False
+            c.tr.abort()
+    return r.lat, r.codes, time.perf_counter() - t0
+
+
+def _run_client(coro):
+    """asyncio.run on uvloop when it is installed (the server's loop too): the client's
+    CPU per request is part of what the 2 cores are shared by."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def check_answers(url, model, x, ref):
@@ -305,7 +369,7 @@ def _block(server, model, body, hlen, conc, args):
     """One timed run of `model` at `conc`: client view and CPU of both processes."""
     run = drive_raw if args.client == "raw" else drive
     s0, c0 = server.cpu_s(), _client_cpu()
-    lat, codes, wall = asyncio.run(run(server.url, model, body, hlen, conc,
+    lat, codes, wall = _run_client(run(server.url, model, body, hlen, conc,
                                        max(1, args.requests // args.blocks),
                                        args.seconds / args.blocks))
     s1, c1 = server.cpu_s(), _client_cpu()
@@ -323,7 +387,7 @@ def points(server, conc, systems, body, hlen, args, info, extra=None):
     it). Returns {mode: line} with the per-block values kept for the ratios."""
     for model, _ in systems:        # warm-up: connections, executors, caches
         run = drive_raw if args.client == "raw" else drive
-        asyncio.run(run(server.url, model, body, hlen, conc, max(conc * 4, 50), 2.0))
+        _run_client(run(server.url, model, body, hlen, conc, max(conc * 4, 50), 2.0))
     blocks = {mode: [] for _, mode in systems}
     for b in range(args.blocks):
         k = b % len(systems)
@@ -375,7 +439,7 @@ def overload(server, x, args, info):
             rss.append(server.rss_mb())
         return task.result()
     t = time.perf_counter()
-    lat, codes, wall = asyncio.run(run())
+    lat, codes, wall = _run_client(run())
     rss.append(server.rss_mb())
     other = {str(k): v for k, v in codes.items() if k not in (200, 503)}
     rec = {"workload": "S1", "system": "sampan_serve", "mode": "overload",
@@ -445,7 +509,7 @@ def delta_under_load(server, directory, args, info):
             os.replace(os.path.join(watched, f + ".part"), os.path.join(watched, f))
     mover = threading.Thread(target=move)
     mover.start()
-    lat, codes, wall = asyncio.run(drive_raw(server.url, "dlrm", body, hlen, 64,
+    lat, codes, wall = _run_client(drive_raw(server.url, "dlrm", body, hlen, 64,
                                              10**9, seconds))
     mover.join()
     t_end = time.perf_counter() + 5
