@@ -3,6 +3,11 @@
 The event loop calls `Batcher.submit` (a few microseconds under one lock) and awaits the
 asyncio future it returns; a worker thread forms a batch, runs it and hands every future
 its answer through `loop.call_soon_threadsafe`, so no model code ever runs on the loop.
+The hand-off costs one wake-up each way per batch, not per request: `submit` queues
+and, once per turn of the event loop, one callback wakes the worker that forms the next
+batch (a notify per request woke it, and made it contend for the GIL with the loop,
+for every request of a burst the loop was still reading); the answers of a batch go
+back in one `call_soon_threadsafe` per loop.
 
 How long a worker waits for a batch to fill: ``delay_policy`` "arriving" (the default)
 waits, up to ``max_queue_delay_us``, only while requests are on their way (accepted by
@@ -91,6 +96,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._form = threading.Lock()
         self._closing = False
+        self._wake_pending = False    # a `_wake` is scheduled on the loop (loop side)
         self._threads: list = []
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
@@ -145,10 +151,19 @@ class Batcher:
                                    f"({self.max_queue} requests waiting); retry later",
                                    503, {"Retry-After": "1"})
             self._q.append(p)
-            self._cond.notify()
+        if not self._wake_pending:
+            self._wake_pending = True
+            loop.call_soon(self._wake)
         if self.metrics is not None:
             self.metrics.queue_depth.set(len(self._q))
         return p, fut
+
+    def _wake(self):
+        """On the loop, after the requests this turn queued: wake the forming worker once
+        (the other workers wait for `_form`, which it releases with a batch taken)."""
+        self._wake_pending = False
+        with self._cond:
+            self._cond.notify()
 
     # ------------------------------------------------------------ worker side
     def _drop_expired(self, now, out):
