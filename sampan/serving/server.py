@@ -142,12 +142,14 @@ class Server:
         s.set_inheritable(True)
         self._sock = s
         self.port = s.getsockname()[1]
-        # httptools and uvloop when installed (the serve extra has both; h11 and the
-        # asyncio loop only as a fallback); no proxy-headers middleware (the server reads
-        # no client address) and no "server:" header on every answer
+        # httptools (with one write per answer, see wire.py) and uvloop when installed
+        # (the serve extra has both; h11 and the asyncio loop only as a fallback); no
+        # proxy-headers middleware (the server reads no client address) and no
+        # "server:" header on every answer
+        from .wire import protocol_class
         cfg = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                              log_level=self.log_level, timeout_graceful_shutdown=None,
-                             backlog=2048, http=_have("httptools") or "auto",
+                             backlog=2048, http=protocol_class() or "auto",
                              loop=_have("uvloop") or "auto", proxy_headers=False,
                              server_header=False)
         self._uv = uvicorn.Server(cfg)
