@@ -96,7 +96,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._form = threading.Lock()
         self._closing = False
-        self._wake_pending = False    # a `_wake` is scheduled on the loop (loop side)
+        self._wake_loop = None        # the loop a `_wake` is scheduled on (loop side)
         self._threads: list = []
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
@@ -151,8 +151,8 @@ class Batcher:
                                    f"({self.max_queue} requests waiting); retry later",
                                    503, {"Retry-After": "1"})
             self._q.append(p)
-        if not self._wake_pending:
-            self._wake_pending = True
+        if self._wake_loop is not loop:     # per loop: one that ended with a wake still
+            self._wake_loop = loop          # pending does not hold back another's
             loop.call_soon(self._wake)
         if self.metrics is not None:
             self.metrics.queue_depth.set(len(self._q))
@@ -161,7 +161,7 @@ class Batcher:
     def _wake(self):
         """On the loop, after the requests this turn queued: wake the forming worker once
         (the other workers wait for `_form`, which it releases with a batch taken)."""
-        self._wake_pending = False
+        self._wake_loop = None
         with self._cond:
             self._cond.notify()
 
