@@ -10,7 +10,11 @@ server:
   peer.
 
 Each line: requests/s (median of blocks that rotate the systems' order), p50/p99
-latency (ms), failed requests, server and client CPU per request, the machine record. Then
+latency (ms), failed requests, server and client CPU per answered request
+(``server_cpu_us_per_request`` from the server's threads' /proc schedstat,
+``client_cpu_us_per_request`` from getrusage of this process: on 2 shared cores they say
+which side limits it), requests per batch (from the server's /metrics), the machine
+record. Then
 the ratios against the targets (concurrency 64: batching >= 5x batching off; concurrency
 1: batching adds <= max_queue_delay_us + 10% to p50), and the overload case: far above
 capacity against a short queue, every request must get 200 or 503 within its timeout
@@ -24,8 +28,11 @@ Every run is bounded (requests and seconds per point) and stops the server by it
     python benchmarks/serving.py [--quick] [--requests 3000] [--seconds 8] [--hidden 512]
 
 ``--hidden 4096`` serves a wider MLP of the same shape, whose batch-1 run costs more than
-the server's HTTP work per request: the case dynamic batching is for (with the W5 MLP a
-batch-1 run is ~50 us, well under the ~300 us the event loop spends on a request).
+the server's HTTP work per request: the case dynamic batching is for. With the W5 MLP a
+batch-1 run is ~50 us and a batch of 64 ~18 us a row (one BLAS thread), so even with no
+HTTP cost batching could give at most ~2.8x; the server spends ~130-160 us of CPU a
+request at concurrency 64 with batching (the write syscall, the loop's Python, the
+workers' GIL hand-offs), the client ~25-35 us.
 """
 from __future__ import annotations
 
@@ -51,6 +58,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from common import ROOT  # noqa: E402
+from http_load import _run_client, drive, drive_raw  # noqa: E402
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -170,7 +178,18 @@ class ServerProcess:
         return float("nan")
 
     def cpu_s(self):
-        """User + system CPU seconds of the server process so far."""
+        """CPU seconds of the server process so far: the sum over its threads of the
+        nanoseconds on a CPU in /proc/<pid>/task/*/schedstat (the clock-tick counts of
+        /proc/<pid>/stat are 10 ms steps, 30% of a 200-request block), else stat."""
+        try:
+            tasks = f"/proc/{self.p.pid}/task"
+            ns = 0
+            for t in os.listdir(tasks):
+                with open(f"{tasks}/{t}/schedstat") as f:
+                    ns += int(f.read().split()[0])
+            return ns / 1e9
+        except (OSError, IndexError, ValueError):
+            pass
         try:
             with open(f"/proc/{self.p.pid}/stat") as f:
                 parts = f.read().rsplit(")", 1)[1].split()
@@ -202,86 +221,6 @@ def binary_body(inputs):
     return h + b"".join(a.tobytes() for _, a in inputs.values()), len(h)
 
 
-async def drive(url, model, body, hlen, concurrency, requests, seconds, timeout=30.0):
-    """`requests` POSTs (or `seconds`, whichever ends first) from `concurrency` tasks over
-    keep-alive connections; returns (latencies_s of 200s, {status: count}, wall_s)."""
-    import httpx
-    limits = httpx.Limits(max_connections=concurrency,
-                          max_keepalive_connections=concurrency)
-    headers = {"Inference-Header-Content-Length": str(hlen),
-               "Content-Type": "application/octet-stream"}
-    lat, codes = [], {}
-    left = [requests]
-    t_end = time.perf_counter() + seconds
-    import socket
-    # TCP_NODELAY: the client writes headers and body apart (h11); without it the body
-    # waits for the server's delayed ACK
-    tr = httpx.AsyncHTTPTransport(limits=limits, socket_options=[
-        (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-    async with httpx.AsyncClient(base_url=url, transport=tr, timeout=timeout) as c:
-        async def one():
-            while left[0] > 0 and time.perf_counter() < t_end:
-                left[0] -= 1
-                t = time.perf_counter()
-                try:
-                    r = await c.post(f"/v2/models/{model}/infer", content=body,
-                                     headers=headers)
-                    code = r.status_code
-                except Exception as e:      # noqa: BLE001 -- counted as a failure
-                    code = type(e).__name__
-                dt = time.perf_counter() - t
-                codes[code] = codes.get(code, 0) + 1
-                if code == 200:
-                    lat.append(dt)
-        t0 = time.perf_counter()
-        await asyncio.gather(*[one() for _ in range(concurrency)])
-        wall = time.perf_counter() - t0
-    return lat, codes, wall
-
-
-async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, timeout=30.0):
-    """As `drive`, from keep-alive connections written with asyncio streams: the request
-    bytes are built once and a response is read by its Content-Length, so the client
-    spends a few microseconds a request (httpx spends milliseconds at concurrency 64 and
-    became the bottleneck on 2 cores)."""
-    host, port = url[len("http://"):].rsplit(":", 1)
-    req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
-           f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
-           f"Inference-Header-Content-Length: {hlen}\r\n\r\n").encode() + body
-    lat, codes = [], {}
-    left = [requests]
-    t_end = time.perf_counter() + seconds
-
-    async def one():
-        import socket
-        r, w = await asyncio.open_connection(host, int(port))
-        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while left[0] > 0 and time.perf_counter() < t_end:
-                left[0] -= 1
-                t = time.perf_counter()
-                try:
-                    w.write(req)
-                    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), timeout)
-                    code = int(head[9:12])
-                    n = 0
-                    for line in head.split(b"\r\n"):
-                        if line[:15].lower() == b"content-length:":
-                            n = int(line[15:])
-                    await asyncio.wait_for(r.readexactly(n), timeout)
-                except Exception as e:      # noqa: BLE001 -- counted as a failure
-                    codes[type(e).__name__] = codes.get(type(e).__name__, 0) + 1
-                    return
-                codes[code] = codes.get(code, 0) + 1
-                if code == 200:
-                    lat.append(time.perf_counter() - t)
-        finally:
-            w.close()
-    t0 = time.perf_counter()
-    await asyncio.gather(*[one() for _ in range(concurrency)])
-    return lat, codes, time.perf_counter() - t0
-
-
 def check_answers(url, model, x, ref):
     """tritonclient's answer for `x` against the numpy float64 reference."""
     import tritonclient.http as http
@@ -305,7 +244,7 @@ def _block(server, model, body, hlen, conc, args):
     """One timed run of `model` at `conc`: client view and CPU of both processes."""
     run = drive_raw if args.client == "raw" else drive
     s0, c0 = server.cpu_s(), _client_cpu()
-    lat, codes, wall = asyncio.run(run(server.url, model, body, hlen, conc,
+    lat, codes, wall = _run_client(run(server.url, model, body, hlen, conc,
                                        max(1, args.requests // args.blocks),
                                        args.seconds / args.blocks))
     s1, c1 = server.cpu_s(), _client_cpu()
@@ -323,15 +262,19 @@ def points(server, conc, systems, body, hlen, args, info, extra=None):
     it). Returns {mode: line} with the per-block values kept for the ratios."""
     for model, _ in systems:        # warm-up: connections, executors, caches
         run = drive_raw if args.client == "raw" else drive
-        asyncio.run(run(server.url, model, body, hlen, conc, max(conc * 4, 50), 2.0))
+        _run_client(run(server.url, model, body, hlen, conc, max(conc * 4, 50), 2.0))
     blocks = {mode: [] for _, mode in systems}
+    m0 = batch_counts(server.url)
     for b in range(args.blocks):
         k = b % len(systems)
         for model, mode in systems[k:] + systems[:k]:
             blocks[mode].append(_block(server, model, body, hlen, conc, args))
+    m1 = batch_counts(server.url)
     out = {}
     for model, mode in systems:
         bl = blocks[mode]
+        n_b = m1.get(model, (0, 0))[0] - m0.get(model, (0, 0))[0]
+        n_r = m1.get(model, (0, 0))[1] - m0.get(model, (0, 0))[1]
         lat = [t for x in bl for t in x["lat"]]
         lat_ms = np.array(lat) * 1e3 if lat else np.array([np.nan])
         codes: dict = {}
@@ -352,10 +295,35 @@ def points(server, conc, systems, body, hlen, args, info, extra=None):
                    1e3 * sum(x["server_cpu"] for x in bl) / max(ok, 1), 3),
                "client_cpu_ms_per_request": round(
                    1e3 * sum(x["client_cpu"] for x in bl) / max(ok, 1), 3),
+               "server_cpu_us_per_request": round(
+                   1e6 * sum(x["server_cpu"] for x in bl) / max(ok, 1), 1),
+               "client_cpu_us_per_request": round(
+                   1e6 * sum(x["client_cpu"] for x in bl) / max(ok, 1), 1),
+               "requests_per_batch": round(n_r / n_b, 2) if n_b else None,
                "client": args.client, **(extra or {}).get(mode, {}), **info}
         print(json.dumps(rec), flush=True)
         rec["_rps"] = rps
         out[mode] = rec
+    return out
+
+
+def batch_counts(url):
+    """{model: (batches run, requests in them)} from the server's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "sampan_batch_requests":
+            for smp in fam.samples:
+                m = smp.labels.get("model")
+                n, s = out.get(m, (0, 0))
+                if smp.name.endswith("_count"):
+                    out[m] = (smp.value, s)
+                elif smp.name.endswith("_sum"):
+                    out[m] = (n, smp.value)
     return out
 
 
@@ -375,7 +343,7 @@ def overload(server, x, args, info):
             rss.append(server.rss_mb())
         return task.result()
     t = time.perf_counter()
-    lat, codes, wall = asyncio.run(run())
+    lat, codes, wall = _run_client(run())
     rss.append(server.rss_mb())
     other = {str(k): v for k, v in codes.items() if k not in (200, 503)}
     rec = {"workload": "S1", "system": "sampan_serve", "mode": "overload",
@@ -445,7 +413,7 @@ def delta_under_load(server, directory, args, info):
             os.replace(os.path.join(watched, f + ".part"), os.path.join(watched, f))
     mover = threading.Thread(target=move)
     mover.start()
-    lat, codes, wall = asyncio.run(drive_raw(server.url, "dlrm", body, hlen, 64,
+    lat, codes, wall = _run_client(drive_raw(server.url, "dlrm", body, hlen, 64,
                                              10**9, seconds))
     mover.join()
     t_end = time.perf_counter() + 5
@@ -482,7 +450,7 @@ def main(argv=None):
                     help="timed blocks per point, rotating the systems' order")
     ap.add_argument("--overload-concurrency", type=int, default=256)
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
-                    help="load client: asyncio streams (default, cheapest) or httpx")
+                    help="load client: a bare asyncio Protocol (default, cheapest) or httpx")
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.seconds = min(args.requests, 600), min(args.seconds, 3.0)

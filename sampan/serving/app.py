@@ -13,6 +13,12 @@ models of one server, plus ``/metrics``.
 The handlers only parse, queue and encode; models run in the batchers' worker threads.
 Bodies above `offload_bytes` are parsed and encoded in a thread too, so a large request
 does not stall the loop for the others.
+
+The infer route is a raw ASGI callable (`Infer`), reached before starlette's middleware
+and router: it reads the body messages, answers with one ``http.response.start`` and
+one ``http.response.body``, and builds no Request/Response objects. Under load those
+objects, the middleware stack and the route regexes cost about as much event-loop CPU
+as everything else a request needs; the other routes are rare and stay in starlette.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ class Entry:
 
     def __init__(self, model, batcher, metrics):
         self.model, self.batcher, self.metrics = model, batcher, metrics
+        self.plans: dict = {}     # protocol.decode's parsed request headers (see there)
 
 
 def _json(obj, status=200, headers=None):
@@ -51,20 +58,45 @@ def _error(msg, status, headers=None):
     return _json({"error": msg}, status, headers)
 
 
-async def _read_body(request, limit):
-    n = request.headers.get("content-length")
-    if n is not None and n.isdigit() and int(n) > limit:
-        raise RequestError(f"the request body has {n} bytes, more than the server's "
+def _header(scope, *names):
+    """The first value (latin-1 str, or None) of each header in `names` (lower-case)."""
+    want = {n.encode(): i for i, n in enumerate(names)}
+    out = [None] * len(names)
+    for k, v in scope["headers"]:
+        i = want.get(k)
+        if i is not None and out[i] is None:
+            out[i] = v.decode("latin-1")
+    return out
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body arrived (nobody to answer)."""
+
+
+async def _read_body(receive, length, enc, limit):
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise RequestError(f"the request body has {length} bytes, more than the server's "
                            f"limit of {limit} (max_body_bytes)", 400)
-    chunks, size = [], 0
-    async for c in request.stream():
-        size += len(c)
-        if size > limit:
-            raise RequestError(f"the request body is larger than the server's limit of "
-                               f"{limit} bytes (max_body_bytes)", 400)
-        chunks.append(c)
-    body = b"".join(chunks)
-    enc = request.headers.get("content-encoding")
+    body, chunks, size = b"", None, 0
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise _Disconnected
+        c = msg.get("body", b"")
+        if c:
+            size += len(c)
+            if size > limit:
+                raise RequestError(f"the request body is larger than the server's limit "
+                                   f"of {limit} bytes (max_body_bytes)", 400)
+            if not body:
+                body = c
+            else:
+                chunks = chunks or [body]
+                chunks.append(c)
+        if not msg.get("more_body", False):
+            break
+    if chunks:
+        body = b"".join(chunks)
     if enc in ("gzip", "deflate"):
         try:
             d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
@@ -78,14 +110,126 @@ async def _read_body(request, limit):
     elif enc not in (None, "identity"):
         raise RequestError(f"unsupported Content-Encoding {enc!r}; expected gzip or deflate",
                            400)
-    return body
+    return bytes(body)
+
+
+_JSON, _OCTETS = b"application/json", b"application/octet-stream"
+
+
+async def _respond(send, status, body, ctype, headers=None):
+    h = [(b"content-type", ctype), (b"content-length", b"%d" % len(body))]
+    for k, v in (headers or {}).items():
+        h.append((k.lower().encode("latin-1"), str(v).encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": h})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _timed_out(fut, p, model):
+    """The loop's timer for a request's deadline: 504 unless its answer came first."""
+    if not fut.done():
+        p.cancelled = True        # a worker that has not taken it yet drops it
+        fut.set_exception(RequestError(
+            f"model {model!r}: the request timed out after "
+            f"{1e3 * (time.perf_counter() - p.t_enq):.1f} ms", 504))
+
+
+def infer_path(path):
+    """(name, version) of an infer path ``/v2/models/{name}[/versions/{v}]/infer``, else
+    None. Example: ``infer_path("/v2/models/mlp/infer") == ("mlp", None)``"""
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[11:-6].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+class Infer:
+    """``POST /v2/models/{name}[/versions/{v}]/infer`` as a raw ASGI callable (see the
+    module doc): read, decode, queue on the model's batcher, await, encode, answer."""
+
+    def __init__(self, entries, max_body_bytes, offload_bytes):
+        self.entries, self.limit, self.offload = entries, max_body_bytes, offload_bytes
+
+    async def __call__(self, scope, receive, send, name=None, version=None):
+        if name is None:                    # reached through starlette's router
+            pp = scope.get("path_params") or {}
+            name, version = pp.get("name"), pp.get("version")
+        t0 = time.perf_counter()
+        e = self.entries.get(name)
+        if e is None or (version is not None and version != str(e.model.version)):
+            msg = (f"unknown model {name!r}; this server serves {sorted(self.entries)}"
+                   if e is None else f"model {name!r} has no version {version!r}; its "
+                   f"versions are [{e.model.version!r}]")
+            await _respond(send, 404, _error_body(msg), _JSON)
+            return
+        rid, p, status, err_msg = None, None, 500, None
+        b = e.batcher
+        b.arriving += 1           # a worker filling a batch waits for this one
+        arriving = True
+        try:
+            length, enc, hl = _header(scope, "content-length", "content-encoding",
+                                      protocol.HEADER)
+            body = await _read_body(receive, length, enc, self.limit)
+            big = len(body) > self.offload
+            if big:
+                dec = await run_in_threadpool(protocol.decode, e.model, body, hl, e.plans)
+            else:
+                dec = protocol.decode(e.model, body, hl, e.plans)
+            rid = dec.id
+            tmo = protocol.timeout_s(e.model, dec.params)
+            b.arriving -= 1
+            arriving = False
+            loop = asyncio.get_running_loop()
+            p, fut = b.submit(dec.inputs, loop, tmo)
+            if p.deadline is not None:
+                timer = loop.call_later(max(p.deadline - time.perf_counter(), 0),
+                                        _timed_out, fut, p, e.model.name)
+                try:
+                    results = await fut
+                finally:
+                    timer.cancel()
+            else:
+                results = await fut
+            if big:
+                out, hlen = await run_in_threadpool(protocol.encode, e.model, dec, results)
+            else:
+                out, hlen = protocol.encode(e.model, dec, results)
+            status = 200
+            if hlen is None:
+                await _respond(send, 200, out, _JSON)
+            else:
+                await _respond(send, 200, out, _OCTETS,
+                               {"Inference-Header-Content-Length": hlen})
+        except RequestError as err:
+            status, err_msg = err.status, str(err)
+            await _respond(send, err.status, _error_body(err_msg), _JSON, err.headers)
+        except _Disconnected:
+            status, err_msg = 499, "the client closed the connection"
+        finally:
+            if arriving:
+                b.arriving -= 1
+        dt = time.perf_counter() - t0
+        e.metrics.answered(status, dt)
+        q = c = None
+        batch = 0
+        if p is not None and p.t_start is not None:
+            q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
+        log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt, err_msg)
+
+
+def _error_body(msg):
+    return json.dumps({"error": msg}, separators=(",", ":")).encode()
 
 
 def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64 << 20,
              offload_bytes=256 << 10, metrics=None, state=None, on_startup=(),
              on_shutdown=()):
-    """The Starlette app over `entries` ({name: Entry}); `state.draining` (when given)
-    makes readiness report 503 while the server shuts down."""
+    """The ASGI app over `entries` ({name: Entry}): infer POSTs to `Infer`, the rest to
+    a Starlette app (``app.starlette``); `state.draining` (when given) makes readiness
+    report 503 while the server shuts down."""
 
     def entry(request):
         name = request.path_params["name"]
@@ -134,68 +278,14 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
                    instance_count=e.batcher.instances, dynamic_batching_on=e.batcher.batching)
         return _json(cfg)
 
-    async def infer(request):
-        e = entry(request)
-        t0 = time.perf_counter()
-        rid, p, status = None, None, 500
-        err_msg = None
-        b = e.batcher
-        b.arriving += 1           # a worker filling a batch waits for this one
-        arriving = True
-        try:
-            body = await _read_body(request, max_body_bytes)
-            hl = request.headers.get(protocol.HEADER)
-            big = len(body) > offload_bytes
-            if big:
-                dec = await run_in_threadpool(protocol.decode, e.model, body, hl)
-            else:
-                dec = protocol.decode(e.model, body, hl)
-            rid = dec.id
-            tmo = protocol.timeout_s(e.model, dec.params)
-            b.arriving -= 1
-            arriving = False
-            p, fut = b.submit(dec.inputs, asyncio.get_running_loop(), tmo)
-            if p.deadline is not None:
-                left = p.deadline - time.perf_counter()
-                try:
-                    results = await asyncio.wait_for(asyncio.shield(fut), max(left, 0))
-                except asyncio.TimeoutError:
-                    p.cancelled = True
-                    raise RequestError(f"model {e.model.name!r}: the request timed out "
-                                       f"after {1e3 * (time.perf_counter() - p.t_enq):.1f} "
-                                       "ms", 504) from None
-            else:
-                results = await fut
-            if big:
-                out, hlen = await run_in_threadpool(protocol.encode, e.model, dec, results)
-            else:
-                out, hlen = protocol.encode(e.model, dec, results)
-            headers = {} if hlen is None else {"Inference-Header-Content-Length": str(hlen)}
-            status = 200
-            mt = "application/json" if hlen is None else "application/octet-stream"
-            resp = Response(out, 200, headers=headers, media_type=mt)
-        except RequestError as err:
-            status, err_msg = err.status, str(err)
-            resp = _error(err_msg, err.status, err.headers)
-        finally:
-            if arriving:
-                b.arriving -= 1
-        dt = time.perf_counter() - t0
-        e.metrics.answered(status, dt)
-        q = c = None
-        batch = 0
-        if p is not None and p.t_start is not None:
-            q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
-        log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt, err_msg)
-        return resp
-
     async def metrics_page(request):
         body, ctype = metrics.text()
         return Response(body, 200, headers={"Content-Type": ctype})
 
-    # infer first: starlette tries the routes in order, a regex each (24 us a request
-    # when infer came last)
-    routes = [Route(b + "/infer", guarded(infer), methods=["POST"]) for b in (
+    infer = Infer(entries, max_body_bytes, offload_bytes)
+    # the infer routes stay in the router for what `app` below does not take (a GET
+    # answers 405 there); POSTs reach `infer` directly
+    routes = [Route(b + "/infer", infer, methods=["POST"]) for b in (
         "/v2/models/{name}", "/v2/models/{name}/versions/{version}")]
     routes += [Route("/v2/health/live", live), Route("/v2/health/ready", ready),
                Route("/v2", server_meta), Route("/metrics", metrics_page)]
@@ -215,4 +305,14 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
         finally:
             for fn in on_shutdown:
                 await run_in_threadpool(fn)
-    return Starlette(routes=routes, lifespan=lifespan)
+    star = Starlette(routes=routes, lifespan=lifespan)
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            where = infer_path(scope["path"])
+            if where is not None:
+                await infer(scope, receive, send, *where)
+                return
+        await star(scope, receive, send)
+    app.starlette = star
+    return app

@@ -3,6 +3,12 @@
 The event loop calls `Batcher.submit` (a few microseconds under one lock) and awaits the
 asyncio future it returns; a worker thread forms a batch, runs it and hands every future
 its answer through `loop.call_soon_threadsafe`, so no model code ever runs on the loop.
+The hand-off costs one wake-up each way per batch, not per request: `submit` queues
+and, once per turn of the event loop, one callback wakes the worker that forms the next
+batch (a notify per request woke it, and made it contend for the GIL with the loop,
+for every request of a burst the loop was still reading; a queue holding a full batch
+or half its size wakes it at once); the answers of a batch go back in one
+`call_soon_threadsafe` per loop.
 
 How long a worker waits for a batch to fill: ``delay_policy`` "arriving" (the default)
 waits, up to ``max_queue_delay_us``, only while requests are on their way (accepted by
@@ -84,6 +90,11 @@ class Batcher:
                                f"'arriving' or 'fixed'; got {self.policy!r}")
         self.arriving = 0         # requests being read/parsed, not yet queued (loop side)
         self.max_queue = int(db.get("max_queue_size", cfg.get("max_queue_size", 256)))
+        # queued requests at which `submit` wakes a worker at once rather than at the end
+        # of the loop turn: a full batch, or half the queue (a long burst of reads must
+        # not fill a short queue and answer 503s while the workers sleep)
+        self._wake_now = max(1, min(self.dispatch_rows, self.max_queue // 2)
+                             if self.batching else self.max_queue // 2)
         self.timeout = db.get("timeout_ms", cfg.get("timeout_ms"))
         self.instances = max(1, int(instances))
         self.metrics = metrics
@@ -91,6 +102,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._form = threading.Lock()
         self._closing = False
+        self._wake_loop = None        # the loop a `_wake` is scheduled on (loop side)
         self._threads: list = []
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
@@ -145,10 +157,21 @@ class Batcher:
                                    f"({self.max_queue} requests waiting); retry later",
                                    503, {"Retry-After": "1"})
             self._q.append(p)
-            self._cond.notify()
+            if len(self._q) >= self._wake_now:
+                self._cond.notify()
+        if self._wake_loop is not loop:     # per loop: one that ended with a wake still
+            self._wake_loop = loop          # pending does not hold back another's
+            loop.call_soon(self._wake)
         if self.metrics is not None:
             self.metrics.queue_depth.set(len(self._q))
         return p, fut
+
+    def _wake(self):
+        """On the loop, after the requests this turn queued: wake the forming worker once
+        (the other workers wait for `_form`, which it releases with a batch taken)."""
+        self._wake_loop = None
+        with self._cond:
+            self._cond.notify()
 
     # ------------------------------------------------------------ worker side
     def _drop_expired(self, now, out):

@@ -65,6 +65,12 @@ class _State:
     draining = False
 
 
+def _have(module):
+    """`module` when it can be imported, else None."""
+    import importlib.util
+    return module if importlib.util.find_spec(module) is not None else None
+
+
 class Server:
     """The server over `models` ({name: model directory or ServedModel}); see module doc.
 
@@ -136,9 +142,16 @@ class Server:
         s.set_inheritable(True)
         self._sock = s
         self.port = s.getsockname()[1]
+        # httptools (with one write per answer, see wire.py) and uvloop when installed
+        # (the serve extra has both; h11 and the asyncio loop only as a fallback); no
+        # proxy-headers middleware (the server reads no client address) and no
+        # "server:" header on every answer
+        from .wire import protocol_class
         cfg = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                              log_level=self.log_level, timeout_graceful_shutdown=None,
-                             backlog=2048)
+                             backlog=2048, http=protocol_class() or "auto",
+                             loop=_have("uvloop") or "auto", proxy_headers=False,
+                             server_header=False)
         self._uv = uvicorn.Server(cfg)
         return self._uv
 
