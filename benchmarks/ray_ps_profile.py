@@ -18,7 +18,6 @@ import json
 import sys
 import time
 
-import numpy as np
 from common import blas_info, emit
 from w4_ctr import sampan_model
 
