@@ -75,21 +75,28 @@ def require_ray():
 # (measured: the raylet took 5.7 ms of CPU a W4 step, 0.25 ms inline) while inline
 # stays cheaper up to about 2 MB, above which the store's zero-copy read wins.
 INLINE_BYTES = 2 << 20
+# Ray starts workers at nice 15, below everything else on the host. A shard's pull is on
+# the training step's critical path (the in-process backend runs the same work in the
+# trainer's own threads, at its priority): at 15 a shard starved behind any other
+# process, and the trainer waited 10-12 ms a step for its prefetch on the loaded 2-core
+# machine against 1.6-3 ms at 0 (benchmarks/ray_ps_profile.py, A/B in one run).
+WORKER_NICENESS = 0
 
 
 def init_ray(ray, **kwargs) -> None:
     """``ray.init`` with this sampan on the workers' import path (they inherit it).
 
-    A local cluster it starts passes arrays up to ``INLINE_BYTES`` inline with the call
-    (``_system_config`` given by the caller wins); a cluster it joins (``address=``) keeps
-    its own configuration."""
+    A local cluster it starts passes arrays up to ``INLINE_BYTES`` inline with the call and
+    runs its workers at ``WORKER_NICENESS`` (``_system_config`` given by the caller wins);
+    a cluster it joins (``address=``) keeps its own configuration."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env_path = os.environ.get("PYTHONPATH", "")
     if pkg_root not in env_path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env_path) if p)
     defaults = {"include_dashboard": False, "log_to_driver": False}
     if kwargs.get("address") in (None, "local") and not os.environ.get("RAY_ADDRESS"):
-        defaults["_system_config"] = {"max_direct_call_object_size": INLINE_BYTES}
+        defaults["_system_config"] = {"max_direct_call_object_size": INLINE_BYTES,
+                                      "worker_niceness": WORKER_NICENESS}
     ray.init(**{**defaults, **kwargs})
 
 
