@@ -174,8 +174,16 @@ class ShardServer:
         return ("ok", result, self.applied, self.durable, self.shard.table.step)
 
     def call_many(self, calls):
-        """Several calls in one: ``[call(*c) for c in calls]`` (the answers in order)."""
-        return [self.call(op, n, need, *args) for op, n, need, args in calls]
+        """Several calls in one: ``[call(*c) for c in calls]`` (the answers in order). A
+        call that raises answers ``("error", exception)`` and the others still run, as
+        they would have one by one."""
+        out = []
+        for op, n, need, args in calls:
+            try:
+                out.append(self.call(op, n, need, *args))
+            except Exception as exc:  # noqa: BLE001  (raised again at the caller)
+                out.append(("error", exc))
+        return out
 
     def _pull(self, ids, step, out=None):
         v = self.shard.pull(ids, step)

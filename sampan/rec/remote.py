@@ -272,6 +272,8 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                 s.step = max(s.step, step)
                 self._trim(s, durable)
                 return result
+            if status == "error":  # a call of a batched one raised in the actor
+                raise reply[1]
             if status == "inline":  # a restarted actor that cannot reach the arena
                 s.shm = False
                 reply = self._get([s.actor.call.remote(op, n, need, *args)], [s])[0]

@@ -73,6 +73,9 @@ def test_arena_calls_batched_calls_and_the_inline_answer(tmp_path, monkeypatch):
     replies = srv.call_many([("push", 2, 1, wire), ("pull", 3, 2, (ids, 1))])
     assert [r[0] for r in replies] == ["ok", "ok"] and replies[1][2] == 3
     np.testing.assert_array_equal(replies[1][1], local.pull(ids, 1))
+    # a call that raises answers its error; the next one still runs (and finds the gap)
+    bad, after = srv.call_many([("pull", 4, 3, ("not ids", 2)), ("pull", 5, 4, (ids, 2))])
+    assert bad[0] == "error" and after == ("gap", 3)
     for s in slots:
         arena.free(s.offset)
     # a shard that cannot reach the arena (another host) says so and applies nothing
