@@ -3,12 +3,15 @@ actors' own CPU per call, and every process's CPU on the machine, against the in
 2-shard backend in the same run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/ray_ps_profile.py
-    ... --steps 40 --batch 1024 --staleness 1
+    ... --steps 123 --blocks 6 --batch 1024 --staleness 1 [--profile]
 
-Prints one JSON line per backend: samples/s of an unprofiled run, then (profiled run)
-seconds per step of each rec span on each trainer thread, the shard actors' thread CPU per
-call kind, and CPU seconds per step of each process (trainer threads named), so the
-2 cores' budget can be read off.
+The backends train block by block in turn (order rotating), so a shared machine's load
+falls on both. Prints one JSON line per backend: samples/s and ms per step, the time the
+trainer waited for prefetched batches, the shard actors' thread CPU per call kind (pull,
+push, snapshot capture and write) and their whole processes' CPU, and CPU ms per step of
+every busy process on the machine and of each trainer thread, so the 2 cores' budget can
+be read off; with ``--profile``, ms per step of each rec span (pull, push, split,
+prefetch_wait) on each trainer thread, from sampan's profiler.
 """
 from __future__ import annotations
 
