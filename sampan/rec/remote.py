@@ -3,8 +3,15 @@
 ``ShardedEmbedding(dim, n_shards=N, backend="ray")`` returns a :class:`RemoteShardedEmbedding`:
 each shard (table, optimiser slots, metadata, admission and eviction) lives in a Ray actor
 (:class:`ShardServer`), ids are deduplicated and split by shard once per batch on the
-caller's side, every shard's request goes out before any answer is awaited, and vectors
-come back through Ray's object store (read-only arrays, copied once into the batch).
+caller's side, and every shard's request goes out before any answer is awaited.
+
+Transport (profiled on W4 with ``benchmarks/ray_ps_profile.py``). When an actor runs on
+the caller's host, a call's ids, gradients and answer vectors travel through a shared
+memory file per shard (``sampan.rec._shm``); elsewhere inline with the call (up to
+``INLINE_BYTES``) or through Ray's object store. A push does not travel alone: it waits
+in its shard's outbox and leaves with the next call to that shard (with prefetch, the
+pull of the batch after next), so a training step costs one Ray call per shard. Shard
+actors write their snapshot files from a thread of their own.
 
 Recovery. Every call that changes a shard (a pull, which creates rows and counts
 sightings, and a push) carries a per-shard operation number ``n``, and the caller keeps
@@ -26,28 +33,25 @@ shards hold every update up to their last delta.
 from __future__ import annotations
 
 import collections
-import glob
 import os
-import re
 import tempfile
 import threading
-import time
 
 import numpy as np
 
 from sampan.errors import SampanError
+from sampan.profiler import recorder as _rec
+from sampan.rec import _shm
+from sampan.rec._server import ShardServer, _chain
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
-from sampan.rec.sharded import LocalShard, ShardedEmbedding, _init_signature
-from sampan.rec.snapshot import _take_export, _write_atomic, export_full, restore, table_state
-from sampan.rec.table import HashEmbeddingTable
+from sampan.rec.sharded import ShardedEmbedding, _init_signature
+from sampan.rec.snapshot import _write_atomic, export_full
 
 __all__ = ["RemoteShardedEmbedding", "ShardServer", "ShardUnavailableError", "init_ray",
            "require_ray"]
 
-# what a restored table takes from the caller (the rest is in the snapshot)
-_RESTORE_KWARGS = ("admission", "eviction", "initial_capacity", "pending_limit")
-_FILE = re.compile(r"^(full|delta)\.(\d+)\.(\d+)$")  # kind.seq.operation
+ARENA_BYTES = 32 << 20  # per shard: a few steps of W4 pulls and pushes in flight
 
 
 class ShardUnavailableError(SampanError, RuntimeError):
@@ -65,155 +69,35 @@ def require_ray():
     return ray
 
 
+# Arguments and results up to this size travel inside the task's own RPC instead of
+# through the object store. A shard's pull answer or push of one W4 batch is 0.5-1.1 MB;
+# through the store each costs a create/seal/get/release round of IPC with the raylet
+# (measured: the raylet took 5.7 ms of CPU a W4 step, 0.25 ms inline) while inline
+# stays cheaper up to about 2 MB, above which the store's zero-copy read wins.
+INLINE_BYTES = 2 << 20
+# Ray starts workers at nice 15, below everything else on the host. A shard's pull is on
+# the training step's critical path (the in-process backend runs the same work in the
+# trainer's own threads, at its priority): at 15 a shard starved behind any other
+# process, and the trainer waited 10-12 ms a step for its prefetch on the loaded 2-core
+# machine against 1.6-3 ms at 0 (benchmarks/ray_ps_profile.py, A/B in one run).
+WORKER_NICENESS = 0
+
+
 def init_ray(ray, **kwargs) -> None:
-    """``ray.init`` with this sampan on the workers' import path (they inherit it)."""
+    """``ray.init`` with this sampan on the workers' import path (they inherit it).
+
+    A local cluster it starts passes arrays up to ``INLINE_BYTES`` inline with the call and
+    runs its workers at ``WORKER_NICENESS`` (``_system_config`` given by the caller wins);
+    a cluster it joins (``address=``) keeps its own configuration."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env_path = os.environ.get("PYTHONPATH", "")
     if pkg_root not in env_path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env_path) if p)
-    ray.init(**{"include_dashboard": False, "log_to_driver": False, **kwargs})
-
-
-def _chain(directory: str):
-    """The newest full snapshot in ``directory`` and the deltas that follow it."""
-    files = []
-    for path in glob.glob(os.path.join(directory, "*")):
-        m = _FILE.match(os.path.basename(path))
-        if m:
-            files.append((int(m.group(2)), m.group(1), int(m.group(3)), path))
-    files.sort()
-    fulls = [f for f in files if f[1] == "full"]
-    if not fulls:
-        return None
-    start = fulls[-1][0]
-    chain = [fulls[-1]] + [f for f in files if f[1] == "delta" and f[0] > start]
-    return chain
-
-
-class ShardServer:
-    """One shard, run inside a Ray actor (``ray.remote`` is applied when one is created).
-
-    ``call(op, n, need, *args)`` answers ``("ok", result, applied, durable, step)``,
-    ``("gap", applied)`` when the shard holds fewer operations than ``need``, or
-    ``("dup", applied)`` when operation ``n`` is already applied.
-    """
-
-    def __init__(self, index: int, count: int, dim: int, optimizer, table_kwargs: dict,
-                 snapshot_dir: str, delta_every: int, full_every: int = 20):
-        self.index, self.count = index, count
-        self.optimizer = optimizer if optimizer is not None else SparseAdagrad(0.05)
-        self.dir = snapshot_dir
-        self.delta_every, self.full_every = max(1, int(delta_every)), max(1, int(full_every))
-        self.dim, self.table_kwargs = dim, table_kwargs
-        os.makedirs(snapshot_dir, exist_ok=True)
-        chain = _chain(snapshot_dir)
-        t0 = time.perf_counter()
-        if chain is None:
-            table = HashEmbeddingTable(dim, **table_kwargs)
-            self.applied = 0
-            self.restored = None
-        else:
-            keep = {k: v for k, v in table_kwargs.items() if k in _RESTORE_KWARGS}
-            table = restore(chain[0][3], [c[3] for c in chain[1:]], **keep)
-            self.applied = chain[-1][2]
-            self.restored = {"step": table.step, "op": self.applied, "files": len(chain),
-                             "seconds": time.perf_counter() - t0}
-        self.shard = LocalShard(table, self.optimizer)
-        self.durable = self.applied
-        self.pushes = 0
-        self.deltas = 0
-        if chain is None:
-            self._export("full")
-
-    def clear(self) -> None:
-        """Start again from an empty table (and an empty snapshot chain)."""
-        for *_, path in _chain_all(self.dir):
-            os.remove(path)
-        self.__init__(self.index, self.count, self.dim, self.optimizer, self.table_kwargs,
-                      self.dir, self.delta_every, self.full_every)
-
-    # -- snapshots -----------------------------------------------------------------------
-    def _export(self, kind: str) -> None:
-        t = self.shard.table
-        with t.lock:
-            header, arrays, _ = _take_export(t, kind)
-        name = f"{kind}.{header['seq']}.{self.applied}"
-        _write_atomic(os.path.join(self.dir, name), header, arrays)
-        self.durable = self.applied
-        if kind == "full":  # the older chains are no longer needed
-            for seq, _, _, path in _chain_all(self.dir):
-                if seq < header["seq"]:
-                    os.remove(path)
-
-    def _after_push(self) -> None:
-        self.pushes += 1
-        if self.pushes % self.delta_every == 0:
-            self.deltas += 1
-            self._export("full" if self.deltas % self.full_every == 0 else "delta")
-
-    # -- the one entry point ---------------------------------------------------------------
-    def call(self, op: str, n, need: int, *args):
-        if n is not None and n <= self.applied:
-            return ("dup", self.applied)
-        if self.applied < need:
-            return ("gap", self.applied)
-        result = getattr(self, "_" + op)(*args)
-        if n is not None:
-            self.applied = n
-            if op == "push":
-                self._after_push()
-        return ("ok", result, self.applied, self.durable, self.shard.table.step)
-
-    def _pull(self, ids, step):
-        return self.shard.pull(ids, step)
-
-    def _push(self, ids, grads, step):
-        self.shard.push(ids, grads, step)
-
-    def _read(self, ids):
-        return self.shard.table.read(ids)
-
-    def _state(self):
-        return table_state(self.shard.table)
-
-    def _len(self):
-        return len(self.shard.table)
-
-    def _nbytes(self):
-        return self.shard.table.nbytes
-
-    def _export_shard(self, directory: str, tag: int):
-        """A full export (also the start of this shard's own new chain) into ``directory``
-        as shard file ``shard_<i>.<tag>.full`` of a sharded export."""
-        t = self.shard.table
-        with t.lock:
-            header, arrays, _ = _take_export(t, "full")
-        _write_atomic(os.path.join(self.dir, f"full.{header['seq']}.{self.applied}"),
-                      header, dict(arrays))
-        self.durable = self.applied
-        header["shard"] = {"index": self.index, "count": self.count}
-        name = f"shard_{self.index}.{tag}.full"
-        _write_atomic(os.path.join(directory, name), header, arrays)
-        return {"file": name, "step": header["step"], "lineage": header["lineage"]}
-
-    def _sleep(self, seconds: float):  # for tests of the caller's timeout
-        time.sleep(seconds)
-
-    def info(self) -> dict:
-        """Where this shard stands: operations applied and snapshotted, its step, and
-        what it restored from when it (re)started (None for a fresh shard)."""
-        return {"index": self.index, "applied": self.applied, "durable": self.durable,
-                "step": self.shard.table.step, "rows": len(self.shard.table),
-                "restored": self.restored, "pid": os.getpid()}
-
-
-def _chain_all(directory: str):
-    out = []
-    for path in glob.glob(os.path.join(directory, "*")):
-        m = _FILE.match(os.path.basename(path))
-        if m:
-            out.append((int(m.group(2)), m.group(1), int(m.group(3)), path))
-    return out
+    defaults = {"include_dashboard": False, "log_to_driver": False}
+    if kwargs.get("address") in (None, "local") and not os.environ.get("RAY_ADDRESS"):
+        defaults["_system_config"] = {"max_direct_call_object_size": INLINE_BYTES,
+                                      "worker_niceness": WORKER_NICENESS}
+    ray.init(**{**defaults, **kwargs})
 
 
 class _Remote:
@@ -229,6 +113,20 @@ class _Remote:
         self.step = 0  # last step the shard reported
         self.durable = 0
         self.restores: list[dict] = []
+        self.arena: _shm.Arena | None = None  # same host: arrays travel through it
+        self.shm = False
+        self.outbox: list = []  # calls numbered but not yet sent (a push waits here)
+
+
+class _Sent:
+    """A submitted call: its number, what it needs, Ray's ref, and its arena slots
+    (``answer``: where a pull's vectors come back)."""
+
+    __slots__ = ("n", "need", "ref", "index", "slots", "answer")
+
+    def __init__(self, n, need, slots=(), answer=None):
+        self.n, self.need, self.slots, self.answer = n, need, slots, answer
+        self.ref = self.index = None  # index: its place in a batched call's answers
 
 
 class RemoteShardedEmbedding(ShardedEmbedding):
@@ -286,14 +184,21 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                 os.makedirs(d, exist_ok=True)
                 if _chain(d) is None:
                     export_full(initial_tables[i], os.path.join(d, "full.0.0"))
-            actor = cls.remote(i, n, self.dim, make_opt(), dict(table_kwargs), d, delta_every)
+            arena = _shm.new_arena(ARENA_BYTES)
+            actor = cls.remote(i, n, self.dim, make_opt(), dict(table_kwargs), d, delta_every,
+                               arena=None if arena is None else arena.handle())
             self.shards.append(_Remote(actor, i))
+            self.shards[-1].arena = arena
         self.pool = None
         self.push_log = None
-        self._pending: collections.deque = collections.deque()  # (shard, n, ref) of pushes
+        self._pending: collections.deque = collections.deque()  # (shard, args, _Sent)
         for s, info in zip(self.shards, self._get([s.actor.info.remote()
                                                    for s in self.shards], self.shards)):
             s.step, s.durable = info["step"], info["durable"]
+            s.shm = bool(info["arena"])
+            if not s.shm and s.arena is not None:  # another host: arrays go inline
+                s.arena.close()
+                s.arena = None
 
     # -- plumbing ----------------------------------------------------------------------------
     def _get(self, refs, shards):
@@ -311,8 +216,16 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                 f"remote embedding shard {s.index} {what} {self.timeout:g} s; its last known "
                 f"step is {s.step} ({type(exc).__name__})") from None
 
-    def _send(self, s: _Remote, op: str, args: tuple, mutating: bool):
-        """Submit one call; returns (n, need, ref)."""
+    def _send(self, s: _Remote, op: str, args: tuple, mutating: bool, answer=None,
+              park: bool = False) -> _Sent:
+        """Number and submit one call. On the shard's host its large arrays travel through
+        the arena, and ``answer`` (a shape) reserves the place a pull's vectors come back
+        in. A ``park`` ed call (a push) waits in the shard's outbox and leaves with the
+        next call to that shard (the next batch's pull, as a rule), as one Ray call: a Ray
+        call costs about 0.5 ms of CPU on each side whatever it carries."""
+        wire, slots, out = args, [], None
+        if s.shm:
+            wire, slots, out = _shm.encode(s.arena, args, answer)
         with s.submit:
             if mutating:
                 s.n += 1
@@ -320,7 +233,35 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                 s.log[n] = (op, args)
             else:
                 n, need = None, s.n
-            return n, need, s.actor.call.remote(op, n, need, *args)
+            sent = _Sent(n, need, slots, out)
+            s.outbox.append((op, n, need, wire, sent))
+            if not park:
+                self._kick_locked(s)
+            return sent
+
+    def _kick(self, s: _Remote) -> None:
+        """Send what waits in a shard's outbox."""
+        with s.submit:
+            self._kick_locked(s)
+
+    def _kick_locked(self, s: _Remote) -> None:
+        box, s.outbox = s.outbox, []
+        if len(box) == 1:
+            op, n, need, wire, sent = box[0]
+            sent.ref = s.actor.call.remote(op, n, need, *wire)
+        elif box:
+            ref = s.actor.call_many.remote([c[:4] for c in box])
+            for i, c in enumerate(box):
+                c[4].ref, c[4].index = ref, i
+
+    def _replies(self, sent: list, shards: list) -> list:
+        """The answers of submitted calls (each its part of a batched call's)."""
+        got = self._get([c.ref for c in sent], shards)
+        return [g if c.index is None else g[c.index] for c, g in zip(sent, got)]
+
+    def _release(self, s: _Remote, sent: _Sent) -> None:
+        for slot in sent.slots:
+            s.arena.free(slot.offset)
 
     def _settle(self, s: _Remote, op: str, args: tuple, n, need, reply):
         """The result of a call from its reply, recovering the shard first when behind."""
@@ -331,6 +272,12 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                 s.step = max(s.step, step)
                 self._trim(s, durable)
                 return result
+            if status == "error":  # a call of a batched one raised in the actor
+                raise reply[1]
+            if status == "inline":  # a restarted actor that cannot reach the arena
+                s.shm = False
+                reply = self._get([s.actor.call.remote(op, n, need, *args)], [s])[0]
+                continue
             self._recover(s, n if n is not None else need)
             if n is not None:
                 with s.recover:
@@ -381,9 +328,12 @@ class RemoteShardedEmbedding(ShardedEmbedding):
     def _fan(self, op: str, argsets, mutating: bool):
         """One call per shard, all submitted before any is awaited; results in order."""
         sent = [self._send(s, op, a, mutating) for s, a in zip(self.shards, argsets)]
-        replies = self._get([r for _, _, r in sent], self.shards)
-        return [self._settle(s, op, a, n, need, rep)
-                for s, a, (n, need, _), rep in zip(self.shards, argsets, sent, replies)]
+        replies = self._replies(sent, self.shards)
+        out = []
+        for s, a, c, rep in zip(self.shards, argsets, sent, replies):
+            out.append(self._settle(s, op, a, c.n, c.need, rep))
+            self._release(s, c)
+        return out
 
     # -- the ShardedEmbedding interface ---------------------------------------------------
     def close(self) -> None:
@@ -393,6 +343,9 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         finally:
             for s in self.shards:
                 self._ray.kill(s.actor, no_restart=True)
+                if s.arena is not None:
+                    s.arena.close()
+                    s.arena, s.shm = None, False
             if self._tmp is not None:
                 self._tmp.cleanup()
                 self._tmp = None
@@ -413,37 +366,50 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         sent = []
         for s, p in zip(self.shards, parts):
             args = (uniq[p], step)
-            sent.append((s, args, *self._send(s, "pull", args, True)))
+            sent.append((s, args, self._send(s, "pull", args, True, (p.size, self.dim))))
         return uniq, inverse, parts, sent
 
     def fetch(self, uniq, parts, rows) -> np.ndarray:
         out = np.empty((uniq.size, self.dim), np.float32)
-        replies = self._get([r for *_, r in rows], [s for s, *_ in rows])
-        for p, (s, args, n, need, _), rep in zip(parts, rows, replies):
-            out[p] = self._settle(s, "pull", args, n, need, rep)
+        replies = self._replies([c for _, _, c in rows], [s for s, *_ in rows])
+        for p, (s, args, c), rep in zip(parts, rows, replies):
+            v = self._settle(s, "pull", args, c.n, c.need, rep)
+            out[p] = s.arena.view(c.answer) if isinstance(v, str) else v
+            self._release(s, c)
         return out
 
     def push(self, uniq, grads, step: int | None = None) -> None:
         """Send each shard its ids' summed gradients without waiting; at most
         ``max_staleness + 1`` pushes per shard stay unconfirmed (their answers, and any
         recovery they need, are settled before more are sent)."""
+        if _rec.ACTIVE:
+            with _rec.span("push", "rec", ids=int(np.size(uniq))):
+                return self._push(uniq, grads, step)
+        return self._push(uniq, grads, step)
+
+    def _push(self, uniq, grads, step) -> None:
         uniq = np.ascontiguousarray(uniq, np.int64)
         grads = np.ascontiguousarray(grads, np.float32)
         parts = self._split(uniq)
         for s, p in zip(self.shards, parts):
             args = (uniq[p], grads[p], step)
-            self._pending.append((s, args, *self._send(s, "push", args, True)))
+            self._pending.append((s, args, self._send(s, "push", args, True, park=True)))
         if self.push_log is not None:
             self.push_log.append(uniq.copy())
         self._drain(len(self.shards) * (self.max_staleness + 1))
 
     def _drain(self, keep: int) -> None:
         while len(self._pending) > keep:
-            s, args, n, need, ref = self._pending.popleft()
-            self._settle(s, "push", args, n, need, self._get([ref], [s])[0])
+            s, args, c = self._pending.popleft()
+            if c.ref is None:
+                self._kick(s)
+            self._settle(s, "push", args, c.n, c.need, self._replies([c], [s])[0])
+            self._release(s, c)
 
     def flush(self) -> None:
         """Wait until every push sent so far is applied."""
+        for s in self.shards:
+            self._kick(s)
         self._drain(0)
 
     def _refetch(self, uniq, parts, rows, mask, out) -> None:
@@ -468,6 +434,8 @@ class RemoteShardedEmbedding(ShardedEmbedding):
 
     def info(self) -> list[dict]:
         """Each shard actor's :meth:`ShardServer.info`."""
+        for s in self.shards:
+            self._kick(s)
         return self._get([s.actor.info.remote() for s in self.shards], self.shards)
 
     def restores(self) -> list[list[dict]]:
