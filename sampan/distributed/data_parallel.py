@@ -48,6 +48,7 @@ by the `distribute` pass (pipeline "data_parallel") instead.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -65,6 +66,68 @@ __all__ = ["DataParallel"]
 
 FIRST_BUCKET_MB = 1.0
 LAST_BUCKET_MB = 1.0
+
+
+# ------------------------------------------------------------ progress during backward
+class _Polling(threading.local):
+    def __init__(self):
+        self.dps = []       # this thread's DataParallels with reductions in flight
+        self.guard = None   # a _Guard while this thread has _progress pushed
+
+
+_POLL = _Polling()
+
+
+class _Guard:
+    """Lives in `_POLL` while this thread has `_progress` pushed. A thread that ends so
+    (its backward raised and it stopped: an in-process replica whose peer failed) must
+    stop counting as a thread with a mode, or every op of the process would go through
+    the dispatch modes for good: the thread's locals are dropped, and this with them."""
+    __slots__ = ("armed",)
+
+    def __init__(self):
+        self.armed = True
+
+    def __del__(self):
+        if self.armed:
+            with _modes._LOCK:
+                _modes.HOOKS.thread_modes_in_use -= 1
+                _modes._refresh()
+
+
+def _progress(op, inputs, attrs, call_next):
+    """The dispatch mode of a thread whose backward has reductions in flight: before
+    each op, test them (MPI advances them only inside its calls). A DataParallel whose
+    backward is over (it raised, so its end callback never ran) is dropped here."""
+    dps = _POLL.dps
+    q = getattr(_hooks._TL, "queue", None)
+    for dp in list(dps):
+        st = dp._step
+        if st is None or st["queue"] is not q:
+            dps.remove(dp)
+        else:
+            dp._poll()
+    if not dps:
+        _stop_polling(None)
+    return call_next(op, inputs, attrs)
+
+
+def _start_polling(dp):
+    if dp not in _POLL.dps:
+        _POLL.dps.append(dp)
+    if _POLL.guard is None:
+        _modes.push_mode(_progress)
+        _POLL.guard = _Guard()
+
+
+def _stop_polling(dp):
+    dps = _POLL.dps
+    if dp in dps:
+        dps.remove(dp)
+    if not dps and _POLL.guard is not None:
+        _POLL.guard.armed = False
+        _POLL.guard = None
+        _modes.pop_mode(_progress)
 
 
 class _Bucket:
@@ -119,7 +182,6 @@ class DataParallel(Layer):
         d["record_events"] = False
         d["last_timing"] = None
         d["_rebuilt"] = False     # buckets still in reverse registration order
-        d["_mode"] = None         # the progress dispatch mode while it is pushed
         params, seen = [], set()
         for p in layer.parameters():
             if p.requires_grad and id(p) not in seen:
@@ -280,26 +342,6 @@ class DataParallel(Layer):
             j += 1
         st["polled"] = j
 
-    def _progress_mode(self, op, inputs, attrs, call_next):
-        # a dispatch mode on the backward's thread: the reductions in flight advance
-        # between the ops of backward (see the module docstring)
-        self._poll()
-        return call_next(op, inputs, attrs)
-
-    def _push_mode(self):
-        if self._mode is None:
-            m = self.__dict__["_mode"] = self._progress_mode
-            _modes.push_mode(m)
-
-    def _pop_mode(self):
-        m = self._mode
-        if m is not None:
-            self.__dict__["_mode"] = None
-            try:
-                _modes.pop_mode(m)
-            except RuntimeError:    # pushed on another thread (a backward that raised)
-                pass
-
     def _copy_in(self, b, k, g):
         off, n = b.offsets[k], int(b.params[k]._data.size)
         b.flat[off:off + n] = g.reshape(-1)
@@ -313,12 +355,12 @@ class DataParallel(Layer):
             b.work = _comm.all_reduce_mean(b.flat)
             st["next"] += 1
             if b.work is not None:
-                self._push_mode()
+                _start_polling(self)
 
     def _finish(self):
         st = self._step
         t_end = time.perf_counter()
-        self._pop_mode()
+        _stop_polling(self)
         self.__dict__["_step"] = None
         self._note("backward_end", None)
         unused = []
@@ -364,7 +406,7 @@ class DataParallel(Layer):
     def _abandon(self, st):
         """Forget a step whose backward failed: its launched reductions are waited for
         (their buffers stay untouched until done) and the gradients stay local."""
-        self._pop_mode()
+        _stop_polling(self)
         self.__dict__["_step"] = None
         for b in self.buckets:
             _comm.wait(b.work)

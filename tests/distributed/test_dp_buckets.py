@@ -5,8 +5,10 @@ reductions in flight tested between the ops of backward, and the benchmark's exp
 communication measured from the last rank's end of backward."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -130,13 +132,42 @@ def test_reductions_in_flight_are_tested_between_the_ops_of_backward(two_ranks,
     polled = _tests_in_one_backward(dp, x, y, two_ranks)
     t = dp.last_timing
     assert t["reduced_t"] >= t["backward_end_t"]
-    monkeypatch.setattr(dp, "_push_mode", lambda: None)
-    hooks_only = _tests_in_one_backward(dp, x, y, two_ranks)
+    with monkeypatch.context() as m:
+        m.setattr(dpmod, "_start_polling", lambda dp: None)
+        hooks_only = _tests_in_one_backward(dp, x, y, two_ranks)
     # the six grad-ready hooks test once each; the backward's ops test too
     assert hooks_only <= 6 < polled - 10
-    two_ranks["after"] = 2                      # done after two tests
-    _tests_in_one_backward(dp, x, y, two_ranks)
-    monkeypatch.undo()
+
+
+def test_a_backward_that_raises_leaves_no_mode_behind(two_ranks):
+    x, y = _data()
+    sampan.manual_seed(0)
+    dp = DataParallel(_Reversed(), bucket_mb=0.0006)
+    F.cross_entropy(dp(x), y).backward()
+
+    def fail(m, i, o):
+        o.register_hook(lambda g: 1 / 0)        # fails late in backward
+    h = dp.module.inp.register_forward_hook(fail)
+    seen = []
+
+    def failing():
+        try:
+            F.cross_entropy(dp(x), y).backward()
+        except ZeroDivisionError:
+            seen.append(modes.HOOKS.active)     # left pushed: no end callback ran
+    t = threading.Thread(target=failing)        # and its thread ends
+    t.start()
+    t.join()
+    gc.collect()
+    assert seen == [True]
+    assert not modes.HOOKS.active
+    with pytest.raises(ZeroDivisionError):  # on this thread: the next op drops it
+        F.cross_entropy(dp(x), y).backward()
+    h.remove()
+    sampan.ones(2) + 1
+    assert modes.thread_modes() == () and not modes.HOOKS.active
+    F.cross_entropy(dp(x), y).backward()
+    assert not modes.HOOKS.active
 
 
 def _exposed_body(stamps):
