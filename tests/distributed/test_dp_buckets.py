@@ -1,7 +1,7 @@
 """DataParallel's bucket layout and its progress during backward, in one process that
 plays a 2-rank world (the collectives are stand-ins that record what they were asked):
 buckets rebuilt in the order the gradients became ready, a small last bucket, the
-reductions in flight tested between the ops of backward, and the benchmark's exposed
+reductions in flight tested between the ops of backward, the benchmark's exposed
 communication measured from the last rank's end of backward."""
 from __future__ import annotations
 
@@ -187,3 +187,10 @@ def test_benchmark_exposed_time_starts_at_the_last_ranks_end_of_backward():
     assert out[0]["exposed_s"] == pytest.approx([1.25, 1.5])     # medians per rank
     assert out[0]["skew_s"] == pytest.approx([1.75, 0.0])
     assert out[0]["wait_s"] == pytest.approx([3.0, 1.5])
+
+
+def test_a_signature_row_of_garbage_is_described_not_an_index_error():
+    pytest.importorskip("mpi4py")
+    from sampan.distributed import mpi
+    assert "another collective" in mpi._describe(np.array([2 ** 40, 0, 7, 1, 3, 0]))
+    assert mpi._describe(np.array([0, 1, 0, 1, 3, 0])).startswith("all_reduce of float32")
