@@ -187,6 +187,7 @@ def test_benchmark_exposed_time_starts_at_the_last_ranks_end_of_backward():
     assert out[0]["exposed_s"] == pytest.approx([1.25, 1.5])     # medians per rank
     assert out[0]["skew_s"] == pytest.approx([1.75, 0.0])
     assert out[0]["wait_s"] == pytest.approx([3.0, 1.5])
+    assert out[0]["exposed_p10_s"] == pytest.approx([0.65, 1.1])
 
 
 def test_a_signature_row_of_garbage_is_described_not_an_index_error():
