@@ -22,11 +22,11 @@ while reductions are in flight the backward's ops pass through a dispatch mode
 between the ops of backward instead of waiting for its end. No MPI call runs inside a BLAS
 call, so a long matmul of backward (at least `GEMM_CHUNK_FLOPS`: an MLP's first-layer
 weight gradient, the last and longest op) runs in `GEMM_CHUNKS` blocks of rows, tested
-between (with OpenBLAS the same bits: a block of rows is the same dot products). When backward ends (an
-end-of-backward callback, `queue_callback`, as torch's reducer does) the remaining
-buckets are started and all are waited for; each parameter's `.grad` then holds the
-average and `loss.backward()` returns, so the optimiser needs no hook and `opt.step()`
-is the plain one.
+between (with OpenBLAS the same bits: a block of rows is the same dot products). When
+backward ends (an end-of-backward callback, `queue_callback`, as torch's reducer does)
+the remaining buckets are started and all are waited for; each parameter's `.grad` then
+holds the average and `loss.backward()` returns, so the optimiser needs no hook and
+`opt.step()` is the plain one.
 
 `last_timing` holds the timestamps of the last synchronised backward (`time.perf_counter`,
 CLOCK_MONOTONIC on Linux, so comparable across the ranks of one host):
