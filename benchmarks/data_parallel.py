@@ -6,7 +6,8 @@ eager `DataParallel`; torch: DDP, gloo, init_method tcp://127.0.0.1:port); insid
 repetition times rank 0 alone on plain steps (1 rank x 1 thread, rank 1 asleep), then
 both ranks on data-parallel steps, so a pair sees the same machine load. Lines:
 samples/s of each; scaling efficiency = samples/s(2 ranks) / (2 x samples/s(1 rank)),
-per pair; sampan DP / torch DDP (jobs alternated, paired by round); exposed
+per pair (and its ceiling: both ranks running plain steps at once, no communication, last
+in each repetition); sampan DP / torch DDP (jobs alternated, paired by round); exposed
 communication over the total communication time, per rank, from DataParallel's
 timestamps (`last_timing`, perf_counter = CLOCK_MONOTONIC, one clock for the ranks of a
 host): exposed = the time from the LAST rank's end of backward to this rank's reductions
@@ -200,12 +201,11 @@ def _time_paired(solo, step, steps, reps, rank, barrier):
     Drift of a shared machine falls on both halves of a pair."""
     import tempfile
     flag = os.path.join(tempfile.gettempdir(), f"sampan-dp-bench-{os.environ['DP_RUN']}")
-    if rank == 0:
-        solo()
-        solo()
+    solo()      # every rank: the last phase of a repetition runs it on both
+    solo()
     for _ in range(2):
         step()
-    solo_rates, rates, solo_each, each = [], [], [], []
+    solo_rates, rates, solo_each, each, both = [], [], [], [], []
     load = os.getloadavg()[0]
 
     def timed(fn, out):
@@ -230,8 +230,14 @@ def _time_paired(solo, step, steps, reps, rank, barrier):
             timed(step, each)
         rates.append(steps / (time.perf_counter() - t))
         barrier()
+        t = time.perf_counter()         # both ranks, plain steps, no communication
+        for _ in range(steps):
+            solo()
+        both.append(steps / (time.perf_counter() - t))
+        barrier()
     return {"steps_per_s": rates, "solo_steps_per_s": solo_rates, "step_s": each,
-            "solo_step_s": solo_each, "load_1m": [load, os.getloadavg()[0]]}
+            "solo_step_s": solo_each, "both_solo_steps_per_s": both,
+            "load_1m": [load, os.getloadavg()[0]]}
 
 
 # ------------------------------------------------------------------------ driver
@@ -331,6 +337,12 @@ def report(wl, ours, theirs):
                for r in runs]
         emit(wl, system, "2rank", "scaling_efficiency_p10", p10, target=target,
              steps=[len(r["step_s"]) for r in runs], **info)
+        # both ranks running plain steps at once, no communication, against one alone:
+        # what two ranks can reach on this machine as loaded now (caches, memory, the
+        # other work on it), whatever data parallelism does
+        ceil = [b / s for r in runs
+                for b, s in zip(r["both_solo_steps_per_s"], r["solo_steps_per_s"])]
+        emit(wl, system, "2rank", "scaling_ceiling", ceil, **info)
     ratio = [float(np.median(o["steps_per_s"]) / np.median(t["steps_per_s"]))
              for o, t in zip(ours, theirs)]
     emit(wl, "sampan", "2rank", "vs_torch_ddp", ratio, target=1.0,
