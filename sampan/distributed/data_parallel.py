@@ -19,10 +19,10 @@ the same order. MPI moves a nonblocking collective's bytes only inside MPI calls
 no progress thread: on a machine with no spare core one only steals the compute's), so
 while reductions are in flight the backward's ops pass through a dispatch mode
 (`sampan/ops/modes.py`) that tests the oldest one before each op: the reductions advance
-between the ops of backward instead of waiting for its end. No MPI call runs inside a BLAS
-call, so a long matmul of backward (at least `GEMM_CHUNK_FLOPS`: an MLP's first-layer
-weight gradient, the last and longest op) runs in `GEMM_CHUNKS` blocks of rows, tested
-between (with OpenBLAS the same bits: a block of rows is the same dot products). When
+between the ops of backward instead of waiting for its end (not inside one op: a
+reduction started just before a long GEMM still waits for it; running such GEMMs in
+blocks of rows with tests between them was measured: W1's middle bucket then finished
+inside backward, but the step got 0.8 ms slower, more than the 0.3 ms it hid). When
 backward ends (an end-of-backward callback, `queue_callback`, as torch's reducer does)
 the remaining buckets are started and all are waited for; each parameter's `.grad` then
 holds the average and `loss.backward()` returns, so the optimiser needs no hook and
@@ -51,7 +51,6 @@ by the `distribute` pass (pipeline "data_parallel") instead.
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 import time
 
@@ -70,10 +69,6 @@ __all__ = ["DataParallel"]
 
 FIRST_BUCKET_MB = 1.0
 LAST_BUCKET_MB = 1.0
-# while reductions are in flight, a backward matmul of at least this many flops runs in
-# GEMM_CHUNKS blocks of rows with the reductions tested between them (`_chunked`)
-GEMM_CHUNK_FLOPS = 2e7
-GEMM_CHUNKS = 4
 
 
 # ------------------------------------------------------------ progress during backward
@@ -117,47 +112,7 @@ def _progress(op, inputs, attrs, call_next):
             dp._poll()
     if not dps:
         _stop_polling(None)
-    elif op.name == "matmul" and not attrs and not STATE.grad_enabled and _long(inputs):
-        op = _chunked(op)       # a long GEMM (the first layer's weight gradient) ...
     return call_next(op, inputs, attrs)
-
-
-def _long(inputs):
-    if len(inputs) != 2:
-        return False
-    a, b = inputs[0]._data, inputs[1]._data
-    return (a.ndim == 2 and b.ndim == 2 and a.shape[0] >= 2 * GEMM_CHUNKS
-            and 2 * a.shape[0] * a.shape[1] * b.shape[1] >= GEMM_CHUNK_FLOPS)
-
-
-_CHUNKED = {}       # op name -> (the kernel it wraps, the op with the chunked kernel)
-
-
-def _chunked(op):
-    """`op` (matmul) whose kernel computes the product in GEMM_CHUNKS blocks of rows and
-    tests the reductions in flight between them: no MPI call runs inside one BLAS call,
-    so a reduction started just before the last GEMM of backward made no progress during
-    it. A block of rows is the same dot products as in the whole product (OpenBLAS gives
-    the same bits); the kernel (the measured choice) is the op's own."""
-    k = op.kernel
-    got = _CHUNKED.get(op.name)
-    if got is None or got[0] is not k:
-        def kernel(a, b):
-            m = a.shape[0]
-            step = -(-m // GEMM_CHUNKS)
-            out = None
-            for i in range(0, m, step):
-                part = k(a[i:i + step], b)
-                if out is None:
-                    out = np.empty((m,) + part.shape[1:], part.dtype)
-                out[i:i + step] = part
-                for dp in _POLL.dps:
-                    dp._poll()
-            return out
-        c = copy.copy(op)
-        c.kernel = kernel
-        got = _CHUNKED[op.name] = (k, c)
-    return got[1]
 
 
 def _start_polling(dp):

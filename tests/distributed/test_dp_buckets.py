@@ -196,28 +196,3 @@ def test_a_signature_row_of_garbage_is_described_not_an_index_error():
     assert "another collective" in mpi._describe(np.array([2 ** 40, 0, 7, 1, 3, 0]))
     assert mpi._describe(np.array([0, 1, 0, 1, 3, 0])).startswith("all_reduce of float32")
 
-
-def test_a_long_backward_gemm_runs_in_blocks_that_poll_and_gives_the_same_bits(
-        two_ranks, monkeypatch):
-    r = np.random.default_rng(1)
-    x = sampan.tensor(r.standard_normal((64, 400)).astype(np.float32))
-    y = sampan.tensor(r.integers(0, 4, 64))
-
-    def model():
-        sampan.manual_seed(0)
-        return nn.Sequential(nn.Linear(400, 400), nn.Tanh(), nn.Linear(400, 4))
-    ref = model()
-    F.cross_entropy(ref(x), y).backward()       # the first weight's gradient: 400x64x400
-    dp = DataParallel(model(), bucket_mb=0.01)
-    F.cross_entropy(dp(x), y).backward()        # (rebuilds the buckets)
-    two_ranks["after"] = 10 ** 6
-
-    def backward():
-        for p in dp.parameters():
-            p.grad = None
-        return _tests_in_one_backward(dp, x, y, two_ranks)
-    blocked = backward()
-    for p, q in zip(dp.parameters(), ref.parameters()):
-        np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
-    monkeypatch.setattr(dpmod, "GEMM_CHUNK_FLOPS", float("inf"))
-    assert blocked >= backward() + dpmod.GEMM_CHUNKS    # a test after each block
