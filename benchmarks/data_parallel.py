@@ -6,12 +6,19 @@ eager `DataParallel`; torch: DDP, gloo, init_method tcp://127.0.0.1:port); insid
 repetition times rank 0 alone on plain steps (1 rank x 1 thread, rank 1 asleep), then
 both ranks on data-parallel steps, so a pair sees the same machine load. Lines:
 samples/s of each; scaling efficiency = samples/s(2 ranks) / (2 x samples/s(1 rank)),
-per pair; sampan DP / torch DDP (jobs alternated, paired by round); exposed
-communication (the wait after backward ends) over
-the total communication time (the same buckets all-reduced back to back, blocking) from
-DataParallel's timestamps. The 2-rank sampan job then prints the all-reduce bandwidth
-lines of dist-comm's `benchmarks/allreduce.py: sampan_allreduce_bandwidth` (1-64 MB
-against raw mpi4py), when that file exists (`--no-bandwidth` skips them).
+per pair (and its ceiling: both ranks running plain steps at once, no communication, last
+in each repetition); sampan DP / torch DDP (jobs alternated, paired by round); exposed
+communication over the total communication time, per rank, from DataParallel's
+timestamps (`last_timing`, perf_counter = CLOCK_MONOTONIC, one clock for the ranks of a
+host): exposed = the time from the LAST rank's end of backward to this rank's reductions
+being done, i.e. the communication still running once every rank has finished computing
+(a rank's wait before that is for a slower peer to arrive, reported apart as skew); total =
+the same buckets all-reduced back to back, blocking, after a barrier (median of 20). The
+line's value is the larger of the two ranks' median fractions (`p10_per_rank`: the same
+from the 10th percentiles of both, the machine's undisturbed moments). The 2-rank sampan job
+then prints the all-reduce bandwidth lines of dist-comm's
+`benchmarks/allreduce.py: sampan_allreduce_bandwidth` (1-64 MB against raw mpi4py), when
+that file exists (`--no-bandwidth` skips them).
 Targets: efficiency >= 0.9 (W3), >= 0.8 (W1); >= 1.0x DDP; exposed < 20%.
 Usage: python data_parallel.py [W1 W3] [--quick] [--reps N] [--no-bandwidth]
 """
@@ -84,7 +91,7 @@ def _sampan_one(wl, steps, reps):
     x, y = sampan.tensor(x), sampan.tensor(y)
     ext = tuple(sampan.tensor(e) for e in extra)
     name, kw = OPT[wl]
-    exposed = []
+    stamps = []         # (backward_end_t, reduced_t, own wait) of each data-parallel step
 
     def make(parallel):
         model = Model()           # the solo model has no DataParallel hooks on it
@@ -96,7 +103,8 @@ def _sampan_one(wl, steps, reps):
             F.ce(net(x, *ext), y).backward()
             opt.step()
             if parallel:
-                exposed.append(net.last_timing["exposed_comm_s"])
+                t = net.last_timing
+                stamps.append((t["backward_end_t"], t["reduced_t"], t["exposed_comm_s"]))
         return step, net
 
     solo, _ = make(False)
@@ -106,16 +114,36 @@ def _sampan_one(wl, steps, reps):
     bufs = [np.ones(b.size, b.dtype) for b in dp.buckets]
     for a in bufs:
         dist.all_reduce(a, op="mean")
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(5):
+    comm = []
+    for _ in range(20):
+        dist.barrier()
+        t0 = time.perf_counter()
         for a in bufs:
             dist.all_reduce(a, op="mean")
-    out.update(comm_s=(time.perf_counter() - t0) / 5, exposed_s=float(np.median(exposed)),
+        comm.append(time.perf_counter() - t0)
+    # the median, as the exposed time's; the 10th percentiles of both too (other work on
+    # this shared machine lengthens both, unevenly)
+    out.update(comm_s=float(np.median(comm)), comm_p10_s=float(np.percentile(comm, 10)),
+               **_exposed(stamps[2:]),
                buckets=len(dp.buckets), grad_mb=sum(b.nbytes() for b in dp.buckets) / 2**20,
                workload=wl, **blas_info())
     if dist.rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
+
+
+def _exposed(stamps):
+    """Per rank, the median over steps of: exposed = reduced_t - max over ranks of
+    backward_end_t (>= 0), skew = that max - this rank's backward_end_t, and the plain
+    wait after this rank's own backward (exposed + the part of skew spent waiting)."""
+    import sampan.distributed as dist
+    mine = np.asarray(stamps, np.float64)
+    every = np.stack(dist.all_gather(mine))             # (ranks, steps, 3)
+    last_end = every[:, :, 0].max(axis=0)
+    exposed = np.maximum(every[:, :, 1] - last_end, 0.0)
+    skew = last_end - every[:, :, 0]
+    med = lambda a: [float(v) for v in np.median(a, axis=1)]  # noqa: E731
+    return {"exposed_s": med(exposed), "skew_s": med(skew), "wait_s": med(every[:, :, 2]),
+            "exposed_p10_s": [float(v) for v in np.percentile(exposed, 10, axis=1)]}
 
 
 def torch_worker(wls, steps, reps):
@@ -173,17 +201,22 @@ def _time_paired(solo, step, steps, reps, rank, barrier):
     Drift of a shared machine falls on both halves of a pair."""
     import tempfile
     flag = os.path.join(tempfile.gettempdir(), f"sampan-dp-bench-{os.environ['DP_RUN']}")
-    if rank == 0:
-        solo()
-        solo()
+    solo()      # every rank: the last phase of a repetition runs it on both
+    solo()
     for _ in range(2):
         step()
-    solo_rates, rates = [], []
+    solo_rates, rates, solo_each, each, both = [], [], [], [], []
+    load = os.getloadavg()[0]
+
+    def timed(fn, out):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
     for i in range(reps):
         if rank == 0:
             t = time.perf_counter()
             for _ in range(steps):
-                solo()
+                timed(solo, solo_each)
             solo_rates.append(steps / (time.perf_counter() - t))
             open(f"{flag}-{i}", "w").close()
         else:                           # sleep, not spin: the other core stays free
@@ -194,10 +227,17 @@ def _time_paired(solo, step, steps, reps, rank, barrier):
             os.remove(f"{flag}-{i}")
         t = time.perf_counter()
         for _ in range(steps):
-            step()
+            timed(step, each)
         rates.append(steps / (time.perf_counter() - t))
         barrier()
-    return {"steps_per_s": rates, "solo_steps_per_s": solo_rates}
+        t = time.perf_counter()         # both ranks, plain steps, no communication
+        for _ in range(steps):
+            solo()
+        both.append(steps / (time.perf_counter() - t))
+        barrier()
+    return {"steps_per_s": rates, "solo_steps_per_s": solo_rates, "step_s": each,
+            "solo_step_s": solo_each, "both_solo_steps_per_s": both,
+            "load_1m": [load, os.getloadavg()[0]]}
 
 
 # ------------------------------------------------------------------------ driver
@@ -287,16 +327,37 @@ def report(wl, ours, theirs):
         emit(wl, system, "2rank", "samples_per_s", dp, ranks=2, **blas, **info)
         eff = [d / s for r in runs for d, s in zip(r["steps_per_s"], r["solo_steps_per_s"])]
         emit(wl, system, "2rank", "scaling_efficiency", eff, target=target,
-             met=float(np.median(eff)) >= target, **info)
+             met=float(np.median(eff)) >= target,
+             load_1m=[round(v, 2) for r in runs for v in r["load_1m"]], **info)
+        # the same ratio from the 10th percentile of single step times (pooled over the
+        # job): what the machine gives in its undisturbed moments, when other work on
+        # this shared machine makes the repetitions' medians swing (the line above is
+        # the figure the target is judged on)
+        p10 = [float(np.percentile(r["solo_step_s"], 10) / np.percentile(r["step_s"], 10))
+               for r in runs]
+        emit(wl, system, "2rank", "scaling_efficiency_p10", p10, target=target,
+             steps=[len(r["step_s"]) for r in runs], **info)
+        # both ranks running plain steps at once, no communication, against one alone:
+        # what two ranks can reach on this machine as loaded now (caches, memory, the
+        # other work on it), whatever data parallelism does
+        ceil = [b / s for r in runs
+                for b, s in zip(r["both_solo_steps_per_s"], r["solo_steps_per_s"])]
+        emit(wl, system, "2rank", "scaling_ceiling", ceil, **info)
     ratio = [float(np.median(o["steps_per_s"]) / np.median(t["steps_per_s"]))
              for o, t in zip(ours, theirs)]
     emit(wl, "sampan", "2rank", "vs_torch_ddp", ratio, target=1.0,
          met=float(np.median(ratio)) >= 1.0, **info)
-    frac = [r["exposed_s"] / r["comm_s"] for r in ours]
+    ms = lambda key: [[round(v * 1e3, 3) for v in r[key]] for r in ours]  # noqa: E731
+    per_rank = [[e / r["comm_s"] for e in r["exposed_s"]] for r in ours]
+    frac = [max(f) for f in per_rank]
     emit(wl, "sampan", "2rank", "exposed_comm_fraction", frac, target=0.2,
          met=float(np.median(frac)) < 0.2,
-         exposed_ms=round(float(np.median([r["exposed_s"] for r in ours])) * 1e3, 3),
+         per_rank=[[round(v, 3) for v in f] for f in per_rank],
+         exposed_ms=ms("exposed_s"), skew_ms=ms("skew_s"), wait_ms=ms("wait_s"),
          comm_ms=round(float(np.median([r["comm_s"] for r in ours])) * 1e3, 3),
+         p10_per_rank=[[round(e / r["comm_p10_s"], 3) for e in r["exposed_p10_s"]]
+                       for r in ours],
+         measure="exposed = reduced_t - last rank's backward_end_t, per rank",
          buckets=ours[0]["buckets"], grad_mb=round(ours[0]["grad_mb"], 2), **info)
 
 

@@ -3,16 +3,39 @@
 At construction the parameters and buffers of rank 0 are copied to every rank. The
 parameters are laid out, in reverse registration order (backward meets the last layers
 first), into buckets of about `bucket_mb` megabytes of one dtype each (the first one
-at most `FIRST_BUCKET_MB`, 1 MB, as torch's reducer does). A grad-ready
+at most `FIRST_BUCKET_MB`, 1 MB, as torch's reducer does). The first synchronised
+backward records the order in which the gradients actually became ready, and the buckets
+are then rebuilt in that order (rank 0's, broadcast, so that every rank lays them out
+alike), as torch's reducer rebuilds its buckets: a parameter used early in forward but
+whose gradient is ready early (or late) no longer holds its bucket back. The last
+bucket holds only the gradients ready last (up to `LAST_BUCKET_MB`, 1 MB, or the last
+one alone): its reduction cannot overlap anything. A grad-ready
 hook on every parameter (`sampan.autograd.hooks.register_grad_ready_hook`: it fires as
 soon as the parameter's `.grad` holds all of this backward's contributions) copies the
 gradient into its bucket; a bucket whose gradients are all in starts its asynchronous
 all-reduce (mean) at once, while backward goes on computing the earlier layers' grads.
 Buckets start in index order on every rank, so all ranks issue the same collectives in
-the same order. When backward ends (an end-of-backward callback, `queue_callback`, as
-torch's reducer does) the remaining buckets are started and all are waited for; each
-parameter's `.grad` then holds the average and `loss.backward()` returns, so the
-optimiser needs no hook and `opt.step()` is the plain one.
+the same order. MPI moves a nonblocking collective's bytes only inside MPI calls (there is
+no progress thread: on a machine with no spare core one only steals the compute's), so
+while reductions are in flight the backward's ops pass through a dispatch mode
+(`sampan/ops/modes.py`) that tests the oldest one before each op: the reductions advance
+between the ops of backward instead of waiting for its end (not inside one op: a
+reduction started just before a long GEMM still waits for it; running such GEMMs in
+blocks of rows with tests between them was measured: W1's middle bucket then finished
+inside backward, but the step got 0.8 ms slower, more than the 0.3 ms it hid). When
+backward ends (an end-of-backward callback, `queue_callback`, as torch's reducer does)
+the remaining buckets are started and all are waited for; each parameter's `.grad` then
+holds the average and `loss.backward()` returns, so the optimiser needs no hook and
+`opt.step()` is the plain one.
+
+`last_timing` holds the timestamps of the last synchronised backward (`time.perf_counter`,
+CLOCK_MONOTONIC on Linux, so comparable across the ranks of one host):
+`backward_end_t` (this rank's backward finished computing) and `reduced_t` (its
+reductions were all done). The communication that backward failed to hide is
+`reduced_t` minus the latest `backward_end_t` of all ranks: before that, a rank that waits
+is waiting for a slower peer to arrive, not for communication
+(`benchmarks/data_parallel.py` measures it so). `exposed_comm_s` is this rank's whole
+wait after its own backward, both together.
 
 `.grad` after the reduction is a view into that step's bucket (a fresh buffer every
 step: a `.grad` kept from an earlier step is never overwritten).
@@ -28,6 +51,7 @@ by the `distribute` pass (pipeline "data_parallel") instead.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -36,6 +60,7 @@ from ..autograd import hooks as _hooks
 from ..autograd.hooks import queue_callback, register_grad_ready_hook
 from ..errors import SampanError, SampanValueError
 from ..nn.layer import Layer
+from ..ops import modes as _modes
 from ..ops.registry import STATE
 from ..tensor import wrap
 from . import _comm
@@ -43,6 +68,69 @@ from . import _comm
 __all__ = ["DataParallel"]
 
 FIRST_BUCKET_MB = 1.0
+LAST_BUCKET_MB = 1.0
+
+
+# ------------------------------------------------------------ progress during backward
+class _Polling(threading.local):
+    def __init__(self):
+        self.dps = []       # this thread's DataParallels with reductions in flight
+        self.guard = None   # a _Guard while this thread has _progress pushed
+
+
+_POLL = _Polling()
+
+
+class _Guard:
+    """Lives in `_POLL` while this thread has `_progress` pushed. A thread that ends so
+    (its backward raised and it stopped: an in-process replica whose peer failed) must
+    stop counting as a thread with a mode, or every op of the process would go through
+    the dispatch modes for good: the thread's locals are dropped, and this with them."""
+    __slots__ = ("armed",)
+
+    def __init__(self):
+        self.armed = True
+
+    def __del__(self):
+        if self.armed:
+            with _modes._LOCK:
+                _modes.HOOKS.thread_modes_in_use -= 1
+                _modes._refresh()
+
+
+def _progress(op, inputs, attrs, call_next):
+    """The dispatch mode of a thread whose backward has reductions in flight: before
+    each op, test them (MPI advances them only inside its calls). A DataParallel whose
+    backward is over (it raised, so its end callback never ran) is dropped here."""
+    dps = _POLL.dps
+    q = getattr(_hooks._TL, "queue", None)
+    for dp in list(dps):
+        st = dp._step
+        if st is None or st["queue"] is not q:
+            dps.remove(dp)
+        else:
+            dp._poll()
+    if not dps:
+        _stop_polling(None)
+    return call_next(op, inputs, attrs)
+
+
+def _start_polling(dp):
+    if dp not in _POLL.dps:
+        _POLL.dps.append(dp)
+    if _POLL.guard is None:
+        _modes.push_mode(_progress)
+        _POLL.guard = _Guard()
+
+
+def _stop_polling(dp):
+    dps = _POLL.dps
+    if dp in dps:
+        dps.remove(dp)
+    if not dps and _POLL.guard is not None:
+        _POLL.guard.armed = False
+        _POLL.guard = None
+        _modes.pop_mode(_progress)
 
 
 class _Bucket:
@@ -96,6 +184,7 @@ class DataParallel(Layer):
         d["events"] = []          # (what, bucket index or param name, perf_counter time)
         d["record_events"] = False
         d["last_timing"] = None
+        d["_rebuilt"] = False     # buckets still in reverse registration order
         params, seen = [], set()
         for p in layer.parameters():
             if p.requires_grad and id(p) not in seen:
@@ -104,15 +193,35 @@ class DataParallel(Layer):
         d["_params"] = params
         d["_names"] = {id(p): n for n, p in layer.named_parameters()}
         self._broadcast_state(buffers=broadcast_buffers)
-        d["buckets"] = self._make_buckets(params)
-        d["_where"] = {id(p): (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+        d["_index"] = {id(p): i for i, p in enumerate(params)}
+        self._set_buckets(params[::-1])
         d["_handles"] = [register_grad_ready_hook(p, self._on_ready) for p in params]
 
     # ------------------------------------------------------------------ layout
-    def _make_buckets(self, params):
+    def _set_buckets(self, order):
+        d = self.__dict__
+        d["buckets"] = self._make_buckets(order)
+        d["_where"] = {id(p): (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+
+    def _make_buckets(self, order):
+        """Buckets over `order`, the parameters in the order their gradients are expected
+        to be ready. The last bucket holds only the last gradients, up to
+        `LAST_BUCKET_MB` (or the last one alone): its reduction starts when backward has
+        nothing left to compute, so all of it is exposed; the gradients ready before
+        them go in the buckets before it, whose reductions overlap the end of backward."""
         full = self.bucket_mb * 2 ** 20
+        tail = []
+        if order:
+            dt, size = order[-1]._data.dtype, 0
+            for p in order[::-1]:
+                if p._data.dtype != dt or (tail and size + p._data.nbytes >
+                                           min(LAST_BUCKET_MB * 2 ** 20, full)):
+                    break
+                tail.append(p)
+                size += p._data.nbytes
+            order = order[:len(order) - len(tail)]
         buckets, open_ = [], {}          # dtype -> the bucket being filled
-        for p in reversed(params):
+        for p in order:
             dt = p._data.dtype
             b = open_.get(dt)
             # the first bucket is small (torch's 1 MB): its reduction starts early in
@@ -122,7 +231,26 @@ class DataParallel(Layer):
                 b = open_[dt] = _Bucket(len(buckets), dt)
                 buckets.append(b)
             b.add(p)
+        if tail:
+            b = _Bucket(len(buckets), tail[0]._data.dtype)
+            for p in tail[::-1]:
+                b.add(p)
+            buckets.append(b)
         return buckets
+
+    def _rebuild(self, st):
+        """Lay the buckets out in the order this backward's gradients became ready
+        (rank 0's order on every rank: the ranks must issue the same collectives);
+        parameters that got no gradient go last, in reverse registration order."""
+        seen = set(st["order"])
+        order = st["order"] + [i for i in range(len(self._params))[::-1] if i not in seen]
+        arr = np.asarray(order, np.int64)
+        _comm.broadcast_(arr, src=0)
+        self.__dict__["_rebuilt"] = True
+        if sorted(arr.tolist()) != list(range(len(self._params))):
+            raise SampanError("DataParallel: rank 0 sent a gradient order that is not a "
+                              "permutation of this rank's parameters (different models?)")
+        self._set_buckets([self._params[i] for i in arr.tolist()])
 
     def _broadcast_state(self, buffers=True):
         arrays = [p._data for p in self._params]
@@ -181,8 +309,8 @@ class DataParallel(Layer):
             st = None
         if st is None:
             st = self.__dict__["_step"] = {"left": [len(b.params) for b in self.buckets],
-                                           "done": set(), "next": 0,
-                                           "t0": time.perf_counter(),
+                                           "done": set(), "next": 0, "polled": 0,
+                                           "order": [], "t0": time.perf_counter(),
                                            "queue": _hooks._TL.queue}
             for b in self.buckets:      # fresh buffers: an old .grad view stays intact
                 b.flat = np.empty(b.size, b.dtype)
@@ -194,13 +322,28 @@ class DataParallel(Layer):
         self._note("ready", self._names.get(id(p)))
         self._copy_in(b, k, p.grad._data)
         st["done"].add(id(p))
+        st["order"].append(self._index[id(p)])
         st["left"][b.index] -= 1
         self._launch_ready(st)
-        for j in range(st["next"]):     # MPI progresses a nonblocking call when tested
-            w = self.buckets[j].work
-            if w is not None and w.is_completed():
-                self.buckets[j].work = None
-                self.buckets[j].t_done = time.perf_counter()
+        self._poll()
+
+    def _poll(self):
+        """Test the oldest reduction in flight (MPI advances all of them inside the call);
+        note the ones found done."""
+        st = self._step
+        if st is None:
+            return
+        bs = self.buckets
+        j = st["polled"]
+        while j < st["next"]:
+            b = bs[j]
+            if b.work is not None:
+                if not b.work.is_completed():
+                    break
+                b.work = None
+                b.t_done = time.perf_counter()
+            j += 1
+        st["polled"] = j
 
     def _copy_in(self, b, k, g):
         off, n = b.offsets[k], int(b.params[k]._data.size)
@@ -214,11 +357,14 @@ class DataParallel(Layer):
             self._note("launch", b.index)
             b.work = _comm.all_reduce_mean(b.flat)
             st["next"] += 1
+            if b.work is not None:
+                _start_polling(self)
 
     def _finish(self):
         st = self._step
-        self.__dict__["_step"] = None
         t_end = time.perf_counter()
+        _stop_polling(self)
+        self.__dict__["_step"] = None
         self._note("backward_end", None)
         unused = []
         for b in self.buckets:
@@ -253,13 +399,17 @@ class DataParallel(Layer):
         t_all = time.perf_counter()
         self.__dict__["last_timing"] = {
             "backward_s": t_end - st["t0"], "exposed_comm_s": t_all - t_end,
+            "backward_end_t": t_end, "reduced_t": t_all,
             "launch_s": [b.t_launch - st["t0"] for b in self.buckets],
             "done_s": [b.t_done - st["t0"] for b in self.buckets],
             "bucket_bytes": [b.nbytes() for b in self.buckets]}
+        if not self._rebuilt:
+            self._rebuild(st)
 
     def _abandon(self, st):
         """Forget a step whose backward failed: its launched reductions are waited for
         (their buffers stay untouched until done) and the gradients stay local."""
+        _stop_polling(self)
         self.__dict__["_step"] = None
         for b in self.buckets:
             _comm.wait(b.work)

@@ -348,8 +348,13 @@ def _spin_request(req, limit):
 
 
 def _describe(row):
+    # a peer that started another kind of collective (a barrier, which sends no
+    # signature) leaves garbage in its row: describe that, not an IndexError
+    k = int(row[0])
+    if not 0 <= k < len(_NAMES):
+        return "another collective (no matching signature)"
     dt = _DTNAME.get(int(row[2]), "?")
-    return f"{_NAMES[row[0]]} of {dt}[ndim {row[3]}, dim0 {row[4]}]"
+    return f"{_NAMES[k]} of {dt}[ndim {row[3]}, dim0 {row[4]}]"
 
 
 def _buffer(arr):

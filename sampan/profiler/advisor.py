@@ -24,6 +24,8 @@ gemm_below_peak        matmul/conv of one shape (one eager shape, or one jit nod
 embedding_cache_misses the embedding hot cache misses >= REC_MISS_RATE of
                        >= REC_MIN_LOOKUPS lookups
 ps_pull_wait           pulls / prefetch waits take >= REC_WAIT_SHARE of the time
+exposed_communication  threads block in collectives' wait() >= EXPOSED_COMM_SHARE of their
+                       collectives' time and >= EXPOSED_MIN_WALL_SHARE of the run
 =====================  ==================================================================
 
     >>> for f in prof.advise():
@@ -575,3 +577,60 @@ def ps_pull_wait(v: _View):
                "raise the hot-cache budget")
         title = f"parameter-server pulls block the step {share:.0%} of the time"
     return [Finding("ps_pull_wait", title, ev, fix, share=ev["share"])]
+
+
+# ------------------------------------------------------------------ exposed communication
+EXPOSED_COMM_SHARE = 0.20      # of the collectives' time, spent blocked in wait()
+EXPOSED_MIN_WALL_SHARE = 0.02  # of the profiled time: a rare short wait stays silent
+EXPOSED_MIN_COLLECTIVES = 2
+
+
+def _walk_of(t, merged):
+    return next(((a, b) for a, b in merged if a <= t <= b), None)
+
+
+@_rule
+def exposed_communication(v: _View):
+    """Collectives (gradient reductions) are waited for instead of overlapping backward.
+    Read from one process's trace: a wait for a slower rank to arrive counts too."""
+    coll = v.by_cat["collective"]
+    spans = [e for e in coll if e.name != "wait"]
+    waits = [e for e in coll if e.name == "wait"]
+    if len(spans) < EXPOSED_MIN_COLLECTIVES or not waits:
+        return []
+    walks = defaultdict(list)
+    for e in v.by_cat["backward"]:
+        if e.name == "backward":       # one span around each whole backward walk
+            walks[e.tid].append((e.ts, e.end))
+    total_ns = exposed_ns = early = early_done = 0
+    for tid, mine in _by_tid(spans).items():       # per thread: one rank's trainer
+        total_ns += _union_ns([(e.ts, e.end) for e in mine])
+        exposed_ns += _union_ns([(e.ts, e.end) for e in waits if e.tid == tid])
+        bw = _merged(walks.get(tid, []))
+        for e in mine:      # started with a quarter or more of its backward still to run
+            w = _walk_of(e.ts, bw)
+            if w is not None and w[1] - e.ts >= (w[1] - w[0]) / 4:
+                early += 1
+                early_done += e.end <= w[1]
+    share = exposed_ns / max(total_ns, 1)
+    if share < EXPOSED_COMM_SHARE or exposed_ns / v.wall_ns < EXPOSED_MIN_WALL_SHARE:
+        return []
+    ev = {"exposed_ms": _ms(exposed_ns), "collective_ms": _ms(total_ns),
+          "exposed_share": round(share, 3), "wall_share": round(exposed_ns / v.wall_ns, 3),
+          "collectives": len(spans), "waits": len(waits), "started_early": early,
+          "done_during_backward": early_done,
+          "largest_wait_ms": _ms(max(e.dur for e in waits))}
+    if early and not early_done:
+        fix = ("reductions started early in backward still finish only after it: MPI moves "
+               "a nonblocking collective's bytes only inside MPI calls, so test the ones in "
+               "flight between the ops of backward (DataParallel does) rather than only "
+               "when waiting for them")
+    else:
+        fix = ("the gradients ready last are reduced after backward: bucket gradients in "
+               "the order they become ready (DataParallel rebuilds its buckets so after "
+               "its first step), keep the final bucket small (bucket_mb, LAST_BUCKET_MB) "
+               "and start each bucket as soon as it is full; a wait seen on one rank only "
+               "is a slower peer arriving (compare both ranks' traces)")
+    return [Finding("exposed_communication",
+                    f"{share:.0%} of the collectives' time is waited for, not overlapped",
+                    ev, fix, share=min(exposed_ns / v.wall_ns, 1.0))]
