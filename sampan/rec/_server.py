@@ -142,6 +142,12 @@ class ShardServer:
         self._writes.put(None)
         self._writer.join()
 
+    def close(self) -> None:
+        """Finish the queued snapshot writes and stop the writer thread (an actor's
+        process ends with it; a server made in-process must be closed)."""
+        if self._writer.is_alive():
+            self._stop_writer()
+
     def _count(self, what: str, seconds: float) -> None:
         c = self.cpu.setdefault(what, [0, 0.0])
         c[0] += 1

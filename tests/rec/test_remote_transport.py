@@ -45,9 +45,20 @@ def test_arena_slots_never_overlap_and_freed_space_comes_back():
     arena.close()
 
 
+_MADE = []
+
+
+@pytest.fixture(autouse=True)
+def _close_servers():
+    yield
+    while _MADE:                  # their snapshot writer threads end with them
+        _MADE.pop().close()
+
+
 def _server_and_local(tmp_path, arena=None, delta_every=2):
     srv = ShardServer(0, 1, DIM, SparseAdagrad(0.05), {}, str(tmp_path), delta_every,
                       arena=arena)
+    _MADE.append(srv)
     return srv, LocalShard(HashEmbeddingTable(DIM), SparseAdagrad(0.05))
 
 
@@ -124,6 +135,15 @@ def test_snapshot_files_leave_the_call_and_a_failed_write_is_repaired(tmp_path, 
     want = table_state(local.table)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_close_stops_the_snapshot_writer(tmp_path):
+    srv, _ = _server_and_local(tmp_path)
+    assert srv._writer.is_alive()
+    srv.close()
+    srv.close()                   # twice is fine
+    assert not srv._writer.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "shard-0-snapshots"]
 
 
 def test_a_slot_outside_the_arena_is_refused():
