@@ -226,7 +226,7 @@ def peak_gemm():
     out = np.empty_like(a)
 
     def run():
-        cap = _threads._state["blas_cap"]
+        cap = _threads.blas_cap()
         _threads.cap_blas(None)
         try:
             np.matmul(a, b, out=out)

@@ -102,6 +102,11 @@ def set_num_threads(n: int) -> None:
     _omp_set(n)
 
 
+def blas_cap() -> int | None:
+    """The cap `cap_blas` set on numpy's BLAS threads, or None."""
+    return _state["blas_cap"]
+
+
 def cap_blas(cap: int | None) -> None:
     """Give numpy's BLAS at most `cap` threads whatever `set_num_threads` says (None: no
     cap): the "onednn" GEMM pool (backends/pool.py) keeps OpenBLAS on one thread so its

@@ -89,7 +89,7 @@ def test_set_num_threads():
             assert g() == 1
         sampan.set_num_threads(2)
         if g is not None:            # up to the GEMM pool's cap (backends/pool.py)
-            assert g() == min(2, th._state["blas_cap"] or 2)
+            assert g() == min(2, th.blas_cap() or 2)
         a = sampan.randn(64, 64)
         np.testing.assert_allclose((a @ a).numpy(), a.numpy() @ a.numpy(), rtol=1e-5)
         with pytest.raises(ValueError):

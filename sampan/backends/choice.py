@@ -236,10 +236,6 @@ def stored(key):
 
 def store(key, record) -> None:
     """Keep `record` under `key` for this machine (written to disk in bursts)."""
-    _store(key, record)
-
-
-def _store(key, record) -> None:
     with _lock:
         machines = _read()
         machines.setdefault(machine_key(), {})[key] = record
@@ -461,7 +457,7 @@ class Chooser:
         if "numpy" in times and times[winner] > times["numpy"] / WIN_MARGIN:
             winner = "numpy"        # a near tie stays on today's kernel (one thread pool)
         self.table[mkey] = cands[winner]
-        _store(key, {"winner": winner, "busy": busy,
+        store(key, {"winner": winner, "busy": busy,
                      "times_us": {k: round(v * 1e6, 2) for k, v in times.items()}})
         return result
 

@@ -29,7 +29,7 @@ def machine_peak_gflops(n: int = 512, budget_s: float = 0.2) -> float:
             from .. import _threads
             threads = max([int(i.get("num_threads", 1)) for i in threadpool_info()
                            if i.get("user_api") == "blas"] or [1])
-            if _threads._state["blas_cap"]:
+            if _threads.blas_cap():
                 # the oneDNN GEMM pool holds OpenBLAS at one thread; the machine's rate
                 # is that of the threads the process computes with (backends/pool.py)
                 threads = _threads.get_num_threads()

@@ -40,7 +40,6 @@ import threading
 import numpy as np
 
 from sampan.errors import SampanError
-from sampan.profiler import recorder as _rec
 from sampan.rec import _shm
 from sampan.rec._server import ShardServer, _chain
 from sampan.rec.kernels import unique_inverse
@@ -378,16 +377,11 @@ class RemoteShardedEmbedding(ShardedEmbedding):
             self._release(s, c)
         return out
 
-    def push(self, uniq, grads, step: int | None = None) -> None:
-        """Send each shard its ids' summed gradients without waiting; at most
-        ``max_staleness + 1`` pushes per shard stay unconfirmed (their answers, and any
-        recovery they need, are settled before more are sent)."""
-        if _rec.ACTIVE:
-            with _rec.span("push", "rec", ids=int(np.size(uniq))):
-                return self._push(uniq, grads, step)
-        return self._push(uniq, grads, step)
-
     def _push(self, uniq, grads, step) -> None:
+        """`push` (ShardedEmbedding's, with its profiler span): send each shard its ids'
+        summed gradients without waiting; at most ``max_staleness + 1`` pushes per shard
+        stay unconfirmed (their answers, and any recovery they need, are settled before
+        more are sent)."""
         uniq = np.ascontiguousarray(uniq, np.int64)
         grads = np.ascontiguousarray(grads, np.float32)
         parts = self._split(uniq)

@@ -16,15 +16,11 @@ needs_onednn = pytest.mark.skipif(not onednn.available(),
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    path = tmp_path / "kernels.json"
-    monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(path))
-    # the pool whose float32 classes race numpy against oneDNN (test_pool.py tests both)
+def cache(cache, monkeypatch):
+    # conftest's cache, under the pool whose float32 classes race numpy against oneDNN
+    # (test_pool.py tests both pools)
     monkeypatch.setenv("SAMPAN_GEMM_POOL", "onednn")
-    monkeypatch.setattr(choice, "_busy", lambda: False)   # the load average, made quiet
-    choice.reset()
-    yield path
-    choice.reset()
+    return cache
 
 
 def _mm(m=64, k=96, n=48):

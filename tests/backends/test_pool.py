@@ -15,17 +15,6 @@ pytestmark = pytest.mark.skipif(not onednn.available(),
                                 reason=f"oneDNN unavailable: {onednn.why_unavailable()}")
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    path = tmp_path / "kernels.json"
-    monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(path))
-    monkeypatch.delenv("SAMPAN_GEMM_POOL", raising=False)
-    monkeypatch.setattr(choice, "_busy", lambda: False)
-    choice.reset()
-    yield path
-    choice.reset()
-
-
 def _blas_threads():
     return _threads._blas()[1]()
 

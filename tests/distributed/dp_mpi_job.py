@@ -10,10 +10,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import sampan  # noqa: E402
 import sampan.distributed as dist  # noqa: E402
 from sampan.distributed.data_parallel import DataParallel  # noqa: E402
-from test_data_parallel import B, STEPS, _data, _loss, _model  # noqa: E402
+from test_data_parallel import _data, _model, _train  # noqa: E402
 
 
 def main(out):
@@ -21,12 +20,7 @@ def main(out):
     r, n = dist.rank(), dist.world_size()
     x, y = _data()
     dp = DataParallel(_model(seed=r), bucket_mb=0.002)
-    opt = sampan.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
-    sl = slice(r * B // n, (r + 1) * B // n)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        _loss(dp, x[sl], y[sl]).backward()
-        opt.step()
+    _train(dp, x, y, r, n)
     np.savez(os.path.join(out, f"rank{r}.npz"),
              *[p.numpy() for p in dp.module.parameters()], size=n)
     dist.destroy()

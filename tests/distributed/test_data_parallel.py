@@ -63,6 +63,16 @@ def _loss(m, x, y):
     return F.cross_entropy(m(sampan.tensor(x)), sampan.tensor(y))
 
 
+def _train(dp, x, y, r, n):
+    """STEPS of SGD with momentum on rank r's share of the global batch (x, y)."""
+    opt = sampan.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
+    sl = slice(r * B // n, (r + 1) * B // n)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        _loss(dp, x[sl], y[sl]).backward()
+        opt.step()
+
+
 def _params(m):
     return [p.numpy().copy() for p in m.parameters()]
 
@@ -89,12 +99,7 @@ def _replica_train(bucket_mb=0.002, record=False):
     m = _model(seed=r)              # different on each rank: construction broadcasts rank 0's
     dp = DataParallel(m, bucket_mb=bucket_mb)
     dp.record_events = record
-    opt = sampan.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
-    sl = slice(r * B // N, (r + 1) * B // N)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        _loss(dp, x[sl], y[sl]).backward()
-        opt.step()
+    _train(dp, x, y, r, N)
     return _params(m), list(dp.events), dp.last_timing
 
 

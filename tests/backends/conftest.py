@@ -1,0 +1,16 @@
+"""The kernel-choice tests' shared fixture: a fresh choice cache file, a quiet machine
+(the load average made quiet) and no pool forced from the environment."""
+import pytest
+
+from sampan.backends import choice
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    path = tmp_path / "kernels.json"
+    monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(path))
+    monkeypatch.delenv("SAMPAN_GEMM_POOL", raising=False)
+    monkeypatch.setattr(choice, "_busy", lambda: False)
+    choice.reset()
+    yield path
+    choice.reset()
