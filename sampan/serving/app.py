@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from . import protocol
 from .batcher import RequestError
-from .ops import log_request
+from .ops import LOG, log_request
 
 _ids = itertools.count(1)
 
@@ -74,7 +74,7 @@ class _Disconnected(Exception):
 
 
 async def _read_body(receive, length, enc, limit):
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise RequestError(f"the request body has {length} bytes, more than the server's "
                            f"limit of {limit} (max_body_bytes)", 400)
     body, chunks, size = b"", None, 0
@@ -208,6 +208,13 @@ class Infer:
             await _respond(send, err.status, _error_body(err_msg), _JSON, err.headers)
         except _Disconnected:
             status, err_msg = 499, "the client closed the connection"
+        except Exception as err:  # noqa: BLE001 -- a server bug: answered, counted, logged
+            status, err_msg = 500, f"internal error: {type(err).__name__}: {err}"
+            LOG.exception("model %r: infer failed", e.model.name)
+            try:
+                await _respond(send, 500, _error_body(err_msg), _JSON)
+            except Exception:  # noqa: BLE001 -- the response had already started
+                pass
         finally:
             if arriving:
                 b.arriving -= 1
