@@ -82,6 +82,11 @@ class ServedModel:
         """Extra fields for ``GET /v2/models/{name}`` (e.g. the snapshot sequence)."""
         return {}
 
+    def gauges(self) -> dict:
+        """Numbers for ``/metrics`` (``{"held_deltas": 0}`` -> ``sampan_model_held_deltas``),
+        read at every scrape. Default: none."""
+        return {}
+
     def ready(self) -> bool:
         return True
 

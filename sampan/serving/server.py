@@ -108,7 +108,7 @@ class Server:
         for name, where in self.specs.items():
             m = _load(name, where, self.overrides)
             inst = self.workers or int((m.config or {}).get("instance_count", 2))
-            mm = self.metrics.model(name)
+            mm = self.metrics.model(name, m.gauges)
             self.entries[name] = Entry(m, Batcher(m, inst, mm), mm)
         import sampan
         return make_app(self.entries, "sampan", getattr(sampan, "__version__", "0"),
