@@ -30,8 +30,8 @@ are logged, counted as ``held_deltas`` in the metadata and on ``/metrics``
 stale delta, and a delta held too long are refused for good (a warning on the
 ``sampan.serving`` logger, and ``refused_deltas`` / ``last_refused`` in the metadata)
 and leave the table as it was. A full export of the same table with a newer sequence
-replaces the table, which is how a broken chain is repaired. The dense weights are those saved in the directory: deltas
-carry embeddings only.
+replaces the table, which is how a broken chain is repaired. The dense weights are those
+saved in the directory: deltas carry embeddings only.
 """
 from __future__ import annotations
 
