@@ -258,3 +258,61 @@ def test_malformed_requests_through_the_server_are_counted_4xx(server):
         assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [15.0]
     assert _failures(server.url).get(("two", 400), 0) - before == len(bad)
     assert not any(s >= 500 for (_m, s) in _failures(server.url))
+
+
+def test_fuzzed_body_headers_and_chunks_raise_only_4xx_request_errors():
+    """The body reader under random Content-Length / Content-Encoding values and chunk
+    sequences (gzip and deflate bodies, truncated or not, past the limit or not)."""
+    import asyncio
+    import gzip
+    import zlib
+
+    from sampan.serving.app import _read_body
+
+    r = random.Random(7)
+    payload = json.dumps({"inputs": [{"name": "x", "data": list(range(50))}]}).encode()
+    encoded = {None: payload, "identity": payload, "gzip": gzip.compress(payload),
+               "deflate": zlib.compress(payload), "br": payload, "GZIP": payload,
+               "\u00b2": payload}
+
+    async def one(length, enc, chunks, limit):
+        it = iter(chunks)
+
+        async def receive():
+            c = next(it, None)
+            if c is None:
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": c[0], "more_body": c[1]}
+        return await _read_body(receive, length, enc, limit, timeout=5)
+
+    async def main():
+        seen = {"ok": 0, "4xx": 0, "gone": 0}
+        for _ in range(400):
+            enc = r.choice(list(encoded))
+            data = encoded[enc]
+            if r.random() < 0.3:
+                data = data[:r.randrange(len(data) + 1)]
+            if r.random() < 0.2:
+                data = bytes(r.randrange(256) for _ in range(r.randrange(40)))
+            cuts = sorted(r.randrange(len(data) + 1) for _ in range(r.randrange(4)))
+            parts = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+            chunks = [(p, True) for p in parts[:-1]] + [(parts[-1], r.random() < 0.1)]
+            length = r.choice([None, str(len(data)), "²", "-1", "1" * 30, "12abc", ""])
+            limit = r.choice([10, 1 << 20, 1 << 20])
+            try:
+                out = await one(length, enc, chunks, limit)
+                assert isinstance(out, bytes) and len(out) <= limit
+                seen["ok"] += 1
+            except RequestError as e:
+                assert 400 <= e.status < 500, e
+                seen["4xx"] += 1
+            except Exception as e:  # noqa: BLE001
+                if type(e).__name__ == "_Disconnected":
+                    seen["gone"] += 1
+                    continue
+                pytest.fail(f"_read_body raised {type(e).__name__}: {e} for "
+                            f"{(length, enc, limit, chunks)!r:.300}")
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen["ok"] > 20 and seen["4xx"] > 20, seen
