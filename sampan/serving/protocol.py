@@ -26,7 +26,8 @@ from .batcher import RequestError
 from .model import DATATYPES
 
 HEADER = "inference-header-content-length"
-_MAX_TIMEOUT_S = 1e6    # a longer timeout is no deadline (a timer that far off overflows)
+_MAX_TIMEOUT_S = 1e6    # s; a longer timeout is clamped to this (11 days is no deadline
+                        # in practice, and deadline arithmetic stays far from overflow)
 
 
 class Decoded:
@@ -260,7 +261,8 @@ def _decode(model, body, hl):
 
 def timeout_s(model, params):
     """A request's own timeout from its parameters: ``timeout`` (microseconds, Triton's)
-    or ``timeout_ms``; None when it gives none."""
+    or ``timeout_ms``, at most 1e6 s; None when it gives none. A value that is not a
+    positive finite number is a 400."""
     for key, scale in (("timeout_ms", 1e-3), ("timeout", 1e-6)):
         v = params.get(key)
         if v is not None:
@@ -268,8 +270,7 @@ def timeout_s(model, params):
                     not math.isfinite(v):
                 raise _bad(model, f"parameter {key!r} must be a positive finite number; got "
                                   f"{v!r:.40}")
-            t = float(v) * scale
-            return t if t <= _MAX_TIMEOUT_S else None
+            return min(float(v) * scale, _MAX_TIMEOUT_S)
     return None
 
 

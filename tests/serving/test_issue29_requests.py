@@ -189,7 +189,8 @@ def test_known_bad_requests_are_400(body, hl, match):
     m = Two()
     for plans in (None, {}):
         if match is None:
-            _decode_and_check(m, body, hl, plans)   # a huge timeout is no deadline
+            dec = _decode_and_check(m, body, hl, plans)   # a huge timeout is clamped
+            assert protocol.timeout_s(m, dec.params) == 1e6
             continue
         with pytest.raises(RequestError, match=match) as e:
             _decode_and_check(m, body, hl, plans)
