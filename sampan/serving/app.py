@@ -252,16 +252,30 @@ class Infer:
                 await _respond(send, 500, _error_body(err_msg), _JSON)
             except Exception:  # noqa: BLE001 -- the response had already started
                 pass
+        except asyncio.CancelledError:
+            # uvicorn cancels what is still open when the graceful shutdown's time runs
+            # out (--shutdown-timeout): answer 503 and end the request (the connection
+            # closes after it) instead of leaving uvicorn a traceback and a bare 500
+            asyncio.current_task().uncancel()
+            status, err_msg = 503, "the server shut down before the request finished"
+            if p is not None:
+                p.cancelled = True          # a worker that has not taken it drops it
+            try:
+                await _respond(send, 503, _error_body(err_msg), _JSON,
+                               {"Connection": "close"})
+            except Exception:  # noqa: BLE001 -- the connection may be gone
+                pass
         finally:
             if arriving:
                 b.arriving -= 1
-        dt = time.perf_counter() - t0
-        e.metrics.answered(status, dt)
-        q = c = None
-        batch = 0
-        if p is not None and p.t_start is not None:
-            q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
-        log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt, err_msg)
+            dt = time.perf_counter() - t0
+            e.metrics.answered(status, dt)
+            q = c = None
+            batch = 0
+            if p is not None and p.t_start is not None and p.t_end is not None:
+                q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
+            log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt,
+                        err_msg)
 
 
 def _error_body(msg):
