@@ -303,7 +303,6 @@ class Batcher:
         for loop, its in by_loop.items():
             _call(loop, its)
 
-
     def _alone(self, model, p):
         """(future, ok, outputs | error) of running one request by itself."""
         try:

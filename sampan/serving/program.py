@@ -110,7 +110,7 @@ def buckets(max_batch_size, preferred=()):
     return sorted(out)
 
 
-# ops whose input 1 holds indices into input 0 along `axis`: (op name, index input)
+# ops whose input 1 holds indices into input 0 along attribute `axis`
 _INDEX_OPS = ("index_select", "take_along_axis")
 # ops that pass every value of their input 0 on unchanged (so a bound on the output's
 # values is one on the input's)
