@@ -14,12 +14,14 @@ Python API (`server.py`)::
     >>> s.stop()                               # graceful: answers what it accepted
 
 `Server(models, host, port, *, repository=None, workers=None, overrides=None,
-max_body_bytes=64 MiB, log_level="warning")`: `models` maps a name to a model directory
+max_body_bytes=64 MiB, log_level="warning", shutdown_timeout=30, read_timeout=60)`: `models` maps a name to a model directory
 (see `model.py` for its config.json) or to a `ServedModel`; `repository` adds every
 subdirectory of a folder as a model; `overrides` replaces config.json keys for every
 model (``{"max_batch_size": 32, "dynamic_batching": {"max_queue_delay_us": 500}}``;
 ``"dynamic_batching": None`` turns batching off). `start()` serves from a background
-thread, `stop()` shuts down, `serve()` serves in the calling thread until SIGTERM.
+thread, `stop()` shuts down (requests still open after `shutdown_timeout` seconds are
+cancelled and their connections closed), `serve()` serves in the calling thread until
+SIGTERM; a request body of which nothing arrives for `read_timeout` seconds gets a 408.
 Command line: ``sampan serve --model mlp=models/mlp --port 8000`` (`cli.py`).
 """
 

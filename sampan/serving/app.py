@@ -11,6 +11,8 @@ models of one server, plus ``/metrics``.
     GET  /metrics                              Prometheus text format
 
 The handlers only parse, queue and encode; models run in the batchers' worker threads.
+A body of which nothing arrives for ``read_timeout`` seconds is answered 408 and its
+connection closed, so a stalled client holds no request (nor a shutdown) forever.
 Bodies above `offload_bytes` are parsed and encoded in a thread too, so a large request
 does not stall the loop for the others.
 
@@ -36,7 +38,7 @@ from starlette.routing import Route
 
 from . import protocol
 from .batcher import RequestError
-from .ops import log_request
+from .ops import LOG, log_request
 
 _ids = itertools.count(1)
 
@@ -73,28 +75,62 @@ class _Disconnected(Exception):
     """The client went away before its request body arrived (nobody to answer)."""
 
 
-async def _read_body(receive, length, enc, limit):
-    if length is not None and length.isdigit() and int(length) > limit:
+class _ReadTimer:
+    """Cancels the reading task once no part of its body arrived for `timeout` seconds
+    (one loop timer per request, moved on only when it fires early)."""
+    __slots__ = ("task", "timeout", "last", "fired", "handle", "loop")
+
+    def __init__(self, timeout):
+        self.loop = asyncio.get_running_loop()
+        self.task, self.timeout = asyncio.current_task(), timeout
+        self.last, self.fired = self.loop.time(), False
+        self.handle = self.loop.call_at(self.last + timeout, self._fire)
+
+    def _fire(self):
+        due = self.last + self.timeout
+        if self.loop.time() < due:                  # a chunk came meanwhile
+            self.handle = self.loop.call_at(due, self._fire)
+            return
+        self.fired = True
+        self.task.cancel()
+
+
+async def _read_body(receive, length, enc, limit, timeout=None):
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise RequestError(f"the request body has {length} bytes, more than the server's "
                            f"limit of {limit} (max_body_bytes)", 400)
     body, chunks, size = b"", None, 0
-    while True:
-        msg = await receive()
-        if msg["type"] != "http.request":
-            raise _Disconnected
-        c = msg.get("body", b"")
-        if c:
-            size += len(c)
-            if size > limit:
-                raise RequestError(f"the request body is larger than the server's limit "
-                                   f"of {limit} bytes (max_body_bytes)", 400)
-            if not body:
-                body = c
-            else:
-                chunks = chunks or [body]
-                chunks.append(c)
-        if not msg.get("more_body", False):
-            break
+    timer = _ReadTimer(timeout) if timeout else None
+    try:
+        while True:
+            msg = await receive()
+            if timer is not None:
+                timer.last = timer.loop.time()
+            if msg["type"] != "http.request":
+                raise _Disconnected
+            c = msg.get("body", b"")
+            if c:
+                size += len(c)
+                if size > limit:
+                    raise RequestError(f"the request body is larger than the server's "
+                                       f"limit of {limit} bytes (max_body_bytes)", 400)
+                if not body:
+                    body = c
+                else:
+                    chunks = chunks or [body]
+                    chunks.append(c)
+            if not msg.get("more_body", False):
+                break
+    except asyncio.CancelledError:
+        if timer is None or not timer.fired:
+            raise                                   # the server's own cancel (shutdown)
+        timer.task.uncancel()
+        raise RequestError(f"the request body did not arrive: nothing of it came for "
+                           f"{timeout:g} s (read_timeout; {size} bytes read)", 408,
+                           {"Connection": "close"}) from None
+    finally:
+        if timer is not None:
+            timer.handle.cancel()
     if chunks:
         body = b"".join(chunks)
     if enc in ("gzip", "deflate"):
@@ -150,8 +186,9 @@ class Infer:
     """``POST /v2/models/{name}[/versions/{v}]/infer`` as a raw ASGI callable (see the
     module doc): read, decode, queue on the model's batcher, await, encode, answer."""
 
-    def __init__(self, entries, max_body_bytes, offload_bytes):
+    def __init__(self, entries, max_body_bytes, offload_bytes, read_timeout=None):
         self.entries, self.limit, self.offload = entries, max_body_bytes, offload_bytes
+        self.read_timeout = read_timeout
 
     async def __call__(self, scope, receive, send, name=None, version=None):
         if name is None:                    # reached through starlette's router
@@ -172,7 +209,7 @@ class Infer:
         try:
             length, enc, hl = _header(scope, "content-length", "content-encoding",
                                       protocol.HEADER)
-            body = await _read_body(receive, length, enc, self.limit)
+            body = await _read_body(receive, length, enc, self.limit, self.read_timeout)
             big = len(body) > self.offload
             if big:
                 dec = await run_in_threadpool(protocol.decode, e.model, body, hl, e.plans)
@@ -208,16 +245,37 @@ class Infer:
             await _respond(send, err.status, _error_body(err_msg), _JSON, err.headers)
         except _Disconnected:
             status, err_msg = 499, "the client closed the connection"
+        except Exception as err:  # noqa: BLE001 -- a server bug: answered, counted, logged
+            status, err_msg = 500, f"internal error: {type(err).__name__}: {err}"
+            LOG.exception("model %r: infer failed", e.model.name)
+            try:
+                await _respond(send, 500, _error_body(err_msg), _JSON)
+            except Exception:  # noqa: BLE001 -- the response had already started
+                pass
+        except asyncio.CancelledError:
+            # uvicorn cancels what is still open when the graceful shutdown's time runs
+            # out (--shutdown-timeout): answer 503 and end the request (the connection
+            # closes after it) instead of leaving uvicorn a traceback and a bare 500
+            asyncio.current_task().uncancel()
+            status, err_msg = 503, "the server shut down before the request finished"
+            if p is not None:
+                p.cancelled = True          # a worker that has not taken it drops it
+            try:
+                await _respond(send, 503, _error_body(err_msg), _JSON,
+                               {"Connection": "close"})
+            except Exception:  # noqa: BLE001 -- the connection may be gone
+                pass
         finally:
             if arriving:
                 b.arriving -= 1
-        dt = time.perf_counter() - t0
-        e.metrics.answered(status, dt)
-        q = c = None
-        batch = 0
-        if p is not None and p.t_start is not None:
-            q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
-        log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt, err_msg)
+            dt = time.perf_counter() - t0
+            e.metrics.answered(status, dt)
+            q = c = None
+            batch = 0
+            if p is not None and p.t_start is not None and p.t_end is not None:
+                q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
+            log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt,
+                        err_msg)
 
 
 def _error_body(msg):
@@ -226,10 +284,11 @@ def _error_body(msg):
 
 def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64 << 20,
              offload_bytes=256 << 10, metrics=None, state=None, on_startup=(),
-             on_shutdown=()):
+             on_shutdown=(), read_timeout=None):
     """The ASGI app over `entries` ({name: Entry}): infer POSTs to `Infer`, the rest to
     a Starlette app (``app.starlette``); `state.draining` (when given) makes readiness
-    report 503 while the server shuts down."""
+    report 503 while the server shuts down; an infer body of which nothing arrives for
+    `read_timeout` seconds is answered 408 (None: no limit)."""
 
     def entry(request):
         name = request.path_params["name"]
@@ -282,7 +341,7 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
         body, ctype = metrics.text()
         return Response(body, 200, headers={"Content-Type": ctype})
 
-    infer = Infer(entries, max_body_bytes, offload_bytes)
+    infer = Infer(entries, max_body_bytes, offload_bytes, read_timeout)
     # the infer routes stay in the router for what `app` below does not take (a GET
     # answers 405 there); POSTs reach `infer` directly
     routes = [Route(b + "/infer", infer, methods=["POST"]) for b in (

@@ -26,9 +26,15 @@ while the others run theirs. Batching off (no ``dynamic_batching`` in the config
 
 A full queue (``max_queue_size`` requests) refuses at `submit` (the server answers 503);
 a request whose deadline passes while queued is dropped unrun (504).
+
+One client cannot fail another: `submit` first runs the model's `check` on the request's
+values (ids inside their tables, ...) and refuses a bad one with a 400 of its own; a
+batch that still fails is run again one request at a time, so each request gets its own
+answer or an error about its own values, never one quoting another request's data.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -36,6 +42,8 @@ from collections import deque
 import numpy as np
 
 from .model import ServingError
+
+log = logging.getLogger("sampan.serving")
 
 
 class RequestError(ServingError):
@@ -106,6 +114,7 @@ class Batcher:
         self._threads: list = []
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
+        self.retried = 0          # failed batches run again one request at a time
 
     # ------------------------------------------------------------ lifecycle
     def start(self, warmup=True):
@@ -142,6 +151,12 @@ class Batcher:
             if self.batching and rows > self.max_rows:
                 raise RequestError(f"model {self.model.name!r}: a request of {rows} rows is "
                                    f"larger than max_batch_size {self.max_rows}")
+        try:
+            self.model.check(inputs)      # its values, before it can fail a batch
+        except RequestError:
+            raise
+        except ServingError as e:
+            raise RequestError(str(e), 400) from None
         key = tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(inputs.items()))
         fut = loop.create_future()
         if timeout_s is None and self.timeout is not None:
@@ -249,24 +264,28 @@ class Batcher:
         for p in batch:
             p.t_start = t0
             p.batch = len(batch)
-        try:
-            if len(batch) == 1:
-                outs = [model.infer(batch[0].inputs)]
-            else:
+        if len(batch) == 1:
+            items = [self._alone(model, batch[0])]
+        else:
+            try:
                 names = batch[0].inputs.keys()
                 joined = {k: np.concatenate([p.inputs[k] for p in batch]) for k in names}
                 res = model.infer(joined)
                 total = sum(p.rows for p in batch)
-                outs, at = [], 0
+                items, at = [], 0
                 for p in batch:
-                    outs.append({k: _rows(k, v, at, p.rows, total, self.model.name)
-                                 for k, v in res.items()})
+                    items.append((p.fut, True, {k: _rows(k, v, at, p.rows, total,
+                                                         self.model.name)
+                                                for k, v in res.items()}))
                     at += p.rows
-            items = [(p.fut, True, o) for p, o in zip(batch, outs)]
-        except Exception as e:
-            err = e if isinstance(e, RequestError) else RequestError(
-                f"model {self.model.name!r}: inference failed: {type(e).__name__}: {e}", 500)
-            items = [(p.fut, False, err) for p in batch]
+            except Exception as e:  # noqa: BLE001 -- one request's values may be the cause
+                # The batch's error may quote any request's values, and one bad request
+                # must not fail the others: run each alone, so each gets its own answer
+                # or an error about its own data.
+                log.warning("model %r: a batch of %d requests failed (%s); running them "
+                            "one by one", self.model.name, len(batch), type(e).__name__)
+                self.retried += 1
+                items = [self._alone(model, p) for p in batch]
         t1 = time.perf_counter()
         for p in batch:
             p.t_end = t1
@@ -283,6 +302,16 @@ class Batcher:
             by_loop.setdefault(p.loop, []).append(it)
         for loop, its in by_loop.items():
             _call(loop, its)
+
+    def _alone(self, model, p):
+        """(future, ok, outputs | error) of running one request by itself."""
+        try:
+            return p.fut, True, model.infer(p.inputs)
+        except RequestError as e:
+            return p.fut, False, e
+        except Exception as e:  # noqa: BLE001 -- answered as the request's 500
+            return p.fut, False, RequestError(
+                f"model {self.model.name!r}: inference failed: {type(e).__name__}: {e}", 500)
 
 
 def _call(loop, items):

@@ -4,11 +4,13 @@
                  [--host 127.0.0.1] [--port 8000] [--workers N] [--max-batch-size N]
                  [--max-queue-delay-us US] [--preferred-batch-sizes 8,32]
                  [--max-queue-size N] [--timeout-ms MS] [--no-batching]
-                 [--max-body-bytes N] [--log-level info]
+                 [--max-body-bytes N] [--read-timeout S] [--shutdown-timeout S]
+                 [--log-level info]
 
 Flags override every model's config.json. Once it listens it prints one JSON line,
 ``{"event": "listening", "url": ...}``, on stdout; logs are JSON lines on stderr.
-SIGTERM (or Ctrl-C) stops accepting, answers every accepted request and exits 0.
+SIGTERM (or Ctrl-C) stops accepting, answers every accepted request and exits 0; what
+is still open after --shutdown-timeout seconds is cancelled and its connection closed.
 """
 from __future__ import annotations
 
@@ -25,6 +27,13 @@ def _model_arg(s):
 
 def _sizes(s):
     return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _seconds(s):
+    v = float(s)
+    if not v >= 0 or v == float("inf"):
+        raise ValueError(f"expected a number of seconds >= 0; got {s!r}")
+    return v
 
 
 def register(sub) -> None:
@@ -46,6 +55,13 @@ def register(sub) -> None:
     p.add_argument("--no-batching", dest="batching", action="store_false",
                    help="run each request alone")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20)
+    p.add_argument("--read-timeout", type=_seconds, default=60.0, metavar="S",
+                   help="answer 408 and close the connection when nothing of a request "
+                        "body arrives for S seconds (default 60; 0: no limit)")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="on SIGTERM, wait at most S seconds for open requests, then cancel "
+                        "them and close their connections (default 30, as Triton's "
+                        "--exit-timeout-secs; 0: wait for ever)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=run)
 
@@ -82,7 +98,8 @@ def run(a) -> int:
     try:
         s = Server(dict(a.model), a.host, a.port, repository=a.repository,
                    overrides=overrides_of(a), max_body_bytes=a.max_body_bytes,
-                   log_level=a.log_level)
+                   log_level=a.log_level, read_timeout=a.read_timeout or None,
+                   shutdown_timeout=a.shutdown_timeout or None)
 
         def ready(srv):
             print(json.dumps({"event": "listening", "url": srv.url,

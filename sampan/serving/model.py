@@ -69,12 +69,22 @@ class ServedModel:
         """Map input name -> array to output name -> array (arrays share the batch dim)."""
         raise NotImplementedError
 
+    def check(self, inputs: dict) -> None:
+        """Refuse values this model cannot take (ids outside a table, ...) by raising
+        `ServingError` naming the input, before the request joins a batch: a bad request
+        then fails alone, with a message about its own values. Default: no check."""
+
     def clone(self) -> "ServedModel":
         """A model for one more worker thread (default: this one, if `infer` is safe)."""
         return self
 
     def metadata(self) -> dict:
         """Extra fields for ``GET /v2/models/{name}`` (e.g. the snapshot sequence)."""
+        return {}
+
+    def gauges(self) -> dict:
+        """Numbers for ``/metrics`` (``{"held_deltas": 0}`` -> ``sampan_model_held_deltas``),
+        read at every scrape. Default: none."""
         return {}
 
     def ready(self) -> bool:

@@ -11,6 +11,9 @@ Metrics (label ``model``; requests also ``status``, the HTTP status code)::
     sampan_queue_seconds             time a request waited before its batch ran
     sampan_compute_seconds           time a batch ran in the model
     sampan_request_seconds           time from the body being read to the answer
+    sampan_model_<key>               each number a model reports in `ServedModel.gauges()`,
+                                     read at every scrape (a served DLRM: snapshot_sequence,
+                                     applied_deltas, refused_deltas, held_deltas)
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import json
 import logging
 import logging.handlers
 import queue
+import re
 import time
 
 LOG = logging.getLogger("sampan.serving")
@@ -77,12 +81,53 @@ class Metrics:
                                "Time from the request body read to the answer", ["model"],
                                buckets=_LAT, registry=r)
 
-    def model(self, name) -> ModelMetrics:
+        self._gauges: dict = {}       # model name -> its gauges() callable
+        r.register(_ModelGauges(self._gauges))
+
+    def model(self, name, gauges=None) -> ModelMetrics:
+        """The metrics of model `name`; `gauges` (a callable returning {key: number})
+        is read at every scrape into ``sampan_model_<key>``."""
+        if gauges is not None:
+            self._gauges[name] = gauges
         return ModelMetrics(self, name)
 
     def text(self):
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_METRIC_KEY = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class _ModelGauges:
+    """A prometheus collector over the models' `gauges()`, read at scrape time."""
+
+    def __init__(self, sources):
+        self._sources = sources
+
+    def describe(self):
+        return []          # the keys are known only at scrape time
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+        fams: dict = {}
+        for model, fn in list(self._sources.items()):
+            try:
+                values = fn() or {}
+            except Exception:  # noqa: BLE001 -- a model's bug must not break /metrics
+                LOG.exception("model %r: gauges() failed", model)
+                continue
+            for k, v in values.items():
+                if not (isinstance(k, str) and _METRIC_KEY.match(k)) or isinstance(
+                        v, bool) or not isinstance(v, (int, float)):
+                    continue
+                f = fams.get(k)
+                if f is None:
+                    f = fams[k] = GaugeMetricFamily(f"sampan_model_{k}",
+                                                    f"{k}, as the model reports it",
+                                                    labels=["model"])
+                f.add_metric([model], float(v))
+        yield from fams.values()
 
 
 class JsonFormatter(logging.Formatter):

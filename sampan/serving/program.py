@@ -110,6 +110,58 @@ def buckets(max_batch_size, preferred=()):
     return sorted(out)
 
 
+# ops whose input 1 holds indices into input 0 along attribute `axis`
+_INDEX_OPS = ("index_select", "take_along_axis")
+# ops that pass every value of their input 0 on unchanged (so a bound on the output's
+# values is one on the input's)
+_SAME_VALUES = ("reshape", "permute", "expand", "copy")
+
+
+def index_bounds(graph, names):
+    """{input name: (n, where)}: the graph inputs (`names`: {Value id: name}) whose every
+    value reaches an index of an `index_select`/`take_along_axis` over an axis of static
+    size n, so a value outside [0, n) can only fail the run. `where` names the op and
+    its source line. Example: an ``nn.Embedding(10, 4)`` over input "ids" gives
+    ``{"ids": (10, "index_select at model.py:9")}``."""
+    src = dict(names)                # Value id -> the graph input whose values it holds
+    out: dict = {}
+    for n in graph.nodes:
+        if not n.inputs:
+            continue
+        first = src.get(n.inputs[0].id)
+        if n.op in _SAME_VALUES and first is not None:
+            src[n.outputs[0].id] = first
+        elif n.op == "cast" and first is not None and np.can_cast(
+                n.inputs[0].dtype, n.outputs[0].dtype, "safe"):
+            src[n.outputs[0].id] = first
+        elif n.op in _INDEX_OPS and len(n.inputs) > 1 and n.inputs[1].id in src:
+            axis = n.attrs.get("axis", 0)
+            shape = n.inputs[0].shape
+            if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+                continue
+            size = shape[axis]
+            if not isinstance(size, int):
+                continue                 # a symbolic size: no bound known here
+            name = src[n.inputs[1].id]
+            where = f"{n.op} at {n.loc}" if n.loc else n.op
+            if name not in out or size < out[name][0]:
+                out[name] = (size, where)
+    return out
+
+
+def _check_bounds(model, bounds, inputs):
+    for name, (size, where) in bounds.items():
+        a = inputs.get(name)
+        if a is None or not a.size or a.dtype.kind not in "iu":
+            continue
+        lo, hi = a.min(), a.max()
+        if lo < 0 or hi >= size:
+            raise ServingError(f"model {model!r}: input {name!r} holds the value "
+                               f"{int(lo) if lo < 0 else int(hi)}; its values index a "
+                               f"table of {size} rows ({where}), so they must be in "
+                               f"[0, {size})")
+
+
 class _Padded(ServedModel):
     """Shared by both kinds: pads a batch to its bucket, runs `_run`, crops the rows."""
 
@@ -174,6 +226,14 @@ class ProgramModel(_Padded):
                          max_batch_size=_max_batch(name, config, ins),
                          platform=platform, config=config)
         self._setup_buckets()
+        g = p.graph
+        self._bounds = index_bounds(g, {g.inputs[pos].id: n for pos, n in zip(
+            p._prog.arg_pos, p.get_input_names())})
+
+    def check(self, inputs):
+        """Ids outside the tables the program indexes are refused (see `index_bounds`)."""
+        if self._bounds:
+            _check_bounds(self.name, self._bounds, inputs)
 
     def _run(self, inputs):
         for h in self._hin:

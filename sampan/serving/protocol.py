@@ -26,6 +26,8 @@ from .batcher import RequestError
 from .model import DATATYPES
 
 HEADER = "inference-header-content-length"
+_MAX_TIMEOUT_S = 1e6    # s; a longer timeout is clamped to this (11 days is no deadline
+                        # in practice, and deadline arithmetic stays far from overflow)
 
 
 class Decoded:
@@ -58,6 +60,37 @@ def _check_shape(model, spec, shape):
                           f"model's {list(want)} (-1: any size)")
 
 
+def header_length(model, header_len):
+    """The Inference-Header-Content-Length header as an int (None when absent): ASCII
+    digits only (``"²".isdigit()`` is true, and ``int()`` refuses it)."""
+    if header_len is None:
+        return None
+    s = header_len.strip()
+    if not (s.isascii() and s.isdigit()) or len(s) > 18:
+        raise _bad(model, f"Inference-Header-Content-Length {header_len!r:.40} is not a "
+                          "non-negative decimal integer")
+    return int(s)
+
+
+def _check_values(model, spec, dtype, a):
+    """Values the datatype cannot hold are refused, not wrapped: integers outside the
+    datatype's range (JSON), booleans other than 0 or 1 (binary)."""
+    if not a.size:
+        return
+    if dtype.kind == "b" and a.dtype != dtype:
+        bad = (a != 0) & (a != 1)
+        if bad.any():
+            raise _bad(model, f"input {spec.name!r}: datatype BOOL needs bytes 0 or 1; got "
+                              f"{int(a[bad].ravel()[0])}")
+    elif dtype.kind in "iu" and a.dtype.kind in "iu" and a.dtype != dtype:
+        lo, hi = a.min(), a.max()
+        info = np.iinfo(dtype)
+        if lo < info.min or hi > info.max:
+            raise _bad(model, f"input {spec.name!r}: datatype {spec.datatype} holds values "
+                              f"in [{info.min}, {info.max}]; got "
+                              f"{int(lo) if lo < info.min else int(hi)}")
+
+
 def _from_json(model, spec, dtype, shape, data):
     n = math.prod(shape)
     if not isinstance(data, list):
@@ -70,10 +103,16 @@ def _from_json(model, spec, dtype, shape, data):
                 raise _bad(model, f"input {spec.name!r}: datatype {spec.datatype} needs "
                                   f"{'booleans' if dtype.kind == 'b' else 'integers'}; "
                                   f"the data holds {raw.dtype.name} values")
+            _check_values(model, spec, dtype, raw)
             a = raw.astype(dtype)
         else:
-            a = np.array(data, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as e:
+            try:
+                with np.errstate(over="raise"):
+                    a = np.array(data, dtype=dtype)
+            except FloatingPointError:
+                raise _bad(model, f"input {spec.name!r}: 'data' holds a finite number too "
+                                  f"large for datatype {spec.datatype}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
         raise _bad(model, f"input {spec.name!r}: 'data' is not a regular list of numbers "
                           f"of datatype {spec.datatype}: {e}") from None
     if a.size != n:
@@ -109,26 +148,21 @@ def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
     request of one shape (tritonclient does), and the next such body is decoded by
     slicing its binary part, skipping the JSON parse and the checks, which cannot come
     out differently for the same bytes and the same binary length."""
-    if plans is not None and header_len is not None and header_len.isdigit():
-        hl = int(header_len)
+    hl = header_length(model, header_len)
+    if plans is not None and hl is not None:
         plan = plans.get(body[:hl]) if 0 < hl <= _PLAN_HEADER_MAX else None
         if plan is not None and len(body) - hl == plan.nbytes:
             return _planned(plan, memoryview(body)[hl:])
-    dec = _decode(model, body, header_len)
+    dec = _decode(model, body, hl)
     if plans is not None and dec.plan is not None:
         if len(plans) >= _PLANS_MAX:
             plans.clear()
-        plans[bytes(body[:int(header_len)])] = dec.plan
+        plans[bytes(body[:hl])] = dec.plan
     return dec
 
 
-def _decode(model, body, header_len):
-    if header_len is not None:
-        try:
-            hl = int(header_len)
-        except ValueError:
-            raise _bad(model, f"Inference-Header-Content-Length {header_len!r} is not an "
-                              "integer") from None
+def _decode(model, body, hl):
+    if hl is not None:
         if not 0 < hl <= len(body):
             raise _bad(model, f"Inference-Header-Content-Length is {hl}, but the body has "
                               f"{len(body)} bytes")
@@ -139,6 +173,8 @@ def _decode(model, body, header_len):
         req = json.loads(head)
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(model, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise _bad(model, "the request's JSON is nested too deeply") from None
     if not isinstance(req, dict):
         raise _bad(model, f"the request must be a JSON object; got {type(req).__name__}")
     params = req.get("parameters") or {}
@@ -177,6 +213,8 @@ def _decode(model, body, header_len):
                 raise _bad(model, f"input {name!r}: binary_data_size {size} runs past the "
                                   f"end of the body ({len(blob) - at} binary bytes left)")
             le = dtype.newbyteorder("<")
+            if dtype.kind == "b":
+                _check_values(model, spec, dtype, np.frombuffer(blob[at:at + size], np.uint8))
             a = np.frombuffer(blob[at:at + size], dtype=le)
             arrays[name] = a.astype(dtype, copy=False).reshape(shape)
             if layout is not None and le == dtype and size:   # native little-endian
@@ -204,9 +242,10 @@ def _decode(model, body, header_len):
     outs = {}
     known = {s.name for s in model.outputs}
     for o in req.get("outputs") or ():
-        if not isinstance(o, dict) or o.get("name") not in known:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str) or \
+                o["name"] not in known:
             got = o.get("name") if isinstance(o, dict) else o
-            raise _bad(model, f"unknown output {got!r} requested; the model's outputs are "
+            raise _bad(model, f"unknown output {got!r:.80} requested; the model's outputs are "
                               f"{sorted(known)}")
         op = o.get("parameters") or {}
         outs[o["name"]] = bool(op.get("binary_data", bdo)) if isinstance(op, dict) else bdo
@@ -222,13 +261,16 @@ def _decode(model, body, header_len):
 
 def timeout_s(model, params):
     """A request's own timeout from its parameters: ``timeout`` (microseconds, Triton's)
-    or ``timeout_ms``; None when it gives none."""
+    or ``timeout_ms``, at most 1e6 s; None when it gives none. A value that is not a
+    positive finite number is a 400."""
     for key, scale in (("timeout_ms", 1e-3), ("timeout", 1e-6)):
         v = params.get(key)
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise _bad(model, f"parameter {key!r} must be a positive number; got {v!r}")
-            return float(v) * scale
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or \
+                    not math.isfinite(v):
+                raise _bad(model, f"parameter {key!r} must be a positive finite number; got "
+                                  f"{v!r:.40}")
+            return min(float(v) * scale, _MAX_TIMEOUT_S)
     return None
 
 

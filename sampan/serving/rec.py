@@ -6,6 +6,7 @@ A ``dlrm`` model directory (:func:`export_dlrm` writes one)::
     config.json        {"kind": "dlrm", "n_fields": 26, "n_dense": 13, "dim": 16,
                         "dense_program": "dense.program", "embeddings": "embeddings.full",
                         "snapshot_dir": "deltas", "poll_interval_ms": 200,
+                        "max_held_deltas": 32, "max_held_seconds": 300,
                         "max_batch_size": 256, "dynamic_batching": {...}}
     dense.program/     the bottom MLP, pairwise dots and top MLP as a saved jit program
     embeddings.full    the table's full export (sampan.rec.export_full)
@@ -20,12 +21,17 @@ Online updates: ``start()`` runs a thread that polls ``snapshot_dir`` for ``*.de
 ``*.full``) files, verifies each completely (checksum, header, arrays) outside any lock,
 and applies them in sequence order. A batch holds the model's lock shared over its table
 lookups, applying an update takes it exclusively, so every batch sees one snapshot.
-A corrupt file, a delta of another table, a duplicate or stale delta, and a delta that
-skips one are refused for good (a warning on the ``sampan.serving`` logger, and
-``refused_deltas`` / ``last_refused`` in the metadata) and leave the table as it was.
-A full export of the same table with a newer sequence replaces the table, which is how a
-broken chain is repaired. The dense weights are those saved in the directory: deltas
-carry embeddings only.
+A delta that follows a newer export than the one served (its predecessor has not
+arrived: a parallel copy drops files in any order) is held, verified, and applied once
+the chain reaches it; at most ``max_held_deltas`` (default 32, the lowest sequences kept)
+for at most ``max_held_seconds`` (default 300) each, then it is refused. Held deltas
+are logged, counted as ``held_deltas`` in the metadata and on ``/metrics``
+(``sampan_model_held_deltas``). A corrupt file, a delta of another table, a duplicate or
+stale delta, and a delta held too long are refused for good (a warning on the
+``sampan.serving`` logger, and ``refused_deltas`` / ``last_refused`` in the metadata)
+and leave the table as it was. A full export of the same table with a newer sequence
+replaces the table, which is how a broken chain is repaired. The dense weights are those
+saved in the directory: deltas carry embeddings only.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import logging
 import math
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -105,18 +112,24 @@ class SnapshotWatcher:
     `lookup` reads every field of a batch under the shared side of a reader/writer lock;
     `poll` applies new exports under the exclusive side, after verifying each file
     outside the lock. `start` polls on a daemon thread every `poll_interval` seconds.
+    A delta whose predecessor is missing is held (at most `max_held`, each for at most
+    `max_held_seconds`) and applied when the chain reaches it.
 
     >>> # w = SnapshotWatcher(ServingTable("emb.full"), "deltas/"); w.poll()
     >>> # [('deltas/000001.delta', 'applied')]
     """
 
     def __init__(self, table, directory: str | None, poll_interval: float = 0.2,
-                 name: str = "model"):
+                 name: str = "model", max_held: int = 32, max_held_seconds: float = 300.0):
         self.table = table
         self.directory = directory
         self.poll_interval = float(poll_interval)
         self.name = name
-        self.stats = {"applied_deltas": 0, "refused_deltas": 0, "last_refused": None}
+        self.max_held = int(max_held)
+        self.max_held_seconds = float(max_held_seconds)
+        self.stats = {"applied_deltas": 0, "refused_deltas": 0, "held_deltas": 0,
+                      "last_refused": None}
+        self._held: dict = {}   # path -> (header, arrays, time first seen): waiting deltas
         self._stats_lock = threading.Lock()  # a reader sees a count with its reason
         self._rw = _RWLock()
         self._seen: dict[str, tuple] = {}    # file -> (size, mtime, inode) already handled
@@ -166,23 +179,49 @@ class SnapshotWatcher:
 
     def poll(self) -> list:
         """Handle the directory's new files once; returns ``(file, outcome)`` pairs, the
-        outcome ``"applied"``, ``"ignored"`` (an older full) or ``"refused: <reason>"``."""
+        outcome ``"applied"``, ``"held"`` (a delta whose predecessor has not arrived),
+        ``"ignored"`` (an older full) or ``"refused: <reason>"``."""
         if self.directory is None:
             return []
         with self._poll_lock:
-            done, held = [], []
-            for _ in range(2):
-                held = self._progress(held + self._read_new(done), done)
-                # A delta that skips one is refused only if a second listing, made after
-                # the first ended, still lacks the missing one: exports are renamed into
-                # place in order, but one listing may miss a file renamed meanwhile.
-                if not held:
-                    break
-            for path, header, _ in held:
+            done: list = []
+            self._progress(self._read_new(done), done)
+            if self._held:
+                # one listing may miss a file renamed in while it ran: look once more
+                # before reporting a delta as held
+                self._progress(self._read_new(done), done)
+            self._bound_held(done)
+            first = {}
+            for i, (path, outcome) in enumerate(done):   # one outcome a file: the last
+                first.setdefault(path, i)
+            last = dict(done)
+            out = [(p, last[p]) for p in sorted(first, key=first.get)]
+            with self._stats_lock:
+                self.stats["held_deltas"] = len(self._held)
+            return out
+
+    def _bound_held(self, done: list) -> None:
+        """Refuse held deltas past `max_held_seconds`, and beyond the `max_held` with the
+        lowest sequence numbers (the ones a missing delta lets through first)."""
+        now = time.monotonic()
+        for path, (header, _arrays, since) in sorted(self._held.items(),
+                                                     key=lambda kv: kv[1][0]["seq"]):
+            waited = now - since
+            if waited > self.max_held_seconds:
+                del self._held[path]
+                self._refuse(done, path, f"out of order: it follows export "
+                                         f"{header['base_seq']}, and the model still "
+                                         f"serves {self.table.seq} after it waited "
+                                         f"{waited:.1f} s (max_held_seconds) for the "
+                                         f"missing delta")
+        if len(self._held) > self.max_held:
+            ordered = sorted(self._held.items(), key=lambda kv: kv[1][0]["seq"])
+            for path, (header, _arrays, _since) in ordered[self.max_held:]:
+                del self._held[path]
                 self._refuse(done, path, f"out of order: it follows export "
                                          f"{header['base_seq']}, the model serves "
-                                         f"{self.table.seq} (a delta is missing)")
-            return done
+                                         f"{self.table.seq}, and {self.max_held} earlier "
+                                         f"deltas are already held (max_held)")
 
     def _read_new(self, done: list) -> list:
         from sampan.rec.snapshot import verify_snapshot
@@ -217,13 +256,21 @@ class SnapshotWatcher:
             found.append((path, header, arrays))
         return found
 
-    def _progress(self, files: list, done: list) -> list:
-        """Apply what follows the served snapshot, in sequence order; returns the deltas
-        that skip one (they may follow once the missing one is found)."""
+    def _progress(self, files: list, done: list) -> None:
+        """Apply, in sequence order, what follows the served snapshot among `files` and
+        the held deltas; hold a delta whose predecessor has not arrived (it follows a
+        newer export than the one served); refuse foreign, corrupt, duplicate and stale
+        files."""
         from sampan.rec.snapshot import ServingTable, SnapshotError
-        files.sort(key=lambda f: (f[1]["seq"], f[1]["kind"] != "full"))
-        held = []
-        for path, header, arrays in files:
+        now = time.monotonic()
+        fresh = {p for p, _, _ in files}
+        # a held file removed from the directory is dropped; one written again is new
+        pending = [(p, h, a, since) for p, (h, a, since) in self._held.items()
+                   if p not in fresh and os.path.exists(p)]
+        pending += [(p, h, a, now) for p, h, a in files]
+        pending.sort(key=lambda f: (f[1]["seq"], f[1]["kind"] != "full"))
+        held: dict = {}
+        for path, header, arrays, since in pending:
             t = self.table
             if header.get("lineage") is None or header.get("lineage") != t.lineage:
                 self._refuse(done, path, f"of table lineage {header.get('lineage')}, the "
@@ -243,8 +290,18 @@ class SnapshotWatcher:
             elif header["seq"] <= t.seq:
                 self._refuse(done, path, f"duplicate or stale: export {header['seq']} "
                                          f"after the model already serves {t.seq}")
-            elif header["base_seq"] != t.seq:
-                held.append((path, header, arrays))
+            elif header["base_seq"] < t.seq:
+                self._refuse(done, path, f"stale: it follows export {header['base_seq']}, "
+                                         f"older than the served {t.seq}")
+            elif header["base_seq"] > t.seq:
+                # its predecessor has not arrived (a parallel copy drops files in any
+                # order): hold it until the chain reaches it (bounded, see _bound_held)
+                held[path] = (header, arrays, since)
+                if path not in self._held:
+                    done.append((path, "held"))
+                    log.info("model %r: holding %s (export %d follows export %d; the model "
+                             "serves %d) until the deltas between arrive", self.name,
+                             path, header["seq"], header["base_seq"], t.seq)
             else:
                 try:
                     with self._rw.exclusive():
@@ -253,7 +310,7 @@ class SnapshotWatcher:
                     self._refuse(done, path, str(e))
                     continue
                 self._applied(done, path, header)
-        return held
+        self._held = held
 
     def _applied(self, done: list, path: str, header: dict) -> None:
         with self._stats_lock:
@@ -329,8 +386,16 @@ class DLRMModel(ServedModel):
                 or interval <= 0:
             raise ServingError(f"serving: {where}: poll_interval_ms must be a positive "
                                f"number, got {interval!r}")
+        max_held = _int(dict(config, max_held_deltas=config.get("max_held_deltas", 32)),
+                        "max_held_deltas", where, 0)
+        max_age = config.get("max_held_seconds", 300)
+        if not isinstance(max_age, (int, float)) or isinstance(max_age, bool) \
+                or not max_age >= 0:
+            raise ServingError(f"serving: {where}: max_held_seconds must be a number >= 0, "
+                               f"got {max_age!r}")
         watched = path("snapshot_dir", "") if config.get("snapshot_dir") else None
-        self.watcher = SnapshotWatcher(table, watched, interval / 1000.0, name)
+        self.watcher = SnapshotWatcher(table, watched, interval / 1000.0, name,
+                                       max_held=max_held, max_held_seconds=max_age)
         self._predictor = pred
         self._run_lock = threading.Lock()  # uncontended when each worker has its clone
         pref = (config.get("dynamic_batching") or {}).get("preferred_batch_sizes") or ()
@@ -389,8 +454,15 @@ class DLRMModel(ServedModel):
 
     def metadata(self) -> dict:
         """``snapshot_sequence`` (the export served), ``snapshot_step``, the lineage,
-        ``applied_deltas``, ``refused_deltas`` and ``last_refused`` (file, reason)."""
+        ``applied_deltas``, ``refused_deltas``, ``held_deltas`` (waiting for a missing
+        predecessor) and ``last_refused`` (file, reason)."""
         return self.watcher.state()
+
+    def gauges(self) -> dict:
+        """The snapshot served and the update counters, for ``/metrics``."""
+        st = self.watcher.state()
+        return {k: st[k] for k in ("snapshot_sequence", "applied_deltas", "refused_deltas",
+                                   "held_deltas")}
 
     def start(self) -> None:
         self.watcher.start()

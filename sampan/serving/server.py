@@ -8,7 +8,11 @@
 `start()` loads every model (errors raise here, naming the model), warms it, starts its
 worker threads and runs uvicorn in a background thread; `stop()` shuts down gracefully:
 uvicorn stops accepting, the requests already accepted are answered, then the workers
-drain their queues and the models' `stop()` runs. `serve()` does the same in the calling
+drain their queues and the models' `stop()` runs. The shutdown is bounded: requests
+still open after `shutdown_timeout` seconds (default 30, as Triton's
+``--exit-timeout-secs``) are cancelled and their connections closed, and a request body
+of which nothing arrives for `read_timeout` seconds (default 60) is answered 408, so a
+stalled client holds neither a request nor the shutdown. `serve()` does the same in the calling
 (main) thread until SIGTERM/SIGINT: that is `sampan serve`.
 
 Settings: per model from its directory's ``config.json`` (see `model.py`), overridden by
@@ -25,6 +29,8 @@ import time
 from .model import ServedModel, ServingError, load_model, read_config
 
 MAX_BODY_BYTES = 64 << 20
+SHUTDOWN_TIMEOUT = 30.0   # s a graceful shutdown waits for open requests (Triton's default)
+READ_TIMEOUT = 60.0       # s a request body may go without a byte arriving (nginx's default)
 
 
 def repository_models(directory) -> dict:
@@ -78,7 +84,8 @@ class Server:
 
     def __init__(self, models=None, host="127.0.0.1", port=0, *, repository=None,
                  workers=None, overrides=None, max_body_bytes=MAX_BODY_BYTES,
-                 log_level="warning", warmup=True):
+                 log_level="warning", warmup=True, shutdown_timeout=SHUTDOWN_TIMEOUT,
+                 read_timeout=READ_TIMEOUT):
         self.specs = dict(models or {})
         if repository is not None:
             for n, d in repository_models(repository).items():
@@ -92,6 +99,14 @@ class Server:
         self.max_body_bytes = int(max_body_bytes)
         self.log_level = log_level
         self.warmup = warmup
+        for what, v in (("shutdown_timeout", shutdown_timeout), ("read_timeout", read_timeout)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not v > 0):
+                raise ServingError(f"serving: {what} must be a positive number of seconds "
+                                   f"or None; got {v!r}")
+        self.shutdown_timeout = None if shutdown_timeout is None else float(shutdown_timeout)
+        self.read_timeout = None if read_timeout is None else float(read_timeout)
+        self._t_shutdown = None
         self.entries: dict = {}
         self._uv = None
         self._thread = None
@@ -108,12 +123,13 @@ class Server:
         for name, where in self.specs.items():
             m = _load(name, where, self.overrides)
             inst = self.workers or int((m.config or {}).get("instance_count", 2))
-            mm = self.metrics.model(name)
+            mm = self.metrics.model(name, m.gauges)
             self.entries[name] = Entry(m, Batcher(m, inst, mm), mm)
         import sampan
         return make_app(self.entries, "sampan", getattr(sampan, "__version__", "0"),
                         self.max_body_bytes, metrics=self.metrics, state=self._state,
-                        on_startup=[self._start_models], on_shutdown=[self._drain])
+                        on_startup=[self._start_models], on_shutdown=[self._drain],
+                        read_timeout=self.read_timeout)
 
     def _start_models(self):
         for e in self.entries.values():
@@ -122,8 +138,13 @@ class Server:
 
     def _drain(self):
         self._state.draining = True
+        # the workers answer what is queued within what is left of the shutdown timeout
+        # (plus a second); a model still running after that is left to the process exit
+        end = None
+        if self.shutdown_timeout is not None:
+            end = (self._t_shutdown or time.monotonic()) + self.shutdown_timeout + 1.0
         for e in self.entries.values():
-            e.batcher.close()
+            e.batcher.close(None if end is None else max(end - time.monotonic(), 0.01))
         for e in self.entries.values():
             e.model.stop()
         from .ops import flush_logging
@@ -148,12 +169,27 @@ class Server:
         # "server:" header on every answer
         from .wire import protocol_class
         cfg = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                             log_level=self.log_level, timeout_graceful_shutdown=None,
+                             log_level=self.log_level,
+                             timeout_graceful_shutdown=self.shutdown_timeout,
                              backlog=2048, http=protocol_class() or "auto",
                              loop=_have("uvloop") or "auto", proxy_headers=False,
                              server_header=False)
-        self._uv = uvicorn.Server(cfg)
-        return self._uv
+        self._uv = uv = uvicorn.Server(cfg)
+        orig = uv.shutdown
+
+        async def shutdown(sockets=None):
+            # uvicorn waits for open requests up to timeout_graceful_shutdown, then
+            # cancels them; the connections still open after that are closed here
+            self._t_shutdown = time.monotonic()
+            try:
+                await orig(sockets=sockets)
+            finally:
+                for conn in list(uv.server_state.connections):
+                    tr = getattr(conn, "transport", None)
+                    if tr is not None and not tr.is_closing():
+                        tr.close()
+        uv.shutdown = shutdown
+        return uv
 
     @property
     def url(self) -> str:

@@ -94,19 +94,19 @@ def test_refusals_leave_the_table_as_it_was(chain, tmp_path, caplog):
     np.testing.assert_array_equal(_served(w), states[2])
 
 
-def test_a_delta_that_skips_one_is_refused_for_good(chain, tmp_path):
+def test_a_delta_that_skips_one_is_held_until_the_missing_one_arrives(chain, tmp_path):
     _t, full, watched, delta, states = chain
     w = SnapshotWatcher(ServingTable(full), watched)
     held = tmp_path / "000001.delta"
     delta(held)
     delta()                                        # 000002.delta, follows the held one
-    (_, outcome), = w.poll()
-    assert "out of order" in outcome and "follows export 1" in outcome
-    assert w.state()["snapshot_sequence"] == 0
+    assert [o for _, o in w.poll()] == ["held"]
+    assert w.state()["snapshot_sequence"] == 0 and w.state()["held_deltas"] == 1
     np.testing.assert_array_equal(_served(w), states[0])
     os.replace(held, os.path.join(watched, "000001.delta"))
-    assert [o for _, o in w.poll()] == ["applied"]  # the refused one is not looked at again
-    assert w.state()["snapshot_sequence"] == 1
+    assert [o for _, o in w.poll()] == ["applied", "applied"]
+    assert w.state()["snapshot_sequence"] == 2 and w.state()["refused_deltas"] == 0
+    np.testing.assert_array_equal(_served(w), states[2])
 
 
 def test_one_listing_that_misses_a_file_is_not_a_gap(chain, monkeypatch):
