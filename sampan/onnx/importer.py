@@ -10,6 +10,12 @@ no node or initializer defines, an initializer whose data disagree with its dims
 opset newer than this sampan reads: each is an `OnnxError` naming it. Nothing in the file
 is executed as code (ONNX has no code; functions and subgraphs are refused for now).
 
+External data (weights in files beside the model) are read for every tensor that has them,
+wherever it sits (initializers, Constant and other attributes, sparse tensors, subgraphs),
+from the model file's folder or the `base_dir=` a model given as bytes or a ModelProto
+needs; a location with `..`, an absolute path or a symbolic link is refused, and nothing is
+resolved against the working directory.
+
 Example::
 
     >>> layer = sampan.onnx.to_layer("model.onnx")
@@ -34,14 +40,18 @@ MAX_OPSET = 28           # the newest default-domain opset the handlers were che
 
 
 # ---------------------------------------------------------------------- reading
-def read_model(src):
-    """A checked ModelProto from a path, bytes or a ModelProto."""
+def read_model(src, base_dir=None):
+    """A checked ModelProto from a path, bytes or a ModelProto, with every external tensor
+    read in (see `_read_external_data`). A model given as bytes or a ModelProto whose
+    tensors live in external files needs `base_dir`, the folder those files are in; a
+    path's default is the model file's own folder. A ModelProto passed in is not changed."""
     import onnx
+    path = src if isinstance(src, (str, os.PathLike)) else None
     if isinstance(src, onnx.ModelProto):
         model = src
     else:
         data = src
-        if isinstance(src, (str, os.PathLike)):
+        if path is not None:
             try:
                 with open(src, "rb") as f:
                     data = f.read()
@@ -53,20 +63,116 @@ def read_model(src):
         except Exception as e:  # noqa: BLE001 - any protobuf decode failure
             raise OnnxError(f"sampan.onnx: {src if isinstance(src, str) else 'the model'} is "
                             f"not a valid ONNX file (protobuf decoding failed: {e})") from None
-        if isinstance(src, (str, os.PathLike)) and _uses_external_data(model):
-            from onnx.external_data_helper import load_external_data_for_model
-            try:
-                load_external_data_for_model(model, os.path.dirname(os.path.abspath(src)))
-            except Exception as e:  # noqa: BLE001
-                raise OnnxError(f"sampan.onnx: external data of {src} cannot be read: {e}") \
-                    from None
+    if any(True for _ in _external_tensors(model)):
+        if model is src:        # the caller's proto stays as it was (its data stay outside)
+            model = onnx.ModelProto()
+            model.CopyFrom(src)
+        if base_dir is None and path is not None:
+            base_dir = os.path.dirname(os.path.abspath(path))
+        _read_external_data(model, base_dir, path)
     check_model(model)
     return model
 
 
-def _uses_external_data(model):
+def _all_tensors(model):
+    """(TensorProto, where) for every tensor a model holds: initializers, sparse
+    initializers, node attributes (tensor, tensors, sparse tensor(s)), in the main graph,
+    every subgraph of every node (If, Loop, Scan, modifier graphs) and every function."""
+    def sparse(sp, where):
+        yield sp.values, where + " (values)"
+        yield sp.indices, where + " (indices)"
+
+    def graph(g, where):
+        for t in g.initializer:
+            yield t, f"initializer {t.name!r}{where}"
+        for sp in g.sparse_initializer:
+            yield from sparse(sp, f"sparse initializer {sp.values.name!r}{where}")
+        yield from nodes(g.node, where)
+
+    def nodes(ns, where):
+        for k, n in enumerate(ns):
+            node = f"node {n.name or k!r} ({n.op_type}){where}"
+            for a in n.attribute:
+                what = f"attribute {a.name!r} of {node}"
+                if a.HasField("t"):
+                    yield a.t, what
+                for t in a.tensors:
+                    yield t, what
+                if a.HasField("sparse_tensor"):
+                    yield from sparse(a.sparse_tensor, what)
+                for sp in a.sparse_tensors:
+                    yield from sparse(sp, what)
+                inner = f" in subgraph {a.name!r} of {node}"
+                if a.HasField("g"):
+                    yield from graph(a.g, inner)
+                for g in a.graphs:
+                    yield from graph(g, inner)
+
+    yield from graph(model.graph, "")
+    for f in model.functions:
+        yield from nodes(f.node, f" in function {f.name!r}")
+
+
+def _external_tensors(model):
     import onnx
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    for t, where in _all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield t, where
+
+
+def _read_external_data(model, base_dir, path):
+    """Read every external tensor of `model` in (the one path they all take): its location
+    must be a relative path inside `base_dir` with no `..`, no symbolic link on the way and a
+    regular file at the end; onnx's reader then checks offset and length against the
+    file. Nothing is ever resolved against the working directory."""
+    from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor
+    src = path if path is not None else "the model"
+    for t, where in _external_tensors(model):
+        try:
+            loc = ExternalDataInfo(t).location
+        except ValueError as e:
+            raise OnnxError(f"sampan.onnx: {where} of {src}: bad external data: {e}") from None
+        if base_dir is None:
+            raise OnnxError(
+                f"sampan.onnx: {where} keeps its data in an external file ({loc!r}), but the "
+                "model was given as bytes or a ModelProto, so there is no folder to find it "
+                "in; pass base_dir= (the folder the data files are in) or load the model "
+                "from its path")
+        full = _external_path(base_dir, loc, f"{where} of {src}")
+        try:
+            load_external_data_for_tensor(t, base_dir)
+        except Exception as e:  # noqa: BLE001 - onnx's own refusals, restated
+            raise OnnxError(f"sampan.onnx: {where} of {src}: external data {full} cannot be "
+                            f"read: {e}") from None
+
+
+def _external_path(base_dir, loc, what):
+    """`loc` resolved inside `base_dir`, or an OnnxError saying why it may not be read."""
+    def refuse(why):
+        return OnnxError(f"sampan.onnx: {what}: external data location {loc!r} {why}; "
+                         f"external data must be a file inside the model's folder {base_dir}")
+
+    if not loc:
+        raise refuse("is empty")
+    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", loc):
+        raise refuse("is an absolute path")
+    parts = re.split(r"[/\\]", loc)
+    if ".." in parts:
+        raise refuse("leaves the folder (..)")
+    base = os.path.abspath(base_dir)
+    cur = base
+    for p in parts:
+        if p in ("", "."):
+            continue
+        cur = os.path.join(cur, p)
+        if os.path.islink(cur):
+            raise refuse(f"goes through a symbolic link ({cur})")
+    if not os.path.isfile(cur):
+        raise refuse("is not a regular file" if os.path.exists(cur) else "does not exist")
+    real = os.path.realpath(cur)
+    if os.path.commonpath([real, os.path.realpath(base)]) != os.path.realpath(base):
+        raise refuse("resolves outside the folder")
+    return cur
 
 
 def opset_of(model, domain=""):
@@ -127,7 +233,12 @@ def check_model(model):
 
 
 def _array(t):
+    import onnx
     from onnx import numpy_helper
+    if t.data_location == onnx.TensorProto.EXTERNAL:   # read_model reads every one in:
+        raise OnnxError(f"sampan.onnx: tensor {t.name!r} still points at external data "
+                        "(read the model with sampan.onnx.read_model, which resolves it "
+                        "against the model's folder)")
     try:
         a = numpy_helper.to_array(t)
     except Exception as e:  # noqa: BLE001
@@ -264,10 +375,10 @@ class OnnxModule(Layer):
     `declared(outputs)` gives numpy arrays of the declared dtypes (what
     `sampan.onnx.backend` returns)."""
 
-    def __init__(self, model):
+    def __init__(self, model, base_dir=None):
         super().__init__()
         import onnx
-        model = read_model(model)
+        model = read_model(model, base_dir)
         g = model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version)
                        for o in model.opset_import}
@@ -568,17 +679,23 @@ def _value_type(vi, emulated=None):
 
 
 # ---------------------------------------------------------------------- public
-def to_layer(src) -> OnnxModule:
-    """An ONNX model (path, bytes or ModelProto) as a trainable sampan Layer."""
-    return OnnxModule(src)
+def to_layer(src, *, base_dir=None) -> OnnxModule:
+    """An ONNX model (path, bytes or ModelProto) as a trainable sampan Layer.
+
+    External data (weights kept beside the model) are read from the model file's folder,
+    or from `base_dir` (needed when `src` is bytes or a ModelProto with external data):
+    only relative paths inside that folder, never `..`, an absolute path or a symbolic
+    link. Example: ``sampan.onnx.to_layer(open("m.onnx", "rb").read(), base_dir="models")``.
+    """
+    return OnnxModule(src, base_dir)
 
 
-def load(src, *, dim_sizes=None):
+def load(src, *, dim_sizes=None, base_dir=None):
     """An ONNX model as a sampan `Graph` (traced in inference mode; inputs' symbolic dims
-    stay symbolic through `sampan.jit`'s dynamic dims)."""
+    stay symbolic through `sampan.jit`'s dynamic dims). `base_dir`: as for `to_layer`."""
     from ..autograd import no_grad
     from ..jit import jit
-    layer = to_layer(src)
+    layer = to_layer(src, base_dir=base_dir)
     layer.eval()
     dyn = {}
     for k, name in enumerate(layer.input_names):
