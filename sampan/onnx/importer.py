@@ -34,15 +34,16 @@ from ..ops.registry import STATE
 from ..tensor import Tensor
 from ..nn.layer import Layer, Parameter
 from . import emulate as _em
+from . import external as _ext
+from . import fold as _fold
 from .ops import OnnxError, lookup
 
 MAX_OPSET = 28           # the newest default-domain opset the handlers were checked against (onnx 1.23)
 
-
 # ---------------------------------------------------------------------- reading
 def read_model(src, base_dir=None):
     """A checked ModelProto from a path, bytes or a ModelProto, with every external tensor
-    read in (see `_read_external_data`). A model given as bytes or a ModelProto whose
+    read in (see `external.py`). A model given as bytes or a ModelProto whose
     tensors live in external files needs `base_dir`, the folder those files are in; a
     path's default is the model file's own folder. A ModelProto passed in is not changed."""
     import onnx
@@ -63,116 +64,15 @@ def read_model(src, base_dir=None):
         except Exception as e:  # noqa: BLE001 - any protobuf decode failure
             raise OnnxError(f"sampan.onnx: {src if isinstance(src, str) else 'the model'} is "
                             f"not a valid ONNX file (protobuf decoding failed: {e})") from None
-    if any(True for _ in _external_tensors(model)):
+    if any(True for _ in _ext.external_tensors(model)):
         if model is src:        # the caller's proto stays as it was (its data stay outside)
             model = onnx.ModelProto()
             model.CopyFrom(src)
         if base_dir is None and path is not None:
             base_dir = os.path.dirname(os.path.abspath(path))
-        _read_external_data(model, base_dir, path)
+        _ext.read_external_data(model, base_dir, path)
     check_model(model)
     return model
-
-
-def _all_tensors(model):
-    """(TensorProto, where) for every tensor a model holds: initializers, sparse
-    initializers, node attributes (tensor, tensors, sparse tensor(s)), in the main graph,
-    every subgraph of every node (If, Loop, Scan, modifier graphs) and every function."""
-    def sparse(sp, where):
-        yield sp.values, where + " (values)"
-        yield sp.indices, where + " (indices)"
-
-    def graph(g, where):
-        for t in g.initializer:
-            yield t, f"initializer {t.name!r}{where}"
-        for sp in g.sparse_initializer:
-            yield from sparse(sp, f"sparse initializer {sp.values.name!r}{where}")
-        yield from nodes(g.node, where)
-
-    def nodes(ns, where):
-        for k, n in enumerate(ns):
-            node = f"node {n.name or k!r} ({n.op_type}){where}"
-            for a in n.attribute:
-                what = f"attribute {a.name!r} of {node}"
-                if a.HasField("t"):
-                    yield a.t, what
-                for t in a.tensors:
-                    yield t, what
-                if a.HasField("sparse_tensor"):
-                    yield from sparse(a.sparse_tensor, what)
-                for sp in a.sparse_tensors:
-                    yield from sparse(sp, what)
-                inner = f" in subgraph {a.name!r} of {node}"
-                if a.HasField("g"):
-                    yield from graph(a.g, inner)
-                for g in a.graphs:
-                    yield from graph(g, inner)
-
-    yield from graph(model.graph, "")
-    for f in model.functions:
-        yield from nodes(f.node, f" in function {f.name!r}")
-
-
-def _external_tensors(model):
-    import onnx
-    for t, where in _all_tensors(model):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            yield t, where
-
-
-def _read_external_data(model, base_dir, path):
-    """Read every external tensor of `model` in (the one path they all take): its location
-    must be a relative path inside `base_dir` with no `..`, no symbolic link on the way and a
-    regular file at the end; onnx's reader then checks offset and length against the
-    file. Nothing is ever resolved against the working directory."""
-    from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor
-    src = path if path is not None else "the model"
-    for t, where in _external_tensors(model):
-        try:
-            loc = ExternalDataInfo(t).location
-        except ValueError as e:
-            raise OnnxError(f"sampan.onnx: {where} of {src}: bad external data: {e}") from None
-        if base_dir is None:
-            raise OnnxError(
-                f"sampan.onnx: {where} keeps its data in an external file ({loc!r}), but the "
-                "model was given as bytes or a ModelProto, so there is no folder to find it "
-                "in; pass base_dir= (the folder the data files are in) or load the model "
-                "from its path")
-        full = _external_path(base_dir, loc, f"{where} of {src}")
-        try:
-            load_external_data_for_tensor(t, base_dir)
-        except Exception as e:  # noqa: BLE001 - onnx's own refusals, restated
-            raise OnnxError(f"sampan.onnx: {where} of {src}: external data {full} cannot be "
-                            f"read: {e}") from None
-
-
-def _external_path(base_dir, loc, what):
-    """`loc` resolved inside `base_dir`, or an OnnxError saying why it may not be read."""
-    def refuse(why):
-        return OnnxError(f"sampan.onnx: {what}: external data location {loc!r} {why}; "
-                         f"external data must be a file inside the model's folder {base_dir}")
-
-    if not loc:
-        raise refuse("is empty")
-    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", loc):
-        raise refuse("is an absolute path")
-    parts = re.split(r"[/\\]", loc)
-    if ".." in parts:
-        raise refuse("leaves the folder (..)")
-    base = os.path.abspath(base_dir)
-    cur = base
-    for p in parts:
-        if p in ("", "."):
-            continue
-        cur = os.path.join(cur, p)
-        if os.path.islink(cur):
-            raise refuse(f"goes through a symbolic link ({cur})")
-    if not os.path.isfile(cur):
-        raise refuse("is not a regular file" if os.path.exists(cur) else "does not exist")
-    real = os.path.realpath(cur)
-    if os.path.commonpath([real, os.path.realpath(base)]) != os.path.realpath(base):
-        raise refuse("resolves outside the folder")
-    return cur
 
 
 def opset_of(model, domain=""):
@@ -314,6 +214,21 @@ class Context:
         self._static = {}      # id(tensor) -> numpy value
         self._keep = []        # the static tensors: alive, so no other tensor reuses an id
         self._params = {}      # id(parameter) -> parameter: readable by static(), not folded
+        self.folding = False   # inside _run_static: a node's outputs are being made now
+        self.folded_bytes = 0  # bytes of the values folded so far
+        self.fold_budget = _fold.FOLD_BUDGET_FLOOR   # the most all folded values may hold
+        self._unfolded = {}    # id(tensor) -> tensor: outputs of nodes too big to fold
+
+    def foldable(self, shape, dtype) -> bool:
+        """Whether a value of `shape` and `dtype` may be made now, with numpy (a handler
+        asks before it allocates from sizes in the file). While folding, a value that
+        may not makes the node run as ops instead: so a handler builds it with sampan
+        ops (a graph node, made when the program runs) where this answers False."""
+        n = _fold.nbytes(shape, dtype)
+        ok = n <= _fold.FOLD_LIMIT_BYTES and self.folded_bytes + n <= self.fold_budget
+        if not ok and self.folding:
+            raise _fold.Unfolded
+        return ok
 
     def is_static(self, t) -> bool:
         return t is not None and id(t) in self._static
@@ -332,6 +247,13 @@ class Context:
             v = d if isinstance(d, np.ndarray) else None
         if v is None:
             n = self.node
+            if id(t) in self._unfolded:
+                raise OnnxError(
+                    f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): {what} "
+                    f"must be known when the graph is built, but it is a {t.dtype}"
+                    f"{list(t.shape)} value too large to fold at import (a folded node makes "
+                    f"at most {_fold.FOLD_LIMIT_BYTES >> 20} MiB, all of them together "
+                    f"{self.fold_budget >> 20} MiB)")
             raise OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): "
                             f"{what} must be known when the graph is built (a constant, an "
                             "initializer or computed from shapes), but it is computed from data")
@@ -408,6 +330,8 @@ class OnnxModule(Layer):
             else:
                 self._static_inits[name] = np.array(a)
         self.graph_name = g.name or "onnx"
+        # what folding may make: a multiple of what the file (with its external data) holds
+        self.fold_budget = _fold.budget(model)
         del onnx
 
     @property
@@ -421,6 +345,7 @@ class OnnxModule(Layer):
                             f"{len(args) + len(kwargs)}")
         env = {"": None}
         ctx = Context(self.opsets, self.value_types)
+        ctx.fold_budget = self.fold_budget
         for name, a in zip(self.input_names, args):
             env[name] = self._input(name, a)
         for name, a in kwargs.items():
@@ -441,7 +366,13 @@ class OnnxModule(Layer):
             if self.emulated:
                 _check_bits(ctx, n, ins, self.emulated)
             if all(t is None or ctx.is_static(t) for t in ins):
-                outs = _run_static(fn, ctx, n, ins)
+                try:
+                    outs = _run_static(fn, ctx, n, ins)
+                except _fold.Unfolded:     # too big to make now: the node stays ops
+                    outs = fn(ctx, n, *ins)
+                    for t in outs if isinstance(outs, (tuple, list)) else (outs,):
+                        if isinstance(t, Tensor):
+                            ctx._unfolded[id(t)] = t
             else:
                 outs = fn(ctx, n, *ins)
             if not n.checked:
@@ -574,15 +505,23 @@ def _check_attrs_read(n, opset):
 
 
 def _run_static(fn, ctx, n, ins):
-    """Run a node on static inputs now (tracer off): its outputs are static too."""
+    """Run a node on static inputs now (tracer off): its outputs are static too. Every op
+    it runs is sized by its shape rule first: one past the fold limit or budget raises
+    `Unfolded` before its kernel allocates (see sampan/onnx/fold.py)."""
+    from ..ops import modes
     saved = STATE.tracer
     STATE.tracer = None
+    guard = _fold.guard(ctx)
+    ctx.folding = True
+    modes.push_mode(guard)
     try:
         vals = [None if t is None else ctx.make_static(ctx.static(t)) for t in ins]
         from ..autograd import no_grad
         with no_grad():
             outs = fn(ctx, n, *vals)
     finally:
+        modes.pop_mode(guard)
+        ctx.folding = False
         STATE.tracer = saved
     many = isinstance(outs, (tuple, list))
     outs = list(outs) if many else [outs]
@@ -592,6 +531,7 @@ def _run_static(fn, ctx, n, ins):
             res.append(None)
             continue
         a = t._data if isinstance(t, Tensor) else np.asarray(t)
+        ctx.folded_bytes += a.nbytes
         res.append(ctx.make_static(a))
     return tuple(res) if many else res[0]
 
@@ -692,7 +632,12 @@ def to_layer(src, *, base_dir=None) -> OnnxModule:
 
 def load(src, *, dim_sizes=None, base_dir=None):
     """An ONNX model as a sampan `Graph` (traced in inference mode; inputs' symbolic dims
-    stay symbolic through `sampan.jit`'s dynamic dims). `base_dir`: as for `to_layer`."""
+    stay symbolic through `sampan.jit`'s dynamic dims). `base_dir`: as for `to_layer`.
+
+    Loading allocates what the file paid for, not what it declares: the trace runs on
+    inputs that hold no memory of their declared shapes (the program is traced, not run),
+    and folding is bounded per node and in all (sampan/onnx/fold.py: FOLD_LIMIT_BYTES …).
+    Example: ``g = sampan.onnx.load("model.onnx", dim_sizes={"batch": 4})``."""
     from ..autograd import no_grad
     from ..jit import jit
     layer = to_layer(src, base_dir=base_dir)
@@ -703,9 +648,13 @@ def load(src, *, dim_sizes=None, base_dir=None):
         dims = {i: _sym(d) for i, d in enumerate(shape or ()) if not isinstance(d, int)}
         if dims:
             dyn[k] = dims
+    args = _fold.probe_inputs(layer, dim_sizes, dyn)
     f = jit(layer, pipeline="inference", dynamic=dyn or None)
     with no_grad():
-        f(*layer.example_inputs(dim_sizes))
+        # traced and compiled for these inputs, not run: running would make every
+        # value of the declared sizes (JitFunction.__call__ = this, then entry.run)
+        key, leaves = f._key(args, {})
+        f._last = f._compile(key, args, {}, leaves)
     return f.graph
 
 
