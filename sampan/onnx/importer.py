@@ -230,6 +230,16 @@ class Context:
             raise _fold.Unfolded
         return ok
 
+    def allow(self, shape, dtype, what):
+        """Refuse, before numpy allocates it, a constant a handler can only build now
+        (no ops make it later) when it passes the fold limit or budget."""
+        if not self.foldable(shape, dtype):
+            raise self.error(
+                f"{what} would be a {np.dtype(dtype).name}{list(shape)} constant of "
+                f"{_fold.nbytes(shape, dtype) >> 20} MiB made while the graph is built; "
+                f"an import makes at most {_fold.FOLD_LIMIT_BYTES >> 20} MiB a node "
+                "(sampan/onnx/fold.py)")
+
     def is_static(self, t) -> bool:
         return t is not None and id(t) in self._static
 

@@ -21,7 +21,6 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import sampan  # noqa: E402
 from sampan.onnx import OnnxError  # noqa: E402
-from sampan.onnx import fold  # noqa: E402
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -153,7 +152,7 @@ def test_probes_of_a_dynamic_dim_beside_huge_static_ones_are_refused(loads):
 @pytest.fixture
 def tiny_limits(monkeypatch):
     """A fold limit of 16 bytes: the small models below take the paths a huge one takes."""
-    monkeypatch.setattr(fold, "FOLD_LIMIT_BYTES", 16)
+    monkeypatch.setattr("sampan.onnx.fold.FOLD_LIMIT_BYTES", 16)
 
 
 def _const(name, v, dt):
@@ -215,8 +214,8 @@ def test_folded_and_unfolded_give_the_same_numbers():
 
 def test_the_fold_budget_caps_all_folded_values_together(monkeypatch):
     # per node 80 bytes is fine, but all of them together may hold only 200
-    monkeypatch.setattr(fold, "FOLD_BUDGET_FLOOR", 200)
-    monkeypatch.setattr(fold, "FOLD_BUDGET_FACTOR", 0)
+    monkeypatch.setattr("sampan.onnx.fold.FOLD_BUDGET_FLOOR", 200)
+    monkeypatch.setattr("sampan.onnx.fold.FOLD_BUDGET_FACTOR", 0)
     one = numpy_helper.from_array(np.array([1.0], np.float32))
     nodes = [helper.make_node("ConstantOfShape", ["s"], [f"c{k}"], value=one)
              for k in range(5)]
@@ -259,3 +258,42 @@ def test_range_length_is_exact_and_refuses_infinite_lengths():
                   _arr("d", 1, np.float32)])
     with pytest.raises(OnnxError, match="no finite length"):
         sampan.onnx.to_layer(inf)()
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool_divisor_is_made_at_run_time_past_the_limit(tiny_limits, include_pad):
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3],
+                            pads=[1, 0, 1, 2], strides=[2, 1], ceil_mode=1,
+                            count_include_pad=include_pad)
+    m = _model([node], [_vi("x", [1, 2, 5, 6])], [_vi("y", [None, None, None, None])])
+    x = np.random.default_rng(1).standard_normal((1, 2, 5, 6)).astype(np.float32)
+    want = _ort(m, x=x)
+    layer = sampan.onnx.to_layer(m)
+    with sampan.no_grad():
+        np.testing.assert_allclose(layer(sampan.tensor(x)).numpy(), want, rtol=1e-5,
+                                   atol=1e-6)
+        f = sampan.jit(layer, pipeline="inference")
+        np.testing.assert_allclose(f(sampan.tensor(x)).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_pad_mask_for_a_computed_value_is_made_at_run_time_past_the_limit(tiny_limits):
+    nodes = [helper.make_node("ReduceMax", ["x"], ["v"], keepdims=0),
+             helper.make_node("Pad", ["x", "p", "v"], ["y"], mode="constant")]
+    m = _model(nodes, [_vi("x", [3, 4])], [_vi("y", [5, 3])],
+               [_arr("p", [1, 0, 1, -1], np.int64)], opset=18)
+    x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    want = _ort(m, x=x)
+    layer = sampan.onnx.to_layer(m)
+    with sampan.no_grad():
+        np.testing.assert_array_equal(layer(sampan.tensor(x)).numpy(), want)
+        f = sampan.jit(layer, pipeline="inference")
+        np.testing.assert_array_equal(f(sampan.tensor(x)).numpy(), want)
+
+
+def test_build_time_tables_past_the_limit_are_refused_clearly(tiny_limits):
+    m = _model([helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear")],
+               [_vi("x", [1, 1, 4, 4])], [_vi("y", [1, 1, 8, 8])],
+               [_arr("sc", [1, 1, 2, 2], np.float32)])
+    with pytest.raises(OnnxError, match=r"weights of axis 2 would be a float64\[8, 4\] "
+                                        "constant.*made while the graph is built"):
+        sampan.onnx.load(m)
