@@ -40,6 +40,7 @@ from .ops import OnnxError, lookup
 
 MAX_OPSET = 28           # the newest default-domain opset the handlers were checked against (onnx 1.23)
 
+
 # ---------------------------------------------------------------------- reading
 def read_model(src, base_dir=None):
     """A checked ModelProto from a path, bytes or a ModelProto, with every external tensor
