@@ -1,7 +1,10 @@
 """`sampan.onnx`: ONNX interchange.
 
 - `to_layer(path_or_model)`: an ONNX model as a trainable `nn.Layer` (initializers become
-  Parameters; fine-tune it, jit it, save it); `load(path_or_model)`: its `Graph` IR.
+  Parameters; fine-tune it, jit it, save it); `load(path_or_model)`: its `Graph` IR. A model
+  given as bytes or a ModelProto whose weights live in external files needs `base_dir=`.
+  Importing allocates what the file paid for: folding is bounded (`sampan/onnx/fold.py`)
+  and `load` traces without making inputs of the declared sizes.
 - `export(fn_or_layer, example_inputs, path, ...)`: a traced program written as ONNX.
 - `OnnxError`: what a model sampan cannot read or write raises.
 

@@ -154,12 +154,14 @@ class SampanBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device="CPU", **kwargs) -> SampanRep:
-        """Import `model` (ModelProto, bytes or path) for repeated `run` calls."""
+        """Import `model` (ModelProto, bytes or path) for repeated `run` calls; a model
+        given as bytes or a ModelProto with external data needs `base_dir=` (the folder
+        of its data files)."""
         if not cls.supports_device(device):
             raise OnnxError(f"sampan.onnx.backend: device {device!r} is not supported; "
                             "sampan's ONNX backend runs on CPU")
         from .importer import read_model
-        model = read_model(model)
+        model = read_model(model, kwargs.get("base_dir"))
         layer = to_layer(model)
         layer.eval()
         return SampanRep(layer, model)

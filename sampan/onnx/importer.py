@@ -10,6 +10,12 @@ no node or initializer defines, an initializer whose data disagree with its dims
 opset newer than this sampan reads: each is an `OnnxError` naming it. Nothing in the file
 is executed as code (ONNX has no code; functions and subgraphs are refused for now).
 
+External data (weights in files beside the model) are read for every tensor that has them,
+wherever it sits (initializers, Constant and other attributes, sparse tensors, subgraphs),
+from the model file's folder or the `base_dir=` a model given as bytes or a ModelProto
+needs; a location with `..`, an absolute path or a symbolic link is refused, and nothing is
+resolved against the working directory.
+
 Example::
 
     >>> layer = sampan.onnx.to_layer("model.onnx")
@@ -28,20 +34,26 @@ from ..ops.registry import STATE
 from ..tensor import Tensor
 from ..nn.layer import Layer, Parameter
 from . import emulate as _em
+from . import external as _ext
+from . import fold as _fold
 from .ops import OnnxError, lookup
 
 MAX_OPSET = 28           # the newest default-domain opset the handlers were checked against (onnx 1.23)
 
 
 # ---------------------------------------------------------------------- reading
-def read_model(src):
-    """A checked ModelProto from a path, bytes or a ModelProto."""
+def read_model(src, base_dir=None):
+    """A checked ModelProto from a path, bytes or a ModelProto, with every external tensor
+    read in (see `external.py`). A model given as bytes or a ModelProto whose
+    tensors live in external files needs `base_dir`, the folder those files are in; a
+    path's default is the model file's own folder. A ModelProto passed in is not changed."""
     import onnx
+    path = src if isinstance(src, (str, os.PathLike)) else None
     if isinstance(src, onnx.ModelProto):
         model = src
     else:
         data = src
-        if isinstance(src, (str, os.PathLike)):
+        if path is not None:
             try:
                 with open(src, "rb") as f:
                     data = f.read()
@@ -53,20 +65,15 @@ def read_model(src):
         except Exception as e:  # noqa: BLE001 - any protobuf decode failure
             raise OnnxError(f"sampan.onnx: {src if isinstance(src, str) else 'the model'} is "
                             f"not a valid ONNX file (protobuf decoding failed: {e})") from None
-        if isinstance(src, (str, os.PathLike)) and _uses_external_data(model):
-            from onnx.external_data_helper import load_external_data_for_model
-            try:
-                load_external_data_for_model(model, os.path.dirname(os.path.abspath(src)))
-            except Exception as e:  # noqa: BLE001
-                raise OnnxError(f"sampan.onnx: external data of {src} cannot be read: {e}") \
-                    from None
+    if any(True for _ in _ext.external_tensors(model)):
+        if model is src:        # the caller's proto stays as it was (its data stay outside)
+            model = onnx.ModelProto()
+            model.CopyFrom(src)
+        if base_dir is None and path is not None:
+            base_dir = os.path.dirname(os.path.abspath(path))
+        _ext.read_external_data(model, base_dir, path)
     check_model(model)
     return model
-
-
-def _uses_external_data(model):
-    import onnx
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def opset_of(model, domain=""):
@@ -127,7 +134,12 @@ def check_model(model):
 
 
 def _array(t):
+    import onnx
     from onnx import numpy_helper
+    if t.data_location == onnx.TensorProto.EXTERNAL:   # read_model reads every one in:
+        raise OnnxError(f"sampan.onnx: tensor {t.name!r} still points at external data "
+                        "(read the model with sampan.onnx.read_model, which resolves it "
+                        "against the model's folder)")
     try:
         a = numpy_helper.to_array(t)
     except Exception as e:  # noqa: BLE001
@@ -203,6 +215,31 @@ class Context:
         self._static = {}      # id(tensor) -> numpy value
         self._keep = []        # the static tensors: alive, so no other tensor reuses an id
         self._params = {}      # id(parameter) -> parameter: readable by static(), not folded
+        self.folding = False   # inside _run_static: a node's outputs are being made now
+        self.folded_bytes = 0  # bytes of the values folded so far
+        self.fold_budget = _fold.FOLD_BUDGET_FLOOR   # the most all folded values may hold
+        self._unfolded = {}    # id(tensor) -> tensor: outputs of nodes too big to fold
+
+    def foldable(self, shape, dtype) -> bool:
+        """Whether a value of `shape` and `dtype` may be made now, with numpy (a handler
+        asks before it allocates from sizes in the file). While folding, a value that
+        may not makes the node run as ops instead: so a handler builds it with sampan
+        ops (a graph node, made when the program runs) where this answers False."""
+        n = _fold.nbytes(shape, dtype)
+        ok = n <= _fold.FOLD_LIMIT_BYTES and self.folded_bytes + n <= self.fold_budget
+        if not ok and self.folding:
+            raise _fold.Unfolded
+        return ok
+
+    def allow(self, shape, dtype, what):
+        """Refuse, before numpy allocates it, a constant a handler can only build now
+        (no ops make it later) when it passes the fold limit or budget."""
+        if not self.foldable(shape, dtype):
+            raise self.error(
+                f"{what} would be a {np.dtype(dtype).name}{list(shape)} constant of "
+                f"{_fold.nbytes(shape, dtype) >> 20} MiB made while the graph is built; "
+                f"an import makes at most {_fold.FOLD_LIMIT_BYTES >> 20} MiB a node "
+                "(sampan/onnx/fold.py)")
 
     def is_static(self, t) -> bool:
         return t is not None and id(t) in self._static
@@ -221,6 +258,13 @@ class Context:
             v = d if isinstance(d, np.ndarray) else None
         if v is None:
             n = self.node
+            if id(t) in self._unfolded:
+                raise OnnxError(
+                    f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): {what} "
+                    f"must be known when the graph is built, but it is a {t.dtype}"
+                    f"{list(t.shape)} value too large to fold at import (a folded node makes "
+                    f"at most {_fold.FOLD_LIMIT_BYTES >> 20} MiB, all of them together "
+                    f"{self.fold_budget >> 20} MiB)")
             raise OnnxError(f"sampan.onnx: node {n.name!r} ({n.op_type}, opset {self.opset}): "
                             f"{what} must be known when the graph is built (a constant, an "
                             "initializer or computed from shapes), but it is computed from data")
@@ -264,10 +308,10 @@ class OnnxModule(Layer):
     `declared(outputs)` gives numpy arrays of the declared dtypes (what
     `sampan.onnx.backend` returns)."""
 
-    def __init__(self, model):
+    def __init__(self, model, base_dir=None):
         super().__init__()
         import onnx
-        model = read_model(model)
+        model = read_model(model, base_dir)
         g = model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version)
                        for o in model.opset_import}
@@ -297,6 +341,8 @@ class OnnxModule(Layer):
             else:
                 self._static_inits[name] = np.array(a)
         self.graph_name = g.name or "onnx"
+        # what folding may make: a multiple of what the file (with its external data) holds
+        self.fold_budget = _fold.budget(model)
         del onnx
 
     @property
@@ -310,6 +356,7 @@ class OnnxModule(Layer):
                             f"{len(args) + len(kwargs)}")
         env = {"": None}
         ctx = Context(self.opsets, self.value_types)
+        ctx.fold_budget = self.fold_budget
         for name, a in zip(self.input_names, args):
             env[name] = self._input(name, a)
         for name, a in kwargs.items():
@@ -330,7 +377,13 @@ class OnnxModule(Layer):
             if self.emulated:
                 _check_bits(ctx, n, ins, self.emulated)
             if all(t is None or ctx.is_static(t) for t in ins):
-                outs = _run_static(fn, ctx, n, ins)
+                try:
+                    outs = _run_static(fn, ctx, n, ins)
+                except _fold.Unfolded:     # too big to make now: the node stays ops
+                    outs = fn(ctx, n, *ins)
+                    for t in outs if isinstance(outs, (tuple, list)) else (outs,):
+                        if isinstance(t, Tensor):
+                            ctx._unfolded[id(t)] = t
             else:
                 outs = fn(ctx, n, *ins)
             if not n.checked:
@@ -463,15 +516,23 @@ def _check_attrs_read(n, opset):
 
 
 def _run_static(fn, ctx, n, ins):
-    """Run a node on static inputs now (tracer off): its outputs are static too."""
+    """Run a node on static inputs now (tracer off): its outputs are static too. Every op
+    it runs is sized by its shape rule first: one past the fold limit or budget raises
+    `Unfolded` before its kernel allocates (see sampan/onnx/fold.py)."""
+    from ..ops import modes
     saved = STATE.tracer
     STATE.tracer = None
+    guard = _fold.guard(ctx)
+    ctx.folding = True
+    modes.push_mode(guard)
     try:
         vals = [None if t is None else ctx.make_static(ctx.static(t)) for t in ins]
         from ..autograd import no_grad
         with no_grad():
             outs = fn(ctx, n, *vals)
     finally:
+        modes.pop_mode(guard)
+        ctx.folding = False
         STATE.tracer = saved
     many = isinstance(outs, (tuple, list))
     outs = list(outs) if many else [outs]
@@ -481,6 +542,7 @@ def _run_static(fn, ctx, n, ins):
             res.append(None)
             continue
         a = t._data if isinstance(t, Tensor) else np.asarray(t)
+        ctx.folded_bytes += a.nbytes
         res.append(ctx.make_static(a))
     return tuple(res) if many else res[0]
 
@@ -568,17 +630,28 @@ def _value_type(vi, emulated=None):
 
 
 # ---------------------------------------------------------------------- public
-def to_layer(src) -> OnnxModule:
-    """An ONNX model (path, bytes or ModelProto) as a trainable sampan Layer."""
-    return OnnxModule(src)
+def to_layer(src, *, base_dir=None) -> OnnxModule:
+    """An ONNX model (path, bytes or ModelProto) as a trainable sampan Layer.
+
+    External data (weights kept beside the model) are read from the model file's folder,
+    or from `base_dir` (needed when `src` is bytes or a ModelProto with external data):
+    only relative paths inside that folder, never `..`, an absolute path or a symbolic
+    link. Example: ``sampan.onnx.to_layer(open("m.onnx", "rb").read(), base_dir="models")``.
+    """
+    return OnnxModule(src, base_dir)
 
 
-def load(src, *, dim_sizes=None):
+def load(src, *, dim_sizes=None, base_dir=None):
     """An ONNX model as a sampan `Graph` (traced in inference mode; inputs' symbolic dims
-    stay symbolic through `sampan.jit`'s dynamic dims)."""
+    stay symbolic through `sampan.jit`'s dynamic dims). `base_dir`: as for `to_layer`.
+
+    Loading allocates what the file paid for, not what it declares: the trace runs on
+    inputs that hold no memory of their declared shapes (the program is traced, not run),
+    and folding is bounded per node and in all (sampan/onnx/fold.py: FOLD_LIMIT_BYTES …).
+    Example: ``g = sampan.onnx.load("model.onnx", dim_sizes={"batch": 4})``."""
     from ..autograd import no_grad
     from ..jit import jit
-    layer = to_layer(src)
+    layer = to_layer(src, base_dir=base_dir)
     layer.eval()
     dyn = {}
     for k, name in enumerate(layer.input_names):
@@ -586,9 +659,13 @@ def load(src, *, dim_sizes=None):
         dims = {i: _sym(d) for i, d in enumerate(shape or ()) if not isinstance(d, int)}
         if dims:
             dyn[k] = dims
+    args = _fold.probe_inputs(layer, dim_sizes, dyn)
     f = jit(layer, pipeline="inference", dynamic=dyn or None)
     with no_grad():
-        f(*layer.example_inputs(dim_sizes))
+        # traced and compiled for these inputs, not run: running would make every
+        # value of the declared sizes (JitFunction.__call__ = this, then entry.run)
+        key, leaves = f._key(args, {})
+        f._last = f._compile(key, args, {}, leaves)
     return f.graph
 
 

@@ -9,6 +9,8 @@ sampan's own clear error.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import sampan
@@ -304,7 +306,12 @@ def eye_like(ctx, node, x):
     if x.ndim != 2:
         raise ctx.error(f"input of rank {x.ndim} (expected 2)")
     dt = _np_dtype(ctx, node.attr("dtype", None), x.dtype)
-    return ctx.make_static(np.eye(x.shape[0], x.shape[1], int(node.attr("k", 0)), dtype=dt))
+    r, c, k = x.shape[0], x.shape[1], int(node.attr("k", 0))
+    if ctx.foldable((r, c), dt):
+        return ctx.make_static(np.eye(r, c, k, dtype=dt))
+    # too large to make at import: ops that make it when the program runs
+    rows = sampan.reshape(sampan.arange(r, dtype=sampan.int64), r, 1)
+    return sampan.cast(rows + k == sampan.arange(c, dtype=sampan.int64), dt)
 
 
 @onnx_op("ConstantOfShape", since=9)
@@ -317,18 +324,31 @@ def constant_of_shape(ctx, node, shape):
     _sampan_dtype(ctx, v.dtype, "value")
     if min(dims, default=0) < 0:
         raise ctx.error(f"shape {dims} has a negative dim")
-    return ctx.make_static(np.full(dims, v.reshape(-1)[0], dtype=v.dtype))
+    if ctx.foldable(dims, v.dtype):
+        return ctx.make_static(np.full(dims, v.reshape(-1)[0], dtype=v.dtype))
+    # too large to make at import (the file would not pay for it): a fill in the graph
+    return sampan.full(tuple(dims), v.reshape(-1)[0].item(), dtype=v.dtype)
 
 
 @onnx_op("Range", since=11)
 def range_(ctx, node, start, limit, delta):
     s, lim, d = (np.asarray(ctx.static(t, w)) for t, w in
                  ((start, "start"), (limit, "limit"), (delta, "delta")))
-    if d.item() == 0:
+    s0, lim0, d0 = s.item(), lim.item(), d.item()
+    if d0 == 0:
         raise ctx.error("delta is 0")
-    n = max(int(np.ceil((lim.item() - s.item()) / d.item())), 0)
-    out = s.item() + np.arange(n) * d.item()   # ONNX: start + i * delta
-    return ctx.make_static(out.astype(s.dtype))
+    if all(isinstance(v, int) for v in (s0, lim0, d0)):
+        n = max(-((s0 - lim0) // d0), 0)     # ceil((limit - start) / delta), exactly
+    else:
+        q = (lim0 - s0) / d0
+        if not math.isfinite(q):
+            raise ctx.error(f"start {s0}, limit {lim0} and delta {d0} give no finite length")
+        n = max(math.ceil(q), 0)
+    if ctx.foldable((n,), np.float64):     # the float64/int64 steps below
+        out = s0 + np.arange(n) * d0       # ONNX: start + i * delta
+        return ctx.make_static(out.astype(s.dtype))
+    # too large to make at import: made when the program runs
+    return sampan.arange(s0, lim0, d0, dtype=s.dtype)
 
 
 @onnx_op("ReverseSequence", since=10)

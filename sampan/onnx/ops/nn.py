@@ -279,13 +279,24 @@ def average_pool(ctx, node, x):
     total = _window_sum(_pad(x, begin, end2), kernel, strides, dil, nsp)
     # the divisor: how many cells of each window count (real input, plus pads when
     # count_include_pad); ceil_mode's overhang past the pads never counts
-    mask = np.ones([1, 1] + list(x.shape[2:]), dtype=x.dtype)
-    if node.attr("count_include_pad", 0):
-        mask = np.pad(mask, [(0, 0), (0, 0)] + list(zip(begin, end)), constant_values=1)
-        mask = np.pad(mask, [(0, 0), (0, 0)] + [(0, e) for e in extra])
-    else:
-        mask = np.pad(mask, [(0, 0), (0, 0)] + list(zip(begin, end2)))
-    count = _window_sum(sampan.Tensor(mask), kernel, strides, dil, nsp)
+    full = [1, 1] + [n + b + e for n, b, e in zip(x.shape[2:], begin, end2)]
+    if ctx.foldable(full, x.dtype):
+        mask = np.ones([1, 1] + list(x.shape[2:]), dtype=x.dtype)
+        if node.attr("count_include_pad", 0):
+            mask = np.pad(mask, [(0, 0), (0, 0)] + list(zip(begin, end)), constant_values=1)
+            mask = np.pad(mask, [(0, 0), (0, 0)] + [(0, e) for e in extra])
+        else:
+            mask = np.pad(mask, [(0, 0), (0, 0)] + list(zip(begin, end2)))
+        mask = sampan.Tensor(mask)
+    else:   # too large to make at import: ops that make it when the program runs
+        mask = sampan.ones(*([1, 1] + list(x.shape[2:])), dtype=x.dtype)
+        if node.attr("count_include_pad", 0):
+            mask = sampan.pad(mask, ((0, 0), (0, 0)) + tuple(zip(begin, end)), value=1.0)
+            mask = sampan.pad(mask, ((0, 0), (0, 0)) + tuple((0, e) for e in extra),
+                              value=0.0)
+        else:
+            mask = sampan.pad(mask, ((0, 0), (0, 0)) + tuple(zip(begin, end2)), value=0.0)
+    count = _window_sum(mask, kernel, strides, dil, nsp)
     return total / count
 
 

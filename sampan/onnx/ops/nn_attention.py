@@ -148,6 +148,7 @@ def _structural(ctx, causal, left, right, nonpad, past, b, sq, total):
     None. Query i's absolute position is i + offset: offset is the past length (internal
     cache) or nonpad_kv_seqlen[b] - sq (external cache), unclamped as in the reference
     (a negative offset masks whole rows, which give zeros)."""
+    ctx.allow((sq, total), np.int64, "the attention mask")
     base = np.arange(sq)[:, None] - np.arange(total)[None, :]      # i - j
     windowed = left >= 0 or right >= 0
     if nonpad is None:

@@ -124,6 +124,7 @@ def _resize(ctx, x, kind, scales, sizes, cmode, roi, a=-0.75, nearest_mode="roun
         rroi = None if roi is None else (float(roi[ax]), float(roi[ax + r]))
         if n_out == n_in and math.isclose(sc, 1.0) and (rroi is None or rroi == (0.0, 1.0)):
             continue
+        ctx.allow((n_out, n_in), np.float64, f"the weights of axis {ax}")
         m, outside = _axis_weights(kind, n_in, n_out, sc, cmode, rroi, a, nearest_mode,
                                    antialias, exclude_outside)
         if kind == "nearest":

@@ -55,7 +55,11 @@ def _reduce(ctx, node, x, axes, noop=0):
     dtype = x.dtype
     if any(x.shape[a] == 0 for a in axes):
         shape = [1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes]
-        return ctx.make_static(np.full(shape, _empty_value(empty, dtype), dtype=dtype))
+        fill = _empty_value(empty, dtype)
+        if ctx.foldable(shape, dtype):
+            return ctx.make_static(np.full(shape, fill, dtype=dtype))
+        return sampan.full(tuple(shape), fill.item() if hasattr(fill, "item") else fill,
+                           dtype=dtype)
     y = x if pre is None else pre(x)
     if axes:
         if red is sampan.logsumexp and not sampan.dtypes.is_floating(dtype):

@@ -249,12 +249,16 @@ def _pad(ctx, node, x, pads, value, axes=None, mode="constant"):
             v = np.asarray(v).reshape(-1)
             return sampan.pad(x, tuple(pairs), value=v[0].item() if v.size else 0.0)
         # a value computed from data: pad with zeros, add it where the padding is
-        mask = np.pad(np.zeros(x.shape, bool), [(max(a, 0), max(b, 0)) for a, b in pairs],
-                      constant_values=True)
+        grown = [(max(a, 0), max(b, 0)) for a, b in pairs]
+        big = [n + a + b for n, (a, b) in zip(x.shape, grown)]
         x0 = sampan.pad(x, tuple(pairs), value=0.0)
-        sl = tuple(slice(max(-a, 0), mask.shape[d] - max(-b, 0))
-                   for d, (a, b) in enumerate(pairs))
-        m = sampan.tensor(mask[sl])
+        sl = tuple(slice(max(-a, 0), big[d] - max(-b, 0)) for d, (a, b) in enumerate(pairs))
+        if ctx.foldable(big, np.bool_):
+            mask = np.pad(np.zeros(x.shape, bool), grown, constant_values=True)
+            m = sampan.tensor(mask[sl])
+        else:   # too large to make at import: made when the program runs
+            m = sampan.pad(sampan.zeros(*x.shape, dtype=sampan.float32), tuple(grown),
+                           value=1.0)[sl] > 0.5
         # where, not x0 + m * value: a value of -inf would give 0 * -inf = nan inside
         return sampan.where(m, sampan.reshape(value, *([1] * x.ndim)), x0)
     fn = {"reflect": _padding.pad_reflect, "replicate": _padding.pad_replicate,

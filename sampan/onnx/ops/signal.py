@@ -63,6 +63,7 @@ def dft(ctx, x, n, axis, inverse, onesided):
     if axis != last:
         re = sampan.movedim(re, axis, last)
         im = None if im is None else sampan.movedim(im, axis, last)
+    ctx.allow((n, n // 2 + 1 if onesided else n), np.float64, "the transform matrix")
     if inverse and onesided:
         # irfft: the Hermitian half spectrum (bins 0 .. n//2) gives a real signal
         m = n // 2 + 1
