@@ -281,8 +281,3 @@ def block(lines, sep: str = "\n") -> Code:
     if sep not in ("\n", "\n\n"):
         raise EmitError(f"emit.block: separator {sep!r} is not one the emitter writes")
     return Code(sep.join(_need_code(x, "a line") for x in lines))
-
-
-__all__ = ["Code", "EmitError", "name", "is_name", "fresh", "dotted", "lit", "is_lit",
-           "inert", "comment", "docstring", "own", "call", "tuple_of", "join", "fill",
-           "block"]
