@@ -28,6 +28,11 @@ built only from `Code`: text this module made. There are five ways to get `Code`
 Everything else a generator holds is a plain `str`, and `call`/`fill`/`block` refuse a
 plain `str`; so pasting a value into source by accident is an error, not a hole.
 
+The identifiers it allows are C identifiers too; a C or wasm target adds its keywords and
+its own literal formatter here beside `lit`: one place decides what any target may write.
+The module imports only `errors` and numpy, so any generator above `runtime/` can use it
+(`ir/` and `passes/` generate no source).
+
 Example::
 
     >>> from sampan.runtime import emit
