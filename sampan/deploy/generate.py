@@ -1,6 +1,7 @@
 """Generate the standalone module of a saved program (see the package doc)."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import os
@@ -477,7 +478,11 @@ def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sh
             body=emit.block(body))
     except emit.EmitError as e:
         raise DeployError(f"sampan deploy: {e}") from None
-    compile(src, "<generated>", "exec")   # a generator bug fails here, not at the user's
+    tree = ast.parse(src, "<generated>")   # a generator bug fails here, not at the user's
+    if ast.get_docstring(tree, clean=False) != doc:
+        raise DeployError("sampan deploy: the generated module's docstring is not the text "
+                          "given for it (a generator bug)")
+    compile(tree, "<generated>", "exec")
     return src
 
 
