@@ -13,6 +13,12 @@ It reproduces sampan's numpy runtime bit for bit: the program compiled by
 bodies op by op and no kernel takes a numba path), memory plan included (a planned matmul
 of a non-contiguous batch is a batched product, as there).
 
+Nothing read from the program (its folder name, graph.ir, meta.json) is pasted into the
+file: every name, keyword, literal, comment and docstring is made by
+`sampan.runtime.emit`, which writes only identifiers it checked or made and literals it
+formatted, and refuses anything else with a `DeployError`; the folder name appears in the
+module docstring as escaped text that reads back as itself.
+
 Example::
 
     >>> sampan.jit.save(model, "m.sampan", (x,), dynamic="batch")

@@ -1,10 +1,11 @@
 """Generate the standalone module of a saved program (see the package doc)."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
-import math
 import os
+import re
 import textwrap
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from ..errors import SampanError
 from ..io import _atomic
 from ..ir.text import node_str
 from ..ops.registry import OPS
+from ..runtime import emit
 from .kernels import KERNELS, basic
 
 MODULE = "model.py"
@@ -54,40 +56,50 @@ def package_bytes() -> int:
 
 
 # ---------------------------------------------------------------------- source helpers
-def _expr(e: str) -> str:
+# Every name, key, literal and docstring of the module goes through `sampan.runtime.emit`
+# (a program folder, its graph.ir and meta.json are files anyone can write: nothing read
+# from them is pasted into source).
+_NUM = re.compile(r"[0-9]+\Z")
+_FLOAT = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\Z")
+
+
+def _expr(e: str) -> emit.Code:
     """A symbolic expression ('5*batch', '0.5/batch') as Python over the sizes `_s`
     (left to right, as `sampan.jit.dynamic.evaluate` reads it)."""
     out = []
-    for tok in e.replace("*", " * ").replace("/", " / ").split():
+    for k, tok in enumerate(e.replace("*", " * ").replace("/", " / ").split()):
+        if (tok in ("*", "/")) != (k % 2 == 1):   # term, operator, term, ...
+            raise DeployError(f"sampan deploy: symbolic size {emit.inert(e)!r} is not terms "
+                              "joined by '*' and '/'")
         if tok in ("*", "/"):
-            out.append(tok)
-        elif tok.isdigit():
-            out.append(tok)
-        elif tok.isidentifier():
-            out.append(f"_s[{tok!r}]")
+            out.append(emit.own(tok))
+        elif _NUM.match(tok):
+            out.append(emit.lit(int(tok)))
+        elif emit.is_name(tok):
+            out.append(emit.fill("_s[{k}]", k=emit.lit(tok)))
+        elif _FLOAT.match(tok):
+            out.append(emit.lit(float(tok)))
         else:
-            out.append(repr(float(tok)))
-    return "(" + " ".join(out) + ")"
+            raise DeployError(f"sampan deploy: symbolic size {emit.inert(e)!r} has a term "
+                              f"{emit.inert(tok)!r} that is neither a number nor a name")
+    if len(out) % 2 == 0:
+        raise DeployError(f"sampan deploy: symbolic size {emit.inert(e)!r} is not terms "
+                          "joined by '*' and '/'")
+    return emit.fill("({e})", e=emit.join(out, " "))
 
 
-def _py(x) -> str:
+def _py(x, what="attribute value") -> emit.Code:
+    """Source of plain attribute data; '$'-strings are symbolic sizes."""
     if isinstance(x, str) and x.startswith(_ATTR):
         return _expr(x[len(_ATTR):])
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "_nan"
-        if math.isinf(x):
-            return "_inf" if x > 0 else "-_inf"
-        return repr(x)
     if isinstance(x, tuple):
-        inner = ", ".join(_py(v) for v in x)
-        return f"({inner},)" if len(x) == 1 else f"({inner})"
+        return emit.tuple_of(_py(v, what) for v in x)
     if isinstance(x, list):
-        return "[" + ", ".join(_py(v) for v in x) + "]"
-    if isinstance(x, (bool, int, str, type(None))):
-        return repr(x)
-    raise DeployError(f"sampan deploy: attribute value {x!r} ({type(x).__name__}) has no "
-                      "source form")
+        return emit.fill("[{xs}]", xs=emit.join(_py(v, what) for v in x))
+    try:
+        return emit.lit(x, what=what)
+    except emit.EmitError as e:
+        raise DeployError(f"sampan deploy: {e}") from None
 
 
 def _helpers(fn, module, seen, out):
@@ -109,41 +121,50 @@ def _helpers(fn, module, seen, out):
 
 
 def _constants_of(module, sources) -> list:
-    """Module constants (upper-case names) that the copied sources read."""
+    """Module constants (upper-case names) that the copied sources read, as
+    (name, assignment line)."""
     text = "\n".join(sources)
-    return [f"{k} = {v!r}" if not isinstance(v, tuple) or not v or not isinstance(
-        v[0], np.dtype) else f"{k} = ({', '.join(f'np.dtype({d.name!r})' for d in v)},)"
-        for k, v in vars(module).items()
-        if k.isupper() and k.startswith("_") and k in text]
+    return [(k, emit.fill("{k} = {v}", k=emit.name(k), v=emit.lit(v)))
+            for k, v in vars(module).items()
+            if k.isupper() and k.startswith("_") and k in text]
+
+
+def _kernel_name(op) -> emit.Code | None:
+    """The name the module calls `op`'s kernel by (None: no standalone kernel)."""
+    k = OPS[op].kernel if op in OPS else None
+    if op == "planned_matmul":
+        return emit.name(basic.planned_matmul.__name__)
+    if isinstance(k, np.ufunc) and hasattr(np, k.__name__):
+        return emit.dotted("np", k.__name__)
+    if op in KERNELS:
+        return emit.name(KERNELS[op].__name__)
+    return None
 
 
 def _kernel_source(ops) -> tuple[list, dict]:
-    """(source lines, {op: callable name}) for the kernels of `ops`."""
+    """(source blocks, {op: callable name}) for the kernels of `ops`: sampan's own kernel
+    functions, copied (`inspect.getsource`), with the module constants they read."""
     import sys
     lines, names = [], {}
     by_module: dict = {}
     for op in sorted(ops):
-        k = OPS[op].kernel if op in OPS else None
-        if op == "planned_matmul":
-            fn = basic.planned_matmul
-        elif isinstance(k, np.ufunc) and hasattr(np, k.__name__):
-            names[op] = f"np.{k.__name__}"
+        kname = _kernel_name(op)
+        if kname is None:
             continue
-        elif op in KERNELS:
-            fn = KERNELS[op]
-        else:
+        names[op] = kname
+        if "." in kname:      # a numpy ufunc
             continue
+        fn = basic.planned_matmul if op == "planned_matmul" else KERNELS[op]
         by_module.setdefault(fn.__module__, []).append(fn)
-        names[op] = fn.__name__
     done = set()
     for modname, fns in by_module.items():
         mod = sys.modules[modname]
         seen, src = set(), []
         for fn in fns:
             _helpers(fn, mod, seen, src)
-        consts = [c for c in _constants_of(mod, src) if c.split(" =")[0] not in done]
-        done |= {c.split(" =")[0] for c in consts}
-        lines += ["\n".join(consts)] + [s.rstrip() for s in src]
+        consts = [c for k, c in _constants_of(mod, src) if k not in done]
+        done |= {k for k, _ in _constants_of(mod, src)}
+        lines += [emit.block(consts)] + [emit.own(textwrap.dedent(x).rstrip()) for x in src]
     return lines, names
 
 
@@ -179,13 +200,14 @@ def _check_ops(g):
 
 
 def _body_lines(g, meta, arrays):
-    """(function lines, npz arrays, op names used, parameter names, input specs)."""
+    """(function lines, npz arrays, op names used, parameter names, input specs), every
+    line made by `emit` (names the generator makes, keys it checks, literals it formats)."""
     ren = {v.id: k for k, v in enumerate(g.values())}
     names, npz = {}, {}
     params, in_specs = [], []
     read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
     for k, (spec, v) in enumerate(zip(meta["inputs"], g.inputs)):
-        nm = f"x{k}"
+        nm = emit.fresh("x", k)
         names[v.id] = nm
         if spec["kind"] == "arg":
             params.append(nm)
@@ -197,7 +219,7 @@ def _body_lines(g, meta, arrays):
             npz[nm] = np.asarray(arrays[spec["key"]])
     for v in g.consts:
         if v.id in read:
-            names[v.id] = f"c{ren[v.id]}"
+            names[v.id] = emit.fresh("c", ren[v.id])
             npz[names[v.id]] = np.asarray(v.const)
     planned = _plannable_matmuls(g)
     last = {}
@@ -207,44 +229,66 @@ def _body_lines(g, meta, arrays):
     keep = {v.id for v in g.outputs}
     lines, used = [], set()
 
-    def call(op, args, attrs, outs, ndim0, comment):
+    def call(op, args, attrs, outs, ndim0, comment, where):
         used.add(op)
-        a = list(args) + [f"{k}={_py(x)}" for k, x in attrs.items()]
-        c = f"{op}({', '.join(a)})"
+        kw = [(_key(k, op, where), _py(x, f"attribute {emit.inert(k)} of {op} at {where}"))
+              for k, x in attrs.items()]
+        c = emit.call(_kernel_name(op), args, kw)
         if len(outs) == 1 and ndim0:
-            c = f"np.asarray({c})"
-        lines.append(f"    {', '.join(outs)} = {c}  # {comment}")
+            c = emit.call(emit.dotted("np", "asarray"), [c])
+        lines.append(emit.fill("    {outs} = {c}  {comment}", outs=emit.join(outs), c=c,
+                               comment=emit.comment(comment)))
 
     for i, n in enumerate(g.nodes):
+        where = emit.inert(n.loc or "?")
         ir = node_str(n, lambda v: f"%{ren[v.id]}").replace("\n", " ")
         ir = ir if len(ir) <= 150 else ir[:147] + "..."
         for v in n.outputs:
-            names[v.id] = f"v{ren[v.id]}"
+            names[v.id] = emit.fresh("v", ren[v.id])
         ins = [names[v.id] for v in n.inputs]
         if n.op == "fused":   # the body one op a line (what the numpy runtime interprets)
             vals = list(ins)
-            lines.append(f"    # {ir}")
+            lines.append(emit.fill("    {c}", c=emit.comment(ir)))
+            temps = []
             for j, e in enumerate(n.attrs["body"]):
-                t = f"t{ren[n.outputs[0].id]}_{j}"
+                t = emit.fresh("t", ren[n.outputs[0].id], "_", j)
                 attrs = dict(e[2]) if len(e) > 2 else {}
-                call(e[0], [vals[p] for p in e[1]], attrs, [t], True, e[0])
+                call(e[0], [_operand(vals, p, n, where) for p in e[1]], attrs, [t], True,
+                     e[0], where)
                 vals.append(t)
+                temps.append(t)
             for v, p in zip(n.outputs, n.attrs["outputs"]):
-                lines.append(f"    {names[v.id]} = {vals[p]}")
-            temps = [f"t{ren[n.outputs[0].id]}_{j}" for j in range(len(n.attrs["body"]))]
-            lines.append(f"    del {', '.join(temps)}")
+                lines.append(emit.fill("    {v} = {t}", v=names[v.id],
+                                       t=_operand(vals, p, n, where)))
+            lines.append(emit.fill("    del {ts}", ts=emit.join(temps)))
         else:
             op = "planned_matmul" if n.outputs[0].id in planned else n.op
             call(op, ins, n.attrs, [names[v.id] for v in n.outputs],
-                 OPS[n.op].n_out == 1 and n.outputs[0].ndim == 0, ir)
+                 OPS[n.op].n_out == 1 and n.outputs[0].ndim == 0, ir, where)
         dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
                 and v.id not in keep and v.const is None and not names[v.id].startswith("c")
                 and names[v.id] not in npz]
         if dead:
-            lines.append(f"    del {', '.join(dead)}")
-    outs = ", ".join(names[v.id] for v in g.outputs)
-    lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
+            lines.append(emit.fill("    del {dead}", dead=emit.join(dead)))
+    outs = emit.join(names[v.id] for v in g.outputs)
+    lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
+                           comma=emit.own("," if len(g.outputs) == 1 else "")))
     return lines, npz, used, params, in_specs
+
+
+def _key(k, op, where) -> emit.Code:
+    try:
+        return emit.name(k, "attribute key")
+    except emit.EmitError as e:
+        raise DeployError(f"sampan deploy: op {op} at {where}: {e}") from None
+
+
+def _operand(vals, p, n, where) -> emit.Code:
+    """Value `p` of a fused body (an index the file gave: checked, never pasted)."""
+    if type(p) is not int or not 0 <= p < len(vals):
+        raise DeployError(f"sampan deploy: fused node at {where} reads body value "
+                          f"{emit.inert(repr(p))}; expected an index in 0..{len(vals) - 1}")
+    return vals[p]
 
 
 # ---------------------------------------------------------------------- writing
@@ -257,9 +301,11 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     from ..jit.serialize import read
     g, meta, arrays = read(program_dir)
     _check_ops(g)
-    body, npz, used, params, in_specs = _body_lines(g, meta, arrays)
+    try:
+        body, npz, used, params, in_specs = _body_lines(g, meta, arrays)
+    except emit.EmitError as e:
+        raise DeployError(f"sampan deploy: {e}") from None
     kernels, knames = _kernel_source(used)
-    body = [_rename(ln, knames) for ln in body]
     n_out = sum(k == "out" for k in meta["outputs"])
     out_kinds = [k == "out" for k in meta["outputs"]]
     out_consts = [np.asarray(arrays[f"outconst.{i}"]) for i in range(meta.get("n_outconst", 0))]
@@ -290,39 +336,33 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
                      package_bytes(), ops)
 
 
-def _rename(line, knames):
-    """The op name of a call line replaced by its kernel's name."""
-    head, sep, rest = line.partition(" = ")
-    if not sep or line.lstrip().startswith("#"):
-        return line
-    pre = ""
-    if rest.startswith("np.asarray("):
-        pre, rest = "np.asarray(", rest[len("np.asarray("):]
-    op, paren, tail = rest.partition("(")
-    if paren and op in knames:
-        return f"{head} = {pre}{knames[op]}({tail}"
-    return line
-
-
-_TEMPLATE = '''\
-"""Standalone inference module generated by `sampan deploy` from {program!r}.
+# The module's docstring: text, written by `emit.docstring` (the program's folder name
+# is anyone's text; escaped there, it reads back as itself and cannot end the string).
+_DOC = """Standalone inference module generated by `sampan deploy` from {program}.
 
 It needs numpy alone: the kernels below are those of the {n_ops} ops the program uses.
-The weights are read from {weights!r} (next to this file, or the path given to `load`)
+The weights are read from {weights} (next to this file, or the path given to `load`)
 without pickle, after their sha256 is checked against the one recorded here.
 
     import model
     m = model.load()
     y = m(x)            # numpy arrays in, numpy arrays out
 """
+
+# The module's code: the generator's own text, its {holes} filled by `emit.fill` with
+# Code only (names, literals and kernel source the emitter made or checked).
+_TEMPLATE = '''\
+{doc}
 import hashlib
 import io
 import os
 
 import numpy as np
 
-WEIGHTS = {weights!r}
-WEIGHTS_SHA256 = {sha!r}
+_inf = float("inf")
+_nan = float("nan")
+WEIGHTS = {weights}
+WEIGHTS_SHA256 = {sha}
 # name -> (dtype, shape) of every array in the weights
 MANIFEST = {manifest}
 # the call's inputs: (name, dtype, shape); a str dim is a symbol bound by the call
@@ -330,8 +370,6 @@ INPUTS = {inputs}
 OUT_TREE = {out_tree}
 OUT_KINDS = {out_kinds}
 N_OUTCONST = {n_outconst}
-_inf = float("inf")
-_nan = float("nan")
 
 
 class DeployError(Exception):
@@ -416,26 +454,42 @@ class Model:
 
 
 def load(path=None):
-    """The model with its weights (default: {weights} next to this file)."""
+    """The model with its weights (default: {weights_doc} next to this file)."""
     return Model(path)
 '''
 
 
 def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sha, out_tree,
                    out_kinds, n_out, n_outconst, ops):
-    unpack = [f"    {k} = c[{k!r}]" for k in manifest if not k.startswith("outconst")]
-    src = _TEMPLATE.format(
-        program=os.path.basename(os.path.abspath(os.fspath(program_dir))), n_ops=len(ops),
-        weights=WEIGHTS, sha=sha, manifest=_pretty(manifest), inputs=_pretty(in_specs),
-        out_tree=repr(out_tree), out_kinds=repr(out_kinds), n_outconst=n_outconst,
-        kernels="\n\n".join(textwrap.dedent(k).rstrip() for k in kernels if k.strip()),
-        sig="".join(f", {p}" for p in params), unpack="\n".join(unpack) or "    pass",
-        body="\n".join(body))
-    compile(src, "<generated>", "exec")   # a generator bug fails here, not at the user's
+    program = os.path.basename(os.path.abspath(os.fspath(program_dir)))
+    doc = _DOC.format(program=repr(program), n_ops=len(ops), weights=repr(WEIGHTS))
+    unpack = [emit.fill("    {k} = c[{key}]", k=emit.name(k), key=emit.lit(k))
+              for k in manifest if not k.startswith("outconst")]
+    try:
+        src = emit.fill(
+            _TEMPLATE, doc=emit.docstring(doc), weights=emit.lit(WEIGHTS),
+            weights_doc=emit.own(WEIGHTS), sha=emit.lit(sha),
+            manifest=_pretty(manifest, "{", "}"), inputs=_pretty(in_specs, "[", "]"),
+            out_tree=emit.lit(out_tree, what="the output tree in meta.json"),
+            out_kinds=emit.lit(out_kinds), n_outconst=emit.lit(n_outconst),
+            kernels=emit.block([k for k in kernels if k.strip()], "\n\n"),
+            sig=emit.join([emit.own("")] + params) if params else emit.own(""),
+            unpack=emit.block(unpack) if unpack else emit.own("    pass"),
+            body=emit.block(body))
+    except emit.EmitError as e:
+        raise DeployError(f"sampan deploy: {e}") from None
+    tree = ast.parse(src, "<generated>")   # a generator bug fails here, not at the user's
+    if ast.get_docstring(tree, clean=False) != doc:
+        raise DeployError("sampan deploy: the generated module's docstring is not the text "
+                          "given for it (a generator bug)")
+    compile(tree, "<generated>", "exec")
     return src
 
 
-def _pretty(x) -> str:
+def _pretty(x, open_, close) -> emit.Code:
+    """A dict ({key: value}) or a list of values, one entry a line."""
     if isinstance(x, dict):
-        return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in x.items()) + "}"
-    return "[\n" + "".join(f"    {v!r},\n" for v in x) + "]"
+        rows = [emit.fill("    {k}: {v},", k=emit.lit(k), v=emit.lit(v)) for k, v in x.items()]
+    else:
+        rows = [emit.fill("    {v},", v=emit.lit(v)) for v in x]
+    return emit.block([emit.own(open_)] + rows + [emit.own(close)])

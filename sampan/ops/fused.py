@@ -24,12 +24,23 @@ def body_attrs(entry) -> dict:
     return dict(entry[2]) if len(entry) > 2 else {}
 
 
+def _index(i, n, what):
+    """A body index: an int naming one of the `n` values so far (inputs, then earlier
+    entries). Kernel generators write `t{i}` from it, so nothing else may pass."""
+    if type(i) is not int or not 0 <= i < n:
+        from ..errors import SampanValueError
+        raise SampanValueError(f"fused: {what} reads value {i!r}; expected an index in "
+                               f"0..{n - 1} (the inputs, then earlier body entries)")
+    return i
+
+
 def _rule(*specs, body, outputs):
     vals = list(specs)
-    for e in body:
+    for k, e in enumerate(body):
         op = OPS[e[0]]
-        vals.append(op.shape_rule(*[vals[i] for i in e[1]], **body_attrs(e)))
-    return [vals[i] for i in outputs]
+        ins = [vals[_index(i, len(vals), f"body entry {k} ({e[0]})")] for i in e[1]]
+        vals.append(op.shape_rule(*ins, **body_attrs(e)))
+    return [vals[_index(i, len(vals), "outputs")] for i in outputs]
 
 
 def run_body(arrays, body, outputs):

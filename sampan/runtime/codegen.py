@@ -12,6 +12,12 @@ profiled call) from the same lines with a clock read around every node, sharing 
 first one's kernels and buffers: each node or fused kernel becomes a "kernel" event
 with its IR line, the user's source line, FLOPs and bytes (`runtime/profiled.py`). The
 normal executor has no timing code in it at all.
+
+Every name, keyword, literal and comment of the source is made by `runtime/emit.py`: the
+graph may come from a file (`sampan.jit.load`), so none of its text is pasted. Attribute
+keys must pass the emitter's identifier check; attribute values are literals it formats,
+and a value without a literal form (an object a pass attached) is bound in the executor's
+globals under a name the emitter makes, never written by its `repr`.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
 from ..profiler import recorder as _rec
+from . import emit
 from .memory import inplace_ok, out_kernel
 
 _counter = itertools.count()
@@ -38,20 +45,29 @@ class RuntimeCheckError(SampanError):
     """Debug mode: a kernel produced a value that disagrees with its IR type."""
 
 
-def _py(x) -> str:
-    """Python source for plain attribute data."""
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "-_nan" if math.copysign(1.0, x) < 0 else "_nan"
-        if math.isinf(x):
-            return "_inf" if x > 0 else "-_inf"
-        return repr(x)
-    if isinstance(x, tuple):
-        inner = ", ".join(_py(v) for v in x)
-        return f"({inner},)" if len(x) == 1 else f"({inner})"
-    if isinstance(x, list):
-        return "[" + ", ".join(_py(v) for v in x) + "]"
-    return repr(x)
+def _attr_args(n, env, bound):
+    """The node's attributes as (key, Code) keyword arguments: plain data as literals
+    (`emit.lit`); a value that has no literal form (an object a pass put there) bound in
+    the executor's globals under a name the emitter makes. Keys must be identifiers."""
+    out = []
+    for k, a in n.attrs.items():
+        key = _attr_key(n, k)
+        try:
+            out.append((key, emit.lit(a, numpy="_np", what=f"attribute {key} of {n.op}")))
+        except emit.EmitError:
+            b = emit.fresh("_a", len(bound))
+            bound.append(b)
+            env[b] = a
+            out.append((key, b))
+    return out
+
+
+def _attr_key(n, k):
+    try:
+        return emit.name(k, f"attribute key of {n.op}")
+    except emit.EmitError as e:
+        raise emit.EmitError(f"sampan.jit: node {n.op} at {emit.inert(n.loc or '?')}: "
+                             f"{e}") from None
 
 
 def _check(arr, shape, dtype, line):
@@ -112,12 +128,15 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     donate = plan.get("donate", {}) if plan else {}
     env = {"_asarray": np.asarray, "_inf": math.inf, "_nan": math.nan, "_check": _check,
            "_np": np}
+    # every name, key, literal and comment below is made by `emit` (no graph text is
+    # pasted: a graph may come from a file)
+    fname = emit.name(name, "executor name")
     ren = {v.id: k for k, v in enumerate(g.values())}   # the printer's numbering
     names = {}
     for k, v in enumerate(g.inputs):
-        names[v.id] = f"x{k}"
+        names[v.id] = emit.fresh("x", k)
     for v in g.consts:
-        names[v.id] = f"c{ren[v.id]}"
+        names[v.id] = emit.fresh("c", ren[v.id])
         env[names[v.id]] = v.const
     buffers = []
     if plan:
@@ -128,20 +147,24 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             last[v.id] = i
     keep = {v.id for v in g.outputs} | {v.id for v in g.inputs if not release}
     keep |= {g.inputs[k].id for k in donate.values()}
-    lines = [f"def {name}({', '.join(names[v.id] for v in g.inputs)}):"]
+    lines = [emit.fill("def {f}({params}):", f=fname,
+                       params=emit.join(names[v.id] for v in g.inputs))]
     node_at = {}                     # line index -> node index (for the profiling variant)
     kernels = {}
+    bound = []                       # names of attribute values bound in env
     for i, n in enumerate(g.nodes):
         op = OPS[n.op]
+        opname = emit.name(n.op, "op name")
         for v in n.outputs:
-            names[v.id] = f"v{ren[v.id]}"
-        ir = node_str(n, lambda v: f"%{ren[v.id]}")
+            names[v.id] = emit.fresh("v", ren[v.id])
+        ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
+        ir = emit.comment(ir_text)
         args = [names[v.id] for v in n.inputs]
-        args += [f"{k}={_py(a)}" for k, a in n.attrs.items()]
+        kwargs = []
         bufname = None
         first = n.outputs[0].id if n.outputs else None
         if n.op in NODE_KERNELS:  # a kernel made for this node (generated fused kernels)
-            kname = f"k{i}_{n.op}"
+            kname = emit.fresh("k", i, "_", opname)
             bufs, inplace = [], {}
             for j, v in enumerate(n.outputs):
                 b = None
@@ -150,7 +173,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                     b = names[x.id]
                     same = [p for p, u in enumerate(n.inputs) if u is x]
                 elif v.id in assign:   # into its planned buffer
-                    b = f"_b{ren[v.id]}"
+                    b = emit.fresh("_b", ren[v.id])
                     env[b] = buffers[assign[v.id]][:v.nbytes].view(v.dtype).reshape(v.shape)
                     same = [p for p, u in enumerate(n.inputs)
                             if assign.get(u.id) == assign[v.id] and u.shape == v.shape
@@ -160,59 +183,60 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                     b = None
                 bufs.append(b)
             env[kname] = NODE_KERNELS[n.op](n, inplace=inplace)
-            args = args[:len(n.inputs)]
             if any(bufs):
-                args.append(f"out={_py(tuple(b or 'None' for b in bufs)).replace(chr(39), '')}")
+                kwargs.append(("out", emit.tuple_of(b or emit.lit(None) for b in bufs)))
         elif first in donate:  # computed in place into a donated input's array
             bufname = names[g.inputs[donate[first]].id]
-            kname = f"out_{n.op}"
+            kname = emit.fresh("out_", opname)
             env[kname] = out_kernel(n)
-            args.append(f"out={bufname}")
+            kwargs = _attr_args(n, env, bound) + [("out", bufname)]
         elif first in assign:
             v = n.outputs[0]
             b = buffers[assign[v.id]]
-            bufname = f"_b{ren[v.id]}"
+            bufname = emit.fresh("_b", ren[v.id])
             env[bufname] = b[:v.nbytes].view(v.dtype).reshape(v.shape)
-            kname = f"out_{n.op}"
+            kname = emit.fresh("out_", opname)
             fn = specialize and _spec.out_matmul(n)
             if fn:                     # its own name: other matmuls keep the general one
-                kname = "out_matmul2d"
+                kname = emit.name("out_matmul2d")
             env[kname] = fn or out_kernel(n)
-            args.append(f"out={bufname}")
+            kwargs = _attr_args(n, env, bound) + [("out", bufname)]
         elif specialize and (fn := _spec.node_kernel(n)) is not None:
-            kname = f"s{i}_{n.op}"     # attributes bound at compile time
+            kname = emit.fresh("s", i, "_", opname)     # attributes bound at compile time
             env[kname] = fn
-            args = args[:len(n.inputs)]
         else:
-            kname = f"k_{n.op}"
+            kname = emit.fresh("k_", opname)
             if kname not in kernels:
                 if op.kernel is None:
                     raise SampanError(f"op {n.op} has no numpy kernel")
                 kernels[kname] = op.kernel
                 env[kname] = op.kernel
-        call = f"{kname}({', '.join(args)})"
+            kwargs = _attr_args(n, env, bound)
+        call = emit.call(kname, args, kwargs)
         if op.n_out == 1:
             if n.outputs[0].ndim == 0 and bufname is None:
-                call = f"_asarray({call})"
+                call = emit.call(emit.name("_asarray"), [call])
             lhs = names[n.outputs[0].id]
         else:
-            lhs = ", ".join(names[v.id] for v in n.outputs)
+            lhs = emit.join(names[v.id] for v in n.outputs)
         node_at[len(lines)] = i
-        lines.append(f"    {lhs} = {call}  # {ir}")
+        lines.append(emit.fill("    {lhs} = {call}  {ir}", lhs=lhs, call=call, ir=ir))
         if debug:
             for v in n.outputs:
-                env[f"_t{v.id}"] = (v.shape, v.dtype, ir)
-                lines.append(f"    _check({names[v.id]}, *_t{v.id})")
+                t = emit.fresh("_t", v.id)
+                env[t] = (v.shape, v.dtype, ir_text)
+                lines.append(emit.fill("    _check({v}, *{t})", v=names[v.id], t=t))
         if release:
             dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
                     and v.id not in keep and v.const is None]
             dead += [names[v.id] for v in n.outputs if v.id not in last and v.id not in keep]
             if dead:
-                lines.append(f"    del {', '.join(dead)}")
-    outs = ", ".join(names[v.id] for v in g.outputs)
-    lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
-    src = "\n".join(lines) + "\n"
-    filename = f"<sampan-jit-{next(_counter)}:{g.name}>"
+                lines.append(emit.fill("    del {dead}", dead=emit.join(dead)))
+    outs = emit.join(names[v.id] for v in g.outputs)
+    lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
+                           comma=emit.own("," if len(g.outputs) == 1 else "")))
+    src = emit.block(lines) + "\n"
+    filename = f"<sampan-jit-{next(_counter)}:{emit.inert(g.name)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), env)
 

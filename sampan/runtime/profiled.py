@@ -15,6 +15,7 @@ from ..ir.text import node_str
 from ..ops.registry import OPS
 from ..profiler import recorder as _rec
 from ..profiler.events import Event
+from . import emit
 
 
 def _flops(n) -> int:
@@ -66,13 +67,14 @@ def profiled_variant(g, name, lines, node_at, env, plan, program=None):
     timed = []
     for j, line in enumerate(lines):
         if j in node_at:
-            timed += ["    _t = _now()", line, f"    _ev({node_at[j]}, _t)"]
+            timed += [emit.own("    _t = _now()"), line,
+                      emit.fill("    _ev({i}, _t)", i=emit.lit(node_at[j]))]
         else:
             timed.append(line)
-    src = "\n".join(timed) + "\n"
+    src = emit.block(timed) + "\n"
     genv = dict(env)
     genv.update(node_events(g, name, program)[0])
-    filename = f"<sampan-jit-profiled-{next(_counter)}:{g.name}>"
+    filename = f"<sampan-jit-profiled-{next(_counter)}:{emit.inert(g.name)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), genv)
     c = Compiled(genv[name], src, filename, plan)
