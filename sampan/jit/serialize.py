@@ -160,6 +160,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         meta_g = g.meta
         g = _dyn.unify(g, runs, base, probes, what="saved program")
         g.meta = meta_g
+    slots = _drop_unread(g, slots)
 
     arrays, dtypes = {}, {}
 
@@ -206,6 +207,18 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     files = {"graph.ir": text.encode("utf-8"),
              "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
     return _write_dir(os.fspath(path), files, arrays)
+
+
+def _drop_unread(g, slots) -> list:
+    """Drop the inputs other than arguments that no node or output reads (state that
+    `freeze_state` made constants, the `.grad` buffers the trace lifted with their
+    parameters), so that an inference program stores each weight once and no gradients;
+    the arguments stay, and with them the calling convention. Returns the kept slots."""
+    read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
+    keep = [i for i, ((kind, _), v) in enumerate(zip(slots, g.inputs))
+            if kind == "arg" or v.id in read]
+    g.inputs = [g.inputs[i] for i in keep]
+    return [slots[i] for i in keep]
 
 
 def _arg_names(args, params) -> list:
