@@ -1,7 +1,7 @@
 """Save and load compiled programs: a directory with
 
     graph.ir              the optimised Graph as text
-    weights.safetensors   state inputs (parameters, buffers), large constants, example inputs
+    weights.safetensors   the state inputs the graph reads, large constants, example inputs
     meta.json             format version, input/output slots, output structure, dtypes
     checksums.sha256      sha256 of each of the three files above (`sha256sum -c` reads it)
 

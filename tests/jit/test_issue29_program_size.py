@@ -82,3 +82,19 @@ def test_a_version_2_program_with_grad_inputs_still_loads(tmp_path):
     want = np.load(DATA / "v2_grads_program.expected.npy")
     got = m(*m.example_inputs).numpy()
     assert got.tobytes() == want.tobytes()
+
+
+def test_prune_report_bytes_and_int8_ratio_are_the_weights(tmp_path):
+    sampan.manual_seed(3)
+    m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    x = sampan.randn(2, 64)
+    m(x).sum().backward()
+    m.eval()
+    params = _param_bytes(m)
+    row = sampan.prune.measure({"m": m}, (x,), repeats=3, warmup=1)["m"]
+    # the whole folder: weights once, graph text, meta.json and checksums
+    assert row["bytes"] <= 1.1 * params + x._data.nbytes + 4 * HEADER, (row["bytes"], params)
+    f32 = sampan.jit.save(m, str(tmp_path / "f32.sampan"), (x,))
+    wo = sampan.quant.quantize_program(f32, None, str(tmp_path / "wo.sampan"), weight_only=True)
+    ratio = _weights_bytes(wo) / _weights_bytes(f32)
+    assert 0.2 <= ratio <= 0.3, ratio       # int8 weights + per-channel scales: about 1/4
