@@ -24,16 +24,21 @@ def _viz(a):
 
 def _bisect(a):
     import numpy as np
+    from .errors import SampanError
     from .passes import bisect_graph
     from .jit.serialize import _at_example_sizes, read
-    g, meta, arrays = read(a.model)
-    g = _at_example_sizes(g, meta, arrays)   # symbolic dims: bound to the example inputs
-    ins = []
-    for spec in meta["inputs"]:
-        key = f"example.{spec['index']}" if spec["kind"] == "arg" else spec["key"]
-        ins.append(np.asarray(arrays[key]))
-    passes = a.passes.split(",") if a.passes else "train"
-    r = bisect_graph(g, ins, passes, a.tol)
+    try:
+        g, meta, arrays = read(a.model)
+        g = _at_example_sizes(g, meta, arrays)   # symbolic dims: bound to the example inputs
+        ins = []
+        for spec in meta["inputs"]:
+            key = f"example.{spec['index']}" if spec["kind"] == "arg" else spec["key"]
+            ins.append(np.asarray(arrays[key]))
+        passes = a.passes.split(",") if a.passes else "train"
+        r = bisect_graph(g, ins, passes, a.tol)
+    except SampanError as e:   # a bad file or pass name: one line, no trace
+        print(f"sampan bisect: {e}", file=sys.stderr)
+        return 2               # 1 says a pass changes the outputs
     print(r)
     return 0 if r.culprit is None else 1
 

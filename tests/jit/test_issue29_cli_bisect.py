@@ -38,10 +38,12 @@ def test_bisect_passes_accepts_a_pipeline_name(dyn_mlp, capsys):
 
 
 def test_bisect_unknown_pass_is_a_clear_error(dyn_mlp, capsys):
-    with pytest.raises(PassError) as e:
-        main(["bisect", dyn_mlp, "--passes", "cse,nosuchpass"])
-    msg = str(e.value)
+    assert main(["bisect", dyn_mlp, "--passes", "cse,nosuchpass"]) == 2
+    msg = capsys.readouterr().err
+    assert msg.startswith("sampan bisect: ") and "Traceback" not in msg
     assert "'nosuchpass'" in msg and "inference" in msg and "fold_constants" in msg
+    assert main(["bisect", dyn_mlp + "-missing"]) == 2
+    assert "not a saved program directory" in capsys.readouterr().err
 
 
 def test_bisect_help_tells_pipelines_from_passes(capsys):
@@ -57,3 +59,16 @@ def test_bisect_graph_with_symbolic_dims_says_so(dyn_mlp):
            for s in meta["inputs"]]
     with pytest.raises(PassError, match="symbolic"):
         bisect_graph(g, ins, "train")
+
+
+def test_sampan_bisect_command_in_a_process(dyn_mlp):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "sampan.cli", "bisect", dyn_mlp, "--passes",
+                        "inference"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "no pass changes the outputs" in r.stdout and "Traceback" not in r.stderr
