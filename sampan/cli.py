@@ -24,15 +24,21 @@ def _viz(a):
 
 def _bisect(a):
     import numpy as np
+    from .errors import SampanError
     from .passes import bisect_graph
-    from .jit.serialize import read
-    g, meta, arrays = read(a.model)
-    ins = []
-    for spec in meta["inputs"]:
-        key = f"example.{spec['index']}" if spec["kind"] == "arg" else spec["key"]
-        ins.append(np.asarray(arrays[key]))
-    passes = a.passes.split(",") if a.passes else "train"
-    r = bisect_graph(g, ins, passes, a.tol)
+    from .jit.serialize import _at_example_sizes, read
+    try:
+        g, meta, arrays = read(a.model)
+        g = _at_example_sizes(g, meta, arrays)   # symbolic dims: bound to the example inputs
+        ins = []
+        for spec in meta["inputs"]:
+            key = f"example.{spec['index']}" if spec["kind"] == "arg" else spec["key"]
+            ins.append(np.asarray(arrays[key]))
+        passes = a.passes.split(",") if a.passes else "train"
+        r = bisect_graph(g, ins, passes, a.tol)
+    except SampanError as e:   # a bad file or pass name: one line, no trace
+        print(f"sampan bisect: {e}", file=sys.stderr)
+        return 2               # 1 says a pass changes the outputs
     print(r)
     return 0 if r.culprit is None else 1
 
@@ -64,7 +70,11 @@ def main(argv=None) -> int:
     v.set_defaults(fn=_viz)
     b = sub.add_parser("bisect", help="find the pass that changes a saved program's outputs")
     b.add_argument("model")
-    b.add_argument("--passes", default="", help="comma-separated pass names (default: train)")
+    from .passes import PASSES, PIPELINES
+    b.add_argument("--passes", default="",
+                   help="comma-separated pass names or pipeline names (a pipeline expands to "
+                        f"its passes; default: the train pipeline). pipelines: "
+                        f"{', '.join(sorted(PIPELINES))}. passes: {', '.join(sorted(PASSES))}")
     b.add_argument("--tol", type=float, default=1e-5)
     b.set_defaults(fn=_bisect)
     p = sub.add_parser("passes", help="list passes and pipelines")

@@ -8,6 +8,11 @@ process's locks when it dies) from one another process is still writing, and rem
 only the former. Where `fcntl` is missing (Windows), a temporary counts as left over
 once it is an hour old.
 
+A reader of a published folder (`sampan.jit.serialize.read`) holds a shared `flock` on
+it while it opens its files: a save that replaces the folder then leaves the old one
+(under its temporary name) for the next save's cleanup instead of removing files the
+reader is about to open.
+
 New files are created with mode 0o666 and folders with 0o777, less the umask, as `open`
 and `mkdir` would: `tempfile.mkstemp` makes every checkpoint 0o600 whatever the umask.
 """
@@ -44,6 +49,24 @@ def lock(fd: int) -> bool:
         return False
     except OSError:   # a filesystem without locks: treat every temporary as live
         return False
+
+
+def lock_shared(fd: int, wait_s: float = 1.0) -> bool:
+    """Take a shared lock on `fd` (a reader's), waiting up to `wait_s` while a writer
+    holds it exclusively; False if it could not (or locks are missing here)."""
+    if fcntl is None:  # pragma: no cover
+        return False
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except (BlockingIOError, PermissionError):
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.001)
+        except OSError:   # a filesystem without locks
+            return False
 
 
 def _same(path: str, fd: int) -> bool:
@@ -217,7 +240,7 @@ def publish_dir(tmp: str, path: str) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
             if exchange(tmp, path):   # `tmp` now names the old folder
                 fsync_dir(folder)
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_unread(tmp)
                 return
             old_fd = lock_dir(path)
             os.replace(path, old)
@@ -237,9 +260,42 @@ def publish_dir(tmp: str, path: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         release(old_fd)
         raise
-    if moved:
+    if moved and old_fd is not False:   # False: a reader holds it (see _remove_unread)
         shutil.rmtree(old, ignore_errors=True)
     release(old_fd)
+
+
+def _remove_unread(old: str) -> None:
+    """Remove the replaced folder `old` unless a reader holds it (a shared lock, as
+    `sampan.jit.serialize.read` takes): its files must stay until that reader has opened
+    them; the next save's `remove_stale` removes it once it is free."""
+    fd = lock_dir(old)
+    if fd is False:
+        return
+    try:
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        release(fd)
+
+
+def replacing(path: str) -> bool:
+    """Whether a live save is between the two renames that publish folder `path`: its
+    `<path>.old-<token>` set aside and its `<path>.tmp-<token>`, held, not yet in place
+    (a reader waits for the new folder)."""
+    folder, base = os.path.split(os.path.abspath(path))
+    rx = re.compile(re.escape(base) + r"\.old-([0-9a-f]{16})")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    for n in names:
+        m = rx.fullmatch(n)
+        if m:
+            stale, fd = is_stale(os.path.join(folder, f"{base}.tmp-{m.group(1)}"))
+            release(fd)
+            if not stale and os.path.isdir(os.path.join(folder, f"{base}.tmp-{m.group(1)}")):
+                return True
+    return False
 
 
 def recover_dir(path: str, complete) -> bool:

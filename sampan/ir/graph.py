@@ -118,10 +118,27 @@ class Graph:
         return v
 
     def add_const(self, array, name=None) -> Value:
+        """A new constant; a `name` another constant of the graph has is made unique
+        (`const_name`), since a saved program stores named constants by name."""
         a = np.asarray(array)
+        if name is not None:
+            name = self.const_name(name)
         v = Value(self._new_id(), a.shape, a.dtype, const=a, name=name)
         self.consts.append(v)
         return v
+
+    def const_name(self, base: str, taken=None) -> str:
+        """`base`, or `base.1`, `base.2` ... : the first name no constant of the graph (nor
+        `taken`, a set of names) has. Names are allocated here, by the graph, not from
+        value ids: a parsed graph keeps the names of the graph it was printed from, which
+        ids of new constants would repeat."""
+        if taken is None:
+            taken = {c.name for c in self.consts if c.name is not None}
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}.{k}"
+        return name
 
     def add_node(self, op, inputs, attrs, out_specs=None, loc="") -> Node:
         """Append a node; output types come from the op's shape rule unless given."""

@@ -116,9 +116,11 @@ def print_graph(g: Graph, *, ids=None) -> str:
     args = ", ".join(f"{nm(v)}: {v.type_str()}" + (f" {v.name!r}" if v.name else "")
                      for v in g.inputs)
     lines = [f"graph {g.name}({args}) {{"]
+    taken = {c.name for c in g.consts if c.name is not None}
     for c in g.consts:
         if c.name is None and not (c.const.size <= INLINE_CONST_MAX and c.const.ndim <= 4):
-            c.name = f"c{c.id}"
+            c.name = g.const_name(f"c{c.id}", taken)   # unique in the graph
+            taken.add(c.name)
         lines.append(f"  {nm(c)}: {c.type_str()} = {_const_rhs(c)}")
     for n in g.nodes:
         lines.append("  " + node_str(n, nm))

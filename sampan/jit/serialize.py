@@ -1,7 +1,7 @@
 """Save and load compiled programs: a directory with
 
     graph.ir              the optimised Graph as text
-    weights.safetensors   state inputs (parameters, buffers), large constants, example inputs
+    weights.safetensors   the state inputs the graph reads, large constants, example inputs
     meta.json             format version, input/output slots, output structure, dtypes
     checksums.sha256      sha256 of each of the three files above (`sha256sum -c` reads it)
 
@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 
@@ -54,6 +55,7 @@ _SUMS = "checksums.sha256"
 _MAX_META = 64 << 20     # larger than any meta.json: refuse before reading it
 _MAX_GRAPH = 1 << 30     # graph text (large constants live in the weights)
 _MAX_SUMS = 4096
+_READ_ATTEMPTS = 8   # reads restarted because a save replaced the folder meanwhile
 _IN_KINDS = ("arg", "state", "grad", "feed", "rng")
 _OUT_KINDS = ("out", "state", "grad", "rng")
 
@@ -160,6 +162,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         meta_g = g.meta
         g = _dyn.unify(g, runs, base, probes, what="saved program")
         g.meta = meta_g
+    slots = _drop_unread(g, slots)
 
     arrays, dtypes = {}, {}
 
@@ -206,6 +209,18 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     files = {"graph.ir": text.encode("utf-8"),
              "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
     return _write_dir(os.fspath(path), files, arrays)
+
+
+def _drop_unread(g, slots) -> list:
+    """Drop the inputs other than arguments that no node or output reads (state that
+    `freeze_state` made constants, the `.grad` buffers the trace lifted with their
+    parameters), so that an inference program stores each weight once and no gradients;
+    the arguments stay, and with them the calling convention. Returns the kept slots."""
+    read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
+    keep = [i for i, ((kind, _), v) in enumerate(zip(slots, g.inputs))
+            if kind == "arg" or v.id in read]
+    g.inputs = [g.inputs[i] for i in keep]
+    return [slots[i] for i in keep]
 
 
 def _arg_names(args, params) -> list:
@@ -341,22 +356,83 @@ def read(path, _recover=True):
     """Read and verify a saved program: (graph, meta, arrays). Raises LoadError.
 
     A program a crashed save left half replaced is first put back in place (see the
-    module doc); `_recover=False` reads exactly `path`."""
-    from ..ir import parse, verify
+    module doc); `_recover=False` reads exactly `path`.
+
+    The folder is opened once and its files are read relative to that handle, so a save
+    that swaps in a new program meanwhile cannot mix the two; a shared lock on it keeps
+    a save from removing the replaced folder before its files are read (see
+    `_atomic.publish_dir`). A folder swapped out between the open and the lock, or one
+    whose files went anyway (no locks on this filesystem), is read again from `path`:
+    old or new program, never "damaged". `recover_dir`, which holds the folders it
+    checks, reads with `_recover=False` and takes no lock."""
     path = os.fspath(path)
     if _recover and not os.path.isdir(path):
         _atomic.recover_dir(path, _complete)
-    if not os.path.isdir(path):
-        raise LoadError(f"sampan.jit.load: {path} is not a saved program directory")
-    if os.path.exists(os.path.join(path, _SUMS)):
-        sums = _read_sums(path)
-        meta = _read_meta(path, sums["meta.json"])
+    attempts, wait_until = 0, None
+    while True:
+        try:
+            dfd = _open_dir(path)
+        except LoadError:
+            # a save publishing in two renames (no renameat2 here) leaves no `path`
+            # between them: wait a little for the new folder
+            wait_until = wait_until or time.monotonic() + 1.0
+            if not (_recover and time.monotonic() < wait_until
+                    and (_atomic.replacing(path) or os.path.isdir(path))):
+                raise
+            time.sleep(0.001)
+            continue
+        attempts += 1
+        last = attempts == _READ_ATTEMPTS
+        try:
+            if _recover and _atomic.lock_shared(dfd) and _swapped(path, dfd) and not last:
+                continue    # replaced before the lock: read the new one
+            return _read_at(path, dfd)
+        except LoadError:
+            if last or not _swapped(path, dfd):
+                raise
+        finally:
+            os.close(dfd)
+
+
+def _open_dir(path):
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise LoadError(f"sampan.jit.load: {path} is not a saved program directory") from None
+    except OSError as e:
+        raise LoadError(f"sampan.jit.load: {path} cannot be read: {e}") from None
+
+
+def _swapped(path, dfd) -> bool:
+    """Whether the folder open as `dfd` is no longer the one at `path` (a save replaced
+    it, or removed it after the swap)."""
+    try:
+        st, now = os.fstat(dfd), os.stat(path)
+    except OSError:
+        return True
+    return st.st_nlink == 0 or (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino)
+
+
+def _read_at(path, dfd):
+    """`read` of the folder `path`, open as `dfd`: each file opened relative to it."""
+    from ..ir import parse, verify
+    try:
+        os.stat(_SUMS, dir_fd=dfd)
+        has_sums = True
+    except FileNotFoundError:
+        has_sums = False
+    except OSError as e:
+        raise LoadError(f"sampan.jit.load: {os.path.join(path, _SUMS)} cannot be read: "
+                        f"{e}") from None
+    if has_sums:
+        sums = _read_sums(path, dfd)
+        meta = _read_meta(path, sums["meta.json"], dfd)
         if not _is_version(meta, VERSION):
             raise LoadError(f"sampan.jit.load: {path}/meta.json says format version "
                             f"{meta.get('version')!r}, but only version {VERSION} programs "
                             f"have {_SUMS}; the program is damaged")
     else:
-        meta = _read_meta(path, None)
+        meta = _read_meta(path, None, dfd)
         if _is_version(meta, VERSION):
             raise LoadError(f"sampan.jit.load: {os.path.join(path, _SUMS)} is missing "
                             "(incomplete or damaged save)")
@@ -368,8 +444,9 @@ def read(path, _recover=True):
             raise LoadError(f"sampan.jit.load: {path}/meta.json lacks the sha256 of "
                             f"{' and '.join(_FILES)}; the program is damaged")
     gpath = os.path.join(path, "graph.ir")
-    text = _read_checked(gpath, sums["graph.ir"], _MAX_GRAPH).decode("utf-8", "replace")
-    raw = _read_weights(os.path.join(path, "weights.safetensors"), sums["weights.safetensors"])
+    text = _read_checked(gpath, sums["graph.ir"], _MAX_GRAPH, dfd).decode("utf-8", "replace")
+    raw = _read_weights(os.path.join(path, "weights.safetensors"), sums["weights.safetensors"],
+                        dfd)
     arrays = _typed_arrays(path, meta, raw)
     consts = {k[len("const."):]: a for k, a in arrays.items() if k.startswith("const.")}
     try:
@@ -414,9 +491,13 @@ def _damaged(p, why="its sha256 checksum does not match the one recorded when it
     return LoadError(f"sampan.jit.load: {p} is damaged: {why}")
 
 
-def _open(p):
+def _open(p, dfd=None):
+    """`p` opened for reading; with `dfd`, its base name in the folder open as `dfd`."""
     try:
-        return open(p, "rb")
+        if dfd is None:
+            return open(p, "rb")
+        return open(os.path.basename(p), "rb",
+                    opener=lambda name, flags: os.open(name, flags, dir_fd=dfd))
     except FileNotFoundError:
         raise LoadError(f"sampan.jit.load: {p} is missing (incomplete or damaged save)") \
             from None
@@ -424,9 +505,9 @@ def _open(p):
         raise LoadError(f"sampan.jit.load: {p} cannot be read: {e}") from None
 
 
-def _read_checked(p, sha, limit):
+def _read_checked(p, sha, limit, dfd=None):
     """The bytes of `p` (refused unread above `limit`), checked against `sha` if given."""
-    with _open(p) as f:
+    with _open(p, dfd) as f:
         size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:
             raise _damaged(p, f"it has {size} bytes, more than the {limit} a saved program's "
@@ -437,9 +518,9 @@ def _read_checked(p, sha, limit):
     return data
 
 
-def _read_sums(path):
+def _read_sums(path, dfd=None):
     p = os.path.join(path, _SUMS)
-    data = _read_checked(p, None, _MAX_SUMS)
+    data = _read_checked(p, None, _MAX_SUMS, dfd)
     rx = re.compile(r"([0-9a-f]{64})  (\S+)")
     sums = {}
     try:
@@ -458,9 +539,9 @@ def _read_sums(path):
     return sums
 
 
-def _read_meta(path, sha):
+def _read_meta(path, sha, dfd=None):
     p = os.path.join(path, "meta.json")
-    data = _read_checked(p, sha, _MAX_META)
+    data = _read_checked(p, sha, _MAX_META, dfd)
     try:
         meta = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -477,8 +558,8 @@ def _read_meta(path, sha):
     return meta
 
 
-def _read_weights(p, sha):
-    with _open(p) as f:
+def _read_weights(p, sha, dfd=None):
+    with _open(p, dfd) as f:
         size = os.fstat(f.fileno()).st_size
         h = hashlib.sha256()
         try:

@@ -55,11 +55,35 @@ def _max_err(a, b):
     return worst
 
 
+def _pass_names(passes) -> list:
+    """The pass names of `passes`: a pipeline name, or a list whose entries are pass
+    names or pipeline names (expanded in place). Unknown names raise PassError."""
+    from .manager import PASSES, PIPELINES, PassError, pipeline
+    if isinstance(passes, str):
+        return pipeline(passes)
+    names = []
+    for p in passes:
+        if p in PASSES:
+            names.append(p)
+        elif p in PIPELINES:
+            names += pipeline(p)
+        else:
+            raise PassError(f"unknown pass or pipeline {p!r}; pipelines: "
+                            f"{', '.join(sorted(PIPELINES))}; passes: {', '.join(sorted(PASSES))}")
+    return names
+
+
 def bisect_graph(g, arrays, passes="train", tol: float = 1e-5) -> BisectResult:
-    """Bisect the passes of `passes` on graph `g` run with input `arrays`."""
+    """Bisect the passes of `passes` (a pipeline name, or pass and pipeline names) on
+    graph `g` run with input `arrays`. `g` must have concrete sizes."""
     from ..runtime import compile_graph
-    from .manager import PASSES, pipeline
-    names = pipeline(passes) if isinstance(passes, str) else list(passes)
+    from .manager import PASSES, PassError
+    names = _pass_names(passes)
+    sym = next((v for v in g.values() if any(isinstance(d, str) for d in v.shape)), None)
+    if sym is not None:
+        raise PassError(f"bisect: graph {g.name!r} has symbolic sizes (value "
+                        f"{sym.type_str()}); bisect it at concrete sizes (`sampan bisect` "
+                        "uses a saved program's example inputs)")
     ref = compile_graph(g, use_plan=False)(*arrays)
     cur = g.copy()
     for i, name in enumerate(names):
