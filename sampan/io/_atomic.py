@@ -1,12 +1,16 @@
 """Temporary files and folders that publish atomically, and the cleaning up after saves
-that were killed half way.
+that were killed half way: the one temporary-file policy of every writer (checkpoints,
+saved programs, embedding snapshots, traces, caches).
 
-A save writes into a temporary name next to its target and renames it into place. The
-writer holds an exclusive `flock` on that temporary for as long as it lives, so a later
-save can tell a temporary left by a dead process (its lock is free: the kernel drops a
-process's locks when it dies) from one another process is still writing, and remove
-only the former. Where `fcntl` is missing (Windows), a temporary counts as left over
-once it is an hour old.
+A file is written to `.<name>.<token>.tmp` beside it (`write_file`), a folder to
+`<name>.tmp-<token>` (`create_dir`, `publish_dir`); each is fsynced, then renamed into
+place. The writer holds an exclusive `flock` on that temporary for as long as it lives,
+so a later save can tell a temporary left by a dead process (its lock is free: the
+kernel drops a process's locks when it dies) from one another process is still writing,
+and remove only the former. Where `fcntl` is missing (Windows), a temporary counts as
+left over once it is an hour old. Temporaries named `<name>.tmp-<pid>[-<n>]`, by
+writers that took no lock, are removed once that process has ended
+(`remove_dead_pid_temps`).
 
 A reader of a published folder (`sampan.jit.serialize.read`) holds a shared `flock` on
 it while it opens its files: a save that replaces the folder then leaves the old one
@@ -351,11 +355,78 @@ def _temp_name(base: str, tok: str) -> str:
     return f".{base}.{tok}.tmp"
 
 
-def write_file(path: str, write) -> None:
+def file_temp_pattern(base: str | None = None) -> str:
+    """Regex of the temporaries `write_file` makes for file `base` (of any file: None)."""
+    return (r"\." + (".+" if base is None else re.escape(base))
+            + r"\.[0-9a-f]{16}\.tmp")
+
+
+# Writers before this module named a temporary `<name>.tmp-<pid>[-<thread>]` and held
+# no lock on it; one killed half way left a file as large as what it wrote, for good.
+LEGACY_PID_TEMP = r".+\.tmp-(?P<pid>[0-9]+)(?:-[0-9]+)?"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie has ended)."""
+    if pid <= 0:
+        return True   # not a process: never take its file for a dead writer's
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):   # not ours to signal, or no pid at all
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def remove_dead_pid_temps(folder: str, pattern: str = LEGACY_PID_TEMP) -> list[str]:
+    """Remove the files of `folder` whose name fully matches `pattern` (a regex with a
+    `pid` group) when that process has ended and no one holds the file's lock."""
+    rx = re.compile(pattern)
+    gone = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for n in names:
+        m = rx.fullmatch(n)
+        if not m or pid_alive(int(m.group("pid"))):
+            continue
+        p = os.path.join(folder, n)
+        if os.path.isdir(p) and not os.path.islink(p):
+            continue
+        stale, fd = is_stale(p)
+        try:
+            if stale:
+                os.unlink(p)
+                gone.append(n)
+        except OSError:
+            pass
+        finally:
+            release(fd)
+    return gone
+
+
+def sweep_temps(folder: str) -> list[str]:
+    """Remove the temporaries every dead writer left in `folder`, whatever file each was
+    for: a folder of files with changing names (snapshot chains) never writes the same
+    name twice, so `write_file`'s own sweep of its name would miss them."""
+    return remove_stale(folder, file_temp_pattern()) + remove_dead_pid_temps(folder)
+
+
+def write_file(path: str, write, sweep: bool = False) -> None:
     """Write a file atomically: `write(f)` fills a locked temporary beside `path`, which
-    is fsynced and renamed over it (temporaries of killed writers are removed first)."""
+    is fsynced and renamed over it. Temporaries of killed writers of `path` are removed
+    first; with `sweep`, those of every file in the folder (`sweep_temps`)."""
     folder, base = os.path.split(os.path.abspath(path))
-    remove_stale(folder, re.escape(_temp_name(base, "@")).replace("@", "[0-9a-f]{16}"))
+    if sweep:
+        sweep_temps(folder)
+    else:
+        remove_stale(folder, file_temp_pattern(base))
     fd, tmp = create_file(folder, lambda tok: _temp_name(base, tok))
     try:
         with os.fdopen(fd, "wb") as f:

@@ -153,17 +153,19 @@ class ClickStream:
 def write_parquet(path: str, batches, row_group_size: int = 65536) -> int:
     """Write one-id-per-field batches as Parquet (label, dense_j float32, sparse_f int64).
 
-    Written with page checksums to a temporary file and renamed. Returns the number of
-    rows.
+    Written with page checksums to a temporary file, fsynced and renamed
+    (``sampan.io._atomic``). Returns the number of rows.
     """
-    import os
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = f"{path}.tmp-{os.getpid()}"
-    writer, rows = None, 0
-    try:
+    from sampan.io import _atomic
+
+    rows = 0
+
+    def write(out):
+        nonlocal rows
+        writer = None
         for b in batches:
             ids = b.ids_matrix()
             cols = {"label": b.labels.astype(np.float32)}
@@ -172,16 +174,14 @@ def write_parquet(path: str, batches, row_group_size: int = 65536) -> int:
             table = pa.table(cols)
             if writer is None:
                 # page checksums let the reader tell a flipped bit from data
-                writer = pq.ParquetWriter(tmp, table.schema, write_page_checksum=True)
+                writer = pq.ParquetWriter(out, table.schema, write_page_checksum=True)
             writer.write_table(table, row_group_size=row_group_size)
             rows += len(b)
         if writer is None:
             raise ValueError("write_parquet: no batches given")
         writer.close()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    _atomic.write_file(path, write)
     return rows
 
 

@@ -33,6 +33,7 @@ shards hold every update up to their last delta.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import tempfile
 import threading
@@ -82,21 +83,62 @@ INLINE_BYTES = 2 << 20
 WORKER_NICENESS = 0
 
 
-def init_ray(ray, **kwargs) -> None:
+LOOPBACK = "127.0.0.1"
+
+
+def init_ray(ray, host: str | None = LOOPBACK, **kwargs) -> None:
     """``ray.init`` with this sampan on the workers' import path (they inherit it).
 
-    A local cluster it starts passes arrays up to ``INLINE_BYTES`` inline with the call and
-    runs its workers at ``WORKER_NICENESS`` (``_system_config`` given by the caller wins);
-    a cluster it joins (``address=``) keeps its own configuration."""
+    A local cluster it starts listens on ``host`` only: loopback by default, so a job on
+    one machine is not reachable from the network; ``host=None`` lets Ray pick the
+    machine's external address (other machines may then join it). It passes arrays up to
+    ``INLINE_BYTES`` inline with the call and runs its workers at ``WORKER_NICENESS``
+    (``_system_config`` given by the caller wins). A cluster it joins (``address=``, or
+    ``RAY_ADDRESS``) keeps its own addresses and configuration."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env_path = os.environ.get("PYTHONPATH", "")
     if pkg_root not in env_path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env_path) if p)
     defaults = {"include_dashboard": False, "log_to_driver": False}
+    node = None
     if kwargs.get("address") in (None, "local") and not os.environ.get("RAY_ADDRESS"):
         defaults["_system_config"] = {"max_direct_call_object_size": INLINE_BYTES,
                                       "worker_niceness": WORKER_NICENESS}
-    ray.init(**{**defaults, **kwargs})
+        if host is not None:
+            defaults["_node_ip_address"] = host
+        node = kwargs.get("_node_ip_address", host)
+    with _loopback_node(ray, node):
+        ray.init(**{**defaults, **kwargs})
+
+
+# Ray turns a loopback node address into the machine's external one (so that other
+# machines could join) unless it is told that this platform runs no clusters, as it is
+# on macOS and Windows: then every server of the node (GCS, raylet, object manager,
+# workers, runtime-env agent) binds the loopback address. The switch is an environment
+# variable read when `ray` is imported (by the processes the cluster starts, which
+# inherit it) and a constant in this process, set back once the cluster is up.
+_RAY_LOCAL_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_node(ray, host: str | None):
+    if host not in (LOOPBACK, "localhost", "::1"):
+        yield
+        return
+    consts = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    env, const = os.environ.get(_RAY_LOCAL_ENV), getattr(consts, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_RAY_LOCAL_ENV] = "0"
+    if const is not None:
+        consts.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if env is None:
+            os.environ.pop(_RAY_LOCAL_ENV, None)
+        else:
+            os.environ[_RAY_LOCAL_ENV] = env
+        if const is not None:
+            consts.ENABLE_RAY_CLUSTER = const
 
 
 class _Remote:
@@ -340,6 +382,10 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         try:
             self.flush()
         finally:
+            # Stop and join every shard's snapshot writer before anything is removed: a
+            # kill is asynchronous, and a writer still running would create files in the
+            # folder being deleted ("Directory not empty"), or after it is gone.
+            self._stop_writers()
             for s in self.shards:
                 self._ray.kill(s.actor, no_restart=True)
                 if s.arena is not None:
@@ -348,6 +394,14 @@ class RemoteShardedEmbedding(ShardedEmbedding):
             if self._tmp is not None:
                 self._tmp.cleanup()
                 self._tmp = None
+
+    def _stop_writers(self) -> None:
+        refs = [s.actor.close.remote() for s in self.shards]
+        for s, ref in zip(self.shards, refs):
+            try:
+                self._get([ref], [s])
+            except Exception:  # noqa: BLE001 - a dead shard's writer died with it
+                pass
 
     def __len__(self) -> int:
         return int(sum(self._fan("len", [()] * len(self.shards), False)))

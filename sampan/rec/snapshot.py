@@ -6,7 +6,8 @@ File layout (one file per export)::
 
 The trailing sha256 covers every byte before it, so truncation or a flipped bit anywhere
 is caught before a single array is used. Files are written to a temporary name, fsynced,
-and renamed into place, so a reader never sees half a file.
+and renamed into place, so a reader never sees half a file (``sampan.io._atomic``, whose
+next write also removes the temporaries of writes that were killed).
 
 The reader checks the prelude before reading further, checks the header's claims about
 its arrays against the file size, and reads each array straight into its own buffer while
@@ -32,6 +33,7 @@ import threading
 import numpy as np
 
 from sampan.errors import SampanError
+from sampan.io import _atomic
 from sampan.profiler import recorder as _rec
 from sampan.rec.hashtable import ChunkedRows, HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
@@ -77,20 +79,17 @@ def _write_atomic(path: str, header: dict, arrays: dict[str, np.ndarray]) -> Non
         offset += a.nbytes
     head = json.dumps({**header, "arrays": specs}, sort_keys=True).encode()
     digest = hashlib.sha256()
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in [_PRE.pack(MAGIC, FORMAT_VERSION, len(head)), head,
-                          *(memoryview(a).cast("B") for a in arrays.values() if a.nbytes)]:
-                f.write(chunk)
-                digest.update(chunk)
-            f.write(digest.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    def write(f):
+        for chunk in [_PRE.pack(MAGIC, FORMAT_VERSION, len(head)), head,
+                      *(memoryview(a).cast("B") for a in arrays.values() if a.nbytes)]:
+            f.write(chunk)
+            digest.update(chunk)
+        f.write(digest.digest())
+
+    # sweep: a killed write of another file of the chain (its name is never written
+    # again) leaves a temporary as large as a snapshot; the next write removes it
+    _atomic.write_file(path, write, sweep=True)
 
 
 def _array_specs(path: str, header, body: int) -> list[tuple[str, np.dtype, tuple, int]]:
