@@ -244,6 +244,11 @@ def guard_error(guard, sizes, what="program") -> DynamicShapeError:
         "sampan.where")
 
 
+def failing_guard(guards, sizes):
+    """The first of `guards` that `sizes` break, or None."""
+    return _sym.failing(guards, sizes)
+
+
 def guard_symbols(guard) -> set:
     return _sym.symbols(guard.lhs) | _sym.symbols(guard.rhs)
 

@@ -227,3 +227,13 @@ def test_gradient_with_a_batch_dim(tmp_path):
         (want,) = torch.autograd.grad((tx @ tw).sum(), [tx])
         np.testing.assert_allclose(f(_x(n)).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     assert f.n_traces == 1
+
+
+def test_the_predictor_checks_the_guards_too(tmp_path):
+    from sampan.inference import Config, create_predictor
+    path = str(tmp_path / "b.sampan")
+    sampan.jit.save(_branch, path, (_x(2),), dynamic=BATCH)
+    pred = create_predictor(Config(path))
+    np.testing.assert_allclose(pred.run([_x(3).numpy()])[0], _x(3).numpy() + 1.0)
+    with pytest.raises(DynamicShapeError, match=r"batch>4.*if x\.shape\[0\] > 4:"):
+        pred.run([_x(6).numpy()])
