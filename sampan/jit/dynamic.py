@@ -397,9 +397,11 @@ def _unify_attr(x, xs, base, probes):
         # against the probes (it would agree at them by chance if guessed from values)
         e = (_symbolic_int if isinstance(x, SymInt) else _symbolic_float)(
             x, xs, base, probes)
-        if e is None:
-            raise _NoUnify
-        return _ATTR + e
+        if e is not None:
+            return _ATTR + e
+        # its expression does not fit the probes (a number a cache kept from another
+        # trace): read it as a plain number, as below
+        x = int(x) if isinstance(x, SymInt) else float(x)
     if isinstance(x, dict):
         if any(not isinstance(y, dict) or y.keys() != x.keys() for y in xs):
             raise _NoUnify
