@@ -251,11 +251,12 @@ def symbols(e) -> set:
 class Guard:
     """`lhs op rhs` gave `holds` at the traced sizes, asked at `loc` (the user's line)."""
 
-    __slots__ = ("lhs", "op", "rhs", "holds", "loc", "line")
+    __slots__ = ("lhs", "op", "rhs", "holds", "loc", "line", "user")
 
     def __init__(self, lhs, op, rhs, holds, loc="", line=""):
         self.lhs, self.op, self.rhs, self.holds = lhs, op, rhs, bool(holds)
         self.loc, self.line = loc, line
+        self.user = True          # made by the user's code (False: sampan's `deciding`)
 
     def text(self) -> str:
         return f"{text(self.lhs)}{self.op}{text(self.rhs)}"
@@ -340,6 +341,7 @@ class ShapeEnv:
         if lhs == rhs and op in ("==", "<=", ">=", "!="):
             return                      # decided by the expressions alone
         g = Guard(lhs, op, rhs, holds)
+        g.user = not _DECIDING[0]
         if g in self.seen:
             return
         import linecache

@@ -244,6 +244,26 @@ def guard_error(guard, sizes, what="program") -> DynamicShapeError:
         "sampan.where")
 
 
+def check_unguarded(guards, base, what, upto=1024):
+    """For a program that cannot check guards per call (an ONNX model): raise
+    DynamicShapeError for the first guard of the user's code (a branch on a size) that
+    some size from 1 to `upto` of one of its symbols (the others at `base`) breaks; guards
+    that hold at every such size say nothing about the sizes served. sampan's own
+    decisions (how a slice clamps) stay unchecked there, as before guards existed."""
+    for g in guards:
+        if not g.user:
+            continue
+        for s in sorted(guard_symbols(g)):
+            for k in range(1, upto + 1):
+                sizes = dict(base, **{s: k})
+                try:
+                    ok = g.check(sizes)
+                except ZeroDivisionError:
+                    ok = False
+                if not ok:
+                    raise guard_error(g, sizes, what)
+
+
 def failing_guard(guards, sizes):
     """The first of `guards` that `sizes` break, or None."""
     return _sym.failing(guards, sizes)

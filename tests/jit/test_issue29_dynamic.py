@@ -237,3 +237,30 @@ def test_the_predictor_checks_the_guards_too(tmp_path):
     np.testing.assert_allclose(pred.run([_x(3).numpy()])[0], _x(3).numpy() + 1.0)
     with pytest.raises(DynamicShapeError, match=r"batch>4.*if x\.shape\[0\] > 4:"):
         pred.run([_x(6).numpy()])
+
+
+def _gru_input(n):
+    return sampan.from_numpy(np.random.default_rng(n).standard_normal((n, 4, 5))
+                             .astype(np.float32))
+
+
+def test_bidirectional_gru_exports_to_onnx_with_a_small_dynamic_batch(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    sampan.manual_seed(0)
+    gru = nn.GRU(5, 12, batch_first=True, bidirectional=True)
+    gru.eval()
+    path = str(tmp_path / "gru.onnx")
+    sampan.onnx.export(gru, (_gru_input(3),), path, dynamic_axes={"x": {0: "batch"}})
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in (3, 6, 1):
+        with sampan.no_grad():
+            want = gru(_gru_input(n))[0].numpy()
+        got = sess.run(None, {sess.get_inputs()[0].name: _gru_input(n).numpy()})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_refuses_a_branch_on_a_dynamic_size(tmp_path):
+    # an ONNX model cannot check a guard per call: exporting one branch silently is refused
+    with pytest.raises(DynamicShapeError, match=r"batch>4.*if x\.shape\[0\] > 4:"):
+        sampan.onnx.export(_branch, (_x(2),), str(tmp_path / "b.onnx"),
+                           dynamic_axes={"x": {0: "batch"}})
