@@ -264,3 +264,17 @@ def test_onnx_export_refuses_a_branch_on_a_dynamic_size(tmp_path):
     with pytest.raises(DynamicShapeError, match=r"batch>4.*if x\.shape\[0\] > 4:"):
         sampan.onnx.export(_branch, (_x(2),), str(tmp_path / "b.onnx"),
                            dynamic_axes={"x": {0: "batch"}})
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.median(dim=0).values, lambda x: x.var(0),
+                                lambda x: (x[1:] - x[:-1]).sum(1)
+                                + sampan.arange(x.shape[0] + 1)[2:]],
+                         ids=["median", "var", "slice_arange"])
+def test_symbolic_sizes_reach_onnx(tmp_path, fn):
+    ort = pytest.importorskip("onnxruntime")
+    path = str(tmp_path / "m.onnx")
+    sampan.onnx.export(fn, (_x(3),), path, dynamic_axes={"x": {0: "batch"}})
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in (3, 5, 8):
+        got = sess.run(None, {sess.get_inputs()[0].name: _x(n).numpy()})[0]
+        np.testing.assert_allclose(got, fn(_x(n)).numpy(), rtol=1e-5, atol=1e-6)
