@@ -55,19 +55,14 @@ def package_bytes() -> int:
 
 # ---------------------------------------------------------------------- source helpers
 def _expr(e: str) -> str:
-    """A symbolic expression ('5*batch', '0.5/batch') as Python over the sizes `_s`
-    (left to right, as `sampan.jit.dynamic.evaluate` reads it)."""
-    out = []
-    for tok in e.replace("*", " * ").replace("/", " / ").split():
-        if tok in ("*", "/"):
-            out.append(tok)
-        elif tok.isdigit():
-            out.append(tok)
-        elif tok.isidentifier():
-            out.append(f"_s[{tok!r}]")
-        else:
-            out.append(repr(float(tok)))
-    return "(" + " ".join(out) + ")"
+    """A symbolic expression ('5*batch', '0.5/batch', '(batch-1)//2') as Python over the
+    sizes `_s`, written from its parsed form (`sampan.ir.symbolic`: names are identifiers,
+    numbers formatted here), as `sampan.jit.dynamic.evaluate` computes it."""
+    from ..ir import symbolic as _sym
+    try:
+        return _sym.to_source(e, lambda s: f"_s[{s!r}]")
+    except _sym.ExprError as err:
+        raise DeployError(f"sampan deploy: {err}") from None
 
 
 def _py(x) -> str:
@@ -164,6 +159,19 @@ def _plannable_matmuls(g) -> set:
     return {n.outputs[0].id for n in c.nodes if n.op == "matmul" and n.outputs[0].id in assign}
 
 
+def _check_guards(program_dir, meta):
+    """A program saved with a branch on a dynamic size serves only the sizes on its side
+    (see `sampan.jit.dynamic`); the standalone module cannot check that per call."""
+    from ..jit import dynamic as _dyn
+    user = [x for x in _dyn.guards_from_json(meta.get("guards", []), "sampan deploy")
+            if x.user]
+    if user:
+        raise DeployError(f"sampan deploy: {program_dir} was traced assuming "
+                          f"{user[0].describe()} (a branch on a dynamic size), which a "
+                          "standalone module cannot check per call; save it without the "
+                          "branch, or without dynamic= for that dim")
+
+
 def _check_ops(g):
     ok = set(supported_ops())
     for n in g.nodes:
@@ -257,6 +265,7 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     from ..jit.serialize import read
     g, meta, arrays = read(program_dir)
     _check_ops(g)
+    _check_guards(program_dir, meta)
     body, npz, used, params, in_specs = _body_lines(g, meta, arrays)
     kernels, knames = _kernel_source(used)
     body = [_rename(ln, knames) for ln in body]

@@ -152,6 +152,24 @@ def text(e, prec=0) -> str:
     return f"({s})" if p < prec else s
 
 
+def to_source(e, name_of) -> str:
+    """Python source computing Expr (or text) `e`: each symbol written as `name_of(symbol)`
+    returns it (the caller's emitter decides how a size is read), numbers by `repr` of the
+    int or float the parser made. Symbols are identifiers (`parse` accepts no other)."""
+    if isinstance(e, str):
+        e = parse(e)
+    if e[0] == "p":
+        if not e[1]:
+            return "0"
+        parts = []
+        for m, c in e[1]:
+            factors = ([] if c == 1 and m else [repr(c)]) + [name_of(s) for s in m]
+            parts.append("*".join(factors))
+        return "(" + " + ".join(parts) + ")"
+    op, a, b = e
+    return f"({to_source(a, name_of)} {op} {to_source(b, name_of)})"
+
+
 _TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d+)|([A-Za-z_]\w*)|"
                     r"(//|[-+*/%()]))")
 
@@ -265,8 +283,11 @@ class Guard:
         return _CMP[self.op](evaluate(self.lhs, sizes), evaluate(self.rhs, sizes)) is self.holds
 
     def to_json(self) -> dict:
-        return {"lhs": text(self.lhs), "op": self.op, "rhs": text(self.rhs),
-                "holds": self.holds, "loc": self.loc, "line": self.line}
+        d = {"lhs": text(self.lhs), "op": self.op, "rhs": text(self.rhs),
+             "holds": self.holds, "loc": self.loc, "line": self.line}
+        if not self.user:
+            d["user"] = False
+        return d
 
     @classmethod
     def from_json(cls, d) -> "Guard":
@@ -274,7 +295,11 @@ class Guard:
         if not isinstance(d, dict) or d.get("op") not in _CMP or type(d.get("holds")) is not bool \
                 or not all(isinstance(d.get(k), str) for k in ("lhs", "rhs", "loc", "line")):
             raise ExprError(f"not a size guard: {d!r}"[:200])
-        return cls(parse(d["lhs"]), d["op"], parse(d["rhs"]), d["holds"], d["loc"], d["line"])
+        if type(d.get("user", True)) is not bool:
+            raise ExprError(f"not a size guard: {d!r}"[:200])
+        g = cls(parse(d["lhs"]), d["op"], parse(d["rhs"]), d["holds"], d["loc"], d["line"])
+        g.user = d.get("user", True)
+        return g
 
     def describe(self, sizes=None) -> str:
         what = self.text() if self.holds else f"not ({self.text()})"

@@ -278,3 +278,24 @@ def test_symbolic_sizes_reach_onnx(tmp_path, fn):
     for n in (3, 5, 8):
         got = sess.run(None, {sess.get_inputs()[0].name: _x(n).numpy()})[0]
         np.testing.assert_allclose(got, fn(_x(n)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_deploy_computes_any_symbolic_size_and_refuses_a_branch(tmp_path):
+    import importlib.util
+    path = str(tmp_path / "v.sampan")
+    sampan.jit.save(lambda x: x.var(0) + (x[1:] - x[:-1]).sum(0), path, (_x(3),),
+                    dynamic=BATCH)
+    sampan.deploy.generate(path, str(tmp_path / "out"))
+    spec = importlib.util.spec_from_file_location("issue29_model",
+                                                  str(tmp_path / "out" / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.load()
+    for n in (3, 6):
+        t = torch.from_numpy(_x(n).numpy())
+        np.testing.assert_allclose(m(_x(n).numpy()), (t.var(0) + (t[1:] - t[:-1]).sum(0)).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    path = str(tmp_path / "b.sampan")
+    sampan.jit.save(_branch, path, (_x(2),), dynamic=BATCH)
+    with pytest.raises(sampan.SampanError, match=r"batch>4.*if x\.shape\[0\] > 4:"):
+        sampan.deploy.generate(path, str(tmp_path / "out2"))
