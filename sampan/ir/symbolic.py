@@ -16,11 +16,12 @@ traced with guards is valid exactly where the guards still give their answers.
 
 Example::
 
-    >>> env = ShapeEnv(); n = SymInt(6, sym("batch"), env)
-    >>> str((n - 1) // 2), (n - 1) // 2 == 2
+    >>> env = ShapeEnv(); env.recording = True
+    >>> n = SymInt(6, sym("batch"), env)
+    >>> ((n - 1) // 2).text, (n - 1) // 2 == 2
     ('(batch-1)//2', True)
-    >>> env.guards[0].text()
-    '(batch-1)//2==2'
+    >>> env.guards[0].text(), env.guards[0].check({"batch": 8})
+    ('(batch-1)//2==2', False)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import math
 import os
 import re
 import sys
+import threading
 
 # ---------------------------------------------------------------------- expressions
 # An Expr is ("p", ((mono, coef), ...)): a polynomial, mono a sorted tuple of symbol
@@ -330,7 +332,13 @@ def failing(guards, sizes):
 
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_DECIDING = [0]
+
+
+class _Deciding(threading.local):
+    n = 0            # depth of `deciding` blocks in this thread (tracing is per thread)
+
+
+_DECIDING = _Deciding()
 
 
 class deciding:
@@ -340,10 +348,10 @@ class deciding:
     broadcasting, the gradient engine, caches) are checks that hold at every size."""
 
     def __enter__(self):
-        _DECIDING[0] += 1
+        _DECIDING.n += 1
 
     def __exit__(self, *exc):
-        _DECIDING[0] -= 1
+        _DECIDING.n -= 1
 
 
 class ShapeEnv:
@@ -361,12 +369,12 @@ class ShapeEnv:
     def record(self, lhs, op, rhs, holds):
         if not self.recording or self._quiet:
             return
-        if not _DECIDING[0] and sys._getframe(2).f_code.co_filename.startswith(_PKG):
+        if not _DECIDING.n and sys._getframe(2).f_code.co_filename.startswith(_PKG):
             return                      # sampan's own bookkeeping (see `deciding`)
         if lhs == rhs and op in ("==", "<=", ">=", "!="):
             return                      # decided by the expressions alone
         g = Guard(lhs, op, rhs, holds)
-        g.user = not _DECIDING[0]
+        g.user = not _DECIDING.n
         if g in self.seen:
             return
         import linecache

@@ -8,11 +8,11 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
+from ..ir.symbolic import SymFloat, SymInt
 from ..tensor import Tensor, apply, wrap
 from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
                     unary_samples, unbroadcast)
 from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit, run_flat
-from ..ir.symbolic import SymFloat, SymInt
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, STATE, Spec, defop
 
 _isfloat = _dt.is_floating

@@ -567,8 +567,8 @@ def _symbolic_slices(v, shape, enc):
         elif k == "i":
             i = e[1]
             if isinstance(i, SymInt):
-                with deciding():     # the decision numpy takes: recorded as a guard
-                    i < 0
+                with deciding():     # whether numpy counts from the end: a guard
+                    _ = i < 0
             d += 1
         else:
             with deciding():
