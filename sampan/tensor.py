@@ -8,6 +8,7 @@ the shape rule too.
 """
 from __future__ import annotations
 
+from math import prod as _prod
 from weakref import ref as _weakref
 
 import numpy as np
@@ -52,7 +53,7 @@ class Tensor:
             data = data._data
         self._data = _to_array(data, dtype)
         if STATE.tracer is not None:  # sampan.jit: made during a trace, so local to one call
-            STATE.tracer.born(self, self._data is not data)
+            STATE.tracer.born(self, self._data is not data, data)
         if requires_grad:
             self.requires_grad_(True)
 
@@ -79,6 +80,8 @@ class Tensor:
         return s if dim is None else s[dim]
 
     def numel(self) -> int:
+        if type(self._data) is not _ndarray:   # traced: symbolic sizes stay symbolic
+            return _prod(self._data.shape)
         return int(np.prod(self._data.shape, dtype=np.int64))
 
     def dim(self) -> int:

@@ -5,7 +5,6 @@ import ast
 import hashlib
 import inspect
 import os
-import re
 import textwrap
 from dataclasses import dataclass
 
@@ -59,33 +58,36 @@ def package_bytes() -> int:
 # Every name, key, literal and docstring of the module goes through `sampan.runtime.emit`
 # (a program folder, its graph.ir and meta.json are files anyone can write: nothing read
 # from them is pasted into source).
-_NUM = re.compile(r"[0-9]+\Z")
-_FLOAT = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\Z")
+_OPS = ("+", "-", "*", "/", "//", "%")
 
 
 def _expr(e: str) -> emit.Code:
-    """A symbolic expression ('5*batch', '0.5/batch') as Python over the sizes `_s`
-    (left to right, as `sampan.jit.dynamic.evaluate` reads it)."""
-    out = []
-    for k, tok in enumerate(e.replace("*", " * ").replace("/", " / ").split()):
-        if (tok in ("*", "/")) != (k % 2 == 1):   # term, operator, term, ...
-            raise DeployError(f"sampan deploy: symbolic size {emit.inert(e)!r} is not terms "
-                              "joined by '*' and '/'")
-        if tok in ("*", "/"):
-            out.append(emit.own(tok))
-        elif _NUM.match(tok):
-            out.append(emit.lit(int(tok)))
-        elif emit.is_name(tok):
-            out.append(emit.fill("_s[{k}]", k=emit.lit(tok)))
-        elif _FLOAT.match(tok):
-            out.append(emit.lit(float(tok)))
-        else:
-            raise DeployError(f"sampan deploy: symbolic size {emit.inert(e)!r} has a term "
-                              f"{emit.inert(tok)!r} that is neither a number nor a name")
-    if len(out) % 2 == 0:
-        raise DeployError(f"sampan deploy: symbolic size {emit.inert(e)!r} is not terms "
-                          "joined by '*' and '/'")
-    return emit.fill("({e})", e=emit.join(out, " "))
+    """A symbolic expression ('5*batch', '0.5/batch', '(batch-1)//2') as Python over the
+    sizes `_s`, written by the emitter from its parsed form (`sampan.ir.symbolic`), as
+    `sampan.jit.dynamic.evaluate` computes it."""
+    from ..ir import symbolic as _sym
+    try:
+        return _expr_code(_sym.parse(e))
+    except _sym.ExprError as err:
+        raise DeployError(f"sampan deploy: {emit.inert(str(err))}") from None
+
+
+def _expr_code(t) -> emit.Code:
+    if t[0] == "p":                      # a polynomial: (monomial symbols, coefficient) terms
+        if not t[1]:
+            return emit.lit(0)
+        terms = []
+        for syms, c in t[1]:
+            factors = [] if c == 1 and syms else [emit.lit(c)]
+            factors += [emit.fill("_s[{k}]", k=emit.lit(emit.name(s, "size name")))
+                        for s in syms]
+            terms.append(emit.join(factors, " * "))
+        return emit.fill("({t})", t=emit.join(terms, " + "))
+    op, a, b = t
+    if op not in _OPS:
+        raise DeployError(f"sampan deploy: size operator {emit.inert(str(op))!r} is not one "
+                          f"of {_OPS}")
+    return emit.fill("({a} {op} {b})", a=_expr_code(a), op=emit.own(op), b=_expr_code(b))
 
 
 def _py(x, what="attribute value") -> emit.Code:
@@ -183,6 +185,19 @@ def _plannable_matmuls(g) -> set:
     c = _dyn.concrete(g, sizes) if sizes else g
     assign = plan(c, min_bytes=0)["assign"]
     return {n.outputs[0].id for n in c.nodes if n.op == "matmul" and n.outputs[0].id in assign}
+
+
+def _check_guards(program_dir, meta):
+    """A program saved with a branch on a dynamic size serves only the sizes on its side
+    (see `sampan.jit.dynamic`); the standalone module cannot check that per call."""
+    from ..jit import dynamic as _dyn
+    user = [x for x in _dyn.guards_from_json(meta.get("guards", []), "sampan deploy")
+            if x.user]
+    if user:
+        raise DeployError(f"sampan deploy: {program_dir} was traced assuming "
+                          f"{user[0].describe()} (a branch on a dynamic size), which a "
+                          "standalone module cannot check per call; save it without the "
+                          "branch, or without dynamic= for that dim")
 
 
 def _check_ops(g):
@@ -301,6 +316,7 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     from ..jit.serialize import read
     g, meta, arrays = read(program_dir)
     _check_ops(g)
+    _check_guards(program_dir, meta)
     try:
         body, npz, used, params, in_specs = _body_lines(g, meta, arrays)
     except emit.EmitError as e:

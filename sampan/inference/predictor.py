@@ -92,6 +92,9 @@ class _Program:
         self.meta = meta
         self.arrays = arrays
         self.symbolic = bool(_dyn.symbols_of(graph))
+        # the size conditions the program was traced under (sampan/jit/dynamic.py)
+        self.guards = _dyn.guards_from_json(meta.get("guards", []), f"create_predictor: "
+                                            f"{self.path}")
         self.graph, self.passes_run, self.plan = optimise(graph, config, self.symbolic)
         ins = meta["inputs"]
         names = _arg_names(meta)
@@ -114,6 +117,9 @@ class _Program:
         from ..jit import dynamic as _dyn
         from ..passes import PassManager
         from ..runtime import compile_graph
+        bad = _dyn.failing_guard(self.guards, sizes) if self.guards else None
+        if bad is not None:
+            raise _dyn.guard_error(bad, sizes, f"model {self.path}")
         g = _dyn.concrete(self.graph, sizes) if sizes else self.graph
         with _COMPILE:
             if self.plan:

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanError
+from ..ir import symbolic as _sym
 from ..ops.registry import STATE
 from ..profiler import recorder as _rec
 from ..tensor import Tensor, wrap
@@ -123,8 +124,12 @@ class Entry:
         self.links = output_links(graph, self.in_slots, out_slots, self.copy_out,
                                   self.copy_res)
 
+    size_check = None     # for dynamic dims: whether a call's sizes are inside the guards
+
     def valid(self, args=()):
         """Whether this trace still holds for a call with tensor leaves `args`."""
+        if self.size_check is not None and self.size_check.failing(args) is not None:
+            return False
         for fn, v in self.guards:
             if fn() != v:
                 return False
@@ -135,6 +140,10 @@ class Entry:
 
     def failing(self, args=()):
         """What no longer holds for a call with tensor leaves `args` (for messages)."""
+        if self.size_check is not None:
+            bad = self.size_check.failing(args)
+            if bad is not None:
+                return bad
         for i, (fn, v) in enumerate(self.guards):
             if fn() != v:
                 name = (self.guard_names[i] if i < len(self.guard_names)
@@ -201,12 +210,33 @@ class Entry:
         return _unflatten(self.out_tree, leaves)
 
 
+class _SizeCheck:
+    """Whether a call's dynamic sizes are inside what a trace assumed: the guards of a
+    symbolic program, or (`exact`) the very sizes of one traced for them alone because
+    its code decides on them (specialised)."""
+
+    def __init__(self, dyn, guards, exact=None):
+        self.dyn, self.guards, self.exact = dyn, guards, exact
+
+    def failing(self, leaves):
+        """A description of what the call's sizes break, or None."""
+        sizes = _dyn.bind(leaves, self.dyn)
+        if self.exact is not None:
+            if sizes != self.exact:
+                return ("the dynamic sizes (the traced code branches on them; specialised "
+                        f"to {self.exact})")
+            return None
+        bad = _sym.failing(self.guards, sizes)
+        return None if bad is None else f"the size condition {bad.describe()}"
+
+
 def _target(ref, args):
     return args[ref[1]] if isinstance(ref, tuple) else ref
 
 
 # ---------------------------------------------------------------------- tracing
-def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiable=False):
+def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiable=False,
+          dyn=None):
     """Trace `fn(*args, **kwargs)` into a Graph.
 
     `state` is a list of (name, tensor) to make graph inputs up front (a Layer's
@@ -215,18 +245,29 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
     each state output with the input holding that state's array. With `differentiable`
     (and grad mode on), a call reading tensors that require grad, and not running
     backward itself, also gets its gradient traced: `info["vjp"]` (see `autodiff`), and
-    the graph returns the residuals that gradient reads (out slots "res")."""
+    the graph returns the residuals that gradient reads (out slots "res"). `dyn`
+    ({leaf: {dim: symbol}}) traces those dims as symbolic sizes (`dynamic.py`);
+    `info["sym_guards"]` then lists the comparisons the code made on them."""
     kwargs = kwargs or {}
     leaves = []
     tree = _flatten((tuple(args), kwargs), leaves)
     tr = Tracer(name)
     with tr:
         for i, t in enumerate(leaves):
-            tr.lift(t, ("arg", i), None)
+            v = tr.lift(t, ("arg", i), None)
+            if dyn and i in dyn:
+                tr.symbolic(v, dyn[i])
         for nm, t in state:
             tr.lift(t, ("state", t), nm)
         a, k = _unflatten(tree, leaves)
-        result = fn(*a, **k)
+        if tr.env is not None:
+            tr.env.recording = True
+            try:
+                result = fn(*a, **k)
+            finally:
+                tr.env.recording = False
+        else:
+            result = fn(*a, **k)
         out_leaves = []
         out_tree = _flatten(result, out_leaves)
         g = tr.g
@@ -306,6 +347,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         info["hist"] = tuple(ref for ref, _ in hist)
         info["leaf_outs"] = tuple(b.ref[1] for b in born)
         info["guards"] = list(tr.guards)
+        info["sym_guards"] = list(tr.env.guards) if tr.env is not None else []
         consts = []
         for _, d, t in tr.consts.values():
             if isinstance(t, Tensor) and t._data is d and not tr.is_born(t):
@@ -504,11 +546,15 @@ class JitFunction:
                 else getattr(self.fn, "__name__", "main").replace("<", "").replace(">", ""))
         dyn = (_dyn.leaf_dims(self.dynamic, self._params, args, kwargs)
                if self.dynamic is not None else {})
-        if dyn:
-            info, g, raw, pm, in_slots, out_slots, out_tree, grad_none, compiled = \
-                self._trace_dynamic(args, kwargs, leaves, dyn, name)
+        traced = self._trace_dynamic(args, kwargs, leaves, dyn, name) if dyn else None
+        size_check = None
+        if traced is not None:
+            info, g, raw, pm, in_slots, out_slots, out_tree, grad_none, compiled = traced
             trace_s = time.perf_counter() - t0
+            size_check = _SizeCheck(dyn, compiled.guards)
         else:
+            if dyn:   # a branch on the sizes: a program for exactly these sizes
+                size_check = _SizeCheck(dyn, None, _dyn.bind(leaves, dyn))
             info = {}
             g, in_slots, out_slots, out_tree, grad_none = trace(
                 self.fn, args, kwargs, self._state(), name=name, info=info,
@@ -536,6 +582,7 @@ class JitFunction:
         entry.guard_names = tuple(n for n, _, _ in named)
         entry.hist = info["hist"]
         entry.leaf_outs = info["leaf_outs"]
+        entry.size_check = size_check
         # a signature keeps the traces of its recent guard outcomes (grads present or not,
         # hyperparameters …), so that alternating between them does not trace every call
         entries = self.cache.setdefault(key, [])
@@ -556,7 +603,8 @@ class JitFunction:
             a, k = _unflatten(tree, _dyn.resized(leaves, dyn, sizes))
             info = {}
             g, in_slots, out_slots, out_tree, grad_none = trace(
-                self.fn, a, k, self._state(), name=name, info=info, differentiable=True)
+                self.fn, a, k, self._state(), name=name, info=info, differentiable=True,
+                dyn=dyn)
             if info["vjp"] is not None and info["vjp"].graph is not None:
                 raise SampanError(
                     f"sampan.jit: {name} is differentiated from outside the call (inputs or "
@@ -566,13 +614,17 @@ class JitFunction:
             pm = PassManager([p for p in PassManager(self.pipeline).passes
                               if p != "plan_memory"], debug=self.debug)
             runs.append((info, pm.run(g), raw, pm, in_slots, out_slots, out_tree, grad_none))
+        guards, conflict = _dyn.merge_guards([r[0]["sym_guards"] for r in runs], base, probes)
+        actual = _dyn.bind(leaves, dyn)
+        if conflict is not None or _sym.failing(guards, actual) is not None:
+            return None      # the code decides on the sizes here: specialise (see _compile)
         info, g0, raw, pm, in_slots, out_slots, out_tree, grad_none = runs[0]
         g = _dyn.unify(g0, [r[1] for r in runs[1:]], base, probes, what=name)
         g.meta = dict(g0.meta)
         raw = _dyn.unify(raw, [r[2] for r in runs[1:]], base, probes, what=name)
         args_at = [i for i, (kind, _) in enumerate(in_slots) if kind == "arg"]
         compiled = _dyn.SymbolicProgram(g, args_at, debug=self.debug,
-                                        label=f"sampan.jit {name}")
+                                        label=f"sampan.jit {name}", guards=guards)
         return info, g, raw, pm, in_slots, out_slots, out_tree, grad_none, compiled
 
     # ---------------------------------------------------------------- inspection

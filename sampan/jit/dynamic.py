@@ -1,19 +1,41 @@
 """Symbolic dimensions: one traced program for every batch size (or sequence length).
 
 ``sampan.jit(fn, dynamic={"x": {0: "batch"}})`` (or ``dynamic="batch"``: dim 0 of every
-tensor argument) marks dims whose size varies between calls. A trace bakes in the sizes
-it sees, so a marked function is traced at the call's sizes and once more per symbol at
-another size; the optimised graphs must then agree node for node, and every dim, shape
-attribute or constant that differs must be a multiple of the symbols' sizes (``batch``,
-``8*batch``, ``batch*seq``). The unified graph holds those as symbolic dims (``f32[batch,4]``)
-and attributes (``"$8*batch"``); it is compiled once per concrete size, on first use
-(`SymbolicProgram`), which costs milliseconds: generated kernels are shared.
+tensor argument) marks dims whose size varies between calls. The function is traced at
+the call's sizes and once more per symbol at another size, and the optimised graphs are
+unified node for node into one with symbolic dims (``f32[batch,4]``) and attributes
+(``"$8*batch"``); it is compiled once per concrete size, on first use (`SymbolicProgram`),
+which costs milliseconds: generated kernels are shared.
 
-What makes a program depend on the batch size in some other way (a Python value read from
-``x.shape[0]`` used as a scale, a branch on the size) fails with an error naming the op and
+While tracing, a marked dim is a `SymInt` (`sampan.ir.symbolic`): an int with its value
+at the traced size, so Python runs as it would eagerly, that also carries its expression.
+``x.shape[0] - 1``, ``(n - 1) // 2``, ``x.numel()``, ``arange(x.shape[1])``, the extent of
+``x[1:]`` or ``w[:seq]`` stay symbolic, and where such a number reaches the graph (an
+attribute, a scalar operand, a fill) it is written as its expression, checked against the
+probe traces. Sizes guessed from the probes' values alone are what the unifier falls back
+to for the rest (dims and constants that are multiples of the symbols: ``8*batch``,
+``0.5/batch``); a value that agrees at both probe sizes by chance (the median's index) is
+no longer baked in, because it arrives as a SymInt.
+
+Every comparison the traced code makes on a symbolic size (``if x.shape[0] > 4:``,
+``max(n - 1, 1)``, how ``w[:seq]`` clamps to ``len(w)``) is recorded as a guard
+``(expression, op, other side, answer, user's line)``, as dynamo's shape guards. sampan's
+own comparisons count only where marked (`sampan.ir.symbolic.deciding`: a variance's
+degrees of freedom, slices, arange); shape rules, broadcasting and the gradient engine
+check, they do not decide. The traces at the probe sizes must give every guard the same
+answer; a call is served only where the guards still hold:
+- `sampan.jit(fn, dynamic=...)` traces again for a call outside them (a program for the
+  other side of the branch), and where the probe traces themselves disagree (``> 2``
+  traced at 2 and 3) traces a program for exactly the call's sizes;
+- `sampan.jit.save(..., dynamic=...)` stores the guards in meta.json ("guards"; programs
+  without them load as before), refuses to save when the probes disagree, and the loaded
+  program raises `DynamicShapeError` naming the user's line for a call outside them.
+
+What still depends on the size in a way no SymInt reaches (numpy computing from
+``x.shape[0]``, a Python loop of ``range(n)`` steps) fails with an error naming the op and
 the source line. Small fills that constant folding turned into arrays (``zeros(n, 8)``)
-become ``full`` nodes again. `sampan.jit.save(..., dynamic=...)` writes the unified graph,
-so one saved program serves any batch size.
+become ``full`` nodes again. A float computed as ``0.5 / n`` (a float on the left) is a
+plain float: the unifier recognises the multiples of the sizes among those.
 """
 from __future__ import annotations
 
@@ -23,6 +45,8 @@ import re
 import numpy as np
 
 from ..errors import SampanError, ShapeError
+from ..ir import symbolic as _sym
+from ..ir.symbolic import SymFloat, SymInt
 from ..ops.registry import Spec
 from ..tensor import Tensor
 
@@ -118,30 +142,20 @@ def expr_str(coef: int, syms) -> str:
     return "*".join(parts) if parts else str(coef)
 
 
-_TOKENS = re.compile(r"([*/])")
-
-
 def evaluate(expr: str, sizes: dict):
     """The value of a symbolic expression under `sizes`: a dim ('batch', '4*batch*seq',
-    an int) or a value that scales with the sizes ('0.5/batch': a float)."""
-    parts = _TOKENS.split(expr)
-    n = _factor(parts[0], sizes, expr)
-    for op, part in zip(parts[1::2], parts[2::2]):
-        f = _factor(part, sizes, expr)
-        n = n * f if op == "*" else n / f
-    return n
-
-
-def _factor(part, sizes, expr):
-    if part.isdigit():
-        return int(part)
-    if part in sizes:
-        return sizes[part]
+    'batch-1', an int) or a value that scales with the sizes ('0.5/batch': a float); the
+    expression language is `sampan.ir.symbolic`'s."""
     try:
-        return float(part)
-    except ValueError:
-        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {part!r}, "
+        return _sym.evaluate(expr, sizes)
+    except KeyError as e:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {e.args[0]!r}, "
                                 f"which no input binds (bound: {sorted(sizes)})") from None
+    except _sym.ExprError as e:
+        raise DynamicShapeError(f"sampan.jit: {e}") from None
+    except ZeroDivisionError:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} divides by zero at "
+                                f"{_sizes(sizes)}") from None
 
 
 def symbols_of(g) -> set:
@@ -149,7 +163,10 @@ def symbols_of(g) -> set:
     for v in g.values():
         for d in v.shape:
             if isinstance(d, str):
-                out |= {p for p in d.split("*") if not p.isdigit()}
+                try:
+                    out |= _sym.symbols(d)
+                except _sym.ExprError:     # a dim name from elsewhere (an ONNX model's)
+                    out.add(d)
     return out
 
 
@@ -198,6 +215,78 @@ def _unify_int(x0, xs, base, probes):
     return expr_str(x0 // den, syms)
 
 
+# ---------------------------------------------------------------------- guards
+def merge_guards(lists, base, probes):
+    """The comparisons on sizes that the traces at `base` and at each probe made (one
+    list per trace), and the first that gives another answer at one of those sizes, as
+    (guard, sizes) or None: where one does, the traces took different decisions and no
+    single program serves all of them."""
+    out, seen = [], set()
+    for gl in lists:
+        for g in gl:
+            if g not in seen:
+                seen.add(g)
+                out.append(g)
+    for sizes in [base] + [dict(base, **{s: n}) for s, n in probes]:
+        bad = _sym.failing(out, sizes)
+        if bad is not None:
+            return out, (bad, sizes)
+    return out, None
+
+
+def guard_error(guard, sizes, what="program") -> DynamicShapeError:
+    """The error for a call (or a probe trace) at `sizes` outside `guard`."""
+    return DynamicShapeError(
+        f"sampan.jit: the {what} was traced assuming {guard.describe()}, which does not "
+        f"hold for {_sizes(sizes)}: the code decides on a dynamic size there (a comparison "
+        "of x.shape[...], a slice clamped to a length), so this size needs another program. "
+        "Trace (or save) at a size on the side you serve, or compute both sides with "
+        "sampan.where")
+
+
+def check_unguarded(guards, base, what, upto=1024):
+    """For a program that cannot check guards per call (an ONNX model): raise
+    DynamicShapeError for the first guard of the user's code (a branch on a size) that
+    some size from 1 to `upto` of one of its symbols (the others at `base`) breaks; guards
+    that hold at every such size say nothing about the sizes served. sampan's own
+    decisions (how a slice clamps) stay unchecked there, as before guards existed."""
+    for g in guards:
+        if not g.user:
+            continue
+        for s in sorted(guard_symbols(g)):
+            for k in range(1, upto + 1):
+                sizes = dict(base, **{s: k})
+                try:
+                    ok = g.check(sizes)
+                except ZeroDivisionError:
+                    ok = False
+                if not ok:
+                    raise guard_error(g, sizes, what)
+
+
+def failing_guard(guards, sizes):
+    """The first of `guards` that `sizes` break, or None."""
+    return _sym.failing(guards, sizes)
+
+
+def guard_symbols(guard) -> set:
+    return _sym.symbols(guard.lhs) | _sym.symbols(guard.rhs)
+
+
+def guards_json(guards) -> list:
+    return [g.to_json() for g in guards]
+
+
+def guards_from_json(items, what) -> list:
+    """Guards read from a saved program's meta.json; SampanError when malformed."""
+    if not isinstance(items, list):
+        raise SampanError(f"{what}: 'guards' is {type(items).__name__}, not a list")
+    try:
+        return [_sym.Guard.from_json(d) for d in items]
+    except _sym.ExprError as e:
+        raise SampanError(f"{what}: {e}") from None
+
+
 # ---------------------------------------------------------------------- unification
 def unify(g0, others, base, probes, what="program"):
     """Merge the base graph `g0` (traced at sizes `base`) with `others[k]`, traced with
@@ -219,7 +308,10 @@ def unify(g0, others, base, probes, what="program"):
         shape = []
         for j, d in enumerate(v.shape):
             ds = [o.shape[j] if j < len(o.shape) else None for o in others_v]
-            e = _unify_int(d, ds, base, probes) if None not in ds else None
+            e = (_symbolic_int(d, ds, base, probes) if isinstance(d, SymInt) else None) \
+                if None not in ds else None
+            if e is None and None not in ds:
+                e = _unify_int(int(d), [int(x) for x in ds], base, probes)
             if e is None:
                 raise DynamicShapeError(
                     f"sampan.jit: dim {j} of {v.type_str()}{_where(v, g)} is {d} at "
@@ -298,17 +390,54 @@ def _attr_of(d):
     return d if isinstance(d, int) else _ATTR + d
 
 
+def _symbolic_int(x, xs, base, probes):
+    """The expression text of SymInt `x` (an int seen as `xs` at the probes) when it
+    agrees with every probe; None when it does not (the probes traced otherwise)."""
+    for (s, n), y in zip(probes, xs):
+        if _sym.evaluate(x.expr, dict(base, **{s: n})) != y:
+            return None
+    return _sym.text(x.expr)
+
+
+def _symbolic_float(x, xs, base, probes):
+    for (s, n), y in zip(probes, xs):
+        try:
+            want = float(_sym.evaluate(x.expr, dict(base, **{s: n})))
+        except ZeroDivisionError:
+            return None
+        if not isinstance(y, (int, float)) or not math.isclose(want, y, rel_tol=1e-9,
+                                                               abs_tol=1e-12):
+            return None
+    return _sym.text(x.expr)
+
+
 def _unify_attr(x, xs, base, probes):
-    if type(x) is int:
-        if any(type(y) is not int for y in xs):
+    if isinstance(x, (SymInt, SymFloat)):
+        # a number the traced code computed from the sizes: its expression, checked
+        # against the probes (it would agree at them by chance if guessed from values)
+        e = (_symbolic_int if isinstance(x, SymInt) else _symbolic_float)(
+            x, xs, base, probes)
+        if e is not None:
+            return _ATTR + e
+        # its expression does not fit the probes (a number a cache kept from another
+        # trace): read it as a plain number, as below
+        x = int(x) if isinstance(x, SymInt) else float(x)
+    if isinstance(x, dict):
+        if any(not isinstance(y, dict) or y.keys() != x.keys() for y in xs):
             raise _NoUnify
+        return {k: _unify_attr(a, [y[k] for y in xs], base, probes) for k, a in x.items()}
+    if type(x) is int:
+        if any(not isinstance(y, int) or isinstance(y, bool) for y in xs):
+            raise _NoUnify
+        xs = [int(y) for y in xs]
         e = _unify_int(x, xs, base, probes)
         if e is None:
             raise _NoUnify
         return _attr_of(e)
     if type(x) is float:
-        if any(type(y) is not float for y in xs):
+        if any(not isinstance(y, float) for y in xs):
             raise _NoUnify
+        xs = [float(y) for y in xs]
         e = _unify_float(x, xs, base, probes)
         if e is None:
             raise _NoUnify
@@ -426,8 +555,10 @@ class SymbolicProgram:
 
     MAX_CACHED = 64
 
-    def __init__(self, graph, arg_positions, debug=False, release=True, label="program"):
+    def __init__(self, graph, arg_positions, debug=False, release=True, label="program",
+                 guards=()):
         self.graph = graph
+        self.guards = list(guards)   # comparisons on sizes the trace decided (see above)
         self.debug = debug
         self.release = release
         self.label = label
@@ -475,8 +606,17 @@ class SymbolicProgram:
         self.last = c
         return c
 
+    def check(self, sizes):
+        """Raise DynamicShapeError when `sizes` are outside one of the guards."""
+        bad = _sym.failing(self.guards, sizes)
+        if bad is not None:
+            raise guard_error(bad, sizes, self.label)
+
     def __call__(self, *arrays):
-        return self.compiled_for(self.sizes_of(arrays))(*arrays)
+        sizes = self.sizes_of(arrays)
+        if self.guards:
+            self.check(sizes)
+        return self.compiled_for(sizes)(*arrays)
 
 
 def fits(shape, want, sizes) -> bool:

@@ -142,8 +142,12 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     dyn = _dyn.leaf_dims(dynamic, params, example_inputs, {})
     names = pipeline(passes) if isinstance(passes, str) else list(passes)
 
+    guards = []
+
     def traced(ins):
-        g, slots, out_slots, out_tree, _ = trace(fn, ins, {}, state)
+        info = {}
+        g, slots, out_slots, out_tree, _ = trace(fn, ins, {}, state, info=info, dyn=dyn)
+        guards.append(info["sym_guards"])
         # state the program reads but never writes is fixed in a saved program: passes
         # that know it (freeze_state, in the "inference" pipeline) may fold it into
         # constants
@@ -160,6 +164,12 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         if base != _dyn.bind(leaves, dyn):   # an example of size 1: trace the base at 2
             g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
         meta_g = g.meta
+        # the comparisons on sizes the traces made: the same answers at every probe, or
+        # the code decides on the size and no one program serves it (jit/dynamic.py)
+        guards, conflict = _dyn.merge_guards(guards[1:] if len(guards) > len(runs) + 1
+                                             else guards, base, probes)
+        if conflict is not None:
+            raise _dyn.guard_error(*conflict, what="saved program")
         g = _dyn.unify(g, runs, base, probes, what="saved program")
         g.meta = meta_g
     slots = _drop_unread(g, slots)
@@ -203,6 +213,8 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         "out_tree": _tree_json(out_tree, out_consts), "dtypes": dtypes,
         "arg_names": _arg_names(example_inputs, params),   # the Predictor's input names
     }
+    if dyn and guards:   # checked at every call (older programs have none: no check)
+        meta["guards"] = _dyn.guards_json(guards)
     for i, a in enumerate(out_consts):
         put(f"outconst.{i}", a)
     meta["n_outconst"] = len(out_consts)
@@ -299,8 +311,9 @@ class Loaded:
         self.symbolic = bool(_dyn.symbols_of(graph))
         if self.symbolic:   # symbolic dims: compiled per concrete size (jit/dynamic.py)
             args_at = [i for i, spec in enumerate(meta["inputs"]) if spec["kind"] == "arg"]
-            self.compiled = _dyn.SymbolicProgram(graph, args_at, debug=debug,
-                                                 label=f"saved program {path}")
+            self.compiled = _dyn.SymbolicProgram(
+                graph, args_at, debug=debug, label=f"saved program {path}",
+                guards=_dyn.guards_from_json(meta.get("guards", []), f"saved program {path}"))
         else:
             g = PassManager(["plan_memory"]).run(graph)
             self.compiled = compile_graph(g, debug=debug)
@@ -640,6 +653,15 @@ def _check_meta(path, meta, g, arrays):
          and all(k in _OUT_KINDS for k in outs),
          f"'outputs' must list the graph's {len(g.outputs)} output kinds")
     _check_tree(meta.get("out_tree"), sum(k == "out" for k in outs), n_oc, need)
+    if "guards" in meta:   # the size conditions of a program saved with dynamic= dims
+        from . import dynamic as _dyn
+        try:
+            guards = _dyn.guards_from_json(meta["guards"], where)
+        except SampanError as e:
+            raise _damaged(where, f"'guards' is not a list of size conditions ({e})") from None
+        syms = _dyn.symbols_of(g)
+        need(all(_dyn.guard_symbols(x) <= syms for x in guards),
+             "'guards' name sizes the graph does not have")
 
 
 def _check_tree(j, n_out, n_const, need, depth=0):

@@ -23,6 +23,7 @@ import numpy as np
 from ..autograd.tape import Node as _Node
 from ..errors import AutogradError, SampanError, user_frame
 from ..ir.graph import Graph, Value
+from ..ir.symbolic import ShapeEnv, SymFloat, SymInt, sym
 from ..ops.registry import STATE, OpDef
 from ..tensor import Tensor, _record, mark_view, refresh_view, wrap
 
@@ -78,6 +79,9 @@ class Tracer:
         self.loc = None          # the source line new nodes take, if not the caller's
         self.vjp_mode = False    # set while tracing the gradient of the whole call
         self.lift_requires_grad = lift_requires_grad
+        # symbolic sizes (dynamic dims, see dynamic.py): the ShapeEnv that records the
+        # guards of this trace, or None for a trace at fixed sizes
+        self.env = None
         self._inc = None
         self._prev = None
 
@@ -113,8 +117,11 @@ class Tracer:
         self.slots.append(slot)
         return v
 
-    def born(self, t: Tensor, fresh_array: bool):
+    def born(self, t: Tensor, fresh_array: bool, data=None):
         """`t` was just made from data by the traced code (called by `Tensor.__init__`)."""
+        if isinstance(data, (SymInt, SymFloat)):   # sampan.tensor(x.shape[0]): a size
+            t._data = self.sym_scalar(data, t._data.dtype)._data
+            return
         self.born_tensors[id(t)] = t
         if fresh_array:
             self.born_arrays[id(t._data)] = t._data
@@ -261,10 +268,34 @@ class Tracer:
             self.consts[id(d)] = ent = (v, d, t)
         return ent[0]
 
+    def symbolic(self, v: Value, dims: dict):
+        """Give graph input `v` symbolic sizes at `dims` ({dim: symbol}): its shape holds
+        SymInts from now on, and what the traced code computes from them stays symbolic."""
+        if self.env is None:
+            self.env = ShapeEnv()
+        v.shape = tuple(SymInt(d, sym(dims[i]), self.env) if i in dims else d
+                        for i, d in enumerate(v.shape))
+
+    def sym_scalar(self, x, dtype) -> Tensor:
+        """A 0-d tensor holding symbolic number `x` (a size the code computed): a `full`
+        node whose value is the SymInt/SymFloat, never a constant baked at one size."""
+        from ..dtypes import dtype_name
+        with self.env.quiet():
+            node = self.g.add_node("full", [], {"shape": (), "value": x,
+                                                "dtype": dtype_name(dtype)},
+                                   loc=self.loc or _loc())
+        v = node.output
+        self.own.add(id(v))
+        return wrap(v)
+
     # ------------------------------------------------------------------ hooks from the core
     def apply(self, op, inputs, attrs):
         vals = [self.value_of(t) for t in inputs]
-        node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
+        if self.env is not None:   # a shape rule's comparisons are checks, not decisions
+            with self.env.quiet():
+                node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
+        else:
+            node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
         if any(isinstance(d, str) for v in node.outputs for d in v.shape) and not any(
                 isinstance(d, str) for v in vals for d in v.shape):
             fn, ln = user_frame()

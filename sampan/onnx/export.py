@@ -230,8 +230,12 @@ def _trace(fn_or_layer, example_inputs, dynamic):
     dyn = _dyn.leaf_dims(dynamic, params, example_inputs, {})
     names = [p for p in pipeline("inference") if p != "plan_memory"]
 
+    guards = []
+
     def traced(ins):
-        g, slots, out_slots, _, _ = trace(fn, ins, {}, state)
+        info = {}
+        g, slots, out_slots, _, _ = trace(fn, ins, {}, state, info=info, dyn=dyn)
+        guards.append(info["sym_guards"])
         written = {id(ref) for kind, ref in out_slots if kind == "state"}
         g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
                             if kind == "state" and id(ref) not in written}
@@ -244,6 +248,13 @@ def _trace(fn_or_layer, example_inputs, dynamic):
                     for sz in [dict(base, **{s: n}) for s, n in probes]]
             if base != _dyn.bind(leaves, dyn):
                 g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
+            # decisions on the sizes (jit/dynamic.py): an ONNX model cannot check them
+            # per call, so one that some size breaks is refused
+            found, conflict = _dyn.merge_guards(guards[1:] if len(guards) > len(runs) + 1
+                                                else guards, base, probes)
+            if conflict is not None:
+                raise _dyn.guard_error(*conflict, what="exported program")
+            _dyn.check_unguarded(found, base, "exported program")
             g = _dyn.unify(g, runs, base, probes, what="exported program")
     return g, slots, out_slots
 

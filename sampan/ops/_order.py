@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
+from ..ir.symbolic import deciding
 from ..tensor import Tensor, apply
 from ._nb import njit
 from ._util import Sample, norm_axis, pick, randf, rng
@@ -219,7 +220,9 @@ def _median_dim(x, axis, keepdim, ignore_nan):
     from .index import take_along_axis
     from .shape import squeeze
     n = x.shape[axis]
-    if n == 0:
+    with deciding():
+        empty = n == 0
+    if empty:
         raise op_error(SampanValueError, "median", "an empty dim", "a non-empty dim")
     srt, order = _sorted_along(x, axis)
     keep = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
@@ -307,7 +310,9 @@ def _quantile(op, input, q, dim, keepdim, interpolation, ignore_nan):
     else:
         a = norm_axis(dim, x.ndim, op)[0]
     n = x.shape[a]
-    if n == 0:
+    with deciding():
+        empty = n == 0
+    if empty:
         raise op_error(SampanValueError, op, "an empty dim", "a non-empty dim")
     srt, _ = _sorted_along(x, a)
     dt = _dt.dtype_name(x.dtype)

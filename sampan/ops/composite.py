@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
+from ..ir.symbolic import as_float, deciding
 from ..tensor import Tensor
 from ._util import Sample, pick, randf, rng
 from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid, sub, tanh,
@@ -29,7 +30,8 @@ def _empty_axis(x, axis):
     """Whether one of the reduced axes has length 0 (known while tracing too, unless
     symbolic): the max that stabilises exp has no value there, as in PyTorch."""
     from ._util import norm_axis
-    return any(x.shape[a] == 0 for a in norm_axis(axis, x.ndim, "logsumexp"))
+    with deciding():
+        return any(x.shape[a] == 0 for a in norm_axis(axis, x.ndim, "logsumexp"))
 
 
 def _dim(op, dim, axis, default=-1):
@@ -130,9 +132,12 @@ def _var(x, dim, keepdim, correction):
         n *= x.shape[a]
     s = sum(mul(d, d), dim, keepdims=keepdim)
     dof = n - correction
-    if dof <= 0:       # PyTorch: no degrees of freedom left gives NaN (0/0) or inf
-        return (mul(s, float("nan")) if n <= 1 else div(s, 0.0)), m
-    return div(s, float(dof)), m
+    with deciding():   # a symbolic size: these choices are guards of the traced program
+        none_left = dof <= 0
+        single = none_left and n <= 1
+    if none_left:      # PyTorch: no degrees of freedom left gives NaN (0/0) or inf
+        return (mul(s, float("nan")) if single else div(s, 0.0)), m
+    return div(s, as_float(dof)), m     # a symbolic size stays one (jit dynamic=)
 
 
 def var(x, dim=None, unbiased=None, keepdim=None, *, correction=None, axis=None,
@@ -280,8 +285,10 @@ def _update_running(running_mean, running_var, m, v, n, momentum):
         mf = cast(reshape(m, (-1,)), dt)
         vf = cast(reshape(v, (-1,)), running_var.dtype)
         running_mean.copy_(add(mul(running_mean, keep), mul(mf, momentum)))
+        with deciding():     # a symbolic batch: the choice is a guard
+            denom = max(n - 1, 1)
         running_var.copy_(add(mul(running_var, keep),
-                              div(mul(mul(vf, momentum), n), max(n - 1, 1))))
+                              div(mul(mul(vf, momentum), n), denom)))
 
 
 def _no_grad():

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanValueError, op_error
+from ..ir.symbolic import as_float, as_int, deciding, is_symbolic
 from ..tensor import Tensor, apply, wrap
 from ._util import Sample
 from .registry import NOT_DIFFERENTIABLE, Spec, defop
@@ -14,7 +15,7 @@ from .registry import NOT_DIFFERENTIABLE, Spec, defop
 def _shape(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
-    return tuple(int(d) if not isinstance(d, str) else d for d in shape)
+    return tuple(as_int(d) if not isinstance(d, str) else d for d in shape)
 
 
 def _full_kernel(shape, value, dtype):
@@ -45,7 +46,7 @@ def full(shape, fill_value, dtype=None, requires_grad=False, device=None):
                  if isinstance(fill_value, int) else _dt.get_default_dtype())
     d = _dt.as_dtype(dtype)
     v = bool(fill_value) if d == _dt.bool_ else (
-        int(fill_value) if _dt.is_integer(d) else float(fill_value))
+        as_int(fill_value) if _dt.is_integer(d) else as_float(fill_value))
     t = apply(FULL, (), {"shape": shape, "value": v, "dtype": _dt.dtype_name(d)})
     return _finish(t, requires_grad)
 
@@ -80,9 +81,16 @@ def empty(*shape, dtype=None, requires_grad=False):
     return zeros(*shape, dtype=dtype, requires_grad=requires_grad)
 
 
+def _arange_len(start, stop, step):
+    if all(isinstance(v, int) for v in (start, stop, step)):
+        # in ints (a symbolic size stays symbolic: arange(x.shape[1]) is seq long)
+        n = (stop - start + step - 1) // step if step > 0 else (start - stop - step - 1) // -step
+        return n if n > 0 else 0
+    return max(0, int(np.ceil((float(stop) - float(start)) / float(step))))
+
+
 def _arange_rule(start, stop, step, dtype):
-    n = max(0, int(np.ceil((stop - start) / step)))
-    return Spec((n,), _dt.as_dtype(dtype))
+    return Spec((_arange_len(start, stop, step),), _dt.as_dtype(dtype))
 
 
 ARANGE = defop("arange", _arange_rule,
@@ -104,6 +112,9 @@ def arange(start, stop=None, step=1, dtype=None, requires_grad=False):
     if dtype is None:
         dtype = _dt.int64 if all(isinstance(v, int) for v in (start, stop, step)) \
             else _dt.get_default_dtype()
+    if is_symbolic((start, stop, step)):
+        with deciding():                 # while jit traces: its comparisons are guards
+            _arange_len(start, stop, step)
     t = apply(ARANGE, (), {"start": start, "stop": stop, "step": step,
                            "dtype": _dt.dtype_name(_dt.as_dtype(dtype))})
     return _finish(t, requires_grad)

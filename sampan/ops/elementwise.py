@@ -8,13 +8,15 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
+from ..ir.symbolic import SymFloat, SymInt
 from ..tensor import Tensor, apply, wrap
 from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
                     unary_samples, unbroadcast)
 from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit, run_flat
-from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
+from .registry import NO_ONNX, NOT_DIFFERENTIABLE, STATE, Spec, defop
 
 _isfloat = _dt.is_floating
+_SYMBOLIC = (SymInt, SymFloat)
 
 
 # ---------------------------------------------------------------------- frontends
@@ -22,7 +24,10 @@ _CONSTS: dict = {}
 
 
 def _const(value, dtype):
-    """A scalar constant; the read-only 0-d arrays are cached per (value, dtype)."""
+    """A scalar constant; the read-only 0-d arrays are cached per (value, dtype). A
+    symbolic size (a SymInt while jit traces dynamic dims) stays symbolic: a node."""
+    if type(value) in _SYMBOLIC and STATE.tracer is not None:
+        return STATE.tracer.sym_scalar(value, dtype)
     key = (type(value), value, dtype)
     a = _CONSTS.get(key)
     if a is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SampanIndexError, ShapeError, op_error
+from ..ir.symbolic import SymInt, as_int, deciding, is_symbolic
 from ..tensor import Tensor, apply, mark_view
 from ._util import Sample, norm_axis, pick, randf, rng, unbroadcast
 from .registry import NO_ONNX, STATE, Spec, defop
@@ -362,7 +363,7 @@ def encode_index(idx):
             tensors.append(Tensor(np.asarray(it)))
             enc.append(("t", len(tensors) - 1))
         elif isinstance(it, (int, np.integer)):
-            enc.append(("i", int(it)))
+            enc.append(("i", as_int(it)))
         else:
             t = it if isinstance(it, Tensor) else Tensor(np.asarray(it))
             tensors.append(t)
@@ -371,7 +372,7 @@ def encode_index(idx):
 
 
 def _int_or_none(v):
-    return None if v is None else int(v)
+    return None if v is None else as_int(v)
 
 
 def decode_index(enc, arrays):
@@ -515,9 +516,67 @@ def getitem(x, idx):
     view = all(e[0] != "t" for e in enc)     # basic indexing: a view (as in numpy, torch)
     attrs = {"index": enc}
     out = apply(GETITEM, (x,) + tuple(tensors), attrs)
+    tr = STATE.tracer
+    if tr is not None and tr.env is not None and not tensors:
+        _symbolic_slices(out._data, tuple(x.shape), enc)
     if view and (not isinstance(out._data, np.ndarray) or out._data.base is not None):
         mark_view(out, x, GETITEM, attrs)
     return out
+
+
+def _slice_extent(start, stop, step, n):
+    """The length of ``range(n)[start:stop:step]`` as Python computes it, written with
+    comparisons so that symbolic sizes (SymInt) record the decisions as guards."""
+    step = 1 if step is None else step
+    if step < 0:
+        lo, hi = -1, n - 1
+    else:
+        lo, hi = 0, n
+
+    def norm(v, default):
+        if v is None:
+            return default
+        if v < 0:
+            v = v + n
+            return lo if v < lo else v
+        return hi if v > hi else v
+    a, b = norm(start, hi if step < 0 else lo), norm(stop, lo if step < 0 else hi)
+    span = (a - b) if step < 0 else (b - a)
+    if span <= 0:
+        return 0
+    k = -step if step < 0 else step
+    return (span + k - 1) // k
+
+
+def _symbolic_slices(v, shape, enc):
+    """While jit traces dynamic dims: give the result `v` of ``x[enc]`` its symbolic
+    extents (``x[1:]`` of a batch is ``batch-1`` long, ``w[:seq]`` is ``seq``) and record
+    how the slices were clamped as guards (``w[:seq]`` assumes seq <= len(w))."""
+    if not any(isinstance(d, SymInt) for d in shape) and not is_symbolic(enc):
+        return
+    n_dims = sum(1 for e in enc if e[0] in "si")
+    out, d = [], 0
+    for e in enc:
+        k = e[0]
+        if k == "e":
+            for _ in range(len(shape) - n_dims):
+                out.append(shape[d])
+                d += 1
+        elif k == "n":
+            out.append(1)
+        elif k == "i":
+            i = e[1]
+            if isinstance(i, SymInt):
+                with deciding():     # whether numpy counts from the end: a guard
+                    _ = i < 0
+            d += 1
+        else:
+            with deciding():
+                out.append(_slice_extent(e[1], e[2], e[3], shape[d]))
+            d += 1
+    out += list(shape[d:])
+    if len(out) == len(v.shape) and all(int(a) == int(b) for a, b in zip(out, v.shape)):
+        v.shape = tuple(out)
 
 
 def _setitem_rule(x, v, *idx, index):

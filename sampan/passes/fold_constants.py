@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.symbolic import SymFloat, SymInt
 from ..ops.registry import OPS
 from .manager import register_pass
 
@@ -22,7 +23,7 @@ def fold_constants(g):
         op = OPS[n.op]
         limit = max([SMALL] + [v.size for v in n.inputs]) if n.inputs else 64
         if (op.random or op.n_out != 1 or not all(v.is_const for v in n.inputs)
-                or not all(isinstance(d, int) for d in n.outputs[0].shape)  # symbolic dims
+                or not all(type(d) is int for d in n.outputs[0].shape)  # symbolic dims
                 or _symbolic(n.attrs)
                 or n.outputs[0].size > limit or op.kernel is None):
             nodes.append(n)
@@ -42,7 +43,10 @@ def fold_constants(g):
 
 
 def _symbolic(x) -> bool:
-    """Whether attributes hold a symbolic size ("$batch": see sampan/jit/dynamic.py)."""
+    """Whether attributes hold a symbolic size ("$batch": see sampan/jit/dynamic.py; or,
+    in a graph being traced with dynamic dims, a SymInt: sampan/ir/symbolic.py)."""
+    if isinstance(x, (SymInt, SymFloat)):
+        return True
     if isinstance(x, str):
         return x.startswith("$")
     if isinstance(x, dict):

@@ -254,8 +254,8 @@ def tuple_of(items) -> Code:
 
 
 def join(items, sep: str = ", ") -> Code:
-    """Code items joined by `sep` (one of ', ', ' * ', ' / ', ' ')."""
-    if sep not in (", ", " * ", " / ", " "):
+    """Code items joined by `sep` (one of ', ', ' * ', ' / ', ' + ', ' ')."""
+    if sep not in (", ", " * ", " / ", " + ", " "):
         raise EmitError(f"emit.join: separator {sep!r} is not one the emitter writes")
     return Code(sep.join(_need_code(x, "an item") for x in items))
 

@@ -8,7 +8,6 @@ from the inputs' shapes (`ints`, `expr`, `scalar`).
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 
@@ -119,34 +118,56 @@ class Ctx:
 
     def expr(self, expr: str) -> str:
         """An int64 [1] tensor (a float64 one for a quotient) holding a symbolic size such
-        as 'batch' or '8*batch*seq' (see `sampan.jit.dynamic`)."""
+        as 'batch', '8*batch*seq' or '(batch-1)//2' (read by `sampan.ir.symbolic.parse`,
+        see `sampan.jit.dynamic`), computed from the inputs' shapes."""
         if expr in self._dim_cache:
             return self._dim_cache[expr]
-        parts = re.split(r"([*/])", expr)
-        coef, num, den = 1.0, [], []
-        for op, part in zip(["*"] + parts[1::2], parts[0::2]):
-            if part in self.dims:
-                (num if op == "*" else den).append(self._dim(part))
-                continue
-            try:
-                c = int(part) if part.isdigit() else float(part)
-            except ValueError:
-                raise OnnxError(f"sampan.onnx.export: symbolic size {expr!r} names {part!r}, "
-                                "which no input binds") from None
-            coef = coef * c if op == "*" else coef / c
-        if not den and float(coef).is_integer():      # a size: int64
-            val = self._product(num) if num else None
-            if val is None or coef != 1:
-                k = self.const(np.asarray([int(coef)], np.int64), "ints")
-                val = k if val is None else self.emit("Mul", [val, k])
-        else:                                         # a value that scales: float64
-            val = self.const(np.asarray([coef], np.float64))
-            if num:
-                val = self.emit("Mul", [val, self.cast(self._product(num), np.float64)])
-            if den:
-                val = self.emit("Div", [val, self.cast(self._product(den), np.float64)])
-        self._dim_cache[expr] = val
+        from ...ir import symbolic as _sym
+        try:
+            tree = _sym.parse(expr)
+        except _sym.ExprError as e:
+            raise OnnxError(f"sampan.onnx.export: {e}") from None
+        missing = sorted(_sym.symbols(tree) - set(self.dims))
+        if missing:
+            raise OnnxError(f"sampan.onnx.export: symbolic size {expr!r} names "
+                            f"{missing[0]!r}, which no input binds")
+        val = self._dim_cache[expr] = self._tree(tree)[0]
         return val
+
+    def _tree(self, e):
+        """(ONNX name, is float64) of symbolic-size expression tree `e`."""
+        if e[0] == "p":
+            return self._poly(e[1])
+        op, a, b = e
+        (x, fx), (y, fy) = self._tree(a), self._tree(b)
+        if op in ("/", "//") or fx or fy:
+            x = x if fx else self.cast(x, np.float64)
+            y = y if fy else self.cast(y, np.float64)
+            fx = fy = True
+        if op == "//":     # floor, exact in float64 for any size an array can have
+            return self.cast(self.emit("Floor", [self.emit("Div", [x, y])]), np.int64), False
+        onnx_op = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "%": "Mod"}[op]
+        attrs = {"fmod": 1} if op == "%" and fx else {}   # int Mod: Python's sign rule
+        return self.emit(onnx_op, [x, y], **attrs), fx
+
+    def _poly(self, terms):
+        is_float = any(not isinstance(c, int) for _, c in terms)
+        dt = np.float64 if is_float else np.int64
+        total = None
+        for mono, c in terms:
+            if mono:
+                t = self._product([self._dim(s) for s in mono])
+                if is_float:
+                    t = self.cast(t, np.float64)
+                if c != 1:
+                    t = self.emit("Mul", [t, self.const(np.asarray([c], dt),
+                                                        "c" if is_float else "ints")])
+            else:
+                t = self.const(np.asarray([c], dt), "c" if is_float else "ints")
+            total = t if total is None else self.emit("Add", [total, t])
+        if total is None:
+            total = self.const(np.asarray([0], dt), "ints")
+        return total, is_float
 
     def _dim(self, sym) -> str:
         key = ("dim", sym)
