@@ -142,7 +142,23 @@ def index_add(input, dim=None, index=None, source=None, *, alpha=1, axis=None):
     if alpha != 1:
         from .elementwise import mul
         src = mul(src, alpha)
-    return apply(INDEX_ADD, (x, index, src), {"axis": _need_dim("index_add", d) % x.ndim})
+    d = _need_dim("index_add", d)
+    if x.ndim == 0:
+        return _index_add_0d(x, d, index, src)
+    return apply(INDEX_ADD, (x, index, src), {"axis": d % x.ndim})
+
+
+def _index_add_0d(x, d, index, src):
+    """A 0-d input is one slot along dim 0 (or -1), as in PyTorch: index 0 (0-d or one
+    entry) adds a 0-d source; the op runs on the 1-element view of each."""
+    from .shape import reshape
+    if d not in (0, -1) or index.ndim > 1 or src.ndim != 0:
+        raise op_error(ShapeError, "index_add", f"dim {d}, index of shape "
+                       f"{tuple(index.shape)} and source of shape {tuple(src.shape)} for a "
+                       "0-d input", "dim 0 or -1, a 0-d or 1-d index and a 0-d source")
+    y = apply(INDEX_ADD, (reshape(x, (1,)), reshape(index, (-1,)), reshape(src, (1,))),
+              {"axis": 0})
+    return reshape(y, ())
 
 
 def _gather_shapes(op, x, idx, axis, src=None):
