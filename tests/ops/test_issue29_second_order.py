@@ -105,6 +105,25 @@ def test_svd_second_derivative_with_the_other_outputs_dropped():
     np.testing.assert_allclose(ana, num, atol=1e-6, rtol=1e-5)
 
 
+def test_cumprod_second_derivative_after_a_zero():
+    # the gradient after a row's first zero is 0 in value, not in its derivative
+    x0 = np.array([[1.5, 0.0, 2.0, -1.0], [0.0, 0.5, 0.0, 3.0], [0.7, 1.2, 0.0, 0.4]])
+    ana, num = _second(lambda x: sampan.cumprod(x, 1), x0)
+    np.testing.assert_allclose(ana, num, atol=1e-6, rtol=1e-5)
+
+
+def test_ctc_loss_double_backward_raises_instead_of_a_silent_zero():
+    r = np.random.default_rng(9)
+    lp = sampan.log_softmax(sampan.tensor(r.standard_normal((5, 1, 3))), -1)
+    lp = sampan.tensor(lp.numpy(), requires_grad=True)
+    loss = sampan.nn.functional.ctc_loss(lp, sampan.tensor(np.array([[1, 2]])),
+                                         sampan.tensor(np.array([5])),
+                                         sampan.tensor(np.array([2])), reduction="sum")
+    (g,) = sampan.grad(loss, [lp], create_graph=True)
+    with pytest.raises(AutogradError, match="ctc_loss"):
+        sampan.grad((g * g).sum(), [lp])
+
+
 def test_eigenvector_second_derivative_matches_torch():
     # torch's eigh returns the symmetrised gradient: compare on A = S + S^T (both agree
     # there, see decomp.py), through a sign-invariant objective (V V^T entries)
@@ -147,8 +166,15 @@ def test_fixed_double_backward_eager_and_jit_agree():
         (gg,) = sampan.grad((g * g).sum(), [a])
         return gg
 
+    def cumprod_zeros(x):
+        (g,) = sampan.grad((sampan.cumprod(x, 1) * c).sum(), [x], create_graph=True)
+        (gg,) = sampan.grad((g * g).sum(), [x])
+        return gg
+
     for f, x0 in ((lcse, np.array([0.3, -1.2, 0.8])), (eigvec, _sym(7)),
-                  (r_of_qr, np.random.default_rng(8).standard_normal((3, 3)))):
+                  (r_of_qr, np.random.default_rng(8).standard_normal((3, 3))),
+                  (cumprod_zeros, np.array([[1.5, 0.0, 2.0], [0.0, 0.5, 0.0],
+                                            [2.0, -0.5, 1.5]]))):
         x = sampan.tensor(x0, requires_grad=True)
         eager = f(x).numpy()
         jitted = sampan.jit(f)(sampan.tensor(x0, requires_grad=True)).numpy()
