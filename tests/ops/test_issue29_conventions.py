@@ -84,3 +84,34 @@ def test_index_add_on_a_0d_input_refuses_what_torch_refuses(dim, index, src):
     with pytest.raises(SampanError, match="index_add"):
         sampan.index_add(x, dim, sampan.tensor(np.array(index)),
                          sampan.tensor(np.asarray(src, np.float64)))
+
+
+# index_select and index_copy had the same `dim % x.ndim` (ZeroDivisionError, IndexError)
+def test_index_select_and_index_copy_on_a_0d_input_match_torch():
+    torch = _torch()
+    for index in (np.int64(0), np.array([0])):
+        for dim in (0, -1):
+            x = sampan.tensor(np.float64(1.25), requires_grad=True)
+            s = sampan.tensor(np.float64(-3.0), requires_grad=True)
+            i = sampan.tensor(np.asarray(index))
+            ti = torch.tensor(np.asarray(index))
+            tx = torch.tensor(1.25, dtype=torch.float64)
+            y = sampan.index_select(x, dim, i)
+            assert y.shape == () and float(y) == float(torch.index_select(tx, dim, ti))
+            z = sampan.index_copy(x, dim, i, s)
+            tz = torch.index_copy(tx, dim, ti, torch.tensor(-3.0, dtype=torch.float64))
+            assert z.shape == () and float(z) == float(tz)
+            gx, gs = sampan.grad(z, [x, s])
+            assert float(gx) == 0.0 and float(gs) == 1.0
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, i: sampan.index_select(x, 0, i([0, 0])),
+    lambda x, i: sampan.index_select(x, 1, i([0])),
+    lambda x, i: sampan.index_select(x, 0, i([1])),
+    lambda x, i: sampan.index_copy(x, 0, i([0, 0]), sampan.tensor(np.float64(2.0))),
+    lambda x, i: sampan.index_copy(x, 0, i([0]), sampan.tensor(np.array([2.0]))),
+], ids=["two entries", "dim 1", "out of range", "copy two entries", "copy 1-d source"])
+def test_index_select_and_copy_on_a_0d_input_refuse_with_a_sampan_error(call):
+    with pytest.raises(SampanError, match="index_(select|copy)"):
+        call(sampan.tensor(np.float64(1.0)), lambda v: sampan.tensor(np.array(v)))
