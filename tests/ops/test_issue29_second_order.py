@@ -6,6 +6,9 @@
 - an op whose gradient rule reads its outputs (eigh, qr, svd …) re-wrapped an output the
   user had dropped as a detached copy, so double backward of ``eigh(A).eigenvectors`` or
   ``qr(A).R`` lost every term through the dropped output.
+- found by the op-table check below: cumprod's gradient after a row's first zero was a
+  constant 0 (its derivative is not), and ctc_loss's gradient reads a non-differentiable
+  posterior, so its second derivative was a silent 0 (now an AutogradError, as torch).
 
 The op-table check (`test_second_order_matches_finite_differences`) runs every
 differentiable op sample through `harness.second_order_error`: a directional float64
