@@ -41,23 +41,32 @@ def _stack():
     return s
 
 
-def _mode(op, inputs, attrs, call_next):
-    """The dispatch mode: casts inputs per the innermost autocast's dtype and `op.amp`."""
+def _cast_inputs(op, inputs):
+    """`inputs` cast per the innermost autocast's dtype and `op.amp` (the one policy)."""
     pol = op.amp
-    if pol == "follow":
-        return call_next(op, inputs, attrs)
-    top = _TLS.stack[-1]
-    if top is None:                       # an enabled=False block
-        return call_next(op, inputs, attrs)
+    top = _TLS.stack[-1] if getattr(_TLS, "stack", None) else None
+    if pol == "follow" or top is None:   # top None: an enabled=False block
+        return inputs
     from ..ops.elementwise import cast
     if pol == "lower":
         name = top.name
         want = top.dtype
-        new = [cast(t, name) if ((d := t._data.dtype) == _F32 or (d in _LOW and d != want))
-               else t for t in inputs]
-    else:                                 # "float32"
-        new = [cast(t, "float32") if t._data.dtype in _LOW else t for t in inputs]
-    return call_next(op, tuple(new), attrs)
+        return tuple(cast(t, name) if ((d := t._data.dtype) == _F32
+                                       or (d in _LOW and d != want)) else t for t in inputs)
+    # "float32"
+    return tuple(cast(t, "float32") if t._data.dtype in _LOW else t for t in inputs)
+
+
+def _mode(op, inputs, attrs, call_next):
+    """The dispatch mode: casts inputs per the innermost autocast's dtype and `op.amp`."""
+    if op.amp == "follow":
+        return call_next(op, inputs, attrs)
+    return call_next(op, _cast_inputs(op, inputs), attrs)
+
+
+# a frontend's operand that is an input of the op in PyTorch (a bias): the same casts
+# (`sampan.ops.modes.as_inputs_of`)
+_mode.cast_inputs = _cast_inputs
 
 
 def _sync(st):

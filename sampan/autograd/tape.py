@@ -105,11 +105,22 @@ class Node:
         return pairs
 
     def output(self, i):
-        """Output i as a Tensor: the live one, or its saved array re-wrapped (detached)."""
+        """Output i as a Tensor: the live one, or its saved array re-wrapped.
+
+        A re-wrapped output keeps its place in the graph (output i of this node), so a
+        gradient rule that reads it stays differentiable: double backward of
+        ``eigh(A).eigenvectors`` reaches A through the eigenvalues the user dropped too
+        (a detached copy silently lost that term). It is held weakly, as the live one."""
         y = self.outs[i]()
         if y is None:
-            from ..tensor import wrap
+            from ..ops.registry import STATE
+            from ..tensor import _FLOATS, wrap
             y = wrap(self.out_data[i])
+            if STATE.grad_enabled and y._data.dtype in _FLOATS:   # create_graph=True
+                y._node, y._idx, y.requires_grad = self, i, True
+                self.outs = self.outs[:i] + (weakref.ref(y),) + self.outs[i + 1:]
+                self.out_versions = (self.out_versions[:i] + (y._version,)
+                                     + self.out_versions[i + 1:])
         return y
 
     def rebind_output(self, i, t):

@@ -15,11 +15,11 @@ from ..errors import DTypeError, SampanIndexError, ShapeError, op_error
 from ..ops import composite as _C
 from ..ops.composite import (batch_norm, gelu, layer_norm, log_softmax, logsumexp, one_hot,
                              rms_norm, silu, softmax, softplus)
-from ..amp import mode as _ac
-from ..ops.elementwise import add, cast, eq, mul, relu, rsqrt, sigmoid, sub, tanh, where
+from ..ops.elementwise import add, eq, mul, relu, rsqrt, sigmoid, sub, tanh, where
 from ..ops._util import lead_size
 from ..ops.index import index_select
-from ..ops.linalg import matmul
+from ..ops.linalg import MATMUL, matmul
+from ..ops.modes import as_inputs_of
 from ..ops.reduce import mean, sum
 from ..ops.shape import reshape, transpose, unsqueeze
 from ..tensor import Tensor
@@ -56,11 +56,10 @@ def linear(x, weight, bias=None):
 
 
 def _amp_bias(y, bias):
-    """Under autocast linear is one low-precision op, as in PyTorch: its bias is cast to
-    the GEMM's dtype instead of promoting the result back to float32."""
-    if y.dtype != bias.dtype and _ac.is_autocast_enabled() and y.dtype == \
-            _ac.get_autocast_dtype():
-        return cast(bias, y.dtype)
+    """linear is one op in PyTorch, its bias an input of it: under autocast the bias is
+    cast as matmul's own inputs are (the op table's policy), so y keeps the GEMM's dtype
+    instead of being promoted back to float32."""
+    (bias,) = as_inputs_of(MATMUL, _t(bias))
     return bias
 
 

@@ -565,12 +565,16 @@ CONV2D_GRAD_WEIGHT = defop("conv2d_grad_weight", _gw_rule, kernel=_f32(_gw_kerne
 
 
 # ---------------------------------------------------------------------- frontends
-def _bias(y, b, ndim):
+def _bias(y, b, ndim, op):
+    """y + b per channel; b is an input of `op` in PyTorch, so under autocast it is cast
+    as op's own inputs are (its "lower" policy) and y keeps the autocast dtype."""
     if b is None:
         return y
     from .elementwise import add
+    from .modes import as_inputs_of
     from .shape import reshape
-    return add(y, reshape(_t(b), (1, -1) + (1,) * (ndim - 2)))
+    (b,) = as_inputs_of(op, _t(b))
+    return add(y, reshape(b, (1, -1) + (1,) * (ndim - 2)))
 
 
 def _same_padding(x, w, dilation):
@@ -602,7 +606,7 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
         x, padding = _same_padding(x, w, dilation) if padding == "same" else (x, (0, 0))
     attrs = _attrs(_pair(stride), _pair(padding, "conv2d", "padding"), dilation, int(groups))
     y = checked_apply(CONV2D, (x, w), attrs)
-    return _bias(y, b, 4)
+    return _bias(y, b, 4, CONV2D)
 
 
 def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
@@ -626,7 +630,7 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     y = conv2d(unsqueeze(x, 2), unsqueeze(w, 2), None, one(stride), padding, one(dilation),
                groups)
     from .shape import squeeze
-    return _bias(squeeze(y, 2), b, 3)
+    return _bias(squeeze(y, 2), b, 3, CONV2D)
 
 
 def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1,
@@ -644,5 +648,5 @@ def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, groups
     x, w = operands(_t(x), _t(w))
     y = checked_apply(CONV_TRANSPOSE2D, (x, w), _ctattrs(stride, padding, output_padding,
                                                          dilation, int(groups)))
-    return _bias(y, b, 4)
+    return _bias(y, b, 4, CONV_TRANSPOSE2D)
 

@@ -68,7 +68,14 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, axis=None, kee
         return sum(a, axes, keepdims=keepdim)
     if ord == 2:
         return _root(sum(mul(x, x), axes, keepdims=keepdim), 2)
-    return _root(sum(pow(a, float(ord)), axes, keepdims=keepdim), float(ord))
+    # |x|^p of a zero is computed on a stand-in 1 and put back as 0 (inf for p < 0): its
+    # gradient is 0 there, as torch's, not g * p 0^(p-1) * sign(0) = inf * 0 = nan for
+    # p < 1 (and no branch holds an inf that double backward would meet)
+    from .elementwise import gt, where
+    nz = gt(a, 0.0)
+    ap = pow(where(nz, a, 1.0), float(ord))
+    ap = where(nz, ap, 0.0 if ord > 0 else math.inf)
+    return _root(sum(ap, axes, keepdims=keepdim), float(ord))
 
 
 def _move_last(x, d0, d1):

@@ -125,7 +125,25 @@ def index_select(input, dim=None, index=None, *, axis=None):
     too). Example: ``sampan.index_select(emb, 0, ids)``."""
     dim, index = _dim_index("index_select", dim, index, axis, 0)
     x, index = _t(input), _t(index)
-    return apply(INDEX_SELECT, (x, index), {"axis": _need_dim("index_select", dim) % x.ndim})
+    d = _need_dim("index_select", dim)
+    if x.ndim == 0:                         # one slot, as in PyTorch (see _scalar_slot)
+        from .shape import reshape
+        _scalar_slot("index_select", d, index)
+        y = apply(INDEX_SELECT, (reshape(x, (1,)), reshape(index, (1,))), {"axis": 0})
+        return reshape(y, ())
+    return apply(INDEX_SELECT, (x, index), {"axis": d % x.ndim})
+
+
+def _scalar_slot(op, d, index, src=None):
+    """Check an index op's call on a 0-d input, which PyTorch reads as one slot along dim
+    0 (or -1): a 0-d or 1-d index of one entry and a 0-d source; else a sampan error
+    naming the op, not a bare ZeroDivisionError from ``dim % 0``."""
+    n = int(np.prod(index.shape, dtype=np.int64))
+    if d not in (0, -1) or index.ndim > 1 or n != 1 or (src is not None and src.ndim != 0):
+        raise op_error(ShapeError, op, f"dim {d}, index of shape {tuple(index.shape)}" + (
+            "" if src is None else f" and source of shape {tuple(src.shape)}") + " for a "
+            "0-d input", "dim 0 or -1, a 0-d or 1-d index of one entry" + (
+                "" if src is None else " and a 0-d source"))
 
 
 def index_add(input, dim=None, index=None, source=None, *, alpha=1, axis=None):
@@ -142,7 +160,20 @@ def index_add(input, dim=None, index=None, source=None, *, alpha=1, axis=None):
     if alpha != 1:
         from .elementwise import mul
         src = mul(src, alpha)
-    return apply(INDEX_ADD, (x, index, src), {"axis": _need_dim("index_add", d) % x.ndim})
+    d = _need_dim("index_add", d)
+    if x.ndim == 0:
+        return _index_add_0d(x, d, index, src)
+    return apply(INDEX_ADD, (x, index, src), {"axis": d % x.ndim})
+
+
+def _index_add_0d(x, d, index, src):
+    """A 0-d input is one slot along dim 0 (or -1), as in PyTorch: index 0 (0-d or one
+    entry) adds a 0-d source; the op runs on the 1-element view of each."""
+    from .shape import reshape
+    _scalar_slot("index_add", d, index, src)
+    y = apply(INDEX_ADD, (reshape(x, (1,)), reshape(index, (1,)), reshape(src, (1,))),
+              {"axis": 0})
+    return reshape(y, ())
 
 
 def _gather_shapes(op, x, idx, axis, src=None):

@@ -7,6 +7,11 @@ thread, as in PyTorch), each as ``mode(op, inputs, attrs, call_next)``. A mode m
 the inputs (cast them), time the call, or both; it must call ``call_next`` exactly once
 and return its result. Ops a mode runs itself (a cast) are dispatched from the top again.
 Under `sampan.jit` modes run before the tracer, so a cast a mode inserts is traced.
+
+A mode that casts inputs (autocast) also answers `as_inputs_of`: how it would cast an
+operand that PyTorch passes to the op itself and sampan's frontends join to the op's
+result with another op (the bias of a convolution or of linear), so that operand follows
+the op's policy too. It is the mode's `cast_inputs(op, tensors)` attribute.
 """
 from __future__ import annotations
 
@@ -88,3 +93,17 @@ def _call(chain, i, op, inputs, attrs):
             st.hooked = prev
     return chain[i](op, inputs, attrs,
                     lambda o, ins, at: _call(chain, i + 1, o, ins, at))
+
+
+def as_inputs_of(op, *tensors):
+    """`tensors` cast as the active modes cast `op`'s own inputs (autocast: the op's
+    `OpDef.amp` policy), for an operand that is an input of the op in PyTorch and that a
+    frontend adds to the op's result: a convolution's or linear's bias computes in the
+    autocast dtype as the op does, not promoted back to float32. Without a mode that
+    casts, the tensors come back as they are."""
+    if HOOKS.active:
+        for mode in HOOKS.process_modes + getattr(_TLS, "modes", ()):
+            cast = getattr(mode, "cast_inputs", None)
+            if cast is not None:
+                tensors = tuple(cast(op, tensors))
+    return tensors

@@ -16,7 +16,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
 from ._util import Sample, rng
-from .registry import NOT_DIFFERENTIABLE, NO_ONNX, Spec, defop
+from .registry import NO_ONNX, Spec, defop
 
 EXPORTS: list = []
 METHODS: dict = {}
@@ -190,6 +190,16 @@ def _ctc_samples():
             Sample((raw, tg2, np.array([5, 4]), np.array([2, 1])), {"blank": 0}, diff=(0,))]
 
 
+def _posterior_grad(g, y, lp, tg, il, tl, blank=0):
+    # the posterior's derivative (the covariance of the alignment indicators) is not
+    # written; raising beats the silent 0 of a non-differentiable op (a wrong second
+    # derivative of ctc_loss). PyTorch raises here too.
+    from ..errors import AutogradError
+    raise op_error(AutogradError, "ctc_loss", "a second derivative (double backward "
+                   "through ctc_loss's gradient)", "first derivatives only",
+                   "the derivative of the CTC posterior is not implemented")
+
+
 CTC_LOSS = defop("ctc_loss", _ctc_rule, kernel=_ctc_kernel, grad=_ctc_grad,
                  nondiff_inputs=(1, 2, 3), flops=_ctc_flops, onnx=NO_ONNX,
                  samples=_ctc_samples, amp="float32")
@@ -197,7 +207,7 @@ CTC_LOSS_POSTERIOR = defop(
     "ctc_loss_posterior",
     lambda lp, tg, il, tl, blank=0: (_ctc_rule(lp, tg, il, tl, blank),
                                      Spec(tuple(lp.shape), lp.dtype))[1],
-    kernel=_posterior_kernel, grad=NOT_DIFFERENTIABLE, nondiff_inputs=(1, 2, 3),
+    kernel=_posterior_kernel, grad=_posterior_grad, nondiff_inputs=(1, 2, 3),
     flops=_ctc_flops, onnx=NO_ONNX,
     samples=lambda: [Sample(s.args, s.attrs, diff=()) for s in _ctc_samples()])
 

@@ -130,8 +130,11 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                                                     int(np.prod(out))))
     y = matmul(reshape(w, (groups, o // groups, -1)), cols)           # (N, g, O/g, L)
     y = reshape(y, (n, o) + out)
-    if bias is not None:
-        y = add(y, reshape(_t(bias), (1, o, 1, 1, 1)))
+    if bias is not None:       # an input of the conv in PyTorch: it follows matmul's policy
+        from .linalg import MATMUL
+        from .modes import as_inputs_of
+        (bias,) = as_inputs_of(MATMUL, _t(bias))
+        y = add(y, reshape(bias, (1, o, 1, 1, 1)))
     return _back(y, sq)
 
 

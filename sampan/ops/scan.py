@@ -70,10 +70,11 @@ def _cumprod_kernel(a, axis):
     return np.cumprod(a, axis=axis)
 
 
-def _cumprod_grad(g, y, x, axis):
+def _cumprod_grad_value(g, y, x, axis):
     # d y_j / d x_i = prod_{k <= j, k != i} x_k. Before the first zero of a row that is
     # y_j / x_i; at the first zero it is the cumprod with that zero replaced by 1; after
-    # it, every product holds the zero
+    # it, every product holds the zero. Right in value; after the first zero not in its
+    # derivative (see _cumprod_grad)
     from .elementwise import cast, div, eq, logical_and, mul, where
     from .reduce import cumsum
     zero = eq(x, 0.0)
@@ -81,8 +82,25 @@ def _cumprod_grad(g, y, x, axis):
     before = eq(nz, 0)
     first = logical_and(zero, eq(nz, 1))
     plain = div(_revcumsum(mul(g, y), axis), where(zero, 1.0, x))
-    at_first = _revcumsum(mul(g, cumprod(where(first, 1.0, x), axis)), axis)
-    return (where(before, plain, where(first, at_first, 0.0)),)
+    x1 = where(first, 1.0, x)                # the first zero replaced by 1
+    y1 = cumprod(x1, axis)
+    at_first = _revcumsum(mul(g, y1), axis)
+    return before, first, plain, at_first, x1, y1
+
+
+def _cumprod_grad(g, y, x, axis):
+    # After the first zero z of a row the gradient is 0, but not constant: it is
+    # x_z * (the same gradient of the row with x_z replaced by 1), whose derivative in x_z
+    # double backward needs (a constant 0 there gave wrong second derivatives). The
+    # factor is needed in value only (its derivative is multiplied by x_z = 0), so it is
+    # the value formula once more, not this rule recursively
+    from .elementwise import mul, where
+    from .reduce import sum as rsum
+    before, first, plain, at_first, x1, y1 = _cumprod_grad_value(g, y, x, axis)
+    before1, first1, plain1, at_first1, _, _ = _cumprod_grad_value(g, y1, x1, axis)
+    after = where(before1, plain1, where(first1, at_first1, 0.0))
+    xz = rsum(where(first, x, 0.0), axis, keepdim=True)       # x at the first zero (0)
+    return (where(before, plain, where(first, at_first, mul(xz, after))),)
 
 
 CUMPROD = defop(
@@ -206,13 +224,20 @@ def _lcse_kernel(a, axis):
 
 def _lcse_grad(g, y, x, axis):
     # d/dx_i = sum_{j >= i} g_j exp(x_i - y_j): the positive and negative parts of g each as
-    # a reversed logcumsumexp of log|g_j| - y_j, so that nothing overflows
-    from .elementwise import add, exp, gt, log, lt, neg, sub, where
+    # a reversed logcumsumexp of log|g_j| - y_j, so that nothing overflows.
+    # A term with y_j = -inf (all of x_0..x_j are -inf) is 0, not exp(-inf + inf) = nan: a
+    # part with no entries of its sign is all -inf, and this rule, differentiated again
+    # through the inner logcumsumexp, meets exactly that (double backward was nan there and
+    # the masks below turned the nan into a silently wrong 0)
+    from .elementwise import add, eq, exp, gt, log, lt, neg, sub, where
     from .shape import flip
+    ninf = float("-inf")
+    dead = eq(y, ninf)
 
     def part(mask, mag):
-        lg = where(mask, log(where(mask, mag, 1.0)), float("-inf"))
-        r = flip(logcumsumexp(flip(sub(lg, y), (axis,)), axis), (axis,))
+        keep = where(mask, log(where(mask, mag, 1.0)), ninf)
+        z = where(dead, ninf, sub(keep, where(dead, 0.0, y)))
+        r = flip(logcumsumexp(flip(z, (axis,)), axis), (axis,))
         return exp(add(x, r))
     return (sub(part(gt(g, 0.0), g), part(lt(g, 0.0), neg(g))),)
 

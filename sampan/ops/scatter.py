@@ -350,8 +350,14 @@ def index_copy(input, dim, index, source):
     """`input` with the slices along `dim` at `index` replaced by `source`'s. Example:
     ``sampan.index_copy(x, 0, sampan.tensor([2, 0]), rows)``."""
     x, src = _t(input), _t(source)
-    dim = _need_dim("index_copy", dim) % max(x.ndim, 1)
     index = _t(index)
+    if x.ndim == 0:                         # one slot, as in PyTorch
+        from .index import _scalar_slot
+        from .shape import reshape
+        _scalar_slot("index_copy", _need_dim("index_copy", dim), index, src)
+        return reshape(index_copy(reshape(x, (1,)), 0, reshape(index, (1,)),
+                                  reshape(src, (1,))), ())
+    dim = _need_dim("index_copy", dim) % max(x.ndim, 1)
     n = index.shape[0] if index.ndim else 1
     return scatter(x, dim, _line_index("index_copy", x, dim, index, n), src)
 

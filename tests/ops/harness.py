@@ -243,3 +243,55 @@ def run_mutated_shapes(progress_path):
             problems += check_mutated_sample(name, OPS[name].samples()[i])
         progress.write("done\n")
     return problems
+
+
+# ---------------------------------------------------------------------- second order
+def second_order_error(name, sample, keep=None, seed=0, eps=1e-6):
+    """Double backward against float64 central differences of the first gradient.
+
+    With random cotangents v (of the outputs) and u (of the first gradient) and a random
+    direction d of the differentiable inputs, compares d . grad(<u, grad(<v, f(x)>, x)>, x)
+    (double backward) with (<u, g(x + eps d)> - <u, g(x - eps d)>) / (2 eps), where g is the
+    first gradient: one directional check costs two first gradients and one double backward
+    whatever the input size. A first gradient that does not require grad counts as a
+    constant (its double backward is 0): a gradient rule built from a non-differentiable op
+    shows up as a difference, not as a skipped case. `keep` (an output index) gives a
+    cotangent to that output only and drops the others before backward, as user code that
+    reads only ``eigh(A).eigenvectors`` does. Returns (max abs difference, scale)."""
+    args = to64(sample.args)
+    diff = diff_indices(sample, OPS.get(name))
+    r = np.random.default_rng(seed)
+    ds = [r.standard_normal(args[i].shape) for i in diff]
+
+    def first(shift, create):
+        xs = list(args)
+        for i, d in zip(diff, ds):
+            xs[i] = np.asarray(args[i] + shift * d, dtype=args[i].dtype)
+        ins, y = run_op(name, tuple(xs), sample.attrs, diff)
+        ys = [o for o in outputs(y) if o.requires_grad]
+        if keep is not None:
+            ys = [outputs(y)[keep]]
+        del y                       # outputs not in ys are dropped (only the tape holds them)
+        rv = np.random.default_rng(seed + 1)
+        cots = [wrap(rv.standard_normal(o.shape).astype(o.dtype)) for o in ys]
+        gs = sampan.grad(ys, [ins[i] for i in diff], cots, create_graph=create,
+                         allow_unused=True)
+        return ins, gs
+
+    ru = np.random.default_rng(seed + 2)
+    us = [ru.standard_normal(args[i].shape) for i in diff]
+    ins, gs = first(0.0, True)
+    live = [(g, u) for g, u in zip(gs, us) if g is not None and g.requires_grad]
+    analytic = 0.0
+    if live:
+        total = None
+        for g, u in live:
+            term = (g * wrap(u.astype(g.dtype))).sum()
+            total = term if total is None else total + term
+        hs = sampan.grad(total, [ins[i] for i in diff], allow_unused=True)
+        analytic = sum(float(np.sum(h.numpy() * d)) for h, d in zip(hs, ds) if h is not None)
+
+    def dot(gs):
+        return sum(float(np.sum(g.numpy() * u)) for g, u in zip(gs, us) if g is not None)
+    numeric = (dot(first(eps, False)[1]) - dot(first(-eps, False)[1])) / (2 * eps)
+    return abs(analytic - numeric), max(abs(analytic), abs(numeric), 1.0)
