@@ -17,6 +17,12 @@ meta.json against the graph and the weights (kinds, indices, keys, shapes, dtype
 program written wrongly also fails at load, with a `LoadError`. Version 1 programs still
 load (checked field by field; their meta.json has no checksum).
 
+Version 3 is version 2 with `example_fills`: an example input that is one value broadcast
+(the zero-strided inputs `sampan onnx import` traces a declared f32[65536, 65536] on) is
+stored as that value and its shape, and read back as a broadcast view. Only a program
+with such an example is written as version 3, so every other one still loads in a sampan
+that reads version 2, and one that does not says "upgrade sampan" rather than "damaged".
+
 A save writes `<path>.tmp-<token>/`, fsyncs it, then swaps it with the old program in
 one atomic step (Linux's renameat2 RENAME_EXCHANGE). Where that is missing it renames
 twice, the old program aside and the new one into place; a crash between the two
@@ -50,7 +56,8 @@ from ..io import _tensorfile as _tf
 from ..tensor import Tensor, wrap
 
 FORMAT = "sampan.jit"
-VERSION = 2
+VERSION = 3         # the newest format read; written only with example_fills (else 2)
+_SUMMED_VERSIONS = (2, 3)   # the versions with checksums.sha256
 _FILES = ("graph.ir", "weights.safetensors")          # covered by meta.json in version 1
 _SUMMED = ("graph.ir", "meta.json", "weights.safetensors")
 _SUMS = "checksums.sha256"
@@ -214,7 +221,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         put(f"example.{i}", a)
     out_consts = []
     meta = {
-        "format": FORMAT, "version": VERSION, "graph_name": g.name,
+        "format": FORMAT, "version": VERSION if fills else 2, "graph_name": g.name,
         "inputs": ins, "n_args": len(leaves),
         "outputs": [k for k, _ in out_slots],
         "out_tree": _tree_json(out_tree, out_consts), "dtypes": dtypes,
@@ -247,6 +254,9 @@ def _fill_examples(path, meta, arrays) -> None:
         return
     where = os.path.join(path, "meta.json")
     fills = meta["example_fills"]
+    if not _is_version(meta, 3):
+        raise _damaged(where, f"it has 'example_fills', which format version "
+                              f"{meta.get('version')!r} does not have (version 3 does)")
     if not isinstance(fills, dict):
         raise _damaged(where, "'example_fills' must map example input numbers to shapes")
     for k, shape in fills.items():
@@ -487,13 +497,14 @@ def _read_at(path, dfd):
     if has_sums:
         sums = _read_sums(path, dfd)
         meta = _read_meta(path, sums["meta.json"], dfd)
-        if not _is_version(meta, VERSION):
+        if not any(_is_version(meta, v) for v in _SUMMED_VERSIONS):
             raise LoadError(f"sampan.jit.load: {path}/meta.json says format version "
-                            f"{meta.get('version')!r}, but only version {VERSION} programs "
+                            f"{meta.get('version')!r}, but only version "
+                            f"{' or '.join(map(str, _SUMMED_VERSIONS))} programs "
                             f"have {_SUMS}; the program is damaged")
     else:
         meta = _read_meta(path, None, dfd)
-        if _is_version(meta, VERSION):
+        if any(_is_version(meta, v) for v in _SUMMED_VERSIONS):
             raise LoadError(f"sampan.jit.load: {os.path.join(path, _SUMS)} is missing "
                             "(incomplete or damaged save)")
         if not _is_version(meta, 1):

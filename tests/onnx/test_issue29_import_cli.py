@@ -181,6 +181,7 @@ def test_one_value_examples_are_stored_as_their_value_and_shape(tmp_path):
     assert os.path.getsize(os.path.join(path, "weights.safetensors")) < 16 << 10
     meta = json.loads(open(os.path.join(path, "meta.json")).read())
     assert meta["example_fills"] == {"0": [1000, 1000], "1": [2, 3], "2": [4]}
+    assert meta["version"] == 3         # only programs with fills: older readers say so
     prog = sampan.jit.load(path)
     ex = prog.example_inputs
     for t, x in zip(ex, xs):
@@ -212,6 +213,7 @@ def _rewrite_meta(path, change):
     (lambda m: m["example_fills"].update({"9": [4]}), r"example input 9"),
     (lambda m: m["example_fills"].update({"0": [-1, 1000]}), r"example_fills"),
     (lambda m: m.update(example_fills=[[1000, 1000]]), r"example_fills"),
+    (lambda m: m.update(version=2), r"which format version 2 does not have"),
 ])
 def test_a_wrong_fill_spec_is_refused_at_load(tmp_path, change, match):
     path, _ = _fills(tmp_path)
@@ -226,6 +228,16 @@ def test_programs_without_fills_load_as_before(tmp_path):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     path = str(tmp_path / "plain.sampan")
     sampan.jit.save(f, path, (sampan.tensor(x),))
-    assert "example_fills" not in json.loads(open(os.path.join(path, "meta.json")).read())
+    meta = json.loads(open(os.path.join(path, "meta.json")).read())
+    assert "example_fills" not in meta and meta["version"] == 2   # as older sampan writes
     ex = sampan.jit.load(path).example_inputs
     np.testing.assert_array_equal(ex[0].numpy(), x)
+
+
+def test_a_sampan_that_reads_version_2_asks_for_an_upgrade(tmp_path, monkeypatch):
+    path, _ = _fills(tmp_path)
+    from sampan.jit import serialize
+    monkeypatch.setattr(serialize, "VERSION", 2)      # as the reader before fills
+    monkeypatch.setattr(serialize, "_SUMMED_VERSIONS", (2,))
+    with pytest.raises(LoadError, match="format version 3.*upgrade sampan"):
+        sampan.jit.load(path)
