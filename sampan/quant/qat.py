@@ -134,7 +134,7 @@ def _int8_forward(m, s, z):
         y = apply(QCONV2D, (q, consts[0], consts[1], consts[2], consts[3], consts[4]),
                   dict(pair, groups=args["groups"]))
         del F
-        return _bias(y, bias, 4)
+        return _bias(y, bias, 4, QCONV2D)
     return forward
 
 
