@@ -1,4 +1,5 @@
-"""`Server`: models, their batchers and the HTTP app under uvicorn, in this process.
+"""`Server`: the models in a data plane (`dataplane.py`: their batchers, metrics, logs) and
+the HTTP front end over it (`app.py`) under uvicorn, in this process.
 
     >>> from sampan.serving import Server
     >>> with Server({"mlp": "models/mlp"}, port=0) as s:     # port 0: a free port
