@@ -29,9 +29,12 @@ logged (one JSON line: id, status, batch size, queue/compute/total ms, error). A
 bug is answered as a 500 `RequestError`, a cancelled request (the server's shutdown ran
 out of time) as a 503 that closes the connection, a client that left as `ClientGone`.
 
-A codec is any object with ``decode(model, body, header, plans) -> Decoded`` and
-``encode(model, decoded, results) -> answer``; `protocol` (the REST JSON/binary bodies) is
-the default, and a gRPC front end would pass one reading its protobuf messages.
+A codec is any object with ``decode(model, body, header, plans) -> protocol.Decoded``
+(the request's ``id``, ``inputs`` {name: array} checked against the model's inputs,
+``outputs`` {name: binary?} wanted, ``params``) and ``encode(model, decoded, results) ->
+answer``; `protocol` (the REST JSON/binary bodies) is the default, and a gRPC front end
+would pass one reading and writing its protobuf messages. `plans` is a dict kept per
+model for the codec's own cache (the REST codec's parsed binary headers).
 
     >>> # plane = DataPlane.build({"mlp": model}); plane.start()
     >>> # body, hlen = asyncio.run(plane.infer("mlp", None, request_bytes))
