@@ -54,15 +54,26 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
     run_page(path)
 
 
+def _anchors(path):
+    """GitHub's anchors for the headings of a markdown file."""
+    text = re.sub(r"^```.*?^```", "", open(path, encoding="utf-8").read(), flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
 def test_readme_links_every_page_and_every_link_exists():
     text = open(README, encoding="utf-8").read()
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", text))
     assert linked == {f"docs/{p}" for p in pages()}, linked ^ {f"docs/{p}" for p in pages()}
-    for page in pages() + ["../README.md"]:
-        body = open(os.path.join(DOCS, page), encoding="utf-8").read()
-        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", body):
-            assert os.path.exists(os.path.join(DOCS if page != "../README.md" else ROOT,
-                                               target)), f"{page} links to missing {target}"
+    sources = [os.path.join(DOCS, p) for p in pages()] + [
+        README, os.path.join(ROOT, "benchmarks", "RESULTS.md")]
+    for src in sources:
+        body = open(src, encoding="utf-8").read()
+        for target, anchor in re.findall(r"\]\(([^)#:]+)(?:#([^)]*))?\)", body):
+            path = os.path.normpath(os.path.join(os.path.dirname(src), target))
+            assert os.path.exists(path), f"{src} links to missing {target}"
+            if anchor:
+                assert anchor in _anchors(path), f"{src}: no heading #{anchor} in {target}"
 
 
 def test_readme_opens_with_the_two_commands():
