@@ -64,11 +64,10 @@ from ..ops import modes as _modes
 from ..ops.registry import STATE
 from ..tensor import wrap
 from . import _comm
+from .buckets import FIRST_BUCKET_MB, LAST_BUCKET_MB, make_buckets  # noqa: F401
 
 __all__ = ["DataParallel"]
 
-FIRST_BUCKET_MB = 1.0
-LAST_BUCKET_MB = 1.0
 
 
 # ------------------------------------------------------------ progress during backward
@@ -133,23 +132,6 @@ def _stop_polling(dp):
         _modes.pop_mode(_progress)
 
 
-class _Bucket:
-    __slots__ = ("index", "dtype", "params", "offsets", "size", "flat", "work", "left",
-                 "t_launch", "t_done")
-
-    def __init__(self, index, dtype):
-        self.index, self.dtype = index, dtype
-        self.params, self.offsets, self.size = [], [], 0
-
-    def add(self, p):
-        self.params.append(p)
-        self.offsets.append(self.size)
-        self.size += int(p._data.size)
-
-    def nbytes(self):
-        return self.size * np.dtype(self.dtype).itemsize
-
-
 class DataParallel(Layer):
     """Wrap `layer` for data-parallel training over the ranks of `sampan.distributed`.
 
@@ -205,38 +187,10 @@ class DataParallel(Layer):
 
     def _make_buckets(self, order):
         """Buckets over `order`, the parameters in the order their gradients are expected
-        to be ready. The last bucket holds only the last gradients, up to
-        `LAST_BUCKET_MB` (or the last one alone): its reduction starts when backward has
-        nothing left to compute, so all of it is exposed; the gradients ready before
-        them go in the buckets before it, whose reductions overlap the end of backward."""
-        full = self.bucket_mb * 2 ** 20
-        tail = []
-        if order:
-            dt, size = order[-1]._data.dtype, 0
-            for p in order[::-1]:
-                if p._data.dtype != dt or (tail and size + p._data.nbytes >
-                                           min(LAST_BUCKET_MB * 2 ** 20, full)):
-                    break
-                tail.append(p)
-                size += p._data.nbytes
-            order = order[:len(order) - len(tail)]
-        buckets, open_ = [], {}          # dtype -> the bucket being filled
-        for p in order:
-            dt = p._data.dtype
-            b = open_.get(dt)
-            # the first bucket is small (torch's 1 MB): its reduction starts early in
-            # backward, and the rest overlaps with the remaining gradients
-            cap = min(FIRST_BUCKET_MB * 2 ** 20, full) if b is not None and b.index == 0 else full
-            if b is None or (b.params and b.nbytes() + p._data.nbytes > cap):
-                b = open_[dt] = _Bucket(len(buckets), dt)
-                buckets.append(b)
-            b.add(p)
-        if tail:
-            b = _Bucket(len(buckets), tail[0]._data.dtype)
-            for p in tail[::-1]:
-                b.add(p)
-            buckets.append(b)
-        return buckets
+        to be ready, laid out by the shared policy (`sampan.distributed.buckets.plan`:
+        a small first bucket whose reduction starts early, a small last bucket holding
+        only the last gradients, whose reduction nothing can overlap)."""
+        return make_buckets(order, self.bucket_mb)
 
     def _rebuild(self, st):
         """Lay the buckets out in the order this backward's gradients became ready
