@@ -1,10 +1,12 @@
 """Process groups: the current group, the `Work` handle and the checks every backend shares.
 
-A backend is a kernel table: a dict from collective name ("all_reduce", "broadcast",
-"all_gather", "reduce_scatter", "send", "recv", "barrier") to a function
-`kernel(group, array, **attrs) -> Work`. `ProcessGroup.run(name, ...)` validates the input
-once (dtype, op, ranks) and calls the backend's kernel; the public functions in
-`sampan.distributed` and the collective ops in the op table both go through it.
+A backend is a kernel table: a dict from collective name (the names of
+`sampan.distributed.collectives.TABLE`) to a function `kernel(group, array, **attrs) ->
+Work`. `ProcessGroup.run(name, ...)` validates the input once (dtype, op, ranks) and
+calls the backend's kernel, or the table entry's fallback when the backend has none; the
+public functions in `sampan.distributed` and the collective ops in the op table both go
+through it (the ops find the current group through the hook this module registers with
+`sampan.ops.collective.set_group_source`: the op table sits below this floor).
 
 The current group is thread-local first (an in-process replica started by `spawn` has its
 own) and process-wide second (an MPI rank has one for every thread).
@@ -156,7 +158,26 @@ class ProcessGroup:
         for key in ("src", "dst"):
             if key in attrs:
                 self.check_peer(name, key, attrs[key])
-        return self.kernels[name](self, arr, **attrs)
+        kernel = self.kernels.get(name)
+        if kernel is None:
+            kernel = self.fallback(name)
+        return kernel(self, arr, **attrs)
+
+    def fallback(self, name):
+        """The table's implementation of collective `name` over this backend's others
+        (`sampan.distributed.collectives.TABLE`), for a backend without its own."""
+        from .collectives import TABLE
+        entry = TABLE.get(name)
+        if entry is None or entry.fallback is None:
+            raise DistributedError(f"{name}: the {self.backend} backend has no such "
+                                   f"collective; expected one of {sorted(TABLE)}")
+        return entry.fallback
+
+    def new_group(self, ranks, timeout=None):
+        """A new group of `ranks` (of this group; every rank of this group must call it,
+        as torch's new_group); None on a rank that is not in `ranks`."""
+        raise DistributedError(f"new_group: the {self.backend} backend cannot make "
+                               "subgroups")
 
     def check_peer(self, name, key, r):
         if not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
@@ -246,3 +267,13 @@ class use_group:
 
     def __exit__(self, *exc):
         _LOCAL.group = self.prev
+
+
+def _register_with_the_ops():
+    """The collective ops (`sampan/ops/collective.py`, a lower floor) find the current
+    group and the error to raise through this hook instead of importing this module."""
+    from ..ops import collective as _ops
+    _ops.set_group_source(lambda: current(required=False), DistributedError)
+
+
+_register_with_the_ops()
