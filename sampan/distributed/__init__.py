@@ -23,7 +23,7 @@ import os
 from . import collectives
 from .collectives import TABLE, ReduceOp
 from .group import (DistributedError, ProcessGroup, Work, current, set_process_group,
-                    set_thread_group, use_group)
+                    set_thread_group, thread_group, use_group)
 from .inproc import ReplicaError, World, spawn
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.distributed.*)
@@ -100,11 +100,10 @@ def backend() -> str:
 
 def destroy() -> None:
     """Leave the current group (this thread's replica group, else the process's)."""
-    from .group import _LOCAL
     g = current(required=False)
     if g is None:
         return
-    if _LOCAL.group is g:
+    if thread_group() is g:
         set_thread_group(None)
     else:
         set_process_group(None)

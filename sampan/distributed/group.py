@@ -245,6 +245,11 @@ def current(required=True, what="a collective"):
     return g
 
 
+def thread_group():
+    """This thread's own group (an in-process replica's), or None."""
+    return _LOCAL.group
+
+
 def set_thread_group(g):
     _LOCAL.group = g
 
