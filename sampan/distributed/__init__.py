@@ -31,7 +31,8 @@ EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.distribut
 __all__ = ["init", "is_initialized", "rank", "world_size", "destroy", "spawn",
            "Work", "DistributedError", "ReplicaError", "ProcessGroup", "current_group",
            "use_group", "backend", "ReduceOp", "init_process_group", "get_rank",
-           "get_world_size", "destroy_process_group", "new_group", "get_backend"]
+           "get_world_size", "destroy_process_group", "new_group", "get_backend",
+           "is_available"]
 
 # every collective of the table, under its name (a new one is one entry there)
 globals().update({name: entry.fn for name, entry in TABLE.items()})
@@ -147,6 +148,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             raise DistributedError(f"init_process_group: got {what}={want} but the group "
                                    f"joined has {what} {got} (the launcher sets it)")
     return g
+
+
+def is_available() -> bool:
+    """True: sampan's collectives are always there (torch.distributed.is_available)."""
+    return True
 
 
 def _of(group, what):

@@ -174,11 +174,38 @@ def reduce(x, dst=0, op="sum", async_op=False, group=None):
 
 
 @collective("all_gather")
-def all_gather(x, async_op=False, group=None):
-    """Every rank's `x`, as a list by rank (first dims may differ between ranks)."""
-    a, _ = _target(x, "all_gather")
-    return _run("all_gather", a, async_op, {}, lambda res: [_wrap_like(x, r) for r in res],
-                group)
+def all_gather(x, tensor=None, async_op=False, group=None):
+    """Every rank's `x`, as a list by rank (first dims may differ between ranks).
+
+    torch's form, ``all_gather(tensor_list, tensor)``, works too: `x` is then a list of
+    one array or tensor per rank, filled in place with every rank's `tensor` (and the
+    call returns None, or the Work). An old call ``all_gather(x, True)`` still means
+    ``async_op=True``."""
+    if isinstance(tensor, bool):
+        tensor, async_op = None, tensor
+    if tensor is None:
+        a, _ = _target(x, "all_gather")
+        return _run("all_gather", a, async_op, {},
+                    lambda res: [_wrap_like(x, r) for r in res], group)
+    outs = x
+    if not isinstance(outs, (list, tuple)):
+        raise DistributedError(f"all_gather: got {type(outs).__name__} with a tensor; "
+                               "expected all_gather(tensor_list, tensor) (torch's form)")
+    a, _ = _target(tensor, "all_gather")
+    targets = [_target(o, "all_gather") for o in outs]
+
+    def fill(res):
+        if len(res) != len(targets):
+            raise DistributedError(f"all_gather: got a list of {len(targets)}; expected "
+                                   f"one entry per rank ({len(res)})")
+        for (t, fin), r in zip(targets, res):
+            if t.shape != r.shape:
+                raise DistributedError(f"all_gather: an entry of tensor_list has shape "
+                                       f"{list(t.shape)}; a rank sent {list(r.shape)}")
+            np.copyto(t, r)
+            fin()
+        return None
+    return _run("all_gather", a, async_op, {}, fill, group)
 
 
 @collective("reduce_scatter")

@@ -41,6 +41,10 @@ def check_torch_spellings():
     b = np.full(1, float(r))
     dist.broadcast(b, src=1, group=pair)
     np.testing.assert_array_equal(b, [1.0])
+    parts = [sampan.zeros(2) for _ in range(n)]
+    assert dist.all_gather(parts, sampan.tensor([float(r), 2.0]), group=pair) is None
+    for q, p in enumerate(parts):
+        np.testing.assert_array_equal(p.numpy(), [float(q), 2.0])
     dist.barrier(group=pair)
     dist.destroy_process_group(pair)
 

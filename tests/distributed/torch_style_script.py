@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 
 def run():
+    assert dist.is_available()
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.ones(3) * (rank + 1)
@@ -29,8 +30,10 @@ def run():
     a = torch.tensor([2.0 * rank + 1])
     work = dist.all_reduce(a, group=pair, async_op=True)
     work.wait()
+    parts = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(parts, torch.tensor([float(rank), 1.0]))
     dist.barrier()
-    out = {"rank": rank, "world": world, "sum": t.tolist(), "max": m.tolist(),
+    out = {"gather": [p.tolist() for p in parts], "rank": rank, "world": world, "sum": t.tolist(), "max": m.tolist(),
            "min": lo.tolist(), "bcast": b.tolist(), "reduce": r.tolist(),
            "solo": s.tolist(), "pair": a.tolist(), "pair_size": dist.get_world_size(pair)}
     dist.destroy_process_group()
