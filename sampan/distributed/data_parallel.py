@@ -13,7 +13,10 @@ one alone): its reduction cannot overlap anything. A grad-ready
 hook on every parameter (`sampan.autograd.hooks.register_grad_ready_hook`: it fires as
 soon as the parameter's `.grad` holds all of this backward's contributions) copies the
 gradient into its bucket; a bucket whose gradients are all in starts its asynchronous
-all-reduce (mean) at once, while backward goes on computing the earlier layers' grads.
+reduction at once, while backward goes on computing the earlier layers' grads: the
+comm hook's (`register_comm_hook`, as torch DDP's; by default `comm_hooks.allreduce_hook`,
+the mean over the ranks). The layout rule is `sampan.distributed.buckets.plan`, which the
+`distribute` pass shares.
 Buckets start in index order on every rank, so all ranks issue the same collectives in
 the same order. MPI moves a nonblocking collective's bytes only inside MPI calls (there is
 no progress thread: on a machine with no spare core one only steals the compute's), so

@@ -32,7 +32,8 @@ def _ported():
     return ns["run"]
 
 
-EXPECTED = [{"gather": [[0.0, 1.0], [1.0, 1.0]], "rank": r, "world": 2, "sum": [3.0] * 3, "max": [1.0, 10.0], "min": [3.0],
+EXPECTED = [{"gather": [[0.0, 1.0], [1.0, 1.0]], "rank": r, "world": 2, "sum": [3.0] * 3,
+             "max": [1.0, 10.0], "min": [3.0],
              "bcast": [1.5], "reduce": [3.0] if r == 0 else [2.0],
              "solo": [7.0] if r == 0 else [8.0], "pair": [4.0], "pair_size": 2}
             for r in range(N)]

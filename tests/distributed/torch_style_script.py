@@ -33,7 +33,8 @@ def run():
     parts = [torch.zeros(2) for _ in range(world)]
     dist.all_gather(parts, torch.tensor([float(rank), 1.0]))
     dist.barrier()
-    out = {"gather": [p.tolist() for p in parts], "rank": rank, "world": world, "sum": t.tolist(), "max": m.tolist(),
+    out = {"gather": [p.tolist() for p in parts], "rank": rank, "world": world,
+           "sum": t.tolist(), "max": m.tolist(),
            "min": lo.tolist(), "bcast": b.tolist(), "reduce": r.tolist(),
            "solo": s.tolist(), "pair": a.tolist(), "pair_size": dist.get_world_size(pair)}
     dist.destroy_process_group()
