@@ -22,8 +22,8 @@ import os
 
 from . import collectives
 from .collectives import TABLE, ReduceOp
-from .group import (DistributedError, ProcessGroup, Work, current, set_process_group,
-                    set_thread_group, thread_group, use_group)
+from .group import (DistributedError, Future, ProcessGroup, Work, current,
+                    set_process_group, set_thread_group, thread_group, use_group)
 from .inproc import ReplicaError, World, spawn
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.distributed.*)
@@ -32,7 +32,7 @@ __all__ = ["init", "is_initialized", "rank", "world_size", "destroy", "spawn",
            "Work", "DistributedError", "ReplicaError", "ProcessGroup", "current_group",
            "use_group", "backend", "ReduceOp", "init_process_group", "get_rank",
            "get_world_size", "destroy_process_group", "new_group", "get_backend",
-           "is_available"]
+           "is_available", "Future"]
 
 # every collective of the table, under its name (a new one is one entry there)
 globals().update({name: entry.fn for name, entry in TABLE.items()})

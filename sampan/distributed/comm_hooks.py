@@ -1,11 +1,14 @@
 """Communication hooks of `DataParallel`, as PyTorch DDP's (`register_comm_hook`).
 
-A hook is ``hook(state, bucket) -> Work``: called once a bucket's gradients are all in
-(during backward), it starts the bucket's reduction and returns a handle whose `wait()`
-gives the reduced flat buffer (or None: reduced in place in `bucket.buffer()`); the
-result is what every parameter of the bucket gets as its `.grad`. `bucket` is a
-`GradBucket`: `index()`, `buffer()` (the flat numpy array of its gradients, in the
-bucket's dtype), `gradients()`, `parameters()`, `is_last()`. `state` is what was given
+A hook is ``hook(state, bucket) -> Work or Future``: called once a bucket's gradients
+are all in (during backward), it starts the bucket's reduction and returns a handle
+whose `wait()` gives the reduced flat buffer (an array or tensor; None: reduced in place
+in `bucket.buffer()`); the result is what every parameter of the bucket gets as its
+`.grad`. `bucket` is a `GradBucket`: `index()`, `buffer()` (a tensor over the flat
+buffer of its gradients, in the bucket's dtype; `array()` is the numpy array itself),
+`gradients()`, `parameters()`, `is_last()`. A hook written for torch ports by renaming
+its imports: ``dist.all_reduce(t, async_op=True).get_future().then(cb)`` gives a
+`Future` whose callback gets the future, and ``fut.value()[0]`` is the reduced tensor. `state` is what was given
 to `register_comm_hook`: for the hooks here, a process group (None: the current one),
 as torch's default hooks take `process_group`.
 
@@ -36,30 +39,41 @@ __all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_
 class GradBucket:
     """What a comm hook is given: one bucket of gradients (torch's `GradBucket`)."""
 
-    __slots__ = ("_bucket", "_last")
+    __slots__ = ("_bucket", "_last", "_tensor")
 
     def __init__(self, bucket, is_last):
         self._bucket, self._last = bucket, bool(is_last)
+        self._tensor = None
 
     def index(self) -> int:
         return self._bucket.index
 
-    def buffer(self) -> np.ndarray:
-        """The bucket's gradients, flattened and concatenated (a numpy array)."""
+    def buffer(self):
+        """The bucket's gradients, flattened and concatenated: a sampan Tensor over the
+        bucket's flat buffer (writing into it writes the bucket), as torch's."""
+        if self._tensor is None:
+            from ..tensor import wrap
+            self._tensor = wrap(self._bucket.flat)
+        return self._tensor
+
+    def array(self) -> np.ndarray:
+        """`buffer()` as the numpy array itself."""
         return self._bucket.flat
 
     def set_buffer(self, buffer) -> None:
-        """Replace the bucket's flat buffer (same size and dtype)."""
-        b = self._bucket
-        np.copyto(b.flat, np.asarray(buffer).reshape(-1))
+        """Replace the bucket's flat buffer's contents (same size)."""
+        src = buffer.numpy() if hasattr(buffer, "numpy") else np.asarray(buffer)
+        np.copyto(self._bucket.flat, src.reshape(-1))
 
     def parameters(self) -> list:
         return list(self._bucket.params)
 
     def gradients(self) -> list:
-        """Each parameter's gradient: views of `buffer()` shaped as the parameter."""
+        """Each parameter's gradient: tensors over views of `buffer()`, shaped as the
+        parameter."""
+        from ..tensor import wrap
         b = self._bucket
-        return [b.flat[o:o + p._data.size].reshape(p._data.shape)
+        return [wrap(b.flat[o:o + p._data.size].reshape(p._data.shape))
                 for p, o in zip(b.params, b.offsets)]
 
     def is_last(self) -> bool:
@@ -75,7 +89,7 @@ def _world(group):
 
 def allreduce_hook(process_group, bucket):
     """The default: all-reduce the bucket's buffer (mean over the ranks), in place."""
-    buf = bucket.buffer()
+    buf = bucket.array()
     if process_group is None:
         return _comm.all_reduce_mean(buf)
     from .collectives import all_reduce
@@ -85,7 +99,7 @@ def allreduce_hook(process_group, bucket):
 def _compress_hook(dtype):
     def hook(process_group, bucket):
         from .collectives import all_reduce
-        buf = bucket.buffer()
+        buf = bucket.array()
         small = buf.astype(dtype)
         np.divide(small, _world(process_group), out=small)
         work = all_reduce(small, op="sum", async_op=True, group=process_group)

@@ -108,9 +108,48 @@ class Work:
             self._finish = lambda: fn(inner())
         return self
 
+    def get_future(self) -> "Future":
+        """torch's `Work.get_future()`: a `Future` whose value is ``[result]`` (a list,
+        as torch's collectives' futures), so torch-style comm hooks port unchanged."""
+        return Future(lambda: [self.wait()], self.is_completed)
+
     def __repr__(self):
         state = "done" if self._done else "pending"
         return f"<Work {self.name} #{self.seq} {state}>"
+
+
+class Future:
+    """torch.futures.Future's few methods a comm hook uses: `then(callback)` (the
+    callback gets this future and its return value is the new future's value),
+    `value()`/`wait()` (block until done; the value), `done()`."""
+
+    __slots__ = ("_get", "_test", "_has", "_value")
+
+    def __init__(self, get, test):
+        self._get, self._test = get, test
+        self._has, self._value = False, None
+
+    def wait(self):
+        if not self._has:
+            self._value, self._has = self._get(), True
+        return self._value
+
+    value = wait
+
+    def done(self) -> bool:
+        return self._has or self._test()
+
+    is_completed = done
+
+    def then(self, callback) -> "Future":
+        return Future(lambda: callback(self._ready()), self.done)
+
+    def _ready(self):
+        self.wait()
+        return self
+
+    def __repr__(self):
+        return f"<Future {'done' if self._has else 'pending'}>"
 
 
 def _spin(test, limit):

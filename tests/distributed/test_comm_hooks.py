@@ -55,16 +55,19 @@ def _local_grads(r):
 
 
 def _torch_hook(monkeypatch, name):
-    """torch's hook `name` applied to each rank's local gradients over 2 gloo ranks."""
+    """torch's hook `name` (or the hook function `name`) applied to each rank's local
+    gradients over 2 gloo ranks."""
     torch = pytest.importorskip("torch")
     td = pytest.importorskip("torch.distributed")
     if not td.is_available():
         pytest.skip("torch.distributed is not available")
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    hook = getattr(default_hooks, name) if isinstance(name, str) else name
     # the hooks call dist.all_reduce(t, group=pg, async_op=True); route it to the
     # gloo group of this thread (two raw ProcessGroupGloo sharing one HashStore)
     monkeypatch.setattr(td, "all_reduce",
                         lambda t, group=None, async_op=False: group.allreduce([t]))
+    monkeypatch.setattr(td, "get_world_size", lambda group=None: group.size())
     store = td.HashStore()
     out, errors = {}, []
 
@@ -72,7 +75,7 @@ def _torch_hook(monkeypatch, name):
         try:
             pg = td.ProcessGroupGloo(store, r, N, datetime.timedelta(seconds=30))
             buf = torch.from_numpy(_local_grads(r).copy())
-            fut = getattr(default_hooks, name)(pg, _Bucket(buf))
+            fut = hook(pg, _Bucket(buf))
             out[r] = fut.wait().numpy().copy()
         except Exception as e:           # noqa: BLE001 - reraised below
             errors.append(e)
@@ -129,8 +132,9 @@ def test_a_hook_sees_each_bucket_once_and_may_return_a_new_buffer():
 
     def hook(state, bucket):
         seen.append((state, bucket.index(), bucket.is_last(), len(bucket.parameters()),
-                     bucket.buffer().size, [g.shape for g in bucket.gradients()]))
-        fresh = np.full(bucket.buffer().size, 0.5, bucket.buffer().dtype)
+                     bucket.array().size, [g.shape for g in bucket.gradients()]))
+        assert np.shares_memory(bucket.buffer().numpy(), bucket.array())
+        fresh = np.full(bucket.array().size, 0.5, bucket.array().dtype)
         return dist.all_reduce(fresh, op="sum", async_op=True)   # a new array: 1.0
 
     got = _dp_grads(hook, state="mine")
@@ -154,3 +158,26 @@ def test_a_hook_is_set_once_and_not_traced():
     with pytest.raises(SampanError, match="traced"):
         x, y = _shard(0)
         sampan.jit(lambda x: dp(x).sum())(x)
+
+
+def _load_hook(ported):
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_style_hook.py")
+    with open(path) as f:
+        text = f.read()
+    if ported:
+        text = text.replace("import torch.distributed as dist",
+                            "import sampan.distributed as dist")
+        text = text.replace("import torch\n", "import sampan as torch\n")
+    ns = {"__name__": "torch_style_hook"}
+    exec(compile(text, path, "exec"), ns)          # noqa: S102 - our own test file
+    return ns["bf16_by_hand"]
+
+
+def test_a_hook_written_for_torch_ports_by_renaming_its_imports(monkeypatch):
+    ref = _torch_hook(monkeypatch, _load_hook(ported=False))
+    got = _dp_grads(_load_hook(ported=True))
+    for g in got:
+        np.testing.assert_array_equal(g, ref[0])
+    for g in _dp_grads(comm_hooks.bf16_compress_hook):     # the same as torch's own
+        np.testing.assert_array_equal(g, ref[0])
