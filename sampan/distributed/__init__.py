@@ -186,7 +186,8 @@ def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup | None:
     """A group of `ranks` (ranks of the current group; default all of them), as
     torch.distributed.new_group: every rank of the current group must call it, in the
     same order; a rank not in `ranks` gets None. Pass it as `group=` to a collective;
-    within it the ranks are numbered 0.. in the order of `ranks`.
+    within it the ranks are numbered 0.. in increasing order of their rank here (torch
+    sorts `ranks` too).
 
     Example::
 
