@@ -37,6 +37,7 @@ class ReduceOp:
     collectives take (``op=ReduceOp.AVG`` is ``op="mean"``)."""
     SUM = "sum"
     AVG = "mean"
+    PRODUCT = "prod"
     MAX = "max"
     MIN = "min"
 
@@ -139,8 +140,8 @@ def _run(name, x, async_op, attrs, finish, group=None):
 # ---------------------------------------------------------------------- collectives
 @collective("all_reduce")
 def all_reduce(x, op="sum", async_op=False, group=None):
-    """Reduce `x` over all ranks in place (op "sum", "mean", "max" or "min", or a
-    `ReduceOp`); returns `x`, or the `Work` when `async_op` (then `x` holds the result
+    """Reduce `x` over all ranks in place (op "sum", "mean", "prod", "max" or "min", or
+    a `ReduceOp`); returns `x`, or the `Work` when `async_op` (then `x` holds the result
     after `wait()`)."""
     a, fin = _target(x, "all_reduce")
     return _run("all_reduce", a, async_op, {"op": op}, fin, group)

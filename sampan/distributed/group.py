@@ -23,7 +23,7 @@ from ..dtypes import bfloat16
 from ..errors import SampanError
 from ..profiler import recorder as _rec
 
-REDUCE_OPS = ("sum", "mean", "max", "min")
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, bfloat16, np.int64, np.int32,
                                      np.float16, np.int8, np.uint8, np.int16))
 _DTYPE_SET = frozenset(DTYPES)
@@ -256,7 +256,8 @@ def reduce_into(out, arrays, op):
     float32 and round once); "mean" divides the sum by their number."""
     low = out.dtype in (bfloat16, np.dtype(np.float16))
     acc = arrays[0].astype(np.float32) if low else np.array(arrays[0], copy=True)
-    f = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
+    f = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum,
+         "prod": np.multiply}[op]
     for a in arrays[1:]:
         f(acc, a, out=acc)
     if op == "mean":

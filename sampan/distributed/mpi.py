@@ -52,8 +52,8 @@ from mpi4py import MPI  # noqa: E402  (this module is imported by init("mpi") on
 _HB_INTERVAL = 0.5
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _NAMES = tuple(TABLE)       # a collective's number in the signature exchange
-_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-_OPCODE = {"sum": 1, "mean": 2, "max": 3, "min": 4}
+_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+_OPCODE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 _LOW = (bfloat16, np.dtype(np.float16))
 _TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
           np.dtype(np.int64): MPI.INT64_T, np.dtype(np.int32): MPI.INT32_T,

@@ -11,6 +11,7 @@ import sampan.distributed as dist
 from sampan import nn
 from sampan.distributed import comm_hooks
 from sampan.distributed.data_parallel import DataParallel
+from sampan.dtypes import bfloat16
 from sampan.nn import functional as F
 
 
@@ -20,6 +21,14 @@ def check_torch_spellings():
     x = np.full(3, r + 1.0, np.float32)
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     np.testing.assert_array_equal(x, np.full(3, float(n), np.float32))
+    p = np.array([r + 2, -(r + 1)], np.int64)
+    dist.all_reduce(p, op=dist.ReduceOp.PRODUCT)
+    want_p = [int(np.prod([q + 2 for q in range(n)])), int(np.prod([-(q + 1) for q in range(n)]))]
+    np.testing.assert_array_equal(p, want_p)
+    h = np.array([1.5 + r, 0.25], np.float32).astype(bfloat16)
+    dist.all_reduce(h, op="prod")
+    np.testing.assert_array_equal(h.astype(np.float32), [np.prod([1.5 + q for q in range(n)]),
+                                                         0.25 ** n])
     y = np.full(2, r + 1.0)
     dist.reduce(y, dst=n - 1)                    # the table's fallback on every backend
     want = sum(q + 1.0 for q in range(n)) if r == n - 1 else r + 1.0
