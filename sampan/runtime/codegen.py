@@ -188,6 +188,11 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         if n.op in _NODE_PROVIDER and n.op not in prov.node_kernels:
             prov = get_provider(_NODE_PROVIDER[n.op])
         binder = NODE_KERNELS.get(n.op) or (prov.bind if n.op in prov.node_kernels else None)
+        # the out= variants and specialised kernels below may run the measured choice
+        # (oneDNN): not for a node the list kept off oneDNN on purpose
+        table = binder is None and prov.name in _TABLE and (
+            prov.name == "onednn" or (n.op in prov.kernels and prov.kernel(n.op) is op.kernel)
+            or not get_provider("onednn").supports(n))
         if prov.name not in _TABLE and binder is None:  # another provider's kernel
             kname = emit.fresh("p", i, "_", opname)      # attributes bound at compile time
             env[kname] = prov.bind(n)
@@ -213,6 +218,10 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             env[kname] = binder(n, inplace=inplace)
             if any(bufs):
                 kwargs.append(("out", emit.tuple_of(b or emit.lit(None) for b in bufs)))
+        elif not table:            # the provider's own kernel, attributes as keywords
+            kname = emit.fresh("k_", opname, "_", emit.name(prov.name, "provider"))
+            env[kname] = prov.kernel(n.op)
+            kwargs = _attr_args(n, env, bound)
         elif first in donate:  # computed in place into a donated input's array
             bufname = names[g.inputs[donate[first]].id]
             kname = emit.fresh("out_", opname)

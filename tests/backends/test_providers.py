@@ -183,3 +183,28 @@ def test_partition_pass_is_registered_and_reads_the_graph_list(toy):
     g = PassManager(["partition"]).run(g)
     assert _assigned(g, "toy") == _supported(g, toy.PROVIDER)
     assert g.meta["partition"]["toy"] == len(_assigned(g, "toy")) >= 3
+
+
+def test_a_list_without_onednn_keeps_gemms_on_numpy(tmp_path):
+    """The measured choice (oneDNN where it won) is the onednn provider's: a list without
+    it binds the numpy kernel, in eager and in compiled code (out= buffers included)."""
+    from sampan.ops.registry import OPS
+    x, w, _ = _data()
+    with set_providers(["numba", "numpy"]):
+        assert OPS["matmul"].kernel is OPS["matmul"].kernels["numpy"]
+        f = sampan.jit(lambda a: sampan.relu(a @ sampan.tensor(w)) @ sampan.tensor(w.T))
+        y = f(sampan.tensor(x))
+        assert "onednn" not in {n.meta["provider"] for n in f.graph.nodes}
+    np.testing.assert_allclose(y.numpy(), np.maximum(x @ w, 0) @ w.T, rtol=1e-5, atol=1e-5)
+    # a Predictor's list, under the default eager list: its matmuls bind numpy's kernel
+    from sampan.inference import Config, create_predictor
+    path = sampan.jit.save(lambda a: sampan.relu(a @ sampan.tensor(w)) @ sampan.tensor(w.T),
+                           str(tmp_path / "m.sampan"), (sampan.tensor(x),))
+    cfg = Config(path)
+    cfg.set_providers(["numba", "numpy"])
+    p = create_predictor(cfg)
+    out = p.run([x])[0]
+    assert "k_matmul_numpy" in p.code and "out_matmul" not in p.code
+    np.testing.assert_allclose(out, np.maximum(x @ w, 0) @ w.T, rtol=1e-5, atol=1e-5)
+    assert OPS["matmul"].kernel is not OPS["matmul"].kernels["numpy"] or not \
+        get_provider("onednn").available()
