@@ -208,3 +208,31 @@ def test_a_list_without_onednn_keeps_gemms_on_numpy(tmp_path):
     np.testing.assert_allclose(out, np.maximum(x @ w, 0) @ w.T, rtol=1e-5, atol=1e-5)
     assert OPS["matmul"].kernel is not OPS["matmul"].kernels["numpy"] or not \
         get_provider("onednn").available()
+
+
+def test_onnxruntime_first_is_the_offload(tmp_path):
+    """"onnxruntime" first in the list is what set_runtime("onnxruntime") was: every node
+    it supports in engine nodes, which the partition gives to the onnxruntime provider."""
+    pytest.importorskip("onnxruntime")
+    from sampan.inference import Config, create_predictor
+    from sampan.passes import PassManager
+    x, w, b = _data()
+    fn = lambda a: _model(a, sampan.tensor(w), sampan.tensor(b))  # noqa: E731
+    path = sampan.jit.save(fn, str(tmp_path / "m.sampan"), (sampan.tensor(x),))
+    new, old = Config(path), Config(path)
+    new.set_providers(["onnxruntime", "onednn", "numpy"])
+    old.set_runtime("onnxruntime")
+    assert new.get_providers() == old.get_providers() and new.runtime() == "onnxruntime"
+    p, q = create_predictor(new), create_predictor(old)
+    assert str(p.graph) == str(q.graph) and p.passes_run == q.passes_run
+    engines = [n for n in p.graph.nodes if n.op == "engine"]
+    assert engines and all(n.meta["provider"] == "onnxruntime" for n in engines)
+    np.testing.assert_allclose(p.run([x])[0], _ref(x, w, b), rtol=1e-5, atol=1e-6)
+    # the partition pass on its own offloads too when the list starts with onnxruntime
+    f = sampan.jit(fn)
+    f(sampan.tensor(x))
+    g = f.raw_graph.copy()
+    g.meta["providers"] = ["onnxruntime"]
+    g.meta["onnxruntime_offload"] = {"min_subgraph_size": 1}
+    g = PassManager(["partition"]).run(g)
+    assert [n.op for n in g.nodes] == ["engine"] and g.meta["partition"] == {"onnxruntime": 1}
