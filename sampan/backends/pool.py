@@ -87,12 +87,13 @@ def decide() -> str:
             return _state["pool"]
         name = _state["forced"] or os.environ.get("SAMPAN_GEMM_POOL")
         if name not in POOLS:
-            name = "openblas" if not cache.backends() else _measured(cache)
+            name = "openblas" if not cache.backends() else _measured()
         _apply(name)
         return name
 
 
-def _measured(cache) -> str:
+def _measured() -> str:
+    from . import cache
     stored = cache.stored(POOL_KEY)
     busy = cache.busy()
     if stored and stored.get("winner") in POOLS and (busy or not stored.get("busy")):
