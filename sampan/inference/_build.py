@@ -134,6 +134,12 @@ def optimise(g, config, symbolic: bool):
         g = _step(OFFLOAD_PASS, PASSES[OFFLOAD_PASS], g, done, verify)
         done.append(OFFLOAD_PASS)
         dump(OFFLOAD_PASS, g, " (the onnxruntime runtime: every supported node)")
+    # each node to the first provider of the list that supports it: the partition pass's
+    # assignment (node.meta only: the graph's text, the dumps and the steps listed stay
+    # those above; the offload it would do is the configured offload step above)
+    from ..passes.partition import assign
+    g.meta["providers"] = config.get_providers()
+    g.meta["partition"] = assign(g, g.meta["providers"])
     plan = config.memory_optim_enabled() and (
         not config.ir_optim() or MEMORY_PASS in names)
     if plan:

@@ -16,6 +16,7 @@ from . import fuse_quant, quantize  # noqa: F401,E402  (issue 19: int8)
 from . import offload  # noqa: F401,E402
 from . import distribute  # noqa: F401,E402  (issue 23: data parallel)
 from . import amp  # noqa: F401,E402  (issue 22: mixed precision)
+from . import partition  # noqa: F401,E402  (issue 30: kernel providers)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 
 __all__ = ["Pass", "PASSES", "PIPELINES", "PassError", "PassManager", "register_pass",
