@@ -87,6 +87,24 @@ def test_int8_gru_classifier_serves_every_batch(tmp_path):
         _close_int8(q(x).numpy(), ref)
 
 
+def test_small_gru_saves_with_a_symbolic_batch(tmp_path):
+    # hidden 8, batch 4: reshape used to drop the symbolic size (int(d), np.prod), so the
+    # zero initial state was a constant fill at each traced size, and freeze_state +
+    # fold_constants folded matmul(zeros, w_hh) + b into a constant unify cannot generalise
+    sampan.manual_seed(0)
+    m = _GRUClassifier(d=8)
+    m.eval()
+    rng = np.random.default_rng(2)
+    p = sampan.jit.save(m, str(tmp_path / "gru8.sampan"),
+                        (sampan.Tensor(rng.integers(0, 50, (4, 6))),), dynamic="batch")
+    g, _, _ = sampan.jit.serialize.read(p)
+    assert g.inputs[0].shape[0] == "batch"
+    f = sampan.jit.load(p)
+    for b in (1, 7):
+        x = sampan.Tensor(rng.integers(0, 50, (b, 6)))
+        np.testing.assert_allclose(f(x).numpy(), m(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def _sym_graph(declared):
     return parse("graph main(%0: f32[batch,5,4]) {\n"
                  f"  %1: f32[{declared}] = getitem(%0, index=(('s', None, None, None), "
