@@ -1,35 +1,118 @@
 """The verifier: SSA, defined-before-use, and types that agree with each op's shape rule.
 
 Run after every pass in debug mode and in all tests. Raises `VerifyError` naming the
-offending node as a text line."""
+offending node as a text line.
+
+Shape rules compute with ints, so a graph with symbolic dims (``f32[batch,4]``, attributes
+``"$12*batch"``: sampan/ir/symbolic.py) has its rules checked at one concrete size per
+symbol: each input type and attribute is evaluated there, and each output's declared type,
+evaluated at the same sizes, must be exactly what the rule gives."""
 from __future__ import annotations
 
 from ..errors import SampanError
+from . import symbolic as _sym
 from .graph import spec_of
 from .text import node_str
+
+PROBE = 11
+"""The size each symbol of a symbolic graph gets by default when its shape rules are
+checked: above the small sizes (1, 2, 3) that slices and guards treat specially, so a
+program valid from some modest batch or length on is valid there."""
 
 
 class VerifyError(SampanError):
     """A graph breaks an IR invariant."""
 
 
-def _dims_match(a, b):
-    if len(a) != len(b):
-        return False
-    return all(x == y or isinstance(x, str) or isinstance(y, str) for x, y in zip(a, b))
+def _dim_symbols(d) -> set:
+    try:
+        return _sym.symbols(d)
+    except _sym.ExprError:         # a dim name from elsewhere (an ONNX model's): one symbol
+        return {d}
 
 
-def verify(g) -> None:
+def symbols_in(g) -> set:
+    """The symbol names in the types and "$expr" attributes of `g`'s values and nodes."""
+    out = set()
+    for v in g.values():
+        for d in v.shape:
+            if isinstance(d, str):
+                out |= _dim_symbols(d)
+    for n in g.nodes:
+        _attr_symbols(n.attrs, out)
+    return out
+
+
+def _attr_symbols(x, out):
+    if isinstance(x, str):
+        if x.startswith("$"):
+            out |= _dim_symbols(x[1:])
+    elif isinstance(x, (tuple, list)):
+        for a in x:
+            _attr_symbols(a, out)
+    elif isinstance(x, dict):
+        for a in x.values():
+            _attr_symbols(a, out)
+
+
+def _size(d, sizes):
+    """Dim or expression text `d` at `sizes`; ValueError saying why it has no size."""
+    try:
+        return _sym.evaluate(d, sizes)
+    except _sym.ExprError:
+        if d in sizes:
+            return sizes[d]
+        raise ValueError(f"{d!r} is not a size expression") from None
+    except KeyError as e:
+        raise ValueError(f"{d!r} names {e.args[0]!r}, which has no size") from None
+    except ZeroDivisionError:
+        raise ValueError(f"{d!r} divides by zero") from None
+
+
+def _concrete_shape(shape, sizes):
+    return tuple(_size(d, sizes) if isinstance(d, str) else d for d in shape)
+
+
+def _concrete_attr(x, sizes):
+    if isinstance(x, str) and x.startswith("$"):
+        return _size(x[1:], sizes)
+    if isinstance(x, tuple):
+        return tuple(_concrete_attr(a, sizes) for a in x)
+    if isinstance(x, list):
+        return [_concrete_attr(a, sizes) for a in x]
+    if isinstance(x, dict):
+        return {k: _concrete_attr(a, sizes) for k, a in x.items()}
+    return x
+
+
+def verify(g, sizes: dict | None = None) -> None:
     """Check `g`; raise VerifyError on the first broken invariant.
 
-    Example: ``sampan.ir.verify(fn.graph)``"""
-    from ..ops.registry import OPS
+    `sizes` ({symbol: int}) is where the shape rules of a graph with symbolic dims are
+    checked (every symbol it lacks gets `PROBE`); a concrete graph ignores it.
+
+    Example: ``sampan.ir.verify(fn.graph)``, ``sampan.ir.verify(g, {"batch": 8})``"""
+    from ..ops.registry import OPS, Spec
+    syms = symbols_in(g)
+    at = ""
+    if syms:
+        sizes = {**{s: PROBE for s in syms}, **(sizes or {})}
+        at = " at " + ", ".join(f"{s}={sizes[s]}" for s in sorted(syms))
     defined = set()
 
     def define(v, where):
         if v.id in defined:
             raise VerifyError(f"%{v.id} is defined twice (not SSA): {where}")
         defined.add(v.id)
+
+    def spec(v, line):
+        if not syms:
+            return spec_of(v)
+        try:
+            return Spec(_concrete_shape(v.shape, sizes), v.dtype)
+        except ValueError as e:
+            raise VerifyError(f"%{v.id} has type {v.type_str()} with no size{at}: {e}: "
+                              f"{line}") from None
     for v in g.inputs:
         if v.node is not None or v.const is not None:
             raise VerifyError(f"graph input %{v.id} also has a producer")
@@ -52,17 +135,29 @@ def verify(g) -> None:
         if op.n_out is not None and len(n.outputs) != op.n_out:  # None: set by attrs
             raise VerifyError(f"{n.op} has {op.n_out} outputs, node has {len(n.outputs)}: "
                               f"{line}")
+        attrs = n.attrs
+        if syms:
+            try:
+                attrs = _concrete_attr(n.attrs, sizes)
+            except ValueError as e:
+                raise VerifyError(f"an attribute of {n.op} has no value{at}: {e}: "
+                                  f"{line}") from None
         try:
-            specs = op.shape_rule(*[spec_of(v) for v in n.inputs], **n.attrs)
+            specs = op.shape_rule(*[spec(v, line) for v in n.inputs], **attrs)
+        except VerifyError:
+            raise
         except Exception as e:
-            raise VerifyError(f"shape rule of {n.op} rejects the node ({e}): {line}") from None
+            raise VerifyError(f"shape rule of {n.op} rejects the node{at} ({e}): "
+                              f"{line}") from None
         specs = list(specs) if op.n_out != 1 else [specs]
         for v, s in zip(n.outputs, specs):
             if v.node is not n:
                 raise VerifyError(f"%{v.id} does not point back to its node: {line}")
-            if not _dims_match(tuple(s.shape), v.shape) or s.dtype != v.dtype:
-                raise VerifyError(f"%{v.id} is typed {v.type_str()} but the shape rule of "
-                                  f"{n.op} gives {s!r}: {line}")
+            want = spec(v, line)
+            if tuple(s.shape) != tuple(want.shape) or s.dtype != v.dtype:
+                raise VerifyError(f"%{v.id} is typed {v.type_str()}"
+                                  f"{f' ({want!r}{at})' if syms else ''} but the shape rule "
+                                  f"of {n.op} gives {s!r}: {line}")
             define(v, line)
     for v in g.outputs:
         if v.id not in defined:

@@ -68,9 +68,14 @@ def reshape(x, *shape):
     x = _t(x)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
-    shape = tuple(int(d) if not isinstance(d, str) else d for d in shape)
+    # as_int and a Python product keep symbolic sizes (SymInt) while tracing with dynamic
+    # dims: int() and np.prod would bake the traced size into the program
+    shape = tuple(as_int(d) if not isinstance(d, str) else d for d in shape)
     if builtins_all_int(x.shape) and builtins_all_int(shape):
-        shape = _resolve_shape(shape, int(np.prod(x.shape, dtype=np.int64)), x.shape)
+        numel = 1
+        for d in x.shape:
+            numel *= d
+        shape = _resolve_shape(shape, numel, x.shape)
     if tuple(x.shape) == shape:
         return x
     return apply(RESHAPE, (x,), {"shape": shape})
