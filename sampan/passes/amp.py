@@ -36,8 +36,9 @@ def _is_float(d) -> bool:
 
 @register_pass("amp", options={"dtype": "bfloat16"})
 def amp(g, dtype="bfloat16"):
-    """Compute a float32 program in bfloat16 (option `dtype`: "bfloat16" or "float16")
-    where the op table's autocast policy says."""
+    """Compute in bfloat16 (option `dtype`) where the op table's autocast policy says.
+
+    `dtype`: "bfloat16" (default) or "float16"."""
     from ..ir.graph import infer
     low = _dt.as_dtype(dtype)
     if low not in _LOW:

@@ -82,8 +82,10 @@ def quantize_weight(w, axis):
 @register_pass("quantize", options={"acts": None, "calibrate": None, "weight_only": False},
                legacy_meta="quant")
 def quantize(g, acts=None, calibrate=None, weight_only=False):
-    """Insert QDQ nodes around matmul/conv2d (int8 weights per channel, calibrated
-    activations per tensor: the `acts` option, or what `calibrate(graph)` gives)."""
+    """Insert QDQ nodes around matmul/conv2d: int8 weights, calibrated int8 activations.
+
+    Weights per channel; activations per tensor, by the `acts` option or what
+    `calibrate(graph)` gives; `weight_only` leaves activations in float."""
     g.meta.pop("quant", None)
     if is_quantized(g) or (acts is None and calibrate is None and not weight_only):
         return g            # int8 already, or nothing to quantise with
