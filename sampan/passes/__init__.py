@@ -11,7 +11,7 @@ Adding a pass: one module here with `@register_pass("name")` (its settings decla
 """
 from .manager import (PASSES, PIPELINES, Pass, PassError, PassManager, list_passes,
                       pass_options, pipeline, register_pass, set_pipeline, unregister_pass)
-from . import (cse, dce, fold_constants, fuse, inference, plan_memory, simplify,  # noqa: F401,E402
+from . import (cse, dce, fold_constants, fuse, inference, simplify,  # noqa: F401,E402
                slice_grads)
 from . import fuse_quant, quantize  # noqa: F401,E402  (issue 19: int8)
 from . import offload  # noqa: F401,E402
@@ -19,6 +19,7 @@ from . import distribute  # noqa: F401,E402  (issue 23: data parallel)
 from . import amp  # noqa: F401,E402  (issue 22: mixed precision)
 from . import unfuse  # noqa: F401,E402  (issue 30: the Predictor's steps are passes)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
+# `plan_memory` is registered by sampan.runtime.memory, whose plan the code generator reads
 
 __all__ = ["Pass", "PASSES", "PIPELINES", "PassError", "PassManager", "register_pass",
            "unregister_pass", "list_passes", "pass_options", "pipeline", "set_pipeline", "bisect",
