@@ -238,11 +238,11 @@ class Config:
             raise InferenceError(f"Config.set_runtime: unknown runtime {name!r}; expected "
                                  f"one of {', '.join(RUNTIMES)}")
         self._runtime = name
-        self._sync()
+        self._sync("runtime")
 
-    def _sync(self) -> None:
+    def _sync(self, changed) -> None:
         from .steps import sync
-        sync(self, self._steps)
+        sync(self, self._steps, changed)
 
     def runtime(self) -> str:
         return self._runtime
@@ -258,7 +258,8 @@ class Config:
             raise InferenceError(f"Config.enable_onnxruntime_offload: min_subgraph_size must "
                                  f"be a positive int; got {min_subgraph_size!r}")
         self._offload = min_subgraph_size
-        self._sync()
+        self._sync("offload")
+        self._builder.turn_on(OFFLOAD_PASS)
 
     def offload_min_subgraph_size(self):
         """The `enable_onnxruntime_offload` setting (None: not enabled)."""
@@ -287,7 +288,7 @@ class Config:
                                      f"expected one of {', '.join(OBSERVERS)}")
         self._int8 = (calibration_data, observer, bool(weight_only))
         self._precision = precision
-        self._sync()
+        self._sync("precision")
 
     def int8_options(self):
         """(calibration_data, observer, weight_only) given with set_precision("int8")."""
@@ -309,6 +310,7 @@ class Config:
                 ("ir_optim", self._ir_optim),
                 ("passes", self._builder.enabled_passes() if self._ir_optim else []),
                 ("turned off", sorted(self._builder._off)),
+                ("pass options", self._builder.options()),
                 ("memory_optim", self._memory_optim),
                 ("ir_debug", self._debug_dir),
                 ("num_threads", self._threads),

@@ -31,6 +31,7 @@ OFFLOAD = "onnxruntime_offload"
 FUSION = "fuse_elementwise"
 MEMORY = "plan_memory"
 NO_GENERATED = ("numpy", "onnxruntime")      # runtimes that run no generated kernels
+FUSION_TAKEN = "-" + FUSION                  # in `owned`: the settings took fusion out
 
 
 def wanted(config) -> list:
@@ -55,12 +56,14 @@ def ir_optim_off(config, names) -> list:
     return [n for n in names if n in keep]
 
 
-def sync(config, owned: set) -> None:
-    """Make `config`'s pass list hold the steps its settings ask for. `owned`: the steps
-    the settings put in before (updated); only those are taken out again."""
+def sync(config, owned: set, changed: str) -> None:
+    """Make `config`'s pass list hold the steps its settings ask for, after setting
+    `changed` ("runtime", "offload" or "precision") changed. `owned`: the steps the
+    settings put in before (updated); only those are taken out again. Only the options
+    of the changed setting are set (an option set on the builder since stays)."""
     b = config.pass_builder()
     want = wanted(config)
-    for name in sorted(n for n in owned - set(want) if not n.startswith("-")):
+    for name in sorted(owned - set(want) - {FUSION_TAKEN}):
         if name in b.all_passes():
             b.delete_pass(name)
         owned.discard(name)
@@ -75,19 +78,19 @@ def sync(config, owned: set) -> None:
     no_gen = config.runtime() in NO_GENERATED
     if no_gen and FUSION in b.all_passes():
         b.delete_pass(FUSION)
-        owned.add("-" + FUSION)                  # taken out: put back for numba
-    elif not no_gen and "-" + FUSION in owned:
-        owned.discard("-" + FUSION)
+        owned.add(FUSION_TAKEN)                  # put back when the runtime is numba
+    elif not no_gen and FUSION_TAKEN in owned:
+        owned.discard(FUSION_TAKEN)
         if FUSION not in b.all_passes():
             _insert_before(b, FUSION, (MEMORY,))
     if OFFLOAD in want:
         if OFFLOAD not in b.all_passes():
             _insert_before(b, OFFLOAD, (FUSION, MEMORY))
             owned.add(OFFLOAD)
-        b.turn_on(OFFLOAD)
-        n = 1 if config.runtime() == "onnxruntime" else config.offload_min_subgraph_size()
-        b.set_option(OFFLOAD, min_subgraph_size=n)
-    if config.precision() == "int8":
+        if changed in ("runtime", "offload"):
+            n = 1 if config.runtime() == "onnxruntime" else config.offload_min_subgraph_size()
+            b.set_option(OFFLOAD, min_subgraph_size=n)
+    if config.precision() == "int8" and changed == "precision":
         b.set_option(QUANTIZE, weight_only=config.int8_options()[2])
 
 

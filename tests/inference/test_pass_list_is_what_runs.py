@@ -175,3 +175,20 @@ def _int8_reference(mlp, cal, x):
         q = np.clip(np.rint(a / s) + z, -128, 127) - z
         return (q * np.float64(s)) @ _int8_weight(w) + b
     return qlinear(np.maximum(qlinear(x, s1, z1, w1, b1), 0), s2, z2, w2, b2)
+
+
+def test_an_option_set_on_the_builder_reaches_the_pass_and_outlives_other_settings(saved):
+    models, paths = saved
+    cfg = Config(paths["mlp"])
+    cfg.enable_onnxruntime_offload(2)
+    assert any(n.op == "engine" for n in create_predictor(cfg).graph.nodes)
+    cfg.pass_builder().set_option("onnxruntime_offload", min_subgraph_size=50)
+    cfg.set_precision("fp32")                   # another setting: the option stays
+    assert cfg.pass_builder().get_option("onnxruntime_offload", "min_subgraph_size") == 50
+    p = create_predictor(cfg)
+    assert "onnxruntime_offload" in p.passes_run
+    assert not any(n.op == "engine" for n in p.graph.nodes)       # no group of 50 nodes
+    assert all("min_subgraph_size=50" in why or "ONNX" in why
+               for _, why in p.graph.meta["offload_report"])
+    x = rand(3, 8)
+    np.testing.assert_allclose(p.run([x])[0], eager(models["mlp"], x), rtol=1e-5, atol=1e-5)
