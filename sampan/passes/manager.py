@@ -49,7 +49,20 @@ class Pass:
             if options:
                 raise PassError(f"pass {self.name!r} takes no options; got {sorted(options)}")
             return self.fn(g)
+        if not options:
+            options = self._legacy(g)
         return self.fn(g, **self.resolve(options))
+
+    def _legacy(self, g) -> dict:
+        """Options an older caller put in `graph.meta[legacy_meta]` (deprecated)."""
+        legacy = g.meta.get(self.legacy_meta) if self.legacy_meta else None
+        if not isinstance(legacy, dict) or not legacy:
+            return {}
+        warnings.warn(f"pass {self.name!r}: options in graph.meta[{self.legacy_meta!r}] are "
+                      f"deprecated; set them with PassManager(options={{{self.name!r}: "
+                      "...}) or Config.pass_builder().set_option", DeprecationWarning,
+                      stacklevel=4)
+        return {k: v for k, v in legacy.items() if k in self.options}
 
     def resolve(self, options) -> dict:
         """The declared defaults updated by `options` (every name checked)."""
@@ -191,7 +204,7 @@ class PassManager:
             p = PASSES.get(name)
             if p is None:
                 raise PassError(f"unknown pass {name!r}; registered: {', '.join(list_passes())}")
-            opts = self._options_for(p, g)
+            opts = self.options.get(name, {})
             t0 = time.perf_counter()
             try:
                 out = p(g, **opts)
@@ -217,19 +230,6 @@ class PassManager:
             for hook in self.hooks:
                 hook(i, name, g)
         return g
-
-    def _options_for(self, p, g) -> dict:
-        opts = self.options.get(p.name)
-        if opts is not None:
-            return opts
-        legacy = g.meta.get(p.legacy_meta) if p.legacy_meta else None
-        if isinstance(legacy, dict) and legacy:
-            warnings.warn(f"pass {p.name!r}: options in graph.meta[{p.legacy_meta!r}] are "
-                          f"deprecated; set them with PassManager(options={{{p.name!r}: "
-                          "...}) or Config.pass_builder().set_option", DeprecationWarning,
-                          stacklevel=3)
-            return {k: v for k, v in legacy.items() if k in p.options}
-        return {}
 
     def _dump(self, i, name, g):
         text = f"// after pass {i}: {name}\n{g}"

@@ -54,10 +54,12 @@ def test_options_in_graph_meta_are_still_read_with_a_warning(toy):
     with pytest.warns(DeprecationWarning, match=r"graph.meta\['test_toy_scale'\] are "
                                                 "deprecated"):
         PassManager(["test_toy_scale"]).run(g)
+    with pytest.warns(DeprecationWarning):
+        PASSES["test_toy_scale"](g)             # called directly (as bisect does): the same
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # options set: the meta is not read
         PassManager(["test_toy_scale"], options={"test_toy_scale": {"label": "y"}}).run(g)
-    assert toy == [(7.0, "x"), (2.0, "y")]
+    assert toy == [(7.0, "x"), (7.0, "x"), (2.0, "y")]
 
 
 def test_verify_and_dump_hooks_see_every_pass_in_order():
