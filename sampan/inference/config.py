@@ -16,7 +16,8 @@ Example::
 
     >>> cfg = sampan.inference.Config("mlp.sampan")
     >>> cfg.pass_builder().delete_pass("cse"); cfg.switch_ir_debug("/tmp/ir")
-    >>> cfg.set_precision("bf16"); cfg.pass_builder().set_option("amp", dtype="float16")
+    >>> cfg.enable_onnxruntime_offload()        # onnxruntime_offload joins the list
+    >>> cfg.pass_builder().set_option("onnxruntime_offload", min_subgraph_size=5)
     >>> p = sampan.inference.create_predictor(cfg)
     >>> p.passes_run == cfg.pass_builder().enabled_passes()
     True
