@@ -159,7 +159,7 @@ def _omp_set(n: int) -> None:
         from .backends.onednn import _lib
     except ImportError:
         return
-    g = _lib.gomp() if _lib._state["lib"] not in (False, None) else None
+    g = _lib.gomp() if _lib.loaded() else None
     if g is not None:
         g.omp_set_num_threads(ctypes.c_int(n))
 

@@ -72,6 +72,14 @@ class _CountedHooks(dict):
         return r
 
 
+def current_backward():
+    """A token for the eager backward now running on this thread (the same object for
+    the whole of it, a new one for the next), or None outside a backward: code that
+    keeps state across the grad-ready hooks of one backward tells a new backward from
+    the one it started in (DataParallel, when an earlier backward raised)."""
+    return getattr(_TL, "queue", None)
+
+
 def queue_callback(fn) -> None:
     """Run `fn()` once the backward now running on this thread has finished (after every
     leaf's `.grad` is written); outside a backward it runs at once.

@@ -8,7 +8,8 @@ read one choice. The first time a chooser meets an (op, shapes, dtypes, attribut
 class it times every candidate a few repetitions (bounded time), keeps the winner in
 memory and in an on-disk cache, and returns the numpy kernel's result of that call.
 
-The cache file (`$SAMPAN_KERNEL_CACHE`, default `kernels.json` in sampan's cache
+The cache (`cache.py`, the module below this one and `pool.py`; file
+`$SAMPAN_KERNEL_CACHE`, default `kernels.json` in sampan's cache
 directory) holds one section per machine key: the CPU model, its SIMD flags and the
 versions of numpy, numba and oneDNN, so a winner measured elsewhere is never used here.
 It is written atomically with a checksum; a corrupt or foreign file is ignored with a
@@ -34,110 +35,26 @@ Example::
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import platform
 import threading
 import time
-import warnings
-
-import numpy as np
 
 from ..ops.registry import OPS
+from . import cache
+from .cache import (BACKENDS, WIN_MARGIN, KernelCacheWarning, backends, cache_path,  # noqa: F401
+                    cpu_flags, cpu_model, entries, flush, library_versions, machine_key,
+                    store, stored)
+from .onednn import KERNELS as _ONEDNN_KERNELS
 
-# ops whose kernels another backend may provide, and that backend's module
-BACKENDS = {"onednn": "sampan.backends.onednn"}
-OPS_WITH_CHOICE = ("matmul", "conv2d", "conv_transpose2d", "conv2d_grad_weight",
-                   "max_pool2d", "avg_pool2d", "matmul_integer")
-FORMAT = 1
+# ops whose kernels another backend may provide: oneDNN's kernel table names them
+OPS_WITH_CHOICE = tuple(_ONEDNN_KERNELS)
 TIME_BUDGET_S = 0.25     # measuring one class stops after this (every candidate ran once)
 REPS = 7
-# another backend must beat numpy by this factor: a near tie keeps today's kernel, and
-# fewer switches between OpenBLAS's and OpenMP's thread pools within a step
-WIN_MARGIN = 1.1
 SMALL_S = 30e-6          # see _measure
 MIN_ROUNDS = 3         # rounds run even past the budget (one noisy run decides nothing)
 
 _prefer: dict = {}                   # op (None: every op) -> backend name
-_lock = threading.RLock()
-_state = {"disk": None, "path": None, "backends": None}
-
-
-class KernelCacheWarning(UserWarning):
-    """The kernel choice cache file was unreadable or corrupt and is rebuilt."""
-
-
-# ----------------------------------------------------------------------------- machine
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_flags() -> list:
-    """The CPU's AVX-512, AMX, AVX2/FMA and VNNI flags (those that change kernels)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    fl = line.split(":", 1)[1].split()
-                    return sorted(x for x in set(fl) if x.startswith(("avx512", "amx"))
-                                  or x in ("avx2", "fma", "avx_vnni", "f16c"))
-    except OSError:
-        pass
-    return []
-
-
-def library_versions() -> dict:
-    out = {"numpy": np.__version__}
-    try:
-        import numba
-        out["numba"] = numba.__version__
-    except ImportError:
-        pass
-    for name in backends():
-        out[name] = _module(name).version()
-    return out
-
-
-def machine_key() -> str:
-    """CPU model | flags digest | library versions: a winner holds only under all three."""
-    flags = hashlib.sha256(" ".join(cpu_flags()).encode()).hexdigest()[:12]
-    libs = ",".join(f"{k}={v}" for k, v in sorted(library_versions().items()))
-    return f"{cpu_model()}|{flags}|{libs}|threads={_threads()}"
-
-
-def _threads():
-    from .. import _threads as t
-    return t.get_num_threads()
-
-
-# ----------------------------------------------------------------------------- backends
-def _module(name):
-    import importlib
-    return importlib.import_module(BACKENDS[name])
-
-
-def backends() -> list:
-    """Names of the extra backends that load on this machine (loads them once)."""
-    if _state["backends"] is None:
-        found = []
-        if os.environ.get("SAMPAN_KERNEL_CHOICE", "on") != "off":
-            for name in BACKENDS:
-                try:
-                    mod = _module(name)
-                    if mod.available():
-                        found.append(name)
-                except Exception:  # noqa: BLE001 - a broken install is "not there"
-                    pass
-        _state["backends"] = found
-    return _state["backends"]
+_lock = cache.LOCK
 
 
 def reset() -> None:
@@ -145,7 +62,7 @@ def reset() -> None:
     loader)."""
     from . import pool
     with _lock:
-        _state.update(backends=None, disk=None, path=None, dirty=False, written=-1e9)
+        cache.reset_state()
         pool.reset()
         forget_classes()
 
@@ -160,103 +77,14 @@ def forget_classes() -> None:
                 k.ready = False
 
 
-# ----------------------------------------------------------------------------- the cache
-def cache_path() -> str:
-    p = os.environ.get("SAMPAN_KERNEL_CACHE")
-    if p:
-        return p
-    d = os.environ.get("SAMPAN_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "sampan")
-    return os.path.join(d, "kernels.json")
-
-
-def _digest(machines) -> str:
-    return hashlib.sha256(json.dumps(machines, sort_keys=True).encode()).hexdigest()
-
-
-def _read() -> dict:
-    """{machine key: {class key: record}} from disk; {} (with a warning) when corrupt."""
-    path = cache_path()
-    if _state["disk"] is not None and _state["path"] == path:
-        return _state["disk"]
-    machines = {}
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read().decode())
-        if (not isinstance(doc, dict) or doc.get("format") != FORMAT
-                or not isinstance(doc.get("machines"), dict)
-                or doc.get("sha256") != _digest(doc["machines"])):
-            raise ValueError("bad format or checksum")
-        machines = doc["machines"]
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        warnings.warn(f"sampan: kernel choice cache {path} is unreadable ({e}); ignoring "
-                      "it and measuring again", KernelCacheWarning, stacklevel=3)
-    _state.update(disk=machines, path=path)
-    return machines
-
-
-def _write(machines) -> None:
-    from ..io._atomic import write_file
-    path = cache_path()
-    data = json.dumps({"format": FORMAT, "machines": machines, "sha256": _digest(machines)},
-                      sort_keys=True, indent=1).encode()
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        write_file(path, lambda f: f.write(data))
-    except OSError as e:
-        warnings.warn(f"sampan: cannot write the kernel choice cache {path}: {e}",
-                      KernelCacheWarning, stacklevel=3)
-
-
-def entries() -> dict:
-    """This machine's stored choices: {class key: {"winner", "times_us"}}."""
-    flush()
-    return dict(_read().get(machine_key(), {}))
+cache.on_forget(forget_classes)
 
 
 def clear() -> None:
     """Delete the cache file and forget every choice."""
     with _lock:
-        try:
-            os.unlink(cache_path())
-        except FileNotFoundError:
-            pass
+        cache.delete_file()
         reset()
-
-
-WRITE_EVERY_S = 2.0      # a burst of new classes (a model's first step) is one write
-
-
-def stored(key):
-    """This machine's cached record under `key`, or None."""
-    return _read().get(machine_key(), {}).get(key)
-
-
-def store(key, record) -> None:
-    """Keep `record` under `key` for this machine (written to disk in bursts)."""
-    with _lock:
-        machines = _read()
-        machines.setdefault(machine_key(), {})[key] = record
-        now = time.monotonic()
-        if now - _state.get("written", -1e9) >= WRITE_EVERY_S:
-            _state["written"] = now
-            _state["dirty"] = False
-            _write(machines)
-        elif not _state.get("dirty"):
-            _state["dirty"] = True
-            import atexit
-            atexit.register(flush)
-
-
-def flush() -> None:
-    """Write choices not yet on disk (also run at exit)."""
-    with _lock:
-        if _state.get("dirty") and _state["disk"] is not None:
-            _state["dirty"] = False
-            _state["written"] = time.monotonic()
-            _write(_state["disk"])
 
 
 # ----------------------------------------------------------------------------- prefer
@@ -443,9 +271,9 @@ class Chooser:
             self.table[mkey] = self.numpy
             return self.numpy(*arrays, **attrs)
         key = _class_key(self.name, arrays, attrs, self.pool)
-        stored = _read().get(machine_key(), {}).get(key)
+        stored = cache.stored(key)
         cands = self.candidates()
-        busy = _busy()
+        busy = cache.busy()
         if stored and stored.get("winner") in cands and (busy or not stored.get("busy")):
             # a choice measured on a busy machine is provisional: kept while the machine
             # is still busy, measured again the first time it is quiet
@@ -460,17 +288,6 @@ class Chooser:
         store(key, {"winner": winner, "busy": busy,
                      "times_us": {k: round(v * 1e6, 2) for k, v in times.items()}})
         return result
-
-
-BUSY_LOAD_PER_CORE = 1.0   # 1-minute load average per core above which timings are noise
-
-
-def _busy() -> bool:
-    """Whether other work loads the machine enough to make a measurement unreliable."""
-    try:
-        return os.getloadavg()[0] > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1)
-    except OSError:         # no load average on this platform
-        return False
 
 
 def install() -> None:
@@ -493,7 +310,7 @@ class _Lazy:
 
     def __call__(self, *arrays, **attrs):
         if self.fn is None:
-            self.fn = _module(self.backend).KERNELS[self.opname]
+            self.fn = cache.module(self.backend).KERNELS[self.opname]
         return self.fn(*arrays, **attrs)
 
 

@@ -10,8 +10,10 @@ def _kernels(a) -> int:
         choice.clear()
         print(f"cleared {choice.cache_path()}")
         return 0
-    from . import onednn, pool
-    info = {"gemm_pool": (choice.stored(pool.POOL_KEY) or {}).get("winner"),"cache": choice.cache_path(), "machine": choice.machine_key(),
+    from . import get_provider, onednn, pool, providers
+    info = {"gemm_pool": (choice.stored(pool.POOL_KEY) or {}).get("winner"),
+            "cache": choice.cache_path(), "machine": choice.machine_key(),
+            "providers": {n: get_provider(n).available() for n in providers()},
             "cpu_flags": choice.cpu_flags(),
             "backends": {"onednn": onednn.version() if onednn.available()
                          else f"unavailable: {onednn.why_unavailable()}"},

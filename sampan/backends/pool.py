@@ -17,7 +17,7 @@ So a process runs its float32 GEMMs and convolutions under one of two pools:
 
 The pool is chosen per machine by a short calibration (a fixed set of GEMM and
 convolution shapes of the W1-W3 kind, each timed in blocks of calls under both pools; the
-geometric mean of the per-shape ratios decides, oneDNN needing to win by `choice.WIN_MARGIN`)
+geometric mean of the per-shape ratios decides, oneDNN needing to win by `cache.WIN_MARGIN`)
 and kept in the kernel choice cache next to the per-class winners, keyed by the same
 machine key; a calibration run on a busy machine is provisional like any other choice.
 ``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it.
@@ -66,42 +66,43 @@ def current() -> str | None:
 def set_pool(name: str | None) -> None:
     """Run this process under pool `name` ("openblas" or "onednn"), whatever was measured;
     None goes back to the measured pool. Per-class choices made so far are forgotten."""
-    from . import choice
+    from . import cache
     if name is not None and name not in POOLS:
         from ..errors import SampanError
         raise SampanError(f"set_pool: unknown pool {name!r}; expected one of {list(POOLS)}")
-    with choice._lock:
+    with cache.LOCK:
         _state["forced"] = name
         _apply(None)
-        choice.forget_classes()
+        cache.forget()
 
 
 def decide() -> str:
     """The pool for this process: forced, else cached for this machine, else calibrated
     now (a fraction of a second, once per machine). Applies its thread policy."""
-    from . import choice
+    from . import cache
     if _state["pool"] is not None:
         return _state["pool"]
-    with choice._lock:
+    with cache.LOCK:
         if _state["pool"] is not None:
             return _state["pool"]
         name = _state["forced"] or os.environ.get("SAMPAN_GEMM_POOL")
         if name not in POOLS:
-            name = "openblas" if not choice.backends() else _measured(choice)
+            name = "openblas" if not cache.backends() else _measured()
         _apply(name)
         return name
 
 
-def _measured(choice) -> str:
-    stored = choice.stored(POOL_KEY)
-    busy = choice._busy()
+def _measured() -> str:
+    from . import cache
+    stored = cache.stored(POOL_KEY)
+    busy = cache.busy()
     if stored and stored.get("winner") in POOLS and (busy or not stored.get("busy")):
         return stored["winner"]
     times = calibrate()
     ratios = [times["onednn"][i] / times["openblas"][i] for i in range(len(times["openblas"]))]
     gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    winner = "onednn" if gmean < 1 / choice.WIN_MARGIN else "openblas"
-    choice.store(POOL_KEY, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
+    winner = "onednn" if gmean < 1 / cache.WIN_MARGIN else "openblas"
+    cache.store(POOL_KEY, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
                             "times_us": {k: [round(t * 1e6, 1) for t in v]
                                          for k, v in times.items()}})
     return winner
@@ -130,7 +131,7 @@ def calibrate() -> dict:
     shapes = _shapes()
     out = {"onednn": [], "openblas": []}
     # the pools' thread policies, without making either current (another thread
-    # asking for the pool meanwhile waits for the decision on choice's lock)
+    # asking for the pool meanwhile waits for the decision on cache.LOCK)
     _threads.cap_blas(1)
     try:
         for op, arrays, attrs in shapes:

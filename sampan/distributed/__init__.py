@@ -7,6 +7,11 @@ in-process replicas, the `sampan launch` command.
     h = dist.all_reduce(buf, async_op=True); ...; h.wait()
     dist.spawn(fn, 2)                 # 2 in-process replicas (threads), each its own rank
 
+torch.distributed's spellings work too (`init_process_group(backend=...)`, `get_rank()`,
+`get_world_size()`, `destroy_process_group()`, `ReduceOp`, `all_reduce(t, op=...)`,
+`new_group`), so a torch script ports by renaming the import. The collectives are the
+entries of one table (`sampan.distributed.collectives.TABLE`).
+
 The in-place functions here are not recorded by autograd or the tracer (as torch's);
 `sampan.distributed.functional` holds the differentiable, traceable collectives (ops in
 the op table). Importing this package is cheap: mpi4py loads on `init("mpi")`.
@@ -15,18 +20,23 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from .group import (DistributedError, ProcessGroup, Work, current, set_process_group,
-                    set_thread_group, use_group)
+from . import collectives
+from .collectives import TABLE, ReduceOp
+from .group import (DistributedError, Future, ProcessGroup, Work, current,
+                    set_process_group, set_thread_group, thread_group, use_group)
 from .inproc import ReplicaError, World, spawn
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.distributed.*)
 
-__all__ = ["init", "is_initialized", "rank", "world_size", "barrier", "all_reduce",
-           "broadcast", "all_gather", "reduce_scatter", "send", "recv", "destroy", "spawn",
+__all__ = ["init", "is_initialized", "rank", "world_size", "destroy", "spawn",
            "Work", "DistributedError", "ReplicaError", "ProcessGroup", "current_group",
-           "use_group", "backend"]
+           "use_group", "backend", "ReduceOp", "init_process_group", "get_rank",
+           "get_world_size", "destroy_process_group", "new_group", "get_backend",
+           "is_available", "Future"]
+
+# every collective of the table, under its name (a new one is one entry there)
+globals().update({name: entry.fn for name, entry in TABLE.items()})
+__all__ += list(TABLE)
 
 _MPI_ENV = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
@@ -91,124 +101,112 @@ def backend() -> str:
 
 def destroy() -> None:
     """Leave the current group (this thread's replica group, else the process's)."""
-    from .group import _LOCAL
     g = current(required=False)
     if g is None:
         return
-    if _LOCAL.group is g:
+    if thread_group() is g:
         set_thread_group(None)
     else:
         set_process_group(None)
         g.destroy()
 
 
-# ------------------------------------------------------------------- array plumbing
-def _target(x, name):
-    """(contiguous ndarray the kernel works on, finisher mapping it back to x's type)."""
-    if type(x) is np.ndarray:                           # the hot path: no Tensor import
-        a = x
-        if a.flags.c_contiguous and a.flags.writeable:
-            return a, _same
-    from ..ops.registry import STATE
-    from ..tensor import Tensor
-    if isinstance(x, Tensor):
-        if STATE.tracer is not None:
-            raise DistributedError(f"{name}: the in-place collective cannot be traced; use "
-                                   f"sampan.distributed.functional.{name}")
-        a = x._data
-        if not isinstance(a, np.ndarray):
-            raise DistributedError(f"{name}: got a tensor without concrete data")
-    elif isinstance(x, np.ndarray):
-        a = x
+# ------------------------------------------------------- torch.distributed spellings
+_TORCH_BACKENDS = {None: "auto", "gloo": "auto", "auto": "auto", "mpi": "mpi",
+                   "inproc": "inproc"}
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1,
+                       rank=-1, **kwargs) -> ProcessGroup:
+    """`init` under torch.distributed's name, so a torch script ports by renaming the
+    import: backend "gloo" (torch's CPU backend) or None means "auto" (MPI under
+    `sampan launch`/`mpiexec`, else this process, or the replica of `spawn`), "mpi" and
+    "inproc" as `init`; "nccl" is refused. `timeout` may be seconds or a
+    `datetime.timedelta`. `world_size` and `rank`, when given, are checked against the
+    group joined (the launcher decides them). `init_method` and torch's other keywords
+    (store, group_name, pg_options, device_id) are accepted and unused: the launcher
+    brings the ranks together.
+
+    Example::
+
+        >>> import sampan.distributed as dist
+        >>> dist.init_process_group("gloo"); dist.get_rank(), dist.get_world_size()
+        (0, 1)
+    """
+    unknown = set(kwargs) - {"store", "group_name", "pg_options", "device_id"}
+    if unknown:
+        raise DistributedError(f"init_process_group: got unexpected keyword(s) "
+                               f"{sorted(unknown)}")
+    if backend not in _TORCH_BACKENDS:
+        raise DistributedError(f"init_process_group: got backend={backend!r}; expected "
+                               "'gloo', 'mpi', 'inproc', 'auto' or None")
+    if timeout is not None and hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    g = init(_TORCH_BACKENDS[backend], timeout)
+    for what, want, got in (("world_size", world_size, g.size), ("rank", rank, g.rank)):
+        if want is not None and int(want) >= 0 and int(want) != got:
+            raise DistributedError(f"init_process_group: got {what}={want} but the group "
+                                   f"joined has {what} {got} (the launcher sets it)")
+    return g
+
+
+def is_available() -> bool:
+    """True: sampan's collectives are always there (torch.distributed.is_available)."""
+    return True
+
+
+def _of(group, what):
+    return current(what=what) if group is None else group
+
+
+def get_rank(group=None) -> int:
+    """This rank in `group` (default the current group), as torch.distributed.get_rank."""
+    return _of(group, "get_rank()").rank
+
+
+def get_world_size(group=None) -> int:
+    """The number of ranks of `group` (default the current group)."""
+    return _of(group, "get_world_size()").size
+
+
+def get_backend(group=None) -> str:
+    """The backend of `group` (default the current group): "mpi" or "inproc"."""
+    return _of(group, "get_backend()").backend
+
+
+def destroy_process_group(group=None) -> None:
+    """Leave the current group (`destroy`), or free `group` (one from `new_group`)."""
+    if group is None or group is current(required=False):
+        destroy()
     else:
-        raise DistributedError(f"{name}: got {type(x).__name__}; expected a numpy array or a "
-                               "sampan Tensor")
-    if a.flags.c_contiguous and a.flags.writeable:
-        return a, _done_inplace(x, a, None)
-    if not a.flags.writeable:
-        raise DistributedError(f"{name}: got a read-only array; expected a writeable one "
-                               "(the result is written in place)")
-    tmp = np.ascontiguousarray(a)
-    return tmp, _done_inplace(x, a, tmp)
+        group.destroy()
 
 
-def _same(res):
-    return res
+def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup | None:
+    """A group of `ranks` (ranks of the current group; default all of them), as
+    torch.distributed.new_group: every rank of the current group must call it, in the
+    same order; a rank not in `ranks` gets None. Pass it as `group=` to a collective;
+    within it the ranks are numbered 0.. in increasing order of their rank here (torch
+    sorts `ranks` too).
 
+    Example::
 
-def _done_inplace(x, a, tmp):
-    def finish(_res=None):
-        if tmp is not None:
-            np.copyto(a, tmp)
-        if not isinstance(x, np.ndarray):
-            from ..autograd.tape import bump_version
-            bump_version(x)
-        return x
-    return finish
+        >>> pair = dist.new_group([0, 1])
+        >>> dist.all_reduce(x, group=pair)
+    """
+    g = current(what="new_group()")
+    if backend not in (None, g.backend):
+        raise DistributedError(f"new_group: got backend={backend!r}; this rank's group "
+                               f"is {g.backend}")
+    members = list(range(g.size)) if ranks is None else [int(r) for r in ranks]
+    if not members or len(set(members)) != len(members) or \
+            not all(0 <= r < g.size for r in members):
+        raise DistributedError(f"new_group: got ranks={ranks!r}; expected distinct ranks "
+                               f"in 0..{g.size - 1}")
+    if timeout is not None and hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    return g.new_group(sorted(members), g.timeout if timeout is None else float(timeout))
 
-
-def _wrap_like(x, arr):
-    if isinstance(x, np.ndarray):
-        return arr
-    from ..tensor import wrap
-    return wrap(arr)
-
-
-def _run(name, x, async_op, attrs, finish):
-    g = current(what=name)
-    w = g.run(name, x, **attrs)
-    w.then(finish)
-    return w if async_op else w.wait()
-
-
-# ---------------------------------------------------------------------- collectives
-def all_reduce(x, op="sum", async_op=False):
-    """Reduce `x` over all ranks in place (op "sum", "mean", "max" or "min"); returns `x`,
-    or the `Work` when `async_op` (then `x` holds the result after `wait()`)."""
-    a, fin = _target(x, "all_reduce")
-    return _run("all_reduce", a, async_op, {"op": op}, fin)
-
-
-def broadcast(x, src=0, async_op=False):
-    """Overwrite `x` on every rank with rank `src`'s `x`; returns `x` (or the Work)."""
-    a, fin = _target(x, "broadcast")
-    return _run("broadcast", a, async_op, {"src": src}, fin)
-
-
-def all_gather(x, async_op=False):
-    """Every rank's `x`, as a list by rank (first dims may differ between ranks)."""
-    a, _ = _target(x, "all_gather")
-    return _run("all_gather", a, async_op, {}, lambda res: [_wrap_like(x, r) for r in res])
-
-
-def reduce_scatter(x, op="sum", async_op=False):
-    """Reduce `x` (first dim divisible by the world size) over all ranks and return this
-    rank's slice of the result along the first dim (a new array or tensor)."""
-    a, _ = _target(x, "reduce_scatter")
-    return _run("reduce_scatter", a, async_op, {"op": op}, lambda res: _wrap_like(x, res))
-
-
-def barrier(async_op=False):
-    """Wait until every rank reaches this point."""
-    g = current(what="barrier")
-    w = g.kernels["barrier"](g, None)
-    return w if async_op else w.wait()
-
-
-def send(x, dst, async_op=False):
-    """Send `x` to rank `dst` (matched, in order, by a `recv(..., src=this rank)`)."""
-    a, _ = _target(x, "send")
-    return _run("send", a, async_op, {"dst": dst}, lambda res: None)
-
-
-def recv(x_or_shape, src, dtype=None, async_op=False):
-    """Receive from rank `src` into the array/tensor `x`, or into a new array of shape
-    `x_or_shape` (a tuple; dtype float32 unless given); returns it."""
-    if isinstance(x_or_shape, (tuple, list)):
-        from ..dtypes import as_dtype
-        x_or_shape = np.empty(tuple(x_or_shape), dtype=as_dtype(dtype))
-    a, fin = _target(x_or_shape, "recv")
-    return _run("recv", a, async_op, {"src": src}, fin)
 
 # data-parallel training on top of the collectives (issue 23, branch fix/dist-dp)
 from .checkpoint import DistributedCheckpoint  # noqa: E402

@@ -33,11 +33,6 @@ def all_reduce_mean(a: np.ndarray):
     return _dist().all_reduce(a, op="mean", async_op=True)
 
 
-def wait(work) -> None:
-    if work is not None:
-        work.wait()
-
-
 def broadcast_(a: np.ndarray, src: int = 0) -> None:
     """Copy rank `src`'s `a` into every rank's `a`."""
     if world_size() > 1:

@@ -13,7 +13,10 @@ one alone): its reduction cannot overlap anything. A grad-ready
 hook on every parameter (`sampan.autograd.hooks.register_grad_ready_hook`: it fires as
 soon as the parameter's `.grad` holds all of this backward's contributions) copies the
 gradient into its bucket; a bucket whose gradients are all in starts its asynchronous
-all-reduce (mean) at once, while backward goes on computing the earlier layers' grads.
+reduction at once, while backward goes on computing the earlier layers' grads: the
+comm hook's (`register_comm_hook`, as torch DDP's; by default `comm_hooks.allreduce_hook`,
+the mean over the ranks). The layout rule is `sampan.distributed.buckets.plan`, which the
+`distribute` pass shares.
 Buckets start in index order on every rank, so all ranks issue the same collectives in
 the same order. MPI moves a nonblocking collective's bytes only inside MPI calls (there is
 no progress thread: on a machine with no spare core one only steals the compute's), so
@@ -56,46 +59,29 @@ import time
 
 import numpy as np
 
-from ..autograd import hooks as _hooks
-from ..autograd.hooks import queue_callback, register_grad_ready_hook
+from ..autograd.hooks import current_backward, queue_callback, register_grad_ready_hook
 from ..errors import SampanError, SampanValueError
 from ..nn.layer import Layer
 from ..ops import modes as _modes
 from ..ops.registry import STATE
 from ..tensor import wrap
 from . import _comm
+from .buckets import FIRST_BUCKET_MB, LAST_BUCKET_MB, make_buckets  # noqa: F401
+from .comm_hooks import GradBucket, allreduce_hook
 
 __all__ = ["DataParallel"]
 
-FIRST_BUCKET_MB = 1.0
-LAST_BUCKET_MB = 1.0
 
 
 # ------------------------------------------------------------ progress during backward
 class _Polling(threading.local):
     def __init__(self):
-        self.dps = []       # this thread's DataParallels with reductions in flight
-        self.guard = None   # a _Guard while this thread has _progress pushed
+        self.dps = []         # this thread's DataParallels with reductions in flight
+        self.pushed = False   # whether this thread has _progress pushed (a thread that
+        #                       ends with it pushed is forgotten by the modes themselves)
 
 
 _POLL = _Polling()
-
-
-class _Guard:
-    """Lives in `_POLL` while this thread has `_progress` pushed. A thread that ends so
-    (its backward raised and it stopped: an in-process replica whose peer failed) must
-    stop counting as a thread with a mode, or every op of the process would go through
-    the dispatch modes for good: the thread's locals are dropped, and this with them."""
-    __slots__ = ("armed",)
-
-    def __init__(self):
-        self.armed = True
-
-    def __del__(self):
-        if self.armed:
-            with _modes._LOCK:
-                _modes.HOOKS.thread_modes_in_use -= 1
-                _modes._refresh()
 
 
 def _progress(op, inputs, attrs, call_next):
@@ -103,10 +89,10 @@ def _progress(op, inputs, attrs, call_next):
     each op, test them (MPI advances them only inside its calls). A DataParallel whose
     backward is over (it raised, so its end callback never ran) is dropped here."""
     dps = _POLL.dps
-    q = getattr(_hooks._TL, "queue", None)
+    now = current_backward()
     for dp in list(dps):
         st = dp._step
-        if st is None or st["queue"] is not q:
+        if st is None or st["queue"] is not now:
             dps.remove(dp)
         else:
             dp._poll()
@@ -118,36 +104,18 @@ def _progress(op, inputs, attrs, call_next):
 def _start_polling(dp):
     if dp not in _POLL.dps:
         _POLL.dps.append(dp)
-    if _POLL.guard is None:
+    if not _POLL.pushed:
         _modes.push_mode(_progress)
-        _POLL.guard = _Guard()
+        _POLL.pushed = True
 
 
 def _stop_polling(dp):
     dps = _POLL.dps
     if dp in dps:
         dps.remove(dp)
-    if not dps and _POLL.guard is not None:
-        _POLL.guard.armed = False
-        _POLL.guard = None
+    if not dps and _POLL.pushed:
+        _POLL.pushed = False
         _modes.pop_mode(_progress)
-
-
-class _Bucket:
-    __slots__ = ("index", "dtype", "params", "offsets", "size", "flat", "work", "left",
-                 "t_launch", "t_done")
-
-    def __init__(self, index, dtype):
-        self.index, self.dtype = index, dtype
-        self.params, self.offsets, self.size = [], [], 0
-
-    def add(self, p):
-        self.params.append(p)
-        self.offsets.append(self.size)
-        self.size += int(p._data.size)
-
-    def nbytes(self):
-        return self.size * np.dtype(self.dtype).itemsize
 
 
 class DataParallel(Layer):
@@ -185,6 +153,7 @@ class DataParallel(Layer):
         d["record_events"] = False
         d["last_timing"] = None
         d["_rebuilt"] = False     # buckets still in reverse registration order
+        d["_comm_hook"] = None    # (state, hook) from register_comm_hook; None: the default
         params, seen = [], set()
         for p in layer.parameters():
             if p.requires_grad and id(p) not in seen:
@@ -197,6 +166,27 @@ class DataParallel(Layer):
         self._set_buckets(params[::-1])
         d["_handles"] = [register_grad_ready_hook(p, self._on_ready) for p in params]
 
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce each bucket with `hook(state, bucket) -> Work` instead of the default
+        mean all-reduce, as PyTorch DDP's `register_comm_hook` (once, before training).
+        `sampan.distributed.comm_hooks` holds the default (`allreduce_hook`) and the
+        compression hooks (`fp16_compress_hook`, `bf16_compress_hook`); see it for the
+        contract. The hook runs in eager backward only: a traced step's gradients are
+        all-reduced by the `distribute` pass, so tracing with a hook set is refused.
+
+        Example::
+
+            >>> from sampan.distributed import comm_hooks
+            >>> dp.register_comm_hook(None, comm_hooks.fp16_compress_hook)
+        """
+        if self._comm_hook is not None:
+            raise SampanError("DataParallel.register_comm_hook: a hook is already "
+                              "registered (it can be set once)")
+        if not callable(hook):
+            raise SampanValueError(f"DataParallel.register_comm_hook: got hook={hook!r}; "
+                                   "expected hook(state, bucket) -> Work")
+        self.__dict__["_comm_hook"] = (state, hook)
+
     # ------------------------------------------------------------------ layout
     def _set_buckets(self, order):
         d = self.__dict__
@@ -205,38 +195,10 @@ class DataParallel(Layer):
 
     def _make_buckets(self, order):
         """Buckets over `order`, the parameters in the order their gradients are expected
-        to be ready. The last bucket holds only the last gradients, up to
-        `LAST_BUCKET_MB` (or the last one alone): its reduction starts when backward has
-        nothing left to compute, so all of it is exposed; the gradients ready before
-        them go in the buckets before it, whose reductions overlap the end of backward."""
-        full = self.bucket_mb * 2 ** 20
-        tail = []
-        if order:
-            dt, size = order[-1]._data.dtype, 0
-            for p in order[::-1]:
-                if p._data.dtype != dt or (tail and size + p._data.nbytes >
-                                           min(LAST_BUCKET_MB * 2 ** 20, full)):
-                    break
-                tail.append(p)
-                size += p._data.nbytes
-            order = order[:len(order) - len(tail)]
-        buckets, open_ = [], {}          # dtype -> the bucket being filled
-        for p in order:
-            dt = p._data.dtype
-            b = open_.get(dt)
-            # the first bucket is small (torch's 1 MB): its reduction starts early in
-            # backward, and the rest overlaps with the remaining gradients
-            cap = min(FIRST_BUCKET_MB * 2 ** 20, full) if b is not None and b.index == 0 else full
-            if b is None or (b.params and b.nbytes() + p._data.nbytes > cap):
-                b = open_[dt] = _Bucket(len(buckets), dt)
-                buckets.append(b)
-            b.add(p)
-        if tail:
-            b = _Bucket(len(buckets), tail[0]._data.dtype)
-            for p in tail[::-1]:
-                b.add(p)
-            buckets.append(b)
-        return buckets
+        to be ready, laid out by the shared policy (`sampan.distributed.buckets.plan`:
+        a small first bucket whose reduction starts early, a small last bucket holding
+        only the last gradients, whose reduction nothing can overlap)."""
+        return make_buckets(order, self.bucket_mb)
 
     def _rebuild(self, st):
         """Lay the buckets out in the order this backward's gradients became ready
@@ -274,6 +236,10 @@ class DataParallel(Layer):
     def forward(self, *args, **kwargs):
         tr = STATE.tracer
         if tr is not None:      # the distribute pass buckets the traced grads as we do
+            if self._comm_hook is not None:
+                raise SampanError("DataParallel: a comm hook is registered but this step "
+                                  "is being traced; the distribute pass reduces traced "
+                                  "gradients by their mean, without the hook")
             tr.g.meta.setdefault("bucket_mb", self.bucket_mb)
         return self.module(*args, **kwargs)
 
@@ -304,14 +270,14 @@ class DataParallel(Layer):
         if not self._sync or STATE.tracer is not None or _comm.world_size() == 1:
             return
         st = self._step
-        if st is not None and st["queue"] is not _hooks._TL.queue:
+        if st is not None and st["queue"] is not current_backward():
             self._abandon(st)   # an earlier backward raised before its end callback ran
             st = None
         if st is None:
             st = self.__dict__["_step"] = {"left": [len(b.params) for b in self.buckets],
                                            "done": set(), "next": 0, "polled": 0,
                                            "order": [], "t0": time.perf_counter(),
-                                           "queue": _hooks._TL.queue}
+                                           "queue": current_backward()}
             for b in self.buckets:      # fresh buffers: an old .grad view stays intact
                 b.flat = np.empty(b.size, b.dtype)
                 b.work = None
@@ -338,9 +304,10 @@ class DataParallel(Layer):
         while j < st["next"]:
             b = bs[j]
             if b.work is not None:
-                if not b.work.is_completed():
+                test = getattr(b.work, "is_completed", None)
+                if test is None or not test():
                     break
-                b.work = None
+                self._settle(b)
                 b.t_done = time.perf_counter()
             j += 1
         st["polled"] = j
@@ -355,10 +322,32 @@ class DataParallel(Layer):
             b = bs[st["next"]]
             b.t_launch = time.perf_counter()
             self._note("launch", b.index)
-            b.work = _comm.all_reduce_mean(b.flat)
+            b.work = self._reduce(b)
             st["next"] += 1
             if b.work is not None:
                 _start_polling(self)
+
+    def _reduce(self, b):
+        """Start bucket `b`'s reduction: the registered comm hook's, else the default
+        (`comm_hooks.allreduce_hook`: the mean over the current group)."""
+        state, hook = self._comm_hook or (None, allreduce_hook)
+        return hook(state, GradBucket(b, b.index == len(self.buckets) - 1))
+
+    def _settle(self, b):
+        """Wait for `b`'s reduction; a hook's result that is not the buffer itself (a new
+        array or tensor of the bucket's size) is copied into it."""
+        w, b.work = b.work, None
+        if w is None:
+            return
+        res = w.wait()
+        if res is not None and res is not b.flat:
+            arr = res.numpy() if hasattr(res, "numpy") else np.asarray(res)
+            if arr is b.flat:
+                return
+            if arr.size != b.size:
+                raise SampanError(f"DataParallel: the comm hook of bucket {b.index} "
+                                  f"returned {arr.size} elements; expected {b.size}")
+            np.copyto(b.flat, arr.reshape(-1))
 
     def _finish(self):
         st = self._step
@@ -388,14 +377,13 @@ class DataParallel(Layer):
         had_grad = {id(p) for p in unused if p.grad is not None}
         for b in self.buckets:
             if b.work is not None:
-                _comm.wait(b.work)
+                self._settle(b)
                 b.t_done = time.perf_counter()
             self._note("reduced", b.index)
             for p, off in zip(b.params, b.offsets):
                 view = b.flat[off:off + p._data.size].reshape(p._data.shape)
                 if id(p) in st["done"] or id(p) in had_grad or view.any():
                     p.grad = wrap(view)
-            b.work = None
         t_all = time.perf_counter()
         self.__dict__["last_timing"] = {
             "backward_s": t_end - st["t0"], "exposed_comm_s": t_all - t_end,
@@ -412,8 +400,7 @@ class DataParallel(Layer):
         _stop_polling(self)
         self.__dict__["_step"] = None
         for b in self.buckets:
-            _comm.wait(b.work)
-            b.work = None
+            self._settle(b)
 
     def _drain(self, st):
         """Start and wait for every bucket (zeros where unfilled), so that a rank that
@@ -424,8 +411,7 @@ class DataParallel(Layer):
                 st["left"][b.index] = 0
         self._launch_ready(st)
         for b in self.buckets:
-            _comm.wait(b.work)
-            b.work = None
+            self._settle(b)
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{b.nbytes() / 2 ** 20:.2f}" for b in self.buckets)

@@ -1,10 +1,12 @@
 """Process groups: the current group, the `Work` handle and the checks every backend shares.
 
-A backend is a kernel table: a dict from collective name ("all_reduce", "broadcast",
-"all_gather", "reduce_scatter", "send", "recv", "barrier") to a function
-`kernel(group, array, **attrs) -> Work`. `ProcessGroup.run(name, ...)` validates the input
-once (dtype, op, ranks) and calls the backend's kernel; the public functions in
-`sampan.distributed` and the collective ops in the op table both go through it.
+A backend is a kernel table: a dict from collective name (the names of
+`sampan.distributed.collectives.TABLE`) to a function `kernel(group, array, **attrs) ->
+Work`. `ProcessGroup.run(name, ...)` validates the input once (dtype, op, ranks) and
+calls the backend's kernel, or the table entry's fallback when the backend has none; the
+public functions in `sampan.distributed` and the collective ops in the op table both go
+through it (the ops find the current group through the hook this module registers with
+`sampan.ops.collective.set_group_source`: the op table sits below this floor).
 
 The current group is thread-local first (an in-process replica started by `spawn` has its
 own) and process-wide second (an MPI rank has one for every thread).
@@ -21,7 +23,7 @@ from ..dtypes import bfloat16
 from ..errors import SampanError
 from ..profiler import recorder as _rec
 
-REDUCE_OPS = ("sum", "mean", "max", "min")
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, bfloat16, np.int64, np.int32,
                                      np.float16, np.int8, np.uint8, np.int16))
 _DTYPE_SET = frozenset(DTYPES)
@@ -106,9 +108,48 @@ class Work:
             self._finish = lambda: fn(inner())
         return self
 
+    def get_future(self) -> "Future":
+        """torch's `Work.get_future()`: a `Future` whose value is ``[result]`` (a list,
+        as torch's collectives' futures), so torch-style comm hooks port unchanged."""
+        return Future(lambda: [self.wait()], self.is_completed)
+
     def __repr__(self):
         state = "done" if self._done else "pending"
         return f"<Work {self.name} #{self.seq} {state}>"
+
+
+class Future:
+    """torch.futures.Future's few methods a comm hook uses: `then(callback)` (the
+    callback gets this future and its return value is the new future's value),
+    `value()`/`wait()` (block until done; the value), `done()`."""
+
+    __slots__ = ("_get", "_test", "_has", "_value")
+
+    def __init__(self, get, test):
+        self._get, self._test = get, test
+        self._has, self._value = False, None
+
+    def wait(self):
+        if not self._has:
+            self._value, self._has = self._get(), True
+        return self._value
+
+    value = wait
+
+    def done(self) -> bool:
+        return self._has or self._test()
+
+    is_completed = done
+
+    def then(self, callback) -> "Future":
+        return Future(lambda: callback(self._ready()), self.done)
+
+    def _ready(self):
+        self.wait()
+        return self
+
+    def __repr__(self):
+        return f"<Future {'done' if self._has else 'pending'}>"
 
 
 def _spin(test, limit):
@@ -156,7 +197,26 @@ class ProcessGroup:
         for key in ("src", "dst"):
             if key in attrs:
                 self.check_peer(name, key, attrs[key])
-        return self.kernels[name](self, arr, **attrs)
+        kernel = self.kernels.get(name)
+        if kernel is None:
+            kernel = self.fallback(name)
+        return kernel(self, arr, **attrs)
+
+    def fallback(self, name):
+        """The table's implementation of collective `name` over this backend's others
+        (`sampan.distributed.collectives.TABLE`), for a backend without its own."""
+        from .collectives import TABLE
+        entry = TABLE.get(name)
+        if entry is None or entry.fallback is None:
+            raise DistributedError(f"{name}: the {self.backend} backend has no such "
+                                   f"collective; expected one of {sorted(TABLE)}")
+        return entry.fallback
+
+    def new_group(self, ranks, timeout=None):
+        """A new group of `ranks` (of this group; every rank of this group must call it,
+        as torch's new_group); None on a rank that is not in `ranks`."""
+        raise DistributedError(f"new_group: the {self.backend} backend cannot make "
+                               "subgroups")
 
     def check_peer(self, name, key, r):
         if not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
@@ -196,7 +256,8 @@ def reduce_into(out, arrays, op):
     float32 and round once); "mean" divides the sum by their number."""
     low = out.dtype in (bfloat16, np.dtype(np.float16))
     acc = arrays[0].astype(np.float32) if low else np.array(arrays[0], copy=True)
-    f = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
+    f = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum,
+         "prod": np.multiply}[op]
     for a in arrays[1:]:
         f(acc, a, out=acc)
     if op == "mean":
@@ -224,6 +285,11 @@ def current(required=True, what="a collective"):
     return g
 
 
+def thread_group():
+    """This thread's own group (an in-process replica's), or None."""
+    return _LOCAL.group
+
+
 def set_thread_group(g):
     _LOCAL.group = g
 
@@ -246,3 +312,13 @@ class use_group:
 
     def __exit__(self, *exc):
         _LOCAL.group = self.prev
+
+
+def _register_with_the_ops():
+    """The collective ops (`sampan/ops/collective.py`, a lower floor) find the current
+    group and the error to raise through this hook instead of importing this module."""
+    from ..ops import collective as _ops
+    _ops.set_group_source(lambda: current(required=False), DistributedError)
+
+
+_register_with_the_ops()

@@ -126,6 +126,17 @@ class InprocGroup(ProcessGroup):
 
         return Work(self, name, seq, test, finish, block)
 
+    def new_group(self, ranks, timeout=None):
+        """Every rank of this group joins (a rendezvous like a collective); the last to
+        arrive makes the new world of `ranks`, and each member takes its replica."""
+        ranks = tuple(ranks)
+        t = self.timeout if timeout is None else float(timeout)
+
+        def take(world):
+            return world.groups[ranks.index(self.rank)] if self.rank in ranks else None
+        return self.post("new_group", (ranks,), None, lambda inputs: World(len(ranks), t),
+                         take).wait()
+
     def stalled(self, name, seq, seconds):
         w = self.world
         with w.cond:

@@ -44,16 +44,16 @@ from collections import deque
 import numpy as np
 
 from ..dtypes import bfloat16
+from .collectives import TABLE
 from .group import DistributedError, ProcessGroup, Work
 
 from mpi4py import MPI  # noqa: E402  (this module is imported by init("mpi") only)
 
 _HB_INTERVAL = 0.5
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-_NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "send",
-          "recv")
-_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-_OPCODE = {"sum": 1, "mean": 2, "max": 3, "min": 4}
+_NAMES = tuple(TABLE)       # a collective's number in the signature exchange
+_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+_OPCODE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 _LOW = (bfloat16, np.dtype(np.float16))
 _TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
           np.dtype(np.int64): MPI.INT64_T, np.dtype(np.int32): MPI.INT32_T,
@@ -109,6 +109,24 @@ class MPIGroup(ProcessGroup):
         os.environ["SAMPAN_RANK"], os.environ["SAMPAN_WORLD_SIZE"] = str(g.rank), str(g.size)
         _install_excepthook(g)
         return g
+
+    def new_group(self, ranks, timeout=None):
+        """A communicator of `ranks` split from this one (every rank calls it); its
+        heartbeats go to a folder of their own inside this group's."""
+        self.n_groups = getattr(self, "n_groups", 0) + 1
+        member = self.rank in ranks
+        try:
+            comm = self.comm.Split(0 if member else MPI.UNDEFINED, self.rank)
+        except MPI.Exception as e:
+            raise DistributedError(f"new_group on rank {self.rank} failed: "
+                                   f"{e.Get_error_string()}") from None
+        if not member:
+            return None
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        hb_dir = os.path.join(self.hb_dir, f"group-{self.n_groups}")
+        os.makedirs(hb_dir, exist_ok=True)
+        return MPIGroup(comm, self.timeout if timeout is None else float(timeout), hb_dir,
+                        False)
 
     # ----------------------------------------------------------------- heartbeats
     def _hb_path(self, r):

@@ -110,6 +110,11 @@ def optimise(g, config, symbolic: bool, options=None):
     except PassError as e:
         raise InferenceError(f"create_predictor: {e}") from e
     done = list(pm.passes_run)
+    # each node to the first provider of the list that supports it: the partition's
+    # assignment (node.meta only: the graph's text and dumps stay those of the list)
+    from ..passes.partition import assign
+    g.meta["providers"] = config.get_providers()
+    g.meta["partition"] = assign(g, g.meta["providers"])
     if plan:
         done.append(MEMORY_PASS)
         if symbolic:

@@ -29,6 +29,9 @@ import os
 from ..errors import SampanError
 
 RUNTIMES = ("numpy", "numba", "onnxruntime")
+# the provider list each runtime name spells (`set_runtime`, kept for old code)
+RUNTIME_PROVIDERS = {"numba": ["onednn", "numba", "numpy"], "numpy": ["onednn", "numpy"],
+                     "onnxruntime": ["onnxruntime", "onednn", "numpy"]}
 PRECISIONS = ("fp32", "bf16", "int8")
 MEMORY_PASS = "plan_memory"
 
@@ -158,12 +161,12 @@ class PassBuilder:
 class Config:
     """How to load, optimise and run a program saved by `sampan.jit.save`.
 
-    Defaults: the "inference" pass pipeline, the memory plan on, the numba runtime (fused
-    kernels), fp32. Nothing is read from `model_dir` until `create_predictor`.
+    Defaults: the "inference" pass pipeline, the memory plan on, the providers
+    ["onednn", "numba", "numpy"] (fused kernels), fp32. Nothing is read from `model_dir` until `create_predictor`.
 
     Example::
 
-        >>> cfg = Config("cnn.sampan"); cfg.set_runtime("numpy"); cfg.set_num_threads(1)
+        >>> cfg = Config("cnn.sampan"); cfg.set_providers(["numpy"]); cfg.set_num_threads(1)
     """
 
     def __init__(self, model_dir):
@@ -175,7 +178,7 @@ class Config:
         self._memory_optim = True
         self._debug_dir = None
         self._threads = None
-        self._runtime = "numba"
+        self._providers = list(RUNTIME_PROVIDERS["numba"])
         self._precision = "fp32"
         self._offload = None          # min_subgraph_size of enable_onnxruntime_offload
         self._steps: set = set()      # the passes the settings put in the list (steps.py)
@@ -224,21 +227,59 @@ class Config:
     def num_threads(self):
         return self._threads
 
+    def set_providers(self, names) -> None:
+        """The kernel providers, in order of preference, as onnxruntime's `providers=`:
+        the partition pass gives each node to the first one that supports it
+        (`sampan.backends`; "numpy", which supports every op, is added last when missing).
+        Default ["onednn", "numba", "numpy"]: oneDNN for GEMM/convolution/pooling where it
+        is measured faster on this machine, generated fused kernels, the op table's
+        kernels for the rest. Without "numba" no kernel is generated: fused nodes of the
+        saved graph are expanded back into their ops and the fusion passes are skipped.
+        "onnxruntime" first offloads what onnxruntime supports: with "numba" in the list
+        as `enable_onnxruntime_offload` does (subgraphs of at least its
+        `min_subgraph_size`, default 3, the `onnxruntime_offload` pass in the pass list,
+        the rest fused), without it every supported node (as `set_runtime("onnxruntime")`).
+
+        Example: ``cfg.set_providers(["onnxruntime", "onednn", "numpy"])``"""
+        from ..backends.provider import ProviderError, check_order
+        try:
+            order = check_order(names, "Config.set_providers")
+        except ProviderError as e:
+            raise InferenceError(str(e)) from None
+        self._providers = order
+        if order[0] == "onnxruntime" and "numba" in order:
+            self._offload_pass(self._offload or 3)
+            return
+        if order[0] != "onnxruntime":
+            self._offload = None
+            if OFFLOAD_PASS in self._builder.all_passes():
+                self._builder.turn_off(OFFLOAD_PASS)
+        self._sync("runtime")             # the steps of the runtime the list spells
+
+    def get_providers(self) -> list:
+        """The provider list (see `set_providers`)."""
+        return list(self._providers)
+
     def set_runtime(self, name: str) -> None:
-        """"numba" (default: generated fused kernels), "numpy" (no fusion: fused nodes of
-        the saved graph are expanded back into their ops and every node runs its op-table
-        kernel, as eager does; those kernels keep their own hand-written loops, e.g.
-        conv2d's) or "onnxruntime": fused nodes are expanded as for "numpy", the configured
-        passes run without fusion, then `onnxruntime_offload` with a minimum subgraph size
-        of 1 puts every node onnxruntime supports into engine nodes; the nodes it does not
-        support run their op-table kernels (see `sampan.passes.offload`). These are passes
-        in the pass list: "numpy" and "onnxruntime" put `unfuse` first and take
-        `fuse_elementwise` out, "onnxruntime" adds `onnxruntime_offload` before
-        `plan_memory` (see `sampan.inference.steps`)."""
+        """Deprecated spelling of a provider list (`set_providers`), kept working:
+        "numba" (default) is ["onednn", "numba", "numpy"]: generated fused kernels;
+        "numpy" is ["onednn", "numpy"]: no fusion, fused nodes of the saved graph are
+        expanded back into their ops and every node runs its op-table kernel, as eager
+        does (those kernels keep their own hand-written loops, e.g. conv2d's);
+        "onnxruntime" is ["onnxruntime", "onednn", "numpy"]: fused nodes are expanded as
+        for "numpy", the configured passes run without fusion, then
+        `onnxruntime_offload` with a minimum subgraph size of 1 puts every node
+        onnxruntime supports into engine nodes; the nodes it does not support run their
+        op-table kernels (see `sampan.passes.offload`). These are passes in the pass
+        list: "numpy" and "onnxruntime" put `unfuse` first and take `fuse_elementwise`
+        out, "onnxruntime" adds `onnxruntime_offload` before `plan_memory` (see
+        `sampan.inference.steps`)."""
         if name not in RUNTIMES:
             raise InferenceError(f"Config.set_runtime: unknown runtime {name!r}; expected "
                                  f"one of {', '.join(RUNTIMES)}")
-        self._runtime = name
+        self._providers = list(RUNTIME_PROVIDERS[name])
+        if self._offload is not None and name != "onnxruntime":
+            self._providers.insert(0, "onnxruntime")   # enable_onnxruntime_offload: kept
         self._sync("runtime")
 
     def _sync(self, changed) -> None:
@@ -246,18 +287,30 @@ class Config:
         sync(self, self._steps, changed)
 
     def runtime(self) -> str:
-        return self._runtime
+        """The runtime name the provider list spells: "onnxruntime" (onnxruntime first,
+        no generated kernels), "numba" (generated kernels) or "numpy"."""
+        p = self._providers
+        if p[0] == "onnxruntime" and "numba" not in p:
+            return "onnxruntime"
+        return "numba" if "numba" in p else "numpy"
 
     def enable_onnxruntime_offload(self, min_subgraph_size: int = 3) -> None:
-        """Run connected subgraphs of at least `min_subgraph_size` nodes that onnxruntime
-        supports as onnxruntime sessions (engine nodes); the rest stays sampan. Adds the
-        `onnxruntime_offload` pass to the pass list before `fuse_elementwise` (or last),
-        where it can be moved or turned off like any pass; the report of what was offloaded
-        and what fell back, and why, is `predictor.graph.meta["offload_report"]`."""
+        """Deprecated spelling of "onnxruntime" first in the provider list
+        (`set_providers`), kept working: run connected subgraphs of at least
+        `min_subgraph_size` nodes that onnxruntime supports as onnxruntime sessions
+        (engine nodes); the rest stays sampan. Adds the `onnxruntime_offload` pass to the
+        pass list before `fuse_elementwise` (or last), where it can be moved or turned
+        off like any pass; the report of what was offloaded and what fell back, and why,
+        is `predictor.graph.meta["offload_report"]`."""
         if isinstance(min_subgraph_size, bool) or not isinstance(min_subgraph_size, int) \
                 or min_subgraph_size < 1:
             raise InferenceError(f"Config.enable_onnxruntime_offload: min_subgraph_size must "
                                  f"be a positive int; got {min_subgraph_size!r}")
+        if self._providers[0] != "onnxruntime":
+            self._providers.insert(0, "onnxruntime")
+        self._offload_pass(min_subgraph_size)
+
+    def _offload_pass(self, min_subgraph_size):
         self._offload = min_subgraph_size
         self._sync("offload")
         self._builder.turn_on(OFFLOAD_PASS)
@@ -301,6 +354,7 @@ class Config:
     def copy(self) -> "Config":
         c = Config.__new__(Config)
         c.__dict__.update(self.__dict__)
+        c._providers = list(self._providers)
         c._builder = self._builder.copy()
         c._steps = set(self._steps)
         return c
@@ -315,10 +369,11 @@ class Config:
                 ("memory_optim", self._memory_optim),
                 ("ir_debug", self._debug_dir),
                 ("num_threads", self._threads),
-                ("runtime", self._runtime),
+                ("runtime", self.runtime()),
+                ("providers", self._providers),
                 ("ort_offload", self._offload),
                 ("precision", self._precision)]
         return "\n".join(f"{k:<13} {v}" for k, v in rows)
 
     def __repr__(self):
-        return f"Config({self.model_dir!r}, runtime={self._runtime!r})"
+        return f"Config({self.model_dir!r}, providers={self._providers!r})"

@@ -127,7 +127,7 @@ class _Program:
             # runtime/specialize.py); the numpy runtime keeps the op-table kernels
             # on a profiler timeline the program is the model file that ran
             return compile_graph(g, name="predictor_fn",
-                                 specialize=self.config.runtime() == "numba",
+                                 specialize="numba" in self.config.get_providers(),
                                  program="predictor:" + os.path.basename(
                                      os.path.normpath(str(self.path))))
 
@@ -465,6 +465,12 @@ class Predictor:
         """The steps `create_predictor` ran, in order."""
         return list(self._prog.passes_run)
 
+    def get_providers(self) -> list:
+        """The kernel providers this predictor binds, in order of preference (its
+        Config's `set_providers` list), as onnxruntime's `session.get_providers()`.
+        Which node went to which is `node.meta["provider"]` in `graph`."""
+        return self._prog.config.get_providers()
+
     @property
     def code(self) -> str:
         """The generated source of the executor compiled last."""
@@ -472,4 +478,4 @@ class Predictor:
 
     def __repr__(self):
         return (f"Predictor({self._prog.path!r}, inputs={self._prog.input_names}, "
-                f"outputs={self._prog.output_names}, runtime={self._prog.config.runtime()!r})")
+                f"outputs={self._prog.output_names}, providers={self._prog.config.get_providers()!r})")

@@ -498,7 +498,9 @@ def probe_sizes(base: dict) -> tuple[dict, list]:
 
 def resized(leaves, dyn, sizes):
     """The call's tensors with their dynamic dims at `sizes`: slices repeat cyclically, so
-    the values (ids into a table …) stay valid inputs."""
+    the values (ids into a table …) stay valid inputs. A dim of stride 0 (a broadcast view,
+    as `sampan.onnx.load` traces on) keeps stride 0: probes of a declared f32[b, 65536,
+    65536] hold one element, as the example does."""
     out = list(leaves)
     for i, dims in dyn.items():
         t = leaves[i]
@@ -509,9 +511,14 @@ def resized(leaves, dyn, sizes):
                 if a.shape[d] == 0:
                     raise DynamicShapeError(f"sampan.jit: dynamic dim '{s}' of input {i} is "
                                             "0; trace with a non-empty example")
-                a = np.take(a, np.arange(n) % a.shape[d], axis=d)
+                if a.strides[d] == 0:   # every index of dim d reads the same memory
+                    a = np.lib.stride_tricks.as_strided(
+                        a, a.shape[:d] + (n,) + a.shape[d + 1:], a.strides, writeable=False)
+                else:
+                    a = np.take(a, np.arange(n) % a.shape[d], axis=d)
         if a is not t._data:
-            out[i] = Tensor(np.ascontiguousarray(a), requires_grad=t.requires_grad)
+            a = a if 0 in a.strides else np.ascontiguousarray(a)
+            out[i] = Tensor(a, requires_grad=t.requires_grad)
     return out
 
 

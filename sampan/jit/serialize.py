@@ -2,7 +2,9 @@
 
     graph.ir              the optimised Graph as text
     weights.safetensors   the state inputs the graph reads, large constants, example inputs
-    meta.json             format version, input/output slots, output structure, dtypes
+                          (one that is a single value broadcast: that value alone)
+    meta.json             format version, input/output slots, output structure, dtypes,
+                          the shapes of those broadcast examples (`example_fills`)
     checksums.sha256      sha256 of each of the three files above (`sha256sum -c` reads it)
 
 written atomically and verified on load; the loaded program needs none of the model's
@@ -14,6 +16,12 @@ with a KeyError at the first call. On top of the checksums `read` checks every f
 meta.json against the graph and the weights (kinds, indices, keys, shapes, dtypes), so a
 program written wrongly also fails at load, with a `LoadError`. Version 1 programs still
 load (checked field by field; their meta.json has no checksum).
+
+Version 3 is version 2 with `example_fills`: an example input that is one value broadcast
+(the zero-strided inputs `sampan onnx import` traces a declared f32[65536, 65536] on) is
+stored as that value and its shape, and read back as a broadcast view. Only a program
+with such an example is written as version 3, so every other one still loads in a sampan
+that reads version 2, and one that does not says "upgrade sampan" rather than "damaged".
 
 A save writes `<path>.tmp-<token>/`, fsyncs it, then swaps it with the old program in
 one atomic step (Linux's renameat2 RENAME_EXCHANGE). Where that is missing it renames
@@ -48,7 +56,8 @@ from ..io import _tensorfile as _tf
 from ..tensor import Tensor, wrap
 
 FORMAT = "sampan.jit"
-VERSION = 2
+VERSION = 3         # the newest format read; written only with example_fills (else 2)
+_SUMMED_VERSIONS = (2, 3)   # the versions with checksums.sha256
 _FILES = ("graph.ir", "weights.safetensors")          # covered by meta.json in version 1
 _SUMMED = ("graph.ir", "meta.json", "weights.safetensors")
 _SUMS = "checksums.sha256"
@@ -203,16 +212,23 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     for c in g.consts:
         if c.name is not None and f"ref={c.name!r}" in text:
             put(f"const.{c.name}", c.const)
+    fills = {}
     for i, t in enumerate(leaves):
-        put(f"example.{i}", t._data)
+        a = t._data
+        if _one_value(a):   # a broadcast view: its value, and its shape in meta.json
+            fills[str(i)] = [int(n) for n in a.shape]
+            a = a[(slice(0, 1),) * a.ndim].reshape(())
+        put(f"example.{i}", a)
     out_consts = []
     meta = {
-        "format": FORMAT, "version": VERSION, "graph_name": g.name,
+        "format": FORMAT, "version": VERSION if fills else 2, "graph_name": g.name,
         "inputs": ins, "n_args": len(leaves),
         "outputs": [k for k, _ in out_slots],
         "out_tree": _tree_json(out_tree, out_consts), "dtypes": dtypes,
         "arg_names": _arg_names(example_inputs, params),   # the Predictor's input names
     }
+    if fills:            # older programs have none: every example is stored whole
+        meta["example_fills"] = fills
     if dyn and guards:   # checked at every call (older programs have none: no check)
         meta["guards"] = _dyn.guards_json(guards)
     for i, a in enumerate(out_consts):
@@ -221,6 +237,45 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     files = {"graph.ir": text.encode("utf-8"),
              "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
     return _write_dir(os.fspath(path), files, arrays)
+
+
+def _one_value(a) -> bool:
+    """Whether `a` is one element broadcast (stride 0 on every dim longer than 1), as the
+    inputs `sampan onnx import` traces on: stored as that element and a shape, so a
+    declared f32[65536, 65536] does not write 16 GiB."""
+    return a.size > 1 and all(st == 0 or n == 1 for st, n in zip(a.strides, a.shape))
+
+
+def _fill_examples(path, meta, arrays) -> None:
+    """Turn each example input that meta.json's `example_fills` ({"<i>": shape}) lists
+    back into its one stored value broadcast to that shape (a read-only view: no memory
+    of the shape's size is taken)."""
+    if "example_fills" not in meta:
+        return
+    where = os.path.join(path, "meta.json")
+    fills = meta["example_fills"]
+    if not _is_version(meta, 3):
+        raise _damaged(where, f"it has 'example_fills', which format version "
+                              f"{meta.get('version')!r} does not have (version 3 does)")
+    if not isinstance(fills, dict):
+        raise _damaged(where, "'example_fills' must map example input numbers to shapes")
+    for k, shape in fills.items():
+        key = f"example.{k}"
+        if not (re.fullmatch(r"0|[1-9][0-9]*", k) and isinstance(shape, list) and len(shape)
+                <= 64 and all(type(n) is int and n >= 0 for n in shape)):
+            raise _damaged(where, f"'example_fills' entry {k!r}: {shape!r} must be a list "
+                                  "of sizes keyed by an example input's number")
+        if key not in arrays:
+            raise _damaged(where, f"example input {k} in 'example_fills' is missing from "
+                                  "the weights")
+        a = arrays[key]
+        if a.size != 1:
+            raise _damaged(where, f"example input {k} in 'example_fills' holds {a.size} "
+                                  "values in the weights; a fill holds one value")
+        try:
+            arrays[key] = np.broadcast_to(a.reshape(()), tuple(shape))
+        except ValueError as e:    # more elements than numpy can index
+            raise _damaged(where, f"'example_fills' entry {k!r}: {e}") from None
 
 
 def _drop_unread(g, slots) -> list:
@@ -326,6 +381,8 @@ class Loaded:
 
     @property
     def example_inputs(self):
+        """The inputs the program was traced on (one saved as a single value broadcast,
+        see `example_fills`, is a read-only view of that value)."""
         return tuple(wrap(self.arrays[f"example.{i}"]) for i in range(self.meta["n_args"]))
 
     def input_arrays(self, args):
@@ -440,13 +497,14 @@ def _read_at(path, dfd):
     if has_sums:
         sums = _read_sums(path, dfd)
         meta = _read_meta(path, sums["meta.json"], dfd)
-        if not _is_version(meta, VERSION):
+        if not any(_is_version(meta, v) for v in _SUMMED_VERSIONS):
             raise LoadError(f"sampan.jit.load: {path}/meta.json says format version "
-                            f"{meta.get('version')!r}, but only version {VERSION} programs "
+                            f"{meta.get('version')!r}, but only version "
+                            f"{' or '.join(map(str, _SUMMED_VERSIONS))} programs "
                             f"have {_SUMS}; the program is damaged")
     else:
         meta = _read_meta(path, None, dfd)
-        if _is_version(meta, VERSION):
+        if any(_is_version(meta, v) for v in _SUMMED_VERSIONS):
             raise LoadError(f"sampan.jit.load: {os.path.join(path, _SUMS)} is missing "
                             "(incomplete or damaged save)")
         if not _is_version(meta, 1):
@@ -461,6 +519,7 @@ def _read_at(path, dfd):
     raw = _read_weights(os.path.join(path, "weights.safetensors"), sums["weights.safetensors"],
                         dfd)
     arrays = _typed_arrays(path, meta, raw)
+    _fill_examples(path, meta, arrays)
     consts = {k[len("const."):]: a for k, a in arrays.items() if k.startswith("const.")}
     try:
         g = parse(text, consts)

@@ -4,7 +4,7 @@
   Parameters; fine-tune it, jit it, save it); `load(path_or_model)`: its `Graph` IR. A model
   given as bytes or a ModelProto whose weights live in external files needs `base_dir=`.
   Importing allocates what the file paid for: folding is bounded (`sampan/onnx/fold.py`)
-  and `load` traces without making inputs of the declared sizes.
+  and `load` and `sampan onnx import` trace without making inputs of the declared sizes.
 - `export(fn_or_layer, example_inputs, path, ...)`: a traced program written as ONNX.
 - `OnnxError`: what a model sampan cannot read or write raises.
 

@@ -7,15 +7,16 @@ constant tables, not a ConstantOfShape([65536, 65536])), and all folded values o
 import together at most FOLD_BUDGET_FLOOR + FOLD_BUDGET_FACTOR x the model's bytes
 (the file plus its external weights). A node past either stays an op of the graph and
 runs when the program runs. Sizes are counted with Python ints before numpy allocates.
-`sampan.onnx.load` traces on inputs that hold no memory of their declared shape (its
-dynamic dims probe at small sizes), so declared input sizes are never materialised.
+`sampan.onnx.load` and `sampan onnx import` trace on inputs that hold no memory of their
+declared shape (zero-strided views; the probes of dynamic dims stay zero-strided), and the
+saved program stores such an input as its one value and shape, so declared input sizes
+are never materialised, in memory or on disk.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..tensor import Tensor
-from .ops import OnnxError
 
 FOLD_LIMIT_BYTES = 64 << 20
 FOLD_BUDGET_FLOOR = 256 << 20
@@ -55,27 +56,19 @@ def guard(ctx):
     return mode
 
 
-def probe_inputs(layer, dim_sizes, dyn):
+def probe_inputs(layer, dim_sizes=None):
     """Inputs to trace `layer` on: each of its declared dtype and shape (symbolic dims at
     `dim_sizes`, default 2) but holding one element (a zero-strided view), so a declared
     f32[65536, 65536] costs nothing. The dynamic dims' probes (one size more per symbol,
-    see sampan/jit/dynamic.py) are real arrays: their size is checked against the fold
-    budget first."""
-    out, probe = [], 0
-    for k, name in enumerate(layer.input_names):
+    see sampan/jit/dynamic.py: resized) stay zero-strided, and `jit.save` stores such an
+    input as its one value and its shape."""
+    out = []
+    for name in layer.input_names:
         dtype, shape = layer.input_types[name]
         dt = np.dtype(dtype or np.float32)
         dims = [d if isinstance(d, int) else int((dim_sizes or {}).get(d, 2))
                 for d in (shape or ())]
-        if k in dyn:
-            probe += nbytes([n + 1 if i in dyn[k] else n for i, n in enumerate(dims)], dt)
         out.append(Tensor(np.broadcast_to(np.zeros((), dt), dims)))
-    if probe > layer.fold_budget:
-        raise OnnxError(
-            f"sampan.onnx: tracing {layer.graph_name}'s dynamic dims needs probe inputs of "
-            f"{probe >> 20} MiB (their static dims as declared), more than the "
-            f"{layer.fold_budget >> 20} MiB this model may allocate while it loads; use "
-            "sampan.onnx.to_layer and trace it with inputs of your own")
     return tuple(out)
 
 

@@ -659,7 +659,7 @@ def load(src, *, dim_sizes=None, base_dir=None):
         dims = {i: _sym(d) for i, d in enumerate(shape or ()) if not isinstance(d, int)}
         if dims:
             dyn[k] = dims
-    args = _fold.probe_inputs(layer, dim_sizes, dyn)
+    args = _fold.probe_inputs(layer, dim_sizes)
     f = jit(layer, pipeline="inference", dynamic=dyn or None)
     with no_grad():
         # traced and compiled for these inputs, not run: running would make every

@@ -31,15 +31,26 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
+# The current process group comes from the floor above (`sampan.distributed` registers
+# its lookup when it is imported); until then there is no group: every collective is the
+# identity on one rank.
+_SOURCE = {"current": lambda: None, "error": RuntimeError}
+
+
+def set_group_source(current, error=RuntimeError) -> None:
+    """Register `current() -> group or None` (the process group the collective ops run
+    through) and the exception class of a failed collective (`sampan.distributed` does
+    this on import)."""
+    _SOURCE["current"], _SOURCE["error"] = current, error
+
+
 def _group():
-    from ..distributed.group import current
-    g = current(required=False)
+    g = _SOURCE["current"]()
     return None if g is None or g.size == 1 else g
 
 
 def _size():
-    from ..distributed.group import current
-    g = current(required=False)
+    g = _SOURCE["current"]()
     return 1 if g is None else g.size
 
 
@@ -163,8 +174,7 @@ def _all_gather_kernel(x):
     parts = _run("all_gather", x)
     sizes = [p.shape[0] for p in parts]
     if len(set(sizes)) > 1:
-        from ..distributed.group import DistributedError
-        raise DistributedError(f"all_gather (the op): got first dims {sizes} by rank; "
+        raise _SOURCE["error"](f"all_gather (the op): got first dims {sizes} by rank; "
                                "expected equal ones (sampan.distributed.all_gather returns "
                                "uneven parts as a list)")
     return np.concatenate(parts)

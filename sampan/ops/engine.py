@@ -16,18 +16,15 @@ order. `outputs` picks the values the node returns. `in_specs` / `out_specs` are
 its size. The shape rule reads `out_specs` (checking the inputs against `in_specs`); it
 never runs the body.
 
-Running: the ONNX model of the body is built with `sampan.onnx.export.graph_to_model` for
-concrete input shapes and handed to the engine (a registry: `ENGINES`, "onnxruntime"
-now). Compiled mode binds one session per node and input shapes, with the node's constant
-inputs as initializers (`passes/offload.py` registers that binder in the runtime); this
-numpy kernel (eager, the op-table tests) builds one with every input a model input.
-Sessions are cached by what they were built from, so clones share them (onnxruntime's
-`run` is thread-safe). `ops/` sits below `onnx/`: the export is imported when a session
-is first built, never at load.
+Running is the onnxruntime provider's (`sampan/backends/onnxruntime/`): it builds the ONNX
+model of the body for concrete input shapes, hands it to the engine (a registry:
+`ENGINES`, "onnxruntime" now) and caches the session. Compiled mode binds one session per
+node and input shapes, with the node's constant inputs as initializers (the provider's
+`bind`); this numpy kernel (eager, the op-table tests) builds one with every input a model
+input, through the session builder the provider installs (`set_runner_for`): `ops/` sits
+below `backends/` and imports nothing from it.
 """
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -41,32 +38,23 @@ class EngineError(SampanError):
 
 
 # ------------------------------------------------------------------ engines (plug-ins)
-class _OrtRunner:
-    """One onnxruntime InferenceSession: `run(list of arrays) -> list of arrays`."""
-
-    def __init__(self, model_bytes, n_inputs, threads=None):
-        import onnxruntime as ort
-        so = ort.SessionOptions()
-        if threads:
-            so.intra_op_num_threads = int(threads)
-        so.log_severity_level = 3          # warnings about unused initializers are noise
-        self.session = ort.InferenceSession(model_bytes, so,
-                                            providers=["CPUExecutionProvider"])
-        self.in_names = [i.name for i in self.session.get_inputs()]
-        self.out_names = [o.name for o in self.session.get_outputs()]
-        self._run = self.session.run
-
-    def run(self, arrays):
-        return self._run(self.out_names, dict(zip(self.in_names, arrays)))
-
-
-ENGINES: dict = {"onnxruntime": _OrtRunner}
+# name -> runner class: `cls(model_bytes, n_inputs, threads)` with `.run(arrays)`. The
+# onnxruntime provider (`sampan/backends/onnxruntime/`) registers "onnxruntime" and the
+# session builder below; ops/ sits below backends/, so it is handed in, never imported.
+ENGINES: dict = {}
+_HOOKS = {"runner_for": None}
 
 
 def register_engine(name: str, runner_cls) -> None:
     """Make `runner_cls(model_bytes, n_inputs, threads)` (with `.run(arrays)`) the engine
     `name`, usable by engine nodes. Example: ``register_engine("openvino", OVRunner)``"""
     ENGINES[name] = runner_cls
+
+
+def set_runner_for(fn) -> None:
+    """Install `fn(engine, inputs, body, outputs, threads=None) -> runner` (the provider's
+    cached session builder) that this op's kernel runs its subgraph with."""
+    _HOOKS["runner_for"] = fn
 
 
 # ------------------------------------------------------------------ attributes <-> specs
@@ -103,80 +91,6 @@ def _rule(*specs, engine, body, outputs, in_specs, out_specs):
     return [_spec(e) for e in out_specs]
 
 
-# ------------------------------------------------------------------ subgraph -> model
-def subgraph(inputs, body, outputs):
-    """A Graph of the body. `inputs`: per input an ndarray (becomes a named constant, an
-    initializer of the model) or a (shape, dtype) pair (a graph input). Returns (graph,
-    {graph input position: ONNX input name})."""
-    from ..ir.graph import Graph
-    g = Graph("engine")
-    vals, args = [], {}
-    for i, x in enumerate(inputs):
-        if isinstance(x, np.ndarray):
-            vals.append(g.add_const(x, name=f"w{i}"))
-        else:
-            args[len(g.inputs)] = f"x{i}"
-            vals.append(g.add_input(x[0], x[1], name=f"x{i}"))
-    for e in body:
-        op, idx, attrs, n_out = e
-        n = g.add_node(op, [vals[k] for k in idx], dict(attrs))
-        if len(n.outputs) != n_out:
-            raise EngineError(f"engine: body entry {op!r} has {len(n.outputs)} outputs; the "
-                              f"node says {n_out}")
-        vals.extend(n.outputs)
-    g.outputs = [vals[k] for k in outputs]
-    return g, args
-
-
-def build_model(inputs, body, outputs, opset=None):
-    """The ONNX ModelProto of an engine body (see `subgraph` for `inputs`)."""
-    from ..onnx.export import graph_to_model
-    g, args = subgraph(inputs, body, outputs)
-    return graph_to_model(g, args, {}, opset=opset,
-                          output_names=[f"y{k}" for k in range(len(outputs))],
-                          name="sampan_engine")
-
-
-_CACHE: dict = {}              # key -> (runner, the constant arrays, kept alive for the key)
-_CACHE_MAX = 256
-_LOCK = threading.Lock()
-
-
-def runner_for(engine, inputs, body, outputs, threads=None):
-    """The cached runner of a body for these inputs (arrays by identity, specs by value)."""
-    key = (engine, body, outputs, threads,
-           tuple(("w", id(x)) if isinstance(x, np.ndarray) else
-                 (tuple(x[0]), np.dtype(x[1]).str) for x in inputs))
-    hit = _CACHE.get(key)
-    if hit is not None:
-        return hit[0]
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            return hit[0]
-        try:
-            model = build_model(inputs, body, outputs)
-            runner = ENGINES[engine](model.SerializeToString(),
-                                     sum(not isinstance(x, np.ndarray) for x in inputs),
-                                     threads)
-        except SampanError as e:
-            raise EngineError(f"engine {engine!r}: cannot build the subgraph of "
-                              f"{[b[0] for b in body]}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - the runtime refused the model: say which
-            raise EngineError(f"engine {engine!r}: {type(e).__name__} building a session "
-                              f"for the subgraph of {[b[0] for b in body]}: {e}") from None
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = (runner, [x for x in inputs if isinstance(x, np.ndarray)])
-        return runner
-
-
-def clear_cache() -> None:
-    """Drop every cached session (they are rebuilt on the next call)."""
-    with _LOCK:
-        _CACHE.clear()
-
-
 def _result(outs, out_specs):
     res = []
     for a, e in zip(outs, out_specs):
@@ -188,7 +102,10 @@ def _result(outs, out_specs):
 
 def _kernel(*arrays, engine, body, outputs, in_specs, out_specs):
     arrays = [np.ascontiguousarray(a) for a in arrays]
-    r = runner_for(engine, [(a.shape, a.dtype) for a in arrays], body, outputs)
+    if _HOOKS["runner_for"] is None:
+        raise EngineError(f"engine {engine!r}: no session builder is installed (the "
+                          "onnxruntime provider, sampan.backends.onnxruntime, installs it)")
+    r = _HOOKS["runner_for"](engine, [(a.shape, a.dtype) for a in arrays], body, outputs)
     return _result(r.run(arrays), out_specs)
 
 

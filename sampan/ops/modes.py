@@ -31,7 +31,25 @@ class _Hooks:
 
 HOOKS = _Hooks()
 _TLS = threading.local()
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()   # re-entered when a dying thread's _Counted is collected
+
+
+class _Counted:
+    """Lives in a thread's locals while the thread has modes of its own pushed. A thread
+    that ends so (its mode's owner never popped it: a backward raised and the thread
+    stopped) must stop counting as a thread with a mode, or every op of the process
+    would go through `dispatch` for good: the thread's locals are dropped, and this
+    with them."""
+    __slots__ = ("armed",)
+
+    def __init__(self):
+        self.armed = True
+
+    def __del__(self):
+        if self.armed:
+            with _LOCK:
+                HOOKS.thread_modes_in_use -= 1
+                _refresh()
 
 
 def _refresh():
@@ -47,6 +65,7 @@ def push_mode(mode, *, process_wide: bool = False) -> None:
             mine = getattr(_TLS, "modes", ())
             if not mine:
                 HOOKS.thread_modes_in_use += 1
+                _TLS.counted = _Counted()
             _TLS.modes = mine + (mode,)
         _refresh()
 
@@ -68,6 +87,8 @@ def pop_mode(mode, *, process_wide: bool = False) -> None:
             _TLS.modes = rest
             if not rest:
                 HOOKS.thread_modes_in_use -= 1
+                _TLS.counted.armed = False
+                _TLS.counted = None
         _refresh()
 
 

@@ -17,6 +17,7 @@ from . import fuse_quant, quantize  # noqa: F401,E402  (issue 19: int8)
 from . import offload  # noqa: F401,E402
 from . import distribute  # noqa: F401,E402  (issue 23: data parallel)
 from . import amp  # noqa: F401,E402  (issue 22: mixed precision)
+from . import partition  # noqa: F401,E402  (issue 30: kernel providers)
 from . import unfuse  # noqa: F401,E402  (issue 30: the Predictor's steps are passes)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 # `plan_memory` is registered by sampan.runtime.memory, whose plan the code generator reads

@@ -4,10 +4,11 @@
 
 `sampan.jit` records which graph outputs are parameter gradients (`meta["grads"]`:
 (output position, input position of the parameter)). The pass lays those gradients, in
-reverse parameter order, into buckets of about `bucket_mb` megabytes of one dtype
-(`graph.meta["bucket_mb"]`, which a traced `DataParallel` sets to its own, else
-`BUCKET_MB`), and right after the node that completes
-a bucket's last gradient inserts
+the order the nodes computing them run, into buckets by the policy eager `DataParallel`
+uses (`sampan._buckets.plan`: about `bucket_mb` megabytes of one dtype, a small first
+and a small last bucket; `graph.meta["bucket_mb"]`, which a traced `DataParallel` sets to
+its own, else `BUCKET_MB`), and right after the node that completes a bucket's last
+gradient inserts
 
     flat = concat(reshape(g_i, (-1,)) ...);  red = all_reduce(flat, op="mean")
     g_i' = reshape(getitem(red, i's slice), shape of g_i)
@@ -27,25 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._buckets import BUCKET_MB, FIRST_BUCKET_MB, plan  # noqa: F401 (the shared policy)
 from .manager import register_pass
-
-BUCKET_MB = 25.0
-FIRST_BUCKET_MB = 1.0    # as DataParallel (and torch's reducer): the first bucket is small
-
-
-def _bucketize(grads, cap):
-    buckets, open_ = [], {}
-    for v in grads:
-        dt = np.dtype(v.dtype)
-        nbytes = int(np.prod(v.shape, dtype=np.int64)) * dt.itemsize
-        b = open_.get(dt)
-        lim = min(cap, FIRST_BUCKET_MB * 2 ** 20) if b is not None and b["first"] else cap
-        if b is None or (b["values"] and b["bytes"] + nbytes > lim):
-            b = open_[dt] = {"values": [], "bytes": 0, "first": not buckets}
-            buckets.append(b)
-        b["values"].append(v)
-        b["bytes"] += nbytes
-    return [b["values"] for b in buckets]
 
 
 @register_pass("distribute")
@@ -54,7 +38,7 @@ def distribute(g):
     pairs = g.meta.get("grads")
     if not pairs:
         return g
-    cap = float(g.meta.get("bucket_mb", BUCKET_MB)) * 2 ** 20
+    mb = float(g.meta.get("bucket_mb", BUCKET_MB))
     order = sorted(pairs, key=lambda p: -p[1])      # reverse parameter order
     grads, seen = [], set()
     for out_pos, _ in order:
@@ -63,9 +47,15 @@ def distribute(g):
             seen.add(id(v))
             grads.append(v)
     pos = {id(n): i for i, n in enumerate(g.nodes)}
+    # readiness order: the order of the nodes that complete them (ties: reverse
+    # parameter order), laid out by the policy eager DataParallel uses
+    grads.sort(key=lambda v: pos[id(v.node)])
+    items = [(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize, v.dtype)
+             for v in grads]
     replaced = {}
     inserted = []   # (index in the original node list to insert after, [new nodes])
-    for bucket in _bucketize(grads, cap):
+    for idx in plan(items, mb):
+        bucket = [grads[i] for i in idx]
         at = max(pos[id(v.node)] for v in bucket)
         new, outs = _reduce_bucket(g, bucket)
         inserted.append((at, new))

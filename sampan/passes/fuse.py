@@ -41,7 +41,6 @@ import numpy as np
 from .. import dtypes as _dt
 from ..ops._util import norm_axis
 from ..ops.registry import OPS, Spec
-from ..runtime.codegen import NODE_KERNELS
 from .manager import register_pass
 
 MAX_GROUP = 48     # body entries per kernel: keeps compile time per kernel bounded
@@ -470,30 +469,6 @@ def count_kernels(g) -> dict:
 
 
 def _bind_fused(node, inplace=None):
-    """Codegen hook: the generated kernel of a fused node (numpy body without numba).
-
-    The kernel takes `out=` (an array or None per output); `inplace` {output j: input i}
-    makes output j overwrite input i (see `sampan.runtime.memory`)."""
-    from ..backends import numba as nb
-    if nb.available():
-        from ..backends.numba.kernelgen import bind
-        return bind(node, inplace=inplace)
-    from ..ops.fused import run_body
-    body, outputs = node.attrs["body"], node.attrs["outputs"]
-    inplace = dict(inplace or {})
-
-    def run(*arrays, out=None):
-        r = list(run_body(arrays, body, outputs))
-        for j, i in inplace.items():
-            arrays[i][...] = r[j]
-            r[j] = arrays[i]
-        if out is not None:
-            for j, p in enumerate(out):
-                if p is not None and j not in inplace:
-                    p[...] = r[j]
-                    r[j] = p
-        return r[0] if len(r) == 1 else tuple(r)
-    return run
-
-
-NODE_KERNELS["fused"] = _bind_fused
+    """The numba provider's kernel of a fused node (`sampan.backends.numba.provider`)."""
+    from ..backends.numba.provider import bind_fused
+    return bind_fused(node, inplace=inplace)

@@ -18,8 +18,9 @@
 
 Symbolic dims: the engine node keeps them ("$batch" in its specs); the ONNX model is built
 per concrete shape when the program is compiled for a size (`concrete()` then the
-runtime's binder below: `graph_to_model` with the node's constants as initializers, one
-onnxruntime session per node and shape, cached by what it was built from, so clones of a
+onnxruntime provider's binder, `sampan.backends.onnxruntime.bind_engine`:
+`graph_to_model` with the node's constants as initializers, one onnxruntime session
+per node and shape, cached by what it was built from, so clones of a
 predictor share sessions; onnxruntime's `run` is thread-safe).
 
 Options, declared at registration: `min_subgraph_size` (default 3), `engine` (default
@@ -37,15 +38,14 @@ Example::
 from __future__ import annotations
 
 import heapq
-import warnings
 
 import numpy as np
 
 from ..ir.graph import Node
 from ..ir.text import node_str
-from ..ops.engine import ENGINES, EngineError, runner_for, spec_attr
+from ..backends.onnxruntime import ENGINES, EngineError, build_model
+from ..ops.engine import spec_attr
 from ..ops.registry import NO_ONNX, OPS
-from ..runtime.codegen import NODE_KERNELS
 from .manager import PassError, register_pass
 
 OPTIONS = "onnxruntime_offload"
@@ -144,7 +144,6 @@ _TRIED: dict = {}         # (engine, opset, op, attrs, input specs) -> reason or
 
 def _try_node(n, opset, engine):
     """None when node `n` (concrete) lowers and the engine builds a session for it."""
-    from ..ops.engine import build_model
     ins = [v.const if v.is_const else (tuple(v.shape), v.dtype) for v in n.inputs]
     m = len(n.inputs)
     body = ((n.op, tuple(range(m)), tuple(n.attrs.items()), len(n.outputs)),)
@@ -313,58 +312,3 @@ def _order(g, replaced):
         raise PassError("onnxruntime_offload: the partition made a cycle (an engine node "
                         "would run both before and after another node); this is a bug")
     return out
-
-
-# ---------------------------------------------------------------------- runtime binder
-def _bind_engine(node, inplace=None):
-    """The compiled kernel of one engine node: its session is built here, once per node
-    and input shapes (cached; clones and recompiles for a seen shape reuse it)."""
-    from .._threads import get_num_threads
-    a = node.attrs
-    ins = [v.const if v.is_const else (tuple(v.shape), v.dtype) for v in node.inputs]
-    for v in node.inputs:
-        if not v.is_const and not all(isinstance(d, int) for d in v.shape):
-            raise PassError(f"engine node at {node.loc or '?'}: input {v.type_str()} has "
-                            "symbolic dims; compile the graph for concrete sizes")
-    try:
-        run = runner_for(a["engine"], ins, a["body"], a["outputs"], get_num_threads()).run
-    except EngineError as e:   # the group lowered node by node, but not as a whole
-        warnings.warn(f"engine node at {node.loc or '?'}: {e}; its "
-                      f"{len(a['body'])} ops run their op-table kernels instead",
-                      RuntimeWarning, stacklevel=2)
-        run = _interpreter(node)
-    feed = [i for i, v in enumerate(node.inputs) if not v.is_const]
-    single = len(node.outputs) == 1
-    dts = [v.dtype for v in node.outputs]
-
-    def kernel(*arrays, out=None):
-        res = run([arrays[i] for i in feed])
-        res = [r if r.dtype == dt else r.astype(dt) for r, dt in zip(res, dts)]
-        if out is not None:
-            for j, b in enumerate(out):
-                if b is not None:
-                    np.copyto(b, res[j])
-                    res[j] = b
-        return res[0] if single else tuple(res)
-    return kernel
-
-
-def _interpreter(node):
-    """The body run with the op table's numpy kernels (the fallback of `_bind_engine`)."""
-    body, outputs = node.attrs["body"], node.attrs["outputs"]
-    feed = [i for i, v in enumerate(node.inputs) if not v.is_const]
-    consts = {i: v.const for i, v in enumerate(node.inputs) if v.is_const}
-
-    def run(arrays):
-        vals = [consts[i] if i in consts else None for i in range(len(node.inputs))]
-        for i, x in zip(feed, arrays):
-            vals[i] = x
-        for op_name, idx, attrs, _ in body:
-            op = OPS[op_name]
-            r = op.kernel(*[vals[k] for k in idx], **dict(attrs))
-            vals.extend([np.asarray(x) for x in r] if op.n_out != 1 else [np.asarray(r)])
-        return [vals[k] for k in outputs]
-    return run
-
-
-NODE_KERNELS["engine"] = _bind_engine

@@ -97,7 +97,7 @@ def prepare_qat(model, inplace=False):
 
 
 def _int8_forward(m, s, z):
-    from ..ops.conv import CONV2D, _bias
+    from ..ops.conv import _bias
     from ..ops.quant import QCONV2D, QMATMUL, QUANTIZE
     from ..tensor import Tensor, apply
     kind = _kind(m)
@@ -134,7 +134,7 @@ def _int8_forward(m, s, z):
         y = apply(QCONV2D, (q, consts[0], consts[1], consts[2], consts[3], consts[4]),
                   dict(pair, groups=args["groups"]))
         del F
-        return _bias(y, bias, 4, CONV2D)
+        return _bias(y, bias, 4, QCONV2D)
     return forward
 
 

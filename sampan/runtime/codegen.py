@@ -36,9 +36,26 @@ from .memory import inplace_ok, out_kernel
 
 _counter = itertools.count()
 
-# op name -> fn(node) giving a callable over that node's input arrays, bound at compile
-# time (the fusion pass registers "fused" here: one generated kernel per node)
-NODE_KERNELS: dict = {}
+# op name -> fn(node, inplace=...) giving a callable over that node's input arrays, bound
+# at compile time. Kept for binders registered from outside; sampan's own node kernels
+# (generated fused kernels, engine sessions) come from their providers (`sampan.backends`:
+# a provider's `node_kernels`), which is how a new one should be added.
+class _NodeKernels(dict):
+    """Binders registered here by name; `NODE_KERNELS["fused"]` (and "engine") still
+    answers with the provider's binder, for code written before providers."""
+
+    def __missing__(self, op):
+        if op in _NODE_PROVIDER:
+            from ..backends import get_provider
+            return get_provider(_NODE_PROVIDER[op]).bind
+        raise KeyError(op)
+
+
+NODE_KERNELS: dict = _NodeKernels()
+_TABLE = ("numpy", "onednn")     # providers bound as the op table's kernels (out= variants)
+# the provider whose binder runs a node of these ops whatever the list says (their op
+# table kernels are references that return tuples, not what an executor binds)
+_NODE_PROVIDER = {"fused": "numba", "engine": "onnxruntime"}
 
 
 class RuntimeCheckError(SampanError):
@@ -138,6 +155,10 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     for v in g.consts:
         names[v.id] = emit.fresh("c", ren[v.id])
         env[names[v.id]] = v.const
+    from ..backends import get_provider
+    from ..passes.partition import assign as _partition
+    if any("provider" not in n.meta for n in g.nodes):
+        _partition(g)        # the jit's list (`sampan.backends.set_providers`)
     buffers = []
     if plan:
         buffers = [np.empty(max(s, 1), np.uint8) for s in plan["sizes"]]
@@ -163,7 +184,19 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         kwargs = []
         bufname = None
         first = n.outputs[0].id if n.outputs else None
-        if n.op in NODE_KERNELS:  # a kernel made for this node (generated fused kernels)
+        prov = get_provider(n.meta["provider"])
+        if n.op in _NODE_PROVIDER and n.op not in prov.node_kernels:
+            prov = get_provider(_NODE_PROVIDER[n.op])
+        binder = NODE_KERNELS.get(n.op) or (prov.bind if n.op in prov.node_kernels else None)
+        # the out= variants and specialised kernels below may run the measured choice
+        # (oneDNN): not for a node the list kept off oneDNN on purpose
+        table = binder is None and prov.name in _TABLE and (
+            prov.name == "onednn" or (n.op in prov.kernels and prov.kernel(n.op) is op.kernel)
+            or not get_provider("onednn").supports(n))
+        if prov.name not in _TABLE and binder is None:  # another provider's kernel
+            kname = emit.fresh("p", i, "_", opname)      # attributes bound at compile time
+            env[kname] = prov.bind(n)
+        elif binder is not None:  # a kernel made for this node (generated fused kernels)
             kname = emit.fresh("k", i, "_", opname)
             bufs, inplace = [], {}
             for j, v in enumerate(n.outputs):
@@ -182,9 +215,13 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                     inplace[j] = same[0]   # the kernel stores into that input itself
                     b = None
                 bufs.append(b)
-            env[kname] = NODE_KERNELS[n.op](n, inplace=inplace)
+            env[kname] = binder(n, inplace=inplace)
             if any(bufs):
                 kwargs.append(("out", emit.tuple_of(b or emit.lit(None) for b in bufs)))
+        elif not table:            # the provider's own kernel, attributes as keywords
+            kname = emit.fresh("k_", opname, "_", emit.name(prov.name, "provider"))
+            env[kname] = prov.kernel(n.op)
+            kwargs = _attr_args(n, env, bound)
         elif first in donate:  # computed in place into a donated input's array
             bufname = names[g.inputs[donate[first]].id]
             kname = emit.fresh("out_", opname)
@@ -205,12 +242,15 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             kname = emit.fresh("s", i, "_", opname)     # attributes bound at compile time
             env[kname] = fn
         else:
-            kname = emit.fresh("k_", opname)
+            fn = prov.kernel(n.op) if n.op in prov.kernels else None
+            if fn is None:
+                raise SampanError(f"op {n.op} has no numpy kernel")
+            # eager's kernel keeps its plain name; another provider's is named after it
+            kname = emit.fresh("k_", opname) if fn is op.kernel else emit.fresh(
+                "k_", opname, "_", emit.name(prov.name, "provider"))
             if kname not in kernels:
-                if op.kernel is None:
-                    raise SampanError(f"op {n.op} has no numpy kernel")
-                kernels[kname] = op.kernel
-                env[kname] = op.kernel
+                kernels[kname] = fn
+                env[kname] = fn
             kwargs = _attr_args(n, env, bound)
         call = emit.call(kname, args, kwargs)
         if op.n_out == 1:

@@ -23,12 +23,22 @@ thread, `stop()` shuts down (requests still open after `shutdown_timeout` second
 cancelled and their connections closed), `serve()` serves in the calling thread until
 SIGTERM; a request body of which nothing arrives for `read_timeout` seconds gets a 408.
 Command line: ``sampan serve --model mlp=models/mlp --port 8000`` (`cli.py`).
+
+Layers: `server.py` (uvicorn, lifecycle) over `app.py` (the HTTP front end: routes, bodies,
+headers, status codes) over `dataplane.py` (`DataPlane`: model lookup, readiness,
+metadata, infer with admission and deadlines, metrics and logs; what a gRPC front end
+would share) over `batcher.py` (queues, workers, batches) and the models (`model.py`;
+kinds in `program.py` and `rec.py`). `protocol.py` is the REST codec, `errors.py` the
+errors (`RequestError` carries the status), `metrics.py` the Prometheus metrics,
+`padding.py` the batch buckets.
 """
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.serving.*)
 
+from .dataplane import DataPlane  # noqa: E402  (imports no server library either)
+from .errors import RequestError  # noqa: E402
 from .model import ServedModel, ServingError, TensorSpec, load_model, register_kind  # noqa
 from .server import Server  # noqa: E402  (imports no server library until it starts)
 
-__all__ = ["Server", "ServedModel", "ServingError", "TensorSpec", "load_model",
-           "register_kind"]
+__all__ = ["DataPlane", "RequestError", "Server", "ServedModel", "ServingError",
+           "TensorSpec", "load_model", "register_kind"]

@@ -10,11 +10,12 @@ models of one server, plus ``/metrics``.
     POST /v2/models/{name}[/versions/{v}]/infer    JSON or binary tensors
     GET  /metrics                              Prometheus text format
 
-The handlers only parse, queue and encode; models run in the batchers' worker threads.
-A body of which nothing arrives for ``read_timeout`` seconds is answered 408 and its
-connection closed, so a stalled client holds no request (nor a shutdown) forever.
-Bodies above `offload_bytes` are parsed and encoded in a thread too, so a large request
-does not stall the loop for the others.
+This is the HTTP front end only: routes, reading bodies, headers, status codes and JSON
+error bodies. What a request does (model lookup, readiness, metadata, decode, admission,
+deadlines, metrics, logs) is the data plane's (`dataplane.py`), which a gRPC front end
+would share; models run in the batchers' worker threads. A body of which nothing arrives
+for ``read_timeout`` seconds is answered 408 and its connection closed, so a stalled
+client holds no request (nor a shutdown) forever.
 
 The infer route is a raw ASGI callable (`Infer`), reached before starlette's middleware
 and router: it reads the body messages, answers with one ``http.response.start`` and
@@ -25,10 +26,9 @@ as everything else a request needs; the other routes are rare and stay in starle
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
-import itertools
 import json
-import time
 import zlib
 
 from starlette.applications import Starlette
@@ -37,18 +37,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from . import protocol
-from .batcher import RequestError
-from .ops import LOG, log_request
-
-_ids = itertools.count(1)
-
-
-class Entry:
-    """A served model with its batcher and metrics."""
-
-    def __init__(self, model, batcher, metrics):
-        self.model, self.batcher, self.metrics = model, batcher, metrics
-        self.plans: dict = {}     # protocol.decode's parsed request headers (see there)
+from .dataplane import Entry  # noqa: F401  (its old home)
+from .errors import ClientGone, RequestError
 
 
 def _json(obj, status=200, headers=None):
@@ -69,10 +59,6 @@ def _header(scope, *names):
         if i is not None and out[i] is None:
             out[i] = v.decode("latin-1")
     return out
-
-
-class _Disconnected(Exception):
-    """The client went away before its request body arrived (nobody to answer)."""
 
 
 class _ReadTimer:
@@ -107,7 +93,7 @@ async def _read_body(receive, length, enc, limit, timeout=None):
             if timer is not None:
                 timer.last = timer.loop.time()
             if msg["type"] != "http.request":
-                raise _Disconnected
+                raise ClientGone
             c = msg.get("body", b"")
             if c:
                 size += len(c)
@@ -160,15 +146,6 @@ async def _respond(send, status, body, ctype, headers=None):
     await send({"type": "http.response.body", "body": body})
 
 
-def _timed_out(fut, p, model):
-    """The loop's timer for a request's deadline: 504 unless its answer came first."""
-    if not fut.done():
-        p.cancelled = True        # a worker that has not taken it yet drops it
-        fut.set_exception(RequestError(
-            f"model {model!r}: the request timed out after "
-            f"{1e3 * (time.perf_counter() - p.t_enq):.1f} ms", 504))
-
-
 def infer_path(path):
     """(name, version) of an infer path ``/v2/models/{name}[/versions/{v}]/infer``, else
     None. Example: ``infer_path("/v2/models/mlp/infer") == ("mlp", None)``"""
@@ -184,123 +161,53 @@ def infer_path(path):
 
 class Infer:
     """``POST /v2/models/{name}[/versions/{v}]/infer`` as a raw ASGI callable (see the
-    module doc): read, decode, queue on the model's batcher, await, encode, answer."""
+    module doc): the data plane's `infer` with this request's body reader and headers,
+    and one answer from what it returns or raises."""
 
-    def __init__(self, entries, max_body_bytes, offload_bytes, read_timeout=None):
-        self.entries, self.limit, self.offload = entries, max_body_bytes, offload_bytes
-        self.read_timeout = read_timeout
+    def __init__(self, plane, max_body_bytes, read_timeout=None):
+        self.plane, self.limit, self.read_timeout = plane, max_body_bytes, read_timeout
 
     async def __call__(self, scope, receive, send, name=None, version=None):
         if name is None:                    # reached through starlette's router
             pp = scope.get("path_params") or {}
             name, version = pp.get("name"), pp.get("version")
-        t0 = time.perf_counter()
-        e = self.entries.get(name)
-        if e is None or (version is not None and version != str(e.model.version)):
-            msg = (f"unknown model {name!r}; this server serves {sorted(self.entries)}"
-                   if e is None else f"model {name!r} has no version {version!r}; its "
-                   f"versions are [{e.model.version!r}]")
-            await _respond(send, 404, _error_body(msg), _JSON)
-            return
-        rid, p, status, err_msg = None, None, 500, None
-        b = e.batcher
-        b.arriving += 1           # a worker filling a batch waits for this one
-        arriving = True
+        length, enc, hl = _header(scope, "content-length", "content-encoding",
+                                  protocol.HEADER)
+        read = functools.partial(_read_body, receive, length, enc, self.limit,
+                                 self.read_timeout)
         try:
-            length, enc, hl = _header(scope, "content-length", "content-encoding",
-                                      protocol.HEADER)
-            body = await _read_body(receive, length, enc, self.limit, self.read_timeout)
-            big = len(body) > self.offload
-            if big:
-                dec = await run_in_threadpool(protocol.decode, e.model, body, hl, e.plans)
-            else:
-                dec = protocol.decode(e.model, body, hl, e.plans)
-            rid = dec.id
-            tmo = protocol.timeout_s(e.model, dec.params)
-            b.arriving -= 1
-            arriving = False
-            loop = asyncio.get_running_loop()
-            p, fut = b.submit(dec.inputs, loop, tmo)
-            if p.deadline is not None:
-                timer = loop.call_later(max(p.deadline - time.perf_counter(), 0),
-                                        _timed_out, fut, p, e.model.name)
-                try:
-                    results = await fut
-                finally:
-                    timer.cancel()
-            else:
-                results = await fut
-            if big:
-                out, hlen = await run_in_threadpool(protocol.encode, e.model, dec, results)
-            else:
-                out, hlen = protocol.encode(e.model, dec, results)
-            status = 200
+            out, hlen = await self.plane.infer(name, version, read, hl)
+        except ClientGone:
+            return                          # nobody to answer
+        except RequestError as err:
+            try:
+                await _respond(send, err.status, _error_body(str(err)), _JSON, err.headers)
+            except Exception:  # noqa: BLE001 -- the connection may be gone
+                if err.status < 500:
+                    raise
+            return
+        try:
             if hlen is None:
                 await _respond(send, 200, out, _JSON)
             else:
                 await _respond(send, 200, out, _OCTETS,
                                {"Inference-Header-Content-Length": hlen})
-        except RequestError as err:
-            status, err_msg = err.status, str(err)
-            await _respond(send, err.status, _error_body(err_msg), _JSON, err.headers)
-        except _Disconnected:
-            status, err_msg = 499, "the client closed the connection"
-        except Exception as err:  # noqa: BLE001 -- a server bug: answered, counted, logged
-            status, err_msg = 500, f"internal error: {type(err).__name__}: {err}"
-            LOG.exception("model %r: infer failed", e.model.name)
-            try:
-                await _respond(send, 500, _error_body(err_msg), _JSON)
-            except Exception:  # noqa: BLE001 -- the response had already started
-                pass
         except asyncio.CancelledError:
-            # uvicorn cancels what is still open when the graceful shutdown's time runs
-            # out (--shutdown-timeout): answer 503 and end the request (the connection
-            # closes after it) instead of leaving uvicorn a traceback and a bare 500
+            # the shutdown's time ran out while the answer was written (flow control):
+            # its connection is closed after it (server.py), there is nothing more to say
             asyncio.current_task().uncancel()
-            status, err_msg = 503, "the server shut down before the request finished"
-            if p is not None:
-                p.cancelled = True          # a worker that has not taken it drops it
-            try:
-                await _respond(send, 503, _error_body(err_msg), _JSON,
-                               {"Connection": "close"})
-            except Exception:  # noqa: BLE001 -- the connection may be gone
-                pass
-        finally:
-            if arriving:
-                b.arriving -= 1
-            dt = time.perf_counter() - t0
-            e.metrics.answered(status, dt)
-            q = c = None
-            batch = 0
-            if p is not None and p.t_start is not None and p.t_end is not None:
-                q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
-            log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt,
-                        err_msg)
 
 
 def _error_body(msg):
     return json.dumps({"error": msg}, separators=(",", ":")).encode()
 
 
-def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64 << 20,
-             offload_bytes=256 << 10, metrics=None, state=None, on_startup=(),
-             on_shutdown=(), read_timeout=None):
-    """The ASGI app over `entries` ({name: Entry}): infer POSTs to `Infer`, the rest to
-    a Starlette app (``app.starlette``); `state.draining` (when given) makes readiness
-    report 503 while the server shuts down; an infer body of which nothing arrives for
-    `read_timeout` seconds is answered 408 (None: no limit)."""
-
-    def entry(request):
-        name = request.path_params["name"]
-        e = entries.get(name)
-        if e is None:
-            raise RequestError(f"unknown model {name!r}; this server serves "
-                               f"{sorted(entries)}", 404)
-        v = request.path_params.get("version")
-        if v is not None and v != str(e.model.version):
-            raise RequestError(f"model {name!r} has no version {v!r}; its versions are "
-                               f"[{e.model.version!r}]", 404)
-        return e
+def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
+             read_timeout=None):
+    """The ASGI app over data plane `plane`: infer POSTs to `Infer`, the rest to a
+    Starlette app (``app.starlette``); readiness reports 503 once ``plane.draining``
+    (the server shuts down); an infer body of which nothing arrives for `read_timeout`
+    seconds is answered 408 (None: no limit)."""
 
     def guarded(fn):
         async def handler(request):
@@ -310,38 +217,32 @@ def make_app(entries: dict, server_name="sampan", version="0", max_body_bytes=64
                 return _error(str(err), err.status, err.headers)
         return handler
 
+    def where(request):
+        return request.path_params["name"], request.path_params.get("version")
+
     async def live(request):
-        return Response(status_code=200)
+        return Response(status_code=200 if plane.live() else 503)
 
     async def ready(request):
-        ok = not getattr(state, "draining", False) and all(
-            e.model.ready() for e in entries.values())
-        return Response(status_code=200 if ok else 503)
+        return Response(status_code=200 if plane.ready() else 503)
 
     async def server_meta(request):
-        return _json({"name": server_name, "version": version,
-                      "extensions": ["binary_tensor_data"]})
+        return _json(plane.server_metadata())
 
     async def model_meta(request):
-        return _json(protocol.metadata(entry(request).model))
+        return _json(plane.model_metadata(*where(request)))
 
     async def model_ready(request):
-        e = entry(request)
-        return Response(status_code=200 if e.model.ready() else 400)
+        return Response(status_code=200 if plane.model_ready(*where(request)) else 400)
 
     async def model_config(request):
-        e = entry(request)
-        m = e.model
-        cfg = {k: v for k, v in (m.config or {}).items() if not k.startswith("_")}
-        cfg.update(name=m.name, max_batch_size=m.max_batch_size,
-                   instance_count=e.batcher.instances, dynamic_batching_on=e.batcher.batching)
-        return _json(cfg)
+        return _json(plane.model_config(*where(request)))
 
     async def metrics_page(request):
-        body, ctype = metrics.text()
+        body, ctype = plane.metrics_text()
         return Response(body, 200, headers={"Content-Type": ctype})
 
-    infer = Infer(entries, max_body_bytes, offload_bytes, read_timeout)
+    infer = Infer(plane, max_body_bytes, read_timeout)
     # the infer routes stay in the router for what `app` below does not take (a GET
     # answers 405 there); POSTs reach `infer` directly
     routes = [Route(b + "/infer", infer, methods=["POST"]) for b in (

@@ -41,18 +41,9 @@ from collections import deque
 
 import numpy as np
 
-from .model import ServingError
+from .errors import RequestError, ServingError  # noqa: F401  (RequestError: an old home)
 
 log = logging.getLogger("sampan.serving")
-
-
-class RequestError(ServingError):
-    """A request the server answers with an HTTP error `status` (message names why)."""
-
-    def __init__(self, msg, status=400, headers=None):
-        super().__init__(msg)
-        self.status = status
-        self.headers = headers or {}
 
 
 class Pending:

@@ -19,11 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import SampanError
-
-
-class ServingError(SampanError):
-    """A model directory, config or request the server cannot serve (the message names it)."""
+from .errors import ServingError  # its home is errors.py; importable from here too
 
 
 # KServe v2 datatypes <-> numpy

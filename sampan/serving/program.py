@@ -18,12 +18,10 @@ pool per run only adds threads that spin between calls and take the cores the ev
 and the other workers need (measured on a busy 2-core machine: a 64x784 @ 784x512
 matmul took 70 ms with numpy's OpenBLAS at 2 threads, 0.6 ms at 1).
 
-Batch buckets: a program with a symbolic batch dim is compiled once per batch size it
-sees; under dynamic batching that is every size from 1 to ``max_batch_size``. With
-``pad_batch`` (the default when the model batches) a batch is padded with zero rows up
-to the next power of two (or preferred batch size) and the extra rows are dropped from
-the outputs, so a worker compiles at most log2(max_batch_size) + 1 executors; this
-assumes rows are independent, which batching assumes anyway.
+Batch buckets (`padding.py`): with ``pad_batch`` (the default when the model batches) a
+batch is padded with zero rows up to the next power of two (or preferred batch size) and
+the extra rows are dropped from the outputs, so a worker compiles at most
+log2(max_batch_size) + 1 executors of a program with a symbolic batch dim.
 
 Kind "onnxruntime" serves the same model through onnxruntime: an ``.onnx`` file in the
 directory (``"onnx"`` in config.json names it; default the only ``*.onnx`` there) runs
@@ -38,6 +36,7 @@ import numpy as np
 
 from .model import (DATATYPES, ServedModel, ServingError, TensorSpec, datatype_of,
                     register_kind)
+from .padding import bucket_of, buckets, pad_rows, preferred_sizes
 
 
 def _program_path(name, directory, config):
@@ -98,18 +97,6 @@ def _max_batch(name, config, specs):
     return mb
 
 
-def buckets(max_batch_size, preferred=()):
-    """Batch sizes a padded batch is rounded up to: powers of two, the preferred sizes
-    and `max_batch_size` itself. Example: ``buckets(48) == [1, 2, 4, 8, 16, 32, 48]``"""
-    out, b = set(), 1
-    while b < max_batch_size:
-        out.add(b)
-        b *= 2
-    out.add(max_batch_size)
-    out.update(p for p in preferred if 0 < p <= max_batch_size)
-    return sorted(out)
-
-
 # ops whose input 1 holds indices into input 0 along attribute `axis`
 _INDEX_OPS = ("index_select", "take_along_axis")
 # ops that pass every value of their input 0 on unchanged (so a bound on the output's
@@ -167,8 +154,7 @@ class _Padded(ServedModel):
 
     def _setup_buckets(self):
         pad = self.config.get("pad_batch", True)
-        pref = (self.config.get("dynamic_batching") or {}).get("preferred_batch_sizes") or ()
-        self._buckets = buckets(self.max_batch_size, pref) if (
+        self._buckets = buckets(self.max_batch_size, preferred_sizes(self.config)) if (
             pad and self.max_batch_size > 0) else None
 
     def infer(self, inputs):
@@ -176,14 +162,10 @@ class _Padded(ServedModel):
         if bk is None:
             return self._run(inputs)
         n = next(iter(inputs.values())).shape[0]
-        size = next((b for b in bk if b >= n), n)
+        size = bucket_of(bk, n)
         if size == n:
             return self._run(inputs)
-        padded = {}
-        for k, a in inputs.items():
-            p = np.zeros((size,) + a.shape[1:], a.dtype)
-            p[:n] = a
-            padded[k] = p
+        padded = {k: pad_rows(a, size) for k, a in inputs.items()}
         return {k: v[:n] for k, v in self._run(padded).items()}
 
     def warmup(self):

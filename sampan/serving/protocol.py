@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .batcher import RequestError
+from .errors import RequestError
 from .model import DATATYPES
 
 HEADER = "inference-header-content-length"

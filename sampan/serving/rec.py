@@ -47,6 +47,7 @@ import time
 import numpy as np
 
 from sampan.serving.model import ServedModel, ServingError, TensorSpec, register_kind
+from sampan.serving.padding import bucket_of, buckets, pad_rows, preferred_sizes
 
 __all__ = ["DLRMModel", "SnapshotWatcher", "demo_inputs", "export_demo_dlrm", "export_dlrm"]
 
@@ -328,17 +329,6 @@ class SnapshotWatcher:
                     self.name, path, reason, self.table.seq)
 
 
-def _buckets(max_batch_size: int, preferred=()) -> list:
-    """Batch sizes a batch is padded up to (powers of two, preferred sizes, the maximum),
-    so a worker compiles a few executors of the dense program instead of one a size."""
-    out, b = {max_batch_size}, 1
-    while b < max_batch_size:
-        out.add(b)
-        b *= 2
-    out.update(p for p in preferred if isinstance(p, int) and 0 < p <= max_batch_size)
-    return sorted(out)
-
-
 class DLRMModel(ServedModel):
     """A served DLRM; made by the ``dlrm`` kind's loader from a model directory. Clones
     share the table and its watcher and own a Predictor of the dense program each.
@@ -398,8 +388,8 @@ class DLRMModel(ServedModel):
                                        max_held=max_held, max_held_seconds=max_age)
         self._predictor = pred
         self._run_lock = threading.Lock()  # uncontended when each worker has its clone
-        pref = (config.get("dynamic_batching") or {}).get("preferred_batch_sizes") or ()
-        self._buckets = _buckets(mbs, pref) if mbs > 0 else None
+        # a few executors of the dense program, not one a batch size (see padding.py)
+        self._buckets = buckets(mbs, preferred_sizes(config)) if mbs > 0 else None
 
     def clone(self) -> DLRMModel:
         c = copy.copy(self)
@@ -437,11 +427,8 @@ class DLRMModel(ServedModel):
         return {OUTPUT: self._dense(dense, emb)[:n]}
 
     def _dense(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
-        n = len(dense)
-        size = next((b for b in self._buckets or () if b >= n), n)
-        if size != n:  # rows are independent: zero rows pad, and are dropped after
-            dense = np.concatenate([dense, np.zeros((size - n, dense.shape[1]), np.float32)])
-            emb = np.concatenate([emb, np.zeros((size - n,) + emb.shape[1:], np.float32)])
+        size = bucket_of(self._buckets, len(dense))
+        dense, emb = pad_rows(dense, size), pad_rows(emb, size)  # the caller crops the rows
         with self._run_lock:
             out = self._predictor.run([dense, emb])[0]
         return np.asarray(out, np.float32).reshape(-1, 1)

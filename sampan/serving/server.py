@@ -1,4 +1,5 @@
-"""`Server`: models, their batchers and the HTTP app under uvicorn, in this process.
+"""`Server`: the models in a data plane (`dataplane.py`: their batchers, metrics, logs) and
+the HTTP front end over it (`app.py`) under uvicorn, in this process.
 
     >>> from sampan.serving import Server
     >>> with Server({"mlp": "models/mlp"}, port=0) as s:     # port 0: a free port
@@ -67,10 +68,6 @@ def _load(name, where, overrides):
     return load_model(name, directory, _merge(read_config(directory), overrides))
 
 
-class _State:
-    draining = False
-
-
 def _have(module):
     """`module` when it can be imported, else None."""
     import importlib.util
@@ -111,42 +108,33 @@ class Server:
         self._uv = None
         self._thread = None
         self._sock = None
-        self._state = _State()
+        self.plane = None         # the DataPlane, once built
 
     # ------------------------------------------------------------ setup
     def _build(self):
-        from .app import Entry, make_app
-        from .batcher import Batcher
-        from .ops import Metrics, setup_logging
+        from .app import make_app
+        from .dataplane import DataPlane
+        from .ops import setup_logging
         setup_logging(self.log_level)
-        self.metrics = Metrics()
-        for name, where in self.specs.items():
-            m = _load(name, where, self.overrides)
-            inst = self.workers or int((m.config or {}).get("instance_count", 2))
-            mm = self.metrics.model(name, m.gauges)
-            self.entries[name] = Entry(m, Batcher(m, inst, mm), mm)
         import sampan
-        return make_app(self.entries, "sampan", getattr(sampan, "__version__", "0"),
-                        self.max_body_bytes, metrics=self.metrics, state=self._state,
-                        on_startup=[self._start_models], on_shutdown=[self._drain],
-                        read_timeout=self.read_timeout)
+        models = {name: _load(name, where, self.overrides)
+                  for name, where in self.specs.items()}
+        self.plane = DataPlane.build(models, self.workers, "sampan",
+                                     getattr(sampan, "__version__", "0"))
+        self.entries, self.metrics = self.plane.entries, self.plane.metrics
+        return make_app(self.plane, self.max_body_bytes, on_startup=[self._start_models],
+                        on_shutdown=[self._drain], read_timeout=self.read_timeout)
 
     def _start_models(self):
-        for e in self.entries.values():
-            e.batcher.start(self.warmup)
-            e.model.start()
+        self.plane.start(self.warmup)
 
     def _drain(self):
-        self._state.draining = True
         # the workers answer what is queued within what is left of the shutdown timeout
         # (plus a second); a model still running after that is left to the process exit
         end = None
         if self.shutdown_timeout is not None:
             end = (self._t_shutdown or time.monotonic()) + self.shutdown_timeout + 1.0
-        for e in self.entries.values():
-            e.batcher.close(None if end is None else max(end - time.monotonic(), 0.01))
-        for e in self.entries.values():
-            e.model.stop()
+        self.plane.stop(end)
         from .ops import flush_logging
         flush_logging()
 

@@ -2,7 +2,7 @@
 (the load average made quiet) and no pool forced from the environment."""
 import pytest
 
-from sampan.backends import choice
+from sampan.backends import cache as kcache, choice
 
 
 @pytest.fixture
@@ -10,7 +10,7 @@ def cache(tmp_path, monkeypatch):
     path = tmp_path / "kernels.json"
     monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(path))
     monkeypatch.delenv("SAMPAN_GEMM_POOL", raising=False)
-    monkeypatch.setattr(choice, "_busy", lambda: False)
+    monkeypatch.setattr(kcache, "busy", lambda: False)
     choice.reset()
     yield path
     choice.reset()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import sampan
-from sampan.backends import choice, onednn
+from sampan.backends import cache as kcache, choice, onednn
 from sampan.backends.onednn import _lib
 from sampan.ops.registry import OPS
 
@@ -42,7 +42,7 @@ def test_winner_stored_and_reread(cache):
     assert choice.cpu_model() in choice.machine_key()      # keyed by the CPU model
     # a fresh process state reads the winner back instead of measuring again
     doc["machines"][choice.machine_key()][key]["winner"] = "onednn"
-    doc["sha256"] = choice._digest(doc["machines"])
+    doc["sha256"] = kcache._digest(doc["machines"])
     cache.write_text(json.dumps(doc))
     choice.reset()
     OPS["matmul"].kernel(a, b)
@@ -55,7 +55,7 @@ def test_a_choice_measured_while_busy_is_measured_again_when_quiet(cache, monkey
     calls = []
     real = choice._measure
     monkeypatch.setattr(choice, "_measure", lambda *x: calls.append(1) or real(*x))
-    monkeypatch.setattr(choice, "_busy", lambda: True)
+    monkeypatch.setattr(kcache, "busy", lambda: True)
     OPS["matmul"].kernel(a, b)
     key = next(k for k in choice.entries() if "[40,72]" in k)
     assert choice.entries()[key]["busy"] is True and len(calls) == 1
@@ -63,7 +63,7 @@ def test_a_choice_measured_while_busy_is_measured_again_when_quiet(cache, monkey
     OPS["matmul"].kernel(a, b)
     assert len(calls) == 1
     choice.reset()                       # a new process on a quiet machine: measured again
-    monkeypatch.setattr(choice, "_busy", lambda: False)
+    monkeypatch.setattr(kcache, "busy", lambda: False)
     OPS["matmul"].kernel(a, b)
     assert len(calls) == 2 and choice.entries()[key]["busy"] is False
     choice.reset()
@@ -79,7 +79,7 @@ def test_corrupt_cache_warns_and_is_rebuilt(cache):
         OPS["matmul"].kernel(a, b)
     choice.flush()
     doc = json.loads(cache.read_text())
-    assert doc["sha256"] == choice._digest(doc["machines"])
+    assert doc["sha256"] == kcache._digest(doc["machines"])
     assert any("[33,40]" in k for k in doc["machines"][choice.machine_key()])
 
 
@@ -88,7 +88,7 @@ def test_other_machine_key_is_not_used(cache, monkeypatch):
     a, b = _mm(20, 30, 40)
     OPS["matmul"].kernel(a, b)
     choice.flush()
-    monkeypatch.setattr(choice, "cpu_model", lambda: "Some Other CPU")
+    monkeypatch.setattr(kcache, "cpu_model", lambda: "Some Other CPU")
     choice.reset()
     assert choice.entries() == {}
 

@@ -8,7 +8,7 @@ import pytest
 import sampan
 from sampan import _threads
 from sampan import dtypes as dt
-from sampan.backends import choice, onednn, pool
+from sampan.backends import cache as kcache, choice, onednn, pool
 from sampan.ops.registry import OPS
 
 pytestmark = pytest.mark.skipif(not onednn.available(),
@@ -82,11 +82,11 @@ def test_calibration_picks_by_margin_and_is_cached(cache, monkeypatch, ratio, wi
 def test_a_busy_calibration_is_provisional(cache, monkeypatch):
     runs = []
     monkeypatch.setattr(pool, "calibrate", lambda: runs.append(1) or _fixed(0.5)())
-    monkeypatch.setattr(choice, "_busy", lambda: True)
+    monkeypatch.setattr(kcache, "busy", lambda: True)
     assert pool.decide() == "onednn" and choice.stored(pool.POOL_KEY)["busy"]
     choice.reset()
     assert pool.decide() == "onednn" and runs == [1]        # still busy: kept
-    monkeypatch.setattr(choice, "_busy", lambda: False)
+    monkeypatch.setattr(kcache, "busy", lambda: False)
     choice.reset()
     pool.decide()
     assert runs == [1, 1] and not choice.stored(pool.POOL_KEY)["busy"]

@@ -204,3 +204,10 @@ CHECKS.update({"async_tensors_send_recv": (check_async_tensors_send_recv, ()),
                "autograd": (check_autograd, ()), "traced": (check_traced, ()),
                "mismatch_errors": (check_mismatch_errors, ()),
                "late_peer_timeout": (check_late_peer_timeout, ())})
+
+try:                        # torch spellings, subgroups, comm hooks
+    from .checks_api import CHECKS as _API_CHECKS
+except ImportError:         # run as a script's sibling (mpi_checks.py under mpiexec)
+    from checks_api import CHECKS as _API_CHECKS
+
+CHECKS.update(_API_CHECKS)

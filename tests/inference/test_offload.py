@@ -8,7 +8,7 @@ import sampan
 from sampan import nn
 from sampan.inference import Config, InferenceError, create_predictor
 from sampan.ir import Graph, parse, verify
-from sampan.ops import engine as E
+from sampan.backends import onnxruntime as E
 from sampan.passes import PassManager
 from sampan.passes.offload import offload, offload_report
 from sampan.runtime import compile_graph
@@ -201,7 +201,7 @@ def test_engine_that_cannot_be_built_falls_back_with_a_warning(monkeypatch):
 def test_support_names_what_the_engine_refuses(monkeypatch):
     from sampan.passes import offload as O
 
-    class Picky(E._OrtRunner):
+    class Picky(E.OrtRunner):
         def __init__(self, model_bytes, n, threads=None):
             if b"Tanh" in model_bytes:
                 raise RuntimeError("Tanh is not implemented here")

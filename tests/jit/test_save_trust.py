@@ -166,10 +166,10 @@ def test_swapped_inputs_are_caught_by_the_checksum(program):
 def test_newer_version_names_the_version(program):
     path, files, _, _ = program
     meta = json.loads(files["meta.json"])
-    meta["version"] = 3
+    meta["version"] = S.VERSION + 1
     try:
         _rewrite_meta(path, meta)
-        with pytest.raises(LoadError, match="format version 3.*upgrade sampan"):
+        with pytest.raises(LoadError, match=f"format version {S.VERSION + 1}.*upgrade sampan"):
             S.load(path)
     finally:
         _restore(path, files)

@@ -83,7 +83,7 @@ _CHILD = textwrap.dedent("""
             [helper.make_node("ConstantOfShape", ["s"], ["z"], value=one),
              helper.make_node("ReduceSum", ["z", "ax"], ["y"], keepdims=0)], [],
             [vi("y", [N, N])], [arr("s", [0, N, N], np.int64), arr("ax", [0], np.int64)]),
-        # a dynamic dim beside huge static ones: its probes would be real arrays
+        # a dynamic dim beside huge static ones: its probes are N x N too
         "huge_probe": model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", ["b", N, N])],
                             [vi("y", ["b", N, N])]),
     }
@@ -145,10 +145,13 @@ def test_tiny_files_load_without_allocating_what_they_declare(loads, name, op, s
         assert op in res["ops"], res["ops"]
 
 
-def test_probes_of_a_dynamic_dim_beside_huge_static_ones_are_refused(loads):
+def test_probes_of_a_dynamic_dim_beside_huge_static_ones_hold_one_element(loads):
+    # the probes of "b" (sizes 2 and 3) stay zero-strided, as the example is
+    # (jit/dynamic.py: resized), so the dynamic dim costs nothing either
     res = loads["huge_probe"]
-    assert res["error"].startswith("OnnxError") and "probe inputs" in res["error"]
-    assert res["peak"] < PEAK
+    assert "error" not in res, res["error"]
+    assert res["peak"] < PEAK, f"huge_probe: load allocated {res['peak'] >> 20} MiB"
+    assert res["out"] == [["b", 65536, 65536]] and res["ops"] == ["relu"]
 
 
 @pytest.fixture

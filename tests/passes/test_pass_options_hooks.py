@@ -181,3 +181,10 @@ def test_passes_import_nothing_above_ir_ops_and_backends():
         up = {m for m in _imports(path) if m.startswith(ABOVE)}
         up -= NOT_YET.get(path.name, set())
         assert not up, f"passes/{path.name} imports {sorted(up)}"
+
+
+def test_partition_takes_its_provider_list_as_an_option():
+    g, _ = _matmul_graph()
+    out = PassManager(["partition"], options={"partition": {"providers": ["numpy"]}}).run(g)
+    assert [n.meta["provider"] for n in out.nodes] == ["numpy"]
+    assert out.meta["partition"] == {"numpy": 1}

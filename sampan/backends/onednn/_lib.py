@@ -168,6 +168,11 @@ def lib():
     return _state["lib"]
 
 
+def loaded() -> bool:
+    """Whether the library was loaded already (asks, never loads it)."""
+    return _state["lib"] not in (False, None)
+
+
 def why_unavailable() -> str:
     lib()
     return _state["why"]
