@@ -5,19 +5,23 @@ Each setting that changes how a program is computed adds registered passes to
 any other pass, and sets their options (`set_option`); the list is what
 `create_predictor` runs:
 
-    setting                          passes in the list (options)
-    set_runtime("numpy")             unfuse first; fuse_elementwise removed
-    set_runtime("onnxruntime")       unfuse first; fuse_elementwise removed;
-                                     onnxruntime_offload last (min_subgraph_size=1)
-    enable_onnxruntime_offload(n)    unfuse first; onnxruntime_offload before
-                                     fuse_elementwise (min_subgraph_size=n)
+    setting (the runtime a provider list spells: Config.runtime())
+                                     passes in the list (options)
+    set_runtime("numpy"),            unfuse first; fuse_elementwise removed
+      providers without "numba"
+    set_runtime("onnxruntime"),      unfuse first; fuse_elementwise removed;
+      "onnxruntime" first, no numba  onnxruntime_offload last (min_subgraph_size=1)
+    enable_onnxruntime_offload(n),   unfuse first; onnxruntime_offload before
+      "onnxruntime" first + numba    fuse_elementwise (min_subgraph_size=n, default 3)
     set_precision("bf16")            unfuse, amp first
     set_precision("int8", ...)       quantize, fuse_quant first (weight_only; the
                                      calibration is set by create_predictor)
 
 A setting changed back takes out the passes it put in (and puts back a fusion pass it
 took out); a pass the user added by hand is never taken out. `switch_ir_optim(False)`
-runs these steps and the memory plan only.
+runs these steps and the memory plan only. After the list, `create_predictor` gives each
+node to the first provider of `Config.get_providers()` that supports it (the
+partition's assignment, `node.meta["provider"]`: it changes no node).
 
 Example::
 

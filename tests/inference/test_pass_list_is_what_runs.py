@@ -192,3 +192,25 @@ def test_an_option_set_on_the_builder_reaches_the_pass_and_outlives_other_settin
                for _, why in p.graph.meta["offload_report"])
     x = rand(3, 8)
     np.testing.assert_allclose(p.run([x])[0], eager(models["mlp"], x), rtol=1e-5, atol=1e-5)
+
+
+def test_provider_lists_put_the_steps_of_the_runtime_they_spell(saved):
+    _, paths = saved
+    base = pipeline("inference")
+    no_fusion = [n for n in base if n != "fuse_elementwise"]
+    cfg = Config(paths["mlp"])
+    cfg.set_providers(["numpy"])
+    assert cfg.pass_builder().all_passes() == ["unfuse"] + no_fusion
+    cfg.set_providers(["onnxruntime", "numpy"])
+    old = Config(paths["mlp"])
+    old.set_runtime("onnxruntime")
+    assert cfg.pass_builder().all_passes() == old.pass_builder().all_passes()
+    cfg.set_providers(["onnxruntime", "numba", "numpy"])      # offload, the rest fused
+    at = base.index("fuse_elementwise")
+    assert cfg.pass_builder().all_passes() == (["unfuse"] + base[:at]
+                                               + ["onnxruntime_offload"] + base[at:])
+    assert cfg.pass_builder().get_option("onnxruntime_offload", "min_subgraph_size") == 3
+    cfg.set_providers(["onednn", "numba", "numpy"])
+    assert cfg.pass_builder().enabled_passes() == base
+    p = create_predictor(cfg)
+    assert p.passes_run == base
