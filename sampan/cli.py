@@ -46,7 +46,8 @@ def _bisect(a):
 def _passes(a):
     from .passes import PASSES, PIPELINES
     for n, p in sorted(PASSES.items()):
-        print(f"{n:<16} {p.doc}")
+        opts = ", ".join(f"{k}={v!r}" for k, v in p.options.items())
+        print(f"{n:<16} {p.doc}" + (f" (options: {opts})" if opts else ""))
     for n, ps in PIPELINES.items():
         print(f"pipeline {n}: {', '.join(ps)}")
     return 0

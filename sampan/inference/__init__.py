@@ -1,6 +1,11 @@
 """Serving saved programs: `Config` (passes, runtime, precision, threads), and
 `create_predictor` giving a `Predictor` with zero-copy input and output handles.
 
+The pass list `Config.pass_builder()` shows is the list `create_predictor` runs: the
+runtime and precision settings put their steps (unfuse, amp, quantize, fuse_quant,
+onnxruntime_offload) into it as passes (`sampan.inference.steps`), and pass options are
+set on the builder (`set_option`).
+
 Example::
 
     >>> from sampan import inference

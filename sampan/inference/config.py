@@ -6,11 +6,21 @@ The pipeline starts as the "inference" pipeline of `sampan.passes` (which ends w
 passes again at load is cheap and lets a user add, move or drop passes without saving
 again. Every edit is checked at once: an unknown pass name fails at the edit, naming it.
 
+The list is what `create_predictor` runs, in order: the runtime and precision settings
+put their steps into it as registered passes (`unfuse`, `amp`, `quantize`, `fuse_quant`,
+`onnxruntime_offload`: see `sampan.inference.steps`), and pass options are set on the
+builder (`set_option`), which hands them to the PassManager. The one exception is
+`plan_memory`: it needs concrete sizes, so it runs last, per compiled size.
+
 Example::
 
     >>> cfg = sampan.inference.Config("mlp.sampan")
     >>> cfg.pass_builder().delete_pass("cse"); cfg.switch_ir_debug("/tmp/ir")
+    >>> cfg.enable_onnxruntime_offload()        # onnxruntime_offload joins the list
+    >>> cfg.pass_builder().set_option("onnxruntime_offload", min_subgraph_size=5)
     >>> p = sampan.inference.create_predictor(cfg)
+    >>> p.passes_run == cfg.pass_builder().enabled_passes()
+    True
 """
 from __future__ import annotations
 
@@ -44,13 +54,16 @@ class PassBuilder:
     (every occurrence of a name), `turn_off(name)` (kept in the list, skipped; `turn_on`
     undoes it). `all_passes()` lists every pass, `enabled_passes()` those that run.
     `plan_memory` needs concrete sizes, so wherever it sits it runs last, when a program is
-    compiled for a set of input shapes.
+    compiled for a set of input shapes. Options: `set_option(name, **values)` for the
+    options pass `name` declares at registration (`sampan.passes.pass_options(name)`),
+    `get_option(name, key)`, `options()`.
 
     Example: ``cfg.pass_builder().insert_pass(0, "cse")``"""
 
     def __init__(self, passes):
         self._passes = list(passes)
         self._off: set = set()
+        self._options: dict = {}
 
     @staticmethod
     def _known(name, edit):
@@ -108,9 +121,36 @@ class PassBuilder:
     def is_turned_off(self, name: str) -> bool:
         return name in self._off
 
+    def set_option(self, name: str, **values) -> None:
+        """Set options of pass `name` (those it declares at registration; an unknown pass
+        or option fails here, naming what the pass takes). They reach the pass wherever
+        it sits in the list. Example: ``b.set_option("amp", dtype="float16")``"""
+        from ..passes.manager import PassError, check_options
+        self._known(name, "set_option")
+        try:
+            check_options(name, values)
+        except PassError as e:
+            raise InferenceError(f"PassBuilder.set_option: {e}") from None
+        self._options.setdefault(name, {}).update(values)
+
+    def get_option(self, name: str, key: str):
+        """The value pass `name` gets for option `key`: the one set, else its default."""
+        from ..passes import pass_options
+        self._known(name, "get_option")
+        declared = pass_options(name)
+        if key not in declared:
+            raise InferenceError(f"PassBuilder.get_option: pass {name!r} has no option "
+                                 f"{key!r}; its options: {sorted(declared) or 'none'}")
+        return self._options.get(name, {}).get(key, declared[key])
+
+    def options(self) -> dict:
+        """{pass name: {option: value}} of the options set (as `PassManager(options=)`)."""
+        return {k: dict(v) for k, v in self._options.items()}
+
     def copy(self) -> "PassBuilder":
         b = PassBuilder(self._passes)
         b._off = set(self._off)
+        b._options = self.options()
         return b
 
     def __repr__(self):
@@ -141,6 +181,7 @@ class Config:
         self._providers = list(RUNTIME_PROVIDERS["numba"])
         self._precision = "fp32"
         self._offload = None          # min_subgraph_size of enable_onnxruntime_offload
+        self._steps: set = set()      # the passes the settings put in the list (steps.py)
 
     # ------------------------------------------------------------ optimisation
     def pass_builder(self) -> PassBuilder:
@@ -148,8 +189,9 @@ class Config:
         return self._builder
 
     def switch_ir_optim(self, on: bool = True) -> None:
-        """Run the pass list (True, the default) or no pass but the memory plan (the
-        runtime's own rewrites still run: the numpy runtime and bf16 expand fused nodes)."""
+        """Run the pass list (True, the default) or only the steps of the runtime and
+        precision settings in it (`sampan.inference.steps`: unfuse, amp, quantize ...) and
+        the memory plan."""
         self._ir_optim = bool(on)
 
     def ir_optim(self) -> bool:
@@ -207,10 +249,12 @@ class Config:
         self._providers = order
         if order[0] == "onnxruntime" and "numba" in order:
             self._offload_pass(self._offload or 3)
-        elif order[0] != "onnxruntime":
+            return
+        if order[0] != "onnxruntime":
             self._offload = None
             if OFFLOAD_PASS in self._builder.all_passes():
                 self._builder.turn_off(OFFLOAD_PASS)
+        self._sync("runtime")             # the steps of the runtime the list spells
 
     def get_providers(self) -> list:
         """The provider list (see `set_providers`)."""
@@ -226,13 +270,21 @@ class Config:
         for "numpy", the configured passes run without fusion, then
         `onnxruntime_offload` with a minimum subgraph size of 1 puts every node
         onnxruntime supports into engine nodes; the nodes it does not support run their
-        op-table kernels (see `sampan.passes.offload`)."""
+        op-table kernels (see `sampan.passes.offload`). These are passes in the pass
+        list: "numpy" and "onnxruntime" put `unfuse` first and take `fuse_elementwise`
+        out, "onnxruntime" adds `onnxruntime_offload` before `plan_memory` (see
+        `sampan.inference.steps`)."""
         if name not in RUNTIMES:
             raise InferenceError(f"Config.set_runtime: unknown runtime {name!r}; expected "
                                  f"one of {', '.join(RUNTIMES)}")
         self._providers = list(RUNTIME_PROVIDERS[name])
         if self._offload is not None and name != "onnxruntime":
             self._providers.insert(0, "onnxruntime")   # enable_onnxruntime_offload: kept
+        self._sync("runtime")
+
+    def _sync(self, changed) -> None:
+        from .steps import sync
+        sync(self, self._steps, changed)
 
     def runtime(self) -> str:
         """The runtime name the provider list spells: "onnxruntime" (onnxruntime first,
@@ -260,11 +312,7 @@ class Config:
 
     def _offload_pass(self, min_subgraph_size):
         self._offload = min_subgraph_size
-        passes = self._builder.all_passes()
-        if OFFLOAD_PASS not in passes:
-            at = passes.index("fuse_elementwise") if "fuse_elementwise" in passes else (
-                passes.index(MEMORY_PASS) if MEMORY_PASS in passes else len(passes))
-            self._builder.insert_pass(at, OFFLOAD_PASS)
+        self._sync("offload")
         self._builder.turn_on(OFFLOAD_PASS)
 
     def offload_min_subgraph_size(self):
@@ -281,7 +329,9 @@ class Config:
         `create_predictor`, calibrated on `calibration_data` (batches of the program's
         inputs) with `observer`, or weight-only int8 (`weight_only=True`, no data needed).
         A program that is already int8 (written by `sampan.quant.quantize_program`) is
-        served as it is."""
+        served as it is. The steps are passes in the pass list: "bf16" puts `unfuse` and
+        `amp` first, "int8" `quantize` and `fuse_quant` (option `weight_only` set here; the
+        calibration is `quantize`'s `calibrate` option, set by `create_predictor`)."""
         if precision not in PRECISIONS:
             raise InferenceError(f"Config.set_precision: unknown precision {precision!r}; "
                                  f"expected one of {', '.join(PRECISIONS)}")
@@ -292,6 +342,7 @@ class Config:
                                      f"expected one of {', '.join(OBSERVERS)}")
         self._int8 = (calibration_data, observer, bool(weight_only))
         self._precision = precision
+        self._sync("precision")
 
     def int8_options(self):
         """(calibration_data, observer, weight_only) given with set_precision("int8")."""
@@ -305,6 +356,7 @@ class Config:
         c.__dict__.update(self.__dict__)
         c._providers = list(self._providers)
         c._builder = self._builder.copy()
+        c._steps = set(self._steps)
         return c
 
     def summary(self) -> str:
@@ -313,6 +365,7 @@ class Config:
                 ("ir_optim", self._ir_optim),
                 ("passes", self._builder.enabled_passes() if self._ir_optim else []),
                 ("turned off", sorted(self._builder._off)),
+                ("pass options", self._builder.options()),
                 ("memory_optim", self._memory_optim),
                 ("ir_debug", self._debug_dir),
                 ("num_threads", self._threads),

@@ -51,35 +51,33 @@ def create_predictor(config: Config) -> "Predictor":
     config = config.copy()              # later edits to the caller's config change nothing
     if config.num_threads() is not None:
         _threads.set_num_threads(config.num_threads())
-    path = config.model_dir
-    if config.precision() == "int8":
-        path = _int8_program(config)
-    graph, meta, arrays = read(path)
+    graph, meta, arrays = read(config.model_dir)
     return Predictor(_Program(config, graph, meta, arrays))
 
 
-_INT8_OPS = ("qmatmul", "qconv2d", "qlinear_matmul", "qlinear_conv", "matmul_integer",
-             "conv_integer", "dequantize")
-
-
-def _int8_program(config):
-    """The int8 form of the configured program: itself when it already is one, else
-    `sampan.quant.quantize_program` of it into a temporary directory."""
-    import tempfile
-    from ..jit.serialize import read
-    from ..quant import quantize_program
-    graph, _, _ = read(config.model_dir)
-    if any(n.op in _INT8_OPS for n in graph.nodes):
-        return config.model_dir
+def _int8_options(config, graph, meta, arrays) -> dict:
+    """The `quantize` pass's calibration for set_precision("int8"): a `calibrate` option
+    over the configured calibration batches (checked here), unless the program is int8
+    already, is quantised weight-only, or the options were set on the pass builder."""
+    from ..passes.quantize import is_quantized
+    from .steps import QUANTIZE
+    b = config.pass_builder()
     data, observer, weight_only = config.int8_options()
-    if data is None and not weight_only:
+    if (config.precision() != "int8" or QUANTIZE not in b.enabled_passes()
+            or is_quantized(graph) or b.get_option(QUANTIZE, "acts") is not None
+            or b.get_option(QUANTIZE, "calibrate") is not None):
+        return {}
+    if data is None:
+        if weight_only:
+            return {}
         raise InferenceError("create_predictor: precision 'int8' needs calibration_data "
                              "(Config.set_precision('int8', calibration_data=batches)) or "
                              "weight_only=True, or a program quantised already by "
                              "sampan.quant.quantize_program")
-    out = os.path.join(tempfile.mkdtemp(prefix="sampan-int8-"), "model.sampan")
-    return quantize_program(config.model_dir, data, out, observer=observer,
-                            weight_only=weight_only)
+    from ..quant.program import Program, calibrator
+    # checked even when weight-only (a bad set is an error), used only to calibrate
+    cal = calibrator(Program(graph, meta, arrays, config.model_dir), data, observer)
+    return {} if weight_only else {QUANTIZE: {"calibrate": cal}}
 
 
 class _Program:
@@ -95,7 +93,8 @@ class _Program:
         # the size conditions the program was traced under (sampan/jit/dynamic.py)
         self.guards = _dyn.guards_from_json(meta.get("guards", []), f"create_predictor: "
                                             f"{self.path}")
-        self.graph, self.passes_run, self.plan = optimise(graph, config, self.symbolic)
+        self.graph, self.passes_run, self.plan = optimise(
+            graph, config, self.symbolic, _int8_options(config, graph, meta, arrays))
         ins = meta["inputs"]
         names = _arg_names(meta)
         self.arg_pos = [p for p, s in enumerate(ins) if s["kind"] == "arg"]

@@ -11,9 +11,12 @@ in float32 (their bodies were built for it). Graph outputs keep their float32 dt
 `simplify` then removes cast round trips and `fuse_elementwise` folds the casts next to
 elementwise ops into its kernels.
 
+Option `dtype` (declared at registration): "bfloat16" (default) or "float16".
+
 Example::
 
     >>> g2 = PassManager(["amp", "simplify", "fuse_elementwise"]).run(g)
+    >>> g3 = PassManager(["amp"], options={"amp": {"dtype": "float16"}}).run(g)
 """
 from __future__ import annotations
 
@@ -31,11 +34,15 @@ def _is_float(d) -> bool:
     return d.kind == "f" or d == _BF16
 
 
-@register_pass("amp")
-def amp(g, dtype=_BF16):
-    """Compute a float32 program in bfloat16 where the op table's autocast policy says."""
+@register_pass("amp", options={"dtype": "bfloat16"})
+def amp(g, dtype="bfloat16"):
+    """Compute in bfloat16 (option `dtype`) where the op table's autocast policy says.
+
+    `dtype`: "bfloat16" (default) or "float16"."""
     from ..ir.graph import infer
-    low = np.dtype(dtype)
+    low = _dt.as_dtype(dtype)
+    if low not in _LOW:
+        raise PassError(f"pass 'amp': option dtype must be bfloat16 or float16; got {dtype!r}")
     name = _dt.dtype_name(low)
     users = g.users()
     out_dtypes = [v.dtype for v in g.outputs]

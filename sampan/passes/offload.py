@@ -23,15 +23,17 @@ onnxruntime provider's binder, `sampan.backends.onnxruntime.bind_engine`:
 per node and shape, cached by what it was built from, so clones of a
 predictor share sessions; onnxruntime's `run` is thread-safe).
 
-Options come from `graph.meta["onnxruntime_offload"]` (`min_subgraph_size`, default 3;
-`engine`, default "onnxruntime"; `opset`, default the newest onnxruntime runs), which the
-Predictor's Config sets. The report is `graph.meta["offload_report"]`: one
+Options, declared at registration: `min_subgraph_size` (default 3), `engine` (default
+"onnxruntime"), `opset` (default the newest onnxruntime runs); the Predictor's Config sets
+them through its pass builder (`graph.meta["onnxruntime_offload"]` is still read, with a
+deprecation warning, when no option is set). The report is `graph.meta["offload_report"]`: one
 (node line, what happened) pair per node: "engine k" or the reason it fell back.
 
 Example::
 
-    >>> g.meta["onnxruntime_offload"] = {"min_subgraph_size": 2}
-    >>> g2 = PassManager(["onnxruntime_offload"]).run(g); g2.meta["offload_report"]
+    >>> opts = {"onnxruntime_offload": {"min_subgraph_size": 2}}
+    >>> g2 = PassManager(["onnxruntime_offload"], options=opts).run(g)
+    >>> g2.meta["offload_report"]
 """
 from __future__ import annotations
 
@@ -53,12 +55,11 @@ _DTYPES = {np.dtype(t) for t in ("float32", "float64", "int64", "int32", "int8",
                                  "bool")}
 
 
-@register_pass("onnxruntime_offload")
-def onnxruntime_offload(g):
+@register_pass("onnxruntime_offload", legacy_meta=OPTIONS,
+               options={"min_subgraph_size": 3, "engine": "onnxruntime", "opset": None})
+def onnxruntime_offload(g, min_subgraph_size=3, engine="onnxruntime", opset=None):
     """Replace connected subgraphs onnxruntime supports by engine nodes (see module doc)."""
-    opts = dict(g.meta.get(OPTIONS) or {})
-    return offload(g, min_subgraph_size=opts.get("min_subgraph_size", 3),
-                   engine=opts.get("engine", "onnxruntime"), opset=opts.get("opset"))
+    return offload(g, min_subgraph_size=min_subgraph_size, engine=engine, opset=opset)
 
 
 def offload_report(g) -> list:

@@ -3,15 +3,14 @@ supports it (`sampan.backends`: `Provider.supports(node)`), as onnxruntime's
 `providers=[...]` does. The provider's name goes to `node.meta["provider"]`, which the
 jit codegen binds (`Provider.bind(node)`); the graph's text does not change.
 
-The list is `graph.meta["providers"]` (the Predictor's `Config.set_providers` puts it
-there), else the list of eager dispatch and the jit (`sampan.backends.get_providers()`).
+The list is the pass's `providers` option, else `graph.meta["providers"]` (read for older
+callers), else the list of eager dispatch and the jit (`sampan.backends.get_providers()`).
 With "onnxruntime" in the list, the nodes it supports are first cut into engine nodes by
 the `onnxruntime_offload` pass (unless that pass ran already), with its options.
 
 Example::
 
-    >>> g.meta["providers"] = ["mine", "numpy"]
-    >>> PassManager(["partition"]).run(g)
+    >>> PassManager(["partition"], options={"partition": {"providers": ["mine"]}}).run(g)
     >>> [n.meta["provider"] for n in g.nodes]
 """
 from __future__ import annotations
@@ -41,10 +40,14 @@ def assign(g, order=None) -> dict:
     return counts
 
 
-@register_pass("partition")
-def partition(g):
+@register_pass("partition", options={"providers": None})
+def partition(g, providers=None):
     """Assign each node to the first provider of the list that supports it."""
-    order = order_of(g)
+    if providers:
+        from ..backends.provider import check_order
+        order = check_order(providers, "partition")
+    else:
+        order = order_of(g)
     if "onnxruntime" in order and "offload_report" not in g.meta and any(
             n.op != "engine" for n in g.nodes):
         from .offload import onnxruntime_offload

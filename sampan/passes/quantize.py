@@ -3,15 +3,22 @@ constant float32 weight, as ONNX's QDQ format does.
 
 The weight becomes an int8 constant (symmetric, one scale per output channel: the columns
 of a matmul weight, dim 0 of a conv weight) read through a `dequantize` node; the
-activation input, when `graph.meta["quant"]["acts"]` has calibrated parameters for it
-(`sampan.quant.calibrate`), passes through `quantize` then `dequantize` with them.
-`graph.meta["quant"]["weight_only"]` leaves activations in float. The graph still computes
-in float32 (with int8 rounding): `fuse_quant` then turns each QDQ group into one int8 op.
+activation input, when the pass's `acts` option has calibrated parameters for it (value
+id -> (scale, zero point), `sampan.quant.calibrate`), passes through `quantize` then
+`dequantize` with them. `calibrate` (a callable, graph -> such a dict) computes them on
+the graph as the pass sees it, wherever it sits in a pipeline (the Predictor's
+`set_precision("int8")` sets it). `weight_only=True` leaves activations in float. The
+graph still computes in float32 (with int8 rounding): `fuse_quant` then turns each QDQ
+group into one int8 op. A graph that is int8 already is left as it is.
+
+The rewrite's own rules live here, below `sampan.quant` (which re-exports them): which
+nodes are quantised (`anchors`) and how a weight is (`weight_qparams`, `quantize_weight`).
+Options given the old way, in `graph.meta["quant"]`, are still read (deprecated).
 
 Example::
 
-    >>> g.meta["quant"] = {"acts": cal.acts, "weight_only": False}
-    >>> g2 = PassManager(["quantize", "fuse_quant", "dce"]).run(g)
+    >>> opts = {"quantize": {"acts": cal.acts}}
+    >>> g2 = PassManager(["quantize", "fuse_quant", "dce"], options=opts).run(g)
 """
 from __future__ import annotations
 
@@ -28,17 +35,64 @@ def _node(g, op, inputs, attrs, like, loc):
     return n
 
 
-@register_pass("quantize")
-def quantize(g):
-    """Insert QDQ nodes around matmul/conv2d (int8 weights per channel, calibrated
-    activations per tensor) from graph.meta['quant']."""
-    from ..quant.calibrate import anchors
-    from ..quant.observers import quantize_weight
-    cfg = g.meta.get("quant")
-    if not cfg:
-        return g
-    acts = cfg.get("acts") or {}
-    weight_only = bool(cfg.get("weight_only"))
+INT8_OPS = ("qmatmul", "qconv2d", "qlinear_matmul", "qlinear_conv", "matmul_integer",
+            "conv_integer", "dequantize")
+
+
+def is_quantized(g) -> bool:
+    """Whether `g` computes in int8 already (written by `sampan.quant`, or ONNX QDQ)."""
+    return any(n.op in INT8_OPS for n in g.nodes)
+
+
+def anchors(g):
+    """The matmul / conv2d nodes of `g` that quantisation rewrites, with the axis of their
+    constant float weight that holds the output channels."""
+    out = []
+    for n in g.nodes:
+        if n.op not in ("matmul", "conv2d") or len(n.inputs) != 2:
+            continue
+        x, w = n.inputs
+        if not w.is_const or x.is_const or x.dtype != np.float32 or w.dtype != np.float32:
+            continue
+        if n.op == "matmul" and w.ndim == 2 and x.ndim == 2:
+            out.append((n, 1))
+        elif n.op == "conv2d" and w.ndim == 4:
+            out.append((n, 0))
+    return out
+
+
+def weight_qparams(w, axis):
+    """Per-channel symmetric int8 parameters of weight `w` along `axis`: scale
+    max|w| / 127 per channel (1 where a channel is all zeros), zero points 0."""
+    w = np.asarray(w, np.float32)
+    red = tuple(d for d in range(w.ndim) if d != axis)
+    m = np.abs(w).max(axis=red) if w.size else np.zeros(w.shape[axis], np.float32)
+    scale = np.where(m > 0, m / 127.0, 1.0).astype(np.float32)
+    return scale, np.zeros(scale.shape, np.int8)
+
+
+def quantize_weight(w, axis):
+    """(int8 weight, scale, zero point): `w` per channel along `axis`, symmetric."""
+    from ..ops import _qkernels as K
+    scale, zp = weight_qparams(w, axis)
+    q = K.quantize(np.asarray(w, np.float32), scale, zp, axis, -127, 127, np.int8)
+    return q, scale, zp
+
+
+@register_pass("quantize", options={"acts": None, "calibrate": None, "weight_only": False},
+               legacy_meta="quant")
+def quantize(g, acts=None, calibrate=None, weight_only=False):
+    """Insert QDQ nodes around matmul/conv2d: int8 weights, calibrated int8 activations.
+
+    Weights per channel; activations per tensor, by the `acts` option or what
+    `calibrate(graph)` gives; `weight_only` leaves activations in float."""
+    g.meta.pop("quant", None)
+    if is_quantized(g) or (acts is None and calibrate is None and not weight_only):
+        return g            # int8 already, or nothing to quantise with
+    weight_only = bool(weight_only)
+    if acts is None and calibrate is not None and not weight_only:
+        acts = calibrate(g)
+    acts = acts or {}
     done = {}           # activation value id -> its dequantised value (one QDQ per value)
     wcache = {}         # weight const id -> dequantised value
     new_nodes = {}      # id(anchor) -> nodes to insert before it
@@ -72,7 +126,6 @@ def quantize(g):
         nodes.extend(new_nodes.get(id(n), ()))
         nodes.append(n)
     g.nodes = nodes
-    g.meta.pop("quant", None)
     g.meta["quantized"] = "weight_only" if weight_only else "qdq"
     g.prune_consts()
     return g

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SampanError
+from ..passes.quantize import anchors  # the rewrite's own rule (re-exported here)
 from .observers import Observer
 
 
@@ -71,23 +72,6 @@ def check_batches(data_loader, specs, what):
 
 
 # ---------------------------------------------------------------------- programs
-def anchors(g):
-    """The matmul / conv2d nodes of `g` that quantisation rewrites, with the axis of their
-    constant float weight that holds the output channels."""
-    out = []
-    for n in g.nodes:
-        if n.op not in ("matmul", "conv2d") or len(n.inputs) != 2:
-            continue
-        x, w = n.inputs
-        if not w.is_const or x.is_const or x.dtype != np.float32 or w.dtype != np.float32:
-            continue
-        if n.op == "matmul" and w.ndim == 2 and x.ndim == 2:
-            out.append((n, 1))
-        elif n.op == "conv2d" and w.ndim == 4:
-            out.append((n, 0))
-    return out
-
-
 def run_values(g, feeds, values):
     """Run graph `g` on `feeds` (one array per graph input) and return the arrays of
     `values` (graph values), compiled once per size (symbolic dims allowed)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SampanValueError
+from ..passes.quantize import quantize_weight, weight_qparams  # noqa: F401 (re-exported)
 
 OBSERVERS = ("minmax", "percentile", "kl", "mse")
 MAX_VALUES = 1 << 18
@@ -79,24 +80,6 @@ def affine_qparams(lo, hi):
         return np.float32(1.0), np.int8(0)
     zp = int(np.clip(np.rint(-128 - lo / scale), -128, 127))
     return np.float32(scale), np.int8(zp)
-
-
-def weight_qparams(w, axis):
-    """Per-channel symmetric int8 parameters of weight `w` along `axis`: scale
-    max|w| / 127 per channel (1 where a channel is all zeros), zero points 0."""
-    w = np.asarray(w, np.float32)
-    red = tuple(d for d in range(w.ndim) if d != axis)
-    m = np.abs(w).max(axis=red) if w.size else np.zeros(w.shape[axis], np.float32)
-    scale = np.where(m > 0, m / 127.0, 1.0).astype(np.float32)
-    return scale, np.zeros(scale.shape, np.int8)
-
-
-def quantize_weight(w, axis):
-    """(int8 weight, scale, zero point): `w` per channel along `axis`, symmetric."""
-    from ..ops import _qkernels as K
-    scale, zp = weight_qparams(w, axis)
-    q = K.quantize(np.asarray(w, np.float32), scale, zp, axis, -127, 127, np.int8)
-    return q, scale, zp
 
 
 def _fake(v, lo, hi):

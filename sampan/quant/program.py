@@ -70,10 +70,24 @@ def load_program(src) -> Program:
 def quantize_graph(g, calibration=None, weight_only=False, debug=True):
     """`g` with int8 weights (and calibrated int8 activations unless `weight_only`)."""
     from ..passes import PassManager
-    g = g.copy()
-    g.meta["quant"] = {"acts": {} if calibration is None else calibration.acts,
-                       "weight_only": weight_only}
-    return PassManager(PASSES_WEIGHT_ONLY if weight_only else PASSES_INT8, debug=debug).run(g)
+    opts = {"quantize": {"acts": {} if calibration is None else calibration.acts,
+                         "weight_only": weight_only}}
+    return PassManager(PASSES_WEIGHT_ONLY if weight_only else PASSES_INT8, debug=debug,
+                       options=opts).run(g)
+
+
+def calibrator(src, calibration_data, observer="minmax"):
+    """The `calibrate` option of the `quantize` pass for program `src` (a saved directory,
+    a loaded program or a Program): a function that calibrates the graph it is given (the
+    program's graph after the passes before `quantize`, same inputs) on
+    `calibration_data`, checked here first. Example: see `sampan.inference.Config`."""
+    prog = load_program(src)
+    feeds = [prog.feeds(b) for b in check_batches(calibration_data, prog.arg_specs(),
+                                                  prog.path)]
+
+    def calibrate(g):
+        return calibrate_graph(g, feeds, observer).acts
+    return calibrate
 
 
 def quantize_program(saved_dir_or_graph, calibration_data, out_dir, observer="minmax",

@@ -8,5 +8,8 @@ Example::
 """
 from .codegen import Compiled, RuntimeCheckError, compile_graph
 from .memory import plan as plan_memory
+from . import memory as _memory
+
+_memory.register()          # the plan_memory pass: the runtime reads the plan it stores
 
 __all__ = ["Compiled", "compile_graph", "plan_memory", "RuntimeCheckError"]

@@ -11,6 +11,9 @@ Donation: `graph.meta["donate"]` ({output position: input position}, set by jit 
 state that a call updates) lets the kernel computing such an output write straight
 into the input's array once nothing reads the old value (or a view of it) any more;
 the runtime then has no copy to make when it writes the state back.
+
+The `plan_memory` pass (in the "train" and "inference" pipelines) is registered here, by
+the runtime that reads its plan, so that passes/ imports nothing above ir/ops/backends.
 """
 from __future__ import annotations
 
@@ -269,3 +272,16 @@ def output_roots(g) -> list:
             for v in n.outputs:
                 roots[v.id] = s | {v.id}
     return [roots.get(v.id, frozenset((v.id,))) for v in g.outputs]
+
+
+def plan_memory_pass(g):
+    """Assign intermediate values to reusable buffers (liveness + escape analysis)."""
+    g.meta["memory_plan"] = plan(g)
+    return g
+
+
+def register() -> None:
+    """Register `plan_memory` as a pass (sampan/runtime/__init__.py calls this once the
+    runtime is imported, so either package may be imported first)."""
+    from ..passes.manager import register_pass
+    register_pass("plan_memory", plan_memory_pass, replace=True)
