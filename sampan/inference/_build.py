@@ -101,6 +101,11 @@ def optimise(g, config, symbolic: bool, options=None):
     opts = config.pass_builder().options()
     for k, v in (options or {}).items():
         opts.setdefault(k, {}).update(v)
+    # the `partition` step of the list gives each node to the first provider of the
+    # Config's list that supports it (unless the user set its option on the builder)
+    part = opts.setdefault("partition", {})
+    if not part.get("providers"):
+        part["providers"] = config.get_providers()
     dump = Dumper(config.ir_debug_dir())
     dump("loaded", g)
     try:
@@ -110,11 +115,6 @@ def optimise(g, config, symbolic: bool, options=None):
     except PassError as e:
         raise InferenceError(f"create_predictor: {e}") from e
     done = list(pm.passes_run)
-    # each node to the first provider of the list that supports it: the partition's
-    # assignment (node.meta only: the graph's text and dumps stay those of the list)
-    from ..passes.partition import assign
-    g.meta["providers"] = config.get_providers()
-    g.meta["partition"] = assign(g, g.meta["providers"])
     if plan:
         done.append(MEMORY_PASS)
         if symbolic:

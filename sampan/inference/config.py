@@ -172,7 +172,7 @@ class Config:
     def __init__(self, model_dir):
         from ..passes import pipeline
         self.model_dir = os.fspath(model_dir)
-        names = pipeline("inference")
+        names = pipeline("predictor")
         self._builder = PassBuilder(names + [MEMORY_PASS] * (MEMORY_PASS not in names))
         self._ir_optim = True
         self._memory_optim = True

@@ -19,9 +19,10 @@ any other pass, and sets their options (`set_option`); the list is what
 
 A setting changed back takes out the passes it put in (and puts back a fusion pass it
 took out); a pass the user added by hand is never taken out. `switch_ir_optim(False)`
-runs these steps and the memory plan only. After the list, `create_predictor` gives each
-node to the first provider of `Config.get_providers()` that supports it (the
-partition's assignment, `node.meta["provider"]`: it changes no node).
+runs these steps, `partition` and the memory plan only. The list's `partition` step gives
+each node to the first provider of `Config.get_providers()` that supports it
+(`node.meta["provider"]`: it changes no node; its `providers` option, when set on the
+builder, wins; a list without it leaves the nodes to the jit's global provider list).
 
 Example::
 
@@ -34,6 +35,7 @@ UNFUSE, AMP, QUANTIZE, FUSE_QUANT = "unfuse", "amp", "quantize", "fuse_quant"
 OFFLOAD = "onnxruntime_offload"
 FUSION = "fuse_elementwise"
 MEMORY = "plan_memory"
+PARTITION = "partition"
 NO_GENERATED = ("numpy", "onnxruntime")      # runtimes that run no generated kernels
 FUSION_TAKEN = "-" + FUSION                  # in `owned`: the settings took fusion out
 
@@ -54,7 +56,7 @@ def wanted(config) -> list:
 def ir_optim_off(config, names) -> list:
     """What runs of `names` with `switch_ir_optim(False)`: the settings' steps (offload
     only for the onnxruntime runtime, as before) and the memory plan."""
-    keep = {QUANTIZE, FUSE_QUANT, UNFUSE, AMP, MEMORY}
+    keep = {QUANTIZE, FUSE_QUANT, UNFUSE, AMP, PARTITION, MEMORY}
     if config.runtime() == "onnxruntime":
         keep.add(OFFLOAD)
     return [n for n in names if n in keep]
@@ -86,10 +88,10 @@ def sync(config, owned: set, changed: str) -> None:
     elif not no_gen and FUSION_TAKEN in owned:
         owned.discard(FUSION_TAKEN)
         if FUSION not in b.all_passes():
-            _insert_before(b, FUSION, (MEMORY,))
+            _insert_before(b, FUSION, (PARTITION, MEMORY))
     if OFFLOAD in want:
         if OFFLOAD not in b.all_passes():
-            _insert_before(b, OFFLOAD, (FUSION, MEMORY))
+            _insert_before(b, OFFLOAD, (FUSION, PARTITION, MEMORY))
             owned.add(OFFLOAD)
         if changed in ("runtime", "offload"):
             n = 1 if config.runtime() == "onnxruntime" else config.offload_min_subgraph_size()

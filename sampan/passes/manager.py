@@ -79,6 +79,10 @@ PIPELINES: dict[str, list] = {
               "share_reshape_copies", "fuse_elementwise", "plan_memory"],
     "inference": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
                   "fold_batch_norm", "dce", "fuse_elementwise", "plan_memory"],
+    # the Predictor's list (Config.pass_builder()): inference, then each node given to a
+    # kernel provider of the Config's list (`partition`) before the memory plan
+    "predictor": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
+                  "fold_batch_norm", "dce", "fuse_elementwise", "partition", "plan_memory"],
     # the train pipeline after `distribute` (gradients all-reduced before the update)
     "data_parallel": ["distribute", "simplify", "fold_constants", "cse", "dce",
                       "merge_slice_grads", "share_reshape_copies", "fuse_elementwise",

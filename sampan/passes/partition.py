@@ -27,13 +27,13 @@ def order_of(g) -> list:
     return check_order(names, "partition") if names else get_providers()
 
 
-def assign(g, order=None) -> dict:
-    """Set `node.meta["provider"]` of every node of `g` by `order` (names; default
-    `order_of(g)`); returns {provider name: number of nodes}."""
+def assign(g, order=None, nodes=None) -> dict:
+    """Set `node.meta["provider"]` of every node of `g` (or of `nodes`) by `order` (names;
+    default `order_of(g)`); returns {provider name: number of nodes}."""
     from ..backends.provider import first_supporting
     order = list(order or order_of(g))
     counts: dict = {}
-    for n in g.nodes:
+    for n in (g.nodes if nodes is None else nodes):
         p = first_supporting(n, order).name
         n.meta["provider"] = p
         counts[p] = counts.get(p, 0) + 1
@@ -53,4 +53,5 @@ def partition(g, providers=None):
         from .offload import onnxruntime_offload
         g = onnxruntime_offload(g) or g
     g.meta["partition"] = assign(g, order)
+    g.meta[OPTIONS] = list(order)     # nodes that later passes add get the same list
     return g

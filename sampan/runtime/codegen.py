@@ -157,8 +157,9 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         env[names[v.id]] = v.const
     from ..backends import get_provider
     from ..passes.partition import assign as _partition
-    if any("provider" not in n.meta for n in g.nodes):
-        _partition(g)        # the jit's list (`sampan.backends.set_providers`)
+    missing = [n for n in g.nodes if "provider" not in n.meta]
+    if missing:              # the list the partition pass used, else the jit's list
+        _partition(g, nodes=missing)     # (`sampan.backends.set_providers`)
     buffers = []
     if plan:
         buffers = [np.empty(max(s, 1), np.uint8) for s in plan["sizes"]]

@@ -82,7 +82,7 @@ def test_builder_options_are_checked_and_kept_by_copies(saved):
 def test_settings_put_their_steps_in_the_list_and_take_them_out_again(saved):
     _, paths = saved
     cfg = Config(paths["mlp"])
-    base = pipeline("inference")
+    base = pipeline("predictor")
     cfg.set_precision("bf16")
     assert cfg.pass_builder().all_passes() == ["unfuse", "amp"] + base
     cfg.set_precision("int8", weight_only=True)
@@ -94,8 +94,9 @@ def test_settings_put_their_steps_in_the_list_and_take_them_out_again(saved):
     no_fusion = [n for n in base if n != "fuse_elementwise"]
     assert cfg.pass_builder().all_passes() == ["unfuse"] + no_fusion
     cfg.set_runtime("onnxruntime")
-    assert cfg.pass_builder().all_passes() == (["unfuse"] + no_fusion[:-1]
-                                               + ["onnxruntime_offload", "plan_memory"])
+    assert cfg.pass_builder().all_passes() == (["unfuse"] + no_fusion[:-2]
+                                               + ["onnxruntime_offload", "partition",
+                                                  "plan_memory"])
     assert cfg.pass_builder().get_option("onnxruntime_offload", "min_subgraph_size") == 1
     cfg.set_runtime("numba")
     assert cfg.pass_builder().all_passes() == base
@@ -196,7 +197,7 @@ def test_an_option_set_on_the_builder_reaches_the_pass_and_outlives_other_settin
 
 def test_provider_lists_put_the_steps_of_the_runtime_they_spell(saved):
     _, paths = saved
-    base = pipeline("inference")
+    base = pipeline("predictor")
     no_fusion = [n for n in base if n != "fuse_elementwise"]
     cfg = Config(paths["mlp"])
     cfg.set_providers(["numpy"])

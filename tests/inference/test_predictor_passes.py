@@ -29,12 +29,12 @@ def _check(p, model, shape=(2, 8)):
 def test_default_pipeline_and_dumps(saved, tmp_path):
     models, paths = saved
     cfg = Config(paths["mlp"])
-    assert cfg.pass_builder().all_passes() == pipeline("inference")
+    assert cfg.pass_builder().all_passes() == pipeline("predictor")
     assert cfg.pass_builder().all_passes()[-1] == "plan_memory"
     cfg.switch_ir_debug(str(tmp_path))
     p = create_predictor(cfg)
-    assert p.passes_run == pipeline("inference")
-    assert _steps(tmp_path) == ["loaded"] + pipeline("inference")
+    assert p.passes_run == pipeline("predictor")
+    assert _steps(tmp_path) == ["loaded"] + pipeline("predictor")
     text = open(tmp_path / "09_fuse_elementwise.ir").read()
     assert text.splitlines()[0] == "// after step 9: fuse_elementwise"
     assert text.split("\n", 1)[1] == str(p.graph)
@@ -55,22 +55,22 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     b.turn_off("fold_batch_norm")
     b.turn_off("simplify")                       # every occurrence
     want_all = ["dce", "fold_constants", "dce", "fold_batch_norm", "dce",
-                "fuse_elementwise", "plan_memory", "cse"]
+                "fuse_elementwise", "partition", "plan_memory", "cse"]
     want_all.insert(1, "simplify")
     want_all.insert(3, "simplify")
     assert b.all_passes() == want_all
     assert b.enabled_passes() == [n for n in want_all if n not in ("simplify",
                                                                    "fold_batch_norm")]
     p = create_predictor(cfg)
-    assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "fuse_elementwise", "cse",
-                            "plan_memory"]
+    assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "fuse_elementwise",
+                            "partition", "cse", "plan_memory"]
     assert _steps(tmp_path) == ["loaded"] + p.passes_run
     _check(p, models["mlp"])
     b.turn_on("simplify")
     b.delete_pass(-1)
     create_predictor(cfg)                        # a second run replaces the old dumps
     assert _steps(tmp_path) == ["loaded", "dce", "simplify", "fold_constants", "simplify",
-                                "dce", "dce", "fuse_elementwise", "plan_memory"]
+                                "dce", "dce", "fuse_elementwise", "partition", "plan_memory"]
 
 
 def test_edits_of_unknown_passes_fail_at_once(saved):
@@ -87,7 +87,7 @@ def test_edits_of_unknown_passes_fail_at_once(saved):
         b.delete_pass(40)
     with pytest.raises(InferenceError, match="turn_off: pass 'nope'"):
         b.turn_off("nope")
-    assert b.all_passes() == pipeline("inference")
+    assert b.all_passes() == pipeline("predictor")
 
 
 def test_a_pass_that_breaks_the_graph_is_named_with_the_passes_before_it(saved):
@@ -127,13 +127,13 @@ def test_ir_optim_and_memory_optim_switches(saved, tmp_path):
     cfg.switch_ir_optim(False)
     cfg.switch_ir_debug(str(tmp_path))
     p = create_predictor(cfg)
-    assert p.passes_run == ["plan_memory"]
-    assert _steps(tmp_path) == ["loaded", "plan_memory"]
+    assert p.passes_run == ["partition", "plan_memory"]
+    assert _steps(tmp_path) == ["loaded", "partition", "plan_memory"]
     _check(p, models["cnn"], (2, 1, 8, 8))
     assert p._last.plan is not None              # planned buffers
     cfg.disable_memory_optim()
     p = create_predictor(cfg)
-    assert p.passes_run == [] and not cfg.memory_optim_enabled()
+    assert p.passes_run == ["partition"] and not cfg.memory_optim_enabled()
     _check(p, models["cnn"], (3, 1, 8, 8))
     assert p._last.plan is None
     cfg.switch_ir_optim(True)
