@@ -39,6 +39,12 @@ class AutogradError(SampanError, RuntimeError):
     """Backward cannot run (e.g. a saved tensor was modified in place)."""
 
 
+class TracingError(SampanError):
+    """The traced Python code needs a value that only exists when it runs (raised by
+    `sampan.jit`'s tracer and by the IR's traced values; `sampan.jit.TracingError` is this
+    class)."""
+
+
 def user_frame(skip_internal: bool = True):
     """Return (filename, lineno, line) of the innermost frame outside sampan."""
     f = sys._getframe(1)

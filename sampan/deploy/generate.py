@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import SampanError
 from ..io import _atomic
+from ..ir import symbolic as _sym
 from ..ir.text import node_str
 from ..ops.registry import OPS
 from ..runtime import emit
@@ -19,7 +20,6 @@ from .kernels import KERNELS, basic
 
 MODULE = "model.py"
 WEIGHTS = "weights.npz"
-_ATTR = "$"
 
 
 class DeployError(SampanError):
@@ -65,7 +65,6 @@ def _expr(e: str) -> emit.Code:
     """A symbolic expression ('5*batch', '0.5/batch', '(batch-1)//2') as Python over the
     sizes `_s`, written by the emitter from its parsed form (`sampan.ir.symbolic`), as
     `sampan.jit.dynamic.evaluate` computes it."""
-    from ..ir import symbolic as _sym
     try:
         return _expr_code(_sym.parse(e))
     except _sym.ExprError as err:
@@ -92,8 +91,8 @@ def _expr_code(t) -> emit.Code:
 
 def _py(x, what="attribute value") -> emit.Code:
     """Source of plain attribute data; '$'-strings are symbolic sizes."""
-    if isinstance(x, str) and x.startswith(_ATTR):
-        return _expr(x[len(_ATTR):])
+    if _sym.is_attr(x):
+        return _expr(_sym.attr_text(x))
     if isinstance(x, tuple):
         return emit.tuple_of(_py(v, what) for v in x)
     if isinstance(x, list):
@@ -313,8 +312,9 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     Example: ``sampan.deploy.generate("m.sampan", "out")``, then without sampan::
 
         import model; m = model.load(); y = m(x)"""
-    from ..jit.serialize import read
-    g, meta, arrays = read(program_dir)
+    from ..jit.program import SavedProgram
+    prog = SavedProgram.read(program_dir)
+    g, meta, arrays = prog.graph, prog.meta, prog.arrays
     _check_ops(g)
     _check_guards(program_dir, meta)
     try:
@@ -324,7 +324,7 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     kernels, knames = _kernel_source(used)
     n_out = sum(k == "out" for k in meta["outputs"])
     out_kinds = [k == "out" for k in meta["outputs"]]
-    out_consts = [np.asarray(arrays[f"outconst.{i}"]) for i in range(meta.get("n_outconst", 0))]
+    out_consts = [np.asarray(a) for a in prog.out_consts]
     for i, a in enumerate(out_consts):
         npz[f"outconst{i}"] = a
     os.makedirs(outdir, exist_ok=True)

@@ -104,26 +104,16 @@ def bisect_graph(g, arrays, passes="train", tol: float = 1e-5) -> BisectResult:
 
 def bisect(fn, inputs, passes="train", tol: float = 1e-5) -> BisectResult:
     """Trace `fn(*inputs)` (a function, jitted function or Layer) and bisect its passes."""
-    from ..jit.api import JitFunction, _flatten, trace
+    from ..jit import JitFunction, trace
+    from ..jit.pytree import leaves_of
+    from ..jit.slots import input_arrays
     state = []
     if isinstance(fn, JitFunction):
-        state = fn._state()
+        state = fn.state_tensors()
         fn = fn.fn
     elif hasattr(fn, "named_parameters"):
         state = list(fn.named_parameters())
     inputs = tuple(inputs)
-    leaves = []
-    _flatten((inputs, {}), leaves)
+    leaves = leaves_of((inputs, {}))
     g, slots, *_ = trace(fn, inputs, {}, state)
-    arrays = []
-    for kind, ref in slots:
-        if kind == "arg":
-            arrays.append(leaves[ref]._data)
-        elif kind == "state":
-            arrays.append(ref._data)
-        elif kind == "grad":
-            t = leaves[ref[1]] if isinstance(ref, tuple) else ref
-            arrays.append(t.grad._data)
-        else:
-            arrays.append(np.array([ref.seed, ref.counter], np.int64))
-    return bisect_graph(g, arrays, passes, tol)
+    return bisect_graph(g, input_arrays(slots, leaves), passes, tol)
