@@ -19,6 +19,12 @@ class ShapeError(SampanError, ValueError):
     """An op got tensors whose shapes it cannot take."""
 
 
+class DynamicShapeError(ShapeError):
+    """A call's sizes disagree with the symbolic dims, or a program is not the same for
+    every size of a dim marked dynamic (`sampan.jit.dynamic.DynamicShapeError` is this
+    class)."""
+
+
 class DTypeError(SampanError, TypeError):
     """An op got a dtype it cannot take."""
 

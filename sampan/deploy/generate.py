@@ -178,10 +178,9 @@ def supported_ops() -> list:
 # ---------------------------------------------------------------------- the graph
 def _plannable_matmuls(g) -> set:
     """Ids of matmul outputs the memory plan may give a buffer (at >= 256 bytes)."""
-    from ..jit import dynamic as _dyn
     from ..runtime.memory import plan
-    sizes = {s: 2 for s in _dyn.symbols_of(g)}
-    c = _dyn.concrete(g, sizes) if sizes else g
+    sizes = {s: 2 for s in _sym.symbols_of(g)}
+    c = _sym.concrete(g, sizes) if sizes else g
     assign = plan(c, min_bytes=0)["assign"]
     return {n.outputs[0].id for n in c.nodes if n.op == "matmul" and n.outputs[0].id in assign}
 

@@ -26,6 +26,8 @@ import functools
 import math
 import re
 
+from ..errors import DynamicShapeError
+
 # ---------------------------------------------------------------------- expressions
 # An Expr is ("p", ((mono, coef), ...)): a polynomial, mono a sorted tuple of symbol
 # names (the constant term's is ()), terms sorted; or (op, a, b) for op in / // %.
@@ -146,24 +148,6 @@ def text(e, prec=0) -> str:
         p = _PREC[op]
         s = f"{text(a, p)}{op}{text(b, p + 1)}"
     return f"({s})" if p < prec else s
-
-
-def to_source(e, name_of) -> str:
-    """Python source computing Expr (or text) `e`: each symbol written as `name_of(symbol)`
-    returns it (the caller's emitter decides how a size is read), numbers by `repr` of the
-    int or float the parser made. Symbols are identifiers (`parse` accepts no other)."""
-    if isinstance(e, str):
-        e = parse(e)
-    if e[0] == "p":
-        if not e[1]:
-            return "0"
-        parts = []
-        for m, c in e[1]:
-            factors = ([] if c == 1 and m else [repr(c)]) + [name_of(s) for s in m]
-            parts.append("*".join(factors))
-        return "(" + " + ".join(parts) + ")"
-    op, a, b = e
-    return f"({to_source(a, name_of)} {op} {to_source(b, name_of)})"
 
 
 _TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d+)|([A-Za-z_]\w*)|"
@@ -291,6 +275,73 @@ def concrete_attr(x, sizes, evaluate=evaluate):
     if isinstance(x, list):
         return [concrete_attr(a, sizes, evaluate) for a in x]
     return x
+
+
+# ---------------------------------------------------------------------- graphs at sizes
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def sizes_text(sizes) -> str:
+    """`batch=4, seq=7`: sizes as messages name them."""
+    return ", ".join(f"{s}={n}" for s, n in sorted(sizes.items()))
+
+
+def size_at(expr: str, sizes: dict):
+    """The value of a symbolic expression under `sizes`: a dim ('batch', '4*batch*seq',
+    'batch-1', an int) or a value that scales with the sizes ('0.5/batch': a float);
+    DynamicShapeError for an unbound symbol, bad text or a division by zero."""
+    try:
+        return evaluate(expr, sizes)
+    except KeyError as e:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {e.args[0]!r}, "
+                                f"which no input binds (bound: {sorted(sizes)})") from None
+    except ExprError as e:
+        raise DynamicShapeError(f"sampan.jit: {e}") from None
+    except ZeroDivisionError:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} divides by zero at "
+                                f"{sizes_text(sizes)}") from None
+
+
+def symbols_of(g) -> set:
+    """The symbols in the dims of Graph `g`'s values."""
+    out = set()
+    for v in g.values():
+        for d in v.shape:
+            if isinstance(d, str):
+                try:
+                    out |= symbols(d)
+                except ExprError:     # a dim name from elsewhere (an ONNX model's)
+                    out.add(d)
+    return out
+
+
+def concrete(g, sizes):
+    """A copy of symbolic Graph `g` with every symbol replaced by its size."""
+    c = g.copy()
+    for v in c.values():
+        if any(isinstance(d, str) for d in v.shape):
+            v.shape = tuple(size_at(d, sizes) if isinstance(d, str) else d for d in v.shape)
+    for n in c.nodes:
+        n.attrs = {a: concrete_attr(x, sizes, size_at) for a, x in n.attrs.items()}
+    return c
+
+
+def input_dims(g, positions) -> dict:
+    """{input position: {dim: symbol}} for the graph inputs `positions` (the call's
+    arguments) with symbolic dims; a symbol is bound by a dim that is exactly it."""
+    out = {}
+    for p in positions:
+        dims = {d: s for d, s in enumerate(g.inputs[p].shape)
+                if isinstance(s, str) and _NAME.fullmatch(s)}
+        if dims:
+            out[p] = dims
+    return out
+
+
+def fits(shape, want, sizes) -> bool:
+    """Whether a concrete `shape` matches symbolic `want` under `sizes`."""
+    return len(shape) == len(want) and all(
+        (size_at(w, sizes) if isinstance(w, str) else w) == n for n, w in zip(shape, want))
 
 
 # ---------------------------------------------------------------------- unification

@@ -12,13 +12,23 @@ dims (batch, sequence) whose size varies, so one program serves every size (`dyn
 import sys as _sys
 import types as _types
 
-from .api import JitFunction, RetraceWarning, jit, trace
+from ..passes.bisect import register_front as _bisect_front
 from . import serialize as _serialize
+from . import tracing as _tracing
+from .api import JitFunction, RetraceWarning, jit, trace
 from .program import Loaded, SavedProgram, load
 from .serialize import LoadError, save
 from .tracer import Tracer, TracingError
 
 _serialize.load, _serialize.Loaded = load, Loaded     # their old home's names
+
+
+def _run_graph(g, arrays, use_plan=True):
+    from ..runtime import compile_graph
+    return compile_graph(g, use_plan=use_plan)(*arrays)
+
+
+_bisect_front(_run_graph, _tracing.traced_call)   # passes/ calls up only through this hook
 
 __all__ = ["jit", "JitFunction", "trace", "Tracer", "TracingError", "RetraceWarning", "save",
            "load", "LoadError", "SavedProgram"]

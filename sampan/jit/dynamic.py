@@ -44,7 +44,7 @@ import re
 
 import numpy as np
 
-from ..errors import SampanError, ShapeError
+from ..errors import DynamicShapeError, SampanError
 from ..ir import symbolic as _sym
 from ..ir import symint as _symint
 from ..ir.symint import SymFloat, SymInt
@@ -55,9 +55,6 @@ from .pytree import flatten
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class DynamicShapeError(ShapeError):
-    """A call's sizes disagree with the symbolic dims, or a program is not the same for
-    every size of a dim marked dynamic."""
 
 
 # ---------------------------------------------------------------------- marking
@@ -134,35 +131,6 @@ def bind(leaves, dyn) -> dict:
                     f"{sizes[s]} in {where[s]}; inputs that share a symbol must agree")
             sizes[s], where[s] = n, f"dim {d} of input {i}"
     return sizes
-
-
-# ---------------------------------------------------------------------- expressions
-def evaluate(expr: str, sizes: dict):
-    """The value of a symbolic expression under `sizes`: a dim ('batch', '4*batch*seq',
-    'batch-1', an int) or a value that scales with the sizes ('0.5/batch': a float); the
-    expression language is `sampan.ir.symbolic`'s."""
-    try:
-        return _sym.evaluate(expr, sizes)
-    except KeyError as e:
-        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {e.args[0]!r}, "
-                                f"which no input binds (bound: {sorted(sizes)})") from None
-    except _sym.ExprError as e:
-        raise DynamicShapeError(f"sampan.jit: {e}") from None
-    except ZeroDivisionError:
-        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} divides by zero at "
-                                f"{_sizes(sizes)}") from None
-
-
-def symbols_of(g) -> set:
-    out = set()
-    for v in g.values():
-        for d in v.shape:
-            if isinstance(d, str):
-                try:
-                    out |= _sym.symbols(d)
-                except _sym.ExprError:     # a dim name from elsewhere (an ONNX model's)
-                    out.add(d)
-    return out
 
 
 # ---------------------------------------------------------------------- guards
@@ -434,8 +402,7 @@ def _syms(probes):
     return ", ".join(f"'{s}'" for s, _ in probes)
 
 
-def _sizes(base):
-    return ", ".join(f"{s}={n}" for s, n in sorted(base.items()))
+_sizes = _sym.sizes_text
 
 
 # ---------------------------------------------------------------------- probes
@@ -466,27 +433,9 @@ def resized(leaves, dyn, sizes):
 
 
 # ---------------------------------------------------------------------- concretising
-def concrete(g, sizes):
-    """A copy of symbolic graph `g` with every symbol replaced by its size."""
-    c = g.copy()
-    for v in c.values():
-        if any(isinstance(d, str) for d in v.shape):
-            v.shape = tuple(evaluate(d, sizes) if isinstance(d, str) else d for d in v.shape)
-    for n in c.nodes:
-        n.attrs = {a: _sym.concrete_attr(x, sizes, evaluate) for a, x in n.attrs.items()}
-    return c
-
-
-def input_dims(g, positions) -> dict:
-    """{input position: {dim: symbol}} for the graph inputs `positions` (the call's
-    arguments) with symbolic dims; a symbol is bound by a dim that is exactly it."""
-    out = {}
-    for p in positions:
-        dims = {d: s for d, s in enumerate(g.inputs[p].shape)
-                if isinstance(s, str) and _NAME.fullmatch(s)}
-        if dims:
-            out[p] = dims
-    return out
+# (a symbolic graph at given sizes: the IR's, `sampan.ir.symbolic`; their names here too)
+evaluate, symbols_of, concrete = _sym.size_at, _sym.symbols_of, _sym.concrete
+input_dims, fits = _sym.input_dims, _sym.fits
 
 
 class SymbolicProgram:
@@ -558,8 +507,3 @@ class SymbolicProgram:
             self.check(sizes)
         return self.compiled_for(sizes)(*arrays)
 
-
-def fits(shape, want, sizes) -> bool:
-    """Whether a concrete `shape` matches symbolic `want` under `sizes`."""
-    return len(shape) == len(want) and all(
-        (evaluate(w, sizes) if isinstance(w, str) else w) == n for n, w in zip(shape, want))

@@ -11,7 +11,8 @@ from ..ops.registry import STATE
 from ..tensor import Tensor
 from .autodiff import born_leaves, ran_backward, trace_vjp
 from .guards import tensor_guard
-from .pytree import flatten, renumber, unflatten
+from .pytree import flatten, leaves_of, renumber, unflatten
+from .slots import input_arrays
 from .slots import ref_of as _ref_of
 from .tracer import _OUTSIDE, Tracer
 
@@ -168,3 +169,17 @@ def _safe_donations(donate, tr, pinned=()):
             continue
         ok[j] = k
     return ok
+
+
+def traced_call(fn, inputs):
+    """(Graph as traced, its input arrays) of `fn(*inputs)`: a function, a `sampan.jit`
+    function (with its Layer's state) or a Layer (its parameters); what
+    `sampan.passes.bisect` bisects."""
+    state = []
+    if getattr(type(fn), "jit_wrapped", False) is True:
+        state, fn = fn.state_tensors(), fn.fn
+    elif hasattr(fn, "named_parameters"):
+        state = list(fn.named_parameters())
+    inputs = tuple(inputs)
+    g, slots, *_ = trace(fn, inputs, {}, state)
+    return g, input_arrays(slots, leaves_of((inputs, {})))

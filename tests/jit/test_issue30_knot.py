@@ -86,6 +86,39 @@ def test_api_under_600_lines_and_ir_below_jit():
     up = [(rel, mod) for p, rel, pkg in _modules("ir") for mod, _ in _imports(p, pkg)
           if mod.startswith(("sampan.jit", "sampan.passes", "sampan.runtime"))]
     assert up == []
+    # the bisector and the onnxruntime support check call up only through hooks
+    for f in ("bisect.py", "offload.py"):
+        p = os.path.join(PKG, "passes", f)
+        assert not [m for m, _ in _imports(p, "sampan.passes") if m.startswith("sampan.jit")]
+    assert not [m for m, _ in _imports(os.path.join(PKG, "passes", "bisect.py"), "sampan.passes")
+                if m.startswith("sampan.runtime")]
+
+
+def test_bisect_runs_through_the_hook_jit_registers():
+    import sys
+    front = sys.modules["sampan.passes.bisect"]._FRONT
+    assert set(front) == {"run", "trace"}
+    lin, x = nn.Linear(3, 2), sampan.randn(4, 3)
+    g, arrays = front["trace"](lin, (x,))
+    (y,) = front["run"](g, arrays, False)
+    np.testing.assert_allclose(y, x.numpy() @ lin.weight.numpy() + lin.bias.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_graph_sizes_are_the_irs():
+    from sampan.errors import DynamicShapeError
+    from sampan.ir import symbolic as S
+    from sampan.jit import dynamic as D
+    assert D.DynamicShapeError is DynamicShapeError
+    assert D.concrete is S.concrete and D.symbols_of is S.symbols_of and D.evaluate is S.size_at
+    f = sampan.jit(lambda x: (x * 2).sum(0), dynamic="batch")
+    f(sampan.ones(3, 4))
+    g = f.graph
+    assert S.symbols_of(g) == {"batch"}
+    c = S.concrete(g, {"batch": 5})
+    assert S.symbols_of(c) == set() and c.inputs[0].shape == (5, 4)
+    with pytest.raises(DynamicShapeError, match="no input binds"):
+        S.size_at("2*seq", {"batch": 1})
 
 
 def test_tracing_error_has_one_class_and_its_old_homes():
