@@ -400,22 +400,7 @@ def _program(c, _s{sig}):
 {body}
 
 
-def _tree(j, leaves, consts):
-    if "t" in j:
-        return leaves[j["t"]]
-    if "tuple" in j:
-        return tuple(_tree(x, leaves, consts) for x in j["tuple"])
-    if "list" in j:
-        return [_tree(x, leaves, consts) for x in j["list"]]
-    if "dict" in j:
-        return {{_key(k): _tree(x, leaves, consts) for k, x in j["dict"]}}
-    if "const" in j:
-        return consts[j["const"]].copy()
-    return j["static"]
-
-
-def _key(k):
-    return tuple(_key(x) for x in k) if isinstance(k, list) else k
+{decoder}
 
 
 def _sizes(arrays):
@@ -465,13 +450,24 @@ class Model:
         arrays = [np.asarray(a) for a in inputs]
         outs = _program(self.arrays, _sizes(arrays), *arrays)
         leaves = [o for o, keep in zip(outs, OUT_KINDS) if keep]
-        return _tree(OUT_TREE, leaves, self.consts)
+        return decode_tree(OUT_TREE, leaves, lambda i: self.consts[i].copy())
 
 
 def load(path=None):
     """The model with its weights (default: {weights_doc} next to this file)."""
     return Model(path)
 '''
+
+
+def _decoder_source() -> emit.Code:
+    """The output-tree decoder of saved programs (`sampan.jit.pytree.decode_tree`, plain
+    Python), copied as the kernels are."""
+    import sys
+
+    from ..jit import pytree
+    src = []
+    _helpers(pytree.decode_tree, sys.modules[pytree.__name__], set(), src)
+    return emit.block([emit.own(textwrap.dedent(x).rstrip()) for x in src], "\n\n")
 
 
 def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sha, out_tree,
@@ -488,6 +484,7 @@ def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sh
             out_tree=emit.lit(out_tree, what="the output tree in meta.json"),
             out_kinds=emit.lit(out_kinds), n_outconst=emit.lit(n_outconst),
             kernels=emit.block([k for k in kernels if k.strip()], "\n\n"),
+            decoder=_decoder_source(),
             sig=emit.join([emit.own("")] + params) if params else emit.own(""),
             unpack=emit.block(unpack) if unpack else emit.own("    pass"),
             body=emit.block(body))

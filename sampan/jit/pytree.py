@@ -100,22 +100,29 @@ def to_json(tree, consts: list):
 def from_json(j, leaves, consts):
     """The output of one call: `to_json`'s data with leaf k as `leaves[k]` and each saved
     constant a new tensor (a copy: changing a result cannot change the next one)."""
+    return decode_tree(j, leaves, lambda i: wrap(consts[i].copy()))
+
+
+# `decode_tree` and `tree_key` use nothing but Python: `sampan deploy` copies them into the
+# standalone module it writes, so that it decodes outputs exactly as sampan does.
+def decode_tree(j, leaves, const):
+    """`to_json` data with leaf k as `leaves[k]` and saved constant i as `const(i)`."""
     if "t" in j:
         return leaves[j["t"]]
     if "tuple" in j:
-        return tuple(from_json(x, leaves, consts) for x in j["tuple"])
+        return tuple(decode_tree(x, leaves, const) for x in j["tuple"])
     if "list" in j:
-        return [from_json(x, leaves, consts) for x in j["list"]]
+        return [decode_tree(x, leaves, const) for x in j["list"]]
     if "dict" in j:
-        return {_key(k): from_json(x, leaves, consts) for k, x in j["dict"]}
+        return {tree_key(k): decode_tree(x, leaves, const) for k, x in j["dict"]}
     if "const" in j:
-        return wrap(consts[j["const"]].copy())
+        return const(j["const"])
     return j["static"]
 
 
-def _key(k):
-    # JSON turns a tuple key into a list
-    return tuple(_key(x) for x in k) if isinstance(k, list) else k
+def tree_key(k):
+    """A dict key as JSON gave it back (a tuple key comes back as a list)."""
+    return tuple(tree_key(x) for x in k) if isinstance(k, list) else k
 
 
 def leaf_names(j) -> list:
