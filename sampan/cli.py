@@ -16,8 +16,8 @@ import sys
 
 def _viz(a):
     from .ir import render
-    from .jit.serialize import read
-    g, _, _ = read(a.model)
+    from .jit.program import SavedProgram
+    g = SavedProgram.read(a.model).graph
     print(render(g, a.output))
     return 0
 
@@ -26,14 +26,11 @@ def _bisect(a):
     import numpy as np
     from .errors import SampanError
     from .passes import bisect_graph
-    from .jit.serialize import _at_example_sizes, read
+    from .jit.program import SavedProgram
     try:
-        g, meta, arrays = read(a.model)
-        g = _at_example_sizes(g, meta, arrays)   # symbolic dims: bound to the example inputs
-        ins = []
-        for spec in meta["inputs"]:
-            key = f"example.{spec['index']}" if spec["kind"] == "arg" else spec["key"]
-            ins.append(np.asarray(arrays[key]))
+        prog = SavedProgram.read(a.model)
+        g = prog.at_example_sizes()   # symbolic dims: bound to the example inputs
+        ins = [np.asarray(x) for x in prog.example_feed()]
         passes = a.passes.split(",") if a.passes else "train"
         r = bisect_graph(g, ins, passes, a.tol)
     except SampanError as e:   # a bad file or pass name: one line, no trace

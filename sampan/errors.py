@@ -19,6 +19,12 @@ class ShapeError(SampanError, ValueError):
     """An op got tensors whose shapes it cannot take."""
 
 
+class DynamicShapeError(ShapeError):
+    """A call's sizes disagree with the symbolic dims, or a program is not the same for
+    every size of a dim marked dynamic (`sampan.jit.dynamic.DynamicShapeError` is this
+    class)."""
+
+
 class DTypeError(SampanError, TypeError):
     """An op got a dtype it cannot take."""
 
@@ -37,6 +43,12 @@ class SampanIndexError(SampanError, IndexError):
 
 class AutogradError(SampanError, RuntimeError):
     """Backward cannot run (e.g. a saved tensor was modified in place)."""
+
+
+class TracingError(SampanError):
+    """The traced Python code needs a value that only exists when it runs (raised by
+    `sampan.jit`'s tracer and by the IR's traced values; `sampan.jit.TracingError` is this
+    class)."""
 
 
 def user_frame(skip_internal: bool = True):

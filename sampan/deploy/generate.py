@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import SampanError
 from ..io import _atomic
+from ..ir import symbolic as _sym
 from ..ir.text import node_str
 from ..ops.registry import OPS
 from ..runtime import emit
@@ -19,7 +20,6 @@ from .kernels import KERNELS, basic
 
 MODULE = "model.py"
 WEIGHTS = "weights.npz"
-_ATTR = "$"
 
 
 class DeployError(SampanError):
@@ -65,7 +65,6 @@ def _expr(e: str) -> emit.Code:
     """A symbolic expression ('5*batch', '0.5/batch', '(batch-1)//2') as Python over the
     sizes `_s`, written by the emitter from its parsed form (`sampan.ir.symbolic`), as
     `sampan.jit.dynamic.evaluate` computes it."""
-    from ..ir import symbolic as _sym
     try:
         return _expr_code(_sym.parse(e))
     except _sym.ExprError as err:
@@ -92,8 +91,8 @@ def _expr_code(t) -> emit.Code:
 
 def _py(x, what="attribute value") -> emit.Code:
     """Source of plain attribute data; '$'-strings are symbolic sizes."""
-    if isinstance(x, str) and x.startswith(_ATTR):
-        return _expr(x[len(_ATTR):])
+    if _sym.is_attr(x):
+        return _expr(_sym.attr_text(x))
     if isinstance(x, tuple):
         return emit.tuple_of(_py(v, what) for v in x)
     if isinstance(x, list):
@@ -179,10 +178,9 @@ def supported_ops() -> list:
 # ---------------------------------------------------------------------- the graph
 def _plannable_matmuls(g) -> set:
     """Ids of matmul outputs the memory plan may give a buffer (at >= 256 bytes)."""
-    from ..jit import dynamic as _dyn
     from ..runtime.memory import plan
-    sizes = {s: 2 for s in _dyn.symbols_of(g)}
-    c = _dyn.concrete(g, sizes) if sizes else g
+    sizes = {s: 2 for s in _sym.symbols_of(g)}
+    c = _sym.concrete(g, sizes) if sizes else g
     assign = plan(c, min_bytes=0)["assign"]
     return {n.outputs[0].id for n in c.nodes if n.op == "matmul" and n.outputs[0].id in assign}
 
@@ -313,8 +311,9 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     Example: ``sampan.deploy.generate("m.sampan", "out")``, then without sampan::
 
         import model; m = model.load(); y = m(x)"""
-    from ..jit.serialize import read
-    g, meta, arrays = read(program_dir)
+    from ..jit.program import SavedProgram
+    prog = SavedProgram.read(program_dir)
+    g, meta, arrays = prog.graph, prog.meta, prog.arrays
     _check_ops(g)
     _check_guards(program_dir, meta)
     try:
@@ -324,7 +323,7 @@ def generate(program_dir, outdir, name: str = MODULE) -> Generated:
     kernels, knames = _kernel_source(used)
     n_out = sum(k == "out" for k in meta["outputs"])
     out_kinds = [k == "out" for k in meta["outputs"]]
-    out_consts = [np.asarray(arrays[f"outconst.{i}"]) for i in range(meta.get("n_outconst", 0))]
+    out_consts = [np.asarray(a) for a in prog.out_consts]
     for i, a in enumerate(out_consts):
         npz[f"outconst{i}"] = a
     os.makedirs(outdir, exist_ok=True)
@@ -401,22 +400,7 @@ def _program(c, _s{sig}):
 {body}
 
 
-def _tree(j, leaves, consts):
-    if "t" in j:
-        return leaves[j["t"]]
-    if "tuple" in j:
-        return tuple(_tree(x, leaves, consts) for x in j["tuple"])
-    if "list" in j:
-        return [_tree(x, leaves, consts) for x in j["list"]]
-    if "dict" in j:
-        return {{_key(k): _tree(x, leaves, consts) for k, x in j["dict"]}}
-    if "const" in j:
-        return consts[j["const"]].copy()
-    return j["static"]
-
-
-def _key(k):
-    return tuple(_key(x) for x in k) if isinstance(k, list) else k
+{decoder}
 
 
 def _sizes(arrays):
@@ -466,13 +450,24 @@ class Model:
         arrays = [np.asarray(a) for a in inputs]
         outs = _program(self.arrays, _sizes(arrays), *arrays)
         leaves = [o for o, keep in zip(outs, OUT_KINDS) if keep]
-        return _tree(OUT_TREE, leaves, self.consts)
+        return decode_tree(OUT_TREE, leaves, lambda i: self.consts[i].copy())
 
 
 def load(path=None):
     """The model with its weights (default: {weights_doc} next to this file)."""
     return Model(path)
 '''
+
+
+def _decoder_source() -> emit.Code:
+    """The output-tree decoder of saved programs (`sampan.jit.pytree.decode_tree`, plain
+    Python), copied as the kernels are."""
+    import sys
+
+    from ..jit import pytree
+    src = []
+    _helpers(pytree.decode_tree, sys.modules[pytree.__name__], set(), src)
+    return emit.block([emit.own(textwrap.dedent(x).rstrip()) for x in src], "\n\n")
 
 
 def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sha, out_tree,
@@ -489,6 +484,7 @@ def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sh
             out_tree=emit.lit(out_tree, what="the output tree in meta.json"),
             out_kinds=emit.lit(out_kinds), n_outconst=emit.lit(n_outconst),
             kernels=emit.block([k for k in kernels if k.strip()], "\n\n"),
+            decoder=_decoder_source(),
             sig=emit.join([emit.own("")] + params) if params else emit.own(""),
             unpack=emit.block(unpack) if unpack else emit.own("    pass"),
             body=emit.block(body))

@@ -46,13 +46,12 @@ def create_predictor(config: Config) -> "Predictor":
     if not isinstance(config, Config):
         raise InferenceError(f"create_predictor: expected a sampan.inference.Config; got "
                              f"{type(config).__name__}")
-    from ..jit.serialize import read
     from .. import _threads
+    from ..jit.program import SavedProgram
     config = config.copy()              # later edits to the caller's config change nothing
     if config.num_threads() is not None:
         _threads.set_num_threads(config.num_threads())
-    graph, meta, arrays = read(config.model_dir)
-    return Predictor(_Program(config, graph, meta, arrays))
+    return Predictor(_Program(config, SavedProgram.read(config.model_dir)))
 
 
 def _int8_options(config, graph, meta, arrays) -> dict:
@@ -83,28 +82,24 @@ def _int8_options(config, graph, meta, arrays) -> dict:
 class _Program:
     """What clones share: the optimised graph, the weights, the names and slots."""
 
-    def __init__(self, config, graph, meta, arrays):
+    def __init__(self, config, prog):
         from ..jit import dynamic as _dyn
         self.config = config
         self.path = config.model_dir
-        self.meta = meta
-        self.arrays = arrays
-        self.symbolic = bool(_dyn.symbols_of(graph))
+        self.meta = prog.meta
+        self.arrays = prog.arrays
+        self.symbolic = prog.symbolic
         # the size conditions the program was traced under (sampan/jit/dynamic.py)
-        self.guards = _dyn.guards_from_json(meta.get("guards", []), f"create_predictor: "
-                                            f"{self.path}")
+        self.guards = prog.guards      # (meta.json's guards: checked by the read)
         self.graph, self.passes_run, self.plan = optimise(
-            graph, config, self.symbolic, _int8_options(config, graph, meta, arrays))
-        ins = meta["inputs"]
-        names = _arg_names(meta)
-        self.arg_pos = [p for p, s in enumerate(ins) if s["kind"] == "arg"]
-        self.input_names = [names[ins[p]["index"]] for p in self.arg_pos]
-        self.base_args = [None if s["kind"] == "arg" else arrays[s["key"]] for s in ins]
-        outs = [p for p, k in enumerate(meta["outputs"]) if k == "out"]
-        self.output_names, self.out_pos = [], []
-        for leaf, name in _out_names(meta["out_tree"]):
-            self.output_names.append(name)
-            self.out_pos.append(outs[leaf])
+            prog.graph, config, self.symbolic,
+            _int8_options(config, prog.graph, prog.meta, prog.arrays))
+        self.arg_pos = prog.arg_positions
+        self.input_names = prog.input_names
+        self.base_args = prog.fixed_inputs()
+        leaves = prog.output_leaves()
+        self.output_names = [name for _, name in leaves]
+        self.out_pos = [p for p, _ in leaves]
         self.dims = _dyn.input_dims(self.graph, self.arg_pos) if self.symbolic else {}
         unbound = _dyn.symbols_of(self.graph) - {s for d in self.dims.values()
                                                  for s in d.values()}
@@ -130,33 +125,6 @@ class _Program:
                                  specialize="numba" in self.config.get_providers(),
                                  program="predictor:" + os.path.basename(
                                      os.path.normpath(str(self.path))))
-
-
-def _arg_names(meta):
-    n = meta["n_args"]
-    names = meta.get("arg_names")
-    if (isinstance(names, list) and len(names) == n and all(isinstance(s, str) for s in names)
-            and len(set(names)) == n):
-        return names
-    return [f"input_{i}" for i in range(n)]      # a program saved before names were kept
-
-
-def _out_names(tree):
-    found = []
-
-    def walk(j, prefix):
-        if "t" in j:
-            found.append((j["t"], prefix or "output_0"))
-        elif "tuple" in j or "list" in j:
-            for i, x in enumerate(j.get("tuple", j.get("list"))):
-                walk(x, f"{prefix}.{i}" if prefix else f"output_{i}")
-        elif "dict" in j:
-            for k, x in j["dict"]:
-                walk(x, f"{prefix}.{k}" if prefix else str(k))
-    walk(tree, "")
-    if len({n for _, n in found}) != len(found):
-        found = [(t, f"output_{i}") for i, (t, _) in enumerate(found)]
-    return found
 
 
 def _spec(v):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
+from ..errors import TracingError
 
 
 class Value:
@@ -53,7 +54,6 @@ class Value:
         return self.size * self.dtype.itemsize
 
     def __array__(self, *a, **k):
-        from ..jit.tracer import TracingError
         raise TracingError(
             f"sampan.jit: numpy was called on a traced value ({self.type_str()}); code that "
             "works on `tensor._data` with numpy directly (e.g. an eager optimiser updating "

@@ -1,36 +1,32 @@
-"""Symbolic sizes: expressions over named dims ('batch', 'seq') and the ints that carry them.
+"""Symbolic sizes: expressions over named dims ('batch', 'seq'), as the IR writes them.
 
 An expression is a sum of monomials with integer (or float) coefficients, or a quotient or
 remainder of two expressions: ``4*batch*seq``, ``batch-1``, ``(batch-1)//2``, ``0.5/batch``.
 It prints as text without spaces (Graph types and "$<expr>" attributes hold that text)
 and parses back with `parse`, a small recursive-descent reader that knows only numbers,
-names, ``+ - * / // %`` and parentheses: nothing is evaluated as Python.
+names, ``+ - * / // %`` and parentheses: nothing is evaluated as Python. This module is
+the one reader: `evaluate` computes one at given sizes, `is_attr`/`attr`/`attr_text`/
+`concrete_attr` read and write the "$<expr>" form attributes carry, and `unify_int`/
+`unify_float` find the expression a number seen at several sizes stands for.
 
-While `sampan.jit` traces with dynamic dims, a size read from a tensor (``x.shape[0]``) is a
-`SymInt`: an int holding its value at the traced size, so every line of Python computes as
-it would eagerly, plus the expression it stands for. Arithmetic on it keeps the expression
-(``(n - 1) // 2`` is ``(batch-1)//2``; ``n / m`` a `SymFloat`); a comparison answers from
-the value and, while its `ShapeEnv` records, writes a guard (the expression, the operator,
-the other side, the answer, the user's line), as dynamo's shape guards do. A program
-traced with guards is valid exactly where the guards still give their answers.
+The ints that carry an expression while `sampan.jit` traces (`SymInt`), and the guards
+their comparisons record, are in `sampan.ir.symint`.
 
 Example::
 
-    >>> env = ShapeEnv(); env.recording = True
-    >>> n = SymInt(6, sym("batch"), env)
-    >>> ((n - 1) // 2).text, (n - 1) // 2 == 2
-    ('(batch-1)//2', True)
-    >>> env.guards[0].text(), env.guards[0].check({"batch": 8})
-    ('(batch-1)//2==2', False)
+    >>> e = parse("(batch-1)//2")
+    >>> text(e), evaluate(e, {"batch": 9}), attr(e)
+    ('(batch-1)//2', 4, '$(batch-1)//2')
+    >>> unify_int(8, [12], {"batch": 2}, [("batch", 3)])
+    '4*batch'
 """
 from __future__ import annotations
 
 import functools
 import math
-import os
 import re
-import sys
-import threading
+
+from ..errors import DynamicShapeError
 
 # ---------------------------------------------------------------------- expressions
 # An Expr is ("p", ((mono, coef), ...)): a polynomial, mono a sorted tuple of symbol
@@ -154,24 +150,6 @@ def text(e, prec=0) -> str:
     return f"({s})" if p < prec else s
 
 
-def to_source(e, name_of) -> str:
-    """Python source computing Expr (or text) `e`: each symbol written as `name_of(symbol)`
-    returns it (the caller's emitter decides how a size is read), numbers by `repr` of the
-    int or float the parser made. Symbols are identifiers (`parse` accepts no other)."""
-    if isinstance(e, str):
-        e = parse(e)
-    if e[0] == "p":
-        if not e[1]:
-            return "0"
-        parts = []
-        for m, c in e[1]:
-            factors = ([] if c == 1 and m else [repr(c)]) + [name_of(s) for s in m]
-            parts.append("*".join(factors))
-        return "(" + " + ".join(parts) + ")"
-    op, a, b = e
-    return f"({to_source(a, name_of)} {op} {to_source(b, name_of)})"
-
-
 _TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d+)|([A-Za-z_]\w*)|"
                     r"(//|[-+*/%()]))")
 
@@ -267,295 +245,156 @@ def symbols(e) -> set:
     return symbols(e[1]) | symbols(e[2])
 
 
-# ---------------------------------------------------------------------- guards
-class Guard:
-    """`lhs op rhs` gave `holds` at the traced sizes, asked at `loc` (the user's line)."""
+# ---------------------------------------------------------------------- in attributes
+ATTR = "$"       # a symbolic size inside a node attribute is the string "$<expr>"
 
-    __slots__ = ("lhs", "op", "rhs", "holds", "loc", "line", "user")
 
-    def __init__(self, lhs, op, rhs, holds, loc="", line=""):
-        self.lhs, self.op, self.rhs, self.holds = lhs, op, rhs, bool(holds)
-        self.loc, self.line = loc, line
-        self.user = True          # made by the user's code (False: sampan's `deciding`)
+def is_attr(x) -> bool:
+    """Whether attribute value `x` is a symbolic size ("$8*batch")."""
+    return isinstance(x, str) and x.startswith(ATTR)
 
-    def text(self) -> str:
-        return f"{text(self.lhs)}{self.op}{text(self.rhs)}"
 
-    def check(self, sizes) -> bool:
-        return _CMP[self.op](evaluate(self.lhs, sizes), evaluate(self.rhs, sizes)) is self.holds
+def attr(e) -> str:
+    """Expr or text `e` as an attribute value: "$<text>"."""
+    return ATTR + (e if isinstance(e, str) else text(e))
 
-    def to_json(self) -> dict:
-        d = {"lhs": text(self.lhs), "op": self.op, "rhs": text(self.rhs),
-             "holds": self.holds, "loc": self.loc, "line": self.line}
-        if not self.user:
-            d["user"] = False
-        return d
 
-    @classmethod
-    def from_json(cls, d) -> "Guard":
-        """A guard from `to_json`'s dict; ExprError when it is not one."""
-        if not isinstance(d, dict) or d.get("op") not in _CMP or type(d.get("holds")) is not bool \
-                or not all(isinstance(d.get(k), str) for k in ("lhs", "rhs", "loc", "line")):
-            raise ExprError(f"not a size guard: {d!r}"[:200])
-        if type(d.get("user", True)) is not bool:
-            raise ExprError(f"not a size guard: {d!r}"[:200])
-        g = cls(parse(d["lhs"]), d["op"], parse(d["rhs"]), d["holds"], d["loc"], d["line"])
-        g.user = d.get("user", True)
-        return g
+def attr_text(x) -> str:
+    """The expression text of attribute value `x` ("$batch-1" -> "batch-1"); text that
+    is not an attribute (a Graph type's dim, "batch") is returned as it is."""
+    return x[len(ATTR):] if is_attr(x) else x
 
-    def describe(self, sizes=None) -> str:
-        what = self.text() if self.holds else f"not ({self.text()})"
-        at = f" at {self.loc}" + (f": {self.line}" if self.line else "") if self.loc else ""
-        now = ""
-        if sizes is not None:
-            now = " for " + ", ".join(f"{s}={sizes[s]}" for s in sorted(symbols(self.lhs) |
-                                                                        symbols(self.rhs)))
-        return f"'{what}'{at}{now}"
 
-    def __eq__(self, other):
-        return isinstance(other, Guard) and (self.lhs, self.op, self.rhs, self.holds) == (
-            other.lhs, other.op, other.rhs, other.holds)
-
-    def __hash__(self):
-        return hash((self.lhs, self.op, self.rhs, self.holds))
-
-    def __repr__(self):
-        return f"<Guard {self.describe()}>"
-
-
-def failing(guards, sizes):
-    """The first guard that does not hold at `sizes`, or None."""
-    for g in guards:
-        if not g.check(sizes):
-            return g
-    return None
-
-
-_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-class _Deciding(threading.local):
-    n = 0            # depth of `deciding` blocks in this thread (tracing is per thread)
-
-
-_DECIDING = _Deciding()
-
-
-class deciding:
-    """``with deciding():`` marks sampan code whose comparisons on sizes choose what the
-    program computes (a variance's degrees of freedom, how a slice is clamped): they are
-    recorded as guards like the user's own. Elsewhere sampan's comparisons (shape rules,
-    broadcasting, the gradient engine, caches) are checks that hold at every size."""
-
-    def __enter__(self):
-        _DECIDING.n += 1
-
-    def __exit__(self, *exc):
-        _DECIDING.n -= 1
-
-
-class ShapeEnv:
-    """Where the comparisons on symbolic sizes of one trace are written down. `recording`
-    is on while the trace runs the traced function. A comparison is recorded when the
-    user's code makes it, or sampan's inside `deciding()`; `quiet()` turns recording off
-    (around shape rules)."""
-
-    def __init__(self):
-        self.guards = []
-        self.seen = set()
-        self.recording = False
-        self._quiet = 0
-
-    def record(self, lhs, op, rhs, holds):
-        if not self.recording or self._quiet:
-            return
-        if not _DECIDING.n and sys._getframe(2).f_code.co_filename.startswith(_PKG):
-            return                      # sampan's own bookkeeping (see `deciding`)
-        if lhs == rhs and op in ("==", "<=", ">=", "!="):
-            return                      # decided by the expressions alone
-        g = Guard(lhs, op, rhs, holds)
-        g.user = not _DECIDING.n
-        if g in self.seen:
-            return
-        import linecache
-
-        from ..errors import user_frame
-        fn, ln = user_frame()
-        g.loc = f"{os.path.basename(fn)}:{ln}"
-        g.line = linecache.getline(fn, ln).strip()[:200]
-        self.seen.add(g)
-        self.guards.append(g)
-
-    def quiet(self):
-        return _Quiet(self)
-
-
-class _Quiet:
-    __slots__ = ("env",)
-
-    def __init__(self, env):
-        self.env = env
-
-    def __enter__(self):
-        self.env._quiet += 1
-
-    def __exit__(self, *exc):
-        self.env._quiet -= 1
-
-
-# ---------------------------------------------------------------------- symbolic numbers
-def expr_of(x):
-    """The Expr of a SymInt/SymFloat, of a plain number its constant, else None."""
-    if isinstance(x, (SymInt, SymFloat)):
-        return x.expr
-    if type(x) in (int, float, bool):
-        return const(int(x) if type(x) is bool else x)
-    return None
-
-
-def _make(v, e, env):
-    c = value(e)
-    if c is not None:
-        return v             # the expression is a constant: a plain number
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int):
-        return SymInt(v, e, env)
-    if isinstance(v, float) and math.isfinite(v):
-        return SymFloat(v, e, env)
-    return v
-
-
-def _arith(op, reflected=False):
-    def f(self, other):
-        eo = expr_of(other)
-        if eo is None:
-            return NotImplemented
-        a, b = (other, self) if reflected else (self, other)
-        ea, eb = (eo, self.expr) if reflected else (self.expr, eo)
-        v = _APPLY[op](self._plain(a), self._plain(b))
-        return _make(v, combine(op, ea, eb), self.env)
-    return f
-
-
-def _compare(op):
-    def f(self, other):
-        eo = expr_of(other)
-        if eo is None:
-            return NotImplemented
-        r = _CMP[op](self._plain(self), self._plain(other))
-        self.env.record(self.expr, op, eo, r)
-        return r
-    return f
-
-
-class _SymOps:
-    """The arithmetic and comparisons SymInt and SymFloat share."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def _plain(x):
-        if isinstance(x, SymInt):
-            return int.__int__(x)
-        if isinstance(x, SymFloat):
-            return float.__float__(x)
-        return x
-
-    __add__, __radd__ = _arith("+"), _arith("+", True)
-    __sub__, __rsub__ = _arith("-"), _arith("-", True)
-    __mul__, __rmul__ = _arith("*"), _arith("*", True)
-    __truediv__, __rtruediv__ = _arith("/"), _arith("/", True)
-    __floordiv__, __rfloordiv__ = _arith("//"), _arith("//", True)
-    __mod__, __rmod__ = _arith("%"), _arith("%", True)
-    __lt__, __le__, __gt__, __ge__ = _compare("<"), _compare("<="), _compare(">"), \
-        _compare(">=")
-    __eq__, __ne__ = _compare("=="), _compare("!=")
-
-    def __neg__(self):
-        return self * -1
-
-    def __pos__(self):
-        return self
-
-    def __bool__(self):
-        r = self._plain(self) != 0
-        self.env.record(self.expr, "!=", const(0), r)
-        return r
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def __reduce__(self):
-        raise TypeError("a symbolic size cannot be pickled (it belongs to one trace)")
-
-    def __str__(self):
-        return repr(self._plain(self))
-
-    __repr__ = __str__
-
-    @property
-    def text(self) -> str:
-        return text(self.expr)
-
-
-class SymInt(_SymOps, int):
-    """An int (its value at the traced size) that knows its size expression; see module
-    doc."""
-
-    def __new__(cls, v, expr, env):
-        self = int.__new__(cls, v)
-        self.expr, self.env = expr, env
-        return self
-
-    __hash__ = int.__hash__
-
-    def __abs__(self):
-        return self if int.__int__(self) >= 0 else -self
-
-    def __index__(self):
-        return int.__int__(self)
-
-    def __round__(self, n=None):
-        return self
-
-    __trunc__ = __floor__ = __ceil__ = __round__
-
-
-class SymFloat(_SymOps, float):
-    """A float computed from symbolic sizes (``1 / batch``); see module doc."""
-
-    def __new__(cls, v, expr, env):
-        self = float.__new__(cls, v)
-        self.expr, self.env = expr, env
-        return self
-
-    __hash__ = float.__hash__
-
-
-def is_symbolic(x) -> bool:
-    """Whether `x` (a number, or a tuple/list/dict of them) holds a SymInt or SymFloat."""
-    if isinstance(x, (SymInt, SymFloat)):
-        return True
-    if isinstance(x, (tuple, list)):
-        return any(is_symbolic(a) for a in x)
+def concrete_attr(x, sizes, evaluate=evaluate):
+    """Attribute value `x` with every "$expr" in it (nested in tuples, lists and dicts) computed
+    at `sizes` by `evaluate(text, sizes)`."""
+    if is_attr(x):
+        return evaluate(x[len(ATTR):], sizes)
+    if isinstance(x, tuple):
+        return tuple(concrete_attr(a, sizes, evaluate) for a in x)
+    if isinstance(x, list):
+        return [concrete_attr(a, sizes, evaluate) for a in x]
     if isinstance(x, dict):
-        return any(is_symbolic(a) for a in x.values())
-    return False
+        return {k: concrete_attr(a, sizes, evaluate) for k, a in x.items()}
+    return x
 
 
-def as_int(d):
-    """`d` as an int, keeping a SymInt's expression (``int(d)`` would drop it)."""
-    return d if isinstance(d, SymInt) else int(d)
+# ---------------------------------------------------------------------- graphs at sizes
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def as_float(x):
-    """`x` as a float, keeping the expression of a SymInt/SymFloat."""
-    if isinstance(x, SymFloat):
-        return x
-    if isinstance(x, SymInt):
-        return _make(float(int.__int__(x)), x.expr, x.env)
-    return float(x)
+def sizes_text(sizes) -> str:
+    """`batch=4, seq=7`: sizes as messages name them."""
+    return ", ".join(f"{s}={n}" for s, n in sorted(sizes.items()))
+
+
+def size_at(expr: str, sizes: dict):
+    """The value of a symbolic expression under `sizes`: a dim ('batch', '4*batch*seq',
+    'batch-1', an int) or a value that scales with the sizes ('0.5/batch': a float);
+    DynamicShapeError for an unbound symbol, bad text or a division by zero."""
+    try:
+        return evaluate(expr, sizes)
+    except KeyError as e:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {e.args[0]!r}, "
+                                f"which no input binds (bound: {sorted(sizes)})") from None
+    except ExprError as e:
+        raise DynamicShapeError(f"sampan.jit: {e}") from None
+    except ZeroDivisionError:
+        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} divides by zero at "
+                                f"{sizes_text(sizes)}") from None
+
+
+def symbols_of(g) -> set:
+    """The symbols in the dims of Graph `g`'s values."""
+    out = set()
+    for v in g.values():
+        for d in v.shape:
+            if isinstance(d, str):
+                try:
+                    out |= symbols(d)
+                except ExprError:     # a dim name from elsewhere (an ONNX model's)
+                    out.add(d)
+    return out
+
+
+def concrete(g, sizes):
+    """A copy of symbolic Graph `g` with every symbol replaced by its size."""
+    c = g.copy()
+    for v in c.values():
+        if any(isinstance(d, str) for d in v.shape):
+            v.shape = tuple(size_at(d, sizes) if isinstance(d, str) else d for d in v.shape)
+    for n in c.nodes:
+        n.attrs = {a: concrete_attr(x, sizes, size_at) for a, x in n.attrs.items()}
+    return c
+
+
+def input_dims(g, positions) -> dict:
+    """{input position: {dim: symbol}} for the graph inputs `positions` (the call's
+    arguments) with symbolic dims; a symbol is bound by a dim that is exactly it."""
+    out = {}
+    for p in positions:
+        dims = {d: s for d, s in enumerate(g.inputs[p].shape)
+                if isinstance(s, str) and _NAME.fullmatch(s)}
+        if dims:
+            out[p] = dims
+    return out
+
+
+def fits(shape, want, sizes) -> bool:
+    """Whether a concrete `shape` matches symbolic `want` under `sizes`."""
+    return len(shape) == len(want) and all(
+        (size_at(w, sizes) if isinstance(w, str) else w) == n for n, w in zip(shape, want))
+
+
+# ---------------------------------------------------------------------- unification
+def expr_str(coef: int, syms) -> str:
+    """The text of monomial `coef*syms` ("4*batch*seq"; `coef` alone without symbols)."""
+    parts = ([str(coef)] if coef != 1 else []) + sorted(syms)
+    return "*".join(parts) if parts else str(coef)
+
+
+def unify_int(x0, xs, base, probes):
+    """The symbolic form of an int seen as x0 at the `base` sizes and xs[k] when only
+    probes[k] = (symbol, size) changed: x0 itself when no probe changes it, else the
+    text coef*syms; None when it is not such a multiple."""
+    syms = []
+    for (s, size), x in zip(probes, xs):
+        if x == x0:
+            continue
+        if x0 <= 0 or x * base[s] != x0 * size:
+            return None
+        syms.append(s)
+    if not syms:
+        return x0
+    den = 1
+    for s in syms:
+        den *= base[s]
+    if x0 % den:
+        return None
+    return expr_str(x0 // den, syms)
+
+
+def unify_float(x0, xs, base, probes, digits=17):
+    """A float seen as x0 at the base sizes and xs[k] when probes[k] changed: x0, or the
+    text c*syms / c/syms (a value computed from the sizes, e.g. the 1/n of a mean); None
+    when it is neither."""
+    if x0 != x0 or x0 in (math.inf, -math.inf) or x0 == 0:
+        return x0 if all(y == x0 or (y != y and x0 != x0) for y in xs) else None
+    num, den = [], []
+    c = x0
+    for (s, size), x in zip(probes, xs):
+        if x == x0:
+            continue
+        r = size / base[s]
+        if math.isclose(x, x0 / r, rel_tol=10.0 ** (1 - digits)):
+            den.append(s)
+            c *= base[s]
+        elif math.isclose(x, x0 * r, rel_tol=10.0 ** (1 - digits)):
+            num.append(s)
+            c /= base[s]
+        else:
+            return None
+    if not num and not den:
+        return x0
+    c = float(f"{c:.{digits}g}")
+    return "*".join([repr(c)] + sorted(num)) + "".join("/" + d for d in sorted(den))

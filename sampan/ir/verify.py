@@ -45,8 +45,8 @@ def symbols_in(g) -> set:
 
 def _attr_symbols(x, out):
     if isinstance(x, str):
-        if x.startswith("$"):
-            out |= _dim_symbols(x[1:])
+        if _sym.is_attr(x):
+            out |= _dim_symbols(_sym.attr_text(x))
     elif isinstance(x, (tuple, list)):
         for a in x:
             _attr_symbols(a, out)
@@ -74,15 +74,7 @@ def _concrete_shape(shape, sizes):
 
 
 def _concrete_attr(x, sizes):
-    if isinstance(x, str) and x.startswith("$"):
-        return _size(x[1:], sizes)
-    if isinstance(x, tuple):
-        return tuple(_concrete_attr(a, sizes) for a in x)
-    if isinstance(x, list):
-        return [_concrete_attr(a, sizes) for a in x]
-    if isinstance(x, dict):
-        return {k: _concrete_attr(a, sizes) for k, a in x.items()}
-    return x
+    return _sym.concrete_attr(x, sizes, evaluate=_size)
 
 
 def verify(g, sizes: dict | None = None) -> None:

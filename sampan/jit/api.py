@@ -30,16 +30,19 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanError
-from ..ir import symbolic as _sym
+from ..ir import symint as _symint
 from ..ops.registry import STATE
 from ..profiler import recorder as _rec
 from ..tensor import Tensor, wrap
 from . import dynamic as _dyn
-from .autodiff import born_leaves, ran_backward, trace_vjp
-from .guards import build as _python_guards
-from .guards import tensor_guard
+from . import guards as _guards
+from . import slots as _slots
 from .outputs import link_outputs, output_links
-from .tracer import _OUTSIDE, Tracer
+from .pytree import flatten, unflatten
+from .slots import target as _target
+from .tracing import trace
+
+_flatten, _unflatten = flatten, unflatten      # their names before jit/pytree.py
 
 RETRACE_WARN_AFTER = 3
 MAX_ENTRIES_PER_SIGNATURE = 8
@@ -47,43 +50,6 @@ MAX_ENTRIES_PER_SIGNATURE = 8
 
 class RetraceWarning(UserWarning):
     """A jitted function keeps being traced again for new input signatures."""
-
-
-# ---------------------------------------------------------------------- pytrees
-def _flatten(obj, leaves):
-    """Structure of `obj` with tensors replaced by leaf numbers (hashable)."""
-    if isinstance(obj, Tensor):
-        leaves.append(obj)
-        return ("T", len(leaves) - 1)
-    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):   # x.max(dim=1)'s result
-        return ("ntuple", tuple(_flatten(x, leaves) for x in obj), type(obj))
-    if isinstance(obj, (tuple, list)):
-        return (type(obj).__name__, tuple(_flatten(x, leaves) for x in obj))
-    if isinstance(obj, dict):
-        return ("dict", tuple((k, _flatten(obj[k], leaves)) for k in obj))
-    if isinstance(obj, np.ndarray):
-        raise SampanError("sampan.jit: pass tensors, not numpy arrays (sampan.from_numpy(a))")
-    try:
-        hash(obj)
-        return ("S", obj)
-    except TypeError:
-        return ("S", repr(obj))
-
-
-def _unflatten(tree, leaves):
-    kind = tree[0]
-    if kind == "T":
-        return leaves[tree[1]]
-    if kind in ("tuple", "list"):
-        xs = [_unflatten(t, leaves) for t in tree[1]]
-        return tuple(xs) if kind == "tuple" else xs
-    if kind == "ntuple":
-        return tree[2](*[_unflatten(t, leaves) for t in tree[1]])
-    if kind == "dict":
-        return {k: _unflatten(t, leaves) for k, t in tree[1]}
-    if kind == "C":  # a concrete tensor returned as-is
-        return tree[1]
-    return tree[1]
 
 
 def _spec(t):
@@ -156,19 +122,7 @@ class Entry:
         return None
 
     def inputs(self, args):
-        arrays = []
-        for kind, ref in self.in_slots:
-            if kind == "arg":
-                arrays.append(args[ref]._data)
-            elif kind == "state":
-                arrays.append(ref._data)
-            elif kind == "grad":
-                arrays.append(_target(ref, args).grad._data)
-            elif kind == "feed":
-                arrays.append(ref())
-            else:
-                arrays.append(np.array([ref.seed, ref.counter], np.int64))
-        return arrays
+        return _slots.input_arrays(self.in_slots, args)
 
     def run(self, args):
         outs = self.compiled(*self.inputs(args))
@@ -207,7 +161,7 @@ class Entry:
             if self.hist:
                 ys = leaves + [_target(r, args) for r in self.hist]
             self.vjp.attach(ys, args, res, watch)
-        return _unflatten(self.out_tree, leaves)
+        return unflatten(self.out_tree, leaves)
 
 
 class _SizeCheck:
@@ -226,202 +180,15 @@ class _SizeCheck:
                 return ("the dynamic sizes (the traced code branches on them; specialised "
                         f"to {self.exact})")
             return None
-        bad = _sym.failing(self.guards, sizes)
+        bad = _symint.failing(self.guards, sizes)
         return None if bad is None else f"the size condition {bad.describe()}"
-
-
-def _target(ref, args):
-    return args[ref[1]] if isinstance(ref, tuple) else ref
-
-
-# ---------------------------------------------------------------------- tracing
-def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiable=False,
-          dyn=None):
-    """Trace `fn(*args, **kwargs)` into a Graph.
-
-    `state` is a list of (name, tensor) to make graph inputs up front (a Layer's
-    parameters and buffers). Returns (graph, in_slots, out_slots, out_tree, grad_none);
-    `info`, a dict if given, receives the trace's guards. `graph.meta["donate"]` pairs
-    each state output with the input holding that state's array. With `differentiable`
-    (and grad mode on), a call reading tensors that require grad, and not running
-    backward itself, also gets its gradient traced: `info["vjp"]` (see `autodiff`), and
-    the graph returns the residuals that gradient reads (out slots "res"). `dyn`
-    ({leaf: {dim: symbol}}) traces those dims as symbolic sizes (`dynamic.py`);
-    `info["sym_guards"]` then lists the comparisons the code made on them."""
-    kwargs = kwargs or {}
-    leaves = []
-    tree = _flatten((tuple(args), kwargs), leaves)
-    tr = Tracer(name)
-    with tr:
-        for i, t in enumerate(leaves):
-            v = tr.lift(t, ("arg", i), None)
-            if dyn and i in dyn:
-                tr.symbolic(v, dyn[i])
-        for nm, t in state:
-            tr.lift(t, ("state", t), nm)
-        a, k = _unflatten(tree, leaves)
-        if tr.env is not None:
-            tr.env.recording = True
-            try:
-                result = fn(*a, **k)
-            finally:
-                tr.env.recording = False
-        else:
-            result = fn(*a, **k)
-        out_leaves = []
-        out_tree = _flatten(result, out_leaves)
-        g = tr.g
-        out_slots = []
-        final = []
-        out_tensors = []
-        first = {}           # id(tensor) -> its leaf: one tensor returned twice stays one
-        for t in out_leaves:
-            if id(t) in first:
-                final.append(first[id(t)])
-                continue
-            if isinstance(t._data, np.ndarray):
-                if not tr.is_born(t):  # a tensor from outside, untouched: return it as is
-                    final.append(None)
-                    continue
-                v = tr.value_of_const(t)  # made from data by the call: a new one per call
-            else:
-                v = tr.value_of(t)
-            first[id(t)] = len(out_slots)
-            final.append(len(out_slots))
-            g.outputs.append(v)
-            out_slots.append(("out", None))
-            out_tensors.append(t)
-        out_tree = _fix_tree(out_tree, out_leaves, final)
-        grad_none = []
-        donate = {}
-        hist = []     # tensors an in-place op of the call gave a history (b.mul_(w))
-        for L in tr.lifted.values():
-            t = L.t
-            ref = _ref_of(tr, t)
-            if t._data is not L.value:
-                donate[len(g.outputs)] = g.inputs.index(L.value)
-                g.outputs.append(t._data)
-                out_slots.append(("state", ref))
-                if (t.requires_grad and t._node is not None and t._node is not L.node
-                        and t._node in tr.tape and t._node.op is not _OUTSIDE):
-                    hist.append((ref, t))
-            gt = t.grad
-            if gt is None:
-                if L.grad is not None or id(t) in tr.grad_cleared:
-                    grad_none.append(ref)
-            elif not isinstance(gt._data, np.ndarray) and gt._data is not L.gvalue:
-                g.outputs.append(tr.value_of(gt))
-                out_slots.append(("grad", ref))
-                if L.value in g.inputs:     # for the `distribute` pass: which param's grad
-                    g.meta.setdefault("grads", []).append(
-                        (len(g.outputs) - 1, g.inputs.index(L.value)))
-        for t in tr.grad_cleared.values():  # dropped, and no new grad: drop it per call
-            if id(t) not in tr.lifted:
-                grad_none.append(t)
-        for gen, v in tr.rng.values():
-            g.outputs.append(v)
-            out_slots.append(("rng", gen))
-        vjp, pinned = None, set()
-        runs_backward = (grad_none or tr.grad_cleared or any(k == "grad" for k, _ in out_slots)
-                         or any(n.freed for n in tr.tape))   # a backward freed its nodes
-        # their gradient is traced with the outputs' (the call's tape node is their
-        # history after the call, as eager's in-place op is)
-        diff_tensors = out_tensors + [t for _, t in hist]
-        born = born_leaves(tr, out_tensors)
-        if differentiable and STATE.grad_enabled and runs_backward:
-            vjp = ran_backward(name, diff_tensors)
-        elif differentiable and STATE.grad_enabled:
-            r = trace_vjp(tr, name, diff_tensors, born)
-            if r is not None:
-                vjp, res = r
-                for v in res:
-                    g.outputs.append(v)
-                    out_slots.append(("res", None))
-                aliases = vjp.aliases
-                pinned = {k for k in aliases if k is not None}
-                written = set(donate.values())
-                vjp.copy_res = frozenset(i for i, k in enumerate(aliases) if k in written)
-        g.meta["donate"] = _safe_donations(donate, tr, pinned)
-    if info is not None:
-        info["vjp"] = vjp
-        info["hist"] = tuple(ref for ref, _ in hist)
-        info["leaf_outs"] = tuple(b.ref[1] for b in born)
-        info["guards"] = list(tr.guards)
-        info["sym_guards"] = list(tr.env.guards) if tr.env is not None else []
-        consts = []
-        for _, d, t in tr.consts.values():
-            if isinstance(t, Tensor) and t._data is d and not tr.is_born(t):
-                b = t._base
-                consts.append((t, d, (b if b is not None else t)._version))
-        info["tensor_guard"] = tensor_guard(
-            consts, [(L.t, L.rg) for L in tr.lifted.values()
-                     if tr.slots[tr.g.inputs.index(L.value)][0] == "state"])
-        info["grad_check"] = _grad_check(tr)
-    return g, list(tr.slots), out_slots, out_tree, grad_none
-
-
-def _grad_check(tr):
-    """What the graph assumed about the .grad of lifted tensors (arguments and state).
-
-    Code that reads or writes gradients (a backward, an optimiser step) traced with a
-    grad present accumulates into it, traced with none starts it: the graph holds while
-    each grad is present or absent as when lifted (unless the traced code dropped it
-    before reading it). Code that seems not to touch a gradient may still have read
-    whether there is one (`return p.grad`, `if p.grad is not None:`), which a trace
-    cannot see: it holds on the same condition (a loop accumulating gradients over calls
-    traces twice, once without grads and once with them)."""
-    return [(_ref_of(tr, L.t), L.grad is not None) for L in tr.lifted.values()
-            if (L.rg or L.grad is not None) and id(L.t) not in tr.grad_cleared]
-
-
-def _safe_donations(donate, tr, pinned=()):
-    """Donate only state arrays (not call arguments) that overlap no other input's, and
-    that no residual of a traced gradient reads (`pinned` input positions)."""
-    arrays = [L.data for L in tr.lifted.values()]
-    by_value = {id(L.value): L.data for L in tr.lifted.values()}
-    ok = {}
-    for j, k in donate.items():
-        a = by_value.get(id(tr.g.inputs[k]))
-        if a is None or k in pinned or tr.slots[k][0] != "state" or not a.flags.writeable \
-                or sum(np.may_share_memory(a, b) for b in arrays) != 1:
-            continue
-        ok[j] = k
-    return ok
-
-
-def _ref_of(tr, t):
-    L = tr.lifted[id(t)]
-    slot = tr.slots[tr.g.inputs.index(L.value)]
-    return ("arg", slot[1]) if slot[0] == "arg" else t
-
-
-def _fix_tree(tree, leaves, final):
-    kind = tree[0]
-    if kind == "T":
-        i = final[tree[1]]
-        return ("C", leaves[tree[1]]) if i is None else ("T", i)
-    if kind in ("tuple", "list"):
-        return (kind, tuple(_fix_tree(t, leaves, final) for t in tree[1]))
-    if kind == "ntuple":
-        return (kind, tuple(_fix_tree(t, leaves, final) for t in tree[1]), tree[2])
-    if kind == "dict":
-        return (kind, tuple((k, _fix_tree(t, leaves, final)) for k, t in tree[1]))
-    return tree
-
-
-def _fix_slots(slots):
-    # grad slots point at ("arg", i) or at a tensor, like state slots
-    out = []
-    for kind, ref in slots:
-        if kind == "grad" and isinstance(ref, tuple) and ref[0] == "arg":
-            ref = ("arg", ref[1])
-        out.append((kind, ref))
-    return out
 
 
 # ---------------------------------------------------------------------- the decorator
 class JitFunction:
     """A function (or Layer) compiled per input signature. See module doc."""
+
+    jit_wrapped = True      # `guards.py` follows `.fn` of objects that say so
 
     def __init__(self, fn, *, layer=None, pipeline="train", debug=False, memory_plan=True,
                  dynamic=None):
@@ -443,10 +210,43 @@ class JitFunction:
         functools.update_wrapper(self, fn if layer is None else type(layer).__call__,
                                  updated=())
 
+    @property
+    def params(self) -> list:
+        """The parameter names of the traced function (a Layer's `forward`)."""
+        return list(self._params)
+
+    def state_tensors(self) -> list:
+        """[(name, tensor)]: a Layer's parameters and buffers, which every trace lifts as
+        graph inputs up front ([] for a function)."""
+        return self._state()
+
+    def signature_key(self, args, kwargs=None):
+        """(cache key, tensor leaves) of a call: the traces of one key differ only in
+        their guards."""
+        return self._key(args, kwargs or {})
+
+    def cached(self, args, kwargs=None):
+        """The compiled trace (`Entry`) that would serve this call, or None."""
+        key, leaves = self._key(args, kwargs or {})
+        for e in self.cache.get(key, ()):
+            if e.valid(leaves):
+                return e
+        return None
+
+    def compile(self, *args, **kwargs):
+        """Trace and compile for this call without running it (a cached trace that
+        still holds serves); `graph`, `code` … then show it. Returns self.
+
+        Example: ``sampan.jit(model).compile(x).graph``"""
+        key, leaves = self._key(args, kwargs)
+        entry = self.cached(args, kwargs) or self._compile(key, args, kwargs, leaves)
+        self._last = entry
+        return self
+
     # ---------------------------------------------------------------- keys
     def _key(self, args, kwargs):
         leaves = []
-        tree = _flatten((tuple(args), kwargs), leaves)
+        tree = flatten((tuple(args), kwargs), leaves)
         specs = tuple(_spec(t) for t in leaves)
         if self.dynamic is not None:  # marked dims are part of the key by name, not size
             dyn = _dyn.leaf_dims(self.dynamic, self._params, args, kwargs)
@@ -573,10 +373,10 @@ class JitFunction:
         # values and objects the function can reach, and the tensors the trace read
         named = [(getattr(fn, "__qualname__", "a guarded value"), fn, v)
                  for fn, v in info["guards"]]
-        named += [(n, get, get()) for n, get in _python_guards(self.fn, self.layer)]
+        named += [(n, get, get()) for n, get in _guards.build(self.fn, self.layer)]
         tname, tguard = info["tensor_guard"]
         named.append((tname, tguard, True))
-        entry = Entry(g, raw, compiled, _fix_slots(in_slots), out_slots, out_tree, grad_none,
+        entry = Entry(g, raw, compiled, _slots.fix(in_slots), out_slots, out_tree, grad_none,
                       pm.timings, trace_s, [(f, v) for _, f, v in named],
                       info["grad_check"], vjp)
         entry.guard_names = tuple(n for n, _, _ in named)
@@ -597,10 +397,10 @@ class JitFunction:
         graphs into one with symbolic dims (`dynamic.py`); compiled per concrete size."""
         from ..passes import PassManager
         base, probes = _dyn.probe_sizes(_dyn.bind(leaves, dyn))
-        tree = _flatten((tuple(args), kwargs), [])
+        tree = flatten((tuple(args), kwargs), [])
         runs = []
         for sizes in [base] + [dict(base, **{s: n}) for s, n in probes]:
-            a, k = _unflatten(tree, _dyn.resized(leaves, dyn, sizes))
+            a, k = unflatten(tree, _dyn.resized(leaves, dyn, sizes))
             info = {}
             g, in_slots, out_slots, out_tree, grad_none = trace(
                 self.fn, a, k, self._state(), name=name, info=info, differentiable=True,
@@ -616,7 +416,7 @@ class JitFunction:
             runs.append((info, pm.run(g), raw, pm, in_slots, out_slots, out_tree, grad_none))
         guards, conflict = _dyn.merge_guards([r[0]["sym_guards"] for r in runs], base, probes)
         actual = _dyn.bind(leaves, dyn)
-        if conflict is not None or _sym.failing(guards, actual) is not None:
+        if conflict is not None or _symint.failing(guards, actual) is not None:
             return None      # the code decides on the sizes here: specialise (see _compile)
         info, g0, raw, pm, in_slots, out_slots, out_tree, grad_none = runs[0]
         g = _dyn.unify(g0, [r[1] for r in runs[1:]], base, probes, what=name)

@@ -83,7 +83,7 @@ class VJP:
         for outputs whose arrays are residuals: changing one in place before backward
         raises, as eager does for a saved output (tanh's, softmax's …)."""
         from ..autograd.tape import Node, _ver
-        from .api import _target
+        from .slots import target as _target
         ys = tuple(outs[i] for i in self.diff_out)
         if not ys:
             return
@@ -231,7 +231,7 @@ def trace_vjp(tr, name, outs, born=()):
         return None
     if not wrt:      # the outputs require grad through tensors made inside the call only
         return VJP(name, None, diff), []
-    from .api import _ref_of
+    from .slots import ref_of as _ref_of
     n_nodes, n_inputs = len(g.nodes), len(g.inputs)
     slots = list(tr.slots)
     error = None

@@ -44,26 +44,23 @@ import re
 
 import numpy as np
 
-from ..errors import SampanError, ShapeError
+from ..errors import DynamicShapeError, SampanError
 from ..ir import symbolic as _sym
-from ..ir.symbolic import SymFloat, SymInt
+from ..ir import symint as _symint
+from ..ir.symint import SymFloat, SymInt
 from ..ops.registry import Spec
 from ..tensor import Tensor
+from .pytree import flatten
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ATTR = "$"                # a symbolic int inside an attribute is the string "$<expr>"
 
 
-class DynamicShapeError(ShapeError):
-    """A call's sizes disagree with the symbolic dims, or a program is not the same for
-    every size of a dim marked dynamic."""
 
 
 # ---------------------------------------------------------------------- marking
 def leaf_dims(dynamic, params, args, kwargs) -> dict:
     """{leaf index: {dim: symbol}} for `dynamic` (see module doc) over the call's tensors,
-    in the order `api._flatten((args, kwargs))` lists them."""
-    from .api import _flatten
+    in the order `pytree.flatten((args, kwargs))` lists them."""
     if dynamic is None:
         return {}
     if isinstance(dynamic, str):
@@ -77,7 +74,7 @@ def leaf_dims(dynamic, params, args, kwargs) -> dict:
     known = set()
     for name, pos, a in named:
         leaves = []
-        _flatten(a, leaves)
+        flatten(a, leaves)
         known |= {name, pos}
         if isinstance(dynamic, str):
             spec = {0: dynamic} if isinstance(a, Tensor) and a.ndim else None
@@ -136,85 +133,6 @@ def bind(leaves, dyn) -> dict:
     return sizes
 
 
-# ---------------------------------------------------------------------- expressions
-def expr_str(coef: int, syms) -> str:
-    parts = ([str(coef)] if coef != 1 else []) + sorted(syms)
-    return "*".join(parts) if parts else str(coef)
-
-
-def evaluate(expr: str, sizes: dict):
-    """The value of a symbolic expression under `sizes`: a dim ('batch', '4*batch*seq',
-    'batch-1', an int) or a value that scales with the sizes ('0.5/batch': a float); the
-    expression language is `sampan.ir.symbolic`'s."""
-    try:
-        return _sym.evaluate(expr, sizes)
-    except KeyError as e:
-        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} names {e.args[0]!r}, "
-                                f"which no input binds (bound: {sorted(sizes)})") from None
-    except _sym.ExprError as e:
-        raise DynamicShapeError(f"sampan.jit: {e}") from None
-    except ZeroDivisionError:
-        raise DynamicShapeError(f"sampan.jit: symbolic expression {expr!r} divides by zero at "
-                                f"{_sizes(sizes)}") from None
-
-
-def symbols_of(g) -> set:
-    out = set()
-    for v in g.values():
-        for d in v.shape:
-            if isinstance(d, str):
-                try:
-                    out |= _sym.symbols(d)
-                except _sym.ExprError:     # a dim name from elsewhere (an ONNX model's)
-                    out.add(d)
-    return out
-
-
-def _unify_float(x0, xs, base, probes, digits=17):
-    """A float seen as x0 at the base sizes and xs[k] when probes[k] changed: x0, or
-    c*syms / c/syms (a value computed from the sizes, e.g. the 1/n of a mean)."""
-    if x0 != x0 or x0 in (math.inf, -math.inf) or x0 == 0:
-        return x0 if all(y == x0 or (y != y and x0 != x0) for y in xs) else None
-    num, den = [], []
-    c = x0
-    for (s, size), x in zip(probes, xs):
-        if x == x0:
-            continue
-        r = size / base[s]
-        if math.isclose(x, x0 / r, rel_tol=10.0 ** (1 - digits)):
-            den.append(s)
-            c *= base[s]
-        elif math.isclose(x, x0 * r, rel_tol=10.0 ** (1 - digits)):
-            num.append(s)
-            c /= base[s]
-        else:
-            return None
-    if not num and not den:
-        return x0
-    c = float(f"{c:.{digits}g}")
-    return "*".join([repr(c)] + sorted(num)) + "".join("/" + d for d in sorted(den))
-
-
-def _unify_int(x0, xs, base, probes):
-    """The symbolic form of an int seen as x0 at the base sizes and xs[k] when only
-    probes[k]'s symbol changed: x0 itself when no probe changes it, else coef*syms."""
-    syms = []
-    for (s, size), x in zip(probes, xs):
-        if x == x0:
-            continue
-        if x0 <= 0 or x * base[s] != x0 * size:
-            return None
-        syms.append(s)
-    if not syms:
-        return x0
-    den = 1
-    for s in syms:
-        den *= base[s]
-    if x0 % den:
-        return None
-    return expr_str(x0 // den, syms)
-
-
 # ---------------------------------------------------------------------- guards
 def merge_guards(lists, base, probes):
     """The comparisons on sizes that the traces at `base` and at each probe made (one
@@ -228,7 +146,7 @@ def merge_guards(lists, base, probes):
                 seen.add(g)
                 out.append(g)
     for sizes in [base] + [dict(base, **{s: n}) for s, n in probes]:
-        bad = _sym.failing(out, sizes)
+        bad = _symint.failing(out, sizes)
         if bad is not None:
             return out, (bad, sizes)
     return out, None
@@ -266,7 +184,7 @@ def check_unguarded(guards, base, what, upto=1024):
 
 def failing_guard(guards, sizes):
     """The first of `guards` that `sizes` break, or None."""
-    return _sym.failing(guards, sizes)
+    return _symint.failing(guards, sizes)
 
 
 def guard_symbols(guard) -> set:
@@ -282,7 +200,7 @@ def guards_from_json(items, what) -> list:
     if not isinstance(items, list):
         raise SampanError(f"{what}: 'guards' is {type(items).__name__}, not a list")
     try:
-        return [_sym.Guard.from_json(d) for d in items]
+        return [_symint.Guard.from_json(d) for d in items]
     except _sym.ExprError as e:
         raise SampanError(f"{what}: {e}") from None
 
@@ -311,7 +229,7 @@ def unify(g0, others, base, probes, what="program"):
             e = (_symbolic_int(d, ds, base, probes) if isinstance(d, SymInt) else None) \
                 if None not in ds else None
             if e is None and None not in ds:
-                e = _unify_int(int(d), [int(x) for x in ds], base, probes)
+                e = _sym.unify_int(int(d), [int(x) for x in ds], base, probes)
             if e is None:
                 raise DynamicShapeError(
                     f"sampan.jit: dim {j} of {v.type_str()}{_where(v, g)} is {d} at "
@@ -328,14 +246,14 @@ def unify(g0, others, base, probes, what="program"):
             fills_o = [_uniform(c) for c in cs]
             if fill is not None and None not in fills_o and v.dtype.kind == "f":
                 digits = 15 if v.dtype.itemsize == 8 else 6 if v.dtype.itemsize == 4 else 3
-                fill = _unify_float(float(fill), [float(f) for f in fills_o], base, probes,
+                fill = _sym.unify_float(float(fill), [float(f) for f in fills_o], base, probes,
                                     digits)
             elif fill is not None and any(f != fill for f in fills_o):
                 fill = None
             if fill is None and v.dtype.kind in "iu" and v.ndim <= 1 and all(
                     c.shape == v.const.shape for c in cs):
                 # a shape vector (x.shape as a tensor): each entry a multiple of the symbols
-                ents = [_unify_int(int(x), [int(c.reshape(-1)[j]) for c in cs], base, probes)
+                ents = [_sym.unify_int(int(x), [int(c.reshape(-1)[j]) for c in cs], base, probes)
                         for j, x in enumerate(v.const.reshape(-1))]
                 if None not in ents:
                     vectors.append((v, ents))
@@ -357,7 +275,7 @@ def unify(g0, others, base, probes, what="program"):
                 f"sampan.jit: {n.op} at {n.loc or '?'} has attributes {n.attrs} that change "
                 f"with {_syms(probes)} in a way that is not a multiple of them") from None
     for v, fill in fills:     # folded fills become fills of the symbolic shape again
-        value = _ATTR + fill if isinstance(fill, str) else fill
+        value = _sym.attr(fill) if isinstance(fill, str) else fill
         value = value.item() if isinstance(value, np.generic) else value
         node = g.add_node("full", [], {"shape": tuple(_attr_of(d) for d in v.shape),
                                        "value": value, "dtype": v.dtype.name},
@@ -387,7 +305,7 @@ class _NoUnify(Exception):
 
 
 def _attr_of(d):
-    return d if isinstance(d, int) else _ATTR + d
+    return d if isinstance(d, int) else _sym.attr(d)
 
 
 def _symbolic_int(x, xs, base, probes):
@@ -418,7 +336,7 @@ def _unify_attr(x, xs, base, probes):
         e = (_symbolic_int if isinstance(x, SymInt) else _symbolic_float)(
             x, xs, base, probes)
         if e is not None:
-            return _ATTR + e
+            return _sym.attr(e)
         # its expression does not fit the probes (a number a cache kept from another
         # trace): read it as a plain number, as below
         x = int(x) if isinstance(x, SymInt) else float(x)
@@ -430,7 +348,7 @@ def _unify_attr(x, xs, base, probes):
         if any(not isinstance(y, int) or isinstance(y, bool) for y in xs):
             raise _NoUnify
         xs = [int(y) for y in xs]
-        e = _unify_int(x, xs, base, probes)
+        e = _sym.unify_int(x, xs, base, probes)
         if e is None:
             raise _NoUnify
         return _attr_of(e)
@@ -438,7 +356,7 @@ def _unify_attr(x, xs, base, probes):
         if any(not isinstance(y, float) for y in xs):
             raise _NoUnify
         xs = [float(y) for y in xs]
-        e = _unify_float(x, xs, base, probes)
+        e = _sym.unify_float(x, xs, base, probes)
         if e is None:
             raise _NoUnify
         return _attr_of(e) if isinstance(e, str) else e
@@ -484,8 +402,7 @@ def _syms(probes):
     return ", ".join(f"'{s}'" for s, _ in probes)
 
 
-def _sizes(base):
-    return ", ".join(f"{s}={n}" for s, n in sorted(base.items()))
+_sizes = _sym.sizes_text
 
 
 # ---------------------------------------------------------------------- probes
@@ -523,37 +440,9 @@ def resized(leaves, dyn, sizes):
 
 
 # ---------------------------------------------------------------------- concretising
-def concrete(g, sizes):
-    """A copy of symbolic graph `g` with every symbol replaced by its size."""
-    c = g.copy()
-    for v in c.values():
-        if any(isinstance(d, str) for d in v.shape):
-            v.shape = tuple(evaluate(d, sizes) if isinstance(d, str) else d for d in v.shape)
-    for n in c.nodes:
-        n.attrs = {a: _concrete_attr(x, sizes) for a, x in n.attrs.items()}
-    return c
-
-
-def _concrete_attr(x, sizes):
-    if isinstance(x, str) and x.startswith(_ATTR):
-        return evaluate(x[len(_ATTR):], sizes)
-    if isinstance(x, tuple):
-        return tuple(_concrete_attr(a, sizes) for a in x)
-    if isinstance(x, list):
-        return [_concrete_attr(a, sizes) for a in x]
-    return x
-
-
-def input_dims(g, positions) -> dict:
-    """{input position: {dim: symbol}} for the graph inputs `positions` (the call's
-    arguments) with symbolic dims; a symbol is bound by a dim that is exactly it."""
-    out = {}
-    for p in positions:
-        dims = {d: s for d, s in enumerate(g.inputs[p].shape)
-                if isinstance(s, str) and _NAME.fullmatch(s)}
-        if dims:
-            out[p] = dims
-    return out
+# (a symbolic graph at given sizes: the IR's, `sampan.ir.symbolic`; their names here too)
+evaluate, symbols_of, concrete = _sym.size_at, _sym.symbols_of, _sym.concrete
+input_dims, fits = _sym.input_dims, _sym.fits
 
 
 class SymbolicProgram:
@@ -615,7 +504,7 @@ class SymbolicProgram:
 
     def check(self, sizes):
         """Raise DynamicShapeError when `sizes` are outside one of the guards."""
-        bad = _sym.failing(self.guards, sizes)
+        bad = _symint.failing(self.guards, sizes)
         if bad is not None:
             raise guard_error(bad, sizes, self.label)
 
@@ -625,8 +514,3 @@ class SymbolicProgram:
             self.check(sizes)
         return self.compiled_for(sizes)(*arrays)
 
-
-def fits(shape, want, sizes) -> bool:
-    """Whether a concrete `shape` matches symbolic `want` under `sizes`."""
-    return len(shape) == len(want) and all(
-        (evaluate(w, sizes) if isinstance(w, str) else w) == n for n, w in zip(shape, want))

@@ -40,6 +40,11 @@ _MISSING = object()
 _DEEP = frozenset((list, dict, tuple, types.SimpleNamespace))
 
 
+
+def _jitted(v) -> bool:
+    """Whether `v` is a jitted function (`JitFunction`: its `.fn` is what it runs)."""
+    return getattr(type(v), "jit_wrapped", False) is True
+
 class Ref:
     """A snapshot part that compares by identity (tensors, layers, functions, objects)."""
 
@@ -192,13 +197,12 @@ class _Builder:
     def explore(self, v, where, depth):
         """Follow `v` to the functions and Layers it holds (their reads are guarded too)."""
         from ..nn.layer import Layer
-        from .api import JitFunction
         if depth > MAX_DEPTH or id(v) in self.seen:
             return
         if isinstance(v, Layer):
             self.layer(v, where)
-        elif isinstance(v, (types.FunctionType, types.MethodType, functools.partial,
-                            JitFunction)):
+        elif isinstance(v, (types.FunctionType, types.MethodType, functools.partial)) \
+                or _jitted(v):
             self.function(v, depth + 1)
         elif type(v) in (list, tuple) and len(v) <= MAX_ITEMS:
             self.seen.add(id(v))
@@ -223,11 +227,10 @@ class _Builder:
             self.guards.append((_LayersName(check), check))
 
     def function(self, f, depth):
-        from .api import JitFunction
         if id(f) in self.seen or depth > MAX_DEPTH:
             return
         self.seen.add(id(f))
-        if isinstance(f, JitFunction):
+        if _jitted(f):
             return self.function(f.fn, depth)
         if isinstance(f, types.MethodType):
             self.explore(f.__self__, _qual(f.__self__), depth)

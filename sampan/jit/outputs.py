@@ -60,7 +60,7 @@ def link_outputs(links, leaves, res, args):
     output that is the new value of a tensor the call updated is that tensor's array;
     outputs that are residuals of the call's gradient are returned for its tape node to
     check. Returns [(leaf, residual index)]."""
-    from .api import _target
+    from .slots import target as _target
     watch = []
     for li, kind, ref in links:
         y = leaves[li]

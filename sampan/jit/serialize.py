@@ -33,6 +33,10 @@ save.
 Weights are read once, straight into their arrays, while they are hashed: a load peaks
 at about the size of the weights, not three times it.
 
+`sampan.jit.program` reads a folder for its users (`SavedProgram`, `Loaded`, `load`);
+`serialize.load` and `serialize.Loaded`, their names here before, are bound to those by
+the package (`jit/__init__.py`), so this module imports nothing above it.
+
 Example::
 
     >>> sampan.jit.save(model, "m.sampan", (x,))
@@ -53,7 +57,9 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..io import _atomic
 from ..io import _tensorfile as _tf
-from ..tensor import Tensor, wrap
+from ..tensor import Tensor
+from . import dynamic as _dyn
+from . import pytree
 
 FORMAT = "sampan.jit"
 VERSION = 3         # the newest format read; written only with example_fills (else 2)
@@ -81,41 +87,6 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _tree_json(tree, consts):
-    kind = tree[0]
-    if kind == "T":
-        return {"t": tree[1]}
-    if kind in ("tuple", "list", "ntuple"):   # a named tuple is saved as a plain tuple
-        name = "tuple" if kind == "ntuple" else kind
-        return {name: [_tree_json(t, consts) for t in tree[1]]}
-    if kind == "dict":
-        return {"dict": [[k, _tree_json(t, consts)] for k, t in tree[1]]}
-    if kind == "C":
-        consts.append(tree[1]._data)
-        return {"const": len(consts) - 1}
-    v = tree[1]
-    return {"static": v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)}
-
-
-def _tree_py(j, leaves, consts):
-    if "t" in j:
-        return leaves[j["t"]]
-    if "tuple" in j:
-        return tuple(_tree_py(x, leaves, consts) for x in j["tuple"])
-    if "list" in j:
-        return [_tree_py(x, leaves, consts) for x in j["list"]]
-    if "dict" in j:
-        return {_key(k): _tree_py(x, leaves, consts) for k, x in j["dict"]}
-    if "const" in j:
-        return wrap(consts[j["const"]].copy())
-    return j["static"]
-
-
-def _key(k):
-    # JSON turns a tuple key into a list
-    return tuple(_key(x) for x in k) if isinstance(k, list) else k
-
-
 def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) -> str:
     """Trace `fn_or_layer(*example_inputs)`, optimise, and write a model directory.
 
@@ -123,64 +94,11 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     `sampan.jit` (``{"x": {0: "batch"}}``, or ``"batch"`` for dim 0 of every input; a
     jitted function's own `dynamic` is the default): the program is traced at more than
     one size and stored with symbolic dims, so the loaded program takes any size there."""
-    from ..passes import PassManager, pipeline
-    from . import dynamic as _dyn
-    from .api import JitFunction, _flatten, _unflatten, trace
-    fn, state = fn_or_layer, []
-    params = []
-    if isinstance(fn, JitFunction):
-        if dynamic is None:
-            dynamic = fn.dynamic
-        params = fn._params
-        state, fn = fn._state(), fn.fn
-    elif hasattr(fn, "named_parameters"):
-        layer = fn
-        state = list(layer.named_parameters())
-        if hasattr(layer, "named_buffers"):
-            state += [(n, b) for n, b in layer.named_buffers() if b is not None]
+    from .capture import capture
     example_inputs = tuple(example_inputs)
-    leaves = []
-    tree = _flatten((example_inputs, {}), leaves)
-    if not params:
-        import inspect
-        target = getattr(fn, "forward", fn)
-        try:
-            params = list(inspect.signature(target).parameters)
-        except (TypeError, ValueError):
-            params = []
-    dyn = _dyn.leaf_dims(dynamic, params, example_inputs, {})
-    names = pipeline(passes) if isinstance(passes, str) else list(passes)
-
-    guards = []
-
-    def traced(ins):
-        info = {}
-        g, slots, out_slots, out_tree, _ = trace(fn, ins, {}, state, info=info, dyn=dyn)
-        guards.append(info["sym_guards"])
-        # state the program reads but never writes is fixed in a saved program: passes
-        # that know it (freeze_state, in the "inference" pipeline) may fold it into
-        # constants
-        written = {id(ref) for kind, ref in out_slots if kind == "state"}
-        g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
-                            if kind == "state" and id(ref) not in written}
-        g = PassManager([p for p in names if p != "plan_memory"]).run(g)
-        return g, slots, out_slots, out_tree
-    g, slots, out_slots, out_tree = traced(example_inputs)
-    if dyn:   # one program for every size of the marked dims (see jit/dynamic.py)
-        base, probes = _dyn.probe_sizes(_dyn.bind(leaves, dyn))
-        runs = [traced(_unflatten(tree, _dyn.resized(leaves, dyn, sz))[0])[0]
-                for sz in [dict(base, **{s: n}) for s, n in probes]]
-        if base != _dyn.bind(leaves, dyn):   # an example of size 1: trace the base at 2
-            g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
-        meta_g = g.meta
-        # the comparisons on sizes the traces made: the same answers at every probe, or
-        # the code decides on the size and no one program serves it (jit/dynamic.py)
-        guards, conflict = _dyn.merge_guards(guards[1:] if len(guards) > len(runs) + 1
-                                             else guards, base, probes)
-        if conflict is not None:
-            raise _dyn.guard_error(*conflict, what="saved program")
-        g = _dyn.unify(g, runs, base, probes, what="saved program")
-        g.meta = meta_g
+    c = capture(fn_or_layer, example_inputs, passes, dynamic, what="saved program")
+    g, slots, out_slots, out_tree = c.graph, c.slots, c.out_slots, c.out_tree
+    leaves, params, dyn, guards = c.leaves, c.params, c.dynamic, c.guards
     slots = _drop_unread(g, slots)
 
     arrays, dtypes = {}, {}
@@ -224,7 +142,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         "format": FORMAT, "version": VERSION if fills else 2, "graph_name": g.name,
         "inputs": ins, "n_args": len(leaves),
         "outputs": [k for k, _ in out_slots],
-        "out_tree": _tree_json(out_tree, out_consts), "dtypes": dtypes,
+        "out_tree": pytree.to_json(out_tree, out_consts), "dtypes": dtypes,
         "arg_names": _arg_names(example_inputs, params),   # the Predictor's input names
     }
     if fills:            # older programs have none: every example is stored whole
@@ -236,7 +154,7 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
     meta["n_outconst"] = len(out_consts)
     files = {"graph.ir": text.encode("utf-8"),
              "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
-    return _write_dir(os.fspath(path), files, arrays)
+    return write_dir(os.fspath(path), files, arrays)
 
 
 def _one_value(a) -> bool:
@@ -293,17 +211,17 @@ def _drop_unread(g, slots) -> list:
 def _arg_names(args, params) -> list:
     """A name per tensor leaf of the call: the parameter's, with `.k` for the k-th leaf of
     a nested argument (unique; `argN` where the signature has no name)."""
-    from .api import _flatten
     names = []
     for i, a in enumerate(args):
-        sub = []
-        _flatten(a, sub)
+        sub = pytree.leaves_of(a)
         base = params[i] if i < len(params) else f"arg{i}"
         names += [base] if isinstance(a, Tensor) else [f"{base}.{k}" for k in range(len(sub))]
     return names if len(set(names)) == len(names) else [f"arg{i}" for i in range(len(names))]
 
 
-def _write_dir(path: str, files: dict, arrays: dict) -> str:
+def write_dir(path: str, files: dict, arrays: dict) -> str:
+    """Write a program folder atomically: `files` ({name: bytes}), `arrays` into the
+    weights, the checksums last (see the module doc). Returns `path`."""
     folder, base = os.path.split(os.path.abspath(path))   # "m.sampan/" names m.sampan
     _atomic.recover_dir(path, _complete)   # a crash between two renames: repair first
     _atomic.remove_stale(folder, _atomic.dir_temp_pattern(base))
@@ -348,77 +266,6 @@ def _complete(folder: str) -> bool:
         return True
     except (LoadError, OSError):
         return False
-
-
-class Loaded:
-    """A loaded program: call it like the original function (tensors in, tensors out).
-
-    State outputs (e.g. a saved training step's parameters) update `self.state`."""
-
-    def __init__(self, path, graph, meta, arrays, debug=False):
-        from ..passes import PassManager
-        from ..runtime import compile_graph
-        self.path = path
-        self.meta = meta
-        self.graph = graph
-        self.arrays = arrays
-        from . import dynamic as _dyn
-        self.symbolic = bool(_dyn.symbols_of(graph))
-        if self.symbolic:   # symbolic dims: compiled per concrete size (jit/dynamic.py)
-            args_at = [i for i, spec in enumerate(meta["inputs"]) if spec["kind"] == "arg"]
-            self.compiled = _dyn.SymbolicProgram(
-                graph, args_at, debug=debug, label=f"saved program {path}",
-                guards=_dyn.guards_from_json(meta.get("guards", []), f"saved program {path}"))
-        else:
-            g = PassManager(["plan_memory"]).run(graph)
-            self.compiled = compile_graph(g, debug=debug)
-        self.out_consts = [arrays[f"outconst.{i}"] for i in range(meta.get("n_outconst", 0))]
-
-    @property
-    def code(self) -> str:
-        """The generated source (of the most recent concrete size, for symbolic dims)."""
-        return self.compiled.code
-
-    @property
-    def example_inputs(self):
-        """The inputs the program was traced on (one saved as a single value broadcast,
-        see `example_fills`, is a read-only view of that value)."""
-        return tuple(wrap(self.arrays[f"example.{i}"]) for i in range(self.meta["n_args"]))
-
-    def input_arrays(self, args):
-        from .api import _flatten
-        leaves = []
-        _flatten((tuple(args), {}), leaves)
-        if len(leaves) != self.meta["n_args"]:
-            raise SampanError(f"saved program {self.path}: got {len(leaves)} tensor inputs; "
-                              f"expected {self.meta['n_args']}")
-        from . import dynamic as _dyn
-        sizes = {}
-        if self.symbolic:
-            by_pos = {i: leaves[spec["index"]]._data
-                      for i, spec in enumerate(self.meta["inputs"]) if spec["kind"] == "arg"}
-            sizes = self.compiled.sizes_of(by_pos)
-        out = []
-        for spec, v in zip(self.meta["inputs"], self.graph.inputs):
-            if spec["kind"] == "arg":
-                a = leaves[spec["index"]]._data
-                if not _dyn.fits(a.shape, v.shape, sizes) or a.dtype != v.dtype:
-                    raise SampanError(
-                        f"saved program {self.path}: input {spec['index']} is "
-                        f"{a.dtype}{list(a.shape)}; expected {v.type_str()}")
-                out.append(a)
-            else:
-                out.append(self.arrays[spec["key"]])
-        return out
-
-    def __call__(self, *args):
-        args = tuple(a if isinstance(a, Tensor) else Tensor(a) for a in args)
-        outs = self.compiled(*self.input_arrays(args))
-        leaves = []
-        for kind, a in zip(self.meta["outputs"], outs):
-            if kind == "out":
-                leaves.append(wrap(a))
-        return _tree_py(self.meta["out_tree"], leaves, self.out_consts)
 
 
 # ---------------------------------------------------------------------- reading
@@ -540,7 +387,6 @@ def _is_version(meta, v) -> bool:
 def _at_example_sizes(g, meta, arrays):
     """`g`, or for a graph with symbolic dims its concrete form at the example inputs'
     sizes (shape rules check concrete graphs)."""
-    from . import dynamic as _dyn
     if not _dyn.symbols_of(g):
         return g
     args = {i: arrays[f"example.{spec['index']}"] for i, spec in enumerate(meta["inputs"])
@@ -551,12 +397,6 @@ def _at_example_sizes(g, meta, arrays):
         for d, s in ds.items():
             sizes[s] = args[p].shape[d]
     return _dyn.concrete(g, sizes)
-
-
-def load(path, debug: bool = False) -> Loaded:
-    """Load a program written by `save`; verifies checksums, format version and the IR."""
-    g, meta, arrays = read(path)
-    return Loaded(os.fspath(path), g, meta, arrays, debug=debug)
 
 
 def _damaged(p, why="its sha256 checksum does not match the one recorded when it was saved"):
@@ -711,9 +551,8 @@ def _check_meta(path, meta, g, arrays):
     need(isinstance(outs, list) and len(outs) == len(g.outputs)
          and all(k in _OUT_KINDS for k in outs),
          f"'outputs' must list the graph's {len(g.outputs)} output kinds")
-    _check_tree(meta.get("out_tree"), sum(k == "out" for k in outs), n_oc, need)
+    pytree.check_json(meta.get("out_tree"), sum(k == "out" for k in outs), n_oc, need)
     if "guards" in meta:   # the size conditions of a program saved with dynamic= dims
-        from . import dynamic as _dyn
         try:
             guards = _dyn.guards_from_json(meta["guards"], where)
         except SampanError as e:
@@ -722,26 +561,3 @@ def _check_meta(path, meta, g, arrays):
         need(all(_dyn.guard_symbols(x) <= syms for x in guards),
              "'guards' name sizes the graph does not have")
 
-
-def _check_tree(j, n_out, n_const, need, depth=0):
-    need(depth < 200 and isinstance(j, dict) and len(j) == 1,
-         f"'out_tree' node {j!r} must be an object of one field")
-    (kind, x), = j.items()
-    if kind == "t":
-        need(type(x) is int and 0 <= x < n_out, f"'out_tree' leaf {x!r} must be below {n_out}")
-    elif kind == "const":
-        need(type(x) is int and 0 <= x < n_const,
-             f"'out_tree' constant {x!r} must be below {n_const}")
-    elif kind in ("tuple", "list"):
-        need(isinstance(x, list), f"'out_tree' {kind} must be a list")
-        for y in x:
-            _check_tree(y, n_out, n_const, need, depth + 1)
-    elif kind == "dict":
-        need(isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x),
-             "'out_tree' dict must be a list of [key, tree] pairs")
-        for k, y in x:
-            need(not isinstance(k, dict), f"'out_tree' dict key {k!r} must be a plain value")
-            _check_tree(y, n_out, n_const, need, depth + 1)
-    else:
-        need(kind == "static" and not isinstance(x, (list, dict)),
-             f"'out_tree' node kind {kind!r} is unknown")

@@ -21,15 +21,12 @@ import linecache
 import numpy as np
 
 from ..autograd.tape import Node as _Node
-from ..errors import AutogradError, SampanError, user_frame
+from ..errors import AutogradError, TracingError, user_frame
 from ..ir.graph import Graph, Value
-from ..ir.symbolic import ShapeEnv, SymFloat, SymInt, sym
+from ..ir.symbolic import sym
+from ..ir.symint import ShapeEnv, SymFloat, SymInt
 from ..ops.registry import STATE, OpDef
 from ..tensor import Tensor, _record, mark_view, refresh_view, wrap
-
-
-class TracingError(SampanError):
-    """The traced Python code needs a value that only exists when it runs."""
 
 
 def _loc():

@@ -206,57 +206,14 @@ def _out_names(names, n):
 # ---------------------------------------------------------------------- tracing
 def _trace(fn_or_layer, example_inputs, dynamic):
     """(optimised Graph, input slots, output slots) of the call, as `sampan.jit.save`
-    traces it: state read and never written is frozen; `dynamic` dims unified."""
+    traces it (`sampan.jit.capture`); an ONNX model cannot check size guards per call,
+    so one that some size breaks is refused."""
     from ..autograd import no_grad
-    from ..jit import dynamic as _dyn
-    from ..jit.api import JitFunction, _flatten, _unflatten, trace
-    from ..passes import PassManager, pipeline
-    fn, state, params = fn_or_layer, [], []
-    if isinstance(fn, JitFunction):   # its own dynamic= unless dynamic_axes says otherwise
-        dynamic = fn.dynamic if dynamic is None else dynamic
-        params, state, fn = fn._params, fn._state(), fn.fn
-    elif hasattr(fn, "named_parameters"):
-        state = list(fn.named_parameters())
-        if hasattr(fn, "named_buffers"):
-            state += [(n, b) for n, b in fn.named_buffers() if b is not None]
-    if not params:
-        import inspect
-        try:
-            params = list(inspect.signature(getattr(fn, "forward", fn)).parameters)
-        except (TypeError, ValueError):
-            params = []
-    leaves = []
-    tree = _flatten((example_inputs, {}), leaves)
-    dyn = _dyn.leaf_dims(dynamic, params, example_inputs, {})
-    names = [p for p in pipeline("inference") if p != "plan_memory"]
-
-    guards = []
-
-    def traced(ins):
-        info = {}
-        g, slots, out_slots, _, _ = trace(fn, ins, {}, state, info=info, dyn=dyn)
-        guards.append(info["sym_guards"])
-        written = {id(ref) for kind, ref in out_slots if kind == "state"}
-        g.meta["frozen"] = {i: ref._data for i, (kind, ref) in enumerate(slots)
-                            if kind == "state" and id(ref) not in written}
-        return PassManager(names).run(g), slots, out_slots
+    from ..jit.capture import capture
     with no_grad():
-        g, slots, out_slots = traced(example_inputs)
-        if dyn:
-            base, probes = _dyn.probe_sizes(_dyn.bind(leaves, dyn))
-            runs = [traced(_unflatten(tree, _dyn.resized(leaves, dyn, sz))[0])[0]
-                    for sz in [dict(base, **{s: n}) for s, n in probes]]
-            if base != _dyn.bind(leaves, dyn):
-                g = traced(_unflatten(tree, _dyn.resized(leaves, dyn, base))[0])[0]
-            # decisions on the sizes (jit/dynamic.py): an ONNX model cannot check them
-            # per call, so one that some size breaks is refused
-            found, conflict = _dyn.merge_guards(guards[1:] if len(guards) > len(runs) + 1
-                                                else guards, base, probes)
-            if conflict is not None:
-                raise _dyn.guard_error(*conflict, what="exported program")
-            _dyn.check_unguarded(found, base, "exported program")
-            g = _dyn.unify(g, runs, base, probes, what="exported program")
-    return g, slots, out_slots
+        c = capture(fn_or_layer, example_inputs, "inference", dynamic,
+                    what="exported program", unguarded=True)
+    return c.graph, c.slots, c.out_slots
 
 
 def _input_names(input_names, params, n, example_inputs):
@@ -354,21 +311,13 @@ def to_model(fn_or_layer, example_inputs, *, opset=None, input_names=None,
 
 
 def _params_of(fn):
-    import inspect
-    from ..jit.api import JitFunction
-    if isinstance(fn, JitFunction):
-        return list(fn._params)
-    try:
-        return list(inspect.signature(getattr(fn, "forward", fn)).parameters)
-    except (TypeError, ValueError):
-        return []
+    from ..jit.capture import unwrap
+    return unwrap(fn)[2]
 
 
 def _count_leaves(example_inputs):
-    from ..jit.api import _flatten
-    leaves = []
-    _flatten((example_inputs, {}), leaves)
-    return len(leaves)
+    from ..jit.pytree import leaves_of
+    return len(leaves_of((example_inputs, {})))
 
 
 # ---------------------------------------------------------------------- checking, writing
@@ -422,17 +371,17 @@ def save_model(model, path, external_data_threshold=EXTERNAL_DATA_BYTES):
 def saved_to_model(program_dir, *, opset=None, input_names=None, output_names=None):
     """The ModelProto of a program written by `sampan.jit.save` (its Graph as saved, with
     its weights as initializers; symbolic dims it was saved with become dim_params)."""
-    from ..jit.serialize import read
-    g, meta, arrays = read(program_dir)
-    n_args = meta["n_args"]
+    from ..jit.program import SavedProgram
+    prog = SavedProgram.read(program_dir)
+    g, meta = prog.graph, prog.meta
+    n_args = prog.n_args
     names = _input_names(input_names, [], n_args, ()) if input_names is not None else \
         [f"input_{i}" for i in range(n_args)]
     args, state = {}, {}
-    for p, spec in enumerate(meta["inputs"]):
+    for p, (spec, a) in enumerate(zip(meta["inputs"], prog.fixed_inputs())):
         if spec["kind"] == "arg":
             args[p] = names[spec["index"]]
         else:      # weights, frozen feeds, generator states: fixed in a saved program
-            state[p] = (_clean(g.inputs[p].name or spec["key"]), arrays[spec["key"]])
-    outs = [i for i, kind in enumerate(meta["outputs"]) if kind == "out"]
-    return graph_to_model(g, args, state, outs, opset=opset, output_names=output_names,
-                          name=str(meta.get("graph_name") or "sampan"))
+            state[p] = (_clean(g.inputs[p].name or spec["key"]), a)
+    return graph_to_model(g, args, state, prog.out_positions, opset=opset,
+                          output_names=output_names, name=str(meta.get("graph_name") or "sampan"))

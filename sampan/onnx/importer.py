@@ -664,8 +664,7 @@ def load(src, *, dim_sizes=None, base_dir=None):
     with no_grad():
         # traced and compiled for these inputs, not run: running would make every
         # value of the declared sizes (JitFunction.__call__ = this, then entry.run)
-        key, leaves = f._key(args, {})
-        f._last = f._compile(key, args, {}, leaves)
+        f.compile(*args)
     return f.graph
 
 

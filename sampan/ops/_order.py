@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
-from ..ir.symbolic import deciding
+from ..ir.symint import deciding
 from ..tensor import Tensor, apply
 from ._nb import njit
 from ._util import Sample, norm_axis, pick, randf, rng

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..ir.symbolic import as_float, deciding
+from ..ir.symint import as_float, deciding
 from ..tensor import Tensor
 from ._util import Sample, pick, randf, rng
 from .elementwise import (add, cast, div, erf, exp, gt, log, mul, rsqrt, sigmoid, sub, tanh,

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanValueError, op_error
-from ..ir.symbolic import as_float, as_int, deciding, is_symbolic
+from ..ir.symint import as_float, as_int, deciding, is_symbolic
 from ..tensor import Tensor, apply, wrap
 from ._util import Sample
 from .registry import NOT_DIFFERENTIABLE, Spec, defop

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..ir.symbolic import SymFloat, SymInt
+from ..ir.symint import SymFloat, SymInt
 from ..tensor import Tensor, apply, wrap
 from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
                     unary_samples, unbroadcast)

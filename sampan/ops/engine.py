@@ -61,15 +61,16 @@ def set_runner_for(fn) -> None:
 def spec_attr(shape, dtype) -> tuple:
     """(dtype name, shape) with symbolic dims as "$expr" (what `concrete()` evaluates)."""
     from ..dtypes import dtype_name
+    from ..ir.symbolic import attr
     return (dtype_name(np.dtype(dtype)),
-            tuple(d if isinstance(d, int) else f"${d}" for d in shape))
+            tuple(d if isinstance(d, int) else attr(d) for d in shape))
 
 
 def _spec(entry) -> Spec:
     dt, shape = entry
     from ..dtypes import as_dtype
-    return Spec(tuple(d[1:] if isinstance(d, str) and d.startswith("$") else d
-                      for d in shape), as_dtype(dt))
+    from ..ir.symbolic import attr_text
+    return Spec(tuple(attr_text(d) for d in shape), as_dtype(dt))
 
 
 def _rule(*specs, engine, body, outputs, in_specs, out_specs):

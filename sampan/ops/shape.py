@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SampanIndexError, ShapeError, op_error
-from ..ir.symbolic import SymInt, as_int, deciding, is_symbolic
+from ..ir.symint import SymInt, as_int, deciding, is_symbolic
 from ..tensor import Tensor, apply, mark_view
 from ._util import Sample, norm_axis, pick, randf, rng, unbroadcast
 from .registry import NO_ONNX, STATE, Spec, defop

@@ -15,6 +15,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# What the bisector needs from the floors above passes/ (running a Graph, tracing a
+# function), registered by `sampan.jit` as it loads (`register_front`), so that this
+# module imports nothing above ir/ and ops/.
+_FRONT: dict = {}
+
+
+def register_front(run, trace) -> None:
+    """`run(graph, arrays, use_plan)` -> the graph's outputs; `trace(fn, inputs)` ->
+    (graph as traced, its input arrays). Called by `sampan.jit` on import."""
+    _FRONT["run"], _FRONT["trace"] = run, trace
+
+
+def _front(what):
+    if what not in _FRONT:
+        from ..errors import SampanError
+        raise SampanError("sampan.passes.bisect needs sampan.jit (import sampan) to "
+                          f"{'run graphs' if what == 'run' else 'trace functions'}")
+    return _FRONT[what]
+
 
 @dataclass
 class BisectResult:
@@ -76,22 +95,22 @@ def _pass_names(passes) -> list:
 def bisect_graph(g, arrays, passes="train", tol: float = 1e-5) -> BisectResult:
     """Bisect the passes of `passes` (a pipeline name, or pass and pipeline names) on
     graph `g` run with input `arrays`. `g` must have concrete sizes."""
-    from ..runtime import compile_graph
     from .manager import PASSES, PassError
+    run = _front("run")
     names = _pass_names(passes)
     sym = next((v for v in g.values() if any(isinstance(d, str) for d in v.shape)), None)
     if sym is not None:
         raise PassError(f"bisect: graph {g.name!r} has symbolic sizes (value "
                         f"{sym.type_str()}); bisect it at concrete sizes (`sampan bisect` "
                         "uses a saved program's example inputs)")
-    ref = compile_graph(g, use_plan=False)(*arrays)
+    ref = run(g, arrays, False)
     cur = g.copy()
     for i, name in enumerate(names):
         before = str(cur)
         nxt = PASSES[name](cur.copy())
         nxt = cur if nxt is None else nxt
         try:
-            out = compile_graph(nxt)(*arrays)
+            out = run(nxt, arrays, True)
             err = _max_err(out, ref)
         except Exception as e:  # a pass that breaks execution is a culprit too
             err = float("inf")
@@ -104,26 +123,5 @@ def bisect_graph(g, arrays, passes="train", tol: float = 1e-5) -> BisectResult:
 
 def bisect(fn, inputs, passes="train", tol: float = 1e-5) -> BisectResult:
     """Trace `fn(*inputs)` (a function, jitted function or Layer) and bisect its passes."""
-    from ..jit.api import JitFunction, _flatten, trace
-    state = []
-    if isinstance(fn, JitFunction):
-        state = fn._state()
-        fn = fn.fn
-    elif hasattr(fn, "named_parameters"):
-        state = list(fn.named_parameters())
-    inputs = tuple(inputs)
-    leaves = []
-    _flatten((inputs, {}), leaves)
-    g, slots, *_ = trace(fn, inputs, {}, state)
-    arrays = []
-    for kind, ref in slots:
-        if kind == "arg":
-            arrays.append(leaves[ref]._data)
-        elif kind == "state":
-            arrays.append(ref._data)
-        elif kind == "grad":
-            t = leaves[ref[1]] if isinstance(ref, tuple) else ref
-            arrays.append(t.grad._data)
-        else:
-            arrays.append(np.array([ref.seed, ref.counter], np.int64))
+    g, arrays = _front("trace")(fn, tuple(inputs))
     return bisect_graph(g, arrays, passes, tol)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.symbolic import SymFloat, SymInt
+from ..ir.symbolic import is_attr
+from ..ir.symint import SymFloat, SymInt
 from ..ops.registry import OPS
 from .manager import register_pass
 
@@ -48,7 +49,7 @@ def _symbolic(x) -> bool:
     if isinstance(x, (SymInt, SymFloat)):
         return True
     if isinstance(x, str):
-        return x.startswith("$")
+        return is_attr(x)
     if isinstance(x, dict):
         return any(_symbolic(v) for v in x.values())
     if isinstance(x, (tuple, list)):

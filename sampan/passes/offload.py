@@ -113,7 +113,7 @@ def _weight(n) -> int:
 # ---------------------------------------------------------------------- 1. support
 def support(g, opset=None, engine="onnxruntime") -> list:
     """Per node: None when onnxruntime can run it, else the reason it cannot."""
-    from ..jit import dynamic as _dyn
+    from ..ir import symbolic as _dyn
     from ..onnx.export import check_opset
     opset = check_opset(opset)
     syms = _dyn.symbols_of(g)

@@ -287,14 +287,13 @@ def flops(fn, *inputs, **kwargs) -> int:
         >>> sampan.flops(nn.Linear(64, 10), sampan.randn(32, 64))   # 2*32*64*10 + 32*10
         41280
     """
-    from ..jit.api import JitFunction, jit, trace
+    from ..jit import JitFunction, jit, trace
     from ..passes import PassManager
     jf = fn if isinstance(fn, JitFunction) else jit(fn)
-    key, leaves = jf._key(inputs, kwargs)
-    for entry in jf.cache.get(key, ()):
-        if entry.valid(leaves):
-            return graph_flops(entry.graph)
+    entry = jf.cached(inputs, kwargs)
+    if entry is not None:
+        return graph_flops(entry.graph)
     name = type(jf.layer).__name__ if jf.layer is not None else "main"
-    g = trace(jf.fn, inputs, kwargs, jf._state(), name=name)[0]
+    g = trace(jf.fn, inputs, kwargs, jf.state_tensors(), name=name)[0]
     passes = [p for p in PassManager(jf.pipeline).passes if p != "plan_memory"]
     return graph_flops(PassManager(passes).run(g))

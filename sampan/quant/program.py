@@ -19,17 +19,18 @@ import os
 import numpy as np
 
 from .. import dtypes as _dt
+from ..jit.program import SavedProgram
 from .calibrate import QuantError, calibrate_graph, check_batches
 
 PASSES_INT8 = ["quantize", "fuse_quant", "dce"]
 PASSES_WEIGHT_ONLY = ["quantize", "dce"]
 
 
-class Program:
-    """A saved program's graph, meta.json and arrays (as `sampan.jit.serialize.read`)."""
+class Program(SavedProgram):
+    """A saved program's graph, meta.json and arrays (a `sampan.jit.SavedProgram`)."""
 
     def __init__(self, graph, meta, arrays, path):
-        self.graph, self.meta, self.arrays, self.path = graph, meta, arrays, path
+        super().__init__(path, graph, meta, arrays)
 
     def arg_specs(self):
         return [(v.shape, v.dtype) for spec, v in zip(self.meta["inputs"], self.graph.inputs)
@@ -37,20 +38,17 @@ class Program:
 
     def feeds(self, args):
         """One array per graph input: the call's arguments, the stored state."""
-        out = []
-        for spec, v in zip(self.meta["inputs"], self.graph.inputs):
-            out.append(args[spec["index"]] if spec["kind"] == "arg" else self.arrays[spec["key"]])
-        return out
+        return [args[spec["index"]] if a is None else a
+                for spec, a in zip(self.meta["inputs"], self.fixed_inputs())]
 
 
 def load_program(src) -> Program:
     """A Program from a saved directory, a `sampan.jit.load`ed program or a Graph (whose
     inputs are all arguments)."""
     from ..ir.graph import Graph
-    from ..jit.serialize import Loaded, read
     if isinstance(src, Program):
         return src
-    if isinstance(src, Loaded):
+    if isinstance(src, SavedProgram):       # a sampan.jit.load()ed program too
         return Program(src.graph, src.meta, src.arrays, src.path)
     if isinstance(src, Graph):
         meta = {"format": "sampan.jit", "version": 2, "graph_name": src.name,
@@ -61,8 +59,8 @@ def load_program(src) -> Program:
                 "n_outconst": 0}
         return Program(src, meta, {}, "<graph>")
     if isinstance(src, (str, os.PathLike)):
-        g, meta, arrays = read(src)
-        return Program(g, meta, arrays, os.fspath(src))
+        p = SavedProgram.read(src)
+        return Program(p.graph, p.meta, p.arrays, p.path)
     raise QuantError(f"sampan.quant: got a {type(src).__name__}; expected a saved program "
                      "directory, a sampan.jit.load()ed program or a Graph")
 
@@ -118,7 +116,7 @@ def write_program(prog, g, out_dir, example=None):
     """Write graph `g` (a rewrite of `prog.graph` with the same arguments) as a saved
     program, dropping state inputs it does not read. Returns `out_dir`."""
     from ..io import _tensorfile as _tf
-    from ..jit.serialize import _write_dir
+    from ..jit.serialize import write_dir
     read_ids = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
     keep = [i for i, (spec, v) in enumerate(zip(prog.meta["inputs"], g.inputs))
             if spec["kind"] == "arg" or v.id in read_ids]
@@ -147,4 +145,4 @@ def write_program(prog, g, out_dir, example=None):
     meta["dtypes"] = {k: _dt.dtype_name(a.dtype) for k, a in arrays.items()}
     files = {"graph.ir": text.encode("utf-8"),
              "meta.json": json.dumps(meta, indent=1).encode("utf-8")}
-    return _write_dir(os.fspath(out_dir), files, arrays)
+    return write_dir(os.fspath(out_dir), files, arrays)

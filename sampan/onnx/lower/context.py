@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ir import symbolic as _sym
 from ...ops.registry import NO_ONNX, OPS, Spec
 from ..errors import OnnxError
 
@@ -92,8 +93,8 @@ class Ctx:
 
     def scalar(self, value, dtype) -> str:
         """A 0-d initializer of `dtype`; a "$expr" value (a symbolic size) is computed."""
-        if isinstance(value, str) and value.startswith("$"):
-            return self.emit("Squeeze", [self.cast(self.expr(value[1:]), dtype),
+        if _sym.is_attr(value):
+            return self.emit("Squeeze", [self.cast(self.expr(_sym.attr_text(value)), dtype),
                                          self.ints([0])])
         return self.const(np.asarray(value, dtype=dtype))
 
@@ -109,7 +110,7 @@ class Ctx:
                 if run:
                     parts.append(self.const(np.asarray(run, np.int64), "ints"))
                     run = []
-                parts.append(self.expr(v[1:] if v.startswith("$") else v))
+                parts.append(self.expr(_sym.attr_text(v)))
             else:
                 run.append(int(v))
         if run:
@@ -122,7 +123,6 @@ class Ctx:
         see `sampan.jit.dynamic`), computed from the inputs' shapes."""
         if expr in self._dim_cache:
             return self._dim_cache[expr]
-        from ...ir import symbolic as _sym
         try:
             tree = _sym.parse(expr)
         except _sym.ExprError as e:
