@@ -365,7 +365,7 @@ def _conv2d_samples():
 
 
 CONV2D = defop("conv2d", _conv2d_rule, kernel=_f32(_conv2d_kernel), grad=_conv2d_grad,
-               flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples, amp="lower")
+               flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples, amp="lower", gemm=True)
 
 
 # ---------------------------------------------------------------------- conv_transpose2d
@@ -476,7 +476,8 @@ def _ct_samples():
 
 
 CONV_TRANSPOSE2D = defop("conv_transpose2d", _ct_rule, kernel=_f32(_ct_kernel), grad=_ct_grad,
-                         flops=_ct_flops, onnx="ConvTranspose", samples=_ct_samples, amp="lower")
+                         flops=_ct_flops, onnx="ConvTranspose", samples=_ct_samples, amp="lower",
+                         gemm=True)
 
 
 # ---------------------------------------------------------------------- conv2d weight grad
@@ -561,7 +562,8 @@ def _gw_samples():
 
 
 CONV2D_GRAD_WEIGHT = defop("conv2d_grad_weight", _gw_rule, kernel=_f32(_gw_kernel),
-                           grad=_gw_grad, flops=_gw_flops, onnx=NO_ONNX, samples=_gw_samples)
+                           grad=_gw_grad, flops=_gw_flops, onnx=NO_ONNX, samples=_gw_samples,
+                           gemm=True)
 
 
 # ---------------------------------------------------------------------- frontends
