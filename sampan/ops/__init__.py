@@ -4,7 +4,7 @@
 listed once in `FAMILIES`."""
 
 FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "reduce", "shape",
-            "rowwise", "layernorm", "composite", "conv", "pool", "sort", "sparse", "fused",
+            "rowwise", "layernorm", "composite", "conv", "conv_transpose", "pool", "sort", "sparse", "fused",
             "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
             # issue 17, spatial area
             "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d",

@@ -11,6 +11,7 @@ from ._util import Sample, lead_size, randf, rng
 from .registry import NOT_DIFFERENTIABLE, NO_ONNX, Spec, defop
 from .rowwise import _FM, _half, _standardize_grad, standardize
 
+
 # ---------------------------------------------------------------------- layer norm (affine)
 # layer_norm over the last axis with a weight and a bias as one op, as PyTorch's
 # native_layer_norm: standardize, mul and add recorded three ops and three passes forward,

@@ -14,6 +14,7 @@ from ._util import Sample, elementwise_rule, numel_flops, randf, rng, unary_samp
 from .elementwise import _WHERE_FAST, _unary_fn, add, binary, div, mul, sub
 from .registry import NOT_DIFFERENTIABLE, NO_ONNX, defop
 
+
 # ---------------------------------------------------------------------- unary math
 try:  # scipy's erf is exact to the last bit; fall back to math.erf per element
     from scipy.special import erf as _erf_kernel
