@@ -3,7 +3,7 @@
 `sampan/__init__.py` imports `load_all()` after Tensor exists; every op module is
 listed once in `FAMILIES`."""
 
-FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "reduce", "shape",
+FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "reduce", "shape", "getitem",
             "rowwise", "layernorm", "composite", "conv", "conv_transpose", "pool", "sort", "sparse", "fused",
             "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
             # issue 17, spatial area
