@@ -1,6 +1,7 @@
 """ONNX import: a ModelProto becomes a trainable `OnnxModule` (an `nn.Layer` that runs the
 graph node by node through the handlers of `sampan/onnx/ops/`) and, traced with
-`sampan.jit`, a sampan `Graph`.
+`sampan.jit`, a sampan `Graph`. The per-node machinery (Node, Context, attribute checks,
+static evaluation) is in `nodes.py`.
 
 Floating initializers become Parameters (so an imported model fine-tunes with sampan's
 autograd and optimisers); other initializers and Constant nodes are static values, and a

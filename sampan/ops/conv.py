@@ -1,7 +1,8 @@
 """Convolution primitives (NCHW); pooling lives in pool.py and shares the helpers.
 
 conv2d lowers to im2col and one batched GEMM per call. The input gradient of conv2d *is*
-conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose); its kernel runs the GEMM
+conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose; in conv_transpose.py,
+re-exported here); its kernel runs the GEMM
 and then accumulates the kh*kw column planes into the output (col2im). With numba both
 data movements are loops (_convloops.py, 5-20x faster on small layers); without it,
 im2col is a strided window view made contiguous and col2im adds strided slices, still far

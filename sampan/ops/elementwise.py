@@ -1,6 +1,9 @@
 """Elementwise primitives: one block per op (rule, kernel, gradient, scalar form, FLOPs,
 ONNX mapping, samples). Python-facing functions promote dtypes and wrap scalars
-before calling `apply`, so every kernel sees inputs of one dtype."""
+before calling `apply`, so every kernel sees inputs of one dtype.
+
+Here: the frontends, binary arithmetic, comparisons and logic, where and cast. The unary
+math ops (exp, relu, gelu …) are in unary.py, re-exported at the end of this module."""
 from __future__ import annotations
 
 import math

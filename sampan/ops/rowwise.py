@@ -1,5 +1,6 @@
 """Softmax, log-softmax and standardisation (layer norm without its affine part) over
-the last axis as primitives, in eager mode and under jit.
+the last axis as primitives, in eager mode and under jit (the affine layer norm ops are
+in layernorm.py, re-exported here).
 
 The composites in composite.py (max, sub, exp, sum, div ...) run as these ops over the
 last axis: one pass per row forward, and a gradient that reads only the output,

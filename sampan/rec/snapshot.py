@@ -1,6 +1,6 @@
 """Embedding snapshots: full exports, incremental deltas, restore, and a serving reader.
 
-File layout (one file per export)::
+File layout (one file per export; read and written by `snapshot_file`)::
 
     b"SMPNEMB\\0" | u32 format version | u64 header length | header (JSON) | arrays | sha256
 
