@@ -4,6 +4,10 @@ Each rule looks for one known way a program wastes time, and reports it as a `Fi
 whose evidence is numbers read from the trace and whose fix is a concrete change. A rule
 stays silent unless its evidence passes its thresholds (the named constants below), so a
 reasonable program (a jitted step fed by a fast loader) gets no findings at all.
+Rules read events' fields (op name, input/output shapes and dtypes, value ids, FLOPs:
+see `runtime.profiled.node_events`), never the IR text, and which ops are GEMMs comes from
+the op table (`OpDef.gemm`, `gemm_ops()`). The rules over rec and collective events are
+in `advisor_dist`, the view and `Finding` they share in `_advice`.
 
 =====================  ==================================================================
 rule                   fires when
@@ -16,8 +20,8 @@ dispatch_bound         >= DISPATCH_MIN_OPS eager ops, most shorter than
 unfused_elementwise    a jitted program runs >= UNFUSED_MIN_CHAIN elementwise nodes in a
                        row, each reading the one before, as separate kernels
 recompilation_storm    one jitted function compiled >= RECOMPILE_MIN times
-gemm_below_peak        matmul/conv of one shape (one eager shape, or one jit node) takes
-                       >= GEMM_MIN_SHARE of the time at < GEMM_PEAK_FRACTION of this
+gemm_below_peak        a GEMM op (OpDef.gemm) of one shape (one eager shape, or one jit
+                       node) takes >= GEMM_MIN_SHARE of the time at < GEMM_PEAK_FRACTION of this
                        machine's measured sgemm rate in its best call; why: small calls,
                        float64, or starved BLAS threads (calls varying >= GEMM_JITTER x, or
                        a GEMM that is not small below GEMM_STARVED_FRACTION of peak)
