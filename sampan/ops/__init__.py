@@ -3,9 +3,9 @@
 `sampan/__init__.py` imports `load_all()` after Tensor exists; every op module is
 listed once in `FAMILIES`."""
 
-FAMILIES = ["creation", "elementwise", "index", "linalg", "random", "reduce", "shape",
-            "rowwise", "composite", "conv", "pool", "sort", "sparse", "fused",
-            "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
+FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "reduce", "shape",
+            "getitem", "rowwise", "layernorm", "composite", "conv", "conv_transpose", "pool",
+            "sort", "sparse", "fused", "mathops", "layout", "scatter", "scan", "decomp", "nn_ops",
             # issue 17, spatial area
             "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d",
             # issue 19: int8 quantisation; subgraphs run by onnxruntime (the offload pass)

@@ -293,7 +293,8 @@ def _samples():
 
 EINSUM = defop("einsum", _einsum_rule, kernel=_einsum_kernel, grad=_einsum_grad,
                flops=_einsum_flops, onnx="Einsum", samples=_samples,
-               doc="Einstein summation over a canonical equation (see sampan.einsum)", amp="lower")
+               doc="Einstein summation over a canonical equation (see sampan.einsum)", amp="lower",
+               gemm=True)
 
 
 def einsum(equation, *operands):

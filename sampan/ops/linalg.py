@@ -76,7 +76,7 @@ def _samples():
 
 
 MATMUL = defop("matmul", _matmul_rule, kernel=_matmul_kernel, grad=_matmul_grad,
-               flops=_matmul_flops, onnx="MatMul", samples=_samples, amp="lower")
+               flops=_matmul_flops, onnx="MatMul", samples=_samples, amp="lower", gemm=True)
 
 
 def matmul(a, b):

@@ -77,6 +77,9 @@ class OpDef:
     # sums, losses), "follow" computes in whatever its inputs are (elementwise and shape
     # ops; the public functions promote mixed inputs before the op)
     amp: str = "follow"
+    # a GEMM-family op (matmul, convolutions, einsum: FLOPs = 2 * output size * reduction);
+    # the profiler's advisor judges these against the machine's measured sgemm rate
+    gemm: bool = False
     doc: str = ""
 
     def __post_init__(self):

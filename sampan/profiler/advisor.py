@@ -4,6 +4,10 @@ Each rule looks for one known way a program wastes time, and reports it as a `Fi
 whose evidence is numbers read from the trace and whose fix is a concrete change. A rule
 stays silent unless its evidence passes its thresholds (the named constants below), so a
 reasonable program (a jitted step fed by a fast loader) gets no findings at all.
+Rules read events' fields (op name, input/output shapes and dtypes, value ids, FLOPs:
+see `runtime.profiled.node_events`), never the IR text, and which ops are GEMMs comes from
+the op table (`OpDef.gemm`, `gemm_ops()`). The rules over rec and collective events are
+in `advisor_dist`, the view and `Finding` they share in `_advice`.
 
 =====================  ==================================================================
 rule                   fires when
@@ -16,8 +20,8 @@ dispatch_bound         >= DISPATCH_MIN_OPS eager ops, most shorter than
 unfused_elementwise    a jitted program runs >= UNFUSED_MIN_CHAIN elementwise nodes in a
                        row, each reading the one before, as separate kernels
 recompilation_storm    one jitted function compiled >= RECOMPILE_MIN times
-gemm_below_peak        matmul/conv of one shape (one eager shape, or one jit node) takes
-                       >= GEMM_MIN_SHARE of the time at < GEMM_PEAK_FRACTION of this
+gemm_below_peak        a GEMM op (OpDef.gemm) of one shape (one eager shape, or one jit
+                       node) takes >= GEMM_MIN_SHARE of the time at < GEMM_PEAK_FRACTION of this
                        machine's measured sgemm rate in its best call; why: small calls,
                        float64, or starved BLAS threads (calls varying >= GEMM_JITTER x, or
                        a GEMM that is not small below GEMM_STARVED_FRACTION of peak)
@@ -36,13 +40,14 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._advice import (_WORK, RULES, Finding, _by_tid, _inside, _merged, _ms, _rule, _sig,
+                      _union_ns, _View)
 from .machine import machine_peak_gflops
 
-__all__ = ["RULES", "Finding", "advise", "machine_peak_gflops"]
+__all__ = ["RULES", "Finding", "advise", "gemm_ops", "machine_peak_gflops"]
 
 # input_bound: share of the training thread's time in the loader (steady state)
 INPUT_BOUND_SHARE = 0.20
@@ -62,92 +67,6 @@ GEMM_MIN_SHARE = 0.05          # of the profiled wall time, for one (op, shapes)
 GEMM_SMALL_DIM = 64            # a GEMM dimension below this is "too small"
 GEMM_JITTER = 10.0             # median / best call time of one shape: threads contending
 GEMM_STARVED_FRACTION = 0.01   # a GEMM that is not small this far below peak: starved
-GEMM_OPS = ("matmul", "conv2d", "conv_transpose2d", "conv2d_grad_weight", "einsum")
-# embedding caches and parameter-server pulls
-REC_MISS_RATE = 0.5
-REC_MIN_LOOKUPS = 256
-REC_WAIT_SHARE = 0.20
-
-
-@dataclass
-class Finding:
-    """One thing to change: `rule` (its name), a one-line `title`, the `evidence` (numbers
-    read from the trace), the `fix` and the `share` of the profiled time at stake."""
-    rule: str
-    title: str
-    evidence: dict = field(default_factory=dict)
-    fix: str = ""
-    share: float = 0.0     # of the profiled time at stake; `advise` lists the largest first
-
-    def __str__(self):
-        ev = ", ".join(f"{k}={_fmt(v)}" for k, v in self.evidence.items())
-        return f"[{self.rule}] {self.title}\n  evidence: {ev}\n  fix: {self.fix}"
-
-
-def _fmt(v):
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
-
-
-# ------------------------------------------------------------------------ the trace view
-class _View:
-    """The events of a profile, grouped the ways the rules read them."""
-
-    def __init__(self, prof):
-        evs = prof.events if hasattr(prof, "events") else list(prof)
-        self.events = [e for e in evs if e.cat != "memory"]
-        self.by_cat = defaultdict(list)
-        self.by_tid = defaultdict(list)
-        for e in self.events:
-            self.by_cat[e.cat].append(e)
-            self.by_tid[e.tid].append(e)
-        wall = getattr(prof, "wall_ns", 0) or 0
-        if self.events and wall <= 0:
-            wall = max(e.end for e in self.events) - min(e.ts for e in self.events)
-        self.wall_ns = max(int(wall), 1)
-
-
-def _union_ns(spans) -> int:
-    """Length of the union of (start, end) intervals."""
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(spans):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
-def _merged(spans) -> list:
-    """Sorted, disjoint [start, end] intervals covering the (start, end) spans."""
-    out = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def _sig(x, digits=4) -> float:
-    return float(f"{x:.{digits}g}")
-
-
-def _ms(ns) -> float:
-    return round(ns / 1e6, 3)
-
-
-RULES: list = []
-
-
-def _rule(fn):
-    RULES.append(fn)
-    return fn
 
 
 def advise(prof, rules=None) -> list:
@@ -163,7 +82,6 @@ def advise(prof, rules=None) -> list:
 
 
 # ------------------------------------------------------------------------ input bound
-_WORK = ("op", "kernel", "backward", "optim")
 
 
 @_rule
@@ -217,16 +135,6 @@ def input_bound(v: _View):
     return found
 
 
-def _inside(e, merged) -> bool:
-    """Whether event `e` lies within one of the sorted [start, end] intervals."""
-    for s, t in merged:
-        if s <= e.ts and e.end <= t:
-            return True
-        if s > e.ts:
-            break
-    return False
-
-
 # ------------------------------------------------------------------------ dispatch bound
 @_rule
 def dispatch_bound(v: _View):
@@ -273,18 +181,23 @@ def dispatch_bound(v: _View):
 
 
 # ------------------------------------------------------------------------ unfused chains
-_VAL = re.compile(r"%(\w+)")
-
-
 def _kernel_op(e):
-    """(op name, output value ids, input value ids, output types) of a kernel event, read
-    from its IR line ``%9: f32[8,64] = tanh(%5)  # model.py:3`` (the name alone without)."""
-    ir = str(e.args.get("ir", "")).split("  #")[0]
-    lhs, sep, rhs = ir.partition(" = ")
-    m = re.match(r"\s*([A-Za-z_][\w.]*)\(", rhs) if sep else None
-    if not m:
-        return e.name, set(), set(), ""
-    return m[1], set(_VAL.findall(lhs)), set(_VAL.findall(rhs)), lhs
+    """(op name, output value ids, input value ids, output dtypes) of a kernel event, read
+    from its fields (see `runtime.profiled.node_events`); ids are empty when unknown."""
+    a = e.args
+    return (e.name, set(a.get("outputs") or ()), set(a.get("inputs") or ()),
+            tuple(a.get("out_dtypes") or ()))
+
+
+def _short_dtypes(names) -> set:
+    """IR spellings ("f32", "bf16") of the float dtype names in `names`."""
+    from ..dtypes import DTYPES, is_floating, short_name
+    out = set()
+    for n in names:
+        d = DTYPES.get(str(n))
+        if d is not None and is_floating(d):
+            out.add(short_name(d))
+    return out
 
 
 @_rule
@@ -315,8 +228,7 @@ def unfused_elementwise(v: _View):
                 c = chains[key]
                 c["count"] += 1
                 c["ns"] += sum(r[0].dur for r in run)
-                c["dtypes"].update(re.findall(r"\b(f64|f16|bf16|f32)\[", " ".join(
-                    r[1][3] for r in run)))
+                c["dtypes"].update(_short_dtypes(d for r in run for d in r[1][3]))
                 c["src"] = run[0][0].args.get("src", "")
             run = [(e, info)] if elementwise else []
     found = []
@@ -348,15 +260,6 @@ def unfused_elementwise(v: _View):
                                    f"{prog} run unfused ({c['count']}x)", ev, why,
             share=ev["share"]))
     return found
-
-
-def _by_tid(events):
-    d = defaultdict(list)
-    for e in events:
-        d[e.tid].append(e)
-    for es in d.values():
-        es.sort(key=lambda e: e.ts)
-    return d
 
 
 # ------------------------------------------------------------------------ recompilation
@@ -436,38 +339,39 @@ def recompilation_storm(v: _View):
 
 
 # ------------------------------------------------------------------------ GEMMs vs peak
-def _gemm_name(e):
-    if e.cat == "op":
-        return e.name
-    if e.cat == "kernel":
-        return _kernel_op(e)[0]
-    return None
+def gemm_ops() -> frozenset:
+    """Names of the ops the op table marks as GEMMs (`OpDef.gemm`: matmul, convolutions,
+    einsum …), judged against the machine's sgemm rate. A new op marked there is judged
+    too, with no list here to edit."""
+    from ..ops.registry import OPS
+    return frozenset(n for n, op in OPS.items() if op.gemm)
 
 
 def _gemm_shapes(e):
     """(group key, shapes to show, the GEMM's dims) of one matmul/conv event. An eager op
-    has its input shapes; a jit kernel its IR line, whose output type and FLOPs give M, N
+    has its input shapes; a jit kernel its output shape, which with its FLOPs gives M, N
     and the reduction K (one node of one program: the same shapes every call)."""
+    shapes = e.args.get("shapes") or []
     if e.cat == "op":
-        shapes = e.args.get("shapes") or []
         dims = [d for s in shapes[-2:] for d in s[-2:]]
         return str(shapes), shapes, dims
-    ir = str(e.args.get("ir", "")).split("  #")[0]
-    out = re.findall(r"\[([\d,]*)\]", ir.partition(" = ")[0])
-    shape = [int(d) for d in out[0].split(",") if d] if out else []
+    outs = e.args.get("out_shapes") or [[]]
+    shape = [d for d in outs[0] if isinstance(d, int)]
     numel = int(np.prod(shape)) if shape else 1
     k = int(e.args["flops"]) // max(2 * numel, 1)
     label = f"out {shape}, K={k}"
-    return (e.args.get("program"), ir), label, shape[-2:] + [k]
+    node = tuple(e.args.get("outputs") or ()) or str(shapes)
+    return (e.args.get("program"), node), label, shape[-2:] + [k]
 
 
 @_rule
 def gemm_below_peak(v: _View):
     """matmul/conv groups taking real time at a small fraction of the machine's rate."""
     groups = {}
+    gemms = gemm_ops()
     for e in v.by_cat["op"] + v.by_cat["kernel"]:
-        name = _gemm_name(e)
-        if name not in GEMM_OPS or not e.args.get("flops"):
+        name = e.name
+        if name not in gemms or not e.args.get("flops"):
             continue
         key, shapes, dims = _gemm_shapes(e)
         g = groups.setdefault((name, key), {"calls": 0, "ns": 0, "flops": 0, "shapes": shapes,
@@ -528,109 +432,8 @@ def gemm_below_peak(v: _View):
     return found
 
 
-# ------------------------------------------------------------------------ rec / PS
-@_rule
-def embedding_cache_misses(v: _View):
-    """The embedding hot cache misses most lookups."""
-    cache = [e for e in v.by_cat["rec"] if e.name == "cache"]
-    hits = sum(int(e.args.get("hits", 0)) for e in cache)
-    misses = sum(int(e.args.get("misses", 0)) for e in cache)
-    n = hits + misses
-    if n < REC_MIN_LOOKUPS or misses / n < REC_MISS_RATE:
-        return []
-    pull_ns = _union_ns([(e.ts, e.end) for e in v.by_cat["rec"] if e.name == "pull"])
-    ev = {"lookups": n, "hits": hits, "misses": misses, "miss_rate": round(misses / n, 3),
-          "batches": len(cache), "pull_ms": _ms(pull_ns)}
-    return [Finding(
-        "embedding_cache_misses", f"the embedding hot cache misses {misses / n:.0%} of "
-                                  f"{n} lookups", ev,
-        "raise the hot-cache budget (rows kept in memory next to the model) to cover the "
-        "working set of hot ids; admission that keeps one-off ids out helps it hold them",
-        share=min(pull_ns / v.wall_ns, 1.0))]
-
-
-@_rule
-def ps_pull_wait(v: _View):
-    """Training waits on parameter-server pulls (synchronous, or prefetch not keeping up)."""
-    rec = v.by_cat["rec"]
-    waits = [e for e in rec if e.name == "prefetch_wait"]
-    pulls = [e for e in rec if e.name == "pull"]
-    # time the training side is blocked: prefetch waits, and pulls on threads that train
-    work_tids = {e.tid for e in v.events if e.cat in _WORK}
-    blocking = waits + [e for e in pulls if e.tid in work_tids]
-    ns = _union_ns([(e.ts, e.end) for e in blocking])
-    share = ns / v.wall_ns
-    if not blocking or share < REC_WAIT_SHARE:
-        return []
-    ev = {"blocked_ms": _ms(ns), "share": round(share, 3), "pulls": len(pulls),
-          "prefetch_waits": len(waits),
-          "mean_pull_ms": round(float(np.mean([e.dur for e in pulls])) / 1e6, 3)
-          if pulls else 0.0}
-    if waits:
-        fix = ("the prefetcher does not hide the pulls: the step is shorter than a pull; "
-               "raise the hot-cache budget so fewer ids go to the shards, add shards, or "
-               "pipeline deeper")
-        title = f"the step waits on the embedding prefetcher {share:.0%} of the time"
-    else:
-        fix = ("pulls run synchronously on the training thread: wrap the batches in "
-               "sampan.rec.Prefetcher so batch t+1 is pulled while step t trains, and "
-               "raise the hot-cache budget")
-        title = f"parameter-server pulls block the step {share:.0%} of the time"
-    return [Finding("ps_pull_wait", title, ev, fix, share=ev["share"])]
-
-
-# ------------------------------------------------------------------ exposed communication
-EXPOSED_COMM_SHARE = 0.20      # of the collectives' time, spent blocked in wait()
-EXPOSED_MIN_WALL_SHARE = 0.02  # of the profiled time: a rare short wait stays silent
-EXPOSED_MIN_COLLECTIVES = 2
-
-
-def _walk_of(t, merged):
-    return next(((a, b) for a, b in merged if a <= t <= b), None)
-
-
-@_rule
-def exposed_communication(v: _View):
-    """Collectives (gradient reductions) are waited for instead of overlapping backward.
-    Read from one process's trace: a wait for a slower rank to arrive counts too."""
-    coll = v.by_cat["collective"]
-    spans = [e for e in coll if e.name != "wait"]
-    waits = [e for e in coll if e.name == "wait"]
-    if len(spans) < EXPOSED_MIN_COLLECTIVES or not waits:
-        return []
-    walks = defaultdict(list)
-    for e in v.by_cat["backward"]:
-        if e.name == "backward":       # one span around each whole backward walk
-            walks[e.tid].append((e.ts, e.end))
-    total_ns = exposed_ns = early = early_done = 0
-    for tid, mine in _by_tid(spans).items():       # per thread: one rank's trainer
-        total_ns += _union_ns([(e.ts, e.end) for e in mine])
-        exposed_ns += _union_ns([(e.ts, e.end) for e in waits if e.tid == tid])
-        bw = _merged(walks.get(tid, []))
-        for e in mine:      # started with a quarter or more of its backward still to run
-            w = _walk_of(e.ts, bw)
-            if w is not None and w[1] - e.ts >= (w[1] - w[0]) / 4:
-                early += 1
-                early_done += e.end <= w[1]
-    share = exposed_ns / max(total_ns, 1)
-    if share < EXPOSED_COMM_SHARE or exposed_ns / v.wall_ns < EXPOSED_MIN_WALL_SHARE:
-        return []
-    ev = {"exposed_ms": _ms(exposed_ns), "collective_ms": _ms(total_ns),
-          "exposed_share": round(share, 3), "wall_share": round(exposed_ns / v.wall_ns, 3),
-          "collectives": len(spans), "waits": len(waits), "started_early": early,
-          "done_during_backward": early_done,
-          "largest_wait_ms": _ms(max(e.dur for e in waits))}
-    if early and not early_done:
-        fix = ("reductions started early in backward still finish only after it: MPI moves "
-               "a nonblocking collective's bytes only inside MPI calls, so test the ones in "
-               "flight between the ops of backward (DataParallel does) rather than only "
-               "when waiting for them")
-    else:
-        fix = ("the gradients ready last are reduced after backward: bucket gradients in "
-               "the order they become ready (DataParallel rebuilds its buckets so after "
-               "its first step), keep the final bucket small (bucket_mb, LAST_BUCKET_MB) "
-               "and start each bucket as soon as it is full; a wait seen on one rank only "
-               "is a slower peer arriving (compare both ranks' traces)")
-    return [Finding("exposed_communication",
-                    f"{share:.0%} of the collectives' time is waited for, not overlapped",
-                    ev, fix, share=min(exposed_ns / v.wall_ns, 1.0))]
+# the rules over rec and distributed events register after the ones above
+from .advisor_dist import (EXPOSED_COMM_SHARE, EXPOSED_MIN_COLLECTIVES,  # noqa: E402,F401
+                           EXPOSED_MIN_WALL_SHARE, REC_MIN_LOOKUPS, REC_MISS_RATE,
+                           REC_WAIT_SHARE, embedding_cache_misses, exposed_communication,
+                           ps_pull_wait)

@@ -35,13 +35,28 @@ def _nbytes(v) -> int:
         return 0
 
 
+def _dims(v) -> list:
+    """A value's shape for an event: ints, symbolic dims as their text."""
+    return [d if isinstance(d, int) else str(d) for d in v.shape]
+
+
 def node_events(g, name, program=None):
-    """({"_now", "_ev"} for the generated code's globals, per-node (op, args))."""
+    """({"_now", "_ev"} for the generated code's globals, per-node (op, args)).
+
+    Besides the IR line (for people), each node's event carries its facts as fields
+    (for the advisor and the tables): the value ids it reads and writes, the input and
+    output shapes and dtypes, FLOPs and bytes."""
     ren = {v.id: k for k, v in enumerate(g.values())}
     program = program or g.name or name
     meta = []
     for n in g.nodes:
         args = {"ir": node_str(n, lambda v: f"%{ren[v.id]}"), "src": n.loc or "",
+                "inputs": [ren[v.id] for v in n.inputs],
+                "outputs": [ren[v.id] for v in n.outputs],
+                "shapes": [_dims(v) for v in n.inputs],
+                "dtypes": [str(v.dtype) for v in n.inputs],
+                "out_shapes": [_dims(v) for v in n.outputs],
+                "out_dtypes": [str(v.dtype) for v in n.outputs],
                 "flops": _flops(n),
                 "bytes": sum(_nbytes(v) for v in n.inputs) + sum(_nbytes(v)
                                                                  for v in n.outputs),

@@ -313,10 +313,13 @@ def test_jit_gemms_are_judged_per_node_and_starved_threads_are_named():
     slow_ns = int(fl / (0.001 * peak))       # 0.1% of the peak for a 256^3 GEMM: starved
     evs, t = [], 0
     for _ in range(4):
-        for node, ns in (("%5: f32[256,256] = matmul(%0, %1)", fast_ns),
-                         ("%9: f32[256,256] = matmul(%5, %2)", slow_ns)):
+        for node, ins, out, ns in (("%5: f32[256,256] = matmul(%0, %1)", [0, 1], 5, fast_ns),
+                                   ("%9: f32[256,256] = matmul(%5, %2)", [5, 2], 9, slow_ns)):
             evs.append(Event("matmul", "kernel", t, ns, 1,
-                             {"ir": node + "  # m.py:3", "flops": fl, "program": "step"}))
+                             {"ir": node + "  # m.py:3", "flops": fl, "program": "step",
+                              "inputs": ins, "outputs": [out],
+                              "shapes": [[256, 256]] * 2, "dtypes": ["float32"] * 2,
+                              "out_shapes": [[256, 256]], "out_dtypes": ["float32"]}))
             t += ns
     (f,) = [f for f in advisor.advise(evs) if f.rule == "gemm_below_peak"]
     assert f.evidence["shapes"] == "out [256, 256], K=256" and f.evidence["calls"] == 4
@@ -326,10 +329,13 @@ def test_jit_gemms_are_judged_per_node_and_starved_threads_are_named():
 
 def test_unfused_chain_in_float64_says_why():
     evs, t = [], 0
-    for ir in ("%1: f64[64] = exp(%0)", "%2: f64[64] = tanh(%1)", "%3: f64[64] = neg(%2)",
-               "%4: f32[64] = fused(%3, body=(('relu', (0,)),), outputs=(1,))"):
+    for i, ir in enumerate(("%1: f64[64] = exp(%0)", "%2: f64[64] = tanh(%1)",
+                            "%3: f64[64] = neg(%2)",
+                            "%4: f32[64] = fused(%3, body=(('relu', (0,)),), outputs=(1,))")):
+        dt = "float32" if i == 3 else "float64"
         evs.append(Event(ir.split("= ")[1].split("(")[0], "kernel", t, 1000, 1,
-                         {"ir": ir, "flops": 64, "program": "f"}))
+                         {"ir": ir, "flops": 64, "program": "f", "inputs": [i],
+                          "outputs": [i + 1], "out_shapes": [[64]], "out_dtypes": [dt]}))
         t += 1000
     (f,) = [f for f in advisor.advise(evs) if f.rule == "unfused_elementwise"]
     assert f.evidence["chain"] == "exp -> tanh -> neg"
