@@ -21,6 +21,10 @@ from .tensor import Tensor
 from .ops import load_all as _load_ops
 
 _load_ops()  # registers the op table
+# kernels measured against other backends (oneDNN) where installed; loads nothing yet.
+# Here, not in ops.load_all: the providers sit on a floor above the op table.
+from .backends import choice as _choice  # noqa: E402
+_choice.install()
 _alloc.tune()  # keep freed activations in the process (see sampan/_alloc.py)
 from . import _tensor_methods  # noqa: F401  (binds operators and methods)
 from .autograd import (enable_grad, grad, inference_mode, is_grad_enabled,

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..dtypes import bfloat16
 from ..errors import SampanError
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, bfloat16, np.int64, np.int32,

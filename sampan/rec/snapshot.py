@@ -34,7 +34,7 @@ import numpy as np
 
 from sampan.errors import SampanError
 from sampan.io import _atomic
-from sampan.profiler import recorder as _rec
+from sampan import _recorder as _rec
 from sampan.rec.hashtable import ChunkedRows, HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.table import META_FIELDS, HashEmbeddingTable
