@@ -25,18 +25,18 @@ MAX_LINES = 600
 INHERENT = ("sampan.tensor", "sampan._tensor_methods", "sampan.autograd", "sampan.ops",
             "sampan.backends.numba")
 
-# --- in flight (wt-knot / wt-passes); remove when merged ---
-# Each entry: the modules a cycle being untied today may still run through (a cycle
-# passes when all its modules are in one entry).
+# --- in flight (wt-knot / wt-passes / wt-split); remove when merged ---
+# Each entry: the modules (or packages) a cycle being untied today may still run through;
+# a cycle passes when every module of it is in one entry.
 CYCLES_IN_FLIGHT = [
-    # jit/api <-> autodiff, guards, outputs, dynamic, serialize; passes -> jit/runtime/quant/onnx
-    {"sampan.jit.api", "sampan.jit.autodiff", "sampan.jit.dynamic", "sampan.jit.guards",
-     "sampan.jit.outputs", "sampan.jit.serialize", "sampan.onnx.export", "sampan.passes",
-     "sampan.passes.bisect", "sampan.passes.offload", "sampan.passes.partition",
-     "sampan.passes.quantize", "sampan.quant.calibrate", "sampan.quant.program",
-     "sampan.runtime", "sampan.runtime.codegen", "sampan.runtime.profiled"},
+    # jit/api <-> autodiff, guards, outputs, dynamic, serialize; passes -> jit/runtime/quant/
+    # onnx (wt-knot renames and splits jit modules: the entry names the packages)
+    {"sampan.jit", "sampan.onnx.export", "sampan.passes", "sampan.quant.calibrate",
+     "sampan.quant.program", "sampan.runtime"},
     # ir/graph -> jit.tracer (TracingError moves to errors.py)
     {"sampan.ir.graph", "sampan.ir.text", "sampan.ir.viz", "sampan.jit.tracer"},
+    # wt-split: conv.py re-exports the conv_transpose2d split off it
+    {"sampan.ops.conv", "sampan.ops.conv_transpose"},
 ]
 
 # --- not yet untied: cycles inside one package (a package's modules importing each
@@ -139,7 +139,7 @@ def test_only_the_inherent_cycle_remains(graph):
     assert outside == [], f"the ops <-> tensor <-> autograd cycle runs through {outside}"
     listed = CYCLES_IN_FLIGHT + CYCLES_INSIDE_A_PACKAGE
     other = [sorted(c) for c in comps if "sampan.tensor" not in c
-             and not any(c <= allowed for allowed in listed)]
+             and not any(all(_under(m, allowed) for m in c) for allowed in listed)]
     assert other == [], f"import cycles besides ops <-> tensor <-> autograd: {other}"
 
 
