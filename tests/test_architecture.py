@@ -47,7 +47,6 @@ CYCLES_INSIDE_A_PACKAGE = [
     {"sampan.ops.layout", "sampan.ops.layout_samples", "sampan.ops.layout_shape"},
     {"sampan.ops._mathcomp", "sampan.ops.mathops"},
     {"sampan.ops.pool", "sampan.ops.pool_index"},
-    {"sampan.models._hf", "sampan.models.bert"},
     {"sampan.optim._lr_more", "sampan.optim.lr_scheduler"},
     # a package's __init__ holding what its modules import back (register_lowering, the
     # group functions)
@@ -59,7 +58,6 @@ CYCLES_INSIDE_A_PACKAGE = [
     {"sampan.distributed", "sampan.distributed._comm", "sampan.distributed.checkpoint",
      "sampan.distributed.comm_hooks", "sampan.distributed.data_parallel",
      "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
-    {"sampan.distributed.collectives", "sampan.distributed.group"},
     # sharded <-> remote (RemoteShardedEmbedding made from a ShardedEmbedding's signature)
     {"sampan.rec._server", "sampan.rec.remote", "sampan.rec.sharded"},
 ]
