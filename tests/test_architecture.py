@@ -47,7 +47,6 @@ CYCLES_INSIDE_A_PACKAGE = [
     {"sampan.ops.layout", "sampan.ops.layout_samples", "sampan.ops.layout_shape"},
     {"sampan.ops._mathcomp", "sampan.ops.mathops"},
     {"sampan.ops.pool", "sampan.ops.pool_index"},
-    {"sampan.optim._lr_more", "sampan.optim.lr_scheduler"},
     # a package's __init__ holding what its modules import back (register_lowering, the
     # group functions)
     {"sampan.onnx.lower", "sampan.onnx.lower.conv", "sampan.onnx.lower.creation",
