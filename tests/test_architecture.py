@@ -47,17 +47,12 @@ CYCLES_INSIDE_A_PACKAGE = [
     {"sampan.ops.layout", "sampan.ops.layout_samples", "sampan.ops.layout_shape"},
     {"sampan.ops._mathcomp", "sampan.ops.mathops"},
     {"sampan.ops.pool", "sampan.ops.pool_index"},
-    # a package's __init__ holding what its modules import back (register_lowering, the
-    # group functions)
-    {"sampan.onnx.lower", "sampan.onnx.lower.conv", "sampan.onnx.lower.creation",
-     "sampan.onnx.lower.elementwise", "sampan.onnx.lower.fused", "sampan.onnx.lower.index",
-     "sampan.onnx.lower.layout", "sampan.onnx.lower.matmul", "sampan.onnx.lower.quant",
-     "sampan.onnx.lower.reduce", "sampan.onnx.lower.rowwise", "sampan.onnx.lower.shape",
-     "sampan.onnx.lower.sort"},
+    # the package's __init__ defines what its modules import back (world_size, rank,
+    # all_reduce: _comm, checkpoint, sync_batchnorm) and imports those modules at its end
     {"sampan.distributed", "sampan.distributed._comm", "sampan.distributed.checkpoint",
      "sampan.distributed.comm_hooks", "sampan.distributed.data_parallel",
      "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
-    # sharded <-> remote (RemoteShardedEmbedding made from a ShardedEmbedding's signature)
+    # ShardedEmbedding(backend="ray") makes the subclass remote.py defines on it
     {"sampan.rec._server", "sampan.rec.remote", "sampan.rec.sharded"},
 ]
 
