@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python tools/api_spec.py --check
+	$(BIN)/lint-imports  # the floors of DESIGN.md (.importlinter)
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -21,6 +21,10 @@ from .tensor import Tensor
 from .ops import load_all as _load_ops
 
 _load_ops()  # registers the op table
+# kernels measured against other backends (oneDNN) where installed; loads nothing yet.
+# Here, not in ops.load_all: the providers sit on a floor above the op table.
+from .backends import choice as _choice  # noqa: E402
+_choice.install()
 _alloc.tune()  # keep freed activations in the process (see sampan/_alloc.py)
 from . import _tensor_methods  # noqa: F401  (binds operators and methods)
 from .autograd import (enable_grad, grad, inference_mode, is_grad_enabled,
@@ -30,7 +34,8 @@ from . import return_types
 from .ops.composite import (batch_norm, cross_entropy, dropout, gelu, layer_norm, leaky_relu,
                             log_softmax, logsumexp, one_hot, rms_norm, silu, softmax, softplus,
                             std, std_mean, var, var_mean)
-from .ops.conv import conv1d, conv2d, conv_transpose2d
+from .ops.conv import conv1d, conv2d
+from .ops.conv_transpose import conv_transpose2d
 from .ops.creation import (arange, empty, eye, from_numpy, full, full_like, linspace, ones,
                            ones_like, tensor, zeros, zeros_like)
 from .ops.elementwise import (abs, add, cast, ceil, clamp, clip, cos, div, eq, erf, exp, expm1,

@@ -154,12 +154,20 @@ def before_openmp() -> None:
         os.environ.update(WAIT_POLICY)
 
 
+# The OpenMP runtime a provider loaded (ctypes, with omp_set_num_threads), or None. This
+# module sits below the providers: oneDNN's (`backends/onednn/_lib.py`) registers its
+# libgomp here when it loads, as `sampan.distributed` registers into ops/collective.py.
+_OMP = {"gomp": None}
+
+
+def set_openmp_runtime(gomp) -> None:
+    """Register the OpenMP runtime a provider loaded; `set_num_threads` then sets its
+    count too (call `apply_policy` to give it the count chosen so far)."""
+    _OMP["gomp"] = gomp
+
+
 def _omp_set(n: int) -> None:
-    try:
-        from .backends.onednn import _lib
-    except ImportError:
-        return
-    g = _lib.gomp() if _lib.loaded() else None
+    g = _OMP["gomp"]
     if g is not None:
         g.omp_set_num_threads(ctypes.c_int(n))
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import AutogradError
 from ..ops.registry import STATE
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 from . import hooks as _hooks
 from .tape import _ver
 

@@ -188,7 +188,7 @@ def read() -> dict:
 
 
 def _write(machines) -> None:
-    from ..io._atomic import write_file
+    from .._atomic import write_file
     path = cache_path()
     data = json.dumps({"format": FORMAT, "machines": machines, "sha256": _digest(machines)},
                       sort_keys=True, indent=1).encode()

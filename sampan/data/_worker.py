@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 
 _POLL_S = 0.2
 _local = threading.local()

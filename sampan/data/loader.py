@@ -18,7 +18,7 @@ import time
 import weakref
 
 from sampan.errors import SampanError, SampanValueError
-from sampan.profiler import recorder as _rec
+from sampan import _recorder as _rec
 
 from . import _worker
 from .collate import default_collate, default_convert

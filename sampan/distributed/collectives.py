@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .group import DistributedError, current
+from .group import TABLE, DistributedError, current
 
 __all__ = ["ReduceOp", "Collective", "TABLE", "collective", "all_reduce", "broadcast",
            "reduce", "all_gather", "reduce_scatter", "barrier", "send", "recv"]
@@ -56,7 +56,7 @@ class Collective:
         return f"<Collective {self.name}>"
 
 
-TABLE: dict = {}
+# TABLE (imported above; the groups read it) maps each name to its `Collective`
 
 
 def collective(name, fallback=None):

@@ -21,12 +21,17 @@ import numpy as np
 
 from ..dtypes import bfloat16
 from ..errors import SampanError
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, bfloat16, np.int64, np.int32,
                                      np.float16, np.int8, np.uint8, np.int16))
 _DTYPE_SET = frozenset(DTYPES)
+
+# {name: Collective}: the one table of collectives. It is filled, and documented, by
+# collectives.py (`@collective`), which builds on this module; it is held here so that a
+# group finds an entry's fallback without importing the module above it.
+TABLE: dict = {}
 
 
 class DistributedError(SampanError, RuntimeError):
@@ -205,7 +210,6 @@ class ProcessGroup:
     def fallback(self, name):
         """The table's implementation of collective `name` over this backend's others
         (`sampan.distributed.collectives.TABLE`), for a backend without its own."""
-        from .collectives import TABLE
         entry = TABLE.get(name)
         if entry is None or entry.fallback is None:
             raise DistributedError(f"{name}: the {self.backend} backend has no such "

@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 from ..tensor import Tensor
 from ._build import optimise
 from .config import Config, InferenceError

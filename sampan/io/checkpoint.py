@@ -45,8 +45,8 @@ import numpy as np
 
 from sampan.errors import SampanError
 
-from . import _atomic
-from . import _tensorfile as _tf
+from .. import _atomic
+from .. import _tensorfile as _tf
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointError", "load", "save"]
 

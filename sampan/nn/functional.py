@@ -235,7 +235,8 @@ def _causal_bias(q_len, k_len, dtype):
 
 # ---------------------------------------------------------------------- conv & pooling
 try:  # the conv and pool op families (absent from builds without them)
-    from ..ops.conv import conv1d, conv2d, conv_transpose2d
+    from ..ops.conv import conv1d, conv2d
+    from ..ops.conv_transpose import conv_transpose2d
     from ..ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 except ImportError:  # pragma: no cover
     pass

@@ -282,7 +282,6 @@ class GRU(_RNNBase):
         return out, h
 
 
-from .rnn_cells import GRUCell, LSTMCell, RNNCell  # noqa: E402
-
-# the names sampan.nn exports from this module (not __all__: the module itself is not API)
-EXPORTS = ["RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"]
+# the names sampan.nn exports from this module (not __all__: the module itself is not API);
+# the one-step cells are in rnn_cells.py, which builds on these layers
+EXPORTS = ["RNN", "LSTM", "GRU"]

@@ -128,3 +128,7 @@ class GRUCell(_CellBase):
 
     def forward(self, input, hx=None):
         return self._step(input, [hx])[0]
+
+
+# the names sampan.nn exports from this module (not __all__: the module itself is not API)
+EXPORTS = ["RNNCell", "LSTMCell", "GRUCell"]

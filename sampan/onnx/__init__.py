@@ -14,6 +14,7 @@ lowers each op of the op table through its ONNX mapping. Needs the `onnx` extra.
 from .export import export  # export: writes a traced program as an ONNX model
 from .importer import OnnxModule, load, to_layer
 from .ops import OnnxError, supported
+from . import engine as _engine  # noqa: F401,E402  (registers the engine-body builder)
 
 __all__ = ["OnnxError", "OnnxModule", "export", "load", "to_layer", "supported"]
 

@@ -19,6 +19,3 @@ def load_all():
     import importlib
     for name in FAMILIES:
         importlib.import_module(f"{__name__}.{name}")
-    # kernels measured against other backends (oneDNN) where installed; loads nothing yet
-    from ..backends import choice
-    choice.install()

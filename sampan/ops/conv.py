@@ -1,9 +1,9 @@
 """Convolution primitives (NCHW); pooling lives in pool.py and shares the helpers.
 
 conv2d lowers to im2col and one batched GEMM per call. The input gradient of conv2d *is*
-conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose; in conv_transpose.py,
-re-exported here); its kernel runs the GEMM
-and then accumulates the kh*kw column planes into the output (col2im). With numba both
+conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose; in conv_transpose.py, which
+imports this module: the gradients here find it by name in the op table); its kernel runs
+the GEMM and then accumulates the kh*kw column planes into the output (col2im). With numba both
 data movements are loops (_convloops.py, 5-20x faster on small layers); without it,
 im2col is a strided window view made contiguous and col2im adds strided slices, still far
 faster than a scatter (np.add.at). Layers with few taps per output, and depthwise ones,
@@ -23,7 +23,7 @@ from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
 from . import _convloops as _loops
 from ._util import Sample, randf, rng, same_dtype
-from .registry import NO_ONNX, Spec, defop
+from .registry import NO_ONNX, Spec, defop, get_op
 
 _swv = np.lib.stride_tricks.sliding_window_view
 _LOOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -334,7 +334,7 @@ def _conv2d_grad(g, y, x, w, stride, padding, dilation, groups):
     gx = gw = None
     if x.requires_grad:
         op = _outpad(x.shape[2:], w.shape[2:], stride, padding, dilation)
-        gx = apply(CONV_TRANSPOSE2D, (g, w), {**attrs, "output_padding": op})
+        gx = apply(get_op("conv_transpose2d"), (g, w), {**attrs, "output_padding": op})
     if w.requires_grad:
         gw = apply(CONV2D_GRAD_WEIGHT, (x, g), {**attrs, "kernel_size": tuple(w.shape[2:])})
     return gx, gw
@@ -430,7 +430,7 @@ def _gw_grad(gw, y, x, g, kernel_size, stride, padding, dilation, groups):
     gx = gg = None
     if x.requires_grad:
         op = _outpad(x.shape[2:], kernel_size, stride, padding, dilation)
-        gx = apply(CONV_TRANSPOSE2D, (g, gw), dict(attrs, output_padding=op))
+        gx = apply(get_op("conv_transpose2d"), (g, gw), dict(attrs, output_padding=op))
     if g.requires_grad:
         gg = apply(CONV2D, (x, gw), attrs)
     return gx, gg
@@ -523,7 +523,3 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     from .shape import squeeze
     return _bias(squeeze(y, 2), b, 3, CONV2D)
 
-
-# conv_transpose2d (the op and its frontend) is in conv_transpose.py; its names stay
-# importable here
-from .conv_transpose import CONV_TRANSPOSE2D, _ct_kernel, conv_transpose2d  # noqa: E402,F401

@@ -482,6 +482,11 @@ def _back(y, squeeze):
     return sq(y, 0) if squeeze else y
 
 
+# The poolings that also return indices (pool_index.py, which builds on this module, puts
+# them here when the op table loads: its module is one of ops.FAMILIES)
+WITH_INDICES: dict = {}
+
+
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
     """Max over kh x kw windows (padding counts as -inf); PyTorch's signature.
@@ -495,8 +500,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         (1, 3, 4, 4)
     """
     if return_indices:
-        from .pool_index import max_pool2d_with_indices
-        return max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
+        return WITH_INDICES["max_pool2d"](x, kernel_size, stride, padding, dilation, ceil_mode)
     x, sq = _nchw(x, "max_pool2d")
     y = checked_apply(MAX_POOL2D, (x,), _pattrs(kernel_size, stride, padding, dilation,
                                                 ceil_mode))

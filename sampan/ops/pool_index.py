@@ -16,7 +16,7 @@ from ..errors import DTypeError, SampanIndexError, ShapeError, op_error
 from ..tensor import apply
 from ._util import Sample, randf, rng
 from .conv import _check_4d, _numel, _pair, _spec, _t
-from .pool import _argmax, _back, _max_rule, _nchw, _pattrs
+from .pool import MAX_POOL2D, WITH_INDICES, _argmax, _back, _max_rule, _nchw, _pattrs
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 
@@ -159,12 +159,14 @@ def max_pool2d_with_indices(x, kernel_size, stride=None, padding=0, dilation=1,
         'int64'
     """
     from .conv import checked_apply
-    from .pool import MAX_POOL2D
     x, sq = _nchw(x, "max_pool2d")
     attrs = _pattrs(kernel_size, stride, padding, dilation, ceil_mode)
     y = checked_apply(MAX_POOL2D, (x,), attrs)
     i = apply(MAX_POOL2D_INDICES, (x.detach(),), attrs)
     return _back(y, sq), _back(i, sq)
+
+
+WITH_INDICES["max_pool2d"] = max_pool2d_with_indices   # max_pool2d(return_indices=True)
 
 
 def _adaptive_size(op, hw, output_size):

@@ -287,7 +287,7 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
         >>> F.fold(sampan.randn(1, 8, 9), (4, 4), 2).shape
         (1, 2, 4, 4)
     """
-    from .conv import conv_transpose2d
+    from .conv_transpose import conv_transpose2d
     from .shape import reshape, unsqueeze
     op = "fold"
     x = _t(input)

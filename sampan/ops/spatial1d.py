@@ -114,7 +114,7 @@ def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_paddi
         >>> F.conv_transpose1d(sampan.randn(1, 4, 5), sampan.randn(4, 2, 3), stride=2).shape
         (1, 2, 11)
     """
-    from .conv import conv_transpose2d
+    from .conv_transpose import conv_transpose2d
     from .shape import unsqueeze
     op = "conv_transpose1d"
     w = _t(weight)

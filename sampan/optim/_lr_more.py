@@ -16,7 +16,7 @@ import types
 
 from sampan.errors import SampanValueError
 
-from .lr_scheduler import LRScheduler, ReduceLROnPlateau
+from ._lr_base import LRScheduler, ReduceLROnPlateau
 
 __all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingWarmRestarts", "CyclicLR",
            "LambdaLR", "MultiplicativeLR", "PolynomialLR", "SequentialLR"]

@@ -25,8 +25,8 @@ __all__ = ["adagrad_update", "adam_update", "rmsprop_update", "sgd_update"]
 
 
 def _sqrt(x):
-    import sampan
-    return sampan.sqrt(x)
+    from ..ops.elementwise import sqrt
+    return sqrt(x)
 
 
 def _scalar_sqrt(x):
@@ -36,8 +36,8 @@ def _scalar_sqrt(x):
 def _like(x, ref):
     """`x` (a Python number or a 0-d tensor) in the dtype of tensor `ref`."""
     if isinstance(x, Tensor) and x.dtype != ref.dtype:
-        import sampan
-        return sampan.cast(x, ref.dtype)
+        from ..ops.elementwise import cast
+        return cast(x, ref.dtype)
     return x
 
 
@@ -93,8 +93,8 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, step, *, lr=1e-3, beta1=0.9, b
     vmax = None
     denom_src = v
     if amsgrad:
-        import sampan
-        vmax = v if max_exp_avg_sq is None else sampan.maximum(max_exp_avg_sq, v)
+        from ..ops.elementwise import maximum
+        vmax = v if max_exp_avg_sq is None else maximum(max_exp_avg_sq, v)
         denom_src = vmax
     step_size = _like(lr / (1.0 - beta1 ** step), param)
     bc2_sqrt = _like(_scalar_sqrt(1.0 - beta2 ** step), param)

@@ -35,7 +35,7 @@ import numpy as np
 from sampan.autograd import no_grad
 from sampan.errors import DTypeError, SampanValueError, ShapeError, op_error
 from sampan.ops.registry import STATE
-from sampan.profiler import recorder as _rec
+from sampan import _recorder as _rec
 from sampan.tensor import Tensor, wrap
 
 __all__ = ["Optimizer", "decayed_grad", "required"]

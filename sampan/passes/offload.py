@@ -114,7 +114,7 @@ def _weight(n) -> int:
 def support(g, opset=None, engine="onnxruntime") -> list:
     """Per node: None when onnxruntime can run it, else the reason it cannot."""
     from ..ir import symbolic as _dyn
-    from ..onnx.export import check_opset
+    from ..backends.onnxruntime import check_opset   # registered by sampan.onnx
     opset = check_opset(opset)
     syms = _dyn.symbols_of(g)
     c = _dyn.concrete(g, {s: TRIAL_SIZE for s in syms}) if syms else g

@@ -10,9 +10,11 @@ memory; and an advisor that reads a profile and says what to change.
     ['op', 'user']
 
 `recorder` is what instrumented code calls (one flag check when not profiling); the
-`Event` schema is in `events`.
+`Event` schema is in `events`. Both live below every floor (`sampan._recorder`,
+`sampan._events`) so that the code they instrument need not import this package.
 """
 
+from . import events, recorder  # noqa: F401  (the old paths of sampan._events, sampan._recorder)
 from .session import Profile, ProfilerError, profile, record
 from .summary import flops, summary
 

@@ -25,8 +25,8 @@ import numpy as np
 from ..errors import SampanError
 from ..ops import modes
 from ..ops.registry import STATE, Spec
-from . import recorder
-from .events import Event
+from .. import _recorder as recorder
+from .._events import Event
 
 
 class ProfilerError(SampanError, RuntimeError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sampan.profiler import recorder as _rec
+from sampan import _recorder as _rec
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad

@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-from sampan.profiler import recorder as _rec
+from sampan import _recorder as _rec
 from sampan.rec.hashtable import ChunkedRows, HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.snapshot_file import (FORMAT_VERSION, MAGIC, SnapshotError,  # noqa: F401

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 
 from sampan.errors import SampanError
-from sampan.io import _atomic
+from sampan import _atomic
 
 
 MAGIC = b"SMPNEMB\0"

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
-from ..profiler import recorder as _rec
+from .. import _recorder as _rec
 from . import emit
 from .memory import inplace_ok, out_kernel
 

@@ -13,8 +13,8 @@ import linecache
 
 from ..ir.text import node_str
 from ..ops.registry import OPS
-from ..profiler import recorder as _rec
-from ..profiler.events import Event
+from .. import _recorder as _rec
+from .._events import Event
 from . import emit
 
 

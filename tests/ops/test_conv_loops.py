@@ -5,7 +5,7 @@ inputs where the padding exceeds the kernel reach."""
 import numpy as np
 import pytest
 
-from sampan.ops import conv
+from sampan.ops import conv, conv_transpose
 
 CASES = [  # x shape, w shape (conv2d), padding, groups
     ((3, 1, 28, 28), (6, 1, 5, 5), (2, 2), 1),
@@ -36,13 +36,13 @@ def test_loops_match_numpy_path(xs, ws, pad, groups, dtype, one_gemm, monkeypatc
     g = r.standard_normal(y.shape).astype(dtype)
     gw = conv._gw_kernel(x, g, ws[2:], **a)
     op = conv._outpad(xs[2:], ws[2:], (1, 1), pad, (1, 1))
-    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    gx = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     _numpy_path(monkeypatch)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(y, conv._conv2d_kernel(x, w, **a), rtol=tol, atol=tol)
     gw_ref = conv._gw_kernel(x, g, ws[2:], **a)   # long sums, summed in another order
     np.testing.assert_allclose(gw, gw_ref, rtol=tol, atol=tol * np.abs(gw_ref).max())
-    ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    ref = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     assert gx.shape == ref.shape == xs and gx.flags.c_contiguous
     np.testing.assert_allclose(gx, ref, rtol=tol, atol=tol)
 
@@ -65,11 +65,11 @@ def test_strided_loops_match_numpy_path(xs, ws, stride, pad, dil, groups, monkey
     g = r.standard_normal(y.shape).astype(np.float32)
     gw = conv._gw_kernel(x, g, ws[2:], **a)
     op = conv._outpad(xs[2:], ws[2:], stride, pad, dil)
-    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    gx = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     _numpy_path(monkeypatch)
     np.testing.assert_allclose(y, conv._conv2d_kernel(x, w, **a), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gw, conv._gw_kernel(x, g, ws[2:], **a), rtol=1e-5, atol=1e-5)
-    ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    ref = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     assert gx.shape == ref.shape == xs and gx.flags.c_contiguous
     np.testing.assert_allclose(gx, ref, rtol=1e-5, atol=1e-5)
 
@@ -119,13 +119,13 @@ def test_direct_kernels_match_gemm_path(xs, ws, pad, groups, dtype, monkeypatch)
     g = r.standard_normal(y.shape).astype(dtype)
     gw = conv._gw_kernel(x, g, ws[2:], **a)
     op = conv._outpad(xs[2:], ws[2:], (1, 1), pad, (1, 1))
-    gx = conv._ct_kernel(g, w, output_padding=op, **a)   # the input gradient
+    gx = conv_transpose._ct_kernel(g, w, output_padding=op, **a)   # the input gradient
     monkeypatch.setattr(conv, "DIRECT_MAX_TAPS", 0)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     y_ref = conv._conv2d_kernel(x, w, **a)
     assert y.shape == y_ref.shape and y.dtype == dtype and y.flags.c_contiguous
     np.testing.assert_allclose(y, y_ref, rtol=tol, atol=tol)
-    gx_ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    gx_ref = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     assert gx.shape == gx_ref.shape == xs and gx.dtype == dtype and gx.flags.c_contiguous
     np.testing.assert_allclose(gx, gx_ref, rtol=tol, atol=tol)
     gw_ref = conv._gw_kernel(x, g, ws[2:], **a)
@@ -161,14 +161,14 @@ def test_batch_chunks_match_one_call(xs, ws, stride, pad, groups, monkeypatch):
     y = conv._conv2d_kernel(x, w, **a)
     g = r.standard_normal(y.shape).astype(np.float32)
     op = conv._outpad(xs[2:], ws[2:], stride, pad, (1, 1))
-    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    gx = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     gw = conv._gw_kernel(x, g, ws[2:], **a)
     per_image = ws[1] * groups * ws[2] * ws[3] * y.shape[2] * y.shape[3] * 4
     monkeypatch.setattr(conv, "_CHUNK_ABOVE", per_image)      # so 5 images are chunked
     monkeypatch.setattr(conv, "_CHUNK_BYTES", 2 * per_image)  # 2, 2 and 1 image(s)
     assert conv._chunk(5, per_image) == 2
     np.testing.assert_array_equal(conv._conv2d_kernel(x, w, **a), y)
-    np.testing.assert_allclose(conv._ct_kernel(g, w, output_padding=op, **a), gx,
+    np.testing.assert_allclose(conv_transpose._ct_kernel(g, w, output_padding=op, **a), gx,
                                rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(conv._gw_kernel(x, g, ws[2:], **a), gw, rtol=1e-5,
                                atol=1e-5 * np.abs(gw).max())
@@ -215,11 +215,11 @@ def test_direct_strided_depthwise_match_gemm_path(xs, ws, stride, pad, groups, m
     g = r.standard_normal(y.shape).astype(np.float32)
     gw = conv._gw_kernel(x, g, ws[2:], **a)
     op = conv._outpad(xs[2:], ws[2:], stride, pad, (1, 1))
-    gx = conv._ct_kernel(g, w, output_padding=op, **a)
+    gx = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     monkeypatch.setattr(conv, "DIRECT_MAX_TAPS", 0)
     np.testing.assert_allclose(y, conv._conv2d_kernel(x, w, **a), rtol=1e-5, atol=1e-5)
     ref = conv._gw_kernel(x, g, ws[2:], **a)
     np.testing.assert_allclose(gw, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    ref = conv._ct_kernel(g, w, output_padding=op, **a)
+    ref = conv_transpose._ct_kernel(g, w, output_padding=op, **a)
     assert gx.shape == ref.shape == xs and gx.flags.c_contiguous
     np.testing.assert_allclose(gx, ref, rtol=1e-5, atol=1e-5)

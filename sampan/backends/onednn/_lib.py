@@ -164,6 +164,7 @@ def lib():
                 _threads.before_openmp()
                 _state["lib"] = _load()
                 if _state["lib"] is not None:
+                    _threads.set_openmp_runtime(_state["gomp"])
                     _threads.apply_policy()
     return _state["lib"]
 

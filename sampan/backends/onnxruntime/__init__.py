@@ -2,11 +2,12 @@
 or the partition pass cut out, see `sampan/ops/engine.py`) run as onnxruntime sessions.
 
 Here live the engine runner (`OrtRunner`, registered as engine "onnxruntime"), the ONNX
-model of an engine body (`build_model`, through `sampan.onnx.export`, imported when a
-session is first built), the session cache (`runner_for`, keyed by what a session was
-built from, so clones of a predictor share sessions; onnxruntime's `run` is
-thread-safe) and the binder of one engine node (`bind_engine`: one session per node and
-input shapes, the node's constants as initializers).
+model of an engine body (`build_model`, built by `sampan/onnx/engine.py`, which registers
+itself: the IR and the exporter sit on floors above this one), the session cache
+(`runner_for`, keyed by what a session was built from, so clones of a predictor share
+sessions; onnxruntime's `run` is thread-safe) and the binder of one engine node
+(`bind_engine`: one session per node and input shapes, the node's constants as
+initializers).
 
 Putting "onnxruntime" first in a predictor's provider list (`Config.set_providers`)
 offloads every node onnxruntime supports; the partition pass gives it the engine nodes.
@@ -52,37 +53,44 @@ class OrtRunner:
 
 
 # ------------------------------------------------------------------ subgraph -> model
+# Building the ONNX model of a body needs the IR and the ONNX exporter, both on floors
+# above the providers: `sampan.onnx` registers the builder (`sampan/onnx/engine.py`) when
+# it is imported, which `import sampan` does.
+_BUILDER: dict = {"model": None, "subgraph": None, "opset": None}
+
+
+def set_model_builder(model, subgraph, opset=None) -> None:
+    """Register `model(inputs, body, outputs, opset=None) -> ModelProto`,
+    `subgraph(inputs, body, outputs) -> (Graph, {input position: name})` and
+    `opset(opset) -> int` (the opset a model gets: None the default, else checked)
+    (`sampan.onnx` does this on import)."""
+    _BUILDER["model"], _BUILDER["subgraph"] = model, subgraph
+    _BUILDER["opset"] = opset
+
+
+def _builder(what):
+    fn = _BUILDER[what]
+    if fn is None:
+        raise EngineError("engine: no ONNX model builder registered (import sampan.onnx)")
+    return fn
+
+
 def subgraph(inputs, body, outputs):
     """A Graph of the body. `inputs`: per input an ndarray (becomes a named constant, an
     initializer of the model) or a (shape, dtype) pair (a graph input). Returns (graph,
     {graph input position: ONNX input name})."""
-    from ...ir.graph import Graph
-    g = Graph("engine")
-    vals, args = [], {}
-    for i, x in enumerate(inputs):
-        if isinstance(x, np.ndarray):
-            vals.append(g.add_const(x, name=f"w{i}"))
-        else:
-            args[len(g.inputs)] = f"x{i}"
-            vals.append(g.add_input(x[0], x[1], name=f"x{i}"))
-    for e in body:
-        op, idx, attrs, n_out = e
-        n = g.add_node(op, [vals[k] for k in idx], dict(attrs))
-        if len(n.outputs) != n_out:
-            raise EngineError(f"engine: body entry {op!r} has {len(n.outputs)} outputs; the "
-                              f"node says {n_out}")
-        vals.extend(n.outputs)
-    g.outputs = [vals[k] for k in outputs]
-    return g, args
+    return _builder("subgraph")(inputs, body, outputs)
 
 
 def build_model(inputs, body, outputs, opset=None):
     """The ONNX ModelProto of an engine body (see `subgraph` for `inputs`)."""
-    from ...onnx.export import graph_to_model
-    g, args = subgraph(inputs, body, outputs)
-    return graph_to_model(g, args, {}, opset=opset,
-                          output_names=[f"y{k}" for k in range(len(outputs))],
-                          name="sampan_engine")
+    return _builder("model")(inputs, body, outputs, opset=opset)
+
+
+def check_opset(opset=None) -> int:
+    """The ONNX opset an engine model is built for: `opset` checked against what the
+    installed onnx knows, or the default for None."""
+    return _builder("opset")(opset)
 
 
 _CACHE: dict = {}              # key -> (runner, the constant arrays, kept alive for the key)
@@ -205,4 +213,5 @@ class OnnxruntimeProvider(Provider):
 PROVIDER = OnnxruntimeProvider()
 
 __all__ = ["ENGINES", "EngineError", "OrtRunner", "PROVIDER", "bind_engine", "build_model",
-           "clear_cache", "register_engine", "runner_for", "subgraph"]
+           "check_opset", "clear_cache", "register_engine", "runner_for", "set_model_builder",
+           "subgraph"]

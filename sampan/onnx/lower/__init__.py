@@ -23,18 +23,6 @@ data value (`bincount`, `repeat_interleave`, `unique_consecutive`); `mode`, `ctc
 """
 from __future__ import annotations
 
-from ...ops.registry import OPS
-
-
-def register_lowering(op_name: str):
-    """Decorator: make `fn(ctx, *inputs, **attrs)` the ONNX mapping of op `op_name`."""
-    def deco(fn):
-        if op_name not in OPS:
-            raise ValueError(f"register_lowering: no op {op_name!r} in the op table")
-        OPS[op_name].onnx = fn
-        return fn
-    return deco
-
-
+from ._register import register_lowering  # noqa: F401  (the families' decorator)
 from . import (conv, creation, elementwise, fused, index, layout, matmul, reduce,  # noqa: E402,F401
                quant, rowwise, shape, sort)

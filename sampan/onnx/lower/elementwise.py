@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from . import register_lowering
+from ._register import register_lowering
 
 _ARITH = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
           "maximum": "Max", "minimum": "Min"}

@@ -3,7 +3,7 @@ op by op through each op's own mapping."""
 from __future__ import annotations
 
 from ...ops.fused import body_attrs
-from . import register_lowering
+from ._register import register_lowering
 
 
 @register_lowering("fused")

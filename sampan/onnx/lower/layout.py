@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register_lowering
+from ._register import register_lowering
 
 
 def _static(ctx, dims, what):

@@ -1,7 +1,7 @@
 """Matrix products: MatMul (inputs cast to one dtype), Einsum."""
 from __future__ import annotations
 
-from . import register_lowering
+from ._register import register_lowering
 from .elementwise import to_out
 
 

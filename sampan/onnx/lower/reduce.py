@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register_lowering
+from ._register import register_lowering
 from .elementwise import as_dtype
 
 
