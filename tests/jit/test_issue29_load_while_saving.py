@@ -40,10 +40,15 @@ def test_load_while_resaving_gives_old_or_new(tmp_path, monkeypatch, publish):
     saves = [0]
     errors = []
 
+    # the saver traces on a tensor of its own: tracing swaps the data of the tensors it
+    # traces for IR values while it runs, so a tensor read by another thread meanwhile
+    # would not be an array (tracing shares no tensor across threads, as in torch.jit)
+    xs = sampan.tensor(x.numpy().copy())
+
     def saver():
         try:
             while not stop.is_set():
-                S.save(fns[saves[0] % 2], path, (x,))
+                S.save(fns[saves[0] % 2], path, (xs,))
                 saves[0] += 1
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
