@@ -43,10 +43,8 @@ CYCLES_INSIDE_A_PACKAGE = [
      "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
     # ShardedEmbedding(backend="ray") makes the subclass remote.py defines on it
     {"sampan.rec._server", "sampan.rec.remote", "sampan.rec.sharded"},
-    # lazy imports both ways inside a function: a Graph prints and draws itself through
-    # text.py and viz.py, which read Graphs; the compiled executor makes its profiled
+    # lazy imports both ways inside a function: the compiled executor makes its profiled
     # variant, which wraps an executor; calibration loads a program, which calibrates
-    {"sampan.ir.graph", "sampan.ir.text", "sampan.ir.viz"},
     {"sampan.runtime.codegen", "sampan.runtime.profiled"},
     {"sampan.quant.calibrate", "sampan.quant.program"},
 ]
