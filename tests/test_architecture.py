@@ -43,9 +43,8 @@ CYCLES_INSIDE_A_PACKAGE = [
      "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
     # ShardedEmbedding(backend="ray") makes the subclass remote.py defines on it
     {"sampan.rec._server", "sampan.rec.remote", "sampan.rec.sharded"},
-    # lazy imports both ways inside a function: the compiled executor makes its profiled
-    # variant, which wraps an executor; calibration loads a program, which calibrates
-    {"sampan.runtime.codegen", "sampan.runtime.profiled"},
+    # lazy imports both ways inside a function: calibration loads a program, which
+    # calibrates
     {"sampan.quant.calibrate", "sampan.quant.program"},
 ]
 
