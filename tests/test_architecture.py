@@ -43,9 +43,6 @@ CYCLES_INSIDE_A_PACKAGE = [
      "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
     # ShardedEmbedding(backend="ray") makes the subclass remote.py defines on it
     {"sampan.rec._server", "sampan.rec.remote", "sampan.rec.sharded"},
-    # lazy imports both ways inside a function: calibration loads a program, which
-    # calibrates
-    {"sampan.quant.calibrate", "sampan.quant.program"},
 ]
 
 # --- files over the limit, to be split; remove each when it is ---
