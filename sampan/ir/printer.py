@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
+from ..errors import SampanError
 
 INLINE_CONST_MAX = 16
 
