@@ -33,7 +33,6 @@ CYCLES_IN_FLIGHT = [
 # other both ways); remove each entry when its cycle is gone ---
 CYCLES_INSIDE_A_PACKAGE = [
     # a public module re-exporting the part split off it, the part importing its helpers
-    {"sampan.ops.layout", "sampan.ops.layout_samples", "sampan.ops.layout_shape"},
     # the package's __init__ defines what its modules import back (world_size, rank,
     # all_reduce: _comm, checkpoint, sync_batchnorm) and imports those modules at its end
     {"sampan.distributed", "sampan.distributed._comm", "sampan.distributed.checkpoint",
