@@ -31,13 +31,7 @@ CYCLES_IN_FLIGHT = [
 
 # --- not yet untied: cycles inside one package (a package's modules importing each
 # other both ways); remove each entry when its cycle is gone ---
-CYCLES_INSIDE_A_PACKAGE = [
-    # a public module re-exporting the part split off it, the part importing its helpers
-    # the package's __init__ defines what its modules import back (world_size, rank,
-    # all_reduce: _comm, checkpoint, sync_batchnorm) and imports those modules at its end
-    {"sampan.distributed", "sampan.distributed._comm", "sampan.distributed.checkpoint",
-     "sampan.distributed.comm_hooks", "sampan.distributed.data_parallel",
-     "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
+CYCLES_INSIDE_A_PACKAGE: list = [
 ]
 
 # --- files over the limit, to be split; remove each when it is ---
