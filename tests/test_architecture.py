@@ -31,24 +31,7 @@ CYCLES_IN_FLIGHT = [
 
 # --- not yet untied: cycles inside one package (a package's modules importing each
 # other both ways); remove each entry when its cycle is gone ---
-CYCLES_INSIDE_A_PACKAGE = [
-    # a public module re-exporting the part split off it, the part importing its helpers
-    {"sampan.ops.decomp", "sampan.ops.decomp_norms", "sampan.ops.decomp_spectral"},
-    {"sampan.ops.layout", "sampan.ops.layout_samples", "sampan.ops.layout_shape"},
-    {"sampan.ops._mathcomp", "sampan.ops.mathops"},
-    # the package's __init__ defines what its modules import back (world_size, rank,
-    # all_reduce: _comm, checkpoint, sync_batchnorm) and imports those modules at its end
-    {"sampan.distributed", "sampan.distributed._comm", "sampan.distributed.checkpoint",
-     "sampan.distributed.comm_hooks", "sampan.distributed.data_parallel",
-     "sampan.distributed.sampler", "sampan.distributed.sync_batchnorm"},
-    # ShardedEmbedding(backend="ray") makes the subclass remote.py defines on it
-    {"sampan.rec._server", "sampan.rec.remote", "sampan.rec.sharded"},
-    # lazy imports both ways inside a function: a Graph prints and draws itself through
-    # text.py and viz.py, which read Graphs; the compiled executor makes its profiled
-    # variant, which wraps an executor; calibration loads a program, which calibrates
-    {"sampan.ir.graph", "sampan.ir.text", "sampan.ir.viz"},
-    {"sampan.runtime.codegen", "sampan.runtime.profiled"},
-    {"sampan.quant.calibrate", "sampan.quant.program"},
+CYCLES_INSIDE_A_PACKAGE: list = [
 ]
 
 # --- files over the limit, to be split; remove each when it is ---

@@ -5,35 +5,31 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _dist():
-    import sampan.distributed as d
-    return d
+from . import collectives as _coll
+from . import process_group as _pg
 
 
 def world_size() -> int:
-    d = _dist()
-    return d.world_size() if d.is_initialized() else 1
+    return _pg.world_size() if _pg.is_initialized() else 1
 
 
 def rank() -> int:
-    d = _dist()
-    return d.rank() if d.is_initialized() else 0
+    return _pg.rank() if _pg.is_initialized() else 0
 
 
 def barrier() -> None:
     if world_size() > 1:
-        _dist().barrier()
+        _coll.barrier()
 
 
 def all_reduce_mean(a: np.ndarray):
     """Start an asynchronous mean all-reduce of `a` in place; a handle for `wait`."""
     if world_size() == 1:
         return None
-    return _dist().all_reduce(a, op="mean", async_op=True)
+    return _coll.all_reduce(a, op="mean", async_op=True)
 
 
 def broadcast_(a: np.ndarray, src: int = 0) -> None:
     """Copy rank `src`'s `a` into every rank's `a`."""
     if world_size() > 1:
-        _dist().broadcast(a, src=src)
+        _coll.broadcast(a, src=src)

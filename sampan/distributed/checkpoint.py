@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import SampanValueError
 from ..train.hooks import Checkpoint
 from . import _comm
+from . import collectives as _coll
 from .sampler import DistributedSampler
 
 __all__ = ["DistributedCheckpoint"]
@@ -100,7 +101,6 @@ class DistributedCheckpoint(Checkpoint):
     def after_step(self, trainer, logs):
         if _comm.world_size() > 1:
             loss = np.array([float(logs["loss"])], np.float64)
-            import sampan.distributed as dist
-            dist.all_reduce(loss, op="mean")
+            _coll.all_reduce(loss, op="mean")
             logs["loss"] = float(loss[0])
         super().after_step(trainer, logs)

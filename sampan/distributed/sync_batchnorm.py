@@ -17,6 +17,7 @@ from ..nn.layer import Layer
 from ..nn.norm import _BatchNorm
 from ..ops.registry import STATE
 from . import _comm
+from . import collectives as _coll
 
 __all__ = ["SyncBatchNorm"]
 
@@ -38,8 +39,7 @@ class SyncBatchNorm(_BatchNorm):
         axes = (0,) + tuple(range(2, x.ndim))
         shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
         count = np.array([x.numel() // x.shape[1]], np.float64)
-        import sampan.distributed as dist
-        dist.all_reduce(count, op="sum")
+        _coll.all_reduce(count, op="sum")     # in place, on the array
         n = float(count[0])
         mean = all_reduce(x.sum(axes), "sum") / n
         xc = x - mean.reshape(shape)

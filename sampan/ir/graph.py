@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import TracingError
+from .printer import fmt_lit, print_graph
 
 
 class Value:
@@ -200,7 +201,6 @@ class Graph:
 
     # ------------------------------------------------------------------ text, equality
     def __str__(self):
-        from .text import print_graph
         return print_graph(self)
 
     def __repr__(self):
@@ -242,7 +242,6 @@ class Graph:
 
 def _attrs_key(attrs):
     # as the text writes them: repr() spells every NaN "nan", so -nan would equal nan
-    from .text import fmt_lit
     try:
         return tuple((k, fmt_lit(a)) for k, a in sorted(attrs.items()))
     except Exception:  # not plain data (the verifier reports it): compare its repr

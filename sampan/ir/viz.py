@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-from .text import fmt_lit
+from .printer import fmt_lit
 
 
 def _q(s: str) -> str:

@@ -12,7 +12,7 @@ from ._util import Sample, randf, rng
 from .composite import COMPOSITES
 from .elementwise import (_FLOAT_DTYPES, abs, add, cast, clamp, div, eq, le, logical_and,
                           logical_or, mul, operands, sub, where)
-from .mathops import isfinite, isnan, isneginf, isposinf, need_float, trunc
+from ._mathpred import isfinite, isnan, isneginf, isposinf, need_float, trunc
 from .reduce import all as _all
 
 

@@ -10,8 +10,10 @@ import math
 import numpy as np
 
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
-from ..tensor import Tensor
+from ..tensor import Tensor, apply
+from ._decomp_base import _matrix
 from ._util import Sample, broadcast_shapes, norm_axis, pick, randf, rng
+from .registry import get_op
 
 
 def _t(x):
@@ -273,7 +275,6 @@ COMPOSITES_HERE = {
 def matrix_power(A, n):
     """A @ A @ ... (n times) by repeated squaring, batched; n = 0 gives identities, n < 0
     powers of inv(A). Example: ``sampan.linalg.matrix_power(A, 3)``."""
-    from .decomp import _matrix, inv
     from .elementwise import add, mul
     from .linalg import matmul
     A = _t(A)
@@ -282,8 +283,8 @@ def matrix_power(A, n):
     if n == 0:
         eye = Tensor(np.eye(A.shape[-1], dtype=A.dtype))
         return add(mul(A, 0.0), eye)
-    if n < 0:
-        A, n = inv(A), -n
+    if n < 0:       # decomp.inv, from the table: decomp.py imports this module
+        A, n = apply(get_op("linalg_inv"), (A,), {}), -n
     result, base = None, A
     while n:
         if n & 1:
@@ -397,9 +398,8 @@ def lstsq(A, B, rcond=None, *, driver=None):
 def logdet(input):
     """log(det(A)), batched: nan where det < 0 and -inf where det = 0, as torch.logdet.
     Example: ``sampan.logdet(A)``."""
-    from .decomp import slogdet
     from .elementwise import lt, where
-    sign, logabs = slogdet(_t(input))
+    sign, logabs = apply(get_op("linalg_slogdet"), (_t(input),), {})   # decomp.slogdet
     return where(lt(sign, 0.0), float("nan"), logabs)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import SampanValueError, op_error
 from ..tensor import apply
 from ._util import Sample, rng
-from .decomp import _col, _cubic, _eye, _lapack, _matrix, _mm, _mT, _row, _tri_mask
+from ._decomp_base import _col, _cubic, _eye, _lapack, _matrix, _mm, _mT, _row, _tri_mask
 from .registry import NO_ONNX, Spec, defop
 
 

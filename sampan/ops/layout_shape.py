@@ -12,16 +12,13 @@ from ..errors import SampanValueError, ShapeError, op_error
 from ..tensor import Tensor
 from ._util import pick
 from .elementwise import add, cast, lt, mul, sub, where
+from .layout_prims import _dim, diag_embed, diagonal, repeat_index
+from .layout_prims import diagonal as _diagonal  # where diag's argument `diagonal` hides it
 from .shape import concat, expand, flip, getitem, permute, reshape, stack, transpose
 
 
 def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
-
-
-def _dim(op, d, ndim):
-    from .layout import _dim as dim
-    return dim(op, d, ndim)
 
 
 def _seq(op, tensors):
@@ -175,7 +172,6 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None, axis=N
     output length depends on the data (a traced graph needs `output_size`).
     Example: ``sampan.repeat_interleave(sampan.arange(3), 2)``."""
     from .index import index_select
-    from .layout import repeat_index
     if repeats is None:
         return repeat_index(input, output_size)
     dim = pick("repeat_interleave", "dim", dim, "axis", axis)
@@ -382,7 +378,6 @@ def cross(input, other, dim=None, *, axis=None):
 def trace(input):
     """Sum of the main diagonal of a matrix (integers sum as int64), as ``torch.trace``.
     Example: ``sampan.trace(sampan.eye(3))``."""
-    from .layout import diagonal
     from .reduce import sum as _sum
     x = _t(input)
     if x.ndim != 2:
@@ -396,8 +391,6 @@ def diag(input, diagonal=0):
     """``torch.diag``: a 1-d tensor -> the square matrix with it on the `diagonal`-th
     diagonal; a 2-d matrix -> its `diagonal`-th diagonal (a copy, as in PyTorch).
     Example: ``sampan.diag(sampan.arange(3))``."""
-    from .layout import diag_embed
-    from .layout import diagonal as _diagonal
     from .shape import clone
     x = _t(input)
     if x.ndim == 1:

@@ -11,9 +11,12 @@ Example::
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import SampanError
+from ..jit.program import SavedProgram
 from ..passes.quantize import anchors  # the rewrite's own rule (re-exported here)
 from .observers import Observer
 
@@ -114,6 +117,45 @@ def calibrate_graph(g, feeds_of_batches, observer="minmax"):
     return Calibration({k: o.qparams() for k, o in obs.items()}, observer)
 
 
+class Program(SavedProgram):
+    """A saved program's graph, meta.json and arrays (a `sampan.jit.SavedProgram`)."""
+
+    def __init__(self, graph, meta, arrays, path):
+        super().__init__(path, graph, meta, arrays)
+
+    def arg_specs(self):
+        return [(v.shape, v.dtype) for spec, v in zip(self.meta["inputs"], self.graph.inputs)
+                if spec["kind"] == "arg"]
+
+    def feeds(self, args):
+        """One array per graph input: the call's arguments, the stored state."""
+        return [args[spec["index"]] if a is None else a
+                for spec, a in zip(self.meta["inputs"], self.fixed_inputs())]
+
+
+def load_program(src) -> Program:
+    """A Program from a saved directory, a `sampan.jit.load`ed program or a Graph (whose
+    inputs are all arguments)."""
+    from ..ir.graph import Graph
+    if isinstance(src, Program):
+        return src
+    if isinstance(src, SavedProgram):       # a sampan.jit.load()ed program too
+        return Program(src.graph, src.meta, src.arrays, src.path)
+    if isinstance(src, Graph):
+        meta = {"format": "sampan.jit", "version": 2, "graph_name": src.name,
+                "inputs": [{"kind": "arg", "index": i} for i in range(len(src.inputs))],
+                "n_args": len(src.inputs), "outputs": ["out"] * len(src.outputs),
+                "out_tree": ({"t": 0} if len(src.outputs) == 1 else
+                             {"tuple": [{"t": i} for i in range(len(src.outputs))]}),
+                "n_outconst": 0}
+        return Program(src, meta, {}, "<graph>")
+    if isinstance(src, (str, os.PathLike)):
+        p = SavedProgram.read(src)
+        return Program(p.graph, p.meta, p.arrays, p.path)
+    raise QuantError(f"sampan.quant: got a {type(src).__name__}; expected a saved program "
+                     "directory, a sampan.jit.load()ed program or a Graph")
+
+
 def calibrate(program_or_layer, data_loader, observer="minmax"):
     """Observe the inputs of every matmul/conv2d (Linear/Conv2d of a Layer) over
     `data_loader` and give each per-tensor int8 parameters.
@@ -131,7 +173,6 @@ def calibrate(program_or_layer, data_loader, observer="minmax"):
         return calibrate_graph(g, check_batches(data_loader, specs, "graph"), observer)
     if hasattr(program_or_layer, "named_layers"):
         return _calibrate_layer(program_or_layer, data_loader, observer)
-    from .program import load_program
     prog = load_program(program_or_layer)
     batches = check_batches(data_loader, prog.arg_specs(), prog.path)
     return calibrate_graph(prog.graph, [prog.feeds(b) for b in batches], observer)

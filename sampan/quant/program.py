@@ -19,50 +19,12 @@ import os
 import numpy as np
 
 from .. import dtypes as _dt
-from ..jit.program import SavedProgram
-from .calibrate import QuantError, calibrate_graph, check_batches
+# the program calibration reads, re-exported (tests and the Predictor name it here)
+from .calibrate import (Program, QuantError, calibrate_graph, check_batches,  # noqa: F401
+                        load_program)
 
 PASSES_INT8 = ["quantize", "fuse_quant", "dce"]
 PASSES_WEIGHT_ONLY = ["quantize", "dce"]
-
-
-class Program(SavedProgram):
-    """A saved program's graph, meta.json and arrays (a `sampan.jit.SavedProgram`)."""
-
-    def __init__(self, graph, meta, arrays, path):
-        super().__init__(path, graph, meta, arrays)
-
-    def arg_specs(self):
-        return [(v.shape, v.dtype) for spec, v in zip(self.meta["inputs"], self.graph.inputs)
-                if spec["kind"] == "arg"]
-
-    def feeds(self, args):
-        """One array per graph input: the call's arguments, the stored state."""
-        return [args[spec["index"]] if a is None else a
-                for spec, a in zip(self.meta["inputs"], self.fixed_inputs())]
-
-
-def load_program(src) -> Program:
-    """A Program from a saved directory, a `sampan.jit.load`ed program or a Graph (whose
-    inputs are all arguments)."""
-    from ..ir.graph import Graph
-    if isinstance(src, Program):
-        return src
-    if isinstance(src, SavedProgram):       # a sampan.jit.load()ed program too
-        return Program(src.graph, src.meta, src.arrays, src.path)
-    if isinstance(src, Graph):
-        meta = {"format": "sampan.jit", "version": 2, "graph_name": src.name,
-                "inputs": [{"kind": "arg", "index": i} for i in range(len(src.inputs))],
-                "n_args": len(src.inputs), "outputs": ["out"] * len(src.outputs),
-                "out_tree": ({"t": 0} if len(src.outputs) == 1 else
-                             {"tuple": [{"t": i} for i in range(len(src.outputs))]}),
-                "n_outconst": 0}
-        return Program(src, meta, {}, "<graph>")
-    if isinstance(src, (str, os.PathLike)):
-        p = SavedProgram.read(src)
-        return Program(p.graph, p.meta, p.arrays, p.path)
-    raise QuantError(f"sampan.quant: got a {type(src).__name__}; expected a saved program "
-                     "directory, a sampan.jit.load()ed program or a Graph")
 
 
 def quantize_graph(g, calibration=None, weight_only=False, debug=True):

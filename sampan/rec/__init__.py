@@ -24,6 +24,7 @@ from sampan.rec.policies import (
     TTLEviction,
 )
 from sampan.rec.sharded import LocalShard, Prefetcher, PulledBatch, ShardedEmbedding
+from sampan.rec import remote as _remote  # noqa: F401  (registers backend="ray"; ray loads on use)
 from sampan.rec.snapshot import (
     ServingTable,
     SnapshotError,

@@ -45,7 +45,7 @@ from sampan.rec import _shm
 from sampan.rec._server import ShardServer, _chain
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
-from sampan.rec.sharded import ShardedEmbedding, _init_signature
+from sampan.rec.sharded import ShardedEmbedding, _init_signature, register_backend
 from sampan.rec.snapshot import _write_atomic, export_full
 
 __all__ = ["RemoteShardedEmbedding", "ShardServer", "ShardUnavailableError", "init_ray",
@@ -520,3 +520,4 @@ class RemoteShardedEmbedding(ShardedEmbedding):
 
 
 RemoteShardedEmbedding.__signature__ = _init_signature(RemoteShardedEmbedding)
+register_backend("ray", RemoteShardedEmbedding)   # ShardedEmbedding(..., backend="ray")

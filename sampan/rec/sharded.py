@@ -84,6 +84,17 @@ class PulledBatch:
     timings: dict = field(default_factory=dict)
 
 
+# backend name -> the ShardedEmbedding subclass that `ShardedEmbedding(..., backend=name)`
+# makes: "ray" is registered by `sampan.rec.remote` (imported by `sampan.rec`), whose
+# subclass is defined on this class, so this module does not import it
+BACKENDS: dict = {}
+
+
+def register_backend(name: str, cls) -> None:
+    """Make ``ShardedEmbedding(..., backend=name)`` return a ``cls`` (a subclass)."""
+    BACKENDS[name] = cls
+
+
 class ShardedEmbedding:
     """Ids partitioned over ``n_shards`` shards by hash; calls fan out on a thread pool.
 
@@ -95,12 +106,11 @@ class ShardedEmbedding:
     """
 
     def __new__(cls, *args, backend: str = "local", **kwargs):
-        if backend not in ("local", "ray"):
-            raise ValueError(f"ShardedEmbedding backend must be 'local' or 'ray', got "
-                             f"{backend!r}")
-        if backend == "ray" and cls is ShardedEmbedding:
-            from sampan.rec.remote import RemoteShardedEmbedding  # imports ray lazily
-            return object.__new__(RemoteShardedEmbedding)
+        if backend != "local" and backend not in BACKENDS:
+            names = " or ".join(repr(n) for n in ["local", *BACKENDS])
+            raise ValueError(f"ShardedEmbedding backend must be {names}, got {backend!r}")
+        if backend != "local" and cls is ShardedEmbedding:
+            return object.__new__(BACKENDS[backend])
         return object.__new__(cls)
 
     def __init__(self, dim: int, n_shards: int = 4, optimizer_factory=None, shards=None,

@@ -30,9 +30,10 @@ import numpy as np
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
-from .. import _recorder as _rec
 from . import emit
+from .compiled import Compiled
 from .memory import inplace_ok, out_kernel
+from .profiled import profiled_variant
 
 _counter = itertools.count()
 
@@ -96,37 +97,6 @@ def _check(arr, shape, dtype, line):
         raise RuntimeCheckError(f"kernel returned {arr.dtype}{list(arr.shape)}, the shape rule "
                                 f"says {dtype}{list(shape)}: {line}")
     return arr
-
-
-class Compiled:
-    """A compiled graph: call it with input arrays, get a tuple of output arrays."""
-
-    def __init__(self, fn, code, filename, plan, remake=None):
-        self.fn = fn
-        self.code = code
-        self.filename = filename
-        self.plan = plan
-        self._remake = remake       # () -> the profiling variant of this executor
-        self._profiled = None
-
-    def __call__(self, *arrays):
-        if _rec.ACTIVE and self._remake is not None:
-            return self.profiled(*arrays)
-        return self.fn(*arrays)
-
-    def profiled(self, *arrays):
-        """Run the variant that records a "kernel" event per node (made on first use)."""
-        if self._profiled is None:    # made once; the span shows the gap it leaves
-            t0 = _rec.now()
-            self._profiled = self._remake()
-            _rec.emit("profiling_variant", "jit", t0, _rec.now() - t0,
-                      program=self._profiled.program)
-        p = self._profiled
-        t0 = _rec.now()
-        try:
-            return p.fn(*arrays)
-        finally:
-            _rec.emit("run", "jit", t0, _rec.now() - t0, program=p.program)
 
 
 def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
@@ -282,6 +252,5 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     exec(compile(src, filename, "exec"), env)
 
     def remake():
-        from .profiled import profiled_variant
         return profiled_variant(g, name, lines, node_at, env, plan, program)
     return Compiled(env[name], src, filename, plan, remake)

@@ -16,6 +16,7 @@ from ..ops.registry import OPS
 from .. import _recorder as _rec
 from .._events import Event
 from . import emit
+from .compiled import Compiled
 
 
 def _flops(n) -> int:
@@ -78,7 +79,6 @@ _counter = itertools.count()
 def profiled_variant(g, name, lines, node_at, env, plan, program=None):
     """The recording executor of `g` from its executor's `lines` and globals `env`;
     `node_at` maps a line index to the index of the node it runs."""
-    from .codegen import Compiled
     timed = []
     for j, line in enumerate(lines):
         if j in node_at:
