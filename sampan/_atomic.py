@@ -145,9 +145,10 @@ def is_stale(path: str) -> tuple[bool, int | None]:
     return False, None
 
 
-def remove_stale(folder: str, pattern: str, keep=()) -> list[str]:
+def remove_stale(folder: str, pattern: str, keep=(), where=None) -> list[str]:
     """Remove the entries of `folder` whose name fully matches the regex `pattern` and
-    that no live save holds; returns the names removed."""
+    that no live save holds; returns the names removed. `where(match, path)`, when
+    given, must also hold for an entry to go."""
     rx = re.compile(pattern)
     gone = []
     try:
@@ -155,9 +156,12 @@ def remove_stale(folder: str, pattern: str, keep=()) -> list[str]:
     except OSError:
         return gone
     for n in names:
-        if not rx.fullmatch(n) or n in keep:
+        m = rx.fullmatch(n)
+        if not m or n in keep:
             continue
         p = os.path.join(folder, n)
+        if where is not None and not where(m, p):
+            continue
         stale, fd = is_stale(p)
         if not stale:
             continue
@@ -386,29 +390,10 @@ def pid_alive(pid: int) -> bool:
 def remove_dead_pid_temps(folder: str, pattern: str = LEGACY_PID_TEMP) -> list[str]:
     """Remove the files of `folder` whose name fully matches `pattern` (a regex with a
     `pid` group) when that process has ended and no one holds the file's lock."""
-    rx = re.compile(pattern)
-    gone = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return gone
-    for n in names:
-        m = rx.fullmatch(n)
-        if not m or pid_alive(int(m.group("pid"))):
-            continue
-        p = os.path.join(folder, n)
-        if os.path.isdir(p) and not os.path.islink(p):
-            continue
-        stale, fd = is_stale(p)
-        try:
-            if stale:
-                os.unlink(p)
-                gone.append(n)
-        except OSError:
-            pass
-        finally:
-            release(fd)
-    return gone
+    def dead_writers_file(m, p):
+        return (not pid_alive(int(m.group("pid")))
+                and not (os.path.isdir(p) and not os.path.islink(p)))
+    return remove_stale(folder, pattern, where=dead_writers_file)
 
 
 def sweep_temps(folder: str) -> list[str]:
