@@ -6,10 +6,6 @@ declares. Folding stops at FOLD_LIMIT_BYTES per node and the model's fold budget
 The gigabyte cases run in a subprocess under RLIMIT_AS (what it had mapped after importing
 plus 1 GiB), so a regression fails with MemoryError instead of taking the machine's
 memory; tracemalloc (numpy reports its allocations to it) measures the peak of each load."""
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -21,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import sampan  # noqa: E402
 from sampan.onnx import OnnxError  # noqa: E402
+
+from ._child import run_child  # noqa: E402
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -113,13 +111,7 @@ _CHILD = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def loads():
-    if not sys.platform.startswith("linux"):
-        pytest.skip("measures under RLIMIT_AS with /proc/self/status (Linux)")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(sampan.__file__)))
-    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(_CHILD)
 
 
 # how much one load of these models may allocate in all: far below what they declare

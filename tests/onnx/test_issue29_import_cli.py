@@ -10,8 +10,6 @@ plus 1 GiB), as tests/onnx/test_issue29_fold_limits.py does."""
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -24,6 +22,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import sampan  # noqa: E402
 from sampan.cli import main  # noqa: E402
 from sampan.jit.serialize import LoadError  # noqa: E402
+
+from ._child import run_child  # noqa: E402
 
 _CHILD = textwrap.dedent("""
     import contextlib, io, json, os, resource, sys, tempfile, tracemalloc
@@ -95,13 +95,7 @@ _CHILD = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def imports():
-    if not sys.platform.startswith("linux"):
-        pytest.skip("measures under RLIMIT_AS with /proc/self/status (Linux)")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(sampan.__file__)))
-    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(_CHILD)
 
 
 PEAK = 96 << 20      # what one import (trace, passes, save, load back) may allocate
