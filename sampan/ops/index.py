@@ -45,6 +45,7 @@ def _index_select_kernel(a, i, axis):
 
 INDEX_SELECT = defop(
     "index_select", _index_select_rule, kernel=_index_select_kernel,
+    indexes=True,
     saves=(1,), nondiff_inputs=(1,), onnx="Gather", flops=lambda *a, **k: 0,
     grad=lambda g, y, x, i, axis: (index_add(_zeros_like(x), i, g, axis), None),
     samples=lambda: [Sample((randf(rng(41), 5, 3), np.array([4, 0, 0, 2])), {"axis": 0},
@@ -248,7 +249,7 @@ def _scatter_rule(x, idx, src, axis):
 
 
 TAKE_ALONG_AXIS = defop(
-    "take_along_axis", _tal_rule, kernel=_tal_kernel, saves=(1,),
+    "take_along_axis", _tal_rule, kernel=_tal_kernel, saves=(1,), indexes=True,
     nondiff_inputs=(1,), onnx="GatherElements", flops=lambda *a, **k: 0,
     grad=lambda g, y, x, i, axis: (scatter_add(_zeros_like(x), i, g, axis), None),
     samples=_gather_samples)

@@ -80,6 +80,13 @@ class OpDef:
     # a GEMM-family op (matmul, convolutions, einsum: FLOPs = 2 * output size * reduction);
     # the profiler's advisor judges these against the machine's measured sgemm rate
     gemm: bool = False
+    # input 1 holds indices into input 0 along attribute `axis` (index_select, gathers):
+    # a value outside [0, input 0's size there) fails the op (serving checks a request's
+    # ids against it before batching them with others)
+    indexes: bool = False
+    # the output holds exactly the values of input 0, rearranged or repeated (reshape,
+    # permute, expand, copy): a bound on the output's values is one on the input's
+    same_values: bool = False
     doc: str = ""
 
     def __post_init__(self):

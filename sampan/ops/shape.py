@@ -58,7 +58,7 @@ def builtins_all_int(shape):
 RESHAPE = defop("reshape", _reshape_rule, kernel=lambda a, shape: a.reshape(shape),
                 view=True, saves=(), grad=lambda g, y, x, shape: reshape(g, tuple(x.shape)),
                 unview=lambda x, v, shape: reshape(v, tuple(x.shape)),
-                onnx="Reshape", flops=lambda *a, **k: 0,
+                onnx="Reshape", flops=lambda *a, **k: 0, same_values=True,
                 samples=lambda: [Sample((randf(rng(20), 3, 4),), {"shape": (4, 3)}),
                                  Sample((randf(rng(21), 2, 3, 4),), {"shape": (6, 4)}),
                                  Sample((randf(rng(22), 0, 4),), {"shape": (2, 0)})])
@@ -93,7 +93,7 @@ def _permute_rule(x, dims):
 PERMUTE = defop("permute", _permute_rule, kernel=lambda a, dims: a.transpose(dims), view=True,
                 saves=(), grad=lambda g, y, x, dims: permute(g, tuple(np.argsort(dims).tolist())),
                 unview=lambda x, v, dims: permute(v, tuple(np.argsort(dims).tolist())),
-                onnx="Transpose", flops=lambda *a, **k: 0,
+                onnx="Transpose", flops=lambda *a, **k: 0, same_values=True,
                 samples=lambda: [Sample((randf(rng(23), 2, 3, 4),), {"dims": (2, 0, 1)}),
                                  Sample((randf(rng(24), 3, 4),), {"dims": (1, 0)})])
 
@@ -155,7 +155,7 @@ def _expand_rule(x, shape):
 EXPAND = defop("expand", _expand_rule, kernel=lambda a, shape: np.broadcast_to(a, shape),
                view=True, saves=(),
                grad=lambda g, y, x, shape: unbroadcast(g, tuple(x.shape)),
-               onnx="Expand", flops=lambda *a, **k: 0,
+               onnx="Expand", flops=lambda *a, **k: 0, same_values=True,
                samples=lambda: [Sample((randf(rng(25), 3, 1),), {"shape": (2, 3, 4)}),
                                 Sample((randf(rng(26), 4),), {"shape": (3, 4)})])
 
@@ -339,7 +339,7 @@ def flip(x, dims=None, *more, axis=None):
 # ---------------------------------------------------------------------- copy
 COPY = defop("copy", lambda x: Spec(x.shape, x.dtype), kernel=lambda a: a.copy(), saves=(),
              kind="elementwise", fuse="always", scalar="a", grad=lambda g, y, x: g,
-             onnx="Identity",
+             onnx="Identity", same_values=True,
              flops=lambda *a, **k: 0, samples=lambda: [Sample((randf(rng(34), 3, 2),))])
 
 

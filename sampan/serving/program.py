@@ -97,31 +97,26 @@ def _max_batch(name, config, specs):
     return mb
 
 
-# ops whose input 1 holds indices into input 0 along attribute `axis`
-_INDEX_OPS = ("index_select", "take_along_axis")
-# ops that pass every value of their input 0 on unchanged (so a bound on the output's
-# values is one on the input's)
-_SAME_VALUES = ("reshape", "permute", "expand", "copy")
-
-
 def index_bounds(graph, names):
     """{input name: (n, where)}: the graph inputs (`names`: {Value id: name}) whose every
     value reaches an index of an `index_select`/`take_along_axis` over an axis of static
     size n, so a value outside [0, n) can only fail the run. `where` names the op and
     its source line. Example: an ``nn.Embedding(10, 4)`` over input "ids" gives
     ``{"ids": (10, "index_select at model.py:9")}``."""
+    from ..ops.registry import OPS      # the op table says which ops index, which keep values
     src = dict(names)                # Value id -> the graph input whose values it holds
     out: dict = {}
     for n in graph.nodes:
-        if not n.inputs:
+        op = OPS.get(n.op)
+        if not n.inputs or op is None:
             continue
         first = src.get(n.inputs[0].id)
-        if n.op in _SAME_VALUES and first is not None:
+        if op.same_values and first is not None:
             src[n.outputs[0].id] = first
         elif n.op == "cast" and first is not None and np.can_cast(
                 n.inputs[0].dtype, n.outputs[0].dtype, "safe"):
             src[n.outputs[0].id] = first
-        elif n.op in _INDEX_OPS and len(n.inputs) > 1 and n.inputs[1].id in src:
+        elif op.indexes and len(n.inputs) > 1 and n.inputs[1].id in src:
             axis = n.attrs.get("axis", 0)
             shape = n.inputs[0].shape
             if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
