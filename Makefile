@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python tools/api_spec.py --check
 	$(BIN)/lint-imports  # the floors of DESIGN.md (.importlinter)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # a file's tests (and its module fixtures) on one worker
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
