@@ -287,15 +287,23 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
 
     from contextlib import asynccontextmanager
 
+    import inspect
+
+    async def call(fn):         # a coroutine function runs on the loop (the gRPC server)
+        if inspect.iscoroutinefunction(fn):
+            await fn()
+        else:
+            await run_in_threadpool(fn)
+
     @asynccontextmanager
     async def lifespan(app):
         for fn in on_startup:
-            await run_in_threadpool(fn)
+            await call(fn)
         try:
             yield
         finally:
             for fn in on_shutdown:
-                await run_in_threadpool(fn)
+                await call(fn)
     star = Starlette(routes=routes, lifespan=lifespan)
 
     async def app(scope, receive, send):

@@ -40,9 +40,15 @@ TYPED = {"BOOL": ("bool_contents", np.bool_), "INT8": ("int_contents", np.int32)
 _FIELDS = sorted({f for f, _ in TYPED.values()})
 
 
+_PB = None
+
+
 def _pb():
-    from .proto import inference_pb2
-    return inference_pb2
+    global _PB
+    if _PB is None:                 # imported on first use: protobuf only when serving gRPC
+        from .proto import inference_pb2
+        _PB = inference_pb2
+    return _PB
 
 
 def param_value(p):
@@ -136,7 +142,7 @@ def decode(model, req, deadline_s=None, plans=None) -> Decoded:
             raise _bad(model, f"unknown output {o.name!r} requested; the model's outputs "
                               f"are {sorted(known)}")
         outs[o.name] = True
-    params = params_of(req.parameters)
+    params = params_of(req.parameters) if req.parameters else {}
     want_raw = params.pop("raw_output", None)
     if want_raw is None:
         want_raw = bool(raw)

@@ -12,10 +12,11 @@ admission (503 -> UNAVAILABLE with ``retry-after`` in the trailing metadata), de
 (the call's own deadline included), metrics and logs are the same; every `RequestError`
 ends the call with the status its ``grpc_code`` names and its message as details.
 
-The service runs on a ``grpc.aio`` server in a thread of its own with its own event loop
-(uvicorn's loop stays the HTTP front end's); the batchers answer each request on the loop
-it came from. `start` returns once the port is bound; `stop(grace)` refuses new calls,
-lets the open ones finish for `grace` seconds, then cancels the rest.
+The service runs on a ``grpc.aio`` server on the event loop of the HTTP front end
+(`Server` starts it from uvicorn's lifespan: `start_async` / `stop_async`), so one loop
+carries both front ends and the batchers' counters see one thread; `start` / `stop` run
+it on a thread and loop of its own instead. `stop(grace)` refuses new calls, lets the
+open ones finish for `grace` seconds, then cancels the rest.
 
     >>> # fe = GrpcFrontEnd(plane, "127.0.0.1", 0).start(); fe.port; ...; fe.stop(5)
 """
@@ -179,7 +180,9 @@ class GrpcFrontEnd:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
-    async def _serve(self):
+    async def start_async(self) -> "GrpcFrontEnd":
+        """Serve on the running event loop (the server's, beside uvicorn); returns once
+        the port is bound."""
         grpc = _import_grpc()
         n = self.max_message_bytes
         # so_reuseport 0: a port another process holds is an error here, not shared
@@ -188,28 +191,30 @@ class GrpcFrontEnd:
                                      ("grpc.so_reuseport", 0)])
         s.add_generic_rpc_handlers((handlers(grpc, self.plane),))
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.port = s.add_insecure_port(f"{host}:{self.port}")
-        if self.port == 0:
+        port = s.add_insecure_port(f"{host}:{self.port}")
+        if port == 0:
             raise RuntimeError(f"cannot listen on {self.address}")
+        self.port = port
         await s.start()
-        self._server, self._stopping = s, asyncio.Event()
+        self._server = s
+        return self
+
+    async def stop_async(self, grace=None) -> None:
+        """Refuse new calls, let the open ones finish within `grace` s, cancel the rest."""
+        s, self._server = self._server, None
+        if s is not None:
+            await s.stop(grace)
+
+    async def _serve(self):
+        await self.start_async()
+        self._stopping = asyncio.Event()
         self._ready.set()
         await self._stopping.wait()
-        await s.stop(self._grace)
-
-    def _run(self):
-        loop = self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as e:  # noqa: BLE001 -- reported by start()
-            self._error = e
-            self._ready.set()
-        finally:
-            loop.close()
+        await self.stop_async(self._grace)
 
     def start(self, timeout=30.0) -> "GrpcFrontEnd":
-        """Serve from a background thread; returns once the port is bound."""
+        """Serve from a background thread with its own event loop (for a data plane with
+        no other front end); returns once the port is bound."""
         from .errors import ServingError
         self._thread = threading.Thread(target=self._run, name="sampan-grpc", daemon=True)
         self._thread.start()
@@ -220,7 +225,7 @@ class GrpcFrontEnd:
 
     def stop(self, grace=None) -> None:
         """Refuse new calls, finish open ones within `grace` s, end the thread."""
-        if self._server is None or self._loop is None:
+        if self._thread is None or self._loop is None:
             return
         self._grace = grace
         try:
@@ -229,4 +234,4 @@ class GrpcFrontEnd:
             pass
         if self._thread is not None:
             self._thread.join(None if grace is None else grace + 10)
-        self._server = None
+        self._thread = None

@@ -17,7 +17,7 @@ stalled client holds neither a request nor the shutdown. `serve()` does the same
 (main) thread until SIGTERM/SIGINT: that is `sampan serve`.
 
 With `grpc_port` (0: a free one) the gRPC front end (`grpc_server.py`) serves the same
-data plane from its own thread, started after the models and stopped before they drain;
+data plane on uvicorn's event loop, started after the models and stopped before they drain;
 with `model_repository` every folder of that directory is loaded (`repository.py`: one
 that fails is listed in the index with its reason) and, with `allow_model_control`,
 loaded and unloaded while serving.
@@ -143,20 +143,35 @@ class Server:
         if repo is not None:
             self.plane.repository, repo.plane = repo, self.plane
         self.entries, self.metrics = self.plane.entries, self.plane.metrics
-        return make_app(self.plane, self.max_body_bytes, on_startup=[self._start_models],
-                        on_shutdown=[self._drain], read_timeout=self.read_timeout)
+        return make_app(self.plane, self.max_body_bytes,
+                        on_startup=[self._start_models, self._start_grpc],
+                        on_shutdown=[self._stop_grpc, self._drain],
+                        read_timeout=self.read_timeout)
 
     def _start_models(self):
         self.plane.start(self.warmup)
-        if self.grpc_port is not None:
-            from .grpc_server import GrpcFrontEnd
-            try:
-                self.grpc = GrpcFrontEnd(self.plane, self.host, self.grpc_port,
-                                         self.max_body_bytes).start()
-            except Exception as e:
-                self._startup_error = e         # start() names it
-                raise
-            self.grpc_port = self.grpc.port
+
+    async def _start_grpc(self):
+        # on uvicorn's loop, after the models started: one loop for both front ends
+        if self.grpc_port is None:
+            return
+        from .grpc_server import GrpcFrontEnd
+        try:
+            self.grpc = await GrpcFrontEnd(self.plane, self.host, self.grpc_port,
+                                           self.max_body_bytes).start_async()
+        except Exception as e:
+            self._startup_error = e             # start() names it
+            raise
+        self.grpc_port = self.grpc.port
+
+    async def _stop_grpc(self):
+        # its open calls finish within what is left of the shutdown timeout
+        if self.grpc is not None:
+            left = None
+            if self.shutdown_timeout is not None:
+                left = max((self._t_shutdown or time.monotonic()) + self.shutdown_timeout
+                           - time.monotonic(), 0.1)
+            await self.grpc.stop_async(left)
 
     def _drain(self):
         # the workers answer what is queued within what is left of the shutdown timeout
@@ -164,8 +179,6 @@ class Server:
         end = None
         if self.shutdown_timeout is not None:
             end = (self._t_shutdown or time.monotonic()) + self.shutdown_timeout + 1.0
-        if self.grpc is not None:       # its open calls finish within the same time
-            self.grpc.stop(None if end is None else max(end - time.monotonic(), 0.1))
         self.plane.stop(end)
         from .ops import flush_logging
         flush_logging()
