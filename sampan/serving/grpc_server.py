@@ -191,9 +191,16 @@ class GrpcFrontEnd:
                                      ("grpc.so_reuseport", 0)])
         s.add_generic_rpc_handlers((handlers(grpc, self.plane),))
         host = f"[{self.host}]" if ":" in self.host else self.host
-        port = s.add_insecure_port(f"{host}:{self.port}")
+        try:
+            port = s.add_insecure_port(f"{host}:{self.port}")
+        except RuntimeError as e:           # grpcio: "Failed to bind ..."
+            port, why = 0, e
+        else:
+            why = "no address bound"
         if port == 0:
-            raise RuntimeError(f"cannot listen on {self.address}")
+            from .errors import ServingError
+            raise ServingError(f"serving: cannot listen for gRPC on {self.address} "
+                               f"(--grpc-port {self.port}: in use?): {why}")
         self.port = port
         await s.start()
         self._server = s
@@ -211,6 +218,17 @@ class GrpcFrontEnd:
         self._ready.set()
         await self._stopping.wait()
         await self.stop_async(self._grace)
+
+    def _run(self):
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as e:  # noqa: BLE001 -- reported by start()
+            self._error = e
+            self._ready.set()
+        finally:
+            loop.close()
 
     def start(self, timeout=30.0) -> "GrpcFrontEnd":
         """Serve from a background thread with its own event loop (for a data plane with

@@ -252,7 +252,7 @@ class Server:
             ev.wait(0.01)
         if not uv.started:
             uv.should_exit = True
-            why = err[0] if err else self._startup_error or "?"
+            why = self._startup_error or (err[0] if err else "?")
             raise ServingError(f"serving: the server did not start: {why}")
         return self
 

@@ -175,3 +175,43 @@ def test_grpc_shares_batching_and_metrics_with_http(served, client):
                                    rtol=1e-5, atol=1e-5)
     assert count() == before + 16
     assert e.batcher.batched > batched        # some of them ran together
+
+
+def test_a_bare_data_plane_served_over_grpc_alone():
+    """GrpcFrontEnd on a thread and loop of its own, for a DataPlane without HTTP."""
+    from sampan.serving import DataPlane
+    from sampan.serving.grpc_server import GrpcFrontEnd
+
+    from ._models import Slow
+    plane = DataPlane.build({"slow": Slow("slow", 0.0)}, instances=1)
+    plane.start(warmup=False)
+    fe = GrpcFrontEnd(plane, "127.0.0.1", 0).start()
+    try:
+        c = grpcclient.InferenceServerClient(fe.address)
+        assert c.is_server_live() and c.is_model_ready("slow")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(c.infer("slow", [_input("x", x, "FP32")]).as_numpy("y"),
+                                      2 * x)
+        c.close()
+    finally:
+        fe.stop(1.0)
+        plane.stop()
+    assert fe._thread is None
+
+
+def test_a_grpc_port_in_use_fails_the_start_naming_it():
+    import socket
+
+    from sampan.serving import Server, ServingError
+
+    from ._models import Slow
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(ServingError) as e:
+            Server({"slow": Slow("slow", 0.0)}, grpc_port=port, warmup=False).start(timeout=30)
+        assert str(port) in str(e.value)
+    finally:
+        held.close()
