@@ -205,3 +205,21 @@ def test_control_is_refused_without_the_flag(tmp_path):
             grpcclient.InferenceServerClient(s.grpc_address).load_model("sleepy")
         assert e.value.status() == "StatusCode.PERMISSION_DENIED"
         assert "sleepy" in s.entries
+
+
+@pytest.mark.slow   # trains the demo DLRM (~2 s on a loaded machine)
+def test_a_dlrm_snapshot_folder_is_served_from_the_repository(tmp_path):
+    from sampan.serving import Server
+    from sampan.serving.rec import demo_inputs, export_demo_dlrm
+    export_demo_dlrm(str(tmp_path / "ctr"))
+    with Server(model_repository=str(tmp_path), grpc_port=0, warmup=False) as s:
+        assert [(m["name"], m["state"]) for m in _index(s).values()] == [("ctr", "READY")]
+        c = grpcclient.InferenceServerClient(s.grpc_address)
+        ins = []
+        for k, v in demo_inputs(3).items():
+            i = grpcclient.InferInput(k, list(v.shape), "INT64" if v.dtype.kind == "i"
+                                      else "FP32")
+            i.set_data_from_numpy(v)
+            ins.append(i)
+        p = c.infer("ctr", ins).as_numpy("probability")
+        assert p.shape == (3, 1) and ((p > 0) & (p < 1)).all()
