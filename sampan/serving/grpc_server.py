@@ -26,7 +26,7 @@ import asyncio
 import threading
 
 from . import grpc_codec
-from .errors import RequestError
+from .errors import ModelNotFound, RequestError
 from .ops import LOG
 
 SERVICE = "inference.GRPCInferenceService"
@@ -61,8 +61,15 @@ class _Service:
         return self.pb.ServerReadyResponse(ready=self.plane.ready())
 
     async def ModelReady(self, req, context):
-        return self.pb.ModelReadyResponse(
-            ready=self.plane.model_ready(req.name, _version(req.version)))
+        try:
+            ready = self.plane.model_ready(req.name, _version(req.version))
+        except ModelNotFound:
+            # a repository model that is not loaded (failed, unloaded) is known: not ready
+            if not any(m["name"] == req.name for m in self.plane.repository_index()) or \
+                    self.plane.repository is None:
+                raise
+            ready = False
+        return self.pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, req, context):
         m = self.plane.server_metadata()

@@ -112,7 +112,9 @@ def test_unload_then_load_over_http_and_grpc(server, repo):
     np.testing.assert_allclose(_infer_http(server, "mlp_onnx", x), mlp_reference(repo[1], x),
                                rtol=1e-4, atol=1e-4)
     g.unload_model("mlp_onnx")
-    assert not http.is_model_ready("mlp_onnx")
+    assert not http.is_model_ready("mlp_onnx") and not g.is_model_ready("mlp_onnx")
+    with pytest.raises(InferenceServerException):          # not in the repository at all
+        g.is_model_ready("nosuch")
     http.load_model("mlp_onnx")
     assert http.is_model_ready("mlp_onnx")
 
