@@ -26,6 +26,11 @@ during a concurrency-64 run: failed requests and the served snapshot sequence).
 Every run is bounded (requests and seconds per point) and stops the server by itself.
 
     python benchmarks/serving.py [--quick] [--requests 3000] [--seconds 8] [--hidden 512]
+                                 [--no-grpc]
+
+With gRPC (the default) the server also listens on a gRPC port, and one more point drives
+mlp_batch over gRPC and over HTTP at the top concurrency (benchmarks/grpc_load.py): the
+ratio gRPC / HTTP requests/s, target >= 1.2x.
 
 ``--hidden 4096`` serves a wider MLP of the same shape, whose batch-1 run costs more than
 the server's HTTP work per request: the case dynamic batching is for. With the W5 MLP a
@@ -166,6 +171,7 @@ class ServerProcess:
             raise RuntimeError(f"the server did not start: {self.log.read()[-2000:]}")
         rec = json.loads(line)
         self.url, self.models = rec["url"], rec["models"]
+        self.grpc = rec.get("grpc")       # host:port with --grpc-port, else None
 
     def rss_mb(self):
         try:
@@ -449,6 +455,8 @@ def main(argv=None):
     ap.add_argument("--blocks", type=int, default=3,
                     help="timed blocks per point, rotating the systems' order")
     ap.add_argument("--overload-concurrency", type=int, default=256)
+    ap.add_argument("--no-grpc", dest="grpc", action="store_false",
+                    help="skip the gRPC vs HTTP point (benchmarks/grpc_load.py)")
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
                     help="load client: a bare asyncio Protocol (default, cheapest) or httpx")
     args = ap.parse_args(argv)
@@ -466,7 +474,7 @@ def main(argv=None):
         if args.hidden != 512:
             info = dict(info, hidden=args.hidden)
             log(f"# hidden {args.hidden}: a wider MLP than W5's (compute-bound case)")
-        server = ServerProcess(repo)
+        server = ServerProcess(repo, ("--grpc-port", "0") if args.grpc else ())
         try:
             x = np.random.default_rng(1).standard_normal((1, 784)).astype(np.float32)
             for m in ("mlp_batch", "mlp_single", "mlp_ort"):
@@ -483,6 +491,9 @@ def main(argv=None):
                                         extra).items():
                     res[mode, conc] = rec
             targets(res, args, info)
+            if server.grpc is not None:
+                from grpc_load import grpc_vs_http
+                grpc_vs_http(server, "mlp_batch", x, args, info, max(args.concurrency))
             overload(server, x, args, info)
             if "dlrm" in server.models:
                 dlrm_points(server, args, info, log)

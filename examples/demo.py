@@ -9,8 +9,8 @@
 5. serve the CNN through a Predictor (sampan.inference), fp32 and, where sampan.quant is
    present, int8 after post-training quantisation: accuracy and batch-1 latency;
 6. `sampan serve` for a few seconds on 127.0.0.1 (when sampan.serving is present): the CNN
-   program and a small DLRM, queried with the real tritonclient, the DLRM's embeddings
-   updated from delta exports while it serves.
+   program and a small DLRM, queried with the real tritonclient (HTTP, and one gRPC
+   request), the DLRM's embeddings updated from delta exports while it serves.
 7. train the CNN data-parallel on 2 ranks (`sampan launch -n 2`) for one epoch: both
    ranks print the same parameter checksum.
 8. profile one training epoch of the CNN: out/trace.json (open it in ui.perfetto.dev), the
@@ -224,19 +224,32 @@ def serve_http(cnn_program, xs, ys):
     except ImportError as e:
         print(f"serving: not available ({e})")
         return
+    try:
+        from tritonclient import grpc as grpcclient    # the gRPC front end too, when present
+    except ImportError:
+        grpcclient = None
     ctr = os.path.join(OUT, "serving", "ctr")
     shutil.rmtree(ctr, ignore_errors=True)
     t0 = time.perf_counter()
     export_demo_dlrm(ctr)
     # warmup=False: each batch size compiles on first use, not all of them up front
     with Server({"digits": cnn_program, "ctr": ctr}, host="127.0.0.1", port=0,
-                warmup=False) as server:
-        print(f"serving digits and ctr at {server.url}")
+                warmup=False, grpc_port=0 if grpcclient else None) as server:
+        print(f"serving digits and ctr at {server.url}"
+              + (f" and gRPC {server.grpc_address}" if grpcclient else ""))
         client = http.InferenceServerClient(server.url[len("http://"):])
         x = http.InferInput("x", [8, *xs.shape[1:]], "FP32")
         x.set_data_from_numpy(xs[:8], binary_data=True)
         pred = client.infer("digits", [x]).as_numpy("output_0").argmax(-1)
         print(f"digits: predicted {pred.tolist()}, labels {ys[:8].tolist()}")
+        if grpcclient is not None:          # one request over gRPC: the same answer
+            g = grpcclient.InferenceServerClient(server.grpc_address)
+            gx = grpcclient.InferInput("x", [8, *xs.shape[1:]], "FP32")
+            gx.set_data_from_numpy(xs[:8])
+            gpred = g.infer("digits", [gx]).as_numpy("output_0").argmax(-1)
+            g.close()
+            print(f"digits over gRPC: predicted {gpred.tolist()}")
+            assert (gpred == pred).all(), "gRPC and HTTP disagree"
         req = demo_inputs(4)
 
         def ask():

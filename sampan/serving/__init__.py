@@ -24,8 +24,16 @@ cancelled and their connections closed), `serve()` serves in the calling thread 
 SIGTERM; a request body of which nothing arrives for `read_timeout` seconds gets a 408.
 Command line: ``sampan serve --model mlp=models/mlp --port 8000`` (`cli.py`).
 
+gRPC (`grpc_server.py`): ``Server(..., grpc_port=0)`` (``--grpc-port``) also serves the
+KServe v2 / Triton gRPC service ``inference.GRPCInferenceService`` on
+``s.grpc_address``, over the same data plane: ``tritonclient.grpc`` connects as to
+Triton. Repository (`repository.py`): ``Server(model_repository=DIR,
+allow_model_control=True)`` (``--model-repository DIR --allow-model-control``) serves
+every folder of DIR and answers the repository API (index, load, unload) over both.
+
 Layers: `server.py` (uvicorn, lifecycle) over `app.py` (the HTTP front end: routes, bodies,
-headers, status codes) over `dataplane.py` (`DataPlane`: model lookup, readiness,
+headers, status codes) and `grpc_server.py` (the gRPC front end; its codec
+`grpc_codec.py`, its messages `proto/`) over `dataplane.py` (`DataPlane`: model lookup, readiness,
 metadata, infer with admission and deadlines, metrics and logs; what a gRPC front end
 would share) over `batcher.py` (queues, workers, batches) and the models (`model.py`;
 kinds in `program.py` and `rec.py`). `protocol.py` is the REST codec, `errors.py` the

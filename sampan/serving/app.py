@@ -9,6 +9,9 @@ models of one server, plus ``/metrics``.
     GET  /v2/models/{name}[/versions/{v}]/config   the model's serving config
     POST /v2/models/{name}[/versions/{v}]/infer    JSON or binary tensors
     GET  /metrics                              Prometheus text format
+    POST /v2/repository/index                  the model repository's index ({"ready"?})
+    POST /v2/repository/models/{name}/load     (re)load a repository model ({"parameters"?})
+    POST /v2/repository/models/{name}/unload   unload it once its open requests are answered
 
 This is the HTTP front end only: routes, reading bodies, headers, status codes and JSON
 error bodies. What a request does (model lookup, readiness, metadata, decode, admission,
@@ -238,6 +241,29 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
     async def model_config(request):
         return _json(plane.model_config(*where(request)))
 
+    async def repo_body(request):
+        body = await request.body()
+        try:
+            j = json.loads(body) if body.strip() else {}
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}", 400) from None
+        if not isinstance(j, dict):
+            raise RequestError(f"the request body must be a JSON object; got "
+                               f"{type(j).__name__}", 400)
+        return j
+
+    async def repo_index(request):
+        return _json(plane.repository_index(bool((await repo_body(request)).get("ready"))))
+
+    def repo_call(fn):
+        async def call(request):
+            params = (await repo_body(request)).get("parameters") or {}
+            if not isinstance(params, dict):
+                raise RequestError("'parameters' must be an object", 400)
+            await run_in_threadpool(fn, request.path_params["name"], params)
+            return Response(status_code=200)
+        return call
+
     async def metrics_page(request):
         body, ctype = plane.metrics_text()
         return Response(body, 200, headers={"Content-Type": ctype})
@@ -248,7 +274,12 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
     routes = [Route(b + "/infer", infer, methods=["POST"]) for b in (
         "/v2/models/{name}", "/v2/models/{name}/versions/{version}")]
     routes += [Route("/v2/health/live", live), Route("/v2/health/ready", ready),
-               Route("/v2", server_meta), Route("/metrics", metrics_page)]
+               Route("/v2", server_meta), Route("/metrics", metrics_page),
+               Route("/v2/repository/index", guarded(repo_index), methods=["POST"]),
+               Route("/v2/repository/models/{name}/load", guarded(repo_call(plane.load_model)),
+                     methods=["POST"]),
+               Route("/v2/repository/models/{name}/unload",
+                     guarded(repo_call(plane.unload_model)), methods=["POST"])]
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         routes += [Route(base, guarded(model_meta)),
                    Route(base + "/ready", guarded(model_ready)),
@@ -256,15 +287,23 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
 
     from contextlib import asynccontextmanager
 
+    import inspect
+
+    async def call(fn):         # a coroutine function runs on the loop (the gRPC server)
+        if inspect.iscoroutinefunction(fn):
+            await fn()
+        else:
+            await run_in_threadpool(fn)
+
     @asynccontextmanager
     async def lifespan(app):
         for fn in on_startup:
-            await run_in_threadpool(fn)
+            await call(fn)
         try:
             yield
         finally:
             for fn in on_shutdown:
-                await run_in_threadpool(fn)
+                await call(fn)
     star = Starlette(routes=routes, lifespan=lifespan)
 
     async def app(scope, receive, send):

@@ -1,6 +1,7 @@
 """``sampan serve``: serve model directories over the open inference protocol.
 
     sampan serve --model mlp=models/mlp [--model ...] [--repository DIR]
+                 [--model-repository DIR [--allow-model-control]] [--grpc-port PORT]
                  [--host 127.0.0.1] [--port 8000] [--workers N] [--max-batch-size N]
                  [--max-queue-delay-us US] [--preferred-batch-sizes 8,32]
                  [--max-queue-size N] [--timeout-ms MS] [--no-batching]
@@ -42,6 +43,14 @@ def register(sub) -> None:
     p.add_argument("--model", action="append", default=[], type=_model_arg,
                    metavar="NAME=DIR", help="a model directory to serve (repeatable)")
     p.add_argument("--repository", help="a folder whose subdirectories are models")
+    p.add_argument("--model-repository", metavar="DIR",
+                   help="serve every model folder of DIR through the repository API: one "
+                        "that fails to load is listed with its reason (repository.py)")
+    p.add_argument("--allow-model-control", action="store_true",
+                   help="allow the repository API's load and unload calls")
+    p.add_argument("--grpc-port", type=int, metavar="PORT",
+                   help="also serve the KServe v2 / Triton gRPC protocol on PORT (0: any "
+                        "free port; off when not given)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--workers", type=int, help="worker threads per model (instance_count)")
@@ -99,11 +108,15 @@ def run(a) -> int:
         s = Server(dict(a.model), a.host, a.port, repository=a.repository,
                    overrides=overrides_of(a), max_body_bytes=a.max_body_bytes,
                    log_level=a.log_level, read_timeout=a.read_timeout or None,
-                   shutdown_timeout=a.shutdown_timeout or None)
+                   shutdown_timeout=a.shutdown_timeout or None, grpc_port=a.grpc_port,
+                   model_repository=a.model_repository,
+                   allow_model_control=a.allow_model_control)
 
         def ready(srv):
-            print(json.dumps({"event": "listening", "url": srv.url,
-                              "models": sorted(srv.entries)}), flush=True)
+            line = {"event": "listening", "url": srv.url, "models": sorted(srv.entries)}
+            if srv.grpc_address is not None:
+                line["grpc"] = srv.grpc_address
+            print(json.dumps(line), flush=True)
         return s.serve(on_ready=ready)
     except ServingError as e:
         print(f"sampan serve: {e}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """The data plane of `sampan serve` (as KServe's ``DataPlane``): everything a front end
-shares, between the transport (HTTP/REST in `app.py`; gRPC would be a second) and the
+shares, between the transport (HTTP/REST in `app.py`, gRPC in `grpc_server.py`) and the
 models. It holds no transport type: a front end reads a request, calls one method here
 and turns what comes back (or the `RequestError` raised, whose `status` it maps) into
 its own answer.
@@ -15,6 +15,10 @@ its own answer.
     await plane.infer(name, version, body, header, codec)   one inference request
     plane.start(warmup) / plane.stop(deadline)              the batchers' and models'
                                                             lifecycle
+    plane.add(name, model) / plane.remove(name, timeout)    a model comes / goes (its
+                                                            in-flight requests answered)
+    plane.repository_index() / load_model / unload_model    the repository API
+                                                            (`repository.py`)
 
 `infer` carries a request through: find the model (404) → count it as arriving (a
 batcher waiting to fill a batch waits for it) → its body (`body` is the bytes, or an
@@ -32,8 +36,8 @@ out of time) as a 503 that closes the connection, a client that left as `ClientG
 A codec is any object with ``decode(model, body, header, plans) -> protocol.Decoded``
 (the request's ``id``, ``inputs`` {name: array} checked against the model's inputs,
 ``outputs`` {name: binary?} wanted, ``params``) and ``encode(model, decoded, results) ->
-answer``; `protocol` (the REST JSON/binary bodies) is the default, and a gRPC front end
-would pass one reading and writing its protobuf messages. `plans` is a dict kept per
+answer``; `protocol` (the REST JSON/binary bodies) is the default, and the gRPC front
+end passes `grpc_codec` (its protobuf messages). `plans` is a dict kept per
 model for the codec's own cache (the REST codec's parsed binary headers).
 
     >>> # plane = DataPlane.build({"mlp": model}); plane.start()
@@ -88,6 +92,8 @@ class DataPlane:
         self.metrics = metrics
         self.offload = offload_bytes
         self.draining = False     # set by `stop`: readiness answers False from then on
+        self.instances = None     # workers per model added later (None: its config's)
+        self.repository = None    # a repository.ModelRepository, when the server has one
 
     @classmethod
     def build(cls, models: dict, instances=None, server_name="sampan", version="0",
@@ -95,20 +101,23 @@ class DataPlane:
         """A data plane over `models` ({name: ServedModel}): a `Batcher` each with
         `instances` workers (default: the model config's ``instance_count``, else 2)
         and one `Metrics` registry for all."""
-        from .batcher import Batcher
         from .metrics import Metrics
-        metrics = Metrics()
-        entries = {}
+        plane = cls({}, server_name, version, Metrics(), offload_bytes)
+        plane.instances = instances
         for name, m in models.items():
-            inst = instances or int((m.config or {}).get("instance_count", 2))
-            mm = metrics.model(name, m.gauges)
-            entries[name] = Entry(m, Batcher(m, inst, mm), mm)
-        return cls(entries, server_name, version, metrics, offload_bytes)
+            plane.entries[name] = plane._entry(name, m)
+        return plane
+
+    def _entry(self, name, m) -> Entry:
+        from .batcher import Batcher
+        inst = self.instances or int((m.config or {}).get("instance_count", 2))
+        mm = self.metrics.model(name, m.gauges)
+        return Entry(m, Batcher(m, inst, mm), mm)
 
     # ------------------------------------------------------------ lifecycle
     def start(self, warmup=True) -> None:
         """Start every model's workers (warming its clones first) and background work."""
-        for e in self.entries.values():
+        for e in list(self.entries.values()):
             e.batcher.start(warmup)
             e.model.start()
 
@@ -116,10 +125,11 @@ class DataPlane:
         """Drain: readiness turns False, the workers answer what is queued (until the
         `time.monotonic()` `deadline`, when given), then every model's `stop()` runs."""
         self.draining = True
-        for e in self.entries.values():
+        entries = list(self.entries.values())
+        for e in entries:
             e.batcher.close(None if deadline is None else
                             max(deadline - time.monotonic(), 0.01))
-        for e in self.entries.values():
+        for e in entries:
             e.model.stop()
 
     # ------------------------------------------------------------ lookup, health, metadata
@@ -138,14 +148,14 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return not self.draining and all(e.model.ready() for e in self.entries.values())
+        return not self.draining and all(e.model.ready() for e in list(self.entries.values()))
 
     def model_ready(self, name, version=None) -> bool:
         return bool(self.entry(name, version).model.ready())
 
     def server_metadata(self) -> dict:
-        return {"name": self.server_name, "version": self.version,
-                "extensions": ["binary_tensor_data"]}
+        ext = ["binary_tensor_data"] + (["model_repository"] if self.repository else [])
+        return {"name": self.server_name, "version": self.version, "extensions": ext}
 
     def model_metadata(self, name, version=None) -> dict:
         return protocol.metadata(self.entry(name, version).model)
@@ -163,6 +173,63 @@ class DataPlane:
     def metrics_text(self):
         """(the Prometheus text page as bytes, its content type)."""
         return self.metrics.text()
+
+    # ------------------------------------------------------------ models coming and going
+    def add(self, name, model, warmup=True) -> Entry:
+        """Serve `model` as `name` from now on (its workers warmed and started first); a
+        model served under that name before is replaced, not stopped (see `retire`).
+        Called from a worker thread (the repository's load), not the event loop."""
+        e = self._entry(name, model)
+        e.batcher.start(warmup)
+        model.start()
+        self.entries[name] = e
+        return e
+
+    def remove(self, name, timeout=None) -> Entry | None:
+        """Stop serving `name`: new requests get 404 at once; returns once its in-flight
+        requests are answered (within `timeout` s) and the model stopped (`retire`)."""
+        e = self.entries.pop(name, None)
+        if e is not None:
+            self.retire(e, timeout)
+        return e
+
+    def retire(self, e: Entry, timeout=None) -> None:
+        """Answer what entry `e` holds, then free it: wait for the requests still being
+        read or decoded to reach its queue, let its workers answer the queue, stop the
+        model. (A request that looked the entry up in the moment it left `entries` may
+        still be refused with a 503 by its closed batcher; none is left unanswered.)"""
+        from .repository import wait_until_idle
+        t_end = None if timeout is None else time.monotonic() + timeout
+        wait_until_idle(e.batcher, 1e9 if timeout is None else timeout)
+        e.batcher.close(None if t_end is None else max(t_end - time.monotonic(), 0.01))
+        e.model.stop()
+        if self.metrics is not None and e.model.name not in self.entries:
+            self.metrics.drop(e.model.name)     # (a reload's new model keeps its gauges)
+
+    # ------------------------------------------------------------ the repository API
+    def repository_index(self, ready_only=False) -> list:
+        """[{"name", "version", "state", "reason"}]: the repository's index, or the models
+        served when the server has no repository."""
+        if self.repository is not None:
+            return self.repository.index(ready_only)
+        return [{"name": n, "version": str(e.model.version),
+                 "state": "READY" if e.model.ready() else "UNAVAILABLE", "reason": ""}
+                for n, e in sorted(self.entries.items())]
+
+    def load_model(self, name, parameters=None) -> None:
+        """Load (or reload) repository model `name` (blocking: call it from a thread)."""
+        if self.repository is None:
+            raise RequestError(f"model repository: cannot load {name!r}: this server has no "
+                               "model repository (start it with --model-repository DIR)", 403)
+        self.repository.load(name, parameters)
+
+    def unload_model(self, name, parameters=None) -> None:
+        """Unload model `name` once its in-flight requests are answered (blocking)."""
+        if self.repository is None:
+            raise RequestError(f"model repository: cannot unload {name!r}: this server has "
+                               "no model repository (start it with --model-repository DIR)",
+                               403)
+        self.repository.unload(name, parameters)
 
     # ------------------------------------------------------------ inference
     async def infer(self, name, version, body, header=None, codec=None):

@@ -24,7 +24,8 @@ class ServingError(SampanError):
 
 
 # the gRPC status (KServe v2's gRPC protocol) of each status a request can get
-GRPC_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
+GRPC_CODES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+              408: "DEADLINE_EXCEEDED",
               499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE",
               504: "DEADLINE_EXCEEDED"}
 

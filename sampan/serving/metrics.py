@@ -89,6 +89,10 @@ class Metrics:
             self._gauges[name] = gauges
         return ModelMetrics(self, name)
 
+    def drop(self, name) -> None:
+        """Stop reading the gauges of model `name` (it was unloaded)."""
+        self._gauges.pop(name, None)
+
     def text(self):
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

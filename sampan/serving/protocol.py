@@ -231,13 +231,7 @@ def _decode(model, body, hl):
     if at != len(blob):
         raise _bad(model, f"the body has {len(blob) - at} binary bytes after the inputs "
                           f"that no input's binary_data_size accounts for")
-    missing = [n for n in specs if n not in arrays]
-    if missing:
-        raise _bad(model, f"missing input(s) {missing}; the model's inputs are {list(specs)}")
-    if model.max_batch_size > 0:
-        rows = {n: a.shape[0] if a.ndim else None for n, a in arrays.items()}
-        if len(set(rows.values())) != 1 or None in rows.values():
-            raise _bad(model, f"the inputs must share their first (batch) dim; got {rows}")
+    check_complete(model, arrays)
     bdo = params.get("binary_data_output", False)
     outs = {}
     known = {s.name for s in model.outputs}
@@ -257,6 +251,19 @@ def _decode(model, body, hl):
         plan.outputs, plan.params, plan.bdo = dict(outs), params, dec.binary_default
         dec.plan = plan
     return dec
+
+
+def check_complete(model, arrays):
+    """Every input of `model` is in `arrays`, and they share their first (batch) dim
+    when the model batches (400 naming what is missing or which rows differ)."""
+    specs = [s.name for s in model.inputs]
+    missing = [n for n in specs if n not in arrays]
+    if missing:
+        raise _bad(model, f"missing input(s) {missing}; the model's inputs are {specs}")
+    if model.max_batch_size > 0:
+        rows = {n: a.shape[0] if a.ndim else None for n, a in arrays.items()}
+        if len(set(rows.values())) != 1 or None in rows.values():
+            raise _bad(model, f"the inputs must share their first (batch) dim; got {rows}")
 
 
 def timeout_s(model, params):

@@ -16,6 +16,12 @@ of which nothing arrives for `read_timeout` seconds (default 60) is answered 408
 stalled client holds neither a request nor the shutdown. `serve()` does the same in the calling
 (main) thread until SIGTERM/SIGINT: that is `sampan serve`.
 
+With `grpc_port` (0: a free one) the gRPC front end (`grpc_server.py`) serves the same
+data plane on uvicorn's event loop, started after the models and stopped before they drain;
+with `model_repository` every folder of that directory is loaded (`repository.py`: one
+that fails is listed in the index with its reason) and, with `allow_model_control`,
+loaded and unloaded while serving.
+
 Settings: per model from its directory's ``config.json`` (see `model.py`), overridden by
 `overrides` (``{"max_batch_size": 32, "dynamic_batching": {...}, "instance_count": 2}``
 for every model, as the CLI flags do; ``"dynamic_batching": None`` turns batching off).
@@ -82,12 +88,18 @@ class Server:
     def __init__(self, models=None, host="127.0.0.1", port=0, *, repository=None,
                  workers=None, overrides=None, max_body_bytes=MAX_BODY_BYTES,
                  log_level="warning", warmup=True, shutdown_timeout=SHUTDOWN_TIMEOUT,
-                 read_timeout=READ_TIMEOUT):
+                 read_timeout=READ_TIMEOUT, grpc_port=None, model_repository=None,
+                 allow_model_control=False):
         self.specs = dict(models or {})
+        self.grpc_port = None if grpc_port is None else int(grpc_port)
+        self.grpc = None          # the GrpcFrontEnd, once serving (grpc_server.py)
+        self.model_repository = model_repository
+        self.allow_model_control = bool(allow_model_control)
+        self._startup_error = None
         if repository is not None:
             for n, d in repository_models(repository).items():
                 self.specs.setdefault(n, d)
-        if not self.specs:
+        if not self.specs and model_repository is None:
             raise ServingError("serving: no models to serve (give --model name=dir or "
                                "--repository DIR)")
         self.host, self.port = host, int(port)
@@ -119,14 +131,47 @@ class Server:
         import sampan
         models = {name: _load(name, where, self.overrides)
                   for name, where in self.specs.items()}
+        repo = None
+        if self.model_repository is not None:
+            from .repository import ModelRepository
+            repo = ModelRepository(self.model_repository, self.allow_model_control,
+                                   self.overrides, _merge)
+            for name, m in repo.load_all().items():
+                models.setdefault(name, m)
         self.plane = DataPlane.build(models, self.workers, "sampan",
                                      getattr(sampan, "__version__", "0"))
+        if repo is not None:
+            self.plane.repository, repo.plane = repo, self.plane
         self.entries, self.metrics = self.plane.entries, self.plane.metrics
-        return make_app(self.plane, self.max_body_bytes, on_startup=[self._start_models],
-                        on_shutdown=[self._drain], read_timeout=self.read_timeout)
+        return make_app(self.plane, self.max_body_bytes,
+                        on_startup=[self._start_models, self._start_grpc],
+                        on_shutdown=[self._stop_grpc, self._drain],
+                        read_timeout=self.read_timeout)
 
     def _start_models(self):
         self.plane.start(self.warmup)
+
+    async def _start_grpc(self):
+        # on uvicorn's loop, after the models started: one loop for both front ends
+        if self.grpc_port is None:
+            return
+        from .grpc_server import GrpcFrontEnd
+        try:
+            self.grpc = await GrpcFrontEnd(self.plane, self.host, self.grpc_port,
+                                           self.max_body_bytes).start_async()
+        except Exception as e:
+            self._startup_error = e             # start() names it
+            raise
+        self.grpc_port = self.grpc.port
+
+    async def _stop_grpc(self):
+        # its open calls finish within what is left of the shutdown timeout
+        if self.grpc is not None:
+            left = None
+            if self.shutdown_timeout is not None:
+                left = max((self._t_shutdown or time.monotonic()) + self.shutdown_timeout
+                           - time.monotonic(), 0.1)
+            await self.grpc.stop_async(left)
 
     def _drain(self):
         # the workers answer what is queued within what is left of the shutdown timeout
@@ -180,6 +225,11 @@ class Server:
         return uv
 
     @property
+    def grpc_address(self) -> str | None:
+        """``host:port`` of the gRPC front end (None when it is off)."""
+        return None if self.grpc is None else self.grpc.address
+
+    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
@@ -202,7 +252,8 @@ class Server:
             ev.wait(0.01)
         if not uv.started:
             uv.should_exit = True
-            raise ServingError(f"serving: the server did not start: {err[0] if err else '?'}")
+            why = self._startup_error or (err[0] if err else "?")
+            raise ServingError(f"serving: the server did not start: {why}")
         return self
 
     def stop(self, timeout=60.0) -> None:

@@ -7,6 +7,7 @@ import pytest
 def served(tmp_path_factory):
     """One server for the package's tests: mlp (batching on), mlp_single (off), slow (queue of 2,
     one worker), mixed (two datatypes, no batch dim),
+    served over HTTP and gRPC (`served.grpc_address`),
     mlp_ort (the MLP's ONNX export behind onnxruntime); bodies above 1 MiB refused."""
     from sampan.serving import Server
 
@@ -22,7 +23,9 @@ def served(tmp_path_factory):
         "mixed": Mixed(),
         "mlp_ort": os.path.join(folder, "mlp_ort"),
     }
-    s = Server(models, max_body_bytes=1 << 20).start()
+    import importlib.util
+    grpc = 0 if importlib.util.find_spec("grpc") is not None else None   # gRPC too
+    s = Server(models, max_body_bytes=1 << 20, grpc_port=grpc).start()
     s.weights = w
     try:
         yield s
