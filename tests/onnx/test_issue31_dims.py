@@ -152,3 +152,35 @@ def test_minus_one_and_question_mark_dims_are_sizes_of_their_own():
         np.testing.assert_allclose(f(sampan.Tensor(xs)).numpy(), _ort(m, xs),
                                    rtol=1e-5, atol=1e-6)
     assert f.n_traces == 1
+
+
+def test_positions_from_a_range_over_the_shape_stay_symbolic():
+    """ids[B,S] -> Range(0, Shape(ids)[1]) -> Gather of a position table, as torch.onnx
+    writes BERT's position ids: the range folds to a constant at each traced size, and
+    the unifier makes it an arange of the symbolic length again (one trace serves all)."""
+    table = numpy_helper.from_array(RNG.standard_normal((40, 4)).astype(np.float32), "pos")
+    nodes = [helper.make_node("Shape", ["ids"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Gather", ["pos", "r"], ["p"], axis=0),
+             helper.make_node("Cast", ["ids"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["f", "axes"], ["fu"]),
+             helper.make_node("Add", ["fu", "p"], ["y"])]
+    consts = [numpy_helper.from_array(np.array(v, np.int64), k)
+              for k, v in (("zero", 0), ("one", 1), ("axes", [2]))]
+    g = helper.make_graph(nodes, "pos",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         ["B", "S", 4])], [table] + consts)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    layer = sampan.onnx.to_layer(m)
+    layer.eval()
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    with no_grad():
+        f = compile_layer(layer, (sampan.Tensor(np.zeros((2, 8), np.int64)),))
+        assert f.concrete_dims == []
+        for b, n in ((1, 5), (3, 11)):
+            ids = RNG.integers(0, 9, (b, n)).astype(np.int64)
+            np.testing.assert_allclose(f(sampan.Tensor(ids)).numpy(),
+                                       sess.run(None, {"ids": ids})[0], rtol=1e-6)
+    assert f.n_traces == 1
