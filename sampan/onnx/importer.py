@@ -344,55 +344,60 @@ def _keep(dyn, symbols) -> dict:
     return {k: d for k, d in out.items() if d}
 
 
-def compile_layer(layer, args, *, pipeline="inference"):
+def compile_layer(layer, args, *, pipeline="inference", symbols=None):
     """`sampan.jit(layer, dynamic=...)` compiled for `args` (traced, not run), with the
-    declared dims (`declared_dims`) that can stay symbolic kept so: all of them where one
-    program serves every size; otherwise those that can, found one symbol at a time. The
-    others are concrete per call: the jitted layer traces and compiles once per size of
-    them (cached by `sampan.jit`); `f.concrete_dims` names them. A failure at the sizes
-    of `args` themselves (a model that cannot run at them) is raised as it is.
-    Example: ``f = compile_layer(layer, (x,)); y = f(x); f.concrete_dims``"""
+    declared dims (`declared_dims`; `symbols`: only these) that can stay symbolic kept so:
+    all of them where one program serves every size; otherwise those that can, found one
+    symbol at a time. The others are concrete per call: the jitted layer traces and
+    compiles once per size of them (cached by `sampan.jit`); `f.concrete_dims` names them.
+    A failure at the sizes of `args` themselves (a model that cannot run at them) is
+    raised as it is. Example: ``f = compile_layer(layer, (x,)); y = f(x); f.concrete_dims``"""
     from ..ir import verify
     from ..jit import jit
     dyn = declared_dims(layer)
     every = sorted({s for d in dyn.values() for s in d.values()})
 
-    def attempt(symbols):
-        f = jit(layer, pipeline=pipeline, dynamic=_keep(dyn, symbols) or None)
+    def attempt(kept):
+        f = jit(layer, pipeline=pipeline, dynamic=_keep(dyn, kept) or None)
         f.compile(*args)
-        f.concrete_dims = [s for s in every if s not in symbols]
-        return f
-
-    def works(symbols):
-        try:
-            f = attempt(symbols)
+        if kept:
             # the traces at a size and at one more agree by chance where a side goes
             # through a stride ((7-1)//2 == (8-1)//2): the shape rules must also hold at
             # sizes far from both, or a size served later would fail
             verify(f.graph, {s: 2 * n + 3 for s, n in _sizes(dyn, args).items()})
-            return f
-        except Exception:  # noqa: BLE001 - any failure of a probe trace: not symbolic
-            return None
-
-    f = works(set(every)) if every else None
-    if f is not None:
+        f.concrete_dims = [s for s in every if s not in kept]
         return f
-    f = attempt(set())      # the call's own sizes: a failure here is the model's, as is
+
+    return _choose(attempt, every if symbols is None else sorted(symbols))
+
+
+def _choose(attempt, symbols):
+    """attempt(every symbol) where it succeeds; else attempt(no symbol) (whose failure is
+    raised) and then the symbols added one at a time while attempts succeed. Returns the
+    last successful attempt's result."""
+    if symbols:
+        try:
+            return attempt(set(symbols))
+        except Exception:  # noqa: BLE001 - any failure of a probe trace: not symbolic
+            pass
+    out = attempt(set())
     kept = set()
-    for s in every:
-        g = works(kept | {s})
-        if g is not None:
+    for s in symbols:
+        try:
+            out = attempt(kept | {s})
             kept.add(s)
-            f = g
-    return f
+        except Exception:  # noqa: BLE001 - as above
+            pass
+    return out
 
 
 def save_program(src, path, *, dim_sizes=None, base_dir=None):
     """Import `src` and write it as a saved program (`sampan.jit.save`) at `path`, for the
     Predictor: traced on inputs of the declared shapes that hold one element each (symbolic
     dims at `dim_sizes`, default 2); the declared dims that stay symbolic do
-    (`compile_layer`), the others are saved at their `dim_sizes` size. Returns (the
-    program's path, the compiled layer: `.dynamic`, `.concrete_dims`).
+    (`compile_layer`, and `sampan.jit.save` must keep them too), the others are saved at
+    their `dim_sizes` size. Returns (the program's path, the compiled layer: `.dynamic`,
+    `.concrete_dims`).
     Example: ``save_program("det.onnx", "det.sampan", dim_sizes={"h": 640, "w": 640})``"""
     from ..autograd import no_grad
     from ..jit import save
@@ -401,7 +406,21 @@ def save_program(src, path, *, dim_sizes=None, base_dir=None):
     args = _fold.probe_inputs(layer, dim_sizes)
     with no_grad():
         f = compile_layer(layer, args)
-        return save(layer, path, args, dynamic=f.dynamic), f
+        dyn = f.dynamic or {}
+        kept = sorted({s for d in dyn.values() for s in d.values()})
+        # save folds more than a jitted call keeps (a position table gathered by a range
+        # of the sequence length): the symbols that still save, as compile_layer chooses
+        written = {}
+
+        def attempt(symbols):
+            written["path"] = save(layer, path, args, dynamic=_keep(dyn, symbols) or None)
+            written["symbols"] = set(symbols)
+            return written["path"]
+
+        out = _choose(attempt, kept)
+        if written["symbols"] != set(kept):
+            f = compile_layer(layer, args, symbols=written["symbols"])
+        return out, f
 
 
 def _sym(d):
