@@ -67,28 +67,30 @@ def passes_to_run(config) -> list:
     return rewrites + [MEMORY_PASS] * plan
 
 
-def _verifier():
+def _verifier(sizes=None):
     from ..ir import verify as _verify
     from ..jit import dynamic as _dyn
 
     def verify(h):
-        """Shape rules check concrete graphs: a symbolic one at a size of 3 per symbol."""
+        """Shape rules check concrete graphs: a symbolic one at `sizes` (the example
+        inputs': an image model may run at no size as small as 3), else 3 per symbol."""
         syms = _dyn.symbols_of(h)
         if not syms:
             return _verify(h)
         try:
-            c = _dyn.concrete(h, {s: 3 for s in syms})
+            c = _dyn.concrete(h, {s: (sizes or {}).get(s, 3) for s in syms})
         except Exception:  # noqa: BLE001 - a broken graph cannot be copied: say what is wrong
             return _verify(h)
         _verify(c)
     return verify
 
 
-def optimise(g, config, symbolic: bool, options=None):
+def optimise(g, config, symbolic: bool, options=None, sizes=None):
     """The loaded graph `g` after the config's passes.
 
     `options`: pass options on top of the builder's (what create_predictor adds, e.g. the
-    int8 calibration). Returns (graph, steps run, whether the memory plan runs). A pass
+    int8 calibration); `sizes`: {symbol: size} the verifier checks a symbolic graph at
+    (default 3 each). Returns (graph, steps run, whether the memory plan runs). A pass
     that raises or leaves a graph the verifier rejects fails here, naming it and the
     passes run before it."""
     from ..passes import PassError, PassManager
@@ -110,7 +112,7 @@ def optimise(g, config, symbolic: bool, options=None):
     dump("loaded", g)
     try:
         pm = PassManager([n for n in names if n != MEMORY_PASS], options=opts,
-                         verify=_verifier(), hooks=[dump.hook], wrap_errors=True)
+                         verify=_verifier(sizes), hooks=[dump.hook], wrap_errors=True)
         g = pm.run(g)
     except PassError as e:
         raise InferenceError(f"create_predictor: {e}") from e

@@ -93,7 +93,7 @@ class _Program:
         self.guards = prog.guards      # (meta.json's guards: checked by the read)
         self.graph, self.passes_run, self.plan = optimise(
             prog.graph, config, self.symbolic,
-            _int8_options(config, prog.graph, prog.meta, prog.arrays))
+            _int8_options(config, prog.graph, prog.meta, prog.arrays), prog.example_sizes)
         self.arg_pos = prog.arg_positions
         self.input_names = prog.input_names
         self.base_args = prog.fixed_inputs()

@@ -220,7 +220,7 @@ def unify(g0, others, base, probes, what="program"):
             f"sampan.jit: the {what} traced at another size of {_syms(probes)} is a different "
             f"program{bad}: something reads the size as a Python value (a branch, a loop "
             "count). Mark only dims the code treats generically, or pad to one size")
-    fills, vectors = [], []
+    fills, vectors, ranges = [], [], []
     for k, v in enumerate(mine):
         others_v = [vs[k] for vs in vals]
         shape = []
@@ -258,6 +258,10 @@ def unify(g0, others, base, probes, what="program"):
                 if None not in ents:
                     vectors.append((v, ents))
                     continue
+            start = _arange_start(v, cs)
+            if fill is None and start is not None:
+                ranges.append((v, start))    # positions 0..seq-1 folded from the size
+                continue
             if fill is None or (not isinstance(fill, str)
                                 and all(isinstance(d, int) for d in v.shape)):
                 raise DynamicShapeError(
@@ -295,9 +299,29 @@ def unify(g0, others, base, probes, what="program"):
         del g.nodes[-(len(parts) + 1):]
         g.nodes[0:0] = made
         g.replace_all_uses_with(v, node.outputs[0])
-    if fills or vectors:
+    for v, start in ranges:   # a folded arange of a symbolic length: an arange node again
+        stop = _attr_of(v.shape[0]) if start == 0 else _sym.attr(f"{start}+{v.shape[0]}")
+        node = g.add_node("arange", [], {"start": start, "stop": stop, "step": 1,
+                                         "dtype": v.dtype.name}, out_specs=[v])
+        g.nodes.insert(0, g.nodes.pop())
+        g.replace_all_uses_with(v, node.outputs[0])
+    if fills or vectors or ranges:
         g.prune_consts()
     return g
+
+
+def _arange_start(v, consts):
+    """`start` when constant `v` and its probes' `consts` are each start, start+1, ... of
+    their own lengths (an ONNX model's Range over a Shape, folded at each size) and the
+    length is symbolic; else None."""
+    if v.ndim != 1 or v.dtype.kind not in "iu" or isinstance(v.shape[0], int) or not len(
+            v.const):
+        return None
+    start = int(v.const[0])
+    for c in [v.const] + list(consts):
+        if c.ndim != 1 or not np.array_equal(c, np.arange(start, start + len(c))):
+            return None
+    return start
 
 
 class _NoUnify(Exception):

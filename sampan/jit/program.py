@@ -121,6 +121,12 @@ class SavedProgram:
         """The size conditions the program was traced under (`ir.symbolic.Guard`s)."""
         return _dyn.guards_from_json(self.meta.get("guards", []), f"saved program {self.path}")
 
+    @property
+    def example_sizes(self) -> dict:
+        """{symbol: size} at the example inputs (sizes the program is known to run at)."""
+        from .serialize import _example_sizes
+        return _example_sizes(self.graph, self.meta, self.arrays) if self.symbolic else {}
+
     def at_example_sizes(self):
         """The graph, concrete at the example inputs' sizes where it is symbolic."""
         from .serialize import _at_example_sizes

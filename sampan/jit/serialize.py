@@ -389,6 +389,11 @@ def _at_example_sizes(g, meta, arrays):
     sizes (shape rules check concrete graphs)."""
     if not _dyn.symbols_of(g):
         return g
+    return _dyn.concrete(g, _example_sizes(g, meta, arrays))
+
+
+def _example_sizes(g, meta, arrays) -> dict:
+    """{symbol: size} of graph `g`'s symbolic input dims at the example inputs."""
     args = {i: arrays[f"example.{spec['index']}"] for i, spec in enumerate(meta["inputs"])
             if spec["kind"] == "arg"}
     dims = _dyn.input_dims(g, list(args))
@@ -396,7 +401,7 @@ def _at_example_sizes(g, meta, arrays):
     for p, ds in dims.items():
         for d, s in ds.items():
             sizes[s] = args[p].shape[d]
-    return _dyn.concrete(g, sizes)
+    return sizes
 
 
 def _damaged(p, why="its sha256 checksum does not match the one recorded when it was saved"):

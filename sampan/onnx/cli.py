@@ -33,37 +33,20 @@ def _dims(pairs) -> dict:
     return out
 
 
-def _dynamic(layer) -> dict:
-    """{input position: {dim: symbol}} for the inputs' symbolic dims (`sampan.jit`'s
-    dynamic=), so the saved program keeps them."""
-    from .importer import _sym
-    dyn = {}
-    for k, name in enumerate(layer.input_names):
-        _, shape = layer.input_types[name]
-        dims = {i: _sym(d) for i, d in enumerate(shape or ()) if not isinstance(d, int)}
-        if dims:
-            dyn[k] = dims
-    return dyn
-
-
 def _import(a) -> int:
     """Traced on inputs of the declared shapes that hold one element each (zero-strided,
     as `sampan.onnx.load` traces), which the saved program stores as their value and
     shape: a 77-byte model declaring f32[65536, 65536] costs neither 16 GiB of memory nor
     16 GiB of disk (sampan/onnx/fold.py). The examples it keeps are zeros."""
-    from ..autograd import no_grad
-    from ..jit import save
-    from .fold import probe_inputs
-    from .importer import to_layer
-    layer = to_layer(a.model)
-    layer.eval()
-    dyn = _dynamic(layer)
-    with no_grad():
-        path = save(layer, a.output, probe_inputs(layer, _dims(a.dim)), dynamic=dyn or None)
+    from .importer import save_program
+    path, f = save_program(a.model, a.output, dim_sizes=_dims(a.dim))
+    layer, dyn = f.layer, f.dynamic or {}
     syms = sorted({s for d in dyn.values() for s in d.values()})
     print(f"wrote {path} ({len(layer.input_names)} inputs, {len(layer.output_names)} "
           f"outputs, {len(list(layer.parameters()))} parameters"
-          + (f", symbolic dims {', '.join(syms)})" if syms else ")"))
+          + (f", symbolic dims {', '.join(syms)}" if syms else "")
+          + (f", concrete dims {', '.join(f.concrete_dims)}" if f.concrete_dims else "")
+          + ")")
     return 0
 
 
@@ -159,7 +142,8 @@ def register(subparsers) -> None:
     i.add_argument("model", help="an .onnx file")
     i.add_argument("-o", "--output", required=True, help="the saved-program directory")
     i.add_argument("--dim", action="append", metavar="NAME=SIZE",
-                   help="size of a symbolic dim while tracing (default 2); repeatable")
+                   help="size of a symbolic dim while tracing (default 2; a dim that "
+                   "cannot stay symbolic is saved at it); repeatable")
     i.set_defaults(fn=_run(_import))
     c = sub.add_parser("check", help="import, run on random inputs, compare with "
                        "onnxruntime (exit 1 over the tolerance)")

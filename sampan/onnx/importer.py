@@ -303,27 +303,124 @@ def load(src, *, dim_sizes=None, base_dir=None):
     """An ONNX model as a sampan `Graph` (traced in inference mode; inputs' symbolic dims
     stay symbolic through `sampan.jit`'s dynamic dims). `base_dir`: as for `to_layer`.
 
+    A named dim that cannot stay symbolic (an image side through a strided conv and a
+    reshape, a side that must stay a multiple of 32) is concrete in the graph, at its
+    `dim_sizes` size (default 2; `compile_layer` says which and serves every size, compiled
+    once per size). An unnamed dim, one named "?" or one declared -1 (as paddle2onnx
+    writes them) is a size of its own, named `<input>_dim<k>`.
+
     Loading allocates what the file paid for, not what it declares: the trace runs on
-    inputs that hold no memory of their declared shapes (the program is traced, not run),
+    inputs that hold no memory of their declared sizes (the program is traced, not run),
     and folding is bounded per node and in all (sampan/onnx/fold.py: FOLD_LIMIT_BYTES …).
     Example: ``g = sampan.onnx.load("model.onnx", dim_sizes={"batch": 4})``."""
     from ..autograd import no_grad
-    from ..jit import jit
     layer = to_layer(src, base_dir=base_dir)
     layer.eval()
+    args = _fold.probe_inputs(layer, dim_sizes)
+    with no_grad():
+        # traced and compiled for these inputs, not run: running would make every
+        # value of the declared sizes (JitFunction.__call__ = this, then entry.run)
+        return compile_layer(layer, args).graph
+
+
+def declared_dims(layer) -> dict:
+    """{input position: {dim: symbol}} of `layer`'s inputs' symbolic dims, as `sampan.jit`'s
+    dynamic= takes them."""
     dyn = {}
     for k, name in enumerate(layer.input_names):
         _, shape = layer.input_types[name]
         dims = {i: _sym(d) for i, d in enumerate(shape or ()) if not isinstance(d, int)}
         if dims:
             dyn[k] = dims
-    args = _fold.probe_inputs(layer, dim_sizes)
-    f = jit(layer, pipeline="inference", dynamic=dyn or None)
-    with no_grad():
-        # traced and compiled for these inputs, not run: running would make every
-        # value of the declared sizes (JitFunction.__call__ = this, then entry.run)
+    return dyn
+
+
+def _sizes(dyn, args) -> dict:
+    return {s: args[k].shape[i] for k, dims in dyn.items() for i, s in dims.items()}
+
+
+def _keep(dyn, symbols) -> dict:
+    out = {k: {i: s for i, s in dims.items() if s in symbols} for k, dims in dyn.items()}
+    return {k: d for k, d in out.items() if d}
+
+
+def compile_layer(layer, args, *, pipeline="inference", symbols=None):
+    """`sampan.jit(layer, dynamic=...)` compiled for `args` (traced, not run), with the
+    declared dims (`declared_dims`; `symbols`: only these) that can stay symbolic kept so:
+    all of them where one program serves every size; otherwise those that can, found one
+    symbol at a time. The others are concrete per call: the jitted layer traces and
+    compiles once per size of them (cached by `sampan.jit`); `f.concrete_dims` names them.
+    A failure at the sizes of `args` themselves (a model that cannot run at them) is
+    raised as it is. Example: ``f = compile_layer(layer, (x,)); y = f(x); f.concrete_dims``"""
+    from ..ir import verify
+    from ..jit import jit
+    dyn = declared_dims(layer)
+    every = sorted({s for d in dyn.values() for s in d.values()})
+
+    def attempt(kept):
+        f = jit(layer, pipeline=pipeline, dynamic=_keep(dyn, kept) or None)
         f.compile(*args)
-    return f.graph
+        if kept:
+            # the traces at a size and at one more agree by chance where a side goes
+            # through a stride ((7-1)//2 == (8-1)//2): the shape rules must also hold at
+            # sizes far from both, or a size served later would fail
+            verify(f.graph, {s: 2 * n + 3 for s, n in _sizes(dyn, args).items()})
+        f.concrete_dims = [s for s in every if s not in kept]
+        return f
+
+    return _choose(attempt, every if symbols is None else sorted(symbols))
+
+
+def _choose(attempt, symbols):
+    """attempt(every symbol) where it succeeds; else attempt(no symbol) (whose failure is
+    raised) and then the symbols added one at a time while attempts succeed. Returns the
+    last successful attempt's result."""
+    if symbols:
+        try:
+            return attempt(set(symbols))
+        except Exception:  # noqa: BLE001 - any failure of a probe trace: not symbolic
+            pass
+    out = attempt(set())
+    kept = set()
+    for s in symbols:
+        try:
+            out = attempt(kept | {s})
+            kept.add(s)
+        except Exception:  # noqa: BLE001 - as above
+            pass
+    return out
+
+
+def save_program(src, path, *, dim_sizes=None, base_dir=None):
+    """Import `src` and write it as a saved program (`sampan.jit.save`) at `path`, for the
+    Predictor: traced on inputs of the declared shapes that hold one element each (symbolic
+    dims at `dim_sizes`, default 2); the declared dims that stay symbolic do
+    (`compile_layer`, and `sampan.jit.save` must keep them too), the others are saved at
+    their `dim_sizes` size. Returns (the program's path, the compiled layer: `.dynamic`,
+    `.concrete_dims`).
+    Example: ``save_program("det.onnx", "det.sampan", dim_sizes={"h": 640, "w": 640})``"""
+    from ..autograd import no_grad
+    from ..jit import save
+    layer = to_layer(src, base_dir=base_dir)
+    layer.eval()
+    args = _fold.probe_inputs(layer, dim_sizes)
+    with no_grad():
+        f = compile_layer(layer, args)
+        dyn = f.dynamic or {}
+        kept = sorted({s for d in dyn.values() for s in d.values()})
+        # save folds more than a jitted call keeps (a position table gathered by a range
+        # of the sequence length): the symbols that still save, as compile_layer chooses
+        written = {}
+
+        def attempt(symbols):
+            written["path"] = save(layer, path, args, dynamic=_keep(dyn, symbols) or None)
+            written["symbols"] = set(symbols)
+            return written["path"]
+
+        out = _choose(attempt, kept)
+        if written["symbols"] != set(kept):
+            f = compile_layer(layer, args, symbols=written["symbols"])
+        return out, f
 
 
 def _sym(d):

@@ -356,6 +356,10 @@ def _value_type(vi, emulated=None):
             dtype = None
     shape = None
     if tt.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                      for d in tt.shape.dim)
+        # a dim with neither a size nor a name, a negative size (paddle2onnx writes -1 for
+        # "any", which onnxruntime accepts) or the name "?" (which names no one dim): an
+        # unknown size of its own, named after its input and place
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                      else d.dim_param if d.dim_param not in ("", "?")
+                      else f"{vi.name}_dim{i}" for i, d in enumerate(tt.shape.dim))
     return dtype, shape

@@ -198,6 +198,9 @@ def _one_gemm(dtype, stride, dilation, groups, pixels):
 # in chunks, so they keep one call.
 _CHUNK_ABOVE = 64 << 20
 _CHUNK_BYTES = 8 << 20
+# ... and one image past _CHUNK_ABOVE runs in bands of output rows of about this many
+# bytes of columns (see _conv2d_bands)
+_BAND_BYTES = 2 << 20
 
 
 def _chunk(n, per_sample):
@@ -316,17 +319,40 @@ def _conv2d_kernel(x, w, stride, padding, dilation, groups):
         y = w.reshape(o, cg * kh * kw) @ _cols_one_gemm(x, padding, kh, kw, ho, wo)
         return np.ascontiguousarray(y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3))
     else:
-        b = _chunk(n, cg * groups * kh * kw * ho * wo * x.dtype.itemsize)
+        per_sample = cg * groups * kh * kw * ho * wo * x.dtype.itemsize
+        b = _chunk(n, per_sample)
         if b < n:
             y = np.empty((n, o, ho, wo), x.dtype)
             for b0 in range(0, n, b):
                 y[b0:b0 + b] = _conv2d_kernel(x[b0:b0 + b], w, stride, padding, dilation,
                                               groups)
             return y
+        if n == 1 and per_sample > _CHUNK_ABOVE and ho > 1:
+            return _conv2d_bands(x, w, stride, padding, dilation, groups, ho,
+                                 max(1, _BAND_BYTES * ho // per_sample))
         col = _im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
         col = col.reshape(n, groups, cg * kh * kw, ho * wo)
     y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), col)   # (N, g, O/g, L)
     return y.reshape(n, o, ho, wo)
+
+
+def _conv2d_bands(x, w, stride, padding, dilation, groups, ho, rows):
+    """One image whose columns pass _CHUNK_ABOVE (PP-OCRv4's detector: 96 channels of
+    160x160 under a 3x3 kernel, 88 MB) in bands of `rows` output rows, each band's columns
+    (about _BAND_BYTES) staying in cache: 56 -> 40 ms on that layer at batch 1, measured
+    under load. The input is padded once; each band convolves its rows unpadded."""
+    (sh, _), (ph, pw), (dh, _) = stride, padding, dilation
+    kh = w.shape[2]
+    xp = _pad(x, ph, pw)
+    y = None
+    for r0 in range(0, ho, rows):
+        r1 = min(ho, r0 + rows)
+        band = xp[:, :, r0 * sh:(r1 - 1) * sh + dh * (kh - 1) + 1]
+        yb = _conv2d_kernel(band, w, stride, (0, 0), dilation, groups)
+        if y is None:
+            y = np.empty(yb.shape[:2] + (ho, yb.shape[3]), yb.dtype)
+        y[:, :, r0:r1] = yb
+    return y
 
 
 def _conv2d_grad(g, y, x, w, stride, padding, dilation, groups):
