@@ -415,6 +415,7 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         """Dedupe, split by shard and send every shard its pull; the answers are awaited
         by :meth:`fetch` (``rows`` holds the pending calls)."""
         uniq, inverse = unique_inverse(ids)
+        self._count(uniq, inverse)
         parts = self._split(uniq)
         sent = []
         for s, p in zip(self.shards, parts):

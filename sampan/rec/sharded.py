@@ -101,9 +101,14 @@ class ShardedEmbedding:
     ``backend="ray"`` puts every shard in a Ray actor instead (``sampan.rec.remote``;
     ``num_shards`` is an alias of ``n_shards``).
 
+    Set ``stats`` to an :class:`sampan.rec.sketch.IdStats` to have every pull (and every
+    prefetch's plan) count its ids there.
+
     >>> e = ShardedEmbedding(4, n_shards=2); u, inv, v = e.pull([7, 8, 7]); v[inv].shape
     (3, 4)
     """
+
+    stats = None  # an IdStats fed by plan(), when set
 
     def __new__(cls, *args, backend: str = "local", **kwargs):
         if backend != "local" and backend not in BACKENDS:
@@ -168,6 +173,7 @@ class ShardedEmbedding:
     def plan(self, ids, step: int | None = None):
         """Dedupe ``ids`` and assign rows on every shard: ``(uniq, inverse, parts, rows)``."""
         uniq, inverse = unique_inverse(ids)
+        self._count(uniq, inverse)
         parts = self._split(uniq)
         before = self._sizes() if _rec.ACTIVE else None
         rows = self._map(lambda i, p: self.shards[i].assign(uniq[p], step), parts)
@@ -179,6 +185,10 @@ class ShardedEmbedding:
             _rec.instant("cache", "rec", hits=int(uniq.size) - made - refused,
                          misses=made + refused, ids=int(uniq.size))
         return uniq, inverse, parts, rows
+
+    def _count(self, uniq: np.ndarray, inverse: np.ndarray) -> None:
+        if self.stats is not None:
+            self.stats.update(uniq, np.bincount(inverse, minlength=uniq.size))
 
     def _sizes(self):
         try:
