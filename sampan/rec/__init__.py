@@ -4,7 +4,8 @@ The pieces, bottom up: ``hashtable`` (numba id -> row map, chunked rows), ``tabl
 (HashEmbeddingTable with metadata), ``policies`` (admission, eviction), ``optim`` (sparse
 SGD / Adagrad / Adam / FTRL), ``kernels`` (dedupe, CSR bag pooling), ``sharded``
 (pull/push shards, prefetch), ``sketch`` (IdStats: count-min and heavy hitters of the
-id stream), ``remote`` (Ray actor shards), ``snapshot`` (full + delta
+id stream), ``hotcache`` (HotCache: the top ids' rows on the trainer, written back
+to the shards), ``remote`` (Ray actor shards), ``snapshot`` (full + delta
 export, serving), ``data``
 (CSR batches, W4 click stream, Parquet), ``metrics`` (AUC, log loss) and ``models``
 (HashEmbedding, DLRM, DeepFM, Wide&Deep, on the sampan core: train them with the ordinary
@@ -12,6 +13,7 @@ export, serving), ``data``
 """
 
 from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, hash_ids
+from sampan.rec.hotcache import HotCache
 from sampan.rec.kernels import bag_pool, bag_pool_backward, segment_sum, unique_inverse
 from sampan.rec.metrics import LogLoss, StreamingAUC, auc
 from sampan.rec.models import DLRM, DeepFM, HashEmbedding, WideAndDeep, predict, train_step
@@ -48,6 +50,7 @@ __all__ = [
     "HashEmbedding",
     "HashEmbeddingTable",
     "HashMap",
+    "HotCache",
     "IdStats",
     "LFUEviction",
     "LocalShard",
