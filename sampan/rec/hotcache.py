@@ -28,11 +28,14 @@ timeline (``hot_cache`` instants and ``write_back`` spans, category ``rec``).
 from __future__ import annotations
 
 import copy
+import queue
+import threading
 
 import numpy as np
 
 from sampan import _recorder as _rec
 from sampan.errors import SampanValueError, op_error
+from sampan.rec.hashtable import HashMap
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.sketch import IdStats
 from sampan.rec.table import HashEmbeddingTable
@@ -92,8 +95,12 @@ class HotCache:
         self.budget_mb = float(budget_mb)
         self.write_back_every = write_back_every
         self.feeds_stats = stats is None
+        self._feed: queue.Queue | None = None  # (ids, counts) for the sketch's thread
+        self._feed_error: BaseException | None = None
+        # a sketch some times wider than K: the K-th id's count must stand out of the
+        # count-min error (e / width of the total), or the tail of the top K is noise
         self.stats = stats if stats is not None else IdStats(
-            capacity=max(self.capacity, 1024))
+            width=max(1 << 16, 4 * self.capacity), capacity=max(self.capacity, 1024))
         shift = max(4, (self.capacity - 1).bit_length())
         self.table = HashEmbeddingTable(self.dim, chunk_shift=shift,
                                         initial_capacity=self.capacity)
@@ -122,6 +129,25 @@ class HotCache:
         n["rows"], n["capacity"] = len(self), self.capacity
         return n
 
+    def _count(self, uniq: np.ndarray, cnt: np.ndarray) -> None:
+        """Feed the sketch on a thread of its own (its kernels release the GIL), off the
+        training step's path; :meth:`refresh` waits for what is queued."""
+        if self._feed is None:
+            self._feed = queue.Queue(maxsize=8)
+            threading.Thread(target=self._feed_loop, args=(self._feed,), daemon=True,
+                             name="sampan-hotcache-sketch").start()
+        self._feed.put((uniq, cnt))
+
+    def _feed_loop(self, q: queue.Queue) -> None:
+        while (item := q.get()) is not None:
+            try:
+                self.stats.update(*item, unique=True)
+            except Exception as exc:  # noqa: BLE001  (raised again by refresh)
+                self._feed_error = exc
+            finally:
+                q.task_done()
+        q.task_done()
+
     def _rows(self, uniq: np.ndarray) -> np.ndarray:
         rows = self.table.map.get(uniq)
         n = self.table.alloc.next_row
@@ -138,13 +164,13 @@ class HotCache:
         uniq, inverse = unique_inverse(ids)
         cnt = np.bincount(inverse, minlength=uniq.size)
         if self.feeds_stats:
-            self.stats.update(uniq, cnt)
+            self._count(uniq, cnt)
         out = np.empty((uniq.size, self.dim), np.float32)
         with self.table.lock:
             rows = self._rows(uniq)
             hit = rows >= 0
             out[hit] = self.table.weights.gather(rows[hit])
-            np.add.at(self._seen, rows[hit], cnt[hit])
+            self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
         miss = np.flatnonzero(~hit)
         if miss.size:
             _, minv, mv = self.emb.pull(uniq[miss], step)
@@ -216,13 +242,20 @@ class HotCache:
         left the top K, load the new ones from the shards (ids the shards have no row for
         yet are loaded by a later refresh). Returns ``{"kept", "dropped", "loaded"}``."""
         self.write_back(step)
+        if self._feed is not None:
+            self._feed.join()  # every pull so far counted
+        if self._feed_error is not None:
+            err, self._feed_error = self._feed_error, None
+            raise RuntimeError("HotCache: counting ids in the sketch failed") from err
         want, _ = self.stats.top(self.capacity)
         t = self.table
+        wanted = HashMap(max(want.size, 16))  # np.isin sorts or hashes in Python's pace
+        wanted.put(want, np.zeros(want.size, np.int64))
         with t.lock:
             have = t.ids()
-            keep = np.isin(have, want)
+            keep = wanted.get(have) >= 0
             t.remove(have[~keep])
-            new = want[~np.isin(want, have)]
+            new = want[t.map.get(want) < 0]
         found, w, s = self.emb.read_rows(new) if new.size else (np.zeros(0, bool), None, None)
         new = new[found]
         if new.size:
@@ -245,3 +278,11 @@ class HotCache:
         self.write_back()
         if hasattr(self.emb, "flush"):
             self.emb.flush()
+
+    def close(self) -> None:
+        """Write everything back and stop the sketch's thread (the shards stay up)."""
+        self.flush()
+        if self._feed is not None:
+            self._feed.put(None)
+            self._feed.join()
+            self._feed = None

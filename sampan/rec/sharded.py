@@ -218,7 +218,7 @@ class ShardedEmbedding:
 
     def _count(self, uniq: np.ndarray, inverse: np.ndarray) -> None:
         if self.stats is not None:
-            self.stats.update(uniq, np.bincount(inverse, minlength=uniq.size))
+            self.stats.update(uniq, np.bincount(inverse, minlength=uniq.size), unique=True)
 
     def _sizes(self):
         try:

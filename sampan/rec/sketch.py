@@ -127,11 +127,20 @@ class IdStats:
         return self.table.nbytes + self._index.nbytes + 16 * self._cand.size
 
     # -- feeding -------------------------------------------------------------------------
-    def update(self, ids, counts=None) -> None:
-        """Count each id once per occurrence (or ``counts[j]`` times for ``ids[j]``)."""
+    def update(self, ids, counts=None, unique: bool = False) -> None:
+        """Count each id once per occurrence (or ``counts[j]`` times for ``ids[j]``);
+        ``unique`` says the ids are already distinct (no dedupe pass)."""
         keys = _as_keys(ids, "IdStats.update")
         if keys.size == 0:
             return
+        if unique and counts is not None:
+            uniq = keys
+            cnt = np.ascontiguousarray(counts, np.int64).ravel()
+            if cnt.shape != keys.shape or (cnt < 0).any():
+                raise op_error(SampanValueError, "IdStats.update",
+                               f"{cnt.size} counts for {keys.size} ids",
+                               "one non-negative count per id")
+            return self._add(uniq, cnt)
         uniq, inv = unique_inverse(keys)
         if counts is None:
             cnt = np.bincount(inv, minlength=uniq.size).astype(np.int64)
@@ -142,6 +151,9 @@ class IdStats:
                                f"{c.size} counts (min {c.min() if c.size else 0}) for "
                                f"{keys.size} ids", "one non-negative count per id")
             cnt = np.bincount(inv, weights=c, minlength=uniq.size).astype(np.int64)
+        self._add(uniq, cnt)
+
+    def _add(self, uniq: np.ndarray, cnt: np.ndarray) -> None:
         est = np.empty(uniq.size, np.int64)
         with self.lock:
             _cm_update(self.table, uniq, cnt, self.salt, est)

@@ -84,3 +84,13 @@ def test_fed_by_parquet_reader_thread_and_by_pull(tmp_path):
     emb.pull([7, 8, 7, 7])
     assert emb.stats.top(1)[0].tolist() == [7] and emb.stats.estimate([7]).tolist() == [3]
     emb.close()
+
+
+def test_unique_fast_path_counts_the_same():
+    a, b = IdStats(width=256, capacity=8), IdStats(width=256, capacity=8)
+    ids = np.array([4, 4, 9, 4, 2])
+    a.update(ids)
+    b.update([4, 9, 2], counts=[3, 1, 1], unique=True)
+    assert np.array_equal(a.table, b.table) and a.top(3)[0].tolist() == b.top(3)[0].tolist()
+    with pytest.raises(SampanValueError, match="IdStats.update"):
+        b.update([1, 2], counts=[1], unique=True)
