@@ -16,9 +16,14 @@ one small contract, the seam where other tiers and widths plug in:
 with a per-row bfloat16 scale (``|w| <= 127 * scale``; the scale rounds up, so no value
 clips) and converts with numpy, chunk by chunk. A sparse optimiser updates a compressed
 table through ``gather`` -> its float32 kernel -> ``scatter`` (its slots stay float32),
-and passes ``round_keys`` so that bfloat16 and int8 writes round stochastically: an
-update smaller than a step of the stored grid still moves the row in expectation, and
-the noise is a hash of (key, lane), so a replayed push rounds the same way.
+and passes ``round_keys`` so that a store that rounds stochastically (bfloat16 by
+default) can: an update smaller than a step of the stored grid still moves the row in
+expectation, and the noise is a hash of (key, lane), so a replayed push rounds the same
+way. Which dtype rounds which way was measured on W4 (``benchmarks/embedding_tiers.py
+--parts rows``, 200 steps, AUC of float32 rows 0.8120): bfloat16 0.8129 stochastic and
+0.8126 to nearest; int8 0.8094 stochastic and 0.8110 to nearest (its per-row scale is
+re-chosen on every write, and stochastic rounding then re-draws every lane of the row),
+so int8 rounds to nearest unless ``stochastic`` is set.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ ROW_DTYPES = ("float32", "float16", "bfloat16", "int8")
 _STORED = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
            "int8": np.int8}
 _F16_MAX = float(np.finfo(np.float16).max)
+STOCHASTIC = {"float16": False, "bfloat16": True, "int8": False}  # measured: see above
 
 
 def make_rows(width: int, shift: int, row_dtype: str = "float32"):
@@ -91,6 +97,7 @@ class CompressedRows:
             raise ValueError(f"row width must be >= 1, got {width}")
         self.width, self.shift, self.row_dtype = int(width), int(shift), row_dtype
         self._dtype = _STORED[row_dtype]
+        self.stochastic = STOCHASTIC[row_dtype]  # round optimiser writes stochastically
         self.chunks: list[np.ndarray] = []
         self.scales: list[np.ndarray] = []  # int8: bfloat16 bits of each row's scale
 
@@ -176,10 +183,12 @@ class CompressedRows:
 
     def scatter(self, rows, values, round_keys=None) -> None:
         """Store float32 ``values[j]`` at ``rows[j]`` (rows < 0 skipped); ``round_keys``
-        (one int64 per row) makes bfloat16 and int8 round stochastically."""
+        (one int64 per row) makes a ``stochastic`` store round stochastically (float16
+        always rounds to nearest)."""
         rows = np.ascontiguousarray(rows, np.int64).ravel()
         vals = np.ascontiguousarray(values, np.float32).reshape(rows.size, self.width)
-        stochastic = round_keys is not None and self.row_dtype != "float16"
+        stochastic = round_keys is not None and self.stochastic \
+            and self.row_dtype != "float16"
         noise = _uniform(round_keys, self.width) if stochastic else None
         for c, pos, off in self._groups(rows):
             q, scale = self._encode(vals[pos], None if noise is None else noise[pos])

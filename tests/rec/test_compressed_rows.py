@@ -50,6 +50,8 @@ def test_store_round_trip_against_numpy(dt):
 @pytest.mark.parametrize("dt", ["bfloat16", "int8"])
 def test_stochastic_rounding_is_unbiased_and_repeatable(dt):
     c = CompressedRows(4, 12, dt)
+    assert c.stochastic == (dt == "bfloat16")  # int8 rounds to nearest by default
+    c.stochastic = True
     c.ensure(4096)
     base = np.tile(np.array([[1.0, 0.5, -0.25, 1.0]], np.float32), (4096, 1))
     tiny = base + np.float32(1e-3)  # far below one step of either grid
