@@ -34,7 +34,7 @@ from sampan.rec.hashtable import HashMap
 from sampan.rec.hotcache import HotCache
 from sampan.rec.metrics import auc
 from sampan.rec.models import DLRM, HashEmbedding, predict, train_step
-from sampan.rec.sharded import ShardedEmbedding
+from sampan.rec.sharded import Prefetcher, ShardedEmbedding
 from sampan.rec.sketch import IdStats
 
 F, D, DIM = 26, 13, 16
@@ -175,22 +175,33 @@ def _model(weights, emb=None, **table_kwargs):
     return m, sampan.optim.Adagrad(m.parameters(), lr=0.05)
 
 
-def _train(m, opt, batches, blocks, on_step=None):
+def _train(m, opt, batches, blocks, on_step=None, prefetch=False):
+    """Generator: each block's seconds (with ``prefetch``, a Prefetcher pulls ahead;
+    ``on_step(i)`` runs between steps, where a cache may refresh)."""
+    pf = Prefetcher(m.embedding.emb, batches, ids_of=lambda b: b.ids_matrix()) \
+        if prefetch else None
+    it = iter(pf) if pf is not None else None
     for blk in blocks:
         t0 = time.perf_counter()
         for i in blk:
             b = batches[i]
-            train_step(m, opt, b.ids_matrix(), b.dense, b.labels)
+            if pf is not None:
+                train_step(m, opt, b.ids_matrix(), b.dense, b.labels, pulled=next(it))
+                pf.done()
+            else:
+                train_step(m, opt, b.ids_matrix(), b.dense, b.labels)
             if on_step is not None:
                 on_step(i)
         yield time.perf_counter() - t0
+    if pf is not None:
+        pf.close()
 
 
 def train_lines(batches, evals, rows, args, info, backend="local"):
     from w4_ctr import shared_weights
     weights = shared_weights()
     shards = 2 if backend == "ray" else 1
-    kw = {"backend": "ray"} if backend == "ray" else {}
+    kw = {"backend": "ray", "max_staleness": args.staleness} if backend == "ray" else {}
     plain_emb = ShardedEmbedding(DIM, n_shards=shards, initial_capacity=1 << 22, **kw)
     back_emb = ShardedEmbedding(DIM, n_shards=shards, initial_capacity=1 << 22, **kw)
     probe = HotCache(back_emb, budget_mb=1)
@@ -202,12 +213,12 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
     blocks = np.array_split(np.arange(len(batches)), 5)
     warm = max(1, len(batches) // 10)
 
-    def refresh(i):
-        if (i + 1) % args.refresh == 0 or i + 1 == warm:
+    def refresh(i):  # between passes: once warm, then every --train-refresh steps
+        if (i + 1) % args.train_refresh == 0 or i + 1 == warm:
             cache.refresh(i)
 
-    runs = {"plain": _train(plain, popt, batches, blocks),
-            "cache": _train(cached, copt, batches, blocks, refresh)}
+    runs = {"plain": _train(plain, popt, batches, blocks, prefetch=True),
+            "cache": _train(cached, copt, batches, blocks, refresh, prefetch=True)}
     times = {s: [] for s in runs}
     for r in range(len(blocks)):
         for s in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
@@ -222,7 +233,10 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
         extra = cache.counters() if s == "cache" else {}
         extra = {k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in extra.items()}
         res[s] = emit("T1", "sampan", f"w4-{s}", "samples_per_s", rates, backend=backend,
-                      shards=shards, auc=round(a, 4), **extra, **info)
+                      shards=shards, auc=round(a, 4), prefetch=True,
+                      write_back_every=args.write_back,
+                      **({"max_staleness": args.staleness} if backend == "ray" else {}),
+                      **extra, **info)
     target = 1.5 if backend == "ray" else 1.2
     ratio = res["cache"]["value"] / res["plain"]["value"]
     emit("T1", "sampan_cache/sampan", f"w4-{backend}", "speed_ratio", [ratio], target=target,
@@ -269,7 +283,11 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=200, help="training steps (train, rows)")
     ap.add_argument("--eval-batches", type=int, default=10)
     ap.add_argument("--refresh", type=int, default=10, help="batches between refreshes")
-    ap.add_argument("--write-back", type=int, default=1, help="the cache's write_back_every")
+    ap.add_argument("--write-back", type=int, default=4, help="the cache's write_back_every")
+    ap.add_argument("--train-refresh", type=int, default=50,
+                    help="steps between the cache's refreshes while training")
+    ap.add_argument("--staleness", type=int, default=1,
+                    help="the Ray shards' max_staleness (as W4's sampan-ray line)")
     ap.add_argument("--quick", action="store_true", help="30-batch passes, 60 steps of 1024")
     args = ap.parse_args(argv)
     if args.quick:

@@ -14,10 +14,14 @@ weights and slots of the cached rows written since the last write-back, with the
 sightings counted meanwhile, are written to their shards (``write_rows``: numbered and
 logged like a push, so a restarted Ray shard gets it again). So the shards, and every
 snapshot or recovery built from them, hold each cached row as of at most
-``max_staleness = write_back_every - 1`` steps ago (the bound ``Prefetcher(max_staleness=)``
-declares for reads); a trainer that dies loses at most those steps of its cached rows,
-and nothing of the rest. ``write_back_every=1`` makes the shards equal, after every step,
-to a table trained without the cache.
+``shard_staleness = write_back_every - 1`` steps ago (a bound in the sense of
+``Prefetcher(max_staleness=)``, which bounds what reads miss); a trainer that dies
+loses at most those steps of its cached rows, and nothing of the rest.
+``write_back_every=1`` makes the shards equal, after every step, to a table trained
+without the cache. The trainer itself always reads the cached copy, so its training
+equals the one-tier table's whatever ``write_back_every``; a
+:class:`~sampan.rec.sharded.Prefetcher` runs over the cache as over the shards (the cache
+has their ``plan`` / ``fetch``), its misses pulled ahead on the prefetch thread.
 
 One trainer per cache: a second trainer pushing the same ids to the shards would not see
 the cached copy (as with any write-back cache). Counters (hits and misses per lookup,
@@ -109,13 +113,21 @@ class HotCache:
         self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
         self.steps = 0
         self.last_write_back = 0  # step count at the last write-back
+        self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
         self._n = {"hits": 0, "misses": 0, "bytes_moved": 0, "written_back": 0,
                    "write_backs": 0, "refreshes": 0}
 
     @property
-    def max_staleness(self) -> int:
-        """Steps of updates to cached rows the shards may lack (``write_back_every - 1``)."""
+    def shard_staleness(self) -> int:
+        """Steps of updates to cached rows the shards (and their snapshots) may lack:
+        ``write_back_every - 1``, a bound in the sense of ``Prefetcher(max_staleness=)``."""
         return self.write_back_every - 1
+
+    @property
+    def max_staleness(self) -> int:
+        """What a :class:`Prefetcher` over the cache may let reads miss: the shards'
+        own (the trainer reads cached rows as they are, whatever the write-back)."""
+        return getattr(self.emb, "max_staleness", 0)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -161,20 +173,24 @@ class HotCache:
     def pull(self, ids, step: int | None = None):
         """``(uniq, inverse, vectors)`` as ``ShardedEmbedding.pull``: cached ids from the
         dense array, the rest from the shards in one batched pull."""
+        uniq, inverse, parts, rows = self.plan(ids, step)
+        return uniq, inverse, self.fetch(uniq, parts, rows)
+
+    def plan(self, ids, step: int | None = None):
+        """Dedupe, count, split into cached ids and misses, and plan the misses' pull on
+        the shards (``ShardedEmbedding.plan``'s contract, so a :class:`Prefetcher` can
+        run it ahead on its thread)."""
         uniq, inverse = unique_inverse(ids)
         cnt = np.bincount(inverse, minlength=uniq.size)
         if self.feeds_stats:
             self._count(uniq, cnt)
-        out = np.empty((uniq.size, self.dim), np.float32)
         with self.table.lock:
             rows = self._rows(uniq)
             hit = rows >= 0
-            out[hit] = self.table.weights.gather(rows[hit])
             self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
-        miss = np.flatnonzero(~hit)
-        if miss.size:
-            _, minv, mv = self.emb.pull(uniq[miss], step)
-            out[miss] = mv[minv]
+        hit_at, miss = np.flatnonzero(hit), np.flatnonzero(~hit)
+        # the misses are distinct, so the shards' plan keeps their order (inverse: arange)
+        sub = self.emb.plan(uniq[miss], step) if miss.size else None
         h, m = int(cnt[hit].sum()), int(cnt[miss].sum())
         self._n["hits"] += h
         self._n["misses"] += m
@@ -182,7 +198,43 @@ class HotCache:
         if _rec.ACTIVE:
             _rec.instant("hot_cache", "rec", hits=h, misses=m, ids=int(uniq.size),
                          cached=len(self), bytes=int(miss.size * (8 + 4 * self.dim)))
-        return uniq, inverse, out
+        return uniq, inverse, (hit_at, miss, sub), None
+
+    def fetch(self, uniq, parts, rows=None) -> np.ndarray:
+        """The vectors of a plan: cached rows as they are now, the misses' pull answers."""
+        hit_at, miss, sub = parts
+        out = np.empty((uniq.size, self.dim), np.float32)
+        self._gather_cached(uniq, hit_at, out)
+        if sub is not None:
+            out[miss] = self.emb.fetch(sub[0], sub[2], sub[3])
+            self._cached_since(uniq, miss, out)
+        return out
+
+    def _cached_since(self, uniq, at, out) -> None:
+        """Ids planned as misses that a refresh cached meanwhile: the cache's copy is the
+        one that trains now (it may be ahead of the shards')."""
+        now = np.flatnonzero(self.table.map.get(uniq[at]) >= 0)
+        if now.size:
+            self._gather_cached(uniq, at[now], out)
+
+    def _gather_cached(self, uniq, at, out) -> None:
+        with self.table.lock:
+            rows = self.table.map.get(uniq[at])
+            ok = rows >= 0
+            out[at[ok]] = self.table.weights.gather(rows[ok])
+        if not ok.all():  # left the cache since the plan (a refresh wrote it back first)
+            out[at[~ok]] = self.emb.read(uniq[at[~ok]])
+
+    def _refetch(self, uniq, parts, rows, mask, out) -> None:
+        """Gather again the ids of a plan that ``mask`` selects (the Prefetcher's, for
+        ids pushed since the plan)."""
+        hit_at, miss, sub = parts
+        self._gather_cached(uniq, hit_at[mask[hit_at]], out)
+        if sub is not None and mask[miss].any():
+            part = out[miss]
+            self.emb._refetch(sub[0], sub[2], sub[3], mask[miss], part)
+            out[miss] = part
+            self._cached_since(uniq, miss[mask[miss]], out)
 
     def push(self, uniq, grads, step: int | None = None) -> None:
         """Apply summed gradients of unique ids: cached rows here, the rest on the shards;
@@ -199,6 +251,8 @@ class HotCache:
         if miss.any():
             self.emb.push(uniq[miss], grads[miss], step)
             self._n["bytes_moved"] += int(miss.sum()) * (8 + 4 * self.dim)
+        if self.push_log is not None:  # a Prefetcher gathers these again
+            self.push_log.append(uniq.copy())
         self.steps += 1
         if self.steps - self.last_write_back >= self.write_back_every:
             self.write_back(step)

@@ -68,7 +68,7 @@ def test_shards_lag_by_at_most_the_staleness_bound():
     ref = ShardedEmbedding(DIM, n_shards=1)
     back = ShardedEmbedding(DIM, n_shards=1)
     cache = HotCache(back, budget_mb=0.004, write_back_every=n)
-    assert cache.max_staleness == n - 1
+    assert cache.shard_staleness == n - 1 and cache.max_staleness == 0
     batches = _batches(n=14, seed=1)
     universe = np.unique(np.concatenate(batches))
     history, lagged = [], 0
@@ -112,3 +112,30 @@ def test_counters_profiler_and_errors():
         HotCache(emb, budget_mb=0)
     with pytest.raises(SampanValueError, match="write_back_every"):
         HotCache(emb, budget_mb=1, write_back_every=0)
+
+
+@pytest.mark.parametrize("write_back_every", [1, 3])
+def test_prefetcher_over_the_cache_trains_as_without(write_back_every):
+    from sampan.rec.sharded import Prefetcher
+
+    batches = _batches(n=10, seed=4)
+    ref = ShardedEmbedding(DIM, n_shards=2)
+    back = ShardedEmbedding(DIM, n_shards=2)
+    cache = HotCache(back, budget_mb=0.004, write_back_every=write_back_every)
+    for t in range(3):  # a pass to count ids in, then the top K cached
+        _step(ref, batches[t], t)
+        _step(cache, batches[t], t)
+    cache.refresh(2)
+    want = [_step(ref, ids, t) for t, ids in enumerate(batches[3:], 3)]
+    pf = Prefetcher(cache, batches[3:], ids_of=lambda b: b, start_step=3)
+    for t, pb in enumerate(pf, 3):
+        cache.push(pb.uniq, _grads(pb.uniq, pb.vectors, t), t)
+        if t == 5:
+            cache.refresh(t)  # while the next batch is planned: ids move in and out
+        pf.done()
+        np.testing.assert_array_equal(pb.vectors[pb.inverse], want[t - 3])
+    pf.close()
+    assert cache.counters()["hits"] > 0 and cache.push_log is None
+    cache.close()
+    universe = np.unique(np.concatenate(batches))
+    np.testing.assert_array_equal(_state(back, universe)[1], _state(ref, universe)[1])
