@@ -41,22 +41,30 @@ def _slot(h1, h2, d, mask):
     return np.int64((h1 + np.uint64(d) * h2) & np.uint64(mask))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _lowest(tab, key, salt):
+    """``(h1, h2, the smallest of the key's depth counters)``."""
+    mask = tab.shape[1] - 1
+    h = _mix(np.uint64(key) ^ salt)
+    h1, h2 = h & np.uint64(0xFFFFFFFF), (h >> np.uint64(32)) | np.uint64(1)
+    low = tab[0, _slot(h1, h2, 0, mask)]
+    for d in range(1, tab.shape[0]):
+        v = tab[d, _slot(h1, h2, d, mask)]
+        if v < low:
+            low = v
+    return h1, h2, low
+
+
 @njit(cache=True, nogil=True)
 def _cm_update(tab, keys, counts, salt, est):
     """Conservative update: each id's counters rise to (its minimum + count), no higher;
     ``est`` gets the new estimates (that minimum + count)."""
-    depth, mask = tab.shape[0], tab.shape[1] - 1
+    mask = tab.shape[1] - 1
     for j in range(keys.size):
-        h = _mix(np.uint64(keys[j]) ^ salt)
-        h1, h2 = h & np.uint64(0xFFFFFFFF), (h >> np.uint64(32)) | np.uint64(1)
-        low = tab[0, _slot(h1, h2, 0, mask)]
-        for d in range(1, depth):
-            v = tab[d, _slot(h1, h2, d, mask)]
-            if v < low:
-                low = v
+        h1, h2, low = _lowest(tab, keys[j], salt)
         want = low + counts[j]
         est[j] = want
-        for d in range(depth):
+        for d in range(tab.shape[0]):
             i = _slot(h1, h2, d, mask)
             if tab[d, i] < want:
                 tab[d, i] = want
@@ -64,16 +72,8 @@ def _cm_update(tab, keys, counts, salt, est):
 
 @njit(cache=True, nogil=True)
 def _cm_estimate(tab, keys, salt, out):
-    depth, mask = tab.shape[0], tab.shape[1] - 1
     for j in range(keys.size):
-        h = _mix(np.uint64(keys[j]) ^ salt)
-        h1, h2 = h & np.uint64(0xFFFFFFFF), (h >> np.uint64(32)) | np.uint64(1)
-        low = tab[0, _slot(h1, h2, 0, mask)]
-        for d in range(1, depth):
-            v = tab[d, _slot(h1, h2, d, mask)]
-            if v < low:
-                low = v
-        out[j] = low
+        out[j] = _lowest(tab, keys[j], salt)[2]
 
 
 class IdStats:
