@@ -529,6 +529,12 @@ class ServingTable:
         """Bytes one served row's weights take (as stored: ``row_dtype``)."""
         return self.rows.bytes_per_row
 
+    def info(self) -> dict:
+        """Rows served, their dtype and bytes per row, rows pruned at export."""
+        return {"embedding_rows": len(self), "embedding_row_dtype": self.row_dtype,
+                "embedding_bytes_per_row": self.bytes_per_row,
+                "embedding_pruned_rows": self.pruned}
+
     def _upsert(self, ids: np.ndarray, raw: dict) -> None:
         rows = self.map.get(ids)
         new = rows < 0

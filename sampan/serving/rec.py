@@ -148,10 +148,7 @@ class SnapshotWatcher:
         with self._rw.shared():
             t = self.table
             out = {"snapshot_sequence": t.seq, "snapshot_step": t.step,
-                   "snapshot_lineage": t.lineage, "embedding_rows": len(t),
-                   "embedding_row_dtype": getattr(t, "row_dtype", "float32"),
-                   "embedding_bytes_per_row": getattr(t, "bytes_per_row", 4 * t.dim),
-                   "embedding_pruned_rows": getattr(t, "pruned", 0)}
+                   "snapshot_lineage": t.lineage, **getattr(t, "info", dict)()}
         with self._stats_lock:
             out.update(self.stats)
         out["snapshot_dir"] = self.directory
