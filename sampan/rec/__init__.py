@@ -3,7 +3,9 @@
 The pieces, bottom up: ``hashtable`` (numba id -> row map, chunked rows), ``table``
 (HashEmbeddingTable with metadata), ``policies`` (admission, eviction), ``optim`` (sparse
 SGD / Adagrad / Adam / FTRL), ``kernels`` (dedupe, CSR bag pooling), ``sharded``
-(pull/push shards, prefetch), ``remote`` (Ray actor shards), ``snapshot`` (full + delta
+(pull/push shards, prefetch), ``sketch`` (IdStats: count-min and heavy hitters of the
+id stream), ``hotcache`` (HotCache: the top ids' rows on the trainer, written back
+to the shards), ``remote`` (Ray actor shards), ``snapshot`` (full + delta
 export, serving), ``data``
 (CSR batches, W4 click stream, Parquet), ``metrics`` (AUC, log loss) and ``models``
 (HashEmbedding, DLRM, DeepFM, Wide&Deep, on the sampan core: train them with the ordinary
@@ -11,6 +13,7 @@ export, serving), ``data``
 """
 
 from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, hash_ids
+from sampan.rec.hotcache import HotCache
 from sampan.rec.kernels import bag_pool, bag_pool_backward, segment_sum, unique_inverse
 from sampan.rec.metrics import LogLoss, StreamingAUC, auc
 from sampan.rec.models import DLRM, DeepFM, HashEmbedding, WideAndDeep, predict, train_step
@@ -23,6 +26,7 @@ from sampan.rec.policies import (
     ProbabilisticAdmission,
     TTLEviction,
 )
+from sampan.rec.sketch import IdStats
 from sampan.rec.sharded import LocalShard, Prefetcher, PulledBatch, ShardedEmbedding
 from sampan.rec import remote as _remote  # noqa: F401  (registers backend="ray"; ray loads on use)
 from sampan.rec.snapshot import (
@@ -46,6 +50,8 @@ __all__ = [
     "HashEmbedding",
     "HashEmbeddingTable",
     "HashMap",
+    "HotCache",
+    "IdStats",
     "LFUEviction",
     "LocalShard",
     "LogLoss",

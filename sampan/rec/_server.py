@@ -174,7 +174,7 @@ class ShardServer:
         result = getattr(self, "_" + op)(*args)
         if n is not None:
             self.applied = n
-            if op == "push":
+            if op in ("push", "write_rows"):  # a cache's write-back counts as a push
                 self._after_push()
         self._count(op, time.thread_time() - t0)
         return ("ok", result, self.applied, self.durable, self.shard.table.step)
@@ -200,6 +200,12 @@ class ShardServer:
 
     def _push(self, ids, grads, step):
         self.shard.push(ids, grads, step)
+
+    def _read_rows(self, ids):
+        return self.shard.read_rows(ids)
+
+    def _write_rows(self, ids, weights, slots, seen, step):
+        self.shard.write_rows(ids, weights, slots, seen, step)
 
     def _read(self, ids):
         return self.shard.table.read(ids)

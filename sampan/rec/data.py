@@ -321,6 +321,8 @@ class ParquetCTRReader:
     ahead. Sparse columns are those named ``sparse_*``, dense ``dense_*``, found by name:
     field ``f`` is the f-th sparse name in natural order (``sparse_2`` before
     ``sparse_10``), and every file must have the same sparse and dense names.
+    ``stats`` (an :class:`sampan.rec.sketch.IdStats`) counts every id read, on the
+    reader's thread, so the hot-row cache knows the stream's top ids ahead of training.
 
     Every file's schema is checked when the reader is made: ids must be integer or
     list<integer> columns, dense columns numbers, labels numbers or bools; a mismatch
@@ -333,13 +335,14 @@ class ParquetCTRReader:
 
     def __init__(self, paths, batch_size: int = 2048, shuffle_buffer: int = 32768,
                  seed: int = 0, background: bool = True, prefetch: int = 4,
-                 drop_last: bool = False, read_rows: int = 16384):
+                 drop_last: bool = False, read_rows: int = 16384, stats=None):
         import pyarrow.parquet as pq
 
         self.paths = [paths] if isinstance(paths, str) else list(paths)
         self.batch_size, self.shuffle_buffer = int(batch_size), int(shuffle_buffer)
         self.seed, self.background, self.prefetch = seed, background, prefetch
         self.drop_last, self.read_rows = drop_last, read_rows
+        self.stats = stats
         self.epoch = 0
         self._where = _where()
         self.columns = None  # (sparse, dense) names, fixed by the first file
@@ -378,7 +381,10 @@ class ParquetCTRReader:
                                         f"Parquet data ({exc})", "an intact file") from exc
                 if rb is None:
                     break
-                yield self._convert(rb, path, sparse, dense, row0)
+                batch = self._convert(rb, path, sparse, dense, row0)
+                if self.stats is not None:
+                    self.stats.update(batch.indices)
+                yield batch
                 row0 += rb.num_rows
 
     def _convert(self, rb, path: str, sparse: list[str], dense: list[str],

@@ -427,6 +427,9 @@ class ChunkedRows:
     [[1.0, 1.0]]
     """
 
+    row_dtype = "float32"  # the store contract of sampan.rec.rowstore
+    addressable = True  # kernels may write rows in place through `bases`
+
     def __init__(self, width: int, shift: int = 14):
         if width < 1:
             raise ValueError(f"row width must be >= 1, got {width}")
@@ -444,6 +447,11 @@ class ChunkedRows:
     def nbytes(self) -> int:
         """Bytes held by all chunks."""
         return sum(c.nbytes for c in self.chunks)
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Bytes one row takes."""
+        return 4 * self.width
 
     def ensure(self, n_rows: int) -> None:
         """Add zeroed chunks until rows ``0 .. n_rows-1`` exist."""
@@ -467,9 +475,18 @@ class ChunkedRows:
         _gather(self.bases, self.shift, self.width, rows, out)
         return out
 
-    def scatter(self, rows, values) -> None:
-        """Write ``values[j]`` to row ``rows[j]`` (rows < 0 are skipped)."""
+    def scatter(self, rows, values, round_keys=None) -> None:
+        """Write ``values[j]`` to row ``rows[j]`` (rows < 0 are skipped; float32 rows
+        need no rounding, so ``round_keys`` is ignored)."""
         rows = np.ascontiguousarray(rows, np.int64).ravel()
         vals = np.ascontiguousarray(values, np.float32).reshape(rows.size, self.width)
         self._check(rows)
         _scatter(self.bases, self.shift, self.width, rows, vals)
+
+    def raw(self, rows) -> dict:
+        """The stored form of rows, for snapshots: ``{"values": float32 rows}``."""
+        return {"values": self.gather(rows)}
+
+    def set_raw(self, rows, raw: dict) -> None:
+        """Write back what :meth:`raw` gave."""
+        self.scatter(rows, raw["values"])

@@ -146,13 +146,46 @@ class _SparseOptimizer:
         table.attach_slots(self.slot_width(table.dim), self.slot_init)
         with table.lock:
             rows = table.map.get(keys)
-            self._kernel(table, rows, g)
-            return _mark(rows, table.meta["updated"], table.dirty,
-                         table.step if step is None else int(step))
+            step = table.step if step is None else int(step)
+            if table.weights.addressable:
+                self._kernel(table, rows, g)
+            else:
+                self._through_float32(table, keys, rows, g, step)
+            return _mark(rows, table.meta["updated"], table.dirty, step)
+
+    def _through_float32(self, table, keys, rows, g, step: int) -> None:
+        """A store without float32 rows in place (compressed, or another tier): gather
+        the rows, run the same kernel on a float32 copy, store them back (rounding
+        stochastically, keyed by id and step, where the store rounds)."""
+        live = np.flatnonzero(rows >= 0)
+        r = rows[live]
+        w = table.weights.gather(r)
+        s = table.slots.gather(r)
+        # one chunk holding every row: `r >> shift` is 0 and `r & mask` is r
+        flat = _Flat(w, s, table.dim)
+        self._kernel(flat, np.arange(r.size, dtype=np.int64), np.ascontiguousarray(g[live]))
+        # arrays wrap silently where numpy scalars would warn
+        salt = (np.array([step], np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+        table.weights.scatter(r, w, round_keys=keys[live] ^ salt[0])
+        table.slots.scatter(r, s)
 
     def _args(self, table):
         sl = table.slots
         return table.weights.bases, sl.bases, table.weights.shift, table.dim, sl.width
+
+
+class _Rows:
+    def __init__(self, a: np.ndarray):
+        self.bases = np.array([a.ctypes.data], np.int64)
+        self.shift, self.width, self.keep = 40, a.shape[1], a
+
+
+class _Flat:
+    """What a kernel reads of a table (``weights``, ``slots``, ``dim``), over two dense
+    float32 arrays whose row r is at offset ``r * width`` of one chunk."""
+
+    def __init__(self, w: np.ndarray, s: np.ndarray, dim: int):
+        self.weights, self.slots, self.dim = _Rows(w), _Rows(s), dim
 
 
 class SparseSGD(_SparseOptimizer):

@@ -45,7 +45,8 @@ from sampan.rec import _shm
 from sampan.rec._server import ShardServer, _chain
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
-from sampan.rec.sharded import ShardedEmbedding, _init_signature, register_backend
+from sampan.rec.sharded import (ShardedEmbedding, _init_signature, _join_rows,
+                                register_backend)
 from sampan.rec.snapshot import _write_atomic, export_full
 
 __all__ = ["RemoteShardedEmbedding", "ShardServer", "ShardUnavailableError", "init_ray",
@@ -207,6 +208,7 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         if not ray.is_initialized():
             init_ray(ray)
         make_opt = optimizer_factory or (lambda: SparseAdagrad(0.05))
+        self.make_optimizer = make_opt  # what a cache in front copies (sampan.rec.hotcache)
         opts = {"num_cpus": 0, "max_restarts": max_restarts,
                 "max_task_retries": max_task_retries}
         # Workers must import this sampan. They inherit the environment ray.init saw; when
@@ -324,7 +326,7 @@ class RemoteShardedEmbedding(ShardedEmbedding):
                 with s.recover:
                     if n in s.replayed:
                         return s.replayed.pop(n)
-                if op == "push":
+                if op in ("push", "write_rows"):
                     return None
                 # applied before a crash, held by the snapshot, answered `dup` on retry:
                 # the shard's current vectors (nothing later can have reached it yet)
@@ -415,6 +417,7 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         """Dedupe, split by shard and send every shard its pull; the answers are awaited
         by :meth:`fetch` (``rows`` holds the pending calls)."""
         uniq, inverse = unique_inverse(ids)
+        self._count(uniq, inverse)
         parts = self._split(uniq)
         sent = []
         for s, p in zip(self.shards, parts):
@@ -465,6 +468,23 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         got = self._fan("read", [(uniq[q],) for q in sel], False)
         for q, v in zip(sel, got):
             out[q] = v
+
+    def read_rows(self, uniq):
+        """``(found, weights, slots)`` of unique ids on their shards (after every push)."""
+        uniq = np.ascontiguousarray(uniq, np.int64)
+        parts = self._split(uniq)
+        got = self._fan("read_rows", [(uniq[p],) for p in parts], False)
+        return _join_rows(uniq.size, self.dim, parts, got)
+
+    def write_rows(self, uniq, weights, slots, seen, step: int | None = None) -> None:
+        """Overwrite unique ids' rows on their shards: numbered and logged like a push,
+        so a restarted shard gets it again."""
+        uniq = np.ascontiguousarray(uniq, np.int64)
+        parts = self._split(uniq)
+        self._fan("write_rows", [(uniq[p], np.ascontiguousarray(weights[p]),
+                                  None if slots is None else np.ascontiguousarray(slots[p]),
+                                  np.ascontiguousarray(seen[p], np.int64), step)
+                                 for p in parts], True)
 
     def read(self, ids) -> np.ndarray:
         """Vectors of ids without creating rows; sees every push sent before it."""

@@ -72,6 +72,36 @@ class LocalShard:
         """Apply summed gradients of unique ids."""
         self.optimizer.apply(self.table, ids, grads, step, summed=True)
 
+    def read_rows(self, ids: np.ndarray):
+        """``(found, weights, slots)`` of unique ids as stored (``slots`` None before the
+        optimiser attached any); creates nothing, counts no sighting."""
+        t = self.table
+        with t.lock:
+            rows = t.map.get(ids)
+            w = t.weights.gather(rows)
+            s = t.slots.gather(rows) if t.slots is not None else None
+        return rows >= 0, w, s
+
+    def write_rows(self, ids: np.ndarray, weights: np.ndarray, slots, seen,
+                   step: int | None = None) -> None:
+        """Overwrite the weights (and slots) of unique ids, creating missing rows, and add
+        ``seen`` sightings to their frequency (a cache in front writes back this way)."""
+        t, opt = self.table, self.optimizer
+        t.attach_slots(opt.slot_width(t.dim), opt.slot_init)
+        with t.lock:
+            step = t.step if step is None else int(step)
+            t.step = max(t.step, step)
+            rows, created = t.map.get_or_insert(ids, t.alloc)
+            t._create(ids, rows, created, step)
+            t.weights.scatter(rows, weights)
+            if slots is not None:
+                t.slots.scatter(rows, slots)
+            t.meta["updated"][rows] = step
+            t.dirty[rows] = True
+            seen = np.asarray(seen, np.int64)
+            t.meta["freq"][rows] += seen
+            t.meta["last_seen"][rows[seen > 0]] = step
+
 
 @dataclass
 class PulledBatch:
@@ -101,9 +131,14 @@ class ShardedEmbedding:
     ``backend="ray"`` puts every shard in a Ray actor instead (``sampan.rec.remote``;
     ``num_shards`` is an alias of ``n_shards``).
 
+    Set ``stats`` to an :class:`sampan.rec.sketch.IdStats` to have every pull (and every
+    prefetch's plan) count its ids there.
+
     >>> e = ShardedEmbedding(4, n_shards=2); u, inv, v = e.pull([7, 8, 7]); v[inv].shape
     (3, 4)
     """
+
+    stats = None  # an IdStats fed by plan(), when set
 
     def __new__(cls, *args, backend: str = "local", **kwargs):
         if backend != "local" and backend not in BACKENDS:
@@ -168,6 +203,7 @@ class ShardedEmbedding:
     def plan(self, ids, step: int | None = None):
         """Dedupe ``ids`` and assign rows on every shard: ``(uniq, inverse, parts, rows)``."""
         uniq, inverse = unique_inverse(ids)
+        self._count(uniq, inverse)
         parts = self._split(uniq)
         before = self._sizes() if _rec.ACTIVE else None
         rows = self._map(lambda i, p: self.shards[i].assign(uniq[p], step), parts)
@@ -179,6 +215,10 @@ class ShardedEmbedding:
             _rec.instant("cache", "rec", hits=int(uniq.size) - made - refused,
                          misses=made + refused, ids=int(uniq.size))
         return uniq, inverse, parts, rows
+
+    def _count(self, uniq: np.ndarray, inverse: np.ndarray) -> None:
+        if self.stats is not None:
+            self.stats.update(uniq, np.bincount(inverse, minlength=uniq.size), unique=True)
 
     def _sizes(self):
         try:
@@ -226,6 +266,21 @@ class ShardedEmbedding:
 
         self._map(one, parts)
 
+    def read_rows(self, uniq):
+        """``(found, weights, slots)`` of unique ids as their shards store them (slots
+        None while no shard has optimiser slots yet); creates nothing."""
+        uniq = np.ascontiguousarray(uniq, np.int64)
+        parts = self._split(uniq)
+        got = self._map(lambda i, p: self.shards[i].read_rows(uniq[p]), parts)
+        return _join_rows(uniq.size, self.dim, parts, got)
+
+    def write_rows(self, uniq, weights, slots, seen, step: int | None = None) -> None:
+        """Overwrite unique ids' weights and slots on their shards (a cache's write-back)."""
+        uniq = np.ascontiguousarray(uniq, np.int64)
+        parts = self._split(uniq)
+        self._map(lambda i, p: self.shards[i].write_rows(
+            uniq[p], weights[p], None if slots is None else slots[p], seen[p], step), parts)
+
     def read(self, ids) -> np.ndarray:
         """Vectors of ids without creating rows (serving-style)."""
         uniq, inverse = unique_inverse(ids)
@@ -237,6 +292,19 @@ class ShardedEmbedding:
 
         self._map(one, parts)
         return out[inverse]
+
+
+def _join_rows(n: int, dim: int, parts, got):
+    """One ``(found, weights, slots)`` from the shards' answers for ``parts`` of n ids."""
+    found = np.zeros(n, np.bool_)
+    w = np.zeros((n, dim), np.float32)
+    widths = {g[2].shape[1] for g in got if g[2] is not None}
+    s = np.zeros((n, widths.pop()), np.float32) if len(widths) == 1 else None
+    for p, (f, wp, sp) in zip(parts, got):
+        found[p], w[p] = f, wp
+        if s is not None and sp is not None:
+            s[p] = sp
+    return found, w, s
 
 
 def _init_signature(cls) -> inspect.Signature:

@@ -31,10 +31,11 @@ import threading
 import numpy as np
 
 from sampan import _recorder as _rec
-from sampan.rec.hashtable import ChunkedRows, HashMap, hash_ids
+from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.snapshot_file import (FORMAT_VERSION, MAGIC, SnapshotError,  # noqa: F401
                                       _write_atomic, read_snapshot)
+from sampan.rec.rowstore import ROW_DTYPES, make_rows, raw_specs
 from sampan.rec.table import META_FIELDS, HashEmbeddingTable
 
 __all__ = [
@@ -53,7 +54,10 @@ __all__ = [
 
 
 def _capture(table: HashEmbeddingTable, rows: np.ndarray, ids: np.ndarray) -> dict:
-    arrays = {"ids": ids, "weights": table.weights.gather(rows)}
+    raw = table.weights.raw(rows)  # the stored form: compressed rows stay compressed
+    arrays = {"ids": ids, "weights": raw["values"]}
+    if "scale" in raw:
+        arrays["weights.scale"] = raw["scale"]
     if table.slots is not None:
         arrays["slots"] = table.slots.gather(rows)
     for f in META_FIELDS:
@@ -62,20 +66,43 @@ def _capture(table: HashEmbeddingTable, rows: np.ndarray, ids: np.ndarray) -> di
 
 
 def _config(table: HashEmbeddingTable) -> dict:
-    return {"dim": table.dim, "seed": table.seed, "init_std": table.init_std,
-            "default": table.default.tolist(), "chunk_shift": table.weights.shift,
-            "slot_width": None if table.slots is None else table.slots.width,
-            "slot_init": table.slot_init}
+    cfg = {"dim": table.dim, "seed": table.seed, "init_std": table.init_std,
+           "default": table.default.tolist(), "chunk_shift": table.weights.shift,
+           "slot_width": None if table.slots is None else table.slots.width,
+           "slot_init": table.slot_init}
+    if table.row_dtype != "float32":  # absent: float32, as every file before it
+        cfg["row_dtype"] = table.row_dtype
+    return cfg
 
 
-def _take_export(table: HashEmbeddingTable, kind: str) -> tuple[dict, dict, dict]:
+def _raw(arrays: dict) -> dict:
+    """A file's weights in the form ``rowstore`` stores them."""
+    raw = {"values": arrays["weights"]}
+    if "weights.scale" in arrays:
+        raw["scale"] = arrays["weights.scale"]
+    return raw
+
+
+def _near_default(table: HashEmbeddingTable, rows: np.ndarray, below: float) -> np.ndarray:
+    """Rows whose every weight is within ``below`` of the default vector."""
+    if not rows.size:
+        return np.zeros(0, np.bool_)
+    return np.abs(table.weights.gather(rows) - table.default).max(axis=1) <= below
+
+
+def _take_export(table: HashEmbeddingTable, kind: str,
+                 prune_below: float | None = None) -> tuple[dict, dict, dict]:
     """Capture a full or delta export; the caller holds ``table.lock``.
 
     Clears the dirty bits and eviction log; :func:`_undo_export` puts them back if
     writing the file fails, so the next delta still carries those rows.
     """
+    pruned = np.empty(0, np.int64)
     if kind == "full":
         ids, rows = table.map.items()
+        if prune_below is not None:
+            near = _near_default(table, rows, prune_below)
+            pruned, ids, rows = rows[near], ids[~near], rows[~near]
         arrays = _capture(table, rows, ids)
         base = None
         seq = 0 if table.export_seq is None else table.export_seq + 1
@@ -90,13 +117,16 @@ def _take_export(table: HashEmbeddingTable, kind: str) -> tuple[dict, dict, dict
         base, seq = table.export_seq, table.export_seq + 1
     header = {"kind": kind, "seq": seq, "base_seq": base, "step": table.step,
               "lineage": table.lineage, "table": _config(table)}
-    undo = {"seq": table.export_seq, "evicted": list(table.evicted)}
+    if prune_below is not None:
+        header["pruned"] = {"below": float(prune_below), "rows": int(pruned.size)}
+    undo = {"seq": table.export_seq, "evicted": list(table.evicted), "pruned": pruned}
     n = table.alloc.next_row
     table.dirty[:] = False
     # Every live row is now in the chain; only these rows' removal must reach a delta.
     # A failed write leaves more rows marked than the chain holds: a removal entry for an
     # id the reader never had is a no-op, so that errs on the safe side.
     table.exported[:n] = table.live[:n]
+    table.exported[pruned] = False  # no reader holds them: their removal needs no entry
     table.evicted.clear()
     table.export_seq = seq
     return header, arrays, undo
@@ -106,18 +136,19 @@ def _undo_export(table: HashEmbeddingTable, arrays: dict, undo: dict) -> None:
     with table.lock:
         rows = table.map.get(arrays["ids"])
         table.dirty[rows[rows >= 0]] = True
+        table.dirty[undo.get("pruned", rows[:0])] = True
         table.evicted[:0] = undo["evicted"]
         table.export_seq = undo["seq"]
 
 
-def _export(table: HashEmbeddingTable, path: str, kind: str) -> dict:
+def _export(table: HashEmbeddingTable, path: str, kind: str, prune_below=None) -> dict:
     with _rec.span("snapshot_export", "rec", kind=kind, path=os.path.basename(path)):
-        return _export_one(table, path, kind)
+        return _export_one(table, path, kind, prune_below)
 
 
-def _export_one(table: HashEmbeddingTable, path: str, kind: str) -> dict:
+def _export_one(table: HashEmbeddingTable, path: str, kind: str, prune_below=None) -> dict:
     with table.lock:
-        header, arrays, undo = _take_export(table, kind)
+        header, arrays, undo = _take_export(table, kind, prune_below)
     try:
         _write_atomic(path, header, arrays)
     except BaseException:
@@ -126,14 +157,21 @@ def _export_one(table: HashEmbeddingTable, path: str, kind: str) -> dict:
     return header
 
 
-def export_full(table: HashEmbeddingTable, path: str) -> dict:
+def export_full(table: HashEmbeddingTable, path: str,
+                prune_below: float | None = None) -> dict:
     """Write every row (weights, slots, metadata) at one consistent step; returns header.
 
-    The header names the table's ``lineage``; its deltas name the same one.
+    The header names the table's ``lineage``; its deltas name the same one. Rows are
+    written as the table stores them (``row_dtype``). ``prune_below`` (for serving)
+    leaves out rows whose weights are all within that of the default vector, which a
+    :class:`ServingTable` then answers with the default; the header records how many
+    (``pruned``), and :func:`restore` refuses such a file (those rows are gone).
 
     >>> # export_full(table, "emb.full")["lineage"] == table.lineage
     """
-    return _export(table, path, "full")
+    if prune_below is not None and not prune_below >= 0:
+        raise SnapshotError(f"export_full: prune_below must be >= 0, got {prune_below!r}")
+    return _export(table, path, "full", prune_below)
 
 
 def export_delta(table: HashEmbeddingTable, path: str) -> dict:
@@ -266,7 +304,7 @@ def reshard(tables, n_shards: int, **table_kwargs) -> list[HashEmbeddingTable]:
         sel = np.flatnonzero(dest == i)
         table = HashEmbeddingTable(t0.dim, seed=t0.seed, init_std=t0.init_std,
                                    default=t0.default, chunk_shift=t0.weights.shift,
-                                   **table_kwargs)
+                                   row_dtype=t0.row_dtype, **table_kwargs)
         if t0.slots is not None:
             table.attach_slots(t0.slots.width, t0.slot_init)
         with table.lock:
@@ -311,7 +349,11 @@ def _check_file(path: str, header: dict, arrays: dict) -> None:
         raise SnapshotError(f"{path}: no one-dimensional 'ids' array")
     n = arrays["ids"].size
     _want(path, arrays, "ids", np.int64, (n,))
-    _want(path, arrays, "weights", np.float32, (n, dim))
+    row_dtype = cfg.get("row_dtype", "float32")
+    if row_dtype not in ROW_DTYPES:
+        raise SnapshotError(f"{path}: row_dtype {row_dtype!r}, expected one of {ROW_DTYPES}")
+    for name, (dt, shape) in raw_specs(row_dtype, n, dim).items():
+        _want(path, arrays, "weights" if name == "values" else f"weights.{name}", dt, shape)
     if width is not None:
         _want(path, arrays, "slots", np.float32, (n, width))
     for f in META_FIELDS:
@@ -324,7 +366,8 @@ def _check_file(path: str, header: dict, arrays: dict) -> None:
         raise SnapshotError(f"{path}: an id appears twice in 'ids'")
 
 
-def _check_follows(path: str, header: dict, lineage, seq: int, dim: int, against: str):
+def _check_follows(path: str, header: dict, lineage, seq: int, dim: int, against: str,
+                   row_dtype: str = "float32"):
     """A delta continues the chain ``against`` (a file or a serving table) is at."""
     if header["kind"] != "delta":
         raise SnapshotError(f"{path}: a {header['kind']} snapshot where a delta belongs")
@@ -343,6 +386,9 @@ def _check_follows(path: str, header: dict, lineage, seq: int, dim: int, against
                             f"{seq} (deltas missing or out of order)")
     if header["table"]["dim"] != dim:
         raise SnapshotError(f"{path}: dim {header['table']['dim']}, {against} has dim {dim}")
+    if header["table"].get("row_dtype", "float32") != row_dtype:
+        raise SnapshotError(f"{path}: rows of {header['table'].get('row_dtype', 'float32')}, "
+                            f"{against} holds {row_dtype} rows")
 
 
 def _check_chain(loaded: list[tuple[str, dict, dict]]) -> None:
@@ -354,7 +400,8 @@ def _check_chain(loaded: list[tuple[str, dict, dict]]) -> None:
                             f"{h0['kind']}")
     prev = h0["seq"]
     for path, h, _ in loaded[1:]:
-        _check_follows(path, h, h0.get("lineage"), prev, h0["table"]["dim"], path0)
+        _check_follows(path, h, h0.get("lineage"), prev, h0["table"]["dim"], path0,
+                       h0["table"].get("row_dtype", "float32"))
         prev = h["seq"]
 
 
@@ -364,7 +411,7 @@ def _apply(table: HashEmbeddingTable, header: dict, arrays: dict, slots: bool) -
     ids = arrays["ids"]
     rows, _ = table.map.get_or_insert(ids, table.alloc)
     table._grow()
-    table.weights.scatter(rows, arrays["weights"])
+    table.weights.set_raw(rows, _raw(arrays))
     if table.slots is not None:
         # Slots written under an older optimiser configuration were reset when the live
         # table attached the new one: such rows hold the initial value.
@@ -383,7 +430,7 @@ def _build(loaded: list, table_kwargs: dict) -> HashEmbeddingTable:
     cfg, last = loaded[0][1]["table"], loaded[-1][1]["table"]
     table = HashEmbeddingTable(cfg["dim"], seed=cfg["seed"], init_std=cfg["init_std"],
                                default=cfg["default"], chunk_shift=cfg["chunk_shift"],
-                               **table_kwargs)
+                               row_dtype=cfg.get("row_dtype", "float32"), **table_kwargs)
     if last["slot_width"] is not None:
         table.attach_slots(last["slot_width"], last["slot_init"])
     # files from `first` on share the final slot layout; earlier slots were reset since
@@ -416,6 +463,11 @@ def restore(full_path: str, delta_paths=(), **table_kwargs) -> HashEmbeddingTabl
     """
     loaded = [(p, *read_snapshot(p)) for p in [full_path, *delta_paths]]
     _check_chain(loaded)
+    if loaded[0][1].get("pruned", {}).get("rows"):
+        raise SnapshotError(f"{full_path}: a pruned export (for serving: "
+                            f"{loaded[0][1]['pruned'].get('rows')} near-zero rows left out) "
+                            f"cannot restore a table; restore an export_full without "
+                            f"prune_below")
     return _build(loaded, table_kwargs)
 
 
@@ -459,18 +511,31 @@ class ServingTable:
         self.default = np.asarray(cfg["default"], np.float32)
         self.lineage = header.get("lineage")
         self.map = HashMap(max(len(arrays["ids"]), 1024))
-        self.rows = ChunkedRows(self.dim, cfg["chunk_shift"])
+        self.row_dtype = cfg.get("row_dtype", "float32")
+        self.pruned = header.get("pruned", {}).get("rows", 0)  # rows left out at export
+        self.rows = make_rows(self.dim, cfg["chunk_shift"], self.row_dtype)
         self.free: list[np.ndarray] = []
         self.next_row = 0
         self.lock = threading.Lock()
         self.seq = header["seq"]
         self.step = header["step"]
-        self._upsert(arrays["ids"], arrays["weights"])
+        self._upsert(arrays["ids"], _raw(arrays))
 
     def __len__(self) -> int:
         return len(self.map)
 
-    def _upsert(self, ids: np.ndarray, weights: np.ndarray) -> None:
+    @property
+    def bytes_per_row(self) -> int:
+        """Bytes one served row's weights take (as stored: ``row_dtype``)."""
+        return self.rows.bytes_per_row
+
+    def info(self) -> dict:
+        """Rows served, their dtype and bytes per row, rows pruned at export."""
+        return {"embedding_rows": len(self), "embedding_row_dtype": self.row_dtype,
+                "embedding_bytes_per_row": self.bytes_per_row,
+                "embedding_pruned_rows": self.pruned}
+
+    def _upsert(self, ids: np.ndarray, raw: dict) -> None:
         rows = self.map.get(ids)
         new = rows < 0
         n_new = int(new.sum())
@@ -482,7 +547,7 @@ class ServingTable:
         rows[new] = np.concatenate([take, fresh])
         self.map.put(ids[new], rows[new])
         self.rows.ensure(self.next_row)
-        self.rows.scatter(rows, weights)
+        self.rows.set_raw(rows, raw)
 
     def apply_delta(self, path: str, loaded: tuple[dict, dict] | None = None) -> None:
         """Verify a delta completely, then apply it atomically with respect to lookups.
@@ -494,14 +559,14 @@ class ServingTable:
         ids, removed = arrays["ids"], arrays["removed"]
         with self.lock:  # the sequence check too, so two appliers cannot both pass it
             _check_follows(path, header, self.lineage, self.seq, self.dim,
-                           "the serving table")
+                           "the serving table", self.row_dtype)
             # Allocate up front: past this point only the writes below remain.
             self.map.reserve(ids.size)
             self.rows.ensure(self.next_row + ids.size)
             old = self.map.remove(removed) if removed.size else None
             if old is not None and (old >= 0).any():
                 self.free.append(old[old >= 0])
-            self._upsert(ids, arrays["weights"])
+            self._upsert(ids, _raw(arrays))
             self.seq, self.step = header["seq"], header["step"]
 
     def lookup(self, ids) -> np.ndarray:

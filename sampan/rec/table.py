@@ -20,6 +20,7 @@ from numba import njit
 
 from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, _as_keys, _mix
 from sampan.rec.policies import AdmitAll
+from sampan.rec.rowstore import make_rows
 
 __all__ = ["HashEmbeddingTable", "hashed_normal"]
 
@@ -83,6 +84,9 @@ class HashEmbeddingTable:
 
     ``admission`` decides when a new id gets a row (default: always), ``eviction``
     frees rows (default: never). Ids without a row read ``default`` (zeros).
+    ``row_dtype`` stores the weights as ``"float32"`` (default), ``"float16"``,
+    ``"bfloat16"`` or ``"int8"`` with a per-row scale (``sampan.rec.rowstore``); lookups
+    return float32 either way and optimiser slots stay float32.
 
     >>> t = HashEmbeddingTable(4); v = t.lookup([10, -3, 10]); v.shape, len(t)
     ((3, 4), 2)
@@ -90,7 +94,8 @@ class HashEmbeddingTable:
 
     def __init__(self, dim: int, *, init_std: float = 0.01, seed: int = 0, admission=None,
                  eviction=None, default=None, chunk_shift: int = 14,
-                 initial_capacity: int = 1024, pending_limit: int = 1 << 22):
+                 initial_capacity: int = 1024, pending_limit: int = 1 << 22,
+                 row_dtype: str = "float32"):
         if dim < 1:
             raise ValueError(f"embedding dim must be >= 1, got {dim}")
         self.dim = int(dim)
@@ -105,7 +110,9 @@ class HashEmbeddingTable:
         self.initial_capacity = int(initial_capacity)
         self.map = HashMap(initial_capacity)
         self.alloc = RowAllocator()
-        self.weights = ChunkedRows(dim, chunk_shift)
+        # the weights' store (sampan.rec.rowstore): float32 chunks, or compressed rows
+        self.weights = make_rows(dim, chunk_shift, row_dtype)
+        self.row_dtype = row_dtype
         self.slots: ChunkedRows | None = None
         self.slot_init = 0.0
         self.meta = {f: np.zeros(0, np.int64) for f in META_FIELDS}
@@ -129,6 +136,14 @@ class HashEmbeddingTable:
     # -- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.map)
+
+    @property
+    def bytes_per_row(self) -> dict:
+        """Bytes per row: ``weights`` (as stored), ``slots``, ``meta`` (and ``total``)."""
+        w = self.weights.bytes_per_row
+        s = 4 * self.slots.width if self.slots is not None else 0
+        m = 8 * len(META_FIELDS) + 3
+        return {"weights": w, "slots": s, "meta": m, "total": w + s + m}
 
     @property
     def nbytes(self) -> int:

@@ -148,7 +148,7 @@ class SnapshotWatcher:
         with self._rw.shared():
             t = self.table
             out = {"snapshot_sequence": t.seq, "snapshot_step": t.step,
-                   "snapshot_lineage": t.lineage}
+                   "snapshot_lineage": t.lineage, **getattr(t, "info", dict)()}
         with self._stats_lock:
             out.update(self.stats)
         out["snapshot_dir"] = self.directory
@@ -486,9 +486,12 @@ def _dense_layer(model):
 
 def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
                 max_batch_size: int = 256, dynamic_batching: dict | None = None,
-                poll_interval_ms: float = 200, instance_count: int | None = None) -> dict:
+                poll_interval_ms: float = 200, instance_count: int | None = None,
+                prune_below: float | None = None) -> dict:
     """Write a ``dlrm`` model directory from a trained one-shard :class:`sampan.rec.DLRM`:
     the dense part as a saved program, the table's full export, ``config.json``.
+    Rows keep the table's ``row_dtype``; ``prune_below`` leaves out near-zero rows
+    (``sampan.rec.export_full``), which the server answers with the default vector.
 
     The full export continues the table's snapshot chain: later
     ``sampan.rec.export_delta(table, f"{directory}/{snapshot_dir}/<name>.delta")`` calls
@@ -524,7 +527,8 @@ def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
                         dynamic={"dense": {0: "batch"}, "emb": {0: "batch"}})
     finally:
         model.train(was_training)
-    export_full(emb.shards[0].table, os.path.join(directory, "embeddings.full"))
+    export_full(emb.shards[0].table, os.path.join(directory, "embeddings.full"),
+                prune_below=prune_below)
     cfg = {"kind": "dlrm", "n_fields": n_fields, "n_dense": n_dense, "dim": dim,
            "dense_program": "dense.program", "embeddings": "embeddings.full",
            "max_batch_size": max_batch_size, "poll_interval_ms": poll_interval_ms,

@@ -1,0 +1,342 @@
+"""A hot-row cache in front of any embedding shard set (local or Ray).
+
+:class:`HotCache` keeps the top K ids of the id stream (K from a memory budget, the ids
+from an :class:`~sampan.rec.sketch.IdStats`) in a dense array on the trainer, found
+through a small open-addressing index (a :class:`HashEmbeddingTable` sized for K rows:
+one chunk of weights, one of optimiser slots, a linear-probing map). While an id is
+cached the cache's copy is the one that trains: its gradients go through a copy of the
+shards' sparse optimiser, locally, with the same kernel, so the arithmetic is the one the
+shard would do. Misses go to the shards in one batched pull (and their gradients in one
+push), as without a cache.
+
+Write-back. Every ``write_back_every`` steps (and before a refresh drops rows) the
+weights and slots of the cached rows written since the last write-back, with the
+sightings counted meanwhile, are written to their shards (``write_rows``: numbered and
+logged like a push, so a restarted Ray shard gets it again). So the shards, and every
+snapshot or recovery built from them, hold each cached row as of at most
+``shard_staleness = write_back_every - 1`` steps ago (a bound in the sense of
+``Prefetcher(max_staleness=)``, which bounds what reads miss); a trainer that dies
+loses at most those steps of its cached rows, and nothing of the rest.
+``write_back_every=1`` makes the shards equal, after every step, to a table trained
+without the cache. The trainer itself always reads the cached copy, so its training
+equals the one-tier table's whatever ``write_back_every``; a
+:class:`~sampan.rec.sharded.Prefetcher` runs over the cache as over the shards (the cache
+has their ``plan`` / ``fetch``), its misses pulled ahead on the prefetch thread.
+
+One trainer per cache: a second trainer pushing the same ids to the shards would not see
+the cached copy (as with any write-back cache). Counters (hits and misses per lookup,
+bytes moved, rows written back) are in :meth:`HotCache.counters` and on the profiler
+timeline (``hot_cache`` instants and ``write_back`` spans, category ``rec``).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+
+import numpy as np
+
+from sampan import _recorder as _rec
+from sampan.errors import SampanValueError, op_error
+from sampan.rec.hashtable import HashMap
+from sampan.rec.kernels import unique_inverse
+from sampan.rec.sketch import IdStats
+from sampan.rec.table import HashEmbeddingTable
+
+__all__ = ["HotCache"]
+
+# index slots (2 x int64, load <= 0.5) and row metadata (6 int64 + 3 flags) per cached row
+ROW_OVERHEAD = 4 * 16 + 6 * 8 + 3 + 8
+
+
+def _shard_optimizer(emb):
+    make = getattr(emb, "make_optimizer", None)
+    if make is not None:
+        return make()
+    shards = getattr(emb, "shards", None)
+    if shards and hasattr(shards[0], "optimizer"):
+        return copy.deepcopy(shards[0].optimizer)
+    raise op_error(SampanValueError, "HotCache", f"an embedding {type(emb).__name__} "
+                   "without a known optimiser", "a ShardedEmbedding, or optimizer=")
+
+
+class HotCache:
+    """The top-K ids of ``emb`` (a :class:`ShardedEmbedding`, local or Ray) on the trainer.
+
+    ``budget_mb`` sizes K (weights, optimiser slots, index and metadata per row);
+    ``stats`` chooses the ids (an :class:`IdStats` the caller feeds, e.g. through
+    ``ParquetCTRReader(stats=)``; by default the cache makes one and feeds it from its
+    own pulls); :meth:`refresh` (between passes) loads the current top K. The cache
+    has ``emb``'s ``pull``, ``push`` and ``read``, so ``HashEmbedding(dim, emb=cache)``
+    trains through it.
+
+    >>> from sampan.rec import ShardedEmbedding
+    >>> c = HotCache(ShardedEmbedding(4, n_shards=1), budget_mb=1)
+    >>> u, inv, v = c.pull([3, 3, 5], 0); c.push(u, np.ones_like(v), 0); c.refresh()
+    {'kept': 0, 'dropped': 0, 'loaded': 2}
+    >>> c.counters()["misses"], len(c)
+    (3, 2)
+    """
+
+    def __init__(self, emb, budget_mb: float, *, stats: IdStats | None = None,
+                 write_back_every: int = 1, optimizer=None):
+        if not isinstance(budget_mb, (int, float)) or isinstance(budget_mb, bool) \
+                or budget_mb <= 0:
+            raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb!r}",
+                           "a positive number of MB")
+        if not isinstance(write_back_every, int) or write_back_every < 1:
+            raise op_error(SampanValueError, "HotCache",
+                           f"write_back_every={write_back_every!r}", "an int >= 1")
+        self.emb, self.dim = emb, int(emb.dim)
+        self.optimizer = optimizer if optimizer is not None else _shard_optimizer(emb)
+        width = self.optimizer.slot_width(self.dim)
+        self.row_bytes = 4 * (self.dim + width) + ROW_OVERHEAD
+        self.capacity = int(budget_mb * 2**20) // self.row_bytes
+        if self.capacity < 1:
+            raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb} "
+                           f"(one row takes {self.row_bytes} bytes)", "room for a row")
+        self.budget_mb = float(budget_mb)
+        self.write_back_every = write_back_every
+        self.feeds_stats = stats is None
+        self._feed: queue.Queue | None = None  # (ids, counts) for the sketch's thread
+        self._feed_error: BaseException | None = None
+        # a sketch some times wider than K: the K-th id's count must stand out of the
+        # count-min error (e / width of the total), or the tail of the top K is noise
+        self.stats = stats if stats is not None else IdStats(
+            width=max(1 << 16, 4 * self.capacity), capacity=max(self.capacity, 1024))
+        shift = max(4, (self.capacity - 1).bit_length())
+        self.table = HashEmbeddingTable(self.dim, chunk_shift=shift,
+                                        initial_capacity=self.capacity)
+        self.table.attach_slots(width, self.optimizer.slot_init)
+        self._seen = np.zeros(0, np.int64)   # sightings per cached row since write-back
+        self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
+        self.steps = 0
+        self.last_write_back = 0  # step count at the last write-back
+        self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
+        self._n = {"hits": 0, "misses": 0, "bytes_moved": 0, "written_back": 0,
+                   "write_backs": 0, "refreshes": 0}
+
+    @property
+    def shard_staleness(self) -> int:
+        """Steps of updates to cached rows the shards (and their snapshots) may lack:
+        ``write_back_every - 1``, a bound in the sense of ``Prefetcher(max_staleness=)``."""
+        return self.write_back_every - 1
+
+    @property
+    def max_staleness(self) -> int:
+        """What a :class:`Prefetcher` over the cache may let reads miss: the shards'
+        own (the trainer reads cached rows as they are, whatever the write-back)."""
+        return getattr(self.emb, "max_staleness", 0)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def counters(self) -> dict:
+        """Hits and misses (per looked-up id occurrence), ``hit_rate``, ``bytes_moved``
+        between trainer and shards, rows ``written_back`` in ``write_backs`` calls."""
+        n = dict(self._n)
+        total = n["hits"] + n["misses"]
+        n["hit_rate"] = n["hits"] / total if total else 0.0
+        n["rows"], n["capacity"] = len(self), self.capacity
+        return n
+
+    def _count(self, uniq: np.ndarray, cnt: np.ndarray) -> None:
+        """Feed the sketch on a thread of its own (its kernels release the GIL), off the
+        training step's path; :meth:`refresh` waits for what is queued."""
+        if self._feed is None:
+            self._feed = queue.Queue(maxsize=8)
+            threading.Thread(target=self._feed_loop, args=(self._feed,), daemon=True,
+                             name="sampan-hotcache-sketch").start()
+        self._feed.put((uniq, cnt))
+
+    def _feed_loop(self, q: queue.Queue) -> None:
+        while (item := q.get()) is not None:
+            try:
+                self.stats.update(*item, unique=True)
+            except Exception as exc:  # noqa: BLE001  (raised again by refresh)
+                self._feed_error = exc
+            finally:
+                q.task_done()
+        q.task_done()
+
+    def _rows(self, uniq: np.ndarray) -> np.ndarray:
+        rows = self.table.map.get(uniq)
+        n = self.table.alloc.next_row
+        if self._seen.size < n:
+            self._seen = np.concatenate([self._seen, np.zeros(n - self._seen.size, np.int64)])
+            self._dirty = np.concatenate([self._dirty, np.zeros(n - self._dirty.size,
+                                                                np.bool_)])
+        return rows
+
+    # -- the embedding interface ------------------------------------------------------
+    def pull(self, ids, step: int | None = None):
+        """``(uniq, inverse, vectors)`` as ``ShardedEmbedding.pull``: cached ids from the
+        dense array, the rest from the shards in one batched pull."""
+        uniq, inverse, parts, rows = self.plan(ids, step)
+        return uniq, inverse, self.fetch(uniq, parts, rows)
+
+    def plan(self, ids, step: int | None = None):
+        """Dedupe, count, split into cached ids and misses, and plan the misses' pull on
+        the shards (``ShardedEmbedding.plan``'s contract, so a :class:`Prefetcher` can
+        run it ahead on its thread)."""
+        uniq, inverse = unique_inverse(ids)
+        cnt = np.bincount(inverse, minlength=uniq.size)
+        if self.feeds_stats:
+            self._count(uniq, cnt)
+        with self.table.lock:
+            rows = self._rows(uniq)
+            hit = rows >= 0
+            self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
+        hit_at, miss = np.flatnonzero(hit), np.flatnonzero(~hit)
+        # the misses are distinct, so the shards' plan keeps their order (inverse: arange)
+        sub = self.emb.plan(uniq[miss], step) if miss.size else None
+        h, m = int(cnt[hit].sum()), int(cnt[miss].sum())
+        self._n["hits"] += h
+        self._n["misses"] += m
+        self._n["bytes_moved"] += miss.size * (8 + 4 * self.dim)
+        if _rec.ACTIVE:
+            _rec.instant("hot_cache", "rec", hits=h, misses=m, ids=int(uniq.size),
+                         cached=len(self), bytes=int(miss.size * (8 + 4 * self.dim)))
+        return uniq, inverse, (hit_at, miss, sub), None
+
+    def fetch(self, uniq, parts, rows=None) -> np.ndarray:
+        """The vectors of a plan: cached rows as they are now, the misses' pull answers."""
+        hit_at, miss, sub = parts
+        out = np.empty((uniq.size, self.dim), np.float32)
+        self._gather_cached(uniq, hit_at, out)
+        if sub is not None:
+            out[miss] = self.emb.fetch(sub[0], sub[2], sub[3])
+            self._cached_since(uniq, miss, out)
+        return out
+
+    def _cached_since(self, uniq, at, out) -> None:
+        """Ids planned as misses that a refresh cached meanwhile: the cache's copy is the
+        one that trains now (it may be ahead of the shards')."""
+        now = np.flatnonzero(self.table.map.get(uniq[at]) >= 0)
+        if now.size:
+            self._gather_cached(uniq, at[now], out)
+
+    def _gather_cached(self, uniq, at, out) -> None:
+        with self.table.lock:
+            rows = self.table.map.get(uniq[at])
+            ok = rows >= 0
+            out[at[ok]] = self.table.weights.gather(rows[ok])
+        if not ok.all():  # left the cache since the plan (a refresh wrote it back first)
+            out[at[~ok]] = self.emb.read(uniq[at[~ok]])
+
+    def _refetch(self, uniq, parts, rows, mask, out) -> None:
+        """Gather again the ids of a plan that ``mask`` selects (the Prefetcher's, for
+        ids pushed since the plan)."""
+        hit_at, miss, sub = parts
+        self._gather_cached(uniq, hit_at[mask[hit_at]], out)
+        if sub is not None and mask[miss].any():
+            part = out[miss]
+            self.emb._refetch(sub[0], sub[2], sub[3], mask[miss], part)
+            out[miss] = part
+            self._cached_since(uniq, miss[mask[miss]], out)
+
+    def push(self, uniq, grads, step: int | None = None) -> None:
+        """Apply summed gradients of unique ids: cached rows here, the rest on the shards;
+        writes back every ``write_back_every`` pushes."""
+        uniq = np.ascontiguousarray(uniq, np.int64)
+        grads = np.ascontiguousarray(grads, np.float32).reshape(uniq.size, self.dim)
+        with self.table.lock:
+            rows = self._rows(uniq)
+            hit = rows >= 0
+            if hit.any():
+                self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
+                self._dirty[rows[hit]] = True
+        miss = ~hit
+        if miss.any():
+            self.emb.push(uniq[miss], grads[miss], step)
+            self._n["bytes_moved"] += int(miss.sum()) * (8 + 4 * self.dim)
+        if self.push_log is not None:  # a Prefetcher gathers these again
+            self.push_log.append(uniq.copy())
+        self.steps += 1
+        if self.steps - self.last_write_back >= self.write_back_every:
+            self.write_back(step)
+
+    def read(self, ids) -> np.ndarray:
+        """Vectors of ids without creating rows or counting (serving-style)."""
+        uniq, inverse = unique_inverse(ids)
+        with self.table.lock:
+            rows = self.table.map.get(uniq)
+            out = self.table.weights.gather(rows)
+        miss = rows < 0
+        if miss.any():
+            out[miss] = self.emb.read(uniq[miss])
+        return out[inverse]
+
+    # -- write-back and refresh -------------------------------------------------------------
+    def write_back(self, step: int | None = None) -> int:
+        """Write the cached rows trained or seen since the last write-back to the shards;
+        returns how many rows went."""
+        self.last_write_back = self.steps
+        t = self.table
+        with _rec.span("write_back", "rec", cached=len(self)):
+            with t.lock:
+                n = t.alloc.next_row
+                rows = np.flatnonzero((self._dirty[:n] | (self._seen[:n] > 0)) & t.live[:n])
+                if rows.size == 0:
+                    return 0
+                ids = t.meta["key"][rows]
+                w, s = t.weights.gather(rows), t.slots.gather(rows)
+                seen = self._seen[rows].copy()
+                self._dirty[rows] = False
+                self._seen[rows] = 0
+            self.emb.write_rows(ids, w, s, seen, step)
+        self._n["written_back"] += rows.size
+        self._n["write_backs"] += 1
+        self._n["bytes_moved"] += rows.size * (16 + 4 * (self.dim + s.shape[1]))
+        return int(rows.size)
+
+    def refresh(self, step: int | None = None) -> dict:
+        """Cache the current top K of ``stats``: write everything back, drop the rows that
+        left the top K, load the new ones from the shards (ids the shards have no row for
+        yet are loaded by a later refresh). Returns ``{"kept", "dropped", "loaded"}``."""
+        self.write_back(step)
+        if self._feed is not None:
+            self._feed.join()  # every pull so far counted
+        if self._feed_error is not None:
+            err, self._feed_error = self._feed_error, None
+            raise RuntimeError("HotCache: counting ids in the sketch failed") from err
+        want, _ = self.stats.top(self.capacity)
+        t = self.table
+        wanted = HashMap(max(want.size, 16))  # np.isin sorts or hashes in Python's pace
+        wanted.put(want, np.zeros(want.size, np.int64))
+        with t.lock:
+            have = t.ids()
+            keep = wanted.get(have) >= 0
+            t.remove(have[~keep])
+            new = want[t.map.get(want) < 0]
+        found, w, s = self.emb.read_rows(new) if new.size else (np.zeros(0, bool), None, None)
+        new = new[found]
+        if new.size:
+            with t.lock:
+                t.set_vectors(new, w[found])
+                rows = self._rows(new)
+                t.slots.scatter(rows, s[found] if s is not None else np.full(
+                    (new.size, t.slots.width), t.slot_init, np.float32))
+                self._dirty[rows] = False
+                self._seen[rows] = 0
+            self._n["bytes_moved"] += new.size * (8 + 4 * (self.dim + t.slots.width))
+        self._n["refreshes"] += 1
+        if _rec.ACTIVE:
+            _rec.instant("hot_cache_refresh", "rec", kept=int(keep.sum()),
+                         dropped=int((~keep).sum()), loaded=int(new.size))
+        return {"kept": int(keep.sum()), "dropped": int((~keep).sum()), "loaded": int(new.size)}
+
+    def flush(self) -> None:
+        """Write everything back (and wait for the shards' pending pushes)."""
+        self.write_back()
+        if hasattr(self.emb, "flush"):
+            self.emb.flush()
+
+    def close(self) -> None:
+        """Write everything back and stop the sketch's thread (the shards stay up)."""
+        self.flush()
+        if self._feed is not None:
+            self._feed.put(None)
+            self._feed.join()
+            self._feed = None
