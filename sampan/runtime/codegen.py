@@ -204,9 +204,11 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             bufname = emit.fresh("_b", ren[v.id])
             env[bufname] = b[:v.nbytes].view(v.dtype).reshape(v.shape)
             kname = emit.fresh("out_", opname)
-            fn = specialize and _spec.out_matmul(n)
-            if fn:                     # its own name: other matmuls keep the general one
-                kname = emit.name("out_matmul2d")
+            fn = specialize and _spec.small_matmul(n)
+            if fn:                     # batch 1..8 against a constant weight
+                kname = emit.fresh("s", i, "_", opname)
+            elif fn := specialize and _spec.out_matmul(n):
+                kname = emit.name("out_matmul2d")   # other matmuls keep the general one
             env[kname] = fn or out_kernel(n)
             kwargs = _attr_args(n, env, bound) + [("out", bufname)]
         elif specialize and (fn := _spec.node_kernel(n)) is not None:
