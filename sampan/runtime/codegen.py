@@ -142,6 +142,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     lines = [emit.fill("def {f}({params}):", f=fname,
                        params=emit.join(names[v.id] for v in g.inputs))]
     node_at = {}                     # line index -> node index (for the profiling variant)
+    bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
     for i, n in enumerate(g.nodes):
@@ -226,6 +227,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                 env[kname] = fn
             kwargs = _attr_args(n, env, bound)
         call = emit.call(kname, args, kwargs)
+        bound_as[i] = str(kname)
         if op.n_out == 1:
             if n.outputs[0].ndim == 0 and bufname is None:
                 call = emit.call(emit.name("_asarray"), [call])
@@ -254,5 +256,5 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     exec(compile(src, filename, "exec"), env)
 
     def remake():
-        return profiled_variant(g, name, lines, node_at, env, plan, program)
+        return profiled_variant(g, name, lines, node_at, env, plan, program, bound_as)
     return Compiled(env[name], src, filename, plan, remake)
