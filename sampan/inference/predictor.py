@@ -414,7 +414,9 @@ class Predictor:
         return c
 
     def weights(self) -> dict:
-        """The weight arrays the program reads, by name (shared with clones)."""
+        """The weight arrays the program reads, by name (shared with clones). Treat them
+        as read-only: executors keep copies made from them when compiled (the small-GEMM
+        path's packed weights, backends/numba/gemv.py), which an in-place edit misses."""
         g = self._prog.graph
         read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
         out = {v.name: v.const for v in g.consts if v.name is not None}

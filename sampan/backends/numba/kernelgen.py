@@ -475,6 +475,16 @@ def bind(node, inplace=None):
             shp = (shape2[1],)
         elif p == "col":
             shp = (shape2[0],)
+        elif node.inputs[i].const is not None:
+            # a constant this split cannot express (a conv bias (C, 1, 1) at batch > 1):
+            # materialised once, here, not on every call (W5 LeNet at batch 64: the
+            # bias+ReLU epilogue of its first conv copied 1.2 MB a call for it)
+            pre = np.ascontiguousarray(np.broadcast_to(node.inputs[i].const, S),
+                                       dtype=compute_dtype(d)).reshape(shape2)
+            pre.flags.writeable = False
+            env[f"_m{i}"] = pre
+            args.append(f"_m{i}")
+            continue
         else:   # broadcast this split cannot express: materialise it
             args.append(f"_c(_bt(x{i}, {S!r}){conv}).reshape({shape2!r})")
             continue
