@@ -21,12 +21,14 @@ globals under a name the emitter makes, never written by its `repr`.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import linecache
 import math
 
 import numpy as np
 
+from ..backends.provider import frozen_consts
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
@@ -187,7 +189,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                     inplace[j] = same[0]   # the kernel stores into that input itself
                     b = None
                 bufs.append(b)
-            env[kname] = binder(n, inplace=inplace)
+            with frozen_consts() if specialize else contextlib.nullcontext():
+                env[kname] = binder(n, inplace=inplace)   # a served program's consts
             if any(bufs):
                 kwargs.append(("out", emit.tuple_of(b or emit.lit(None) for b in bufs)))
         elif not table:            # the provider's own kernel, attributes as keywords
