@@ -26,14 +26,40 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import threading
 
 from ..errors import SampanError
 
 
 class ProviderError(SampanError):
     """An unknown provider name, or a provider asked to bind a node it does not serve."""
+
+
+_BINDING = threading.local()
+
+
+@contextlib.contextmanager
+def frozen_consts():
+    """While binding inside this block, a binder may treat a node's graph constants
+    (`Value.const`) as frozen and prepare them once (reshaped, converted, broadcast,
+    packed) instead of on every call: what executors compiled for a served program do
+    (the Predictor's, whose weights are read at build). Elsewhere a constant may be a
+    traced tensor's array that changes in place between calls, so binders read it per
+    call. Example: ``with frozen_consts(): fn = provider.bind(node)``"""
+    before = getattr(_BINDING, "frozen", False)
+    _BINDING.frozen = True
+    try:
+        yield
+    finally:
+        _BINDING.frozen = before
+
+
+def consts_frozen() -> bool:
+    """Whether the current binding runs under `frozen_consts`."""
+    return getattr(_BINDING, "frozen", False)
 
 
 class Call:

@@ -196,15 +196,19 @@ class InputHandle:
 
     def copy_from_cpu(self, data) -> None:
         """Copy `data` (an array of the model's dtype) into the handle's own array."""
-        a = data._data if isinstance(data, Tensor) else np.asarray(data)
+        # the per-call path (a server's every request): a numpy array needs no
+        # conversion, and `own[...] = a` costs half of np.copyto's dispatch
+        a = data if type(data) is np.ndarray else (
+            data._data if isinstance(data, Tensor) else np.asarray(data))
         if a.dtype != self._dtype or a.shape != self._ok:
             self._check(a)
         own = self._own
         if own is None or own.shape != a.shape:
             own = self._own = np.empty(a.shape, self._dtype)
-        np.copyto(own, a)
-        self._arr = own
-        self._p._args[self._slot] = own
+        own[...] = a
+        if self._arr is not own:
+            self._arr = own
+            self._p._args[self._slot] = own
 
     def share_external_data(self, data) -> None:
         """Let the program read `data` itself (no copy): a C-contiguous numpy array of the
@@ -410,7 +414,9 @@ class Predictor:
         return c
 
     def weights(self) -> dict:
-        """The weight arrays the program reads, by name (shared with clones)."""
+        """The weight arrays the program reads, by name (shared with clones). Treat them
+        as read-only: executors keep copies made from them when compiled (the small-GEMM
+        path's packed weights, backends/numba/gemv.py), which an in-place edit misses."""
         g = self._prog.graph
         read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
         out = {v.name: v.const for v in g.consts if v.name is not None}

@@ -21,12 +21,14 @@ globals under a name the emitter makes, never written by its `repr`.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import linecache
 import math
 
 import numpy as np
 
+from ..backends.provider import frozen_consts
 from ..errors import SampanError
 from ..ir.text import node_str
 from ..ops.registry import OPS
@@ -142,6 +144,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     lines = [emit.fill("def {f}({params}):", f=fname,
                        params=emit.join(names[v.id] for v in g.inputs))]
     node_at = {}                     # line index -> node index (for the profiling variant)
+    bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
     for i, n in enumerate(g.nodes):
@@ -186,7 +189,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                     inplace[j] = same[0]   # the kernel stores into that input itself
                     b = None
                 bufs.append(b)
-            env[kname] = binder(n, inplace=inplace)
+            with frozen_consts() if specialize else contextlib.nullcontext():
+                env[kname] = binder(n, inplace=inplace)   # a served program's consts
             if any(bufs):
                 kwargs.append(("out", emit.tuple_of(b or emit.lit(None) for b in bufs)))
         elif not table:            # the provider's own kernel, attributes as keywords
@@ -204,9 +208,11 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             bufname = emit.fresh("_b", ren[v.id])
             env[bufname] = b[:v.nbytes].view(v.dtype).reshape(v.shape)
             kname = emit.fresh("out_", opname)
-            fn = specialize and _spec.out_matmul(n)
-            if fn:                     # its own name: other matmuls keep the general one
-                kname = emit.name("out_matmul2d")
+            fn = specialize and _spec.small_matmul(n)
+            if fn:                     # batch 1..8 against a constant weight
+                kname = emit.fresh("s", i, "_", opname)
+            elif fn := specialize and _spec.out_matmul(n):
+                kname = emit.name("out_matmul2d")   # other matmuls keep the general one
             env[kname] = fn or out_kernel(n)
             kwargs = _attr_args(n, env, bound) + [("out", bufname)]
         elif specialize and (fn := _spec.node_kernel(n)) is not None:
@@ -224,6 +230,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                 env[kname] = fn
             kwargs = _attr_args(n, env, bound)
         call = emit.call(kname, args, kwargs)
+        bound_as[i] = str(kname)
         if op.n_out == 1:
             if n.outputs[0].ndim == 0 and bufname is None:
                 call = emit.call(emit.name("_asarray"), [call])
@@ -252,5 +259,5 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     exec(compile(src, filename, "exec"), env)
 
     def remake():
-        return profiled_variant(g, name, lines, node_at, env, plan, program)
+        return profiled_variant(g, name, lines, node_at, env, plan, program, bound_as)
     return Compiled(env[name], src, filename, plan, remake)

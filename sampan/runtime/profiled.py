@@ -41,16 +41,19 @@ def _dims(v) -> list:
     return [d if isinstance(d, int) else str(d) for d in v.shape]
 
 
-def node_events(g, name, program=None):
+def node_events(g, name, program=None, kernels=None):
     """({"_now", "_ev"} for the generated code's globals, per-node (op, args)).
 
     Besides the IR line (for people), each node's event carries its facts as fields
     (for the advisor and the tables): the value ids it reads and writes, the input and
-    output shapes and dtypes, FLOPs and bytes."""
+    output shapes and dtypes, FLOPs and bytes, and (`kernels`: node index -> name) the
+    executor's name of the kernel bound to it, which tells a specialised kernel
+    (`s3_conv2d`, the small-GEMM `s0_matmul`) from the op table's (`k_matmul`)."""
     ren = {v.id: k for k, v in enumerate(g.values())}
     program = program or g.name or name
+    kernels = kernels or {}
     meta = []
-    for n in g.nodes:
+    for i, n in enumerate(g.nodes):
         args = {"ir": node_str(n, lambda v: f"%{ren[v.id]}"), "src": n.loc or "",
                 "inputs": [ren[v.id] for v in n.inputs],
                 "outputs": [ren[v.id] for v in n.outputs],
@@ -62,6 +65,8 @@ def node_events(g, name, program=None):
                 "bytes": sum(_nbytes(v) for v in n.inputs) + sum(_nbytes(v)
                                                                  for v in n.outputs),
                 "program": program}
+        if i in kernels:
+            args["kernel"] = kernels[i]
         meta.append((n.op, args))
     now, ident = _rec.now, _rec.get_ident
 
@@ -76,9 +81,10 @@ def node_events(g, name, program=None):
 _counter = itertools.count()
 
 
-def profiled_variant(g, name, lines, node_at, env, plan, program=None):
+def profiled_variant(g, name, lines, node_at, env, plan, program=None, kernels=None):
     """The recording executor of `g` from its executor's `lines` and globals `env`;
-    `node_at` maps a line index to the index of the node it runs."""
+    `node_at` maps a line index to the index of the node it runs, `kernels` a node index
+    to the name its kernel has in the executor."""
     timed = []
     for j, line in enumerate(lines):
         if j in node_at:
@@ -88,7 +94,7 @@ def profiled_variant(g, name, lines, node_at, env, plan, program=None):
             timed.append(line)
     src = emit.block(timed) + "\n"
     genv = dict(env)
-    genv.update(node_events(g, name, program)[0])
+    genv.update(node_events(g, name, program, kernels)[0])
     filename = f"<sampan-jit-profiled-{next(_counter)}:{emit.inert(g.name)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), genv)

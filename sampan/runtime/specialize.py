@@ -8,7 +8,9 @@ executor calls the chosen loop directly. Measured on LeNet-5 at batch 1 (2-core 
 2026-12-01): max_pool2d 2x2 4.5 -> ~1 us (the same numba loop, so bit-identical);
 conv2d 1->6 5x5 12.9 -> 6.4 us (the direct kernel that the op already runs from batch ~14
 up, skipped below that because its compile cost would not be repaid by a few calls;
-a served program repays it).
+a served program repays it). matmul of 1..8 rows against a constant weight: the
+small-GEMM loop over the weight packed once (`backends/numba/gemv.py`; W5 MLP's 784x512
+at 2 rows, 88 -> 19 us).
 
 Each rule returns None where its conditions are not all met, and the node keeps its
 op-table kernel. Example: ``fn = node_kernel(node)`` -> a callable over the node's inputs.
@@ -103,7 +105,38 @@ def _conv2d_one_gemm(node, n, o, cg, kh, kw, ho, wo):
     return conv2d_one_gemm
 
 
-_RULES = {"max_pool2d": _max_pool2d, "conv2d": _conv2d}
+def small_matmul(node):
+    """x (M <= 8, K) @ a constant w (K, N): the small-GEMM loop over the weight packed
+    once (`backends/numba/gemv.py`), split over the process's threads where that ran
+    faster; called as ``f(x, w, out=buffer)`` (a planned buffer) or ``f(x, w)``. None
+    where BLAS measured faster for the shape, or `choice.prefer` names another backend."""
+    from ..backends import choice
+    from ..backends.numba import gemv
+    if node.op != "matmul" or len(node.inputs) != 2:
+        return None
+    x, w = node.inputs
+    y = node.outputs[0]
+    if w.const is None or not gemv.fits(x.shape, w.shape, x.dtype, w.dtype):
+        return None
+    if choice.preferred("matmul") is not None:     # the user said where matmuls run
+        return None
+    m, k = x.shape
+    loop = gemv.loop_for(m, k, w.shape[1], w.dtype)
+    if loop is None:                  # BLAS measured faster for this shape here
+        return None
+    wt = gemv.pack(w.const)
+    shape, dtype = tuple(y.shape), y.dtype
+    contiguous, empty = np.ascontiguousarray, np.empty
+
+    def matmul_small(x, w, out=None):
+        if out is None:
+            out = empty(shape, dtype)
+        loop(contiguous(x), wt, out)
+        return out
+    return matmul_small
+
+
+_RULES = {"max_pool2d": _max_pool2d, "conv2d": _conv2d, "matmul": small_matmul}
 
 
 def node_kernel(node):

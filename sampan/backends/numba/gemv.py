@@ -1,0 +1,166 @@
+"""The small-GEMM path: x (M, K) @ w (K, N) for a few rows (M <= MAX_ROWS, batch 1..8 of
+a served model) against a constant weight, with the weight packed once as wt = w.T
+(N, K), C order, so each output is one dot product over two contiguous rows.
+
+Why not BLAS: at batch 1 numpy's matmul is a GEMV on one OpenBLAS thread, walking w
+(K, N) row by row. Measured on the W5 MLP's 784x512 layer (2-core AMD Zen 4, under
+load, 2026-12-02): numpy 21.5 us, oneDNN's matmul (with bias and ReLU) 75 us (its
+primitive call and OpenMP wake-up), this loop 22 us on one thread and 11.6 us split over
+the process's two threads; at 2 rows numpy (a GEMM) took 88 us and this loop 19 us, at 8
+rows 88 and 56 us. The numba loop won and is what the Predictor binds.
+
+Rows split over the process's threads (numba's pool, whose count `sampan._threads`
+sets) when the product is big enough to repay the fork-join of about 2 us
+(PARALLEL_MACS, measured: 400x120 at one row was 2.9 us serial, 3.4 us split; at four
+rows 6.9 and 5.6 us); smaller ones run serially. Summation order differs
+from BLAS's (rounding of the last bits, as between any two BLAS builds).
+
+Example::
+
+    >>> wt = pack(w); small_matmul(x, wt, out)       # out[...] = x @ w
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ... import _threads
+from ...ops._nb import HAVE_NUMBA, njit
+
+MAX_ROWS = 8             # batch sizes served by this path (GEMV-shaped products)
+PARALLEL_MACS = 1 << 17  # multiply-adds from which the rows split over threads
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+if HAVE_NUMBA:
+    from numba import prange
+
+    # numba's OpenMP layer may be the first to load libgomp: sampan's wait policy first
+    # (its idle workers must not spin beside OpenBLAS's between calls, _threads.py)
+    _threads.before_openmp()
+
+    @njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def _block(x, wt, out, b, nb):
+        """Block `b` of the outputs: four columns at once (blocks below nb: four
+        independent dot products share each load of x, which kept the loop at numpy's
+        speed on one thread and 1.7x under it on two), then the n % 4 last one by one."""
+        m, k = x.shape
+        if b < nb:
+            j = b * 4
+            for r in range(m):
+                s0 = x[r, 0] * wt[j, 0]
+                s1 = x[r, 0] * wt[j + 1, 0]
+                s2 = x[r, 0] * wt[j + 2, 0]
+                s3 = x[r, 0] * wt[j + 3, 0]
+                for i in range(1, k):
+                    xv = x[r, i]
+                    s0 += xv * wt[j, i]
+                    s1 += xv * wt[j + 1, i]
+                    s2 += xv * wt[j + 2, i]
+                    s3 += xv * wt[j + 3, i]
+                out[r, j] = s0
+                out[r, j + 1] = s1
+                out[r, j + 2] = s2
+                out[r, j + 3] = s3
+        else:
+            j = nb * 4 + (b - nb)
+            for r in range(m):
+                s = x[r, 0] * wt[j, 0]
+                for i in range(1, k):
+                    s += x[r, i] * wt[j, i]
+                out[r, j] = s
+
+    @njit(cache=True, nogil=True)
+    def _rows_serial(x, wt, out):
+        n = wt.shape[0]
+        nb = n // 4
+        for b in range(nb + n - nb * 4):
+            _block(x, wt, out, b, nb)
+
+    @njit(cache=True, nogil=True, parallel=True)
+    def _rows_parallel(x, wt, out):
+        n = wt.shape[0]
+        nb = n // 4
+        for b in prange(nb + n - nb * 4):
+            _block(x, wt, out, b, nb)
+
+
+_PACKED: dict = {}       # id(weight) -> (weakref to it, its packed transpose)
+
+
+def pack(w: np.ndarray) -> np.ndarray:
+    """w (K, N) as the (N, K) C-order array the loop reads, made once per weight array
+    (kept while the weight lives: a Predictor's clones and its executors for other batch
+    sizes share it)."""
+    key = id(w)
+    hit = _PACKED.get(key)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    wt = np.ascontiguousarray(w.T)
+    wt.flags.writeable = False
+    try:
+        ref = weakref.ref(w, lambda _r, k=key, pop=_PACKED.pop: pop(k, None))
+    except TypeError:        # not weak-referenceable: packed for this caller only
+        return wt
+    _PACKED[key] = (ref, wt)
+    return wt
+
+
+def fits(x_shape, w_shape, x_dtype, w_dtype) -> bool:
+    """Whether x @ w (2-d, concrete) takes this path."""
+    return (HAVE_NUMBA and len(x_shape) == 2 and len(w_shape) == 2
+            and all(isinstance(d, int) for d in (*x_shape, *w_shape))
+            and 1 <= x_shape[0] <= MAX_ROWS and x_shape[1] == w_shape[0] >= 1
+            and w_shape[1] >= 1 and np.dtype(x_dtype) == np.dtype(w_dtype)
+            and np.dtype(x_dtype) in DTYPES)
+
+
+_CHOSEN: dict = {}       # (m, k, n, dtype) -> the loop measured faster in this process
+
+
+def loop_for(m: int, k: int, n: int, dtype=np.float32):
+    """The loop for an (m, k) @ (k, n) product, or None where BLAS ran it faster: below
+    PARALLEL_MACS the serial loop (it beat numpy's matmul on every such LeNet/MLP shape
+    measured, by its lower call cost); above it the serial loop, the thread-split loop or
+    numpy's matmul, whichever ran fastest here (measured once per shape and process, a
+    few milliseconds). Whether the split pays depends on how fast the OpenMP workers
+    wake: under sampan's passive wait policy (`_threads.WAIT_POLICY`) each split call
+    wakes sleeping workers, about 10 us on a loaded 2-core machine, and can lose."""
+    if m * k * n < PARALLEL_MACS:
+        return _rows_serial
+    key = (m, k, n, np.dtype(dtype).str)
+    if key not in _CHOSEN:
+        _CHOSEN[key] = _fastest(m, k, n, np.dtype(dtype))
+    return _CHOSEN[key]
+
+
+def _blas(x, wt, out):
+    np.matmul(x, wt.T, out=out)
+
+
+def _fastest(m, k, n, dtype, rounds=5, calls=8):
+    import time
+    r = np.random.default_rng(0)
+    x = r.standard_normal((m, k)).astype(dtype)
+    w = r.standard_normal((k, n)).astype(dtype)
+    wt = pack(w)               # read-only, as the executors get it (one signature)
+    out = np.empty((m, n), dtype)
+    best = {}
+    loops = (_rows_serial, _rows_parallel, _blas)
+    for f in loops:
+        f(x, wt, out)          # compiled (or loaded from numba's cache), workers started
+    for _ in range(rounds):    # interleaved, the best block of each counts
+        for f in loops:
+            t = time.perf_counter()
+            for _ in range(calls):
+                f(x, wt, out)
+            best[f] = min(best.get(f, float("inf")), time.perf_counter() - t)
+    win = min(loops, key=best.__getitem__)
+    return None if win is _blas else win
+
+
+def small_matmul(x, wt, out):
+    """out[...] = x @ wt.T for x (M, K) and a packed wt (N, K); returns out."""
+    loop = loop_for(x.shape[0], x.shape[1], wt.shape[0], wt.dtype) or _blas
+    loop(np.ascontiguousarray(x), wt, out)
+    return out
