@@ -25,7 +25,6 @@ from . import _convloops as _loops
 from ._util import Sample, randf, rng, same_dtype
 from .registry import NO_ONNX, Spec, defop, get_op
 
-_swv = np.lib.stride_tricks.sliding_window_view
 _LOOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -55,17 +54,23 @@ def checked_apply(op, inputs, attrs):
 
 
 def _is_half(d):
-    return d == _dt.bfloat16 or d == np.float16
+    return d.itemsize == 2 and d.name in ("float16", "bfloat16")
+
+
+def _f32_call(kernel, arrays, attrs):
+    """kernel(*arrays, **attrs) in float32 when its float inputs are half precision, the
+    result rounded back (a plain function: `sampan deploy` copies the kernels using it)."""
+    d = arrays[0].dtype if _is_half(arrays[0].dtype) else arrays[-1].dtype
+    if not _is_half(d):
+        return kernel(*arrays, **attrs)
+    up = [a.astype(np.float32) if _is_half(a.dtype) else a for a in arrays]
+    return kernel(*up, **attrs).astype(d)
 
 
 def _f32(kernel):
-    """Run a kernel in float32 when its float inputs are half precision; round the result."""
+    """`kernel` run through `_f32_call`."""
     def k(*arrays, **attrs):
-        d = arrays[0].dtype if _is_half(arrays[0].dtype) else arrays[-1].dtype
-        if not _is_half(d):
-            return kernel(*arrays, **attrs)
-        up = [a.astype(np.float32) if _is_half(a.dtype) else a for a in arrays]
-        return kernel(*up, **attrs).astype(d)
+        return _f32_call(kernel, arrays, attrs)
     k.__name__ = kernel.__name__
     return k
 
@@ -228,8 +233,19 @@ def _samples_last(a):
     return np.ascontiguousarray(a.reshape(n, o, h * w).transpose(1, 0, 2)).reshape(o, n * h * w)
 
 
+def _im2col_numpy(xp, kh, kw, ho, wo, stride, dilation):
+    """Columns (N, C, kh, kw, Ho, Wo) of a padded input: a strided window view made
+    contiguous."""
+    (sh, sw), (dh, dw) = stride, dilation
+    v = np.lib.stride_tricks.sliding_window_view(
+        xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
+    v = v[:, :, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, ::dh, ::dw]
+    return np.ascontiguousarray(v.transpose(0, 1, 4, 5, 2, 3))
+
+
 def _im2col(xp, kh, kw, ho, wo, stride, dilation):
-    """Columns (N, C, kh, kw, Ho, Wo) of a padded input, as one contiguous copy."""
+    """Columns (N, C, kh, kw, Ho, Wo) of a padded input, as one contiguous copy (the
+    numba loops where they serve the dtype)."""
     (sh, sw), (dh, dw) = stride, dilation
     if _any_loops(xp.dtype):
         n, c = xp.shape[:2]
@@ -240,9 +256,7 @@ def _im2col(xp, kh, kw, ho, wo, stride, dilation):
             _loops.im2col_strided(np.ascontiguousarray(xp), kh, kw, ho, wo, sh, sw, dh, dw,
                                   col)
         return col.reshape(n, c, kh, kw, ho, wo)
-    v = _swv(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
-    v = v[:, :, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, ::dh, ::dw]
-    return np.ascontiguousarray(v.transpose(0, 1, 4, 5, 2, 3))
+    return _im2col_numpy(xp, kh, kw, ho, wo, stride, dilation)
 
 
 def _outpad(in_hw, k_hw, stride, padding, dilation):
@@ -295,13 +309,49 @@ def _conv2d_rule(x, w, stride, padding, dilation, groups):
     return Spec((x.shape[0], o) + hw, d)
 
 
+def _conv2d_cols(x, w, stride, padding, dilation, groups, im2col):
+    """conv2d as im2col (`im2col`: the numpy or the numba column copy) and one batched
+    GEMM; a 1x1 unit-stride layer reads x as its columns; a batch with large columns
+    runs in chunks of images (_CHUNK_ABOVE)."""
+    n, _c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if kh == kw == 1 and tuple(stride) == (1, 1) and tuple(padding) == (0, 0):
+        col = x.reshape(n, groups, cg, h * wd)
+    else:
+        b = _chunk(n, cg * groups * kh * kw * ho * wo * x.dtype.itemsize)
+        if b < n:
+            y = np.empty((n, o, ho, wo), x.dtype)
+            for b0 in range(0, n, b):
+                y[b0:b0 + b] = _conv2d_cols(x[b0:b0 + b], w, stride, padding, dilation,
+                                            groups, im2col)
+            return y
+        col = im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
+        col = col.reshape(n, groups, cg * kh * kw, ho * wo)
+    y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), col)   # (N, g, O/g, L)
+    return y.reshape(n, o, ho, wo)
+
+
+def _conv2d_numpy(x, w, stride, padding, dilation, groups):
+    return _conv2d_cols(x, w, stride, padding, dilation, groups, _im2col_numpy)
+
+
+def _conv2d_np_kernel(x, w, stride, padding, dilation, groups):
+    """conv2d's numpy kernel (half precision in float32)."""
+    return _f32_call(_conv2d_numpy, (x, w), {"stride": stride, "padding": padding,
+                                             "dilation": dilation, "groups": groups})
+
+
 def _conv2d_kernel(x, w, stride, padding, dilation, groups):
+    """conv2d with the numba loops: generated direct kernels for few taps per output,
+    the one-GEMM layout for small images, else im2col by loops and one batched GEMM."""
     n, _c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     if kh == kw == 1 and stride == (1, 1) and padding == (0, 0):
-        col = x.reshape(n, groups, cg, h * wd)
+        pass
     elif (_direct(x.dtype, stride, dilation, cg, o // groups, kh, kw, n * o * ho * wo)
           or _direct_strided(x.dtype, stride, dilation, cg, o // groups, kh, kw,
                              n * o * (h + 2 * padding[0] - kh + 1)
@@ -315,18 +365,7 @@ def _conv2d_kernel(x, w, stride, padding, dilation, groups):
     elif _one_gemm(x.dtype, stride, dilation, groups, ho * wo):
         y = w.reshape(o, cg * kh * kw) @ _cols_one_gemm(x, padding, kh, kw, ho, wo)
         return np.ascontiguousarray(y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3))
-    else:
-        b = _chunk(n, cg * groups * kh * kw * ho * wo * x.dtype.itemsize)
-        if b < n:
-            y = np.empty((n, o, ho, wo), x.dtype)
-            for b0 in range(0, n, b):
-                y[b0:b0 + b] = _conv2d_kernel(x[b0:b0 + b], w, stride, padding, dilation,
-                                              groups)
-            return y
-        col = _im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
-        col = col.reshape(n, groups, cg * kh * kw, ho * wo)
-    y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), col)   # (N, g, O/g, L)
-    return y.reshape(n, o, ho, wo)
+    return _conv2d_cols(x, w, stride, padding, dilation, groups, _im2col)
 
 
 def _conv2d_grad(g, y, x, w, stride, padding, dilation, groups):
@@ -365,7 +404,8 @@ def _conv2d_samples():
             Sample((randf(r, 1, 2, 4, 4), randf(r, 2, 2, 2, 2)), _cattrs(2, 1))]  # 2nd order
 
 
-CONV2D = defop("conv2d", _conv2d_rule, kernel=_f32(_conv2d_kernel), grad=_conv2d_grad,
+CONV2D = defop("conv2d", _conv2d_rule, kernel=_conv2d_np_kernel, grad=_conv2d_grad,
+               kernels={"numba": _f32(_conv2d_kernel)} if _loops.HAVE_NUMBA else {},
                flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples, amp="lower", gemm=True)
 
 

@@ -335,10 +335,14 @@ _WHERE_FAST = {np.dtype(np.float32), np.dtype(np.float64)}
 
 
 def _where_kernel(c, a, b):
-    """np.where, through `_where_loop` when the layout allows: a and b of one float dtype,
-    each contiguous of the result's shape or a single value, and a contiguous condition
-    broadcast only over leading dims."""
-    if HAVE_NUMBA and a.dtype in _WHERE_FAST and b.dtype == a.dtype and c.dtype == np.bool_:
+    return np.where(c, a, b)
+
+
+def _where_numba(c, a, b):
+    """where's numba kernel: np.where through `_where_loop` when the layout allows: a and
+    b of one float dtype, each contiguous of the result's shape or a single value, and a
+    contiguous condition broadcast only over leading dims."""
+    if a.dtype in _WHERE_FAST and b.dtype == a.dtype and c.dtype == np.bool_:
         shape = np.broadcast_shapes(c.shape, a.shape, b.shape)
         n = math.prod(shape)
         full_a, full_b = a.shape == shape, b.shape == shape
@@ -352,10 +356,11 @@ def _where_kernel(c, a, b):
             _where_loop(c.reshape(-1), a.reshape(-1), b.reshape(-1), out.reshape(-1),
                         full_a, full_b)
             return out
-    return np.where(c, a, b)
+    return _where_kernel(c, a, b)
 
 
 WHERE = defop("where", _where_rule, kernel=_where_kernel, fuse="always", kind="elementwise",
+              kernels={"numba": _where_numba} if HAVE_NUMBA else {},
               scalar="a if c else b", grad=_where_grad, saves=(0,), flops=numel_flops,
               onnx="Where", samples=_where_samples, nondiff_inputs=(0,))
 
@@ -370,7 +375,7 @@ def where(cond, a, b):
 
 
 def _cast_kernel(a, dtype):
-    d = _dt.as_dtype(dtype)
+    d = np.dtype(dtype)      # a dtype name (the frontends write sampan's canonical ones)
     return a if a.dtype == d else a.astype(d)
 
 

@@ -9,7 +9,7 @@ from ..tensor import Tensor, apply
 from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, lead_size, randf, rng
 from .registry import NOT_DIFFERENTIABLE, NO_ONNX, Spec, defop
-from .rowwise import _FM, _half, _standardize_grad, standardize
+from .rowwise import _FM, _half, _in_f32, _standardize_grad, standardize
 
 
 # ---------------------------------------------------------------------- layer norm (affine)
@@ -134,14 +134,25 @@ def _numpy_stats(x, eps):
     return d * r, r
 
 
-@_half
+def _ln_rows(x, w, b, eps):
+    return _numpy_stats(x, eps)[0] * w + b
+
+
 def _ln_kernel(x, w, b, eps):
+    return _in_f32(_ln_rows, (x, w, b), eps)
+
+
+def _ln_rows_numba(x, w, b, eps):
     if x.dtype in _NK and x.size:
         out = np.empty(x.shape, x.dtype)
         _NK[x.dtype][1](_rows(x), np.ascontiguousarray(w), np.ascontiguousarray(b),
                         x.dtype.type(eps), out.reshape(-1, x.shape[-1]))
         return out
-    return _numpy_stats(x, eps)[0] * w + b
+    return _ln_rows(x, w, b, eps)
+
+
+def _ln_numba(x, w, b, eps):
+    return _in_f32(_ln_rows_numba, (x, w, b), eps)
 
 
 @_half
@@ -236,7 +247,8 @@ def _ln_gw_samples():
 
 
 LAYER_NORM = defop("layer_norm_affine", _ln_rule("layer_norm_affine", (0,), (1, 2)),
-                   kernel=_ln_kernel, grad=_ln_grad, saves=(0, 1), onnx="LayerNormalization",
+                   kernel=_ln_kernel, kernels={"numba": _ln_numba} if HAVE_NUMBA else {},
+                   grad=_ln_grad, saves=(0, 1), onnx="LayerNormalization",
                    flops=lambda x, w, b, eps: 9 * int(np.prod(x.shape)), samples=_ln_samples,
                    amp="float32")
 LN_GRAD_X = defop("layer_norm_grad_input", _ln_rule("layer_norm_grad_input", (0, 2), (1,)),

@@ -22,8 +22,8 @@ from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import apply
 from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
-from .conv import (_check_4d, _check_attrs, _check_out, _f32, _numel, _out_dim, _pad, _pair,
-                   _t, _win, checked_apply)
+from .conv import (_check_4d, _check_attrs, _check_out, _f32, _f32_call, _numel, _out_dim, _pad,
+                   _pair, _t, _win, checked_apply)
 from .registry import NO_ONNX, Spec, defop
 
 
@@ -35,6 +35,13 @@ def _out_len(n, k, s, p, d, ceil_mode):
     if isinstance(n, str):
         raise op_error(ShapeError, "pool", f"symbolic size {n} with ceil_mode=True",
                        "static spatial sizes with ceil_mode")
+    return _pool_len(n, k, s, p, d, ceil_mode)
+
+
+def _pool_len(n, k, s, p, d, ceil_mode):
+    """The pooled length of a static size `n` (see `_out_len`)."""
+    if not ceil_mode:
+        return (n + 2 * p - d * (k - 1) - 1) // s + 1
     o = -(-(n + 2 * p - d * (k - 1) - 1) // s) + 1
     return o - 1 if (o - 1) * s >= n + p else o
 
@@ -99,22 +106,35 @@ def _max_rule(x, kernel_size, stride, padding, dilation, ceil_mode=False):
 
 
 def _hw(x, kernel_size, stride, padding, dilation=(1, 1), ceil_mode=False):
-    return tuple(_out_len(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
+    return tuple(_pool_len(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
                  zip(x.shape[2:], kernel_size, stride, padding, dilation))
 
 
 def _max_kernel(x, kernel_size, stride, padding, dilation, ceil_mode=False):
     ho, wo = _hw(x, kernel_size, stride, padding, dilation, ceil_mode)
-    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode):
-        out = np.empty(x.shape[:2] + (ho, wo), x.dtype)
-        _max_2x2(np.ascontiguousarray(x), out)
-        return out
     xp = _padw(x, padding, (ho, wo), kernel_size, stride, dilation, _lowest(x.dtype))
     out = None
     for _k, i, j in _taps(kernel_size):
         s = xp[_win(i, j, ho, wo, stride, dilation)]
         out = s.copy() if out is None else np.maximum(out, s, out=out)
     return out
+
+
+def _max_np_kernel(x, kernel_size, stride, padding, dilation, ceil_mode=False):
+    """max_pool2d's numpy kernel (half precision in float32)."""
+    return _f32_call(_max_kernel, (x,), {"kernel_size": kernel_size, "stride": stride,
+                                         "padding": padding, "dilation": dilation,
+                                         "ceil_mode": ceil_mode})
+
+
+def _max_numba(x, kernel_size, stride, padding, dilation, ceil_mode=False):
+    """max_pool2d's numba kernel: 2x2 windows of stride 2 in one loop (`_max_2x2`)."""
+    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode):
+        ho, wo = _hw(x, kernel_size, stride, padding, dilation, ceil_mode)
+        out = np.empty(x.shape[:2] + (ho, wo), x.dtype)
+        _max_2x2(np.ascontiguousarray(x), out)
+        return out
+    return _max_kernel(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 def _argmax(x, kernel_size, stride, padding, dilation, ceil_mode=False):
@@ -327,7 +347,8 @@ def _max_gather_grad(gy, y, x, v, **attrs):
     return None, apply(MAX_POOL2D_GRAD, (x, gy), attrs)
 
 
-MAX_POOL2D = defop("max_pool2d", _max_rule, kernel=_f32(_max_kernel),
+MAX_POOL2D = defop("max_pool2d", _max_rule, kernel=_max_np_kernel,
+                   kernels={"numba": _f32(_max_numba)} if HAVE_NUMBA else {},
                    grad=lambda g, y, x, **a: (apply(MAX_POOL2D_GRAD, (x, g), a),),
                    flops=_pool_flops, onnx="MaxPool", samples=_max_samples)
 MAX_POOL2D_GRAD = defop("max_pool2d_grad", _max_grad_rule, kernel=_f32(_max_grad_kernel),
@@ -455,7 +476,16 @@ def _avg_grad_grad(gg, y, g, input_size, **attrs):
     return (apply(AVG_POOL2D, (gg,), attrs),)
 
 
-AVG_POOL2D = defop("avg_pool2d", _avg_rule, kernel=_f32(_avg_kernel), grad=_avg_grad, saves=(),
+def _avg_np_kernel(x, kernel_size, stride, padding, count_include_pad, ceil_mode=False,
+                   divisor_override=0):
+    """avg_pool2d's numpy kernel (half precision in float32)."""
+    return _f32_call(_avg_kernel, (x,), {
+        "kernel_size": kernel_size, "stride": stride, "padding": padding,
+        "count_include_pad": count_include_pad, "ceil_mode": ceil_mode,
+        "divisor_override": divisor_override})
+
+
+AVG_POOL2D = defop("avg_pool2d", _avg_rule, kernel=_avg_np_kernel, grad=_avg_grad, saves=(),
                    flops=_pool_flops, onnx="AveragePool", samples=_avg_samples)
 AVG_POOL2D_GRAD = defop("avg_pool2d_grad", _avg_grad_rule, kernel=_f32(_avg_grad_kernel),
                         grad=_avg_grad_grad, saves=(),

@@ -133,21 +133,49 @@ def _half(k):
     return run
 
 
-def _fwd_kernel(log):
-    @_half
-    def k(x):
-        if not x.size:   # no rows, or rows of length 0 (np.max has no identity for those)
-            return np.empty(x.shape, x.dtype)
-        ks = _K.get(x.dtype)
-        if ks is not None:
-            return _run_rows(ks[0], x, log=log)
-        m = np.max(x, axis=-1, keepdims=True)
-        z = x - m
-        if log:
-            return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
-        e = np.exp(z)
-        return e / np.sum(e, axis=-1, keepdims=True)
-    return k
+def _in_f32(kernel, arrays, *attrs):
+    """kernel(*arrays, *attrs), bfloat16/float16 rows computed in float32 and rounded back
+    (`_half` as a plain function: the numpy kernels below are copied by `sampan deploy`)."""
+    d = arrays[0].dtype
+    if d.kind != "f" or d.itemsize < 4:
+        return kernel(*(a.astype(np.float32) for a in arrays), *attrs).astype(d)
+    return kernel(*arrays, *attrs)
+
+
+def _softmax_rows(x, log):
+    if not x.size:   # no rows, or rows of length 0 (np.max has no identity for those)
+        return np.empty(x.shape, x.dtype)
+    m = np.max(x, axis=-1, keepdims=True)
+    z = x - m
+    if log:
+        return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+    e = np.exp(z)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _softmax_kernel(x):
+    return _in_f32(_softmax_rows, (x,), False)
+
+
+def _log_softmax_kernel(x):
+    return _in_f32(_softmax_rows, (x,), True)
+
+
+def _softmax_rows_numba(x, log):
+    """float32/64 rows through the numba row kernels (exp32 for float32, as fused jit
+    kernels compute); other rows through numpy."""
+    ks = _K.get(x.dtype)
+    if ks is not None and x.size:
+        return _run_rows(ks[0], x, log=log)
+    return _softmax_rows(x, log)
+
+
+def _softmax_numba(x):
+    return _in_f32(_softmax_rows_numba, (x,), False)
+
+
+def _log_softmax_numba(x):
+    return _in_f32(_softmax_rows_numba, (x,), True)
 
 
 def _bwd_kernel(log):
@@ -216,14 +244,16 @@ def _y_samples(log):
     return samples
 
 
-SOFTMAX = defop("softmax", _rule("softmax"), kernel=_fwd_kernel(False),
+SOFTMAX = defop("softmax", _rule("softmax"), kernel=_softmax_kernel,
+                kernels={"numba": _softmax_numba} if HAVE_NUMBA else {},
                 grad=lambda g, y, x: softmax_grad(y, g), saves=(), save_output=True,
                 flops=lambda x: 5 * int(np.prod(x.shape)), onnx="Softmax", samples=_samples(1),
                 amp="float32")
 SOFTMAX_GRAD = defop("softmax_grad", _rule("softmax_grad"), kernel=_bwd_kernel(False),
                      grad=_sm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
                      onnx=NO_ONNX, samples=_y_samples(False))
-LOG_SOFTMAX = defop("log_softmax", _rule("log_softmax"), kernel=_fwd_kernel(True),
+LOG_SOFTMAX = defop("log_softmax", _rule("log_softmax"), kernel=_log_softmax_kernel,
+                    kernels={"numba": _log_softmax_numba} if HAVE_NUMBA else {},
                     grad=lambda g, y, x: log_softmax_grad(y, g), saves=(), save_output=True,
                     flops=lambda x: 5 * int(np.prod(x.shape)), onnx="LogSoftmax",
                     samples=_samples(1), amp="float32")
@@ -232,11 +262,22 @@ LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_
                          onnx=NO_ONNX, samples=_y_samples(True))
 
 
-@_half
+def _standardize_rows(x, eps):
+    return _numpy_stats(x, eps)[0]
+
+
 def _standardize_kernel(x, eps):
+    return _in_f32(_standardize_rows, (x,), eps)
+
+
+def _standardize_rows_numba(x, eps):
     if x.dtype in _NK and x.size:
         return _run_rows(_NK[x.dtype][0], x, eps=x.dtype.type(eps))
-    return _numpy_stats(x, eps)[0]
+    return _standardize_rows(x, eps)
+
+
+def _standardize_numba(x, eps):
+    return _in_f32(_standardize_rows_numba, (x,), eps)
 
 
 def _standardize_grad_kernel(x, g, eps):
@@ -267,6 +308,7 @@ def _eps_samples(n_in):
 
 
 STANDARDIZE = defop("standardize", _rule("standardize"), kernel=_standardize_kernel,
+                    kernels={"numba": _standardize_numba} if HAVE_NUMBA else {},
                     grad=_standardize_grad, saves=(0,),
                     flops=lambda x, eps: 7 * int(np.prod(x.shape)), onnx=NO_ONNX,
                     samples=_eps_samples(1), amp="float32")

@@ -68,9 +68,14 @@ if HAVE_NUMBA:
 
 
 def _relu(a):
-    if HAVE_NUMBA and a.dtype in _RELU_FAST:
-        return run_flat(_relu_loop, a.dtype, a)
     return np.maximum(a, a.dtype.type(0))
+
+
+def _relu_numba(a):
+    """relu's numba kernel: `_relu_loop` for float32/64, else the numpy kernel."""
+    if a.dtype in _RELU_FAST:
+        return run_flat(_relu_loop, a.dtype, a)
+    return _relu(a)
 
 
 _RELU_FAST = {np.dtype(np.float32), np.dtype(np.float64)}
@@ -96,6 +101,8 @@ _FUSE_UNARY = {"neg": "always", "abs": "always", "relu": "always", "sqrt": "alwa
                "reciprocal": "always", "floor": "always", "ceil": "always", "exp": "float32",
                "log": "float32", "tanh": "float32", "erf": "float32", "sigmoid": "float32"}
 # mixed precision (OpDef.amp): exponentials and logarithms compute in float32 under autocast
+# the hand-written numba kernels (the numba provider's table; OpDef.kernel where numba is)
+_NUMBA_UNARY = {"relu": {"numba": _relu_numba}} if HAVE_NUMBA else {}
 _AMP_UNARY = {"exp": "float32", "log": "float32", "log1p": "float32", "expm1": "float32",
               "softplus": "float32"}
 _U = {}
@@ -128,7 +135,8 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
                       kernel=_kernel, kind="elementwise", fuse=_FUSE_UNARY.get(_name, ""),
                       scalar=_scalar, grad=_grad, flops=numel_flops, onnx=_onnx,
                       samples=unary_samples(_lo, _hi), saves=_save, save_output=_so,
-                      amp=_AMP_UNARY.get(_name, "follow"))
+                      amp=_AMP_UNARY.get(_name, "follow"),
+                      kernels=_NUMBA_UNARY.get(_name, {}))
 
 # non-differentiable (piecewise-constant) unary ops: gradient is zero
 for _name, _kernel, _scalar, _onnx in [("sign", np.sign, "sign(a)", "Sign"),
