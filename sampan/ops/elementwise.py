@@ -451,5 +451,3 @@ from .unary import (  # noqa: E402,F401
     _relu, abs, ceil, cos, erf, exp, expm1, floor, gelu_exact, gelu_grad, log, log1p, neg,
     reciprocal, relu, relu_grad, round, rsqrt, sigmoid, sigmoid_grad, sign, sin, softplus_op,
     sqrt, square, tanh, tanh_grad)
-if HAVE_NUMBA:   # defined only with numba (tests/test_numba_cache_stamp.py imports it here)
-    from .unary import _gelu32_loop  # noqa: E402,F401
