@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("unary",)
+FAMILIES = ("unary", "rowwise")
 _INSTALLED = []
 
 
