@@ -77,15 +77,9 @@ def _zeros_like(x):
 
 
 def _index_add_kernel(a, i, src, axis):
+    # (where numba is, embedding gradients run a row loop: backends/numba/loops/sparse.py)
     _check_range("index_add", i, a.shape[axis], axis, a.shape)
     out = a.copy()
-    if axis == 0 and a.ndim == 2 and src.ndim == 2 and a.dtype in (np.float32, np.float64) \
-            and src.dtype == a.dtype:
-        from . import sparse
-        if sparse.HAVE_NUMBA:  # embedding gradients: a numba row loop, ~30x np.add.at
-            ii = np.ascontiguousarray(i, np.int64).reshape(-1)
-            sparse._scatter_add_rows(np.ascontiguousarray(src), ii, out)
-            return out
     idx = [slice(None)] * a.ndim
     idx[axis] = i
     np.add.at(out, tuple(idx), src)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("unary", "rowwise")
+FAMILIES = ("unary", "rowwise", "sparse")
 _INSTALLED = []
 
 
