@@ -44,7 +44,10 @@ def _max_pool2d(node):
 
 
 def _conv2d(node):
-    from ..ops import conv as _conv
+    from ..backends.numba import available
+    if not available():
+        return None
+    from ..backends.numba.loops import conv as _conv
     x, w = node.inputs
     y = node.outputs[0]
     a = node.attrs
@@ -78,7 +81,7 @@ def _conv2d_one_gemm(node, n, o, cg, kh, kw, ho, wo):
     """The op's one-GEMM layout (columns of every image side by side, one product) with
     the reshaped weight and the column buffer made once; at batch 1 the product is
     written straight into the output (the (O, N) -> (N, O) transpose is a no-op)."""
-    from ..ops import _convloops as _loops
+    from ..backends.numba import convloops as _loops
     from ..ops import conv as _conv
     x, w = node.inputs
     y = node.outputs[0]

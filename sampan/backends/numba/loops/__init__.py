@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("unary", "rowwise", "sparse")
+FAMILIES = ("unary", "rowwise", "sparse", "conv")
 _INSTALLED = []
 
 
