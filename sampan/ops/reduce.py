@@ -10,7 +10,6 @@ import numpy as np
 
 from .. import dtypes as _dt, return_types
 from ..tensor import Tensor, apply
-from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, norm_axis, pick, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 from .shape import expand, reshape
@@ -69,44 +68,11 @@ def _expand_back(g, x, axis, keepdims):
     return expand(g, tuple(x.shape))
 
 
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True)
-    def _colsum_loop(a, out):
-        # rows added into the output in order, as numpy's reduction over leading axes
-        # does (bit-identical), with the column loop vectorised
-        nr, nc = a.shape
-        for j in range(nc):
-            out[j] = a[0, j]
-        for i in range(1, nr):
-            for j in range(nc):
-                out[j] += a[i, j]
-
-
-_COLSUM = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def _sum_kernel(a, axis=None, keepdims=False):
     return _accumulate(np.sum, a, axis, keepdims)
 
 
-def _sum_numba(a, axis=None, keepdims=False):
-    """sum's numba kernel: sums over leading axes (bias and layer-norm gradients) as one
-    pass of row additions (`_colsum_loop`): numpy's strided reduction ran at about half
-    its speed here. Other sums: the numpy kernel."""
-    if (a.dtype in _COLSUM and isinstance(axis, tuple) and axis
-            and axis == tuple(range(len(axis))) and len(axis) < a.ndim and a.size
-            and a.flags.c_contiguous):
-        nc = 1
-        for d in a.shape[len(axis):]:
-            nc *= d
-        out = np.empty(a.shape[len(axis):], a.dtype)
-        _colsum_loop(a.reshape(-1, nc), out.reshape(-1))
-        return out.reshape(_red_shape(a, axis, True)) if keepdims else out
-    return _sum_kernel(a, axis, keepdims)
-
-
 SUM = defop("sum", _red_rule(), kernel=_sum_kernel, kind="reduction", scalar="a + b",
-            kernels={"numba": _sum_numba} if HAVE_NUMBA else {},
             grad=lambda g, y, x, axis=None, keepdims=False: _expand_back(g, x, axis, keepdims),
             saves=(), flops=_red_flops, onnx="ReduceSum", samples=_red_samples, amp="float32")
 

@@ -27,26 +27,10 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..tensor import Tensor, apply
-from ._nb import FASTMATH_IEEE, HAVE_NUMBA
 from ._util import Sample, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _EMPTY = {}
-
-# FASTMATH_IEEE: reassociation lets LLVM vectorise the row sums and maxima (8x faster
-# here); no "finite only" flags, so masked (-inf) entries and NaNs keep IEEE semantics
-_FM = FASTMATH_IEEE
-
-
-def _run_rows(kern, *arrays, **scalars):
-    """`kern(rows of each array..., *scalars, out_rows)` into a new array like arrays[0],
-    every array viewed as contiguous (rows, last dim)."""
-    x = arrays[0]
-    out = np.empty(x.shape, x.dtype)
-    c = x.shape[-1]
-    kern(*(np.ascontiguousarray(a).reshape(-1, c) for a in arrays), *scalars.values(),
-         out.reshape(-1, c))
-    return out
 
 
 def _half(k):
@@ -181,16 +165,6 @@ def _standardize_kernel(x, eps):
     return _in_f32(_standardize_rows, (x,), eps)
 
 
-def _standardize_rows_numba(x, eps):
-    if x.dtype in _NK and x.size:
-        return _run_rows(_NK[x.dtype][0], x, eps=x.dtype.type(eps))
-    return _standardize_rows(x, eps)
-
-
-def _standardize_numba(x, eps):
-    return _in_f32(_standardize_rows_numba, (x,), eps)
-
-
 def _standardize_grad_kernel(x, g, eps):
     # layer norm's input gradient with w = 1
     return _ln_grad_x_kernel(x, np.ones(x.shape[-1], x.dtype), g, eps)
@@ -219,7 +193,6 @@ def _eps_samples(n_in):
 
 
 STANDARDIZE = defop("standardize", _rule("standardize"), kernel=_standardize_kernel,
-                    kernels={"numba": _standardize_numba} if HAVE_NUMBA else {},
                     grad=_standardize_grad, saves=(0,),
                     flops=lambda x, eps: 7 * int(np.prod(x.shape)), onnx=NO_ONNX,
                     samples=_eps_samples(1), amp="float32")
@@ -385,5 +358,5 @@ def softmax_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -1
 
 # the affine layer norm ops are in layernorm.py; their names stay importable here
 from .layernorm import (  # noqa: E402,F401
-    LAYER_NORM, LN_GRAD, LN_GRAD_W, LN_GRAD_X, _NK, _ln_grad_x_kernel, _numpy_stats,
+    LAYER_NORM, LN_GRAD, LN_GRAD_W, LN_GRAD_X, _ln_grad_x_kernel, _numpy_stats,
     layer_norm_affine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("unary", "rowwise", "sparse", "conv")
+FAMILIES = ("unary", "elementwise", "rowwise", "layernorm", "sparse", "conv")
 _INSTALLED = []
 
 
