@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("unary", "elementwise", "rowwise", "layernorm", "sparse", "conv")
+FAMILIES = ("unary", "elementwise", "rowwise", "layernorm", "sparse", "conv", "pool")
 _INSTALLED = []
 
 
