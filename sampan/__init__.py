@@ -21,6 +21,10 @@ from .tensor import Tensor
 from .ops import load_all as _load_ops
 
 _load_ops()  # registers the op table
+# the hand-written numba loops as the ops' numba kernels, where numba is installed (the
+# op table itself is plain numpy; the providers sit on a floor above it)
+from .backends.numba import loops as _nb_loops  # noqa: E402
+_nb_loops.install()
 # kernels measured against other backends (oneDNN) where installed; loads nothing yet.
 # Here, not in ops.load_all: the providers sit on a floor above the op table.
 from .backends import choice as _choice  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 numba = pytest.importorskip("numba")
 
 import sampan
-from sampan.ops.elementwise import _gelu32_loop
+from sampan.backends.numba.loops.unary import _gelu32_loop
 
 
 def _cached_here(x):
@@ -23,7 +23,7 @@ def test_sampan_kernels_stamp_mathlib_source():
     with open(mathlib, "rb") as f:
         want = hashlib.sha256(f.read()).hexdigest()
     own, extra = loc.get_source_stamp()
-    assert extra == want and own      # own: numba's stamp of elementwise.py
+    assert extra == want and own      # own: numba's stamp of the loop's own file
     out = np.empty(3, np.float32)
     _gelu32_loop(np.array([-1, 0, 1], np.float32), out)
     np.testing.assert_allclose(out, [-0.15865526, 0.0, 0.8413447], rtol=1e-6)

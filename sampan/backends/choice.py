@@ -39,7 +39,7 @@ import os
 import threading
 import time
 
-from ..ops.registry import OPS
+from ..ops.registry import OPS, default_kernel
 from . import cache
 from .cache import (BACKENDS, WIN_MARGIN, KernelCacheWarning, backends, cache_path,  # noqa: F401
                     cpu_flags, cpu_model, entries, flush, library_versions, machine_key,
@@ -189,7 +189,9 @@ class Chooser:
     def __init__(self, op):
         self.op = op
         self.name = op.name
-        self.numpy = op.kernels["numpy"]
+        # the kernel sampan runs without oneDNN: the numba loops' where numba is (the op
+        # table's default backend), else the numpy kernel; "numpy" in the cache's names
+        self.numpy = default_kernel(op.kernels)
         self.table = {}             # class key -> callable (memory)
         self.ready = False
         self.pool = None            # the process's GEMM pool (backends/pool.py)

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 from ..ops.registry import OPS
-from .provider import Call, check_order, get_provider
+from .provider import Call, Provider, check_order, get_provider
 
 DEFAULT = ("onednn", "numba", "numpy")
 _state = {"order": DEFAULT, "saved": {}}
@@ -90,15 +90,21 @@ def _apply(order) -> None:
             names.update(op for op in p.kernels if op in OPS and op not in p.node_kernels)
     if "onednn" not in order:
         names.update(get_provider("onednn").kernels)
+    if "numba" not in order:     # the hand-written loops are numba's: off without it
+        names.update(op for op in get_provider("numba").kernels if op in OPS)
     for name in sorted(names):
         op = OPS.get(name)
         if op is None or op.kernels.get("numpy") is None:
             continue
         cands = [p for p in provs if name in p.kernels and name not in p.node_kernels]
         saved[name] = op.kernel
-        if [p.name for p in cands] == ["numpy"]:
+        pn = [p.name for p in cands]
+        dflt = [n for n in DEFAULT if n in pn]
+        if pn == ["numpy"]:
             op.kernel = op.kernels["numpy"]
-        elif [p.name for p in cands] == ["onednn", "numpy"]:
+        elif pn == dflt and (len(pn) == 3 or "numba" not in op.kernels):
             op.kernel = saved[name]          # the measured choice, as by default
+        elif pn[0] == "numba" and type(cands[0]).supports is Provider.supports:
+            op.kernel = op.kernels["numba"]  # serves every call (its loops or numpy)
         else:
             op.kernel = _Dispatch(name, cands)

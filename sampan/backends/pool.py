@@ -124,7 +124,7 @@ def calibrate() -> dict:
     counts its faster kernel (numpy on one thread or oneDNN), as the choice will. The
     "openblas" pool is timed last: its spinning workers would slow what follows."""
     from .. import _threads
-    from ..ops.registry import OPS
+    from ..ops.registry import OPS, default_kernel
     from .onednn import KERNELS
     from .onednn._lib import OneDNNError
     from .onednn.primitives import Unsupported
@@ -135,7 +135,7 @@ def calibrate() -> dict:
     _threads.cap_blas(1)
     try:
         for op, arrays, attrs in shapes:
-            t_np = _best_block(OPS[op].kernels["numpy"], arrays, attrs)
+            t_np = _best_block(default_kernel(OPS[op].kernels), arrays, attrs)
             try:
                 t_dnn = _best_block(KERNELS[op], arrays, attrs)
             except (Unsupported, OneDNNError):
@@ -143,7 +143,7 @@ def calibrate() -> dict:
             out["onednn"].append(min(t_np, t_dnn))
         _threads.cap_blas(None)
         for op, arrays, attrs in shapes:
-            out["openblas"].append(_best_block(OPS[op].kernels["numpy"], arrays, attrs))
+            out["openblas"].append(_best_block(default_kernel(OPS[op].kernels), arrays, attrs))
     finally:
         _threads.cap_blas(1 if _state["pool"] == "onednn" else None)
     return out

@@ -1,7 +1,8 @@
 """`sampan deploy`: a saved program as ONE generated Python file that needs numpy alone.
 
-The file holds the kernels of exactly the ops the program uses (numpy references from
-`sampan/deploy/kernels/`, copied as source; ufunc ops bind numpy's ufunc), the program as
+The file holds the kernels of exactly the ops the program uses (the op table's own numpy
+kernels, copied as source with the helpers they call, `sampan.deploy.kernelsource`; ufunc
+ops bind numpy's ufunc), the program as
 straight-line code, one line per IR node with the IR line as a comment, and a loader for
 its weights: `weights.npz`, read with `np.load(allow_pickle=False)` after its sha256 is
 checked against the one recorded in the file. Symbolic dims of `sampan.jit.save(...,

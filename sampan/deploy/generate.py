@@ -3,27 +3,21 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import inspect
 import os
-import textwrap
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import SampanError
 from ..io import _atomic
 from ..ir import symbolic as _sym
 from ..ir.text import node_str
 from ..ops.registry import OPS
 from ..runtime import emit
-from .kernels import KERNELS, basic
+from . import kernelsource as _ks
+from .kernelsource import DeployError
 
 MODULE = "model.py"
 WEIGHTS = "weights.npz"
-
-
-class DeployError(SampanError):
-    """A saved program cannot be written as a standalone numpy module."""
 
 
 @dataclass
@@ -103,76 +97,22 @@ def _py(x, what="attribute value") -> emit.Code:
         raise DeployError(f"sampan deploy: {e}") from None
 
 
-def _helpers(fn, module, seen, out):
-    """`fn`'s source and, first, that of the module-level functions it calls."""
-    if fn.__name__ in seen:
-        return
-    seen.add(fn.__name__)
-    for name in fn.__code__.co_names:
-        f = vars(module).get(name)
-        if inspect.isfunction(f) and f.__module__ == module.__name__:
-            _helpers(f, module, seen, out)
-    for c in fn.__code__.co_consts:   # nested functions call helpers too
-        if inspect.iscode(c):
-            for name in c.co_names:
-                f = vars(module).get(name)
-                if inspect.isfunction(f) and f.__module__ == module.__name__:
-                    _helpers(f, module, seen, out)
-    out.append(inspect.getsource(fn))
-
-
-def _constants_of(module, sources) -> list:
-    """Module constants (upper-case names) that the copied sources read, as
-    (name, assignment line)."""
-    text = "\n".join(sources)
-    return [(k, emit.fill("{k} = {v}", k=emit.name(k), v=emit.lit(v)))
-            for k, v in vars(module).items()
-            if k.isupper() and k.startswith("_") and k in text]
-
-
 def _kernel_name(op) -> emit.Code | None:
     """The name the module calls `op`'s kernel by (None: no standalone kernel)."""
-    k = OPS[op].kernel if op in OPS else None
-    if op == "planned_matmul":
-        return emit.name(basic.planned_matmul.__name__)
-    if isinstance(k, np.ufunc) and hasattr(np, k.__name__):
-        return emit.dotted("np", k.__name__)
-    if op in KERNELS:
-        return emit.name(KERNELS[op].__name__)
-    return None
+    if not (op == _ks.PLANNED or _ks.standalone(op)):
+        return None
+    k = _ks.kernel_of(op)
+    u = _ks.ufunc_name(k)
+    return emit.dotted("np", u) if u else emit.name(k.__name__)
 
 
 def _kernel_source(ops) -> tuple[list, dict]:
-    """(source blocks, {op: callable name}) for the kernels of `ops`: sampan's own kernel
-    functions, copied (`inspect.getsource`), with the module constants they read."""
-    import sys
-    lines, names = [], {}
-    by_module: dict = {}
-    for op in sorted(ops):
-        kname = _kernel_name(op)
-        if kname is None:
-            continue
-        names[op] = kname
-        if "." in kname:      # a numpy ufunc
-            continue
-        fn = basic.planned_matmul if op == "planned_matmul" else KERNELS[op]
-        by_module.setdefault(fn.__module__, []).append(fn)
-    done = set()
-    for modname, fns in by_module.items():
-        mod = sys.modules[modname]
-        seen, src = set(), []
-        for fn in fns:
-            _helpers(fn, mod, seen, src)
-        consts = [c for k, c in _constants_of(mod, src) if k not in done]
-        done |= {k for k, _ in _constants_of(mod, src)}
-        lines += [emit.block(consts)] + [emit.own(textwrap.dedent(x).rstrip()) for x in src]
-    return lines, names
+    """(source blocks, {op: callable name}) for the kernels of `ops`: the op table's own
+    numpy kernels (`sampan.deploy.kernelsource`)."""
+    return _ks.kernel_source(ops)
 
 
-def supported_ops() -> list:
-    """Op names the standalone module can run."""
-    return sorted({n for n, o in OPS.items() if isinstance(o.kernel, np.ufunc)} | set(KERNELS)
-                  | {"fused"})
+supported_ops = _ks.supported_ops
 
 
 # ---------------------------------------------------------------------- the graph
@@ -275,7 +215,7 @@ def _body_lines(g, meta, arrays):
                                        t=_operand(vals, p, n, where)))
             lines.append(emit.fill("    del {ts}", ts=emit.join(temps)))
         else:
-            op = "planned_matmul" if n.outputs[0].id in planned else n.op
+            op = _ks.PLANNED if n.outputs[0].id in planned else n.op
             call(op, ins, n.attrs, [names[v.id] for v in n.outputs],
                  OPS[n.op].n_out == 1 and n.outputs[0].ndim == 0, ir, where)
         dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
@@ -462,12 +402,8 @@ def load(path=None):
 def _decoder_source() -> emit.Code:
     """The output-tree decoder of saved programs (`sampan.jit.pytree.decode_tree`, plain
     Python), copied as the kernels are."""
-    import sys
-
     from ..jit import pytree
-    src = []
-    _helpers(pytree.decode_tree, sys.modules[pytree.__name__], set(), src)
-    return emit.block([emit.own(textwrap.dedent(x).rstrip()) for x in src], "\n\n")
+    return emit.block(_ks.function_source(pytree.decode_tree, (pytree.__name__,)), "\n\n")
 
 
 def _module_source(program_dir, g, params, in_specs, body, kernels, manifest, sha, out_tree,

@@ -17,9 +17,9 @@ as torch's default hooks take `process_group`.
 - `fp16_compress_hook`, `bf16_compress_hook`: torch's compression hooks: the buffer cast
   to float16 (bfloat16) and divided by the world size, all-reduced (sum), and cast back
   into the buffer; the numbers are torch's (a test checks them against torch's hooks
-  on gloo). The in-process backend moves no bytes; the MPI backend today reduces
-  half-precision buffers through a float32 round trip (`mpi.py`), so there the hook
-  gives torch's numbers but not yet its halved traffic.
+  on gloo). The in-process backend moves no bytes; the MPI backend reduces the
+  half-precision buffer in its own 2 bytes (a user MPI op, `mpi.py`), so there the hook
+  halves the traffic as in PyTorch.
 
 Example::
 

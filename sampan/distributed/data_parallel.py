@@ -240,7 +240,7 @@ class DataParallel(Layer):
                 raise SampanError("DataParallel: a comm hook is registered but this step "
                                   "is being traced; the distribute pass reduces traced "
                                   "gradients by their mean, without the hook")
-            tr.g.meta.setdefault("bucket_mb", self.bucket_mb)
+            tr.set_pass_option("distribute", bucket_mb=self.bucket_mb)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

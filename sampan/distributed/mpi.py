@@ -6,10 +6,16 @@ pickling. A blocking call is the nonblocking one followed by a Test loop bounded
 group's timeout, so a peer that died or hangs makes the collective fail with an error
 naming it instead of hanging.
 
-bfloat16 and float16 reductions go through a float32 round trip (convert, reduce in float32,
-round once): every rank gets the same, correctly rounded sum, at the cost of twice the
-bytes on the wire for those dtypes. Their broadcasts and gathers move the 2-byte buffers
-as they are (a uint16 view).
+bfloat16 and float16 all-reduces (sum, max, min) travel as 2-byte elements: a user
+MPI op over UINT16_T (`_low_op`) converts the two partial buffers of each reduction step
+to float32, combines them and rounds back once, as gloo's and NCCL's half-precision
+reductions do, so the fp16/bf16 compression comm hooks halve the traffic as in PyTorch.
+The op is commutative, so MPICH combines the same two partials on every rank at each
+step and all ranks get identical bits; with more than two ranks a sum is rounded at each
+step (not once). Means (whose sum may overflow the 2-byte range before the division:
+the compression hooks divide first and sum), products and reduce_scatter keep a float32
+round trip (convert, reduce in float32, round once). Broadcasts and gathers move the
+2-byte buffers as they are (a uint16 view).
 
 With each collective the ranks exchange a small signature (collective, op/root, dtype,
 shape) with an `Iallgather` started just before it (the two progress together, so the
@@ -382,6 +388,42 @@ def _buffer(arr):
     return arr, _TYPES[arr.dtype]
 
 
+# the 2-byte reductions (see the module doc): op name -> the numpy combination
+_LOW_COMBINE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_LOW_OPS: dict = {}           # (dtype, op) -> MPI.Op
+STATS = {"low_precision_steps": 0}   # reduction steps the 2-byte ops ran (this process)
+
+
+def _low_op(dtype, op):
+    """The user MPI op reducing `dtype` (float16/bfloat16) elements sent as UINT16_T: each
+    step converts both partials to float32, combines them and rounds the result back."""
+    key = (dtype, op)
+    if key not in _LOW_OPS:
+        combine = _LOW_COMBINE[op]
+
+        def reduce(inbuf, inoutbuf, datatype):
+            a = np.frombuffer(inbuf, np.uint16).view(dtype)
+            b = np.frombuffer(inoutbuf, np.uint16).view(dtype)
+            b[...] = combine(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+            STATS["low_precision_steps"] += 1
+        _LOW_OPS[key] = MPI.Op.Create(reduce, commute=True)
+    return _LOW_OPS[key]
+
+
+def _all_reduce_low(g, arr, op):
+    """all_reduce of a float16/bfloat16 array on the wire in its own 2 bytes."""
+    def post(table):
+        buf = np.array(arr, copy=True, order="C")
+        req = g.comm.Iallreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T],
+                                _low_op(arr.dtype, op))
+
+        def finish():
+            np.copyto(arr, buf)
+            return arr
+        return req, finish
+    return post
+
+
 # ------------------------------------------------------------------------- kernels
 def all_reduce(g, arr, op="sum"):
     def post(table):
@@ -396,6 +438,8 @@ def all_reduce(g, arr, op="sum"):
                 np.copyto(arr, buf, casting="unsafe")
             return arr
         return req, finish
+    if arr.dtype in _LOW and op in _LOW_COMBINE:
+        post = _all_reduce_low(g, arr, op)
     k, every = g.n_all_reduce, g.check_every
     g.n_all_reduce += 1
     check = every == 1 or (every > 0 and (k < 16 or k % every == 0))

@@ -318,6 +318,13 @@ class Predictor:
     def get_output_names(self) -> list:
         return list(self._prog.output_names)
 
+    def get_input_positions(self) -> list:
+        """The position in `graph.inputs` of each input, in `get_input_names()` order
+        (which graph input a fed name becomes; the other inputs are the weights).
+
+        Example: ``dict(zip(p.get_input_names(), p.get_input_positions()))``"""
+        return list(self._prog.arg_pos)
+
     def get_input_handle(self, name: str) -> InputHandle:
         h = self._in_by_name.get(name)
         if h is None:

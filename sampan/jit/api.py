@@ -361,7 +361,7 @@ class JitFunction:
                 differentiable=True)
             trace_s = time.perf_counter() - t0
             raw = g.copy()
-            pm = PassManager(self.pipeline, debug=self.debug)
+            pm = PassManager(self.pipeline, debug=self.debug, options=info["pass_options"])
             if not self.memory_plan:
                 pm.passes = [p for p in pm.passes if p != "plan_memory"]
             g = pm.run(g)
@@ -412,7 +412,8 @@ class JitFunction:
                     "under sampan.no_grad(), or run backward inside the jitted function")
             raw = g.copy()
             pm = PassManager([p for p in PassManager(self.pipeline).passes
-                              if p != "plan_memory"], debug=self.debug)
+                              if p != "plan_memory"], debug=self.debug,
+                             options=info["pass_options"])
             runs.append((info, pm.run(g), raw, pm, in_slots, out_slots, out_tree, grad_none))
         guards, conflict = _dyn.merge_guards([r[0]["sym_guards"] for r in runs], base, probes)
         actual = _dyn.bind(leaves, dyn)

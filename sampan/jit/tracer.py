@@ -62,6 +62,9 @@ class Tracer:
         self.rng = {}            # id(generator) -> [generator, current Value]
         self.feeds = {}          # key -> Tensor of a ("feed", fn) input
         self.guards = []         # [(fn, value at trace time)]: retrace when fn() changes
+        # {pass: {option: value}} the traced code asks of the passes (a traced DataParallel
+        # its bucket size, for `distribute`): the jit's PassManager gets them as options
+        self.pass_options = {}
         self.grad_cleared = {}   # id -> tensor whose grad the code drops before use
         # tensors the traced code made from data (sampan.tensor, from_numpy, Tensor(...)),
         # and the fresh arrays they own: values of one call, never state (eager makes them
@@ -83,6 +86,13 @@ class Tracer:
         self._prev = None
 
     # ------------------------------------------------------------------ context
+    def set_pass_option(self, pass_name: str, **options) -> None:
+        """Ask pass `pass_name` of the jit's pipeline for `options` (the first asked wins,
+        e.g. an outer DataParallel's bucket size over an inner one's)."""
+        mine = self.pass_options.setdefault(pass_name, {})
+        for k, v in options.items():
+            mine.setdefault(k, v)
+
     def __enter__(self):
         if STATE.tracer is not None:
             raise TracingError("sampan.jit: tracing inside a trace (nested jit) is not supported")

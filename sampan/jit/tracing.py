@@ -129,6 +129,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         info["hist"] = tuple(ref for ref, _ in hist)
         info["leaf_outs"] = tuple(b.ref[1] for b in born)
         info["guards"] = list(tr.guards)
+        info["pass_options"] = {k: dict(v) for k, v in tr.pass_options.items()}
         info["sym_guards"] = list(tr.env.guards) if tr.env is not None else []
         consts = []
         for _, d, t in tr.consts.values():

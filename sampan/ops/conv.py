@@ -3,13 +3,13 @@
 conv2d lowers to im2col and one batched GEMM per call. The input gradient of conv2d *is*
 conv_transpose2d (one op, one IR spelling, ONNX ConvTranspose; in conv_transpose.py, which
 imports this module: the gradients here find it by name in the op table); its kernel runs
-the GEMM and then accumulates the kh*kw column planes into the output (col2im). With numba both
-data movements are loops (_convloops.py, 5-20x faster on small layers); without it,
-im2col is a strided window view made contiguous and col2im adds strided slices, still far
-faster than a scatter (np.add.at). Layers with few taps per output, and depthwise ones,
-run generated direct kernels instead (no im2col; backends/numba/convgen.py), and a batch
-whose columns would be large runs in chunks of images (see DIRECT_MAX_TAPS and
-_CHUNK_ABOVE below). Every gradient op that is linear in its inputs has a gradient rule
+the GEMM and then accumulates the kh*kw column planes into the output (col2im). Here
+(the numpy kernels) im2col is a strided window view made contiguous and col2im adds
+strided slices, still far faster than a scatter (np.add.at); a batch whose columns would
+be large runs in chunks of images (_CHUNK_ABOVE below). Where numba is, the ops run
+`backends/numba/loops/conv.py`: both data movements as loops (5-20x faster on small
+layers), and generated direct kernels (no im2col) for layers with few taps per output
+and depthwise ones. Every gradient op that is linear in its inputs has a gradient rule
 of its own, so second order works for conv and average pooling.
 
 bfloat16/float16 compute in float32 and round the result (see linalg.py).
@@ -21,11 +21,9 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
-from . import _convloops as _loops
 from ._util import Sample, randf, rng, same_dtype
 from .registry import NO_ONNX, Spec, defop, get_op
 
-_swv = np.lib.stride_tricks.sliding_window_view
 _LOOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -55,17 +53,23 @@ def checked_apply(op, inputs, attrs):
 
 
 def _is_half(d):
-    return d == _dt.bfloat16 or d == np.float16
+    return d.itemsize == 2 and d.name in ("float16", "bfloat16")
+
+
+def _f32_call(kernel, arrays, attrs):
+    """kernel(*arrays, **attrs) in float32 when its float inputs are half precision, the
+    result rounded back (a plain function: `sampan deploy` copies the kernels using it)."""
+    d = arrays[0].dtype if _is_half(arrays[0].dtype) else arrays[-1].dtype
+    if not _is_half(d):
+        return kernel(*arrays, **attrs)
+    up = [a.astype(np.float32) if _is_half(a.dtype) else a for a in arrays]
+    return kernel(*up, **attrs).astype(d)
 
 
 def _f32(kernel):
-    """Run a kernel in float32 when its float inputs are half precision; round the result."""
+    """`kernel` run through `_f32_call`."""
     def k(*arrays, **attrs):
-        d = arrays[0].dtype if _is_half(arrays[0].dtype) else arrays[-1].dtype
-        if not _is_half(d):
-            return kernel(*arrays, **attrs)
-        up = [a.astype(np.float32) if _is_half(a.dtype) else a for a in arrays]
-        return kernel(*up, **attrs).astype(d)
+        return _f32_call(kernel, arrays, attrs)
     k.__name__ = kernel.__name__
     return k
 
@@ -106,88 +110,11 @@ def _win(i, j, ho, wo, stride, dilation):
             slice(j * dw, j * dw + sw * (wo - 1) + 1, sw))
 
 
-def _any_loops(dtype):
-    """Whether the numba loops for any stride and dilation serve this dtype."""
-    return _loops.HAVE_NUMBA and dtype in _LOOP_DTYPES
-
-
-def _unit_loops(dtype, stride, dilation):
-    """Whether the numba im2col/col2im loops serve this call (see _convloops.py)."""
-    return _any_loops(dtype) and stride == (1, 1) and dilation == (1, 1)
-
-
-# Per-sample GEMMs (one per image, batched by np.matmul) cost more in calls than in
-# arithmetic when an image has few output pixels: LeNet's second layer (16x150 @ 150x100
-# per image) ran forward, weight gradient and input gradient in 0.86-1.6 ms each at
-# batch 64, against 0.68-0.79 ms with all images' pixels side by side in one GEMM (plus
-# a transpose of the small output). At 784 pixels (the first layer) the two were even,
-# so the one-GEMM layout serves convolutions with at most this many output pixels.
-_ONE_GEMM_MAX_PIXELS = 256
-
-
-# A weight gradient with at most this many entries (LeNet's first layer: 6 x 25) is
-# computed by a numba dot-product loop: BLAS took 1.5 ms for its 64 per-image GEMMs
-# (6x784 @ 784x25) and their sum, the loop with im2col 1.0 ms. (The same layer's
-# forward as row updates in numba was 10% slower than its per-image GEMMs.) The loop
-# counts on an image's rows staying in cache, so larger images keep BLAS.
-_DOTS_MAX_OUTPUTS = 256
-_DOTS_MAX_PIXELS = 1024
-
-
-def _weight_grad_dots(dtype, stride, dilation, groups, outputs, pixels):
-    return (groups == 1 and outputs <= _DOTS_MAX_OUTPUTS and pixels <= _DOTS_MAX_PIXELS
-            and _unit_loops(dtype, stride, dilation))
-
-
-# Convolutions with at most this many taps per output (C/groups*kh*kw; LeNet's first
-# layer has 25, a 3x3 depthwise one 9), or at most 2 output channels per group, and at
-# least DIRECT_MIN_OUTPUTS outputs (N*O*Ho*Wo; LeNet's first: 301,056) run generated
-# direct kernels (backends/numba/convgen.py): their im2col GEMM is memory-bound. A
-# kernel size compiles its own kernels (~1-2 s, then cached on disk), which small calls
-# would not repay. DIRECT_MAX_TAPS = 0 turns them off.
-DIRECT_MAX_TAPS = 32
-DIRECT_MIN_OUTPUTS = 1 << 16
-# the generated source grows with the kernel: 11x11 compiled in ~7 s (3x3 and 7x7 in 1-3 s)
-DIRECT_MAX_KERNEL = 11
-
-
-def _direct(dtype, stride, dilation, cg, og, kh, kw, outputs=DIRECT_MIN_OUTPUTS):
-    """Whether the direct kernels serve a layer of `cg` input and `og` output channels
-    per group: few taps, or a depthwise-like layer (og <= 2), whose GEMMs are (og, K) @
-    (K, pixels) products that BLAS runs as slow vector products (a 3x3 depthwise layer
-    on 64 channels of 32x32 at batch 16: 8.4 -> 1.6 ms forward)."""
-    return (cg >= 1 and 1 < kh * kw and max(kh, kw) <= DIRECT_MAX_KERNEL
-            and (cg * kh * kw <= DIRECT_MAX_TAPS or og <= 2)
-            and DIRECT_MAX_TAPS > 0 and outputs >= DIRECT_MIN_OUTPUTS
-            and _unit_loops(dtype, stride, dilation))
-
-
-def _direct_strided(dtype, stride, dilation, cg, og, kh, kw, outputs):
-    """Whether a stride-2 depthwise-like layer (og <= 2) runs the direct kernels: the
-    forward computes the stride-1 planes and stores every stride-th pixel, the gradients
-    go through the zero-upsampled output gradient. 4x the arithmetic, but the GEMM path
-    ran such layers as slow vector products (3x3 depthwise, 64 channels of 56x56 at
-    stride 2, batch 16: forward 12.6 ms, input gradient 26.5 ms there, 5.6 and 8.8 ms
-    this way)."""
-    return (stride != (1, 1) and max(stride) <= 2 and og <= 2
-            and _direct(dtype, (1, 1), dilation, cg, og, kh, kw, outputs))
-
-
 def _upsample(g, stride, hw):
     """g (N, O, h, w) spread over a zero (N, O, *hw) at every stride-th position."""
     up = np.zeros(g.shape[:2] + tuple(hw), g.dtype)
     up[:, :, ::stride[0], ::stride[1]] = g
     return up
-
-
-def _direct_kernel(which, dtype, og, kh, kw):
-    from ..backends.numba import convgen
-    return convgen.kernel(which, og, kh, kw, dtype)
-
-
-def _one_gemm(dtype, stride, dilation, groups, pixels):
-    return (groups == 1 and pixels <= _ONE_GEMM_MAX_PIXELS
-            and _unit_loops(dtype, stride, dilation))
 
 
 # The columns of a whole batch of large images are large (a 3x3 layer on 64 channels of
@@ -210,14 +137,6 @@ def _chunk(n, per_sample):
     return max(1, _CHUNK_BYTES // max(per_sample, 1))
 
 
-def _cols_one_gemm(x, padding, kh, kw, ho, wo):
-    """Columns (C*kh*kw, N*ho*wo) of x for the one-GEMM layout."""
-    n, c = x.shape[:2]
-    col = np.empty((c * kh * kw, n * ho * wo), x.dtype)
-    _loops.im2col_rows(np.ascontiguousarray(_pad(x, *padding)), kh, kw, ho, wo, col)
-    return col
-
-
 def _crop(buf, ph, pw, ho, wo):
     """The (ho, wo) output at offset (ph, pw) of a col2im buffer, contiguous."""
     if ph or pw or buf.shape[2:] != (ho, wo):
@@ -231,19 +150,12 @@ def _samples_last(a):
     return np.ascontiguousarray(a.reshape(n, o, h * w).transpose(1, 0, 2)).reshape(o, n * h * w)
 
 
-def _im2col(xp, kh, kw, ho, wo, stride, dilation):
-    """Columns (N, C, kh, kw, Ho, Wo) of a padded input, as one contiguous copy."""
+def _im2col_numpy(xp, kh, kw, ho, wo, stride, dilation):
+    """Columns (N, C, kh, kw, Ho, Wo) of a padded input: a strided window view made
+    contiguous."""
     (sh, sw), (dh, dw) = stride, dilation
-    if _any_loops(xp.dtype):
-        n, c = xp.shape[:2]
-        col = np.empty((n, c * kh * kw, ho * wo), xp.dtype)
-        if _unit_loops(xp.dtype, stride, dilation):
-            _loops.im2col(np.ascontiguousarray(xp), kh, kw, ho, wo, col)
-        else:
-            _loops.im2col_strided(np.ascontiguousarray(xp), kh, kw, ho, wo, sh, sw, dh, dw,
-                                  col)
-        return col.reshape(n, c, kh, kw, ho, wo)
-    v = _swv(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
+    v = np.lib.stride_tricks.sliding_window_view(
+        xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
     v = v[:, :, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, ::dh, ::dw]
     return np.ascontiguousarray(v.transpose(0, 1, 4, 5, 2, 3))
 
@@ -298,45 +210,35 @@ def _conv2d_rule(x, w, stride, padding, dilation, groups):
     return Spec((x.shape[0], o) + hw, d)
 
 
-def _conv2d_kernel(x, w, stride, padding, dilation, groups):
+def _conv2d_cols(x, w, stride, padding, dilation, groups, im2col):
+    """conv2d as im2col (`im2col`: the numpy or the numba column copy) and one batched
+    GEMM; a 1x1 unit-stride layer reads x as its columns; a batch with large columns
+    runs in chunks of images (_CHUNK_ABOVE)."""
     n, _c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    if kh == kw == 1 and stride == (1, 1) and padding == (0, 0):
+    if kh == kw == 1 and tuple(stride) == (1, 1) and tuple(padding) == (0, 0):
         col = x.reshape(n, groups, cg, h * wd)
-    elif (_direct(x.dtype, stride, dilation, cg, o // groups, kh, kw, n * o * ho * wo)
-          or _direct_strided(x.dtype, stride, dilation, cg, o // groups, kh, kw,
-                             n * o * (h + 2 * padding[0] - kh + 1)
-                             * (wd + 2 * padding[1] - kw + 1))):
-        # (strided: the stride-1 planes, every stride-th pixel stored)
-        y = np.empty((n, o, ho, wo), x.dtype)
-        w2 = np.ascontiguousarray(w).reshape(o, -1)
-        _direct_kernel("forward", x.dtype, o // groups, kh, kw)(
-            np.ascontiguousarray(x), w2, y, *padding, *stride)
-        return y
-    elif _one_gemm(x.dtype, stride, dilation, groups, ho * wo):
-        y = w.reshape(o, cg * kh * kw) @ _cols_one_gemm(x, padding, kh, kw, ho, wo)
-        return np.ascontiguousarray(y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3))
     else:
         per_sample = cg * groups * kh * kw * ho * wo * x.dtype.itemsize
         b = _chunk(n, per_sample)
         if b < n:
             y = np.empty((n, o, ho, wo), x.dtype)
             for b0 in range(0, n, b):
-                y[b0:b0 + b] = _conv2d_kernel(x[b0:b0 + b], w, stride, padding, dilation,
-                                              groups)
+                y[b0:b0 + b] = _conv2d_cols(x[b0:b0 + b], w, stride, padding, dilation,
+                                            groups, im2col)
             return y
         if n == 1 and per_sample > _CHUNK_ABOVE and ho > 1:
             return _conv2d_bands(x, w, stride, padding, dilation, groups, ho,
-                                 max(1, _BAND_BYTES * ho // per_sample))
-        col = _im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
+                                 max(1, _BAND_BYTES * ho // per_sample), im2col)
+        col = im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
         col = col.reshape(n, groups, cg * kh * kw, ho * wo)
     y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), col)   # (N, g, O/g, L)
     return y.reshape(n, o, ho, wo)
 
 
-def _conv2d_bands(x, w, stride, padding, dilation, groups, ho, rows):
+def _conv2d_bands(x, w, stride, padding, dilation, groups, ho, rows, im2col):
     """One image whose columns pass _CHUNK_ABOVE (PP-OCRv4's detector: 96 channels of
     160x160 under a 3x3 kernel, 88 MB) in bands of `rows` output rows, each band's columns
     (about _BAND_BYTES) staying in cache: 56 -> 40 ms on that layer at batch 1, measured
@@ -348,11 +250,21 @@ def _conv2d_bands(x, w, stride, padding, dilation, groups, ho, rows):
     for r0 in range(0, ho, rows):
         r1 = min(ho, r0 + rows)
         band = xp[:, :, r0 * sh:(r1 - 1) * sh + dh * (kh - 1) + 1]
-        yb = _conv2d_kernel(band, w, stride, (0, 0), dilation, groups)
+        yb = _conv2d_cols(band, w, stride, (0, 0), dilation, groups, im2col)
         if y is None:
             y = np.empty(yb.shape[:2] + (ho, yb.shape[3]), yb.dtype)
         y[:, :, r0:r1] = yb
     return y
+
+
+def _conv2d_numpy(x, w, stride, padding, dilation, groups):
+    return _conv2d_cols(x, w, stride, padding, dilation, groups, _im2col_numpy)
+
+
+def _conv2d_np_kernel(x, w, stride, padding, dilation, groups):
+    """conv2d's numpy kernel (half precision in float32)."""
+    return _f32_call(_conv2d_numpy, (x, w), {"stride": stride, "padding": padding,
+                                             "dilation": dilation, "groups": groups})
 
 
 def _conv2d_grad(g, y, x, w, stride, padding, dilation, groups):
@@ -391,7 +303,7 @@ def _conv2d_samples():
             Sample((randf(r, 1, 2, 4, 4), randf(r, 2, 2, 2, 2)), _cattrs(2, 1))]  # 2nd order
 
 
-CONV2D = defop("conv2d", _conv2d_rule, kernel=_f32(_conv2d_kernel), grad=_conv2d_grad,
+CONV2D = defop("conv2d", _conv2d_rule, kernel=_conv2d_np_kernel, grad=_conv2d_grad,
                flops=_conv2d_flops, onnx="Conv", samples=_conv2d_samples, amp="lower", gemm=True)
 
 
@@ -411,44 +323,31 @@ def _gw_rule(x, g, kernel_size, stride, padding, dilation, groups):
     return Spec((g.shape[1], x.shape[1] // groups, kh, kw), d)
 
 
-def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
+def _gw_cols(x, g, kernel_size, stride, padding, dilation, groups, im2col):
+    """conv2d's weight gradient from columns (`im2col`: the numpy or the numba copy): one
+    GEMM per sample then a sum over N; large batches in chunks of images."""
     n, c, h, wd = x.shape
     o, ho, wo = g.shape[1], g.shape[2], g.shape[3]
     kh, kw = kernel_size
     k = c // groups * kh * kw
-    if _direct(x.dtype, stride, dilation, c // groups, o // groups, kh, kw, n * o * ho * wo):
-        out = np.empty((o, k), x.dtype)
-        _direct_kernel("weight_grad", x.dtype, o // groups, kh, kw)(
-            np.ascontiguousarray(x), np.ascontiguousarray(g), out, *padding)
-        return out.reshape(o, c // groups, kh, kw)
-    hf = (h + 2 * padding[0] - kh + 1, wd + 2 * padding[1] - kw + 1)   # stride-1 output
-    if _direct_strided(x.dtype, stride, dilation, c // groups, o // groups, kh, kw,
-                       n * o * hf[0] * hf[1]):
-        return _gw_kernel(x, _upsample(g, stride, hf), kernel_size, (1, 1), padding,
-                          dilation, groups)
-    if _weight_grad_dots(x.dtype, stride, dilation, groups, o * k, ho * wo):
-        col = _cols_one_gemm(x, padding, kh, kw, ho, wo)
-        out = np.empty((o, k), x.dtype)
-        _loops.weight_grad_dots(np.ascontiguousarray(g).reshape(n, o, ho * wo), col,
-                                x.dtype.type(0), out)
-        return out.reshape(o, c, kh, kw)
-    if _one_gemm(x.dtype, stride, dilation, groups, ho * wo):
-        col = _cols_one_gemm(x, padding, kh, kw, ho, wo)
-        return (_samples_last(g) @ col.T).reshape(o, c, kh, kw)
     b = _chunk(n, c * kh * kw * ho * wo * x.dtype.itemsize)
     if b < n:
-        gw = _gw_kernel(x[:b], g[:b], kernel_size, stride, padding, dilation, groups)
+        gw = _gw_cols(x[:b], g[:b], kernel_size, stride, padding, dilation, groups, im2col)
         for b0 in range(b, n, b):
-            gw += _gw_kernel(x[b0:b0 + b], g[b0:b0 + b], kernel_size, stride, padding,
-                             dilation, groups)
+            gw += _gw_cols(x[b0:b0 + b], g[b0:b0 + b], kernel_size, stride, padding,
+                           dilation, groups, im2col)
         return gw
-    col = _im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
+    col = im2col(_pad(x, *padding), kh, kw, ho, wo, stride, dilation)
     col = col.reshape(n, groups, k, ho * wo)
     gm = g.reshape(n, groups, o // groups, ho * wo)
     # one GEMM per sample then a sum over N: OpenBLAS runs the single (O, N*L) @ (N*L, K)
     # GEMM (tensordot) up to 20x slower on these short-and-wide shapes
     gw = np.matmul(gm, col.transpose(0, 1, 3, 2)).sum(0)
     return gw.reshape(o, c // groups, kh, kw)
+
+
+def _gw_kernel(x, g, kernel_size, stride, padding, dilation, groups):
+    return _gw_cols(x, g, kernel_size, stride, padding, dilation, groups, _im2col_numpy)
 
 
 def _gw_grad(gw, y, x, g, kernel_size, stride, padding, dilation, groups):
@@ -470,7 +369,7 @@ def _gw_samples():
     out = []
     for s in _conv2d_samples():
         x, w = s.args
-        y = _conv2d_kernel(x, w, **s.attrs)
+        y = _conv2d_numpy(x, w, **s.attrs)
         g = randf(rng(62), *y.shape)
         out.append(Sample((x, g), dict(s.attrs, kernel_size=tuple(w.shape[2:]))))
     return out

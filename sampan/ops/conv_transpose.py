@@ -1,19 +1,18 @@
 """conv_transpose2d: the adjoint of conv2d (and conv2d's input gradient: one op, one IR
 spelling, ONNX ConvTranspose). Its kernel runs the GEMM and accumulates the kh*kw column
-planes into the output (col2im). The layout choices and helpers it shares with conv2d are
-in `conv`, which re-exports everything here."""
+planes into the output (col2im). The helpers it shares with conv2d are in
+`conv`, which re-exports everything here; where numba is, the loops and direct kernels of
+`backends/numba/loops/conv.py` run it."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ShapeError, op_error
 from ..tensor import apply
-from . import _convloops as _loops
 from ._util import Sample, randf, rng
-from .conv import (CONV2D, CONV2D_GRAD_WEIGHT, _any_loops, _attrs, _bias, _cattrs, _check_4d,
-                   _check_attrs, _check_float, _check_out, _chunk, _crop, _direct, _direct_kernel,
-                   _direct_strided, _f32, _numel, _one_gemm, _pair, _samples_last, _t, _tout_dim,
-                   _unit_loops, _upsample, _win, checked_apply)
+from .conv import (CONV2D, CONV2D_GRAD_WEIGHT, _attrs, _bias, _cattrs, _check_4d, _check_attrs,
+                   _check_float, _check_out, _chunk, _f32, _numel, _pair, _t, _tout_dim, _win,
+                   checked_apply)
 from .registry import Spec, defop
 
 
@@ -38,62 +37,46 @@ def _ct_rule(x, w, stride, padding, output_padding, dilation, groups):
     return Spec((x.shape[0], cog * groups) + hw, d)
 
 
-def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
+def _col2im_numpy(col, h, wd, stride, padding, dilation, ho, wo):
+    """The output (N, O, ho, wo) of columns (N, O, kh, kw, h, wd): each tap's plane added
+    into a strided slice of a padded buffer, then cropped."""
+    n, o, kh, kw = col.shape[:4]
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    hb = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
+    wb = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
+    buf = np.zeros((n, o, hb, wb), col.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            buf[_win(i, j, h, wd, stride, dilation)] += col[:, :, i, j]
+    return np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
+
+
+def _ct_cols(x, w, stride, padding, output_padding, dilation, groups, col2im):
+    """conv_transpose2d as one batched GEMM into columns and `col2im` (the numpy or the
+    numba accumulation) into the output; large batches in chunks of images."""
     n, ci, h, wd = x.shape
     _, cog, kh, kw = w.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     ho = (h - 1) * sh - 2 * ph + dh * (kh - 1) + output_padding[0] + 1
     wo = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + output_padding[1] + 1
-    cig = ci // groups
-    direct_ok = ph < kh and pw < kw and ho > 0 and wo > 0   # the padding k - 1 - p >= 0
-    if direct_ok and _direct(x.dtype, stride, dilation, cig, cog, kh, kw,
-                             n * cog * groups * ho * wo):
-        # stride 1: the correlation of x, padded by k - 1 - p, with the flipped kernel,
-        # each group's (in, out) weight transposed to (out, in)
-        wf = w.reshape(groups, cig, cog, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
-        wf = np.ascontiguousarray(wf).reshape(groups * cog, cig * kh * kw)
-        y = np.empty((n, groups * cog, ho, wo), x.dtype)
-        _direct_kernel("forward", x.dtype, cog, kh, kw)(np.ascontiguousarray(x), wf, y,
-                                                        kh - 1 - ph, kw - 1 - pw, 1, 1)
-        return y
-    hu = ((h - 1) * sh + 1 + output_padding[0], (wd - 1) * sw + 1 + output_padding[1])
-    if direct_ok and _direct_strided(x.dtype, stride, dilation, cig, cog, kh, kw,
-                                     n * cog * groups * ho * wo):
-        return _ct_kernel(_upsample(x, stride, hu), w, (1, 1), padding, (0, 0), dilation,
-                          groups)
-    if _one_gemm(x.dtype, stride, dilation, groups, h * wd) and (kh, kw) != (1, 1):
-        col = w.reshape(ci, cog * kh * kw).T @ _samples_last(x)      # (K, N*L)
-        buf = np.empty((n, cog, h + kh - 1, wd + kw - 1), col.dtype)
-        _loops.col2im_rows(col, h, wd, kh, kw, buf)
-        return _crop(buf, ph, pw, ho, wo)
     b = _chunk(n, cog * groups * kh * kw * h * wd * x.dtype.itemsize)
     if b < n:
         y = np.empty((n, cog * groups, ho, wo), x.dtype)
         for b0 in range(0, n, b):
-            y[b0:b0 + b] = _ct_kernel(x[b0:b0 + b], w, stride, padding, output_padding,
-                                      dilation, groups)
+            y[b0:b0 + b] = _ct_cols(x[b0:b0 + b], w, stride, padding, output_padding,
+                                    dilation, groups, col2im)
         return y
     wm = w.reshape(groups, ci // groups, cog * kh * kw).transpose(0, 2, 1)
     col = np.matmul(wm, x.reshape(n, groups, ci // groups, h * wd))   # (N, g, K, L)
     col = col.reshape(n, cog * groups, kh, kw, h, wd)
-    if kh == kw == 1 and stride == (1, 1) and padding == (0, 0) and ho == h and wo == wd:
+    if kh == kw == 1 and tuple(stride) == (1, 1) and tuple(padding) == (0, 0) \
+            and ho == h and wo == wd:
         return col.reshape(n, cog * groups, h, wd)
-    if _unit_loops(col.dtype, stride, dilation):
-        buf = np.empty((n, cog * groups, h + kh - 1, wd + kw - 1), col.dtype)
-        _loops.col2im(col.reshape(n, cog * groups * kh * kw, h * wd), h, wd, kh, kw, buf)
-        return _crop(buf, ph, pw, ho, wo)
-    hb = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
-    wb = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
-    if _any_loops(col.dtype):
-        buf = np.empty((n, cog * groups, hb, wb), col.dtype)
-        _loops.col2im_strided(col.reshape(n, cog * groups * kh * kw, h * wd), h, wd, kh, kw,
-                              sh, sw, dh, dw, buf)
-        return np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
-    buf = np.zeros((n, cog * groups, hb, wb), col.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            buf[_win(i, j, h, wd, stride, dilation)] += col[:, :, i, j]
-    return np.ascontiguousarray(buf[:, :, ph:ph + ho, pw:pw + wo])
+    return col2im(col, h, wd, stride, padding, dilation, ho, wo)
+
+
+def _ct_kernel(x, w, stride, padding, output_padding, dilation, groups):
+    return _ct_cols(x, w, stride, padding, output_padding, dilation, groups, _col2im_numpy)
 
 
 def _ct_grad(g, y, x, w, stride, padding, output_padding, dilation, groups):

@@ -19,7 +19,7 @@ def _shape(shape):
 
 
 def _full_kernel(shape, value, dtype):
-    return np.full(shape, value, dtype=_dt.as_dtype(dtype))
+    return np.full(shape, value, dtype=np.dtype(dtype))  # a canonical name (the frontends')
 
 
 FULL = defop("full", lambda shape, value, dtype: Spec(tuple(shape), _dt.as_dtype(dtype)),

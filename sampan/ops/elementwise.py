@@ -6,8 +6,6 @@ Here: the frontends, binary arithmetic, comparisons and logic, where and cast. T
 math ops (exp, relu, gelu …) are in unary.py, re-exported at the end of this module."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import dtypes as _dt
@@ -15,7 +13,6 @@ from ..ir.symint import SymFloat, SymInt
 from ..tensor import Tensor, apply, wrap
 from ._util import (Sample, binary_samples, elementwise_rule, numel_flops, randf, rng,
                     unbroadcast)
-from ._nb import HAVE_NUMBA, njit
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, STATE, Spec, defop
 
 _isfloat = _dt.is_floating
@@ -303,55 +300,7 @@ def _where_samples():
             Sample((r.random((4,)) > 0.5, randf(r, 2, 1), randf(r, 2, 4)), diff=(1, 2))]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _where_loop(c, a, b, out, full_a, full_b):
-    # c repeats every c.size elements of out; a and b are full (out.size) or one value.
-    # Both sides are loaded before the select, so LLVM emits a vector blend: numpy's
-    # where branches per element and ran 17x slower on random masks here.
-    mc = c.size
-    av = a[0]
-    bv = b[0]
-    for r in range(out.size // mc):
-        base = r * mc
-        if full_a and full_b:
-            for j in range(mc):
-                x = a[base + j]
-                y = b[base + j]
-                out[base + j] = x if c[j] else y
-        elif full_a:
-            for j in range(mc):
-                x = a[base + j]
-                out[base + j] = x if c[j] else bv
-        elif full_b:
-            for j in range(mc):
-                y = b[base + j]
-                out[base + j] = av if c[j] else y
-        else:
-            for j in range(mc):
-                out[base + j] = av if c[j] else bv
-
-
-_WHERE_FAST = {np.dtype(np.float32), np.dtype(np.float64)}
-
-
 def _where_kernel(c, a, b):
-    """np.where, through `_where_loop` when the layout allows: a and b of one float dtype,
-    each contiguous of the result's shape or a single value, and a contiguous condition
-    broadcast only over leading dims."""
-    if HAVE_NUMBA and a.dtype in _WHERE_FAST and b.dtype == a.dtype and c.dtype == np.bool_:
-        shape = np.broadcast_shapes(c.shape, a.shape, b.shape)
-        n = math.prod(shape)
-        full_a, full_b = a.shape == shape, b.shape == shape
-        cs = c.shape
-        while cs and cs[0] == 1:
-            cs = cs[1:]
-        if (n and (full_a or a.size == 1) and (full_b or b.size == 1)
-                and (not full_a or a.flags.c_contiguous) and (not full_b or b.flags.c_contiguous)
-                and c.flags.c_contiguous and c.size and cs == shape[len(shape) - len(cs):]):
-            out = np.empty(shape, a.dtype)
-            _where_loop(c.reshape(-1), a.reshape(-1), b.reshape(-1), out.reshape(-1),
-                        full_a, full_b)
-            return out
     return np.where(c, a, b)
 
 
@@ -370,7 +319,7 @@ def where(cond, a, b):
 
 
 def _cast_kernel(a, dtype):
-    d = _dt.as_dtype(dtype)
+    d = np.dtype(dtype)      # a dtype name (the frontends write sampan's canonical ones)
     return a if a.dtype == d else a.astype(d)
 
 
@@ -446,5 +395,3 @@ from .unary import (  # noqa: E402,F401
     _relu, abs, ceil, cos, erf, exp, expm1, floor, gelu_exact, gelu_grad, log, log1p, neg,
     reciprocal, relu, relu_grad, round, rsqrt, sigmoid, sigmoid_grad, sign, sin, softplus_op,
     sqrt, square, tanh, tanh_grad)
-if HAVE_NUMBA:   # defined only with numba (tests/test_numba_cache_stamp.py imports it here)
-    from .unary import _gelu32_loop  # noqa: E402,F401

@@ -120,10 +120,7 @@ def _getitem_rule(x, *idx, index):
 
 def _getitem_kernel(a, *idx, index):
     key = decode_index(index, idx)
-    try:
-        r = a[key]
-    except IndexError as e:   # index values (the rule sees only their shapes)
-        raise _index_error("getitem", index, idx, a.shape, e) from None
+    r = a[key]      # an IndexError of index values: `_getitem_error` words it
     if type(r) is not np.ndarray:   # one element: a 0-d view (as torch), not a numpy scalar
         r = a[key + (Ellipsis,)]
     return r
@@ -154,7 +151,15 @@ def _getitem_unview(x, v, *idx, index):
     return apply(SETITEM, (x, v) + tuple(idx), {"index": index})
 
 
+def _getitem_error(exc, arrays, attrs):
+    """getitem's kernel failed on index values (the rule sees only their shapes)."""
+    if isinstance(exc, IndexError):
+        return _index_error("getitem", attrs["index"], arrays[1:], arrays[0].shape, exc)
+    return None
+
+
 GETITEM = defop("getitem", _getitem_rule, kernel=_getitem_kernel, grad=_getitem_grad,
+                kernel_error=_getitem_error,
                 saves=(), onnx="Slice", flops=lambda *a, **k: 0, samples=_getitem_samples,
                 unview=_getitem_unview)
 

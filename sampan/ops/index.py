@@ -39,12 +39,30 @@ def _check_range(op, i, n, axis, shape):
 
 
 def _index_select_kernel(a, i, axis):
-    _check_range("index_select", i, a.shape[axis], axis, a.shape)
+    n = a.shape[axis]
+    if i.size:                 # indices in [0, n), as PyTorch requires (not numpy's -1)
+        lo, hi = int(i.min()), int(i.max())
+        if lo < 0 or hi >= n:
+            raise IndexError(f"index_select: index {lo if lo < 0 else hi} along axis "
+                             f"{axis} of an input of shape {tuple(a.shape)}; expected "
+                             f"indices in [0, {n})")
     return np.take(a, i, axis=axis)
+
+
+def _index_select_error(exc, arrays, attrs):
+    """index_select's kernel found an index out of range: say which, as sampan does."""
+    if isinstance(exc, IndexError):
+        a, i = arrays[0], arrays[1]
+        try:
+            _check_range("index_select", i, a.shape[attrs["axis"]], attrs["axis"], a.shape)
+        except SampanIndexError as e:
+            return e
+    return None
 
 
 INDEX_SELECT = defop(
     "index_select", _index_select_rule, kernel=_index_select_kernel,
+    kernel_error=_index_select_error,
     indexes=True,
     saves=(1,), nondiff_inputs=(1,), onnx="Gather", flops=lambda *a, **k: 0,
     grad=lambda g, y, x, i, axis: (index_add(_zeros_like(x), i, g, axis), None),
@@ -59,15 +77,9 @@ def _zeros_like(x):
 
 
 def _index_add_kernel(a, i, src, axis):
+    # (where numba is, embedding gradients run a row loop: backends/numba/loops/sparse.py)
     _check_range("index_add", i, a.shape[axis], axis, a.shape)
     out = a.copy()
-    if axis == 0 and a.ndim == 2 and src.ndim == 2 and a.dtype in (np.float32, np.float64) \
-            and src.dtype == a.dtype:
-        from . import sparse
-        if sparse.HAVE_NUMBA:  # embedding gradients: a numba row loop, ~30x np.add.at
-            ii = np.ascontiguousarray(i, np.int64).reshape(-1)
-            sparse._scatter_add_rows(np.ascontiguousarray(src), ii, out)
-            return out
     idx = [slice(None)] * a.ndim
     idx[axis] = i
     np.add.at(out, tuple(idx), src)

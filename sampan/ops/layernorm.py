@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor, apply
-from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, lead_size, randf, rng
 from .registry import NOT_DIFFERENTIABLE, NO_ONNX, Spec, defop
-from .rowwise import _FM, _half, _standardize_grad, standardize
+from .rowwise import _half, _in_f32, _standardize_grad, standardize
 
 
 # ---------------------------------------------------------------------- layer norm (affine)
@@ -20,105 +19,6 @@ from .rowwise import _FM, _half, _standardize_grad, standardize
 #     dx = r * (gw - mean(gw) - xh * mean(gw * xh)),   gw = g * w, xh = (x - mean) * r
 #     dw = sum over rows of g * xh,      db = sum over rows of g
 # each one pass over the rows (the statistics recomputed from x, nothing saved).
-if HAVE_NUMBA:
-    def _norm_kernels(ftype):
-        """The row kernels for one float type: statistics, sums and constants all in it
-        (float64 sums of float32 rows ran at half the vector width, ~2x slower)."""
-        zero = ftype(0)
-        one = ftype(1)
-
-        @njit(inline="always", fastmath=_FM)
-        def stats(x, r, eps):
-            # mean and 1/sqrt(var + eps) of row r, two passes
-            nc = x.shape[1]
-            inv_n = one / ftype(nc)
-            s = zero
-            for c in range(nc):
-                s += x[r, c]
-            m = s * inv_n
-            q = zero
-            for c in range(nc):
-                d = x[r, c] - m
-                q += d * d
-            return m, one / np.sqrt(q * inv_n + eps)
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def std_fwd(x, eps, out):
-            for r in range(x.shape[0]):
-                m, rs = stats(x, r, eps)
-                for c in range(x.shape[1]):
-                    out[r, c] = (x[r, c] - m) * rs
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def ln_fwd(x, w, b, eps, out):
-            for r in range(x.shape[0]):
-                m, rs = stats(x, r, eps)
-                for c in range(x.shape[1]):
-                    out[r, c] = (x[r, c] - m) * rs * w[c] + b[c]
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def ln_bwd_x(x, w, g, eps, out):
-            nc = x.shape[1]
-            inv_n = one / ftype(nc)
-            for r in range(x.shape[0]):
-                m, rs = stats(x, r, eps)
-                sg = zero
-                sgy = zero
-                for c in range(nc):
-                    gc = g[r, c] * w[c]
-                    sg += gc
-                    sgy += gc * ((x[r, c] - m) * rs)
-                mg = sg * inv_n
-                mgy = sgy * inv_n
-                for c in range(nc):
-                    y = (x[r, c] - m) * rs
-                    out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def ln_bwd_w(x, g, eps, out):
-            nc = x.shape[1]
-            for c in range(nc):
-                out[c] = zero
-            for r in range(x.shape[0]):
-                m, rs = stats(x, r, eps)
-                for c in range(nc):
-                    out[c] += g[r, c] * ((x[r, c] - m) * rs)
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def ln_bwd(x, w, g, eps, out, dw, db):
-            # ln_bwd_x, ln_bwd_w and the column sum of g in one pass over the rows, with
-            # the same formulas as those kernels (statistics computed once per row)
-            nc = x.shape[1]
-            inv_n = one / ftype(nc)
-            for c in range(nc):
-                dw[c] = zero
-                db[c] = zero
-            for r in range(x.shape[0]):
-                m, rs = stats(x, r, eps)
-                sg = zero
-                sgy = zero
-                # the row sums and the column accumulations in two loops: one loop
-                # doing both ran 0.46 ms per W3 call, these two 0.39 ms
-                for c in range(nc):
-                    gc = g[r, c] * w[c]
-                    sg += gc
-                    sgy += gc * ((x[r, c] - m) * rs)
-                for c in range(nc):
-                    gr = g[r, c]
-                    dw[c] += gr * ((x[r, c] - m) * rs)
-                    db[c] += gr
-                mg = sg * inv_n
-                mgy = sgy * inv_n
-                for c in range(nc):
-                    y = (x[r, c] - m) * rs
-                    out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
-        return std_fwd, ln_fwd, ln_bwd_x, ln_bwd_w, ln_bwd
-
-    _NK = {np.dtype(t): _norm_kernels(t) for t in (np.float32, np.float64)}
-else:  # pragma: no cover
-    _NK = {}
-
-
 def _rows(a):
     # an explicit row count: reshape(-1, 0) cannot infer it for rows of length 0
     return np.ascontiguousarray(a).reshape(lead_size(a.shape[:-1]), a.shape[-1])
@@ -134,23 +34,16 @@ def _numpy_stats(x, eps):
     return d * r, r
 
 
-@_half
-def _ln_kernel(x, w, b, eps):
-    if x.dtype in _NK and x.size:
-        out = np.empty(x.shape, x.dtype)
-        _NK[x.dtype][1](_rows(x), np.ascontiguousarray(w), np.ascontiguousarray(b),
-                        x.dtype.type(eps), out.reshape(-1, x.shape[-1]))
-        return out
+def _ln_rows(x, w, b, eps):
     return _numpy_stats(x, eps)[0] * w + b
+
+
+def _ln_kernel(x, w, b, eps):
+    return _in_f32(_ln_rows, (x, w, b), eps)
 
 
 @_half
 def _ln_grad_x_kernel(x, w, g, eps):
-    if x.dtype in _NK and x.size and g.shape == x.shape:
-        out = np.empty(x.shape, x.dtype)
-        _NK[x.dtype][2](_rows(x), np.ascontiguousarray(w), _rows(g), x.dtype.type(eps),
-                        out.reshape(-1, x.shape[-1]))
-        return out
     if not x.size:
         return np.empty(x.shape, x.dtype)
     y, r = _numpy_stats(x, eps)
@@ -160,26 +53,14 @@ def _ln_grad_x_kernel(x, w, g, eps):
 
 @_half
 def _ln_grad_w_kernel(x, g, eps):
-    if x.dtype in _NK and x.size and g.shape == x.shape:
-        out = np.empty(x.shape[-1], x.dtype)
-        _NK[x.dtype][3](_rows(x), _rows(g), x.dtype.type(eps), out)
-        return out
     y, _ = _numpy_stats(x, eps)
     return _rows(g * y).sum(0)
 
 
 @_half
 def _ln_grad_all_kernel(x, w, g, eps):
-    """(dx, dw, db) of layer_norm_affine in one pass (`ln_bwd`); numpy without numba."""
-    c = x.shape[-1]
-    if (x.dtype in _NK and x.size and g.shape == x.shape and g.dtype == x.dtype
-            and w.dtype == x.dtype):
-        out = np.empty(x.shape, x.dtype)
-        dw = np.empty(c, x.dtype)
-        db = np.empty(c, x.dtype)
-        _NK[x.dtype][4](_rows(x), np.ascontiguousarray(w), _rows(g), x.dtype.type(eps),
-                        out.reshape(-1, c), dw, db)
-        return out, dw, db
+    """(dx, dw, db) of layer_norm_affine (one pass where numba is: `ln_bwd` in
+    backends/numba/loops/layernorm.py)."""
     from .reduce import _sum_kernel
     db = _sum_kernel(g, tuple(range(g.ndim - 1))) if g.ndim > 1 else g.copy()
     return (_ln_grad_x_kernel(x, w, g, eps), _ln_grad_w_kernel(x, g, eps), db)

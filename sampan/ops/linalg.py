@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as _dt
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, broadcast_shapes, lead_size, randf, rng, same_dtype, unbroadcast
@@ -26,15 +25,45 @@ def _matmul_rule(a, b):
 
 
 def _matmul_kernel(a, b):
-    if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
+    if a.dtype.itemsize == 2 and a.dtype.name in ("float16", "bfloat16"):
         return _matmul_kernel(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
     if a.ndim > 2 and b.ndim == 2:
         # (..., m, k) @ (k, n) as one (M, k) @ (k, n) GEMM: numpy would loop over the batch
         # with small GEMMs, about 4x slower for transformer-sized activations
-        k = a.shape[-1]
-        return np.matmul(a.reshape(lead_size(a.shape[:-1]), k), b).reshape(
-            a.shape[:-1] + (b.shape[1],))
+        m = 1
+        for d in a.shape[:-1]:
+            m *= d
+        return np.matmul(a.reshape(m, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
     return np.matmul(a, b)
+
+
+def matmul_out_kernel(a, b, out):
+    """float32/64 matmul written into `out` (a buffer of the memory plan: the runtime's
+    out= kernel): (..., m, k) @ (k, n) as one GEMM when a and out are contiguous; a
+    non-contiguous a stays a batch of products (np.matmul), as numpy runs it."""
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
+        m = 1
+        for d in a.shape[:-1]:
+            m *= d
+        np.matmul(a.reshape(m, a.shape[-1]), b, out=out.reshape(m, out.shape[-1]))
+        return out
+    return np.matmul(a, b, out=out)
+
+
+def matmul_planned(a, b, min_bytes=256):
+    """matmul as the memory-planned runtime runs a node the plan may give a buffer (an
+    output of at least `min_bytes`, float32/64): `matmul_out_kernel` into a new array;
+    otherwise the op's kernel. `sampan deploy` calls it for such nodes."""
+    if a.dtype.kind != "f" or b.dtype.kind != "f" or a.dtype.itemsize < 4 or b.ndim != 2:
+        return _matmul_kernel(a, b)
+    shape = a.shape[:-1] + (b.shape[1],)
+    dtype = np.result_type(a, b)
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    if n < min_bytes:
+        return _matmul_kernel(a, b)
+    return matmul_out_kernel(a, b, np.empty(shape, dtype))
 
 
 def _mT(x):

@@ -20,10 +20,9 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import apply
-from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
-from .conv import (_check_4d, _check_attrs, _check_out, _f32, _numel, _out_dim, _pad, _pair,
-                   _t, _win, checked_apply)
+from .conv import (_check_4d, _check_attrs, _check_out, _f32, _f32_call, _numel, _out_dim, _pad,
+                   _pair, _t, _win, checked_apply)
 from .registry import NO_ONNX, Spec, defop
 
 
@@ -35,6 +34,13 @@ def _out_len(n, k, s, p, d, ceil_mode):
     if isinstance(n, str):
         raise op_error(ShapeError, "pool", f"symbolic size {n} with ceil_mode=True",
                        "static spatial sizes with ceil_mode")
+    return _pool_len(n, k, s, p, d, ceil_mode)
+
+
+def _pool_len(n, k, s, p, d, ceil_mode):
+    """The pooled length of a static size `n` (see `_out_len`)."""
+    if not ceil_mode:
+        return (n + 2 * p - d * (k - 1) - 1) // s + 1
     o = -(-(n + 2 * p - d * (k - 1) - 1) // s) + 1
     return o - 1 if (o - 1) * s >= n + p else o
 
@@ -99,22 +105,25 @@ def _max_rule(x, kernel_size, stride, padding, dilation, ceil_mode=False):
 
 
 def _hw(x, kernel_size, stride, padding, dilation=(1, 1), ceil_mode=False):
-    return tuple(_out_len(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
+    return tuple(_pool_len(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
                  zip(x.shape[2:], kernel_size, stride, padding, dilation))
 
 
 def _max_kernel(x, kernel_size, stride, padding, dilation, ceil_mode=False):
     ho, wo = _hw(x, kernel_size, stride, padding, dilation, ceil_mode)
-    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode):
-        out = np.empty(x.shape[:2] + (ho, wo), x.dtype)
-        _max_2x2(np.ascontiguousarray(x), out)
-        return out
     xp = _padw(x, padding, (ho, wo), kernel_size, stride, dilation, _lowest(x.dtype))
     out = None
     for _k, i, j in _taps(kernel_size):
         s = xp[_win(i, j, ho, wo, stride, dilation)]
         out = s.copy() if out is None else np.maximum(out, s, out=out)
     return out
+
+
+def _max_np_kernel(x, kernel_size, stride, padding, dilation, ceil_mode=False):
+    """max_pool2d's numpy kernel (half precision in float32)."""
+    return _f32_call(_max_kernel, (x,), {"kernel_size": kernel_size, "stride": stride,
+                                         "padding": padding, "dilation": dilation,
+                                         "ceil_mode": ceil_mode})
 
 
 def _argmax(x, kernel_size, stride, padding, dilation, ceil_mode=False):
@@ -135,124 +144,9 @@ def _argmax(x, kernel_size, stride, padding, dilation, ceil_mode=False):
     return arg, ho, wo
 
 
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True)
-    def _max_grad_loop(xp, g, kh, kw, sh, sw, dh, dw, buf):
-        # same choice as _argmax: taps in row-major order, the first maximum wins, a NaN
-        # replaces the current best
-        n, c, ho, wo = g.shape
-        for a in range(n):
-            for b in range(c):
-                for i in range(ho):
-                    for j in range(wo):
-                        bi = i * sh
-                        bj = j * sw
-                        best = xp[a, b, bi, bj]
-                        for ti in range(kh):
-                            for tj in range(kw):
-                                r = i * sh + ti * dh
-                                q = j * sw + tj * dw
-                                v = xp[a, b, r, q]
-                                if v > best or v != v:
-                                    best = v
-                                    bi = r
-                                    bj = q
-                        buf[a, b, bi, bj] += g[a, b, i, j]
-
-
-# 2x2 windows at stride 2 without padding (the common pooling) in two loops. Indices are
-# unsigned flat offsets: numba adds a negative-index check to signed index arithmetic,
-# which kept the loops scalar. Forward: NaN-propagating selects, vectorised (W2's layers
-# 0.34 -> 0.13 ms and 0.25 -> 0.07 ms). Gradient: the winning tap's offset computed
-# arithmetically and one store per window into zeroed rows. Selects there made
-# branches in the scalar tail of each short row (14 and 5 windows in LeNet), which
-# mispredict on real data: 1.24 -> 0.35 ms and 0.44 -> 0.13 ms. The gradient loop
-# reports whether a window held a NaN (or +inf and -inf), and the caller then uses the
-# general loop, whose choice of tap it matches everywhere else (first maximum in
-# row-major order).
-if HAVE_NUMBA:
-    _U = np.uint64
-
-    @njit(inline="always", cache=True)
-    def _window(xf, r0, r1, q):
-        """The 2x2 window at column q of rows starting at flat offsets r0 and r1."""
-        return xf[r0 + q], xf[r0 + q + _U(1)], xf[r1 + q], xf[r1 + q + _U(1)]
-
-    @njit(cache=True, nogil=True, error_model="numpy")
-    def _max_2x2(x, out):
-        n, c, ho, wo = out.shape
-        h, w = _U(x.shape[2]), _U(x.shape[3])
-        ho, wo = _U(ho), _U(wo)
-        xf = x.ravel()
-        of = out.ravel()
-        two = _U(2)
-        for p in range(_U(n * c)):
-            for i in range(ho):
-                r0 = p * h * w + two * i * w
-                r1 = r0 + w
-                orow = (p * ho + i) * wo
-                for j in range(wo):
-                    q = two * j
-                    v0, v1, v2, v3 = _window(xf, r0, r1, q)
-                    a = v1 if (v1 > v0) | (v1 != v1) else v0
-                    b = v3 if (v3 > v2) | (v3 != v3) else v2
-                    of[orow + j] = b if (b > a) | (b != b) else a
-
-    @njit(cache=True, nogil=True, error_model="numpy")
-    def _max_grad_2x2(x, g, zero, out):
-        n, c, ho, wo = g.shape
-        h, w = _U(x.shape[2]), _U(x.shape[3])
-        ho, wo = _U(ho), _U(wo)
-        xf = x.ravel()
-        gf = g.ravel()
-        of = out.ravel()
-        two = _U(2)
-        odd = False
-        for p in range(_U(n * c)):
-            for i in range(ho):
-                r0 = p * h * w + two * i * w
-                r1 = r0 + w
-                grow = (p * ho + i) * wo
-                for j in range(two * wo):
-                    of[r0 + j] = zero
-                    of[r1 + j] = zero
-                for j in range(wo):
-                    q = two * j
-                    v0, v1, v2, v3 = _window(xf, r0, r1, q)
-                    t = v0 + v1 + v2 + v3
-                    odd |= t != t
-                    c1 = _U(v1 > v0)
-                    c3 = _U(v3 > v2)
-                    cb = _U(max(v2, v3) > max(v0, v1))
-                    of[r0 + q + c1 + cb * (w + c3 - c1)] = gf[grow + j]
-        return odd
-
-
-def _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode=False):
-    return (HAVE_NUMBA and x.dtype in (np.float32, np.float64)
-            and tuple(kernel_size) == (2, 2) and tuple(stride) == (2, 2)
-            and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)
-            and not (ceil_mode and (x.shape[2] % 2 or x.shape[3] % 2)))
-
-
 def _max_grad_kernel(x, g, kernel_size, stride, padding, dilation, ceil_mode=False):
     n, c, h, w = x.shape
     (ph, pw) = padding
-    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode) and g.dtype == x.dtype:
-        out = np.empty(x.shape, x.dtype)
-        ho, wo = g.shape[2], g.shape[3]
-        out[:, :, 2 * ho:] = 0   # rows and columns no window covers (odd sizes)
-        out[:, :, :, 2 * wo:] = 0
-        if not _max_grad_2x2(np.ascontiguousarray(x), np.ascontiguousarray(g),
-                             x.dtype.type(0), out):
-            return out
-    if HAVE_NUMBA and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
-        xp = np.ascontiguousarray(_padw(x, padding, g.shape[2:], kernel_size, stride,
-                                        dilation, _lowest(x.dtype)))
-        buf = np.zeros(xp.shape, g.dtype)
-        _max_grad_loop(xp, np.ascontiguousarray(g), kernel_size[0], kernel_size[1],
-                       stride[0], stride[1], dilation[0], dilation[1], buf)
-        return np.ascontiguousarray(buf[:, :, ph:ph + h, pw:pw + w])
     arg, ho, wo = _argmax(x, kernel_size, stride, padding, dilation, ceil_mode)
     buf = np.zeros((n, c) + _padded_hw((h, w), padding, (ho, wo), kernel_size, stride,
                                        dilation), g.dtype)
@@ -327,7 +221,7 @@ def _max_gather_grad(gy, y, x, v, **attrs):
     return None, apply(MAX_POOL2D_GRAD, (x, gy), attrs)
 
 
-MAX_POOL2D = defop("max_pool2d", _max_rule, kernel=_f32(_max_kernel),
+MAX_POOL2D = defop("max_pool2d", _max_rule, kernel=_max_np_kernel,
                    grad=lambda g, y, x, **a: (apply(MAX_POOL2D_GRAD, (x, g), a),),
                    flops=_pool_flops, onnx="MaxPool", samples=_max_samples)
 MAX_POOL2D_GRAD = defop("max_pool2d_grad", _max_grad_rule, kernel=_f32(_max_grad_kernel),
@@ -455,7 +349,16 @@ def _avg_grad_grad(gg, y, g, input_size, **attrs):
     return (apply(AVG_POOL2D, (gg,), attrs),)
 
 
-AVG_POOL2D = defop("avg_pool2d", _avg_rule, kernel=_f32(_avg_kernel), grad=_avg_grad, saves=(),
+def _avg_np_kernel(x, kernel_size, stride, padding, count_include_pad, ceil_mode=False,
+                   divisor_override=0):
+    """avg_pool2d's numpy kernel (half precision in float32)."""
+    return _f32_call(_avg_kernel, (x,), {
+        "kernel_size": kernel_size, "stride": stride, "padding": padding,
+        "count_include_pad": count_include_pad, "ceil_mode": ceil_mode,
+        "divisor_override": divisor_override})
+
+
+AVG_POOL2D = defop("avg_pool2d", _avg_rule, kernel=_avg_np_kernel, grad=_avg_grad, saves=(),
                    flops=_pool_flops, onnx="AveragePool", samples=_avg_samples)
 AVG_POOL2D_GRAD = defop("avg_pool2d_grad", _avg_grad_rule, kernel=_f32(_avg_grad_kernel),
                         grad=_avg_grad_grad, saves=(),

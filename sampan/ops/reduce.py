@@ -10,7 +10,6 @@ import numpy as np
 
 from .. import dtypes as _dt, return_types
 from ..tensor import Tensor, apply
-from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, norm_axis, pick, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 from .shape import expand, reshape
@@ -29,11 +28,16 @@ def _red_rule(out_dtype=None):
     return rule
 
 
+def _accumulate(f, a, axis, keepdims):
+    """f (np.sum, np.mean, np.prod) over `axis`; half types accumulate in float32."""
+    if a.dtype.itemsize == 2 and a.dtype.name in ("float16", "bfloat16"):
+        return np.asarray(f(a, axis=axis, keepdims=keepdims, dtype=np.float32)).astype(a.dtype)
+    return f(a, axis=axis, keepdims=keepdims)
+
+
 def _acc_kernel(f):
     def k(a, axis=None, keepdims=False):
-        if a.dtype == _dt.bfloat16 or a.dtype == np.float16:
-            return np.asarray(f(a, axis=axis, keepdims=keepdims, dtype=np.float32)).astype(a.dtype)
-        return f(a, axis=axis, keepdims=keepdims)
+        return _accumulate(f, a, axis, keepdims)
     return k
 
 
@@ -64,36 +68,8 @@ def _expand_back(g, x, axis, keepdims):
     return expand(g, tuple(x.shape))
 
 
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True)
-    def _colsum_loop(a, out):
-        # rows added into the output in order, as numpy's reduction over leading axes
-        # does (bit-identical), with the column loop vectorised
-        nr, nc = a.shape
-        for j in range(nc):
-            out[j] = a[0, j]
-        for i in range(1, nr):
-            for j in range(nc):
-                out[j] += a[i, j]
-
-
-_COLSUM = (np.dtype(np.float32), np.dtype(np.float64))
-_NP_SUM = _acc_kernel(np.sum)
-
-
 def _sum_kernel(a, axis=None, keepdims=False):
-    # sums over leading axes (bias and layer-norm gradients): numpy's strided reduction
-    # ran at about half the speed of one pass of row additions here
-    if (HAVE_NUMBA and a.dtype in _COLSUM and isinstance(axis, tuple) and axis
-            and axis == tuple(range(len(axis))) and len(axis) < a.ndim and a.size
-            and a.flags.c_contiguous):
-        nc = 1
-        for d in a.shape[len(axis):]:
-            nc *= d
-        out = np.empty(a.shape[len(axis):], a.dtype)
-        _colsum_loop(a.reshape(-1, nc), out.reshape(-1))
-        return out.reshape(_red_shape(a, axis, True)) if keepdims else out
-    return _NP_SUM(a, axis=axis, keepdims=keepdims)
+    return _accumulate(np.sum, a, axis, keepdims)
 
 
 SUM = defop("sum", _red_rule(), kernel=_sum_kernel, kind="reduction", scalar="a + b",
@@ -109,13 +85,21 @@ def _mean_grad(g, y, x, axis=None, keepdims=False):
     return div(_expand_back(g, x, axis, keepdims), float(builtins.max(n, 1)))
 
 
-_NP_MEAN = _acc_kernel(np.mean)
+def _reduced_shape(a, axis, keepdims):
+    """The shape of a reduction of array `a` over `axis` (None, an int or a tuple)."""
+    if axis is None:
+        axes = range(a.ndim)
+    else:
+        axes = [x % a.ndim for x in ((axis,) if isinstance(axis, int) else axis)]
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(a.shape))
+    return tuple(d for i, d in enumerate(a.shape) if i not in axes)
 
 
 def _mean_kernel(a, axis=None, keepdims=False):
     if not a.size:   # the mean of nothing is NaN (PyTorch's value), without numpy's warning
-        return np.full(_red_shape(a, axis, keepdims), np.nan, a.dtype)
-    return _NP_MEAN(a, axis=axis, keepdims=keepdims)
+        return np.full(_reduced_shape(a, axis, keepdims), np.nan, a.dtype)
+    return _accumulate(np.mean, a, axis, keepdims)
 
 
 MEAN = defop("mean", _red_rule(), kernel=_mean_kernel, kind="reduction",
@@ -137,14 +121,22 @@ def _max_kernel(f):
     return k
 
 
+def _amax_kernel(a, axis=None, keepdims=False):
+    return np.max(a, axis=axis, keepdims=keepdims)
+
+
+def _amin_kernel(a, axis=None, keepdims=False):
+    return np.min(a, axis=axis, keepdims=keepdims)
+
+
 def _minmax_samples():
     return [s for s in _red_samples() if s.args[0].size]
 
 
-MAX = defop("max", _red_rule(), kernel=_max_kernel(np.max), kind="reduction",
+MAX = defop("max", _red_rule(), kernel=_amax_kernel, kind="reduction",
             scalar="max(a, b)", grad=_minmax_grad, save_output=True, flops=_red_flops,
             onnx="ReduceMax", samples=_minmax_samples)
-MIN = defop("min", _red_rule(), kernel=_max_kernel(np.min), kind="reduction",
+MIN = defop("min", _red_rule(), kernel=_amin_kernel, kind="reduction",
             scalar="min(a, b)", grad=_minmax_grad, save_output=True, flops=_red_flops,
             onnx="ReduceMin", samples=_minmax_samples)
 

@@ -87,10 +87,15 @@ class OpDef:
     # the output holds exactly the values of input 0, rearranged or repeated (reshape,
     # permute, expand, copy): a bound on the output's values is one on the input's
     same_values: bool = False
+    # kernel_error(exc, arrays, attrs) -> a sampan error or None: what a kernel's plain
+    # exception (an IndexError of an index value) means to the user. The numpy kernels are
+    # plain numpy (`sampan deploy` copies them into a module without sampan), so the op's
+    # message is made here, outside the kernel
+    kernel_error: Callable[..., Any] | None = None
     doc: str = ""
 
     def __post_init__(self):
-        self.kernel = self.kernels.get("numpy")
+        self.kernel = default_kernel(self.kernels)
         self.differentiable = callable(self.grad)
         self.saves_per_input = bool(self.saves) and isinstance(self.saves[0], tuple)
         self.saves_read = {}        # requires_grad of each input -> inputs read (tape.py)
@@ -106,6 +111,19 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+# the backends whose kernel is an op's default (`OpDef.kernel`, what eager runs), first
+# present first: "numba" holds the hand-written loops where numba is installed (each
+# falls back to the numpy kernel for what it does not serve), "numpy" is the reference
+# (plain numpy: the kernel `sampan deploy` copies)
+DEFAULT_BACKENDS = ("numba", "numpy")
+
+
+def default_kernel(kernels: dict):
+    """The op's default kernel among `kernels` (see DEFAULT_BACKENDS)."""
+    for b in DEFAULT_BACKENDS:
+        if kernels.get(b) is not None:
+            return kernels[b]
+    return None
 
 
 def defop(name: str, shape, *, kernel=None, **kw) -> OpDef:
@@ -121,8 +139,14 @@ def defop(name: str, shape, *, kernel=None, **kw) -> OpDef:
 
 
 def register_kernel(op_name: str, backend: str, fn) -> None:
-    """Add a backend kernel to an existing op (backends are kernel tables)."""
-    OPS[op_name].kernels[backend] = fn
+    """Add a backend kernel to an existing op (backends are kernel tables); a default
+    backend's kernel (DEFAULT_BACKENDS) becomes the op's default if that was the one
+    the table chose."""
+    op = OPS[op_name]
+    before = default_kernel(op.kernels)
+    op.kernels[backend] = fn
+    if op.kernel is before:
+        op.kernel = default_kernel(op.kernels)
 
 
 def get_op(name: str) -> OpDef:
@@ -199,6 +223,10 @@ def raise_kernel_error(op: OpDef, inputs, attrs, exc: Exception):
     """Turn a kernel failure into a sampan error: run the shape rule to explain it."""
     if isinstance(exc, SampanError):
         raise exc
+    if op.kernel_error is not None:
+        err = op.kernel_error(exc, [t._data for t in inputs], attrs)
+        if err is not None:
+            raise err.with_traceback(None) from None
     specs = [Spec(tuple(t._data.shape), t._data.dtype) for t in inputs]
     try:
         op.shape_rule(*specs, **attrs)

@@ -12,8 +12,9 @@ last axis: one pass per row forward, and a gradient that reads only the output,
 instead of the composite's six to fifteen ops keeping their intermediates. The softmax
 gradient ops have closed-form gradients; standardize's gradient runs as one op unless
 the backward pass records a graph (create_graph), where it is written with primitives,
-so second order works for all three. float32 rows
-use mathlib's vectorised exp32 (as fused jit kernels do); float64 numpy's exp.
+so second order works for all three. The kernels here are numpy; where numba is, the
+row loops of `backends/numba/loops/rowwise.py` run softmax, log-softmax, their gradients
+and cross-entropy (float32 rows with mathlib's vectorised exp32, as fused jit kernels do).
 
 jit traces the ops too rather than the composites' primitives: W3's fused softmax,
 log-softmax and layer-norm row kernels (several outputs each, kept for the gradient)
@@ -26,100 +27,10 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..tensor import Tensor, apply
-from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _EMPTY = {}
-
-# FASTMATH_IEEE: reassociation lets LLVM vectorise the row sums and maxima (8x faster
-# here); no "finite only" flags, so masked (-inf) entries and NaNs keep IEEE semantics
-_FM = FASTMATH_IEEE
-
-if HAVE_NUMBA:
-    from ..backends.numba.mathlib import exp32 as _exp32
-
-    # Accumulators start from a zero of the row's own type (`zero` below): `x[r, 0] * 0`
-    # is float64 in numba for float32 x, and the float64 sums made W3's softmax 2x slower.
-
-    @njit(inline="always", fastmath=_FM)
-    def _row_max(x, r):
-        # a NaN anywhere still reaches the result: as m here (first element) or through
-        # exp(x - m) in the caller's sum; the comparison vectorises where max() did not
-        m = x[r, 0]
-        for c in range(1, x.shape[1]):
-            v = x[r, c]
-            m = v if v > m else m
-        return m
-
-    def _exp_row_fn(expf, zero):
-        @njit(inline="always", fastmath=_FM)
-        def exp_row(x, r, out):
-            """out[r] = e**(x[r] - max(x[r])); returns the max and the sum."""
-            m = _row_max(x, r)
-            s = zero
-            for c in range(x.shape[1]):
-                e = expf(x[r, c] - m)
-                out[r, c] = e
-                s += e
-            return m, s
-        return exp_row
-
-    def _row_kernels(expf, zero):
-        exp_row = _exp_row_fn(expf, zero)
-        one = zero + 1
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def fwd(x, log, out):
-            nr, nc = x.shape
-            for r in range(nr):
-                m, s = exp_row(x, r, out)
-                if log:
-                    ls = np.log(s)
-                    for c in range(nc):
-                        out[r, c] = (x[r, c] - m) - ls
-                else:
-                    inv = one / s   # a multiply per element, not a division
-                    for c in range(nc):
-                        out[r, c] = out[r, c] * inv
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def bwd(y, g, log, out):
-            nr, nc = y.shape
-            for r in range(nr):
-                s = zero
-                if log:
-                    for c in range(nc):
-                        s += g[r, c]
-                    for c in range(nc):
-                        out[r, c] = g[r, c] - expf(y[r, c]) * s
-                else:
-                    for c in range(nc):
-                        s += g[r, c] * y[r, c]
-                    for c in range(nc):
-                        out[r, c] = y[r, c] * (g[r, c] - s)
-        return fwd, bwd
-
-    @njit(inline="always")
-    def _exp64(x):
-        return np.exp(x)
-
-    _K = {np.dtype(np.float32): _row_kernels(_exp32, np.float32(0)),
-          np.dtype(np.float64): _row_kernels(_exp64, np.float64(0))}
-
-else:  # pragma: no cover - the no-numba test covers this path
-    _K = {}
-
-
-def _run_rows(kern, *arrays, **scalars):
-    """`kern(rows of each array..., *scalars, out_rows)` into a new array like arrays[0],
-    every array viewed as contiguous (rows, last dim)."""
-    x = arrays[0]
-    out = np.empty(x.shape, x.dtype)
-    c = x.shape[-1]
-    kern(*(np.ascontiguousarray(a).reshape(-1, c) for a in arrays), *scalars.values(),
-         out.reshape(-1, c))
-    return out
 
 
 def _half(k):
@@ -133,33 +44,46 @@ def _half(k):
     return run
 
 
-def _fwd_kernel(log):
-    @_half
-    def k(x):
-        if not x.size:   # no rows, or rows of length 0 (np.max has no identity for those)
-            return np.empty(x.shape, x.dtype)
-        ks = _K.get(x.dtype)
-        if ks is not None:
-            return _run_rows(ks[0], x, log=log)
-        m = np.max(x, axis=-1, keepdims=True)
-        z = x - m
-        if log:
-            return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
-        e = np.exp(z)
-        return e / np.sum(e, axis=-1, keepdims=True)
-    return k
+def _in_f32(kernel, arrays, *attrs):
+    """kernel(*arrays, *attrs), bfloat16/float16 rows computed in float32 and rounded back
+    (`_half` as a plain function: the numpy kernels below are copied by `sampan deploy`)."""
+    d = arrays[0].dtype
+    if d.kind != "f" or d.itemsize < 4:
+        return kernel(*(a.astype(np.float32) for a in arrays), *attrs).astype(d)
+    return kernel(*arrays, *attrs)
 
 
-def _bwd_kernel(log):
-    @_half
-    def k(y, g):
-        ks = _K.get(y.dtype)
-        if ks is not None and y.size and g.dtype == y.dtype and g.shape == y.shape:
-            return _run_rows(ks[1], y, g, log=log)
-        if log:
-            return g - np.exp(y) * np.sum(g, axis=-1, keepdims=True)
-        return y * (g - np.sum(g * y, axis=-1, keepdims=True))
-    return k
+def _softmax_rows(x, log):
+    if not x.size:   # no rows, or rows of length 0 (np.max has no identity for those)
+        return np.empty(x.shape, x.dtype)
+    m = np.max(x, axis=-1, keepdims=True)
+    z = x - m
+    if log:
+        return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+    e = np.exp(z)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _softmax_kernel(x):
+    return _in_f32(_softmax_rows, (x,), False)
+
+
+def _log_softmax_kernel(x):
+    return _in_f32(_softmax_rows, (x,), True)
+
+
+def _softmax_grad_rows(y, g, log):
+    if log:
+        return g - np.exp(y) * np.sum(g, axis=-1, keepdims=True)
+    return y * (g - np.sum(g * y, axis=-1, keepdims=True))
+
+
+def _softmax_grad_kernel(y, g):
+    return _in_f32(_softmax_grad_rows, (y, g), False)
+
+
+def _log_softmax_grad_kernel(y, g):
+    return _in_f32(_softmax_grad_rows, (y, g), True)
 
 
 def _rule(name):
@@ -216,27 +140,29 @@ def _y_samples(log):
     return samples
 
 
-SOFTMAX = defop("softmax", _rule("softmax"), kernel=_fwd_kernel(False),
+SOFTMAX = defop("softmax", _rule("softmax"), kernel=_softmax_kernel,
                 grad=lambda g, y, x: softmax_grad(y, g), saves=(), save_output=True,
                 flops=lambda x: 5 * int(np.prod(x.shape)), onnx="Softmax", samples=_samples(1),
                 amp="float32")
-SOFTMAX_GRAD = defop("softmax_grad", _rule("softmax_grad"), kernel=_bwd_kernel(False),
+SOFTMAX_GRAD = defop("softmax_grad", _rule("softmax_grad"), kernel=_softmax_grad_kernel,
                      grad=_sm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
                      onnx=NO_ONNX, samples=_y_samples(False))
-LOG_SOFTMAX = defop("log_softmax", _rule("log_softmax"), kernel=_fwd_kernel(True),
+LOG_SOFTMAX = defop("log_softmax", _rule("log_softmax"), kernel=_log_softmax_kernel,
                     grad=lambda g, y, x: log_softmax_grad(y, g), saves=(), save_output=True,
                     flops=lambda x: 5 * int(np.prod(x.shape)), onnx="LogSoftmax",
                     samples=_samples(1), amp="float32")
-LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"), kernel=_bwd_kernel(True),
+LOG_SOFTMAX_GRAD = defop("log_softmax_grad", _rule("log_softmax_grad"),
+                         kernel=_log_softmax_grad_kernel,
                          grad=_lsm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
                          onnx=NO_ONNX, samples=_y_samples(True))
 
 
-@_half
-def _standardize_kernel(x, eps):
-    if x.dtype in _NK and x.size:
-        return _run_rows(_NK[x.dtype][0], x, eps=x.dtype.type(eps))
+def _standardize_rows(x, eps):
     return _numpy_stats(x, eps)[0]
+
+
+def _standardize_kernel(x, eps):
+    return _in_f32(_standardize_rows, (x,), eps)
 
 
 def _standardize_grad_kernel(x, g, eps):
@@ -319,38 +245,6 @@ def log_softmax_last(x: Tensor) -> Tensor:
 # (log_softmax, ne, where, unsqueeze, take_along_axis, squeeze, neg, where) recorded eight
 # ops forward and as many backward and kept the (R, C) log-probabilities; this keeps one
 # number per row, and the gradient is one pass with no max or sum to recompute.
-if HAVE_NUMBA:
-    def _xent_kernels(expf, zero):
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def fwd(x, t, ignore, out, lse):
-            nr, nc = x.shape
-            for r in range(nr):
-                m = _row_max(x, r)
-                s = zero
-                for c in range(nc):
-                    s += expf(x[r, c] - m)
-                lse[r] = np.log(s) + m
-                out[r] = zero if t[r] == ignore else lse[r] - x[r, t[r]]
-
-        @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-        def bwd(x, t, lse, g, h, ignore, out):
-            nr, nc = x.shape
-            for r in range(nr):
-                gr = zero if t[r] == ignore else g[r]
-                k = gr + h[r]
-                lr = lse[r]
-                for c in range(nc):
-                    out[r, c] = expf(x[r, c] - lr) * k
-                if t[r] != ignore:
-                    out[r, t[r]] -= gr
-        return fwd, bwd
-
-    _XK = {np.dtype(np.float32): _xent_kernels(_exp32, np.float32(0)),
-           np.dtype(np.float64): _xent_kernels(_exp64, np.float64(0))}
-else:  # pragma: no cover
-    _XK = {}
-
-
 def _check_targets(x, t, ignore_index):
     if not t.size or (t.min() >= 0 and t.max() < x.shape[1]):   # the common case: 2 passes
         return
@@ -368,12 +262,6 @@ def _xent_kernel(x, t, ignore_index):
     if d.kind != "f" or d.itemsize < 4:
         loss, lse = _xent_kernel(x.astype(np.float32), t, ignore_index)
         return loss.astype(d), lse.astype(d)
-    ks = _XK.get(d)
-    if ks is not None:
-        out = np.empty(x.shape[0], d)
-        lse = np.empty(x.shape[0], d)
-        ks[0](np.ascontiguousarray(x), np.ascontiguousarray(t), ignore_index, out, lse)
-        return out, lse
     valid = t != ignore_index
     safe = np.where(valid, t, 0)
     m = x.max(-1, keepdims=True)
@@ -383,18 +271,12 @@ def _xent_kernel(x, t, ignore_index):
 
 
 def _xent_grad_kernel(x, t, lse, g, h, ignore_index):
-    _check_targets(x, t, ignore_index)   # the numba loop writes out[r, t[r]] unchecked
+    _check_targets(x, t, ignore_index)
     d = x.dtype
     if d.kind != "f" or d.itemsize < 4:
         f = np.float32
         return _xent_grad_kernel(x.astype(f), t, lse.astype(f), g.astype(f), h.astype(f),
                                  ignore_index).astype(d)
-    ks = _XK.get(d)
-    if ks is not None and g.dtype == d and h.dtype == d and lse.dtype == d:
-        out = np.empty(x.shape, d)
-        c = np.ascontiguousarray
-        ks[1](c(x), c(t), c(lse), c(g), c(h), ignore_index, out)
-        return out
     valid = t != ignore_index
     gr = np.where(valid, g, 0)
     p = np.exp(x - lse[:, None]) * (gr + h)[:, None]
@@ -476,5 +358,5 @@ def softmax_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -1
 
 # the affine layer norm ops are in layernorm.py; their names stay importable here
 from .layernorm import (  # noqa: E402,F401
-    LAYER_NORM, LN_GRAD, LN_GRAD_W, LN_GRAD_X, _NK, _ln_grad_x_kernel, _numpy_stats,
+    LAYER_NORM, LN_GRAD, LN_GRAD_W, LN_GRAD_X, _ln_grad_x_kernel, _numpy_stats,
     layer_norm_affine)

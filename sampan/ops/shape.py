@@ -55,7 +55,11 @@ def builtins_all_int(shape):
     return all(isinstance(d, int) for d in shape)
 
 
-RESHAPE = defop("reshape", _reshape_rule, kernel=lambda a, shape: a.reshape(shape),
+def _reshape_kernel(a, shape):
+    return a.reshape(shape)
+
+
+RESHAPE = defop("reshape", _reshape_rule, kernel=_reshape_kernel,
                 view=True, saves=(), grad=lambda g, y, x, shape: reshape(g, tuple(x.shape)),
                 unview=lambda x, v, shape: reshape(v, tuple(x.shape)),
                 onnx="Reshape", flops=lambda *a, **k: 0, same_values=True,
@@ -90,7 +94,11 @@ def _permute_rule(x, dims):
     return Spec(tuple(x.shape[d] for d in dims), x.dtype)
 
 
-PERMUTE = defop("permute", _permute_rule, kernel=lambda a, dims: a.transpose(dims), view=True,
+def _permute_kernel(a, dims):
+    return a.transpose(dims)
+
+
+PERMUTE = defop("permute", _permute_rule, kernel=_permute_kernel, view=True,
                 saves=(), grad=lambda g, y, x, dims: permute(g, tuple(np.argsort(dims).tolist())),
                 unview=lambda x, v, dims: permute(v, tuple(np.argsort(dims).tolist())),
                 onnx="Transpose", flops=lambda *a, **k: 0, same_values=True,
@@ -152,7 +160,11 @@ def _expand_rule(x, shape):
     return Spec(tuple(shape), x.dtype)
 
 
-EXPAND = defop("expand", _expand_rule, kernel=lambda a, shape: np.broadcast_to(a, shape),
+def _expand_kernel(a, shape):
+    return np.broadcast_to(a, shape)
+
+
+EXPAND = defop("expand", _expand_rule, kernel=_expand_kernel,
                view=True, saves=(),
                grad=lambda g, y, x, shape: unbroadcast(g, tuple(x.shape)),
                onnx="Expand", flops=lambda *a, **k: 0, same_values=True,
@@ -244,7 +256,11 @@ def _concat_grad(g, y, *xs, axis):
     return tuple(out)
 
 
-CONCAT = defop("concat", _concat_rule, kernel=lambda *a, axis: np.concatenate(a, axis=axis),
+def _concat_kernel(*a, axis):
+    return np.concatenate(a, axis=axis)
+
+
+CONCAT = defop("concat", _concat_rule, kernel=_concat_kernel,
                saves=(), grad=_concat_grad, onnx="Concat", flops=lambda *a, **k: 0,
                samples=lambda: [Sample((randf(rng(27), 2, 3), randf(rng(28), 4, 3)), {"axis": 0}),
                                 Sample((randf(rng(29), 2, 3), randf(rng(30), 2, 1),
@@ -337,7 +353,11 @@ def flip(x, dims=None, *more, axis=None):
 
 
 # ---------------------------------------------------------------------- copy
-COPY = defop("copy", lambda x: Spec(x.shape, x.dtype), kernel=lambda a: a.copy(), saves=(),
+def _copy_kernel(a):
+    return a.copy()
+
+
+COPY = defop("copy", lambda x: Spec(x.shape, x.dtype), kernel=_copy_kernel, saves=(),
              kind="elementwise", fuse="always", scalar="a", grad=lambda g, y, x: g,
              onnx="Identity", same_values=True,
              flops=lambda *a, **k: 0, samples=lambda: [Sample((randf(rng(34), 3, 2),))])

@@ -3,8 +3,9 @@ interaction (``pair_dots``) with the upper-triangle gather / scatter its gradien
 
 ``rows_gather(src, idx)`` is an embedding lookup into a dense block of (deduplicated)
 rows; its gradient is ``rows_scatter_add(g, idx, n)``, i.e. the summed row gradients of
-the unique ids, and the two ops are each other's gradient. Kernels are numba loops
-(``np.add.at`` would be ~30x slower for the scatter).
+the unique ids, and the two ops are each other's gradient. The eager kernels are numba loops
+(``np.add.at`` would be ~30x slower for the scatter) where numba is:
+`backends/numba/loops/sparse.py`; the kernels here are their numpy forms.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError, op_error
 from ..tensor import Tensor, apply
-from ._nb import HAVE_NUMBA, njit
 from ._util import Sample, randf, rng
 from .registry import NO_ONNX, Spec, defop
 
@@ -30,76 +30,6 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-@njit(cache=True, nogil=True)
-def _gather_rows(src, idx, out):
-    for j in range(idx.size):
-        r = idx[j]
-        for d in range(src.shape[1]):
-            out[j, d] = src[r, d]
-
-
-@njit(cache=True, nogil=True)
-def _scatter_add_rows(g, idx, out):
-    for j in range(idx.size):
-        r = idx[j]
-        for d in range(g.shape[1]):
-            out[r, d] += g[j, d]
-
-
-@njit(cache=True, nogil=True)
-def _triu_gather(z, out):
-    k = z.shape[1]
-    for b in range(z.shape[0]):
-        p = 0
-        for i in range(k):
-            for j in range(i + 1, k):
-                out[b, p] = z[b, i, j]
-                p += 1
-
-
-@njit(cache=True, nogil=True)
-def _triu_scatter(g, out):
-    k = out.shape[1]
-    for b in range(g.shape[0]):
-        p = 0
-        for i in range(k):
-            for j in range(i + 1, k):
-                out[b, i, j] = g[b, p]
-                p += 1
-
-
-@njit(cache=True, nogil=True, fastmath=True)
-def _pair_dots(t, out):
-    nb, k, dim = t.shape
-    for b in range(nb):
-        p = 0
-        for i in range(k):
-            for j in range(i + 1, k):
-                acc = t[b, i, 0] * t[b, j, 0]
-                for d in range(1, dim):
-                    acc += t[b, i, d] * t[b, j, d]
-                out[b, p] = acc
-                p += 1
-
-
-@njit(cache=True, nogil=True, fastmath=True)
-def _pair_dots_grad(g, t, out):
-    nb, k, dim = t.shape
-    for b in range(nb):
-        p = 0
-        for i in range(k):
-            for j in range(i + 1, k):
-                gp = g[b, p]
-                for d in range(dim):
-                    out[b, i, d] += gp * t[b, j, d]
-                    out[b, j, d] += gp * t[b, i, d]
-                p += 1
-
-
-def _fast(a) -> bool:
-    return HAVE_NUMBA and a.dtype in (np.float32, np.float64) and a.flags.c_contiguous
-
-
 def _check_range(idx, n):
     # numba kernels do not bounds-check: refuse bad indices here
     if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= n)):
@@ -113,11 +43,7 @@ def _rows_gather_kernel(src, idx):
     if src.ndim != 2:
         raise ValueError(f"source must be 2-d, got {src.shape}")
     _check_range(idx, src.shape[0])
-    if not _fast(src):
-        return src[idx]
-    out = np.empty((idx.size, src.shape[1]), src.dtype)
-    _gather_rows(src, idx, out)
-    return out
+    return src[idx]
 
 
 def _rows_scatter_add_kernel(g, idx, n):
@@ -126,78 +52,59 @@ def _rows_scatter_add_kernel(g, idx, n):
         raise ValueError(f"values {g.shape} do not match index {idx.shape}")
     _check_range(idx, n)
     out = np.zeros((n,) + g.shape[1:], g.dtype)
-    if _fast(g) and g.ndim == 2:
-        _scatter_add_rows(g, idx, out)
-    else:
-        np.add.at(out, idx, g)
+    np.add.at(out, idx, g)
     return out
+
+
+def _check_square(z):
+    if z.ndim != 3 or z.shape[1] != z.shape[2]:
+        raise ValueError(f"expected (B, K, K), got {z.shape}")
 
 
 def _triu_gather_kernel(z):
-    if z.ndim != 3 or z.shape[1] != z.shape[2]:
-        raise ValueError(f"expected (B, K, K), got {z.shape}")
-    k = z.shape[1]
-    if not _fast(z):
-        i, j = np.triu_indices(k, 1)
-        return np.ascontiguousarray(z[:, i, j])
-    out = np.empty((z.shape[0], k * (k - 1) // 2), z.dtype)
-    _triu_gather(np.ascontiguousarray(z), out)
-    return out
+    _check_square(z)
+    i, j = np.triu_indices(z.shape[1], 1)
+    return np.ascontiguousarray(z[:, i, j])
+
+
+def _check_pairs(g, k):
+    if g.ndim != 2 or g.shape[1] != k * (k - 1) // 2:
+        raise ValueError(f"expected (B, {k * (k - 1) // 2}), got {g.shape}")
 
 
 def _triu_scatter_kernel(g, k):
-    if g.ndim != 2 or g.shape[1] != k * (k - 1) // 2:
-        raise ValueError(f"expected (B, {k * (k - 1) // 2}), got {g.shape}")
+    _check_pairs(g, k)
     out = np.zeros((g.shape[0], k, k), g.dtype)
-    if not _fast(g):
-        i, j = np.triu_indices(k, 1)
-        out[:, i, j] = g
-        return out
-    _triu_scatter(np.ascontiguousarray(g), out)
+    i, j = np.triu_indices(k, 1)
+    out[:, i, j] = g
     return out
+
+
+def _check_vectors(t):
+    if t.ndim != 3 or t.shape[2] < 1:
+        raise ValueError(f"expected (B, K, dim) vectors, got {t.shape}")
 
 
 def _pair_dots_kernel(t):
-    if t.ndim != 3 or t.shape[2] < 1:
-        raise ValueError(f"expected (B, K, dim) vectors, got {t.shape}")
-    k = t.shape[1]
-    if not HAVE_NUMBA or t.dtype not in (np.float32, np.float64):
-        i, j = np.triu_indices(k, 1)
-        return np.ascontiguousarray(np.matmul(t, t.transpose(0, 2, 1))[:, i, j])
-    out = np.empty((t.shape[0], k * (k - 1) // 2), t.dtype)
-    gen = _generated(t.shape[2], t.dtype)
-    (gen[0] if gen else _pair_dots)(np.ascontiguousarray(t), out)
-    return out
+    _check_vectors(t)
+    i, j = np.triu_indices(t.shape[1], 1)
+    return np.ascontiguousarray(np.matmul(t, t.transpose(0, 2, 1))[:, i, j])
 
 
-def _pair_dots_grad_kernel(g, t):
+def _check_pair_grads(g, t):
     k = t.shape[1]
     if t.ndim != 3 or g.shape != (t.shape[0], k * (k - 1) // 2):
         raise ValueError(f"pair gradients {g.shape} do not fit vectors {t.shape}")
+
+
+def _pair_dots_grad_kernel(g, t):
+    _check_pair_grads(g, t)
+    k = t.shape[1]
     dt = np.result_type(g, t)
-    if not HAVE_NUMBA or dt not in (np.float32, np.float64):
-        i, j = np.triu_indices(k, 1)
-        s = np.zeros((t.shape[0], k, k), dt)
-        s[:, i, j] = g
-        return np.matmul(s + s.transpose(0, 2, 1), t).astype(dt, copy=False)
-    t = np.ascontiguousarray(t, dt)
-    gen = _generated(t.shape[2], dt)
-    if gen:   # writes every element; reads g with any strides (often a column slice)
-        from ..backends.numba.pairgen import pair_index
-        out = np.empty(t.shape, dt)
-        gen[1](g if g.dtype == dt else g.astype(dt), t, pair_index(k), out)
-        return out
-    out = np.zeros(t.shape, dt)
-    _pair_dots_grad(np.ascontiguousarray(g, dt), t, out)
-    return out
-
-
-def _generated(dim, dtype):
-    """The generated, SLP-vectorised pair kernels for this width (None: use the loops)."""
-    from ..backends.numba import pairgen
-    if dim > pairgen.MAX_DIM:
-        return None
-    return pairgen.kernels(dim, np.dtype(dtype))
+    i, j = np.triu_indices(k, 1)
+    s = np.zeros((t.shape[0], k, k), dt)
+    s[:, i, j] = g
+    return np.matmul(s + s.transpose(0, 2, 1), t).astype(dt, copy=False)
 
 
 def _check_idx(op, idx):

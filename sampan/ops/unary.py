@@ -9,9 +9,8 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ._nb import FASTMATH_IEEE, HAVE_NUMBA, njit, run_flat
 from ._util import Sample, elementwise_rule, numel_flops, randf, rng, unary_samples
-from .elementwise import _WHERE_FAST, _unary_fn, add, binary, div, mul, sub
+from .elementwise import _unary_fn, add, binary, div, mul, sub
 from .registry import NOT_DIFFERENTIABLE, NO_ONNX, defop
 
 
@@ -25,28 +24,6 @@ except ImportError:  # pragma: no cover
         return _erf_vec(a).astype(a.dtype)
 
 
-if HAVE_NUMBA:
-    from ..backends.numba.mathlib import erf32 as _erf32
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
-    def _erf32_loop(a, out):
-        for i in range(a.size):
-            out[i] = _erf32(a[i])
-
-
-def _f32_fast(*arrays):
-    return HAVE_NUMBA and all(a.dtype == np.float32 for a in arrays) and arrays[0].size
-
-
-def _erf_any(a):
-    """erf: float32 through mathlib's vectorised erf32 (a rational fit, within 6 ulps of
-    the correctly rounded value, and the value jit's fused kernels compute), ~35x faster
-    than scipy's scalar erf here; float64 (and float32 without numba) through scipy."""
-    if _f32_fast(a):
-        return run_flat(_erf32_loop, np.float32, a)
-    return _erf_kernel(a)
-
-
 def _as_kernel(f):
     """Kernels that upcast half types to float32 and round back (for non-ufunc math)."""
     def k(a):
@@ -56,24 +33,8 @@ def _as_kernel(f):
     return k
 
 
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True, error_model="numpy")
-    def _relu_loop(a, out):
-        # np.maximum(a, 0) bit for bit (NaN kept, -0.0 -> +0.0) as selects LLVM vectorises:
-        # numpy's maximum took ~4x as long here on activation-sized arrays
-        z = a.dtype.type(0)
-        for i in range(a.size):
-            v = a[i]
-            out[i] = v if v > z or v != v else z
-
-
 def _relu(a):
-    if HAVE_NUMBA and a.dtype in _RELU_FAST:
-        return run_flat(_relu_loop, a.dtype, a)
     return np.maximum(a, a.dtype.type(0))
-
-
-_RELU_FAST = {np.dtype(np.float32), np.dtype(np.float64)}
 
 
 def _softplus(a):
@@ -113,7 +74,7 @@ for _name, _kernel, _scalar, _grad, _onnx, _lo, _hi, _save, _so in [
     # from the output (y > 0 exactly where a > 0, NaN included): the pre-activation need
     # not be kept, and a fused bias+relu kernel writes one array instead of two
     ("relu", _relu, "max(a, 0)", lambda g, y, a: relu_grad(y, g), "Relu", -2, 2, (), True),
-    ("erf", _as_kernel(_erf_any), "erf(a)",
+    ("erf", _as_kernel(_erf_kernel), "erf(a)",
      lambda g, y, a: mul(g, mul(exp(neg(mul(a, a))), _TWO_OVER_SQRT_PI)), "Erf", -2, 2, None,
      False),
     ("reciprocal", np.reciprocal, "1 / a", lambda g, y, a: neg(mul(g, mul(y, y))), "Reciprocal",
@@ -197,18 +158,7 @@ SIGMOID_GRAD = defop("sigmoid_grad", elementwise_rule("sigmoid_grad"),
 
 # relu's gradient as one op: g where a > 0, else 0 (NaN inputs give 0, as gt(a, 0) did).
 # It was gt + zeros + where: three ops and three passes per relu in every backward.
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True, error_model="numpy")
-    def _relu_grad_loop(a, g, out):
-        z = g.dtype.type(0)
-        for i in range(a.size):
-            v = g[i]            # both loaded before the select: a vector blend, no branch
-            out[i] = v if a[i] > 0 else z
-
-
 def _relu_grad_kernel(a, g):
-    if HAVE_NUMBA and a.shape == g.shape and a.dtype == g.dtype and g.dtype in _WHERE_FAST:
-        return run_flat(_relu_grad_loop, g.dtype, a, g)
     return np.where(a > 0, g, g.dtype.type(0)).astype(g.dtype, copy=False)
 
 
@@ -250,31 +200,12 @@ _R2PI = 0.3989422804014327    # 1/sqrt(2*pi)
 _GELU_SCALAR = "a * 0.5 * (1 + erf(a * 0.7071067811865476))"
 _GELU_GRAD_SCALAR = "b * dgelu(a)"   # mathlib's dgelu32/dgelu64: Phi(a) + a * phi(a)
 
-if HAVE_NUMBA:
-    from ..backends.numba.mathlib import dgelu32 as _dgelu32
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
-    def _gelu32_loop(a, out):
-        for i in range(a.size):
-            x = a[i]
-            out[i] = x * np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(_R2)))
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH_IEEE)
-    def _gelu_grad32_loop(a, g, out):
-        for i in range(a.size):
-            out[i] = g[i] * _dgelu32(a[i])
-
-
 def _gelu_kernel(a):
-    if _f32_fast(a):   # erf32 as in `_erf_any`: the formula fused jit kernels use
-        return run_flat(_gelu32_loop, np.float32, a)
     t = a.dtype.type
     return a * t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
 
 
 def _gelu_grad_kernel(a, g):
-    if _f32_fast(a, g) and a.shape == g.shape:
-        return run_flat(_gelu_grad32_loop, np.float32, a, g)
     t = a.dtype.type
     cdf = t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
     return g * (cdf + a * (t(_R2PI) * np.exp(a * a * t(-0.5))))

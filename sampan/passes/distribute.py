@@ -6,8 +6,9 @@
 (output position, input position of the parameter)). The pass lays those gradients, in
 the order the nodes computing them run, into buckets by the policy eager `DataParallel`
 uses (`sampan._buckets.plan`: about `bucket_mb` megabytes of one dtype, a small first
-and a small last bucket; `graph.meta["bucket_mb"]`, which a traced `DataParallel` sets to
-its own, else `BUCKET_MB`), and right after the node that completes a bucket's last
+and a small last bucket; `bucket_mb` is the pass option, which the jit sets to a traced
+`DataParallel`'s own, else `BUCKET_MB`; the old `graph.meta["bucket_mb"]` is still read,
+with a DeprecationWarning), and right after the node that completes a bucket's last
 gradient inserts
 
     flat = concat(reshape(g_i, (-1,)) ...);  red = all_reduce(flat, op="mean")
@@ -26,19 +27,34 @@ Example::
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .._buckets import BUCKET_MB, FIRST_BUCKET_MB, plan  # noqa: F401 (the shared policy)
-from .manager import register_pass
+from .manager import PassError, register_pass
 
 
-@register_pass("distribute")
-def distribute(g):
+def _bucket_mb(g, bucket_mb):
+    """The option, else the deprecated `graph.meta["bucket_mb"]`, else BUCKET_MB."""
+    if bucket_mb is None and g.meta.get("bucket_mb") is not None:
+        warnings.warn("pass 'distribute': graph.meta['bucket_mb'] is deprecated; set the "
+                      "option with PassManager(options={'distribute': {'bucket_mb': ...}})",
+                      DeprecationWarning, stacklevel=4)
+        bucket_mb = g.meta["bucket_mb"]
+    mb = float(BUCKET_MB if bucket_mb is None else bucket_mb)
+    if not mb > 0:
+        raise PassError(f"pass 'distribute': bucket_mb={bucket_mb!r}; expected a number > 0")
+    return mb
+
+
+@register_pass("distribute", options={"bucket_mb": None})
+def distribute(g, bucket_mb=None):
     """All-reduce (mean) the traced gradients in buckets before the optimiser's update."""
     pairs = g.meta.get("grads")
     if not pairs:
         return g
-    mb = float(g.meta.get("bucket_mb", BUCKET_MB))
+    mb = _bucket_mb(g, bucket_mb)
     order = sorted(pairs, key=lambda p: -p[1])      # reverse parameter order
     grads, seen = [], set()
     for out_pos, _ in order:

@@ -55,7 +55,9 @@ class _NodeKernels(dict):
 
 
 NODE_KERNELS: dict = _NodeKernels()
-_TABLE = ("numpy", "onednn")     # providers bound as the op table's kernels (out= variants)
+# providers bound as the op table's kernels (out= variants): numba's are its hand-written
+# loops (`kernels["numba"]`, the ops' default kernels where numba is)
+_TABLE = ("numpy", "onednn", "numba")
 # the provider whose binder runs a node of these ops whatever the list says (their op
 # table kernels are references that return tuples, not what an executor binds)
 _NODE_PROVIDER = {"fused": "numba", "engine": "onnxruntime"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops._util import lead_size
+from ..ops.linalg import matmul_out_kernel
 from ..ops.registry import OPS
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -38,12 +38,7 @@ def _matmul_out(a, b, out):
             return fn(a, b, out=out)
         except Unsupported:
             pass
-    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and out.flags.c_contiguous:
-        # (..., m, k) @ (k, n) as one (M, k) @ (k, n) GEMM instead of one per batch entry
-        m = lead_size(a.shape[:-1])
-        np.matmul(a.reshape(m, a.shape[-1]), b, out=out.reshape(m, out.shape[-1]))
-        return out
-    return np.matmul(a, b, out=out)
+    return matmul_out_kernel(a, b, out)
 
 
 _SPECIAL_OUT = {"relu": _relu_out, "matmul": _matmul_out}

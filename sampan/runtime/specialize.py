@@ -27,7 +27,10 @@ def _concrete(*values) -> bool:
 
 
 def _max_pool2d(node):
-    from ..ops import pool as _pool
+    from ..backends.numba import available
+    if not available():
+        return None
+    from ..backends.numba.loops import pool as _pool
     x, y = node.inputs[0], node.outputs[0]
     a = node.attrs
     if x.dtype not in _FLOATS or not _concrete(x, y) or len(x.shape) != 4:
@@ -46,7 +49,10 @@ def _max_pool2d(node):
 
 
 def _conv2d(node):
-    from ..ops import conv as _conv
+    from ..backends.numba import available
+    if not available():
+        return None
+    from ..backends.numba.loops import conv as _conv
     x, w = node.inputs
     y = node.outputs[0]
     a = node.attrs
@@ -83,7 +89,7 @@ def _conv2d_one_gemm(node, n, o, cg, kh, kw, ho, wo):
     """The op's one-GEMM layout (columns of every image side by side, one product) with
     the reshaped weight and the column buffer made once; at batch 1 the product is
     written straight into the output (the (O, N) -> (N, O) transpose is a no-op)."""
-    from ..ops import _convloops as _loops
+    from ..backends.numba import convloops as _loops
     from ..ops import conv as _conv
     x, w = node.inputs
     y = node.outputs[0]

@@ -205,7 +205,7 @@ class ProgramModel(_Padded):
         self._setup_buckets()
         g = p.graph
         self._bounds = index_bounds(g, {g.inputs[pos].id: n for pos, n in zip(
-            p._prog.arg_pos, p.get_input_names())})
+            p.get_input_positions(), p.get_input_names())})
 
     def check(self, inputs):
         """Ids outside the tables the program indexes are refused (see `index_bounds`)."""

@@ -199,8 +199,36 @@ def check_late_peer_timeout():
     _close(x, np.full(2, 3.0), "late all_reduce")
 
 
+def check_half_reductions():
+    """float16/bfloat16 all-reduces: every rank gets the same bits, those of the pairwise
+    sum rounded once a step (two ranks: the rounded sum); under MPI the buffers went
+    through the 2-byte user op (its steps counted on some rank)."""
+    r, n = dist.rank(), dist.world_size()
+    for dt in (np.dtype(np.float16), bfloat16):
+        ins = [(np.arange(40, dtype=np.float32) * 0.37 - 7 + q * 1.9 + (q + 1) * 2.0 ** -9)
+               .astype(dt) for q in range(n)]
+        ins[0][0], ins[0][1] = 60000.0, np.nan         # an overflow to inf, a NaN
+        ins[-1][0] = 60000.0
+        for op in ("sum", "mean", "max", "min"):
+            x = ins[r].copy()
+            assert dist.all_reduce(x, op=op) is x and x.dtype == dt
+            got = dist.all_gather(x.view(np.int16))
+            assert all((p == got[0]).all() for p in got), f"{op} {dt}: ranks differ"
+            if n == 2:
+                f = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
+                want = f(ins[0].astype(np.float32), ins[1].astype(np.float32))
+                with np.errstate(over="ignore"):
+                    want = (want / np.float32(2) if op == "mean" else want).astype(dt)
+                assert x.view(np.int16).tolist() == want.view(np.int16).tolist(), (op, dt)
+    if dist.get_backend() == "mpi":
+        from sampan.distributed import mpi
+        steps = dist.all_gather(np.array([mpi.STATS["low_precision_steps"]], np.int64))
+        assert sum(int(p[0]) for p in steps) > 0, "the 2-byte reduction op never ran"
+
+
 CHECKS = {f"collectives_{d}": (check_collectives, (d,)) for d in DTYPES}
-CHECKS.update({"async_tensors_send_recv": (check_async_tensors_send_recv, ()),
+CHECKS.update({"half_reductions": (check_half_reductions, ()),
+               "async_tensors_send_recv": (check_async_tensors_send_recv, ()),
                "autograd": (check_autograd, ()), "traced": (check_traced, ()),
                "mismatch_errors": (check_mismatch_errors, ()),
                "late_peer_timeout": (check_late_peer_timeout, ())})

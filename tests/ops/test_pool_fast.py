@@ -4,7 +4,12 @@ columns no window covers get zeros) and both float types."""
 import numpy as np
 import pytest
 
+import sampan  # noqa: F401  (installs the numba kernels)
+from sampan.backends.numba import available
 from sampan.ops import pool
+
+if available():
+    from sampan.backends.numba.loops import pool as nbpool   # the loops' kernels
 
 SHAPES = [(2, 3, 8, 8), (2, 3, 7, 9), (1, 1, 5, 4), (1, 2, 2, 2), (4, 6, 28, 28)]
 
@@ -22,25 +27,25 @@ def _input(shape, dtype, special):
     return x, g
 
 
-@pytest.mark.skipif(not pool.HAVE_NUMBA, reason="needs numba")
+@pytest.mark.skipif(not available(), reason="needs numba")
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("special", ["none", "inf", "nan"])
 def test_2x2_gradient_matches_general_loop(shape, dtype, special):
     x, g = _input(shape, dtype, special)
     g.flat[0] = np.inf
-    fast = pool._max_grad_kernel(x, g, (2, 2), (2, 2), (0, 0), (1, 1))
+    fast = nbpool.max_pool2d_grad(x, g, (2, 2), (2, 2), (0, 0), (1, 1))
     ref = np.zeros(shape, dtype)
-    pool._max_grad_loop(np.ascontiguousarray(x), g, 2, 2, 2, 2, 1, 1, ref)
+    nbpool._max_grad_loop(np.ascontiguousarray(x), g, 2, 2, 2, 2, 1, 1, ref)
     np.testing.assert_array_equal(fast, ref)
 
 
-@pytest.mark.skipif(not pool.HAVE_NUMBA, reason="needs numba")
+@pytest.mark.skipif(not available(), reason="needs numba")
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("special", ["none", "inf", "nan"])
 def test_2x2_forward_matches_window_maximum(shape, special):
     x, _ = _input(shape, np.float32, special)
-    fast = pool._max_kernel(x, (2, 2), (2, 2), (0, 0), (1, 1))
+    fast = nbpool.max_pool2d(x, (2, 2), (2, 2), (0, 0), (1, 1))
     ho, wo = shape[2] // 2, shape[3] // 2
     w = x[:, :, :2 * ho, :2 * wo].reshape(shape[0], shape[1], ho, 2, wo, 2)
     np.testing.assert_array_equal(fast, w.max(axis=(3, 5)))   # np.max propagates NaN

@@ -3,7 +3,10 @@ over leading dims) against numpy's np.where, and its fallback for other layouts.
 import numpy as np
 import pytest
 
-from sampan.ops.elementwise import _where_kernel
+import sampan  # noqa: F401  (installs the numba kernels)
+from sampan.ops.registry import OPS
+
+_where_kernel = OPS["where"].kernel   # the default: numba's loop where installed
 
 LAYOUTS = [((3, 4), (3, 4), (3, 4)), ((4,), (3, 4), ()), ((3, 4), (), (3, 4)),
            ((1, 4), (2, 3, 4), (1,)), ((3, 1), (3, 4), (3, 4)), ((3, 4), (), ()),

@@ -3,6 +3,11 @@ per node, taking the memory plan's buffers (`out=`) and writing outputs over inp
 the plan allows (`inplace`). Without numba a fused node's body runs with the op table's
 numpy kernels (`ops.fused.run_body`), so a graph fused elsewhere still runs.
 
+Its table also holds the hand-written loops: every op's `kernels["numba"]` (registered
+by op name where numba is installed; the op's default kernel then, see
+`ops.registry.DEFAULT_BACKENDS`). Each serves every call of its op: what its loops do
+not cover it hands to the op's numpy kernel.
+
 Example::
 
     >>> from sampan.backends import get_provider
@@ -11,6 +16,9 @@ Example::
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from ...ops.registry import OPS
 from ..provider import Provider
 
 
@@ -41,11 +49,38 @@ def bind_fused(node, inplace=None):
     return run
 
 
+class _Kernels(Mapping):
+    """{"fused": its binder} and {op: the op's hand-written numba kernel}, read from the op
+    table when asked."""
+
+    def __getitem__(self, name):
+        if name == "fused":
+            return bind_fused
+        op = OPS.get(name)
+        fn = op.kernels.get("numba") if op is not None else None
+        if fn is None:
+            raise KeyError(name)
+        return fn
+
+    def __contains__(self, name):
+        if name == "fused":
+            return True
+        op = OPS.get(name)
+        return op is not None and op.kernels.get("numba") is not None
+
+    def __iter__(self):
+        yield "fused"
+        yield from (n for n, op in OPS.items() if op.kernels.get("numba") is not None)
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
 class NumbaProvider(Provider):
-    """Generated fused kernels (see the module doc)."""
+    """Generated fused kernels and the hand-written loops (see the module doc)."""
 
     name = "numba"
-    kernels = {"fused": bind_fused}
+    kernels = _Kernels()
     node_kernels = ("fused",)
 
     def available(self) -> bool:
@@ -53,7 +88,9 @@ class NumbaProvider(Provider):
         return available()
 
     def bind(self, node, inplace=None):
-        return bind_fused(node, inplace=inplace)
+        if node.op == "fused":
+            return bind_fused(node, inplace=inplace)
+        return super().bind(node)
 
 
 PROVIDER = NumbaProvider()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._nb import HAVE_NUMBA, njit
+from ...ops._nb import HAVE_NUMBA, njit
 
 if HAVE_NUMBA:
 
@@ -64,7 +64,7 @@ if HAVE_NUMBA:
                         for x in range(wd):
                             buf[b, ci, y + ki, x + kj] += col[b, k, y * wd + x]
 
-    # The same copies for the one-GEMM layout (conv.py's `_one_gemm`): columns (C*kh*kw,
+    # The same copies for the one-GEMM layout (loops/conv.py's `_one_gemm`): columns (C*kh*kw,
     # N*ho*wo), every sample's pixels side by side in a row, so one GEMM serves the batch.
     # The indices are unsigned flat offsets (products of sizes), which numba indexes
     # without the wraparound check; signed ones kept it and ran ~3x slower.
