@@ -21,7 +21,7 @@ import sys
 def _model_arg(s):
     name, sep, d = s.partition("=")
     if not sep or not name or not d:
-        raise ValueError(f"--model takes name=dir; got {s!r}")
+        raise ValueError(f"--model takes name=dir or name=pkg.module:Class; got {s!r}")
     return name, d
 
 
@@ -40,7 +40,9 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve models over the KServe v2 / Triton protocol",
                        description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", default=[], type=_model_arg,
-                   metavar="NAME=DIR", help="a model directory to serve (repeatable)")
+                   metavar="NAME=DIR",
+                   help="a model directory, or a custom model's class as "
+                        "NAME=pkg.module:Class (repeatable)")
     p.add_argument("--repository", help="a folder whose subdirectories are models")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")

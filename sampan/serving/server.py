@@ -52,10 +52,12 @@ def _merge(cfg: dict, overrides: dict) -> dict:
             out[k] = v
     if out.get("dynamic_batching") is None:
         out.pop("dynamic_batching", None)
+        if "dynamic_batching" in (overrides or {}):
+            out["_batching_off"] = True     # a custom class's default must not turn it on
     return out
 
 
-def _load(name, where, overrides):
+def _load(name, where, overrides, code_root=None):
     if isinstance(where, ServedModel):
         if overrides:
             where.config = _merge(where.config or {}, overrides)
@@ -63,9 +65,14 @@ def _load(name, where, overrides):
                 where.max_batch_size = int(overrides["max_batch_size"])
         return where
     directory = os.fspath(where)
+    if not os.path.isdir(directory):
+        from . import custom
+        if custom.is_class_ref(directory):      # --model name=pkg.module:Class
+            return custom.from_class_ref(name, directory, _merge({}, overrides))
     if not overrides:
-        return load_model(name, directory)
-    return load_model(name, directory, _merge(read_config(directory), overrides))
+        return load_model(name, directory, code_root=code_root)
+    return load_model(name, directory, _merge(read_config(directory), overrides),
+                      code_root=code_root)
 
 
 def _have(module):
@@ -84,9 +91,11 @@ class Server:
                  log_level="warning", warmup=True, shutdown_timeout=SHUTDOWN_TIMEOUT,
                  read_timeout=READ_TIMEOUT):
         self.specs = dict(models or {})
+        self.code_roots: dict = {}      # model name -> the repository its code may run from
         if repository is not None:
             for n, d in repository_models(repository).items():
-                self.specs.setdefault(n, d)
+                if n not in self.specs:
+                    self.specs[n], self.code_roots[n] = d, os.fspath(repository)
         if not self.specs:
             raise ServingError("serving: no models to serve (give --model name=dir or "
                                "--repository DIR)")
@@ -117,7 +126,7 @@ class Server:
         from .ops import setup_logging
         setup_logging(self.log_level)
         import sampan
-        models = {name: _load(name, where, self.overrides)
+        models = {name: _load(name, where, self.overrides, self.code_roots.get(name))
                   for name, where in self.specs.items()}
         self.plane = DataPlane.build(models, self.workers, "sampan",
                                      getattr(sampan, "__version__", "0"))
