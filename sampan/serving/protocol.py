@@ -17,11 +17,11 @@ Everything a request can get wrong raises `RequestError` (HTTP 400) naming the i
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 
+from . import jsoncodec
 from .errors import RequestError
 from .model import DATATYPES
 
@@ -153,7 +153,7 @@ def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
         plan = plans.get(body[:hl]) if 0 < hl <= _PLAN_HEADER_MAX else None
         if plan is not None and len(body) - hl == plan.nbytes:
             return _planned(plan, memoryview(body)[hl:])
-    dec = _decode(model, body, hl)
+    dec = jsoncodec.decode_checked(_decode, model, body, hl)
     if plans is not None and dec.plan is not None:
         if len(plans) >= _PLANS_MAX:
             plans.clear()
@@ -161,7 +161,7 @@ def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
     return dec
 
 
-def _decode(model, body, hl):
+def _decode(model, body, hl, std=False):
     if hl is not None:
         if not 0 < hl <= len(body):
             raise _bad(model, f"Inference-Header-Content-Length is {hl}, but the body has "
@@ -169,12 +169,7 @@ def _decode(model, body, hl):
         head, blob = body[:hl], memoryview(body)[hl:]
     else:
         head, blob = body, memoryview(b"")
-    try:
-        req = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad(model, f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise _bad(model, "the request's JSON is nested too deeply") from None
+    req = jsoncodec.loads_request(model, head, std)
     if not isinstance(req, dict):
         raise _bad(model, f"the request must be a JSON object; got {type(req).__name__}")
     params = req.get("parameters") or {}
@@ -291,12 +286,12 @@ def encode(model, dec: Decoded, results: dict):
             o["parameters"] = {"binary_data_size": len(b)}
             blobs.append(b)
         else:
-            o["data"] = a.ravel().tolist()
+            o["data"] = a.ravel()         # jsoncodec writes it as its tolist()
         outs.append(o)
     resp = {"model_name": model.name, "model_version": str(model.version), "outputs": outs}
     if dec.id is not None:
         resp["id"] = dec.id
-    head = json.dumps(resp, separators=(",", ":")).encode()
+    head = jsoncodec.dumps(resp)
     if not blobs:
         return head, None
     return b"".join([head] + blobs), len(head)

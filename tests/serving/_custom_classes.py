@@ -40,3 +40,27 @@ class Unbatched:
 
 class NoInfer:
     inputs = outputs = [{"name": "x", "datatype": "FP32", "dims": [1]}]
+
+
+class Affine:
+    """y = 2x + 1 over rows of 3 FP32 (one input, one output), batched."""
+    inputs = [{"name": "x", "datatype": "FP32", "dims": [3]}]
+    outputs = [{"name": "y", "datatype": "FP32", "dims": [3]}]
+    max_batch_size = 8
+
+    def infer(self, inputs):
+        return {"y": inputs["x"] * 2 + 1}
+
+
+class Pair:
+    """Two inputs, two outputs, batched: a FP32[2], k INT64[] -> s FP64[] = sum(a) * k,
+    d FP32[2] = a - k."""
+    inputs = [{"name": "a", "datatype": "FP32", "dims": [2]},
+              {"name": "k", "datatype": "INT64", "dims": []}]
+    outputs = [{"name": "s", "datatype": "FP64", "dims": []},
+               {"name": "d", "datatype": "FP32", "dims": [2]}]
+    max_batch_size = 8
+
+    def infer(self, inputs):
+        a, k = inputs["a"], inputs["k"]
+        return {"s": a.astype(np.float64).sum(1) * k, "d": a - k[:, None]}
