@@ -5,7 +5,7 @@
                  [--max-queue-delay-us US] [--preferred-batch-sizes 8,32]
                  [--max-queue-size N] [--timeout-ms MS] [--no-batching]
                  [--max-body-bytes N] [--read-timeout S] [--shutdown-timeout S]
-                 [--log-level info]
+                 [--log-level info] [--log-requests]
 
 Flags override every model's config.json. Once it listens it prints one JSON line,
 ``{"event": "listening", "url": ...}``, on stdout; logs are JSON lines on stderr.
@@ -65,6 +65,9 @@ def register(sub) -> None:
                         "them and close their connections (default 30, as Triton's "
                         "--exit-timeout-secs; 0: wait for ever)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-requests", action="store_true",
+                   help="log a JSON line per answered request (default: only failed "
+                        "requests are logged; each line costs server CPU)")
     p.set_defaults(fn=run)
 
 
@@ -100,7 +103,8 @@ def run(a) -> int:
     try:
         s = Server(dict(a.model), a.host, a.port, repository=a.repository,
                    overrides=overrides_of(a), max_body_bytes=a.max_body_bytes,
-                   log_level=a.log_level, read_timeout=a.read_timeout or None,
+                   log_level=a.log_level, log_requests=a.log_requests,
+                   read_timeout=a.read_timeout or None,
                    shutdown_timeout=a.shutdown_timeout or None)
 
         def ready(srv):

@@ -13,8 +13,9 @@ Infinity literals and UTF-16/32 bodies, which `json` reads, so a document orjson
 is read again by `json` (which gives its own error when it refuses it too); orjson
 reads an integer beyond 64 bits as a float, which no datatype of the protocol accepts as
 an integer, so a request the protocol refuses is decoded again with `json`
-(`decode_checked`) to refuse it with the same message. orjson writes a non-finite float as ``null``: an output holding
-``null`` is written again by `json` (a response has no nulls of its own). Numbers come
+(`decode_checked`) to refuse it with the same message. orjson writes a non-finite
+float as ``null``: an output holding ``null`` is written again by `json` (a response
+has no nulls of its own). Numbers come
 out as the same values: orjson writes a float32 or float16 array's elements in their own
 shortest form (``0.1``, not float64's ``0.10000000149011612``), which parses back to the
 same float32/float16 values.

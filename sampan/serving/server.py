@@ -89,7 +89,7 @@ class Server:
     def __init__(self, models=None, host="127.0.0.1", port=0, *, repository=None,
                  workers=None, overrides=None, max_body_bytes=MAX_BODY_BYTES,
                  log_level="warning", warmup=True, shutdown_timeout=SHUTDOWN_TIMEOUT,
-                 read_timeout=READ_TIMEOUT):
+                 read_timeout=READ_TIMEOUT, log_requests=False):
         self.specs = dict(models or {})
         self.code_roots: dict = {}      # model name -> the repository its code may run from
         if repository is not None:
@@ -104,6 +104,7 @@ class Server:
         self.overrides = dict(overrides or {})
         self.max_body_bytes = int(max_body_bytes)
         self.log_level = log_level
+        self.log_requests = bool(log_requests)    # a log line per answered request
         self.warmup = warmup
         for what, v in (("shutdown_timeout", shutdown_timeout), ("read_timeout", read_timeout)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
@@ -124,7 +125,7 @@ class Server:
         from .app import make_app
         from .dataplane import DataPlane
         from .ops import setup_logging
-        setup_logging(self.log_level)
+        setup_logging(self.log_level, requests=self.log_requests)
         import sampan
         models = {name: _load(name, where, self.overrides, self.code_roots.get(name))
                   for name, where in self.specs.items()}

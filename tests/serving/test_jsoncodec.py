@@ -106,7 +106,8 @@ def _text(req):
 
 
 DECODE = [_req(), _req(f=("FP32", [math.nan, math.inf])), _req(h=("FP16", [1e5, 0])),
-          _req(f=("FP32", [1e39, 0])), _req(i=("INT64", [2 ** 63, 0])), _req(i=("INT64", [2 ** 64, 0])),
+          _req(f=("FP32", [1e39, 0])), _req(i=("INT64", [2 ** 63, 0])),
+          _req(i=("INT64", [2 ** 64, 0])),
           _req(i=("INT64", [10 ** 30, 0])), _req(f=("FP32", [10 ** 30, 10 ** 400])),
           _req(i=("INT64", [1.5, 0])), _req(b=("BOOL", [2, 0])),
           _req(f=("BF16", [1.0, 2.0])), _req(f=("BYTES", ["a", "b"])),
