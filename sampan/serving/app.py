@@ -152,14 +152,7 @@ async def _respond(send, status, body, ctype, headers=None):
 def infer_path(path):
     """(name, version) of an infer path ``/v2/models/{name}[/versions/{v}]/infer``, else
     None. Example: ``infer_path("/v2/models/mlp/infer") == ("mlp", None)``"""
-    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
-        return None
-    parts = path[11:-6].split("/")
-    if len(parts) == 1 and parts[0]:
-        return parts[0], None
-    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-        return parts[0], parts[2]
-    return None
+    return protocol.model_path(path, "/v2/models/", "/infer")
 
 
 class Infer:

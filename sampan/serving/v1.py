@@ -30,7 +30,7 @@ import numpy as np
 
 from . import jsoncodec
 from .model import DATATYPES
-from .protocol import Decoded, _bad, _check_shape, _check_values
+from .protocol import Decoded, _bad, _check_shape, model_path, typed
 
 
 class V1Decoded(Decoded):
@@ -41,14 +41,7 @@ class V1Decoded(Decoded):
 def predict_path(path):
     """(name, version) of ``/v1/models/{name}[/versions/{v}]:predict``, else None.
     Example: ``predict_path("/v1/models/mlp:predict") == ("mlp", None)``"""
-    if not (path.startswith("/v1/models/") and path.endswith(":predict")):
-        return None
-    parts = path[11:-8].split("/")
-    if len(parts) == 1 and parts[0]:
-        return parts[0], None
-    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-        return parts[0], parts[2]
-    return None
+    return model_path(path, "/v1/models/", ":predict")
 
 
 def _array(model, spec, value):
@@ -64,20 +57,7 @@ def _array(model, spec, value):
             f"{raw.dtype.name} values"
         raise _bad(model, f"input {spec.name!r}: needs numbers of datatype {spec.datatype}; "
                           f"got {what}")
-    if dtype.kind in "iub":
-        if raw.size and raw.dtype.kind not in "iub":
-            raise _bad(model, f"input {spec.name!r}: datatype {spec.datatype} needs "
-                              f"{'booleans' if dtype.kind == 'b' else 'integers'}; the "
-                              f"data holds {raw.dtype.name} values")
-        _check_values(model, spec, dtype, raw)
-        a = raw.astype(dtype)
-    else:
-        try:
-            with np.errstate(over="raise", invalid="ignore"):
-                a = raw.astype(dtype)
-        except FloatingPointError:
-            raise _bad(model, f"input {spec.name!r}: a finite number too large for datatype "
-                              f"{spec.datatype}") from None
+    a = typed(model, spec, dtype, raw)
     _check_shape(model, spec, a.shape)
     return a
 
