@@ -186,3 +186,37 @@ def test_model_py_runs_only_from_inside_the_repository(tmp_path):
     with pytest.raises(ServingError, match="not inside the model repository"):
         Server(repository=str(repo))._build()
     assert not marker.exists()                       # no line of it ran
+
+
+@pytest.mark.slow          # a server process of its own: ~3-6 s to import and start
+def test_sampan_serve_command_line_with_a_class_and_a_repository(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = tmp_path / "repo"
+    _folder(str(repo), "addk", k=0.5)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "stderr", "w")
+    p = subprocess.Popen([sys.executable, "-m", "sampan.cli", "serve", "--model",
+                          f"scale={REF}", "--repository", str(repo), "--port", "0",
+                          "--log-level", "warning", "--max-queue-delay-us", "1000"],
+                         cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line, (tmp_path / "stderr").read_text()
+        rec = json.loads(line)
+        assert rec["models"] == ["addk", "scale"]
+        url = rec["url"]
+        r = httpx.post(f"{url}/v1/models/scale:predict", json={"instances": [[1, 2, 3, 4]]})
+        assert r.status_code == 200 and r.json()["predictions"][0]["y"] == [2, 4, 6, 8]
+        r = httpx.post(f"{url}/v1/models/addk:predict", json={"inputs": [[1, 2]]})
+        assert r.json() == {"outputs": [[1.5, 2.5]]}
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        p.stdout.close()
+        log.close()
