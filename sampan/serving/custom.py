@@ -74,8 +74,11 @@ def import_class(ref: str, name: str):
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:  # noqa: BLE001 -- the user's module failed: say which, and why
+        hint = (" (it must be importable: installed, or its folder on PYTHONPATH)"
+                if isinstance(e, ModuleNotFoundError) else "")
         raise ServingError(f"serving: model {name!r}: cannot import module {mod_name!r} "
-                           f"(from --model {name}={ref}): {type(e).__name__}: {e}") from e
+                           f"(from --model {name}={ref}): {type(e).__name__}: {e}{hint}"
+                           ) from e
     cls = getattr(mod, cls_name, None)
     if not isinstance(cls, type):
         raise ServingError(f"serving: model {name!r}: module {mod_name!r} has no class "

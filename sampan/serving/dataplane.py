@@ -27,9 +27,9 @@ the deadline (504) → `codec.encode`. Whatever the outcome, the request is coun
 model's metrics (``sampan_requests_total{status}``, ``sampan_request_seconds``) and,
 when it failed or per-request logs are on, logged (one JSON line: id, status, batch
 size, queue/compute/total ms, error); inside `sampan.profiler.profile()` its stages go
-on the profiler's timeline (`timeline.py`). A server
-bug is answered as a 500 `RequestError`, a cancelled request (the server's shutdown ran
-out of time) as a 503 that closes the connection, a client that left as `ClientGone`.
+on the profiler's timeline (`timeline.py`). A server bug is answered as a 500
+`RequestError`, a cancelled request (the server's shutdown ran out of time) as a 503
+that closes the connection, a client that left as `ClientGone`.
 
 A codec is any object with ``decode(model, body, header, plans) -> protocol.Decoded``
 (the request's ``id``, ``inputs`` {name: array} checked against the model's inputs,
