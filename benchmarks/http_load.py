@@ -16,8 +16,9 @@ async def drive(url, model, body, hlen, concurrency, requests, seconds, timeout=
     import httpx
     limits = httpx.Limits(max_connections=concurrency,
                           max_keepalive_connections=concurrency)
-    headers = {"Inference-Header-Content-Length": str(hlen),
-               "Content-Type": "application/octet-stream"}
+    headers = ({"Content-Type": "application/json"} if hlen is None else   # a JSON body
+               {"Inference-Header-Content-Length": str(hlen),
+                "Content-Type": "application/octet-stream"})
     lat, codes = [], {}
     left = [requests]
     t_end = time.perf_counter() + seconds
@@ -117,9 +118,11 @@ async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, time
     class Run:
         pass
     r = Run()
-    r.req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
-             f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
-             f"Inference-Header-Content-Length: {hlen}\r\n\r\n").encode() + body
+    binary = (f"Content-Type: application/octet-stream\r\n"
+              f"Inference-Header-Content-Length: {hlen}\r\n") if hlen is not None else \
+        "Content-Type: application/json\r\n"          # hlen None: an all-JSON body
+    r.req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n{binary}"
+             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     r.lat, r.codes, r.left = [], {}, requests
     r.t_end = time.perf_counter() + seconds
     r.closed, r.conns, r.open = loop.create_future(), [], concurrency

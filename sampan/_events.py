@@ -24,6 +24,10 @@ Categories and the names/args each carries:
 - "rec": "split", "pull", "push", "prefetch_wait", "cache" (args hits, misses),
   "snapshot_export".
 - "collective": reserved for data-parallel collectives (issue 23).
+- "serving": one request of `sampan serve` on the event-loop thread, "request" (args
+  model, id, status, batch) holding "read", "decode", "queue", "compute" (args batch),
+  "answer", "encode"; and "batch" on a worker thread (args model, requests, rows).
+  Concurrent requests' spans overlap on the loop thread.
 - "user": a range from `sampan.profiler.record("name")`.
 - "memory": a counter sample; args bytes_live, delta, op (the op that allocated the
   array, also on its free), alloc (an id pairing an allocation with its free).
@@ -33,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 CATEGORIES = ("op", "backward", "kernel", "jit", "optim", "data", "rec", "collective",
-              "user", "memory")
+              "serving", "user", "memory")
 
 
 @dataclass(slots=True)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from ..errors import SampanValueError
 
-SPAN_CATS = ("op", "backward", "kernel", "jit", "optim", "data", "rec", "collective", "user")
+SPAN_CATS = ("op", "backward", "kernel", "jit", "optim", "data", "rec", "collective",
+             "serving", "user")
 
 
 @dataclass

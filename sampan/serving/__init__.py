@@ -14,14 +14,17 @@ Python API (`server.py`)::
     >>> s.stop()                               # graceful: answers what it accepted
 
 `Server(models, host, port, *, repository=None, workers=None, overrides=None,
-max_body_bytes=64 MiB, log_level="warning", shutdown_timeout=30, read_timeout=60)`: `models` maps a name to a model directory
-(see `model.py` for its config.json) or to a `ServedModel`; `repository` adds every
+max_body_bytes=64 MiB, log_level="warning", shutdown_timeout=30, read_timeout=60,
+log_requests=False)`: `models` maps a name to a model directory (see `model.py` for its
+config.json), to a custom model's class as ``"pkg.module:Class"`` (`custom.py`) or to a
+`ServedModel`; `repository` adds every
 subdirectory of a folder as a model; `overrides` replaces config.json keys for every
 model (``{"max_batch_size": 32, "dynamic_batching": {"max_queue_delay_us": 500}}``;
 ``"dynamic_batching": None`` turns batching off). `start()` serves from a background
 thread, `stop()` shuts down (requests still open after `shutdown_timeout` seconds are
 cancelled and their connections closed), `serve()` serves in the calling thread until
-SIGTERM; a request body of which nothing arrives for `read_timeout` seconds gets a 408.
+SIGTERM; a request body of which nothing arrives for `read_timeout` seconds gets a 408;
+`log_requests` writes a log line per answered request (failed ones are always logged).
 Command line: ``sampan serve --model mlp=models/mlp --port 8000`` (`cli.py`).
 
 gRPC (`grpc_server.py`): ``Server(..., grpc_port=0)`` (``--grpc-port``) also serves the
@@ -36,9 +39,12 @@ headers, status codes) and `grpc_server.py` (the gRPC front end; its codec
 `grpc_codec.py`, its messages `proto/`) over `dataplane.py` (`DataPlane`: model lookup, readiness,
 metadata, infer with admission and deadlines, metrics and logs; what a gRPC front end
 would share) over `batcher.py` (queues, workers, batches) and the models (`model.py`;
-kinds in `program.py` and `rec.py`). `protocol.py` is the REST codec, `errors.py` the
+kinds in `program.py`, `rec.py` and `custom.py`, the user's Python classes). `protocol.py`
+is the v2 REST codec and `v1.py` the v1 predict codec (TF Serving / KServe v1), both
+over `jsoncodec.py` (orjson, with the standard library's results); `errors.py` the
 errors (`RequestError` carries the status), `metrics.py` the Prometheus metrics,
-`padding.py` the batch buckets.
+`timeline.py` a request's stages on the profiler timeline, `padding.py` the batch
+buckets.
 """
 
 EXPORTS: list = []  # names bound on `sampan` itself (none: use sampan.serving.*)

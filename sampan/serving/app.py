@@ -8,6 +8,9 @@ models of one server, plus ``/metrics``.
     GET  /v2/models/{name}[/versions/{v}]/ready
     GET  /v2/models/{name}[/versions/{v}]/config   the model's serving config
     POST /v2/models/{name}[/versions/{v}]/infer    JSON or binary tensors
+    POST /v1/models/{name}[/versions/{v}]:predict  v1 REST predict (TF Serving, KServe v1;
+                                                   `v1.py`)
+    GET  /v1/models, /v1/models/{name}         KServe v1 model list and readiness
     GET  /metrics                              Prometheus text format
     POST /v2/repository/index                  the model repository's index ({"ready"?})
     POST /v2/repository/models/{name}/load     (re)load a repository model ({"parameters"?})
@@ -39,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import protocol
+from . import jsoncodec, protocol, v1
 from .dataplane import Entry  # noqa: F401  (its old home)
 from .errors import ClientGone, RequestError
 
@@ -152,14 +155,7 @@ async def _respond(send, status, body, ctype, headers=None):
 def infer_path(path):
     """(name, version) of an infer path ``/v2/models/{name}[/versions/{v}]/infer``, else
     None. Example: ``infer_path("/v2/models/mlp/infer") == ("mlp", None)``"""
-    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
-        return None
-    parts = path[11:-6].split("/")
-    if len(parts) == 1 and parts[0]:
-        return parts[0], None
-    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-        return parts[0], parts[2]
-    return None
+    return protocol.model_path(path, "/v2/models/", "/infer")
 
 
 class Infer:
@@ -167,8 +163,9 @@ class Infer:
     module doc): the data plane's `infer` with this request's body reader and headers,
     and one answer from what it returns or raises."""
 
-    def __init__(self, plane, max_body_bytes, read_timeout=None):
+    def __init__(self, plane, max_body_bytes, read_timeout=None, codec=None):
         self.plane, self.limit, self.read_timeout = plane, max_body_bytes, read_timeout
+        self.codec = codec                  # None: the v2 REST codec (protocol)
 
     async def __call__(self, scope, receive, send, name=None, version=None):
         if name is None:                    # reached through starlette's router
@@ -179,7 +176,7 @@ class Infer:
         read = functools.partial(_read_body, receive, length, enc, self.limit,
                                  self.read_timeout)
         try:
-            out, hlen = await self.plane.infer(name, version, read, hl)
+            out, hlen = await self.plane.infer(name, version, read, hl, self.codec)
         except ClientGone:
             return                          # nobody to answer
         except RequestError as err:
@@ -202,7 +199,7 @@ class Infer:
 
 
 def _error_body(msg):
-    return json.dumps({"error": msg}, separators=(",", ":")).encode()
+    return jsoncodec.dumps({"error": msg})
 
 
 def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
@@ -269,6 +266,13 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
         return Response(body, 200, headers={"Content-Type": ctype})
 
     infer = Infer(plane, max_body_bytes, read_timeout)
+    predict = Infer(plane, max_body_bytes, read_timeout, codec=v1)
+
+    async def v1_models(request):
+        return _json(v1.models_list(plane))
+
+    async def v1_model(request):
+        return _json(v1.model_status(plane, *where(request)))
     # the infer routes stay in the router for what `app` below does not take (a GET
     # answers 405 there); POSTs reach `infer` directly
     routes = [Route(b + "/infer", infer, methods=["POST"]) for b in (
@@ -280,6 +284,7 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
                      methods=["POST"]),
                Route("/v2/repository/models/{name}/unload",
                      guarded(repo_call(plane.unload_model)), methods=["POST"])]
+    routes += [Route("/v1/models", v1_models), Route("/v1/models/{name}", guarded(v1_model))]
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         routes += [Route(base, guarded(model_meta)),
                    Route(base + "/ready", guarded(model_ready)),
@@ -311,6 +316,10 @@ def make_app(plane, max_body_bytes=64 << 20, on_startup=(), on_shutdown=(),
             where = infer_path(scope["path"])
             if where is not None:
                 await infer(scope, receive, send, *where)
+                return
+            where = v1.predict_path(scope["path"])
+            if where is not None:
+                await predict(scope, receive, send, *where)
                 return
         await star(scope, receive, send)
     app.starlette = star

@@ -42,6 +42,7 @@ from collections import deque
 import numpy as np
 
 from .errors import RequestError, ServingError  # noqa: F401  (RequestError: an old home)
+from .timeline import batch_span
 
 log = logging.getLogger("sampan.serving")
 
@@ -280,6 +281,7 @@ class Batcher:
         t1 = time.perf_counter()
         for p in batch:
             p.t_end = t1
+        batch_span(self.model.name, len(batch), sum(p.rows for p in batch), t0, t1)
         self.batches += 1
         self.batched += len(batch) > 1
         if self.metrics is not None:

@@ -6,7 +6,7 @@
                  [--max-queue-delay-us US] [--preferred-batch-sizes 8,32]
                  [--max-queue-size N] [--timeout-ms MS] [--no-batching]
                  [--max-body-bytes N] [--read-timeout S] [--shutdown-timeout S]
-                 [--log-level info]
+                 [--log-level info] [--log-requests]
 
 Flags override every model's config.json. Once it listens it prints one JSON line,
 ``{"event": "listening", "url": ...}``, on stdout; logs are JSON lines on stderr.
@@ -22,7 +22,7 @@ import sys
 def _model_arg(s):
     name, sep, d = s.partition("=")
     if not sep or not name or not d:
-        raise ValueError(f"--model takes name=dir; got {s!r}")
+        raise ValueError(f"--model takes name=dir or name=pkg.module:Class; got {s!r}")
     return name, d
 
 
@@ -41,7 +41,9 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve models over the KServe v2 / Triton protocol",
                        description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", default=[], type=_model_arg,
-                   metavar="NAME=DIR", help="a model directory to serve (repeatable)")
+                   metavar="NAME=DIR",
+                   help="a model directory, or a custom model's class as "
+                        "NAME=pkg.module:Class (repeatable)")
     p.add_argument("--repository", help="a folder whose subdirectories are models")
     p.add_argument("--model-repository", metavar="DIR",
                    help="serve every model folder of DIR through the repository API: one "
@@ -72,6 +74,9 @@ def register(sub) -> None:
                         "them and close their connections (default 30, as Triton's "
                         "--exit-timeout-secs; 0: wait for ever)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-requests", action="store_true",
+                   help="log a JSON line per answered request (default: only failed "
+                        "requests are logged; each line costs server CPU)")
     p.set_defaults(fn=run)
 
 
@@ -107,7 +112,8 @@ def run(a) -> int:
     try:
         s = Server(dict(a.model), a.host, a.port, repository=a.repository,
                    overrides=overrides_of(a), max_body_bytes=a.max_body_bytes,
-                   log_level=a.log_level, read_timeout=a.read_timeout or None,
+                   log_level=a.log_level, log_requests=a.log_requests,
+                   read_timeout=a.read_timeout or None,
                    shutdown_timeout=a.shutdown_timeout or None, grpc_port=a.grpc_port,
                    model_repository=a.model_repository,
                    allow_model_control=a.allow_model_control)

@@ -28,10 +28,12 @@ bytes body over `offload_bytes`) → its own timeout (``timeout``/``timeout_ms``
 the batcher's `submit` (rows within ``max_batch_size``, the model's `check` on its
 values, then admission: 503 while shutting down or with the queue full) → the answer or
 the deadline (504) → `codec.encode`. Whatever the outcome, the request is counted on the
-model's metrics (``sampan_requests_total{status}``, ``sampan_request_seconds``) and
-logged (one JSON line: id, status, batch size, queue/compute/total ms, error). A server
-bug is answered as a 500 `RequestError`, a cancelled request (the server's shutdown ran
-out of time) as a 503 that closes the connection, a client that left as `ClientGone`.
+model's metrics (``sampan_requests_total{status}``, ``sampan_request_seconds``) and,
+when it failed or per-request logs are on, logged (one JSON line: id, status, batch
+size, queue/compute/total ms, error); inside `sampan.profiler.profile()` its stages go
+on the profiler's timeline (`timeline.py`). A server bug is answered as a 500
+`RequestError`, a cancelled request (the server's shutdown ran out of time) as a 503
+that closes the connection, a client that left as `ClientGone`.
 
 A codec is any object with ``decode(model, body, header, plans) -> protocol.Decoded``
 (the request's ``id``, ``inputs`` {name: array} checked against the model's inputs,
@@ -50,8 +52,10 @@ import itertools
 import time
 
 from . import protocol
+from .. import _recorder as recorder
 from .errors import ModelNotFound, RequestError
 from .ops import LOG, log_request
+from .timeline import Stages
 
 _ids = itertools.count(1)
 
@@ -242,17 +246,22 @@ class DataPlane:
         if codec is None:
             codec = protocol
         rid, p, status, err_msg = None, None, 500, None
+        tr = Stages() if recorder.ACTIVE else None      # the profiler's view (timeline.py)
         b = e.batcher
         b.arriving += 1           # a worker filling a batch waits for this one
         arriving = True
         try:
             if callable(body):
                 body = await body()
+            if tr is not None:
+                tr.mark("read")
             big = isinstance(body, (bytes, bytearray)) and len(body) > self.offload
             if big:
                 dec = await _in_thread(codec.decode, e.model, body, header, e.plans)
             else:
                 dec = codec.decode(e.model, body, header, e.plans)
+            if tr is not None:
+                tr.mark("decode")
             rid = dec.id
             tmo = protocol.timeout_s(e.model, dec.params)
             b.arriving -= 1
@@ -268,10 +277,14 @@ class DataPlane:
                     timer.cancel()
             else:
                 results = await fut
+            if tr is not None:
+                tr.waited(p)
             if big:
                 out = await _in_thread(codec.encode, e.model, dec, results)
             else:
                 out = codec.encode(e.model, dec, results)
+            if tr is not None:
+                tr.mark("encode")
             status = 200
             return out
         except RequestError as err:
@@ -299,5 +312,7 @@ class DataPlane:
             batch = 0
             if p is not None and p.t_start is not None and p.t_end is not None:
                 q, c, batch = p.t_start - p.t_enq, p.t_end - p.t_start, p.batch
+            if tr is not None:
+                tr.emit(e.model.name, rid, status, batch)
             log_request(rid or f"r{next(_ids)}", e.model.name, status, batch, q, c, dt,
                         err_msg)

@@ -16,6 +16,8 @@ Metrics (label ``model``; requests also ``status``, the HTTP status code)::
     sampan_model_<key>               each number a model reports in `ServedModel.gauges()`,
                                      read at every scrape (a served DLRM: snapshot_sequence,
                                      applied_deltas, refused_deltas, held_deltas)
+    process_*, python_info           the process's CPU seconds, resident memory, open
+                                     files, start time (prometheus_client's collectors)
 """
 from __future__ import annotations
 
@@ -81,6 +83,11 @@ class Metrics:
 
         self._gauges: dict = {}       # model name -> its gauges() callable
         r.register(_ModelGauges(self._gauges))
+        # the process's CPU seconds, memory, open fds (process_*; read from /proc, so
+        # Linux only) and the Python version (python_info), as every Prometheus client
+        from prometheus_client import PlatformCollector, ProcessCollector
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
 
     def model(self, name, gauges=None) -> ModelMetrics:
         """The metrics of model `name`; `gauges` (a callable returning {key: number})

@@ -119,26 +119,51 @@ def read_config(directory: str) -> dict:
         raise ServingError(f"serving: cannot read {path}: {e}") from None
     if not isinstance(cfg, dict):
         raise ServingError(f"serving: {path} must hold a JSON object, got {type(cfg).__name__}")
+    cfg.pop("_code_root", None)     # only the server says where code may run from
     return cfg
 
 
-def load_model(name: str, directory: str, config: dict | None = None) -> ServedModel:
-    """The ServedModel for `directory`, made by the loader of its config's ``kind``;
-    `config` replaces what ``config.json`` says (the server merges its overrides in)."""
-    if not os.path.isdir(directory):
-        raise ServingError(f"serving: model {name!r}: {directory!r} is not a directory")
-    cfg = read_config(directory) if config is None else config
-    kind = cfg.get("kind", "program")
+def kind_of(directory: str, config: dict) -> str:
+    """The kind of a model directory: its config's ``kind``, else "custom" for a folder
+    with a ``model.py`` and no saved program, else "program"."""
+    kind = config.get("kind")
+    if kind is not None:
+        return kind
+    if os.path.isfile(os.path.join(directory, "model.py")) and not os.path.exists(
+            os.path.join(directory, "meta.json")):
+        return "custom"
+    return "program"
+
+
+def kind_loader(kind: str, name: str = "?", where: str = "config.json"):
+    """The loader registered for model kind `kind` (``loader(name, directory, config)``),
+    the built-in kinds imported first; an unknown kind is a `ServingError`."""
     if kind not in KINDS:
         _load_builtin_kinds()
     if kind not in KINDS:
         raise ServingError(f"serving: model {name!r}: unknown kind {kind!r} in "
-                           f"{directory}/config.json; expected one of {sorted(KINDS)}")
-    return KINDS[kind](name, directory, cfg)
+                           f"{where}; expected one of {sorted(KINDS)}")
+    return KINDS[kind]
+
+
+def load_model(name: str, directory: str, config: dict | None = None,
+               code_root: str | None = None) -> ServedModel:
+    """The ServedModel for `directory`, made by the loader of its kind (`kind_of`);
+    `config` replaces what ``config.json`` says (the server merges its overrides in).
+    `code_root`: the model repository the user passed, inside which a custom model's
+    ``model.py`` may run (None: no code is run from `directory`)."""
+    if not os.path.isdir(directory):
+        raise ServingError(f"serving: model {name!r}: {directory!r} is not a directory")
+    cfg = read_config(directory) if config is None else dict(config)
+    cfg.pop("_code_root", None)
+    if code_root is not None:
+        cfg["_code_root"] = os.fspath(code_root)
+    kind = kind_of(directory, cfg)
+    return kind_loader(kind, name, f"{directory}/config.json")(name, directory, cfg)
 
 
 # modules that register kinds when imported (each, once it exists)
-_KIND_MODULES = ("sampan.serving.program", "sampan.serving.rec")
+_KIND_MODULES = ("sampan.serving.program", "sampan.serving.rec", "sampan.serving.custom")
 
 
 def _load_builtin_kinds() -> None:

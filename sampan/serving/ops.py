@@ -45,13 +45,17 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
 
 
 _listener = None
+_log_requests = True      # a line per answered request (`setup_logging(requests=...)`)
 
 
-def setup_logging(level="info", stream=None, backlog=10000):
+def setup_logging(level="info", stream=None, backlog=10000, requests=True):
     """Send `sampan.serving` (and uvicorn's own) logs to `stream` as JSON lines, written
     by a background thread from a bounded queue (a full queue drops lines, never blocks:
-    a server whose stderr is a pipe nobody reads stalled on its 64 KiB buffer)."""
-    global _listener
+    a server whose stderr is a pipe nobody reads stalled on its 64 KiB buffer).
+    `requests`: log every answered request too (False: only the failed ones; the
+    server's default, ``sampan serve --log-requests`` turns it on)."""
+    global _listener, _log_requests
+    _log_requests = bool(requests)
     h = logging.StreamHandler(stream)
     h.setFormatter(JsonFormatter())
     if _listener is not None:
@@ -77,8 +81,14 @@ def flush_logging():
 
 
 def log_request(rid, model, status, batch, queue_s, compute_s, total_s, error=None):
-    """The per-request log line (INFO; a failure at WARNING)."""
-    lvl = logging.INFO if status == 200 else logging.WARNING
+    """The per-request log line (INFO, when request logs are on; a failure at WARNING,
+    always)."""
+    if status == 200:
+        if not _log_requests:
+            return
+        lvl = logging.INFO
+    else:
+        lvl = logging.WARNING
     if not LOG.isEnabledFor(lvl):
         return
     f = {"request_id": rid, "model": model, "status": status, "batch_size": batch,

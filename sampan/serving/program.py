@@ -164,7 +164,11 @@ class _Padded(ServedModel):
         return {k: v[:n] for k, v in self._run(padded).items()}
 
     def warmup(self):
-        """Run every bucket once on zeros (compiles their executors before traffic)."""
+        """Run every bucket once on zeros (compiles their executors before traffic); not
+        for a model with a dynamic dim besides the batch (a sequence length): which
+        sizes its traffic brings is unknown, and zeros of size -1 cannot be made."""
+        if any(d < 0 for s in self.inputs for d in s.shape[1:]):
+            return
         for b in self._buckets or ():
             self._run({s.name: np.zeros((b,) + s.shape[1:], DATATYPES[s.datatype])
                        for s in self.inputs})

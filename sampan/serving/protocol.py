@@ -17,11 +17,11 @@ Everything a request can get wrong raises `RequestError` (HTTP 400) naming the i
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 
+from . import jsoncodec
 from .errors import RequestError
 from .model import DATATYPES
 
@@ -91,27 +91,34 @@ def _check_values(model, spec, dtype, a):
                               f"{int(lo) if lo < info.min else int(hi)}")
 
 
+def typed(model, spec, dtype, values):
+    """JSON `values` (nested lists, or the array of them) as an array of `dtype`:
+    integer and boolean datatypes take integers (or booleans) inside their range, float
+    datatypes numbers whose finite values fit (a 400 naming the input otherwise). Shared
+    by the v2 codec and the v1 one (`v1.py`)."""
+    if dtype.kind in "iub":
+        raw = np.asarray(values)
+        if raw.size and raw.dtype.kind not in "iub":
+            raise _bad(model, f"input {spec.name!r}: datatype {spec.datatype} needs "
+                              f"{'booleans' if dtype.kind == 'b' else 'integers'}; "
+                              f"the data holds {raw.dtype.name} values")
+        _check_values(model, spec, dtype, raw)
+        return raw.astype(dtype)
+    try:
+        with np.errstate(over="raise"):
+            return np.array(values, dtype=dtype)
+    except FloatingPointError:
+        raise _bad(model, f"input {spec.name!r}: 'data' holds a finite number too "
+                          f"large for datatype {spec.datatype}") from None
+
+
 def _from_json(model, spec, dtype, shape, data):
     n = math.prod(shape)
     if not isinstance(data, list):
         raise _bad(model, f"input {spec.name!r}: 'data' must be a list (flat or nested); "
                           f"got {type(data).__name__}")
     try:
-        if dtype.kind in "iub":
-            raw = np.asarray(data)
-            if raw.size and raw.dtype.kind not in "iub":
-                raise _bad(model, f"input {spec.name!r}: datatype {spec.datatype} needs "
-                                  f"{'booleans' if dtype.kind == 'b' else 'integers'}; "
-                                  f"the data holds {raw.dtype.name} values")
-            _check_values(model, spec, dtype, raw)
-            a = raw.astype(dtype)
-        else:
-            try:
-                with np.errstate(over="raise"):
-                    a = np.array(data, dtype=dtype)
-            except FloatingPointError:
-                raise _bad(model, f"input {spec.name!r}: 'data' holds a finite number too "
-                                  f"large for datatype {spec.datatype}") from None
+        a = typed(model, spec, dtype, np.asarray(data) if dtype.kind in "iub" else data)
     except (ValueError, TypeError, OverflowError, RecursionError) as e:
         raise _bad(model, f"input {spec.name!r}: 'data' is not a regular list of numbers "
                           f"of datatype {spec.datatype}: {e}") from None
@@ -153,7 +160,7 @@ def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
         plan = plans.get(body[:hl]) if 0 < hl <= _PLAN_HEADER_MAX else None
         if plan is not None and len(body) - hl == plan.nbytes:
             return _planned(plan, memoryview(body)[hl:])
-    dec = _decode(model, body, hl)
+    dec = jsoncodec.decode_checked(_decode, model, body, hl)
     if plans is not None and dec.plan is not None:
         if len(plans) >= _PLANS_MAX:
             plans.clear()
@@ -161,7 +168,7 @@ def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
     return dec
 
 
-def _decode(model, body, hl):
+def _decode(model, body, hl, std=False):
     if hl is not None:
         if not 0 < hl <= len(body):
             raise _bad(model, f"Inference-Header-Content-Length is {hl}, but the body has "
@@ -169,12 +176,7 @@ def _decode(model, body, hl):
         head, blob = body[:hl], memoryview(body)[hl:]
     else:
         head, blob = body, memoryview(b"")
-    try:
-        req = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad(model, f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise _bad(model, "the request's JSON is nested too deeply") from None
+    req = jsoncodec.loads_request(model, head, std)
     if not isinstance(req, dict):
         raise _bad(model, f"the request must be a JSON object; got {type(req).__name__}")
     params = req.get("parameters") or {}
@@ -266,6 +268,19 @@ def check_complete(model, arrays):
             raise _bad(model, f"the inputs must share their first (batch) dim; got {rows}")
 
 
+def model_path(path, prefix, suffix):
+    """(name, version) of ``{prefix}{name}[/versions/{v}]{suffix}``, else None. Example:
+    ``model_path("/v2/models/mlp/infer", "/v2/models/", "/infer") == ("mlp", None)``"""
+    if not (path.startswith(prefix) and path.endswith(suffix)):
+        return None
+    parts = path[len(prefix):len(path) - len(suffix)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
 def timeout_s(model, params):
     """A request's own timeout from its parameters: ``timeout`` (microseconds, Triton's)
     or ``timeout_ms``, at most 1e6 s; None when it gives none. A value that is not a
@@ -298,12 +313,12 @@ def encode(model, dec: Decoded, results: dict):
             o["parameters"] = {"binary_data_size": len(b)}
             blobs.append(b)
         else:
-            o["data"] = a.ravel().tolist()
+            o["data"] = a.ravel()         # jsoncodec writes it as its tolist()
         outs.append(o)
     resp = {"model_name": model.name, "model_version": str(model.version), "outputs": outs}
     if dec.id is not None:
         resp["id"] = dec.id
-    head = json.dumps(resp, separators=(",", ":")).encode()
+    head = jsoncodec.dumps(resp)
     if not blobs:
         return head, None
     return b"".join([head] + blobs), len(head)

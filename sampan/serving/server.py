@@ -58,10 +58,12 @@ def _merge(cfg: dict, overrides: dict) -> dict:
             out[k] = v
     if out.get("dynamic_batching") is None:
         out.pop("dynamic_batching", None)
+        if "dynamic_batching" in (overrides or {}):
+            out["_batching_off"] = True     # a custom class's default must not turn it on
     return out
 
 
-def _load(name, where, overrides):
+def _load(name, where, overrides, code_root=None):
     if isinstance(where, ServedModel):
         if overrides:
             where.config = _merge(where.config or {}, overrides)
@@ -69,9 +71,14 @@ def _load(name, where, overrides):
                 where.max_batch_size = int(overrides["max_batch_size"])
         return where
     directory = os.fspath(where)
+    if not os.path.isdir(directory):
+        from . import custom
+        if custom.is_class_ref(directory):      # --model name=pkg.module:Class
+            return custom.from_class_ref(name, directory, _merge({}, overrides))
     if not overrides:
-        return load_model(name, directory)
-    return load_model(name, directory, _merge(read_config(directory), overrides))
+        return load_model(name, directory, code_root=code_root)
+    return load_model(name, directory, _merge(read_config(directory), overrides),
+                      code_root=code_root)
 
 
 def _have(module):
@@ -89,8 +96,9 @@ class Server:
                  workers=None, overrides=None, max_body_bytes=MAX_BODY_BYTES,
                  log_level="warning", warmup=True, shutdown_timeout=SHUTDOWN_TIMEOUT,
                  read_timeout=READ_TIMEOUT, grpc_port=None, model_repository=None,
-                 allow_model_control=False):
+                 allow_model_control=False, log_requests=False):
         self.specs = dict(models or {})
+        self.code_roots: dict = {}      # model name -> the repository its code may run from
         self.grpc_port = None if grpc_port is None else int(grpc_port)
         self.grpc = None          # the GrpcFrontEnd, once serving (grpc_server.py)
         self.model_repository = model_repository
@@ -98,7 +106,8 @@ class Server:
         self._startup_error = None
         if repository is not None:
             for n, d in repository_models(repository).items():
-                self.specs.setdefault(n, d)
+                if n not in self.specs:
+                    self.specs[n], self.code_roots[n] = d, os.fspath(repository)
         if not self.specs and model_repository is None:
             raise ServingError("serving: no models to serve (give --model name=dir or "
                                "--repository DIR)")
@@ -107,6 +116,7 @@ class Server:
         self.overrides = dict(overrides or {})
         self.max_body_bytes = int(max_body_bytes)
         self.log_level = log_level
+        self.log_requests = bool(log_requests)    # a log line per answered request
         self.warmup = warmup
         for what, v in (("shutdown_timeout", shutdown_timeout), ("read_timeout", read_timeout)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
@@ -127,9 +137,9 @@ class Server:
         from .app import make_app
         from .dataplane import DataPlane
         from .ops import setup_logging
-        setup_logging(self.log_level)
+        setup_logging(self.log_level, requests=self.log_requests)
         import sampan
-        models = {name: _load(name, where, self.overrides)
+        models = {name: _load(name, where, self.overrides, self.code_roots.get(name))
                   for name, where in self.specs.items()}
         repo = None
         if self.model_repository is not None:
