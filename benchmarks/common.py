@@ -43,7 +43,7 @@ def machine_info() -> dict:
     kernels = choice.providers() if pref is None else {
         op: pref for op in choice.OPS_WITH_CHOICE}
     return dict(_MACHINE, kernels=kernels, kernel_choice=pref or "measured",
-                gemm_pool=pool.current())
+                gemm_pool=pool.current(), gemm_pool_bf16=pool.current("bfloat16"))
 
 
 def timeit(fn, reps=7, warmup=2, inner=1):
