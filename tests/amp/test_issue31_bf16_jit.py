@@ -175,3 +175,18 @@ def test_jit_autocast_block_fuses_in_bf16_and_matches_eager():
     assert kernels, str(g.graph)
     assert all("dtype=np.float32" not in k.source for k in kernels)
     assert any("bf16_store(" in k.source for k in kernels)
+
+
+def test_relu_grad_of_bf16_runs_on_the_bits_exactly():
+    """W2's bf16 backward: relu_grad on bfloat16 through a loop over the uint16 bits,
+    equal to numpy's where(a > 0, g, 0) on every class of value."""
+    from sampan.ops.registry import OPS
+    r = np.random.default_rng(5)
+    a = np.concatenate([r.standard_normal(5000).astype(np.float32),
+                        np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40],
+                                 np.float32)]).astype(dt.bfloat16)
+    g = r.standard_normal(a.shape).astype(np.float32).astype(dt.bfloat16)
+    got = OPS["relu_grad"].kernel(a.reshape(-1, 2), g.reshape(-1, 2))
+    with np.errstate(invalid="ignore"):
+        want = np.where(a > 0, g, g.dtype.type(0)).astype(g.dtype).reshape(-1, 2)
+    assert got.dtype == dt.bfloat16 and np.array_equal(_bits(got), _bits(want))
