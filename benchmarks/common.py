@@ -43,7 +43,7 @@ def machine_info() -> dict:
     kernels = choice.providers() if pref is None else {
         op: pref for op in choice.OPS_WITH_CHOICE}
     return dict(_MACHINE, kernels=kernels, kernel_choice=pref or "measured",
-                gemm_pool=pool.current())
+                gemm_pool=pool.current(), gemm_pool_bf16=pool.current("bfloat16"))
 
 
 def timeit(fn, reps=7, warmup=2, inner=1):
@@ -77,12 +77,18 @@ def add_kernel_args(ap) -> None:
     ap.add_argument("--pool", default="measured", choices=("measured", "openblas", "onednn"),
                     help="the GEMM thread pool (sampan/backends/pool.py): calibrated per "
                          "machine (default) or forced")
+    ap.add_argument("--pool-bf16", default="measured", choices=("measured", "openblas", "onednn"),
+                    help="the library of bfloat16 GEMMs/convolutions: calibrated per machine "
+                         "apart from float32 (default) or forced")
 
 
 def apply_kernel_args(args) -> None:
     if args.pool != "measured":
         from sampan.backends import pool
         pool.set_pool(args.pool)
+    if getattr(args, "pool_bf16", "measured") != "measured":
+        from sampan.backends import pool
+        pool.set_pool(args.pool_bf16, "bfloat16")
     if args.kernels != "measured":
         from sampan.backends import choice
         choice.prefer(args.kernels)

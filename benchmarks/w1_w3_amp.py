@@ -8,8 +8,12 @@ Every line records the CPU model, its AVX-512/AMX flags and the kernel provider 
 Also the loss after N steps (default 200, `--loss-steps`) of sampan's bf16 W3 training
 against its float32 training from the same weights (target: within 1%).
 
+`--profile N` also profiles N steps of sampan's bf16 training (eager, and jit unless
+--no-jit) with `sampan.profiler` and prints one line per mode with the ops that take the
+most self time (ms per step, share of the wall time, GFLOP/s).
+
 Usage: python w1_w3_amp.py [W1 W2 W3] [--reps N] [--quick] [--no-jit] [--loss-steps N]
-[--no-timing] [--kernels measured|numpy|onednn]"""
+[--no-timing] [--profile N] [--kernels measured|numpy|onednn] [--pool ...] [--pool-bf16 ...]"""
 from __future__ import annotations
 
 import argparse
@@ -67,6 +71,8 @@ def main():
     ap.add_argument("--loss-steps", type=int, default=None,
                     help="W3 steps of the bf16-vs-float32 loss check (default 200; 0: none)")
     ap.add_argument("--no-timing", action="store_true", help="only the loss check")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="profile N bf16 steps of sampan and print the top ops")
     add_kernel_args(ap)
     args = ap.parse_args()
     apply_kernel_args(args)
@@ -77,6 +83,9 @@ def main():
     for wl in args.workloads:
         if not args.no_timing:
             timing(wl, args, reps, info)
+        if args.profile:
+            for jit in (False,) if args.no_jit else (False, True):
+                profile(wl, jit, args.profile, info)
         steps = args.loss_steps if args.loss_steps is not None else (20 if args.quick else 200)
         if wl == "W3" and steps:
             jit = not args.no_jit
@@ -85,6 +94,23 @@ def main():
             emit(wl, "sampan", "jit_bf16" if jit else "eager_bf16", "loss_rel_diff_pct_vs_fp32",
                  [100 * abs(l16 - l32) / abs(l32)], steps=steps, loss_bf16=round(l16, 6),
                  loss_fp32=round(l32, 6))
+
+
+def profile(wl, jit, steps, info, top=12):
+    """The ops with the most self time in `steps` of sampan's bf16 step (after warm-up)."""
+    import sampan.profiler
+    f = build_sampan(wl, True, jit=jit)
+    f()
+    f()
+    with sampan.profiler.profile() as prof:
+        for _ in range(steps):
+            f()
+    table = prof.key_averages()
+    rows = [{"op": r.name, "cat": r.cat, "ms_per_step": round(r.self_ns / 1e6 / steps, 3),
+             "share": round(r.share, 4), "gflops": round(r.gflops, 2)}
+            for r in table.sorted("self_time")[:top]]
+    emit(wl, "sampan", "jit_bf16" if jit else "eager_bf16", "profile_ms_per_step",
+         [table.wall_ns / 1e6 / steps], top_ops=rows, **info)
 
 
 def timing(wl, args, reps, info):

@@ -26,8 +26,11 @@ import functools
 import threading
 
 from .. import dtypes as _dt
+from ..autograd.tape import Node
 from ..errors import SampanValueError
 from ..ops import modes as _modes
+from ..ops.registry import STATE
+from ..tensor import Tensor
 
 _LOW = (_dt.bfloat16, _dt.float16)
 _F32 = _dt.float32
@@ -51,10 +54,42 @@ def _cast_inputs(op, inputs):
     if pol == "lower":
         name = top.name
         want = top.dtype
-        return tuple(cast(t, name) if ((d := t._data.dtype) == _F32
-                                       or (d in _LOW and d != want)) else t for t in inputs)
+        return tuple(_lowered(t, name) if ((d := t._data.dtype) == _F32
+                                           or (d in _LOW and d != want)) else t
+                     for t in inputs)
     # "float32"
     return tuple(cast(t, "float32") if t._data.dtype in _LOW else t for t in inputs)
+
+
+# weight casts: "made" counts conversions of a parameter, "reused" the uses served by the
+# parameter's cast of its current version (`_lowered`)
+STATS = {"made": 0, "reused": 0}
+
+
+def _lowered(t, name):
+    """`cast(t, name)`, where a parameter (a leaf that requires grad, not a view) is
+    converted once per version of its storage: the optimiser's step (and every in-place
+    write) bumps the version, so a weight used many times in a step, or in many steps
+    of an inference loop, is cast once, not per use. Each use still gets its own cast
+    node on the tape (its gradient reaches the float32 weight). Tracing records a cast
+    node per use (CSE merges them)."""
+    from ..ops.elementwise import CAST, cast
+    if t._node is not None or not t.requires_grad or t._base is not None \
+            or STATE.tracer is not None:
+        return cast(t, name)
+    c = t.__dict__.get("_amp_cast")
+    if c is None or c[0] != t._version or c[1] is not t._data or c[2] != name:
+        y = cast(t, name)
+        t._amp_cast = (t._version, t._data, name, y._data)
+        STATS["made"] += 1
+        return y
+    STATS["reused"] += 1
+    y = Tensor.__new__(Tensor)
+    y._data = c[3]
+    if STATE.grad_enabled:
+        y._node = Node(CAST, (t,), {"dtype": name}, (y,))
+        y.requires_grad = True
+    return y
 
 
 def _mode(op, inputs, attrs, call_next):
@@ -94,7 +129,8 @@ class autocast:
 
     `dtype` is `sampan.bfloat16` (default) or `sampan.float16`; `enabled=False` turns an
     outer autocast off inside this block. Thread-local and nestable, as PyTorch's.
-    Weights stay float32 (they are cast per use); call `backward` outside the block.
+    Weights stay float32; each is cast once per version of its storage (once per
+    optimiser step, see `_lowered`), not per use. Call `backward` outside the block.
 
     Example::
 

@@ -19,9 +19,11 @@ again the first time a process meets it on a quiet machine, so a winner picked b
 does not stay for good.
 
 Which classes race at all depends on the process's GEMM pool (`pool.py`): under the
-"openblas" pool float32 stays on numpy unmeasured (oneDNN serves bfloat16 and int8);
-under the "onednn" pool OpenBLAS runs on one thread and every class is measured. The
-pool's name is part of the class key, so a winner never crosses pools.
+"openblas" pool float32 stays on numpy unmeasured (oneDNN serves int8); under the
+"onednn" pool OpenBLAS runs on one thread and every class is measured. The pool's name
+is part of the class key, so a winner never crosses pools. bfloat16 calls do not race
+per class: they all go to the library bfloat16's own calibration chose
+(`pool.decide("bfloat16")`), whatever the float32 pool is.
 
 `prefer("onednn")` (or `prefer("numpy", op="matmul")`) overrides the measurement, as a
 context manager or globally. `SAMPAN_KERNEL_CHOICE=off` keeps every op on its numpy
@@ -39,12 +41,15 @@ import os
 import threading
 import time
 
+from .. import dtypes as _dt
 from ..ops.registry import OPS, default_kernel
 from . import cache
 from .cache import (BACKENDS, WIN_MARGIN, KernelCacheWarning, backends, cache_path,  # noqa: F401
                     cpu_flags, cpu_model, entries, flush, library_versions, machine_key,
                     store, stored)
 from .onednn import KERNELS as _ONEDNN_KERNELS
+
+_BF16 = _dt.bfloat16
 
 # ops whose kernels another backend may provide: oneDNN's kernel table names them
 OPS_WITH_CHOICE = tuple(_ONEDNN_KERNELS)
@@ -266,6 +271,14 @@ class Chooser:
         return next(n for n, f in self.op.kernels.items() if f is fn)
 
     def _decide(self, mkey, arrays, attrs):
+        if "onednn" in self.op.kernels and any(a.dtype == _BF16 for a in arrays):
+            # bfloat16: the library its own calibration chose for every bf16 call of the
+            # process (pool.decide("bfloat16")), whatever the float32 pool; no race per
+            # class (timing the numpy kernel would wake OpenBLAS's spinning workers)
+            from . import pool
+            lib = pool.decide("bfloat16")
+            self.table[mkey] = self.op.kernels["onednn"] if lib == "onednn" else self.numpy
+            return self._run(self.table[mkey], arrays, attrs)
         if self.pool == "openblas" and all(a.dtype.kind == "f" and a.dtype.itemsize >= 4
                                            for a in arrays):
             # the OpenBLAS pool: float32/64 stay on numpy (no switch between thread

@@ -12,6 +12,7 @@ def _kernels(a) -> int:
         return 0
     from . import get_provider, onednn, pool, providers
     info = {"gemm_pool": (choice.stored(pool.POOL_KEY) or {}).get("winner"),
+            "gemm_pool_bfloat16": (choice.stored(pool.POOL_KEY_BF16) or {}).get("winner"),
             "cache": choice.cache_path(), "machine": choice.machine_key(),
             "providers": {n: get_provider(n).available() for n in providers()},
             "cpu_flags": choice.cpu_flags(),

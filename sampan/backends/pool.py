@@ -22,6 +22,15 @@ and kept in the kernel choice cache next to the per-class winners, keyed by the 
 machine key; a calibration run on a busy machine is provisional like any other choice.
 ``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it.
 
+bfloat16 is decided apart (`decide("bfloat16")`, record `POOL_KEY_BF16`): the same shapes
+in bfloat16, oneDNN's bf16 kernels against the numpy kernel (float32 sgemm on OpenBLAS,
+rounded). Its winner serves every bfloat16 GEMM and convolution of the process, forward
+and gradients, whatever the float32 pool is, and without a race per class: racing the
+numpy kernel wakes OpenBLAS's spinning workers, which slowed the oneDNN calls after it
+(W3 bf16 ran at 0.47-0.61x its own fp32 under the "openblas" pool). Only the float32 pool
+sets thread policy. ``SAMPAN_GEMM_POOL_BF16=openblas|onednn`` or
+``set_pool(name, "bfloat16")`` overrides it.
+
 Example::
 
     >>> from sampan.backends import pool
@@ -37,10 +46,12 @@ import time
 import numpy as np
 
 POOLS = ("openblas", "onednn")
+PRECISIONS = ("float32", "bfloat16")
 POOL_KEY = "pool:gemm"        # its record's key in the cache (no op class starts so)
+POOL_KEY_BF16 = "pool:gemm:bfloat16"
 BLOCK = 2                     # calls per timed block (one more, untimed, before it)
 ROUNDS = 2                    # blocks per (shape, pool); the best block counts
-_state = {"pool": None, "forced": None}
+_state = {"pool": None, "forced": None, "bf16": None, "bf16_forced": None}
 
 
 def _shapes():
@@ -58,28 +69,45 @@ def _shapes():
     return out
 
 
-def current() -> str | None:
-    """The pool in force, or None before the first GEMM decided it (or without oneDNN)."""
-    return _state["pool"]
+def _precision(precision):
+    if precision not in PRECISIONS:
+        from ..errors import SampanError
+        raise SampanError(f"pool: unknown precision {precision!r}; expected one of "
+                          f"{list(PRECISIONS)}")
+    return precision
 
 
-def set_pool(name: str | None) -> None:
-    """Run this process under pool `name` ("openblas" or "onednn"), whatever was measured;
-    None goes back to the measured pool. Per-class choices made so far are forgotten."""
+def current(precision: str = "float32") -> str | None:
+    """The pool in force for `precision`, or None before its first GEMM decided it (or
+    without oneDNN)."""
+    return _state["pool"] if _precision(precision) == "float32" else _state["bf16"]
+
+
+def set_pool(name: str | None, precision: str = "float32") -> None:
+    """Run this process's `precision` GEMMs under pool `name` ("openblas" or "onednn"),
+    whatever was measured; None goes back to the measured pool. Per-class choices made so
+    far are forgotten."""
     from . import cache
     if name is not None and name not in POOLS:
         from ..errors import SampanError
         raise SampanError(f"set_pool: unknown pool {name!r}; expected one of {list(POOLS)}")
     with cache.LOCK:
-        _state["forced"] = name
-        _apply(None)
+        if _precision(precision) == "bfloat16":
+            _state["bf16_forced"] = name
+            _state["bf16"] = None
+        else:
+            _state["forced"] = name
+            _apply(None)
         cache.forget()
 
 
-def decide() -> str:
-    """The pool for this process: forced, else cached for this machine, else calibrated
-    now (a fraction of a second, once per machine). Applies its thread policy."""
+def decide(precision: str = "float32") -> str:
+    """The pool for this process's `precision` GEMMs: forced, else cached for this
+    machine, else calibrated now (a fraction of a second, once per machine and precision).
+    float32's applies its thread policy."""
     from . import cache
+    if _precision(precision) == "bfloat16":
+        return _decide_bf16()
     if _state["pool"] is not None:
         return _state["pool"]
     with cache.LOCK:
@@ -92,19 +120,35 @@ def decide() -> str:
         return name
 
 
-def _measured() -> str:
+def _decide_bf16() -> str:
     from . import cache
-    stored = cache.stored(POOL_KEY)
+    if _state["bf16"] is not None:
+        return _state["bf16"]
+    with cache.LOCK:
+        if _state["bf16"] is None:
+            name = _state["bf16_forced"] or os.environ.get("SAMPAN_GEMM_POOL_BF16")
+            if name not in POOLS:
+                name = "openblas" if not cache.backends() else _measured(
+                    POOL_KEY_BF16, calibrate_bf16)
+            _state["bf16"] = name
+        return _state["bf16"]
+
+
+def _measured(key=POOL_KEY, calibration=None) -> str:
+    """The winner stored under `key` for this machine, else the one `calibration()`
+    (default `calibrate`) measures now, stored with its ratio."""
+    from . import cache
+    stored = cache.stored(key)
     busy = cache.busy()
     if stored and stored.get("winner") in POOLS and (busy or not stored.get("busy")):
         return stored["winner"]
-    times = calibrate()
+    times = (calibration or calibrate)()
     ratios = [times["onednn"][i] / times["openblas"][i] for i in range(len(times["openblas"]))]
     gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
     winner = "onednn" if gmean < 1 / cache.WIN_MARGIN else "openblas"
-    cache.store(POOL_KEY, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
-                            "times_us": {k: [round(t * 1e6, 1) for t in v]
-                                         for k, v in times.items()}})
+    cache.store(key, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
+                      "times_us": {k: [round(t * 1e6, 1) for t in v]
+                                   for k, v in times.items()}})
     return winner
 
 
@@ -149,6 +193,31 @@ def calibrate() -> dict:
     return out
 
 
+def calibrate_bf16() -> dict:
+    """{pool: [seconds per call of each calibration shape in bfloat16]}: "onednn" times
+    oneDNN's bf16 kernel, "openblas" the numpy kernel (float32 sgemm, rounded), timed
+    last; a shape oneDNN refuses counts the numpy time on both sides."""
+    from .. import dtypes as _dt
+    from ..ops.registry import OPS
+    from .onednn import KERNELS
+    from .onednn._lib import OneDNNError
+    from .onednn.primitives import Unsupported
+    shapes = [(op, tuple(a.astype(_dt.bfloat16) for a in arrays), attrs)
+              for op, arrays, attrs in _shapes()]
+    out = {"onednn": [], "openblas": []}
+    for op, arrays, attrs in shapes:
+        try:
+            out["onednn"].append(_best_block(KERNELS[op], arrays, attrs))
+        except (Unsupported, OneDNNError):
+            out["onednn"].append(None)
+    for i, (op, arrays, attrs) in enumerate(shapes):
+        t = _best_block(OPS[op].kernels["numpy"], arrays, attrs)
+        out["openblas"].append(t)
+        if out["onednn"][i] is None:
+            out["onednn"][i] = t
+    return out
+
+
 def _apply(name) -> None:
     """Set the thread policy of pool `name` (None: no pool yet, every library its count)."""
     from .. import _threads
@@ -157,6 +226,6 @@ def _apply(name) -> None:
 
 
 def reset() -> None:
-    """Forget the pool (tests; the next GEMM decides again)."""
-    _state["forced"] = None
+    """Forget the pools (tests; the next GEMM decides again)."""
+    _state.update(forced=None, bf16=None, bf16_forced=None)
     _apply(None)

@@ -206,6 +206,10 @@ def _gelu_kernel(a):
 
 
 def _gelu_grad_kernel(a, g):
+    if a.dtype.itemsize == 2:
+        # bfloat16/float16 in float32, rounded once: numpy's exp of bfloat16 gave float64
+        # (issue 31: a float64 gradient under bf16 autocast, unlike its bf16 spec in jit)
+        return _gelu_grad_kernel(a.astype(np.float32), g.astype(np.float32)).astype(a.dtype)
     t = a.dtype.type
     cdf = t(0.5) * (t(1.0) + _erf_kernel(a * t(_R2)))
     return g * (cdf + a * (t(_R2PI) * np.exp(a * a * t(-0.5))))

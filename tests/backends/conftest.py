@@ -10,6 +10,7 @@ def cache(tmp_path, monkeypatch):
     path = tmp_path / "kernels.json"
     monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(path))
     monkeypatch.delenv("SAMPAN_GEMM_POOL", raising=False)
+    monkeypatch.delenv("SAMPAN_GEMM_POOL_BF16", raising=False)
     monkeypatch.setattr(kcache, "busy", lambda: False)
     choice.reset()
     yield path

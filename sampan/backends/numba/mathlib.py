@@ -59,6 +59,21 @@ def _i2f(typingctx, x):
 
 
 @njit(inline="always", cache=True)
+def bf16_load(u):
+    """The float32 value of bfloat16 bits `u` (uint16): exact, the bits moved up."""
+    return _i2f(np.int64(u) << 16)
+
+
+@njit(inline="always", cache=True)
+def bf16_store(x):
+    """float32 `x` rounded to bfloat16 bits (uint16): to nearest, ties to even, NaN kept
+    quiet, as ml_dtypes' astype, so a kernel writing bfloat16 matches eager bit for bit."""
+    u = np.int64(_f2i(x)) & 0xFFFFFFFF
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return np.uint16(((u >> 16) | 0x40) if (u & 0x7FFFFFFF) > 0x7F800000 else r)
+
+
+@njit(inline="always", cache=True)
 def max_(a, b):
     """np.maximum for scalars: NaN in either operand gives NaN."""
     return a if (a > b or a != a) else b

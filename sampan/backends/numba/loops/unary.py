@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .... import dtypes as _dt
 from ....ops import unary as _u
 from ....ops._nb import FASTMATH_IEEE, njit, run_flat
 from ..mathlib import dgelu32 as _dgelu32
@@ -13,6 +14,7 @@ from ..mathlib import erf32 as _erf32
 
 _FLOATS = {np.dtype(np.float32), np.dtype(np.float64)}
 _F32 = np.dtype(np.float32)
+_BF16 = np.dtype(_dt.bfloat16)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -40,9 +42,26 @@ def _relu_grad_loop(a, g, out):
         out[i] = v if a[i] > 0 else z
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _relu_grad_bits_loop(a, g, out):
+    # bfloat16 as its uint16 bits: a > 0 exactly when 1 <= bits <= 0x7F80 (positive
+    # subnormal .. +inf; NaN, zeros and negatives are not), g's bits copied or zeroed
+    z = np.uint16(0)
+    for i in range(a.size):
+        v = g[i]
+        u = a[i]
+        out[i] = v if (u >= np.uint16(1)) & (u <= np.uint16(0x7F80)) else z
+
+
 def relu_grad(a, g):
     if a.shape == g.shape and a.dtype == g.dtype and g.dtype in _FLOATS:
         return run_flat(_relu_grad_loop, g.dtype, a, g)
+    if a.shape == g.shape and a.dtype == g.dtype == _BF16:
+        # ml_dtypes' comparison and where loop per element: ~10x slower (issue 31, W2's
+        # bf16 backward); exact on the bits
+        a16 = np.ascontiguousarray(a).view(np.uint16)
+        g16 = np.ascontiguousarray(g).view(np.uint16)
+        return run_flat(_relu_grad_bits_loop, np.uint16, a16, g16).view(_BF16)
     return _u._relu_grad_kernel(a, g)
 
 
