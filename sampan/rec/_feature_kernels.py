@@ -9,16 +9,19 @@ sampan error naming the feature.
 The hash (``sampan-hash64``, version 1), identical on every process and platform
 (integer arithmetic modulo 2^64, little-endian byte order fixed by the definition)::
 
-    mix(z)    = splitmix64's finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
-                z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
-    key(seed) = mix(seed + 0x9E3779B97F4A7C15)
-    int x     : mix(uint64(x) ^ key(seed))        (a bijection of x for one seed)
-    bytes b   : h = key(seed); for each 8-byte word w of b (little-endian, the last one
-                zero-padded): h = mix(h ^ w); then h = mix(h ^ len(b))
-    strings   : the bytes of their UTF-8 encoding
-    cross     : h = key(seed); for each field's 64-bit value v, in field order:
-                h = mix(h ^ v)
-    bucket    : h mod buckets (h unsigned); with no bucket count the 64-bit h as int64
+    mix(z)     = splitmix64's finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+                 z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
+    key(seed)  = mix(seed + 0x9E3779B97F4A7C15)
+    content(x) = uint64(x) for an int x; for bytes b: h = 0x9E3779B97F4A7C15, then for
+                 each 8-byte word w of b (little-endian, the last one zero-padded)
+                 h = mix(h ^ w), and content = mix(h ^ len(b)); a string's bytes are its
+                 UTF-8 encoding
+    hash(v)    = mix(content(v) ^ key(seed))     (a bijection of an int v for one seed)
+    cross      : h = key(seed); for each field's value v, in field order:
+                 h = mix(h ^ content(v))
+    bucket     : h mod buckets (h unsigned); with no bucket count the 64-bit h as int64
+
+A field's contents are computed once per batch and shared by every feature reading it.
 """
 
 from __future__ import annotations
@@ -67,30 +70,69 @@ def _bucket(h, buckets, out, j):
 
 @njit(cache=True, nogil=True)
 def hash_ints(values, key, buckets, out):
-    """``out[j]`` = bucket of the hash of ``values[j]`` (int64)."""
+    """``out[j]`` = bucket of ``mix(values[j] ^ key)``: the hash of contents ``values``."""
     for j in range(values.size):
         _bucket(_mix(np.uint64(values[j]) ^ key), buckets, out, j)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _word(words, p, n):
+    """The ``n`` (1..8) bytes at byte ``p`` as a little-endian word, from the bytes viewed
+    as little-endian uint64 ``words`` (padded by a word): two loads, not eight."""
+    q, r = p >> 3, p & 7
+    w = words[q] >> np.uint64(8 * r)
+    if r:
+        w |= words[q + 1] << np.uint64(64 - 8 * r)
+    if n < 8:
+        w &= (np.uint64(1) << np.uint64(8 * n)) - np.uint64(1)
+    return w
+
+
 @njit(cache=True, nogil=True)
-def hash_strings(data, starts, ends, key, buckets, out):
-    """``out[j]`` = bucket of the hash of the bytes ``data[starts[j]:ends[j]]``."""
+def content_strings(words, starts, ends, out):
+    """``out[j]`` = content of the bytes ``starts[j]:ends[j]`` of ``words`` (see
+    ``padded_words``), as int64."""
     for j in range(starts.size):
         s, e = starts[j], ends[j]
-        h = key
+        h = np.uint64(GOLDEN)
         p = s
-        while p + 8 <= e:
-            w = np.uint64(0)
-            for k in range(8):
-                w |= np.uint64(data[p + k]) << np.uint64(8 * k)
-            h = _mix(h ^ w)
+        while p < e:
+            h = _mix(h ^ _word(words, p, min(e - p, 8)))
             p += 8
-        if p < e:
-            w = np.uint64(0)
-            for k in range(e - p):
-                w |= np.uint64(data[p + k]) << np.uint64(8 * k)
-            h = _mix(h ^ w)
-        _bucket(_mix(h ^ np.uint64(e - s)), buckets, out, j)
+        out[j] = np.int64(_mix(h ^ np.uint64(e - s)))
+
+
+def padded_words(data: np.ndarray) -> np.ndarray:
+    """The bytes as little-endian uint64 words, zero-padded by at least one word."""
+    buf = np.zeros((data.size + 15) // 8 * 8, np.uint8)
+    buf[:data.size] = data
+    return buf.view("<u8")
+
+
+@njit(cache=True, nogil=True)
+def bucketize(values, bounds, out):
+    """``out[j]`` = how many ``bounds`` are <= ``values[j]``; NaN ->
+    ``len(bounds) + 1``."""
+    n = bounds.size
+    for j in range(values.size):
+        v = values[j]
+        if v != v:
+            out[j] = n + 1
+            continue
+        if n <= 64:  # a branch-free count beats a mispredicted binary search here
+            c = 0
+            for k in range(n):
+                c += bounds[k] <= v
+            out[j] = c
+            continue
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if bounds[mid] <= v:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[j] = lo
 
 
 @njit(cache=True, nogil=True)
@@ -129,6 +171,16 @@ def cross_fill(offs, values, key, buckets, out_offs, out):
                     break
                 pos[f] = offs[f, i]
                 f -= 1
+
+
+@njit(cache=True, nogil=True)
+def cross_rows(contents, key, buckets, out):
+    """The cross of fields with one value a row: ``contents`` is (fields, rows)."""
+    for i in range(contents.shape[1]):
+        h = key
+        for f in range(contents.shape[0]):
+            h = _mix(h ^ np.uint64(contents[f, i]))
+        _bucket(h, buckets, out, i)
 
 
 @njit(cache=True, nogil=True)

@@ -9,6 +9,7 @@ Every field and feature is CSR inside: ``offsets`` (rows + 1, from 0, non-decrea
 
 ``hash``       ints or strings -> ids in ``[0, buckets)`` (or the full 64-bit hash when
                ``buckets`` is null), the seeded ``sampan-hash64`` of ``_feature_kernels``
+               (``hash64`` computes it on its own)
 ``bucketize``  numbers -> bucket ``i`` = how many ``boundaries`` are <= the value (the
                boundaries strictly increasing); NaN (and null) -> ``len(boundaries) + 1``
 ``cross``      two or more int/string fields -> per row the cartesian product of their
@@ -51,10 +52,14 @@ SERVING_TYPES = {"int": "INT64", "float": "FP32", "string": "BYTES"}
 
 @dataclass
 class _Col:
-    """A field or feature inside the spec: CSR offsets and values of one element kind."""
+    """A field or feature inside the spec: CSR offsets and values of one element kind.
+    ``checked`` once its offsets (and string spans) are known valid; ``content`` the
+    values' 64-bit contents, computed once (see ``_feature_kernels``)."""
     offsets: np.ndarray
     values: object  # int64 / float64 array, or (data, starts, ends) for strings
     kind: str       # "int", "float" or "string"
+    checked: bool = False
+    content: np.ndarray | None = None
 
 
 def _spec_error(got: str, expected: str) -> SampanValueError:
@@ -62,11 +67,26 @@ def _spec_error(got: str, expected: str) -> SampanValueError:
 
 
 # ------------------------------------------------------------------ raw columns -> _Col
+_IDENT: dict = {}
+
+
+def _ident(n: int) -> np.ndarray:
+    """``arange(n + 1)``, read-only and shared: the offsets of one value a row (the ops
+    recognise it by identity and take their one-a-row paths)."""
+    a = _IDENT.get(n)
+    if a is None:
+        a = np.arange(n + 1, dtype=np.int64)
+        a.flags.writeable = False
+        _IDENT.clear()  # the latest batch size only
+        _IDENT[n] = a
+    return a
+
+
 def _arrow(col, name: str, n_rows):
     import pyarrow as pa
 
     if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     if not isinstance(col, pa.Array):
         a = np.asarray(col) if not isinstance(col, list) else None
         if a is not None and a.ndim == 2:  # a fixed number of values a row
@@ -93,8 +113,10 @@ def _scalar(col, name: str, kind: str, pa, pc) -> _Col:
     if kind == "float":
         if not (pa.types.is_floating(t) or pa.types.is_integer(t)):
             raise DTypeError(f"feature input {name!r}: got Arrow type {t}; expected numbers")
-        v = pc.fill_null(col.cast(pa.float64()), math.nan).to_numpy(zero_copy_only=False)
-        return _Col(np.arange(v.size + 1, dtype=np.int64), np.asarray(v, np.float64), kind)
+        if col.null_count:
+            col = pc.fill_null(col.cast(pa.float64()), math.nan)
+        v = col.to_numpy(zero_copy_only=False)
+        return _Col(_ident(v.size), np.asarray(v, np.float64), kind, True)
     valid = None
     if col.null_count:
         valid = col.is_valid().to_numpy(zero_copy_only=False)
@@ -122,11 +144,11 @@ def _scalar(col, name: str, kind: str, pa, pc) -> _Col:
         v = (data, starts, ends)
     if valid is None:
         n = len(col)
-        return _Col(np.arange(n + 1, dtype=np.int64), v, kind)
+        return _Col(_ident(n), v, kind, kind == "int")
     offsets = np.zeros(valid.size + 1, np.int64)
     np.cumsum(valid, out=offsets[1:])
     v = v[valid] if kind == "int" else (v[0], v[1][valid], v[2][valid])
-    return _Col(offsets, v, kind)
+    return _Col(offsets, v, kind, kind == "int")
 
 
 def column(col, name: str, typ: str, n_rows: int | None = None) -> _Col:
@@ -161,47 +183,64 @@ def _n_values(c: _Col) -> int:
 
 
 def _checked(f: dict, c: _Col, n_rows: int) -> np.ndarray:
-    return K.check_csr(f["name"], c.offsets, _n_values(c), n_rows)
+    if not c.checked:  # once a column: what the kernels made is valid by construction
+        c.offsets = K.check_csr(f["name"], c.offsets, _n_values(c), n_rows)
+        if c.kind == "string":
+            c.values = K.check_spans(f["name"], *c.values)
+        c.checked = True
+    return c.offsets
+
+
+def _content(c: _Col) -> np.ndarray:
+    if c.content is None:
+        if c.kind == "string":
+            data, starts, ends = c.values
+            c.content = np.empty(starts.size, np.int64)
+            K.content_strings(K.padded_words(data), starts, ends, c.content)
+        else:
+            c.content = np.ascontiguousarray(c.values, np.int64)
+    return c.content
 
 
 def _hash_values(name: str, c: _Col, seed: int, buckets) -> np.ndarray:
     out = np.empty(_n_values(c), np.int64)
-    key, nb = K.seed_key(seed), np.int64(buckets or 0)
-    if c.kind == "string":
-        K.hash_strings(*K.check_spans(name, *c.values), key, nb, out)
-    else:
-        K.hash_ints(np.ascontiguousarray(c.values, np.int64), key, nb, out)
+    K.hash_ints(_content(c), K.seed_key(seed), np.int64(buckets or 0), out)
     return out
 
 
 def _op_hash(f, cols, n):
     (c,) = cols
-    return _Col(_checked(f, c, n), _hash_values(f["name"], c, f["seed"], f["buckets"]), "int")
+    offs = _checked(f, c, n)
+    return _Col(offs, _hash_values(f["name"], c, f["seed"], f["buckets"]), "int", True)
 
 
 def _op_bucketize(f, cols, n):
     (c,) = cols
-    v = np.asarray(c.values, np.float64)
-    b = np.asarray(f["boundaries"], np.float64)
-    out = np.searchsorted(b, v, side="right").astype(np.int64)
-    out[np.isnan(v)] = b.size + 1
-    return _Col(_checked(f, c, n), out, "int")
+    v = np.ascontiguousarray(c.values, np.float64)
+    out = np.empty(v.size, np.int64)
+    K.bucketize(v, np.asarray(f["boundaries"], np.float64), out)
+    return _Col(_checked(f, c, n), out, "int", True)
 
 
 def _op_cross(f, cols, n):
+    key, nb = K.seed_key(f["seed"]), np.int64(f["buckets"] or 0)
+    if all(_checked(f, c, n) is _ident(n) for c in cols):  # one value a row in each
+        out = np.empty(n, np.int64)
+        K.cross_rows(np.stack([_content(c) for c in cols]), key, nb, out)
+        return _Col(_ident(n), out, "int", True)
     offs = np.empty((len(cols), n + 1), np.int64)
     parts, base = [], 0
     for i, c in enumerate(cols):
         offs[i] = _checked(f, c, n) + base
-        h = _hash_values(f["name"], c, f["seed"], None)
+        h = _content(c)
         parts.append(h)
         base += h.size
     out_offs = np.empty(n + 1, np.int64)
     K.cross_count(offs, out_offs)
     out = np.empty(int(out_offs[-1]), np.int64)
-    K.cross_fill(offs, np.concatenate(parts) if parts else np.zeros(0, np.int64),
-                 K.seed_key(f["seed"]), np.int64(f["buckets"] or 0), out_offs, out)
-    return _Col(out_offs, out, "int")
+    K.cross_fill(offs, np.concatenate(parts) if parts else np.zeros(0, np.int64), key, nb,
+                 out_offs, out)
+    return _Col(out_offs, out, "int", True)
 
 
 def _op_sequence(f, cols, n):
@@ -211,20 +250,21 @@ def _op_sequence(f, cols, n):
     dt = np.int64 if c.kind == "int" else np.float64
     out = np.full((n, length), f["pad"], dt)
     K.sequence(offs, np.ascontiguousarray(c.values, dt), length, f["keep"] == "last", out)
-    return _Col(np.arange(0, n * length + 1, length, dtype=np.int64), out.reshape(-1), c.kind)
+    return _Col(np.arange(0, n * length + 1, length, dtype=np.int64), out.reshape(-1), c.kind,
+                True)
 
 
 def _op_dense(f, cols, n):
     (c,) = cols
     offs = _checked(f, c, n)
-    if not np.array_equal(offs, np.arange(n + 1)):
+    if offs is not _ident(n) and not np.array_equal(offs, np.arange(n + 1)):
         lens = np.diff(offs)
         i = int(np.flatnonzero(lens != 1)[0])
         raise SampanValueError(f"feature {f['name']!r}: got {int(lens[i])} values in row "
                                f"{i}; expected one a row (use 'sequence' for lists)")
     v = np.asarray(c.values, np.float64).copy()
     v[np.isnan(v)] = f["fill"]
-    return _Col(offs, v, "float")
+    return _Col(offs, v, "float", True)
 
 
 def _is_num(x) -> bool:
@@ -470,11 +510,21 @@ class FeatureSpec:
         n = out.n_rows
         offs = tuple(o for o, _ in out.sparse.values())
         vals = tuple(v for _, v in out.sparse.values())
+        f = len(offs)
+        if not f:
+            return CTRBatch(np.zeros(n + 1, np.int64), np.zeros(0, np.int64),
+                            np.zeros(0, np.int32), out.dense_matrix(), labels, 0)
+        if all(o is _ident(n) for o in offs):  # one id a feature a row: stack them
+            return CTRBatch(np.arange(0, n * f + 1, f, dtype=np.int64),
+                            np.stack(vals, axis=1).ravel(),
+                            np.tile(np.arange(f, dtype=np.int32), n), out.dense_matrix(),
+                            labels, f)
+        offs = tuple(o if o.flags.writeable else o.copy() for o in offs)  # one numba type
         nnz = sum(v.size for v in vals)
         indptr, indices = np.empty(n + 1, np.int64), np.empty(nnz, np.int64)
         fields = np.empty(nnz, np.int32)
         _interleave(offs, vals, indptr, indices, fields)
-        return CTRBatch(indptr, indices, fields, out.dense_matrix(), labels, len(offs))
+        return CTRBatch(indptr, indices, fields, out.dense_matrix(), labels, f)
 
 
 def load_spec(path: str) -> FeatureSpec:
