@@ -60,10 +60,13 @@ def _mix_np(z: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _bucket(h, buckets, out, j):
     if buckets > 0:
-        out[j] = np.int64(h % np.uint64(buckets))
+        if buckets & (buckets - 1) == 0:  # a power of two: the same remainder, no divide
+            out[j] = np.int64(h & np.uint64(buckets - 1))
+        else:
+            out[j] = np.int64(h % np.uint64(buckets))
     else:
         out[j] = np.int64(h)
 
@@ -71,8 +74,17 @@ def _bucket(h, buckets, out, j):
 @njit(cache=True, nogil=True)
 def hash_ints(values, key, buckets, out):
     """``out[j]`` = bucket of ``mix(values[j] ^ key)``: the hash of contents ``values``."""
-    for j in range(values.size):
-        _bucket(_mix(np.uint64(values[j]) ^ key), buckets, out, j)
+    if buckets > 0 and buckets & (buckets - 1) == 0:  # one loop a case: it vectorises
+        mask = np.uint64(buckets - 1)
+        for j in range(values.size):
+            out[j] = np.int64(_mix(np.uint64(values[j]) ^ key) & mask)
+    elif buckets > 0:
+        b = np.uint64(buckets)
+        for j in range(values.size):
+            out[j] = np.int64(_mix(np.uint64(values[j]) ^ key) % b)
+    else:
+        for j in range(values.size):
+            out[j] = np.int64(_mix(np.uint64(values[j]) ^ key))
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -77,7 +77,8 @@ def _ident(n: int) -> np.ndarray:
     if a is None:
         a = np.arange(n + 1, dtype=np.int64)
         a.flags.writeable = False
-        _IDENT.clear()  # the latest batch size only
+        if len(_IDENT) >= 8:  # the latest few sizes (rows, flattened list values) only
+            _IDENT.clear()
         _IDENT[n] = a
     return a
 
@@ -184,7 +185,8 @@ def _n_values(c: _Col) -> int:
 
 def _checked(f: dict, c: _Col, n_rows: int) -> np.ndarray:
     if not c.checked:  # once a column: what the kernels made is valid by construction
-        c.offsets = K.check_csr(f["name"], c.offsets, _n_values(c), n_rows)
+        if c.offsets is not _ident(n_rows) or _n_values(c) != n_rows:
+            c.offsets = K.check_csr(f["name"], c.offsets, _n_values(c), n_rows)
         if c.kind == "string":
             c.values = K.check_spans(f["name"], *c.values)
         c.checked = True

@@ -82,7 +82,7 @@ def test_hash_ints_and_strings_match_reference(seed):
     rng = np.random.default_rng(seed % 1000)
     ints = rng.integers(-2**63, 2**63 - 1, size=200, dtype=np.int64).tolist() + [0, -1]
     strs = rand_strings(rng, 200) + ["", "x" * 8, "x" * 9]
-    for buckets in (None, 1, 97):
+    for buckets in (None, 1, 97, 1 << 20):
         assert hash64(ints, seed, buckets).tolist() == [bucket(h_value(v, seed), buckets)
                                                         for v in ints]
         assert hash64(strs, seed, buckets).tolist() == [bucket(h_value(v, seed), buckets)
@@ -130,7 +130,7 @@ def test_bucketize_matches_reference_with_nan():
     assert full.sparse["xb"][1].tolist() == [ref(v) for v in x]
 
 
-@pytest.mark.parametrize("buckets", [None, 50])
+@pytest.mark.parametrize("buckets", [None, 50, 64])
 def test_cross_is_the_hashed_cartesian_product(buckets):
     rng = np.random.default_rng(3)
     n = 60
