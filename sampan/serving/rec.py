@@ -15,7 +15,10 @@ A ``dlrm`` model directory (:func:`export_dlrm` writes one)::
 
 Inputs: ``dense_features`` FP32 ``[-1, n_dense]`` and ``sparse_ids`` INT64
 ``[-1, n_fields]`` (one raw id per field, as the DLRM trains on); output ``probability``
-FP32 ``[-1, 1]``.
+FP32 ``[-1, 1]``. A directory with ``"features": "features.json"`` (a saved
+:class:`sampan.rec.features.FeatureSpec`, ``export_dlrm(..., features=spec)``) takes the
+spec's raw fields instead (INT64 / FP32, ``[-1]``, lists ``[-1, -1]``) and transforms them
+as the Parquet reader did in training.
 
 Online updates: ``start()`` runs a thread that polls ``snapshot_dir`` for ``*.delta`` (and
 ``*.full``) files, verifies each completely (checksum, header, arrays) outside any lock,
@@ -515,6 +518,7 @@ def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
     if features is not None:
         features.save(os.path.join(directory, "features.json"))
         cfg["features"] = "features.json"
+        load_features(cfg, directory, "export_dlrm", n_fields, n_dense)  # fits, reads back
     if instance_count is not None:
         cfg["instance_count"] = instance_count
     body = json.dumps(cfg, indent=2, sort_keys=True).encode() + b"\n"

@@ -104,8 +104,10 @@ def test_a_spec_that_does_not_fit_the_model_is_refused(trained, tmp_path):
         f"{d}/features.json")
     with pytest.raises(ServingError, match=r"gives 1 ids and 0 dense.*takes 4 and 2"):
         load_model("ctr", d)
-    with open(f"{d}/features.json", "a") as f:
-        f.write(" ")  # still valid JSON, same checksum
+    FeatureSpec({"user": "string"}, [{"name": "u", "op": "hash", "input": "user"}]).save(
+        f"{d}/features.json")
+    with pytest.raises(ServingError, match=r"string field\(s\) \['user'\].*no BYTES"):
+        load_model("ctr", d)
     cfg = json.load(open(f"{d}/config.json"))
     open(f"{d}/features.json", "w").write('{"sha256": "0", "spec": {}}')
     with pytest.raises(ServingError, match=r"cannot load the feature spec.*checksum"):
