@@ -259,6 +259,15 @@ def _check_schema(path: str, schema, where: str) -> tuple[list[str], list[str]]:
     return sparse, dense
 
 
+def _check_feature_inputs(path: str, schema, spec, where: str) -> None:
+    """A file read through a feature spec must hold 'label' and every field it declares."""
+    missing = [n for n in ["label", *spec.inputs] if n not in schema.names]
+    if missing:
+        raise _reader_error(SampanValueError, where, f"{path} without columns {missing}",
+                            "a 'label' column and the feature spec's inputs "
+                            f"{list(spec.inputs)}")
+
+
 def _no_nulls(arr, path: str, name: str, where: str, row0: int, what: str = "values",
               hint: str = "") -> None:
     if arr.null_count:
@@ -330,12 +339,17 @@ class ParquetCTRReader:
     outside [0, 1] and uint64 ids at or above 2^63 are refused the same way, and Parquet
     page checksums (written by :func:`write_parquet`) are verified.
 
+    With ``features=`` a :class:`sampan.rec.features.FeatureSpec`, the reader reads
+    ``label`` and the spec's raw fields instead and applies the spec on its thread: sparse
+    feature ``f`` of the spec is field ``f`` of every batch, its dense features the dense.
+
     >>> # for batch in ParquetCTRReader(["day0.parquet"], batch_size=4096): ...
     """
 
     def __init__(self, paths, batch_size: int = 2048, shuffle_buffer: int = 32768,
                  seed: int = 0, background: bool = True, prefetch: int = 4,
-                 drop_last: bool = False, read_rows: int = 16384, stats=None):
+                 drop_last: bool = False, read_rows: int = 16384, stats=None,
+                 features=None):
         import pyarrow.parquet as pq
 
         self.paths = [paths] if isinstance(paths, str) else list(paths)
@@ -346,6 +360,12 @@ class ParquetCTRReader:
         self.epoch = 0
         self._where = _where()
         self.columns = None  # (sparse, dense) names, fixed by the first file
+        self.features = features  # a sampan.rec.features.FeatureSpec, applied per read
+        if features is not None:
+            self.columns = ([], [])
+            for path in self.paths:
+                _check_feature_inputs(path, pq.read_schema(path), features, self._where)
+            return
         for path in self.paths:
             cols = _check_schema(path, pq.read_schema(path), self._where)
             if self.columns is None:
@@ -366,10 +386,14 @@ class ParquetCTRReader:
         where = self._where
         for path in self.paths:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
-            cols = _check_schema(path, pf.schema_arrow, where)  # the file may have changed
-            if cols != self.columns:
-                raise _reader_error(SampanValueError, where, f"{path} with columns "
-                                    f"{cols}", f"the columns {self.columns} it had")
+            if self.features is not None:
+                _check_feature_inputs(path, pf.schema_arrow, self.features, where)
+                dense = list(self.features.inputs)  # the raw fields the spec reads
+            else:
+                cols = _check_schema(path, pf.schema_arrow, where)  # the file may have changed
+                if cols != self.columns:
+                    raise _reader_error(SampanValueError, where, f"{path} with columns "
+                                        f"{cols}", f"the columns {self.columns} it had")
             batches = pf.iter_batches(batch_size=self.read_rows, columns=["label", *dense,
                                                                           *sparse])
             row0 = 0
@@ -390,6 +414,13 @@ class ParquetCTRReader:
     def _convert(self, rb, path: str, sparse: list[str], dense: list[str],
                  row0: int) -> CTRBatch:
         where = self._where
+        if self.features is not None:  # the spec's kernels run here, on the reader thread
+            y = _labels(rb.column("label"), path, where, row0)
+            try:
+                return self.features.ctr_batch(rb, y)
+            except SampanError as e:
+                raise type(e)(f"ParquetCTRReader: {path} (rows {row0}..): {e}\n  at "
+                              f"{where}") from None
         n = rb.num_rows
         csr = [_column_csr(rb.column(c), path, c, where, row0) for c in sparse]
         if all(fixed for _, _, fixed in csr):  # one id per field: stack columns

@@ -15,7 +15,10 @@ A ``dlrm`` model directory (:func:`export_dlrm` writes one)::
 
 Inputs: ``dense_features`` FP32 ``[-1, n_dense]`` and ``sparse_ids`` INT64
 ``[-1, n_fields]`` (one raw id per field, as the DLRM trains on); output ``probability``
-FP32 ``[-1, 1]``.
+FP32 ``[-1, 1]``. A directory with ``"features": "features.json"`` (a saved
+:class:`sampan.rec.features.FeatureSpec`, ``export_dlrm(..., features=spec)``) takes the
+spec's raw fields instead (INT64 / FP32, ``[-1]``, lists ``[-1, -1]``) and transforms them
+as the Parquet reader did in training.
 
 Online updates: ``start()`` runs a thread that polls ``snapshot_dir`` for ``*.delta`` (and
 ``*.full``) files, verifies each completely (checksum, header, arrays) outside any lock,
@@ -35,7 +38,6 @@ saved in the directory: deltas carry embeddings only.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -46,6 +48,8 @@ import time
 
 import numpy as np
 
+from sampan.serving._rec_features import feature_inputs, load_features
+from sampan.serving._rwlock import _RWLock
 from sampan.serving.model import ServedModel, ServingError, TensorSpec, register_kind
 from sampan.serving.padding import bucket_of, buckets, pad_rows, preferred_sizes
 
@@ -55,48 +59,6 @@ log = logging.getLogger("sampan.serving")
 
 INPUTS = ("dense_features", "sparse_ids")
 OUTPUT = "probability"
-
-
-class _RWLock:
-    """Many readers or one writer; a waiting writer stops new readers from entering, so
-    a steady stream of batches cannot starve an update."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._waiting = 0
-
-    @contextlib.contextmanager
-    def shared(self):
-        with self._cond:
-            while self._writer or self._waiting:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._writer or self._readers:
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
 
 
 def _int(cfg: dict, key: str, where: str, low: int = 1) -> int:
@@ -346,10 +308,12 @@ class DLRMModel(ServedModel):
         self.n_dense = _int(config, "n_dense", where)
         mbs = _int(dict(config, max_batch_size=config.get("max_batch_size", 0)),
                    "max_batch_size", where, 0)
+        self.features = load_features(config, directory, where, self.n_fields, self.n_dense)
         super().__init__(
             name=name, max_batch_size=mbs, platform="sampan_dlrm", config=config,
             inputs=[TensorSpec(INPUTS[0], "FP32", (-1, self.n_dense)),
-                    TensorSpec(INPUTS[1], "INT64", (-1, self.n_fields))],
+                    TensorSpec(INPUTS[1], "INT64", (-1, self.n_fields))]
+            if self.features is None else feature_inputs(self.features),
             outputs=[TensorSpec(OUTPUT, "FP32", (-1, 1))])
 
         def path(key, default):
@@ -410,7 +374,10 @@ class DLRMModel(ServedModel):
 
     def infer(self, inputs: dict) -> dict:
         """``{"dense_features": (B, n_dense) f32, "sparse_ids": (B, n_fields) i64}`` ->
-        ``{"probability": (B, 1) f32}``; all B rows see the same snapshot."""
+        ``{"probability": (B, 1) f32}``; all B rows see the same snapshot. A model saved
+        with a feature spec takes the spec's raw fields instead and transforms them."""
+        if self.features is not None:
+            inputs = self._transform(inputs)
         extra = sorted(set(inputs) - set(INPUTS))
         if extra:
             raise ServingError(f"model {self.name!r}: unknown input(s) {extra}; the model "
@@ -425,6 +392,19 @@ class DLRMModel(ServedModel):
             return {OUTPUT: np.zeros((0, 1), np.float32)}
         emb = self.watcher.lookup(ids)
         return {OUTPUT: self._dense(dense, emb)[:n]}
+
+    def _transform(self, inputs: dict) -> dict:
+        """Raw request fields -> the dense features and ids, by the saved feature spec."""
+        names = list(self.features.inputs)
+        extra = sorted(set(inputs) - set(names))
+        if extra:
+            raise ServingError(f"model {self.name!r}: unknown input(s) {extra}; the model "
+                               f"takes the raw fields {names}")
+        try:
+            out = self.features.apply({k: inputs[k] for k in names if k in inputs})
+            return {INPUTS[0]: out.dense_matrix(), INPUTS[1]: out.ids_matrix()}
+        except (TypeError, ValueError) as e:  # sampan errors name the feature and field
+            raise ServingError(f"model {self.name!r}: {e}") from None
 
     def _dense(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
         size = bucket_of(self._buckets, len(dense))
@@ -487,7 +467,7 @@ def _dense_layer(model):
 def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
                 max_batch_size: int = 256, dynamic_batching: dict | None = None,
                 poll_interval_ms: float = 200, instance_count: int | None = None,
-                prune_below: float | None = None) -> dict:
+                prune_below: float | None = None, features=None) -> dict:
     """Write a ``dlrm`` model directory from a trained one-shard :class:`sampan.rec.DLRM`:
     the dense part as a saved program, the table's full export, ``config.json``.
     Rows keep the table's ``row_dtype``; ``prune_below`` leaves out near-zero rows
@@ -495,7 +475,9 @@ def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
 
     The full export continues the table's snapshot chain: later
     ``sampan.rec.export_delta(table, f"{directory}/{snapshot_dir}/<name>.delta")`` calls
-    reach a running server. Returns the config.
+    reach a running server. With ``features`` (the :class:`sampan.rec.features.FeatureSpec`
+    the model trained through) the directory carries the spec (``features.json``) and the
+    served model takes the spec's raw fields. Returns the config.
 
     >>> # cfg = export_dlrm(model, "ctr"); export_delta(table, "ctr/deltas/000001.delta")
     """
@@ -536,6 +518,10 @@ def export_dlrm(model, directory: str, *, snapshot_dir: str | None = "deltas",
            {"max_queue_delay_us": 500, "max_queue_size": 1024, "timeout_ms": 10000}}
     if snapshot_dir:
         cfg["snapshot_dir"] = snapshot_dir
+    if features is not None:
+        features.save(os.path.join(directory, "features.json"))
+        cfg["features"] = "features.json"
+        load_features(cfg, directory, "export_dlrm", n_fields, n_dense)  # fits, reads back
     if instance_count is not None:
         cfg["instance_count"] = instance_count
     body = json.dumps(cfg, indent=2, sort_keys=True).encode() + b"\n"
