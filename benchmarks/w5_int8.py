@@ -56,7 +56,7 @@ def main(argv=None):
 
     import sampan
     from sampan import nn
-    from sampan.ops import _qkernels as K
+    from sampan.backends.numba import qkernels as K
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from models import w1_weights
     w = w1_weights()

@@ -25,6 +25,8 @@ _load_ops()  # registers the op table
 # Here, not in ops.load_all: the providers sit on a floor above the op table.
 from .backends import choice as _choice  # noqa: E402
 _choice.install()
+from .backends.numba import provider as _numba_provider  # noqa: E402
+_numba_provider.install()
 _alloc.tune()  # keep freed activations in the process (see sampan/_alloc.py)
 from . import _tensor_methods  # noqa: F401  (binds operators and methods)
 from .autograd import (enable_grad, grad, inference_mode, is_grad_enabled,

@@ -141,8 +141,8 @@ def test_fake_quant_gradient_is_straight_through_as_torch():
 
 @pytest.mark.parametrize("path", ["loop", "blas", "vnni", "vnni1"])
 def test_int8_gemm_is_exact(path):
-    from sampan.ops import _qkernels as K
-    from sampan.ops import _vnni
+    from sampan.backends.numba import qkernels as K
+    from sampan.backends.numba import vnni as _vnni
     if path != "blas" and not K.HAVE_NUMBA:
         pytest.skip("no numba")
     if path.startswith("vnni") and not _vnni.available():

@@ -1,7 +1,10 @@
 """The numba provider: the generated kernel of each `fused` node (`kernelgen.bind`), one
 per node, taking the memory plan's buffers (`out=`) and writing outputs over inputs where
-the plan allows (`inplace`). Without numba a fused node's body runs with the op table's
-numpy kernels (`ops.fused.run_body`), so a graph fused elsewhere still runs.
+the plan allows (`inplace`); and the hand-written loops registered by op name (`EAGER`:
+the int8 ops of `qkernels.py`), which eager dispatch runs as the ops' kernels under the
+default provider list (`install`). Without numba a fused node's body runs with the op
+table's numpy kernels (`ops.fused.run_body`), so a graph fused elsewhere still runs, and
+the int8 ops run their numpy reference.
 
 Example::
 
@@ -11,6 +14,7 @@ Example::
 """
 from __future__ import annotations
 
+from ...ops.registry import OPS
 from ..provider import Provider
 
 
@@ -41,11 +45,24 @@ def bind_fused(node, inplace=None):
     return run
 
 
+def _eager_kernels() -> dict:
+    """{op name: kernel} of the hand-written loops (empty without numba)."""
+    from . import available
+    if not available():
+        return {}
+    from . import qkernels
+    return qkernels.kernels()
+
+
+EAGER = _eager_kernels()
+_BINDERS: dict = {}     # op name -> bind(node) for kernels that prepare constants once
+
+
 class NumbaProvider(Provider):
-    """Generated fused kernels (see the module doc)."""
+    """Generated fused kernels and hand-written loops (see the module doc)."""
 
     name = "numba"
-    kernels = {"fused": bind_fused}
+    kernels = {"fused": bind_fused, **EAGER}
     node_kernels = ("fused",)
 
     def available(self) -> bool:
@@ -53,7 +70,27 @@ class NumbaProvider(Provider):
         return available()
 
     def bind(self, node, inplace=None):
-        return bind_fused(node, inplace=inplace)
+        if node.op == "fused":
+            return bind_fused(node, inplace=inplace)
+        binder = _BINDERS.get(node.op)
+        return binder(node) if binder is not None else super().bind(node)
 
 
 PROVIDER = NumbaProvider()
+
+
+def install() -> None:
+    """Make the hand-written loops the ops' kernels (`op.kernel`, what eager dispatch and
+    the default provider list call), each also kept as `op.kernels["numba"]`. An op
+    whose kernel is a measured choice against oneDNN (`choice.Chooser`) keeps it, with
+    the loop as the candidate oneDNN is measured against."""
+    from ..choice import Chooser
+    for name, fn in EAGER.items():
+        op = OPS.get(name)
+        if op is None or op.kernels.get("numba") is fn:
+            continue
+        op.kernels["numba"] = fn
+        if isinstance(op.kernel, Chooser):
+            op.kernel.numpy = fn
+        else:
+            op.kernel = fn

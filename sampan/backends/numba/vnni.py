@@ -10,7 +10,7 @@ The weight is read as it is stored, (N, K) row-major: four weight rows at a time
 blocks of 16 rows by 4 k's, (M/16, K/4, 16, 4), one 64-byte vector each; a register block
 is 4 weight rows x 32 activation rows (8 accumulators). N must be a multiple of 4, M of
 32 and K of 4: the caller pads. `available()` is False without llvmlite or without VNNI
-(`gemm` in _qkernels then measures its other paths only).
+(`gemm` in qkernels then measures its other paths only).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def run(w, xp, c, kp, mp, threads=None):
 
 
 def _threads():
-    from .._threads import get_num_threads
+    from ..._threads import get_num_threads
     try:
         return max(1, int(get_num_threads()))
     except Exception:  # noqa: BLE001
