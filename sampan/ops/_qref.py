@@ -83,3 +83,34 @@ def requant(acc, bias, mult, zy, qmin, qmax, out_dtype, axis=-1):
     if np.dtype(out_dtype) == np.float32:
         return v
     return np.clip(np.rint(v).astype(np.int64) + int(zy), qmin, qmax).astype(out_dtype)
+
+
+def conv_windows(x, kh, kw, stride, padding, dilation, xz):
+    """The (N, C, Ho, Wo, kh, kw) windows of conv2d over x (NCHW), padded with the
+    zero point `xz` (the real zero): a strided view after one padded copy."""
+    from .conv import _pad
+    n, _, h, wd = x.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    xp = _pad(x, padding[0], padding[1], value=int(xz))
+    v = np.lib.stride_tricks.sliding_window_view(
+        xp, (dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1), axis=(2, 3))
+    return v[:, :, :stride[0] * (ho - 1) + 1:stride[0], :stride[1] * (wo - 1) + 1:stride[1],
+             ::dilation[0], ::dilation[1]]
+
+
+def conv_sums(x, w, xz, wz, stride, padding, dilation, groups):
+    """sum over each window of (x - xz)(w - wz[o]) exactly, int64 (N, O, Ho, Wo)."""
+    o, cg, kh, kw = w.shape
+    v = conv_windows(x, kh, kw, stride, padding, dilation, xz)
+    n, _, ho, wo = v.shape[:4]
+    og = o // groups
+    wz = np.broadcast_to(np.asarray(wz).reshape(-1), (o,))
+    outs = []
+    for gi in range(groups):
+        rows = v[:, gi * cg:(gi + 1) * cg].transpose(0, 2, 3, 1, 4, 5).reshape(
+            n * ho * wo, cg * kh * kw)
+        sl = slice(gi * og, (gi + 1) * og)
+        outs.append(sums(rows, w[sl].reshape(og, -1), xz, wz[sl]))
+    acc = outs[0] if groups == 1 else np.concatenate(outs, axis=1)
+    return acc.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DTypeError, ShapeError, op_error
 from . import _qref
 from ._util import Sample, randf, rng
-from .conv import _check_attrs, _out_dim, _pad
+from .conv import _check_attrs, _out_dim
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _Q = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
@@ -100,15 +100,9 @@ def int8_kernels(K) -> dict:
                     int(y_zero_point), lo, hi, K.Q8, y_zero_point.dtype)
 
     def conv(x, w, xz, wz, stride, padding, dilation, groups, mult, yz, lo, hi, mode, dt):
-        n, _, h, wd = x.shape
         o, cg, kh, kw = w.shape
-        ho, wo = (_out_dim(h, kh, stride[0], padding[0], dilation[0]),
-                  _out_dim(wd, kw, stride[1], padding[1], dilation[1]))
-        xp = _pad(x, padding[0], padding[1], value=int(xz))   # padding is the real zero
-        v = np.lib.stride_tricks.sliding_window_view(
-            xp, (dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1), axis=(2, 3))
-        v = v[:, :, :stride[0] * (ho - 1) + 1:stride[0], :stride[1] * (wo - 1) + 1:stride[1],
-              ::dilation[0], ::dilation[1]]                   # (n, c, ho, wo, kh, kw)
+        v = _qref.conv_windows(x, kh, kw, stride, padding, dilation, xz)
+        n, _, ho, wo = v.shape[:4]
         og = o // groups
         wz = np.broadcast_to(np.asarray(wz).reshape(-1), (o,))
         mult = np.broadcast_to(np.asarray(mult, np.float64).reshape(-1), (o,))

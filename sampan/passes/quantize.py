@@ -36,7 +36,7 @@ def _node(g, op, inputs, attrs, like, loc):
 
 
 INT8_OPS = ("qmatmul", "qconv2d", "qlinear_matmul", "qlinear_conv", "matmul_integer",
-            "conv_integer", "dequantize")
+            "conv_integer", "dequantize", "qlinear_dense", "qdense", "qlinear_conv2d")
 
 
 def is_quantized(g) -> bool:

@@ -54,8 +54,18 @@ def _eager_kernels() -> dict:
     return qkernels.kernels()
 
 
+def _binders() -> dict:
+    """{op name: bind(node)} of the loops that prepare a node's constants once (the int8
+    layers pack their weights when the node is compiled)."""
+    from . import available
+    if not available():
+        return {}
+    from . import qlayers
+    return dict(qlayers.BINDERS)
+
+
 EAGER = _eager_kernels()
-_BINDERS: dict = {}     # op name -> bind(node) for kernels that prepare constants once
+_BINDERS = _binders()
 
 
 class NumbaProvider(Provider):

@@ -227,4 +227,5 @@ def kernels() -> dict:
     import sys
 
     from ...ops.quant import int8_kernels
-    return int8_kernels(sys.modules[__name__])
+    from . import qlayers
+    return dict(int8_kernels(sys.modules[__name__]), **qlayers.KERNELS)

@@ -160,3 +160,149 @@ def _build():
     _STATE["engine"] = ee          # keeps the code alive
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5))
     return proto(ee.get_function_address("gemm_s8u8"))
+
+
+# ------------------------------------------------------------------ packed, requantising
+# The kernels of the fused int8 ops (`qlinear_dense`, `qdense`, `qlinear_conv2d`): one
+# operand packed (NB, K/4, 16, 4), a 64-byte vector per (16 lanes, 4 k's); the other read
+# as rows, each 4-byte group broadcast. The epilogue is in the kernel: the int32 sums plus
+# a correction (bias - zx * colsum(w)), times a float32 multiplier, then either stored as
+# float32 or rounded half to even, clamped to [qmin, qmax] around the zero point and
+# stored as bytes. `lanes` (dense): the packed operand is the weight and the correction /
+# multiplier vary along the lanes (output columns); otherwise (conv) the packed operand is
+# the im2col of the image, the rows are the weight's and the parameters vary per row.
+_RB, _CBK = 4, 4        # rows x 16-lane blocks per register block
+_PACKED: dict = {}
+
+
+def packed_kernel(lanes: bool, q8: bool):
+    """f(v, s, out, corr, mult, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
+    qmax), or None without VNNI: out[img, r, 16 * jb + lane] for r < rows, jb < nb."""
+    key = (bool(lanes), bool(q8))
+    if key not in _PACKED:
+        _PACKED[key] = None
+        if kernel() is not None:
+            try:
+                _PACKED[key] = _build_packed(*key)
+            except Exception:  # noqa: BLE001 - an LLVM that refuses: the caller's reference
+                _PACKED[key] = None
+    return _PACKED[key]
+
+
+def _packed_ir(lanes, q8):
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+    i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    v16, vf, vb = ir.VectorType(i32, 16), ir.VectorType(f32, 16), ir.VectorType(i8, 16)
+    mod = ir.Module("sampan_int8_packed")
+    mod.triple = llvm.get_process_triple()
+    dp = ir.Function(mod, ir.FunctionType(v16, [v16, v16, v16]),
+                     "llvm.x86.avx512.vpdpbusd.512")
+    rint = ir.Function(mod, ir.FunctionType(vf, [vf]), "llvm.rint.v16f32")
+    p8 = i8.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, p8, p8, p8] + [i64] * 11),
+                     "qgemm")
+    (vp, sp, outp, corrp, multp, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
+     qmax) = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def c(v):
+        return ir.Constant(i64, v)
+
+    def splat(x, ty):
+        vec = b.insert_element(ir.Constant(ty, None), x, ir.Constant(i32, 0))
+        return b.shuffle_vector(vec, ir.Constant(ty, None), ir.Constant(v16, [0] * 16))
+
+    def fl(x):
+        return b.sitofp(b.trunc(x, i32), f32)
+    lo_f, hi_f = splat(fl(b.sub(qmin, zy)), vf), splat(fl(b.sub(qmax, zy)), vf)
+    zyv = splat(b.trunc(zy, i32), v16)
+    k64 = b.mul(k4, c(64))
+    pool = [b.alloca(v16) for _ in range(_RB * _CBK)]   # in the entry block: registers
+
+    def block(img, r0, jb0, nr, ncb):
+        vbase = b.gep(vp, [b.mul(img, v_img)])
+        obase = b.mul(img, out_img)
+        accs = pool[:nr * ncb]
+        for a in accs:
+            b.store(ir.Constant(v16, None), a)
+
+        def inner(kk):
+            vecs = [b.load(b.bitcast(b.gep(vbase, [b.add(b.mul(b.add(jb0, c(j)), k64),
+                                                          b.mul(kk, c(64)))]),
+                                     v16.as_pointer()), align=1) for j in range(ncb)]
+            for r in range(nr):
+                off = b.add(b.mul(b.add(r0, c(r)), lds), b.mul(kk, c(4)))
+                s4 = splat(b.load(b.bitcast(b.gep(sp, [off]), i32.as_pointer()), align=1),
+                           v16)
+                for j in range(ncb):
+                    acc = accs[r * ncb + j]
+                    u8, s8 = (s4, vecs[j]) if lanes else (vecs[j], s4)
+                    b.store(b.call(dp, [b.load(acc), u8, s8]), acc)
+        _loop(b, ir, i64, k4, inner)
+        for r in range(nr):
+            row = b.add(r0, c(r))
+            for j in range(ncb):
+                col = b.mul(b.add(jb0, c(j)), c(16))
+                if lanes:
+                    cv = b.load(b.bitcast(b.gep(corrp, [b.mul(col, c(4))]),
+                                          v16.as_pointer()), align=1)
+                    mv = b.load(b.bitcast(b.gep(multp, [b.mul(col, c(4))]),
+                                          vf.as_pointer()), align=1)
+                else:
+                    cv = splat(b.load(b.bitcast(b.gep(corrp, [b.mul(row, c(4))]),
+                                                i32.as_pointer())), v16)
+                    mv = splat(b.load(b.bitcast(b.gep(multp, [b.mul(row, c(4))]),
+                                                f32.as_pointer())), vf)
+                f = b.fmul(b.sitofp(b.add(b.load(accs[r * ncb + j]), cv), vf), mv)
+                at = b.add(obase, b.add(b.mul(row, ldo), col))
+                if not q8:
+                    b.store(f, b.bitcast(b.gep(outp, [b.mul(at, c(4))]), vf.as_pointer()),
+                            align=1)
+                    continue
+                f = b.call(rint, [f])
+                f = b.select(b.fcmp_ordered("<", f, lo_f), lo_f, f)
+                f = b.select(b.fcmp_ordered(">", f, hi_f), hi_f, f)
+                q = b.trunc(b.add(b.fptosi(f, v16), zyv), vb)
+                b.store(q, b.bitcast(b.gep(outp, [at]), vb.as_pointer()), align=1)
+
+    rmain = b.mul(b.sdiv(rows, c(_RB)), c(_RB))
+    cmain = b.mul(b.sdiv(nb, c(_CBK)), c(_CBK))
+
+    def image(img):
+        def rblocks(rg):
+            r0 = b.mul(rg, c(_RB))
+            _loop(b, ir, i64, b.sdiv(nb, c(_CBK)),
+                  lambda cg: block(img, r0, b.mul(cg, c(_CBK)), _RB, _CBK))
+            _loop(b, ir, i64, b.sub(nb, cmain),
+                  lambda j: block(img, r0, b.add(cmain, j), _RB, 1))
+        _loop(b, ir, i64, b.sdiv(rows, c(_RB)), rblocks)
+
+        def rrest(ri):
+            r0 = b.add(rmain, ri)
+            _loop(b, ir, i64, b.sdiv(nb, c(_CBK)),
+                  lambda cg: block(img, r0, b.mul(cg, c(_CBK)), 1, _CBK))
+            _loop(b, ir, i64, b.sub(nb, cmain),
+                  lambda j: block(img, r0, b.add(cmain, j), 1, 1))
+        _loop(b, ir, i64, b.sub(rows, rmain), rrest)
+    _loop(b, ir, i64, nimg, image)
+    b.ret_void()
+    return str(mod)
+
+
+def _build_packed(lanes, q8):
+    import llvmlite.binding as llvm
+    feats = llvm.get_host_cpu_features()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    mod = llvm.parse_assembly(_packed_ir(lanes, q8))
+    mod.verify()
+    tm = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=feats.flatten(), opt=3)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
+    pb.getModulePassManager().run(mod, pb)
+    ee = llvm.create_mcjit_compiler(mod, tm)
+    ee.finalize_object()
+    _STATE[("engine", lanes, q8)] = ee          # keeps the code alive
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11))
+    return proto(ee.get_function_address("qgemm"))
