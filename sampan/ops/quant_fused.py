@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import DTypeError, ShapeError, op_error
 from . import _qref
 from ._util import Sample, rng
-from .quant import _F32, _Q, _cattrs, _conv_check, _conv_flops, _mm_check, _n, _zp_check
+from .quant import (_F32, _Q, _cattrs, _conv_check, _conv_flops, _mm_check, _n, _nd,
+                    _zp_check)
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 
@@ -178,6 +179,59 @@ def _dense_flops(x, xs, xz, w, *rest, **attrs):
 
 def _qlc_flops(x, xs, xz, w, *rest, stride, padding, dilation, groups, **attrs):
     return _conv_flops(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+# ---------------------------------------------------------------------- dynamic
+def _qdd_rule(x, w, w_scale):
+    op = "qdense_dynamic"
+    if x.dtype != _F32:
+        raise op_error(DTypeError, op, f"input of dtype {x.dtype}", "a float32 input")
+    if w.dtype != np.int8 or _nd(w) != 2 or _nd(x) != 2:
+        raise op_error(ShapeError, op, f"input {x.dtype}{tuple(x.shape)}, weight "
+                       f"{w.dtype}{tuple(w.shape)}", "x (M, K) float32, w (N, K) int8")
+    if x.shape[1] != w.shape[1]:
+        raise op_error(ShapeError, op, f"input {tuple(x.shape)}, weight {tuple(w.shape)}",
+                       "matching K (the weight is (N, K))")
+    if w_scale.dtype != _F32 or tuple(w_scale.shape) != (w.shape[0],):
+        raise op_error(ShapeError, op, f"w_scale {w_scale.dtype}{tuple(w_scale.shape)}",
+                       f"float32 ({w.shape[0]},)")
+    return Spec((x.shape[0], w.shape[0]), _F32)
+
+
+def row_qparams(x):
+    """Per-row asymmetric uint8 parameters of x (M, K) float32, as onnxruntime's
+    DynamicQuantizeLinear per row: the range [min(0, x), max(0, x)] over 255 steps
+    (scale 1 for a row of zeros), zero point rint(-lo / scale); and the row quantised."""
+    lo = np.minimum(x.min(1, initial=0.0), 0).astype(np.float32)
+    hi = np.maximum(x.max(1, initial=0.0), 0).astype(np.float32)
+    s = (hi - lo) / np.float32(255)
+    s = np.where(s > 0, s, np.float32(1)).astype(np.float32)
+    z = np.clip(np.rint(-lo / s), 0, 255).astype(np.int32)
+    q = np.clip(np.rint(x / s[:, None]) + z[:, None], 0, 255).astype(np.uint8)
+    return q, s, z
+
+
+def _qdd_kernel(x, w, w_scale):
+    q, s, z = row_qparams(np.ascontiguousarray(x, np.float32))
+    acc = _qref.sums(q, w, 0, 0) - z[:, None].astype(np.int64) * w.astype(np.int64).sum(1)
+    return (acc.astype(np.float32) * s[:, None]) * w_scale[None, :]
+
+
+def _qdd_samples():
+    r = rng(334)
+    x = r.standard_normal((7, 40)).astype(np.float32)
+    x[3] = 0                                   # a row of zeros: scale 1
+    w = r.integers(-127, 128, (21, 40)).astype(np.int8)
+    return [Sample((x, w, r.uniform(0.001, 0.01, 21).astype(np.float32))),
+            Sample((np.abs(x[:1, :16]), w[:16, :16], np.full(16, 0.01, np.float32)))]
+
+
+QDENSE_DYNAMIC = defop(
+    "qdense_dynamic", _qdd_rule, kernel=_qdd_kernel, grad=NOT_DIFFERENTIABLE,
+    flops=lambda x, w, s: 2 * _n(x) * (w.shape[0] if isinstance(w.shape[0], int) else 1),
+    onnx=NO_ONNX, samples=_qdd_samples,
+    doc="dynamic int8 dense: per-row uint8 activations quantised in the kernel, int8 "
+        "weights (N, K) with per-channel scales, float32 out")
 
 
 QLINEAR_DENSE = defop(

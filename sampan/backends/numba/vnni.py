@@ -175,10 +175,15 @@ _RB, _CBK = 4, 4        # rows x 16-lane blocks per register block
 _PACKED: dict = {}
 
 
-def packed_kernel(lanes: bool, q8: bool):
+def packed_kernel(lanes: bool, q8: bool, dyn: bool = False):
     """f(v, s, out, corr, mult, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
-    qmax), or None without VNNI: out[img, r, 16 * jb + lane] for r < rows, jb < nb."""
-    key = (bool(lanes), bool(q8))
+    qmax), or None without VNNI: out[img, r, 16 * jb + lane] for r < rows, jb < nb.
+
+    `dyn` (dynamic quantisation, dense, float32 out): each row has its own zero point and
+    scale; `corr` holds the weight's column sums (int32), `mult` its scales, and the
+    last three arguments are the addresses of the rows' zero points (int32) and scales
+    (float32), and (unused) 0: out = float32(acc - zx[r] * colsum) * sx[r] * ws."""
+    key = (bool(lanes), bool(q8), bool(dyn))
     if key not in _PACKED:
         _PACKED[key] = None
         if kernel() is not None:
@@ -189,7 +194,7 @@ def packed_kernel(lanes: bool, q8: bool):
     return _PACKED[key]
 
 
-def _packed_ir(lanes, q8):
+def _packed_ir(lanes, q8, dyn=False):
     import llvmlite.binding as llvm
     from llvmlite import ir
     i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -254,7 +259,13 @@ def _packed_ir(lanes, q8):
                                                 i32.as_pointer())), v16)
                     mv = splat(b.load(b.bitcast(b.gep(multp, [b.mul(row, c(4))]),
                                                 f32.as_pointer())), vf)
-                f = b.fmul(b.sitofp(b.add(b.load(accs[r * ncb + j]), cv), vf), mv)
+                if dyn:      # per-row zero point (zy: its address) and scale (qmin)
+                    zr = b.load(b.gep(b.inttoptr(zy, i32.as_pointer()), [row]))
+                    sr = b.load(b.gep(b.inttoptr(qmin, f32.as_pointer()), [row]))
+                    acc = b.sub(b.load(accs[r * ncb + j]), b.mul(splat(zr, v16), cv))
+                    f = b.fmul(b.fmul(b.sitofp(acc, vf), splat(sr, vf)), mv)
+                else:
+                    f = b.fmul(b.sitofp(b.add(b.load(accs[r * ncb + j]), cv), vf), mv)
                 at = b.add(obase, b.add(b.mul(row, ldo), col))
                 if not q8:
                     b.store(f, b.bitcast(b.gep(outp, [b.mul(at, c(4))]), vf.as_pointer()),
@@ -290,12 +301,12 @@ def _packed_ir(lanes, q8):
     return str(mod)
 
 
-def _build_packed(lanes, q8):
+def _build_packed(lanes, q8, dyn):
     import llvmlite.binding as llvm
     feats = llvm.get_host_cpu_features()
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    mod = llvm.parse_assembly(_packed_ir(lanes, q8))
+    mod = llvm.parse_assembly(_packed_ir(lanes, q8, dyn))
     mod.verify()
     tm = llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=feats.flatten(), opt=3)
@@ -303,6 +314,6 @@ def _build_packed(lanes, q8):
     pb.getModulePassManager().run(mod, pb)
     ee = llvm.create_mcjit_compiler(mod, tm)
     ee.finalize_object()
-    _STATE[("engine", lanes, q8)] = ee          # keeps the code alive
+    _STATE[("engine", lanes, q8, dyn)] = ee          # keeps the code alive
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11))
     return proto(ee.get_function_address("qgemm"))
