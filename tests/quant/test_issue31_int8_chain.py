@@ -12,7 +12,6 @@ import pytest
 import sampan
 from sampan.ops.registry import OPS
 from sampan.passes import PassManager
-from sampan.quant.program import load_program
 
 from . import planted as P
 

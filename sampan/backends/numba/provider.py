@@ -60,8 +60,8 @@ def _binders() -> dict:
     from . import available
     if not available():
         return {}
-    from . import qlayers
-    return dict(qlayers.BINDERS)
+    from . import qdynamic, qlayers
+    return dict(qlayers.BINDERS, **qdynamic.BINDERS)
 
 
 EAGER = _eager_kernels()

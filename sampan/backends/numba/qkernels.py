@@ -227,5 +227,5 @@ def kernels() -> dict:
     import sys
 
     from ...ops.quant import int8_kernels
-    from . import qlayers
-    return dict(int8_kernels(sys.modules[__name__]), **qlayers.KERNELS)
+    from . import qdynamic, qlayers
+    return dict(int8_kernels(sys.modules[__name__]), **qlayers.KERNELS, **qdynamic.KERNELS)

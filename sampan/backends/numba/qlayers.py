@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import _qref
 from ...ops._nb import HAVE_NUMBA, njit
 from ...ops.quant_fused import bounds, multiplier
 from ...ops.registry import OPS
@@ -318,9 +317,116 @@ class Conv:
         return y.reshape(n, self.o, ho, wo)
 
 
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _pad_images(x, c0, cg, ph, pw, xz, flip, out):
+        """out[i] = channels c0 .. c0 + cg of image i, padded with the zero point (and the
+        slack after), as uint8 (`flip`: x is int8, stored as x ^ 0x80)."""
+        n, h, wd = x.shape[0], x.shape[2], x.shape[3]
+        hp, wp = h + 2 * ph, wd + 2 * pw
+        zb = np.uint8(xz)
+        fl = np.uint8(0x80 if flip else 0)
+        for i in range(n):
+            out[i, :] = zb
+            for c in range(cg):
+                for y in range(h):
+                    o = (c * hp + y + ph) * wp + pw
+                    for t in range(wd):
+                        out[i, o + t] = np.uint8(x[i, c0 + c, y, t]) ^ fl
+
+
+class DirectConv(Conv):
+    """conv2d without an unfolded copy (dilation 1 along the width): each kernel row's
+    taps are zero-padded to a multiple of 4, so 4 consecutive k's are 4 adjacent bytes
+    of a padded image row, gathered straight into the VNNI operand (16 output positions
+    at once, `vnni.packed_kernel(..., direct=True)`)."""
+
+    def __init__(self, w, groups):
+        super().__init__(w, groups)
+        o, cg, kh, kw = w.shape
+        self.kwp = -(-kw // 4) * 4
+        wp = np.zeros((o, cg, kh, self.kwp), np.int8)
+        wp[..., :kw] = w
+        self.parts = pack_conv(wp, groups)
+        self.k4 = self.parts[0][0].shape[1] // 4
+
+    def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
+        n, _, h, wd = x.shape
+        (sh, sw), (ph, pw), (dh, _) = stride, padding, dilation
+        ho = (h + 2 * ph - dh * (self.kh - 1) - 1) // sh + 1
+        wo = (wd + 2 * pw - (self.kw - 1) - 1) // sw + 1
+        hp, wp = h + 2 * ph, wd + 2 * pw
+        p = ho * wo
+        pb = -(-p // 16)
+        key = (h, wd, stride, padding, dilation)
+        offs = self.__dict__.setdefault("_offs", {}).get(key)
+        if offs is None:
+            pos = np.arange(p)
+            poff = np.zeros(pb * 16, np.int32)
+            poff[:p] = (pos // wo) * sh * wp + (pos % wo) * sw
+            kq = np.arange(self.k4)
+            j, r = kq % (self.kwp // 4), kq // (self.kwp // 4)
+            koff = ((r // self.kh) * hp * wp + (r % self.kh) * dh * wp + 4 * j).astype(
+                np.int32)
+            offs = self._offs[key] = (poff, koff)
+        poff, koff = offs
+        q8 = np.dtype(out_dtype) != np.float32
+        f = vnni.packed_kernel(False, q8, direct=True)
+        out = np.empty((n, self.o, pb * 16), out_dtype)
+        esz = out.itemsize
+        og = self.o // self.groups
+        stride_img = -(-(self.cg * hp * wp + self.kwp + 8) // 64) * 64
+        img = np.empty((n, stride_img), np.uint8)
+        small = n * p * self.o * self.k4 * 4 < _BIG
+        for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
+            if small:           # one numba call: pad and multiply
+                _direct_call(q8)(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows,
+                                 out[:, g * og:], corr, mult, stride_img, self.o * pb * 16,
+                                 og, self.k4, pb, zy, lo, hi, poff, koff)
+                continue
+
+            def part(i0, i1, g=g, rows=rows, corr=corr, mult=mult):
+                _pad_images(x[i0:i1], g * self.cg, self.cg, ph, pw, xz, flip, img[i0:i1])
+                f(_ptr(img) + i0 * stride_img, _ptr(rows),
+                  _ptr(out) + (i0 * self.o * pb * 16 + g * og * pb * 16) * esz,
+                  _ptr(corr), _ptr(mult), i1 - i0, stride_img, self.o * pb * 16, og,
+                  self.k4 * 4, self.k4, pb, pb * 16, zy, lo, hi, _ptr(poff), _ptr(koff))
+            if n:
+                _run_parts(part, _split(n, n * p * self.o * self.k4 * 4, n))
+        y = out if p == pb * 16 else out[:, :, :p]
+        return y.reshape(n, self.o, ho, wo)
+
+
+def _direct_call(q8):
+    """The numba function padding the images and calling the direct conv kernel."""
+    key = ("direct", q8)
+    if key not in _DIRECT_CALLS:
+        f = vnni.packed_kernel(False, q8, direct=True)
+
+        def call(x, c0, cg, ph, pw, xz, flip, img, rows, out, corr, mult, stride_img,
+                 out_img, og, k4, pb, zy, lo, hi, poff, koff):
+            _pad_images(x, c0, cg, ph, pw, xz, flip, img)
+            f(img.ctypes.data, rows.ctypes.data, out.ctypes.data, corr.ctypes.data,
+              mult.ctypes.data, x.shape[0], stride_img, out_img, og, k4 * 4, k4, pb,
+              pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data)
+        _DIRECT_CALLS[key] = njit(nogil=True)(call)
+    return _DIRECT_CALLS[key]
+
+
+_DIRECT_CALLS: dict = {}
+
+
+def _conv_layer(w, groups, dilation):
+    """The packed conv layer for this weight: direct where the width is not dilated."""
+    if tuple(dilation)[1] == 1 and vnni.packed_kernel(False, True, direct=True) is not None:
+        return DirectConv(w, groups)
+    return Conv(w, groups)
+
+
 def _conv_ok(x, w, wz, bias):
+    k = w.shape[1] * w.shape[2] * -(-w.shape[3] // 4) * 4
     return (HAVE_NUMBA and vnni.packed_kernel(False, True) is not None and not np.any(wz)
-            and _fits(int(np.prod(w.shape[1:])), bias))
+            and _fits(k, bias))
 
 
 def qlinear_conv2d(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
@@ -330,7 +436,7 @@ def qlinear_conv2d(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_s
             x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale, y_zero_point,
             stride=stride, padding=padding, dilation=dilation, groups=groups, qmin=qmin,
             qmax=qmax)
-    c = Conv(w, groups)
+    c = _conv_layer(w, groups, dilation)
     flip = x.dtype == np.int8
     xz = int(x_zero_point) + (128 if flip else 0)
     params = c.params(bias, xz, multiplier(x_scale, w_scale, y_scale, c.o))
@@ -339,93 +445,8 @@ def qlinear_conv2d(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_s
                  stride, padding, dilation)
 
 
-# ---------------------------------------------------------------------- dynamic
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def _row_quant(x, out, scale, zp):
-        """Each row of x (M, K) float32 to uint8 with its own scale and zero point
-        (`ops.quant_fused.row_qparams`, the same float32 arithmetic)."""
-        m, k = x.shape
-        for i in range(m):
-            lo = np.float32(0)
-            hi = np.float32(0)
-            for j in range(k):
-                v = x[i, j]
-                lo = v if v < lo else lo
-                hi = v if v > hi else hi
-            s = (hi - lo) / np.float32(255)
-            if not s > 0:
-                s = np.float32(1)
-            z = np.rint(-lo / s)
-            z = 0.0 if z < 0 else (255.0 if z > 255 else z)
-            scale[i] = s
-            zp[i] = np.int32(z)
-            for j in range(k):
-                q = np.rint(x[i, j] / s) + z
-                q = 0.0 if q < 0 else (255.0 if q > 255 else q)
-                out[i, j] = np.uint8(q)
-
-
-class DynamicDense(Dense):
-    """A dense layer with int8 weights whose activations are quantised per row when it
-    runs (`qdense_dynamic`)."""
-
-    def __init__(self, w, w_scale):
-        super().__init__(w)
-        width = self.nb * 16
-        self.cs = np.zeros(width, np.int32)
-        self.cs[:self.n] = self.colsum[:self.n]
-        self.ws = np.zeros(width, np.float32)
-        self.ws[:self.n] = w_scale
-
-    def run_dynamic(self, x):
-        m = x.shape[0]
-        need = 4 * self.k4
-        xq = np.zeros((m, need), np.uint8) if need != self.k else np.empty((m, need),
-                                                                             np.uint8)
-        sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
-        _row_quant(np.ascontiguousarray(x, np.float32), xq[:, :self.k] if need != self.k
-                   else xq, sx, zx)
-        ldo = self.nb * 16
-        out = np.empty((m, ldo), np.float32)
-        f = vnni.packed_kernel(True, False, True)
-        kstep = self.k4 * 64
-
-        def part(j0, j1):
-            f(_ptr(self.wp) + j0 * kstep, _ptr(xq), _ptr(out) + j0 * 64,
-              _ptr(self.cs) + j0 * 64, _ptr(self.ws) + j0 * 64, 1, 0, 0, m, need, self.k4,
-              j1 - j0, ldo, _ptr(zx), _ptr(sx), 0)
-        if m:
-            _run_parts(part, _split(self.nb, m * ldo * need, self.nb))
-        return out if self.n == ldo else out[:, :self.n]
-
-
-def _dyn_ok(x, w):
-    return (HAVE_NUMBA and vnni.packed_kernel(True, False, True) is not None
-            and _fits(w.shape[1], 0) and x.ndim == 2)
-
-
-def qdense_dynamic(x, w, w_scale):
-    if not _dyn_ok(x, w):
-        return OPS["qdense_dynamic"].kernels["numpy"](x, w, w_scale)
-    return DynamicDense(w, w_scale).run_dynamic(x)
-
-
-def _bind_dynamic(node):
-    c = _consts(node)
-    if c[1] is None or c[2] is None or not _dyn_ok(np.empty((0, 0)), c[1]):
-        return qdense_dynamic
-    d = _packed(c[1], lambda w: DynamicDense(w, c[2]), "dynamic")
-
-    def run(x, w, w_scale):
-        if x.ndim != 2 or x.shape[1] != d.k or x.dtype != np.float32:
-            return qdense_dynamic(x, w, w_scale)
-        return d.run_dynamic(x)
-    return run
-
-
 KERNELS = {"qlinear_dense": qlinear_dense, "qdense": qdense,
-           "qlinear_conv2d": qlinear_conv2d, "qdense_dynamic": qdense_dynamic}
+           "qlinear_conv2d": qlinear_conv2d}
 
 
 _PACKS: dict = {}       # (id(weight const), tag) -> (weakref to it, packed layer)
@@ -484,7 +505,8 @@ def _bind_conv(node):
     c = _consts(node)
     if any(v is None for v in c[1:]) or not _conv_ok(None, c[3], c[5], c[6]):
         return plain
-    conv = _packed(c[3], lambda w: Conv(w, a["groups"]), a["groups"])
+    conv = _packed(c[3], lambda w: _conv_layer(w, a["groups"], a["dilation"]),
+                   (a["groups"], tuple(a["dilation"])[1] == 1))
     flip = c[2].dtype == np.int8
     xz = int(c[2]) + (128 if flip else 0)
     params = conv.params(c[6], xz, multiplier(c[1], c[4], c[7], conv.o))
@@ -500,4 +522,4 @@ def _bind_conv(node):
 
 
 BINDERS = {"qlinear_dense": _bind_dense, "qdense": _bind_dense,
-           "qlinear_conv2d": _bind_conv, "qdense_dynamic": _bind_dynamic}
+           "qlinear_conv2d": _bind_conv}

@@ -175,15 +175,20 @@ _RB, _CBK = 4, 4        # rows x 16-lane blocks per register block
 _PACKED: dict = {}
 
 
-def packed_kernel(lanes: bool, q8: bool, dyn: bool = False):
+def packed_kernel(lanes: bool, q8: bool, dyn: bool = False, direct: bool = False):
     """f(v, s, out, corr, mult, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
     qmax), or None without VNNI: out[img, r, 16 * jb + lane] for r < rows, jb < nb.
 
     `dyn` (dynamic quantisation, dense, float32 out): each row has its own zero point and
     scale; `corr` holds the weight's column sums (int32), `mult` its scales, and the
     last three arguments are the addresses of the rows' zero points (int32) and scales
-    (float32), and (unused) 0: out = float32(acc - zx[r] * colsum) * sx[r] * ws."""
-    key = (bool(lanes), bool(q8), bool(dyn))
+    (float32), and (unused) 0: out = float32(acc - zx[r] * colsum) * sx[r] * ws.
+
+    `direct` (conv, not `lanes`): no unfolded copy; `v` is the zero-padded image and two
+    more arguments, `poff` (int32 per output position: its window's offset in the image)
+    and `koff` (int32 per group of 4 k's: their offset in a window, 4 adjacent bytes of
+    one image row), make each vector one AVX-512 gather of 16 unaligned 32-bit words."""
+    key = (bool(lanes), bool(q8), bool(dyn), bool(direct))
     if key not in _PACKED:
         _PACKED[key] = None
         if kernel() is not None:
@@ -194,7 +199,7 @@ def packed_kernel(lanes: bool, q8: bool, dyn: bool = False):
     return _PACKED[key]
 
 
-def _packed_ir(lanes, q8, dyn=False):
+def _packed_ir(lanes, q8, dyn=False, direct=False):
     import llvmlite.binding as llvm
     from llvmlite import ir
     i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -205,10 +210,14 @@ def _packed_ir(lanes, q8, dyn=False):
                      "llvm.x86.avx512.vpdpbusd.512")
     rint = ir.Function(mod, ir.FunctionType(vf, [vf]), "llvm.rint.v16f32")
     p8 = i8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, p8, p8, p8] + [i64] * 11),
-                     "qgemm")
+    gather = ir.Function(mod, ir.FunctionType(v16, [v16, p8, v16, ir.VectorType(
+        ir.IntType(1), 16), i32]), "llvm.x86.avx512.mask.gather.dpi.512")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, p8, p8, p8] + [i64] * 11
+                                          + [p8, p8] * direct), "qgemm")
     (vp, sp, outp, corrp, multp, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
-     qmax) = fn.args
+     qmax) = fn.args[:16]
+    poffp, koffp = fn.args[16:] if direct else (None, None)
+    ones = ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 16)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
     def c(v):
@@ -229,13 +238,22 @@ def _packed_ir(lanes, q8, dyn=False):
         vbase = b.gep(vp, [b.mul(img, v_img)])
         obase = b.mul(img, out_img)
         accs = pool[:nr * ncb]
+        if direct:       # the 16 window offsets of each block of output positions
+            pvec = [b.load(b.bitcast(b.gep(poffp, [b.mul(b.add(jb0, c(j)), c(64))]),
+                                     v16.as_pointer()), align=1) for j in range(ncb)]
         for a in accs:
             b.store(ir.Constant(v16, None), a)
 
         def inner(kk):
-            vecs = [b.load(b.bitcast(b.gep(vbase, [b.add(b.mul(b.add(jb0, c(j)), k64),
-                                                          b.mul(kk, c(64)))]),
-                                     v16.as_pointer()), align=1) for j in range(ncb)]
+            if direct:
+                ko = b.load(b.gep(b.bitcast(koffp, i32.as_pointer()), [kk]))
+                wbase = b.gep(vbase, [b.sext(ko, i64)])
+                vecs = [b.call(gather, [ir.Constant(v16, None), wbase, pvec[j], ones,
+                                        ir.Constant(i32, 1)]) for j in range(ncb)]
+            else:
+                vecs = [b.load(b.bitcast(b.gep(vbase, [b.add(b.mul(b.add(jb0, c(j)), k64),
+                                                              b.mul(kk, c(64)))]),
+                                         v16.as_pointer()), align=1) for j in range(ncb)]
             for r in range(nr):
                 off = b.add(b.mul(b.add(r0, c(r)), lds), b.mul(kk, c(4)))
                 s4 = splat(b.load(b.bitcast(b.gep(sp, [off]), i32.as_pointer()), align=1),
@@ -301,12 +319,12 @@ def _packed_ir(lanes, q8, dyn=False):
     return str(mod)
 
 
-def _build_packed(lanes, q8, dyn):
+def _build_packed(lanes, q8, dyn, direct):
     import llvmlite.binding as llvm
     feats = llvm.get_host_cpu_features()
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    mod = llvm.parse_assembly(_packed_ir(lanes, q8, dyn))
+    mod = llvm.parse_assembly(_packed_ir(lanes, q8, dyn, direct))
     mod.verify()
     tm = llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=feats.flatten(), opt=3)
@@ -314,6 +332,7 @@ def _build_packed(lanes, q8, dyn):
     pb.getModulePassManager().run(mod, pb)
     ee = llvm.create_mcjit_compiler(mod, tm)
     ee.finalize_object()
-    _STATE[("engine", lanes, q8, dyn)] = ee          # keeps the code alive
-    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11))
+    _STATE[("engine", lanes, q8, dyn, direct)] = ee          # keeps the code alive
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11
+                                     + [ctypes.c_void_p] * (2 * direct)))
     return proto(ee.get_function_address("qgemm"))
