@@ -127,8 +127,8 @@ class Dense:
         out = np.empty((m, self.nb * 16), out_dtype)
         ldo = self.nb * 16
         if m * ldo * self.k4 * 4 < _BIG:       # one call, through numba: ~0.5 us, not 8
-            _calls()[q8](xr, self.wp, out, corr, mult, 1, 0, 0, m, lds, self.k4, self.nb,
-                         ldo, zy, lo, hi)
+            _calls(q8)(xr, self.wp, out, corr, mult, 1, 0, 0, m, lds, self.k4, self.nb,
+                       ldo, zy, lo, hi)
             return out if self.n == ldo else out[:, :self.n]
         f = vnni.packed_kernel(True, q8)
         esz = out.itemsize
@@ -146,13 +146,13 @@ class Dense:
 _CALLS: dict = {}
 
 
-def _calls():
-    """{q8: numba function calling the dense VNNI kernel}: a ctypes call of the kernel's
-    16 arguments costs ~8 us from Python (each `.ctypes.data` ~1 us), from numba 0.5."""
-    if not _CALLS:
-        for q8 in (True, False):
-            _CALLS[q8] = _caller(vnni.packed_kernel(True, q8))
-    return _CALLS
+def _calls(q8):
+    """The numba function calling the dense VNNI kernel (int8 or float32 out; made on
+    first use): a ctypes call of the kernel's 16 arguments costs ~8 us from Python (each
+    `.ctypes.data` ~1 us), from numba 0.5."""
+    if q8 not in _CALLS:
+        _CALLS[q8] = _caller(vnni.packed_kernel(True, q8))
+    return _CALLS[q8]
 
 
 def _caller(f):
@@ -166,12 +166,11 @@ def _caller(f):
 _CONV_CALLS: dict = {}
 
 
-def _conv_calls():
-    """{q8: numba function unfolding the images and calling the conv VNNI kernel}."""
-    if not _CONV_CALLS:
-        for q8 in (True, False):
-            _CONV_CALLS[q8] = _conv_caller(vnni.packed_kernel(False, q8))
-    return _CONV_CALLS
+def _conv_calls(q8):
+    """The numba function unfolding the images and calling the conv VNNI kernel."""
+    if q8 not in _CONV_CALLS:
+        _CONV_CALLS[q8] = _conv_caller(vnni.packed_kernel(False, q8))
+    return _CONV_CALLS[q8]
 
 
 def _conv_caller(f):
@@ -296,11 +295,10 @@ class Conv:
         small = n * p * self.o * self.k4 * 4 < _BIG
         for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
             if small:           # one numba call: unfold and multiply
-                _conv_calls()[q8](x, g * self.cg, self.cg, self.kh, self.kw, stride[0],
-                                  stride[1], padding[0], padding[1], dilation[0],
-                                  dilation[1], ho, wo, xz, flip, cols, rows,
-                                  out[:, g * og:], corr, mult, self.o * pb * 16, og, zy, lo,
-                                  hi)
+                _conv_calls(q8)(x, g * self.cg, self.cg, self.kh, self.kw, stride[0],
+                                stride[1], padding[0], padding[1], dilation[0],
+                                dilation[1], ho, wo, xz, flip, cols, rows, out[:, g * og:],
+                                corr, mult, self.o * pb * 16, og, zy, lo, hi)
                 continue
 
             def part(i0, i1, g=g, rows=rows, corr=corr, mult=mult):

@@ -191,12 +191,26 @@ def packed_kernel(lanes: bool, q8: bool, dyn: bool = False, direct: bool = False
     key = (bool(lanes), bool(q8), bool(dyn), bool(direct))
     if key not in _PACKED:
         _PACKED[key] = None
-        if kernel() is not None:
+        if _has_vnni():
             try:
                 _PACKED[key] = _build_packed(*key)
             except Exception:  # noqa: BLE001 - an LLVM that refuses: the caller's reference
                 _PACKED[key] = None
     return _PACKED[key]
+
+
+def _has_vnni() -> bool:
+    """Whether llvmlite loads and this CPU has AVX-512 VNNI (checked once, nothing
+    compiled)."""
+    if "vnni" not in _STATE:
+        try:
+            import llvmlite.binding as llvm
+            f = llvm.get_host_cpu_features()
+            _STATE["vnni"] = bool(f.get("avx512vnni") and f.get("avx512bw")
+                                  and f.get("avx512f"))
+        except Exception:  # noqa: BLE001 - no llvmlite
+            _STATE["vnni"] = False
+    return _STATE["vnni"]
 
 
 def _packed_ir(lanes, q8, dyn=False, direct=False):
