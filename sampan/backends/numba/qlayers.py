@@ -385,10 +385,12 @@ class DirectConv(Conv):
 
             def part(i0, i1, g=g, rows=rows, corr=corr, mult=mult):
                 _pad_images(x[i0:i1], g * self.cg, self.cg, ph, pw, xz, flip, img[i0:i1])
+                scratch = np.empty(4 * self.k4 * 64, np.uint8)      # one per thread
                 f(_ptr(img) + i0 * stride_img, _ptr(rows),
                   _ptr(out) + (i0 * self.o * pb * 16 + g * og * pb * 16) * esz,
                   _ptr(corr), _ptr(mult), i1 - i0, stride_img, self.o * pb * 16, og,
-                  self.k4 * 4, self.k4, pb, pb * 16, zy, lo, hi, _ptr(poff), _ptr(koff))
+                  self.k4 * 4, self.k4, pb, pb * 16, zy, lo, hi, _ptr(poff), _ptr(koff),
+                  _ptr(scratch))
             if n:
                 _run_parts(part, _split(n, n * p * self.o * self.k4 * 4, n))
         y = out if p == pb * 16 else out[:, :, :p]
@@ -404,9 +406,10 @@ def _direct_call(q8):
         def call(x, c0, cg, ph, pw, xz, flip, img, rows, out, corr, mult, stride_img,
                  out_img, og, k4, pb, zy, lo, hi, poff, koff):
             _pad_images(x, c0, cg, ph, pw, xz, flip, img)
+            scratch = np.empty(4 * k4 * 64, np.uint8)
             f(img.ctypes.data, rows.ctypes.data, out.ctypes.data, corr.ctypes.data,
               mult.ctypes.data, x.shape[0], stride_img, out_img, og, k4 * 4, k4, pb,
-              pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data)
+              pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data, scratch.ctypes.data)
         _DIRECT_CALLS[key] = njit(nogil=True)(call)
     return _DIRECT_CALLS[key]
 

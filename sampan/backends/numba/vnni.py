@@ -184,10 +184,11 @@ def packed_kernel(lanes: bool, q8: bool, dyn: bool = False, direct: bool = False
     last three arguments are the addresses of the rows' zero points (int32) and scales
     (float32), and (unused) 0: out = float32(acc - zx[r] * colsum) * sx[r] * ws.
 
-    `direct` (conv, not `lanes`): no unfolded copy; `v` is the zero-padded image and two
-    more arguments, `poff` (int32 per output position: its window's offset in the image)
-    and `koff` (int32 per group of 4 k's: their offset in a window, 4 adjacent bytes of
-    one image row), make each vector one AVX-512 gather of 16 unaligned 32-bit words."""
+    `direct` (conv, not `lanes`): no unfolded copy; `v` is the zero-padded image and three
+    more arguments, `poff` (int32 per output position: its window's offset in the image),
+    `koff` (int32 per group of 4 k's: their offset in a window, 4 adjacent bytes of one
+    image row) and `scratch` (4 * K * 16 bytes), make each vector one AVX-512 gather of 16
+    unaligned 32-bit words, gathered once per group of 4 position blocks into scratch."""
     key = (bool(lanes), bool(q8), bool(dyn), bool(direct))
     if key not in _PACKED:
         _PACKED[key] = None
@@ -227,10 +228,10 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
     gather = ir.Function(mod, ir.FunctionType(v16, [v16, p8, v16, ir.VectorType(
         ir.IntType(1), 16), i32]), "llvm.x86.avx512.mask.gather.dpi.512")
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, p8, p8, p8] + [i64] * 11
-                                          + [p8, p8] * direct), "qgemm")
+                                          + [p8, p8, p8] * direct), "qgemm")
     (vp, sp, outp, corrp, multp, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
      qmax) = fn.args[:16]
-    poffp, koffp = fn.args[16:] if direct else (None, None)
+    poffp, koffp, scratch = fn.args[16:] if direct else (None, None, None)
     ones = ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 16)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
@@ -248,24 +249,26 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
     k64 = b.mul(k4, c(64))
     pool = [b.alloca(v16) for _ in range(_RB * _CBK)]   # in the entry block: registers
 
-    def block(img, r0, jb0, nr, ncb):
-        vbase = b.gep(vp, [b.mul(img, v_img)])
+    def block(img, r0, jb0, nr, ncb, local=False):
+        # `local`: the vectors were gathered into `scratch` (blocks from 0), not packed
+        vbase = scratch if local else b.gep(vp, [b.mul(img, v_img)])
+        vj0 = c(0) if local else jb0
         obase = b.mul(img, out_img)
         accs = pool[:nr * ncb]
-        if direct:       # the 16 window offsets of each block of output positions
+        if direct and not local:   # the 16 window offsets of each block of positions
             pvec = [b.load(b.bitcast(b.gep(poffp, [b.mul(b.add(jb0, c(j)), c(64))]),
                                      v16.as_pointer()), align=1) for j in range(ncb)]
         for a in accs:
             b.store(ir.Constant(v16, None), a)
 
         def inner(kk):
-            if direct:
+            if direct and not local:
                 ko = b.load(b.gep(b.bitcast(koffp, i32.as_pointer()), [kk]))
                 wbase = b.gep(vbase, [b.sext(ko, i64)])
                 vecs = [b.call(gather, [ir.Constant(v16, None), wbase, pvec[j], ones,
                                         ir.Constant(i32, 1)]) for j in range(ncb)]
             else:
-                vecs = [b.load(b.bitcast(b.gep(vbase, [b.add(b.mul(b.add(jb0, c(j)), k64),
+                vecs = [b.load(b.bitcast(b.gep(vbase, [b.add(b.mul(b.add(vj0, c(j)), k64),
                                                               b.mul(kk, c(64)))]),
                                          v16.as_pointer()), align=1) for j in range(ncb)]
             for r in range(nr):
@@ -328,7 +331,31 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
             _loop(b, ir, i64, b.sub(nb, cmain),
                   lambda j: block(img, r0, b.add(cmain, j), 1, 1))
         _loop(b, ir, i64, b.sub(rows, rmain), rrest)
-    _loop(b, ir, i64, nimg, image)
+    def image_direct(img):
+        """Gather each group of position blocks once into `scratch`, then run every row
+        block over it (a gather per row block would repeat it O/4 times)."""
+        ibase = b.gep(vp, [b.mul(img, v_img)])
+
+        def group(jb0, ncb):
+            pv = [b.load(b.bitcast(b.gep(poffp, [b.mul(b.add(jb0, c(j)), c(64))]),
+                                   v16.as_pointer()), align=1) for j in range(ncb)]
+
+            def fill(kk):
+                ko = b.load(b.gep(b.bitcast(koffp, i32.as_pointer()), [kk]))
+                wbase = b.gep(ibase, [b.sext(ko, i64)])
+                for j in range(ncb):
+                    g = b.call(gather, [ir.Constant(v16, None), wbase, pv[j], ones,
+                                        ir.Constant(i32, 1)])
+                    at = b.gep(scratch, [b.add(b.mul(c(j), k64), b.mul(kk, c(64)))])
+                    b.store(g, b.bitcast(at, v16.as_pointer()), align=1)
+            _loop(b, ir, i64, k4, fill)
+            _loop(b, ir, i64, b.sdiv(rows, c(_RB)),
+                  lambda rg: block(img, b.mul(rg, c(_RB)), jb0, _RB, ncb, True))
+            _loop(b, ir, i64, b.sub(rows, rmain),
+                  lambda ri: block(img, b.add(rmain, ri), jb0, 1, ncb, True))
+        _loop(b, ir, i64, b.sdiv(nb, c(_CBK)), lambda cg: group(b.mul(cg, c(_CBK)), _CBK))
+        _loop(b, ir, i64, b.sub(nb, cmain), lambda j: group(b.add(cmain, j), 1))
+    _loop(b, ir, i64, nimg, image_direct if direct else image)
     b.ret_void()
     return str(mod)
 
@@ -348,5 +375,5 @@ def _build_packed(lanes, q8, dyn, direct):
     ee.finalize_object()
     _STATE[("engine", lanes, q8, dyn, direct)] = ee          # keeps the code alive
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11
-                                     + [ctypes.c_void_p] * (2 * direct)))
+                                     + [ctypes.c_void_p] * (3 * direct)))
     return proto(ee.get_function_address("qgemm"))
