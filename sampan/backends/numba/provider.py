@@ -60,8 +60,8 @@ def _binders() -> dict:
     from . import available
     if not available():
         return {}
-    from . import qdynamic, qlayers
-    return dict(qlayers.BINDERS, **qdynamic.BINDERS)
+    from . import qdynamic, qkernels, qlayers
+    return dict(qlayers.BINDERS, **qdynamic.BINDERS, quantize=qkernels.bind_quantize)
 
 
 EAGER = _eager_kernels()
