@@ -6,8 +6,12 @@
   activations (uint8, or int8 moved to uint8 by x ^ 0x80 and the zero point by 128) are
   read in place, row by row, when their rows hold K rounded up to 4 readable bytes (the
   padded outputs of the layer before do).
-- conv: the image is unfolded straight into the packed layout (`_im2col`, pad value the
-  zero point), the weight rows are broadcast, and the result comes out NCHW.
+- conv (`DirectConv`, width not dilated): the image is copied once padded with the zero
+  point, each kernel row's taps padded to 4, and the kernel gathers 4 adjacent image
+  bytes per output position straight into its operand (once per group of 64 positions,
+  into a scratch buffer every weight row block reads); the weight rows are broadcast and
+  the result comes out NCHW. A dilated width unfolds the image into the packed layout
+  first (`Conv`, `_im2col`).
 
 Outputs are padded to 16 columns (the view returned drops the padding). A weight with a
 nonzero zero point, a CPU without VNNI, or sums that could overflow int32 run the exact
