@@ -134,16 +134,10 @@ class Dense:
             _calls(q8)(xr, self.wp, out, corr, mult, 1, 0, 0, m, lds, self.k4, self.nb,
                        ldo, zy, lo, hi)
             return out if self.n == ldo else out[:, :self.n]
-        f = vnni.packed_kernel(True, q8)
-        esz = out.itemsize
-        kstep = self.k4 * 64
-
-        def part(j0, j1):
-            f(_ptr(self.wp) + j0 * kstep, _ptr(xr), _ptr(out) + j0 * 16 * esz,
-              _ptr(corr) + j0 * 64, _ptr(mult) + j0 * 64, 1, 0, 0, m, lds, self.k4,
-              j1 - j0, ldo, zy, lo, hi)
-        if m:
-            _run_parts(part, _split(self.nb, m * self.nb * 16 * self.k4 * 4, self.nb))
+        parts = len(_split(self.nb, m * ldo * self.k4 * 4, self.nb))
+        # numba's thread pool: a thread hand-off costs a few us, a future's tens under load
+        _par_calls(q8)(xr, self.wp, out, corr, mult, m, lds, self.k4, self.nb, ldo, zy, lo,
+                       hi, parts)
         return out if self.n == ldo else out[:, :self.n]
 
 
@@ -157,6 +151,28 @@ def _calls(q8):
     if q8 not in _CALLS:
         _CALLS[q8] = _caller(vnni.packed_kernel(True, q8))
     return _CALLS[q8]
+
+
+_PAR_CALLS: dict = {}
+
+
+def _par_calls(q8):
+    """The numba function splitting the dense VNNI kernel's column blocks over `parts`
+    threads (numba's parallel loop)."""
+    if q8 not in _PAR_CALLS:
+        from numba import prange
+        f = vnni.packed_kernel(True, q8)
+
+        def call(x, wp, out, corr, mult, m, lds, k4, nb, ldo, zy, lo, hi, parts):
+            esz = out.itemsize
+            for t in prange(parts):
+                j0 = nb * t // parts
+                j1 = nb * (t + 1) // parts
+                f(wp.ctypes.data + j0 * k4 * 64, x.ctypes.data,
+                  out.ctypes.data + j0 * 16 * esz, corr.ctypes.data + j0 * 64,
+                  mult.ctypes.data + j0 * 64, 1, 0, 0, m, lds, k4, j1 - j0, ldo, zy, lo, hi)
+        _PAR_CALLS[q8] = njit(nogil=True, parallel=True)(call)
+    return _PAR_CALLS[q8]
 
 
 def _caller(f):
