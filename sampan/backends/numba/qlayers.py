@@ -389,48 +389,48 @@ class DirectConv(Conv):
             offs = self._offs[key] = (poff, koff)
         poff, koff = offs
         q8 = np.dtype(out_dtype) != np.float32
-        f = vnni.packed_kernel(False, q8, direct=True)
         out = np.empty((n, self.o, pb * 16), out_dtype)
-        esz = out.itemsize
         og = self.o // self.groups
         stride_img = -(-(self.cg * hp * wp + self.kwp + 8) // 64) * 64
         img = np.empty((n, stride_img), np.uint8)
         small = n * p * self.o * self.k4 * 4 < _BIG
         for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
             if small:           # one numba call: pad and multiply
-                _direct_call(q8)(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows,
-                                 out[:, g * og:], corr, mult, stride_img, self.o * pb * 16,
-                                 og, self.k4, pb, zy, lo, hi, poff, koff)
+                _direct_call(q8, False)(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows,
+                                        out[:, g * og:], corr, mult, stride_img,
+                                        self.o * pb * 16, og, self.k4, pb, zy, lo, hi, poff,
+                                        koff, 1)
                 continue
 
-            def part(i0, i1, g=g, rows=rows, corr=corr, mult=mult):
-                _pad_images(x[i0:i1], g * self.cg, self.cg, ph, pw, xz, flip, img[i0:i1])
-                scratch = np.empty(4 * self.k4 * 64, np.uint8)      # one per thread
-                f(_ptr(img) + i0 * stride_img, _ptr(rows),
-                  _ptr(out) + (i0 * self.o * pb * 16 + g * og * pb * 16) * esz,
-                  _ptr(corr), _ptr(mult), i1 - i0, stride_img, self.o * pb * 16, og,
-                  self.k4 * 4, self.k4, pb, pb * 16, zy, lo, hi, _ptr(poff), _ptr(koff),
-                  _ptr(scratch))
-            if n:
-                _run_parts(part, _split(n, n * p * self.o * self.k4 * 4, n))
+            parts = len(_split(n, n * p * self.o * self.k4 * 4, n))
+            _direct_call(q8, True)(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows,
+                                   out[:, g * og:], corr, mult, stride_img, self.o * pb * 16,
+                                   og, self.k4, pb, zy, lo, hi, poff, koff, parts)
         y = out if p == pb * 16 else out[:, :, :p]
         return y.reshape(n, self.o, ho, wo)
 
 
-def _direct_call(q8):
-    """The numba function padding the images and calling the direct conv kernel."""
-    key = ("direct", q8)
+def _direct_call(q8, parallel):
+    """The numba function padding the images and calling the direct conv kernel, the
+    images split over `parts` threads of numba's pool when `parallel`."""
+    key = (q8, parallel)
     if key not in _DIRECT_CALLS:
+        from numba import prange
         f = vnni.packed_kernel(False, q8, direct=True)
 
         def call(x, c0, cg, ph, pw, xz, flip, img, rows, out, corr, mult, stride_img,
-                 out_img, og, k4, pb, zy, lo, hi, poff, koff):
-            _pad_images(x, c0, cg, ph, pw, xz, flip, img)
-            scratch = np.empty(4 * k4 * 64, np.uint8)
-            f(img.ctypes.data, rows.ctypes.data, out.ctypes.data, corr.ctypes.data,
-              mult.ctypes.data, x.shape[0], stride_img, out_img, og, k4 * 4, k4, pb,
-              pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data, scratch.ctypes.data)
-        _DIRECT_CALLS[key] = njit(nogil=True)(call)
+                 out_img, og, k4, pb, zy, lo, hi, poff, koff, parts):
+            n = x.shape[0]
+            for t in prange(parts):
+                i0 = n * t // parts
+                i1 = n * (t + 1) // parts
+                _pad_images(x[i0:i1], c0, cg, ph, pw, xz, flip, img[i0:i1])
+                scratch = np.empty(4 * k4 * 64, np.uint8)
+                f(img[i0:i1].ctypes.data, rows.ctypes.data, out[i0:i1].ctypes.data,
+                  corr.ctypes.data, mult.ctypes.data, i1 - i0, stride_img, out_img, og,
+                  k4 * 4, k4, pb, pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data,
+                  scratch.ctypes.data)
+        _DIRECT_CALLS[key] = njit(nogil=True, parallel=parallel)(call)
     return _DIRECT_CALLS[key]
 
 
