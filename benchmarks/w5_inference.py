@@ -346,7 +346,12 @@ def run_model(name, args, info, folder, log):
                      "batch64_throughput_ratio",
                      [x / y for x, y in zip(res[id(s)]["sps"], res[id(fp)]["sps"])],
                      model=name, accuracy_delta=round(s.note["accuracy"]
-                                                      - fp.note["accuracy"], 4))
+                                                      - fp.note["accuracy"], 4),
+                     target=2.0, higher_is_better=True)
+                # issue 31: int8 against its own fp32 at batch 1 too (speedup, p50)
+                emit("W5", f"sampan_{s.mode}/sampan_{fp.mode}", s.mode, "batch1_speedup_p50",
+                     [y / x for x, y in zip(res[id(s)]["p50"], res[id(fp)]["p50"])],
+                     model=name, target=1.3, higher_is_better=True)
 
 
 def main(argv=None):

@@ -10,7 +10,10 @@ and padded to 128, so rows both fill the sequence and end in padding).
 One JSON line per system: sentences/s (median, min-max of `--reps` timed calls, the systems
 taking turns so a shared machine's load falls on all alike), the ratio to PyTorch eager,
 the max abs error and min cosine of the embeddings against PyTorch, and the machine.
-`--profile` also prints where the Predictor's time goes, per kernel kind.
+Dynamic int8 (issue 31): the Predictor with `set_precision("int8", dynamic=True)` against
+the fp32 Predictor and onnxruntime's `quantize_dynamic` of the same export (cosine to
+PyTorch's fp32 embeddings on each line; targets 1.6x and 1.0x).
+`--profile` also prints where the Predictors' time goes, per kernel kind.
 
     python benchmarks/w8_minilm.py [--reps 5] [--profile]
 """
@@ -176,6 +179,23 @@ def main():
                                      "attention_mask": {0: "batch", 1: "seq"}})
     sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     torch_run = torch_encoder(state, cfg)
+    # dynamic int8 (issue 31): sampan's Predictor and onnxruntime's quantize_dynamic of the
+    # same export (int8 weights per channel; onnxruntime quantises each activation tensor
+    # when it runs, sampan each row)
+    cfg8 = inference.Config(path)
+    cfg8.set_precision("int8", dynamic=True)
+    pred8 = inference.create_predictor(cfg8)
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    # opset 21: onnxruntime has no DequantizeLinear kernel at the newest opset that
+    # sampan.onnx.export picks, and quantize_dynamic keeps the model's
+    o21 = os.path.join(tmp, "minilm-21.onnx")
+    sampan.onnx.export(enc, ex, o21, opset=21, input_names=["input_ids", "attention_mask"],
+                       output_names=["embedding"],
+                       dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
+                                     "attention_mask": {0: "batch", 1: "seq"}})
+    q_path = os.path.join(tmp, "minilm-int8.onnx")
+    quantize_dynamic(o21, q_path, weight_type=QuantType.QInt8, per_channel=True)
+    sess8 = ort.InferenceSession(q_path, providers=["CPUExecutionProvider"])
 
     def sampan_eager():
         with sampan.no_grad():
@@ -187,7 +207,10 @@ def main():
                ("pytorch", "eager-matmul"):
                    lambda: torch_ref.sentence_embeddings(state, cfg, ids, mask),
                ("onnxruntime", "sampan-export"):
-                   lambda: sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]}
+                   lambda: sess.run(None, {"input_ids": ids, "attention_mask": mask})[0],
+               ("sampan", "predictor-int8-dynamic"): lambda: pred8.run([ids, mask])[0],
+               ("onnxruntime", "quantize_dynamic"):
+                   lambda: sess8.run(None, {"input_ids": ids, "attention_mask": mask})[0]}
     ref = torch_run(ids, mask)
     err = {}
     for k, f in systems.items():          # correctness first (and the warm-up calls)
@@ -208,9 +231,19 @@ def main():
              ratio_vs_pytorch_eager=round(base / float(np.median(ts)), 3),
              max_abs_err=err[(system, mode)][0], min_cosine=round(err[(system, mode)][1], 7),
              batch=BATCH, seq=SEQ, **info)
+    i8, fp, o8 = (("sampan", "predictor-int8-dynamic"), ("sampan", "predictor"),
+                  ("onnxruntime", "quantize_dynamic"))
+    for peer, tag, target in ((fp, "sampan_predictor", 1.6),
+                              (o8, "onnxruntime_quantize_dynamic", 1.0)):
+        emit("W8", f"sampan_int8_dynamic/{tag}", "int8-dynamic", "speedup",
+             [a / b for a, b in zip(times[peer], times[i8])], target=target,
+             higher_is_better=True, batch=BATCH, seq=SEQ, **info)
     if args.profile:
         profile(pred, (ids, mask))
-    return 0 if all(e <= 1e-4 for e, _ in err.values()) else 1
+        profile(pred8, (ids, mask))
+    int8 = {i8, o8}
+    ok = all(e <= 1e-4 for k, (e, _) in err.items() if k not in int8)
+    return 0 if ok and all(err[k][1] >= 0.99 for k in int8) else 1
 
 
 if __name__ == "__main__":

@@ -186,6 +186,7 @@ def serve(model, xs, ys, calls=2000):
         programs.append(("int8", quant.quantize_program(
             served, cal, os.path.join(OUT, "digits_cnn_int8.program"))))
     x1 = np.ascontiguousarray(xs[:1])
+    p50 = {}
     for label, path in programs:
         p = inference.create_predictor(inference.Config(path))
         h = p.get_input_handle(p.get_input_names()[0])
@@ -204,10 +205,14 @@ def serve(model, xs, ys, calls=2000):
             o1.copy_to_cpu()
             if i >= 0:
                 ts[i] = time.perf_counter() - t
+        p50[label] = float(np.percentile(ts, 50))
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
         print(f"Predictor {label}: accuracy {acc:.4f}, batch-1 latency p50 "
               f"{np.percentile(ts, 50) * 1e6:.1f} us, p99 {np.percentile(ts, 99) * 1e6:.1f} us "
               f"over {calls} calls; program {size / 1024:.0f} KiB")
+    if "int8" in p50:
+        print(f"Predictor int8 / fp32 at batch 1: {p50['fp32'] / p50['int8']:.2f}x faster "
+              "(p50; int8 activations stay int8 from layer to layer)")
 
 
 def serve_http(cnn_program, xs, ys):

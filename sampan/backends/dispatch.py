@@ -64,14 +64,17 @@ class _Dispatch:
     def __init__(self, name, provs):
         self.name = name
         self.provs = provs
-        self.fallback = provs[-1].kernel(name)
+        # each provider's kernel looked up now, before `op.kernel` becomes this dispatcher
+        # (oneDNN's is the op's measured choice, read from `op.kernel`)
+        self.kerns = [(p, p.kernel(name)) for p in provs]
+        self.fallback = self.kerns[-1][1]
         self.__name__ = getattr(self.fallback, "__name__", name)
 
     def __call__(self, *arrays, **attrs):
         call = Call(self.name, arrays, attrs)
-        for p in self.provs:
+        for p, k in self.kerns:
             if p.supports(call):
-                return p.kernel(self.name)(*arrays, **attrs)
+                return k(*arrays, **attrs)
         return self.fallback(*arrays, **attrs)
 
 

@@ -320,7 +320,7 @@ class Config:
         return self._offload
 
     def set_precision(self, precision: str, calibration_data=None, observer="minmax",
-                      weight_only=False) -> None:
+                      weight_only=False, dynamic=False) -> None:
         """"fp32" (default); "bf16": mixed precision by the op table's autocast policy
         (the `amp` pass, run first: matmuls and convolutions in bfloat16 with bfloat16
         weights, softmax/norms/reductions in float32, elementwise ops following their
@@ -331,7 +331,11 @@ class Config:
         A program that is already int8 (written by `sampan.quant.quantize_program`) is
         served as it is. The steps are passes in the pass list: "bf16" puts `unfuse` and
         `amp` first, "int8" `quantize` and `fuse_quant` (option `weight_only` set here; the
-        calibration is `quantize`'s `calibrate` option, set by `create_predictor`)."""
+        calibration is `quantize`'s `calibrate` option, set by `create_predictor`).
+        "int8" with `dynamic=True` (no data needed): dynamic quantisation, as
+        onnxruntime's quantize_dynamic, for transformer encoders: every matmul by a
+        constant weight runs on int8 weights with the activations quantised per row inside
+        the kernel (`qdense_dynamic`; the `quantize` pass's option `dynamic`)."""
         if precision not in PRECISIONS:
             raise InferenceError(f"Config.set_precision: unknown precision {precision!r}; "
                                  f"expected one of {', '.join(PRECISIONS)}")
@@ -340,13 +344,22 @@ class Config:
             if observer not in OBSERVERS:
                 raise InferenceError(f"Config.set_precision: unknown observer {observer!r}; "
                                      f"expected one of {', '.join(OBSERVERS)}")
+        if dynamic and (weight_only or calibration_data is not None):
+            raise InferenceError("Config.set_precision: dynamic=True quantises activations "
+                                 "when the model runs; it takes no calibration_data and "
+                                 "no weight_only")
         self._int8 = (calibration_data, observer, bool(weight_only))
+        self._int8_dynamic = bool(dynamic) and precision == "int8"
         self._precision = precision
         self._sync("precision")
 
     def int8_options(self):
         """(calibration_data, observer, weight_only) given with set_precision("int8")."""
         return getattr(self, "_int8", (None, "minmax", False))
+
+    def int8_dynamic(self) -> bool:
+        """Whether set_precision("int8", dynamic=True) was given."""
+        return getattr(self, "_int8_dynamic", False)
 
     def precision(self) -> str:
         return self._precision

@@ -63,6 +63,7 @@ def _int8_options(config, graph, meta, arrays) -> dict:
     b = config.pass_builder()
     data, observer, weight_only = config.int8_options()
     if (config.precision() != "int8" or QUANTIZE not in b.enabled_passes()
+            or config.int8_dynamic()
             or is_quantized(graph) or b.get_option(QUANTIZE, "acts") is not None
             or b.get_option(QUANTIZE, "calibrate") is not None):
         return {}

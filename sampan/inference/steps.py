@@ -97,7 +97,8 @@ def sync(config, owned: set, changed: str) -> None:
             n = 1 if config.runtime() == "onnxruntime" else config.offload_min_subgraph_size()
             b.set_option(OFFLOAD, min_subgraph_size=n)
     if config.precision() == "int8" and changed == "precision":
-        b.set_option(QUANTIZE, weight_only=config.int8_options()[2])
+        b.set_option(QUANTIZE, weight_only=config.int8_options()[2],
+                     dynamic=config.int8_dynamic())
 
 
 def _insert_before(b, name, anchors) -> None:

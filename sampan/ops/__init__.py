@@ -10,6 +10,8 @@ FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "re
             "pool_index", "padding", "pool3d", "resample", "grid", "bagnorm", "spatial1d",
             # issue 19: int8 quantisation; subgraphs run by onnxruntime (the offload pass)
             "quant", "engine",
+            # issue 31: the requantising int8 layers fuse_quant emits
+            "quant_fused",
             # issue 23: collectives (run through the current sampan.distributed group)
             "collective"]
 

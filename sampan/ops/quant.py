@@ -9,7 +9,9 @@ point's (int8 or uint8). A NaN quantises to the zero point (ONNX leaves it undef
 
 The int8 GEMM ops take weights as the ONNX ops do, (K, N) for matmul and (O, C/g, kh, kw)
 for conv; `qmatmul` may take its weight transposed, (N, K) (`transposed=True`, what
-`fuse_quant` stores: each output is then a dot of two contiguous rows, see _qkernels).
+`fuse_quant` stores: each output is then a dot of two contiguous rows). The op table's
+kernels are the exact numpy reference (`_qref`); the numba provider serves the same ops
+faster (`backends/numba/qkernels.py`, the same `int8_kernels` over its own GEMM).
 
     qmatmul(a, b, sa, za, sb, zb)   -> float32  sa * sb[j] * sum (a - za)(b - zb)
     qlinear_matmul(...8 inputs)     -> int8     requantised with (sy, zy)   QLinearMatMul
@@ -21,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, ShapeError, op_error
-from . import _qkernels as K
+from . import _qref
 from ._util import Sample, randf, rng
-from .conv import _check_attrs, _out_dim, _pad
+from .conv import _check_attrs, _out_dim
 from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
 
 _Q = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
@@ -69,6 +71,76 @@ def _chan(v, x, axis):
     return v.reshape(shape)
 
 
+# ---------------------------------------------------------------------- kernels
+def int8_kernels(K) -> dict:
+    """{op name: kernel} of the int8 ops over kernel set `K` (a module with `quantize`,
+    `gemm` and the modes I32 / F32 / Q8): the op table's are over the numpy reference
+    (`_qref`), the numba provider's over its own (`backends/numba/qkernels.py`), so the
+    ops' conventions (scales, zero points, windows) are written once."""
+    gemm = K.gemm
+
+    def q_kernel(x, scale, zero_point, axis=1):
+        lo, hi = _Q[zero_point.dtype]
+        ax = axis % _nd(x) if _nd(x) else 0
+        return K.quantize(x, scale, zero_point, ax, lo, hi, zero_point.dtype)
+
+    def mmi_kernel(a, b, a_zero_point, b_zero_point):
+        return gemm(a, np.ascontiguousarray(b.T), int(a_zero_point), b_zero_point)
+
+    def qmm_kernel(a, b, a_scale, a_zero_point, b_scale, b_zero_point, transposed=False):
+        bt = b if transposed else np.ascontiguousarray(b.T)
+        mult = np.float64(a_scale) * np.asarray(b_scale, np.float64)
+        return gemm(a, bt, int(a_zero_point), b_zero_point, mult, mode=K.F32)
+
+    def qlmm_kernel(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                    y_zero_point):
+        lo, hi = _Q[y_zero_point.dtype]
+        mult = np.float64(a_scale) * np.asarray(b_scale, np.float64) / np.float64(y_scale)
+        return gemm(a, np.ascontiguousarray(b.T), int(a_zero_point), b_zero_point, mult,
+                    int(y_zero_point), lo, hi, K.Q8, y_zero_point.dtype)
+
+    def conv(x, w, xz, wz, stride, padding, dilation, groups, mult, yz, lo, hi, mode, dt):
+        o, cg, kh, kw = w.shape
+        v = _qref.conv_windows(x, kh, kw, stride, padding, dilation, xz)
+        n, _, ho, wo = v.shape[:4]
+        og = o // groups
+        wz = np.broadcast_to(np.asarray(wz).reshape(-1), (o,))
+        mult = np.broadcast_to(np.asarray(mult, np.float64).reshape(-1), (o,))
+        outs = []
+        for gi in range(groups):
+            rows = v[:, gi * cg:(gi + 1) * cg].transpose(0, 2, 3, 1, 4, 5).reshape(
+                n * ho * wo, cg * kh * kw)
+            sl = slice(gi * og, (gi + 1) * og)
+            outs.append(gemm(rows, w[sl].reshape(og, -1), int(xz), wz[sl], mult[sl], yz, lo,
+                             hi, mode, dt))
+        y = outs[0] if groups == 1 else np.concatenate(outs, axis=1)
+        return np.ascontiguousarray(y.reshape(n, ho, wo, o).transpose(0, 3, 1, 2))
+
+    def ci_kernel(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups):
+        return conv(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups, 1.0,
+                    0, 0, 0, K.I32, np.int8)
+
+    def qc_kernel(x, w, x_scale, x_zero_point, w_scale, w_zero_point, stride, padding,
+                  dilation, groups):
+        mult = np.float64(x_scale) * np.asarray(w_scale, np.float64)
+        return conv(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups,
+                    mult, 0, 0, 0, K.F32, np.int8)
+
+    def qlc_kernel(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+                   y_zero_point, stride, padding, dilation, groups):
+        lo, hi = _Q[y_zero_point.dtype]
+        mult = np.float64(x_scale) * np.asarray(w_scale, np.float64) / np.float64(y_scale)
+        return conv(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups,
+                    mult, int(y_zero_point), lo, hi, K.Q8, y_zero_point.dtype)
+
+    return {"quantize": q_kernel, "matmul_integer": mmi_kernel, "qmatmul": qmm_kernel,
+            "qlinear_matmul": qlmm_kernel, "conv_integer": ci_kernel, "qconv2d": qc_kernel,
+            "qlinear_conv": qlc_kernel}
+
+
+_REF = int8_kernels(_qref)
+
+
 # ---------------------------------------------------------------------- quantize
 def _q_rule(x, scale, zero_point, axis=1):
     if not _isf(x.dtype):
@@ -78,12 +150,6 @@ def _q_rule(x, scale, zero_point, axis=1):
                        "int8 or uint8 (the output dtype)")
     _qparams("quantize", x, scale, zero_point, axis)
     return Spec(tuple(x.shape), zero_point.dtype)
-
-
-def _q_kernel(x, scale, zero_point, axis=1):
-    lo, hi = _Q[zero_point.dtype]
-    ax = axis % _nd(x) if _nd(x) else 0
-    return K.quantize(x, scale, zero_point, ax, lo, hi, zero_point.dtype)
 
 
 def _q_samples():
@@ -97,7 +163,7 @@ def _q_samples():
                     np.array([0, 5, -4], np.int8)), {"axis": -1})]
 
 
-QUANTIZE = defop("quantize", _q_rule, kernel=_q_kernel, grad=NOT_DIFFERENTIABLE,
+QUANTIZE = defop("quantize", _q_rule, kernel=_REF["quantize"], grad=NOT_DIFFERENTIABLE,
                  flops=lambda x, *a, **k: 2 * _n(x), onnx="QuantizeLinear",
                  samples=_q_samples, keeps_float=False,
                  doc="saturate(round_half_even(x / scale) + zero_point) to int8/uint8")
@@ -235,22 +301,12 @@ def _mmi_rule(a, b, a_zero_point, b_zero_point):
     return Spec((a.shape[0], n), np.dtype(np.int32))
 
 
-def _mmi_kernel(a, b, a_zero_point, b_zero_point):
-    return K.gemm(a, np.ascontiguousarray(b.T), int(a_zero_point), b_zero_point)
-
-
 def _qmm_rule(a, b, a_scale, a_zero_point, b_scale, b_zero_point, transposed=False):
     op = "qmatmul"
     n = _mm_check(op, a, b, transposed)
     _zp_check(op, "a", a_zero_point, None, a_scale)
     _zp_check(op, "b", b_zero_point, n, b_scale)
     return Spec((a.shape[0], n), _F32)
-
-
-def _qmm_kernel(a, b, a_scale, a_zero_point, b_scale, b_zero_point, transposed=False):
-    bt = b if transposed else np.ascontiguousarray(b.T)
-    mult = np.float64(a_scale) * np.asarray(b_scale, np.float64)
-    return K.gemm(a, bt, int(a_zero_point), b_zero_point, mult, mode=K.F32)
 
 
 def _qlmm_rule(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
@@ -263,13 +319,6 @@ def _qlmm_rule(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_ze
         raise op_error(DTypeError, op, f"y zero point of dtype {y_zero_point.dtype}",
                        "int8 or uint8 (the output dtype)")
     return Spec((a.shape[0], n), y_zero_point.dtype)
-
-
-def _qlmm_kernel(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-    lo, hi = _Q[y_zero_point.dtype]
-    mult = np.float64(a_scale) * np.asarray(b_scale, np.float64) / np.float64(y_scale)
-    return K.gemm(a, np.ascontiguousarray(b.T), int(a_zero_point), b_zero_point, mult,
-                  int(y_zero_point), lo, hi, K.Q8, y_zero_point.dtype)
 
 
 def _mm_data(r, m=5, k=7, n=4):
@@ -314,15 +363,15 @@ def _mm_flops(a, b, *rest, **attrs):
     return 2 * _n(a) * (n if isinstance(n, int) else 1)
 
 
-MATMUL_INTEGER = defop("matmul_integer", _mmi_rule, kernel=_mmi_kernel,
+MATMUL_INTEGER = defop("matmul_integer", _mmi_rule, kernel=_REF["matmul_integer"],
                        grad=NOT_DIFFERENTIABLE, flops=_mm_flops, onnx="MatMulInteger",
                        samples=_mmi_samples, keeps_float=False,
                        doc="int8 x int8 -> int32: sum (a - za)(b - zb)")
-QMATMUL = defop("qmatmul", _qmm_rule, kernel=_qmm_kernel, grad=NOT_DIFFERENTIABLE,
+QMATMUL = defop("qmatmul", _qmm_rule, kernel=_REF["qmatmul"], grad=NOT_DIFFERENTIABLE,
                 flops=_mm_flops, onnx=NO_ONNX, samples=_qmm_samples,
                 doc="int8 GEMM (int32 accumulate) dequantised to float32 with sa * sb; "
                     "exported as MatMulInteger + Mul")
-QLINEAR_MATMUL = defop("qlinear_matmul", _qlmm_rule, kernel=_qlmm_kernel,
+QLINEAR_MATMUL = defop("qlinear_matmul", _qlmm_rule, kernel=_REF["qlinear_matmul"],
                        grad=NOT_DIFFERENTIABLE, flops=lambda a, s, z, b, *r: 2 * _n(a) *
                        (b.shape[1] if isinstance(b.shape[1], int) else 1),
                        onnx="QLinearMatMul", samples=_qlmm_samples, keeps_float=False,
@@ -350,40 +399,11 @@ def _conv_check(op, x, w, stride, padding, dilation, groups):
     return (x.shape[0], o) + hw
 
 
-def _conv(x, w, xz, wz, stride, padding, dilation, groups, mult, yz, lo, hi, mode, dt):
-    n, _, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    ho, wo = (_out_dim(h, kh, stride[0], padding[0], dilation[0]),
-              _out_dim(wd, kw, stride[1], padding[1], dilation[1]))
-    xp = _pad(x, padding[0], padding[1], value=int(xz))   # padding is the real zero
-    v = np.lib.stride_tricks.sliding_window_view(
-        xp, (dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1), axis=(2, 3))
-    v = v[:, :, :stride[0] * (ho - 1) + 1:stride[0], :stride[1] * (wo - 1) + 1:stride[1],
-          ::dilation[0], ::dilation[1]]                   # (n, c, ho, wo, kh, kw)
-    og = o // groups
-    wz = np.broadcast_to(np.asarray(wz).reshape(-1), (o,))
-    mult = np.broadcast_to(np.asarray(mult, np.float64).reshape(-1), (o,))
-    outs = []
-    for gi in range(groups):
-        rows = v[:, gi * cg:(gi + 1) * cg].transpose(0, 2, 3, 1, 4, 5).reshape(
-            n * ho * wo, cg * kh * kw)
-        sl = slice(gi * og, (gi + 1) * og)
-        outs.append(K.gemm(rows, w[sl].reshape(og, -1), int(xz), wz[sl], mult[sl], yz, lo,
-                           hi, mode, dt))
-    y = outs[0] if groups == 1 else np.concatenate(outs, axis=1)
-    return np.ascontiguousarray(y.reshape(n, ho, wo, o).transpose(0, 3, 1, 2))
-
-
 def _ci_rule(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups):
     shape = _conv_check("conv_integer", x, w, stride, padding, dilation, groups)
     _zp_check("conv_integer", "x", x_zero_point)
     _zp_check("conv_integer", "w", w_zero_point, w.shape[0])
     return Spec(shape, np.dtype(np.int32))
-
-
-def _ci_kernel(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups):
-    return _conv(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups, 1.0, 0,
-                 0, 0, K.I32, np.int8)
 
 
 def _qc_rule(x, w, x_scale, x_zero_point, w_scale, w_zero_point, stride, padding, dilation,
@@ -392,13 +412,6 @@ def _qc_rule(x, w, x_scale, x_zero_point, w_scale, w_zero_point, stride, padding
     _zp_check("qconv2d", "x", x_zero_point, None, x_scale)
     _zp_check("qconv2d", "w", w_zero_point, w.shape[0], w_scale)
     return Spec(shape, _F32)
-
-
-def _qc_kernel(x, w, x_scale, x_zero_point, w_scale, w_zero_point, stride, padding,
-               dilation, groups):
-    mult = np.float64(x_scale) * np.asarray(w_scale, np.float64)
-    return _conv(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups, mult, 0,
-                 0, 0, K.F32, np.int8)
 
 
 def _qlc_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
@@ -412,14 +425,6 @@ def _qlc_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zer
         raise op_error(DTypeError, op, f"y zero point of dtype {y_zero_point.dtype}",
                        "int8 or uint8 (the output dtype)")
     return Spec(shape, y_zero_point.dtype)
-
-
-def _qlc_kernel(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
-                stride, padding, dilation, groups):
-    lo, hi = _Q[y_zero_point.dtype]
-    mult = np.float64(x_scale) * np.asarray(w_scale, np.float64) / np.float64(y_scale)
-    return _conv(x, w, x_zero_point, w_zero_point, stride, padding, dilation, groups, mult,
-                 int(y_zero_point), lo, hi, K.Q8, y_zero_point.dtype)
 
 
 def _cattrs(stride=1, padding=0, dilation=1, groups=1):
@@ -472,13 +477,15 @@ def _qlc_flops(x, xs, xz, w, *rest, **attrs):
     return _conv_flops(x, w, **attrs)
 
 
-CONV_INTEGER = defop("conv_integer", _ci_rule, kernel=_ci_kernel, grad=NOT_DIFFERENTIABLE,
+CONV_INTEGER = defop("conv_integer", _ci_rule, kernel=_REF["conv_integer"],
+                     grad=NOT_DIFFERENTIABLE,
                      flops=_conv_flops, onnx="ConvInteger", samples=_ci_samples,
                      keeps_float=False, doc="int8 conv2d -> int32 sums (zero points removed)")
-QCONV2D = defop("qconv2d", _qc_rule, kernel=_qc_kernel, grad=NOT_DIFFERENTIABLE,
+QCONV2D = defop("qconv2d", _qc_rule, kernel=_REF["qconv2d"], grad=NOT_DIFFERENTIABLE,
                 flops=_conv_flops, onnx=NO_ONNX, samples=_qc_samples,
                 doc="int8 conv2d (int32 accumulate) dequantised to float32 with sx * sw; "
                     "exported as ConvInteger + Mul")
-QLINEAR_CONV = defop("qlinear_conv", _qlc_rule, kernel=_qlc_kernel, grad=NOT_DIFFERENTIABLE,
+QLINEAR_CONV = defop("qlinear_conv", _qlc_rule, kernel=_REF["qlinear_conv"],
+                     grad=NOT_DIFFERENTIABLE,
                      flops=_qlc_flops, onnx="QLinearConv", samples=_qlc_samples,
                      keeps_float=False, doc="int8 conv2d requantised to int8/uint8")

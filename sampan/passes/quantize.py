@@ -36,7 +36,8 @@ def _node(g, op, inputs, attrs, like, loc):
 
 
 INT8_OPS = ("qmatmul", "qconv2d", "qlinear_matmul", "qlinear_conv", "matmul_integer",
-            "conv_integer", "dequantize")
+            "conv_integer", "dequantize", "qlinear_dense", "qdense", "qlinear_conv2d",
+            "qdense_dynamic")
 
 
 def is_quantized(g) -> bool:
@@ -73,22 +74,29 @@ def weight_qparams(w, axis):
 
 def quantize_weight(w, axis):
     """(int8 weight, scale, zero point): `w` per channel along `axis`, symmetric."""
-    from ..ops import _qkernels as K
+    from ..ops import _qref as K
     scale, zp = weight_qparams(w, axis)
     q = K.quantize(np.asarray(w, np.float32), scale, zp, axis, -127, 127, np.int8)
     return q, scale, zp
 
 
-@register_pass("quantize", options={"acts": None, "calibrate": None, "weight_only": False},
+@register_pass("quantize", options={"acts": None, "calibrate": None, "weight_only": False,
+                                    "dynamic": False},
                legacy_meta="quant")
-def quantize(g, acts=None, calibrate=None, weight_only=False):
+def quantize(g, acts=None, calibrate=None, weight_only=False, dynamic=False):
     """Insert QDQ nodes around matmul/conv2d: int8 weights, calibrated int8 activations.
 
     Weights per channel; activations per tensor, by the `acts` option or what
-    `calibrate(graph)` gives; `weight_only` leaves activations in float."""
+    `calibrate(graph)` gives; `weight_only` leaves activations in float; `dynamic`
+    (no calibration) makes each 2-d matmul with a constant weight one `qdense_dynamic`
+    (int8 weight, activations quantised per row when it runs)."""
     g.meta.pop("quant", None)
-    if is_quantized(g) or (acts is None and calibrate is None and not weight_only):
-        return g            # int8 already, or nothing to quantise with
+    if is_quantized(g):
+        return g
+    if dynamic:
+        return quantize_dynamic(g)
+    if acts is None and calibrate is None and not weight_only:
+        return g            # nothing to quantise with
     weight_only = bool(weight_only)
     if acts is None and calibrate is not None and not weight_only:
         acts = calibrate(g)
@@ -128,4 +136,30 @@ def quantize(g, acts=None, calibrate=None, weight_only=False):
     g.nodes = nodes
     g.meta["quantized"] = "weight_only" if weight_only else "qdq"
     g.prune_consts()
+    return g
+
+
+def quantize_dynamic(g):
+    """Dynamic quantisation (as onnxruntime's quantize_dynamic, with per-row activation
+    scales): every 2-d matmul of a float32 activation by a constant float32 weight
+    becomes `qdense_dynamic(x, Wq^T, sw)`, the weight int8 per output channel (stored
+    (N, K)); the activations are quantised inside the kernel, row by row."""
+    wcache = {}
+    done = False
+    for n, axis in anchors(g):
+        if n.op != "matmul":
+            continue
+        x, w = n.inputs
+        if w.id not in wcache:
+            wq, ws, _ = quantize_weight(w.const, axis)
+            name = f"{w.name}.int8.T" if w.name else None
+            wcache[w.id] = (g.add_const(np.ascontiguousarray(wq.T), name=name),
+                            g.add_const(ws))
+        n.op = "qdense_dynamic"
+        n.inputs = [x, *wcache[w.id]]
+        n.attrs = {}
+        done = True
+    if done:
+        g.meta["quantized"] = "dynamic"
+        g.prune_consts()
     return g

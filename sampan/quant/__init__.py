@@ -4,9 +4,13 @@ training (issue 19).
 - `calibrate(program_or_layer, data_loader, observer=...)`: per-tensor activation ranges
   ("minmax", "percentile", "kl", "mse"); the calibration set is checked first.
 - `quantize_program(saved, calibration_data, out_dir, weight_only=False)`: calibrate, run
-  the `quantize` + `fuse_quant` passes (int8 ops: `qmatmul`, `qconv2d`) and write a
-  program `sampan.jit.load` reads; `weight_only=True` stores int8 weights with per-channel
-  scales and computes in float.
+  the `quantize` + `fuse_quant` passes and write a program `sampan.jit.load` reads: int8
+  from layer to layer (issue 31: `qlinear_conv2d` / `qlinear_dense` requantise in their
+  epilogue, max-pool / reshape / concat run on int8, the last layer is `qdense`);
+  `weight_only=True` stores int8 weights with per-channel scales and computes in float.
+- dynamic int8 (no calibration; transformer encoders): the `quantize` pass's option
+  `dynamic`, or `Config.set_precision("int8", dynamic=True)` on a Predictor
+  (`qdense_dynamic`: int8 weights, activations quantised per row inside the kernel).
 - `prepare_qat(model)` / `convert(model)`: fake-quant with straight-through gradients in
   every Linear / Conv2d, then the int8 model.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_INT8 = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _concrete(*values) -> bool:
@@ -33,7 +34,8 @@ def _max_pool2d(node):
     from ..backends.numba.loops import pool as _pool
     x, y = node.inputs[0], node.outputs[0]
     a = node.attrs
-    if x.dtype not in _FLOATS or not _concrete(x, y) or len(x.shape) != 4:
+    # uint8 / int8 too: the int8 chain's max-pool (issue 31)
+    if x.dtype not in _FLOATS + _INT8 or not _concrete(x, y) or len(x.shape) != 4:
         return None
     if not _pool._is_2x2(x, a["kernel_size"], a["stride"], a["padding"], a["dilation"],
                          a.get("ceil_mode", False)):

@@ -44,7 +44,8 @@ def test_ptq_int8_within_one_point_and_qat_not_worse(data, cnn_dir, tmp_path):
     assert fp32 > 0.5
     out = sampan.quant.quantize_program(d, _cal(x), str(tmp_path / "int8.sampan"))
     ops = _ops(out)
-    assert ops.count("qconv2d") == 2 and ops.count("qmatmul") == 1
+    # int8 from layer to layer (issue 31): two requantising convs, a dequantising dense
+    assert ops.count("qlinear_conv2d") == 2 and ops.count("qdense") == 1
     assert "conv2d" not in ops and "matmul" not in ops and "dequantize" not in ops
     ptq = P.accuracy(sampan.jit.load(out), xt, yt)
     assert ptq >= fp32 - 0.01, (fp32, ptq)
@@ -141,8 +142,8 @@ def test_fake_quant_gradient_is_straight_through_as_torch():
 
 @pytest.mark.parametrize("path", ["loop", "blas", "vnni", "vnni1"])
 def test_int8_gemm_is_exact(path):
-    from sampan.ops import _qkernels as K
-    from sampan.ops import _vnni
+    from sampan.backends.numba import qkernels as K
+    from sampan.backends.numba import vnni as _vnni
     if path != "blas" and not K.HAVE_NUMBA:
         pytest.skip("no numba")
     if path.startswith("vnni") and not _vnni.available():
@@ -178,7 +179,12 @@ def test_fuse_quant_matches_the_qdq_graph(data, cnn_dir):
     from sampan.quant.calibrate import run_values
     a = run_values(qdq, prog.feeds([xt[:50]]), qdq.outputs)[0]
     b = run_values(fused, prog.feeds([xt[:50]]), fused.outputs)[0]
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # step 1 of fuse_quant (qconv2d / qmatmul, float results) is the QDQ graph exactly, up
+    # to float32 summation order; the requantising chain (issue 31) rounds in float32 with
+    # an int32 bias, as onnxruntime does, so an activation at a rounding tie may move by
+    # one step: the logits stay within a few output steps and the argmax stays
+    np.testing.assert_allclose(a, b, rtol=0, atol=0.05 * float(np.abs(a).max()))
+    assert (a.argmax(1) == b.argmax(1)).mean() >= 0.98
 
 
 def _with_meta(g, quant):

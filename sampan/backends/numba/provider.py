@@ -1,7 +1,9 @@
 """The numba provider: the generated kernel of each `fused` node (`kernelgen.bind`), one
 per node, taking the memory plan's buffers (`out=`) and writing outputs over inputs where
-the plan allows (`inplace`). Without numba a fused node's body runs with the op table's
-numpy kernels (`ops.fused.run_body`), so a graph fused elsewhere still runs.
+the plan allows (`inplace`); binders that prepare a node's constants once (the int8
+layers pack their weights at compile time, `_BINDERS`). Without numba a fused node's
+body runs with the op table's numpy kernels (`ops.fused.run_body`), so a graph fused
+elsewhere still runs, and the int8 ops run their numpy reference.
 
 Its table also holds the hand-written loops: every op's `kernels["numba"]` (registered
 by op name where numba is installed; the op's default kernel then, see
@@ -49,6 +51,19 @@ def bind_fused(node, inplace=None):
     return run
 
 
+def _binders() -> dict:
+    """{op name: bind(node)} of the loops that prepare a node's constants once (the int8
+    layers pack their weights when the node is compiled)."""
+    from . import available
+    if not available():
+        return {}
+    from . import qdynamic, qkernels, qlayers
+    return dict(qlayers.BINDERS, **qdynamic.BINDERS, quantize=qkernels.bind_quantize)
+
+
+_BINDERS = _binders()
+
+
 class _Kernels(Mapping):
     """{"fused": its binder} and {op: the op's hand-written numba kernel}, read from the op
     table when asked."""
@@ -90,7 +105,8 @@ class NumbaProvider(Provider):
     def bind(self, node, inplace=None):
         if node.op == "fused":
             return bind_fused(node, inplace=inplace)
-        return super().bind(node)
+        binder = _BINDERS.get(node.op)
+        return binder(node) if binder is not None else super().bind(node)
 
 
 PROVIDER = NumbaProvider()

@@ -25,6 +25,8 @@ def kernels() -> dict:
     out = {}
     for fam in FAMILIES:
         out.update(importlib.import_module(f"{__name__}.{fam}").KERNELS)
+    from .. import qkernels     # the int8 ops' VNNI loops (qkernels.py, qlayers.py)
+    out.update(qkernels.kernels())
     return out
 
 

@@ -101,7 +101,8 @@ def _max_grad_2x2(x, g, zero, out):
 
 
 def _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode=False):
-    return (x.dtype in (np.float32, np.float64)
+    # uint8 / int8: the int8 chain's max-pool (issue 31), on the same loop
+    return (x.dtype in (np.float32, np.float64, np.uint8, np.int8)
             and tuple(kernel_size) == (2, 2) and tuple(stride) == (2, 2)
             and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)
             and not (ceil_mode and (x.shape[2] % 2 or x.shape[3] % 2)))

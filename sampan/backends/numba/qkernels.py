@@ -1,16 +1,15 @@
-"""Kernels of the int8 ops (`ops/quant.py`): quantise in one pass, and an int8 GEMM that
+"""The numba provider's int8 kernels (the op table's are the numpy reference,
+`ops/_qref.py`, which these match exactly): quantise in one pass, and an int8 GEMM that
 accumulates in int32 and finishes each output (int32 as it is, float32 dequantised with
 the scales, or int8 requantised).
 
 The GEMM takes the weight transposed, (N, K), and has three paths; `choice` times each
 once per shape on this machine and keeps the fastest:
-- "vnni": the AVX-512 VNNI micro-kernel of `_vnni.py` (vpdpbusd, 64 multiply-adds an
+- "vnni": the AVX-512 VNNI micro-kernel of `vnni.py` (vpdpbusd, 64 multiply-adds an
   instruction), where the CPU has it; 2.5x single-threaded fp32 BLAS on W1's layers here;
 - "loop": a numba loop, one dot of two contiguous int8 rows per output (several times
   slower than fp32 BLAS at batch 64; it wins for a single row, where the others pad);
-- "blas": the int8 values multiplied as float32 through BLAS, exact while every partial
-  sum stays below 2^24 (K * 128 * 128 for int8), else as float64 (exact for any K below
-  2^37). Also the path without numba. numpy's own integer matmul has no BLAS behind it.
+- "blas": the reference's exact float BLAS (`_qref.gemm`).
 
 Zero points are corrected outside the dot: sum (a - za)(b - zb) = sum ab - za * colsum(b)
 - zb * rowsum(a) + K za zb.
@@ -19,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._nb import HAVE_NUMBA, njit
-
-I32, F32, Q8 = 0, 1, 2      # what the GEMM writes: int32 sums, float32, requantised int8
+from ...ops import _qref
+from ...ops._nb import HAVE_NUMBA, njit
+from ...ops._qref import F32, I32, Q8  # noqa: F401  (the GEMM's modes, named here too)
 
 if HAVE_NUMBA:
     @njit(cache=True, nogil=True, boundscheck=False)
@@ -123,11 +122,7 @@ def quantize(x, scale, zp, axis, lo, hi, out_dtype):
     if HAVE_NUMBA and x.dtype in (np.float32, np.float64) and x.size:
         _quantize3(x.reshape(shape3), s, z, lo, hi, out.reshape(shape3))
         return out
-    x3 = x.reshape(shape3)
-    with np.errstate(invalid="ignore"):
-        v = x3 / s.reshape(1, c, 1)
-        v = np.where(np.isnan(v), 0, np.rint(v)) + z.reshape(1, c, 1)
-        return np.clip(v, lo, hi).astype(out_dtype).reshape(x.shape)
+    return _qref.quantize(x, scale, zp, axis, lo, hi, out_dtype)
 
 
 def gemm(a, bt, za, zb, mult=None, zy=0, lo=-128, hi=127, mode=I32, out_dtype=np.int8):
@@ -144,8 +139,8 @@ def gemm(a, bt, za, zb, mult=None, zy=0, lo=-128, hi=127, mode=I32, out_dtype=np
 
 
 def _vnni_gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype, threads=None):
-    """The AVX-512 VNNI micro-kernel (`_vnni.py`) on padded, packed operands."""
-    from . import _vnni
+    """The AVX-512 VNNI micro-kernel (`vnni.py`) on padded, packed operands."""
+    from . import vnni as _vnni
     m, k = a.shape
     n = bt.shape[0]
     kp, mp, np_ = -(-k // 4) * 4, -(-m // 32) * 32, -(-n // 4) * 4
@@ -184,22 +179,7 @@ def _loop(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
 
 
 def _blas(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype):
-    k = a.shape[1]
-    # exact in float32 while every partial sum stays below 2^24, else in float64
-    big = k * 255 * 255 if a.dtype == np.uint8 or bt.dtype == np.uint8 else k * 128 * 128
-    ft = np.float32 if big < 2 ** 24 else np.float64
-    acc = a.astype(ft) @ bt.astype(ft).T
-    acc = acc.astype(np.int64) if mode == I32 else acc.astype(np.float64)
-    if za:
-        acc -= za * bt.astype(np.int64).sum(1)[None, :]
-    if np.any(zb):
-        acc -= zb[None, :].astype(np.int64) * a.astype(np.int64).sum(1)[:, None]
-        acc += k * za * zb[None, :].astype(np.int64)
-    if mode == I32:
-        return acc.astype(np.int32)
-    if mode == F32:
-        return (acc * mult).astype(np.float32)
-    return np.clip(np.rint(acc * mult) + zy, lo, hi).astype(out_dtype)
+    return _qref.gemm(a, bt, za, zb, mult, zy, lo, hi, mode, out_dtype)
 
 
 _CHOICE: dict = {}
@@ -213,15 +193,16 @@ _PATHS = {"loop": _loop, "blas": _blas, "vnni": _vnni_gemm, "vnni1": _vnni_one}
 def choice(m, k, n, int8_weight=True) -> str:
     """"vnni" (threaded), "vnni1" (one thread), "loop" or "blas" for an (m, k) x (k, n)
     int8 GEMM: each available path is timed once per shape on this machine (a few calls on
-    random data) and the fastest is kept (`_CHOICE` records them). Row counts share a class per power of two (up to 1024
-    rows, the size timed), so a new batch size does not time again."""
+    random data) and the fastest is kept (`_CHOICE` records them). Row counts share a
+    class per power of two (up to 1024 rows, the size timed), so a new batch size does
+    not time again."""
     m = min(1 << max(0, m - 1).bit_length(), 1024)   # rows in power-of-two classes
     key = (m, k, n, bool(int8_weight))
     c = _CHOICE.get(key)
     if c is None:
         import time
 
-        from . import _vnni
+        from . import vnni as _vnni
         r = np.random.default_rng(0)
         a = r.integers(-128, 128, (m, k)).astype(np.int8)
         bt = r.integers(-127, 128, (n, k)).astype(np.int8)
@@ -238,3 +219,38 @@ def choice(m, k, n, int8_weight=True) -> str:
             best[name] = time.perf_counter() - t0
         c = _CHOICE[key] = min(best, key=best.get)
     return c
+
+
+def bind_quantize(node):
+    """`quantize` with a constant per-tensor scale and zero point: the parameters read
+    once when the node is compiled, each call one pass of `_quantize3` over x (the
+    arithmetic of `quantize`, so the same bytes), ~1.5 us less per call at batch 1."""
+    import functools
+    x, scale, zp = node.inputs
+    plain = functools.partial(kernels()["quantize"], **node.attrs)
+    if not (HAVE_NUMBA and scale.is_const and zp.is_const and scale.ndim == 0
+            and zp.ndim == 0 and x.dtype in (np.float32, np.float64)):
+        return plain
+    dt = np.dtype(zp.dtype)
+    lo, hi = (-128, 127) if dt == np.int8 else (0, 255)
+    s = np.asarray(scale.const, x.dtype).reshape(1)
+    z = np.asarray(zp.const).reshape(1).astype(np.int32)
+    fdt = np.dtype(x.dtype)
+
+    def run(a, *rest):
+        if a.dtype != fdt or not a.flags.c_contiguous or not a.size:
+            return plain(a, *rest)
+        out = np.empty(a.shape, dt)
+        _quantize3(a.reshape(1, 1, a.size), s, z, lo, hi, out.reshape(1, 1, a.size))
+        return out
+    return run
+
+
+def kernels() -> dict:
+    """{op name: kernel} of the int8 ops over these kernels (the numba provider's table):
+    the op table's conventions (`ops.quant.int8_kernels`) over this module's GEMM."""
+    import sys
+
+    from ...ops.quant import int8_kernels
+    from . import qdynamic, qlayers
+    return dict(int8_kernels(sys.modules[__name__]), **qlayers.KERNELS, **qdynamic.KERNELS)
