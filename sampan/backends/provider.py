@@ -77,11 +77,15 @@ class Provider:
     Subclasses set `name` and `kernels` and may narrow `supports` (dtypes, shapes,
     attributes). `node_kernels` names ops whose `bind(node, inplace=...)` returns a
     kernel that takes `out=` (a tuple of arrays or None per output, the memory plan's
-    buffers), as generated fused kernels do."""
+    buffers), as generated fused kernels do. `bound_kernels` names ops whose
+    `bind(node)` makes a kernel for that node (its constants prepared once: int8 weights
+    packed at compile time) taking only the arrays, which executors bind instead of the
+    op's table kernel."""
 
     name = "?"
     kernels: dict = {}
     node_kernels: tuple = ()
+    bound_kernels: tuple = ()
 
     def available(self) -> bool:
         """Whether this provider runs on this machine (its library loads)."""

@@ -166,10 +166,11 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         binder = NODE_KERNELS.get(n.op) or (prov.bind if n.op in prov.node_kernels else None)
         # the out= variants and specialised kernels below may run the measured choice
         # (oneDNN): not for a node the list kept off oneDNN on purpose
-        table = binder is None and prov.name in _TABLE and (
+        own = binder is None and n.op in prov.bound_kernels   # made for this node
+        table = binder is None and prov.name in _TABLE and not own and (
             prov.name == "onednn" or (n.op in prov.kernels and prov.kernel(n.op) is op.kernel)
             or not get_provider("onednn").supports(n))
-        if prov.name not in _TABLE and binder is None:  # another provider's kernel
+        if (prov.name not in _TABLE or own) and binder is None:  # the provider's binding
             kname = emit.fresh("p", i, "_", opname)      # attributes bound at compile time
             env[kname] = prov.bind(n)
         elif binder is not None:  # a kernel made for this node (generated fused kernels)

@@ -97,6 +97,7 @@ class NumbaProvider(Provider):
     name = "numba"
     kernels = _Kernels()
     node_kernels = ("fused",)
+    bound_kernels = tuple(_BINDERS)
 
     def available(self) -> bool:
         from . import available
