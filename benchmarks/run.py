@@ -16,7 +16,7 @@ def main(argv):
     scripts = sorted(glob.glob(os.path.join(HERE, "w*_*.py"))) + [
         os.path.join(HERE, n) for n in ("conv_micro.py", "fusion_kernels.py", "onnx_conformance.py",
                                         "data_parallel.py", "thread_pools.py",
-                                        "embedding_tiers.py")
+                                        "embedding_tiers.py", "embedding_dynwidth.py")
         if os.path.exists(os.path.join(HERE, n))]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
