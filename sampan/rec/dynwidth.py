@@ -104,7 +104,7 @@ class DynamicWidthRows:
     >>> s = DynamicWidthRows(4, 4, (2, 4), (3,)); s.ensure(2)
     >>> s.scatter([0], np.ones((1, 4), np.float32)); s.gather([0]).tolist()
     [[1.0, 1.0, 0.0, 0.0]]
-    >>> s.grow([0], [3]); s.scatter([0], np.ones((1, 4), np.float32)); s.gather([0]).tolist()
+    >>> n = s.grow([0], [3]); s.scatter([0], np.ones((1, 4), np.float32)); s.gather([0]).tolist()
     [[1.0, 1.0, 1.0, 1.0]]
     """
 
