@@ -8,7 +8,7 @@ from sampan.errors import SampanValueError
 from sampan.rec.dynwidth import DynamicWidthRows
 from sampan.rec.optim import SparseAdagrad, SparseAdam, SparseFTRL, SparseSGD
 from sampan.rec.snapshot import (ServingTable, SnapshotError, export_delta, export_full,
-                                 read_snapshot, restore, table_state)
+                                 read_snapshot, reshard, restore, table_state)
 from sampan.rec.snapshot_file import _write_atomic
 from sampan.rec.table import HashEmbeddingTable, hashed_normal
 
@@ -148,6 +148,14 @@ def test_snapshot_restore_and_serving_keep_widths_and_values(tmp_path):
     for k, v in table_state(t).items():
         np.testing.assert_array_equal(table_state(r2)[k], v, err_msg=k)
     assert s.bytes_per_row == t.weights.bytes_per_row
+    # resharding moves each row with its width
+    parts = reshard([t], 2)
+    assert all(p.dynamic for p in parts) and sum(len(p) for p in parts) == len(t)
+    for p in parts:
+        pid = p.ids()
+        np.testing.assert_array_equal(p.weights.row_width[p.map.get(pid)],
+                                      t.weights.row_width[t.map.get(pid)])
+        np.testing.assert_array_equal(p.read(pid), t.read(pid))
     assert len([c for c in t.weights.width_counts().values() if c]) == 3
 
 
