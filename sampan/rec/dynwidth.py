@@ -34,9 +34,10 @@ values plus 5 of index.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from sampan.errors import SampanValueError, op_error
-from sampan.rec.hashtable import ChunkedRows
+from sampan.rec.hashtable import ChunkedRows, _f32_ptr
 from sampan.rec.snapshot_file import SnapshotError
 
 __all__ = ["DynamicWidthRows", "check_dynamic", "check_width_array", "dynamic_kwargs"]
@@ -62,6 +63,47 @@ def check_dynamic(dim: int, dims, thresholds) -> tuple[tuple, tuple]:
         raise op_error(SampanValueError, name, f"dim_thresholds={thresholds}",
                        f"{len(dims) - 1} strictly increasing counts >= 1 (one per widening)")
     return dims, thresholds
+
+
+@njit(cache=True, nogil=True)
+def _gather_rows(bases, lane, shift, row_width, row_slot, rows, out):
+    """``out[j]`` = row ``rows[j]`` zero-padded (rows < 0 untouched); ``bases[k]`` are
+    the chunk addresses of the pool whose width ``w`` has ``lane[w] == k``."""
+    m = (np.int64(1) << shift) - 1
+    for j in range(rows.size):
+        r = rows[j]
+        if r < 0:
+            continue
+        w = np.int64(row_width[r])
+        if w == 0:
+            out[j, :] = 0.0
+            continue
+        s = np.int64(row_slot[r])
+        p = _f32_ptr(bases[lane[w], s >> shift])
+        o = (s & m) * w
+        for d in range(w):
+            out[j, d] = p[o + d]
+        for d in range(w, out.shape[1]):
+            out[j, d] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _scatter_rows(bases, lane, shift, row_width, row_slot, rows, vals):
+    """Store the first ``width`` lanes of ``vals[j]`` at row ``rows[j]`` (rows < 0 and
+    rows holding nothing skipped)."""
+    m = (np.int64(1) << shift) - 1
+    for j in range(rows.size):
+        r = rows[j]
+        if r < 0:
+            continue
+        w = np.int64(row_width[r])
+        if w == 0:
+            continue
+        s = np.int64(row_slot[r])
+        p = _f32_ptr(bases[lane[w], s >> shift])
+        o = (s & m) * w
+        for d in range(w):
+            p[o + d] = vals[j, d]
 
 
 def dynamic_kwargs(source) -> dict:
@@ -121,6 +163,18 @@ class DynamicWidthRows:
         self._free: dict[int, list[np.ndarray]] = {w: [] for w in self.dims}
         self.row_width = np.zeros(0, np.uint8)  # 0: row holds nothing yet
         self.row_slot = np.zeros(0, np.int32)
+        self._lane = np.zeros(256, np.int64)  # width -> its pool's row in _bases()
+        for k, w in enumerate(self.dims):
+            self._lane[w] = k
+
+    def _bases(self) -> np.ndarray:
+        """Chunk addresses of every pool, one row per width (for the kernels)."""
+        n = max(len(p.chunks) for p in self.pools.values())
+        out = np.zeros((len(self.dims), max(n, 1)), np.int64)
+        for k, w in enumerate(self.dims):
+            b = self.pools[w].bases
+            out[k, : b.size] = b
+        return out
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -182,13 +236,15 @@ class DynamicWidthRows:
         self.pools[w].ensure(self._next[w])
         return np.concatenate([got, fresh]).astype(np.int32)
 
-    def _place(self, rows: np.ndarray, widths: np.ndarray) -> None:
-        """Store unique ``rows`` at ``widths``, keeping their values (new lanes zero)."""
+    def _place(self, rows: np.ndarray, widths: np.ndarray, keep_values: bool = True) -> None:
+        """Store unique ``rows`` at ``widths``, keeping their values (new lanes zero), or
+        zeroed (``keep_values=False``)."""
         keep = self.row_width[rows] != widths
         rows, widths = rows[keep], widths[keep]
         if not rows.size:
             return
-        vals = self.gather(rows)
+        vals = self.gather(rows) if keep_values else np.zeros((rows.size, self.width),
+                                                              np.float32)
         old_w = self.row_width[rows]
         for w in self.dims:
             sel = old_w == w
@@ -203,15 +259,14 @@ class DynamicWidthRows:
                 self.pools[w].scatter(slots.astype(np.int64), vals[sel, :w])
 
     def reset(self, rows) -> None:
-        """Rows (re)created for a new id: narrowest width, zeros."""
+        """Unique rows (re)created for new ids: narrowest width, zeros."""
         _, r = self._rows(rows)
-        r = np.unique(r)
-        self._place(r, np.full(r.size, self.dims[0], np.uint8))
-        for w in self.dims:  # a reused row may hold its old owner's narrow values
-            sel = self.row_width[r] == w
-            if sel.any():
-                self.pools[w].scatter(self.row_slot[r[sel]].astype(np.int64),
-                                      np.zeros((int(sel.sum()), w), np.float32))
+        narrow = self.row_width[r] == self.dims[0]  # a reused row's old narrow values
+        self._place(r, np.full(r.size, self.dims[0], np.uint8), keep_values=False)
+        if narrow.any():
+            self.pools[self.dims[0]].scatter(
+                self.row_slot[r[narrow]].astype(np.int64),
+                np.zeros((int(narrow.sum()), self.dims[0]), np.float32))
 
     def grow(self, rows, counts) -> int:
         """Widen rows whose sighting ``counts`` passed a threshold; returns rows widened."""
@@ -228,16 +283,11 @@ class DynamicWidthRows:
     def gather(self, rows, out: np.ndarray | None = None) -> np.ndarray:
         """Rows as float32 ``(n, width)``, zero beyond each row's width; rows < 0 untouched."""
         rows = np.ascontiguousarray(rows, np.int64).ravel()
-        pos, r = self._rows(rows)
+        self._rows(rows)
         if out is None:
             out = np.zeros((rows.size, self.width), np.float32)
-        else:
-            out[pos] = 0.0
-        rw = self.row_width[r]
-        for w in self.dims:
-            sel = rw == w
-            if sel.any():
-                out[pos[sel], :w] = self.pools[w].gather(self.row_slot[r[sel]].astype(np.int64))
+        _gather_rows(self._bases(), self._lane, self.shift, self.row_width, self.row_slot,
+                     rows, out)
         return out
 
     def stored_mask(self, rows) -> np.ndarray:
@@ -251,17 +301,13 @@ class DynamicWidthRows:
         rounding, so ``round_keys`` is ignored)."""
         rows = np.ascontiguousarray(rows, np.int64).ravel()
         vals = np.ascontiguousarray(values, np.float32).reshape(rows.size, self.width)
-        pos, r = self._rows(rows)
+        _, r = self._rows(rows)
         empty = self.row_width[r] == 0
         if empty.any():
             u = np.unique(r[empty])
             self._place(u, np.full(u.size, self.dims[0], np.uint8))
-        rw = self.row_width[r]
-        for w in self.dims:
-            sel = rw == w
-            if sel.any():
-                self.pools[w].scatter(self.row_slot[r[sel]].astype(np.int64),
-                                      vals[pos[sel], :w])
+        _scatter_rows(self._bases(), self._lane, self.shift, self.row_width, self.row_slot,
+                      rows, vals)
 
     def raw(self, rows) -> dict:
         """``{"values": zero-padded float32 rows, "width": uint8 widths}``."""
