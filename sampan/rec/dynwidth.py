@@ -26,6 +26,10 @@ Rules (the contract :class:`DynamicWidthRows` keeps):
   ``dynamic_dims``/``dim_thresholds`` in their header (files without them read as
   fixed-width, as before).
 
+``set_vectors`` (and any scatter) stores the lanes of the row's current width and drops
+the rest. A :class:`~sampan.rec.hotcache.HotCache` in front of such a table is not
+supported yet: it trains cached rows at full width on the trainer.
+
 Rows of each width live in their own :class:`~sampan.rec.hashtable.ChunkedRows` pool;
 a table row maps to (width, slot in that pool), so a 4-wide row takes 16 bytes of
 values plus 5 of index.
