@@ -159,6 +159,22 @@ def test_snapshot_restore_and_serving_keep_widths_and_values(tmp_path):
     assert len([c for c in t.weights.width_counts().values() if c]) == 3
 
 
+def test_fixed_width_files_stay_as_before(tmp_path):
+    t = HashEmbeddingTable(16, chunk_shift=4)
+    t.lookup(np.arange(20))
+    export_full(t, str(tmp_path / "f.full"))
+    header, arrays = read_snapshot(str(tmp_path / "f.full"))
+    assert "dynamic_dims" not in header["table"] and "weights.width" not in arrays
+    r = restore(str(tmp_path / "f.full"))
+    assert not r.dynamic
+    np.testing.assert_array_equal(r.read(np.arange(20)), t.read(np.arange(20)))
+    # a fixed-width raw form (no widths) put into a dynamic store keeps every lane
+    s = DynamicWidthRows(16, 4, DIMS, CUTS)
+    s.ensure(20)
+    s.set_raw(np.arange(20), {"values": arrays["weights"]})
+    np.testing.assert_array_equal(s.gather(np.arange(20)), arrays["weights"])
+
+
 def test_bad_width_arrays_and_configs_are_refused(tmp_path):
     t, _, _ = _trained()
     full = str(tmp_path / "a.full")
