@@ -23,6 +23,7 @@ def main(argv):
             "thread_pools.py",
             "embedding_tiers.py",
             "embedding_disk.py",
+            "embedding_dynwidth.py",
             "predictor_overhead.py",
             "feature_spec.py",
         )

@@ -163,7 +163,11 @@ class _SparseOptimizer:
         s = table.slots.gather(r)
         # one chunk holding every row: `r >> shift` is 0 and `r & mask` is r
         flat = _Flat(w, s, table.dim)
-        self._kernel(flat, np.arange(r.size, dtype=np.int64), np.ascontiguousarray(g[live]))
+        gl = np.ascontiguousarray(g[live])
+        mask = getattr(table.weights, "stored_mask", None)
+        if mask is not None:  # per-row widths: unstored columns (and their slots) stay put
+            gl *= mask(r)
+        self._kernel(flat, np.arange(r.size, dtype=np.int64), gl)
         # arrays wrap silently where numpy scalars would warn
         salt = (np.array([step], np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
         table.weights.scatter(r, w, round_keys=keys[live] ^ salt[0])

@@ -31,6 +31,7 @@ import threading
 import numpy as np
 
 from sampan import _recorder as _rec
+from sampan.rec.dynwidth import DynamicWidthRows, check_width_array, dynamic_kwargs
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.snapshot_file import (FORMAT_VERSION, MAGIC, SnapshotError,  # noqa: F401
@@ -56,8 +57,9 @@ __all__ = [
 def _capture(table: HashEmbeddingTable, rows: np.ndarray, ids: np.ndarray) -> dict:
     raw = table.weights.raw(rows)  # the stored form: compressed rows stay compressed
     arrays = {"ids": ids, "weights": raw["values"]}
-    if "scale" in raw:
-        arrays["weights.scale"] = raw["scale"]
+    for name in ("scale", "width"):  # int8 scale; per-row widths (dynwidth)
+        if name in raw:
+            arrays[f"weights.{name}"] = raw[name]
     if table.slots is not None:
         arrays["slots"] = table.slots.gather(rows)
     for f in META_FIELDS:
@@ -72,14 +74,17 @@ def _config(table: HashEmbeddingTable) -> dict:
            "slot_init": table.slot_init}
     if table.row_dtype != "float32":  # absent: float32, as every file before it
         cfg["row_dtype"] = table.row_dtype
+    if getattr(table, "dynamic", False):  # absent: one width, as every file before it
+        cfg.update(dynamic_kwargs(table.weights))
     return cfg
 
 
 def _raw(arrays: dict) -> dict:
     """A file's weights in the form ``rowstore`` stores them."""
     raw = {"values": arrays["weights"]}
-    if "weights.scale" in arrays:
-        raw["scale"] = arrays["weights.scale"]
+    for name in ("scale", "width"):
+        if f"weights.{name}" in arrays:
+            raw[name] = arrays[f"weights.{name}"]
     return raw
 
 
@@ -304,7 +309,8 @@ def reshard(tables, n_shards: int, **table_kwargs) -> list[HashEmbeddingTable]:
         sel = np.flatnonzero(dest == i)
         table = HashEmbeddingTable(t0.dim, seed=t0.seed, init_std=t0.init_std,
                                    default=t0.default, chunk_shift=t0.weights.shift,
-                                   row_dtype=t0.row_dtype, **table_kwargs)
+                                   row_dtype=t0.row_dtype, **dynamic_kwargs(t0.weights),
+                                   **table_kwargs)
         if t0.slots is not None:
             table.attach_slots(t0.slots.width, t0.slot_init)
         with table.lock:
@@ -354,6 +360,7 @@ def _check_file(path: str, header: dict, arrays: dict) -> None:
         raise SnapshotError(f"{path}: row_dtype {row_dtype!r}, expected one of {ROW_DTYPES}")
     for name, (dt, shape) in raw_specs(row_dtype, n, dim).items():
         _want(path, arrays, "weights" if name == "values" else f"weights.{name}", dt, shape)
+    check_width_array(path, cfg, arrays, n)
     if width is not None:
         _want(path, arrays, "slots", np.float32, (n, width))
     for f in META_FIELDS:
@@ -430,7 +437,8 @@ def _build(loaded: list, table_kwargs: dict) -> HashEmbeddingTable:
     cfg, last = loaded[0][1]["table"], loaded[-1][1]["table"]
     table = HashEmbeddingTable(cfg["dim"], seed=cfg["seed"], init_std=cfg["init_std"],
                                default=cfg["default"], chunk_shift=cfg["chunk_shift"],
-                               row_dtype=cfg.get("row_dtype", "float32"), **table_kwargs)
+                               row_dtype=cfg.get("row_dtype", "float32"),
+                               **dynamic_kwargs(cfg), **table_kwargs)
     if last["slot_width"] is not None:
         table.attach_slots(last["slot_width"], last["slot_init"])
     # files from `first` on share the final slot layout; earlier slots were reset since
@@ -513,7 +521,9 @@ class ServingTable:
         self.map = HashMap(max(len(arrays["ids"]), 1024))
         self.row_dtype = cfg.get("row_dtype", "float32")
         self.pruned = header.get("pruned", {}).get("rows", 0)  # rows left out at export
-        self.rows = make_rows(self.dim, cfg["chunk_shift"], self.row_dtype)
+        self.rows = make_rows(self.dim, cfg["chunk_shift"], self.row_dtype) \
+            if "dynamic_dims" not in cfg else DynamicWidthRows(
+                self.dim, cfg["chunk_shift"], cfg["dynamic_dims"], cfg["dim_thresholds"])
         self.free: list[np.ndarray] = []
         self.next_row = 0
         self.lock = threading.Lock()

@@ -79,6 +79,17 @@ def _record(rows, labels, show, click, dirty):
             click[r] += labels[j]
 
 
+def _dynamic_rows(dim, shift, row_dtype, dims, thresholds):
+    from sampan.rec.dynwidth import DynamicWidthRows
+    if row_dtype != "float32":
+        raise ValueError(f"HashEmbeddingTable: dynamic_dims store float32 rows, got "
+                         f"row_dtype={row_dtype!r}")
+    if thresholds is None:
+        raise ValueError("HashEmbeddingTable: dynamic_dims needs dim_thresholds (the "
+                         "sighting counts at which a row widens)")
+    return DynamicWidthRows(dim, shift, dims, thresholds)
+
+
 class HashEmbeddingTable:
     """A growable, collisionless embedding table keyed by raw int64 ids.
 
@@ -86,7 +97,9 @@ class HashEmbeddingTable:
     frees rows (default: never). Ids without a row read ``default`` (zeros).
     ``row_dtype`` stores the weights as ``"float32"`` (default), ``"float16"``,
     ``"bfloat16"`` or ``"int8"`` with a per-row scale (``sampan.rec.rowstore``); lookups
-    return float32 either way and optimiser slots stay float32.
+    return float32 either way and optimiser slots stay float32. ``dynamic_dims`` (widths
+    ending at ``dim``) with ``dim_thresholds`` (sighting counts) store each id's row at a
+    width that grows with its count, read zero-padded (``sampan.rec.dynwidth``).
 
     >>> t = HashEmbeddingTable(4); v = t.lookup([10, -3, 10]); v.shape, len(t)
     ((3, 4), 2)
@@ -95,7 +108,7 @@ class HashEmbeddingTable:
     def __init__(self, dim: int, *, init_std: float = 0.01, seed: int = 0, admission=None,
                  eviction=None, default=None, chunk_shift: int = 14,
                  initial_capacity: int = 1024, pending_limit: int = 1 << 22,
-                 row_dtype: str = "float32"):
+                 row_dtype: str = "float32", dynamic_dims=None, dim_thresholds=None):
         if dim < 1:
             raise ValueError(f"embedding dim must be >= 1, got {dim}")
         self.dim = int(dim)
@@ -111,8 +124,10 @@ class HashEmbeddingTable:
         self.map = HashMap(initial_capacity)
         self.alloc = RowAllocator()
         # the weights' store (sampan.rec.rowstore): float32 chunks, or compressed rows
-        self.weights = make_rows(dim, chunk_shift, row_dtype)
+        self.weights = make_rows(dim, chunk_shift, row_dtype) if dynamic_dims is None else \
+            _dynamic_rows(dim, chunk_shift, row_dtype, dynamic_dims, dim_thresholds)
         self.row_dtype = row_dtype
+        self.dynamic = dynamic_dims is not None  # per-row widths (DynamicWidthRows)
         self.slots: ChunkedRows | None = None
         self.slot_init = 0.0
         self.meta = {f: np.zeros(0, np.int64) for f in META_FIELDS}
@@ -194,6 +209,8 @@ class HashEmbeddingTable:
             return
         self._grow()
         new_rows, new_keys = rows[created], keys[created]
+        if self.dynamic:  # a reused row starts again at the narrowest width
+            self.weights.reset(new_rows)
         self.weights.scatter(new_rows, hashed_normal(new_keys, self.dim, self.seed,
                                                      self.init_std))
         if self.slots is not None:
@@ -250,6 +267,8 @@ class HashEmbeddingTable:
                 rows = self.map.get(keys)
                 self._admit_missing(keys, rows, step)
             _touch(rows, self.meta["freq"], self.meta["last_seen"], self.dirty, step)
+            if self.dynamic:
+                self.weights.grow(rows, self.meta["freq"][np.maximum(rows, 0)])
             return rows
 
     def lookup(self, ids, step: int | None = None, create: bool = True) -> np.ndarray:
