@@ -88,6 +88,13 @@ class HotCache:
         if not isinstance(write_back_every, int) or write_back_every < 1:
             raise op_error(SampanValueError, "HotCache",
                            f"write_back_every={write_back_every!r}", "an int >= 1")
+        for s in getattr(emb, "shards", ()) or ():
+            t = getattr(s, "table", None)
+            if t is not None and getattr(t, "dynamic", False):
+                # the cache trains full-width rows and writes full-width slots back
+                raise op_error(SampanValueError, "HotCache", "a table with dynamic_dims "
+                               "(per-row widths)", "a fixed-width table (a cache in front "
+                               "of dynamic widths is not supported yet)")
         self.emb, self.dim = emb, int(emb.dim)
         self.optimizer = optimizer if optimizer is not None else _shard_optimizer(emb)
         width = self.optimizer.slot_width(self.dim)

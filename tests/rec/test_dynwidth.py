@@ -249,3 +249,13 @@ def test_dynamic_dlrm_through_export_restore_and_serve(tmp_path):
     pairs = np.einsum("bid,bjd->bij", tt, tt)[:, iu[0], iu[1]]
     z = _mlp(np.concatenate([x, pairs], axis=1), _linears(model.top), False)[:, 0]
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-z)), atol=2e-6)
+
+
+def test_a_hot_cache_in_front_of_dynamic_widths_is_refused():
+    """HotCache trains full-width rows and writes full-width slots back: refused, named."""
+    from sampan.rec.hotcache import HotCache
+    from sampan.rec.sharded import LocalShard, ShardedEmbedding
+    t = HashEmbeddingTable(16, dynamic_dims=(4, 8, 16), dim_thresholds=(2, 4))
+    emb = ShardedEmbedding(16, shards=[LocalShard(t, SparseAdagrad(0.1))])
+    with pytest.raises(SampanValueError, match="dynamic_dims"):
+        HotCache(emb, budget_mb=1)
