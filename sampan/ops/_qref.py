@@ -25,17 +25,23 @@ import numpy as np
 I32, F32, Q8 = 0, 1, 2      # what the GEMM writes: int32 sums, float32, requantised int8
 
 
-def quantize(x, scale, zp, axis, lo, hi, out_dtype):
-    """clip(rint(x / scale) + zp, lo, hi) as `out_dtype`; scale and zp are scalars or
-    vectors along `axis` of x (ONNX QuantizeLinear; NaN gives the zero point)."""
+def quant_operands(x, scale, zp, axis):
+    """(x contiguous, scale vector, int32 zero points, x's 3-d shape (outer, channels,
+    inner)) of a quantisation along `axis` (one channel when scale is a scalar)."""
     x = np.ascontiguousarray(x)
     s = np.asarray(scale, x.dtype).reshape(-1)
     z = np.asarray(zp).reshape(-1).astype(np.int32)
     c = s.shape[0]
     if c == 1:
-        shape3 = (1, 1, x.size)
-    else:
-        shape3 = (int(np.prod(x.shape[:axis])), c, int(np.prod(x.shape[axis + 1:])))
+        return x, s, z, (1, 1, x.size)
+    return x, s, z, (int(np.prod(x.shape[:axis])), c, int(np.prod(x.shape[axis + 1:])))
+
+
+def quantize(x, scale, zp, axis, lo, hi, out_dtype):
+    """clip(rint(x / scale) + zp, lo, hi) as `out_dtype`; scale and zp are scalars or
+    vectors along `axis` of x (ONNX QuantizeLinear; NaN gives the zero point)."""
+    x, s, z, shape3 = quant_operands(x, scale, zp, axis)
+    c = s.shape[0]
     x3 = x.reshape(shape3)
     with np.errstate(invalid="ignore"):
         v = x3 / s.reshape(1, c, 1)

@@ -110,14 +110,7 @@ if HAVE_NUMBA:
 def quantize(x, scale, zp, axis, lo, hi, out_dtype):
     """clip(rint(x / scale) + zp, lo, hi) as `out_dtype`; scale and zp are scalars or
     vectors along `axis` of x (ONNX QuantizeLinear; NaN gives the zero point)."""
-    x = np.ascontiguousarray(x)
-    s = np.asarray(scale, x.dtype).reshape(-1)
-    z = np.asarray(zp).reshape(-1).astype(np.int32)
-    c = s.shape[0]
-    if c == 1:
-        shape3 = (1, 1, x.size)
-    else:
-        shape3 = (int(np.prod(x.shape[:axis])), c, int(np.prod(x.shape[axis + 1:])))
+    x, s, z, shape3 = _qref.quant_operands(x, scale, zp, axis)
     out = np.empty(x.shape, out_dtype)
     if HAVE_NUMBA and x.dtype in (np.float32, np.float64) and x.size:
         _quantize3(x.reshape(shape3), s, z, lo, hi, out.reshape(shape3))
