@@ -117,3 +117,58 @@ ORACLE: dict = {
 }
 
 COMPOSITE_ORACLE: dict = {}
+
+
+# ---- the requantising layers of fuse_quant (issue 31): exact sums in float64, the
+# epilogue in float32 as the ops define it (multiplier xs * ws / ys in float32)
+def _mult32(torch, xs, ws, ys, n):
+    m = xs.float() * (ws.float().reshape(-1).expand(n) if ws.ndim else ws.float().expand(n))
+    return m if ys is None else m / ys.float()
+
+
+def _bounds(torch, yz, at):
+    lo, hi = (0, 255) if yz.dtype == torch.uint8 else (-128, 127)
+    qmin, qmax = at.get("qmin"), at.get("qmax")
+    return max(lo, lo if qmin is None else int(qmin)), min(hi, hi if qmax is None else int(qmax))
+
+
+def _finish(torch, acc, bias, m, yz, at):
+    v = (acc + bias.double()).float() * m
+    lo, hi = _bounds(torch, yz, at)
+    return (torch.round(v) + int(yz)).clamp(lo, hi).to(yz.dtype)
+
+
+def _qld(torch, a, at):
+    x, xs, xz, w, ws, wz, bias, ys, yz = a
+    acc = _acc(torch, x, w.t(), xz, wz)                      # w is (N, K)
+    return _finish(torch, acc, bias, _mult32(torch, xs, ws, ys, w.shape[0]), yz, at)
+
+
+def _qd(torch, a, at):
+    x, xs, xz, w, ws, wz, bias = a
+    acc = _acc(torch, x, w.t(), xz, wz)
+    return (acc + bias.double()).float() * _mult32(torch, xs, ws, None, w.shape[0])
+
+
+def _qlc2(torch, a, at):
+    x, xs, xz, w, ws, wz, bias, ys, yz = a
+    acc = _conv_acc(torch, x, w, xz, wz, at)
+    o = w.shape[0]
+    m = _mult32(torch, xs, ws, ys, o).reshape(1, o, 1, 1)
+    return _finish(torch, acc, bias.reshape(1, o, 1, 1), m, yz, at)
+
+
+def _qdd(torch, a, at):
+    x, w, w_scale = a                                       # per-row uint8 activations
+    lo = torch.clamp(x.amin(1), max=0) if x.shape[1] else torch.zeros(x.shape[0])
+    hi = torch.clamp(x.amax(1), min=0) if x.shape[1] else torch.zeros(x.shape[0])
+    s = (hi - lo) / 255.0
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    z = torch.clamp(torch.round(-lo / s), 0, 255)
+    q = torch.clamp(torch.round(x / s[:, None]) + z[:, None], 0, 255)
+    acc = q.double() @ w.double().t() - z.double()[:, None] * w.double().sum(1)[None, :]
+    return (acc.float() * s[:, None]) * w_scale[None, :]
+
+
+ORACLE.update({"qlinear_dense": _qld, "qdense": _qd, "qlinear_conv2d": _qlc2,
+               "qdense_dynamic": _qdd})
