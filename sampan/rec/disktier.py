@@ -345,6 +345,33 @@ class DiskTier:
             self.demote(min(need + self.max_rows // self.SLACK, len(t.map)), u)
         self.promote(miss)
 
+    def read_into(self, keys: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` for the ids without a resident row from disk, without promoting
+        them; returns ``rows`` with the ids found on disk marked (>= 0)."""
+        from sampan.rec.rowstore import make_rows
+        rows = rows.copy()
+        miss = np.flatnonzero(rows < 0)
+        if miss.size and len(self.store):
+            u, inv = np.unique(keys[miss], return_inverse=True)
+            _, groups = self.store.take(u, delete=False)
+            for gids, rec in groups:
+                tmp = make_rows(self.table.dim, 0, self.table.row_dtype)
+                tmp.ensure(gids.size)
+                at = np.arange(gids.size)
+                raw = {"values": rec["values"]}
+                if rec.get("scale") is not None:
+                    raw["scale"] = rec["scale"]
+                tmp.set_raw(at, raw)
+                vals = tmp.gather(at)
+                j = np.searchsorted(u, gids)  # u is sorted and holds every gid
+                hit = np.zeros(u.size, np.int64) - 1
+                hit[j] = np.arange(gids.size)
+                h = hit[inv]
+                sel = h >= 0
+                out[miss[sel]] = vals[h[sel]]
+                rows[miss[sel]] = 0
+        return rows
+
     def flush(self) -> None:
         """Demote every resident row and drop the row chunks (before the slot layout,
         and with it the rows the budget holds, changes); :meth:`refit` after."""

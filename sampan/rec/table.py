@@ -147,7 +147,9 @@ class HashEmbeddingTable:
     def _spill(self, budget_mb: float, spill_dir: str) -> None:
         """Pre-size the map and metadata for the rows the budget can hold, then the tier."""
         from sampan.rec.disktier import DiskTier
-        n = max(int(budget_mb * (1 << 20)) // (self.weights.bytes_per_row + 115), 16)
+        # per row: weights, one float32 slot a lane (Adagrad's), metadata, map at <= 1/2
+        per = self.weights.bytes_per_row + 4 * self.dim + 8 * len(META_FIELDS) + 3 + 64
+        n = max(int(budget_mb * (1 << 20)) // per, 16)
         self.map = HashMap(n + min(65536, max(n // 4, 1024)))  # + a batch's new ids
         self.initial_capacity = n
         self._grow_meta(n)
@@ -266,7 +268,7 @@ class HashEmbeddingTable:
         with self.lock:
             step = self.step if step is None else int(step)
             self.step = max(self.step, step)
-            if self.tier is not None:
+            if self.tier is not None and create:
                 self.tier.prepare(keys)  # promote this batch's disk rows, demote cold ones
             if not create:
                 return self.map.get(keys)
@@ -289,6 +291,8 @@ class HashEmbeddingTable:
             rows = self.rows_for(keys, step, create)
             out = self.weights.gather(rows) if rows.size else np.zeros((0, self.dim),
                                                                       np.float32)
+            if self.tier is not None and not create:  # read disk rows where they lie
+                rows = self.tier.read_into(keys, rows, out)
         if (rows < 0).any():
             out[rows < 0] = self.default
         return out.reshape(shape + (self.dim,))
