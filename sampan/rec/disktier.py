@@ -75,6 +75,8 @@ def _ids(keys: list[bytes]) -> np.ndarray:
 class SpillStore:
     """LMDB records of rows, keyed by id; every method is one transaction."""
 
+    REMAP_BYTES = 64 << 20
+
     def __init__(self, path: str, dim: int, row_dtype: str, lineage: str):
         lmdb = _lmdb()
         os.makedirs(path, exist_ok=True)
@@ -84,10 +86,7 @@ class SpillStore:
         self.scaled = "scale" in specs
         self.base = 8 * N_META + 8 + self.dim * self.w_dtype.itemsize + 2 * self.scaled
         try:
-            self.env = lmdb.open(path, map_size=1 << 40, max_dbs=2, sync=False,
-                                 readahead=False, meminit=False)
-            self.db = self.env.open_db(b"rows")
-            self.hdb = self.env.open_db(b"meta")
+            self._open()
             with self.env.begin(write=True) as txn:
                 raw = txn.get(_HEADER, db=self.hdb)
                 if raw is None:
@@ -172,9 +171,27 @@ class SpillStore:
         out["slots"] = a[:, o:o + 4 * sw].copy().view("<f4") if sw else None
         return out
 
-    def _commit_count(self, txn, delta: int) -> None:
-        self.header["count"] += delta
+    def _commit_count(self, txn) -> None:
+        """Write the header with the rows this transaction leaves (commits with them)."""
+        self.header["count"] = txn.stat(self.db)["entries"]
         txn.put(_HEADER, json.dumps(self.header).encode(), db=self.hdb)
+
+    def _open(self) -> None:
+        lmdb = _lmdb()
+        self.env = lmdb.open(self.path, map_size=1 << 40, max_dbs=2, sync=False,
+                             readahead=False, meminit=False)
+        self.db = self.env.open_db(b"rows")
+        self.hdb = self.env.open_db(b"meta")
+        self.moved = 0
+
+    def _moving(self, nbytes: int) -> None:
+        """Count bytes read or written; past ``REMAP_BYTES`` close and reopen the map,
+        so that the store's pages the process has touched (file-backed RSS, which the
+        kernel could reclaim anyway) stay bounded too. Never inside a transaction."""
+        self.moved += nbytes
+        if self.moved > self.REMAP_BYTES:
+            self.env.close()
+            self._open()
 
     # -- transactions --------------------------------------------------------------------
     def put(self, ids: np.ndarray, rec: dict) -> None:
@@ -185,8 +202,9 @@ class SpillStore:
         keys = _keys(ids[order])
         vals = self.encode({k: (None if v is None else v[order]) for k, v in rec.items()})
         with self.env.begin(write=True, db=self.db) as txn:
-            _, added = txn.cursor().putmulti(list(zip(keys, vals)))
-            self._commit_count(txn, added)
+            txn.cursor().putmulti(list(zip(keys, vals)))
+            self._commit_count(txn)
+        self._moving(len(vals[0]) * len(vals))
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, their records)``; ``delete`` removes them in the same transaction."""
@@ -197,9 +215,11 @@ class SpillStore:
             if delete and got:
                 for k, _ in got:
                     txn.delete(k)
-                self._commit_count(txn, -len(got))
+                self._commit_count(txn)
             fids = _ids([k for k, _ in got]) if got else np.empty(0, np.int64)
-            return fids, self._decode_mixed(fids, [v for _, v in got])
+            out = fids, self._decode_mixed(fids, [v for _, v in got])
+        self._moving(sum(len(v) for _, v in got))
+        return out
 
     def _decode_mixed(self, ids, vals) -> list[tuple[np.ndarray, dict]]:
         """Records grouped by length (rows demoted before and after slots attached)."""
@@ -240,12 +260,20 @@ class DiskTier:
         self.store = SpillStore(spill_dir, table.dim, table.row_dtype, table.lineage)
         self.max_rows = self._fit()
         self.demoted = self.promoted = 0
+        # resident rows whose (older) copy is still on disk: promotion only reads, so it
+        # needs no write transaction; demotion overwrites the copy
+        self.ondisk = np.zeros(table.live.size, np.bool_)
+        self.n_ondisk = 0
+
+    def __len__(self) -> int:
+        """Ids held on disk only."""
+        return len(self.store) - self.n_ondisk
 
     def _fit(self) -> int:
         """Most resident rows under the budget, given what is allocated per row already."""
         t = self.table
         fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes
-        fixed += sum(a.nbytes for a in t.meta.values()) + 3 * t.live.nbytes
+        fixed += sum(a.nbytes for a in t.meta.values()) + 4 * t.live.nbytes
         per = t.weights.bytes_per_row + (4 * t.slots.width if t.slots is not None else 0)
         chunks = (self.budget - fixed) // (per << t.weights.shift)
         n = min(int(chunks) << t.weights.shift, t.live.size)
@@ -260,7 +288,8 @@ class DiskTier:
     def resident_bytes(self) -> int:
         """Bytes the RAM tier holds (``table.nbytes`` plus the pin and flag arrays)."""
         t = self.table
-        return t.nbytes + t.pins.nbytes + t.dirty.nbytes + t.exported.nbytes
+        return t.nbytes + t.pins.nbytes + t.dirty.nbytes + t.exported.nbytes + \
+            self.ondisk.nbytes
 
     # -- moving rows ---------------------------------------------------------------------
     def capture(self, rows: np.ndarray) -> dict:
@@ -300,6 +329,8 @@ class DiskTier:
         t = self.table
         t.map.remove(t.meta["key"][rows])
         t.live[rows] = t.dirty[rows] = t.exported[rows] = False
+        self.n_ondisk -= int(self.ondisk[rows].sum())
+        self.ondisk[rows] = False
         t.alloc.release(rows)
 
     def demote(self, n: int, protect: np.ndarray) -> int:
@@ -324,10 +355,12 @@ class DiskTier:
         """Bring the rows of ``ids`` that are on disk into RAM (they must fit)."""
         n = 0
         if len(self.store) and ids.size:
-            fids, groups = self.store.take(ids)
+            fids, groups = self.store.take(ids, delete=False)
             for gids, rec in groups:
-                self.place(gids, rec)
+                rows = self.place(gids, rec)
+                self.ondisk[rows] = True
             n = int(fids.size)
+            self.n_ondisk += n
             self.promoted += n
         return n
 
@@ -391,14 +424,24 @@ class DiskTier:
         self.max_rows = self._fit()
 
     # -- whole-table views ---------------------------------------------------------------
-    def remove(self, ids: np.ndarray) -> tuple[int, np.ndarray]:
-        """Delete ids from disk: ``(count, ids whose rows a snapshot chain holds)``."""
-        fids, groups = self.store.take(ids)
-        logged = [g[rec["flags"][:, 1].astype(bool)] for g, rec in groups]
-        return int(fids.size), (np.concatenate(logged) if logged else np.empty(0, np.int64))
+    def remove(self, ids: np.ndarray, old: np.ndarray) -> tuple[int, np.ndarray]:
+        """Delete ids from disk too (``old``: their rows before the table removed the
+        resident ones): ``(ids held on disk only, those a snapshot chain holds)``."""
+        gone = old[old >= 0]
+        self.n_ondisk -= int(self.ondisk[gone].sum())
+        self.ondisk[gone] = False
+        _, groups = self.store.take(ids)
+        disk_only = set(ids[old < 0].tolist())
+        n, logged = 0, []
+        for g, rec in groups:
+            only = np.array([i in disk_only for i in g.tolist()], np.bool_)
+            n += int(only.sum())
+            logged.append(g[only & rec["flags"][:, 1].astype(bool)])
+        return n, (np.concatenate(logged) if logged else np.empty(0, np.int64))
 
     def ids(self) -> np.ndarray:
-        got = [g for g, _ in self.store.scan()]
+        """Ids held on disk only."""
+        got = [g[self.table.map.get(g) < 0] for g, _ in self.store.scan()]
         return np.concatenate(got) if got else np.empty(0, np.int64)
 
     def with_disk(self, arrays: dict, kind: str, mark: bool = True) -> dict:
@@ -426,7 +469,9 @@ class DiskTier:
         t = self.table
         out, marked = [], []
         for gids, rec in self.store.scan():
-            pick = np.ones(gids.size, bool) if kind == "full" else rec["flags"][:, 0] == 1
+            pick = t.map.get(gids) < 0  # resident rows: RAM has them, newer
+            if kind != "full":
+                pick &= rec["flags"][:, 0] == 1
             if not pick.any():
                 continue
             sub = {k: (None if v is None else v[pick]) for k, v in rec.items()}
@@ -469,6 +514,9 @@ class DiskTier:
         to_ram[res] = True
         to_ram[order[:room]] = True
         sub = lambda m: {k: (None if v is None else v[m]) for k, v in rec.items()}  # noqa
+        new_in_ram = to_ram & ~res
+        if new_in_ram.any() and len(self.store):
+            self.store.take(ids[new_in_ram])  # an older file's copy on disk: RAM's now
         if to_ram.any():
             self.place(ids[to_ram], sub(to_ram))
         if (~to_ram).any():

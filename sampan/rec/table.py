@@ -157,7 +157,7 @@ class HashEmbeddingTable:
 
     # -- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.map) + (len(self.tier.store) if self.tier is not None else 0)
+        return len(self.map) + (len(self.tier) if self.tier is not None else 0)
 
     @property
     def bytes_per_row(self) -> dict:
@@ -366,7 +366,7 @@ class HashEmbeddingTable:
             self.exported[gone] = False
             self.alloc.release(gone)
             if self.tier is not None:  # ids held on disk
-                n_disk, logged_disk = self.tier.remove(keys[old < 0])
+                n_disk, logged_disk = self.tier.remove(keys, old)
                 if logged_disk.size and self.export_seq is not None:
                     self.evicted.append(logged_disk)
                 return int(gone.size) + n_disk

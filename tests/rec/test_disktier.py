@@ -90,7 +90,8 @@ def test_reopened_store_serves_its_rows_and_refuses_another_shape(tmp_path):
     disk.tier.store.close()
     again = HashEmbeddingTable(16, chunk_shift=10, memory_budget_mb=BUDGET_MB,
                                spill_dir=str(tmp_path / "spill"))
-    assert len(again.tier.store) == on_disk.size
+    # every id demoted at least once is there, as of its last demotion
+    assert len(again.tier.store) >= on_disk.size
     np.testing.assert_array_equal(again.read(on_disk[:100]), want)
     again.tier.store.close()
     with pytest.raises(DiskTierError, match="dim=16"):
