@@ -76,6 +76,7 @@ class SpillStore:
     """LMDB records of rows, keyed by id; every method is one transaction."""
 
     REMAP_BYTES = 64 << 20
+    SLICE = 8192  # rows encoded at a time
 
     def __init__(self, path: str, dim: int, row_dtype: str, lineage: str):
         lmdb = _lmdb()
@@ -199,12 +200,18 @@ class SpillStore:
         if not ids.size:
             return
         order = np.argsort(ids, kind="stable")
-        keys = _keys(ids[order])
-        vals = self.encode({k: (None if v is None else v[order]) for k, v in rec.items()})
+        moved = 0
         with self.env.begin(write=True, db=self.db) as txn:
-            txn.cursor().putmulti(list(zip(keys, vals)))
+            cur = txn.cursor()
+            # encoded a slice at a time: the transient copies stay a few MB, which the
+            # allocator reuses, instead of growing the heap by the whole batch
+            for s in range(0, ids.size, self.SLICE):
+                o = order[s:s + self.SLICE]
+                vals = self.encode({k: (None if v is None else v[o]) for k, v in rec.items()})
+                cur.putmulti(zip(_keys(ids[o]), vals))
+                moved += len(vals[0]) * len(vals)
             self._commit_count(txn)
-        self._moving(len(vals[0]) * len(vals))
+        self._moving(moved)
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, their records)``; ``delete`` removes them in the same transaction."""
