@@ -124,7 +124,7 @@ class SpillStore:
         return int(self.header["count"])
 
     # -- records -------------------------------------------------------------------------
-    def encode(self, rec: dict) -> list[bytes]:
+    def _encode(self, rec: dict) -> list[bytes]:
         """Records of ``rec`` = {meta (n, 6) int64, flags (n, 8) uint8, values[, scale]
         [, slots (n, s) float32]}, each with its crc32."""
         n = rec["meta"].shape[0]
@@ -142,7 +142,7 @@ class SpillStore:
         L = body.shape[1] + 4
         return [flat[i:i + L] for i in range(0, len(flat), L)]
 
-    def decode(self, ids: np.ndarray, vals: list[bytes]) -> dict:
+    def _decode(self, ids: np.ndarray, vals: list[bytes]) -> dict:
         """The arrays of records (all of one slot width), checked against their crc32."""
         n = len(vals)
         lens = {len(v) for v in vals}
@@ -207,7 +207,7 @@ class SpillStore:
             # allocator reuses, instead of growing the heap by the whole batch
             for s in range(0, ids.size, self.SLICE):
                 o = order[s:s + self.SLICE]
-                vals = self.encode({k: (None if v is None else v[o]) for k, v in rec.items()})
+                vals = self._encode({k: (None if v is None else v[o]) for k, v in rec.items()})
                 cur.putmulti(zip(_keys(ids[o]), vals))
                 moved += len(vals[0]) * len(vals)
             self._commit_count(txn)
@@ -233,7 +233,7 @@ class SpillStore:
         by_len: dict[int, list[int]] = {}
         for j, v in enumerate(vals):
             by_len.setdefault(len(v), []).append(j)
-        return [(ids[js], self.decode(ids[js], [vals[j] for j in js]))
+        return [(ids[js], self._decode(ids[js], [vals[j] for j in js]))
                 for js in (np.array(g, np.int64) for g in by_len.values())]
 
     def scan(self, batch: int = 1 << 16):
@@ -299,7 +299,7 @@ class DiskTier:
             self.ondisk.nbytes
 
     # -- moving rows ---------------------------------------------------------------------
-    def capture(self, rows: np.ndarray) -> dict:
+    def _capture(self, rows: np.ndarray) -> dict:
         t = self.table
         from sampan.rec.table import META_FIELDS
         raw = t.weights.raw(rows)
@@ -310,7 +310,7 @@ class DiskTier:
                 "flags": flags, "values": raw["values"], "scale": raw.get("scale"),
                 "slots": t.slots.gather(rows) if t.slots is not None else None}
 
-    def place(self, ids: np.ndarray, rec: dict) -> np.ndarray:
+    def _place(self, ids: np.ndarray, rec: dict) -> np.ndarray:
         """Give ``ids`` resident rows holding ``rec`` exactly; returns the rows."""
         t = self.table
         from sampan.rec.table import META_FIELDS
@@ -353,7 +353,7 @@ class DiskTier:
         if n < cand.size:
             cand = cand[np.argpartition(t.meta["last_seen"][cand], n - 1)[:n]]
         if cand.size:
-            self.store.put(t.meta["key"][cand], self.capture(cand))
+            self.store.put(t.meta["key"][cand], self._capture(cand))
             self._drop_resident(cand)
             self.demoted += int(cand.size)
         return int(cand.size)
@@ -364,7 +364,7 @@ class DiskTier:
         if len(self.store) and ids.size:
             fids, groups = self.store.take(ids, delete=False)
             for gids, rec in groups:
-                rows = self.place(gids, rec)
+                rows = self._place(gids, rec)
                 self.ondisk[rows] = True
             n = int(fids.size)
             self.n_ondisk += n
@@ -420,7 +420,7 @@ class DiskTier:
         t = self.table
         rows = np.flatnonzero(t.live[: t.alloc.next_row])
         if rows.size:
-            self.store.put(t.meta["key"][rows], self.capture(rows))
+            self.store.put(t.meta["key"][rows], self._capture(rows))
             self._drop_resident(rows)
             self.demoted += int(rows.size)
         t.weights = make_rows(t.dim, t.weights.shift, t.row_dtype)
@@ -458,12 +458,12 @@ class DiskTier:
                                             for k, v in arrays.items()}
 
     def load_snapshot(self, arrays: dict, slots: bool) -> None:
-        """Restore a snapshot file's rows (see :meth:`load`), clean and exported."""
+        """Restore a snapshot file's rows (see :meth:`_load`), clean and exported."""
         from sampan.rec.table import META_FIELDS
         n = arrays["ids"].size
         flags = np.zeros((n, 8), np.uint8)
         flags[:, 1] = 1
-        self.load(arrays["ids"], {
+        self._load(arrays["ids"], {
             "meta": np.stack([arrays[f"meta.{f}"] for f in META_FIELDS], axis=1),
             "flags": flags, "values": arrays["weights"],
             "scale": arrays.get("weights.scale"),
@@ -509,7 +509,7 @@ class DiskTier:
             rec["flags"][:, 0] = 1
             self.store.put(gids, rec)
 
-    def load(self, ids: np.ndarray, rec: dict) -> None:
+    def _load(self, ids: np.ndarray, rec: dict) -> None:
         """Restore rows: resident ones in place, then RAM while it has room (most
         recently seen first), the rest to disk; under the table lock."""
         t = self.table
@@ -525,6 +525,6 @@ class DiskTier:
         if new_in_ram.any() and len(self.store):
             self.store.take(ids[new_in_ram])  # an older file's copy on disk: RAM's now
         if to_ram.any():
-            self.place(ids[to_ram], sub(to_ram))
+            self._place(ids[to_ram], sub(to_ram))
         if (~to_ram).any():
             self.store.put(ids[~to_ram], sub(~to_ram))
