@@ -132,7 +132,7 @@ def child(args) -> dict:
 
 def train_lines(args, info: dict) -> None:
     got = {}
-    for system in ("ram", "disk"):
+    for system in args.systems.split(","):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", system,
                "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
                "--steps", str(args.steps), "--batch", str(args.batch),
@@ -163,6 +163,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=512, help="samples a step")
     ap.add_argument("--fields", type=int, default=8, help="ids a sample")
+    ap.add_argument("--systems", default="ram,disk", help="ram, disk or both")
     ap.add_argument("--store-rows", type=int, default=10**7)
     ap.add_argument("--store-batches", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="10^6 ids, 64 MB, 50 steps")

@@ -1,26 +1,33 @@
 """Disk tier of a hash embedding table: a RAM budget, and the colder rows in LMDB.
 
 ``HashEmbeddingTable(dim, memory_budget_mb=M, spill_dir=DIR)`` keeps at most ``M`` MB of
-rows in RAM -- weights, optimiser slots, per-id metadata and the id -> row map, as
-``table.nbytes`` counts them -- and the rest in an LMDB environment under ``DIR``. Each
-id lives in exactly one tier. Before a batch is resolved, its ids held on disk are
-promoted (read and deleted in one write transaction) and, when the batch's new and
-promoted ids would not fit, the least recently seen resident rows are demoted (LRU by
-step: the table's own ``last_seen`` metadata; the ids of the batch and pinned ids are
-never chosen). Demotion frees a little more than it must (1/32 of the rows) so that it
-runs once every few batches, not on every one. A demoted row keeps everything exactly
-(stored weights, float32 slots, metadata, dirty/exported bits), so training on a spilled
-table gives the all-RAM table's rows bit for bit.
+rows in RAM -- weights, optimiser slots, per-id metadata, the id -> row map and flags, as
+:attr:`DiskTier.resident_bytes` counts them -- and the rest in an LMDB environment under
+``DIR``. Before a batch is resolved, its ids held on disk are promoted (read only: the
+disk copy stays, stale, until the row is demoted again and overwrites it, so a step's
+misses need no write transaction) and, when the batch's new and promoted ids would not
+fit, the least recently seen resident rows are demoted (LRU by step: the table's own
+``last_seen`` metadata; the batch's ids and pinned ids are never chosen). Demotion
+frees 1/32 of the rows more than it must, so it runs once every few batches. A demoted
+row keeps everything exactly (stored weights, float32 slots, metadata, dirty/exported
+bits), so a spilled table trains to the all-RAM table's rows bit for bit. ``read``
+(``create=False``) reads disk rows where they lie, without promoting them. The map
+and metadata are sized once for the rows the budget holds with one float32 slot a lane
+(Adagrad); attaching slots demotes every row and re-fits the budget.
 
-Why LMDB and not memory-mapped chunk files (measured with
-``benchmarks/embedding_disk.py --parts store``: batched gather + scatter of 4096 random
-ids over 10^7 16-wide float32 rows, on the loaded 2-core build machine): chunk files
-reached 48k rows/s and LMDB 33k rows/s, both with ~40 MB anonymous RSS (the rest is
-the kernel's reclaimable file cache). The chunk files were only faster with the id as
-the file offset; real ids need an id -> offset index, which in RAM is >= 32 bytes an id
-(1.6-3.2 GB at 10^8 ids, ten times the budget), while LMDB's B-tree index lives in the
-file. And a crash must never leave a half-applied batch: LMDB commits each batch as one
-copy-on-write transaction, which chunk files would need a write-ahead log to match.
+Why LMDB and not memory-mapped chunk files (``benchmarks/embedding_disk.py --parts
+store``: batched gather + scatter of 4096 random ids over 10^7 16-wide float32 rows, on
+the loaded 2-core build machine, two runs): chunk files 48k and 153k rows/s, LMDB 33k
+and 61k rows/s, with 18 and 90 MB anonymous RSS (the rest is file cache the kernel can
+reclaim). The chunk files were faster only with the id as the file offset; real ids need
+an id -> offset index, which in RAM is >= 32 bytes an id (3.2 GB at 10^8 ids, twelve
+times a 256 MB budget), while LMDB's B-tree index lives in the file. And a crash must
+never leave a half-applied write: LMDB commits each write (at most ``SpillStore.SLICE``
+rows) as one copy-on-write transaction, which chunk files would need a write-ahead log
+to match. A killed process loses what RAM held (as an all-RAM table does; snapshots
+are the recovery path) and leaves a store that reopens with each id as of its last
+demotion: ``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its
+rows.
 
 Files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored weights
 [| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version, dim,
@@ -75,8 +82,8 @@ def _ids(keys: list[bytes]) -> np.ndarray:
 class SpillStore:
     """LMDB records of rows, keyed by id; every method is one transaction."""
 
-    REMAP_BYTES = 64 << 20
-    SLICE = 8192  # rows encoded at a time
+    REMAP_KEYS = 16384
+    SLICE = 8192  # rows a write transaction holds at most
 
     def __init__(self, path: str, dim: int, row_dtype: str, lineage: str):
         lmdb = _lmdb()
@@ -185,12 +192,13 @@ class SpillStore:
         self.hdb = self.env.open_db(b"meta")
         self.moved = 0
 
-    def _moving(self, nbytes: int) -> None:
-        """Count bytes read or written; past ``REMAP_BYTES`` close and reopen the map,
-        so that the store's pages the process has touched (file-backed RSS, which the
-        kernel could reclaim anyway) stay bounded too. Never inside a transaction."""
-        self.moved += nbytes
-        if self.moved > self.REMAP_BYTES:
+    def _moving(self, n_keys: int) -> None:
+        """Count keys read or written (about a page each); past ``REMAP_KEYS`` close and
+        reopen the map, so that the store's pages the process has touched (file-backed
+        RSS, which the kernel could reclaim anyway) stay bounded: 16384 keys touch at
+        most 64 MB of 4 kB pages. Never inside a transaction."""
+        self.moved += n_keys
+        if self.moved > self.REMAP_KEYS:
             self.env.close()
             self._open()
 
@@ -200,18 +208,16 @@ class SpillStore:
         if not ids.size:
             return
         order = np.argsort(ids, kind="stable")
-        moved = 0
-        with self.env.begin(write=True, db=self.db) as txn:
-            cur = txn.cursor()
-            # encoded a slice at a time: the transient copies stay a few MB, which the
-            # allocator reuses, instead of growing the heap by the whole batch
-            for s in range(0, ids.size, self.SLICE):
-                o = order[s:s + self.SLICE]
-                vals = self._encode({k: (None if v is None else v[o]) for k, v in rec.items()})
-                cur.putmulti(zip(_keys(ids[o]), vals))
-                moved += len(vals[0]) * len(vals)
-            self._commit_count(txn)
-        self._moving(moved)
+        # one transaction per SLICE rows: a write transaction holds a private copy of
+        # every B-tree page it touches (a page per row, for spread-out ids), so a whole
+        # 65536-row demotion in one would hold 256 MB; each slice still commits whole
+        for s in range(0, ids.size, self.SLICE):
+            o = order[s:s + self.SLICE]
+            vals = self._encode({k: (None if v is None else v[o]) for k, v in rec.items()})
+            with self.env.begin(write=True, db=self.db) as txn:
+                txn.cursor().putmulti(zip(_keys(ids[o]), vals))
+                self._commit_count(txn)
+            self._moving(o.size)
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, their records)``; ``delete`` removes them in the same transaction."""
@@ -225,7 +231,7 @@ class SpillStore:
                 self._commit_count(txn)
             fids = _ids([k for k, _ in got]) if got else np.empty(0, np.int64)
             out = fids, self._decode_mixed(fids, [v for _, v in got])
-        self._moving(sum(len(v) for _, v in got))
+        self._moving(len(keys))
         return out
 
     def _decode_mixed(self, ids, vals) -> list[tuple[np.ndarray, dict]]:
