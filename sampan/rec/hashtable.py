@@ -428,6 +428,7 @@ class ChunkedRows:
     """
 
     row_dtype = "float32"  # the store contract of sampan.rec.rowstore
+    addressable = True  # kernels may write rows in place through `bases`
 
     def __init__(self, width: int, shift: int = 14):
         if width < 1:

@@ -149,7 +149,7 @@ class _SparseOptimizer:
                 table.tier.prepare(keys)  # rows demoted since the lookup come back
             rows = table.map.get(keys)
             step = table.step if step is None else int(step)
-            if table.weights.row_dtype == "float32":
+            if table.weights.addressable:
                 self._kernel(table, rows, g)
             else:
                 self._through_float32(table, keys, rows, g, step)

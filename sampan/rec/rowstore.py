@@ -9,7 +9,8 @@ one small contract, the seam where other tiers and widths plug in:
 - ``raw(rows) -> {name: array}`` and ``set_raw(rows, raw)``: the stored form, exactly, as
   snapshot files carry it (``"values"``, and ``"scale"`` for int8), and
   :func:`raw_specs` to check a file's arrays against a row dtype;
-- ``row_dtype``, ``bytes_per_row``, ``nbytes``.
+- ``row_dtype``, ``bytes_per_row``, ``nbytes``, and ``addressable``: True only for a
+  store whose float32 rows numba kernels may update in place through ``bases``.
 
 :class:`~sampan.rec.hashtable.ChunkedRows` (float32, numba kernels reach rows through
 ``bases``) is the plain store; :class:`CompressedRows` holds float16, bfloat16 or int8 rows
@@ -96,6 +97,7 @@ class CompressedRows:
         if width < 1:
             raise ValueError(f"row width must be >= 1, got {width}")
         self.width, self.shift, self.row_dtype = int(width), int(shift), row_dtype
+        self.addressable = False  # no float32 rows in place: optimisers gather/scatter
         self._dtype = _STORED[row_dtype]
         self.stochastic = STOCHASTIC[row_dtype]  # round optimiser writes stochastically
         self.chunks: list[np.ndarray] = []
