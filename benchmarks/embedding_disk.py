@@ -95,6 +95,9 @@ def child(args) -> dict:
     from sampan.rec.optim import SparseAdagrad
     from sampan.rec.table import HashEmbeddingTable
     threadpool_limits(1)
+    if args.remap_keys:
+        from sampan.rec.disktier import SpillStore
+        SpillStore.REMAP_KEYS = args.remap_keys
     spill = tempfile.mkdtemp(prefix="sampan-spill-") if args.system == "disk" else None
     try:
         kw = dict(memory_budget_mb=args.budget_mb, spill_dir=spill) if spill else {}
@@ -136,7 +139,7 @@ def train_lines(args, info: dict) -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", system,
                "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
                "--steps", str(args.steps), "--batch", str(args.batch),
-               "--fields", str(args.fields)]
+               "--fields", str(args.fields), "--remap-keys", str(args.remap_keys)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         sys.stderr.write(r.stderr[-2000:])
         if r.returncode:
@@ -164,6 +167,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=512, help="samples a step")
     ap.add_argument("--fields", type=int, default=8, help="ids a sample")
     ap.add_argument("--systems", default="ram,disk", help="ram, disk or both")
+    ap.add_argument("--remap-keys", type=int, default=0,
+                    help="SpillStore.REMAP_KEYS for this run (0: the default)")
     ap.add_argument("--store-rows", type=int, default=10**7)
     ap.add_argument("--store-batches", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="10^6 ids, 64 MB, 50 steps")

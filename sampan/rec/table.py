@@ -308,6 +308,8 @@ class HashEmbeddingTable:
         if lab.shape != keys.shape:
             raise ValueError(f"record: got {keys.size} ids and {lab.size} labels")
         with self.lock:
+            if self.tier is not None:
+                self.tier.prepare(keys)  # ids on disk count too
             _record(self.map.get(keys), lab, self.meta["show"], self.meta["click"], self.dirty)
 
     def set_vectors(self, ids, values) -> None:

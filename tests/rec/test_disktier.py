@@ -33,13 +33,15 @@ def _pair(tmp_path, row_dtype="float32"):
 def _train(tables, steps, start=0, seed=0):
     rng = np.random.default_rng(seed)
     opts = [SparseAdagrad(0.1) for _ in tables]
+    first = None
     for step in range(start, start + steps):
         ids = (rng.zipf(1.2, 400) % 20000) * 7919 - 3
+        first = ids if first is None else first
         labels = rng.integers(0, 2, ids.size)
         for t, o in zip(tables, opts):
             v = t.lookup(ids, step=step)
             o.apply(t, ids, v * 0.5 + 0.01, step=step)
-            t.record(ids, labels)
+            t.record(first, labels)  # the first batch's ids: by now partly on disk
             if t.tier is not None:
                 assert t.tier.resident_bytes <= t.tier.budget
 
