@@ -390,6 +390,12 @@ class DiskTier:
                                f"at most {self.max_rows} (the rows memory_budget_mb holds)")
             need = miss.size + len(t.map) - self.max_rows
             self.demote(min(need + self.max_rows // self.SLACK, len(t.map)), u)
+            if miss.size + len(t.map) > self.max_rows:
+                raise op_error(SampanValueError, "HashEmbeddingTable.lookup",
+                               f"{len(t.map)} resident rows that are pinned or in the batch, "
+                               f"and {miss.size} more ids",
+                               f"at most {self.max_rows} rows in memory_budget_mb "
+                               f"(unpin ids, or give a larger budget)")
         self.promote(miss)
 
     def read_into(self, keys: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -402,7 +408,8 @@ class DiskTier:
             u, inv = np.unique(keys[miss], return_inverse=True)
             _, groups = self.store.take(u, delete=False)
             for gids, rec in groups:
-                tmp = make_rows(self.table.dim, 0, self.table.row_dtype)
+                tmp = make_rows(self.table.dim, int(gids.size).bit_length(),
+                                self.table.row_dtype)  # one chunk: a decoder
                 tmp.ensure(gids.size)
                 at = np.arange(gids.size)
                 raw = {"values": rec["values"]}

@@ -187,3 +187,16 @@ def test_rss_stays_near_the_budget_in_a_subprocess(tmp_path):
     assert n == 80 * 4096 and resident < n
     # 330k rows of 51 stored bytes, 64 slot bytes and map would take ~45 MB all in RAM
     assert peak <= budget + 16 * 2**20, (peak, budget)
+
+
+def test_pins_that_fill_the_budget_are_a_clear_error(tmp_path):
+    t = HashEmbeddingTable(4, chunk_shift=6, memory_budget_mb=0.5,
+                           spill_dir=str(tmp_path / "s"))
+    ids = np.arange(t.tier.max_rows, dtype=np.int64)
+    t.lookup(ids)
+    t.pin(ids)
+    with pytest.raises(ValueError, match="pinned"):
+        t.lookup(ids + 10**6)
+    t.unpin(ids)
+    t.lookup(ids + 10**6)  # unpinned: demoted, and back on access
+    np.testing.assert_array_equal(t.read(ids[:5]), t.lookup(ids[:5]))
