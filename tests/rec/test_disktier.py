@@ -200,3 +200,36 @@ def test_pins_that_fill_the_budget_are_a_clear_error(tmp_path):
     t.unpin(ids)
     t.lookup(ids + 10**6)  # unpinned: demoted, and back on access
     np.testing.assert_array_equal(t.read(ids[:5]), t.lookup(ids[:5]))
+
+
+_TRAINER = """
+import sys, numpy as np
+from sampan.rec.table import HashEmbeddingTable
+from sampan.rec.optim import SparseAdagrad
+t = HashEmbeddingTable(16, chunk_shift=10, memory_budget_mb=0.5, spill_dir=sys.argv[1])
+o = SparseAdagrad(0.1)
+rng = np.random.default_rng(0)
+for step in range(10**6):
+    ids = rng.integers(0, 20000, 512)
+    o.apply(t, ids, t.lookup(ids, step=step), step=step)
+    print(step, flush=True)
+"""
+
+
+def test_sigkilled_trainer_leaves_a_store_that_reopens(tmp_path):
+    path = str(tmp_path / "s")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_TRAINER), path], env=env,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(8):
+            assert p.stdout.readline(), "trainer died"
+        p.send_signal(signal.SIGKILL)
+    finally:
+        p.wait(30)
+        p.stdout.close()
+    t = HashEmbeddingTable(16, chunk_shift=10, memory_budget_mb=0.5, spill_dir=path)
+    n = sum(ids.size for ids, _ in t.tier.store.scan())  # every record's crc32 checks
+    assert n == len(t.tier.store) == len(t) > 0
+    ids = t.tier.ids()[:50]
+    assert np.isfinite(t.lookup(ids)).all() and np.abs(t.read(ids)).max() > 0
