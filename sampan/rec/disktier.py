@@ -82,8 +82,8 @@ def _ids(keys: list[bytes]) -> np.ndarray:
 class SpillStore:
     """LMDB records of rows, keyed by id; every method is one transaction."""
 
-    REMAP_KEYS = 1024
-    SLICE = 2048  # rows a write transaction holds at most
+    REMAP_KEYS = 512
+    SLICE = 1024  # rows a write transaction holds at most
 
     def __init__(self, path: str, dim: int, row_dtype: str, lineage: str):
         lmdb = _lmdb()
@@ -197,7 +197,7 @@ class SpillStore:
         reopen the map, so that the store's pages the process has touched (file-backed
         RSS, which the kernel could reclaim anyway) stay bounded: a fault maps up to
         64 kB of cached file around it (Linux fault-around, measured: 7k reads mapped a
-        whole 160 MB store), so 1024 keys map <= 64 MB. Never inside a transaction."""
+        whole 160 MB store), so 512 keys map <= 32 MB. Never inside a transaction."""
         self.moved += n_keys
         if self.moved > self.REMAP_KEYS:
             self.env.close()
@@ -212,7 +212,7 @@ class SpillStore:
         # one transaction per SLICE rows: a write transaction holds a private copy of
         # every B-tree page it touches (a page per row, for spread-out ids), and maps
         # up to 64 kB of file around each (see _moving): 8192 rows peaked at +500 MB of
-        # RSS in a 10^7-id fill, 2048 rows hold <= 8 MB + 128 MB; each slice commits whole
+        # RSS in a 10^7-id fill, 1024 rows hold <= 4 MB + 64 MB; each slice commits whole
         for s in range(0, ids.size, self.SLICE):
             o = order[s:s + self.SLICE]
             vals = self._encode({k: (None if v is None else v[o]) for k, v in rec.items()})
