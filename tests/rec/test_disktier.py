@@ -124,7 +124,7 @@ _WRITER = """
 import sys, numpy as np
 from sampan.rec.disktier import SpillStore
 s = SpillStore(sys.argv[1], 16, "float32", "w")
-B = 2000
+B = 1000  # <= SpillStore.SLICE: one transaction a batch
 for k in range(10**6):
     ids = np.arange(k * B, (k + 1) * B, dtype=np.int64)
     rec = {"meta": np.full((B, 6), k, np.int64), "flags": np.zeros((B, 8), np.uint8),
@@ -149,10 +149,10 @@ def test_sigkilled_writer_leaves_whole_batches(tmp_path):
         p.stdout.close()
     s = SpillStore(path, 16, "float32", "w")  # opens: header count == rows held
     n = len(s)
-    assert n > 0 and n % 2000 == 0
+    assert n > 0 and n % 1000 == 0
     for ids, rec in s.scan():  # every record checks; a batch is all there or absent
-        assert np.array_equal(rec["meta"][:, 0], ids // 2000)
-        assert np.array_equal(rec["values"][:, 0], (ids // 2000).astype(np.float32))
+        assert np.array_equal(rec["meta"][:, 0], ids // 1000)
+        assert np.array_equal(rec["values"][:, 0], (ids // 1000).astype(np.float32))
     seen = np.concatenate([i for i, _ in s.scan()])
     assert np.array_equal(np.sort(seen), np.arange(n))
 
