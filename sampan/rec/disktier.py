@@ -80,7 +80,8 @@ def _ids(keys: list[bytes]) -> np.ndarray:
 
 
 class SpillStore:
-    """LMDB records of rows, keyed by id; every method is one transaction."""
+    """LMDB records of rows, keyed by id; each read or write of up to SLICE rows is one
+    transaction."""
 
     REMAP_KEYS = 512
     SLICE = 1024  # rows a write transaction holds at most
@@ -205,7 +206,7 @@ class SpillStore:
 
     # -- transactions --------------------------------------------------------------------
     def put(self, ids: np.ndarray, rec: dict) -> None:
-        """Write (or overwrite) the rows of ``ids``: one transaction, sorted keys."""
+        """Write (or overwrite) the rows of ``ids``, sorted: a transaction per SLICE rows."""
         if not ids.size:
             return
         order = np.argsort(ids, kind="stable")
