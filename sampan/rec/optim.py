@@ -145,6 +145,8 @@ class _SparseOptimizer:
             g = segment_sum(inv, g, keys.size)
         table.attach_slots(self.slot_width(table.dim), self.slot_init)
         with table.lock:
+            if getattr(table, "tier", None) is not None:
+                table.tier.prepare(keys)  # rows demoted since the lookup come back
             rows = table.map.get(keys)
             step = table.step if step is None else int(step)
             if table.weights.addressable:

@@ -95,6 +95,10 @@ def _near_default(table: HashEmbeddingTable, rows: np.ndarray, below: float) -> 
     return np.abs(table.weights.gather(rows) - table.default).max(axis=1) <= below
 
 
+def _with_disk(table: HashEmbeddingTable, arrays: dict, kind: str, mark=True) -> dict:
+    return arrays if table.tier is None else table.tier.with_disk(arrays, kind, mark)
+
+
 def _take_export(table: HashEmbeddingTable, kind: str,
                  prune_below: float | None = None) -> tuple[dict, dict, dict]:
     """Capture a full or delta export; the caller holds ``table.lock``.
@@ -108,7 +112,7 @@ def _take_export(table: HashEmbeddingTable, kind: str,
         if prune_below is not None:
             near = _near_default(table, rows, prune_below)
             pruned, ids, rows = rows[near], ids[~near], rows[~near]
-        arrays = _capture(table, rows, ids)
+        arrays = _with_disk(table, _capture(table, rows, ids), kind)
         base = None
         seq = 0 if table.export_seq is None else table.export_seq + 1
     else:
@@ -116,7 +120,7 @@ def _take_export(table: HashEmbeddingTable, kind: str,
             raise SnapshotError("export_delta needs a previous export_full of this table")
         n = table.alloc.next_row
         rows = np.flatnonzero(table.dirty[:n] & table.live[:n])
-        arrays = _capture(table, rows, table.meta["key"][rows])
+        arrays = _with_disk(table, _capture(table, rows, table.meta["key"][rows]), kind)
         arrays["removed"] = (np.concatenate(table.evicted) if table.evicted
                              else np.empty(0, np.int64))
         base, seq = table.export_seq, table.export_seq + 1
@@ -141,6 +145,8 @@ def _undo_export(table: HashEmbeddingTable, arrays: dict, undo: dict) -> None:
     with table.lock:
         rows = table.map.get(arrays["ids"])
         table.dirty[rows[rows >= 0]] = True
+        if table.tier is not None:
+            table.tier.mark_dirty(arrays["ids"][rows < 0])
         table.dirty[undo.get("pruned", rows[:0])] = True
         table.evicted[:0] = undo["evicted"]
         table.export_seq = undo["seq"]
@@ -416,6 +422,10 @@ def _apply(table: HashEmbeddingTable, header: dict, arrays: dict, slots: bool) -
     if "removed" in arrays and arrays["removed"].size:
         table.remove(arrays["removed"])
     ids = arrays["ids"]
+    if table.tier is not None:
+        table.tier.load_snapshot(arrays, slots)  # RAM to the budget, the rest to disk
+        table.step, table.export_seq = header["step"], header["seq"]
+        return
     rows, _ = table.map.get_or_insert(ids, table.alloc)
     table._grow()
     table.weights.set_raw(rows, _raw(arrays))
@@ -496,6 +506,10 @@ def table_state(table: HashEmbeddingTable) -> dict[str, np.ndarray]:
         ids, rows = table.map.items()
         order = np.argsort(ids, kind="stable")
         state = _capture(table, rows[order], ids[order])
+        if table.tier is not None:  # the disk rows too, all in one id order
+            state = _with_disk(table, state, "full", mark=False)
+            order = np.argsort(state["ids"], kind="stable")
+            state = {k: v[order] for k, v in state.items()}
         state["step"] = np.array([table.step])
     return state
 

@@ -100,6 +100,9 @@ class HashEmbeddingTable:
     return float32 either way and optimiser slots stay float32. ``dynamic_dims`` (widths
     ending at ``dim``) with ``dim_thresholds`` (sighting counts) store each id's row at a
     width that grows with its count, read zero-padded (``sampan.rec.dynwidth``).
+    ``memory_budget_mb`` with ``spill_dir`` keeps at most that many MB of rows (slots,
+    metadata, id map) in RAM and the least recently seen rest on disk (``sampan.rec.disktier``); ``tier`` is then the
+    :class:`~sampan.rec.disktier.DiskTier`, else None.
 
     >>> t = HashEmbeddingTable(4); v = t.lookup([10, -3, 10]); v.shape, len(t)
     ((3, 4), 2)
@@ -108,9 +111,13 @@ class HashEmbeddingTable:
     def __init__(self, dim: int, *, init_std: float = 0.01, seed: int = 0, admission=None,
                  eviction=None, default=None, chunk_shift: int = 14,
                  initial_capacity: int = 1024, pending_limit: int = 1 << 22,
-                 row_dtype: str = "float32", dynamic_dims=None, dim_thresholds=None):
+                 row_dtype: str = "float32", dynamic_dims=None, dim_thresholds=None,
+                 memory_budget_mb: float | None = None, spill_dir: str | None = None):
         if dim < 1:
             raise ValueError(f"embedding dim must be >= 1, got {dim}")
+        if dynamic_dims is not None and (memory_budget_mb is not None or spill_dir is not None):
+            raise ValueError("HashEmbeddingTable: dynamic_dims with a disk tier "
+                             "(memory_budget_mb / spill_dir) is not supported yet: use one")
         self.dim = int(dim)
         self.init_std = float(init_std)
         self.seed = int(seed)
@@ -147,10 +154,28 @@ class HashEmbeddingTable:
         # id -> pin count: rows a caller still means to push to, which eviction must keep
         self.pins = HashMap(64)
         self.on_evict = None  # optional callback(ids) after eviction removes rows
+        self.tier = None
+        if (memory_budget_mb is None) != (spill_dir is None):
+            raise ValueError("HashEmbeddingTable: memory_budget_mb and spill_dir go together "
+                             f"(got memory_budget_mb={memory_budget_mb!r}, "
+                             f"spill_dir={spill_dir!r})")
+        if spill_dir is not None:
+            self._spill(float(memory_budget_mb), os.fspath(spill_dir))
+
+    def _spill(self, budget_mb: float, spill_dir: str) -> None:
+        """Pre-size the map and metadata for the rows the budget can hold, then the tier."""
+        from sampan.rec.disktier import DiskTier
+        # per row: weights, one float32 slot a lane (Adagrad's), metadata, map at <= 1/2
+        per = self.weights.bytes_per_row + 4 * self.dim + 8 * len(META_FIELDS) + 3 + 64
+        n = max(int(budget_mb * (1 << 20)) // per, 16)
+        self.map = HashMap(n + min(65536, max(n // 4, 1024)))  # + a batch's new ids
+        self.initial_capacity = n
+        self._grow_meta(n)
+        self.tier = DiskTier(self, budget_mb, spill_dir)
 
     # -- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.map)
+        return len(self.map) + (len(self.tier) if self.tier is not None else 0)
 
     @property
     def bytes_per_row(self) -> dict:
@@ -172,12 +197,16 @@ class HashEmbeddingTable:
         with self.lock:
             if self.slots is not None and self.slots.width == width and self.slot_init == init:
                 return
+            if self.tier is not None:
+                self.tier.flush()  # the budget holds fewer rows with slots: re-fill it
             self.slots = ChunkedRows(width, self.weights.shift)
             self.slot_init = float(init)
             self.slots.ensure(self.weights.capacity)
             if init != 0.0:
                 for c in self.slots.chunks:
                     c.fill(init)
+            if self.tier is not None:
+                self.tier.refit()
 
     # -- id -> row -----------------------------------------------------------------------
     def _grow(self) -> None:
@@ -190,7 +219,10 @@ class HashEmbeddingTable:
                 for c in self.slots.chunks[old >> self.slots.shift:]:
                     c.fill(self.slot_init)
         if n > self.live.size:
-            size = max(n, 2 * self.live.size, self.initial_capacity)
+            self._grow_meta(max(n, 2 * self.live.size, self.initial_capacity))
+
+    def _grow_meta(self, size: int) -> None:
+        if size > self.live.size:
             for f, a in self.meta.items():
                 grown = np.zeros(size, np.int64)
                 grown[: a.size] = a
@@ -256,6 +288,8 @@ class HashEmbeddingTable:
         with self.lock:
             step = self.step if step is None else int(step)
             self.step = max(self.step, step)
+            if self.tier is not None and create:
+                self.tier.prepare(keys)  # promote this batch's disk rows, demote cold ones
             if not create:
                 return self.map.get(keys)
             if self.eviction is not None:
@@ -279,6 +313,8 @@ class HashEmbeddingTable:
             rows = self.rows_for(keys, step, create)
             out = self.weights.gather(rows) if rows.size else np.zeros((0, self.dim),
                                                                       np.float32)
+            if self.tier is not None and not create:  # read disk rows where they lie
+                rows = self.tier.read_into(keys, rows, out)
         if (rows < 0).any():
             out[rows < 0] = self.default
         return out.reshape(shape + (self.dim,))
@@ -294,12 +330,16 @@ class HashEmbeddingTable:
         if lab.shape != keys.shape:
             raise ValueError(f"record: got {keys.size} ids and {lab.size} labels")
         with self.lock:
+            if self.tier is not None:
+                self.tier.prepare(keys)  # ids on disk count too
             _record(self.map.get(keys), lab, self.meta["show"], self.meta["click"], self.dirty)
 
     def set_vectors(self, ids, values) -> None:
         """Overwrite the vectors of ids (creating rows regardless of admission)."""
         keys = _as_keys(ids, "HashEmbeddingTable.set_vectors")
         with self.lock:
+            if self.tier is not None:
+                self.tier.prepare(keys)
             rows, created = self.map.get_or_insert(keys, self.alloc)
             self._create(keys, rows, created, self.step)
             self.weights.scatter(rows, np.asarray(values, np.float32).reshape(-1, self.dim))
@@ -349,6 +389,11 @@ class HashEmbeddingTable:
                 self.evicted.append(keys[old >= 0][logged])
             self.exported[gone] = False
             self.alloc.release(gone)
+            if self.tier is not None:  # ids held on disk
+                n_disk, logged_disk = self.tier.remove(keys, old)
+                if logged_disk.size and self.export_seq is not None:
+                    self.evicted.append(logged_disk)
+                return int(gone.size) + n_disk
             return int(gone.size)
 
     def evict(self, step: int | None = None, max_rounds: int = 64) -> int:
@@ -382,4 +427,5 @@ class HashEmbeddingTable:
     def ids(self) -> np.ndarray:
         """All ids that currently own a row."""
         with self.lock:
-            return self.map.items()[0]
+            ids = self.map.items()[0]
+            return ids if self.tier is None else np.concatenate([ids, self.tier.ids()])

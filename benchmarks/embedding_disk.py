@@ -1,0 +1,192 @@
+"""Disk tier of HashEmbeddingTable: RSS and samples/s with a RAM budget, against all-RAM.
+
+Two parts (``--parts``):
+
+- ``store``: the measurement that chose LMDB for ``sampan/rec/disktier.py``: batched
+  gather + scatter of 4096 random ids over ``--store-rows`` 16-wide float32 rows, in a
+  memory-mapped chunk file (id = row: the best case, no id index) and in LMDB (one
+  write transaction a batch), rows/s and RSS (anonymous and file-backed).
+- ``train``: a table of ``--ids`` distinct ids (filled first), then ``--steps`` steps of
+  ``--batch`` samples x ``--fields`` ids drawn Zipf(1.1) over them (lookup + SparseAdagrad
+  push), each system in its own process so that RSS is its own: ``sampan-ram`` (all
+  rows in RAM) and ``sampan-disk`` (``memory_budget_mb=--budget-mb``, spill to a temp
+  dir). Lines: samples/s, peak RSS, RssAnon and the table's resident bytes.
+
+    python benchmarks/embedding_disk.py --ids 10000000 --budget-mb 256
+    python benchmarks/embedding_disk.py --quick        # 10^6 ids, 64 MB, a few seconds
+
+Targets (issue 33): RSS <= budget + 300 MB at >= 0.5x the all-RAM samples/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.pop("OPENBLAS_CORETYPE", None)
+os.environ.pop("OPENBLAS_L2_SIZE", None)
+
+import numpy as np  # noqa: E402
+from common import blas_info, emit  # noqa: E402
+
+
+def _rss() -> dict:
+    want = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    with open("/proc/self/status") as f:
+        got = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.startswith(want)}
+    return {k: round(v / 1024, 1) for k, v in got.items()}
+
+
+def store_lines(n_rows: int, batches: int, info: dict) -> None:
+    import lmdb
+    rng = np.random.default_rng(0)
+    d = tempfile.mkdtemp(prefix="sampan-store-")
+    try:
+        mm = np.lib.format.open_memmap(os.path.join(d, "rows.npy"), "w+", np.float32,
+                                       (n_rows, 16))
+        t = time.perf_counter()
+        for _ in range(batches):
+            ids = np.sort(rng.integers(0, n_rows, 4096))
+            mm[ids] = mm[ids] + 1.0
+        rate = batches * 4096 / (time.perf_counter() - t)
+        emit("embedding-disk-store", "memmap-chunks", "cpu", "rows_per_s", [rate],
+             rows=n_rows, rss_mb=_rss(), **info)
+        del mm
+        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 40, sync=False,
+                        readahead=False, max_dbs=2)
+        db = env.open_db(b"rows")
+        val = bytes(64)
+        for s in range(0, n_rows, 1 << 16):
+            ks = np.arange(s, min(n_rows, s + (1 << 16)), dtype=np.int64).astype(">u8").tobytes()
+            with env.begin(write=True, db=db) as txn:
+                txn.cursor().putmulti([(ks[i:i + 8], val) for i in range(0, len(ks), 8)],
+                                      append=True)
+        t = time.perf_counter()
+        for _ in range(batches):
+            ks = np.unique(rng.integers(0, n_rows, 4096)).astype(">u8").tobytes()
+            keys = [ks[i:i + 8] for i in range(0, len(ks), 8)]
+            with env.begin(write=True, db=db) as txn:
+                a = np.frombuffer(b"".join(txn.get(k) for k in keys), np.float32) + 1.0
+                out = a.tobytes()
+                txn.cursor().putmulti([(k, out[64 * i:64 * (i + 1)])
+                                       for i, k in enumerate(keys)])
+        rate = batches * 4096 / (time.perf_counter() - t)
+        emit("embedding-disk-store", "lmdb", "cpu", "rows_per_s", [rate], rows=n_rows,
+             rss_mb=_rss(), **info)
+        env.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _zipf_ids(rng, n_ids: int, size: int) -> np.ndarray:
+    ranks = (rng.zipf(1.1, size) - 1) % n_ids
+    return (ranks * 0x9E3779B1 + 12345) % (1 << 62)  # ranks spread over the id space
+
+
+def child(args) -> dict:
+    """One system in this process: fill, train, report (JSON on stdout)."""
+    from threadpoolctl import threadpool_limits
+    from sampan.rec.optim import SparseAdagrad
+    from sampan.rec.table import HashEmbeddingTable
+    threadpool_limits(1)
+    if args.remap_keys:
+        from sampan.rec.disktier import SpillStore
+        SpillStore.REMAP_KEYS = args.remap_keys
+    spill = tempfile.mkdtemp(prefix="sampan-spill-") if args.system == "disk" else None
+    try:
+        kw = dict(memory_budget_mb=args.budget_mb, spill_dir=spill) if spill else {}
+        t = HashEmbeddingTable(16, **kw)
+        opt = SparseAdagrad(0.05)
+        t.attach_slots(opt.slot_width(16))
+        t0 = time.perf_counter()
+        step = 1 << 16
+        for s in range(0, args.ids, step):
+            ranks = np.arange(s, min(args.ids, s + step), dtype=np.int64)
+            t.lookup((ranks * 0x9E3779B1 + 12345) % (1 << 62), step=0)
+            if s // step % 16 == 0:
+                print(f"# {args.system}: filled {s + ranks.size} of {args.ids} ids",
+                      file=sys.stderr, flush=True)
+        fill_s = time.perf_counter() - t0
+        rng = np.random.default_rng(0)
+        batches = [_zipf_ids(rng, args.ids, args.batch * args.fields)
+                   for _ in range(args.steps)]
+        t0 = time.perf_counter()
+        for i, ids in enumerate(batches):
+            v = t.lookup(ids, step=i + 1)
+            opt.apply(t, ids, v * 0.01, step=i + 1)
+        train_s = time.perf_counter() - t0
+        out = {"samples_per_s": args.steps * args.batch / train_s, "fill_s": fill_s,
+               "rss_mb": _rss(), "ids": len(t), "table_mb": t.nbytes / 2**20}
+        if t.tier is not None:
+            out.update(resident_mb=t.tier.resident_bytes / 2**20,
+                       resident_rows=len(t.map), demoted=t.tier.demoted,
+                       promoted=t.tier.promoted)
+        return out
+    finally:
+        if spill:
+            shutil.rmtree(spill, ignore_errors=True)
+
+
+def train_lines(args, info: dict) -> None:
+    got = {}
+    for system in args.systems.split(","):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", system,
+               "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
+               "--steps", str(args.steps), "--batch", str(args.batch),
+               "--fields", str(args.fields), "--remap-keys", str(args.remap_keys)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+        sys.stderr.write(r.stderr[-2000:])
+        if r.returncode:
+            print(f"# {system} failed (rc {r.returncode})", file=sys.stderr)
+            continue
+        got[system] = json.loads(r.stdout.strip().splitlines()[-1])
+    for system, res in got.items():
+        extra = {k: v for k, v in res.items() if k != "samples_per_s"}
+        ratio = (res["samples_per_s"] / got["ram"]["samples_per_s"]
+                 if "ram" in got else None)
+        emit("embedding-disk", f"sampan-{system}", "cpu", "samples_per_s",
+             [res["samples_per_s"]], budget_mb=args.budget_mb if system == "disk" else None,
+             vs_ram=None if ratio is None else round(ratio, 3),
+             rss_over_budget_mb=(round(res["rss_mb"]["VmHWM"] - args.budget_mb, 1)
+                                 if system == "disk" else None),
+             batch=args.batch, fields=args.fields, steps=args.steps, **extra, **info)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="store,train")
+    ap.add_argument("--ids", type=int, default=10**7)
+    ap.add_argument("--budget-mb", type=float, default=256.0)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=512, help="samples a step")
+    ap.add_argument("--fields", type=int, default=8, help="ids a sample")
+    ap.add_argument("--systems", default="ram,disk", help="ram, disk or both")
+    ap.add_argument("--remap-keys", type=int, default=0,
+                    help="SpillStore.REMAP_KEYS for this run (0: the default)")
+    ap.add_argument("--store-rows", type=int, default=10**7)
+    ap.add_argument("--store-batches", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="10^6 ids, 64 MB, 50 steps")
+    ap.add_argument("--child", choices=("ram", "disk"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.ids, args.budget_mb, args.steps, args.store_rows = 10**6, 64.0, 50, 10**6
+    if args.child:
+        args.system = args.child
+        print(json.dumps(child(args)), flush=True)
+        return
+    info = {**blas_info()}
+    parts = args.parts.split(",")
+    if "store" in parts:
+        store_lines(args.store_rows, args.store_batches, info)
+    if "train" in parts:
+        train_lines(args, info)
+
+
+if __name__ == "__main__":
+    main()
