@@ -45,13 +45,14 @@ import zlib
 import numpy as np
 
 from sampan.errors import SampanError, SampanValueError, op_error
+from sampan.rec.hashtable import META_FIELDS
 from sampan.rec.rowstore import raw_specs
 
 __all__ = ["DiskTier", "DiskTierError", "SpillStore"]
 
 FORMAT = "sampan-spill"
 VERSION = 1
-N_META = 6  # table.META_FIELDS, in that order
+N_META = len(META_FIELDS)
 _HEADER = b"header"
 
 
@@ -310,7 +311,6 @@ class DiskTier:
     # -- moving rows ---------------------------------------------------------------------
     def _capture(self, rows: np.ndarray) -> dict:
         t = self.table
-        from sampan.rec.table import META_FIELDS
         raw = t.weights.raw(rows)
         flags = np.zeros((rows.size, 8), np.uint8)
         flags[:, 0] = t.dirty[rows]
@@ -322,7 +322,6 @@ class DiskTier:
     def _place(self, ids: np.ndarray, rec: dict) -> np.ndarray:
         """Give ``ids`` resident rows holding ``rec`` exactly; returns the rows."""
         t = self.table
-        from sampan.rec.table import META_FIELDS
         rows, _ = t.map.get_or_insert(ids, t.alloc)
         t._grow()
         raw = {"values": rec["values"]}
@@ -475,7 +474,6 @@ class DiskTier:
 
     def load_snapshot(self, arrays: dict, slots: bool) -> None:
         """Restore a snapshot file's rows (see :meth:`_load`), clean and exported."""
-        from sampan.rec.table import META_FIELDS
         n = arrays["ids"].size
         flags = np.zeros((n, 8), np.uint8)
         flags[:, 1] = 1
@@ -488,7 +486,6 @@ class DiskTier:
     def export(self, kind: str, mark: bool = True) -> dict | None:
         """Disk rows for a snapshot (all, or the dirty ones for a delta) in
         ``snapshot._capture``'s form; ``mark`` sets them exported (clean). None if none."""
-        from sampan.rec.table import META_FIELDS
         t = self.table
         out, marked = [], []
         for gids, rec in self.store.scan():

@@ -23,6 +23,9 @@ from numba.extending import intrinsic
 
 from sampan.errors import SampanValueError, op_error
 
+# the per-row metadata a table keeps beside each row (its id, sightings, steps, counts)
+META_FIELDS = ("key", "freq", "last_seen", "show", "click", "updated")
+
 __all__ = ["ChunkedRows", "HashMap", "RowAllocator", "hash_ids"]
 
 _EMPTY = -1

@@ -18,13 +18,12 @@ import threading
 import numpy as np
 from numba import njit
 
-from sampan.rec.hashtable import ChunkedRows, HashMap, RowAllocator, _as_keys, _mix
+from sampan.rec.hashtable import (META_FIELDS, ChunkedRows, HashMap, RowAllocator,  # noqa: F401
+                                  _as_keys, _mix)
 from sampan.rec.policies import AdmitAll
 from sampan.rec.rowstore import make_rows
 
 __all__ = ["HashEmbeddingTable", "hashed_normal"]
-
-META_FIELDS = ("key", "freq", "last_seen", "show", "click", "updated")
 
 
 @njit(cache=True, nogil=True)
@@ -101,7 +100,8 @@ class HashEmbeddingTable:
     ending at ``dim``) with ``dim_thresholds`` (sighting counts) store each id's row at a
     width that grows with its count, read zero-padded (``sampan.rec.dynwidth``).
     ``memory_budget_mb`` with ``spill_dir`` keeps at most that many MB of rows (slots,
-    metadata, id map) in RAM and the least recently seen rest on disk (``sampan.rec.disktier``); ``tier`` is then the
+    metadata, id map) in RAM and the least recently seen rest on disk
+    (``sampan.rec.disktier``); ``tier`` is then the
     :class:`~sampan.rec.disktier.DiskTier`, else None.
 
     >>> t = HashEmbeddingTable(4); v = t.lookup([10, -3, 10]); v.shape, len(t)
