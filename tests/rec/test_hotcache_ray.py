@@ -8,16 +8,17 @@ from sampan.rec.hotcache import HotCache
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.sharded import ShardedEmbedding
 from tests.rec.test_hotcache import DIM, _batches, _state, _step
+from tests.rec._raylock import one_cluster_at_a_time, start_cluster
 
 ray = pytest.importorskip("ray", reason="ray is not installed (sampan's 'dist' extra)")
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from sampan.rec.remote import init_ray
-    init_ray(ray, num_cpus=2, object_store_memory=100 * 2**20, configure_logging=False)
-    yield
-    ray.shutdown()
+    with one_cluster_at_a_time():
+        start_cluster(ray, num_cpus=2, object_store_memory=100 * 2**20, configure_logging=False)
+        yield
+        ray.shutdown()
 
 
 # ~35 s on the loaded 2-core machine (20 s of it the cluster's start): past the suite's

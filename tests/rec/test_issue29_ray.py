@@ -12,6 +12,7 @@ from sampan.rec._server import _chain
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.sharded import ShardedEmbedding
 from sampan.rec.snapshot import restore, table_state
+from tests.rec._raylock import one_cluster_at_a_time, start_cluster
 from tests.distributed.netcheck import descendants, in_loopback_namespace, is_loopback, \
     listening
 
@@ -24,12 +25,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def cluster():
     """One local cluster whose workers write snapshot files slowly (the hook)."""
-    from sampan.rec.remote import init_ray
-    init_ray(ray, num_cpus=2, object_store_memory=100 * 2**20, configure_logging=False,
-             runtime_env={"worker_process_setup_hook":
-                          "tests.rec._issue29_slow_writer.install"})
-    yield
-    ray.shutdown()
+    with one_cluster_at_a_time():
+        start_cluster(ray, num_cpus=2, object_store_memory=100 * 2**20,
+                      configure_logging=False,
+                      runtime_env={"worker_process_setup_hook":
+                                   "tests.rec._issue29_slow_writer.install"})
+        yield
+        ray.shutdown()
 
 
 def _emb(snapshot_dir=None):
@@ -105,6 +107,7 @@ def test_shards_pull_and_push_in_a_loopback_only_namespace(tmp_path):
     """)
     (tmp_path / "job.py").write_text(script)
     env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1")
-    p = in_loopback_namespace(f"exec {sys.executable} {tmp_path / 'job.py'}", env=env)
+    with one_cluster_at_a_time():
+        p = in_loopback_namespace(f"exec {sys.executable} {tmp_path / 'job.py'}", env=env)
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
     assert "node 127.0.0.1" in p.stdout

@@ -13,6 +13,7 @@ from sampan.rec.models import DLRM, HashEmbedding, train_step
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.sharded import LocalShard, Prefetcher, ShardedEmbedding
 from sampan.rec.snapshot import restore_sharded, table_state
+from tests.rec._raylock import one_cluster_at_a_time, start_cluster
 
 ray = pytest.importorskip("ray", reason="ray is not installed (sampan's 'dist' extra)")
 
@@ -23,14 +24,14 @@ DIM, FIELDS, DENSE = 4, 8, 5
 def remote(tmp_path_factory):
     """One local cluster and one 2-shard remote embedding for the module (actor start-up
     dominates: tests ``clear()`` it instead of starting new actors)."""
-    from sampan.rec.remote import init_ray
-    init_ray(ray, num_cpus=2, object_store_memory=200 * 2**20, configure_logging=False)
-    emb = ShardedEmbedding(DIM, n_shards=2, backend="ray", delta_every=3,
-                           snapshot_dir=str(tmp_path_factory.mktemp("ps")),
-                           optimizer_factory=lambda: SparseAdagrad(0.05))
-    yield emb
-    emb.close()
-    ray.shutdown()
+    with one_cluster_at_a_time():
+        start_cluster(ray, num_cpus=2, object_store_memory=200 * 2**20, configure_logging=False)
+        emb = ShardedEmbedding(DIM, n_shards=2, backend="ray", delta_every=3,
+                               snapshot_dir=str(tmp_path_factory.mktemp("ps")),
+                               optimizer_factory=lambda: SparseAdagrad(0.05))
+        yield emb
+        emb.close()
+        ray.shutdown()
 
 
 def _batches(n, size=128):
