@@ -243,7 +243,9 @@ def main():
         profile(pred8, (ids, mask))
     int8 = {i8, o8}
     ok = all(e <= 1e-4 for k, (e, _) in err.items() if k not in int8)
-    return 0 if ok and all(err[k][1] >= 0.99 for k in int8) else 1
+    # sampan's int8 must keep cosine >= 0.99; the peer's (onnxruntime's quantize_dynamic,
+    # per-tensor activations: ~0.97 here) is reported, not a failure of this benchmark
+    return 0 if ok and err[i8][1] >= 0.99 else 1
 
 
 if __name__ == "__main__":
