@@ -57,10 +57,9 @@ import sys
 import tempfile
 import time
 
-if __name__ == "__main__" and ({"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"} & set(os.environ)):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+if __name__ == "__main__":  # before numpy: OpenBLAS reads its overrides when it loads
+    from _blas_env import rerun_without_overrides
+    rerun_without_overrides()
 
 import numpy as np  # noqa: E402
 
