@@ -30,18 +30,9 @@ import numpy as np
 from numba import njit
 
 from sampan.errors import DTypeError, SampanValueError
+from sampan.rec.hashtable import _mix  # splitmix64's finaliser, the table's id mix too
 
 GOLDEN = 0x9E3779B97F4A7C15
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mix(z):
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
 
 
 def seed_key(seed: int) -> np.uint64:
