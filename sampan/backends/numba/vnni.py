@@ -142,22 +142,31 @@ def _ir():
     return str(mod)
 
 
+def _compile(ir_text, key):
+    """The LLVM IR compiled for this CPU at -O3 into an MCJIT engine, kept in
+    ``_STATE[key]`` (which keeps its code alive)."""
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    tm = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+        opt=3)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
+    pb.getModulePassManager().run(mod, pb)
+    ee = llvm.create_mcjit_compiler(mod, tm)
+    ee.finalize_object()
+    _STATE[key] = ee
+    return ee
+
+
 def _build():
     import llvmlite.binding as llvm
     feats = llvm.get_host_cpu_features()
     if not (feats.get("avx512vnni") and feats.get("avx512bw") and feats.get("avx512f")):
         return None
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    mod = llvm.parse_assembly(_ir())
-    mod.verify()
-    tm = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=feats.flatten(), opt=3)
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
-    pb.getModulePassManager().run(mod, pb)
-    ee = llvm.create_mcjit_compiler(mod, tm)
-    ee.finalize_object()
-    _STATE["engine"] = ee          # keeps the code alive
+    ee = _compile(_ir(), "engine")
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5))
     return proto(ee.get_function_address("gemm_s8u8"))
 
@@ -361,19 +370,7 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
 
 
 def _build_packed(lanes, q8, dyn, direct):
-    import llvmlite.binding as llvm
-    feats = llvm.get_host_cpu_features()
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    mod = llvm.parse_assembly(_packed_ir(lanes, q8, dyn, direct))
-    mod.verify()
-    tm = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=feats.flatten(), opt=3)
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
-    pb.getModulePassManager().run(mod, pb)
-    ee = llvm.create_mcjit_compiler(mod, tm)
-    ee.finalize_object()
-    _STATE[("engine", lanes, q8, dyn, direct)] = ee          # keeps the code alive
+    ee = _compile(_packed_ir(lanes, q8, dyn, direct), ("engine", lanes, q8, dyn, direct))
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11
                                      + [ctypes.c_void_p] * (3 * direct)))
     return proto(ee.get_function_address("qgemm"))
