@@ -33,6 +33,10 @@ With gRPC (the default) the server also listens on a gRPC port, and one more poi
 mlp_batch over gRPC and over HTTP at the top concurrency (benchmarks/grpc_load.py): the
 ratio gRPC / HTTP requests/s, target >= 1.2x.
 
+``--peers`` runs benchmarks/serving_peers.py instead (its own options follow): the same
+ONNX file served by sampan, MLServer 1.7.1 and KServe 0.21.0's ModelServer, the peers'
+environments created by its setup step.
+
 ``--model minilm [--seq 32]`` serves the W8 encoder instead (batching on vs off, target
 3x with binary tensors); ``--body json`` sends all-JSON bodies (the batching target there is 2x, issue 32);
 ``--json-backend json`` makes the server use the standard library's JSON (as before
@@ -517,6 +521,11 @@ def delta_under_load(server, directory, args, info):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--peers" in argv:       # against MLServer and KServe: benchmarks/serving_peers.py
+        argv.remove("--peers")
+        from serving_peers import main as peers_main
+        return peers_main(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests and seconds")
     ap.add_argument("--requests", type=int, default=3000, help="requests per point (max)")
