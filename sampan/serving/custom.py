@@ -30,7 +30,8 @@ Where it comes from:
   as code: name its class instead, or serve it from a repository.
 
 Metadata: ``inputs``/``outputs`` in config.json win over the class attributes; each entry
-gives ``name``, ``datatype`` (``FP32``, or Triton's ``TYPE_FP32``) and either ``dims``
+gives ``name``, ``datatype`` (``FP32``, or Triton's ``TYPE_FP32``; ``BYTES``/``TYPE_STRING``:
+numpy object arrays of `bytes`, `bytes_tensor.py`) and either ``dims``
 (one row's shape, Triton's config) or ``shape`` (the full shape, the batch dim as -1
 first when batched). ``max_batch_size`` and ``dynamic_batching`` come from config.json,
 the flags, or else the class.
@@ -54,6 +55,7 @@ import threading
 
 import numpy as np
 
+from .bytes_tensor import BytesError, as_bytes_array
 from .model import DATATYPES, ServedModel, ServingError, TensorSpec, register_kind
 
 LOG = logging.getLogger("sampan.serving")
@@ -129,6 +131,8 @@ def folder_class(name: str, directory: str, config: dict):
 # ------------------------------------------------------------------ metadata
 def _datatype(name, where, dt):
     d = dt[5:] if isinstance(dt, str) and dt.startswith("TYPE_") else dt
+    if d == "STRING":               # Triton's config name for BYTES
+        d = "BYTES"
     if isinstance(d, str) and d in DATATYPES:
         return d
     raise ServingError(f"serving: model {name!r}: {where}: datatype {dt!r}; expected one of "
@@ -234,6 +238,13 @@ class CustomModel(ServedModel):
                 raise ServingError(f"model {self.name!r}: {self.cls.__qualname__}.infer "
                                    f"returned no output {n!r} (it returned {sorted(out)})")
             a = np.asarray(out[n])
+            if dt.kind == "O":          # BYTES: an object array of bytes (bytes_tensor.py)
+                try:
+                    res[n] = as_bytes_array(a)
+                except BytesError as e:
+                    raise ServingError(f"model {self.name!r}: {self.cls.__qualname__}.infer "
+                                       f"output {n!r} (BYTES): {e}") from None
+                continue
             res[n] = a if a.dtype == dt else a.astype(dt)
         return res
 

@@ -7,8 +7,9 @@ batching, admission, deadlines and metrics.
 Inputs come either all typed (``contents``: the datatype's field, flattened row-major;
 BOOL ``bool_contents``, INT8/16/32 ``int_contents``, INT64 ``int64_contents``, UINT8/16/32
 ``uint_contents``, UINT64 ``uint64_contents``, FP32 ``fp32_contents``, FP64
-``fp64_contents``) or all raw (``raw_input_contents``, one little-endian byte string an
-input, in order; FP16 and other datatypes without a typed field travel only so). The
+``fp64_contents``, BYTES ``bytes_contents``) or all raw (``raw_input_contents``, one
+little-endian byte string an input, in order; BYTES as 4-byte-length-prefixed elements,
+`bytes_tensor.py`; FP16 and other datatypes without a typed field travel only so). The
 answer mirrors the request: raw outputs (``raw_output_contents``) for raw inputs, typed
 ``contents`` for typed ones, raw whenever an output's datatype has no typed field (the
 protocol allows no mix); a request parameter ``raw_output`` (bool) chooses explicitly.
@@ -27,6 +28,7 @@ import math
 
 import numpy as np
 
+from .bytes_tensor import BytesError, as_bytes_array, deserialize, from_elements, serialize
 from .model import DATATYPES, datatype_of
 from .protocol import Decoded, _bad, _check_shape, _check_values, check_complete, timeout_s
 
@@ -36,7 +38,8 @@ TYPED = {"BOOL": ("bool_contents", np.bool_), "INT8": ("int_contents", np.int32)
          "INT64": ("int64_contents", np.int64), "UINT8": ("uint_contents", np.uint32),
          "UINT16": ("uint_contents", np.uint32), "UINT32": ("uint_contents", np.uint32),
          "UINT64": ("uint64_contents", np.uint64), "FP32": ("fp32_contents", np.float32),
-         "FP64": ("fp64_contents", np.float64)}
+         "FP64": ("fp64_contents", np.float64),
+         "BYTES": ("bytes_contents", None)}      # an object array of bytes (bytes_tensor)
 _FIELDS = sorted({f for f, _ in TYPED.values()})
 
 
@@ -82,12 +85,20 @@ def _typed(model, spec, dtype, shape, contents):
     if len(values) != n:
         raise _bad(model, f"input {spec.name!r}: shape {list(shape)} needs {n} values; "
                           f"contents.{field} has {len(values)}")
+    if src is None:                 # BYTES
+        return from_elements(values, shape)
     a = np.fromiter(values, src, count=n) if n else np.zeros(0, src)
     _check_values(model, spec, dtype, a)
     return a.astype(dtype, copy=False).reshape(shape)
 
 
 def _raw(model, spec, dtype, shape, raw):
+    if spec.datatype == "BYTES":
+        try:
+            return deserialize(raw, shape)
+        except BytesError as e:
+            raise _bad(model, f"input {spec.name!r} (BYTES): raw_input_contents: {e}") \
+                from None
     need = math.prod(shape) * dtype.itemsize
     if len(raw) != need:
         raise _bad(model, f"input {spec.name!r}: raw_input_contents holds {len(raw)} bytes, "
@@ -168,7 +179,18 @@ def encode(model, dec: Decoded, results: dict):
                                  id=dec.id or "")
     for name, a, dt in zip(names, arrays, dts):
         o = resp.outputs.add(name=name, datatype=dt, shape=a.shape)
-        if raw:
+        if dt == "BYTES":
+            try:
+                b = as_bytes_array(a)
+            except BytesError as e:
+                from .errors import RequestError
+                raise RequestError(f"model {model.name!r}: output {name!r} (BYTES): {e}",
+                                   500) from None
+            if raw:
+                resp.raw_output_contents.append(serialize(b))
+            else:
+                o.contents.bytes_contents.extend(b.ravel().tolist())
+        elif raw:
             resp.raw_output_contents.append(
                 np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes())
         else:

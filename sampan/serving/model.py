@@ -27,14 +27,17 @@ DATATYPES = {"BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8),
              "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16),
              "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
              "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32),
-             "FP64": np.dtype(np.float64)}
+             "FP64": np.dtype(np.float64),
+             "BYTES": np.dtype(object)}   # an object array of `bytes` (bytes_tensor.py)
 _BY_NUMPY = {v: k for k, v in DATATYPES.items()}
 
 
 def datatype_of(dtype) -> str:
-    """The protocol's name for a numpy dtype (``float32`` -> ``"FP32"``)."""
+    """The protocol's name for a numpy dtype (``float32`` -> ``"FP32"``; object, bytes
+    and str arrays -> ``"BYTES"``)."""
     try:
-        return _BY_NUMPY[np.dtype(dtype)]
+        dt = np.dtype(dtype)
+        return "BYTES" if dt.kind in "OSU" else _BY_NUMPY[dt]
     except (KeyError, TypeError):
         raise ServingError(f"serving: dtype {dtype} has no open-inference-protocol "
                            f"datatype; expected one of {', '.join(DATATYPES)}") from None

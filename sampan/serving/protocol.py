@@ -206,7 +206,10 @@ def _decode(model, body, hl, std=False):
         _check_shape(model, spec, shape)
         p = j.get("parameters") or {}
         size = p.get("binary_data_size") if isinstance(p, dict) else None
-        if size is not None:
+        if spec.datatype == "BYTES":
+            arrays[name], at = _bytes_input(model, name, shape, size, j, blob, at)
+            layout = None
+        elif size is not None:
             need = math.prod(shape) * dtype.itemsize
             if not isinstance(size, int) or size != need:
                 raise _bad(model, f"input {name!r}: binary_data_size is {size!r}, but shape "
@@ -253,6 +256,27 @@ def _decode(model, body, hl, std=False):
         plan.outputs, plan.params, plan.bdo = dict(outs), params, dec.binary_default
         dec.plan = plan
     return dec
+
+
+def _bytes_input(model, name, shape, size, j, blob, at):
+    """A BYTES input (bytes_tensor.py) from its binary part or its JSON strings:
+    (object array of bytes, the binary offset after it)."""
+    from .bytes_tensor import BytesError, deserialize, from_json
+    try:
+        if size is None:
+            if "data" not in j:
+                raise _bad(model, f"input {name!r} has neither 'data' nor a "
+                                  "binary_data_size parameter")
+            return from_json(j["data"], shape), at
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise _bad(model, f"input {name!r}: binary_data_size must be a non-negative int; "
+                              f"got {size!r}")
+        if at + size > len(blob):
+            raise _bad(model, f"input {name!r}: binary_data_size {size} runs past the end "
+                              f"of the body ({len(blob) - at} binary bytes left)")
+        return deserialize(blob[at:at + size], shape), at + size
+    except BytesError as e:
+        raise _bad(model, f"input {name!r} (BYTES): {e}") from None
 
 
 def check_complete(model, arrays):
@@ -308,7 +332,9 @@ def encode(model, dec: Decoded, results: dict):
             from .model import datatype_of
             dt = datatype_of(a.dtype)
         o = {"name": name, "datatype": dt, "shape": list(a.shape)}
-        if binary:
+        if dt == "BYTES":
+            _bytes_output(model, name, a, o, blobs, binary)
+        elif binary:
             b = np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()
             o["parameters"] = {"binary_data_size": len(b)}
             blobs.append(b)
@@ -322,6 +348,20 @@ def encode(model, dec: Decoded, results: dict):
     if not blobs:
         return head, None
     return b"".join([head] + blobs), len(head)
+
+
+def _bytes_output(model, name, a, o, blobs, binary):
+    from .bytes_tensor import BytesError, serialize, to_strings
+    try:
+        if binary:
+            b = serialize(a)
+            o["parameters"] = {"binary_data_size": len(b)}
+            blobs.append(b)
+        else:
+            o["data"] = to_strings(a).ravel().tolist()
+    except BytesError as e:
+        raise RequestError(f"model {model.name!r}: output {name!r} (BYTES): {e}", 500) \
+            from None
 
 
 def metadata(model) -> dict:

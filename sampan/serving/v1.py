@@ -46,6 +46,15 @@ def predict_path(path):
 
 def _array(model, spec, value):
     """`value` (nested lists) as an array of `spec`'s datatype, checked."""
+    if spec.datatype == "BYTES":        # strings, nested as the tensor (bytes_tensor.py)
+        from .bytes_tensor import BytesError, from_json
+        try:
+            a = from_json(value if isinstance(value, list) else [value],
+                          np.shape(np.array(value, dtype=object)))
+        except (BytesError, ValueError) as e:
+            raise _bad(model, f"input {spec.name!r} (BYTES): {e}") from None
+        _check_shape(model, spec, a.shape)
+        return a
     dtype = DATATYPES[spec.datatype]
     try:
         raw = np.asarray(value)
@@ -136,7 +145,7 @@ def _decode(model, body, std=False):
 def encode(model, dec: V1Decoded, results: dict):
     """The response body (bytes) and None (the body is all JSON)."""
     names = [s.name for s in model.outputs]
-    arrays = {n: np.asarray(results[n]) for n in names}
+    arrays = {n: _plain(model, n, results[n]) for n in names}
     if dec.row:
         if len(names) == 1:
             resp = {"predictions": arrays[names[0]]}
@@ -148,6 +157,20 @@ def encode(model, dec: V1Decoded, results: dict):
     else:
         resp = {"outputs": arrays}
     return jsoncodec.dumps(resp), None
+
+
+def _plain(model, name, value):
+    """An output as JSON writes it: BYTES (object/str arrays) as nested strings."""
+    a = np.asarray(value)
+    if a.dtype.kind not in "OSU":
+        return a
+    from .bytes_tensor import BytesError, to_strings
+    try:
+        return to_strings(a)
+    except BytesError as e:
+        from .errors import RequestError
+        raise RequestError(f"model {model.name!r}: output {name!r} (BYTES): {e}", 500) \
+            from None
 
 
 def model_status(plane, name, version=None) -> dict:
