@@ -26,6 +26,7 @@ def main(argv):
             "embedding_dynwidth.py",
             "predictor_overhead.py",
             "feature_spec.py",
+            "serving_peers.py",     # sampan serve vs MLServer and KServe (issue 32)
         )
         if os.path.exists(os.path.join(HERE, n))]
     env = {k: v for k, v in os.environ.items()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -216,7 +217,14 @@ def main(argv=None):
 
     def log(msg):
         print(msg, flush=True)
-    peer_servers.setup(args.peers_root, log)
+    try:
+        peer_servers.setup(args.peers_root, log)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+        if args.setup_only:
+            raise
+        # no peers on this machine (no registry, no Python 3.9-3.12): sampan's lines only
+        log(f"# peers: setup failed ({type(e).__name__}: {e}); running without them")
+        args.peers = []
     if args.setup_only:
         return 0
     from onnx_conformance import machine
