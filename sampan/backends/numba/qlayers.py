@@ -368,44 +368,43 @@ class DirectConv(Conv):
         self.parts = pack_conv(wp, groups)
         self.k4 = self.parts[0][0].shape[1] // 4
 
-    def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
-        n, _, h, wd = x.shape
-        (sh, sw), (ph, pw), (dh, _) = stride, padding, dilation
+    def _plan(self, key):
+        """What a call of this input shape and geometry needs besides the arrays (made
+        once per shape: the per-call Python work of a batch-1 layer is most of its time)."""
+        (n, _, h, wd), (sh, sw), (ph, pw), (dh, _) = key
         ho = (h + 2 * ph - dh * (self.kh - 1) - 1) // sh + 1
         wo = (wd + 2 * pw - (self.kw - 1) - 1) // sw + 1
         hp, wp = h + 2 * ph, wd + 2 * pw
         p = ho * wo
         pb = -(-p // 16)
-        key = (h, wd, stride, padding, dilation)
-        offs = self.__dict__.setdefault("_offs", {}).get(key)
-        if offs is None:
-            pos = np.arange(p)
-            poff = np.zeros(pb * 16, np.int32)
-            poff[:p] = (pos // wo) * sh * wp + (pos % wo) * sw
-            kq = np.arange(self.k4)
-            j, r = kq % (self.kwp // 4), kq // (self.kwp // 4)
-            koff = ((r // self.kh) * hp * wp + (r % self.kh) * dh * wp + 4 * j).astype(
-                np.int32)
-            offs = self._offs[key] = (poff, koff)
-        poff, koff = offs
-        q8 = np.dtype(out_dtype) != np.float32
-        out = np.empty((n, self.o, pb * 16), out_dtype)
-        og = self.o // self.groups
+        pos = np.arange(p)
+        poff = np.zeros(pb * 16, np.int32)
+        poff[:p] = (pos // wo) * sh * wp + (pos % wo) * sw
+        kq = np.arange(self.k4)
+        j, r = kq % (self.kwp // 4), kq // (self.kwp // 4)
+        koff = ((r // self.kh) * hp * wp + (r % self.kh) * dh * wp + 4 * j).astype(np.int32)
         stride_img = -(-(self.cg * hp * wp + self.kwp + 8) // 64) * 64
-        img = np.empty((n, stride_img), np.uint8)
-        small = n * p * self.o * self.k4 * 4 < _BIG
-        for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
-            if small:           # one numba call: pad and multiply
-                _direct_call(q8, False)(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows,
-                                        out[:, g * og:], corr, mult, stride_img,
-                                        self.o * pb * 16, og, self.k4, pb, zy, lo, hi, poff,
-                                        koff, 1)
-                continue
+        work = n * p * self.o * self.k4 * 4
+        parts = 1 if work < _BIG else len(_split(n, work, n))
+        plans = self.__dict__.setdefault("_plans", {})
+        if len(plans) >= 64:
+            plans.clear()
+        plans[key] = plan = (n, ho, wo, p, pb, poff, koff, stride_img, work >= _BIG, parts)
+        return plan
 
-            parts = len(_split(n, n * p * self.o * self.k4 * 4, n))
-            _direct_call(q8, True)(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows,
-                                   out[:, g * og:], corr, mult, stride_img, self.o * pb * 16,
-                                   og, self.k4, pb, zy, lo, hi, poff, koff, parts)
+    def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
+        key = (x.shape, stride, padding, dilation)
+        plan = self.__dict__.get("_plans", {}).get(key) or self._plan(key)
+        n, ho, wo, p, pb, poff, koff, stride_img, parallel, parts = plan
+        out = np.empty((n, self.o, pb * 16), out_dtype)
+        img = np.empty((n, stride_img), np.uint8)
+        call = _direct_call(out_dtype != np.float32, parallel)
+        og = self.o // self.groups
+        ph, pw = padding
+        for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
+            call(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows, out[:, g * og:], corr,
+                 mult, stride_img, self.o * pb * 16, og, self.k4, pb, zy, lo, hi, poff, koff,
+                 parts)
         y = out if p == pb * 16 else out[:, :, :p]
         return y.reshape(n, self.o, ho, wo)
 
