@@ -157,7 +157,8 @@ def conv(x, xz, groups_w, ep: Epilogue, kh, kw, stride, padding, dilation):
         cols = v[:, gi * cg:(gi + 1) * cg].reshape(n, k, ho * wo)
         outs.append(np.matmul(wt.w32, cols))
     acc = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1)
-    return ep.finish(acc, big + ep.bmax < _EXACT, 1).reshape(n, -1, ho, wo)
+    o = sum(wt.w32.shape[0] for wt in groups_w)
+    return ep.finish(acc, big + ep.bmax < _EXACT, 1).reshape(n, o, ho, wo)
 
 
 def conv_weights(w, wz, groups):

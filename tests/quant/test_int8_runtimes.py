@@ -215,3 +215,12 @@ def test_int8_program_stays_int8_on_numpy_and_onnxruntime(tmp_path, monkeypatch)
     # onnxruntime's int8 GEMM: exact on VNNI, int16 pair sums elsewhere (its own limit)
     np.testing.assert_allclose(got, want, atol=0.05 * float(np.abs(want).max()))
     assert (got.argmax(1) == want.argmax(1)).all()
+
+
+@pytest.mark.parametrize("op", LAYER_OPS)
+def test_empty_batch(op):
+    s = OPS[op].samples()[0]
+    args = [s.args[0][:0]] + list(s.args[1:])
+    want = _reference(op, args, dict(s.attrs))
+    got = OPS[op].kernels["numpy"](*args, **s.attrs)
+    assert got.shape == want.shape and got.dtype == want.dtype
