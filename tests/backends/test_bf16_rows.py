@@ -93,3 +93,22 @@ def test_mixed_inputs_keep_the_float32_rule():
     _same(L.ln_grad(x, w32, g, EPS), _via_f32(L.ln_grad, x, w32, g, eps=EPS))
     _same(L.layer_norm_affine(x, w32, b, EPS), _via_f32(L.layer_norm_affine, x, w32, b,
                                                         eps=EPS))
+
+
+def test_cast_to_bf16_equals_ml_dtypes_on_every_kind_of_bits():
+    from sampan.backends.numba.loops import elementwise as E
+    from sampan.ops.registry import OPS
+    r = np.random.default_rng(11)
+    x = r.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([x, np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40,
+                                     1.00390625, 1.01171875, 3.4e38], np.float32)])
+    with np.errstate(all="ignore"):
+        want = x.astype(BF)
+    for a, w in ((x, want), (x.reshape(2, -1)[:, ::3], want.reshape(2, -1)[:, ::3])):
+        got = E.cast(a, "bfloat16")
+        assert got.dtype == BF and got.shape == a.shape
+        np.testing.assert_array_equal(got.view(np.uint16), w.view(np.uint16))
+    assert E.cast(x[:0], "bfloat16").dtype == BF
+    np.testing.assert_array_equal(E.cast(want, "float32"), want.astype(np.float32))
+    assert E.cast(x, "float32") is x                      # the op's rule: no copy
+    assert OPS["cast"].kernels["numba"] is E.cast
