@@ -17,20 +17,22 @@ onnxruntime's QDQ bias). With acc the exact sum of (x - xz)(w - wz) over K:
 in float32 and rounded half to even (onnxruntime's QLinearMatMul / QLinearConv); `qdense`
 gives float32(acc + bias) * float32(xs * ws). A ReLU or clamp after the layer is folded
 into [qmin, qmax] (default: the output type's range): rint is monotonic, so clamping the
-float before quantising equals clamping the integer after. The op table's kernels are the
-exact numpy reference (`_qref`); the numba provider's (VNNI, weights packed once) give
-the same bytes.
+float before quantising equals clamping the integer after. `_qref` is the exact numpy
+reference; the op table's kernels (the numpy runtime's) are `_qfast`'s float BLAS GEMMs,
+exact by a bound on the sums and equal to it bit for bit, their weights prepared once
+when a served program binds the node (`bind`); the numba provider's (VNNI, weights packed
+once) give the same bytes.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import DTypeError, ShapeError, op_error
-from . import _qref
+from . import _qfast, _qref
 from ._util import Sample, rng
 from .quant import (_F32, _Q, _cattrs, _conv_check, _conv_flops, _mm_check, _n, _nd,
                     _zp_check)
-from .registry import NO_ONNX, NOT_DIFFERENTIABLE, Spec, defop
+from .registry import NO_ONNX, NOT_DIFFERENTIABLE, OPS as OPS_BY_NAME, Spec, defop
 
 
 def multiplier(x_scale, w_scale, y_scale, n):
@@ -85,12 +87,30 @@ def _qld_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
     return Spec((x.shape[0], n), y_zero_point.dtype)
 
 
+def _dense_layer(x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale=None,
+                 y_zero_point=None, qmin=None, qmax=None):
+    """(Weight, Epilogue) of a dense layer (`_qfast`): what `bind` prepares once."""
+    n = w.shape[0]
+    if y_zero_point is None:
+        ep = _qfast.Epilogue(bias, multiplier(x_scale, w_scale, None, n), 0, 0, 0, np.float32)
+    else:
+        lo, hi = bounds(y_zero_point, qmin, qmax)
+        ep = _qfast.Epilogue(bias, multiplier(x_scale, w_scale, y_scale, n),
+                             int(y_zero_point), lo, hi, y_zero_point.dtype)
+    return _qfast.Weight(w, w_zero_point), ep
+
+
+def _dense_run(x, xz, w, wz, wt, ep):
+    if not ep.finite:                          # the reference's arithmetic, as it is
+        return _qfast.requant_ref(_qref.sums(x, w, xz, wz), ep, -1)
+    return _qfast.dense(np.ascontiguousarray(x), xz, wt, ep)
+
+
 def _qld_kernel(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
                 y_zero_point, qmin=None, qmax=None):
-    acc = _qref.sums(x, w, int(x_zero_point), w_zero_point)
-    lo, hi = bounds(y_zero_point, qmin, qmax)
-    return _qref.requant(acc, bias, multiplier(x_scale, w_scale, y_scale, w.shape[0]),
-                         int(y_zero_point), lo, hi, y_zero_point.dtype)
+    wt, ep = _dense_layer(x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
+                          y_zero_point, qmin, qmax)
+    return _dense_run(x, int(x_zero_point), w, w_zero_point, wt, ep)
 
 
 def _qd_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias):
@@ -99,9 +119,8 @@ def _qd_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias):
 
 
 def _qd_kernel(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias):
-    acc = _qref.sums(x, w, int(x_zero_point), w_zero_point)
-    return _qref.requant(acc, bias, multiplier(x_scale, w_scale, None, w.shape[0]), 0, 0, 0,
-                         np.float32)
+    wt, ep = _dense_layer(x_scale, x_zero_point, w, w_scale, w_zero_point, bias)
+    return _dense_run(x, int(x_zero_point), w, w_zero_point, wt, ep)
 
 
 def _qlc_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
@@ -117,13 +136,54 @@ def _qlc_rule(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
     return Spec(shape, y_zero_point.dtype)
 
 
+def _conv_layer(x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
+                y_zero_point, groups, qmin=None, qmax=None):
+    """(one Weight per group, Epilogue) of a conv layer (`_qfast`)."""
+    lo, hi = bounds(y_zero_point, qmin, qmax)
+    ep = _qfast.Epilogue(bias, multiplier(x_scale, w_scale, y_scale, w.shape[0]),
+                         int(y_zero_point), lo, hi, y_zero_point.dtype)
+    return _qfast.conv_weights(w, w_zero_point, groups), ep
+
+
+def _conv_run(x, xz, w, wz, gw, ep, stride, padding, dilation, groups):
+    y = None
+    if ep.finite:
+        y = _qfast.conv(x, xz, gw, ep, w.shape[2], w.shape[3], stride, padding, dilation)
+    if y is None:                   # sums that float32 cannot hold exactly: the reference
+        acc = _qref.conv_sums(x, w, xz, wz, stride, padding, dilation, groups)
+        y = _qfast.requant_ref(acc, ep, 1)
+    return y
+
+
 def _qlc_kernel(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
                 y_zero_point, stride, padding, dilation, groups, qmin=None, qmax=None):
-    acc = _qref.conv_sums(x, w, int(x_zero_point), w_zero_point, stride, padding, dilation,
-                          groups)
-    lo, hi = bounds(y_zero_point, qmin, qmax)
-    return _qref.requant(acc, bias, multiplier(x_scale, w_scale, y_scale, w.shape[0]),
-                         int(y_zero_point), lo, hi, y_zero_point.dtype, axis=1)
+    gw, ep = _conv_layer(x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
+                         y_zero_point, groups, qmin, qmax)
+    return _conv_run(x, int(x_zero_point), w, w_zero_point, gw, ep, stride, padding,
+                     dilation, groups)
+
+
+def bind(node):
+    """The numpy runtime's kernel of one node of these ops (`NumpyProvider.bind`): with
+    every input but the activation a constant (a served program's), the float weight
+    and the epilogue are prepared here, once; else the op's kernel per call."""
+    op, attrs = node.op, dict(node.attrs)
+    kern = OPS_BY_NAME[op].kernel
+    rest = node.inputs[1:]
+    if not all(v.is_const for v in rest):
+        return lambda *arrays: kern(*arrays, **attrs)
+    c = [v.const for v in rest]
+    if op == "qdense_dynamic":
+        wt = _qfast.Weight(c[0], 0)
+        return lambda x, *_: _qfast.dynamic(np.ascontiguousarray(x, np.float32), wt, c[1],
+                                            row_qparams)
+    xz = int(c[1])
+    if op == "qlinear_conv2d":
+        gw, ep = _conv_layer(*c, attrs["groups"], attrs.get("qmin"), attrs.get("qmax"))
+        geo = (attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"])
+        return lambda x, *_: _conv_run(x, xz, c[2], c[4], gw, ep, *geo)
+    wt, ep = _dense_layer(*c, **attrs)
+    return lambda x, *_: _dense_run(x, xz, c[2], c[4], wt, ep)
 
 
 def _f(v):
@@ -212,9 +272,8 @@ def row_qparams(x):
 
 
 def _qdd_kernel(x, w, w_scale):
-    q, s, z = row_qparams(np.ascontiguousarray(x, np.float32))
-    acc = _qref.sums(q, w, 0, 0) - z[:, None].astype(np.int64) * w.astype(np.int64).sum(1)
-    return (acc.astype(np.float32) * s[:, None]) * w_scale[None, :]
+    return _qfast.dynamic(np.ascontiguousarray(x, np.float32), _qfast.Weight(w, 0),
+                          w_scale, row_qparams)
 
 
 def _qdd_samples():

@@ -119,6 +119,11 @@ def test_op_round_trip(name, i, dt):
         if not any(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in args):
             pytest.skip("no float32 input")
         args = [_as64(a) for a in args]
+        try:
+            OPS[name].shape_rule(*[Spec(a.shape, a.dtype) if isinstance(a, np.ndarray)
+                                   else a for a in args], **s.attrs)
+        except sampan.SampanError:
+            pytest.skip("the op does not take float64 inputs")
     if dt == "int64":
         if name in RANDOM or not any(isinstance(a, np.ndarray) and a.dtype == np.float32
                                      for a in args):

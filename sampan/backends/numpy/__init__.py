@@ -41,9 +41,17 @@ class NumpyProvider(Provider):
 
     name = "numpy"
     kernels = _OpTableKernels()
+    # the requantising int8 layers: a served program's weights prepared once per node
+    bound_kernels = ("qlinear_dense", "qdense", "qlinear_conv2d", "qdense_dynamic")
 
     def supports(self, node) -> bool:
         return node.op in self.kernels
+
+    def bind(self, node, inplace=None):
+        if node.op in self.bound_kernels:
+            from ...ops.quant_fused import bind
+            return bind(node)
+        return super().bind(node, inplace)
 
 
 PROVIDER = NumpyProvider()

@@ -1,7 +1,8 @@
 """numba row loops of layer norm and standardisation (`sampan.ops.layernorm`,
 `sampan.ops.rowwise`): statistics, forward and gradients one pass over the rows each,
 in the rows' own float type. Half precision computes in float32 and rounds (the ops'
-rule); other calls go to the ops' numpy kernels."""
+rule; bfloat16 rows through the same loops over their bits, `rowwise.py`'s `load` /
+`store`); other calls go to the ops' numpy kernels."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,12 +10,15 @@ import numpy as np
 from ....ops import layernorm as _l
 from ....ops import rowwise as _r
 from ....ops._nb import njit
-from .rowwise import _FM, _run_rows
+from ..mathlib import bf16_load, bf16_store
+from .rowwise import _BF16, _FM, _run_rows, _same, bits, is_bf16
 
 
-def _norm_kernels(ftype):
+def _norm_kernels(ftype, load=_same, store=_same):
     """The row kernels for one float type: statistics, sums and constants all in it
-    (float64 sums of float32 rows ran at half the vector width, ~2x slower)."""
+    (float64 sums of float32 rows ran at half the vector width, ~2x slower); `load` /
+    `store` as in rowwise.py (bfloat16 bits: float32 inside, each output rounded once;
+    the weight gradients' accumulators `dw`, `db` stay float32)."""
     zero = ftype(0)
     one = ftype(1)
 
@@ -25,11 +29,11 @@ def _norm_kernels(ftype):
         inv_n = one / ftype(nc)
         s = zero
         for c in range(nc):
-            s += x[r, c]
+            s += load(x[r, c])
         m = s * inv_n
         q = zero
         for c in range(nc):
-            d = x[r, c] - m
+            d = load(x[r, c]) - m
             q += d * d
         return m, one / np.sqrt(q * inv_n + eps)
 
@@ -38,14 +42,14 @@ def _norm_kernels(ftype):
         for r in range(x.shape[0]):
             m, rs = stats(x, r, eps)
             for c in range(x.shape[1]):
-                out[r, c] = (x[r, c] - m) * rs
+                out[r, c] = store((load(x[r, c]) - m) * rs)
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def ln_fwd(x, w, b, eps, out):
         for r in range(x.shape[0]):
             m, rs = stats(x, r, eps)
             for c in range(x.shape[1]):
-                out[r, c] = (x[r, c] - m) * rs * w[c] + b[c]
+                out[r, c] = store((load(x[r, c]) - m) * rs * load(w[c]) + load(b[c]))
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def ln_bwd_x(x, w, g, eps, out):
@@ -56,14 +60,14 @@ def _norm_kernels(ftype):
             sg = zero
             sgy = zero
             for c in range(nc):
-                gc = g[r, c] * w[c]
+                gc = load(g[r, c]) * load(w[c])
                 sg += gc
-                sgy += gc * ((x[r, c] - m) * rs)
+                sgy += gc * ((load(x[r, c]) - m) * rs)
             mg = sg * inv_n
             mgy = sgy * inv_n
             for c in range(nc):
-                y = (x[r, c] - m) * rs
-                out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
+                y = (load(x[r, c]) - m) * rs
+                out[r, c] = store(rs * (load(g[r, c]) * load(w[c]) - mg - y * mgy))
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def ln_bwd_w(x, g, eps, out):
@@ -73,7 +77,7 @@ def _norm_kernels(ftype):
         for r in range(x.shape[0]):
             m, rs = stats(x, r, eps)
             for c in range(nc):
-                out[c] += g[r, c] * ((x[r, c] - m) * rs)
+                out[c] += load(g[r, c]) * ((load(x[r, c]) - m) * rs)
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def ln_bwd(x, w, g, eps, out, dw, db):
@@ -91,21 +95,22 @@ def _norm_kernels(ftype):
             # the row sums and the column accumulations in two loops: one loop
             # doing both ran 0.46 ms per W3 call, these two 0.39 ms
             for c in range(nc):
-                gc = g[r, c] * w[c]
+                gc = load(g[r, c]) * load(w[c])
                 sg += gc
-                sgy += gc * ((x[r, c] - m) * rs)
+                sgy += gc * ((load(x[r, c]) - m) * rs)
             for c in range(nc):
-                gr = g[r, c]
-                dw[c] += gr * ((x[r, c] - m) * rs)
+                gr = load(g[r, c])
+                dw[c] += gr * ((load(x[r, c]) - m) * rs)
                 db[c] += gr
             mg = sg * inv_n
             mgy = sgy * inv_n
             for c in range(nc):
-                y = (x[r, c] - m) * rs
-                out[r, c] = rs * (g[r, c] * w[c] - mg - y * mgy)
+                y = (load(x[r, c]) - m) * rs
+                out[r, c] = store(rs * (load(g[r, c]) * load(w[c]) - mg - y * mgy))
     return std_fwd, ln_fwd, ln_bwd_x, ln_bwd_w, ln_bwd
 
 _NK = {np.dtype(t): _norm_kernels(t) for t in (np.float32, np.float64)}
+_NKB = _norm_kernels(np.float32, bf16_load, bf16_store)       # bfloat16 bits
 
 
 def _standardize_rows(x, eps):
@@ -114,7 +119,22 @@ def _standardize_rows(x, eps):
     return _r._standardize_rows(x, eps)
 
 
+def _f32(eps):
+    return np.float32(eps)
+
+
+def _vec16(v, c):
+    """A bfloat16 vector of length c as its uint16 bits (None if it is not one)."""
+    if v.dtype != _BF16 or v.shape != (c,):
+        return None
+    return np.ascontiguousarray(v).view(np.uint16)
+
+
 def standardize(x, eps):
+    if is_bf16(x):
+        out = np.empty(x.shape, _BF16)
+        _NKB[0](bits(x), _f32(eps), bits(out))
+        return out
     return _r._in_f32(_standardize_rows, (x,), eps)
 
 
@@ -128,11 +148,33 @@ def _ln_rows(x, w, b, eps):
 
 
 def layer_norm_affine(x, w, b, eps):
+    c = x.shape[-1] if x.ndim else 0
+    if is_bf16(x) and _vec16(w, c) is not None and _vec16(b, c) is not None:
+        out = np.empty(x.shape, _BF16)
+        _NKB[1](bits(x), _vec16(w, c), _vec16(b, c), _f32(eps), bits(out))
+        return out
     return _r._in_f32(_ln_rows, (x, w, b), eps)
 
 
-@_r._half
 def ln_grad_x(x, w, g, eps):
+    c = x.shape[-1] if x.ndim else 0
+    if is_bf16(x, g) and _vec16(w, c) is not None:
+        out = np.empty(x.shape, _BF16)
+        _NKB[2](bits(x), _vec16(w, c), bits(g), _f32(eps), bits(out))
+        return out
+    return _ln_grad_x(x, w, g, eps=eps)
+
+
+def ln_grad_w(x, g, eps):
+    if is_bf16(x, g):
+        out = np.empty(x.shape[-1], np.float32)       # float32 sums, rounded once
+        _NKB[3](bits(x), bits(g), _f32(eps), out)
+        return out.astype(_BF16)
+    return _ln_grad_w(x, g, eps=eps)
+
+
+@_r._half
+def _ln_grad_x(x, w, g, eps):
     if x.dtype in _NK and x.size and g.shape == x.shape:
         out = np.empty(x.shape, x.dtype)
         _NK[x.dtype][2](_l._rows(x), np.ascontiguousarray(w), _l._rows(g), x.dtype.type(eps),
@@ -142,7 +184,7 @@ def ln_grad_x(x, w, g, eps):
 
 
 @_r._half
-def ln_grad_w(x, g, eps):
+def _ln_grad_w(x, g, eps):
     if x.dtype in _NK and x.size and g.shape == x.shape:
         out = np.empty(x.shape[-1], x.dtype)
         _NK[x.dtype][3](_l._rows(x), _l._rows(g), x.dtype.type(eps), out)
@@ -150,9 +192,20 @@ def ln_grad_w(x, g, eps):
     return _l._ln_grad_w_kernel(x, g, eps)
 
 
-@_r._half
 def ln_grad(x, w, g, eps):
     """(dx, dw, db) of layer_norm_affine in one pass (`ln_bwd`)."""
+    c = x.shape[-1] if x.ndim else 0
+    if is_bf16(x, g) and _vec16(w, c) is not None:
+        out = np.empty(x.shape, _BF16)
+        dw = np.empty(c, np.float32)                    # float32 sums, rounded once
+        db = np.empty(c, np.float32)
+        _NKB[4](bits(x), _vec16(w, c), bits(g), _f32(eps), bits(out), dw, db)
+        return out, dw.astype(_BF16), db.astype(_BF16)
+    return _ln_grad(x, w, g, eps=eps)
+
+
+@_r._half
+def _ln_grad(x, w, g, eps):
     c = x.shape[-1]
     if (x.dtype in _NK and x.size and g.shape == x.shape and g.dtype == x.dtype
             and w.dtype == x.dtype):

@@ -1,18 +1,23 @@
 """numba row loops of softmax, log-softmax, their gradients and cross-entropy with class
 targets (`sampan.ops.rowwise`): one pass per row, float32 rows with mathlib's vectorised
-exp32 (as fused jit kernels do), float64 rows with numpy's exp. Half precision computes
-in float32 and rounds (the ops' rule); other calls go to the ops' numpy kernels."""
+exp32 (as fused jit kernels do), float64 rows with numpy's exp. bfloat16 rows run the same
+loops over their bits (loaded to float32, each output rounded once: the ops' rule without
+float32 copies of the arrays); float16 computes in float32 arrays and rounds; other calls
+go to the ops' numpy kernels."""
 from __future__ import annotations
 
 import numpy as np
 
+from .... import dtypes as _dt
 from ....ops import rowwise as _r
 from ....ops._nb import FASTMATH_IEEE, njit
+from ..mathlib import bf16_load, bf16_store
 from ..mathlib import exp32 as _exp32
 
 # FASTMATH_IEEE: reassociation lets LLVM vectorise the row sums and maxima (8x faster
 # here); no "finite only" flags, so masked (-inf) entries and NaNs keep IEEE semantics
 _FM = FASTMATH_IEEE
+_BF16 = np.dtype(_dt.bfloat16)
 
 
 def _run_rows(kern, *arrays, **scalars):
@@ -26,50 +31,70 @@ def _run_rows(kern, *arrays, **scalars):
     return out
 
 
+@njit(inline="always")
+def _same(v):
+    return v
+
+
 # Accumulators start from a zero of the row's own type (`zero` below): `x[r, 0] * 0` is
 # float64 in numba for float32 x, and the float64 sums made W3's softmax 2x slower.
-@njit(inline="always", fastmath=_FM)
-def _row_max(x, r):
-    # a NaN anywhere still reaches the result: as m here (first element) or through
-    # exp(x - m) in the caller's sum; the comparison vectorises where max() did not
-    m = x[r, 0]
-    for c in range(1, x.shape[1]):
-        v = x[r, c]
-        m = v if v > m else m
-    return m
-
-
-def _exp_row_fn(expf, zero):
+# `load` / `store` read and write an element: the identity for float32/float64 rows,
+# mathlib's bf16_load / bf16_store for bfloat16 rows held as their uint16 bits (computed
+# in float32 and each output rounded once, as the ops' rule says, with no float32 copy
+# of the rows made and none rounded back afterwards).
+def _row_max_fn(load):
     @njit(inline="always", fastmath=_FM)
-    def exp_row(x, r, out):
-        """out[r] = e**(x[r] - max(x[r])); returns the max and the sum."""
-        m = _row_max(x, r)
+    def row_max(x, r):
+        # a NaN anywhere still reaches the result: as m here (first element) or through
+        # exp(x - m) in the caller's sum; the comparison vectorises where max() did not
+        m = load(x[r, 0])
+        for c in range(1, x.shape[1]):
+            v = load(x[r, c])
+            m = v if v > m else m
+        return m
+    return row_max
+
+
+_row_max = _row_max_fn(_same)
+
+
+def _exp_row_fn(expf, zero, load):
+    row_max = _row_max_fn(load)
+
+    @njit(inline="always", fastmath=_FM)
+    def exp_row(x, r, buf, br):
+        """buf[br] = e**(x[r] - max(x[r])); returns the max and the sum."""
+        m = row_max(x, r)
         s = zero
         for c in range(x.shape[1]):
-            e = expf(x[r, c] - m)
-            out[r, c] = e
+            e = expf(load(x[r, c]) - m)
+            buf[br, c] = e
             s += e
         return m, s
     return exp_row
 
 
-def _row_kernels(expf, zero):
-    exp_row = _exp_row_fn(expf, zero)
+def _row_kernels(expf, zero, load=_same, store=_same):
+    """softmax / log-softmax forward (`fwd(x, log, out, buf)`: the exponentials go to
+    `buf`, `out` itself for float rows, one float32 row for bfloat16) and backward."""
+    exp_row = _exp_row_fn(expf, zero, load)
     one = zero + 1
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-    def fwd(x, log, out):
+    def fwd(x, log, out, buf):
         nr, nc = x.shape
+        one_row = buf.shape[0] == 1 and nr > 1
         for r in range(nr):
-            m, s = exp_row(x, r, out)
+            br = 0 if one_row else r
+            m, s = exp_row(x, r, buf, br)
             if log:
                 ls = np.log(s)
                 for c in range(nc):
-                    out[r, c] = (x[r, c] - m) - ls
+                    out[r, c] = store((load(x[r, c]) - m) - ls)
             else:
                 inv = one / s   # a multiply per element, not a division
                 for c in range(nc):
-                    out[r, c] = out[r, c] * inv
+                    out[r, c] = store(buf[br, c] * inv)
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
     def bwd(y, g, log, out):
@@ -78,14 +103,15 @@ def _row_kernels(expf, zero):
             s = zero
             if log:
                 for c in range(nc):
-                    s += g[r, c]
+                    s += load(g[r, c])
                 for c in range(nc):
-                    out[r, c] = g[r, c] - expf(y[r, c]) * s
+                    out[r, c] = store(load(g[r, c]) - expf(load(y[r, c])) * s)
             else:
                 for c in range(nc):
-                    s += g[r, c] * y[r, c]
+                    s += load(g[r, c]) * load(y[r, c])
                 for c in range(nc):
-                    out[r, c] = y[r, c] * (g[r, c] - s)
+                    yc = load(y[r, c])
+                    out[r, c] = store(yc * (load(g[r, c]) - s))
     return fwd, bwd
 
 
@@ -96,12 +122,27 @@ def _exp64(x):
 
 _K = {np.dtype(np.float32): _row_kernels(_exp32, np.float32(0)),
       np.dtype(np.float64): _row_kernels(_exp64, np.float64(0))}
+_KB = _row_kernels(_exp32, np.float32(0), bf16_load, bf16_store)   # bfloat16 bits
+
+
+def bits(a):
+    """A bfloat16 array's uint16 bits as rows (rows, last dim), contiguous."""
+    return np.ascontiguousarray(a).view(np.uint16).reshape(-1, a.shape[-1])
+
+
+def is_bf16(*arrays):
+    """Whether every array is bfloat16 of the first one's shape, with elements."""
+    a = arrays[0]
+    return a.size > 0 and all(b.dtype == _BF16 and b.shape == a.shape for b in arrays)
 
 
 def _softmax_rows(x, log):
     ks = _K.get(x.dtype)
     if ks is not None and x.size:
-        return _run_rows(ks[0], x, log=log)
+        out = np.empty(x.shape, x.dtype)
+        o = out.reshape(-1, x.shape[-1])
+        ks[0](np.ascontiguousarray(x).reshape(o.shape), log, o, o)
+        return out
     return _r._softmax_rows(x, log)
 
 
@@ -112,20 +153,36 @@ def _softmax_grad_rows(y, g, log):
     return _r._softmax_grad_rows(y, g, log)
 
 
+def _softmax_any(x, log):
+    if is_bf16(x):
+        out = np.empty(x.shape, _BF16)
+        _KB[0](bits(x), log, bits(out), np.empty((1, x.shape[-1]), np.float32))
+        return out
+    return _r._in_f32(_softmax_rows, (x,), log)
+
+
+def _softmax_grad_any(y, g, log):
+    if is_bf16(y, g):
+        out = np.empty(y.shape, _BF16)
+        _KB[1](bits(y), bits(g), log, bits(out))
+        return out
+    return _r._in_f32(_softmax_grad_rows, (y, g), log)
+
+
 def softmax(x):
-    return _r._in_f32(_softmax_rows, (x,), False)
+    return _softmax_any(x, False)
 
 
 def log_softmax(x):
-    return _r._in_f32(_softmax_rows, (x,), True)
+    return _softmax_any(x, True)
 
 
 def softmax_grad(y, g):
-    return _r._in_f32(_softmax_grad_rows, (y, g), False)
+    return _softmax_grad_any(y, g, False)
 
 
 def log_softmax_grad(y, g):
-    return _r._in_f32(_softmax_grad_rows, (y, g), True)
+    return _softmax_grad_any(y, g, True)
 
 
 # cross-entropy (see ops/rowwise.py for the formulas)
