@@ -115,30 +115,18 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
             nm = ctx.const(c.const, _const_name(c.name), exact=bool(c.name))
             names[c.id] = nm
             ctx.specs.setdefault(nm, Spec(c.shape, c.dtype))
-    for n in g.nodes:
-        ctx.op, ctx.loc = n.op, n.loc
-        op = OPS.get(n.op)
-        fn = op.onnx if op is not None else None
-        if fn is None or fn == NO_ONNX:
-            raise OnnxError(f"sampan.onnx.export: op {n.op!r} at {n.loc or '?'} has no ONNX "
-                            f"mapping (asked for opset {opset}); it cannot be exported")
-        outs = ctx.lower(n.op, [names[v.id] for v in n.inputs], n.attrs,
-                         [Spec(v.shape, v.dtype) for v in n.outputs])
-        if len(outs) < len(n.outputs):
-            raise OnnxError(f"sampan.onnx.export: the lowering of {n.op!r} at {n.loc or '?'} "
-                            f"gave {len(outs)} outputs; expected {len(n.outputs)}")
-        for v, o in zip(n.outputs, outs):
-            names[v.id] = o
-            ctx.specs[o] = Spec(v.shape, v.dtype)
+    lower_nodes(ctx, g, names)
     out_names = _out_names(output_names, len(outputs))
     clash = set(out_names) & (set(args.values()) | set(ctx.inits) | {
         o for _, _, outs, _ in ctx.nodes for o in outs})
     if clash:
         raise OnnxError(f"sampan.onnx.export: output names {sorted(clash)} are already the "
                         "names of inputs or weights; choose others with output_names=")
-    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs})
+    # names a subgraph reads from the enclosing graph stay as they are (kept, not renamed)
+    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs} | ctx.outer_reads)
     needed = {i for _, ins, _, _ in ctx.nodes for i in ins} | {names[g.outputs[i].id]
                                                                for i in outputs}
+    needed |= ctx.outer_reads
     ctx.inits = {nm: a for nm, a in ctx.inits.items() if nm in needed}
     graph_outputs = []
     taken = {}
@@ -150,11 +138,7 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
         taken[src] = nm
         graph_outputs.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype),
                                                            _dims(v.shape)))
-    nodes = []
-    for k, (t, ins, outs, attrs) in enumerate(ctx.nodes):
-        attrs = dict(attrs)
-        loc = attrs.pop(LOC, None)
-        nodes.append(helper.make_node(t, ins, outs, name=f"{t}_{k}", doc_string=loc, **attrs))
+    nodes = node_protos(ctx.nodes)
     # np.array, not ascontiguousarray: a 0-d array stays 0-d
     inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
@@ -165,10 +149,52 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
                              ir_version=helper.find_min_ir_version_for([oid]))
 
 
+def lower_nodes(ctx, g, names):
+    """Lower the nodes of Graph `g` (a program or a block) into `ctx.nodes`; `names` maps
+    value ids to ONNX names (its inputs' and constants' on entry, every output's after).
+    A node holding blocks (cond, while_loop, scan) becomes If / Loop / Scan
+    (`export_control.py`)."""
+    for n in g.nodes:
+        ctx.op, ctx.loc = n.op, n.loc
+        if getattr(n, "blocks", None):
+            from .export_control import lower_control
+            outs = lower_control(ctx, n, [names[v.id] for v in n.inputs])
+        else:
+            op = OPS.get(n.op)
+            fn = op.onnx if op is not None else None
+            if fn is None or fn == NO_ONNX:
+                raise OnnxError(f"sampan.onnx.export: op {n.op!r} at {n.loc or '?'} has no "
+                                f"ONNX mapping (asked for opset {ctx.opset}); it cannot be "
+                                "exported")
+            outs = ctx.lower(n.op, [names[v.id] for v in n.inputs], n.attrs,
+                             [Spec(v.shape, v.dtype) for v in n.outputs])
+        if len(outs) < len(n.outputs):
+            raise OnnxError(f"sampan.onnx.export: the lowering of {n.op!r} at {n.loc or '?'} "
+                            f"gave {len(outs)} outputs; expected {len(n.outputs)}")
+        for v, o in zip(n.outputs, outs):
+            names[v.id] = o
+            ctx.specs[o] = Spec(v.shape, v.dtype)
+
+
+def node_protos(nodes, prefix=""):
+    """NodeProtos of the lowered (op type, inputs, outputs, attrs) tuples (named
+    `<prefix><type>_<k>`); a node's source line becomes its doc_string."""
+    from onnx import helper
+    out = []
+    for k, (t, ins, outs, attrs) in enumerate(nodes):
+        attrs = dict(attrs)
+        loc = attrs.pop(LOC, None)
+        out.append(helper.make_node(t, ins, outs, name=f"{prefix}{t}_{k}",
+                                    doc_string=loc, **attrs))
+    return out
+
+
 def _rename(ctx, src, new, taken) -> bool:
     """Rename the node output `src` to graph output name `new` (no Identity needed) when a
-    node made it and it is not already a graph output under another name."""
-    if src in taken or not any(src in outs for _, _, outs, _ in ctx.nodes):
+    node made it, it is not already a graph output under another name and no subgraph
+    reads it."""
+    if src in taken or src in ctx.outer_reads or not any(
+            src in outs for _, _, outs, _ in ctx.nodes):
         return False
     for _, ins, outs, _ in ctx.nodes:
         outs[:] = [new if o == src else o for o in outs]
