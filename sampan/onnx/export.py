@@ -24,15 +24,15 @@ import tempfile
 import numpy as np
 
 from ..errors import SampanError
-from ..ops.registry import NO_ONNX, OPS, Spec
+from ..ops.registry import Spec
 from . import lower  # noqa: F401 - registers the lowerings in the op table
 from .errors import OnnxError
-from .lower.context import LOC, Ctx, onnx_dtype
+from .export_control import _clean, _const_name, _dims, lower_nodes, node_protos
+from .lower.context import Ctx, onnx_dtype
 from .lower.peephole import fold_patterns
 
 MIN_OPSET = 17
 EXTERNAL_DATA_BYTES = 2 << 30      # protobuf's limit: larger models keep weights outside
-_SIG = re.compile(r"[^A-Za-z0-9_.:/-]")
 
 
 # ---------------------------------------------------------------------- opsets
@@ -149,46 +149,6 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
                              ir_version=helper.find_min_ir_version_for([oid]))
 
 
-def lower_nodes(ctx, g, names):
-    """Lower the nodes of Graph `g` (a program or a block) into `ctx.nodes`; `names` maps
-    value ids to ONNX names (its inputs' and constants' on entry, every output's after).
-    A node holding blocks (cond, while_loop, scan) becomes If / Loop / Scan
-    (`export_control.py`)."""
-    for n in g.nodes:
-        ctx.op, ctx.loc = n.op, n.loc
-        if getattr(n, "blocks", None):
-            from .export_control import lower_control
-            outs = lower_control(ctx, n, [names[v.id] for v in n.inputs])
-        else:
-            op = OPS.get(n.op)
-            fn = op.onnx if op is not None else None
-            if fn is None or fn == NO_ONNX:
-                raise OnnxError(f"sampan.onnx.export: op {n.op!r} at {n.loc or '?'} has no "
-                                f"ONNX mapping (asked for opset {ctx.opset}); it cannot be "
-                                "exported")
-            outs = ctx.lower(n.op, [names[v.id] for v in n.inputs], n.attrs,
-                             [Spec(v.shape, v.dtype) for v in n.outputs])
-        if len(outs) < len(n.outputs):
-            raise OnnxError(f"sampan.onnx.export: the lowering of {n.op!r} at {n.loc or '?'} "
-                            f"gave {len(outs)} outputs; expected {len(n.outputs)}")
-        for v, o in zip(n.outputs, outs):
-            names[v.id] = o
-            ctx.specs[o] = Spec(v.shape, v.dtype)
-
-
-def node_protos(nodes, prefix=""):
-    """NodeProtos of the lowered (op type, inputs, outputs, attrs) tuples (named
-    `<prefix><type>_<k>`); a node's source line becomes its doc_string."""
-    from onnx import helper
-    out = []
-    for k, (t, ins, outs, attrs) in enumerate(nodes):
-        attrs = dict(attrs)
-        loc = attrs.pop(LOC, None)
-        out.append(helper.make_node(t, ins, outs, name=f"{prefix}{t}_{k}",
-                                    doc_string=loc, **attrs))
-    return out
-
-
 def _rename(ctx, src, new, taken) -> bool:
     """Rename the node output `src` to graph output name `new` (no Identity needed) when a
     node made it, it is not already a graph output under another name and no subgraph
@@ -200,23 +160,6 @@ def _rename(ctx, src, new, taken) -> bool:
         outs[:] = [new if o == src else o for o in outs]
         ins[:] = [new if i == src else i for i in ins]
     return True
-
-
-def _const_name(name):
-    """A weight's ONNX name: its parameter name ('0.weight'), without freeze_state's
-    'frozen.' prefix."""
-    if not name:
-        return "const"
-    name = str(name)
-    return _clean(name[len("frozen."):] if name.startswith("frozen.") else name)
-
-
-def _dims(shape):
-    return [d if isinstance(d, int) else str(d) for d in shape]
-
-
-def _clean(name) -> str:
-    return _SIG.sub("_", str(name))
 
 
 def _out_names(names, n):

@@ -24,10 +24,15 @@ the exporter's peephole and output renaming leave them be.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from ..ops.registry import Spec
+from ..ops.registry import NO_ONNX, OPS, Spec
 from .errors import OnnxError
+from .lower.context import LOC
+
+_SIG = re.compile(r"[^A-Za-z0-9_.:/-]")
 
 
 def lower_control(ctx, n, ins):
@@ -47,13 +52,70 @@ def lower_control(ctx, n, ins):
     return outs
 
 
-# ---------------------------------------------------------------------- blocks
+# ---------------------------------------------------------------------- graphs and blocks
+def lower_nodes(ctx, g, names):
+    """Lower the nodes of Graph `g` (a program or a block) into `ctx.nodes`; `names` maps
+    value ids to ONNX names (its inputs' and constants' on entry, every output's after).
+    A node holding blocks (cond, while_loop, scan) becomes If / Loop / Scan
+    (`export_control.py`)."""
+    for n in g.nodes:
+        ctx.op, ctx.loc = n.op, n.loc
+        if getattr(n, "blocks", None):
+            outs = lower_control(ctx, n, [names[v.id] for v in n.inputs])
+        else:
+            op = OPS.get(n.op)
+            fn = op.onnx if op is not None else None
+            if fn is None or fn == NO_ONNX:
+                raise OnnxError(f"sampan.onnx.export: op {n.op!r} at {n.loc or '?'} has no "
+                                f"ONNX mapping (asked for opset {ctx.opset}); it cannot be "
+                                "exported")
+            outs = ctx.lower(n.op, [names[v.id] for v in n.inputs], n.attrs,
+                             [Spec(v.shape, v.dtype) for v in n.outputs])
+        if len(outs) < len(n.outputs):
+            raise OnnxError(f"sampan.onnx.export: the lowering of {n.op!r} at {n.loc or '?'} "
+                            f"gave {len(outs)} outputs; expected {len(n.outputs)}")
+        for v, o in zip(n.outputs, outs):
+            names[v.id] = o
+            ctx.specs[o] = Spec(v.shape, v.dtype)
+
+
+def node_protos(nodes, prefix=""):
+    """NodeProtos of the lowered (op type, inputs, outputs, attrs) tuples (named
+    `<prefix><type>_<k>`); a node's source line becomes its doc_string."""
+    from onnx import helper
+    out = []
+    for k, (t, ins, outs, attrs) in enumerate(nodes):
+        attrs = dict(attrs)
+        loc = attrs.pop(LOC, None)
+        out.append(helper.make_node(t, ins, outs, name=f"{prefix}{t}_{k}",
+                                    doc_string=loc, **attrs))
+    return out
+
+
+def _const_name(name):
+    """A weight's ONNX name: its parameter name ('0.weight'), without freeze_state's
+    'frozen.' prefix."""
+    if not name:
+        return "const"
+    name = str(name)
+    return _clean(name[len("frozen."):] if name.startswith("frozen.") else name)
+
+
+def _dims(shape):
+    return [d if isinstance(d, int) else str(d) for d in shape]
+
+
+def _clean(name) -> str:
+    return _SIG.sub("_", str(name))
+
+
+
+
 def _lower_block(ctx, g, in_names, into=None):
     """Lower block `g` with its inputs named `in_names`; returns (nodes, output names).
     `into`: the node list to append to (`ctx.nodes`: inline, in the enclosing graph);
     default a list of its own (a subgraph's). Sizes read from input shapes in a subgraph
     are its own nodes, never reused outside it."""
-    from .export import _const_name, lower_nodes
     saved_nodes, saved_cache = ctx.nodes, ctx._dim_cache
     if into is not ctx.nodes:
         ctx.nodes, ctx._dim_cache = ([] if into is None else into), dict(saved_cache)
@@ -79,7 +141,6 @@ def _subgraph(ctx, nodes, outs, out_specs, formal, name):
     outputs (an Identity where an output is not made by one of its own nodes, or is
     given twice: ONNX wants each output made inside, once)."""
     from onnx import helper
-    from .export import _dims, node_protos
     from .lower.context import onnx_dtype
     made = {o for _, _, os_, _ in nodes for o in os_}
     final, seen = [], set()

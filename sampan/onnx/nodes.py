@@ -14,6 +14,7 @@ from ..ops.registry import STATE
 from ..tensor import Tensor
 from . import emulate as _em
 from . import fold as _fold
+from .values import Opt, Seq
 from .ops import OnnxError
 
 
@@ -53,9 +54,8 @@ class Node:
         for a in proto.attribute:
             if a.type == a.GRAPH:
                 # a body (If, Loop, Scan) or a modifier (FlexAttention's score_mod): its
-                # handler runs it (sampan/onnx/subgraph.py)
-                from .subgraph import Subgraph
-                attrs[a.name] = Subgraph(a.g)
+                # handler reads and runs it (sampan/onnx/subgraph.py: subgraph_attr)
+                attrs[a.name] = a.g
                 continue
             if a.type == a.GRAPHS:
                 raise OnnxError(f"sampan.onnx: node {self.name!r} ({self.op_type}) has a "
@@ -282,7 +282,6 @@ def _run_static(fn, ctx, n, ins):
 
 def _static_seq(ctx, v):
     """A sequence (or optional) a folded node made, its tensors made static."""
-    from .subgraph import Opt, Seq
     if isinstance(v, Seq):
         return Seq([_static_seq(ctx, t) for t in v], v.elem)
     if isinstance(v, Opt):

@@ -19,6 +19,7 @@ from ..tensor import Tensor
 from . import emulate as _em
 from . import fold as _fold
 from .nodes import Node, _array, _check_attrs_read, _check_bits, _run_static, _settle
+from .values import Opt, Seq  # noqa: F401 - the sequence and optional values
 from .ops import lookup
 
 # nodes whose handlers run subgraphs (or read outer values): never folded as a whole,
@@ -26,30 +27,12 @@ from .ops import lookup
 RUNS_SUBGRAPHS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
-class Seq(list):
-    """An ONNX sequence value while the graph is built: its tensors, in order. `elem`
-    is the ONNX element type of an empty one (0 if unknown)."""
-
-    def __init__(self, items=(), elem=0):
-        super().__init__(items)
-        self.elem = elem
-
-
-class Opt:
-    """An ONNX optional value while the graph is built: `value` (a Tensor or a Seq) or
-    None for an empty optional."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value=None):
-        self.value = value
-
-
 class Subgraph:
     """A GraphProto (a subgraph attribute) read once: its input and output names, its
-    nodes, its initializers (static values) and the outer names it reads."""
+    nodes and its initializers (static values); the outer names it reads resolve when it
+    runs (`run_subgraph`)."""
 
-    __slots__ = ("name", "inputs", "outputs", "nodes", "inits", "free", "proto")
+    __slots__ = ("name", "inputs", "outputs", "nodes", "inits", "proto")
 
     def __init__(self, g):
         self.proto = g
@@ -58,18 +41,6 @@ class Subgraph:
         self.outputs = [o.name for o in g.output]
         self.nodes = [Node(n) for n in g.node]
         self.inits = {t.name: _array(t) for t in g.initializer}
-        defined = set(self.inputs) | set(self.inits) | {""}
-        free = []
-        for n in self.nodes:
-            reads = list(n.inputs)
-            for v in dict.values(n.attrs):     # not marked read
-                if isinstance(v, Subgraph):
-                    reads += v.free
-            for name in reads:
-                if name not in defined and name not in free:
-                    free.append(name)
-            defined |= set(n.outputs)
-        self.free = free          # names of the enclosing scopes it reads, in order
 
     def __repr__(self):
         return f"<onnx subgraph {self.name!r}: {self.inputs} -> {self.outputs}>"
@@ -141,8 +112,12 @@ def run_subgraph(ctx, sub, args, what=None):
 
 
 def subgraph_attr(ctx, node, name):
-    """The Subgraph held by attribute `name` of `node` (a clear error if it has none)."""
+    """The Subgraph held by attribute `name` of `node` (read once, then kept on the node;
+    a clear error if it has none)."""
     g = node.attrs.get(name)
+    if g is not None and not isinstance(g, Subgraph) and hasattr(g, "node"):
+        g = Subgraph(g)
+        dict.__setitem__(node.attrs, name, g)
     if not isinstance(g, Subgraph):
         raise ctx.error(f"needs the graph attribute {name!r}")
     return g

@@ -196,9 +196,10 @@ def _loop_node(ctx, node, body, m, mk, cond, ck, v, n_scan):
         return (*_as_tuple(carry), *_as_tuple(ys))
     if n_scan:
         raise ctx.error(f"its {n_scan} scan outputs have as many rows as iterations, and "
-                        "the condition is computed from data: the number of rows is not "
-                        "known when the graph is built (sampan's graphs are statically "
-                        "shaped); give the loop a fixed trip count")
+                        f"{'the trip count M' if m is not None and mk is None else 'the condition'}"
+                        " is computed from data: the number of rows is not known when the "
+                        "graph is built (sampan's graphs are statically shaped); give the "
+                        "loop a constant trip count and pass its condition through")
     limit = None if mk is None else int(np.asarray(mk).reshape(()))
     bound = m if m is not None and mk is None else None
     c0 = cond if cond is not None else sampan.tensor(np.array(True))

@@ -227,11 +227,11 @@ def flex_attention(ctx, node, q, k, v):
 
 def _run_mod(ctx, node, graph, x, what):
     """Run a one-input, one-output modifier subgraph on `x` through the import table."""
-    from ..subgraph import Subgraph, run_subgraph
-    if not isinstance(graph, Subgraph) or len(graph.inputs) != 1 or len(graph.outputs) != 1:
-        n_in, n_out = (len(graph.inputs), len(graph.outputs)) if isinstance(
-            graph, Subgraph) else (0, 0)
-        raise ctx.error(f"{what} has {n_in} inputs and {n_out} outputs; expected one of each")
+    from ..subgraph import run_subgraph, subgraph_attr
+    graph = subgraph_attr(ctx, node, what)
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise ctx.error(f"{what} has {len(graph.inputs)} inputs and {len(graph.outputs)} "
+                        "outputs; expected one of each")
     (y,) = run_subgraph(ctx, graph, [x], what)
     if not isinstance(y, sampan.Tensor) or tuple(y.shape) != tuple(x.shape):
         raise ctx.error(f"{what} gives {list(y.shape) if isinstance(y, sampan.Tensor) else y}; "
