@@ -1,9 +1,8 @@
 """ONNX control flow (issue 34): If / Loop / Scan and the sequence ops imported
 (sampan/onnx/ops/control.py, sequence.py), checked against the node suite's own outputs
-and numpy; under sampan.jit they become cond / while_loop / scan nodes."""
-import importlib
-import warnings
-
+and numpy; under sampan.jit they become cond / while_loop / scan nodes. And the export of
+jitted cond / while_loop / scan as If / Loop / Scan, run by onnxruntime against sampan eager
+and imported back."""
 import numpy as np
 import pytest
 
@@ -22,15 +21,8 @@ CONTROL = {"If": 3, "Loop": 3, "Scan": 4, "SequenceMap": 12, "SequenceInsert": 2
 
 
 def _suite():
-    """The node-suite cases of these op types (their case modules only: under a second)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for m in _MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{m}")
-    from onnx.backend.test.case.node import _NodeTestCases
-    by_name = {c.name: c for c in _NodeTestCases}
-    return [(be.case_op_type(c, by_name), c) for c in _NodeTestCases
-            if be.case_op_type(c, by_name) in CONTROL]
+    """Only the case modules of these op types are generated (under a second)."""
+    return be.module_cases(_MODULES, CONTROL)
 
 
 def test_node_suite_control_flow_and_sequence_cases_pass():
@@ -225,6 +217,25 @@ def test_traced_import_holds_one_control_flow_node_and_matches_eager(kind):
                                                     else want[0]).numpy(), rtol=1e-6)
 
 
+def test_node_suite_cases_traced_are_control_flow_nodes():
+    """The suite's If and Scan cases under sampan.jit: one cond / scan node each, equal to
+    the suite's outputs; its Loop cases take the trip count M as a graph input and stack
+    scan outputs, so a traced program (statically shaped) refuses them naming M."""
+    from onnx import numpy_helper
+    cases = {c.name: c for _, c in _suite()}
+    for name, op in (("test_if", "cond"), ("test_scan9_sum", "scan"),
+                     ("test_scan9_multi_state", "scan"), ("test_scan_sum", "scan")):
+        ins, refs = cases[name].data_sets[0]
+        ins = [numpy_helper.to_array(a) if not isinstance(a, np.ndarray) else a for a in ins]
+        refs = [numpy_helper.to_array(a) if not isinstance(a, np.ndarray) else a for a in refs]
+        layer, f = _jit(cases[name].model, *ins)
+        assert op in [n.op for n in f.graph.nodes], name
+        out = f(*[sampan.tensor(a) for a in ins])
+        _same([t.numpy() for t in (out if isinstance(out, tuple) else (out,))], refs)
+    with pytest.raises(OnnxError, match=r"Loop.*the trip count M is computed from data"):
+        sampan.onnx.load(cases["test_loop11"].model)
+
+
 def test_loop_with_a_fixed_trip_count_is_one_scan_node():
     """A Loop with a constant M and its condition passed through unchanged, traced: one
     scan over the iteration numbers, carrying the accumulator and stacking the rows."""
@@ -381,12 +392,11 @@ def test_export_greedy_decode_with_a_transformer_body(tmp_path):
         _, b, _ = sampan.while_loop(cond, body, (start, buf, sampan.tensor(np.array(0))),
                                     max_iterations=block)
         return b
-    for k in range(2):
-        buf = np.zeros((1, block), np.int64)
-        buf[0, :2] = rng.integers(0, 11, 2)
-        args = (buf, np.array(2, np.int64))
-        onnx_model, got, back = _export_run(decode, args, tmp_path, f"decode{k}")
-        assert "Loop" in _ops(onnx_model)
-        want = _eager(decode, args)
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(back[0], want[0])
+    buf = np.zeros((1, block), np.int64)
+    buf[0, :2] = rng.integers(0, 11, 2)
+    args = (buf, np.array(2, np.int64))
+    onnx_model, got, back = _export_run(decode, args, tmp_path, "decode")
+    assert "Loop" in _ops(onnx_model)
+    want = _eager(decode, args)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(back[0], want[0])
