@@ -400,3 +400,28 @@ def test_export_greedy_decode_with_a_transformer_body(tmp_path):
     want = _eager(decode, args)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(back[0], want[0])
+
+
+def test_export_nested_control_flow(tmp_path):
+    """A cond inside a scan body inside a while_loop body: subgraphs in subgraphs, each
+    reading the enclosing graphs' values by name."""
+    w = np.array([0.5, 2.0, -1.0], np.float32)
+
+    def inner(h, xs):
+        wt = sampan.tensor(w)
+
+        def step(h, x):
+            h2 = sampan.cond(x.sum() > 0, lambda a, b: a + b * wt, lambda a, b: a - b, h, x)
+            return h2, h2 * 1.0
+        return sampan.scan(step, h, xs)
+
+    def f(x):
+        def body(i, s):
+            s2, ys = inner(s, sampan.stack([s, -s * 0.5, s + 1.0]))
+            return i + 1, s2 + ys.sum(0)
+        return sampan.while_loop(lambda i, s: i < 3, body, (sampan.tensor(np.array(0)), x))
+    x = np.array([1, -2, 0.5], np.float32)
+    model, got, back = _export_run(f, (x,), tmp_path, "nested")
+    want = _eager(f, (x,))
+    _same(got, want)
+    _same(back, want)
