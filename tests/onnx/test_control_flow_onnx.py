@@ -232,8 +232,15 @@ def test_node_suite_cases_traced_are_control_flow_nodes():
         assert op in [n.op for n in f.graph.nodes], name
         out = f(*[sampan.tensor(a) for a in ins])
         _same([t.numpy() for t in (out if isinstance(out, tuple) else (out,))], refs)
+    loop11 = cases["test_loop11"]
     with pytest.raises(OnnxError, match=r"Loop.*the trip count M is computed from data"):
-        sampan.onnx.load(cases["test_loop11"].model)
+        sampan.onnx.load(loop11.model)
+    # with M and the condition constants, its body still slices at the iteration number
+    # (a Slice start must be known when the graph is built): the loop unrolls
+    (m, c, y), refs = [[np.asarray(a) for a in d] for d in loop11.data_sets[0]]
+    layer, f = _jit(be._bind_inputs(loop11.model, {"trip_count": m, "cond": c}), y)
+    assert not [n for n in f.graph.nodes if n.blocks]
+    _same([t.numpy() for t in f(sampan.tensor(y))], refs)
 
 
 def test_loop_with_a_fixed_trip_count_is_one_scan_node():
