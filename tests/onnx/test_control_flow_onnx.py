@@ -432,3 +432,21 @@ def test_export_nested_control_flow(tmp_path):
     want = _eager(f, (x,))
     _same(got, want)
     _same(back, want)
+
+
+def test_branches_of_different_shapes_run_eagerly_and_are_refused_traced():
+    then_b = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                               [_f("t", [3])])
+    else_b = helper.make_graph([_const("k", np.array([0, 1], np.int64)),
+                                helper.make_node("Gather", ["x", "k"], ["e"])], "else", [],
+                               [_f("e", [2])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             _const("z", np.float32(0)), helper.make_node("Greater", ["s", "z"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="branchy", then_branch=then_b,
+                              else_branch=else_b)]
+    m = _model(nodes, [_f("x", [3])], [_f("y", [None])])
+    layer = sampan.onnx.to_layer(m)
+    assert layer(np.ones(3, np.float32)).shape == (3,)
+    assert layer(-np.ones(3, np.float32)).shape == (2,)
+    with pytest.raises(OnnxError, match=r"'branchy' \(If.*f32\[3\].*f32\[2\]"):
+        sampan.onnx.load(m)
