@@ -450,3 +450,19 @@ def test_branches_of_different_shapes_run_eagerly_and_are_refused_traced():
     assert layer(-np.ones(3, np.float32)).shape == (2,)
     with pytest.raises(OnnxError, match=r"'branchy' \(If.*f32\[3\].*f32\[2\]"):
         sampan.onnx.load(m)
+
+
+def test_saved_program_with_a_while_loop_exports(tmp_path):
+    """A program saved by sampan.jit.save with a while_loop converts to ONNX (the CLI's
+    `sampan onnx export` path) and onnxruntime runs it."""
+    from sampan.onnx.export import save_model, saved_to_model
+
+    def f(x):
+        return sampan.while_loop(lambda i, s: s.sum() < 50.0,
+                                 lambda i, s: (i + 1, s * 2.0 + 1.0),
+                                 (sampan.tensor(np.array(0, np.int64)), x), max_iterations=10)
+    x = np.array([1, 2, 3], np.float32)
+    prog = sampan.jit.save(f, str(tmp_path / "prog"), (sampan.tensor(x),))
+    path = save_model(saved_to_model(prog), str(tmp_path / "m.onnx"))
+    sess = ort.InferenceSession(path)
+    _same(sess.run(None, {sess.get_inputs()[0].name: x}), _eager(f, (x,)))
