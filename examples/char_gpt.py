@@ -62,6 +62,139 @@ def sample(model, stoi, itos, prompt, n=200, block=32, temperature=0.8, seed=0):
     return "".join(itos[i] for i in ids)
 
 
+# ---- decoding: fixed-size buffers so one jitted `while_loop` holds the whole decode ----
+
+def _next_logits(model, window, n, block):
+    """Logits (B, V) of the token after the first `n` tokens of each row of `window`
+    (B, block): the model is causal, so the padding after position n-1 is never seen."""
+    logits = model(window)                                       # (B, block, V)
+    at = sampan.cast(sampan.eq(sampan.arange(block), n - 1), logits.dtype)
+    return (logits * at.reshape(1, block, 1)).sum(1)
+
+
+def _append(window, n, out, i, tok, block, max_new):
+    """Put `tok` (B,) after the `n` tokens of `window` (sliding left once it is full) and at
+    position `i` of the output buffer `out` (B, max_new)."""
+    col = tok.reshape(-1, 1)
+    placed = sampan.where(sampan.eq(sampan.arange(block).reshape(1, block), n), col, window)
+    shifted = sampan.concat([window[:, 1:], col], 1)
+    window = sampan.where(sampan.ge(n, block), shifted, placed)
+    out = sampan.where(sampan.eq(sampan.arange(max_new).reshape(1, max_new), i), col, out)
+    return window, sampan.minimum(n + 1, block), out, i + 1
+
+
+class GreedyDecoder(nn.Layer):
+    """``decoder(window, n) -> (tokens, steps)``: greedy decoding of up to `max_new` tokens
+    after the prompt held in `window` (1, block) (its first `n` entries; the rest padding),
+    stopping early after emitting `eot`, as one `sampan.while_loop`. Carried: the context
+    window, its fill `n`, the output buffer (1, max_new), the step counter and a done flag;
+    `tokens[0, :steps]` is the decode."""
+
+    def __init__(self, model, block, max_new, eot):
+        super().__init__()
+        self.model, self.block, self.max_new, self.eot = model, block, max_new, eot
+
+    def forward(self, window, n):
+        block, max_new = self.block, self.max_new
+
+        def more(window, n, out, i, done):
+            return sampan.logical_and(sampan.lt(i, max_new), sampan.logical_not(done))
+
+        def step(window, n, out, i, done):
+            tok = _next_logits(self.model, window, n, block).argmax(-1)      # (1,)
+            window, n, out, i = _append(window, n, out, i, tok, block, max_new)
+            return window, n, out, i, sampan.eq(tok.reshape(()), self.eot)
+
+        out = sampan.zeros((1, max_new), dtype=sampan.int64)
+        init = (window, n, out, sampan.tensor(0), sampan.tensor(False))
+        _, _, out, i, _ = sampan.while_loop(more, step, init, max_iterations=max_new)
+        return out, i
+
+
+class BeamDecoder(nn.Layer):
+    """``decoder(window, n) -> (tokens, steps, scores)``: beam search with `k` beams over
+    the prompt in `window` (1, block), as one `sampan.while_loop`. Each beam carries its
+    window, output buffer row and log-probability score; a beam that emitted `eot` is
+    finished (it continues only with `eot` at no cost); the loop stops when every beam is
+    finished or after `max_new` tokens. `tokens` (k, max_new) is sorted best first."""
+
+    def __init__(self, model, block, max_new, eot, k, vocab):
+        super().__init__()
+        self.model, self.block, self.max_new, self.eot = model, block, max_new, eot
+        self.k, self.vocab = k, vocab
+
+    def forward(self, window, n):
+        block, max_new, k, vocab = self.block, self.max_new, self.k, self.vocab
+        only_eot = sampan.where(sampan.eq(sampan.arange(vocab), self.eot), 0.0, NEG)
+
+        def more(window, n, out, i, scores, finished):
+            return sampan.logical_and(sampan.lt(i, max_new),
+                                      sampan.logical_not(sampan.all(finished)))
+
+        def step(window, n, out, i, scores, finished):
+            logp = sampan.log_softmax(_next_logits(self.model, window, n, block), -1)
+            logp = sampan.where(finished.reshape(k, 1), only_eot.reshape(1, vocab), logp)
+            total = (scores.reshape(k, 1) + logp).reshape(k * vocab)
+            scores, idx = sampan.topk(total, k)
+            beam, tok = sampan.floor_divide(idx, vocab), sampan.mod(idx, vocab)
+            window = sampan.index_select(window, 0, beam)
+            out = sampan.index_select(out, 0, beam)
+            finished = sampan.logical_or(sampan.index_select(finished, 0, beam),
+                                         sampan.eq(tok, self.eot))
+            window, n, out, i = _append(window, n, out, i, tok, block, max_new)
+            return window, n, out, i, scores, finished
+
+        window = sampan.concat([window] * k, 0)
+        out = sampan.zeros((k, max_new), dtype=sampan.int64)
+        scores = sampan.where(sampan.eq(sampan.arange(k), 0), 0.0, NEG)   # beam 0 starts
+        init = (window, n, out, sampan.tensor(0), scores, sampan.zeros(k, dtype=sampan.bool_))
+        _, _, out, i, scores, _ = sampan.while_loop(more, step, init, max_iterations=max_new)
+        return out, i, scores
+
+
+NEG = -1e9     # "impossible" log-probability: finite, so sums stay ordered and NaN-free
+
+
+def prompt_window(ids, block):
+    """(window (1, block) int64, n int64 scalar) for the prompt token ids `ids`."""
+    ids = list(ids)[-block:]
+    w = np.zeros((1, block), np.int64)
+    w[0, :len(ids)] = ids
+    return sampan.tensor(w), sampan.tensor(np.int64(len(ids)))
+
+
+def greedy_eager(model, ids, block, max_new, eot):
+    """The plain Python-loop greedy decode (eager, the model on `ids[-block:]` each step):
+    the reference the jitted `GreedyDecoder` must equal."""
+    ids, new = list(ids), []
+    with sampan.no_grad():
+        while len(new) < max_new and (not new or new[-1] != eot):
+            logits = model(sampan.tensor(np.array([ids[-block:]]))).numpy()[0, -1]
+            new.append(int(np.argmax(logits)))
+            ids.append(new[-1])
+    return new
+
+
+def beam_eager(model, ids, block, max_new, eot, k):
+    """A plain Python beam search (lists of beams, numpy scores) with the same rules as
+    `BeamDecoder`: the reference it must equal. Returns [(tokens, score)] best first."""
+    beams = [(list(ids), [], 0.0, False)]
+    with sampan.no_grad():
+        while beams[0][1].__len__() < max_new and not all(b[3] for b in beams):
+            cands = []
+            for seq, new, score, done in beams:
+                if done:
+                    cands.append((score, seq, new, eot))
+                    continue
+                logits = model(sampan.tensor(np.array([seq[-block:]]))).numpy()[0, -1]
+                logp = logits - logits.max()
+                logp = logp - np.log(np.exp(logp).sum())
+                cands += [(score + float(logp[t]), seq, new, t) for t in range(len(logp))]
+            cands.sort(key=lambda c: -c[0])
+            beams = [(seq + [t], new + [t], s, t == eot) for s, seq, new, t in cands[:k]]
+    return [(new, s) for _, new, s, _ in beams]
+
+
 def main(steps=300, block=32, batch=32, seed=0):
     sampan.manual_seed(seed)
     text = corpus()
