@@ -1,6 +1,10 @@
 """A small character-level GPT trained on text that ships with Python (the Zen of Python
 and the docstrings of a few standard-library modules), then sampled.
-Run: python examples/char_gpt.py [--steps N]"""
+Run: python examples/char_gpt.py [--steps N] [--decode]
+
+With --decode it also decodes greedily and by beam search to the end of a line, each
+decode one `sampan.jit`-compiled `sampan.while_loop` over fixed-size buffers
+(`GreedyDecoder`, `BeamDecoder`), checked against the Python-loop decode."""
 from __future__ import annotations
 
 import argparse
@@ -195,20 +199,22 @@ def beam_eager(model, ids, block, max_new, eot, k):
     return [(new, s) for _, new, s, _ in beams]
 
 
-def main(steps=300, block=32, batch=32, seed=0):
+def train(steps=300, block=32, batch=32, seed=0, log=print, **size):
+    """Train a CharGPT (`size`: its d_model, n_head, n_layer) on `corpus()` for `steps`
+    AdamW steps; returns (model, stoi, itos, first loss, last loss)."""
     sampan.manual_seed(seed)
     text = corpus()
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     itos = dict(enumerate(chars))
     data = np.array([stoi[c] for c in text], np.int64)
-    model = CharGPT(len(chars), block=block)
+    model = CharGPT(len(chars), block=block, **size)
     opt = sampan.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     rng = np.random.default_rng(seed)
-    print(f"corpus: {len(text)} characters, vocabulary {len(chars)}; "
-          f"model: {model.num_parameters()} parameters")
+    log(f"corpus: {len(text)} characters, vocabulary {len(chars)}; "
+        f"model: {model.num_parameters()} parameters")
     t = time.perf_counter()
-    first = None
+    first = loss = None
     for step in range(steps):
         starts = rng.integers(0, len(data) - block - 1, batch)
         x = sampan.tensor(np.stack([data[s:s + block] for s in starts]))
@@ -220,12 +226,56 @@ def main(steps=300, block=32, batch=32, seed=0):
         opt.step()
         first = first if first is not None else float(loss)
         if step % 50 == 0 or step == steps - 1:
-            print(f"step {step:4d}  loss {float(loss):.3f}  ({time.perf_counter() - t:.1f} s)")
+            log(f"step {step:4d}  loss {float(loss):.3f}  ({time.perf_counter() - t:.1f} s)")
+    return model, stoi, itos, first, float(loss)
+
+
+def decode(model, stoi, itos, prompt, max_new=60, k=4, block=32, log=print):
+    """Greedy and beam-search decodes of `prompt` (to the end of the line: "\\n" is the
+    end-of-text token), each run as one jitted `while_loop` and checked against the
+    Python-loop decode of the same model. Returns (greedy text, beam text)."""
+    eot = stoi["\n"]
+    ids = [stoi[c] for c in prompt]
+    window, n = prompt_window(ids, block)
+    model.eval()
+    with sampan.no_grad():
+        t = time.perf_counter()
+        out, steps = sampan.jit(GreedyDecoder(model, block, max_new, eot))(window, n)
+        greedy = [int(i) for i in out.numpy()[0, :int(steps)]]
+        t_greedy = time.perf_counter() - t
+        assert greedy == greedy_eager(model, ids, block, max_new, eot), "greedy: jit != eager"
+        t = time.perf_counter()
+        beam_fn = sampan.jit(BeamDecoder(model, block, max_new, eot, k, len(stoi)))
+        out, steps, scores = beam_fn(window, n)
+        t_beam = time.perf_counter() - t
+        beams = [[int(i) for i in row[:int(steps)]] for row in out.numpy()]
+        ref = beam_eager(model, ids, block, max_new, eot, k)
+        assert beams == [b for b, _ in ref], "beam search: jit != eager"
+    model.train()
+    nodes = [nd.op for nd in beam_fn.graph.nodes]
+
+    def text(toks):
+        return prompt + "".join(itos[i] for i in toks if i != eot)
+    log(f"greedy ({len(greedy)} tokens, jit incl. compile {t_greedy:.1f} s): {text(greedy)!r}")
+    log(f"beam search, {k} beams ({t_beam:.1f} s; the program's {len(nodes)} nodes hold "
+        f"{nodes.count('while_loop')} while_loop): {text(beams[0])!r} "
+        f"(log-probability {float(scores.numpy()[0]):.2f}); equal to the Python loops")
+    return text(greedy), text(beams[0])
+
+
+def main(steps=300, block=32, batch=32, seed=0, decode_too=False):
+    model, stoi, itos, first, last = train(steps, block, batch, seed)
     print("\nsample:\n" + sample(model, stoi, itos, "Beautiful is ", block=block))
-    return first, float(loss)
+    if decode_too:
+        print("\ndecode (sampan.jit + sampan.while_loop):")
+        decode(model, stoi, itos, "Beautiful is ", block=block)
+    return first, last
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
-    main(ap.parse_args().steps)
+    ap.add_argument("--decode", action="store_true",
+                    help="also decode greedily and by beam search under sampan.jit")
+    a = ap.parse_args()
+    main(a.steps, decode_too=a.decode)
