@@ -147,6 +147,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     lines = [emit.fill("def {f}({params}):", f=fname,
                        params=emit.join(names[v.id] for v in g.inputs))]
     node_at = {}                     # line index -> node index (for the profiling variant)
+    groups = {}                      # first line -> (end line, node index): control flow
     bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
@@ -166,7 +167,9 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         if n.blocks:       # control flow: a real if/while/for around the compiled blocks
             lines.append(emit.fill("    {c}", c=emit.comment(
                 node_str(n, lambda v: f"%{ren[v.id]}"))))
-            lines.extend(control_lines(n, i, names, env, options))
+            ctl = control_lines(n, i, names, env, options)
+            groups[len(lines)] = (len(lines) + len(ctl), i)   # timed as one node
+            lines.extend(ctl)
             release_after(i, n)
             continue
         ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
@@ -272,5 +275,6 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     exec(compile(src, filename, "exec"), env)
 
     def remake():
-        return profiled_variant(g, name, lines, node_at, env, plan, program, bound_as)
+        return profiled_variant(g, name, lines, node_at, env, plan, program, bound_as,
+                                groups)
     return Compiled(env[name], src, filename, plan, remake)

@@ -89,3 +89,9 @@ def _scan(n, i, blks, args, outs, env):
 
 
 _KINDS = {"cond": _cond, "while_loop": _while, "scan": _scan}
+
+
+def block_name(i, k) -> emit.Code:
+    """The executor's name of block `k` of the `i`-th node, as `control_lines` binds it
+    (the profiling variant wraps it to count the block's calls: `runtime/profiled.py`)."""
+    return emit.fresh("_blk", i, "_", k)
