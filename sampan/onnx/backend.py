@@ -73,7 +73,8 @@ class SampanRep(BackendRep):
         else:
             args = [inputs]
         ts = [_tensor(names[k] if k < len(names) else f"#{k}", a) for k, a in enumerate(args)]
-        raw = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in args]
+        raw = [a.numpy() if isinstance(a, Tensor) else a if a is None or isinstance(
+            a, (list, tuple)) else np.asarray(a) for a in args]
         self.specialized = False
         try:
             with no_grad():
@@ -88,8 +89,10 @@ class SampanRep(BackendRep):
         return self._outputs(*self.layer.declared(outs))
 
     def _run_specialized(self, names, ts, arrays, err):
-        stages = ([k for k, a in enumerate(arrays) if a.dtype.kind in "iub"],
-                  [k for k, a in enumerate(arrays) if a.dtype.kind in "iub" or a.ndim <= 1])
+        arr = [isinstance(a, np.ndarray) for a in arrays]
+        stages = ([k for k, a in enumerate(arrays) if arr[k] and a.dtype.kind in "iub"],
+                  [k for k, a in enumerate(arrays)
+                   if arr[k] and (a.dtype.kind in "iub" or a.ndim <= 1)])
         for fold in stages:
             if not fold:
                 continue
@@ -130,9 +133,8 @@ def _bind_inputs(model, values):
 def _tensor(name, a):
     if isinstance(a, Tensor):
         return a
-    if isinstance(a, (list, tuple)):
-        raise OnnxError(f"sampan.onnx.backend: input {name!r} is a sequence; sampan has no "
-                        "sequence type (only tensors)")
+    if a is None or isinstance(a, (list, tuple)):
+        return a            # an optional's none, a sequence: the layer reads them
     a = np.asarray(a)
     if a.dtype in emulate.BY_STORAGE:     # carried in a sampan dtype (see emulate.py)
         return Tensor(emulate.to_carrier(a, what=f"input {name!r}"))
@@ -271,11 +273,26 @@ def run_case(backend, case) -> tuple[bool, str, bool]:
                         else a for a in refs]
                 outs = list(rep.run(ins))
                 special |= bool(getattr(rep, "specialized", False))
-                Runner.assert_similar_outputs(refs, outs, rtol=case.rtol, atol=case.atol,
-                                              model_dir=case.name)
+                _assert_similar(Runner, refs, outs, case)
     except Exception as e:  # noqa: BLE001 - every failure is a failed case, with its reason
         return False, _first_line(e), special
     return True, "", special
+
+
+def _assert_similar(runner, refs, outs, case):
+    """The onnx runner's comparison, output by output; a sequence output element by
+    element (the runner's own recursion takes len() of a 0-d element and fails)."""
+    if len(outs) != len(refs):
+        raise AssertionError(f"{len(outs)} outputs; expected {len(refs)}")
+    for r, o in zip(refs, outs):
+        if isinstance(r, (list, tuple)) or isinstance(o, (list, tuple)):
+            if not isinstance(r, (list, tuple)) or not isinstance(o, (list, tuple)):
+                raise AssertionError(f"a {type(o).__name__} output; expected a "
+                                     f"{type(r).__name__}")
+            _assert_similar(runner, list(r), list(o), case)
+        else:
+            runner.assert_similar_outputs([r], [o], rtol=case.rtol, atol=case.atol,
+                                          model_dir=case.name)
 
 
 def run_cases(cases, backend=SampanBackend, progress=None) -> list[CaseResult]:

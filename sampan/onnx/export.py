@@ -24,15 +24,15 @@ import tempfile
 import numpy as np
 
 from ..errors import SampanError
-from ..ops.registry import NO_ONNX, OPS, Spec
+from ..ops.registry import Spec
 from . import lower  # noqa: F401 - registers the lowerings in the op table
 from .errors import OnnxError
-from .lower.context import LOC, Ctx, onnx_dtype
+from .export_control import _clean, _const_name, _dims, lower_nodes, node_protos
+from .lower.context import Ctx, onnx_dtype
 from .lower.peephole import fold_patterns
 
 MIN_OPSET = 17
 EXTERNAL_DATA_BYTES = 2 << 30      # protobuf's limit: larger models keep weights outside
-_SIG = re.compile(r"[^A-Za-z0-9_.:/-]")
 
 
 # ---------------------------------------------------------------------- opsets
@@ -115,30 +115,18 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
             nm = ctx.const(c.const, _const_name(c.name), exact=bool(c.name))
             names[c.id] = nm
             ctx.specs.setdefault(nm, Spec(c.shape, c.dtype))
-    for n in g.nodes:
-        ctx.op, ctx.loc = n.op, n.loc
-        op = OPS.get(n.op)
-        fn = op.onnx if op is not None else None
-        if fn is None or fn == NO_ONNX:
-            raise OnnxError(f"sampan.onnx.export: op {n.op!r} at {n.loc or '?'} has no ONNX "
-                            f"mapping (asked for opset {opset}); it cannot be exported")
-        outs = ctx.lower(n.op, [names[v.id] for v in n.inputs], n.attrs,
-                         [Spec(v.shape, v.dtype) for v in n.outputs])
-        if len(outs) < len(n.outputs):
-            raise OnnxError(f"sampan.onnx.export: the lowering of {n.op!r} at {n.loc or '?'} "
-                            f"gave {len(outs)} outputs; expected {len(n.outputs)}")
-        for v, o in zip(n.outputs, outs):
-            names[v.id] = o
-            ctx.specs[o] = Spec(v.shape, v.dtype)
+    lower_nodes(ctx, g, names)
     out_names = _out_names(output_names, len(outputs))
     clash = set(out_names) & (set(args.values()) | set(ctx.inits) | {
         o for _, _, outs, _ in ctx.nodes for o in outs})
     if clash:
         raise OnnxError(f"sampan.onnx.export: output names {sorted(clash)} are already the "
                         "names of inputs or weights; choose others with output_names=")
-    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs})
+    # names a subgraph reads from the enclosing graph stay as they are (kept, not renamed)
+    fold_patterns(ctx, {names[g.outputs[i].id] for i in outputs} | ctx.outer_reads)
     needed = {i for _, ins, _, _ in ctx.nodes for i in ins} | {names[g.outputs[i].id]
                                                                for i in outputs}
+    needed |= ctx.outer_reads
     ctx.inits = {nm: a for nm, a in ctx.inits.items() if nm in needed}
     graph_outputs = []
     taken = {}
@@ -150,11 +138,7 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
         taken[src] = nm
         graph_outputs.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype),
                                                            _dims(v.shape)))
-    nodes = []
-    for k, (t, ins, outs, attrs) in enumerate(ctx.nodes):
-        attrs = dict(attrs)
-        loc = attrs.pop(LOC, None)
-        nodes.append(helper.make_node(t, ins, outs, name=f"{t}_{k}", doc_string=loc, **attrs))
+    nodes = node_protos(ctx.nodes)
     # np.array, not ascontiguousarray: a 0-d array stays 0-d
     inits = [numpy_helper.from_array(np.array(a, order="C"), nm) for nm, a in ctx.inits.items()]
     graph = helper.make_graph(nodes, name, graph_inputs, graph_outputs, inits)
@@ -167,30 +151,15 @@ def graph_to_model(g, args: dict, state: dict, outputs=None, *, opset=None,
 
 def _rename(ctx, src, new, taken) -> bool:
     """Rename the node output `src` to graph output name `new` (no Identity needed) when a
-    node made it and it is not already a graph output under another name."""
-    if src in taken or not any(src in outs for _, _, outs, _ in ctx.nodes):
+    node made it, it is not already a graph output under another name and no subgraph
+    reads it."""
+    if src in taken or src in ctx.outer_reads or not any(
+            src in outs for _, _, outs, _ in ctx.nodes):
         return False
     for _, ins, outs, _ in ctx.nodes:
         outs[:] = [new if o == src else o for o in outs]
         ins[:] = [new if i == src else i for i in ins]
     return True
-
-
-def _const_name(name):
-    """A weight's ONNX name: its parameter name ('0.weight'), without freeze_state's
-    'frozen.' prefix."""
-    if not name:
-        return "const"
-    name = str(name)
-    return _clean(name[len("frozen."):] if name.startswith("frozen.") else name)
-
-
-def _dims(shape):
-    return [d if isinstance(d, int) else str(d) for d in shape]
-
-
-def _clean(name) -> str:
-    return _SIG.sub("_", str(name))
 
 
 def _out_names(names, n):

@@ -9,7 +9,12 @@ node whose inputs are all static runs once while the graph is built, so shape ar
 folds away. The model is checked before anything runs: a damaged file, a cycle, an input
 no node or initializer defines, an initializer whose data disagree with its dims, an
 opset newer than this sampan reads: each is an `OnnxError` naming it. Nothing in the file
-is executed as code (ONNX has no code; functions and subgraphs are refused for now).
+is executed as code (ONNX has no code; local functions are refused for now).
+
+Control flow (If, Loop, Scan) runs its subgraphs through the same table
+(`subgraph.py`, `ops/control.py`): eagerly as Python, under `sampan.jit` as cond /
+while_loop / scan nodes. Sequences and optionals are imported as lists of tensors whose
+length is known when the graph is built (`ops/sequence.py`).
 
 External data (weights in files beside the model) are read for every tensor that has them,
 wherever it sits (initializers, Constant and other attributes, sparse tensors, subgraphs),
@@ -39,6 +44,7 @@ from . import fold as _fold
 from .nodes import (Context, Node, _array, _check_attrs_read, _check_bits,  # noqa: F401
                     _elem_types, _run_static, _safe, _settle, _value_type)
 from .ops import OnnxError, lookup
+from .subgraph import Opt, Seq, run_nodes
 
 MAX_OPSET = 28           # the newest default-domain opset the handlers were checked against (onnx 1.23)
 
@@ -105,13 +111,11 @@ def check_model(model):
         raise OnnxError("sampan.onnx: models with local functions are not supported yet "
                         f"({', '.join(f.name for f in model.functions)})")
     for vi in list(g.input) + list(g.output):
-        kind = vi.type.WhichOneof("value")
-        if kind not in (None, "tensor_type"):
-            what = {"sequence_type": "sequence", "optional_type": "optional",
-                    "map_type": "map", "sparse_tensor_type": "sparse tensor"}.get(kind, kind)
+        kind = _kind(vi.type)
+        if kind not in ("tensor", "sequence", "optional"):
             raise OnnxError(f"sampan.onnx: graph {'input' if vi in g.input else 'output'} "
-                            f"{vi.name!r} is of {what} type; sampan imports tensors only (it "
-                            "has no sequence, optional or map values)")
+                            f"{vi.name!r} is of {kind} type; sampan imports tensors, "
+                            "sequences of tensors and optionals of those only")
     defined = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
     for k, n in enumerate(g.node):
         for name in n.input:
@@ -127,12 +131,56 @@ def check_model(model):
         _array(t)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version)
               for o in model.opset_import}
-    for n in g.node:   # every op known (with the list of what is) before onnx's checker
+    for n in _all_nodes(g):  # every op known (with the list of what is) before onnx's checker
         lookup(n.domain, n.op_type, opsets.get(n.domain or "", ops), n.name)
+        _check_body(n)
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # noqa: BLE001 - the checker's own errors, restated
         raise OnnxError(f"sampan.onnx: the model fails onnx's checker: {e}") from None
+
+
+def _all_nodes(g):
+    """The nodes of GraphProto `g` and of every subgraph in it (If, Loop, Scan bodies)."""
+    for n in g.node:
+        yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
+                yield from _all_nodes(sub)
+
+
+def _check_body(n):
+    """A Loop's body takes (iteration, condition, one input per loop-carried value) and
+    gives (condition, the new values, scan outputs); If's branches give as many outputs."""
+    bodies = {a.name: a.g for a in n.attribute if a.type == a.GRAPH}
+    where = f"sampan.onnx: node {n.name!r} ({n.op_type})"
+    if n.op_type == "Loop" and "body" in bodies:
+        b, k = bodies["body"], max(len(n.input) - 2, 0)
+        if len(b.input) != 2 + k or len(b.output) < 1 + k:
+            raise OnnxError(f"{where}: the body takes {len(b.input)} inputs and gives "
+                            f"{len(b.output)} outputs; with {k} loop-carried values it must "
+                            f"take {2 + k} (iteration, condition, values) and give at least "
+                            f"{1 + k}")
+    if n.op_type == "If" and {"then_branch", "else_branch"} <= set(bodies):
+        t, e = len(bodies["then_branch"].output), len(bodies["else_branch"].output)
+        if t != e or t != len(n.output):
+            raise OnnxError(f"{where}: then_branch gives {t} outputs, else_branch {e}, the "
+                            f"node has {len(n.output)}; they must agree")
+
+
+def _kind(tp):
+    """'tensor', 'sequence' (of tensors), 'optional' (of those), or what else a
+    TypeProto is ('map', 'sparse tensor', a sequence of maps ...)."""
+    kind = tp.WhichOneof("value")
+    if kind in (None, "tensor_type"):
+        return "tensor"
+    if kind == "sequence_type":
+        return "sequence" if _kind(tp.sequence_type.elem_type) == "tensor" else \
+            "sequence of " + _kind(tp.sequence_type.elem_type)
+    if kind == "optional_type":
+        inner = _kind(tp.optional_type.elem_type)
+        return "optional" if inner in ("tensor", "sequence") else "optional " + inner
+    return {"map_type": "map", "sparse_tensor_type": "sparse tensor"}.get(kind, kind)
 
 
 # ---------------------------------------------------------------------- the layer
@@ -163,6 +211,7 @@ class OnnxModule(Layer):
                                            self.value_types.items()) if f is not None}
         self.input_types = {i.name: _value_type(i, self.emulated.get(i.name))
                             for i in g.input if i.name not in inits}
+        self.input_kinds = {i.name: _kind(i.type) for i in g.input if i.name not in inits}
         self.output_names = [o.name for o in g.output]
         self.nodes = [Node(n) for n in g.node]
         self.onnx_names = {}
@@ -209,32 +258,7 @@ class OnnxModule(Layer):
             ctx._params[id(env[name])] = env[name]
         for name, a in self._static_inits.items():
             env[name] = ctx.make_static(a)
-        for n in self.nodes:
-            ctx.node = n
-            ins = [env[i] for i in n.inputs]
-            fn = lookup(n.domain, n.op_type, self.opsets.get(n.domain or "", self.opset),
-                        n.name)
-            if self.emulated:
-                _check_bits(ctx, n, ins, self.emulated)
-            if all(t is None or ctx.is_static(t) for t in ins):
-                try:
-                    outs = _run_static(fn, ctx, n, ins)
-                except _fold.Unfolded:     # too big to make now: the node stays ops
-                    outs = fn(ctx, n, *ins)
-                    for t in outs if isinstance(outs, (tuple, list)) else (outs,):
-                        if isinstance(t, Tensor):
-                            ctx._unfolded[id(t)] = t
-            else:
-                outs = fn(ctx, n, *ins)
-            if not n.checked:
-                _check_attrs_read(n, self.opsets.get(n.domain or "", self.opset))
-            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-            for name, t in zip(n.outputs, outs):
-                if name:            # "" is an omitted output; env[""] must stay None
-                    f = self.emulated.get(name)
-                    if f is not None and n.op_type not in _em.PASSTHROUGH:
-                        t = _settle(ctx, t, f)
-                    env[name] = t
+        run_nodes(ctx, self.nodes, env, self.emulated)
         res = tuple(env[o] for o in self.output_names)
         return res[0] if len(res) == 1 else res
 
@@ -245,13 +269,18 @@ class OnnxModule(Layer):
         res = []
         for name, t in zip(self.output_names, outs if many else (outs,)):
             f = self.emulated.get(name)
-            if t is None or f is None:
+            if isinstance(t, (Seq, Opt)):
+                res.append(_value_out(t))
+            elif t is None or f is None:
                 res.append(t.numpy() if isinstance(t, Tensor) else t)
             else:
                 res.append(_em.to_declared(t, f))
         return tuple(res) if many else res[0]
 
     def _input(self, name, a):
+        kind = self.input_kinds.get(name, "tensor")
+        if kind != "tensor" or isinstance(a, (Seq, Opt, list)) or a is None:
+            return _value_in(self, name, a, kind)
         f = self.emulated.get(name)
         if f is not None and not isinstance(a, Tensor):
             a = np.asarray(a)
@@ -285,6 +314,35 @@ class OnnxModule(Layer):
                     for d in (shape or ())]
             out.append(Tensor(np.zeros(dims, dtype or np.float32)))
         return tuple(out)
+
+
+def _value_in(layer, name, a, kind):
+    """A fed sequence (a list of arrays) or optional (None, or its value) as the
+    importer's Seq / Opt."""
+    if kind == "optional":
+        if isinstance(a, Opt):
+            return a
+        if a is None:
+            return Opt(None)
+        if isinstance(a, (list, tuple, Seq)):
+            return Opt(_value_in(layer, name, a, "sequence"))
+        return Opt(a if isinstance(a, Tensor) else Tensor(np.asarray(a)))
+    if kind == "sequence":
+        if not isinstance(a, (list, tuple, Seq)):
+            raise OnnxError(f"sampan.onnx: input {name!r} is a sequence; it is fed a "
+                            f"{type(a).__name__} (expected a list of arrays)")
+        return Seq([t if isinstance(t, Tensor) else Tensor(np.asarray(t)) for t in a])
+    raise OnnxError(f"sampan.onnx: input {name!r} is a tensor; it is fed "
+                    f"{'None' if a is None else 'a ' + type(a).__name__}")
+
+
+def _value_out(v):
+    """A Seq output as a list of numpy arrays, an Opt as its value or None."""
+    if isinstance(v, Opt):
+        return None if v.value is None else _value_out(v.value)
+    if isinstance(v, Seq):
+        return [_value_out(t) for t in v]
+    return v.numpy() if isinstance(v, Tensor) else v
 
 
 # ---------------------------------------------------------------------- public

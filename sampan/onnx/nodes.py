@@ -14,6 +14,7 @@ from ..ops.registry import STATE
 from ..tensor import Tensor
 from . import emulate as _em
 from . import fold as _fold
+from .values import Opt, Seq
 from .ops import OnnxError
 
 
@@ -51,15 +52,15 @@ class Node:
         self.n_outputs = len(self.outputs)
         attrs = {}
         for a in proto.attribute:
-            if a.type == a.GRAPH and self.domain not in ("", "ai.onnx"):
-                # a modifier subgraph (FlexAttention's score_mod): its handler runs it
-                # or refuses it (control flow never gets here: If, Loop and Scan are
-                # default-domain ops, refused when the model is checked)
+            if a.type == a.GRAPH:
+                # a body (If, Loop, Scan) or a modifier (FlexAttention's score_mod): its
+                # handler reads and runs it (sampan/onnx/subgraph.py: subgraph_attr)
                 attrs[a.name] = a.g
                 continue
-            if a.type in (a.GRAPH, a.GRAPHS):
+            if a.type == a.GRAPHS:
                 raise OnnxError(f"sampan.onnx: node {self.name!r} ({self.op_type}) has a "
-                                "subgraph attribute; control flow is not supported yet")
+                                f"list-of-graphs attribute {a.name!r}; no ONNX op sampan "
+                                "reads takes one")
             v = helper.get_attribute_value(a)
             if a.type == a.FLOAT:      # float32 in the file: its shortest decimal (1e-05,
                 v = _short_float(v)    # not 9.999999747378752e-06), as the exporter wrote it
@@ -266,17 +267,29 @@ def _run_static(fn, ctx, n, ins):
         modes.pop_mode(guard)
         ctx.folding = False
         STATE.tracer = saved
-    many = isinstance(outs, (tuple, list))
+    many = isinstance(outs, tuple) or type(outs) is list
     outs = list(outs) if many else [outs]
     res = []
     for t in outs:
-        if t is None:
-            res.append(None)
+        if t is None or not isinstance(t, (Tensor, np.ndarray, np.generic)):
+            res.append(_static_seq(ctx, t))      # None, a sequence or an optional
             continue
         a = t._data if isinstance(t, Tensor) else np.asarray(t)
         ctx.folded_bytes += a.nbytes
         res.append(ctx.make_static(a))
     return tuple(res) if many else res[0]
+
+
+def _static_seq(ctx, v):
+    """A sequence (or optional) a folded node made, its tensors made static."""
+    if isinstance(v, Seq):
+        return Seq([_static_seq(ctx, t) for t in v], v.elem)
+    if isinstance(v, Opt):
+        return Opt(_static_seq(ctx, v.value))
+    if isinstance(v, Tensor):
+        ctx.folded_bytes += v._data.nbytes
+        return ctx.make_static(v._data)
+    return v
 
 
 def _elem_types(model):

@@ -33,6 +33,7 @@ class Ctx:
         self._dim_cache = {}
         self.op, self.loc = "", ""
         self.out = []              # Specs of the outputs of the op being lowered
+        self.outer_reads = set()   # names of this graph that subgraphs (If/Loop/Scan) read
 
     @property
     def out_dtype(self):

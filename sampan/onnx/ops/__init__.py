@@ -62,10 +62,6 @@ def lookup(domain, op_type, opset, node_name=""):
     lst = HANDLERS.get((dom, op_type))
     where = f"node {node_name!r} ({op_type})" if node_name else op_type
     if not lst:
-        if op_type in ("If", "Loop", "Scan", "SequenceMap"):
-            raise OnnxError(f"sampan.onnx: {where} at opset {opset}: control-flow ops (If, Loop, "
-                            "Scan) are not supported yet; export the model with the control "
-                            "flow unrolled or traced")
         raise OnnxError(f"sampan.onnx: {where} of domain {domain or 'ai.onnx'!r} at opset "
                         f"{opset} is not supported; supported op types: "
                         f"{', '.join(supported())}")

@@ -227,40 +227,13 @@ def flex_attention(ctx, node, q, k, v):
 
 def _run_mod(ctx, node, graph, x, what):
     """Run a one-input, one-output modifier subgraph on `x` through the import table."""
-    from ..importer import Node, _array, _check_attrs_read, _run_static
-    from . import lookup
-    if len(graph.input) != 1 or len(graph.output) != 1:
-        raise ctx.error(f"{what} has {len(graph.input)} inputs and {len(graph.output)} "
+    from ..subgraph import run_subgraph, subgraph_attr
+    graph = subgraph_attr(ctx, node, what)
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise ctx.error(f"{what} has {len(graph.inputs)} inputs and {len(graph.outputs)} "
                         "outputs; expected one of each")
-    outer = ctx.node
-    env = {"": None, graph.input[0].name: x}
-    for t in graph.initializer:
-        env[t.name] = ctx.make_static(_array(t))
-    try:
-        for proto in graph.node:
-            n = Node(proto)
-            missing = [i for i in n.inputs if i not in env]
-            if missing:
-                raise ctx.error(f"{what}'s node {n.name!r} ({n.op_type}) reads {missing}, "
-                                "which the subgraph does not define (outer-scope names are "
-                                "not supported)")
-            opset = ctx.opsets.get(n.domain or "", ctx.opset)
-            fn = lookup(n.domain, n.op_type, opset, n.name)
-            ctx.node = n
-            ins = [env[i] for i in n.inputs]
-            if all(t is None or ctx.is_static(t) for t in ins):
-                outs = _run_static(fn, ctx, n, ins)
-            else:
-                outs = fn(ctx, n, *ins)
-            _check_attrs_read(n, opset)
-            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-            for name, t in zip(n.outputs, outs):
-                if name:
-                    env[name] = t
-    finally:
-        ctx.node = outer
-    y = env.get(graph.output[0].name)
-    if y is None or tuple(y.shape) != tuple(x.shape):
-        raise ctx.error(f"{what} gives {None if y is None else list(y.shape)}; expected one "
-                        f"tensor shaped like its input {list(x.shape)}")
+    (y,) = run_subgraph(ctx, graph, [x], what)
+    if not isinstance(y, sampan.Tensor) or tuple(y.shape) != tuple(x.shape):
+        raise ctx.error(f"{what} gives {list(y.shape) if isinstance(y, sampan.Tensor) else y}; "
+                        f"expected one tensor shaped like its input {list(x.shape)}")
     return y if y.dtype == x.dtype else sampan.cast(y, x.dtype)
