@@ -33,11 +33,12 @@ def corpus() -> str:
 class CharGPT(nn.Layer):
     """Token + position embedding, pre-norm decoder blocks, tied output projection."""
 
-    def __init__(self, vocab, d_model=64, n_head=4, n_layer=2, block=32):
+    def __init__(self, vocab, d_model=64, n_head=4, n_layer=2, block=32, activation="gelu"):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(block, d_model)
-        self.blocks = nn.LayerList([nn.TransformerDecoderBlock(d_model, n_head)
+        self.blocks = nn.LayerList([nn.TransformerDecoderBlock(d_model, n_head,
+                                                               activation=activation)
                                     for _ in range(n_layer)])
         self.ln = nn.LayerNorm(d_model)
         for p in (self.tok.weight, self.pos.weight):   # GPT-style small init (tied output)
