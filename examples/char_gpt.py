@@ -44,12 +44,20 @@ class CharGPT(nn.Layer):
         for p in (self.tok.weight, self.pos.weight):   # GPT-style small init (tied output)
             nn.init.normal_(p, 0.0, 0.02)
 
-    def forward(self, idx):
+    def features(self, idx):
+        """The last block's output (B, T, d_model), before the final norm."""
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(sampan.arange(t))
         for b in self.blocks:
             x = b(x)
+        return x
+
+    def head(self, x):
+        """Logits over the vocabulary of features `x` (..., d_model)."""
         return self.ln(x) @ self.tok.weight.transpose(0, 1)
+
+    def forward(self, idx):
+        return self.head(self.features(idx))
 
 
 def sample(model, stoi, itos, prompt, n=200, block=32, temperature=0.8, seed=0):
@@ -71,10 +79,11 @@ def sample(model, stoi, itos, prompt, n=200, block=32, temperature=0.8, seed=0):
 
 def _next_logits(model, window, n, block):
     """Logits (B, V) of the token after the first `n` tokens of each row of `window`
-    (B, block): the model is causal, so the padding after position n-1 is never seen."""
-    logits = model(window)                                       # (B, block, V)
-    at = sampan.cast(sampan.eq(sampan.arange(block), n - 1), logits.dtype)
-    return (logits * at.reshape(1, block, 1)).sum(1)
+    (B, block): the model is causal, so the padding after position n-1 is never seen;
+    the features at n-1 are picked before the output projection (one row, not block)."""
+    x = model.features(window)                                   # (B, block, C)
+    at = sampan.cast(sampan.eq(sampan.arange(block), n - 1), x.dtype)
+    return model.head((x * at.reshape(1, block, 1)).sum(1))
 
 
 def _append(window, n, out, i, tok, block, max_new):
