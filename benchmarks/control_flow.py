@@ -13,8 +13,9 @@
 * a scan RNN (h = tanh(x_t Wx + h Wh + b), batch 8, input 32, hidden 64): compile time
   (trace + passes + codegen, `JitFunction.compile`) and run time of `sampan.scan` over 512
   steps against the unrolled trace of the same Python loop, and the scan's compile time at
-  16 vs 512 steps. Targets: compile time at 512 <= 1.2x that at 16; run time <= 1.1x the
-  unrolled trace's.
+  16 vs 512 steps (the best of 41+ compiles each, taken in turns: one takes ~1 ms, whose
+  median on a shared machine is the load's). Targets: compile time at 512 <= 1.2x that at
+  16; run time <= 1.1x the unrolled trace's.
 
     PYTHONPATH=. .venv/bin/python benchmarks/control_flow.py [--tokens N] [--reps N]
 """
@@ -236,19 +237,25 @@ def scan_lines(steps, short, reps):
         if err > 1e-4:
             raise SystemExit(f"{WL}: the scan RNN and its unrolled trace differ by {err}")
         info = dict(task="scan RNN", steps=steps, batch=8, hidden=64, **blas_info())
-        c = {"scan": compile_s(scanned, args, reps),
-             "unrolled": compile_s(unrolled, args, max(2, reps // 2))}
+        s_scan, _, s_args = rnn(short)
+        c_long, c_short = [], []
+        for _ in range(max(reps, 41)):   # ~1 ms each: many, in turns (the same load)
+            c_long += compile_s(scanned, args, 1)
+            c_short += compile_s(s_scan, s_args, 1)
+        c = {"scan": c_long, "unrolled": compile_s(unrolled, args, max(2, reps // 2))}
         r = {"scan": timeit(lambda: js(*args), reps=reps),
              "unrolled": timeit(lambda: ju(*args), reps=reps)}
         for mode in ("scan", "unrolled"):
             emit(WL, "sampan", mode, "compile_s", c[mode], **info)
             emit(WL, "sampan", mode, "run_ms", [t * 1e3 for t in r[mode]], **info)
-        s_scan, _, s_args = rnn(short)
-        c_short = compile_s(s_scan, s_args, reps)
+        emit(WL, "sampan", "scan", "compile_s", c_short, **dict(info, steps=short))
     emit(WL, "sampan_scan/unrolled", "scan", "run_time_ratio",
          [median(r["scan"]) / median(r["unrolled"])], **info)
+    emit(WL, "sampan_scan/unrolled", "scan", "compile_time_ratio",
+         [median(c["scan"]) / median(c["unrolled"])], **info)
+    # best of 41+ each: a ~1 ms compile's median is the load's (0.1x-14x per pair here)
     emit(WL, f"sampan_scan_{steps}/scan_{short}", "scan", "compile_time_ratio",
-         [median(c["scan"]) / median(c_short)], **info)
+         [min(c_long) / min(c_short)], statistic="min over rounds", **info)
 
 
 def main():
