@@ -3,6 +3,7 @@ node as if/else, `while_loop` as while, `scan` as for, around its blocks' kernel
 standalone module gives the Predictor's outputs (the char-GPT greedy decode included)."""
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import sampan
 from sampan.deploy import generate
 from sampan.inference import Config, create_predictor
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def module(path, name):
@@ -57,6 +59,28 @@ def test_cond_scan_and_while_deploy_as_if_for_and_while(tmp_path):
         (x, h0, xs, i0), (-np.abs(x), h0 + 1, xs, np.array(4, np.int64))])
     for construct in ("    if ", "    else:", "    for ", "    while "):
         assert construct in src
+
+
+def test_deployed_greedy_decode_equals_the_predictor(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import char_gpt
+    sampan.manual_seed(2)
+    m = char_gpt.CharGPT(13, d_model=16, n_head=2, n_layer=1, block=8, activation="relu")
+    for p in m.parameters():
+        sampan.nn.init.normal_(p, 0.0, 0.6)
+    m.eval()
+    window, n = char_gpt.prompt_window([1, 2, 3], 8)
+    with sampan.no_grad():
+        prog = sampan.jit.save(char_gpt.GreedyDecoder(m, 8, 12, -1), str(tmp_path / "g"),
+                               (window, n))
+    feeds = [(window.numpy(), n.numpy()),
+             char_gpt.prompt_window([5, 1, 7, 7, 2], 8)]
+    feeds[1] = tuple(t.numpy() for t in feeds[1])
+    src = deployed_and_predictor(prog, tmp_path / "out", feeds)
+    assert "    while " in src
+    out, steps = module(os.path.join(tmp_path, "out", "model.py"), "gen_again").load()(
+        *feeds[0])
+    assert list(out[0, :int(steps)]) == char_gpt.greedy_eager(m, [1, 2, 3], 8, 12, -1)
 
 
 @pytest.mark.parametrize("bad", [{"n_carry": -1}, {"max_iterations": "3"}])
