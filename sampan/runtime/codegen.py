@@ -34,7 +34,7 @@ from ..ir.text import node_str
 from ..ops.registry import OPS
 from . import emit
 from .compiled import Compiled
-from .control import control_lines
+from .control import block_name, control_lines
 from .memory import inplace_ok, out_kernel
 from .profiled import profiled_variant
 
@@ -147,7 +147,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     lines = [emit.fill("def {f}({params}):", f=fname,
                        params=emit.join(names[v.id] for v in g.inputs))]
     node_at = {}                     # line index -> node index (for the profiling variant)
-    groups = {}                      # first line -> (end line, node index): control flow
+    groups = {}      # first line -> (end line, node index, its blocks' names): control flow
     bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
@@ -173,7 +173,8 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         if n.blocks:       # control flow: a real if/while/for around the compiled blocks
             lines.append(emit.fill("    {c}", c=emit.comment(ir_text)))
             ctl = control_lines(n, i, names, env, options)
-            groups[len(lines)] = (len(lines) + len(ctl), i)   # timed as one node
+            groups[len(lines)] = (len(lines) + len(ctl), i,   # timed as one node
+                                  [block_name(i, k) for k in range(len(n.blocks))])
             lines.extend(ctl)
             release_after(i, n, ir_text)
             continue

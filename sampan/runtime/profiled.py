@@ -114,8 +114,8 @@ def profiled_variant(g, name, lines, node_at, env, plan, program=None, kernels=N
     """The recording executor of `g` from its executor's `lines` and globals `env`;
     `node_at` maps a line index to the index of the node it runs, `kernels` a node index
     to the name its kernel has in the executor, `groups` the first line of a control-flow
-    node to (its end line, the node's index): those lines are timed as one node."""
-    from .control import block_name
+    node to (its end line, the node's index, the executor's names of its blocks): those
+    lines are timed as one node."""
     genv = dict(env)
     groups = groups or {}
     ends = {}                           # end line -> node index of a control-flow node
@@ -128,12 +128,11 @@ def profiled_variant(g, name, lines, node_at, env, plan, program=None, kernels=N
         if line is None:
             break
         if j in groups:
-            end, i = groups[j]
+            end, i, blocks = groups[j]
             ends[end] = i
-            counts = [0] * len(g.nodes[i].blocks)
+            counts = [0] * len(blocks)
             genv[emit.fresh("_count", i)] = counts
-            for k in range(len(counts)):
-                b = block_name(i, k)
+            for k, b in enumerate(blocks):
                 genv[b] = _counting(env[b], counts, k)
             timed += [emit.fill("    _t = _now()"), emit.fill("    {c}[:] = {z}",
                       c=emit.fresh("_count", i), z=emit.lit([0] * len(counts)))]
