@@ -90,10 +90,30 @@ def print_graph(g, *, ids=None) -> str:
     """The text form of `g` (values renumbered in order: inputs, constants, nodes); the
     nested blocks of a control-flow node follow its line, indented, each numbered on its
     own, between `{` and `}`."""
-    taken = {c.name for b in g.walk() for c in b.consts if c.name is not None}
+    taken = _unique_names(g)
     lines = []
     _print(g, "", taken, lines)
     return "\n".join(lines) + "\n"
+
+
+def _unique_names(g) -> set:
+    """Every constant name of `g` and its blocks, made unique across all of them where two
+    constants of different graphs share one but not their data (a saved program keeps
+    constants by name); returns the names."""
+    taken = {c.name for b in g.walk() for c in b.consts if c.name is not None}
+    seen = {}
+    for b in g.walk():
+        for c in b.consts:
+            if c.name is None:
+                continue
+            a = seen.setdefault(c.name, c.const)
+            if a is c.const or (a.shape == c.const.shape and a.dtype == c.const.dtype
+                                and a.tobytes() == c.const.tobytes()):
+                continue
+            c.name = b.const_name(c.name, taken)
+            taken.add(c.name)
+            seen[c.name] = c.const
+    return taken
 
 
 def _print(g, pad, taken, lines):

@@ -172,7 +172,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
         if n.blocks:       # control flow: a real if/while/for around the compiled blocks
             lines.append(emit.fill("    {c}", c=emit.comment(ir_text)))
-            ctl = control_lines(n, i, names, env, options)
+            ctl = control_lines(n, i, names, env, options, compile_graph)
             groups[len(lines)] = (len(lines) + len(ctl), i,   # timed as one node
                                   [block_name(i, k) for k in range(len(n.blocks))])
             lines.extend(ctl)
