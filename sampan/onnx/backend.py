@@ -37,7 +37,8 @@ from . import emulate
 from .importer import to_layer
 from .ops import OnnxError
 
-__all__ = ["SampanBackend", "SampanRep", "CaseResult", "node_cases", "case_op_type",
+__all__ = ["SampanBackend", "SampanRep", "CaseResult", "node_cases", "module_cases",
+           "case_op_type",
            "run_cases", "per_op", "prepare", "run_model", "run_node", "supports_device"]
 
 
@@ -235,6 +236,21 @@ def node_cases():
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         return load_model_tests(kind="node")
+
+
+def module_cases(modules, op_types):
+    """[(op type, case)] of the node cases that onnx's case modules `modules` (names in
+    `onnx.backend.test.case.node`: "loop", "scan" ...) generate, for `op_types` only: a
+    few op types' cases in under a second, where `node_cases` makes them all."""
+    import importlib
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for m in modules:
+            importlib.import_module(f"onnx.backend.test.case.node.{m}")
+    from onnx.backend.test.case.node import _NodeTestCases
+    by_name = {c.name: c for c in _NodeTestCases}
+    return [(case_op_type(c, by_name), c) for c in _NodeTestCases
+            if case_op_type(c, by_name) in set(op_types)]
 
 
 _EXPANDED = re.compile(r"_expanded(_ver\d+)?$")

@@ -104,6 +104,7 @@ class Context:
         self.folded_bytes = 0  # bytes of the values folded so far
         self.fold_budget = _fold.FOLD_BUDGET_FLOOR   # the most all folded values may hold
         self._unfolded = {}    # id(tensor) -> tensor: outputs of nodes too big to fold
+        self.env = None        # the values of the graph being run (a subgraph's: a ChainMap)
 
     def foldable(self, shape, dtype) -> bool:
         """Whether a value of `shape` and `dtype` may be made now, with numpy (a handler

@@ -50,7 +50,7 @@ def run_nodes(ctx, nodes, env, emulated=None):
     """Run `nodes` in order, reading and writing `env` (name -> Tensor / Seq / Opt / None);
     a node whose inputs are all static runs once now (folded). `emulated`: {value name:
     emulated format} of the main graph."""
-    saved_env = getattr(ctx, "env", None)
+    saved_env = ctx.env
     ctx.env = env
     try:
         for n in nodes:

@@ -1,9 +1,8 @@
 """ONNX control flow (issue 34): If / Loop / Scan and the sequence ops imported
 (sampan/onnx/ops/control.py, sequence.py), checked against the node suite's own outputs
-and numpy; under sampan.jit they become cond / while_loop / scan nodes."""
-import importlib
-import warnings
-
+and numpy; under sampan.jit they become cond / while_loop / scan nodes. And the export of
+jitted cond / while_loop / scan as If / Loop / Scan, run by onnxruntime against sampan eager
+and imported back."""
 import numpy as np
 import pytest
 
@@ -22,15 +21,8 @@ CONTROL = {"If": 3, "Loop": 3, "Scan": 4, "SequenceMap": 12, "SequenceInsert": 2
 
 
 def _suite():
-    """The node-suite cases of these op types (their case modules only: under a second)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for m in _MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{m}")
-    from onnx.backend.test.case.node import _NodeTestCases
-    by_name = {c.name: c for c in _NodeTestCases}
-    return [(be.case_op_type(c, by_name), c) for c in _NodeTestCases
-            if be.case_op_type(c, by_name) in CONTROL]
+    """Only the case modules of these op types are generated (under a second)."""
+    return be.module_cases(_MODULES, CONTROL)
 
 
 def test_node_suite_control_flow_and_sequence_cases_pass():
@@ -225,6 +217,32 @@ def test_traced_import_holds_one_control_flow_node_and_matches_eager(kind):
                                                     else want[0]).numpy(), rtol=1e-6)
 
 
+def test_node_suite_cases_traced_are_control_flow_nodes():
+    """The suite's If and Scan cases under sampan.jit: one cond / scan node each, equal to
+    the suite's outputs; its Loop cases take the trip count M as a graph input and stack
+    scan outputs, so a traced program (statically shaped) refuses them naming M."""
+    from onnx import numpy_helper
+    cases = {c.name: c for _, c in _suite()}
+    for name, op in (("test_if", "cond"), ("test_scan9_sum", "scan"),
+                     ("test_scan9_multi_state", "scan"), ("test_scan_sum", "scan")):
+        ins, refs = cases[name].data_sets[0]
+        ins = [numpy_helper.to_array(a) if not isinstance(a, np.ndarray) else a for a in ins]
+        refs = [numpy_helper.to_array(a) if not isinstance(a, np.ndarray) else a for a in refs]
+        layer, f = _jit(cases[name].model, *ins)
+        assert op in [n.op for n in f.graph.nodes], name
+        out = f(*[sampan.tensor(a) for a in ins])
+        _same([t.numpy() for t in (out if isinstance(out, tuple) else (out,))], refs)
+    loop11 = cases["test_loop11"]
+    with pytest.raises(OnnxError, match=r"Loop.*the trip count M is computed from data"):
+        sampan.onnx.load(loop11.model)
+    # with M and the condition constants, its body still slices at the iteration number
+    # (a Slice start must be known when the graph is built): the loop unrolls
+    (m, c, y), refs = [[np.asarray(a) for a in d] for d in loop11.data_sets[0]]
+    layer, f = _jit(be._bind_inputs(loop11.model, {"trip_count": m, "cond": c}), y)
+    assert not [n for n in f.graph.nodes if n.blocks]
+    _same([t.numpy() for t in f(sampan.tensor(y))], refs)
+
+
 def test_loop_with_a_fixed_trip_count_is_one_scan_node():
     """A Loop with a constant M and its condition passed through unchanged, traced: one
     scan over the iteration numbers, carrying the accumulator and stacking the rows."""
@@ -381,12 +399,70 @@ def test_export_greedy_decode_with_a_transformer_body(tmp_path):
         _, b, _ = sampan.while_loop(cond, body, (start, buf, sampan.tensor(np.array(0))),
                                     max_iterations=block)
         return b
-    for k in range(2):
-        buf = np.zeros((1, block), np.int64)
-        buf[0, :2] = rng.integers(0, 11, 2)
-        args = (buf, np.array(2, np.int64))
-        onnx_model, got, back = _export_run(decode, args, tmp_path, f"decode{k}")
-        assert "Loop" in _ops(onnx_model)
-        want = _eager(decode, args)
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(back[0], want[0])
+    buf = np.zeros((1, block), np.int64)
+    buf[0, :2] = rng.integers(0, 11, 2)
+    args = (buf, np.array(2, np.int64))
+    onnx_model, got, back = _export_run(decode, args, tmp_path, "decode")
+    assert "Loop" in _ops(onnx_model)
+    want = _eager(decode, args)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(back[0], want[0])
+
+
+def test_export_nested_control_flow(tmp_path):
+    """A cond inside a scan body inside a while_loop body: subgraphs in subgraphs, each
+    reading the enclosing graphs' values by name."""
+    w = np.array([0.5, 2.0, -1.0], np.float32)
+
+    def inner(h, xs):
+        wt = sampan.tensor(w)
+
+        def step(h, x):
+            h2 = sampan.cond(x.sum() > 0, lambda a, b: a + b * wt, lambda a, b: a - b, h, x)
+            return h2, h2 * 1.0
+        return sampan.scan(step, h, xs)
+
+    def f(x):
+        def body(i, s):
+            s2, ys = inner(s, sampan.stack([s, -s * 0.5, s + 1.0]))
+            return i + 1, s2 + ys.sum(0)
+        return sampan.while_loop(lambda i, s: i < 3, body, (sampan.tensor(np.array(0)), x))
+    x = np.array([1, -2, 0.5], np.float32)
+    model, got, back = _export_run(f, (x,), tmp_path, "nested")
+    want = _eager(f, (x,))
+    _same(got, want)
+    _same(back, want)
+
+
+def test_branches_of_different_shapes_run_eagerly_and_are_refused_traced():
+    then_b = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                               [_f("t", [3])])
+    else_b = helper.make_graph([_const("k", np.array([0, 1], np.int64)),
+                                helper.make_node("Gather", ["x", "k"], ["e"])], "else", [],
+                               [_f("e", [2])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             _const("z", np.float32(0)), helper.make_node("Greater", ["s", "z"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="branchy", then_branch=then_b,
+                              else_branch=else_b)]
+    m = _model(nodes, [_f("x", [3])], [_f("y", [None])])
+    layer = sampan.onnx.to_layer(m)
+    assert layer(np.ones(3, np.float32)).shape == (3,)
+    assert layer(-np.ones(3, np.float32)).shape == (2,)
+    with pytest.raises(OnnxError, match=r"'branchy' \(If.*f32\[3\].*f32\[2\]"):
+        sampan.onnx.load(m)
+
+
+def test_saved_program_with_a_while_loop_exports(tmp_path):
+    """A program saved by sampan.jit.save with a while_loop converts to ONNX (the CLI's
+    `sampan onnx export` path) and onnxruntime runs it."""
+    from sampan.onnx.export import save_model, saved_to_model
+
+    def f(x):
+        return sampan.while_loop(lambda i, s: s.sum() < 50.0,
+                                 lambda i, s: (i + 1, s * 2.0 + 1.0),
+                                 (sampan.tensor(np.array(0, np.int64)), x), max_iterations=10)
+    x = np.array([1, 2, 3], np.float32)
+    prog = sampan.jit.save(f, str(tmp_path / "prog"), (sampan.tensor(x),))
+    path = save_model(saved_to_model(prog), str(tmp_path / "m.onnx"))
+    sess = ort.InferenceSession(path)
+    _same(sess.run(None, {sess.get_inputs()[0].name: x}), _eager(f, (x,)))

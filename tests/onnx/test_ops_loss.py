@@ -3,8 +3,6 @@
 (sampan/onnx/ops/nn_attention.py): their official node conformance cases through
 `sampan.onnx.backend`, pinned per op type; gradients through imported nodes against
 finite differences and PyTorch; tracing; onnxruntime on a few; the errors."""
-import importlib
-import warnings
 
 import numpy as np
 import pytest
@@ -33,14 +31,7 @@ _MODULES = ("attention", "causal_conv_with_state", "flexattention", "linear_atte
 
 def _cases():
     """Only the case modules of these op types are generated (under a second)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for m in _MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{m}")
-    from onnx.backend.test.case.node import _NodeTestCases
-    by_name = {c.name: c for c in _NodeTestCases}
-    return [(be.case_op_type(c, by_name), c) for c in _NodeTestCases
-            if be.case_op_type(c, by_name) in EXPECTED]
+    return be.module_cases(_MODULES, EXPECTED)
 
 
 def test_conformance_cases_pass_per_op_type():

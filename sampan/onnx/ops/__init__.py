@@ -5,7 +5,11 @@ A handler is ``fn(ctx, node, *inputs) -> Tensor | tuple[Tensor, ...]``:
 - `node.op_type`, `node.name`, `node.attrs` (attribute values decoded to Python: ints,
   floats, str, lists, numpy arrays for tensors; `node.attr(name, default)` reads one),
   `node.n_outputs` (how many outputs the model uses);
-- `inputs`: sampan Tensors, None for an omitted optional input (empty name);
+- `inputs`: sampan Tensors, None for an omitted optional input (empty name); a sequence
+  is a `Seq` (a list of Tensors), an optional an `Opt` (sampan/onnx/values.py);
+- a graph attribute (If's branches, a Loop's or Scan's body) is read with
+  `subgraph_attr(ctx, node, name)` and run with `run_subgraph(ctx, sub, args)`
+  (sampan/onnx/subgraph.py), in a scope over the node's own;
 - `ctx.opset` (the model's opset for the node's domain), `ctx.static(t, what)` (the numpy
   value of an input that must be known when the graph is built: shapes, axes, pads …;
   raises `OnnxError` naming the node when it is computed from data), `ctx.is_static(t)`,
