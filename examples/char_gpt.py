@@ -190,11 +190,12 @@ def greedy_eager(model, ids, block, max_new, eot):
 
 
 def beam_eager(model, ids, block, max_new, eot, k):
-    """A plain Python beam search (lists of beams, numpy scores) with the same rules as
-    `BeamDecoder`: the reference it must equal. Returns [(tokens, score)] best first."""
+    """A plain Python beam search (lists of beams, numpy scores summed in float32 as the
+    program's are) with the same rules as `BeamDecoder`: the reference it must equal.
+    Returns [(tokens, score)] best first."""
     beams = [(list(ids), [], 0.0, False)]
     with sampan.no_grad():
-        while beams[0][1].__len__() < max_new and not all(b[3] for b in beams):
+        while len(beams[0][1]) < max_new and not all(b[3] for b in beams):
             cands = []
             for seq, new, score, done in beams:
                 if done:
@@ -203,10 +204,10 @@ def beam_eager(model, ids, block, max_new, eot, k):
                 logits = model(sampan.tensor(np.array([seq[-block:]]))).numpy()[0, -1]
                 logp = logits - logits.max()
                 logp = logp - np.log(np.exp(logp).sum())
-                cands += [(score + float(logp[t]), seq, new, t) for t in range(len(logp))]
+                cands += [(np.float32(score) + logp[t], seq, new, t) for t in range(len(logp))]
             cands.sort(key=lambda c: -c[0])
             beams = [(seq + [t], new + [t], s, t == eot) for s, seq, new, t in cands[:k]]
-    return [(new, s) for _, new, s, _ in beams]
+    return [(new, float(s)) for _, new, s, _ in beams]
 
 
 def train(steps=300, block=32, batch=32, seed=0, log=print, **size):
