@@ -109,10 +109,13 @@ def feed():
     return [w.numpy(), n.numpy()]
 
 
-def test_predictor_runs_the_saved_decode(saved):
+@pytest.mark.parametrize("runtime", ["numba", "numpy", "onnxruntime"])
+def test_predictor_runs_the_saved_decode(saved, runtime):
     from sampan import inference
     path, ref = saved
-    p = inference.create_predictor(inference.Config(path))
+    cfg = inference.Config(path)
+    cfg.set_runtime(runtime)          # each runtime's pass list, on a program with blocks
+    p = inference.create_predictor(cfg)
     assert "while_loop" in ops_of(p.graph)
     out, i = p.run(feed())
     assert list(out[0, :int(i)]) == ref
