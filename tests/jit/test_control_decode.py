@@ -112,6 +112,8 @@ def feed():
 @pytest.mark.parametrize("runtime", ["numba", "numpy", "onnxruntime"])
 def test_predictor_runs_the_saved_decode(saved, runtime):
     from sampan import inference
+    if runtime == "onnxruntime":
+        pytest.importorskip("onnxruntime")
     path, ref = saved
     cfg = inference.Config(path)
     cfg.set_runtime(runtime)          # each runtime's pass list, on a program with blocks
