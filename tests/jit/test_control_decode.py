@@ -18,8 +18,6 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import char_gpt  # noqa: E402
 
 V, BLOCK, PROMPT = 13, 8, [1, 2, 3]
-pytestmark = pytest.mark.skipif(not hasattr(sampan, "while_loop"),
-                                reason="sampan.while_loop (issue 34's foundation) is missing")
 
 
 def tiny():

@@ -36,8 +36,6 @@ def run_ort(path, feeds):
 
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
 def test_exported_decode_run_by_onnxruntime_gives_sampans_tokens(tmp_path, kind):
-    if not hasattr(sampan.onnx, "export"):
-        pytest.skip("sampan.onnx.export is missing")
     m = tiny()
     dec = (char_gpt.GreedyDecoder(m, BLOCK, 10, 2) if kind == "greedy"
            else char_gpt.BeamDecoder(m, BLOCK, 6, 2, 3, V))
