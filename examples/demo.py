@@ -17,6 +17,9 @@
    model summary, the busiest ops and the advisor's findings.
 9. train the DLRM with its table on 2 Ray shard actors, kill one, and watch training carry
    on with the restored shard.
+10. control flow: a briefly trained char-GPT decoded by beam search under `sampan.jit`,
+   the whole decode one `sampan.while_loop` node (early stop at the end of the line),
+   equal to the Python-loop beam search.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -105,6 +108,23 @@ def main():
     step("9. parameter servers on Ray: 2 shard actors, one killed mid-training")
     import rec_ray_ps
     rec_ray_ps.main([])
+
+    step("10. control flow: a jitted beam-search decode of a char-GPT (one while_loop)")
+    beam_decode()
+
+
+def beam_decode(steps=30):
+    """A small char-GPT (1 block, width 32, context 16) trained for `steps` steps, then
+    decoded greedily and by beam search to the end of a line, each decode one jitted
+    `while_loop` (examples/char_gpt.py); a few seconds in all."""
+    import time
+    import char_gpt
+    t = time.perf_counter()
+    model, stoi, itos, first, last = char_gpt.train(
+        steps, block=16, batch=16, log=lambda *a: None, d_model=32, n_head=2, n_layer=1)
+    print(f"char-GPT: {steps} training steps, loss {first:.2f} -> {last:.2f} "
+          f"({time.perf_counter() - t:.1f} s)")
+    char_gpt.decode(model, stoi, itos, "Beautiful is ", max_new=30, k=3, block=16)
 
 
 def data_parallel():

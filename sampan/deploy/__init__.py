@@ -3,7 +3,9 @@
 The file holds the kernels of exactly the ops the program uses (the op table's own numpy
 kernels, copied as source with the helpers they call, `sampan.deploy.kernelsource`; ufunc
 ops bind numpy's ufunc), the program as
-straight-line code, one line per IR node with the IR line as a comment, and a loader for
+straight-line code, one line per IR node with the IR line as a comment (a control-flow
+node, `cond` / `while_loop` / `scan`, as a real `if`/`else`, `while` or `for` around its
+blocks' lines), and a loader for
 its weights: `weights.npz`, read with `np.load(allow_pickle=False)` after its sha256 is
 checked against the one recorded in the file. Symbolic dims of `sampan.jit.save(...,
 dynamic=...)` are bound per call from the inputs' shapes and substituted into the shape

@@ -140,24 +140,34 @@ def _check_guards(program_dir, meta):
 
 def _check_ops(g):
     ok = set(supported_ops())
-    for n in g.nodes:
-        ops = [n.op] + ([e[0] for e in n.attrs["body"]] if n.op == "fused" else [])
-        for op in ops:
-            if op not in ok:
-                raise DeployError(f"sampan deploy: op {op!r} (node {node_str(n)[:120]}) has "
-                                  f"no standalone numpy kernel; supported: {', '.join(sorted(ok))}")
-        for v in n.outputs + list(n.inputs):
-            if v.dtype.name == "bfloat16":
-                raise DeployError(f"sampan deploy: {n.op} at {n.loc or '?'} uses bfloat16, "
-                                  "which numpy alone cannot hold; save the program in float32")
+    for h in g.walk():                  # the program and every block of its control flow
+        for n in h.nodes:
+            ops = [n.op] + ([e[0] for e in n.attrs["body"]] if n.op == "fused" else [])
+            for op in ops:
+                if op not in ok and op not in _CONTROL:
+                    raise DeployError(f"sampan deploy: op {op!r} (node {node_str(n)[:120]}) "
+                                      "has no standalone numpy kernel; supported: "
+                                      f"{', '.join(sorted(ok | set(_CONTROL)))}")
+            for v in n.outputs + list(n.inputs):
+                if v.dtype.name == "bfloat16":
+                    raise DeployError(f"sampan deploy: {n.op} at {n.loc or '?'} uses "
+                                      "bfloat16, which numpy alone cannot hold; save the "
+                                      "program in float32")
+
+
+class _Body:
+    """The function being written: its lines, the arrays of weights.npz, the op names
+    whose kernels it calls, and a count of the blocks written (their names' stems)."""
+
+    def __init__(self):
+        self.lines, self.npz, self.used, self.blocks = [], {}, set(), 0
 
 
 def _body_lines(g, meta, arrays):
     """(function lines, npz arrays, op names used, parameter names, input specs), every
     line made by `emit` (names the generator makes, keys it checks, literals it formats)."""
-    ren = {v.id: k for k, v in enumerate(g.values())}
-    names, npz = {}, {}
-    params, in_specs = [], []
+    names, params, in_specs = {}, [], []
+    body = _Body()
     read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
     for k, (spec, v) in enumerate(zip(meta["inputs"], g.inputs)):
         nm = emit.fresh("x", k)
@@ -169,18 +179,33 @@ def _body_lines(g, meta, arrays):
             if spec["kind"] == "rng":
                 raise DeployError("sampan deploy: the program reads random state (dropout "
                                   "in training mode?); save the model in eval mode")
-            npz[nm] = np.asarray(arrays[spec["key"]])
+            body.npz[nm] = np.asarray(arrays[spec["key"]])
+    outs = emit.join(_graph_lines(g, names, body, emit.own("    "), ""))
+    body.lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
+                                comma=emit.own("," if len(g.outputs) == 1 else "")))
+    return body.lines, body.npz, body.used, params, in_specs
+
+
+def _graph_lines(g, names, body, ind, stem) -> list:
+    """Append the lines of `g`'s nodes at indent `ind` to `body`; `names` maps the ids of
+    `g`'s inputs to their names; returns the names of `g`'s outputs. `stem` ("" for the
+    program, "b<k>_" for its k-th block) starts the names of `g`'s values; a block's
+    values are not deleted after their last use (a loop runs its lines again), and only
+    the program's matmuls get planned buffers."""
+    top = not stem
+    ren = {v.id: k for k, v in enumerate(g.values())}
+    read = {v.id for n in g.nodes for v in n.inputs} | {v.id for v in g.outputs}
     for v in g.consts:
         if v.id in read:
-            names[v.id] = emit.fresh("c", ren[v.id])
-            npz[names[v.id]] = np.asarray(v.const)
-    planned = _plannable_matmuls(g)
+            names[v.id] = emit.fresh(stem + "c", ren[v.id])
+            body.npz[names[v.id]] = np.asarray(v.const)
+    planned = _plannable_matmuls(g) if top else set()
     last = {}
     for i, n in enumerate(g.nodes):
         for v in n.inputs:
             last[v.id] = i
     keep = {v.id for v in g.outputs}
-    lines, used = [], set()
+    lines, used = body.lines, body.used
 
     def call(op, args, attrs, outs, ndim0, comment, where):
         used.add(op)
@@ -189,44 +214,136 @@ def _body_lines(g, meta, arrays):
         c = emit.call(_kernel_name(op), args, kw)
         if len(outs) == 1 and ndim0:
             c = emit.call(emit.dotted("np", "asarray"), [c])
-        lines.append(emit.fill("    {outs} = {c}  {comment}", outs=emit.join(outs), c=c,
-                               comment=emit.comment(comment)))
+        lines.append(emit.fill("{ind}{outs} = {c}  {comment}", ind=ind, outs=emit.join(outs),
+                               c=c, comment=emit.comment(comment)))
+
+    def sub(block, in_names, indent):
+        body.blocks += 1
+        return _graph_lines(block, dict(zip([v.id for v in block.inputs], in_names)), body,
+                            indent, f"b{body.blocks}_")
 
     for i, n in enumerate(g.nodes):
         where = emit.inert(n.loc or "?")
         ir = node_str(n, lambda v: f"%{ren[v.id]}").replace("\n", " ")
         ir = ir if len(ir) <= 150 else ir[:147] + "..."
         for v in n.outputs:
-            names[v.id] = emit.fresh("v", ren[v.id])
+            names[v.id] = emit.fresh(stem + "v", ren[v.id])
         ins = [names[v.id] for v in n.inputs]
-        if n.op == "fused":   # the body one op a line (what the numpy runtime interprets)
+        if n.op in _CONTROL:
+            lines.append(emit.fill("{ind}{c}", ind=ind, c=emit.comment(ir)))
+            _control_lines(n, ins, [names[v.id] for v in n.outputs], ind,
+                                emit.fresh(stem + "n", ren[n.outputs[0].id], "_"), lines,
+                                sub, where)
+        elif n.op == "fused":   # the body one op a line (what the numpy runtime interprets)
             vals = list(ins)
-            lines.append(emit.fill("    {c}", c=emit.comment(ir)))
+            lines.append(emit.fill("{ind}{c}", ind=ind, c=emit.comment(ir)))
             temps = []
             for j, e in enumerate(n.attrs["body"]):
-                t = emit.fresh("t", ren[n.outputs[0].id], "_", j)
+                t = emit.fresh(stem + "t", ren[n.outputs[0].id], "_", j)
                 attrs = dict(e[2]) if len(e) > 2 else {}
                 call(e[0], [_operand(vals, p, n, where) for p in e[1]], attrs, [t], True,
                      e[0], where)
                 vals.append(t)
                 temps.append(t)
             for v, p in zip(n.outputs, n.attrs["outputs"]):
-                lines.append(emit.fill("    {v} = {t}", v=names[v.id],
+                lines.append(emit.fill("{ind}{v} = {t}", ind=ind, v=names[v.id],
                                        t=_operand(vals, p, n, where)))
-            lines.append(emit.fill("    del {ts}", ts=emit.join(temps)))
+            lines.append(emit.fill("{ind}del {ts}", ind=ind, ts=emit.join(temps)))
         else:
             op = _ks.PLANNED if n.outputs[0].id in planned else n.op
             call(op, ins, n.attrs, [names[v.id] for v in n.outputs],
                  OPS[n.op].n_out == 1 and n.outputs[0].ndim == 0, ir, where)
-        dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
+        dead = [names[v.id] for v in dict.fromkeys(n.inputs) if top and last.get(v.id) == i
                 and v.id not in keep and v.const is None and not names[v.id].startswith("c")
-                and names[v.id] not in npz]
+                and names[v.id] not in body.npz]
         if dead:
-            lines.append(emit.fill("    del {dead}", dead=emit.join(dead)))
-    outs = emit.join(names[v.id] for v in g.outputs)
-    lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
-                           comma=emit.own("," if len(g.outputs) == 1 else "")))
-    return lines, npz, used, params, in_specs
+            lines.append(emit.fill("{ind}del {dead}", ind=ind, dead=emit.join(dead)))
+    return [names[v.id] for v in g.outputs]
+
+
+# ---------------------------------------------------------------------- control flow
+# A `cond`, `while_loop` or `scan` node (nested Graphs, `sampan/ops/control.py`) is written
+# as a real Python if/else, while or for around its blocks' kernels, inline in `_program`;
+# a block reads nothing from the enclosing graph, so its inputs are bound to the names of
+# the node's inputs (or of the loop's carry) and its lines are made by `_graph_lines`
+# (`sub` below). Loop variables are names the generator makes from `tag`.
+_CONTROL = ("cond", "while_loop", "scan")
+_STEP = "    "
+
+
+def _set(lines, ind, lhs, rhs):
+    if lhs:
+        lines.append(emit.fill("{ind}{l} = {r}", ind=ind, l=emit.join(lhs), r=emit.join(rhs)))
+
+
+def _count_attr(n, key, where, allow_none=False):
+    v = n.attrs.get(key)
+    if (v is None and allow_none) or (type(v) is int and v >= 0):
+        return v
+    raise DeployError(f"sampan deploy: {n.op} at {where}: attribute {key} is "
+                      f"{emit.inert(repr(v))}; expected an int >= 0")
+
+
+def _control_lines(n, ins, outs, ind, tag, lines, sub, where):
+    """Append the lines of control-flow node `n` at indent `ind` (Code) to `lines`:
+    `ins`/`outs` the names of its input and output values, `tag` a fresh name stem for
+    its loop variables, `sub(block, input_names, indent) -> output names` the writer of a
+    block's lines."""
+    inner = emit.own(ind + _STEP)
+    if n.op == "cond":
+        _count_attr(n, "n_operands", where)
+        lines.append(emit.fill("{ind}if {p}:", ind=ind, p=ins[0]))
+        _set(lines, inner, outs, sub(n.blocks[0], ins[1:], inner))
+        lines.append(emit.fill("{ind}else:", ind=ind))
+        _set(lines, inner, outs, sub(n.blocks[1], ins[1:], inner))
+        return
+    k = _count_attr(n, "n_carry", where)
+    carry = [emit.fresh(tag, "c", j) for j in range(k)]
+    _set(lines, ind, carry, ins[:k])
+    if n.op == "while_loop":
+        caps = ins[k:]
+        most = _count_attr(n, "max_iterations", where, allow_none=True)
+        it = emit.fresh(tag, "it")
+        lines.append(emit.fill("{ind}{it} = 0", ind=ind, it=it))
+        if most is None:
+            lines.append(emit.fill("{ind}while True:", ind=ind))
+        else:
+            lines.append(emit.fill("{ind}while {it} < {m}:", ind=ind, it=it, m=emit.lit(most)))
+        go = sub(n.blocks[0], carry + caps, inner)
+        lines.append(emit.fill("{ind}if not {go}:", ind=inner, go=go[0]))
+        lines.append(emit.fill("{ind}break", ind=emit.own(inner + _STEP)))
+        _set(lines, inner, carry, sub(n.blocks[1], carry + caps, inner))
+        lines.append(emit.fill("{ind}{it} += 1", ind=inner, it=it))
+        _set(lines, ind, outs, carry)
+        return
+    if n.op != "scan":
+        raise DeployError(f"sampan deploy: no control-flow writer for op {n.op!r}")
+    m = _count_attr(n, "n_xs", where)
+    length = _count_attr(n, "length", where)
+    xs, caps = ins[k:k + m], ins[k + m:]
+    n_ys = len(outs) - k
+    if length == 0:
+        raise DeployError(f"sampan deploy: scan at {where} has length 0")
+    ys = [emit.fresh(tag, "ys", j) for j in range(n_ys)]
+    for y in ys:
+        lines.append(emit.fill("{ind}{y} = []", ind=ind, y=y))
+    i = emit.fresh(tag, "i")
+    order = ([emit.lit(length - 1), emit.lit(-1), emit.lit(-1)] if n.attrs.get("reverse")
+             else [emit.lit(length)])
+    lines.append(emit.fill("{ind}for {i} in {r}:", ind=ind, i=i,
+                           r=emit.call(emit.own("range"), order)))
+    sl = [emit.fresh(tag, "x", j) for j in range(m)]
+    for s, x in zip(sl, xs):
+        lines.append(emit.fill("{ind}{s} = {x}[{i}]", ind=inner, s=s, x=x, i=i))
+    res = sub(n.blocks[0], carry + sl + caps, inner)
+    _set(lines, inner, carry, res[:k])
+    for y, r in zip(ys, res[k:]):
+        lines.append(emit.fill("{ind}{y}.append({r})", ind=inner, y=y, r=r))
+    for y in ys:
+        if n.attrs.get("reverse"):
+            lines.append(emit.fill("{ind}{y}.reverse()", ind=ind, y=y))
+    stacked = [emit.call(emit.dotted("np", "stack"), [y]) for y in ys]
+    _set(lines, ind, outs, carry + stacked)
 
 
 def _key(k, op, where) -> emit.Code:

@@ -193,15 +193,18 @@ def _arg_samples():
             Sample((randf(r, 2, 3, 4),), {"axis": 0, "keepdims": True})]
 
 
-def _argk(f):
-    def k(a, axis=None, keepdims=False):
-        return np.asarray(f(a, axis=axis, keepdims=keepdims), dtype=np.int64)
-    return k
+# plain defs (not made by a factory), so `sampan deploy` can copy them into a module
+def _argmax_kernel(a, axis=None, keepdims=False):
+    return np.asarray(np.argmax(a, axis=axis, keepdims=keepdims), dtype=np.int64)
 
 
-ARGMAX = defop("argmax", _argrule, kernel=_argk(np.argmax), kind="reduction",
+def _argmin_kernel(a, axis=None, keepdims=False):
+    return np.asarray(np.argmin(a, axis=axis, keepdims=keepdims), dtype=np.int64)
+
+
+ARGMAX = defop("argmax", _argrule, kernel=_argmax_kernel, kind="reduction",
                grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx="ArgMax", samples=_arg_samples)
-ARGMIN = defop("argmin", _argrule, kernel=_argk(np.argmin), kind="reduction",
+ARGMIN = defop("argmin", _argrule, kernel=_argmin_kernel, kind="reduction",
                grad=NOT_DIFFERENTIABLE, flops=_red_flops, onnx="ArgMin", samples=_arg_samples)
 
 _bool_red = [Sample((rng(14).random((3, 4)) > 0.3,), {"axis": (1,), "keepdims": False}),

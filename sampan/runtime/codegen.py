@@ -34,7 +34,7 @@ from ..ir.text import node_str
 from ..ops.registry import OPS
 from . import emit
 from .compiled import Compiled
-from .control import control_lines
+from .control import block_name, control_lines
 from .memory import inplace_ok, out_kernel
 from .profiled import profiled_variant
 
@@ -147,10 +147,16 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     lines = [emit.fill("def {f}({params}):", f=fname,
                        params=emit.join(names[v.id] for v in g.inputs))]
     node_at = {}                     # line index -> node index (for the profiling variant)
+    groups = {}      # first line -> (end line, node index, its blocks' names): control flow
     bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
-    def release_after(i, n):
+    def release_after(i, n, ir_text=None):
+        if debug and ir_text is not None:
+            for v in n.outputs:
+                t = emit.fresh("_t", v.id)
+                env[t] = (v.shape, v.dtype, ir_text)
+                lines.append(emit.fill("    _check({v}, *{t})", v=names[v.id], t=t))
         if release:
             dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
                     and v.id not in keep and v.const is None]
@@ -163,13 +169,15 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         opname = emit.name(n.op, "op name")
         for v in n.outputs:
             names[v.id] = emit.fresh("v", ren[v.id])
-        if n.blocks:       # control flow: a real if/while/for around the compiled blocks
-            lines.append(emit.fill("    {c}", c=emit.comment(
-                node_str(n, lambda v: f"%{ren[v.id]}"))))
-            lines.extend(control_lines(n, i, names, env, options))
-            release_after(i, n)
-            continue
         ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
+        if n.blocks:       # control flow: a real if/while/for around the compiled blocks
+            lines.append(emit.fill("    {c}", c=emit.comment(ir_text)))
+            ctl = control_lines(n, i, names, env, options, compile_graph)
+            groups[len(lines)] = (len(lines) + len(ctl), i,   # timed as one node
+                                  [block_name(i, k) for k in range(len(n.blocks))])
+            lines.extend(ctl)
+            release_after(i, n, ir_text)
+            continue
         ir = emit.comment(ir_text)
         args = [names[v.id] for v in n.inputs]
         kwargs = []
@@ -257,12 +265,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             lhs = emit.join(names[v.id] for v in n.outputs)
         node_at[len(lines)] = i
         lines.append(emit.fill("    {lhs} = {call}  {ir}", lhs=lhs, call=call, ir=ir))
-        if debug:
-            for v in n.outputs:
-                t = emit.fresh("_t", v.id)
-                env[t] = (v.shape, v.dtype, ir_text)
-                lines.append(emit.fill("    _check({v}, *{t})", v=names[v.id], t=t))
-        release_after(i, n)
+        release_after(i, n, ir_text)
     outs = emit.join(names[v.id] for v in g.outputs)
     lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
                            comma=emit.own("," if len(g.outputs) == 1 else "")))
@@ -272,5 +275,6 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     exec(compile(src, filename, "exec"), env)
 
     def remake():
-        return profiled_variant(g, name, lines, node_at, env, plan, program, bound_as)
+        return profiled_variant(g, name, lines, node_at, env, plan, program, bound_as,
+                                groups)
     return Compiled(env[name], src, filename, plan, remake)

@@ -5,6 +5,12 @@ kernels and buffers (a copy of the executor's globals).
 Facts that do not change between calls (the IR line, the user's source line, FLOPs,
 bytes) are computed once per node when the variant is made; a call then reads the clock
 around each node and appends one `Event` to the thread's buffer.
+
+A control-flow node (`cond`, `while_loop`, `scan`: lines of a real ``if``/``while``/``for``
+around its compiled blocks) is one event for the whole construct, not one per op per
+iteration: its blocks run their plain executors, wrapped to count calls, so the event says
+how many iterations ran (``iterations``; FLOPs are the blocks' per iteration times that)
+or which branch was taken (``branch``).
 """
 from __future__ import annotations
 
@@ -19,11 +25,13 @@ from . import emit
 from .compiled import Compiled
 
 
-def _flops(n) -> int:
+def _flops(n, per=None) -> int:
     op = OPS[n.op]
     if op.flops is None:
         return 0
     try:
+        if n.blocks:         # control flow: the rule reads the blocks (`per`: one iteration)
+            return int(op.flops(*n.inputs, blocks=n.blocks, **dict(n.attrs, **(per or {}))))
         return int(op.flops(*n.inputs, **n.attrs))
     except Exception:  # noqa: BLE001 - a formula that cannot read symbolic dims: unknown
         return 0
@@ -70,30 +78,70 @@ def node_events(g, name, program=None, kernels=None):
         meta.append((n.op, args))
     now, ident = _rec.now, _rec.get_ident
 
-    def ev(i, t0):
+    def ev(i, t0, counts=None):
         t1 = now()
         if _rec.ACTIVE:
             op, args = meta[i]
-            _rec._buffer().append(Event(op, "kernel", t0, t1 - t0, ident(), dict(args)))
+            args = dict(args)
+            if counts is not None:         # a control-flow node: what its blocks did
+                args.update(_control_facts(g.nodes[i], counts))
+            _rec._buffer().append(Event(op, "kernel", t0, t1 - t0, ident(), args))
     return {"_now": now, "_ev": ev}, meta
+
+
+def _control_facts(n, counts) -> dict:
+    """A control node's event fields from its blocks' call counts: cond the branch taken,
+    a loop its iterations (the body's calls) and the FLOPs they did."""
+    if n.op == "cond":
+        return {"branch": "then" if counts[0] else "else"}
+    it = counts[-1]
+    per = _flops(n, {"max_iterations": 1} if n.op == "while_loop" else {"length": 1})
+    return {"iterations": it, "flops": per * it}
+
+
+def _counting(fn, counts, k):
+    def run(*arrays):
+        counts[k] += 1
+        return fn(*arrays)
+    return run
 
 
 _counter = itertools.count()
 
 
-def profiled_variant(g, name, lines, node_at, env, plan, program=None, kernels=None):
+def profiled_variant(g, name, lines, node_at, env, plan, program=None, kernels=None,
+                     groups=None):
     """The recording executor of `g` from its executor's `lines` and globals `env`;
     `node_at` maps a line index to the index of the node it runs, `kernels` a node index
-    to the name its kernel has in the executor."""
+    to the name its kernel has in the executor, `groups` the first line of a control-flow
+    node to (its end line, the node's index, the executor's names of its blocks): those
+    lines are timed as one node."""
+    genv = dict(env)
+    groups = groups or {}
+    ends = {}                           # end line -> node index of a control-flow node
     timed = []
-    for j, line in enumerate(lines):
+    for j, line in enumerate(lines + [None]):
+        if j in ends:
+            i = ends.pop(j)
+            timed.append(emit.fill("    _ev({i}, _t, {c})", i=emit.lit(i),
+                                   c=emit.fresh("_count", i)))
+        if line is None:
+            break
+        if j in groups:
+            end, i, blocks = groups[j]
+            ends[end] = i
+            counts = [0] * len(blocks)
+            genv[emit.fresh("_count", i)] = counts
+            for k, b in enumerate(blocks):
+                genv[b] = _counting(env[b], counts, k)
+            timed += [emit.fill("    _t = _now()"), emit.fill("    {c}[:] = {z}",
+                      c=emit.fresh("_count", i), z=emit.lit([0] * len(counts)))]
         if j in node_at:
             timed += [emit.own("    _t = _now()"), line,
                       emit.fill("    _ev({i}, _t)", i=emit.lit(node_at[j]))]
         else:
             timed.append(line)
     src = emit.block(timed) + "\n"
-    genv = dict(env)
     genv.update(node_events(g, name, program, kernels)[0])
     filename = f"<sampan-jit-profiled-{next(_counter)}:{emit.inert(g.name)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)

@@ -217,8 +217,8 @@ class ProgramModel(_Padded):
             _check_bounds(self.name, self._bounds, inputs)
 
     def _run(self, inputs):
-        for h in self._hin:
-            h.share_external_data(np.ascontiguousarray(inputs[h.name]))
+        for h in self._hin:   # not np.ascontiguousarray: it makes a 0-d input (1,)
+            h.share_external_data(np.asarray(inputs[h.name], order="C"))
         self._p.run()
         return {n: h.copy_to_cpu() for n, h in self._hout}
 
