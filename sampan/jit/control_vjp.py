@@ -1,0 +1,115 @@
+"""Control-flow nodes in a trace, and the tape nodes that differentiate them.
+
+`emit(op, inputs, attrs, blocks)` adds a `cond` / `while_loop` / `scan` node to the
+current trace. Where grad mode is on and an input requires grad, it also records the
+node on the tape, with the op's gradient rule (`ops/control_grad.py`) and the blocks
+the rule reads; a scan then stacks its residuals (the carry each step starts from) and
+a `while_loop` with `max_iterations` keeps them in preallocated buffers, so that the
+backward, traced in turn, reads them as the gradient of any op reads its inputs.
+
+`build(name, specs, fn)` traces the Python function `fn` over fresh inputs of `specs`
+into a Graph: a block. It uses a tracer of its own (nested in the current one), so a
+block reads nothing from the enclosing graph. Both are installed as hooks of the op
+table, which sits below jit.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import SampanError, user_frame
+from ..ops import control_grad as _cg
+from ..ops.registry import STATE, OpDef
+from ..tensor import _record, wrap
+
+
+def _loc(tr):
+    if tr.loc:
+        return tr.loc
+    fn, ln = user_frame()
+    return f"{os.path.basename(fn)}:{ln}"
+
+
+def _no_rule(*a, **k):
+    raise SampanError("a control-flow tape node is not an op of the table")
+
+
+def build(name, specs, fn):
+    """Trace `fn(*tensors)` (returning a list of tensors) into a new block Graph."""
+    from .tracer import Tracer
+    outer = STATE.tracer
+    tr = Tracer(name)
+    if outer is not None:
+        tr.env = outer.env
+        tr.loc = outer.loc
+    prev = STATE.grad_enabled
+    STATE.tracer = tr
+    try:
+        ins = [wrap(tr._input(s.shape, s.dtype, ("arg", i), f"in{i}"))
+               for i, s in enumerate(specs)]
+        outs = fn(*ins)
+        vals = [tr.value_of(t) for t in outs]
+    finally:
+        STATE.tracer = outer
+        STATE.grad_enabled = prev
+    g = tr.g
+    g.outputs = vals
+    g.prune_consts()
+    return g
+
+
+def _zeros(shape, dtype):
+    from ..ops.creation import zeros
+    from ..dtypes import dtype_name
+    return zeros(tuple(shape), dtype=dtype_name(np.dtype(dtype)))
+
+
+def emit(op, inputs, attrs, blocks):
+    """Add control node `op` over tensors `inputs` (with `blocks`) to the current trace
+    and return its user-visible outputs (a tuple of tensors); see the module doc."""
+    tr = STATE.tracer
+    if tr is None:
+        raise SampanError(f"{op}: a control-flow node is built only while tracing")
+    record = STATE.grad_enabled and any(t.requires_grad for t in inputs)
+    g_in, g_attrs, g_blocks = list(inputs), dict(attrs), list(blocks)
+    tape_attrs = dict(attrs, blocks=g_blocks)
+    n_user = None
+    if record and op == "scan":
+        k = attrs["n_carry"]
+        g_blocks = [_cg.scan_residual_body(blocks[0], k)]
+        n_user = len(blocks[0].outputs)
+        tape_attrs = dict(attrs, blocks=g_blocks, n_user=n_user)
+    elif record and op == "while_loop":
+        k, n = attrs["n_carry"], attrs.get("max_iterations")
+        tape_attrs = dict(attrs, blocks=g_blocks, n_user=k, body=None)
+        if n is not None:
+            g_blocks = _cg.while_residual_blocks(blocks[0], blocks[1], k, n)
+            bufs = [_zeros((n,) + tuple(t.shape), t._data.dtype) for t in inputs[:k]]
+            g_in = [_zeros((), np.int64)] + list(inputs[:k]) + bufs + list(inputs[k:])
+            g_attrs["n_carry"] = 1 + 2 * k
+            tape_attrs = dict(attrs, blocks=g_blocks, n_user=k, body=blocks[1])
+    vals = [tr.value_of(t) for t in g_in]
+    loc = _loc(tr)
+    node = tr.g.add_node(op, vals, g_attrs, blocks=g_blocks, loc=loc)
+    outs = []
+    for v in node.outputs:
+        tr.own.add(id(v))
+        outs.append(wrap(v))
+    if op == "while_loop" and len(g_in) != len(inputs):     # (i, carry, buffers)
+        k = attrs["n_carry"]
+        outs = outs[1:1 + k] + outs[:1] + outs[1 + k:]      # carry, i, buffers
+    if record:
+        rule = _cg.GRADS[op]
+        top = OpDef(op, _no_rule, grad=rule, n_out=len(outs), save_output=True)
+        _record(top, tuple(inputs), tape_attrs, tuple(outs))
+        for y in outs:
+            if y._node is not None:
+                tr.tape[y._node] = loc
+                break
+    n_vis = n_user if n_user is not None else (attrs["n_carry"] if op == "while_loop"
+                                              else len(outs))
+    return tuple(outs[:n_vis])
+
+
+_cg.set_hooks(build, emit)

@@ -1,0 +1,274 @@
+"""Gradients of `sampan.cond`, `sampan.scan` and `sampan.while_loop` under `sampan.jit`
+(issue 34): against float64 finite differences and PyTorch (`torch.cond`, `torch.func`
+over a Python loop), through a jitted call differentiated from eager code, through
+`grad` transforms and a training step inside the trace, nested control flow, and second
+order. The backward of a control node is itself a control node (checked in the graph)."""
+import numpy as np
+import pytest
+import torch
+
+import sampan
+from sampan.errors import SampanError
+from sampan.experimental.func import grad as fgrad
+
+R = np.random.default_rng(34)
+
+
+def _t(a, rg=True):
+    return sampan.tensor(np.array(a, np.float64), requires_grad=rg)
+
+
+def _fd(f, arrays, i, eps=1e-6):
+    """d f(*arrays) / d arrays[i] by central differences (f returns a float)."""
+    base = [np.array(a, np.float64) for a in arrays]
+    out = np.zeros_like(base[i])
+    for idx in np.ndindex(base[i].shape):
+        hi = [a.copy() for a in base]
+        lo = [a.copy() for a in base]
+        hi[i][idx] += eps
+        lo[i][idx] -= eps
+        out[idx] = (f(*hi) - f(*lo)) / (2 * eps)
+    return out
+
+
+def _ops(g):
+    """Names of the ops in `g` and, recursively, in its nodes' blocks."""
+    out = []
+    for n in g.nodes:
+        out.append(n.op)
+        for b in getattr(n, "blocks", ()):
+            out += _ops(b)
+    return out
+
+
+# ------------------------------------------------------------------------------ cond
+def _cond_f(x, w, p):
+    return sampan.cond(p, lambda a: sampan.tanh(a * w).sum(),
+                       lambda a: (a * a * w).sum(), x)
+
+
+def _cond_torch(x, w, p):
+    return torch.cond(p, lambda a, w: torch.tanh(a * w).sum(),
+                      lambda a, w: (a * a * w).sum(), (x, w))
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_cond_grad_through_jit_matches_torch_cond_and_fd(taken):
+    xa, wa = R.standard_normal(4), R.standard_normal(4)
+    jf = sampan.jit(_cond_f)
+    x, w = _t(xa), _t(wa)
+    jf(x, w, sampan.tensor(taken)).backward()
+    tx = torch.tensor(xa, requires_grad=True)
+    tw = torch.tensor(wa, requires_grad=True)
+    _cond_torch(tx, tw, torch.tensor(taken)).backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+    def num(xa, wa):
+        with sampan.no_grad():
+            return _cond_f(_t(xa, False), _t(wa, False), sampan.tensor(taken)).item()
+    np.testing.assert_allclose(w.grad.numpy(), _fd(num, [xa, wa], 1), rtol=1e-6, atol=1e-8)
+    # the gradient is a graph: a cond over the branches' backward blocks
+    assert "cond" in [n.op for n in jf.backward_graph.nodes] or "cond" in _ops(
+        jf.backward_graph)
+
+
+# ------------------------------------------------------------------------------ scan
+def _rnn(F, h0, xs, W, U, reverse=False):
+    def step(h, x):
+        h = F.tanh(h @ W + x @ U)
+        return h, (h * h).sum(-1)
+    if F is sampan:
+        hT, ys = sampan.scan(step, h0, xs, reverse=reverse)
+    else:
+        h, ys = h0, [None] * xs.shape[0]
+        for t in (range(xs.shape[0] - 1, -1, -1) if reverse else range(xs.shape[0])):
+            h, ys[t] = step(h, xs[t])
+        hT, ys = h, torch.stack(ys)
+    return (ys * F.tensor(np.linspace(0.5, 1.5, xs.shape[0]))[:, None]).sum() + (
+        hT ** 3).sum()
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_grad_matches_torch_func_over_a_python_loop(reverse):
+    h0a, xsa = R.standard_normal((2, 3)), R.standard_normal((5, 2, 4)) * 0.5
+    Wa, Ua = R.standard_normal((3, 3)) * 0.5, R.standard_normal((4, 3)) * 0.5
+    W, U = _t(Wa), _t(Ua)          # captured by the body's closure: parameters
+    jf = sampan.jit(lambda h0, xs: _rnn(sampan, h0, xs, W, U, reverse))
+    h0, xs = _t(h0a), _t(xsa)
+    jf(h0, xs).backward()
+    ref = torch.func.grad(lambda *a: _rnn(torch, *a, reverse=reverse), argnums=(0, 1, 2, 3))(
+        *(torch.tensor(a) for a in (h0a, xsa, Wa, Ua)))
+    for got, want in zip((h0, xs, W, U), ref):
+        np.testing.assert_allclose(got.grad.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
+    ops = _ops(jf.backward_graph)
+    assert "scan" in ops
+    # one body, whatever the length: the backward holds no unrolled copy of the step
+    assert ops.count("tanh") + ops.count("tanh_grad") <= 4
+
+
+def test_scan_grad_against_finite_differences():
+    h0a, xsa = R.standard_normal((1, 3)), R.standard_normal((4, 1, 2))
+    Wa, Ua = R.standard_normal((3, 3)) * 0.5, R.standard_normal((2, 3)) * 0.5
+
+    def num(h0a, xsa, Wa, Ua):
+        with sampan.no_grad():
+            return _rnn(sampan, *(_t(a, False) for a in (h0a, xsa, Wa, Ua))).item()
+
+    jf = sampan.jit(lambda *a: _rnn(sampan, *a))
+    args = [_t(a) for a in (h0a, xsa, Wa, Ua)]
+    jf(*args).backward()
+    for i, a in enumerate(args):
+        np.testing.assert_allclose(a.grad.numpy(), _fd(num, [h0a, xsa, Wa, Ua], i),
+                                   rtol=1e-6, atol=1e-8)
+
+
+# ------------------------------------------------------------------------------ while_loop
+def _grow(F, x0, w, n_max=None):
+    """x <- x * w + sin(x) while sum(x^2) < 50, at most n_max times."""
+    if F is sampan:
+        x, _ = sampan.while_loop(lambda x, i: (x * x).sum() < 50.0,
+                                 lambda x, i: (x * w + sampan.sin(x), i + 1),
+                                 (x0, sampan.tensor(0)), max_iterations=n_max)
+    else:
+        x, i = x0, 0
+        while (x * x).sum() < 50.0 and (n_max is None or i < n_max):
+            x, i = x * w + torch.sin(x), i + 1
+    return (x * F.tensor(np.array([1.0, -2.0, 0.5]))).sum()
+
+
+@pytest.mark.parametrize("n_max", [30, 3])       # stops by its condition / at the bound
+def test_while_loop_grad_with_max_iterations(n_max):
+    x0a, wa = np.array([0.3, -0.2, 0.5]), np.array([1.3, 1.1, 0.9])
+    jf = sampan.jit(lambda x0, w: _grow(sampan, x0, w, n_max))
+    x0, w = _t(x0a), _t(wa)
+    jf(x0, w).backward()
+    ref = torch.func.grad(lambda *a: _grow(torch, *a, n_max=n_max), argnums=(0, 1))(
+        torch.tensor(x0a), torch.tensor(wa))
+    np.testing.assert_allclose(x0.grad.numpy(), ref[0].numpy(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(w.grad.numpy(), ref[1].numpy(), rtol=1e-9, atol=1e-11)
+
+    def num(x0a, wa):
+        with sampan.no_grad():
+            return _grow(sampan, _t(x0a, False), _t(wa, False), n_max).item()
+    np.testing.assert_allclose(w.grad.numpy(), _fd(num, [x0a, wa], 1), rtol=1e-6, atol=1e-8)
+    assert "while_loop" in _ops(jf.backward_graph)
+
+
+def test_while_loop_grad_without_max_iterations_names_it():
+    jf = sampan.jit(lambda x0, w: _grow(sampan, x0, w))
+    x0, w = _t([0.3, -0.2, 0.5]), _t([1.3, 1.1, 0.9])
+    y = jf(x0, w)
+    np.testing.assert_allclose(y.item(), _grow(torch, torch.tensor([0.3, -0.2, 0.5]),
+                                               torch.tensor([1.3, 1.1, 0.9])).item())
+    with pytest.raises(SampanError, match="max_iterations"):
+        y.backward()
+
+
+# ------------------------------------------------------------------------------ nested
+def _nested(F, c0, xs, w):
+    """A scan whose body branches on the carry (cond inside the scan body)."""
+    def step(c, x):
+        if F is sampan:
+            c = sampan.cond(c.sum() > 0, lambda c, x: sampan.tanh(c * w + x),
+                            lambda c, x: c * 0.5 - x * w, c, x)
+        else:
+            c = torch.tanh(c * w + x) if c.sum() > 0 else c * 0.5 - x * w
+        return c, c.sum()
+    if F is sampan:
+        cT, ys = sampan.scan(step, c0, xs)
+    else:
+        c, ys = c0, []
+        for t in range(xs.shape[0]):
+            c, y = step(c, xs[t])
+            ys.append(y)
+        cT, ys = c, torch.stack(ys)
+    return (ys ** 2).sum() + cT.sum()
+
+
+def test_cond_inside_scan_body_against_fd_and_torch():
+    c0a, xsa, wa = np.array([0.4, -0.1]), R.standard_normal((6, 2)), np.array([0.8, -1.2])
+    jf = sampan.jit(lambda c0, xs: _nested(sampan, c0, xs, w))
+    w = _t(wa)
+    c0, xs = _t(c0a), _t(xsa)
+    jf(c0, xs).backward()
+    ref = torch.func.grad(lambda *a: _nested(torch, *a), argnums=(0, 1, 2))(
+        *(torch.tensor(a) for a in (c0a, xsa, wa)))
+    for got, want in zip((c0, xs, w), ref):
+        np.testing.assert_allclose(got.grad.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
+
+    def num(c0a, xsa, wa):
+        with sampan.no_grad():
+            return _nested(sampan, _t(c0a, False), _t(xsa, False), _t(wa, False)).item()
+    np.testing.assert_allclose(xs.grad.numpy(), _fd(num, [c0a, xsa, wa], 1), rtol=1e-6,
+                               atol=1e-8)
+    ops = _ops(jf.backward_graph)
+    assert "scan" in ops and "cond" in ops
+
+
+# ------------------------------------------------------------------------------ transforms
+def test_functional_grad_under_jit_equals_eager():
+    h0a, xsa = R.standard_normal((2, 3)), R.standard_normal((5, 2, 4)) * 0.5
+    Wa, Ua = R.standard_normal((3, 3)) * 0.5, R.standard_normal((4, 3)) * 0.5
+    g = fgrad(lambda W, U, h0, xs: _rnn(sampan, h0, xs, W, U), argnums=(0, 1))
+    args = [_t(a, False) for a in (Wa, Ua, h0a, xsa)]
+    got = sampan.jit(g)(*args)
+    want = g(*args)                       # eager: the Python loop on the tape
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_jitted_training_step_with_scan_matches_eager():
+    def make():
+        sampan.manual_seed(3)
+        return sampan.nn.Linear(3, 3).to(sampan.float64)
+    xsa = R.standard_normal((4, 2, 3))
+
+    def step(lin, opt, xs):
+        opt.zero_grad()
+        hT, ys = sampan.scan(lambda h, x: (sampan.tanh(lin(h) + x), None),
+                             sampan.zeros(2, 3, dtype=sampan.float64), xs)
+        loss = (hT ** 2).sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    lj, le = make(), make()
+    oj, oe = sampan.optim.SGD(lj.parameters(), lr=0.1), sampan.optim.SGD(le.parameters(),
+                                                                          lr=0.1)
+    js = sampan.jit(lambda xs: step(lj, oj, xs))
+    for _ in range(2):
+        a = js(sampan.tensor(xsa))
+        b = step(le, oe, sampan.tensor(xsa))
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10)
+    for p, q in zip(lj.parameters(), le.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ second order
+def test_second_order_through_scan_and_cond_matches_torch():
+    h0a, xsa = R.standard_normal((1, 3)), R.standard_normal((3, 1, 2)) * 0.5
+    Ua = R.standard_normal((2, 3)) * 0.5
+    Wa = R.standard_normal((3, 3)) * 0.5
+
+    def gg(F, grad):
+        # d/dW of |d loss/dW|^2: reverse over the reverse scan's own gradient graph
+        return grad(lambda W: (grad(lambda W: _rnn(F, h0, xs, W, U))(W) ** 2).sum())
+
+    h0, xs, U = (sampan.tensor(a) for a in (h0a, xsa, Ua))
+    got = sampan.jit(gg(sampan, fgrad))(sampan.tensor(Wa))
+    h0, xs, U = (torch.tensor(a) for a in (h0a, xsa, Ua))
+    want = gg(torch, torch.func.grad)(torch.tensor(Wa))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-8, atol=1e-10)
+
+    xa, wa = R.standard_normal(3), R.standard_normal(3)
+    for taken in (True, False):
+        p = sampan.tensor(taken)
+        got = sampan.jit(lambda x: fgrad(lambda x: (fgrad(
+            lambda x: _cond_f(x, sampan.tensor(wa), p))(x) ** 2).sum())(x))(
+            sampan.tensor(xa))
+        tf = (lambda a: torch.tanh(a * torch.tensor(wa)).sum()) if taken else (
+            lambda a: (a * a * torch.tensor(wa)).sum())
+        want = torch.func.grad(lambda x: (torch.func.grad(tf)(x) ** 2).sum())(
+            torch.tensor(xa))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-8, atol=1e-10)
