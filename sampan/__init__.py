@@ -59,6 +59,7 @@ from .ops.shape import (broadcast_to, cat, chunk, clone, concat, expand, flatten
 from .ops.sort import argsort, sort, topk
 from .ops import decomp as _decomp, layout as _layout, mathops as _mathops  # noqa: E402
 from .ops import scan as _scan, scatter as _scatter  # noqa: E402
+from .ops.control import cond, scan, while_loop  # noqa: E402  (issue 34: control flow)
 
 for _m in (_decomp, _layout, _mathops, _scan, _scatter):  # issue-17 families: EXPORTS
     globals().update({_n: getattr(_m, _n) for _n in _m.EXPORTS})
@@ -169,6 +170,7 @@ __all__ += ["quant"]
 __all__ += ["amp", "distributed", "profiler", "serving"]
 __all__ += [n for m in (amp, distributed, profiler, serving) for n in m.EXPORTS]
 __all__ += [n for m in (_decomp, _layout, _mathops, _scan, _scatter) for n in m.EXPORTS]
+__all__ += ["cond", "while_loop", "scan"]
 
 # PyTorch's dtype names (torch.float is float32, torch.int int32, torch.long int64 ...).
 # Bound last: `float`, `int` and `bool` shadow the builtins in this module's namespace.

@@ -78,15 +78,19 @@ class Value:
 class Node:
     """One op application: `outputs = op(*inputs, **attrs)`, created at `loc`."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "meta")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "loc", "meta", "blocks")
 
-    def __init__(self, op, inputs, attrs, loc=""):
+    def __init__(self, op, inputs, attrs, loc="", blocks=()):
         self.op = op              # op name in the table
         self.inputs = list(inputs)
         self.attrs = dict(attrs)
         self.outputs = []
         self.loc = loc
         self.meta = {}
+        # nested Graphs of a control-flow node (cond: [then, else]; while_loop: [cond,
+        # body]; scan: [body]); empty for every other op. A block reads nothing from the
+        # enclosing graph: what it needs is an input of the node (sampan/ops/control.py)
+        self.blocks = list(blocks)
 
     @property
     def output(self):
@@ -141,11 +145,12 @@ class Graph:
             name = f"{base}.{k}"
         return name
 
-    def add_node(self, op, inputs, attrs, out_specs=None, loc="") -> Node:
-        """Append a node; output types come from the op's shape rule unless given."""
-        n = Node(op, inputs, attrs, loc)
+    def add_node(self, op, inputs, attrs, out_specs=None, loc="", blocks=None) -> Node:
+        """Append a node; output types come from the op's shape rule unless given.
+        `blocks`: the nested Graphs of a control-flow node (its shape rule reads them)."""
+        n = Node(op, inputs, attrs, loc, blocks or ())
         if out_specs is None:
-            out_specs = infer(op, inputs, attrs)
+            out_specs = infer(op, inputs, attrs, n.blocks)
         for i, s in enumerate(out_specs):
             n.outputs.append(Value(self._new_id(), s.shape, s.dtype, node=n, index=i))
         self.nodes.append(n)
@@ -157,6 +162,13 @@ class Graph:
         yield from self.consts
         for n in self.nodes:
             yield from n.outputs
+
+    def walk(self):
+        """This graph, then every nested block (depth first), each once."""
+        yield self
+        for n in self.nodes:
+            for b in n.blocks:
+                yield from b.walk()
 
     def users(self) -> dict:
         """Map value id -> list of nodes that read it."""
@@ -189,7 +201,8 @@ class Graph:
             m[v.id] = nv = Value(v.id, v.shape, v.dtype, const=v.const, name=v.name)
             g.consts.append(nv)
         for n in self.nodes:
-            nn = Node(n.op, [m[v.id] for v in n.inputs], n.attrs, n.loc)
+            nn = Node(n.op, [m[v.id] for v in n.inputs], n.attrs, n.loc,
+                      [b.copy() for b in n.blocks])
             nn.meta = dict(n.meta)
             for v in n.outputs:
                 m[v.id] = nv = Value(v.id, v.shape, v.dtype, node=nn, index=v.index)
@@ -223,7 +236,8 @@ class Graph:
             for v in n.outputs:
                 ren[v.id] = len(ren)
             nodes.append((n.op, args, _attrs_key(n.attrs), n.loc,
-                          tuple((v.shape, v.dtype) for v in n.outputs)))
+                          tuple((v.shape, v.dtype) for v in n.outputs),
+                          tuple((b.name, b._canon()) for b in n.blocks)))
         return ins, cs, tuple(nodes), tuple(r(v) for v in self.outputs)
 
     def __eq__(self, other):
@@ -237,7 +251,7 @@ class Graph:
         return to_dot(self, **kw)
 
     def nbytes_consts(self):
-        return sum(v.const.nbytes for v in self.consts)
+        return sum(v.const.nbytes for g in self.walk() for v in g.consts)
 
 
 def _attrs_key(attrs):
@@ -253,9 +267,13 @@ def spec_of(v):
     return Spec(tuple(v.shape), v.dtype)
 
 
-def infer(op, inputs, attrs):
-    """Output Specs of `op` on `inputs` by its shape rule."""
+def infer(op, inputs, attrs, blocks=()):
+    """Output Specs of `op` on `inputs` by its shape rule (a control-flow op's rule also
+    reads its `blocks`)."""
     from ..ops.registry import get_op
     od = get_op(op)
-    out = od.shape_rule(*[spec_of(v) for v in inputs], **attrs)
+    if blocks:
+        out = od.shape_rule(*[spec_of(v) for v in inputs], blocks=blocks, **attrs)
+    else:
+        out = od.shape_rule(*[spec_of(v) for v in inputs], **attrs)
     return list(out) if od.n_out != 1 else [out]

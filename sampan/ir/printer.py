@@ -87,7 +87,16 @@ def _const_rhs(v) -> str:
 
 # ---------------------------------------------------------------------- printer
 def print_graph(g, *, ids=None) -> str:
-    """The text form of `g` (values renumbered in order: inputs, constants, nodes)."""
+    """The text form of `g` (values renumbered in order: inputs, constants, nodes); the
+    nested blocks of a control-flow node follow its line, indented, each numbered on its
+    own, between `{` and `}`."""
+    taken = {c.name for b in g.walk() for c in b.consts if c.name is not None}
+    lines = []
+    _print(g, "", taken, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _print(g, pad, taken, lines):
     ren = {}
     for v in g.values():
         ren[v.id] = len(ren)
@@ -99,25 +108,32 @@ def print_graph(g, *, ids=None) -> str:
             return f"%<undefined {v.id}>"
     args = ", ".join(f"{nm(v)}: {v.type_str()}" + (f" {v.name!r}" if v.name else "")
                      for v in g.inputs)
-    lines = [f"graph {g.name}({args}) {{"]
-    taken = {c.name for c in g.consts if c.name is not None}
+    lines.append(f"{pad}graph {g.name}({args}) {{")
     for c in g.consts:
         if c.name is None and not (c.const.size <= INLINE_CONST_MAX and c.const.ndim <= 4):
-            c.name = g.const_name(f"c{c.id}", taken)   # unique in the graph
+            # unique in the graph and its blocks (a saved program keeps them by name)
+            c.name = g.const_name(f"c{c.id}", taken)
             taken.add(c.name)
-        lines.append(f"  {nm(c)}: {c.type_str()} = {_const_rhs(c)}")
+        lines.append(f"{pad}  {nm(c)}: {c.type_str()} = {_const_rhs(c)}")
     for n in g.nodes:
-        lines.append("  " + node_str(n, nm))
+        if not n.blocks:
+            lines.append(f"{pad}  " + node_str(n, nm))
+            continue
+        line = node_str(n, nm, loc=False) + " {"
+        lines.append(f"{pad}  {line}" + (f"  # {n.loc}" if n.loc else ""))
+        for b in n.blocks:
+            _print(b, pad + "    ", taken, lines)
+        lines.append(f"{pad}  }}")
     outs = ", ".join(nm(v) for v in g.outputs)
-    lines.append(f"  return ({outs})")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    lines.append(f"{pad}  return ({outs})")
+    lines.append(f"{pad}}}")
 
 
-def node_str(n, nm=None) -> str:
-    """One node as a line: `%3: f32[8,3] = matmul(%0, %1)  # model.py:12`."""
+def node_str(n, nm=None, loc=True) -> str:
+    """One node as a line: `%3: f32[8,3] = matmul(%0, %1)  # model.py:12` (a control-flow
+    node's blocks are not in it: `print_graph` writes them below)."""
     nm = nm or (lambda v: f"%{v.id}")
     lhs = ", ".join(f"{nm(v)}: {v.type_str()}" for v in n.outputs)
     parts = [nm(v) for v in n.inputs] + [f"{k}={fmt_lit(a)}" for k, a in n.attrs.items()]
     s = f"{lhs} = {n.op}({', '.join(parts)})"
-    return s + (f"  # {n.loc}" if n.loc else "")
+    return s + (f"  # {n.loc}" if n.loc and loc else "")

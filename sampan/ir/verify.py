@@ -34,12 +34,13 @@ def _dim_symbols(d) -> set:
 def symbols_in(g) -> set:
     """The symbol names in the types and "$expr" attributes of `g`'s values and nodes."""
     out = set()
-    for v in g.values():
-        for d in v.shape:
-            if isinstance(d, str):
-                out |= _dim_symbols(d)
-    for n in g.nodes:
-        _attr_symbols(n.attrs, out)
+    for b in g.walk():
+        for v in b.values():
+            for d in v.shape:
+                if isinstance(d, str):
+                    out |= _dim_symbols(d)
+        for n in b.nodes:
+            _attr_symbols(n.attrs, out)
     return out
 
 
@@ -91,11 +92,13 @@ def verify(g, sizes: dict | None = None) -> None:
         sizes = {**{s: PROBE for s in syms}, **(sizes or {})}
         at = " at " + ", ".join(f"{s}={sizes[s]}" for s in sorted(syms))
     defined = set()
+    objs = set()             # the Values themselves: a block's ids repeat its parent's
 
     def define(v, where):
         if v.id in defined:
             raise VerifyError(f"%{v.id} is defined twice (not SSA): {where}")
         defined.add(v.id)
+        objs.add(id(v))
 
     def spec(v, line):
         if not syms:
@@ -122,8 +125,14 @@ def verify(g, sizes: dict | None = None) -> None:
         if op is None:
             raise VerifyError(f"unknown op {n.op!r}: {line}")
         for v in n.inputs:
-            if v.id not in defined:
-                raise VerifyError(f"%{v.id} is used before it is defined (or dangling): {line}")
+            if v.id not in defined or id(v) not in objs:
+                raise VerifyError(f"%{v.id} is used before it is defined (or dangling, or "
+                                  f"a value of another graph): {line}")
+        if n.blocks:         # control flow: each block on its own, then the node's rule
+            _verify_control(n, op, line, sizes)
+            for v in n.outputs:
+                define(v, line)
+            continue
         if op.n_out is not None and len(n.outputs) != op.n_out:  # None: set by attrs
             raise VerifyError(f"{n.op} has {op.n_out} outputs, node has {len(n.outputs)}: "
                               f"{line}")
@@ -152,5 +161,31 @@ def verify(g, sizes: dict | None = None) -> None:
                                   f"of {n.op} gives {s!r}: {line}")
             define(v, line)
     for v in g.outputs:
-        if v.id not in defined:
-            raise VerifyError(f"graph output %{v.id} is not defined (dangling)")
+        if v.id not in defined or id(v) not in objs:
+            raise VerifyError(f"graph output %{v.id} is not defined (dangling, or a value "
+                              f"of another graph)")
+
+
+def _verify_control(n, op, line, sizes):
+    """A control-flow node: its blocks verify as graphs (reading nothing from outside),
+    and its rule, which compares types structurally (a symbolic dim is the same text on
+    both sides), gives exactly the node's output types."""
+    for b in n.blocks:
+        try:
+            verify(b, sizes)
+        except VerifyError as e:
+            raise VerifyError(f"block {b.name} of {n.op}: {e}: {line}") from None
+    try:
+        specs = list(op.shape_rule(*[spec_of(v) for v in n.inputs], blocks=n.blocks,
+                                   **n.attrs))
+    except Exception as e:
+        raise VerifyError(f"shape rule of {n.op} rejects the node ({e}): {line}") from None
+    if len(specs) != len(n.outputs):
+        raise VerifyError(f"{n.op} gives {len(specs)} outputs, the node has "
+                          f"{len(n.outputs)}: {line}")
+    for v, s in zip(n.outputs, specs):
+        if v.node is not n:
+            raise VerifyError(f"%{v.id} does not point back to its node: {line}")
+        if tuple(s.shape) != tuple(v.shape) or s.dtype != v.dtype:
+            raise VerifyError(f"%{v.id} is typed {v.type_str()} but the blocks of {n.op} "
+                              f"give {s!r}: {line}")

@@ -13,6 +13,7 @@ import sys as _sys
 import types as _types
 
 from ..passes.bisect import register_front as _bisect_front
+from . import blocks as _blocks  # noqa: F401  (control flow; hands ops.control the Graph)
 from . import serialize as _serialize
 from . import tracing as _tracing
 from .api import JitFunction, RetraceWarning, jit, trace

@@ -84,6 +84,13 @@ class Tracer:
         self.env = None
         self._inc = None
         self._prev = None
+        # control flow (blocks.py): the graph inputs go to (the one traced), how deep in
+        # nested blocks the trace is, the constants blocks read, and per open block the
+        # tensors its outer Values came from
+        self.root = self.g
+        self.block_depth = 0
+        self.block_consts = []
+        self.cf_seen = []
 
     # ------------------------------------------------------------------ context
     def set_pass_option(self, pass_name: str, **options) -> None:
@@ -119,7 +126,7 @@ class Tracer:
 
     # ------------------------------------------------------------------ values
     def _input(self, shape, dtype, slot, name=None):
-        v = self.g.add_input(shape, dtype, name)
+        v = self.root.add_input(shape, dtype, name)
         self.own.add(id(v))
         self.slots.append(slot)
         return v
@@ -159,9 +166,9 @@ class Tracer:
         if ent is not None and ent[2] is t:
             # it was read as a constant earlier in this trace: turn that constant into an input
             v = ent[0]
-            self.g.consts.remove(v)
+            (self.g if v in self.g.consts else self.root).consts.remove(v)
             v.const, v.name = None, name
-            self.g.inputs.append(v)
+            self.root.inputs.append(v)
             self.slots.append(slot or ("state", t))
             del self.consts[id(arr)]
         else:
@@ -295,6 +302,11 @@ class Tracer:
         self.own.add(id(v))
         return wrap(v)
 
+    def control(self, kind, *args):
+        """`sampan.cond/while_loop/scan` while tracing: one node holding its blocks."""
+        from .blocks import trace_control
+        return trace_control(self, kind, *args)
+
     # ------------------------------------------------------------------ hooks from the core
     def apply(self, op, inputs, attrs):
         vals = [self.value_of(t) for t in inputs]
@@ -336,6 +348,9 @@ class Tracer:
         from .._tensor_methods import check_inplace_target, rebase_view
         from ..autograd.tape import bump_version
         grad = STATE.grad_enabled
+        if self.block_depth:
+            from .blocks import check_block_write
+            check_block_write(self, target, name)
         if grad:
             check_inplace_target(target, name)
         if target._view is not None:
@@ -442,6 +457,12 @@ class Tracer:
 
     def random_key(self, gen):
         """The key of one random op drawn from `gen`: (seed, counter) threaded through."""
+        if self.block_depth:
+            fn, ln = user_frame()
+            raise TracingError(
+                "sampan.jit: a random op inside a sampan.cond/while_loop/scan function is "
+                f"not supported (its key would not advance per iteration)\n  at {fn}:{ln}"
+                "\nDraw the random numbers outside and pass them in (as xs of a scan).")
         ent = self.rng.get(id(gen))
         if ent is None:
             v = self._input((2,), np.int64, ("rng", gen), f"rng{len(self.rng)}")

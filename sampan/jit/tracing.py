@@ -132,7 +132,7 @@ def trace(fn, args, kwargs=None, state=(), name="main", info=None, differentiabl
         info["pass_options"] = {k: dict(v) for k, v in tr.pass_options.items()}
         info["sym_guards"] = list(tr.env.guards) if tr.env is not None else []
         consts = []
-        for _, d, t in tr.consts.values():
+        for _, d, t in list(tr.consts.values()) + tr.block_consts:
             if isinstance(t, Tensor) and t._data is d and not tr.is_born(t):
                 b = t._base
                 consts.append((t, d, (b if b is not None else t)._version))

@@ -13,7 +13,9 @@ FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "re
             # issue 31: the requantising int8 layers fuse_quant emits
             "quant_fused",
             # issue 23: collectives (run through the current sampan.distributed group)
-            "collective"]
+            "collective",
+            # issue 34: control flow (nodes holding nested Graphs)
+            "control"]
 
 
 def load_all():

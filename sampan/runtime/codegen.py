@@ -34,6 +34,7 @@ from ..ir.text import node_str
 from ..ops.registry import OPS
 from . import emit
 from .compiled import Compiled
+from .control import control_lines
 from .memory import inplace_ok, out_kernel
 from .profiled import profiled_variant
 
@@ -149,11 +150,25 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
+    def release_after(i, n):
+        if release:
+            dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
+                    and v.id not in keep and v.const is None]
+            dead += [names[v.id] for v in n.outputs if v.id not in last and v.id not in keep]
+            if dead:
+                lines.append(emit.fill("    del {dead}", dead=emit.join(dead)))
+    options = {"debug": debug, "use_plan": use_plan, "specialize": specialize}
     for i, n in enumerate(g.nodes):
         op = OPS[n.op]
         opname = emit.name(n.op, "op name")
         for v in n.outputs:
             names[v.id] = emit.fresh("v", ren[v.id])
+        if n.blocks:       # control flow: a real if/while/for around the compiled blocks
+            lines.append(emit.fill("    {c}", c=emit.comment(
+                node_str(n, lambda v: f"%{ren[v.id]}"))))
+            lines.extend(control_lines(n, i, names, env, options))
+            release_after(i, n)
+            continue
         ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
         ir = emit.comment(ir_text)
         args = [names[v.id] for v in n.inputs]
@@ -247,12 +262,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
                 t = emit.fresh("_t", v.id)
                 env[t] = (v.shape, v.dtype, ir_text)
                 lines.append(emit.fill("    _check({v}, *{t})", v=names[v.id], t=t))
-        if release:
-            dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
-                    and v.id not in keep and v.const is None]
-            dead += [names[v.id] for v in n.outputs if v.id not in last and v.id not in keep]
-            if dead:
-                lines.append(emit.fill("    del {dead}", dead=emit.join(dead)))
+        release_after(i, n)
     outs = emit.join(names[v.id] for v in g.outputs)
     lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
                            comma=emit.own("," if len(g.outputs) == 1 else "")))
