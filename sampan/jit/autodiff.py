@@ -292,7 +292,8 @@ def trace_vjp(tr, name, outs, born=()):
             if v.id not in m and v.id in const_ids:
                 m[v.id] = bw.add_const(v.const, name=v.name)
         nn = bw.add_node(n.op, [m[v.id] for v in n.inputs], n.attrs,
-                         [Spec(v.shape, v.dtype) for v in n.outputs], loc=n.loc)
+                         [Spec(v.shape, v.dtype) for v in n.outputs], loc=n.loc,
+                         blocks=n.blocks)
         for v, nv in zip(n.outputs, nn.outputs):
             m[v.id] = nv
     for gv in grads:

@@ -65,19 +65,22 @@ def _zeros(shape, dtype):
     return zeros(tuple(shape), dtype=dtype_name(np.dtype(dtype)))
 
 
-def emit(op, inputs, attrs, blocks):
-    """Add control node `op` over tensors `inputs` (with `blocks`) to the current trace
-    and return its user-visible outputs (a tuple of tensors); see the module doc."""
+def emit(op, inputs, attrs, blocks, vals=None, loc=None):
+    """Add control node `op` over tensors `inputs` (with `blocks`; `vals`: their Values,
+    when known) to the current trace and return its user-visible outputs (a tuple of
+    tensors); see the module doc."""
     tr = STATE.tracer
     if tr is None:
         raise SampanError(f"{op}: a control-flow node is built only while tracing")
+    if vals is None:
+        vals = [tr.value_of(t) for t in inputs]
+    loc = loc or _loc(tr)
     record = STATE.grad_enabled and any(t.requires_grad for t in inputs)
-    g_in, g_attrs, g_blocks = list(inputs), dict(attrs), list(blocks)
+    g_vals, g_attrs, g_blocks = list(vals), dict(attrs), list(blocks)
     tape_attrs = dict(attrs, blocks=g_blocks)
     n_user = None
     if record and op == "scan":
-        k = attrs["n_carry"]
-        g_blocks = [_cg.scan_residual_body(blocks[0], k)]
+        g_blocks = [_cg.scan_residual_body(blocks[0], attrs["n_carry"])]
         n_user = len(blocks[0].outputs)
         tape_attrs = dict(attrs, blocks=g_blocks, n_user=n_user)
     elif record and op == "while_loop":
@@ -85,23 +88,25 @@ def emit(op, inputs, attrs, blocks):
         tape_attrs = dict(attrs, blocks=g_blocks, n_user=k, body=None)
         if n is not None:
             g_blocks = _cg.while_residual_blocks(blocks[0], blocks[1], k, n)
-            bufs = [_zeros((n,) + tuple(t.shape), t._data.dtype) for t in inputs[:k]]
-            g_in = [_zeros((), np.int64)] + list(inputs[:k]) + bufs + list(inputs[k:])
+            extra = [tr.value_of(_zeros((), np.int64))] + [
+                tr.value_of(_zeros((n,) + tuple(v.shape), v.dtype)) for v in vals[:k]]
+            g_vals = extra[:1] + list(vals[:k]) + extra[1:] + list(vals[k:])
             g_attrs["n_carry"] = 1 + 2 * k
             tape_attrs = dict(attrs, blocks=g_blocks, n_user=k, body=blocks[1])
-    vals = [tr.value_of(t) for t in g_in]
-    loc = _loc(tr)
-    node = tr.g.add_node(op, vals, g_attrs, blocks=g_blocks, loc=loc)
+    if tr.env is not None:
+        with tr.env.quiet():
+            node = tr.g.add_node(op, g_vals, g_attrs, loc=loc, blocks=g_blocks)
+    else:
+        node = tr.g.add_node(op, g_vals, g_attrs, loc=loc, blocks=g_blocks)
     outs = []
     for v in node.outputs:
         tr.own.add(id(v))
         outs.append(wrap(v))
-    if op == "while_loop" and len(g_in) != len(inputs):     # (i, carry, buffers)
+    if len(g_vals) != len(vals):                     # while_loop: (i, carry, buffers)
         k = attrs["n_carry"]
         outs = outs[1:1 + k] + outs[:1] + outs[1 + k:]      # carry, i, buffers
     if record:
-        rule = _cg.GRADS[op]
-        top = OpDef(op, _no_rule, grad=rule, n_out=len(outs), save_output=True)
+        top = OpDef(op, _no_rule, grad=_cg.GRADS[op], n_out=len(outs), save_output=True)
         _record(top, tuple(inputs), tape_attrs, tuple(outs))
         for y in outs:
             if y._node is not None:

@@ -82,19 +82,19 @@ def replay(block, args):
     traced into the current trace, and recorded on the tape where grad mode is on."""
     from ..tensor import apply, wrap
     from .registry import OPS
-    env = {v.id: a for v, a in zip(block.inputs, args)}
+    env = {id(v): a for v, a in zip(block.inputs, args)}
     for c in block.consts:
-        env[c.id] = wrap(c.const)
+        env[id(c)] = wrap(c.const)
     for n in block.nodes:
-        ins = [env[v.id] for v in n.inputs]
-        if getattr(n, "blocks", None):
+        ins = [env[id(v)] for v in n.inputs]
+        if n.blocks:
             outs = emit(n.op, ins, n.attrs, n.blocks)
         else:
             outs = apply(OPS[n.op], tuple(ins), dict(n.attrs))
             outs = outs if isinstance(outs, tuple) else (outs,)
         for v, o in zip(n.outputs, outs):
-            env[v.id] = o
-    return [env[v.id] for v in block.outputs]
+            env[id(v)] = o
+    return [env[id(v)] for v in block.outputs]
 
 
 def leaf(t):
