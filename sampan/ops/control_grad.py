@@ -155,8 +155,8 @@ def cond_grad(g, y, pred, *rest, n_operands, blocks, n_user=None):
             return pull(block, a[:n], wrt, dict(zip(co, a[n:])))[1]
         return fn
 
-    bt = build("cond_then_grad", specs, back(blocks[0]))
-    bf = build("cond_else_grad", specs, back(blocks[1]))
+    bt = build(blocks[0].name + "_grad", specs, back(blocks[0]))
+    bf = build(blocks[1].name + "_grad", specs, back(blocks[1]))
     res = emit("cond", [pred, *rest, *cots], {"n_operands": n + len(cots)}, [bt, bf])
     out = [None] * n
     for i, r in zip(wrt, res):
@@ -171,7 +171,7 @@ def scan_residual_body(body, n_carry):
 
     def fn(*a):
         return replay(body, a) + list(a[:n_carry])
-    return build("scan_body_res", specs, fn)
+    return build(body.name, specs, fn)
 
 
 def scan_grad(g, y, *inputs, n_carry, n_xs, length, reverse, blocks, n_user):
@@ -213,7 +213,7 @@ def scan_grad(g, y, *inputs, n_carry, n_xs, length, reverse, blocks, n_user):
         g_c, g_x, g_p = grads[:nf], grads[nf:nf + len(wx)], grads[nf + len(wx):]
         return list(g_c) + [d + e for d, e in zip(dp, g_p)] + list(g_x)
 
-    bb = build("scan_body_grad", specs, fn)
+    bb = build(body.name + "_grad", specs, fn)
     res = emit("scan", [*dc0, *dp0, *xs, *carries, *dys, *caps],
                {"n_carry": nf + nw, "n_xs": m + k + len(cy), "length": length,
                 "reverse": not reverse}, [bb])
@@ -246,7 +246,7 @@ def while_residual_blocks(cond_b, body, n_carry, max_iterations):
         new = replay(body, list(c) + list(caps))
         return [i + 1] + new + [setitem(b, i, x) for b, x in zip(bufs, c)]
 
-    return [build("while_cond_res", specs, c_fn), build("while_body_res", specs, b_fn)]
+    return [build(cond_b.name, specs, c_fn), build(body.name, specs, b_fn)]
 
 
 def while_grad(g, y, *inputs, n_carry, max_iterations, blocks, n_user, body=None):
@@ -289,8 +289,8 @@ def while_grad(g, y, *inputs, n_carry, max_iterations, blocks, n_user, body=None
         return ([j - 1] + list(grads[:nf])
                 + [d + e for d, e in zip(dp, grads[nf:])])
 
-    cb = build("while_cond_grad", specs, c_fn)
-    bb = build("while_body_grad", specs, b_fn)
+    cb = build("cond_grad", specs, c_fn)
+    bb = build(body.name + "_grad", specs, b_fn)
     j0 = n_it - 1
     res = emit("while_loop", [j0, *dc0, *dp0, *bufs, *caps],
                {"n_carry": 1 + nf + nw, "max_iterations": max_iterations}, [cb, bb])
