@@ -305,9 +305,9 @@ def size_at(expr: str, sizes: dict):
 
 
 def symbols_of(g) -> set:
-    """The symbols in the dims of Graph `g`'s values."""
+    """The symbols in the dims of Graph `g`'s values (its blocks' too)."""
     out = set()
-    for v in g.values():
+    for v in (v for b in g.walk() for v in b.values()):
         for d in v.shape:
             if isinstance(d, str):
                 try:
@@ -320,11 +320,13 @@ def symbols_of(g) -> set:
 def concrete(g, sizes):
     """A copy of symbolic Graph `g` with every symbol replaced by its size."""
     c = g.copy()
-    for v in c.values():
-        if any(isinstance(d, str) for d in v.shape):
-            v.shape = tuple(size_at(d, sizes) if isinstance(d, str) else d for d in v.shape)
-    for n in c.nodes:
-        n.attrs = {a: concrete_attr(x, sizes, size_at) for a, x in n.attrs.items()}
+    for b in c.walk():                 # the blocks of control-flow nodes too
+        for v in b.values():
+            if any(isinstance(d, str) for d in v.shape):
+                v.shape = tuple(size_at(d, sizes) if isinstance(d, str) else d
+                                for d in v.shape)
+        for n in b.nodes:
+            n.attrs = {a: concrete_attr(x, sizes, size_at) for a, x in n.attrs.items()}
     return c
 
 

@@ -22,6 +22,10 @@ Version 3 is version 2 with `example_fills`: an example input that is one value 
 stored as that value and its shape, and read back as a broadcast view. Only a program
 with such an example is written as version 3, so every other one still loads in a sampan
 that reads version 2, and one that does not says "upgrade sampan" rather than "damaged".
+Version 4 is version 3 whose graph holds control flow (`cond`, `while_loop`, `scan`
+nodes with nested blocks in the text, their large constants in the weights as every
+other's): only such a program is written as version 4, and a graph with blocks in a
+program of an older version is refused as damaged.
 
 A save writes `<path>.tmp-<token>/`, fsyncs it, then swaps it with the old program in
 one atomic step (Linux's renameat2 RENAME_EXCHANGE). Where that is missing it renames
@@ -62,8 +66,10 @@ from . import dynamic as _dyn
 from . import pytree
 
 FORMAT = "sampan.jit"
-VERSION = 3         # the newest format read; written only with example_fills (else 2)
-_SUMMED_VERSIONS = (2, 3)   # the versions with checksums.sha256
+VERSION = 4         # the newest format read; written only with control flow (4) or
+#                     example_fills (3), else 2
+_SUMMED_VERSIONS = (2, 3, 4)   # the versions with checksums.sha256
+_FILLS_VERSIONS = (3, 4)       # the versions that may have example_fills
 _FILES = ("graph.ir", "weights.safetensors")          # covered by meta.json in version 1
 _SUMMED = ("graph.ir", "meta.json", "weights.safetensors")
 _SUMS = "checksums.sha256"
@@ -126,8 +132,9 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
             a = np.array([ref.seed, ref.counter], np.int64)
         put(key, a)
         ins.append({"kind": kind, "key": key})
-    text = str(g)  # names large constants
-    for c in g.consts:
+    text = str(g)  # names large constants (unique across the graph and its blocks)
+    blocks = any(n.blocks for n in g.nodes)
+    for c in (c for b in g.walk() for c in b.consts):
         if c.name is not None and f"ref={c.name!r}" in text:
             put(f"const.{c.name}", c.const)
     fills = {}
@@ -139,7 +146,8 @@ def save(fn_or_layer, path, example_inputs, passes="inference", dynamic=None) ->
         put(f"example.{i}", a)
     out_consts = []
     meta = {
-        "format": FORMAT, "version": VERSION if fills else 2, "graph_name": g.name,
+        "format": FORMAT, "version": 4 if blocks else 3 if fills else 2,
+        "graph_name": g.name,
         "inputs": ins, "n_args": len(leaves),
         "outputs": [k for k, _ in out_slots],
         "out_tree": pytree.to_json(out_tree, out_consts), "dtypes": dtypes,
@@ -172,9 +180,10 @@ def _fill_examples(path, meta, arrays) -> None:
         return
     where = os.path.join(path, "meta.json")
     fills = meta["example_fills"]
-    if not _is_version(meta, 3):
+    if not any(_is_version(meta, v) for v in _FILLS_VERSIONS):
         raise _damaged(where, f"it has 'example_fills', which format version "
-                              f"{meta.get('version')!r} does not have (version 3 does)")
+                              f"{meta.get('version')!r} does not have (versions 3 and 4 "
+                              "do)")
     if not isinstance(fills, dict):
         raise _damaged(where, "'example_fills' must map example input numbers to shapes")
     for k, shape in fills.items():
@@ -372,6 +381,10 @@ def _read_at(path, dfd):
         g = parse(text, consts)
     except Exception as e:  # noqa: BLE001 - the text is checksummed: only a writer bug
         raise LoadError(f"sampan.jit.load: graph of {path} is invalid: {e}") from None
+    if any(n.blocks for n in g.nodes) and not _is_version(meta, 4):
+        raise _damaged(os.path.join(path, "meta.json"), f"format version "
+                       f"{meta.get('version')!r} has no control flow, but its graph holds "
+                       "nested blocks (version 4 does)")
     _check_meta(path, meta, g, arrays)
     try:
         verify(_at_example_sizes(g, meta, arrays))
