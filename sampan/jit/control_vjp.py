@@ -37,12 +37,11 @@ def _no_rule(*a, **k):
 
 def build(name, specs, fn):
     """Trace `fn(*tensors)` (returning a list of tensors) into a new block Graph."""
-    from .tracer import Tracer
     outer = STATE.tracer
-    tr = Tracer(name)
-    if outer is not None:
-        tr.env = outer.env
-        tr.loc = outer.loc
+    if outer is None:
+        raise SampanError(f"{name}: a control-flow block is built only while tracing")
+    tr = type(outer)(name)           # a Tracer of its own (jit/tracer.py imports this one)
+    tr.env, tr.loc = outer.env, outer.loc
     prev = STATE.grad_enabled
     STATE.tracer = tr
     try:

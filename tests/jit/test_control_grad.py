@@ -52,25 +52,60 @@ def _cond_torch(x, w, p):
                       lambda a, w: (a * a * w).sum(), (x, w))
 
 
+def _cond_py(x, w, p):
+    return torch.tanh(x * w).sum() if p else (x * x * w).sum()
+
+
 @pytest.mark.parametrize("taken", [True, False])
-def test_cond_grad_through_jit_matches_torch_cond_and_fd(taken):
+def test_cond_grad_through_jit_matches_torch_func_and_fd(taken):
     xa, wa = R.standard_normal(4), R.standard_normal(4)
     jf = sampan.jit(_cond_f)
-    x, w = _t(xa), _t(wa)
+    x, w = _t(xa), _t(wa)           # w: captured by the branches' closures
     jf(x, w, sampan.tensor(taken)).backward()
-    tx = torch.tensor(xa, requires_grad=True)
-    tw = torch.tensor(wa, requires_grad=True)
-    _cond_torch(tx, tw, torch.tensor(taken)).backward()
-    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-12)
+    ref = torch.func.grad(lambda *a: _cond_py(*a, taken), argnums=(0, 1))(
+        torch.tensor(xa), torch.tensor(wa))
+    np.testing.assert_allclose(x.grad.numpy(), ref[0].numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), ref[1].numpy(), rtol=1e-10, atol=1e-12)
 
     def num(xa, wa):
         with sampan.no_grad():
             return _cond_f(_t(xa, False), _t(wa, False), sampan.tensor(taken)).item()
     np.testing.assert_allclose(w.grad.numpy(), _fd(num, [xa, wa], 1), rtol=1e-6, atol=1e-8)
-    # the gradient is a graph: a cond over the branches' backward blocks
-    assert "cond" in [n.op for n in jf.backward_graph.nodes] or "cond" in _ops(
-        jf.backward_graph)
+    # the gradient is a graph: a cond on the same predicate over the backward blocks
+    (node,) = [n for n in jf.backward_graph.nodes if n.op == "cond"]
+    assert [b.name for b in node.blocks] == ["then_grad", "else_grad"]
+
+
+@pytest.mark.slow        # torch.cond's first call compiles with dynamo (~7 s)
+def test_cond_grad_matches_torch_cond():
+    xa, wa = R.standard_normal(4), R.standard_normal(4)
+    for taken in (True, False):
+        x, w = _t(xa), _t(wa)
+        sampan.jit(_cond_f)(x, w, sampan.tensor(taken)).backward()
+        tx = torch.tensor(xa, requires_grad=True)
+        tw = torch.tensor(wa, requires_grad=True)
+        _cond_torch(tx, tw, torch.tensor(taken)).backward()
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_cond_with_a_tuple_of_outputs_one_unused():
+    xa, wa = R.standard_normal(3), R.standard_normal(3)
+
+    def f(F, x, w, p):
+        if F is sampan:
+            a, n = sampan.cond(p, lambda x: (x * w, (x > 0).sum()),
+                               lambda x: (sampan.sin(x) - w, (x < 0).sum()), x)
+        else:
+            a = x * w if p else torch.sin(x) - w
+        return (a * a).sum()
+    for taken in (True, False):
+        x, w = _t(xa), _t(wa)
+        sampan.jit(lambda x, w, p: f(sampan, x, w, p))(x, w, sampan.tensor(taken)).backward()
+        ref = torch.func.grad(lambda *a: f(torch, *a, taken), argnums=(0, 1))(
+            torch.tensor(xa), torch.tensor(wa))
+        np.testing.assert_allclose(x.grad.numpy(), ref[0].numpy(), rtol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), ref[1].numpy(), rtol=1e-12)
 
 
 # ------------------------------------------------------------------------------ scan
@@ -163,6 +198,14 @@ def test_while_loop_grad_without_max_iterations_names_it():
                                                torch.tensor([1.3, 1.1, 0.9])).item())
     with pytest.raises(SampanError, match="max_iterations"):
         y.backward()
+
+
+def test_while_loop_second_order_is_refused_clearly():
+    w = sampan.tensor(np.array([1.3, 1.1, 0.9]))
+    gg = sampan.jit(lambda x: fgrad(lambda x: (fgrad(
+        lambda x: _grow(sampan, x, w, 5))(x) ** 2).sum())(x))
+    with pytest.raises(SampanError, match="second order"):
+        gg(sampan.tensor(np.array([0.3, -0.2, 0.5])))
 
 
 # ------------------------------------------------------------------------------ nested
