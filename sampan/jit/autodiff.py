@@ -235,6 +235,7 @@ def trace_vjp(tr, name, outs, born=()):
     n_nodes, n_inputs = len(g.nodes), len(g.inputs)
     slots = list(tr.slots)
     error = None
+    final = False
     grads = None
     hooks = [(L.t, L.t._hooks) for L in wrt]
     ops = [(n, n.op) for n in tr.tape]
@@ -255,6 +256,9 @@ def trace_vjp(tr, name, outs, born=()):
             raise AutogradError("the gradient reads tensors the forward did not")
     except Exception as e:   # the forward still runs; its backward says why it cannot
         error = str(e).split("\n")[0]
+        if getattr(e, "no_gradient", False):     # no gradient exists (a rule says why)
+            error = "\n".join(str(e).split("\n")[:2])
+            final = True
         if not isinstance(e, SampanError):
             error = f"{type(e).__name__}: {error}"
     finally:
@@ -269,6 +273,9 @@ def trace_vjp(tr, name, outs, born=()):
     tr.slots[:] = slots[:n_inputs]
     if error is not None:
         g.prune_consts()
+        if final:
+            return VJP(name, None, diff, error=(
+                f"sampan.jit: the jitted call {name} has no gradient: {error}")), []
         return VJP(name, None, diff, error=(
             f"sampan.jit: the gradient of the jitted call {name} could not be traced "
             f"({error}). Put the backward inside the jitted function (loss.backward() "

@@ -105,6 +105,7 @@ def emit(op, inputs, attrs, blocks, vals=None, loc=None):
         k = attrs["n_carry"]
         outs = outs[1:1 + k] + outs[:1] + outs[1 + k:]      # carry, i, buffers
     if record:
+        tape_attrs["loc"] = loc
         top = OpDef(op, _no_rule, grad=_cg.GRADS[op], n_out=len(outs), save_output=True)
         _record(top, tuple(inputs), tape_attrs, tuple(outs))
         for y in outs:

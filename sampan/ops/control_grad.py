@@ -133,12 +133,20 @@ def given(g, n):
             else x for x in gs]
 
 
+def _no_gradient(msg, loc):
+    """The error of a rule that has no gradient to give: names the user's line (`loc`,
+    the forward node's) and is not worth retrying elsewhere."""
+    e = AutogradError(msg + (f"\n  at {loc}" if loc else ""))
+    e.no_gradient = True
+    return e
+
+
 def _wants(t):
     return t.requires_grad and floating(t._data.dtype)
 
 
 # --------------------------------------------------------------------------- cond
-def cond_grad(g, y, pred, *rest, n_operands, blocks, n_user=None):
+def cond_grad(g, y, pred, *rest, n_operands, blocks, loc=None):
     """Gradient of `cond`: a `cond` on `pred` over the branches' backward blocks."""
     n_out = len(blocks[0].outputs)
     gs = given(g, n_out)
@@ -174,7 +182,7 @@ def scan_residual_body(body, n_carry):
     return build(body.name, specs, fn)
 
 
-def scan_grad(g, y, *inputs, n_carry, n_xs, length, reverse, blocks, n_user):
+def scan_grad(g, y, *inputs, n_carry, n_xs, length, reverse, blocks, n_user, loc=None):
     """Gradient of a residual-stacking `scan` (see `scan_residual_body`): a scan in the
     other direction. `n_user`: the node's outputs before the stacked carries."""
     from .creation import zeros_like
@@ -249,21 +257,22 @@ def while_residual_blocks(cond_b, body, n_carry, max_iterations):
     return [build(cond_b.name, specs, c_fn), build(body.name, specs, b_fn)]
 
 
-def while_grad(g, y, *inputs, n_carry, max_iterations, blocks, n_user, body=None):
+def while_grad(g, y, *inputs, n_carry, max_iterations, blocks, n_user, body=None,
+               loc=None):
     """Gradient of a residual-buffering `while_loop` (see `while_residual_blocks`): a
     while_loop over the iterations in reverse. Without `max_iterations`: an error."""
     if max_iterations is None or body is None:
-        raise AutogradError(
+        raise _no_gradient(
             "while_loop: the gradient of a loop without max_iterations is not defined "
             "(its residuals need a buffer of known size): pass max_iterations=N to "
-            "sampan.while_loop (an upper bound on the iterations) to differentiate it")
+            "sampan.while_loop (an upper bound on the iterations) to differentiate it", loc)
     from .creation import zeros_like
     k = n_carry
     c0, caps = inputs[:k], inputs[k:]
     gs = given(g, len(y))
     if any(x is not None for x in gs[k:]):
-        raise AutogradError("while_loop: differentiating the gradient of a while_loop "
-                            "(second order) is not supported; use sampan.scan")
+        raise _no_gradient("while_loop: differentiating the gradient of a while_loop "
+                           "(second order) is not supported; use sampan.scan", loc)
     n_it, bufs = y[k], y[k + 1:k + 1 + k]
     fc = [i for i in range(k) if floating(c0[i]._data.dtype)]
     wp = [q for q in range(len(caps)) if _wants(caps[q])]

@@ -137,7 +137,11 @@ def test_scan_grad_matches_torch_func_over_a_python_loop(reverse):
     for got, want in zip((h0, xs, W, U), ref):
         np.testing.assert_allclose(got.grad.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
     ops = _ops(jf.backward_graph)
-    assert "scan" in ops
+    (bw,) = [n for n in jf.backward_graph.nodes if n.op == "scan"]
+    assert bw.attrs["reverse"] is (not reverse)
+    # the forward scan stacks the carry each step starts from (its residuals): one more y
+    (fw,) = [n for n in jf.graph.nodes if n.op == "scan"]
+    assert [tuple(v.shape) for v in fw.outputs] == [(2, 3), (5, 2), (5, 2, 3)]
     # one body, whatever the length: the backward holds no unrolled copy of the step
     assert ops.count("tanh") + ops.count("tanh_grad") <= 4
 
@@ -188,6 +192,10 @@ def test_while_loop_grad_with_max_iterations(n_max):
             return _grow(sampan, _t(x0a, False), _t(wa, False), n_max).item()
     np.testing.assert_allclose(w.grad.numpy(), _fd(num, [x0a, wa], 1), rtol=1e-6, atol=1e-8)
     assert "while_loop" in _ops(jf.backward_graph)
+    # the forward loop carries its count and a buffer of max_iterations carries per carry
+    (fw,) = [n for n in jf.graph.nodes if n.op == "while_loop"]
+    assert fw.attrs["n_carry"] == 5 and fw.attrs["max_iterations"] == n_max
+    assert [tuple(v.shape) for v in fw.outputs][3:] == [(n_max, 3), (n_max,)]
 
 
 def test_while_loop_grad_without_max_iterations_names_it():
@@ -196,8 +204,11 @@ def test_while_loop_grad_without_max_iterations_names_it():
     y = jf(x0, w)
     np.testing.assert_allclose(y.item(), _grow(torch, torch.tensor([0.3, -0.2, 0.5]),
                                                torch.tensor([1.3, 1.1, 0.9])).item())
-    with pytest.raises(SampanError, match="max_iterations"):
+    with pytest.raises(SampanError, match=r"(?s)max_iterations.*test_control_grad\.py:\d+"):
         y.backward()
+    # a backward inside the trace (a training step) says so at trace time
+    with pytest.raises(SampanError, match="without max_iterations"):
+        sampan.jit(lambda x0, w: fgrad(lambda w: _grow(sampan, x0, w))(w))(x0, w)
 
 
 def test_while_loop_second_order_is_refused_clearly():
