@@ -9,7 +9,7 @@ import torch
 
 import sampan
 from sampan.errors import SampanError
-from sampan.experimental.func import grad as fgrad
+from sampan.experimental.func import grad as fgrad, jvp
 
 R = np.random.default_rng(34)
 
@@ -326,3 +326,30 @@ def test_second_order_through_scan_and_cond_matches_torch():
         want = torch.func.grad(lambda x: (torch.func.grad(tf)(x) ** 2).sum())(
             torch.tensor(xa))
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")     # torch.func.jvp's own
+def test_forward_over_reverse_hessian_vector_products_match_torch_func():
+    """jvp of grad (a Hessian-vector product) through scan and cond, under jit."""
+    h0a, xsa = R.standard_normal((1, 3)), R.standard_normal((3, 1, 2)) * 0.5
+    Ua, Wa, va = (R.standard_normal(s) * 0.5 for s in ((2, 3), (3, 3), (3, 3)))
+
+    def hvp(F, grad, jv, loss):
+        return lambda W, v: jv(grad(loss), (W,), (v,))[1]
+
+    got = sampan.jit(hvp(sampan, fgrad, jvp, lambda W: _rnn(
+        sampan, *(sampan.tensor(a) for a in (h0a, xsa)), W, sampan.tensor(Ua))))(
+        sampan.tensor(Wa), sampan.tensor(va))
+    want = hvp(torch, torch.func.grad, torch.func.jvp, lambda W: _rnn(
+        torch, *(torch.tensor(a) for a in (h0a, xsa)), W, torch.tensor(Ua)))(
+        torch.tensor(Wa), torch.tensor(va))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+
+    xa, wa = R.standard_normal(3), R.standard_normal(3)
+    for taken in (True, False):
+        got = sampan.jit(hvp(sampan, fgrad, jvp, lambda x: _cond_f(
+            x, sampan.tensor(wa), sampan.tensor(taken))))(sampan.tensor(xa),
+                                                          sampan.tensor(wa))
+        want = hvp(torch, torch.func.grad, torch.func.jvp, lambda x: _cond_py(
+            x, torch.tensor(wa), taken))(torch.tensor(xa), torch.tensor(wa))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
