@@ -353,3 +353,69 @@ def test_forward_over_reverse_hessian_vector_products_match_torch_func():
         want = hvp(torch, torch.func.grad, torch.func.jvp, lambda x: _cond_py(
             x, torch.tensor(wa), taken))(torch.tensor(xa), torch.tensor(wa))
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ eager == jit
+def _tuple_scan(p, h0, xs1, xs2):
+    def step(c, x):
+        h, n = c
+        h = sampan.tanh(h @ p["M"] + x[0] * x[1] + p["w"])
+        return (h, n + 1), (h.sum(), h * 2)
+    (h, _), (y1, y2) = sampan.scan(step, (h0, sampan.tensor(0)), (xs1, xs2), reverse=True)
+    return h.sum() + y1.sum() + (y2 ** 2).sum()
+
+
+def _scan_in_scan(p, h0, xs):
+    def outer(h, x):
+        g, _ = sampan.scan(lambda c, xx: (sampan.sin(c * p["w"] + xx), None), h, x)
+        return g, g.sum()
+    h, ys = sampan.scan(outer, h0, xs)
+    return h.sum() + ys.sum()
+
+
+def _while_in_scan(p, h0, xs):
+    def step(h, x):
+        h, _ = sampan.while_loop(lambda h, i: i < 3, lambda h, i: (
+            sampan.tanh(h @ p["M"] + x), i + 1), (h, sampan.tensor(0)), max_iterations=5)
+        return h, None
+    return (sampan.scan(step, h0, xs)[0] ** 2).sum()
+
+
+def _cond_in_while(p, x0):
+    def body(x, i):
+        return sampan.cond(x.sum() > 0, lambda x: x * p["w"] - 1.0,
+                           lambda x: sampan.cos(x) + p["w"], x), i + 1
+    x, _ = sampan.while_loop(lambda x, i: i < 6, body, (x0, sampan.tensor(0)),
+                             max_iterations=10)
+    return (x * x).sum()
+
+
+def _scan_in_cond(p, h0, xs):
+    return sampan.cond(h0.sum() > 0, lambda h, xs: sampan.scan(
+        lambda c, x: (c * p["w"] + x, None), h, xs)[0].sum(),
+        lambda h, xs: (h * xs.sum(0)).sum(), h0, xs)
+
+
+@pytest.mark.parametrize("f,shapes", [
+    (_tuple_scan, [(2, 3), (4, 2, 3), (4, 2, 3)]), (_scan_in_scan, [(3,), (2, 4, 3)]),
+    (_while_in_scan, [(3,), (3, 3)]), (_cond_in_while, [(3,)]),
+    (_scan_in_cond, [(3,), (4, 3)])], ids=lambda x: getattr(x, "__name__", ""))
+def test_structured_and_nested_control_flow_grads_equal_eager(f, shapes):
+    """Eager runs the Python (its tape is the reference); jit differentiates the nodes."""
+    r = np.random.default_rng(7)
+    params = {"w": r.standard_normal(3), "M": r.standard_normal((3, 3)) * 0.4}
+    args = [r.standard_normal(s) for s in shapes]
+
+    def run(jit):
+        p = {k: _t(v) for k, v in params.items()}
+        xs = [_t(a) for a in args]
+        out = (sampan.jit(lambda *a: f(p, *a)) if jit else (lambda *a: f(p, *a)))(*xs)
+        out.backward()
+        return [out] + [t.grad for t in list(p.values()) + xs]
+    for e, j in zip(run(False), run(True)):
+        if e is None and j is not None:   # read by the branch not taken only: as torch.cond,
+            assert not j.numpy().any()    # the node's gradient gives it zeros
+            continue
+        assert (e is None) == (j is None)
+        if e is not None:
+            np.testing.assert_allclose(j.numpy(), e.numpy(), rtol=1e-12, atol=1e-14)
