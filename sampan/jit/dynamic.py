@@ -211,10 +211,17 @@ def unify(g0, others, base, probes, what="program"):
     probes[k] = (symbol, size) changed, into one graph with symbolic dims (in place on a
     copy of g0). Raises DynamicShapeError naming the first op that does not generalise."""
     g = g0.copy()
-    vals = [list(o.values()) for o in others]
-    mine = list(g.values())
-    if any(len(v) != len(mine) or len(o.nodes) != len(g.nodes)
-           or [n.op for n in o.nodes] != [n.op for n in g.nodes] for v, o in zip(vals, others)):
+    # the graph and the blocks of its control-flow nodes, unified as one sequence
+    gs = list(g.walk())
+    ogs = [list(o.walk()) for o in others]
+    vals = [[v for b in og for v in b.values()] for og in ogs]
+    owner = [b for b in gs for _ in b.values()]
+    mine = [v for b in gs for v in b.values()]
+    nodes = [n for b in gs for n in b.nodes]
+    onodes = [[n for b in og for n in b.nodes] for og in ogs]
+    if any(len(v) != len(mine) or len(og) != len(gs) or len(on) != len(nodes)
+           or [n.op for n in on] != [n.op for n in nodes]
+           for v, og, on in zip(vals, ogs, onodes)):
         bad = _first_diff(g, others)
         raise DynamicShapeError(
             f"sampan.jit: the {what} traced at another size of {_syms(probes)} is a different "
@@ -222,6 +229,7 @@ def unify(g0, others, base, probes, what="program"):
             "count). Mark only dims the code treats generically, or pad to one size")
     fills, vectors, ranges = [], [], []
     for k, v in enumerate(mine):
+        blk = owner[k]
         others_v = [vs[k] for vs in vals]
         shape = []
         for j, d in enumerate(v.shape):
@@ -256,11 +264,11 @@ def unify(g0, others, base, probes, what="program"):
                 ents = [_sym.unify_int(int(x), [int(c.reshape(-1)[j]) for c in cs], base, probes)
                         for j, x in enumerate(v.const.reshape(-1))]
                 if None not in ents:
-                    vectors.append((v, ents))
+                    vectors.append((blk, v, ents))
                     continue
             start = _arange_start(v, cs)
             if fill is None and start is not None:
-                ranges.append((v, start))    # positions 0..seq-1 folded from the size
+                ranges.append((blk, v, start))    # positions 0..seq-1 folded from the size
                 continue
             if fill is None or (not isinstance(fill, str)
                                 and all(isinstance(d, int) for d in v.shape)):
@@ -269,8 +277,8 @@ def unify(g0, others, base, probes, what="program"):
                     f"at another size of {_syms(probes)}: the traced code computed it from "
                     "the size (e.g. x.shape[0] as a number); compute it with ops on the "
                     "input instead")
-            fills.append((v, fill))
-    for n, *ons in zip(g.nodes, *[o.nodes for o in others]):
+            fills.append((blk, v, fill))
+    for n, *ons in zip(nodes, *onodes):
         try:
             n.attrs = {a: _unify_attr(x, [o.attrs.get(a) for o in ons], base, probes)
                        for a, x in n.attrs.items()}
@@ -278,7 +286,7 @@ def unify(g0, others, base, probes, what="program"):
             raise DynamicShapeError(
                 f"sampan.jit: {n.op} at {n.loc or '?'} has attributes {n.attrs} that change "
                 f"with {_syms(probes)} in a way that is not a multiple of them") from None
-    for v, fill in fills:     # folded fills become fills of the symbolic shape again
+    for g, v, fill in fills:     # folded fills become fills of the symbolic shape again
         value = _sym.attr(fill) if isinstance(fill, str) else fill
         value = value.item() if isinstance(value, np.generic) else value
         node = g.add_node("full", [], {"shape": tuple(_attr_of(d) for d in v.shape),
@@ -287,7 +295,7 @@ def unify(g0, others, base, probes, what="program"):
         out = node.outputs[0]
         g.nodes.insert(0, g.nodes.pop())
         g.replace_all_uses_with(v, out)
-    for v, ents in vectors:   # symbolic shape vectors: one fill per entry, concatenated
+    for g, v, ents in vectors:   # symbolic shape vectors: one fill per entry, concatenated
         parts = [g.add_node("full", [], {"shape": (1,), "value": _attr_of(e),
                                          "dtype": v.dtype.name},
                             out_specs=[Spec((1,), v.dtype)]).outputs[0] for e in ents]
@@ -299,15 +307,16 @@ def unify(g0, others, base, probes, what="program"):
         del g.nodes[-(len(parts) + 1):]
         g.nodes[0:0] = made
         g.replace_all_uses_with(v, node.outputs[0])
-    for v, start in ranges:   # a folded arange of a symbolic length: an arange node again
+    for g, v, start in ranges:   # a folded arange of a symbolic length: an arange node again
         stop = _attr_of(v.shape[0]) if start == 0 else _sym.attr(f"{start}+{v.shape[0]}")
         node = g.add_node("arange", [], {"start": start, "stop": stop, "step": 1,
                                          "dtype": v.dtype.name}, out_specs=[v])
         g.nodes.insert(0, g.nodes.pop())
         g.replace_all_uses_with(v, node.outputs[0])
     if fills or vectors or ranges:
-        g.prune_consts()
-    return g
+        for b in gs:
+            b.prune_consts()
+    return gs[0]
 
 
 def _arange_start(v, consts):

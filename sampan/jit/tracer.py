@@ -310,11 +310,16 @@ class Tracer:
     # ------------------------------------------------------------------ hooks from the core
     def apply(self, op, inputs, attrs):
         vals = [self.value_of(t) for t in inputs]
+        kw = {"loc": self.loc or _loc()}
+        na = attrs
+        if "blocks" in attrs:      # a control-flow op applied with its blocks (a sample)
+            na = {k: a for k, a in attrs.items() if k != "blocks"}
+            kw["blocks"] = [b.copy() for b in attrs["blocks"]]
         if self.env is not None:   # a shape rule's comparisons are checks, not decisions
             with self.env.quiet():
-                node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
+                node = self.g.add_node(op.name, vals, na, **kw)
         else:
-            node = self.g.add_node(op.name, vals, attrs, loc=self.loc or _loc())
+            node = self.g.add_node(op.name, vals, na, **kw)
         if any(isinstance(d, str) for v in node.outputs for d in v.shape) and not any(
                 isinstance(d, str) for v in vals for d in v.shape):
             fn, ln = user_frame()
@@ -420,10 +425,13 @@ class Tracer:
         raise TracingError(
             f"sampan.jit: Python control flow depends on the value of a traced tensor "
             f"({t._data.type_str()})\n  at {fn}:{ln}: {src}\n"
-            "While tracing, tensors have shapes and dtypes but no values. Alternatives: "
-            "compute both branches and pick with sampan.where(cond, a, b); pass the deciding "
-            "value as a static (non-tensor) argument, so each value gets its own graph; or "
-            "leave this part eager (call it outside the jitted function).")
+            "While tracing, tensors have shapes and dtypes but no values. Put the control "
+            "flow in the graph: an `if` becomes sampan.cond(pred, true_fn, false_fn, "
+            "*operands), a `while` sampan.while_loop(cond_fn, body_fn, init) (a loop over "
+            "a tensor's rows sampan.scan(fn, init, xs)). Or compute both branches and pick "
+            "with sampan.where(cond, a, b); pass the deciding value as a static "
+            "(non-tensor) argument, so each value gets its own graph; or leave this part "
+            "eager (call it outside the jitted function).")
 
     def concrete_error(self, t, what):
         fn, ln = user_frame()

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
+from ..ir import symbolic as _sym
 from ..tensor import Tensor
 from ._util import Sample, randf, rng
 from .control_grad import GRADS
@@ -51,10 +52,10 @@ GRAPH: list = []
 
 # ---------------------------------------------------------------------- types
 def _dim_key(d):
-    if isinstance(d, str):
-        return d
+    if isinstance(d, str):              # a symbolic dim, or a "$expr" attribute (length)
+        return _sym.attr_text(d) if _sym.is_attr(d) else d
     if hasattr(d, "expr"):           # a SymInt while tracing: its expression
-        return d.text()
+        return d.text
     return int(d)
 
 
@@ -129,8 +130,10 @@ def _scan_rule(*ins, n_carry, n_xs, length, reverse=False, blocks=None):
         raise op_error(ShapeError, "scan", f"a body returning {len(body.outputs)} values",
                        f"the {n_carry} carry values, then the ys")
     _same_types("scan", "a carry of", carry, "a body returning", body.outputs[:n_carry])
+    dim = _sym.attr_text(length) if isinstance(length, str) and _sym.is_attr(length) \
+        else length                  # a symbolic length ("$seq") is the dim "seq"
     return [Spec(tuple(v.shape), v.dtype) for v in carry] + [
-        Spec((length,) + tuple(v.shape), v.dtype) for v in body.outputs[n_carry:]]
+        Spec((dim,) + tuple(v.shape), v.dtype) for v in body.outputs[n_carry:]]
 
 
 # ---------------------------------------------------------------------- kernels

@@ -19,6 +19,7 @@ from . import distribute  # noqa: F401,E402  (issue 23: data parallel)
 from . import amp  # noqa: F401,E402  (issue 22: mixed precision)
 from . import partition  # noqa: F401,E402  (issue 30: kernel providers)
 from . import unfuse  # noqa: F401,E402  (issue 30: the Predictor's steps are passes)
+from . import licm  # noqa: F401,E402  (issue 34: loop-invariant code motion)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 # `plan_memory` is registered by sampan.runtime.memory, whose plan the code generator reads
 

@@ -34,7 +34,7 @@ def _is_float(d) -> bool:
     return d.kind == "f" or d == _BF16
 
 
-@register_pass("amp", options={"dtype": "bfloat16"})
+@register_pass("amp", options={"dtype": "bfloat16"}, blocks=True)
 def amp(g, dtype="bfloat16"):
     """Compute in bfloat16 (option `dtype`) where the op table's autocast policy says.
 
@@ -65,7 +65,9 @@ def amp(g, dtype="bfloat16"):
         return c
 
     for n in list(g.nodes):
-        pol = "float32" if n.op == "fused" else OPS[n.op].amp
+        # fused bodies and control-flow blocks were built for their inputs' dtypes (the
+        # blocks get the pass on their own: their inputs and outputs keep their dtypes)
+        pol = "float32" if n.op == "fused" or n.blocks else OPS[n.op].amp
         ins = list(n.inputs)
         fl = [i for i, v in enumerate(ins) if _is_float(v.dtype)]
         if pol == "lower":
@@ -78,7 +80,7 @@ def amp(g, dtype="bfloat16"):
                     ins[i] = cast(ins[i], _F32, up)
         n.inputs = ins
         attrs = n.attrs
-        if n.op != "fused":
+        if n.op != "fused" and not n.blocks:
             try:
                 specs = infer(n.op, n.inputs, attrs)
             except Exception as e:  # noqa: BLE001 - an op without a bfloat16 form

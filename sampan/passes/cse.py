@@ -1,4 +1,4 @@
-"""Common-subexpression elimination: one node per (op, inputs, attributes), one
+"""Common-subexpression elimination: one node per (op, inputs, attributes, blocks), one
 constant per (dtype, shape, bytes). Random ops are keyed by their key input, so two
 draws with the same key are the same numbers and merging them is exact."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from ..ir.text import fmt_lit
 from .manager import register_pass
 
 
-@register_pass("cse")
+@register_pass("cse", blocks=True)
 def cse(g):
     """Merge identical nodes and identical constants."""
     rep = {}
@@ -25,7 +25,8 @@ def cse(g):
     nodes = []
     for n in g.nodes:
         n.inputs = [rep.get(v.id, v) for v in n.inputs]
-        key = (n.op, tuple(v.id for v in n.inputs), fmt_lit(tuple(sorted(n.attrs.items()))))
+        key = (n.op, tuple(v.id for v in n.inputs), fmt_lit(tuple(sorted(n.attrs.items()))),
+               tuple(b._canon() for b in n.blocks))      # control flow: its blocks too
         prev = seen.get(key)
         if prev is not None:
             for a, b in zip(n.outputs, prev.outputs):

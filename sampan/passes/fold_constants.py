@@ -1,4 +1,5 @@
-"""Constant folding: run nodes whose inputs are all constants at compile time.
+"""Constant folding: run nodes whose inputs are all constants at compile time; a `cond`
+whose predicate is a constant is replaced by the nodes of the branch it takes.
 
 Nullary fills (`full`, `arange`) are folded only when small, so a graph does not
 trade a cheap fill for a large stored array."""
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.blocks import inline
 from ..ir.symbolic import is_attr
 from ..ir.symint import SymFloat, SymInt
 from ..ops.registry import OPS
@@ -14,14 +16,28 @@ from .manager import register_pass
 SMALL = 4096
 
 
-@register_pass("fold_constants")
+@register_pass("fold_constants", blocks=True)
 def fold_constants(g):
     """Replace all-constant nodes by their computed values."""
     rep = {}
+
+    def r(v):          # an inlined branch's output may itself fold later: follow chains
+        while v.id in rep:
+            v = rep[v.id]
+        return v
     nodes = []
-    for n in g.nodes:
-        n.inputs = [rep.get(v.id, v) for v in n.inputs]
+    work = g.nodes[::-1]
+    while work:
+        n = work.pop()
+        n.inputs = [r(v) for v in n.inputs]
         op = OPS[n.op]
+        if n.op == "cond" and n.inputs[0].is_const:   # the branch it takes, inlined
+            made, outs = inline(g, n.blocks[0 if bool(n.inputs[0].const) else 1],
+                                n.inputs[1:])
+            work.extend(made[::-1])
+            for v, w in zip(n.outputs, outs):
+                rep[v.id] = w
+            continue
         limit = max([SMALL] + [v.size for v in n.inputs]) if n.inputs else 64
         if (op.random or op.n_out != 1 or not all(v.is_const for v in n.inputs)
                 or not all(type(d) is int for d in n.outputs[0].shape)  # symbolic dims
@@ -38,7 +54,7 @@ def fold_constants(g):
             out = out.copy()
         rep[v.id] = g.add_const(out)
     g.nodes = nodes
-    g.outputs = [rep.get(v.id, v) for v in g.outputs]
+    g.outputs = [r(v) for v in g.outputs]
     g.prune_consts()
     return g
 

@@ -451,7 +451,7 @@ def fuse_graph(g):
     return len(fused_nodes)
 
 
-@register_pass("fuse_elementwise")
+@register_pass("fuse_elementwise", blocks=True)
 def fuse_elementwise(g):
     """Merge connected elementwise nodes into fused kernels (needs numba)."""
     from ..backends import numba as nb

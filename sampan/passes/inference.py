@@ -115,7 +115,7 @@ def _chain(g, n, axis, users, outs):
     return chain, a, b
 
 
-@register_pass("fold_batch_norm")
+@register_pass("fold_batch_norm", blocks=True)
 def fold_batch_norm(g):
     """Fold per-channel affine chains (eval batch-norm, bias) into conv2d/matmul weights."""
     users = g.users()

@@ -43,8 +43,15 @@ class Pass:
     doc: str = ""
     options: dict = field(default_factory=dict)
     legacy_meta: str | None = None      # graph.meta key its options came in, before options
+    # whether the pass also runs on the blocks of control-flow nodes (innermost first, the
+    # graph last): passes that keep a graph's inputs and outputs as they are. The others
+    # run on the top graph only and leave control nodes as they are
+    blocks: bool = False
 
     def __call__(self, g, **options):
+        if self.blocks:
+            for n in g.nodes:
+                n.blocks = [self._on_block(b, options) for b in n.blocks]
         if not self.options:
             if options:
                 raise PassError(f"pass {self.name!r} takes no options; got {sorted(options)}")
@@ -52,6 +59,10 @@ class Pass:
         if not options:
             options = self._legacy(g)
         return self.fn(g, **self.resolve(options))
+
+    def _on_block(self, b, options):
+        out = self(b, **options)
+        return out if out is not None else b
 
     def _legacy(self, g) -> dict:
         """Options an older caller put in `graph.meta[legacy_meta]` (deprecated)."""
@@ -75,16 +86,17 @@ class Pass:
 PASSES: dict[str, Pass] = {}
 
 PIPELINES: dict[str, list] = {
-    "train": ["simplify", "fold_constants", "cse", "dce", "merge_slice_grads",
+    # `licm` moves loop invariants out of while_loop/scan blocks (nothing without them)
+    "train": ["simplify", "fold_constants", "cse", "dce", "licm", "merge_slice_grads",
               "share_reshape_copies", "fuse_elementwise", "plan_memory"],
     "inference": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
-                  "fold_batch_norm", "dce", "fuse_elementwise", "plan_memory"],
+                  "fold_batch_norm", "dce", "licm", "fuse_elementwise", "plan_memory"],
     # the Predictor's list (Config.pass_builder()): inference, then each node given to a
     # kernel provider of the Config's list (`partition`) before the memory plan
     "predictor": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
                   "fold_batch_norm", "dce", "fuse_elementwise", "partition", "plan_memory"],
     # the train pipeline after `distribute` (gradients all-reduced before the update)
-    "data_parallel": ["distribute", "simplify", "fold_constants", "cse", "dce",
+    "data_parallel": ["distribute", "simplify", "fold_constants", "cse", "dce", "licm",
                       "merge_slice_grads", "share_reshape_copies", "fuse_elementwise",
                       "plan_memory"],
     "none": [],
@@ -96,13 +108,14 @@ class PassError(SampanError):
 
 
 def register_pass(name: str, fn=None, *, replace: bool = False, options=None,
-                  legacy_meta=None):
+                  legacy_meta=None, blocks: bool = False):
     """Register `fn` as pass `name` (usable as a decorator).
 
     `options`: the settings the pass takes, {name: default}; the PassManager calls
     `fn(g, **settings)` with the defaults updated by what its caller set. `legacy_meta`:
     the `graph.meta` key older callers put those settings in (read, with a deprecation
-    warning, only when the caller set none).
+    warning, only when the caller set none). `blocks`: run it on the blocks of
+    control-flow nodes too (a pass that keeps a graph's inputs and outputs as they are).
 
     Example: ``@register_pass("scale", options={"factor": 2.0})`` on ``def scale(g, factor)``"""
     if options is not None and not isinstance(options, dict):
@@ -113,7 +126,7 @@ def register_pass(name: str, fn=None, *, replace: bool = False, options=None,
         if name in PASSES and not replace:
             raise ValueError(f"pass {name!r} is registered twice (pass replace=True)")
         PASSES[name] = Pass(name, f, (f.__doc__ or "").strip().split("\n")[0],
-                            dict(options or {}), legacy_meta)
+                            dict(options or {}), legacy_meta, bool(blocks))
         return f
     return reg(fn) if fn is not None else reg
 

@@ -40,7 +40,7 @@ def assign(g, order=None, nodes=None) -> dict:
     return counts
 
 
-@register_pass("partition", options={"providers": None})
+@register_pass("partition", options={"providers": None}, blocks=True)
 def partition(g, providers=None):
     """Assign each node to the first provider of the list that supports it."""
     if providers:

@@ -21,7 +21,7 @@ def _all(v, x):
     return v.is_const and v.const.size > 0 and bool(np.all(v.const == x))
 
 
-@register_pass("simplify")
+@register_pass("simplify", blocks=True)
 def simplify(g):
     """Rewrite algebraic identities away (see module doc)."""
     rep = {}

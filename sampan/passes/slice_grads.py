@@ -48,7 +48,7 @@ def _leaves(v, users, outs, acc):
     return False
 
 
-@register_pass("merge_slice_grads")
+@register_pass("merge_slice_grads", blocks=True)
 def merge_slice_grads(g):
     """Sums of getitem_grads that tile the first axis -> one concat (see module doc)."""
     from .dce import dce
@@ -84,7 +84,7 @@ def merge_slice_grads(g):
     return dce(g) if done else g
 
 
-@register_pass("share_reshape_copies")
+@register_pass("share_reshape_copies", blocks=True)
 def share_reshape_copies(g):
     """Later reshapes of a permuted value read the first reshape (see module doc)."""
     users = g.users()

@@ -15,7 +15,7 @@ from ..ops.fused import body_attrs
 from .manager import PassError, register_pass
 
 
-@register_pass("unfuse")
+@register_pass("unfuse", blocks=True)
 def unfuse(g):
     """Expand every fused node into the op-table nodes of its body."""
     new_nodes, rep = [], {}

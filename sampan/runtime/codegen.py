@@ -150,7 +150,12 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
     bound_as = {}                    # node index -> the executor's name of its kernel
     kernels = {}
     bound = []                       # names of attribute values bound in env
-    def release_after(i, n):
+    def release_after(i, n, ir_text=None):
+        if debug and ir_text is not None:
+            for v in n.outputs:
+                t = emit.fresh("_t", v.id)
+                env[t] = (v.shape, v.dtype, ir_text)
+                lines.append(emit.fill("    _check({v}, *{t})", v=names[v.id], t=t))
         if release:
             dead = [names[v.id] for v in dict.fromkeys(n.inputs) if last.get(v.id) == i
                     and v.id not in keep and v.const is None]
@@ -163,13 +168,12 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         opname = emit.name(n.op, "op name")
         for v in n.outputs:
             names[v.id] = emit.fresh("v", ren[v.id])
-        if n.blocks:       # control flow: a real if/while/for around the compiled blocks
-            lines.append(emit.fill("    {c}", c=emit.comment(
-                node_str(n, lambda v: f"%{ren[v.id]}"))))
-            lines.extend(control_lines(n, i, names, env, options))
-            release_after(i, n)
-            continue
         ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
+        if n.blocks:       # control flow: a real if/while/for around the compiled blocks
+            lines.append(emit.fill("    {c}", c=emit.comment(ir_text)))
+            lines.extend(control_lines(n, i, names, env, options))
+            release_after(i, n, ir_text)
+            continue
         ir = emit.comment(ir_text)
         args = [names[v.id] for v in n.inputs]
         kwargs = []
@@ -257,12 +261,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
             lhs = emit.join(names[v.id] for v in n.outputs)
         node_at[len(lines)] = i
         lines.append(emit.fill("    {lhs} = {call}  {ir}", lhs=lhs, call=call, ir=ir))
-        if debug:
-            for v in n.outputs:
-                t = emit.fresh("_t", v.id)
-                env[t] = (v.shape, v.dtype, ir_text)
-                lines.append(emit.fill("    _check({v}, *{t})", v=names[v.id], t=t))
-        release_after(i, n)
+        release_after(i, n, ir_text)
     outs = emit.join(names[v.id] for v in g.outputs)
     lines.append(emit.fill("    return ({outs}{comma})", outs=outs,
                            comma=emit.own("," if len(g.outputs) == 1 else "")))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.blocks import LOOPS
 from . import emit
 
 
@@ -35,6 +36,14 @@ def control_lines(n, i, names, env, options) -> list:
         env[bn] = compile_graph(b, name=str(emit.fresh("block", i, "_", k)), **options).fn
         blks.append(bn)
     args = [names[v.id] for v in n.inputs]
+    body = n.blocks[LOOPS[n.op]] if n.op in LOOPS else None
+    plan = body.meta.get("memory_plan") if body is not None and options["use_plan"] else None
+    if plan and plan.get("donate"):
+        # the body writes the new carry into the old one's arrays: the loop starts from
+        # copies of the initial carry (once), which nothing outside reads
+        env.setdefault("_copy", np.copy)
+        for k in set(plan["donate"].values()):
+            args[k] = emit.call(emit.name("_copy"), [args[k]])
     outs = [names[v.id] for v in n.outputs]
     return _KINDS[n.op](n, i, blks, args, outs, env)
 

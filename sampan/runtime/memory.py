@@ -270,7 +270,17 @@ def output_roots(g) -> list:
 
 
 def plan_memory_pass(g):
-    """Assign intermediate values to reusable buffers (liveness + escape analysis)."""
+    """Assign intermediate values to reusable buffers (liveness + escape analysis); the
+    blocks of control-flow nodes get plans of their own (each block's executor keeps its
+    buffers across iterations), and a loop body donates its carry inputs to the new
+    carry, so that the carry lives in one set of arrays for the whole loop (the executor
+    copies the initial carry once before the loop: `runtime/control.py`)."""
+    from ..ir.blocks import LOOPS
+    for n in g.nodes:
+        for k, b in enumerate(n.blocks):
+            if LOOPS.get(n.op) == k:
+                b.meta["donate"] = {j: j for j in range(n.attrs["n_carry"])}
+            plan_memory_pass(b)
     g.meta["memory_plan"] = plan(g)
     return g
 

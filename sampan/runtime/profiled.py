@@ -24,6 +24,8 @@ def _flops(n) -> int:
     if op.flops is None:
         return 0
     try:
+        if n.blocks:          # control flow: counted from its blocks
+            return int(op.flops(*n.inputs, blocks=n.blocks, **n.attrs))
         return int(op.flops(*n.inputs, **n.attrs))
     except Exception:  # noqa: BLE001 - a formula that cannot read symbolic dims: unknown
         return 0
