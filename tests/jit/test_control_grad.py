@@ -419,3 +419,18 @@ def test_structured_and_nested_control_flow_grads_equal_eager(f, shapes):
         assert (e is None) == (j is None)
         if e is not None:
             np.testing.assert_allclose(j.numpy(), e.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_scan_grad_in_a_traced_step_with_a_symbolic_batch():
+    W = _t(np.eye(3) * 0.5)
+
+    def step(h0, xs):
+        W.grad = None
+        hT, ys = sampan.scan(lambda h, x: ((h @ W + x).tanh(),) * 2, h0, xs)
+        (ys.sum() + (hT ** 2).sum()).backward()
+        return W.grad * 1.0
+    js = sampan.jit(step, dynamic={0: {0: "B"}, 1: {1: "B"}})
+    for b in (2, 5):                 # one program for both batch sizes
+        h0, xs = sampan.tensor(np.ones((b, 3))), sampan.tensor(R.standard_normal((4, b, 3)))
+        np.testing.assert_allclose(js(h0, xs).numpy(), step(h0, xs).numpy(), rtol=1e-12)
+    assert str(js.graph.inputs[0]).endswith("f64[B,3]")
