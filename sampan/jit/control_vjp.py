@@ -3,9 +3,10 @@
 `emit(op, inputs, attrs, blocks)` adds a `cond` / `while_loop` / `scan` node to the
 current trace. Where grad mode is on and an input requires grad, it also records the
 node on the tape, with the op's gradient rule (`ops/control_grad.py`) and the blocks
-the rule reads; a scan then stacks its residuals (the carry each step starts from) and
-a `while_loop` with `max_iterations` keeps them in preallocated buffers, so that the
-backward, traced in turn, reads them as the gradient of any op reads its inputs.
+the rule reads; a scan then stacks its residuals (the carry each step starts from) and a
+`while_loop` with `max_iterations` counts its iterations (its backward replays them into
+a buffer of `max_iterations` steps), so that the backward, traced in turn, reads them as
+the gradient of any op reads its inputs.
 
 `build(name, specs, fn)` traces the Python function `fn` over fresh inputs of `specs`
 into a Graph: a block. It uses a tracer of its own (nested in the current one), so a
@@ -86,11 +87,9 @@ def emit(op, inputs, attrs, blocks, vals=None, loc=None):
         k, n = attrs["n_carry"], attrs.get("max_iterations")
         tape_attrs = dict(attrs, blocks=g_blocks, n_user=k, body=None)
         if n is not None:
-            g_blocks = _cg.while_residual_blocks(blocks[0], blocks[1], k, n)
-            extra = [tr.value_of(_zeros((), np.int64))] + [
-                tr.value_of(_zeros((n,) + tuple(v.shape), v.dtype)) for v in vals[:k]]
-            g_vals = extra[:1] + list(vals[:k]) + extra[1:] + list(vals[k:])
-            g_attrs["n_carry"] = 1 + 2 * k
+            g_blocks = _cg.while_counting_blocks(blocks[0], blocks[1], k)
+            g_vals = [tr.value_of(_zeros((), np.int64))] + list(vals)
+            g_attrs["n_carry"] = 1 + k
             tape_attrs = dict(attrs, blocks=g_blocks, n_user=k, body=blocks[1])
     if tr.env is not None:
         with tr.env.quiet():
@@ -101,9 +100,8 @@ def emit(op, inputs, attrs, blocks, vals=None, loc=None):
     for v in node.outputs:
         tr.own.add(id(v))
         outs.append(wrap(v))
-    if len(g_vals) != len(vals):                     # while_loop: (i, carry, buffers)
-        k = attrs["n_carry"]
-        outs = outs[1:1 + k] + outs[:1] + outs[1 + k:]      # carry, i, buffers
+    if len(g_vals) != len(vals):                     # while_loop: (n, carry)
+        outs = outs[1:] + outs[:1]                   # carry, then the iteration count
     if record:
         tape_attrs["loc"] = loc
         top = OpDef(op, _no_rule, grad=_cg.GRADS[op], n_out=len(outs), save_output=True)

@@ -13,11 +13,12 @@ are the backward of the forward's blocks.
   cotangent of the carry and the sum of the captures' gradients, and stacks the xs'
   gradients.
 - `while_loop`: differentiable when `max_iterations` is given. A forward loop that
-  gradients will reach carries an iteration count and one preallocated buffer of
-  `max_iterations` steps per carry, into which each iteration writes the carry it
-  starts from; the backward is a `while_loop` counting that many iterations down, each
-  reading its carry back from the buffers. Without `max_iterations` the backward raises
-  an error that says so.
+  gradients will reach also carries its iteration count n; the backward is a scan of
+  `max_iterations` steps that replays the n iterations (later steps pass the carry
+  through, without running the body) and stacks the carry each starts from, a
+  preallocated buffer of that many steps, then a reverse scan over the buffer that runs
+  the body's gradient where the step is below n. Without `max_iterations` the backward
+  raises an error that says so.
 
 Blocks are built by tracing a Python function (the `build` hook: `sampan.jit`
 registers its nested tracer; the op table sits below jit and imports nothing from it)
@@ -236,77 +237,95 @@ def scan_grad(g, y, *inputs, n_carry, n_xs, length, reverse, blocks, n_user, loc
 
 
 # --------------------------------------------------------------------------- while_loop
-def while_residual_blocks(cond_b, body, n_carry, max_iterations):
-    """The cond and body of a while_loop that also carries its iteration count and a
-    buffer of `max_iterations` steps per carry, into which each iteration writes the carry
-    it starts from: carry (i, *carry, *buffers), then the captures."""
-    from .getitem import setitem
-    k = n_carry
-    cs = [spec(v) for v in body.inputs]
-    specs = ([Spec((), np.dtype(np.int64))] + cs[:k] + [stacked(s, max_iterations)
-                                                        for s in cs[:k]] + cs[k:])
+I64 = Spec((), np.dtype(np.int64))
+
+
+def while_counting_blocks(cond_b, body, n_carry):
+    """The cond and body of a while_loop that also carries its iteration count: carry
+    (i, *carry), then the captures."""
+    specs = [I64] + [spec(v) for v in body.inputs]
 
     def c_fn(i, *a):
-        return replay(cond_b, list(a[:k]) + list(a[2 * k:]))
+        return replay(cond_b, a)
 
     def b_fn(i, *a):
-        c, bufs, caps = a[:k], a[k:2 * k], a[2 * k:]
-        new = replay(body, list(c) + list(caps))
-        return [i + 1] + new + [setitem(b, i, x) for b, x in zip(bufs, c)]
+        return [i + 1] + replay(body, a)
 
     return [build(cond_b.name, specs, c_fn), build(body.name, specs, b_fn)]
 
 
+def _gated(name, specs, n_pass, block, args, n_ops):
+    """`cond(args[0], block, pass-through of the first n_pass operands)` over args[1:]."""
+    skip = build(name, specs, lambda *a: list(a[:n_pass]))
+    return list(emit("cond", args, {"n_operands": n_ops}, [block, skip]))
+
+
 def while_grad(g, y, *inputs, n_carry, max_iterations, blocks, n_user, body=None,
                loc=None):
-    """Gradient of a residual-buffering `while_loop` (see `while_residual_blocks`): a
-    while_loop over the iterations in reverse. Without `max_iterations`: an error."""
+    """Gradient of a counting `while_loop` (see `while_counting_blocks`) that ran n of at
+    most `max_iterations` iterations: a scan of `max_iterations` steps replays the n
+    iterations (steps past n pass the carry through) and stacks the carry each starts
+    from, a preallocated buffer of that many steps; a reverse scan over that buffer runs
+    the body's gradient at the steps below n. Without `max_iterations`: an error."""
     if max_iterations is None or body is None:
         raise _no_gradient(
             "while_loop: the gradient of a loop without max_iterations is not defined "
             "(its residuals need a buffer of known size): pass max_iterations=N to "
             "sampan.while_loop (an upper bound on the iterations) to differentiate it", loc)
-    from .creation import zeros_like
-    k = n_carry
+    from .creation import full, zeros_like
+    k, n_max = n_carry, max_iterations
     c0, caps = inputs[:k], inputs[k:]
+    p = len(caps)
     gs = given(g, len(y))
-    if any(x is not None for x in gs[k:]):
-        raise _no_gradient("while_loop: differentiating the gradient of a while_loop "
-                           "(second order) is not supported; use sampan.scan", loc)
-    n_it, bufs = y[k], y[k + 1:k + 1 + k]
+    n_it = y[k]
     fc = [i for i in range(k) if floating(c0[i]._data.dtype)]
-    wp = [q for q in range(len(caps)) if _wants(caps[q])]
-    if not any(c0[i].requires_grad for i in fc) and not wp:
-        return (None,) * len(inputs)
-    if all(gs[i] is None for i in fc):
+    wp = [q for q in range(p) if _wants(caps[q])]
+    if (not any(c0[i].requires_grad for i in fc) and not wp) or all(
+            gs[i] is None for i in fc):
         return (None,) * len(inputs)
     dc0 = [gs[i] if gs[i] is not None else zeros_like(y[i]) for i in fc]
     dp0 = [zeros_like(caps[q]) for q in wp]
     nf, nw = len(fc), len(wp)
-    specs = ([Spec((), np.dtype(np.int64))] + [spec(t) for t in dc0] + [spec(t) for t in dp0]
-             + [spec(b) for b in bufs] + [spec(t) for t in caps])
-
-    def c_fn(j, *a):
-        return [j >= 0]
-
-    def b_fn(j, *a):
-        dc, dp = a[:nf], a[nf:nf + nw]
-        bf, cp = a[nf + nw:nf + nw + k], a[nf + nw + k:]
-        c_j = [b[j] for b in bf]
-        wrt = fc + [k + q for q in wp]
-        _, grads = pull(body, c_j + list(cp), wrt, dict(zip(fc, dc)))
-        return ([j - 1] + list(grads[:nf])
-                + [d + e for d, e in zip(dp, grads[nf:])])
-
-    cb = build("cond_grad", specs, c_fn)
-    bb = build(body.name + "_grad", specs, b_fn)
-    j0 = n_it - 1
-    res = emit("while_loop", [j0, *dc0, *dp0, *bufs, *caps],
-               {"n_carry": 1 + nf + nw, "max_iterations": max_iterations}, [cb, bb])
     out = [None] * len(inputs)
+    if n_max == 0:
+        for i, d in zip(fc, dc0):
+            out[i] = d if c0[i].requires_grad else None
+        return tuple(out)
+    c_specs, p_specs = [spec(t) for t in c0], [spec(t) for t in caps]
+
+    def replay_fn(t, *a):            # (t, *carry, n, *caps) -> (t + 1, *carry', *carry)
+        c, n, cp = a[:k], a[k], a[k + 1:]
+        return [t + 1] + _gated("skip", c_specs + p_specs, k, body, [t < n, *c, *cp],
+                                k + p) + list(c)
+
+    rb = build(body.name, [I64] + c_specs + [I64] + p_specs, replay_fn)
+    res = emit("scan", [full((), 0, dtype="int64"), *c0, n_it, *caps],
+               {"n_carry": 1 + k, "n_xs": 0, "length": n_max, "reverse": False}, [rb])
+    stacks = res[1 + k:]
+    v_specs = [spec(t) for t in dc0] + [spec(t) for t in dp0] + c_specs + p_specs
+
+    def vjp_fn(*a):                  # (*dcarry, *dcaps, *carry, *caps) -> (dcarry, dcaps)
+        dc, dp, c, cp = a[:nf], a[nf:nf + nw], a[nf + nw:nf + nw + k], a[nf + nw + k:]
+        _, grads = pull(body, list(c) + list(cp), fc + [k + q for q in wp],
+                        dict(zip(fc, dc)))
+        return list(grads[:nf]) + [d + e for d, e in zip(dp, grads[nf:])]
+
+    vb = build(body.name + "_grad", v_specs, vjp_fn)
+
+    def back_fn(t, *a):              # (t, *dcarry, *dcaps, *carry_t, n, *caps)
+        d, c = a[:nf + nw], a[nf + nw:nf + nw + k]
+        n, cp = a[nf + nw + k], a[nf + nw + k + 1:]
+        return [t - 1] + _gated("skip_grad", v_specs, nf + nw, vb, [t < n, *d, *c, *cp],
+                                nf + nw + k + p)
+
+    bb = build(body.name + "_grad", [I64] + v_specs[:nf + nw] + c_specs + [I64] + p_specs,
+               back_fn)
+    res = emit("scan", [full((), n_max - 1, dtype="int64"), *dc0, *dp0, *stacks, n_it,
+                        *caps],
+               {"n_carry": 1 + nf + nw, "n_xs": k, "length": n_max, "reverse": True}, [bb])
     for i, r in zip(fc, res[1:1 + nf]):
         out[i] = r if c0[i].requires_grad else None
-    for q, r in zip(wp, res[1 + nf:]):
+    for q, r in zip(wp, res[1 + nf:1 + nf + nw]):
         out[k + q] = r
     return tuple(out)
 

@@ -191,11 +191,14 @@ def test_while_loop_grad_with_max_iterations(n_max):
         with sampan.no_grad():
             return _grow(sampan, _t(x0a, False), _t(wa, False), n_max).item()
     np.testing.assert_allclose(w.grad.numpy(), _fd(num, [x0a, wa], 1), rtol=1e-6, atol=1e-8)
-    assert "while_loop" in _ops(jf.backward_graph)
-    # the forward loop carries its count and a buffer of max_iterations carries per carry
+    # the forward loop also counts its iterations; the backward replays them into a
+    # buffer of max_iterations carries (a scan) and runs the body's gradient in reverse
     (fw,) = [n for n in jf.graph.nodes if n.op == "while_loop"]
-    assert fw.attrs["n_carry"] == 5 and fw.attrs["max_iterations"] == n_max
-    assert [tuple(v.shape) for v in fw.outputs][3:] == [(n_max, 3), (n_max,)]
+    assert fw.attrs["n_carry"] == 3 and fw.attrs["max_iterations"] == n_max
+    scans = [n for n in jf.backward_graph.nodes if n.op == "scan"]
+    assert [n.attrs["reverse"] for n in scans] == [False, True]
+    assert [tuple(v.shape) for v in scans[0].outputs][3:] == [(n_max, 3), (n_max,)]
+    assert all(n.attrs["length"] == n_max for n in scans)
 
 
 def test_while_loop_grad_without_max_iterations_names_it():
@@ -211,12 +214,16 @@ def test_while_loop_grad_without_max_iterations_names_it():
         sampan.jit(lambda x0, w: fgrad(lambda w: _grow(sampan, x0, w))(w))(x0, w)
 
 
-def test_while_loop_second_order_is_refused_clearly():
-    w = sampan.tensor(np.array([1.3, 1.1, 0.9]))
-    gg = sampan.jit(lambda x: fgrad(lambda x: (fgrad(
-        lambda x: _grow(sampan, x, w, 5))(x) ** 2).sum())(x))
-    with pytest.raises(SampanError, match="second order"):
-        gg(sampan.tensor(np.array([0.3, -0.2, 0.5])))
+def test_while_loop_second_order_matches_torch():
+    x0a, wa = np.array([0.3, -0.2, 0.5]), np.array([1.3, 1.1, 0.9])
+
+    def gg(F, grad, n_max):
+        w = F.tensor(wa)
+        return grad(lambda x: (grad(lambda x: _grow(F, x, w, n_max))(x) ** 2).sum())
+    for n_max in (30, 3):
+        got = sampan.jit(gg(sampan, fgrad, n_max))(sampan.tensor(x0a))
+        want = gg(torch, torch.func.grad, n_max)(torch.tensor(x0a))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------ nested
