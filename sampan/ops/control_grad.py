@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import AutogradError, SampanError
-from .registry import STATE, Spec
+from .registry import Spec
 
 # set by sampan.jit (jit/control_vjp.py): build(name, specs, fn) -> Graph traces fn over
 # fresh inputs of `specs` into a block; emit(op, inputs, attrs, blocks, n_user) adds a
@@ -72,10 +72,6 @@ def spec(t, drop=0):
     """Spec of tensor (or Value) `t`, without its first `drop` dims."""
     d = getattr(t, "_data", t)
     return Spec(tuple(d.shape)[drop:], d.dtype)
-
-
-def stacked(s, n):
-    return Spec((n,) + tuple(s.shape), s.dtype)
 
 
 def replay(block, args):
