@@ -90,13 +90,37 @@ def print_graph(g, *, ids=None) -> str:
     """The text form of `g` (values renumbered in order: inputs, constants, nodes); the
     nested blocks of a control-flow node follow its line, indented, each numbered on its
     own, between `{` and `}`."""
-    taken = {c.name for b in g.walk() for c in b.consts if c.name is not None}
+    taken = _unique_names(g)
+    # one name per array: a block reading an array its parent also holds as a constant
+    # refers to it by the same name (a saved program stores it once)
+    by_array = {id(c.const): c.name for b in g.walk() for c in b.consts
+                if c.name is not None}
     lines = []
-    _print(g, "", taken, lines)
+    _print(g, "", taken, lines, by_array)
     return "\n".join(lines) + "\n"
 
 
-def _print(g, pad, taken, lines):
+def _unique_names(g) -> set:
+    """Every constant name of `g` and its blocks, made unique across all of them where two
+    constants of different graphs share one but not their data (a saved program keeps
+    constants by name); returns the names."""
+    taken = {c.name for b in g.walk() for c in b.consts if c.name is not None}
+    seen = {}
+    for b in g.walk():
+        for c in b.consts:
+            if c.name is None:
+                continue
+            a = seen.setdefault(c.name, c.const)
+            if a is c.const or (a.shape == c.const.shape and a.dtype == c.const.dtype
+                                and a.tobytes() == c.const.tobytes()):
+                continue
+            c.name = b.const_name(c.name, taken)
+            taken.add(c.name)
+            seen[c.name] = c.const
+    return taken
+
+
+def _print(g, pad, taken, lines, by_array):
     ren = {}
     for v in g.values():
         ren[v.id] = len(ren)
@@ -112,8 +136,9 @@ def _print(g, pad, taken, lines):
     for c in g.consts:
         if c.name is None and not (c.const.size <= INLINE_CONST_MAX and c.const.ndim <= 4):
             # unique in the graph and its blocks (a saved program keeps them by name)
-            c.name = g.const_name(f"c{c.id}", taken)
+            c.name = by_array.get(id(c.const)) or g.const_name(f"c{c.id}", taken)
             taken.add(c.name)
+            by_array[id(c.const)] = c.name
         lines.append(f"{pad}  {nm(c)}: {c.type_str()} = {_const_rhs(c)}")
     for n in g.nodes:
         if not n.blocks:
@@ -122,7 +147,7 @@ def _print(g, pad, taken, lines):
         line = node_str(n, nm, loc=False) + " {"
         lines.append(f"{pad}  {line}" + (f"  # {n.loc}" if n.loc else ""))
         for b in n.blocks:
-            _print(b, pad + "    ", taken, lines)
+            _print(b, pad + "    ", taken, lines, by_array)
         lines.append(f"{pad}  }}")
     outs = ", ".join(nm(v) for v in g.outputs)
     lines.append(f"{pad}  return ({outs})")

@@ -174,7 +174,7 @@ def _scan_kernel(*ins, n_carry, n_xs, length, reverse=False, blocks):
     xs, caps = ins[n_carry:n_carry + n_xs], list(ins[n_carry + n_xs:])
     ys = [np.empty((length,) + tuple(v.shape), v.dtype) for v in body.outputs[n_carry:]]
     for i in (range(length - 1, -1, -1) if reverse else range(length)):
-        out = run_block(body, carry + [x[i] for x in xs] + caps)
+        out = run_block(body, carry + [x[i, ...] for x in xs] + caps)
         carry = out[:n_carry]
         for y, a in zip(ys, out[n_carry:]):
             y[i] = a

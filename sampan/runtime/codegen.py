@@ -171,7 +171,7 @@ def compile_graph(g, *, debug: bool = False, use_plan: bool = True,
         ir_text = node_str(n, lambda v: f"%{ren[v.id]}")
         if n.blocks:       # control flow: a real if/while/for around the compiled blocks
             lines.append(emit.fill("    {c}", c=emit.comment(ir_text)))
-            lines.extend(control_lines(n, i, names, env, options))
+            lines.extend(control_lines(n, i, names, env, options, compile_graph))
             release_after(i, n, ir_text)
             continue
         ir = emit.comment(ir_text)

@@ -13,7 +13,7 @@ under a real Python `if` / `while` / `for`:
     v6, = (x1,)                             # scan
     v7 = _empty((16, 4), _np.dtype('float32'))
     for _i4 in range(16):
-        v6, _y7, = _blk4_0(v6, x2[_i4])
+        v6, _y7, = _blk4_0(v6, x2[_i4, ...])
         v7[_i4] = _y7
 
 Every name and literal is made by `runtime/emit.py`, as for the rest of the executor.
@@ -26,10 +26,10 @@ from ..ir.blocks import LOOPS
 from . import emit
 
 
-def control_lines(n, i, names, env, options) -> list:
+def control_lines(n, i, names, env, options, compile_graph) -> list:
     """The executor lines running control node `n` (the `i`-th node): its blocks compiled
-    with `options` (compile_graph's keywords) and bound in `env`."""
-    from .codegen import compile_graph
+    by `compile_graph` (the code generator hands itself in) with `options` (its keywords)
+    and bound in `env`."""
     blks = []
     for k, b in enumerate(n.blocks):
         bn = emit.fresh("_blk", i, "_", k)
@@ -88,7 +88,7 @@ def _scan(n, i, blks, args, outs, env):
                                d=emit.lit(v.dtype, numpy="_np")))
     it = emit.fresh("_i", i)
     rng = emit.lit((length - 1, -1, -1)) if n.attrs.get("reverse") else emit.lit((length,))
-    step = [emit.fill("{x}[{it}]", x=x, it=it) for x in xs]
+    step = [emit.fill("{x}[{it}, ...]", x=x, it=it) for x in xs]   # 0-d: an array
     tmp = [emit.fresh("_y", i, "_", j) for j in range(len(ys))]
     lines.append(emit.fill("    for {it} in range{r}:", it=it, r=rng))
     lines.append(_assign(carry + tmp, emit.call(blks[0], carry + step + caps), "        "))

@@ -103,3 +103,23 @@ def test_dot_draws_blocks_as_nested_clusters():
     assert dot.count("subgraph cluster_") >= 5
     assert "cond: then" in dot and "scan: body" in dot and "while_loop: body" in dot
     assert dot.count("{") == dot.count("}")
+
+
+def test_constant_names_are_unique_across_blocks():
+    g = Graph()
+    x = g.add_input((20,), "float32")
+    w = g.add_const(np.ones(20, np.float32), name="w")
+    then, other = Graph("then"), Graph("else")
+    for b, val in ((then, 2.0), (other, 3.0)):     # the same name, other data
+        a = b.add_input((20,), "float32")
+        b.outputs = [b.add_node("mul", [a, b.add_const(np.full(20, val, np.float32),
+                                                       name="w")], {}).output]
+    s = g.add_node("sum", [x], {"axis": None, "keepdims": False}).output
+    p = g.add_node("gt", [s, g.add_const(np.float32(0))], {}).output
+    y = g.add_node("mul", [x, w], {}).output
+    g.outputs = g.add_node("cond", [p, y], {"n_operands": 1}, blocks=[then, other]).outputs
+    text = str(g)
+    names = [c.name for b in g.walk() for c in b.consts if c.name]
+    assert len(set(names)) == 3 and all(f"ref={n!r}" in text for n in names)
+    back = parse(text, _consts(g))
+    assert back == g

@@ -155,3 +155,44 @@ def test_bad_branches_and_bodies_name_the_op():
         sampan.while_loop(lambda s: s.sum() < 3, lambda s: s.reshape(1, 3), x)
     with pytest.raises(SampanError, match="scan"):
         sampan.scan(lambda c, x: (c, x), x, x.sum())
+
+
+def test_scan_over_a_vector_with_scalar_carry_in_debug_mode():
+    def f(s, xs):
+        return sampan.scan(lambda c, x: (c + x * 2.0, c * x), s, xs)
+    xs = np.arange(5, dtype=np.float32)
+    c, ys = 1.0, []
+    for x in xs:
+        ys.append(c * x)
+        c = c + x * 2
+    args = (sampan.tensor(np.float32(1.0)), sampan.tensor(xs))
+    _eq(f(*args), (np.float32(c), np.array(ys, np.float32)))
+    _eq(sampan.jit(f, debug=True)(*args), (np.float32(c), np.array(ys, np.float32)))
+
+
+def test_impure_blocks_are_refused_with_the_users_line():
+    acc = sampan.zeros(3)
+
+    @sampan.jit
+    def writes_outside(x):
+        def body(s):
+            acc.add_(s)                      # state from outside the loop
+            return s + 1.0
+        return sampan.while_loop(lambda s: s.sum() < 10, body, x)
+    with pytest.raises(SampanError, match="writes to a tensor from outside"):
+        writes_outside(sampan.ones(3))
+
+    @sampan.jit
+    def local_write(x):
+        def body(s):
+            t = s * 1.0
+            t.add_(1.0)                      # a tensor the block made: fine
+            return t
+        return sampan.while_loop(lambda s: s.sum() < 10, body, x)
+    _eq(local_write(sampan.ones(3)), np.full(3, 4.0, np.float32))
+
+    @sampan.jit
+    def draws(x):
+        return sampan.cond(x.sum() > 0, lambda a: a + sampan.randn(3), lambda a: a, x)
+    with pytest.raises(SampanError, match="random op"):
+        draws(sampan.ones(3))

@@ -63,6 +63,21 @@ def test_save_load_with_blocks_in_this_and_a_fresh_process(tmp_path):
                                atol=1e-6)
 
 
+def test_an_array_read_outside_and_inside_blocks_is_stored_once(tmp_path):
+    big = sampan.tensor(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8))
+
+    def f(h):
+        h = h @ big
+        return sampan.cond(h.sum() > 0, lambda a: a @ big, lambda a: a * 2.0, h)
+    h = sampan.tensor(np.ones((2, 8), np.float32))
+    p = str(tmp_path / "once.sampan")
+    sampan.jit.save(f, p, (h,), passes="none")
+    text = pathlib.Path(p, "graph.ir").read_text()
+    refs = {line.split("ref=")[1] for line in text.splitlines() if "ref=" in line}
+    assert text.count("ref=") == 2 and len(refs) == 1
+    np.testing.assert_allclose(sampan.jit.load(p)(h).numpy(), f(h).numpy(), rtol=1e-6)
+
+
 def test_plain_programs_keep_version_2_and_blocks_need_version_4(tmp_path):
     p = str(tmp_path / "plain.sampan")
     x = sampan.tensor(np.ones(3, np.float32))
