@@ -441,3 +441,16 @@ def test_scan_grad_in_a_traced_step_with_a_symbolic_batch():
         h0, xs = sampan.tensor(np.ones((b, 3))), sampan.tensor(R.standard_normal((4, b, 3)))
         np.testing.assert_allclose(js(h0, xs).numpy(), step(h0, xs).numpy(), rtol=1e-12)
     assert str(js.graph.inputs[0]).endswith("f64[B,3]")
+
+
+def test_backward_graphs_verify_and_round_trip_through_the_ir_text():
+    from sampan.ir import parse, verify
+    w = _t(np.array([0.8, -1.2]))
+    js = sampan.jit(lambda c0, xs: _nested(sampan, c0, xs, w))
+    js(_t(np.array([0.4, -0.1])), _t(np.ones((6, 2)))).backward()
+    jw = sampan.jit(lambda x0, w: _grow(sampan, x0, w, 7))
+    jw(_t([0.3, -0.2, 0.5]), _t([1.3, 1.1, 0.9])).backward()
+    for g in (js.graph, js.backward_graph, jw.graph, jw.backward_graph):
+        verify(g)
+        consts = {c.name: c.const for b in g.walk() for c in b.consts if c.name is not None}
+        assert parse(str(g), consts) == g
