@@ -5,7 +5,10 @@ A Value is defined exactly once: as a graph input, as a constant, or as an outpu
 of one Node. It carries shape (ints, or str for symbolic dims) and dtype, so a
 Value can stand in for an array while tracing (`Tensor._data` may be a Value).
 A Node names an op of the table (`sampan.ops.registry.OPS`), its input Values,
-plain-data attributes and the user source line that created it.
+plain-data attributes and the user source line that created it; a control-flow node
+(`cond`, `while_loop`, `scan`: sampan/ops/control.py) also holds `blocks`, nested Graphs
+that read nothing from the enclosing graph (`Graph.walk()` visits a graph and all of
+them).
 
 Example::
 

@@ -235,6 +235,7 @@ def trace_vjp(tr, name, outs, born=()):
     n_nodes, n_inputs = len(g.nodes), len(g.inputs)
     slots = list(tr.slots)
     error = None
+    final = False
     grads = None
     hooks = [(L.t, L.t._hooks) for L in wrt]
     ops = [(n, n.op) for n in tr.tape]
@@ -255,6 +256,9 @@ def trace_vjp(tr, name, outs, born=()):
             raise AutogradError("the gradient reads tensors the forward did not")
     except Exception as e:   # the forward still runs; its backward says why it cannot
         error = str(e).split("\n")[0]
+        if getattr(e, "no_gradient", False):     # no gradient exists (a rule says why)
+            error = "\n".join(str(e).split("\n")[:2])
+            final = True
         if not isinstance(e, SampanError):
             error = f"{type(e).__name__}: {error}"
     finally:
@@ -269,6 +273,9 @@ def trace_vjp(tr, name, outs, born=()):
     tr.slots[:] = slots[:n_inputs]
     if error is not None:
         g.prune_consts()
+        if final:
+            return VJP(name, None, diff, error=(
+                f"sampan.jit: the jitted call {name} has no gradient: {error}")), []
         return VJP(name, None, diff, error=(
             f"sampan.jit: the gradient of the jitted call {name} could not be traced "
             f"({error}). Put the backward inside the jitted function (loss.backward() "
@@ -292,7 +299,8 @@ def trace_vjp(tr, name, outs, born=()):
             if v.id not in m and v.id in const_ids:
                 m[v.id] = bw.add_const(v.const, name=v.name)
         nn = bw.add_node(n.op, [m[v.id] for v in n.inputs], n.attrs,
-                         [Spec(v.shape, v.dtype) for v in n.outputs], loc=n.loc)
+                         [Spec(v.shape, v.dtype) for v in n.outputs], loc=n.loc,
+                         blocks=n.blocks)
         for v, nv in zip(n.outputs, nn.outputs):
             m[v.id] = nv
     for gv in grads:

@@ -21,8 +21,9 @@ from __future__ import annotations
 from ..errors import TracingError, user_frame
 from ..ir.graph import Graph, Value
 from ..ops import control as _control
-from ..ops.registry import OPS, STATE
-from ..tensor import _record, wrap
+from ..ops.registry import STATE
+from ..tensor import wrap
+from .control_vjp import emit as _emit
 
 _control.GRAPH[:] = [Graph]      # the samples of the op table build blocks with it
 
@@ -124,28 +125,13 @@ def _align(traced, n_fixed):
 
 def _add(tr, kind, in_tensors, vals, attrs, blocks, loc):
     """Add the control node to the graph being traced; its outputs as Tensors (with one
-    tape node when grad mode is on and an input requires grad)."""
-    if tr.env is not None:
-        with tr.env.quiet():
-            node = tr.g.add_node(kind, vals, attrs, loc=loc, blocks=blocks)
-    else:
-        node = tr.g.add_node(kind, vals, attrs, loc=loc, blocks=blocks)
-    outs = []
-    for v in node.outputs:
-        tr.own.add(id(v))
-        outs.append(wrap(v))
+    tape node when grad mode is on and an input requires grad: `control_vjp.emit`)."""
     for d in tr.cf_seen:          # an enclosing block captures these tensors' Values
         for v, t in zip(vals, in_tensors):
             if t is not None:
                 d.setdefault(id(v), t)
     ins = [t if t is not None else wrap(v) for v, t in zip(vals, in_tensors)]
-    if STATE.grad_enabled and any(t.requires_grad for t in ins):
-        _record(OPS[kind], tuple(ins), {**attrs, "blocks": node.blocks}, tuple(outs))
-        for y in outs:
-            if y._node is not None:
-                tr.tape[y._node] = loc
-                break
-    return outs
+    return list(_emit(kind, ins, attrs, blocks, vals=vals, loc=loc))
 
 
 def _cond(tr, pred, true_fn, false_fn, operands):

@@ -36,10 +36,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, SampanValueError, ShapeError, TracingError, op_error
+from ..errors import DTypeError, SampanValueError, ShapeError, op_error
 from ..ir import symbolic as _sym
 from ..tensor import Tensor
 from ._util import Sample, randf, rng
+from .control_grad import GRADS
 from .registry import NO_ONNX, OPS, STATE, Spec, defop
 
 EXPORTS = ["cond", "while_loop", "scan"]
@@ -210,13 +211,6 @@ _while_flops = _flops_of(lambda bs, a: (a.get("max_iterations") or 1) * sum(
 _scan_flops = _flops_of(lambda bs, a: int(a["length"]) * _block_flops(bs[0]))
 
 
-def _not_yet(name):
-    def grad(*a, **k):
-        raise TracingError(f"sampan.jit: the gradient of a traced {name} node is not "
-                           f"available here (compute it eagerly, outside sampan.jit)")
-    return grad
-
-
 # ---------------------------------------------------------------------- samples
 def _graph(name, types):
     g = GRAPH[0](name)
@@ -272,7 +266,7 @@ for _name, _rule, _kernel, _fl, _samp, _doc in (
         ("scan", _scan_rule, _scan_kernel, _scan_flops, _scan_samples,
          "run block body over the leading dim of xs, threading the carry, stacking ys")):
     # ONNX If/Loop/Scan are written by the exporter (sampan/onnx), which walks the blocks
-    defop(_name, _rule, kernel=_kernel, kind="opaque", grad=_not_yet(_name), flops=_fl,
+    defop(_name, _rule, kernel=_kernel, kind="opaque", grad=GRADS[_name], flops=_fl,
           onnx=NO_ONNX, samples=_samp, n_out=None, doc=_doc)
 
 
