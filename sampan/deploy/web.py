@@ -1,0 +1,262 @@
+"""`sampan deploy --target web`: a self-contained folder whose page runs the model.
+
+The folder (`build_web`) holds `index.html` and `page.mjs` (fixed files of ours), the wasm
+target's `model.mjs`, `model.wasm` and `weights.bin`, `page.json` (data: the title, the
+input's drawing size and pixel range, the files below), the input it was given
+(`input.bin`, raw little-endian, in the first input's dtype) and, unless `onnx=False`, the
+program's ONNX export (`model.onnx`, by `sampan.onnx`) with onnxruntime-web's wasm build
+vendored into `ort/` from a local `node_modules` (never fetched by the page). Served from
+any static server, the page runs the model on the given input (or a digit drawn on its
+canvas when the input is one image), shows the answer and its batch-1 latency, and the same
+for onnxruntime-web (wasm backend, one thread, as model.wasm).
+
+`serve(folder)` serves a folder on 127.0.0.1 (a free port, cross-origin isolated so that
+the page's clock is fine-grained); `run_headless(folder, inputs)` opens it in headless
+Chromium (Debian's `chromium`, driven by npm's `playwright-core`; no browser download) and
+returns the page's outputs and timings. `node_modules()` says where the npm packages are:
+`$SAMPAN_NODE_MODULES`, else `build/node/node_modules` beside the sampan package (where
+`make test` installs them), else `~/.cache/sampan/node/node_modules`.
+
+Example::
+
+    >>> sampan.deploy.web.build_web("digits.sampan", "site", sample=x[:1])
+    >>> with sampan.deploy.web.serve("site") as url: print(url)     # open it in a browser
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kernelsource import DeployError
+from .wasm import ASSETS, _copy, build_wasm, node
+
+PAGE_FILES = ("index.html", "page.mjs")
+# onnxruntime-web's wasm build (ESM): the API module and the wasm runtime it loads
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+CHROMIUM = "/usr/bin/chromium"
+# the ONNX opset of the page's export: 21 (IR version 10) loads in every onnxruntime-web
+# since 1.20, whereas the newest opset of the Python onnxruntime may be past the npm one's
+WEB_OPSET = 21
+
+
+@dataclass
+class WebBuilt:
+    """What `build_web` wrote: the folder, and bytes of each part."""
+    folder: str
+    wasm_bytes: int
+    weights_bytes: int
+    onnx_bytes: int
+    ort_bytes: int
+
+    def report(self) -> str:
+        kb = 1024
+        s = (f"{self.folder}: index.html + model.wasm {self.wasm_bytes / kb:.1f} KiB + "
+             f"weights {self.weights_bytes / kb:.1f} KiB")
+        if self.onnx_bytes:
+            s += (f"; for comparison: model.onnx {self.onnx_bytes / kb:.1f} KiB + "
+                  f"onnxruntime-web {self.ort_bytes / kb / kb:.1f} MiB")
+        return s
+
+
+def node_modules(required: bool = True):
+    """The folder holding the npm packages (playwright-core, onnxruntime-web), or None."""
+    env = os.environ.get("SAMPAN_NODE_MODULES")
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for d in ([env] if env else []) + [os.path.join(here, "build", "node", "node_modules"),
+                                       os.path.expanduser("~/.cache/sampan/node/node_modules")]:
+        if d and os.path.isdir(d):
+            return d
+    if required:
+        raise DeployError("sampan deploy --target web: no node_modules with onnxruntime-web "
+                          "and playwright-core: run `make web-deps` (npm install --prefix "
+                          "build/node playwright-core onnxruntime-web) or set "
+                          "SAMPAN_NODE_MODULES")
+    return None
+
+
+def has_package(name: str) -> bool:
+    d = node_modules(required=False)
+    return bool(d) and os.path.isfile(os.path.join(d, name, "package.json"))
+
+
+def chromium() -> str | None:
+    """The system Chromium (`$CHROMIUM` or /usr/bin/chromium), or None."""
+    c = os.environ.get("CHROMIUM", CHROMIUM)
+    return c if os.path.isfile(c) and os.access(c, os.X_OK) else None
+
+
+def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
+              prefix: str = "model", sample=None, onnx: bool = True, title: str | None = None,
+              image=None, pixel_max: float | None = None, simd: bool = True,
+              **c_options) -> WebBuilt:
+    """Write the web folder of saved program `program` to `out_dir`. The C target is
+    generated (`c_options` go to it) unless `c_dir` names one already written. `sample`:
+    the input the page runs first (one numpy array; zeros when None). `image=(H, W)`: the
+    drawing pad's size; by default the input's last two dims when it is one 2-D image (or a
+    perfect square of pixels). `pixel_max`: the value of a white pixel (default the sample's
+    maximum, else 1)."""
+    with contextlib.ExitStack() as stack:
+        if c_dir is None:
+            if program is None:
+                raise DeployError("sampan deploy --target web: give a program or a C folder")
+            from . import cgen
+            c_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="sampan-web-"))
+            prefix = cgen.generate_c(program, c_dir, **c_options).prefix
+        w = build_wasm(c_dir, out_dir, prefix=prefix, simd=simd)
+    for f in PAGE_FILES:
+        _copy(os.path.join(ASSETS, f), os.path.join(out_dir, f))
+    desc = _first_input(out_dir)
+    cfg = {"title": title or f"sampan: {os.path.basename(os.path.normpath(program or c_dir))}",
+           "input": desc, "sample": None, "onnx": None, "ort": None, "ort_dir": None,
+           "image": list(image) if image else _image_of(desc["shape"]), "pixel_max": 1.0}
+    if sample is not None:
+        a = np.ascontiguousarray(sample, dtype=np.dtype(desc["dtype"]))
+        _write(os.path.join(out_dir, "input.bin"), a.astype(a.dtype.newbyteorder("<")).tobytes())
+        cfg["sample"] = "input.bin"
+        cfg["pixel_max"] = float(a.max()) if a.size and a.max() > 0 else 1.0
+    if pixel_max is not None:
+        cfg["pixel_max"] = float(pixel_max)
+    onnx_bytes = ort_bytes = 0
+    if onnx and program is not None:
+        onnx_bytes = _export_onnx(program, os.path.join(out_dir, "model.onnx"))
+        ort_bytes = _vendor_ort(os.path.join(out_dir, "ort"))
+        cfg.update(onnx="model.onnx", ort="./ort/ort.wasm.min.mjs", ort_dir="ort/")
+    _write(os.path.join(out_dir, "page.json"), json.dumps(cfg, indent=1).encode())
+    return WebBuilt(out_dir, w.wasm_bytes, w.weights_bytes, onnx_bytes, ort_bytes)
+
+
+def _write(path: str, data: bytes) -> None:
+    from .. import _atomic
+    _atomic.write_file(path, lambda f: f.write(data))
+
+
+def _first_input(folder: str) -> dict:
+    """The model's first input descriptor, asked of model.wasm itself (in Node)."""
+    r = subprocess.run([node(), "--no-warnings", "--input-type=module", "-e",
+                        "const [d] = process.argv.slice(1);"
+                        "const { load } = await import(new URL('model.mjs', 'file://' + d + '/'));"
+                        "const m = await load(d + '/model.wasm', d + '/weights.bin');"
+                        "console.log(JSON.stringify(m.inputs[0]));",
+                        os.path.abspath(folder)], capture_output=True, text=True, timeout=60)
+    if r.returncode:
+        raise DeployError(f"sampan deploy --target web: model.wasm did not load in Node: "
+                          f"{(r.stderr or r.stdout).strip()[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _image_of(shape) -> list | None:
+    """(H, W) when the input is one single-channel image: [-1, 1, H, W], [-1, H, W], or
+    [-1, H*W] with H*W a perfect square."""
+    dims = [d for d in shape[1:] if d != 1]
+    if len(dims) == 2:
+        return dims
+    if len(dims) == 1 and dims[0] >= 64 and int(round(dims[0] ** 0.5)) ** 2 == dims[0]:
+        r = int(round(dims[0] ** 0.5))
+        return [r, r]
+    return None
+
+
+def _export_onnx(program: str, path: str) -> int:
+    from ..onnx.export import save_model, saved_to_model
+    tmp = f"{path}.{os.getpid()}.tmp"
+    save_model(saved_to_model(program, opset=WEB_OPSET), tmp)
+    os.replace(tmp, path)
+    return os.path.getsize(path)
+
+
+def _vendor_ort(dst: str) -> int:
+    src = os.path.join(node_modules(), "onnxruntime-web", "dist")
+    missing = [f for f in ORT_FILES if not os.path.isfile(os.path.join(src, f))]
+    if missing:
+        raise DeployError(f"sampan deploy --target web: {src} lacks {', '.join(missing)}: "
+                          "expected onnxruntime-web >= 1.19 (npm install onnxruntime-web)")
+    os.makedirs(dst, exist_ok=True)
+    for f in ORT_FILES:
+        _copy(os.path.join(src, f), os.path.join(dst, f))
+    return sum(os.path.getsize(os.path.join(dst, f)) for f in ORT_FILES)
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".mjs": "text/javascript", ".js": "text/javascript",
+                      ".wasm": "application/wasm", ".json": "application/json",
+                      ".onnx": "application/octet-stream", ".bin": "application/octet-stream"}
+
+    def end_headers(self):
+        # cross-origin isolated: performance.now() at microsecond resolution
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+@contextlib.contextmanager
+def serve(folder: str):
+    """Serve `folder` on 127.0.0.1 (a free port) in a thread; yields its URL."""
+    if not os.path.isfile(os.path.join(folder, "index.html")):
+        raise DeployError(f"sampan deploy: {folder!r} has no index.html: expected a folder "
+                          "`sampan deploy --target web` wrote")
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Handler, directory=os.path.abspath(folder)))
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/index.html"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        t.join()
+
+
+def run_headless(folder: str, inputs=None, *, reps: int = 0, ort: bool = False,
+                 screenshot: str | None = None, timeout: float = 180) -> dict:
+    """Open `folder`'s page in headless Chromium; run the model on `inputs` (numpy arrays,
+    descriptor order) in the page, and onnxruntime-web too when `ort`. Returns {"answer":
+    what the page showed for its given input, "sampan": {"outputs": [arrays], "us": [...]},
+    "ort": the same or None, "browser": version}."""
+    if chromium() is None:
+        raise DeployError(f"sampan deploy: no Chromium at {CHROMIUM} (apt-get install chromium)")
+    mods = node_modules()
+    if not has_package("playwright-core"):
+        raise DeployError(f"sampan deploy: {mods} has no playwright-core (npm install playwright-core)")
+    dtypes = [np.dtype(np.asarray(a).dtype) for a in inputs or ()]
+    req = {"inputs": [np.asarray(a).ravel().tolist() for a in inputs] if inputs else None,
+           "reps": int(reps), "ort": bool(ort), "screenshot": screenshot}
+    with tempfile.TemporaryDirectory(prefix="sampan-chromium-") as tmp, serve(folder) as url:
+        rp = os.path.join(tmp, "request.json")
+        with open(rp, "w") as f:
+            json.dump(req, f)
+        env = dict(os.environ, CHROMIUM=chromium())
+        r = subprocess.run([node(), "--no-warnings", os.path.join(ASSETS, "drive.mjs"), mods, url, rp],
+                           capture_output=True, text=True, timeout=timeout, env=env)
+        if r.returncode:
+            raise DeployError(f"sampan deploy: the page failed in headless Chromium: "
+                              f"{(r.stderr or r.stdout).strip()[-3000:]}")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ("sampan", "ort"):
+        if res.get(k):
+            res[k]["outputs"] = [np.asarray(o["data"], dtype=_out_dtype(o, dtypes)).reshape(o["shape"])
+                                 for o in res[k]["outputs"]]
+    return res
+
+
+def _out_dtype(o, dtypes):
+    data = o["data"]
+    return np.float32 if any(isinstance(v, float) for v in data[:64]) or not dtypes else dtypes[0]
+
+
+__all__ = ["build_web", "WebBuilt", "serve", "run_headless", "node_modules", "chromium",
+           "has_package"]
