@@ -96,7 +96,7 @@ def build_wasm(c_dir: str, out_dir: str, *, prefix: str = "model", simd: bool = 
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, f".{WASM}.{os.getpid()}.tmp")
     cmd = zig() + compile_flags(simd) + [
-        f"-DSW_PREFIX={pfx}", "-I", c_dir, os.path.join(c_dir, "model.c"),
+        f"-DSW_PREFIX={pfx}", f"-DSW_PREFIX_UPPER={pfx.upper()}", "-I", c_dir, os.path.join(c_dir, "model.c"),
         os.path.join(ASSETS, "wasm_glue.c"), "-lm", "-o", tmp]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,172 @@
+"""issue 35: the wasm and web targets of `sampan deploy`, run for real.
+
+The W5 MLP and LeNet (fp32; int8 where the C target has it) are generated as C
+(`sampan.deploy.cgen`), compiled to model.wasm with zig cc (wasm32-wasi, SIMD128), and run
+by model.mjs in Node (with the loader's own WASI shim and with Node's node:wasi) and in a
+real headless Chromium (Debian's chromium driven by npm's playwright-core, the page served
+from 127.0.0.1 by the test), every output equal to the Predictor's within 1e-5 relative;
+the page's onnxruntime-web (the same model's ONNX export) agrees too, and the page shows
+the right answer. Each part skips with its reason when zig, node, Chromium or the npm
+packages are missing (`make test` installs them)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import sampan
+from sampan import nn
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("ziglang") is None,
+                       reason="zig is missing: pip install ziglang (sampan[edge])"),
+    pytest.mark.skipif(shutil.which("node") is None, reason="Node.js (node) is missing"),
+]
+
+cgen = pytest.importorskip("sampan.deploy.cgen", reason="the C target is not in this tree")
+from sampan.deploy import DeployError, wasm, web  # noqa: E402
+
+RTOL = 1e-5
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                         nn.Linear(512, 10))
+
+
+def lenet():
+    return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                         nn.Linear(84, 10))
+
+
+SHAPES = {"mlp": (784,), "lenet": (1, 28, 28)}
+MAKERS = {"mlp": mlp, "lenet": lenet}
+
+
+def predictor_out(path, x):
+    import sampan.inference as inf
+    p = inf.create_predictor(inf.Config(path))
+    h = p.get_input_handle(p.get_input_names()[0])
+    h.copy_from_cpu(x)
+    p.run()
+    return p.get_output_handle(p.get_output_names()[0]).copy_to_cpu()
+
+
+def assert_close(got, want, rtol=RTOL, what=""):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    err = np.abs(got.astype(np.float64) - want) / max(float(np.abs(want).max()), 1e-30)
+    assert err.max() <= rtol, f"{what}: max relative error {err.max():.3g} > {rtol}"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """{name: (program, web folder, x of batch 3)}: generated and compiled once."""
+    root = tmp_path_factory.mktemp("wasm_web")
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, make in MAKERS.items():
+        sampan.manual_seed(1)
+        net = make()
+        x = rng.random((3,) + SHAPES[name], dtype=np.float32)
+        prog = sampan.jit.save(net, str(root / f"{name}.sampan"), (sampan.tensor(x[:2]),),
+                               dynamic={"x": {0: "batch"}})
+        c_dir = str(root / f"{name}_c")
+        g = cgen.generate_c(prog, c_dir)
+        site = str(root / f"{name}_web")
+        onnx = web.has_package("onnxruntime-web")
+        web.build_web(prog, site, c_dir=c_dir, prefix=g.prefix, sample=x[:1], onnx=onnx)
+        out[name] = (prog, site, x)
+    return out
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+@pytest.mark.parametrize("mode", ["shim", "wasi"])
+def test_node_equals_predictor(models, name, mode):
+    prog, site, x = models[name]
+    want = predictor_out(prog, x)
+    for batch in (1, 3):
+        r = wasm.run_node(site, [x[:batch]], wasi=(mode == "wasi"))
+        assert_close(r["outputs"][0], want[:batch], what=f"{name} in Node ({mode}), batch {batch}")
+
+
+def test_folder_and_sizes(models):
+    _, site, _ = models["lenet"]
+    names = set(os.listdir(site))
+    assert {"index.html", "page.mjs", "page.json", "model.mjs", "model.wasm", "weights.bin",
+            "input.bin"} <= names
+    # generated code + runtime of LeNet: model.wasm (kernels, buffers, the bits of libc) is
+    # far under the issue's 100 KiB
+    assert os.path.getsize(os.path.join(site, "model.wasm")) < 100 * 1024
+    with open(os.path.join(site, "model.wasm"), "rb") as f:
+        assert f.read(4) == b"\0asm"
+
+
+def test_loader_refuses_bad_input_and_corrupt_weights(models, tmp_path):
+    _, site, x = models["mlp"]
+    with pytest.raises(DeployError, match=r"input x has 5 elements, expected a positive "
+                                          r"multiple of 784"):
+        wasm.run_node(site, [np.zeros(5, np.float32)])
+    # the loader itself, called from JS with the wrong array type and input name
+    script = tmp_path / "t.mjs"
+    script.write_text(
+        "import { load } from './site/model.mjs';\n"
+        "const m = await load('site/model.wasm', 'site/weights.bin');\n"
+        "for (const bad of [[new Int32Array(784)], {y: new Float32Array(784)}]) {\n"
+        "  try { m.run(bad); console.log('no error'); } catch (e) { console.log(e.message); }\n"
+        "}\n")
+    shutil.copytree(site, tmp_path / "site")
+    r = subprocess.run([wasm.node(), str(script)], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "input x must be a Float32Array (float32), got Int32Array" in lines[0]
+    assert "run() is missing input x; expected x" in lines[1]
+    bad = tmp_path / "bad"
+    shutil.copytree(site, bad)
+    raw = bytearray((bad / "weights.bin").read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    (bad / "weights.bin").write_bytes(bytes(raw))
+    with pytest.raises(DeployError, match="failed in Node") as e:
+        wasm.run_node(str(bad), [x[:1]])
+    assert "weights" in str(e.value).lower()
+
+
+def test_build_wasm_names_missing_c_files(tmp_path):
+    with pytest.raises(DeployError, match=r"has no model\.c"):
+        wasm.build_wasm(str(tmp_path), str(tmp_path / "out"))
+
+
+def _no_browser():
+    if web.chromium() is None:
+        return "Chromium is missing (apt-get install chromium)"
+    if not web.has_package("playwright-core"):
+        return "npm's playwright-core is missing (make test installs it into build/node)"
+    return None
+
+
+NO_BROWSER = _no_browser()
+
+
+@pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_chromium_equals_predictor(models, name, tmp_path):
+    prog, site, x = models[name]
+    want = predictor_out(prog, x)
+    shot = str(tmp_path / "page.png")
+    r = web.run_headless(site, [x[:2]], ort=True, screenshot=shot)
+    assert_close(r["sampan"]["outputs"][0], want[:2], what=f"{name} in Chromium")
+    # the page ran the input it was given (input.bin = x[:1]) and shows its answer
+    assert r["answer"]["sampan"] == str(int(np.argmax(want[0])))
+    assert os.path.getsize(shot) > 1000
+    if web.has_package("onnxruntime-web"):
+        assert r["ort"] is not None, "the page did not set up onnxruntime-web"
+        assert_close(r["ort"]["outputs"][0], want[:2], rtol=1e-4,
+                     what=f"{name}'s ONNX export in onnxruntime-web")
+        assert r["answer"]["ort"] == r["answer"]["sampan"]
