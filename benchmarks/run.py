@@ -26,6 +26,7 @@ def main(argv):
             "embedding_dynwidth.py",
             "predictor_overhead.py",
             "feature_spec.py",
+            "edge.py",
         )
         if os.path.exists(os.path.join(HERE, n))]
     env = {k: v for k, v in os.environ.items()

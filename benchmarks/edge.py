@@ -1,0 +1,288 @@
+"""E1 edge: the W5 MLP and LeNet (and the W8 MiniLM encoder where the C target covers it)
+through `sampan deploy --target c / wasm / web`, batch 1, side by side in one run:
+
+- sampan C native: libmodel.so (the C target's Makefile, `cc -O3 -march=native`) called
+  through ctypes, one thread;
+- sampan wasm in Node (model.mjs, WASI shim) and in headless Chromium (the web target's
+  page, Debian's chromium through playwright-core);
+- onnxruntime (Python, CPUExecutionProvider, one intra-op thread as the C library) on the
+  program's ONNX export, and onnxruntime-web (wasm backend, one thread) on the same export
+  in the same page;
+- int8 (sampan.quant's post-training quantisation) native against fp32 native, where the
+  C target compiles the int8 program.
+
+Lines (JSON, benchmarks/common.py: CPU model, flags, kernel library): batch-1 p50 latency
+(us, with min-max over blocks) per system, the ratios the issue sets targets for
+(C / onnxruntime <= 0.7, Chromium wasm / onnxruntime-web <= 1.0, int8 speed-up >= 1.5), and
+sizes in bytes (generated code + runtime: libmodel.so and model.wasm; weights; onnxruntime's
+shared libraries and onnxruntime-web's wasm). Systems that cannot run here print a `#` line.
+
+    python benchmarks/edge.py [--models MLP LeNet MiniLM] [--calls 2000] [--blocks 3]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+if __name__ == "__main__":  # before numpy: OpenBLAS reads its overrides when it loads
+    from _blas_env import rerun_without_overrides
+    rerun_without_overrides()
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from common import ROOT, emit  # noqa: E402
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+W = "E1"
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def first_line(e, n=200):
+    msg = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {msg[:n]}"
+
+
+# ---------------------------------------------------------------------- models
+def w5_model(name):
+    """(layer, batch-1 example) of the W5 MLP / LeNet (fixed-seed weights of models.py)."""
+    import sampan
+    from w5_inference import mlp_layer
+    from w5_prune import lenet
+    sampan.manual_seed(0)
+    x = np.random.default_rng(1).random((1, 784) if name == "MLP" else (1, 1, 28, 28),
+                                        dtype=np.float32)
+    return (mlp_layer() if name == "MLP" else lenet()), x
+
+
+def save(name, folder):
+    import sampan
+    if name == "MiniLM":
+        raise RuntimeError("the MiniLM encoder's C target: not wired in this benchmark yet")
+    net, x = w5_model(name)
+    path = sampan.jit.save(net, os.path.join(folder, f"{name}.sampan"),
+                           (sampan.tensor(np.repeat(x, 2, 0)),), dynamic={"x": {0: "batch"}})
+    return path, x
+
+
+def predictor_ref(path, x):
+    import sampan.inference as inf
+    p = inf.create_predictor(inf.Config(path))
+    p.get_input_handle(p.get_input_names()[0]).copy_from_cpu(x)
+    p.run()
+    return p.get_output_handle(p.get_output_names()[0]).copy_to_cpu()
+
+
+# ---------------------------------------------------------------------- systems
+class Native:
+    """libmodel.so through ctypes: create from weights.bin, run at batch 1."""
+
+    def __init__(self, c_dir, prefix, x):
+        r = subprocess.run(["make", "-s", "-C", c_dir, "libmodel.so"], capture_output=True,
+                           text=True)
+        if r.returncode:
+            raise RuntimeError(f"make libmodel.so failed: {r.stderr.strip()[-500:]}")
+        self.so = os.path.join(c_dir, "libmodel.so")
+        lib = ctypes.CDLL(self.so)
+        f = lambda n: getattr(lib, f"{prefix}_{n}")  # noqa: E731
+        f("create").restype = ctypes.c_void_p
+        f("create").argtypes = [ctypes.c_char_p]
+        f("run").argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        f("last_error").restype = ctypes.c_char_p
+        self.m = f("create")(os.path.join(c_dir, "weights.bin").encode())
+        if not self.m:
+            raise RuntimeError(f("last_error")().decode())
+        self.lib, self.f = lib, f
+        self.x = np.ascontiguousarray(x)
+        n_out = ctypes.c_size_t
+        f("output_bytes").restype = n_out
+        self.y = np.empty(f("output_bytes")(0, 1) // 4, np.float32)
+        self.ins = (ctypes.c_void_p * 1)(self.x.ctypes.data)
+        self.outs = (ctypes.c_void_p * 1)(self.y.ctypes.data)
+        self._run = f("run")
+
+    def __call__(self):
+        if self._run(self.m, 1, self.ins, self.outs):
+            raise RuntimeError(self.f("last_error")().decode())
+        return self.y
+
+    def close(self):
+        self.f("destroy").argtypes = [ctypes.c_void_p]
+        self.f("destroy")(self.m)
+
+
+def time_calls(fn, calls):
+    fn()
+    for _ in range(min(calls // 10, 200)):
+        fn()
+    us = []
+    for _ in range(calls):
+        t = time.perf_counter_ns()
+        fn()
+        us.append((time.perf_counter_ns() - t) / 1e3)
+    return us
+
+
+def ort_session(onnx_path):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    s = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    return s, s.get_inputs()[0].name
+
+
+def ort_lib_bytes():
+    import onnxruntime
+    d = os.path.join(os.path.dirname(onnxruntime.__file__), "capi")
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(d, "*.so*")))
+
+
+def p50_line(model, system, mode, blocks_us, **extra):
+    """One latency line: the median over blocks of each block's p50, min-max of the blocks."""
+    p50s = [statistics.median(b) for b in blocks_us if b]
+    if p50s:
+        emit(W, system, mode, f"{model}_b1_p50_us", p50s,
+             p99_us=round(float(np.percentile(np.concatenate(blocks_us), 99)), 2), **extra)
+    return statistics.median(p50s) if p50s else None
+
+
+def ratio_line(model, name, num, den, target, **extra):
+    if num and den:
+        emit(W, "sampan", "ratio", f"{model}_{name}", [num / den], target=target, **extra)
+
+
+def bench_model(name, folder, args):
+    from sampan.deploy import cgen, wasm, web
+    path, x = save(name, folder)
+    ref = predictor_ref(path, x)
+    c_dir = os.path.join(folder, f"{name}_c")
+    g = cgen.generate_c(path, c_dir)
+    site = os.path.join(folder, f"{name}_web")
+    res = {}
+    have_ort_web = web.has_package("onnxruntime-web")
+    built = web.build_web(path, site, c_dir=c_dir, prefix=g.prefix, sample=x, onnx=have_ort_web)
+    onnx_path = os.path.join(folder, f"{name}.onnx")
+    from sampan.onnx.export import save_model, saved_to_model
+    save_model(saved_to_model(path), onnx_path)
+    native = Native(c_dir, g.prefix, x)
+    err = float(np.abs(native() - ref.ravel()).max() / np.abs(ref).max())
+    sess, iname = ort_session(onnx_path)
+    blocks = {k: [] for k in ("native", "ort", "node", "chromium", "ort_web")}
+    for b in range(args.blocks):
+        blocks["native"].append(time_calls(native, args.calls))
+        blocks["ort"].append(time_calls(lambda: sess.run(None, {iname: x}), args.calls))
+        try:
+            blocks["node"].append(wasm.run_node(site, [x], reps=args.calls)["us"])
+        except Exception as e:
+            log(f"# {name}: wasm in Node unavailable: {first_line(e)}") if b == 0 else None
+        if web.chromium() and web.has_package("playwright-core"):
+            try:
+                r = web.run_headless(site, [x], reps=max(20, args.calls // 50), ort=have_ort_web)
+                blocks["chromium"].append(r["sampan"]["us"])
+                res["browser"] = r.get("browser")
+                if r.get("ort"):
+                    blocks["ort_web"].append(r["ort"]["us"])
+                    res["ort_web"] = r["ort"].get("version")
+            except Exception as e:
+                log(f"# {name}: headless Chromium failed: {first_line(e)}") if b == 0 else None
+        elif b == 0:
+            log(f"# {name}: no headless Chromium here (apt-get install chromium; npm "
+                "install playwright-core)")
+    import onnxruntime
+    c = p50_line(name, "sampan", "c_native", blocks["native"], max_rel_err=err,
+                 kernels=list(g.kernels), threads=1)
+    o = p50_line(name, "onnxruntime", "python", blocks["ort"], onnxruntime=onnxruntime.__version__,
+                 ort_threads=1)
+    p50_line(name, "sampan", "wasm_node", blocks["node"], node=_node_version())
+    cw = p50_line(name, "sampan", "wasm_chromium", blocks["chromium"], browser=res.get("browser"))
+    ow = p50_line(name, "onnxruntime-web", "wasm_chromium", blocks["ort_web"],
+                  onnxruntime_web=res.get("ort_web"), browser=res.get("browser"), ort_threads=1)
+    ratio_line(name, "c_over_onnxruntime_p50", c, o, "<= 0.7")
+    ratio_line(name, "wasm_over_ort_web_p50", cw, ow, "<= 1.0")
+    sizes = {"libmodel_so": os.path.getsize(native.so), "model_wasm": built.wasm_bytes,
+             "weights_bin": built.weights_bytes, "onnxruntime_libs": ort_lib_bytes()}
+    if built.ort_bytes:
+        sizes["onnxruntime_web"] = built.ort_bytes
+    for k, v in sizes.items():
+        emit(W, "sampan" if k in ("libmodel_so", "model_wasm", "weights_bin") else
+             k.split("_")[0], "size", f"{name}_{k}_bytes", [v])
+    native.close()
+    bench_int8(name, path, x, folder, c, args)
+
+
+def bench_int8(name, path, x, folder, fp32_p50, args):
+    try:
+        from sampan.deploy import cgen
+        from sampan.quant import quantize_program
+    except ImportError as e:
+        log(f"# {name}: int8 skipped: {first_line(e)}")
+        return
+    rng = np.random.default_rng(3)
+    cal = [rng.random((8,) + x.shape[1:], dtype=np.float32) for _ in range(4)]
+    q = quantize_program(path, cal, os.path.join(folder, f"{name}-int8.sampan"))
+    c_dir = os.path.join(folder, f"{name}_int8_c")
+    try:
+        g = cgen.generate_c(q, c_dir)
+        native = Native(c_dir, g.prefix, x)
+    except Exception as e:
+        log(f"# {name}: int8 through the C target unavailable here: {first_line(e)}")
+        return
+    ref = predictor_ref(q, x)
+    same = bool(np.array_equal(native(), ref.ravel()))
+    blocks = [time_calls(native, args.calls) for _ in range(args.blocks)]
+    i8 = p50_line(name, "sampan", "c_native_int8", blocks, bit_equal_predictor=same, threads=1)
+    if i8 and fp32_p50:
+        emit(W, "sampan", "ratio", f"{name}_int8_speedup_over_fp32", [fp32_p50 / i8],
+             target=">= 1.5")
+    emit(W, "sampan", "size", f"{name}_int8_weights_bin_bytes",
+         [os.path.getsize(os.path.join(c_dir, "weights.bin"))])
+    native.close()
+
+
+def _node_version():
+    try:
+        return subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["MLP", "LeNet", "MiniLM"])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--blocks", type=int, default=3)
+    args = ap.parse_args(argv)
+    try:
+        from sampan.deploy import cgen, wasm  # noqa: F401
+        wasm.zig()
+    except Exception as e:
+        log(f"# {W}: the C/wasm targets are unavailable: {first_line(e)}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="sampan-edge-") as folder:
+        for name in args.models:
+            t = time.perf_counter()
+            try:
+                bench_model(name, folder, args)
+            except Exception as e:
+                log(f"# {name}: skipped: {first_line(e)}")
+            log(f"# {name}: {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
