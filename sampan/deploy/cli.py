@@ -2,12 +2,26 @@
 from __future__ import annotations
 
 
+def _sizes(items):
+    out = {}
+    for it in items or ():
+        k, _, v = it.partition("=")
+        if not k or not v.isdigit():
+            raise ValueError(f"--size {it!r}: expected NAME=N, e.g. seq=128")
+        out[k] = int(v)
+    return out
+
+
 def _run(a) -> int:
     from . import DeployError, generate
     from ..jit.serialize import LoadError
     try:
-        r = generate(a.model, a.output)
-    except (DeployError, LoadError) as e:
+        if a.target == "c":
+            r = generate(a.model, a.output, target="c", prefix=a.prefix,
+                         max_batch=a.max_batch, sizes=_sizes(a.size))
+        else:
+            r = generate(a.model, a.output)
+    except (DeployError, LoadError, ValueError) as e:
         print(f"sampan deploy: {e}")
         return 1
     print(r.report())
@@ -16,7 +30,14 @@ def _run(a) -> int:
 
 def add_parser(sub) -> None:
     d = sub.add_parser("deploy", help="write a saved program as one numpy-only Python module "
-                                      "plus its weights (.npz)")
+                                      "plus its weights (.npz), or as a C library (--target c)")
     d.add_argument("model", help="a directory written by sampan.jit.save")
     d.add_argument("-o", "--output", default="deploy", help="output directory")
+    d.add_argument("--target", choices=("numpy", "c"), default="numpy",
+                   help="numpy: one Python module; c: model.h/model.c/weights.bin/Makefile")
+    d.add_argument("--max-batch", type=int, default=64,
+                   help="(c) the largest batch the C library takes (its buffers' size)")
+    d.add_argument("--size", action="append", metavar="NAME=N",
+                   help="(c) fix a symbolic dim other than the batch, e.g. --size seq=128")
+    d.add_argument("--prefix", default="model", help="(c) the prefix of the exported C names")
     d.set_defaults(fn=_run)

@@ -1,0 +1,247 @@
+"""The C templates of the C target: one per op family, the generator's own C99 text
+(standard library only). `cgen` includes a template only when a step of the program uses
+it. Every kernel is `static`, so two generated models link into one program; the
+exported names are the model's prefix's (see `cfiles`)."""
+from __future__ import annotations
+
+# the GEMM micro-kernel's panel width: B is packed in panels of NR columns
+NR = 16
+MR = 4
+
+HELPERS = {
+    "sp_maxf": "static inline float sp_maxf(float a, float b) "
+               "{ return a != a ? a : (b != b ? b : (a > b ? a : b)); }",
+    "sp_minf": "static inline float sp_minf(float a, float b) "
+               "{ return a != a ? a : (b != b ? b : (a < b ? a : b)); }",
+    "sp_maxd": "static inline double sp_maxd(double a, double b) "
+               "{ return a != a ? a : (b != b ? b : (a > b ? a : b)); }",
+    "sp_mind": "static inline double sp_mind(double a, double b) "
+               "{ return a != a ? a : (b != b ? b : (a < b ? a : b)); }",
+    "sp_maxi": "static inline int64_t sp_maxi(int64_t a, int64_t b) { return a > b ? a : b; }",
+    "sp_mini": "static inline int64_t sp_mini(int64_t a, int64_t b) { return a < b ? a : b; }",
+    "sp_signf": "static inline float sp_signf(float a) "
+                "{ return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }",
+    "sp_signd": "static inline double sp_signd(double a) "
+                "{ return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }",
+    "sp_rintf": "static inline float sp_rintf(float a) { return rintf(a); }",
+    "sp_rintd": "static inline double sp_rintd(double a) { return rint(a); }",
+}
+
+KERNELS = {}
+
+# C[M,N] = A[M,K] (rows lda apart) x B, B packed in panels of 16 columns: panel p holds
+# B[k][16p + j] at Bp[(p*K + k)*16 + j], zero past column N. MR x NR register blocks.
+KERNELS["gemm_packed"] = r"""
+static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
+                          const float *Bp, const float *bias, float *C, idx ldc)
+{
+    idx panels = (N + 15) / 16;
+    for (idx p = 0; p < panels; p++) {
+        const float *bp = Bp + p * K * 16;
+        idx j0 = p * 16, nj = N - j0 < 16 ? N - j0 : 16;
+        float bb[16];
+        for (int j = 0; j < 16; j++)
+            bb[j] = (bias && j < nj) ? bias[j0 + j] : 0.0f;
+        idx i = 0;
+        for (; i + 4 <= M; i += 4) {
+            float c0[16], c1[16], c2[16], c3[16];
+            const float *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            for (int j = 0; j < 16; j++) { c0[j] = bb[j]; c1[j] = bb[j]; c2[j] = bb[j]; c3[j] = bb[j]; }
+            for (idx k = 0; k < K; k++) {
+                const float *b = bp + k * 16;
+                float x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
+                for (int j = 0; j < 16; j++) {
+                    c0[j] += x0 * b[j]; c1[j] += x1 * b[j];
+                    c2[j] += x2 * b[j]; c3[j] += x3 * b[j];
+                }
+            }
+            for (idx j = 0; j < nj; j++) {
+                C[i * ldc + j0 + j] = c0[j]; C[(i + 1) * ldc + j0 + j] = c1[j];
+                C[(i + 2) * ldc + j0 + j] = c2[j]; C[(i + 3) * ldc + j0 + j] = c3[j];
+            }
+        }
+        for (; i < M; i++) {
+            float c0[16], c1[16];
+            const float *a0 = A + i * lda;
+            for (int j = 0; j < 16; j++) { c0[j] = bb[j]; c1[j] = 0.0f; }
+            idx k = 0;
+            for (; k + 2 <= K; k += 2) {
+                const float *b = bp + k * 16;
+                float x0 = a0[k], x1 = a0[k + 1];
+                for (int j = 0; j < 16; j++) { c0[j] += x0 * b[j]; c1[j] += x1 * b[j + 16]; }
+            }
+            for (; k < K; k++) {
+                const float *b = bp + k * 16;
+                float x0 = a0[k];
+                for (int j = 0; j < 16; j++) c0[j] += x0 * b[j];
+            }
+            for (idx j = 0; j < nj; j++) C[i * ldc + j0 + j] = c0[j] + c1[j];
+        }
+    }
+}
+"""
+
+# C[M,N] = A[M,K] x B[K,N], all row-major (a matmul of two computed values)
+KERNELS["gemm"] = r"""
+static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
+{
+    for (idx i = 0; i < M; i++) {
+        float *c = C + i * N;
+        for (idx j = 0; j < N; j++) c[j] = 0.0f;
+        for (idx k = 0; k < K; k++) {
+            float a = A[i * K + k];
+            const float *b = B + k * N;
+            for (idx j = 0; j < N; j++) c[j] += a * b[j];
+        }
+    }
+}
+"""
+
+# conv2d of one image as im2row (col: OH*OW rows of C*KH*KW) and the packed GEMM with
+# the weight packed as W^T (K x OC); tmp holds the (OH*OW, OC) product before it is
+# written channel-major into y
+KERNELS["conv2d"] = r"""
+static void k_conv2d(idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+                     const float *Wp, const float *bias, idx OH, idx OW,
+                     idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
+                     float *col, float *tmp, float *y)
+{
+    idx K = C * KH * KW, P = OH * OW;
+    for (idx oh = 0; oh < OH; oh++)
+        for (idx ow = 0; ow < OW; ow++) {
+            float *row = col + (oh * OW + ow) * K;
+            for (idx c = 0; c < C; c++)
+                for (idx kh = 0; kh < KH; kh++) {
+                    idx ih = oh * sh - ph + kh * dh;
+                    for (idx kw = 0; kw < KW; kw++) {
+                        idx iw = ow * sw - pw + kw * dw;
+                        row[(c * KH + kh) * KW + kw] =
+                            (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[(c * H + ih) * W + iw] : 0.0f;
+                    }
+                }
+        }
+    k_gemm_packed(P, OC, K, col, K, Wp, bias, tmp, OC);
+    for (idx o = 0; o < OC; o++)
+        for (idx p = 0; p < P; p++) y[o * P + p] = tmp[p * OC + o];
+}
+"""
+
+KERNELS["maxpool2d"] = r"""
+static void k_maxpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
+                        idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *y)
+{
+    for (idx n = 0; n < NC; n++) {
+        const float *xs = x + n * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                float m = -INFINITY;
+                for (idx i = 0; i < KH; i++) {
+                    idx ih = oh * sh - ph + i * dh;
+                    if (ih < 0 || ih >= H) continue;
+                    for (idx j = 0; j < KW; j++) {
+                        idx iw = ow * sw - pw + j * dw;
+                        if (iw < 0 || iw >= W) continue;
+                        float v = xs[ih * W + iw];
+                        if (v > m || v != v) m = v;
+                    }
+                }
+                y[(n * OH + oh) * OW + ow] = m;
+            }
+    }
+}
+"""
+
+# avg_pool2d as PyTorch counts: the window clipped to the padded input (count_include_pad)
+# or to the input; divisor_override > 0 replaces the count
+KERNELS["avgpool2d"] = r"""
+static void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
+                        idx sh, idx sw, idx ph, idx pw, int include_pad, idx divisor, float *y)
+{
+    for (idx n = 0; n < NC; n++) {
+        const float *xs = x + n * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                idx h0 = oh * sh - ph, w0 = ow * sw - pw;
+                idx h1 = h0 + KH < H + ph ? h0 + KH : H + ph;
+                idx w1 = w0 + KW < W + pw ? w0 + KW : W + pw;
+                idx cnt = (h1 - h0) * (w1 - w0);
+                idx a0 = h0 < 0 ? 0 : h0, b0 = w0 < 0 ? 0 : w0;
+                idx a1 = h1 > H ? H : h1, b1 = w1 > W ? W : w1;
+                float s = 0.0f;
+                for (idx i = a0; i < a1; i++)
+                    for (idx j = b0; j < b1; j++) s += xs[i * W + j];
+                if (!include_pad) cnt = (a1 - a0) * (b1 - b0);
+                if (divisor > 0) cnt = divisor;
+                y[(n * OH + oh) * OW + ow] = s / (float)cnt;
+            }
+    }
+}
+"""
+
+KERNELS["softmax"] = r"""
+static void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
+{
+    for (idx r = 0; r < rows; r++) {
+        const float *a = x + r * n;
+        float *o = y + r * n;
+        float m = -INFINITY;
+        for (idx j = 0; j < n; j++) if (a[j] > m || a[j] != a[j]) m = a[j];
+        double s = 0.0;
+        for (idx j = 0; j < n; j++) { float e = expf(a[j] - m); s += e; if (!log_) o[j] = e; }
+        if (log_) {
+            float l = (float)log(s);
+            for (idx j = 0; j < n; j++) o[j] = (a[j] - m) - l;
+        } else {
+            float inv = (float)(1.0 / s);
+            for (idx j = 0; j < n; j++) o[j] *= inv;
+        }
+    }
+}
+"""
+
+# (x - mean) / sqrt(var + eps) per row, times w plus b (w, b NULL: no affine)
+KERNELS["layernorm"] = r"""
+static void k_layernorm_rows(idx rows, idx n, const float *x, const float *w, const float *b,
+                             float eps, float *y)
+{
+    for (idx r = 0; r < rows; r++) {
+        const float *a = x + r * n;
+        float *o = y + r * n;
+        double s = 0.0, q = 0.0;
+        for (idx j = 0; j < n; j++) s += a[j];
+        float mean = (float)(s / (double)n);
+        for (idx j = 0; j < n; j++) { double d = a[j] - mean; q += d * d; }
+        float rs = 1.0f / sqrtf((float)(q / (double)n) + eps);
+        for (idx j = 0; j < n; j++) {
+            float v = (a[j] - mean) * rs;
+            o[j] = w ? v * w[j] + b[j] : v;
+        }
+    }
+}
+"""
+
+# y[o, t, i] = x[o, idx[t], i]; an index outside [-A, A) fails the call
+KERNELS["gather"] = r"""
+static int k_gather(idx outer, idx A, idx inner, size_t esize, const unsigned char *x,
+                    idx nidx, const int64_t *ix, unsigned char *y)
+{
+    for (idx t = 0; t < nidx; t++)
+        if (ix[t] < -A || ix[t] >= A) return 1;
+    for (idx o = 0; o < outer; o++)
+        for (idx t = 0; t < nidx; t++) {
+            idx j = (idx)ix[t] < 0 ? (idx)ix[t] + A : (idx)ix[t];
+            memcpy(y + (o * nidx + t) * inner * esize, x + (o * A + j) * inner * esize,
+                   (size_t)inner * esize);
+        }
+    return 0;
+}
+"""
+
+# y = concatenation along an axis: `chunk` bytes of each input per outer index
+KERNELS["concat"] = r"""
+static void k_concat_part(idx outer, size_t chunk, size_t total, size_t at,
+                          const unsigned char *x, unsigned char *y)
+{
+    for (idx o = 0; o < outer; o++) memcpy(y + o * total + at, x + o * chunk, chunk);
+}
+"""
