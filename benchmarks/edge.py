@@ -167,7 +167,7 @@ def ratio_line(model, name, num, den, target, **extra):
 
 
 def bench_model(name, folder, args):
-    from sampan.deploy import cgen, wasm, web
+    from sampan.deploy import c as cgen, wasm, web
     path, x = save(name, folder)
     ref = predictor_ref(path, x)
     c_dir = os.path.join(folder, f"{name}_c")
@@ -227,7 +227,7 @@ def bench_model(name, folder, args):
 
 def bench_int8(name, path, x, folder, fp32_p50, args):
     try:
-        from sampan.deploy import cgen
+        from sampan.deploy import c as cgen
         from sampan.quant import quantize_program
     except ImportError as e:
         log(f"# {name}: int8 skipped: {first_line(e)}")
@@ -268,7 +268,7 @@ def main(argv=None):
     ap.add_argument("--blocks", type=int, default=3)
     args = ap.parse_args(argv)
     try:
-        from sampan.deploy import cgen, wasm  # noqa: F401
+        from sampan.deploy import c as cgen, wasm  # noqa: F401
         wasm.zig()
     except Exception as e:
         log(f"# {W}: the C/wasm targets are unavailable: {first_line(e)}")

@@ -232,14 +232,16 @@ def _operand(vals, p, n, where) -> emit.Code:
 
 
 # ---------------------------------------------------------------------- writing
-TARGETS = ("numpy", "c")
+TARGETS = ("numpy", "c", "wasm", "web")
 
 
 def generate(program_dir, outdir, name: str = MODULE, *, target: str = "numpy", **options):
     """Write `outdir/<name>` (numpy only) and `outdir/weights.npz` for a saved program.
 
     `target="c"` writes a C library instead (`sampan.deploy.cgen.generate_c`: model.h,
-    model.c, weights.bin, Makefile; `options`: prefix, max_batch, sizes).
+    model.c, weights.bin, Makefile; `options`: prefix, max_batch, sizes); "wasm" that C
+    compiled to model.wasm + model.mjs (`sampan.deploy.wasm.generate_wasm`), "web" a page
+    running it (`sampan.deploy.web.build_web`).
 
     Example: ``sampan.deploy.generate("m.sampan", "out")``, then without sampan::
 
@@ -247,6 +249,12 @@ def generate(program_dir, outdir, name: str = MODULE, *, target: str = "numpy", 
     if target == "c":
         from .c.gen import generate_c
         return generate_c(program_dir, outdir, **options)
+    if target == "wasm":     # `sampan.deploy.wasm`: options simd and the C target's
+        from .wasm import generate_wasm
+        return generate_wasm(program_dir, outdir, **options)
+    if target == "web":      # `sampan.deploy.web`: options sample, onnx, simd, title ...
+        from .web import build_web
+        return build_web(program_dir, outdir, **options)
     if target != "numpy":
         raise DeployError(f"sampan deploy: target {emit.inert(str(target))!r}; expected one "
                           f"of {', '.join(TARGETS)}")

@@ -130,9 +130,9 @@ def _copy(src: str, dst: str) -> None:
 def generate_wasm(program: str, out_dir: str, *, simd: bool = True, **c_options) -> WasmBuilt:
     """`sampan deploy PROGRAM --target wasm -o OUT`: the C target into a temporary folder
     (`c_options` go to it), compiled to `out_dir`."""
-    from . import cgen
+    from .c import generate_c
     with tempfile.TemporaryDirectory(prefix="sampan-wasm-") as c_dir:
-        g = cgen.generate_c(program, c_dir, **c_options)
+        g = generate_c(program, c_dir, **c_options)
         return build_wasm(c_dir, out_dir, prefix=g.prefix, simd=simd)
 
 

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def chromium() -> str | None:
 
 
 def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
-              prefix: str = "model", sample=None, onnx: bool = True, title: str | None = None,
+              prefix: str = "model", sample=None, onnx=True, title: str | None = None,
               image=None, pixel_max: float | None = None, simd: bool = True,
               **c_options) -> WebBuilt:
     """Write the web folder of saved program `program` to `out_dir`. The C target is
@@ -104,14 +105,15 @@ def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
     the input the page runs first (one numpy array; zeros when None). `image=(H, W)`: the
     drawing pad's size; by default the input's last two dims when it is one 2-D image (or a
     perfect square of pixels). `pixel_max`: the value of a white pixel (default the sample's
-    maximum, else 1)."""
+    maximum, else 1). `onnx`: the comparison's ONNX file (a path), True to export the
+    program with `sampan onnx export` (opset `WEB_OPSET`), False for none."""
     with contextlib.ExitStack() as stack:
         if c_dir is None:
             if program is None:
                 raise DeployError("sampan deploy --target web: give a program or a C folder")
-            from . import cgen
+            from .c import generate_c
             c_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="sampan-web-"))
-            prefix = cgen.generate_c(program, c_dir, **c_options).prefix
+            prefix = generate_c(program, c_dir, prefix=prefix, **c_options).prefix
         w = build_wasm(c_dir, out_dir, prefix=prefix, simd=simd)
     for f in PAGE_FILES:
         _copy(os.path.join(ASSETS, f), os.path.join(out_dir, f))
@@ -127,8 +129,9 @@ def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
     if pixel_max is not None:
         cfg["pixel_max"] = float(pixel_max)
     onnx_bytes = ort_bytes = 0
-    if onnx and program is not None:
-        onnx_bytes = _export_onnx(program, os.path.join(out_dir, "model.onnx"))
+    if onnx is not False and onnx is not None and (
+            program is not None or not isinstance(onnx, bool)):
+        onnx_bytes = _export_onnx(program, onnx, os.path.join(out_dir, "model.onnx"))
         ort_bytes = _vendor_ort(os.path.join(out_dir, "ort"))
         cfg.update(onnx="model.onnx", ort="./ort/ort.wasm.min.mjs", ort_dir="ort/")
     _write(os.path.join(out_dir, "page.json"), json.dumps(cfg, indent=1).encode())
@@ -166,10 +169,21 @@ def _image_of(shape) -> list | None:
     return None
 
 
-def _export_onnx(program: str, path: str) -> int:
-    from ..onnx.export import save_model, saved_to_model
+def _export_onnx(program: str, onnx, path: str) -> int:
+    """model.onnx: the file given (`onnx` a path), or the program exported by the `sampan
+    onnx export` command (a separate process: deploy and onnx are features of one floor
+    that do not import each other)."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    save_model(saved_to_model(program, opset=WEB_OPSET), tmp)
+    if isinstance(onnx, (str, os.PathLike)):
+        _copy(os.fspath(onnx), path)
+        return os.path.getsize(path)
+    r = subprocess.run([sys.executable, "-c", "import sys; from sampan.cli import main; "
+                        "sys.exit(main())", "onnx", "export", program, "-o", tmp,
+                        "--opset", str(WEB_OPSET)], capture_output=True, text=True, timeout=300)
+    if r.returncode or not os.path.isfile(tmp):
+        raise DeployError("sampan deploy --target web: `sampan onnx export` failed (pass "
+                          "onnx=False or --no-onnx to leave out the comparison): "
+                          f"{(r.stderr or r.stdout).strip()[-2000:]}")
     os.replace(tmp, path)
     return os.path.getsize(path)
 

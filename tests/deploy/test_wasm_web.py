@@ -1,7 +1,7 @@
 """issue 35: the wasm and web targets of `sampan deploy`, run for real.
 
 The W5 MLP and LeNet (fp32; int8 where the C target has it) are generated as C
-(`sampan.deploy.cgen`), compiled to model.wasm with zig cc (wasm32-wasi, SIMD128), and run
+(`sampan.deploy.c`), compiled to model.wasm with zig cc (wasm32-wasi, SIMD128), and run
 by model.mjs in Node (with the loader's own WASI shim and with Node's node:wasi) and in a
 real headless Chromium (Debian's chromium driven by npm's playwright-core, the page served
 from 127.0.0.1 by the test), every output equal to the Predictor's within 1e-5 relative;
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("node") is None, reason="Node.js (node) is missing"),
 ]
 
-cgen = pytest.importorskip("sampan.deploy.cgen", reason="the C target is not in this tree")
+cgen = pytest.importorskip("sampan.deploy.c", reason="the C target is not in this tree")
 from sampan.deploy import DeployError, wasm, web  # noqa: E402
 
 RTOL = 1e-5
@@ -67,7 +67,8 @@ def assert_close(got, want, rtol=RTOL, what=""):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """{name: (program, web folder, x of batch 3)}: generated and compiled once."""
+    """{name: (program, web folder, x of batch 3, the Predictor's output on x)}: generated,
+    compiled and run by the Predictor once."""
     root = tmp_path_factory.mktemp("wasm_web")
     rng = np.random.default_rng(0)
     out = {}
@@ -80,24 +81,29 @@ def models(tmp_path_factory):
         c_dir = str(root / f"{name}_c")
         g = cgen.generate_c(prog, c_dir)
         site = str(root / f"{name}_web")
+        # the comparison's ONNX: LeNet's exported here, the MLP's by build_web itself (the
+        # `sampan onnx export` command)
         onnx = web.has_package("onnxruntime-web")
+        if onnx and name == "lenet":
+            from sampan.onnx.export import save_model, saved_to_model
+            onnx = str(root / f"{name}.onnx")
+            save_model(saved_to_model(prog, opset=web.WEB_OPSET), onnx)
         web.build_web(prog, site, c_dir=c_dir, prefix=g.prefix, sample=x[:1], onnx=onnx)
-        out[name] = (prog, site, x)
+        out[name] = (prog, site, x, predictor_out(prog, x))
     return out
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet"])
 @pytest.mark.parametrize("mode", ["shim", "wasi"])
 def test_node_equals_predictor(models, name, mode):
-    prog, site, x = models[name]
-    want = predictor_out(prog, x)
+    _, site, x, want = models[name]
     for batch in (1, 3):
         r = wasm.run_node(site, [x[:batch]], wasi=(mode == "wasi"))
         assert_close(r["outputs"][0], want[:batch], what=f"{name} in Node ({mode}), batch {batch}")
 
 
 def test_folder_and_sizes(models):
-    _, site, _ = models["lenet"]
+    site = models["lenet"][1]
     names = set(os.listdir(site))
     assert {"index.html", "page.mjs", "page.json", "model.mjs", "model.wasm", "weights.bin",
             "input.bin"} <= names
@@ -109,7 +115,7 @@ def test_folder_and_sizes(models):
 
 
 def test_loader_refuses_bad_input_and_corrupt_weights(models, tmp_path):
-    _, site, x = models["mlp"]
+    _, site, x, _ = models["mlp"]
     with pytest.raises(DeployError, match=r"input x has 5 elements, expected a positive "
                                           r"multiple of 784"):
         wasm.run_node(site, [np.zeros(5, np.float32)])
@@ -157,8 +163,7 @@ NO_BROWSER = _no_browser()
 @pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
 @pytest.mark.parametrize("name", ["mlp", "lenet"])
 def test_chromium_equals_predictor(models, name, tmp_path):
-    prog, site, x = models[name]
-    want = predictor_out(prog, x)
+    _, site, x, want = models[name]
     shot = str(tmp_path / "page.png")
     r = web.run_headless(site, [x[:2]], ort=True, screenshot=shot)
     assert_close(r["sampan"]["outputs"][0], want[:2], what=f"{name} in Chromium")
@@ -170,3 +175,18 @@ def test_chromium_equals_predictor(models, name, tmp_path):
         assert_close(r["ort"]["outputs"][0], want[:2], rtol=1e-4,
                      what=f"{name}'s ONNX export in onnxruntime-web")
         assert r["answer"]["ort"] == r["answer"]["sampan"]
+
+
+def test_cli_targets_wasm_and_web(models, tmp_path, capsys):
+    from sampan.cli import main
+    prog, _, x, want = models["lenet"]
+    np.save(tmp_path / "x.npy", x[:1])
+    assert main(["deploy", prog, "--target", "wasm", "-o", str(tmp_path / "w"),
+                 "--prefix", "lenet"]) == 0
+    assert "model.wasm" in capsys.readouterr().out
+    r = wasm.run_node(str(tmp_path / "w"), [x])
+    assert_close(r["outputs"][0], want, what="lenet via the CLI's wasm")
+    assert main(["deploy", prog, "--target", "web", "-o", str(tmp_path / "site"), "--no-onnx",
+                 "--sample", str(tmp_path / "x.npy")]) == 0
+    names = set(os.listdir(tmp_path / "site"))
+    assert {"index.html", "model.wasm", "input.bin"} <= names and "model.onnx" not in names
