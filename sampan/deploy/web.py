@@ -236,11 +236,13 @@ def serve(folder: str):
 
 
 def run_headless(folder: str, inputs=None, *, reps: int = 0, ort: bool = False,
-                 screenshot: str | None = None, timeout: float = 180) -> dict:
+                 screenshot: str | None = None, click_run: bool = False,
+                 timeout: float = 180) -> dict:
     """Open `folder`'s page in headless Chromium; run the model on `inputs` (numpy arrays,
     descriptor order) in the page, and onnxruntime-web too when `ort`. Returns {"answer":
     what the page showed for its given input, "sampan": {"outputs": [arrays], "us": [...]},
-    "ort": the same or None, "browser": version}."""
+    "ort": the same or None, "browser": version}; with `click_run`, also "drawn": the
+    answers after pressing the drawing pad's Run on what it shows."""
     if chromium() is None:
         raise DeployError(f"sampan deploy: no Chromium at {CHROMIUM} (apt-get install chromium)")
     mods = node_modules()
@@ -248,7 +250,8 @@ def run_headless(folder: str, inputs=None, *, reps: int = 0, ort: bool = False,
         raise DeployError(f"sampan deploy: {mods} has no playwright-core (npm install playwright-core)")
     dtypes = [np.dtype(np.asarray(a).dtype) for a in inputs or ()]
     req = {"inputs": [np.asarray(a).ravel().tolist() for a in inputs] if inputs else None,
-           "reps": int(reps), "ort": bool(ort), "screenshot": screenshot}
+           "reps": int(reps), "ort": bool(ort), "screenshot": screenshot,
+           "click_run": bool(click_run)}
     with tempfile.TemporaryDirectory(prefix="sampan-chromium-") as tmp, serve(folder) as url:
         rp = os.path.join(tmp, "request.json")
         with open(rp, "w") as f:

@@ -165,11 +165,14 @@ NO_BROWSER = _no_browser()
 def test_chromium_equals_predictor(models, name, tmp_path):
     _, site, x, want = models[name]
     shot = str(tmp_path / "page.png")
-    r = web.run_headless(site, [x[:2]], ort=True, screenshot=shot)
+    r = web.run_headless(site, [x[:2]], ort=True, screenshot=shot, click_run=True)
     assert_close(r["sampan"]["outputs"][0], want[:2], what=f"{name} in Chromium")
     # the page ran the input it was given (input.bin = x[:1]) and shows its answer
     assert r["answer"]["sampan"] == str(int(np.argmax(want[0])))
     assert os.path.getsize(shot) > 1000
+    # the drawing pad shows the given input; its Run (the pad averaged back down to the
+    # input's pixels, 8-bit grey) gives the same answer
+    assert r["drawn"]["sampan"] == r["answer"]["sampan"]
     if web.has_package("onnxruntime-web"):
         assert r["ort"] is not None, "the page did not set up onnxruntime-web"
         assert_close(r["ort"]["outputs"][0], want[:2], rtol=1e-4,

@@ -2,8 +2,10 @@
 // Opens URL (a folder `sampan deploy --target web` wrote, served on 127.0.0.1) in headless
 // Chromium through playwright-core (the system browser: CHROMIUM or /usr/bin/chromium; no
 // browser download), waits for the page, then runs what REQUEST asks:
-//   {inputs: [[numbers...], ...], reps: N, ort: bool, screenshot: "path.png" | null}
-// and prints one JSON line: {answer, sampan: {outputs, us}, ort: {outputs, us, version}, browser}.
+//   {inputs: [[numbers...], ...], reps: N, ort: bool, screenshot: "path.png" | null,
+//    click_run: bool (press the drawing pad's Run)}
+// and prints one JSON line: {answer, sampan: {outputs, us}, ort: {outputs, us, version},
+// drawn: the answers after Run, browser}.
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -41,6 +43,13 @@ try {
                  version: window.sampanOrt.version };
       }, [req.inputs, req.reps || 0]);
     }
+  }
+  if (req.click_run) {          // the drawing pad's Run on what it shows (the given input)
+    const n = await page.evaluate(() => window.sampanShown);
+    await page.click("#run");
+    await page.waitForFunction((k) => window.sampanShown > k, n, { timeout: 30000 });
+    out.drawn = await page.evaluate(() => ({ sampan: document.getElementById("sampan-answer").textContent,
+                                            ort: document.getElementById("ort-answer").textContent }));
   }
   out.isolated = await page.evaluate(() => self.crossOriginIsolated);
   if (req.screenshot) await page.screenshot({ path: req.screenshot, fullPage: true });

@@ -107,12 +107,16 @@ async function main() {
         $("ort-latency").textContent = fmtUs(p50(us));
       } catch (e) { $("ort-answer").textContent = `failed: ${e.message}`; }
     }
+    window.sampanShown = (window.sampanShown || 0) + 1;
   }
 
   let given = null;
   if (cfg.sample) given = new TYPED[d.dtype](await (await fetch(cfg.sample)).arrayBuffer());
   else given = new TYPED[d.dtype](d.shape.reduce((p, s) => p * (s < 0 ? 1 : s), 1));
-  if (cfg.image) setupPad(cfg, (x) => show(x), () => show(given));
+  if (cfg.image) {
+    const paint = setupPad(cfg, (x) => show(x), () => { paint(given); return show(given); });
+    paint(given);
+  }
   $("status").textContent = `model.wasm: ${model.inputs.map((i) => `${i.name} ${i.dtype}[${i.shape}]`).join(", ")} → ` +
     `${model.outputs.map((o) => `${o.name} ${o.dtype}[${o.shape}]`).join(", ")}`;
   await show(given);
@@ -122,7 +126,8 @@ async function main() {
 
 // a drawing pad whose strokes are averaged down to the model's H x W input
 function setupPad(cfg, run, runGiven) {
-  const [h, w] = cfg.image, pad = $("pad"), g = pad.getContext("2d");
+  const [h, w] = cfg.image, pad = $("pad"), g = pad.getContext("2d", { willReadFrequently: true });
+  const sy0 = pad.height / h, sx0 = pad.width / w;
   $("drawing").hidden = false;
   const clear = () => { g.fillStyle = "#000"; g.fillRect(0, 0, pad.width, pad.height); };
   clear();
@@ -147,6 +152,14 @@ function setupPad(cfg, run, runGiven) {
       x[i * w + j] = (s / n / 255) * cfg.pixel_max;
     }
     run(x);
+  };
+  // paint an input on the pad (the given one at load): one gray block a pixel
+  return (x) => {
+    for (let i = 0; i < h; i++) for (let j = 0; j < w; j++) {
+      const v = Math.max(0, Math.min(255, Math.round(255 * Number(x[i * w + j]) / cfg.pixel_max)));
+      g.fillStyle = `rgb(${v},${v},${v})`;
+      g.fillRect(Math.floor(j * sx0), Math.floor(i * sy0), Math.ceil(sx0), Math.ceil(sy0));
+    }
   };
 }
 
