@@ -202,6 +202,8 @@ def scalar_c(op, args, in_dtypes, out_dtype, where="?") -> tuple:
                 return emit.own(f"{base}({', '.join(xs)})")
             if fn in _MATH and ct.kind == "f":
                 return emit.own(f"{fn}{'f' if f32 else ''}({', '.join(xs)})")
+            if fn in _MATH:     # integers: the double function, as numpy computes them
+                return emit.own(f"{fn}({', '.join(f'(double)({x})' for x in xs)})")
         bad(e)
 
     try:

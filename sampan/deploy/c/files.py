@@ -259,14 +259,17 @@ LDLIBS = -lm
 
 all: libmodel.so model_run
 
-libmodel.so: model.c model.h
-\t$(CC) $(CFLAGS) $(WARN) -fPIC -shared -o $@ model.c $(LDLIBS)
+model.o: model.c model.h
+	$(CC) $(CFLAGS) $(WARN) -fPIC -c -o $@ model.c
 
-model_run: model_run.c model.c model.h
-\t$(CC) $(CFLAGS) $(WARN) -D_POSIX_C_SOURCE=199309L -o $@ model_run.c model.c $(LDLIBS)
+libmodel.so: model.o
+	$(CC) $(CFLAGS) -shared -o $@ model.o $(LDLIBS)
+
+model_run: model_run.c model.o model.h
+	$(CC) $(CFLAGS) $(WARN) -D_POSIX_C_SOURCE=199309L -o $@ model_run.c model.o $(LDLIBS)
 
 clean:
-\trm -f libmodel.so model_run
+\trm -f model.o libmodel.so model_run
 
 .PHONY: all clean
 """

@@ -102,9 +102,8 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
                 and s.ins[1].dtype == np.float32 and s.ins[1].packed is None:
             s.ins[1].packed = cweights.pack_panels(s.ins[1].const, T.NR)
         if s.op == "conv2d" and s.ins[1].kind == "const" and s.ins[1].packed is None:
-            w = s.ins[1].const
-            s.ins[1].packed = cweights.pack_panels(
-                np.ascontiguousarray(w.reshape(w.shape[0], -1).T, dtype=np.float32), T.NR)
+            s.ins[1].packed = csteps.pack_conv_weight(s.ins[1].const,
+                                                      int(s.attrs.get("groups", 1)))
         if s.op == "conv2d":
             csteps.conv2d_scratch(s, new)
     arena = plan(steps, outputs, max_batch)

@@ -236,33 +236,59 @@ def conv2d(step, ctx):
     bias = step.ins[2] if len(step.ins) > 2 else None
     y = step.outs[0]
     a = step.attrs
-    if a.get("groups", 1) != 1:
-        _fail(step, f"groups={a['groups']}; the C template takes groups=1")
-    if w.packed is None or any(not d.is_const for d in x.dims[1:]):
-        _fail(step, "a computed weight; the C template takes a constant one")
+    groups = int(a.get("groups", 1))
+    if any(not d.is_const for d in x.dims[1:] + w.dims):
+        _fail(step, "a batch-sized channel or weight dim")
     ctx.need("conv2d")
-    col, tmp = step.scratch
+    col, tmp = step.scratch[:2]
+    lines = []
+    if w.packed is None:
+        ctx.need("pack_wt")
+        wp = ptr(step.scratch[2])
+        lines.append(cfill("    k_pack_wt(@g@, @ocg@, @k@, @w@, @wp@);", g=num(groups),
+                           ocg=num(w.dims[0].value // groups), k=prod(w.dims[1:]).code(),
+                           w=ptr(w), wp=wp))
+    else:
+        wp = emit.fresh("p", w.n)
     C, H, W = (d.code() for d in x.dims[1:])
     OC, _, KH, KW = (d.code() for d in w.dims)
     OH, OW = y.dims[2].code(), y.dims[3].code()
     chw, ohw = prod(x.dims[1:]).code(), prod(y.dims[1:]).code()
-    return cfill(
+    lines.append(cfill(
         "    for (idx n = 0; n < @nb@; n++)\n"
-        "        k_conv2d(@C@, @H@, @W@, @x@ + n * @chw@, @OC@, @KH@, @KW@, @wp@, @bias@, "
+        "        k_conv2d(@G@, @C@, @H@, @W@, @x@ + n * @chw@, @OC@, @KH@, @KW@, @wp@, @bias@, "
         "@OH@, @OW@, @sh@, @sw@, @ph@, @pw@, @dh@, @dw@, @col@, @tmp@, @y@ + n * @ohw@);",
-        nb=y.dims[0].code(), C=C, H=H, W=W, x=ptr(x), chw=chw, OC=OC, KH=KH, KW=KW,
-        wp=emit.fresh("p", w.n), bias=ptr(bias) if bias is not None else own("NULL"),
+        nb=y.dims[0].code(), G=num(groups), C=C, H=H, W=W, x=ptr(x), chw=chw, OC=OC, KH=KH,
+        KW=KW, wp=wp, bias=ptr(bias) if bias is not None else own("NULL"),
         OH=OH, OW=OW, sh=num(a["stride"][0]), sw=num(a["stride"][1]),
         ph=num(a["padding"][0]), pw=num(a["padding"][1]), dh=num(a["dilation"][0]),
-        dw=num(a["dilation"][1]), col=ptr(col), tmp=ptr(tmp), y=ptr(y), ohw=ohw)
+        dw=num(a["dilation"][1]), col=ptr(col), tmp=ptr(tmp), y=ptr(y), ohw=ohw))
+    return join(lines, "\n")
 
 
 def conv2d_scratch(step, new):
-    """The im2row and product buffers of a conv2d step (one image each)."""
-    x, w, y = step.ins[0], step.ins[1], step.outs[0]
+    """The im2row and product buffers of a conv2d step (one image, one group each), and
+    the packed weight where it is computed."""
+    w, y = step.ins[1], step.outs[0]
+    g = int(step.attrs.get("groups", 1))
     k = prod(w.dims[1:])
     p = prod(y.dims[2:])
-    step.scratch = [new(np.float32, [p * k], "arena"), new(np.float32, [p * w.dims[0]], "arena")]
+    ocg = w.dims[0].value // g
+    step.scratch = [new(np.float32, [p * k], "arena"),
+                    new(np.float32, [p * Poly.const(ocg)], "arena")]
+    if w.packed is None:
+        panels = -(-ocg // T.NR)
+        step.scratch.append(new(np.float32, [Poly.const(g * panels * T.NR) * k], "arena"))
+
+
+def pack_conv_weight(w, groups):
+    """A constant conv weight (OC, Cg, KH, KW) packed per group as k_conv2d reads it."""
+    from .weights import pack_panels
+    oc = w.shape[0]
+    ocg = oc // groups
+    m = np.asarray(w, np.float32).reshape(oc, -1)
+    return np.concatenate([pack_panels(np.ascontiguousarray(m[g * ocg:(g + 1) * ocg].T), T.NR)
+                           .ravel() for g in range(groups)])
 
 
 def pool2d(step, ctx):
@@ -314,8 +340,6 @@ def reduce(step, ctx):
     axes = step.attrs.get("axis")
     axes = list(range(r)) if axes is None else sorted(a % r for a in (
         axes if isinstance(axes, (tuple, list)) else (axes,)))
-    if axes != list(range(axes[0], axes[-1] + 1)) if axes else False:
-        _fail(step, f"axes {tuple(axes)} are not adjacent; the C template reduces adjacent axes")
     if not axes:
         return _copy_view(step, ctx, Poly.const(0), strides(x.dims))
     outer = prod(x.dims[:axes[0]])
@@ -329,6 +353,9 @@ def reduce(step, ctx):
     upd = {"sum": "acc += v;", "mean": "acc += v;", "prod": "acc *= v;",
            "max": "if (v > acc || v != v) acc = v;", "min": "if (v < acc || v != v) acc = v;"}[op]
     fin = "acc / (double)(@red@)" if op == "mean" else "acc"
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        red = prod([x.dims[d] for d in axes])
+        return _reduce_strided(x, y, axes, red, acc_t, init, upd, fin)
     return cfill(
         "    for (idx o = 0; o < @outer@; o++)\n"
         "        for (idx i = 0; i < @inner@; i++) {\n"
@@ -340,6 +367,28 @@ def reduce(step, ctx):
         "            @y@[o * @inner@ + i] = (@yt@)(" + fin + ");\n"
         "        }", outer=outer.code(), inner=inner.code(), red=red.code(), acc_t=acc_t,
         init=own(init), upd=own(upd), x=ptr(x), y=ptr(y), yt=ctype(y.dtype))
+
+
+def _reduce_strided(x, y, axes, red, acc_t, init, upd, fin):
+    """A reduction over axes that are not adjacent: loops over the kept dims, then over
+    the reduced ones, reading x through its strides."""
+    st = strides(x.dims)
+    kept = [d for d in range(len(x.dims)) if d not in axes]
+    lines = [own("    {"), own("    idx o = 0;")]
+    for d in kept:
+        lines.append(cfill("    for (idx i@d@ = 0; i@d@ < @n@; i@d@++)", d=num(d),
+                           n=x.dims[d].code()))
+    lines.append(cfill("    {\n        @acc_t@ acc = @init@;", acc_t=acc_t, init=own(init)))
+    for d in axes:
+        lines.append(cfill("        for (idx i@d@ = 0; i@d@ < @n@; i@d@++)", d=num(d),
+                           n=x.dims[d].code()))
+    off = _offset(Poly.const(0), st, len(st))
+    lines.append(cfill("        {\n            @acc_t@ v = (@acc_t@)@x@[@off@];\n"
+                       "            @upd@\n        }", acc_t=acc_t, x=ptr(x), off=off,
+                       upd=own(upd)))
+    lines.append(cfill("        @y@[o++] = (@yt@)(" + fin + ");\n    }\n    }", y=ptr(y),
+                       yt=ctype(y.dtype), red=red.code()))
+    return join(lines, "\n")
 
 
 # ---------------------------------------------------------------------- layout

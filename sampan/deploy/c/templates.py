@@ -97,32 +97,52 @@ static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C
 }
 """
 
-# conv2d of one image as im2row (col: OH*OW rows of C*KH*KW) and the packed GEMM with
-# the weight packed as W^T (K x OC); tmp holds the (OH*OW, OC) product before it is
-# written channel-major into y
+# conv2d of one image, per group: im2row (col: OH*OW rows of Cg*KH*KW) and the packed GEMM
+# with the group's weight packed as W^T (Kg x OCg, `k_pack_wt`); tmp holds the (OH*OW,
+# OCg) product before it is written channel-major into y
 KERNELS["conv2d"] = r"""
-static void k_conv2d(idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
                      const float *Wp, const float *bias, idx OH, idx OW,
                      idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
                      float *col, float *tmp, float *y)
 {
-    idx K = C * KH * KW, P = OH * OW;
-    for (idx oh = 0; oh < OH; oh++)
-        for (idx ow = 0; ow < OW; ow++) {
-            float *row = col + (oh * OW + ow) * K;
-            for (idx c = 0; c < C; c++)
-                for (idx kh = 0; kh < KH; kh++) {
-                    idx ih = oh * sh - ph + kh * dh;
-                    for (idx kw = 0; kw < KW; kw++) {
-                        idx iw = ow * sw - pw + kw * dw;
-                        row[(c * KH + kh) * KW + kw] =
-                            (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[(c * H + ih) * W + iw] : 0.0f;
+    idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
+    idx gstride = ((OCg + 15) / 16) * K * 16;
+    for (idx g = 0; g < G; g++) {
+        const float *xg = x + g * Cg * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                float *row = col + (oh * OW + ow) * K;
+                for (idx c = 0; c < Cg; c++)
+                    for (idx kh = 0; kh < KH; kh++) {
+                        idx ih = oh * sh - ph + kh * dh;
+                        for (idx kw = 0; kw < KW; kw++) {
+                            idx iw = ow * sw - pw + kw * dw;
+                            row[(c * KH + kh) * KW + kw] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                                ? xg[(c * H + ih) * W + iw] : 0.0f;
+                        }
                     }
+            }
+        k_gemm_packed(P, OCg, K, col, K, Wp + g * gstride, bias ? bias + g * OCg : NULL, tmp, OCg);
+        float *yg = y + g * OCg * P;
+        for (idx o = 0; o < OCg; o++)
+            for (idx p = 0; p < P; p++) yg[o * P + p] = tmp[p * OCg + o];
+    }
+}
+"""
+
+# a computed conv weight (OC x Kg row-major, G groups) packed as k_conv2d reads it
+KERNELS["pack_wt"] = r"""
+static void k_pack_wt(idx G, idx OCg, idx K, const float *w, float *wp)
+{
+    idx panels = (OCg + 15) / 16;
+    for (idx g = 0; g < G; g++)
+        for (idx p = 0; p < panels; p++)
+            for (idx k = 0; k < K; k++)
+                for (idx j = 0; j < 16; j++) {
+                    idx o = p * 16 + j;
+                    *wp++ = o < OCg ? w[(g * OCg + o) * K + k] : 0.0f;
                 }
-        }
-    k_gemm_packed(P, OC, K, col, K, Wp, bias, tmp, OC);
-    for (idx o = 0; o < OC; o++)
-        for (idx p = 0; p < P; p++) y[o * P + p] = tmp[p * OC + o];
 }
 """
 
