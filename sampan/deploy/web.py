@@ -3,7 +3,7 @@
 The folder (`build_web`) holds `index.html` and `page.mjs` (fixed files of ours), the wasm
 target's `model.mjs`, `model.wasm` and `weights.bin`, `page.json` (data: the title, the
 input's drawing size and pixel range, the files below), the input it was given
-(`input.bin`, raw little-endian, in the first input's dtype) and, unless `onnx=False`, the
+(`input<i>.bin`, raw little-endian, in each input's dtype) and, unless `onnx=False`, the
 program's ONNX export (`model.onnx`, by `sampan.onnx`) with onnxruntime-web's wasm build
 vendored into `ort/` from a local `node_modules` (never fetched by the page). Served from
 any static server, the page runs the model on the given input (or a digit drawn on its
@@ -102,7 +102,8 @@ def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
               **c_options) -> WebBuilt:
     """Write the web folder of saved program `program` to `out_dir`. The C target is
     generated (`c_options` go to it) unless `c_dir` names one already written. `sample`:
-    the input the page runs first (one numpy array; zeros when None). `image=(H, W)`: the
+    the input the page runs first, at batch 1 (an array, or a tuple with one per input;
+    zeros when None). `image=(H, W)`: the
     drawing pad's size; by default the input's last two dims when it is one 2-D image (or a
     perfect square of pixels). `pixel_max`: the value of a white pixel (default the sample's
     maximum, else 1). `onnx`: the comparison's ONNX file (a path), True to export the
@@ -117,15 +118,24 @@ def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
         w = build_wasm(c_dir, out_dir, prefix=prefix, simd=simd)
     for f in PAGE_FILES:
         _copy(os.path.join(ASSETS, f), os.path.join(out_dir, f))
-    desc = _first_input(out_dir)
+    descs = _inputs_of(out_dir)
+    desc = descs[0]
     cfg = {"title": title or f"sampan: {os.path.basename(os.path.normpath(program or c_dir))}",
-           "input": desc, "sample": None, "onnx": None, "ort": None, "ort_dir": None,
+           "inputs": descs, "samples": [], "onnx": None, "ort": None, "ort_dir": None,
            "image": list(image) if image else _image_of(desc["shape"]), "pixel_max": 1.0}
     if sample is not None:
-        a = np.ascontiguousarray(sample, dtype=np.dtype(desc["dtype"]))
-        _write(os.path.join(out_dir, "input.bin"), a.astype(a.dtype.newbyteorder("<")).tobytes())
-        cfg["sample"] = "input.bin"
-        cfg["pixel_max"] = float(a.max()) if a.size and a.max() > 0 else 1.0
+        given = list(sample) if isinstance(sample, (tuple, list)) else [sample]
+        if len(given) != len(descs):
+            raise DeployError(f"sampan deploy --target web: sample has {len(given)} arrays; "
+                              f"the model has {len(descs)} inputs "
+                              f"({', '.join(d['name'] for d in descs)})")
+        for i, (x, d) in enumerate(zip(given, descs)):
+            a = _sample_array(x, d)
+            _write(os.path.join(out_dir, f"input{i}.bin"),
+                   a.astype(a.dtype.newbyteorder("<")).tobytes())
+            cfg["samples"].append(f"input{i}.bin")
+        a0 = np.asarray(given[0])
+        cfg["pixel_max"] = float(a0.max()) if a0.size and a0.max() > 0 else 1.0
     if pixel_max is not None:
         cfg["pixel_max"] = float(pixel_max)
     onnx_bytes = ort_bytes = 0
@@ -143,13 +153,27 @@ def _write(path: str, data: bytes) -> None:
     _atomic.write_file(path, lambda f: f.write(data))
 
 
-def _first_input(folder: str) -> dict:
-    """The model's first input descriptor, asked of model.wasm itself (in Node)."""
+def _sample_array(x, d) -> np.ndarray:
+    """One given input as the descriptor's dtype, at batch 1 (checked, not reshaped)."""
+    a = np.asarray(x)
+    want = [1 if s < 0 else s for s in d["shape"]]
+    if a.size != int(np.prod(want)):
+        raise DeployError(f"sampan deploy --target web: the sample for input {d['name']} has "
+                          f"shape {list(a.shape)}; expected {want} (batch 1)")
+    if a.dtype.kind != np.dtype(d["dtype"]).kind and not (
+            a.dtype.kind in "iu" and np.dtype(d["dtype"]).kind in "iu"):
+        raise DeployError(f"sampan deploy --target web: the sample for input {d['name']} is "
+                          f"{a.dtype}; expected {d['dtype']}")
+    return np.ascontiguousarray(a, dtype=np.dtype(d["dtype"]))
+
+
+def _inputs_of(folder: str) -> list:
+    """The model's input descriptors, asked of model.wasm itself (in Node)."""
     r = subprocess.run([node(), "--no-warnings", "--input-type=module", "-e",
                         "const [d] = process.argv.slice(1);"
                         "const { load } = await import(new URL('model.mjs', 'file://' + d + '/'));"
                         "const m = await load(d + '/model.wasm', d + '/weights.bin');"
-                        "console.log(JSON.stringify(m.inputs[0]));",
+                        "console.log(JSON.stringify(m.inputs));",
                         os.path.abspath(folder)], capture_output=True, text=True, timeout=60)
     if r.returncode:
         raise DeployError(f"sampan deploy --target web: model.wasm did not load in Node: "

@@ -1,6 +1,7 @@
 """issue 35: the wasm and web targets of `sampan deploy`, run for real.
 
-The W5 MLP and LeNet (fp32; int8 where the C target has it) are generated as C
+The W5 MLP, LeNet and a MiniLM-shaped encoder (fp32; int8 where the C target has it) are
+generated as C
 (`sampan.deploy.c`), compiled to model.wasm with zig cc (wasm32-wasi, SIMD128), and run
 by model.mjs in Node (with the loader's own WASI shim and with Node's node:wasi) and in a
 real headless Chromium (Debian's chromium driven by npm's playwright-core, the page served
@@ -45,17 +46,27 @@ def lenet():
                          nn.Linear(84, 10))
 
 
-SHAPES = {"mlp": (784,), "lenet": (1, 28, 28)}
-MAKERS = {"mlp": mlp, "lenet": lenet}
+def encoder():
+    """A MiniLM-shaped sentence encoder (BERT, 2 layers, hidden 32), as in test_c_target."""
+    from sampan.models import bert
+    from sampan.models._config import BertConfig
+    cfg = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
+    return bert.SentenceEncoder(bert.BertModel(cfg)).eval()
 
 
-def predictor_out(path, x):
+def inputs_of(name, rng, b):
+    if name == "minilm":
+        mask = np.ones((b, 12), np.int64)
+        mask[:, 9:] = 0
+        return [rng.integers(0, 60, (b, 12)).astype(np.int64), mask]
+    return [rng.random((b, 784) if name == "mlp" else (b, 1, 28, 28), dtype=np.float32)]
+
+
+def predictor_out(path, xs):
     import sampan.inference as inf
     p = inf.create_predictor(inf.Config(path))
-    h = p.get_input_handle(p.get_input_names()[0])
-    h.copy_from_cpu(x)
-    p.run()
-    return p.get_output_handle(p.get_output_names()[0]).copy_to_cpu()
+    return np.asarray(p.run([np.require(x, requirements="C") for x in xs])[0])
 
 
 def assert_close(got, want, rtol=RTOL, what=""):
@@ -67,38 +78,46 @@ def assert_close(got, want, rtol=RTOL, what=""):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """{name: (program, web folder, x of batch 3, the Predictor's output on x)}: generated,
-    compiled and run by the Predictor once."""
+    """{name: (program, web folder, inputs of batch 3, the Predictor's output on them)}:
+    generated, compiled and run by the Predictor once."""
     root = tmp_path_factory.mktemp("wasm_web")
     rng = np.random.default_rng(0)
     out = {}
-    for name, make in MAKERS.items():
+    for name in ("mlp", "lenet", "minilm"):
         sampan.manual_seed(1)
-        net = make()
-        x = rng.random((3,) + SHAPES[name], dtype=np.float32)
-        prog = sampan.jit.save(net, str(root / f"{name}.sampan"), (sampan.tensor(x[:2]),),
-                               dynamic={"x": {0: "batch"}})
+        xs = inputs_of(name, rng, 3)
+        ex = tuple(sampan.tensor(x[:2]) for x in xs)
+        if name == "minilm":
+            net = encoder()
+            prog = sampan.jit.save(net, str(root / f"{name}.sampan"), ex, dynamic=net.dynamic)
+            c_opts = {"sizes": {"seq": 12}, "max_batch": 4}
+        else:
+            net = mlp() if name == "mlp" else lenet()
+            prog = sampan.jit.save(net, str(root / f"{name}.sampan"), ex,
+                                   dynamic={"x": {0: "batch"}})
+            c_opts = {}
         c_dir = str(root / f"{name}_c")
-        g = cgen.generate_c(prog, c_dir)
+        g = cgen.generate_c(prog, c_dir, **c_opts)
         site = str(root / f"{name}_web")
-        # the comparison's ONNX: LeNet's exported here, the MLP's by build_web itself (the
+        # the comparison's ONNX: exported here, but the MLP's by build_web itself (the
         # `sampan onnx export` command)
         onnx = web.has_package("onnxruntime-web")
-        if onnx and name == "lenet":
+        if onnx and name != "mlp":
             from sampan.onnx.export import save_model, saved_to_model
             onnx = str(root / f"{name}.onnx")
             save_model(saved_to_model(prog, opset=web.WEB_OPSET), onnx)
-        web.build_web(prog, site, c_dir=c_dir, prefix=g.prefix, sample=x[:1], onnx=onnx)
-        out[name] = (prog, site, x, predictor_out(prog, x))
+        web.build_web(prog, site, c_dir=c_dir, prefix=g.prefix,
+                      sample=tuple(x[:1] for x in xs), onnx=onnx)
+        out[name] = (prog, site, xs, predictor_out(prog, xs))
     return out
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet"])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "minilm"])
 @pytest.mark.parametrize("mode", ["shim", "wasi"])
 def test_node_equals_predictor(models, name, mode):
-    _, site, x, want = models[name]
+    _, site, xs, want = models[name]
     for batch in (1, 3):
-        r = wasm.run_node(site, [x[:batch]], wasi=(mode == "wasi"))
+        r = wasm.run_node(site, [x[:batch] for x in xs], wasi=(mode == "wasi"))
         assert_close(r["outputs"][0], want[:batch], what=f"{name} in Node ({mode}), batch {batch}")
 
 
@@ -106,7 +125,7 @@ def test_folder_and_sizes(models):
     site = models["lenet"][1]
     names = set(os.listdir(site))
     assert {"index.html", "page.mjs", "page.json", "model.mjs", "model.wasm", "weights.bin",
-            "input.bin"} <= names
+            "input0.bin"} <= names
     # generated code + runtime of LeNet: model.wasm (kernels, buffers, the bits of libc) is
     # far under the issue's 100 KiB
     assert os.path.getsize(os.path.join(site, "model.wasm")) < 100 * 1024
@@ -115,7 +134,7 @@ def test_folder_and_sizes(models):
 
 
 def test_loader_refuses_bad_input_and_corrupt_weights(models, tmp_path):
-    _, site, x, _ = models["mlp"]
+    _, site, (x,), _ = models["mlp"]
     with pytest.raises(DeployError, match=r"input x has 5 elements, expected a positive "
                                           r"multiple of 784"):
         wasm.run_node(site, [np.zeros(5, np.float32)])
@@ -161,18 +180,20 @@ NO_BROWSER = _no_browser()
 
 
 @pytest.mark.skipif(NO_BROWSER is not None, reason=NO_BROWSER or "")
-@pytest.mark.parametrize("name", ["mlp", "lenet"])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "minilm"])
 def test_chromium_equals_predictor(models, name, tmp_path):
-    _, site, x, want = models[name]
+    _, site, xs, want = models[name]
     shot = str(tmp_path / "page.png")
-    r = web.run_headless(site, [x[:2]], ort=True, screenshot=shot, click_run=True)
+    r = web.run_headless(site, [x[:2] for x in xs], ort=True, screenshot=shot,
+                         click_run=(name != "minilm"))
     assert_close(r["sampan"]["outputs"][0], want[:2], what=f"{name} in Chromium")
-    # the page ran the input it was given (input.bin = x[:1]) and shows its answer
-    assert r["answer"]["sampan"] == str(int(np.argmax(want[0])))
     assert os.path.getsize(shot) > 1000
-    # the drawing pad shows the given input; its Run (the pad averaged back down to the
-    # input's pixels, 8-bit grey) gives the same answer
-    assert r["drawn"]["sampan"] == r["answer"]["sampan"]
+    if name != "minilm":
+        # the page ran the input it was given (input0.bin = x[:1]) and shows its answer;
+        # the drawing pad shows that input, and its Run (the pad averaged back down to
+        # the input's pixels, 8-bit grey) gives the same answer
+        assert r["answer"]["sampan"] == str(int(np.argmax(want[0])))
+        assert r["drawn"]["sampan"] == r["answer"]["sampan"]
     if web.has_package("onnxruntime-web"):
         assert r["ort"] is not None, "the page did not set up onnxruntime-web"
         assert_close(r["ort"]["outputs"][0], want[:2], rtol=1e-4,
@@ -182,7 +203,7 @@ def test_chromium_equals_predictor(models, name, tmp_path):
 
 def test_cli_targets_wasm_and_web(models, tmp_path, capsys):
     from sampan.cli import main
-    prog, _, x, want = models["lenet"]
+    prog, _, (x,), want = models["lenet"]
     np.save(tmp_path / "x.npy", x[:1])
     assert main(["deploy", prog, "--target", "wasm", "-o", str(tmp_path / "w"),
                  "--prefix", "lenet"]) == 0
@@ -192,4 +213,4 @@ def test_cli_targets_wasm_and_web(models, tmp_path, capsys):
     assert main(["deploy", prog, "--target", "web", "-o", str(tmp_path / "site"), "--no-onnx",
                  "--sample", str(tmp_path / "x.npy")]) == 0
     names = set(os.listdir(tmp_path / "site"))
-    assert {"index.html", "model.wasm", "input.bin"} <= names and "model.onnx" not in names
+    assert {"index.html", "model.wasm", "input0.bin"} <= names and "model.onnx" not in names

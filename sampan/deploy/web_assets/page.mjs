@@ -7,7 +7,11 @@
 import { load } from "./model.mjs";
 
 const $ = (id) => document.getElementById(id);
-const TYPED = { float32: Float32Array, int8: Int8Array, uint8: Uint8Array, int32: Int32Array };
+const TYPED = { float32: Float32Array, float64: Float64Array, int8: Int8Array, uint8: Uint8Array,
+                int16: Int16Array, int32: Int32Array, int64: BigInt64Array };
+// plain numbers (from a test, page.evaluate) as the descriptor's typed array, and back
+const typed = (T, v) => (T === BigInt64Array ? BigInt64Array.from(v, (n) => BigInt(n)) : new T(v));
+const plain = (a) => Array.from(a, Number);
 
 function p50(xs) { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; }
 
@@ -67,10 +71,10 @@ async function main() {
     const per = desc.shape.reduce((p, s) => p * (s < 0 ? 1 : s), 1);
     return desc.shape.map((s) => (s < 0 ? a.length / per : s));
   };
-  const toTyped = (list) => list.map((v, i) => new TYPED[model.inputs[i].dtype](v));
+  const toTyped = (list) => list.map((v, i) => typed(TYPED[model.inputs[i].dtype], v));
   window.sampan = {
     inputs: model.inputs, outputs: model.outputs,
-    run: (list) => model.run(toTyped(list)).map((o) => ({ name: o.name, shape: o.shape, data: Array.from(o.data) })),
+    run: (list) => model.run(toTyped(list)).map((o) => ({ name: o.name, shape: o.shape, data: plain(o.data) })),
     time: (list, reps) => { const a = toTyped(list); return timeCalls(() => model.run(a), reps); },
   };
   let ort = null;
@@ -79,7 +83,7 @@ async function main() {
     window.sampanOrt = {
       version: ort.version,
       run: async (list) => (await ort.run(toTyped(list), toTyped(list).map((a, i) => shapeOf(a, model.inputs[i]))))
-        .map((o) => ({ name: o.name, shape: o.shape, data: Array.from(o.data) })),
+        .map((o) => ({ name: o.name, shape: o.shape, data: plain(o.data) })),
       // onnxruntime-web's run is async: each sample awaits its calls
       time: async (list, reps) => {
         const a = toTyped(list), sh = a.map((x, i) => shapeOf(x, model.inputs[i])), us = [];
@@ -94,28 +98,32 @@ async function main() {
     };
   }
 
-  async function show(x) {
-    const outs = model.run([x]);
+  // xs: one typed array per input (the drawing pad gives the first input of a one-input model)
+  async function show(xs) {
+    const outs = model.run(xs);
     $("sampan-answer").textContent = answer(outs);
-    $("sampan-latency").textContent = fmtUs(p50(timeCalls(() => model.run([x]), 15)));
+    $("sampan-latency").textContent = fmtUs(p50(timeCalls(() => model.run(xs), 15)));
     if (ort) {
       try {
-        const sh = [shapeOf(x, d)];
-        $("ort-answer").textContent = answer(await ort.run([x], sh));
+        const sh = xs.map((x, i) => shapeOf(x, model.inputs[i]));
+        $("ort-answer").textContent = answer(await ort.run(xs, sh));
         const us = [];
-        for (let r = 0; r < 30; r++) { const t = performance.now(); await ort.run([x], sh); us.push((performance.now() - t) * 1e3); }
+        for (let r = 0; r < 30; r++) { const t = performance.now(); await ort.run(xs, sh); us.push((performance.now() - t) * 1e3); }
         $("ort-latency").textContent = fmtUs(p50(us));
       } catch (e) { $("ort-answer").textContent = `failed: ${e.message}`; }
     }
     window.sampanShown = (window.sampanShown || 0) + 1;
   }
 
-  let given = null;
-  if (cfg.sample) given = new TYPED[d.dtype](await (await fetch(cfg.sample)).arrayBuffer());
-  else given = new TYPED[d.dtype](d.shape.reduce((p, s) => p * (s < 0 ? 1 : s), 1));
-  if (cfg.image) {
-    const paint = setupPad(cfg, (x) => show(x), () => { paint(given); return show(given); });
-    paint(given);
+  // the given inputs (input<i>.bin), or zeros of batch 1
+  const given = await Promise.all(model.inputs.map(async (di, i) => {
+    const T = TYPED[di.dtype];
+    if (cfg.samples && cfg.samples[i]) return new T(await (await fetch(cfg.samples[i])).arrayBuffer());
+    return new T(di.shape.reduce((p, s) => p * (s < 0 ? 1 : s), 1));
+  }));
+  if (cfg.image && model.inputs.length === 1) {
+    const paint = setupPad(cfg, (x) => show([x]), () => { paint(given[0]); return show(given); });
+    paint(given[0]);
   }
   $("status").textContent = `model.wasm: ${model.inputs.map((i) => `${i.name} ${i.dtype}[${i.shape}]`).join(", ")} → ` +
     `${model.outputs.map((o) => `${o.name} ${o.dtype}[${o.shape}]`).join(", ")}`;
