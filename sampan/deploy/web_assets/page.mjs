@@ -15,11 +15,14 @@ const plain = (a) => Array.from(a, Number);
 
 function p50(xs) { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; }
 
-// per-call microseconds of `reps` samples, each sample long enough for the timer's resolution
-function timeCalls(fn, reps) {
+// per-call microseconds of `reps` samples, each sample long enough for the timer's
+// resolution (~2 ms); at most `budgetMs` in all (the page's own display), at least 3 samples
+function timeCalls(fn, reps, budgetMs = Infinity) {
   let t0 = performance.now(), n = 0;
-  while (performance.now() - t0 < 20 || n < 5) { fn(); n++; }
-  const inner = Math.max(1, Math.ceil(2 / ((performance.now() - t0) / n)));   // ~2 ms a sample
+  while ((performance.now() - t0 < 20 && n < 50) || n < 2) { fn(); n++; }
+  const per = (performance.now() - t0) / n;
+  const inner = Math.max(1, Math.ceil(2 / per));
+  reps = Math.max(3, Math.min(reps, Math.floor(budgetMs / (per * inner))));
   const us = [];
   for (let r = 0; r < reps; r++) {
     const t = performance.now();
@@ -87,9 +90,11 @@ async function main() {
       // onnxruntime-web's run is async: each sample awaits its calls
       time: async (list, reps) => {
         const a = toTyped(list), sh = a.map((x, i) => shapeOf(x, model.inputs[i])), us = [];
-        for (let i = 0; i < 20; i++) await ort.run(a, sh);
+        let t0 = performance.now(), n = 0;
+        while ((performance.now() - t0 < 20 && n < 20) || n < 2) { await ort.run(a, sh); n++; }
+        const inner = Math.max(1, Math.ceil(2 / ((performance.now() - t0) / n)));
         for (let r = 0; r < reps; r++) {
-          const t = performance.now(), inner = 10;
+          const t = performance.now();
           for (let i = 0; i < inner; i++) await ort.run(a, sh);
           us.push((performance.now() - t) * 1e3 / inner);
         }
@@ -102,13 +107,16 @@ async function main() {
   async function show(xs) {
     const outs = model.run(xs);
     $("sampan-answer").textContent = answer(outs);
-    $("sampan-latency").textContent = fmtUs(p50(timeCalls(() => model.run(xs), 15)));
+    $("sampan-latency").textContent = fmtUs(p50(timeCalls(() => model.run(xs), 15, 500)));
     if (ort) {
       try {
         const sh = xs.map((x, i) => shapeOf(x, model.inputs[i]));
         $("ort-answer").textContent = answer(await ort.run(xs, sh));
         const us = [];
-        for (let r = 0; r < 30; r++) { const t = performance.now(); await ort.run(xs, sh); us.push((performance.now() - t) * 1e3); }
+        const t0 = performance.now();     // 30 calls, or as many as fit in ~0.5 s (at least 3)
+        for (let r = 0; r < 30 && (r < 3 || performance.now() - t0 < 500); r++) {
+          const t = performance.now(); await ort.run(xs, sh); us.push((performance.now() - t) * 1e3);
+        }
         $("ort-latency").textContent = fmtUs(p50(us));
       } catch (e) { $("ort-answer").textContent = `failed: ${e.message}`; }
     }
