@@ -267,37 +267,46 @@ def run_headless(folder: str, inputs=None, *, reps: int = 0, ort: bool = False,
     what the page showed for its given input, "sampan": {"outputs": [arrays], "us": [...]},
     "ort": the same or None, "browser": version}; with `click_run`, also "drawn": the
     answers after pressing the drawing pad's Run on what it shows."""
+    return run_pages([dict(folder=folder, inputs=inputs, reps=reps, ort=ort,
+                           screenshot=screenshot, click_run=click_run)], timeout=timeout)[0]
+
+
+def run_pages(jobs, *, timeout: float = 300) -> list:
+    """`run_headless` for several folders in one Chromium (one launch): `jobs` is a list of
+    dicts of run_headless's arguments (`folder` and the keywords); one result each."""
     if chromium() is None:
         raise DeployError(f"sampan deploy: no Chromium at {CHROMIUM} (apt-get install chromium)")
     mods = node_modules()
     if not has_package("playwright-core"):
         raise DeployError(f"sampan deploy: {mods} has no playwright-core (npm install playwright-core)")
-    dtypes = [np.dtype(np.asarray(a).dtype) for a in inputs or ()]
-    req = {"inputs": [np.asarray(a).ravel().tolist() for a in inputs] if inputs else None,
-           "reps": int(reps), "ort": bool(ort), "screenshot": screenshot,
-           "click_run": bool(click_run)}
-    with tempfile.TemporaryDirectory(prefix="sampan-chromium-") as tmp, serve(folder) as url:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sampan-chromium-"))
+        pages = []
+        for j in jobs:
+            inputs = j.get("inputs")
+            pages.append({"url": stack.enter_context(serve(j["folder"])),
+                          "inputs": [np.asarray(a).ravel().tolist() for a in inputs]
+                          if inputs is not None else None,
+                          "reps": int(j.get("reps", 0)), "ort": bool(j.get("ort", False)),
+                          "screenshot": j.get("screenshot"),
+                          "click_run": bool(j.get("click_run", False))})
         rp = os.path.join(tmp, "request.json")
         with open(rp, "w") as f:
-            json.dump(req, f)
+            json.dump({"pages": pages}, f)
         env = dict(os.environ, CHROMIUM=chromium())
-        r = subprocess.run([node(), "--no-warnings", os.path.join(ASSETS, "drive.mjs"), mods, url, rp],
+        r = subprocess.run([node(), "--no-warnings", os.path.join(ASSETS, "drive.mjs"), mods, rp],
                            capture_output=True, text=True, timeout=timeout, env=env)
         if r.returncode:
             raise DeployError(f"sampan deploy: the page failed in headless Chromium: "
                               f"{(r.stderr or r.stdout).strip()[-3000:]}")
-        res = json.loads(r.stdout.strip().splitlines()[-1])
-    for k in ("sampan", "ort"):
-        if res.get(k):
-            res[k]["outputs"] = [np.asarray(o["data"], dtype=_out_dtype(o, dtypes)).reshape(o["shape"])
-                                 for o in res[k]["outputs"]]
-    return res
+        results = json.loads(r.stdout.strip().splitlines()[-1])
+    for res in results:
+        for k in ("sampan", "ort"):
+            if res.get(k):
+                res[k]["outputs"] = [np.asarray(o["data"], dtype=o["dtype"]).reshape(o["shape"])
+                                     for o in res[k]["outputs"]]
+    return results
 
 
-def _out_dtype(o, dtypes):
-    data = o["data"]
-    return np.float32 if any(isinstance(v, float) for v in data[:64]) or not dtypes else dtypes[0]
-
-
-__all__ = ["build_web", "WebBuilt", "serve", "run_headless", "node_modules", "chromium",
-           "has_package"]
+__all__ = ["build_web", "WebBuilt", "serve", "run_headless", "run_pages", "node_modules",
+           "chromium", "has_package", "WEB_OPSET"]

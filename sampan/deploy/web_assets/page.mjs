@@ -60,7 +60,7 @@ async function ortSession(cfg) {
       feeds[n] = new ort.Tensor(dt, arrays[i], shapes[i]);
     });
     const r = await s.run(feeds);
-    return s.outputNames.map((n) => ({ name: n, shape: r[n].dims.map(Number), data: r[n].data }));
+    return s.outputNames.map((n) => ({ name: n, shape: r[n].dims.map(Number), type: r[n].type, data: r[n].data }));
   };
   return { run, version: ort.env.versions ? ort.env.versions.web : "" };
 }
@@ -77,7 +77,8 @@ async function main() {
   const toTyped = (list) => list.map((v, i) => typed(TYPED[model.inputs[i].dtype], v));
   window.sampan = {
     inputs: model.inputs, outputs: model.outputs,
-    run: (list) => model.run(toTyped(list)).map((o) => ({ name: o.name, shape: o.shape, data: plain(o.data) })),
+    run: (list) => model.run(toTyped(list)).map((o, j) => ({ name: o.name, shape: o.shape,
+                                                              dtype: model.outputs[j].dtype, data: plain(o.data) })),
     time: (list, reps) => { const a = toTyped(list); return timeCalls(() => model.run(a), reps); },
   };
   let ort = null;
@@ -86,7 +87,7 @@ async function main() {
     window.sampanOrt = {
       version: ort.version,
       run: async (list) => (await ort.run(toTyped(list), toTyped(list).map((a, i) => shapeOf(a, model.inputs[i]))))
-        .map((o) => ({ name: o.name, shape: o.shape, data: plain(o.data) })),
+        .map((o) => ({ name: o.name, shape: o.shape, dtype: o.type, data: plain(o.data) })),
       // onnxruntime-web's run is async: each sample awaits its calls
       time: async (list, reps) => {
         const a = toTyped(list), sh = a.map((x, i) => shapeOf(x, model.inputs[i])), us = [];
