@@ -42,6 +42,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from common import ROOT, emit  # noqa: E402
+from w5_inference import first_line  # noqa: E402
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -51,11 +52,6 @@ W = "E1"
 
 def log(msg):
     print(msg, flush=True)
-
-
-def first_line(e, n=200):
-    msg = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {msg[:n]}"
 
 
 # ---------------------------------------------------------------------- models

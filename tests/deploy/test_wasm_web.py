@@ -248,3 +248,13 @@ def test_int8_lenet_in_node_is_bit_equal_to_the_predictor(models, tmp_path):
     got = wasm.run_node(str(tmp_path / "w"), [x])["outputs"][0]
     want = predictor_out(q, [x])
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.slow   # zig builds its wasm32-wasi libc once more, for the flags without SIMD128
+def test_without_simd_the_same_numbers(models, tmp_path):
+    _, site, xs, want = models["lenet"]
+    b = wasm.build_wasm(os.path.join(os.path.dirname(site), "lenet_c"), str(tmp_path / "w"),
+                        simd=False)
+    assert not b.simd and "SIMD" not in b.report()
+    assert_close(wasm.run_node(str(tmp_path / "w"), xs)["outputs"][0], want,
+                 what="lenet without SIMD128")
