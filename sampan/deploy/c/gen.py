@@ -29,10 +29,10 @@ import numpy as np
 
 from ...ops.registry import OPS
 from ...runtime import emit
-from . import steps as csteps, templates as T, weights as cweights
+from . import qsteps, steps as csteps, templates as T, weights as cweights
 from .emit_c import DTYPE_CODES, cfill, cname, cstr, ctype, join, num
 from .files import DRIVER, HEADER, MAKEFILE, SOURCE
-from .lower import Buf, batch_symbol, lower, plan
+from .lower import Buf, Poly, batch_symbol, lower, plan
 from ..kernelsource import DeployError, check_guards
 
 DEFAULT_MAX_BATCH = 64
@@ -106,8 +106,18 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
                                                       int(s.attrs.get("groups", 1)))
         if s.op == "conv2d":
             csteps.conv2d_scratch(s, new)
+        if s.op in qsteps.SCRATCH:
+            qsteps.SCRATCH[s.op](s, new)
     arena = plan(steps, outputs, max_batch)
-    ctx = csteps.Ctx()
+    derived = []
+
+    def new_const(a):
+        b = Buf(len(bufs), a.dtype, [Poly.const(int(d)) for d in a.shape], "const", const=a)
+        bufs.append(b)
+        consts.append(b)
+        derived.append(b.n)
+        return b
+    ctx = csteps.Ctx(new_const)
     body = []
     for s in steps:
         em = csteps.EMITTERS.get(s.op)
@@ -119,14 +129,16 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
         body.append(em(s, ctx))
     # weights: every const read plainly (not only as a packed GEMM operand), and the
     # packed forms
-    plain = {b.n for b in outputs}
+    plain = {b.n for b in outputs} | set(derived)
     for s in steps:
         for j, b in enumerate(s.ins):
+            if s.op in qsteps.EMITTERS and j > 0:
+                continue      # scales, zero points, weights: read at generation
             if not (j == 1 and s.op in ("matmul", "conv2d") and b.packed is not None):
                 plain.add(b.storage.n)
     tensors, owners = [], []
     for b in consts:
-        if b.n in plain or b.packed is None:
+        if b.n in plain:
             tensors.append(b.const.astype(b.dtype, copy=False))
             owners.append((b, False))
         if b.packed is not None:
@@ -140,7 +152,7 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
             b.packed_offset = o
         else:
             b.offset = o
-    used = _used(steps, outputs)
+    used = _used(steps, outputs) | set(derived)
     decls = _decls(bufs, used, plain)
     src = _source(pfx, g, meta, inputs, outputs, decls, body, ctx, steps, arena, payload, h,
                   len(tensors), cweights.lineage(program_dir), max_batch, bsym)
@@ -235,7 +247,7 @@ def _source(pfx, g, meta, inputs, outputs, decls, body, ctx, steps, arena, paylo
                     v=b.name, n=b.numel.code(), es=num(b.dtype.itemsize))
               for k, b in enumerate(outputs)]
     helpers = [emit.own(T.HELPERS[h_]) for h_ in sorted(ctx.helpers)]
-    kernels = [emit.own(T.KERNELS[k]) for k in ctx.kernels]
+    kernels = [emit.own(code) for code in ctx.kernels.values()]
     return cfill(
         SOURCE, P=pfx, helpers=join(helpers, "\n") if helpers else emit.own(""),
         kernels=join(kernels, "\n"), lineage=join([num(x) for x in lin], ", "),
