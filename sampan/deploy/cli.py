@@ -13,12 +13,17 @@ def _sizes(items):
 
 
 def _run(a) -> int:
-    from . import DeployError, generate
+    from . import DeployError, generate, report
     from ..jit.serialize import LoadError
     try:
+        if a.report:
+            print(report(a.report))
+            return 0
+        if not a.model:
+            raise ValueError("give a saved program to deploy (or --report DIR)")
         if a.target == "c":
             r = generate(a.model, a.output, target="c", prefix=a.prefix,
-                         max_batch=a.max_batch, sizes=_sizes(a.size))
+                         max_batch=a.max_batch, sizes=_sizes(a.size), threads=a.threads)
         else:
             r = generate(a.model, a.output)
     except (DeployError, LoadError, ValueError) as e:
@@ -31,7 +36,7 @@ def _run(a) -> int:
 def add_parser(sub) -> None:
     d = sub.add_parser("deploy", help="write a saved program as one numpy-only Python module "
                                       "plus its weights (.npz), or as a C library (--target c)")
-    d.add_argument("model", help="a directory written by sampan.jit.save")
+    d.add_argument("model", nargs="?", help="a directory written by sampan.jit.save")
     d.add_argument("-o", "--output", default="deploy", help="output directory")
     d.add_argument("--target", choices=("numpy", "c"), default="numpy",
                    help="numpy: one Python module; c: model.h/model.c/weights.bin/Makefile")
@@ -40,4 +45,10 @@ def add_parser(sub) -> None:
     d.add_argument("--size", action="append", metavar="NAME=N",
                    help="(c) fix a symbolic dim other than the batch, e.g. --size seq=128")
     d.add_argument("--prefix", default="model", help="(c) the prefix of the exported C names")
+    d.add_argument("--threads", type=int, default=1,
+                   help="(c) threads splitting the big GEMM loops (OpenMP where the compiler "
+                        "has it)")
+    d.add_argument("--report", metavar="DIR",
+                   help="summarise a folder written by --target c: its ops and kernels "
+                        "against the op table, code and weight sizes")
     d.set_defaults(fn=_run)

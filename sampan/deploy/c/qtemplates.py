@@ -50,14 +50,17 @@ static void k_qgemm(idx M, idx N, idx K, const void *xv, int x_signed, idx lda,
     idx K4 = (K + 3) / 4, panels = (N + 15) / 16;
     const uint8_t *xu = (const uint8_t *)xv;
     const int8_t *xs = (const int8_t *)xv;
-    for (idx m = 0; m < M; m++) {
-        int64_t rowsum = 0;
-        if (wz) {
-            for (idx k = 0; k < K; k++) rowsum += x_signed ? xs[m * lda + k] : xu[m * lda + k];
-        }
-        for (idx p = 0; p < panels; p++) {
-            const int8_t *bp = Wp + p * K4 * 64;
-            idx n0 = p * 16, nj = N - n0 < 16 ? N - n0 : 16;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 65536)
+#endif
+    for (idx p = 0; p < panels; p++) {
+        const int8_t *bp = Wp + p * K4 * 64;
+        idx n0 = p * 16, nj = N - n0 < 16 ? N - n0 : 16;
+        for (idx m = 0; m < M; m++) {
+            int64_t rowsum = 0;
+            if (wz) {
+                for (idx k = 0; k < K; k++) rowsum += x_signed ? xs[m * lda + k] : xu[m * lda + k];
+            }
             int32_t acc[16];
 #ifdef SP_VNNI
             if (!x_signed) {
