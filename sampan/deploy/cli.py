@@ -21,12 +21,19 @@ def _sample(path):
 
 
 def _run(a) -> int:
-    from . import DeployError, generate
+    from . import DeployError, generate, report
     from ..jit.serialize import LoadError
     try:
+        if a.report:
+            print(report(a.report))
+            return 0
+        if not a.model:
+            raise ValueError("give a saved program to deploy (or --report DIR)")
         if a.target != "numpy":
             extra = {}
-            if a.target in ("wasm", "web"):
+            if a.target == "c":
+                extra["threads"] = a.threads
+            if a.target in ("wasm", "web"):       # one thread in wasm
                 extra["simd"] = not a.no_simd
             if a.target == "web":
                 extra.update(onnx=not a.no_onnx, sample=_sample(a.sample))
@@ -44,7 +51,7 @@ def _run(a) -> int:
 def add_parser(sub) -> None:
     d = sub.add_parser("deploy", help="write a saved program as one numpy-only Python module "
                                       "plus its weights (.npz), or as a C library (--target c)")
-    d.add_argument("model", help="a directory written by sampan.jit.save")
+    d.add_argument("model", nargs="?", help="a directory written by sampan.jit.save")
     d.add_argument("-o", "--output", default="deploy", help="output directory")
     d.add_argument("--target", choices=("numpy", "c", "wasm", "web"), default="numpy",
                    help="numpy: one Python module; c: model.h/model.c/weights.bin/Makefile; "
@@ -54,6 +61,12 @@ def add_parser(sub) -> None:
     d.add_argument("--size", action="append", metavar="NAME=N",
                    help="(c) fix a symbolic dim other than the batch, e.g. --size seq=128")
     d.add_argument("--prefix", default="model", help="(c) the prefix of the exported C names")
+    d.add_argument("--threads", type=int, default=1,
+                   help="(c) threads splitting the big GEMM loops (OpenMP where the compiler "
+                        "has it)")
+    d.add_argument("--report", metavar="DIR",
+                   help="summarise a folder written by --target c: its ops and kernels "
+                        "against the op table, code and weight sizes")
     d.add_argument("--no-simd", action="store_true", help="(wasm, web) no SIMD128")
     d.add_argument("--sample", metavar="X.npy",
                    help="(web) the input the page runs first (one batch, .npy)")

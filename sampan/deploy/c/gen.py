@@ -29,10 +29,11 @@ import numpy as np
 
 from ...ops.registry import OPS
 from ...runtime import emit
-from . import steps as csteps, templates as T, weights as cweights
+from . import qsteps, steps as csteps, templates as T, weights as cweights
 from .emit_c import DTYPE_CODES, cfill, cname, cstr, ctype, join, num
-from .files import DRIVER, HEADER, MAKEFILE, SOURCE
-from .lower import Buf, batch_symbol, lower, plan
+from .files import DRIVER, HEADER, MAKEFILE, OMP_DETECT, SOURCE
+from .lower import Buf, Poly, batch_symbol, lower, plan
+from .report import write_manifest
 from ..kernelsource import DeployError, check_guards
 
 DEFAULT_MAX_BATCH = 64
@@ -70,11 +71,15 @@ def _check_ops(g):
 
 
 def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BATCH,
-               sizes=None) -> CGenerated:
+               sizes=None, threads=1) -> CGenerated:
     """Write the C library of a saved program into `outdir` (see the module doc).
 
     `max_batch`: the largest batch `run` takes (buffers are sized for it); `sizes`:
-    sizes of symbolic dims other than the batch (e.g. ``{"seq": 128}``)."""
+    sizes of symbolic dims other than the batch (e.g. ``{"seq": 128}``); `threads`: the
+    threads splitting the big GEMM loops (OpenMP, where the compiler has it; one thread
+    otherwise)."""
+    if type(threads) is not int or not 1 <= threads <= 1024:
+        raise DeployError(f"sampan deploy: threads={threads!r}; expected an int in 1..1024")
     from ...jit.program import SavedProgram
     if type(max_batch) is not int or max_batch < 1:
         raise DeployError(f"sampan deploy: max_batch={max_batch!r}; expected an int >= 1")
@@ -106,8 +111,18 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
                                                       int(s.attrs.get("groups", 1)))
         if s.op == "conv2d":
             csteps.conv2d_scratch(s, new)
+        if s.op in qsteps.SCRATCH:
+            qsteps.SCRATCH[s.op](s, new)
     arena = plan(steps, outputs, max_batch)
-    ctx = csteps.Ctx()
+    derived = []
+
+    def new_const(a):
+        b = Buf(len(bufs), a.dtype, [Poly.const(int(d)) for d in a.shape], "const", const=a)
+        bufs.append(b)
+        consts.append(b)
+        derived.append(b.n)
+        return b
+    ctx = csteps.Ctx(new_const)
     body = []
     for s in steps:
         em = csteps.EMITTERS.get(s.op)
@@ -119,14 +134,16 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
         body.append(em(s, ctx))
     # weights: every const read plainly (not only as a packed GEMM operand), and the
     # packed forms
-    plain = {b.n for b in outputs}
+    plain = {b.n for b in outputs} | set(derived)
     for s in steps:
         for j, b in enumerate(s.ins):
+            if s.op in qsteps.EMITTERS and j > 0:
+                continue      # scales, zero points, weights: read at generation
             if not (j == 1 and s.op in ("matmul", "conv2d") and b.packed is not None):
                 plain.add(b.storage.n)
     tensors, owners = [], []
     for b in consts:
-        if b.n in plain or b.packed is None:
+        if b.n in plain:
             tensors.append(b.const.astype(b.dtype, copy=False))
             owners.append((b, False))
         if b.packed is not None:
@@ -140,12 +157,13 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
             b.packed_offset = o
         else:
             b.offset = o
-    used = _used(steps, outputs)
+    used = _used(steps, outputs) | set(derived)
     decls = _decls(bufs, used, plain)
     src = _source(pfx, g, meta, inputs, outputs, decls, body, ctx, steps, arena, payload, h,
-                  len(tensors), cweights.lineage(program_dir), max_batch, bsym)
+                  len(tensors), cweights.lineage(program_dir), max_batch, bsym, threads)
     hdr = cfill(HEADER, P=pfx, PU=emit.own(pfx.upper()))
-    files = {"model.c": src, "model.h": hdr, "Makefile": cfill(MAKEFILE, P=pfx),
+    files = {"model.c": src, "model.h": hdr, "Makefile": cfill(MAKEFILE, P=pfx, omp=emit.own(
+                 OMP_DETECT if threads > 1 else "OMP =")),
              "model_run.c": cfill(DRIVER, P=pfx)}
     from ...io import _atomic
     for name, text in files.items():
@@ -153,6 +171,8 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
                            lambda f, t=text: f.write(t.encode("ascii")))
     ops = sorted({s_op for n in g.nodes for s_op in
                   ([n.op] + ([e[0] for e in n.attrs["body"]] if n.op == "fused" else []))})
+    write_manifest(outdir, pfx, ops, ctx.kernels, len(csteps.covered_ops()), max_batch,
+                   threads, list(files) + ["weights.bin"])
     return CGenerated(os.fspath(outdir), pfx, tuple(ops), tuple(ctx.kernels),
                       len(src) + len(hdr), os.path.getsize(wpath), arena, max_batch)
 
@@ -225,7 +245,7 @@ def _bytes_fn(bufs):
 
 
 def _source(pfx, g, meta, inputs, outputs, decls, body, ctx, steps, arena, payload, h,
-            ntensors, lin, max_batch, bsym):
+            ntensors, lin, max_batch, bsym, threads):
     names = [str(n) for n in meta.get("arg_names", [])]
     in_names = [names[k] if k < len(names) else f"input{k}" for k in range(len(inputs))]
     out_names = [f"output{k}" for k in range(len(outputs))]
@@ -235,9 +255,9 @@ def _source(pfx, g, meta, inputs, outputs, decls, body, ctx, steps, arena, paylo
                     v=b.name, n=b.numel.code(), es=num(b.dtype.itemsize))
               for k, b in enumerate(outputs)]
     helpers = [emit.own(T.HELPERS[h_]) for h_ in sorted(ctx.helpers)]
-    kernels = [emit.own(T.KERNELS[k]) for k in ctx.kernels]
+    kernels = [emit.own(code) for code in ctx.kernels.values()]
     return cfill(
-        SOURCE, P=pfx, helpers=join(helpers, "\n") if helpers else emit.own(""),
+        SOURCE, P=pfx, threads=num(threads), helpers=join(helpers, "\n") if helpers else emit.own(""),
         kernels=join(kernels, "\n"), lineage=join([num(x) for x in lin], ", "),
         payload=num(payload), ntensors=num(ntensors), checksum=emit.own(f"{h}ULL"),
         arena=num(max(arena, 64)), max_batch=num(max_batch if bsym else 1),

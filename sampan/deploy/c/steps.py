@@ -16,16 +16,25 @@ own = emit.own
 
 
 class Ctx:
-    """What the steps of one program need: kernels and helpers to include."""
+    """What the steps of one program need: kernels (name -> C text, in the order they
+    must appear) and helpers to include, and the constants the steps derive (`const`:
+    packed or precomputed arrays that go into weights.bin)."""
 
-    def __init__(self):
-        self.kernels, self.helpers = [], set()
+    def __init__(self, new_const=None):
+        self.kernels, self.helpers = {}, set()
+        self.new_const = new_const
 
-    def need(self, k):
+    def need(self, k, code=None):
+        from .qtemplates import QKERNELS
         if k == "conv2d":
             self.need("gemm_packed")
+        if k == "qconv2d":
+            self.need("qgemm")
         if k not in self.kernels:
-            self.kernels.append(k)
+            self.kernels[k] = code or T.KERNELS.get(k) or QKERNELS[k]
+
+    def const(self, array):
+        return self.new_const(np.ascontiguousarray(array))
 
 
 def _fail(step, what):
@@ -292,9 +301,11 @@ def pack_conv_weight(w, groups):
 
 
 def pool2d(step, ctx):
-    _float32(step)
     x, y = step.ins[0], step.outs[0]
     a = step.attrs
+    if step.op == "max_pool2d" and x.dtype != np.float32:
+        return _int_maxpool(step, ctx, x, y, a)
+    _float32(step)
     nc = (x.dims[0] * x.dims[1]).code()
     H, W = x.dims[2].code(), x.dims[3].code()
     common = dict(nc=nc, H=H, W=W, x=ptr(x), OH=y.dims[2].code(), OW=y.dims[3].code(),
@@ -310,6 +321,23 @@ def pool2d(step, ctx):
     return cfill("    k_avgpool2d(@nc@, @H@, @W@, @x@, @OH@, @OW@, @KH@, @KW@, @sh@, @sw@, "
                  "@ph@, @pw@, @inc@, @div@, @y@);", inc=num(int(bool(a["count_include_pad"]))),
                  div=num(int(a.get("divisor_override") or 0)), **common)
+
+
+def _int_maxpool(step, ctx, x, y, a):
+    from .qtemplates import maxpool_kernel
+    lows = {"uint8": "0", "int8": "(-128)", "int32": "INT32_MIN", "int64": "INT64_MIN"}
+    if x.dtype.name not in lows:
+        _fail(step, f"a {x.dtype.name} input")
+    ct = ctype(x.dtype)
+    ctx.need(f"maxpool2d_{x.dtype.name}", maxpool_kernel(ct, lows[x.dtype.name]))
+    return cfill("    k_maxpool2d_@t@(@nc@, @H@, @W@, @x@, @OH@, @OW@, @KH@, @KW@, @sh@, @sw@, "
+                 "@ph@, @pw@, @dh@, @dw@, @y@);", t=own(ct.replace("_t", "")),
+                 nc=(x.dims[0] * x.dims[1]).code(), H=x.dims[2].code(), W=x.dims[3].code(),
+                 x=ptr(x), OH=y.dims[2].code(), OW=y.dims[3].code(),
+                 KH=num(a["kernel_size"][0]), KW=num(a["kernel_size"][1]),
+                 sh=num(a["stride"][0]), sw=num(a["stride"][1]), ph=num(a["padding"][0]),
+                 pw=num(a["padding"][1]), dh=num(a["dilation"][0]), dw=num(a["dilation"][1]),
+                 y=ptr(y))
 
 
 # ---------------------------------------------------------------------- row ops
@@ -456,6 +484,14 @@ EMITTERS = {"fused": elementwise, "permute": permute, "expand": expand, "getitem
             "standardize": layer_norm, "sum": reduce, "mean": reduce, "max": reduce,
             "min": reduce, "prod": reduce, "index_select": index_select, "cumsum": cumsum,
             "concat": concat}
+
+
+def _int8_emitters():
+    from .qsteps import EMITTERS as Q
+    EMITTERS.update(Q)
+
+
+_int8_emitters()
 
 
 def covered_ops() -> list:

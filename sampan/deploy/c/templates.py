@@ -4,6 +4,9 @@ it. Every kernel is `static`, so two generated models link into one program; the
 exported names are the model's prefix's (see `cfiles`)."""
 from __future__ import annotations
 
+# The big loops (GEMM panels and rows) carry an OpenMP pragma behind `#if defined(_OPENMP)`
+# with the generation's thread count (SP_THREADS); without OpenMP they run on one thread.
+
 # the GEMM micro-kernel's panel width: B is packed in panels of NR columns
 NR = 16
 MR = 4
@@ -36,6 +39,9 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
                           const float *Bp, const float *bias, float *C, idx ldc)
 {
     idx panels = (N + 15) / 16;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
+#endif
     for (idx p = 0; p < panels; p++) {
         const float *bp = Bp + p * K * 16;
         idx j0 = p * 16, nj = N - j0 < 16 ? N - j0 : 16;
@@ -85,6 +91,9 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
 KERNELS["gemm"] = r"""
 static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
 {
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
+#endif
     for (idx i = 0; i < M; i++) {
         float *c = C + i * N;
         for (idx j = 0; j < N; j++) c[j] = 0.0f;
