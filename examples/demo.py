@@ -186,7 +186,7 @@ def edge(xs, ys):
     ans = res["answer"]
     print(f"web page ({built.report()}) in headless Chromium {res.get('browser', '')}: "
           f"answer {ans['sampan']} (true label {int(ys[0])}), onnxruntime-web {ans['ort']}; "
-          f"screenshot {shot}; open it with: python -m http.server -d {site}")
+          f"screenshot {shot}; open it with: python -m sampan.deploy.web {site}")
     print(f"edge step: {time.perf_counter() - t0:.1f} s")
 
 

@@ -310,3 +310,28 @@ def run_pages(jobs, *, timeout: float = 300) -> list:
 
 __all__ = ["build_web", "WebBuilt", "serve", "run_headless", "run_pages", "node_modules",
            "chromium", "has_package", "WEB_OPSET"]
+
+
+def main(argv=None) -> int:
+    """`python -m sampan.deploy.web DIR`: serve a web folder on 127.0.0.1 until Ctrl-C (with
+    the MIME types and cross-origin isolation the page wants, which a plain static server
+    may not give)."""
+    import argparse
+    import time
+    ap = argparse.ArgumentParser(prog="python -m sampan.deploy.web", description=main.__doc__)
+    ap.add_argument("folder")
+    a = ap.parse_args(argv)
+    try:
+        with serve(a.folder) as url:
+            print(f"serving {a.folder} at {url} (Ctrl-C to stop)", flush=True)
+            while True:
+                time.sleep(3600)
+    except DeployError as e:
+        print(e)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
