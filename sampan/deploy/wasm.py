@@ -53,6 +53,7 @@ class WasmBuilt:
     wasm_bytes: int
     weights_bytes: int
     simd: bool
+    warnings: str = ""       # what zig cc (-Wall -Wextra) printed; empty for sampan's C
 
     def report(self) -> str:
         return (f"{os.path.join(self.folder, WASM)}: {self.wasm_bytes / 1024:.1f} KiB "
@@ -114,7 +115,8 @@ def build_wasm(c_dir: str, out_dir: str, *, prefix: str = "model", simd: bool = 
         if os.path.abspath(src) != os.path.abspath(dst):
             _copy(src, dst)
     return WasmBuilt(out_dir, os.path.getsize(os.path.join(out_dir, WASM)),
-                     os.path.getsize(os.path.join(out_dir, WEIGHTS)), simd)
+                     os.path.getsize(os.path.join(out_dir, WEIGHTS)), simd,
+                     (r.stderr or "").strip())
 
 
 def _copy(src: str, dst: str) -> None:

@@ -58,6 +58,7 @@ class WebBuilt:
     weights_bytes: int
     onnx_bytes: int
     ort_bytes: int
+    wasm_warnings: str = ""
 
     def report(self) -> str:
         kb = 1024
@@ -145,7 +146,7 @@ def build_web(program: str | None, out_dir: str, *, c_dir: str | None = None,
         ort_bytes = _vendor_ort(os.path.join(out_dir, "ort"))
         cfg.update(onnx="model.onnx", ort="./ort/ort.wasm.min.mjs", ort_dir="ort/")
     _write(os.path.join(out_dir, "page.json"), json.dumps(cfg, indent=1).encode())
-    return WebBuilt(out_dir, w.wasm_bytes, w.weights_bytes, onnx_bytes, ort_bytes)
+    return WebBuilt(out_dir, w.wasm_bytes, w.weights_bytes, onnx_bytes, ort_bytes, w.warnings)
 
 
 def _write(path: str, data: bytes) -> None:

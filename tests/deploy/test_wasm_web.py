@@ -127,8 +127,9 @@ def models(tmp_path_factory):
             from sampan.onnx.export import save_model, saved_to_model
             onnx = str(root / f"{name}.onnx")
             save_model(saved_to_model(prog, opset=web.WEB_OPSET), onnx)
-        web.build_web(prog, site, c_dir=c_dir, prefix=g.prefix,
-                      sample=tuple(x[:1] for x in xs), onnx=onnx)
+        b = web.build_web(prog, site, c_dir=c_dir, prefix=g.prefix,
+                          sample=tuple(x[:1] for x in xs), onnx=onnx)
+        assert b.wasm_warnings == "", f"zig cc -Wall -Wextra warned on {name}: {b.wasm_warnings}"
         out[name] = (prog, site, xs, predictor_out(prog, xs))
     return out
 
