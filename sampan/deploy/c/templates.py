@@ -64,6 +64,21 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
         sp_v16 vb, zero = {0};
         memcpy(&vb, bb, sizeof vb);
         idx i = 0;
+        for (; i + 8 <= M; i += 8) {     /* 8 rows: 8 independent accumulators */
+            sp_v16 c[8];
+            const float *a = A + i * lda;
+            for (int r = 0; r < 8; r++) c[r] = vb;
+            for (idx k = 0; k < K; k++) {
+                sp_v16 b = *(const sp_v16 *)(bp + k * 16);
+                for (int r = 0; r < 8; r++) c[r] += a[r * lda + k] * b;
+            }
+            for (int r = 0; r < 8; r++) {
+                float o[16];
+                if (act) c[r] = SP_RELU(c[r]);
+                memcpy(o, &c[r], 64);
+                memcpy(C + (i + r) * ldc + j0, o, (size_t)nj * sizeof(float));
+            }
+        }
         for (; i + 4 <= M; i += 4) {
             sp_v16 c0 = vb, c1 = vb, c2 = vb, c3 = vb;
             const float *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
@@ -166,13 +181,21 @@ static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH,
         for (idx oh = 0; oh < OH; oh++)
             for (idx ow = 0; ow < OW; ow++) {
                 float *row = col + (oh * OW + ow) * K;
+                idx iw0 = ow * sw - pw;
+                int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
                 for (idx c = 0; c < Cg; c++)
                     for (idx kh = 0; kh < KH; kh++) {
                         idx ih = oh * sh - ph + kh * dh;
+                        float *r = row + (c * KH + kh) * KW;
+                        if (ih < 0 || ih >= H) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = 0.0f;
+                            continue;
+                        }
+                        const float *src = xg + (c * H + ih) * W;
+                        if (inside) { memcpy(r, src + iw0, (size_t)KW * sizeof(float)); continue; }
                         for (idx kw = 0; kw < KW; kw++) {
-                            idx iw = ow * sw - pw + kw * dw;
-                            row[(c * KH + kh) * KW + kw] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                                ? xg[(c * H + ih) * W + iw] : 0.0f;
+                            idx iw = iw0 + kw * dw;
+                            r[kw] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
                         }
                     }
             }
