@@ -113,6 +113,7 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
             csteps.conv2d_scratch(s, new)
         if s.op in qsteps.SCRATCH:
             qsteps.SCRATCH[s.op](s, new)
+    steps = csteps.fuse_relu(steps, outputs)
     arena = plan(steps, outputs, max_batch)
     derived = []
 

@@ -44,6 +44,8 @@ def _qparams(step, ctx, w2d, packed=None):
     corr = bv - xzv * colsum + k * xzv * wzv
     if np.abs(corr).max(initial=0) >= 2 ** 31:
         _fail(step, "a zero-point correction outside int32")
+    # |sum x w| <= K * 255 * 128: with the correction it stays in int32 (vector epilogue)
+    i32ok = k * 255 * 128 + int(np.abs(corr).max(initial=0)) < 2 ** 31
     if len(step.ins) > 7:
         ys, yz = step.ins[7], step.ins[8]
         yzv = _const(step, yz, "the y zero point")
@@ -63,7 +65,8 @@ def _qparams(step, ctx, w2d, packed=None):
     wzb = ctx.const(wzv.astype(np.int32)) if np.any(wzv) else None
     return dict(wp=wp.name, corr=cb.name, wz=wzb.name if wzb is not None else own("NULL"),
                 mult=mb.name, kind=num(_KIND[y.dtype.name]), zy=num(zy), lo=num(lo),
-                hi=num(hi), xz=num(xzv), signed=num(int(x.dtype == np.int8)))
+                hi=num(hi), xz=num(xzv), signed=num(int(x.dtype == np.int8)),
+                i32ok=num(int(i32ok)))
 
 
 def qdense(step, ctx):
@@ -74,7 +77,7 @@ def qdense(step, ctx):
     ctx.need("qgemm")
     q = _qparams(step, ctx, w)
     return cfill("    k_qgemm(@m@, @n@, @k@, @x@, @signed@, @k@, (const int8_t *)@wp@, "
-                 "(const int32_t *)@corr@, @wz@, @mult@, @kind@, @zy@, @lo@, @hi@, @y@, @n@, 1);",
+                 "(const int32_t *)@corr@, @wz@, @mult@, @kind@, @zy@, @lo@, @hi@, @y@, @n@, 1, @i32ok@);",
                  m=x.dims[0].code(), n=num(w.shape[0]), k=num(w.shape[1]), x=x.name,
                  y=y.name, **q)
 
@@ -97,7 +100,8 @@ def qconv2d(step, ctx):
         "        k_qconv2d(@G@, @C@, @H@, @W@, (const unsigned char *)@x@ + n * @chw@, @signed@, "
         "@OC@, @KH@, @KW@, (const int8_t *)@wp@, (const int32_t *)@corr@, @wz@, @mult@, "
         "@kind@, @zy@, @lo@, @hi@, @xz@, @OH@, @OW@, @sh@, @sw@, @ph@, @pw@, @dh@, @dw@, "
-        "(unsigned char *)@col@, (unsigned char *)@y@ + (size_t)(n * @ohw@) * @es@, @es@);",
+        "(unsigned char *)@col@, (unsigned char *)@y@ + (size_t)(n * @ohw@) * @es@, @es@, "
+        "@i32ok@);",
         nb=y.dims[0].code(), G=num(g), C=x.dims[1].code(), H=x.dims[2].code(),
         W=x.dims[3].code(), x=x.name, chw=prod(x.dims[1:]).code(), OC=num(oc),
         KH=num(w.shape[2]), KW=num(w.shape[3]), OH=y.dims[2].code(), OW=y.dims[3].code(),
@@ -110,7 +114,8 @@ def qconv2d_scratch(step, new):
     w, y = step.ins[3], step.outs[0]
     g = int(step.attrs.get("groups", 1))
     k = prod(w.dims[1:])
-    step.scratch = [new(np.uint8, [prod(y.dims[2:]) * k * Poly.const(1)], "arena")]
+    kp = Poly.const(-(-k.value // 4) * 4)       # rows rounded up to 4 bytes
+    step.scratch = [new(np.uint8, [prod(y.dims[2:]) * kp], "arena")]
     del g
 
 

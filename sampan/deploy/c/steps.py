@@ -207,9 +207,9 @@ def matmul(step, ctx):
     if b.packed is not None:
         ctx.need("gemm_packed")
         rows = prod(a.dims[:-1])
-        return cfill("    k_gemm_packed(@m@, @n@, @k@, @a@, @k@, @bp@, NULL, @y@, @n@);",
+        return cfill("    k_gemm_packed(@m@, @n@, @k@, @a@, @k@, @bp@, NULL, @y@, @n@, @act@);",
                      m=rows.code(), n=N.code(), k=K.code(), a=ptr(a), bp=emit.fresh("p", b.n),
-                     y=ptr(y))
+                     y=ptr(y), act=num(int(step.attrs.get("act") == "relu")))
     ctx.need("gemm")
     r = len(y.dims) - 2
     lines = [own("    {")]
@@ -266,13 +266,39 @@ def conv2d(step, ctx):
     lines.append(cfill(
         "    for (idx n = 0; n < @nb@; n++)\n"
         "        k_conv2d(@G@, @C@, @H@, @W@, @x@ + n * @chw@, @OC@, @KH@, @KW@, @wp@, @bias@, "
-        "@OH@, @OW@, @sh@, @sw@, @ph@, @pw@, @dh@, @dw@, @col@, @tmp@, @y@ + n * @ohw@);",
+        "@OH@, @OW@, @sh@, @sw@, @ph@, @pw@, @dh@, @dw@, @col@, @tmp@, @y@ + n * @ohw@, "
+        "@act@);", act=num(int(a.get("act") == "relu")),
         nb=y.dims[0].code(), G=num(groups), C=C, H=H, W=W, x=ptr(x), chw=chw, OC=OC, KH=KH,
         KW=KW, wp=wp, bias=ptr(bias) if bias is not None else own("NULL"),
         OH=OH, OW=OW, sh=num(a["stride"][0]), sw=num(a["stride"][1]),
         ph=num(a["padding"][0]), pw=num(a["padding"][1]), dh=num(a["dilation"][0]),
         dw=num(a["dilation"][1]), col=ptr(col), tmp=ptr(tmp), y=ptr(y), ohw=ohw))
     return join(lines, "\n")
+
+
+def fuse_relu(steps, outputs):
+    """A ReLU whose one input is a GEMM or conv2d output read nowhere else runs in that
+    kernel's epilogue (the product is written once, clamped)."""
+    reads = {}
+    for s in steps:
+        for b in s.ins:
+            reads[b.storage.n] = reads.get(b.storage.n, 0) + 1
+    for b in outputs:
+        reads[b.storage.n] = reads.get(b.storage.n, 0) + 2
+    out = []
+    for s in steps:
+        prev = out[-1] if out else None
+        body = tuple(s.body)
+        if (prev is not None and prev.op in ("matmul", "conv2d") and s.op == "fused"
+                and len(body) == 1 and body[0][0] == "relu" and len(s.ins) == 1
+                and s.ins[0] is prev.outs[0] and reads.get(prev.outs[0].n) == 1
+                and (prev.op == "conv2d" or prev.ins[1].packed is not None)
+                and s.outs[0].dtype == np.float32 and "act" not in prev.attrs):
+            prev.attrs = dict(prev.attrs, act="relu")
+            prev.outs = list(s.outs)
+            continue
+        out.append(s)
+    return out
 
 
 def conv2d_scratch(step, new):

@@ -12,14 +12,15 @@ NR = 16
 MR = 4
 
 HELPERS = {
+    # NaN in either gives NaN (numpy's maximum/minimum), branch-free so loops vectorise
     "sp_maxf": "static inline float sp_maxf(float a, float b) "
-               "{ return a != a ? a : (b != b ? b : (a > b ? a : b)); }",
+               "{ return (a > b || a != a) ? a : b; }",
     "sp_minf": "static inline float sp_minf(float a, float b) "
-               "{ return a != a ? a : (b != b ? b : (a < b ? a : b)); }",
+               "{ return (a < b || a != a) ? a : b; }",
     "sp_maxd": "static inline double sp_maxd(double a, double b) "
-               "{ return a != a ? a : (b != b ? b : (a > b ? a : b)); }",
+               "{ return (a > b || a != a) ? a : b; }",
     "sp_mind": "static inline double sp_mind(double a, double b) "
-               "{ return a != a ? a : (b != b ? b : (a < b ? a : b)); }",
+               "{ return (a < b || a != a) ? a : b; }",
     "sp_maxi": "static inline int64_t sp_maxi(int64_t a, int64_t b) { return a > b ? a : b; }",
     "sp_mini": "static inline int64_t sp_mini(int64_t a, int64_t b) { return a < b ? a : b; }",
     "sp_signf": "static inline float sp_signf(float a) "
@@ -35,8 +36,19 @@ KERNELS = {}
 # C[M,N] = A[M,K] (rows lda apart) x B, B packed in panels of 16 columns: panel p holds
 # B[k][16p + j] at Bp[(p*K + k)*16 + j], zero past column N. MR x NR register blocks.
 KERNELS["gemm_packed"] = r"""
+/* GCC and Clang (zig cc, emcc, wasi-sdk too): 16-float vectors, lowered to the target's
+   registers (AVX-512, AVX2, SSE, NEON, wasm SIMD128); any other compiler: plain loops */
+#if defined(__GNUC__) && !defined(SP_NO_VECTORS)
+#define SP_VEC 1
+typedef float sp_v16 __attribute__((vector_size(64)));
+typedef int32_t sp_i16 __attribute__((vector_size(64)));
+#define SP_RELU(v) ((sp_v16)((sp_i16)(v) & ~((v) < zero)))
+#endif
+#define SP_ACT(v) ((act && (v) < 0.0f) ? 0.0f : (v))
+
+/* act 1: ReLU on the way out (NaN stays NaN, as numpy's maximum(x, 0)) */
 static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
-                          const float *Bp, const float *bias, float *C, idx ldc)
+                          const float *Bp, const float *bias, float *C, idx ldc, int act)
 {
     idx panels = (N + 15) / 16;
 #if defined(_OPENMP)
@@ -48,6 +60,58 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
         float bb[16];
         for (int j = 0; j < 16; j++)
             bb[j] = (bias && j < nj) ? bias[j0 + j] : 0.0f;
+#ifdef SP_VEC
+        sp_v16 vb, zero = {0};
+        memcpy(&vb, bb, sizeof vb);
+        idx i = 0;
+        for (; i + 8 <= M; i += 8) {     /* 8 rows: 8 independent accumulators */
+            sp_v16 c[8];
+            const float *a = A + i * lda;
+            for (int r = 0; r < 8; r++) c[r] = vb;
+            for (idx k = 0; k < K; k++) {
+                sp_v16 b = *(const sp_v16 *)(bp + k * 16);
+                for (int r = 0; r < 8; r++) c[r] += a[r * lda + k] * b;
+            }
+            for (int r = 0; r < 8; r++) {
+                float o[16];
+                if (act) c[r] = SP_RELU(c[r]);
+                memcpy(o, &c[r], 64);
+                memcpy(C + (i + r) * ldc + j0, o, (size_t)nj * sizeof(float));
+            }
+        }
+        for (; i + 4 <= M; i += 4) {
+            sp_v16 c0 = vb, c1 = vb, c2 = vb, c3 = vb;
+            const float *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            for (idx k = 0; k < K; k++) {
+                sp_v16 b = *(const sp_v16 *)(bp + k * 16);
+                c0 += a0[k] * b; c1 += a1[k] * b; c2 += a2[k] * b; c3 += a3[k] * b;
+            }
+            if (act) {
+                c0 = SP_RELU(c0); c1 = SP_RELU(c1); c2 = SP_RELU(c2); c3 = SP_RELU(c3);
+            }
+            float o[4][16];
+            memcpy(o[0], &c0, 64); memcpy(o[1], &c1, 64); memcpy(o[2], &c2, 64); memcpy(o[3], &c3, 64);
+            for (int r = 0; r < 4; r++)
+                memcpy(C + (i + r) * ldc + j0, o[r], (size_t)nj * sizeof(float));
+        }
+        for (; i < M; i++) {
+            sp_v16 c0 = vb, c1 = zero, c2 = zero, c3 = zero;
+            const float *a0 = A + i * lda;
+            const float *b = bp, *ak = a0;
+            for (idx q = K / 4; q > 0; q--, b += 64, ak += 4) {
+                c0 += ak[0] * *(const sp_v16 *)b;
+                c1 += ak[1] * *(const sp_v16 *)(b + 16);
+                c2 += ak[2] * *(const sp_v16 *)(b + 32);
+                c3 += ak[3] * *(const sp_v16 *)(b + 48);
+            }
+            for (idx r = K % 4; r > 0; r--, b += 16, ak++) c0 += ak[0] * *(const sp_v16 *)b;
+            float o[16];
+            c0 = (c0 + c1) + (c2 + c3);
+            if (act) c0 = SP_RELU(c0);
+            memcpy(o, &c0, 64);
+            memcpy(C + i * ldc + j0, o, (size_t)nj * sizeof(float));
+        }
+#else
         idx i = 0;
         for (; i + 4 <= M; i += 4) {
             float c0[16], c1[16], c2[16], c3[16];
@@ -62,27 +126,22 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
                 }
             }
             for (idx j = 0; j < nj; j++) {
-                C[i * ldc + j0 + j] = c0[j]; C[(i + 1) * ldc + j0 + j] = c1[j];
-                C[(i + 2) * ldc + j0 + j] = c2[j]; C[(i + 3) * ldc + j0 + j] = c3[j];
+                C[i * ldc + j0 + j] = SP_ACT(c0[j]); C[(i + 1) * ldc + j0 + j] = SP_ACT(c1[j]);
+                C[(i + 2) * ldc + j0 + j] = SP_ACT(c2[j]); C[(i + 3) * ldc + j0 + j] = SP_ACT(c3[j]);
             }
         }
         for (; i < M; i++) {
-            float c0[16], c1[16];
+            float c0[16];
             const float *a0 = A + i * lda;
-            for (int j = 0; j < 16; j++) { c0[j] = bb[j]; c1[j] = 0.0f; }
-            idx k = 0;
-            for (; k + 2 <= K; k += 2) {
-                const float *b = bp + k * 16;
-                float x0 = a0[k], x1 = a0[k + 1];
-                for (int j = 0; j < 16; j++) { c0[j] += x0 * b[j]; c1[j] += x1 * b[j + 16]; }
-            }
-            for (; k < K; k++) {
+            for (int j = 0; j < 16; j++) c0[j] = bb[j];
+            for (idx k = 0; k < K; k++) {
                 const float *b = bp + k * 16;
                 float x0 = a0[k];
                 for (int j = 0; j < 16; j++) c0[j] += x0 * b[j];
             }
-            for (idx j = 0; j < nj; j++) C[i * ldc + j0 + j] = c0[j] + c1[j];
+            for (idx j = 0; j < nj; j++) C[i * ldc + j0 + j] = SP_ACT(c0[j]);
         }
+#endif
     }
 }
 """
@@ -113,7 +172,7 @@ KERNELS["conv2d"] = r"""
 static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
                      const float *Wp, const float *bias, idx OH, idx OW,
                      idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
-                     float *col, float *tmp, float *y)
+                     float *col, float *tmp, float *y, int act)
 {
     idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
     idx gstride = ((OCg + 15) / 16) * K * 16;
@@ -122,20 +181,32 @@ static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH,
         for (idx oh = 0; oh < OH; oh++)
             for (idx ow = 0; ow < OW; ow++) {
                 float *row = col + (oh * OW + ow) * K;
+                idx iw0 = ow * sw - pw;
+                int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
                 for (idx c = 0; c < Cg; c++)
                     for (idx kh = 0; kh < KH; kh++) {
                         idx ih = oh * sh - ph + kh * dh;
+                        float *r = row + (c * KH + kh) * KW;
+                        if (ih < 0 || ih >= H) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = 0.0f;
+                            continue;
+                        }
+                        const float *src = xg + (c * H + ih) * W;
+                        if (inside) { memcpy(r, src + iw0, (size_t)KW * sizeof(float)); continue; }
                         for (idx kw = 0; kw < KW; kw++) {
-                            idx iw = ow * sw - pw + kw * dw;
-                            row[(c * KH + kh) * KW + kw] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                                ? xg[(c * H + ih) * W + iw] : 0.0f;
+                            idx iw = iw0 + kw * dw;
+                            r[kw] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
                         }
                     }
             }
-        k_gemm_packed(P, OCg, K, col, K, Wp + g * gstride, bias ? bias + g * OCg : NULL, tmp, OCg);
+        k_gemm_packed(P, OCg, K, col, K, Wp + g * gstride, bias ? bias + g * OCg : NULL, tmp,
+                      OCg, 0);
         float *yg = y + g * OCg * P;
         for (idx o = 0; o < OCg; o++)
-            for (idx p = 0; p < P; p++) yg[o * P + p] = tmp[p * OCg + o];
+            for (idx p = 0; p < P; p++) {
+                float v = tmp[p * OCg + o];
+                yg[o * P + p] = SP_ACT(v);
+            }
     }
 }
 """
