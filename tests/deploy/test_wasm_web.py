@@ -118,12 +118,12 @@ def models(tmp_path_factory):
         c_dir = str(root / f"{name}_c")
         g = cgen.generate_c(prog, c_dir, **c_opts)
         site = str(root / f"{name}_web")
-        # the comparison's ONNX: exported here, but the MLP's by build_web itself (the
-        # `sampan onnx export` command)
+        # the comparison's ONNX, exported here (build_web's own export, through the `sampan
+        # onnx export` command, is test_web_exports_the_onnx_itself: slow)
         onnx = web.has_package("onnxruntime-web")
         if name == "lenet_int8":
             onnx = False        # the page compares fp32 models with onnxruntime-web
-        elif onnx and name != "mlp":
+        elif onnx:
             from sampan.onnx.export import save_model, saved_to_model
             onnx = str(root / f"{name}.onnx")
             save_model(saved_to_model(prog, opset=web.WEB_OPSET), onnx)
@@ -257,3 +257,15 @@ def test_without_simd_the_same_numbers(models, tmp_path):
     assert not b.simd and "SIMD" not in b.report()
     assert_close(wasm.run_node(str(tmp_path / "w"), xs)["outputs"][0], want,
                  what="lenet without SIMD128")
+
+
+@pytest.mark.slow   # a second Python process for `sampan onnx export`
+@pytest.mark.skipif(not web.has_package("onnxruntime-web"), reason="no onnxruntime-web (npm)")
+def test_web_exports_the_onnx_itself(models, tmp_path):
+    prog, site, _, _ = models["mlp"]
+    b = web.build_web(prog, str(tmp_path / "site"), c_dir=os.path.join(os.path.dirname(site),
+                      "mlp_c"), onnx=True)
+    import onnx
+    m = onnx.load(str(tmp_path / "site" / "model.onnx"))
+    assert m.opset_import[0].version == web.WEB_OPSET and b.onnx_bytes > 0
+    assert sorted(os.listdir(tmp_path / "site" / "ort")) == sorted(web.ORT_FILES)
