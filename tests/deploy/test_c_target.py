@@ -307,3 +307,18 @@ def test_the_build_is_warning_free_and_two_models_link_together(models, tmp_path
                                    str(tmp_path / "b" / "model.c")])
     lib = ctypes.CDLL(str(tmp_path / "both.so"))
     assert lib.model_num_inputs() == lib.second_num_inputs() == 1
+
+
+def test_the_plain_c_path_without_vector_extensions_equals_the_predictor(models, tmp_path):
+    # -DSP_NO_VECTORS: the loops any C99 compiler builds (no GCC/Clang vectors)
+    for name in ("lenet", "mlp"):
+        p, out, _ = models[name]
+        so = _cc(str(tmp_path / f"{name}.so"), [str(out / "model.c")],
+                 flags=("-O1", "-DSP_NO_VECTORS"))
+        lib = Lib(so, "model", str(out / "weights.bin"))
+        xs = _inputs(name, 3, seed=5)
+        want = _predictor(p, xs)
+        rc, got = lib.run(xs, want, batch=3)
+        assert rc == 0, lib.error()
+        _close(got, want, f"{name} without vectors")
+        lib.close()

@@ -106,7 +106,8 @@ def generate_c(program_dir, outdir, *, prefix="model", max_batch=DEFAULT_MAX_BAT
         if s.op == "matmul" and s.ins[1].kind == "const" and s.ins[1].const.ndim == 2 \
                 and s.ins[1].dtype == np.float32 and s.ins[1].packed is None:
             s.ins[1].packed = cweights.pack_panels(s.ins[1].const, T.NR)
-        if s.op == "conv2d" and s.ins[1].kind == "const" and s.ins[1].packed is None:
+        if s.op == "conv2d" and s.ins[1].kind == "const" and s.ins[1].packed is None \
+                and csteps.conv_packs(s):
             s.ins[1].packed = csteps.pack_conv_weight(s.ins[1].const,
                                                       int(s.attrs.get("groups", 1)))
         if s.op == "conv2d":

@@ -181,9 +181,15 @@ static void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, 
                     for (idx kh = 0; kh < KH; kh++) {
                         idx ih = oh * sh - ph + kh * dh;
                         unsigned char *r = row + (c * KH + kh) * KW;
-                        if (ih < 0 || ih >= H) { memset(r, xz, (size_t)KW); continue; }
+                        if (ih < 0 || ih >= H) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = (unsigned char)xz;
+                            continue;
+                        }
                         const unsigned char *src = xg + (c * H + ih) * W;
-                        if (inside) { memcpy(r, src + iw0, (size_t)KW); continue; }
+                        if (inside) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = src[iw0 + kw];
+                            continue;
+                        }
                         for (idx kw = 0; kw < KW; kw++) {
                             idx iw = iw0 + kw * dw;
                             r[kw] = (iw >= 0 && iw < W) ? src[iw] : (unsigned char)xz;

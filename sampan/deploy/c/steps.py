@@ -26,8 +26,12 @@ class Ctx:
 
     def need(self, k, code=None):
         from .qtemplates import QKERNELS
+        if k in ("gemm_packed", "gemm_wcol"):
+            self.need("vec")
         if k == "conv2d":
             self.need("gemm_packed")
+        if k == "conv2d_wcol":
+            self.need("gemm_wcol")
         if k == "qconv2d":
             self.need("qgemm")
         if k not in self.kernels:
@@ -248,21 +252,30 @@ def conv2d(step, ctx):
     groups = int(a.get("groups", 1))
     if any(not d.is_const for d in x.dims[1:] + w.dims):
         _fail(step, "a batch-sized channel or weight dim")
-    ctx.need("conv2d")
-    col, tmp = step.scratch[:2]
+    col = step.scratch[0]
     lines = []
-    if w.packed is None:
-        ctx.need("pack_wt")
-        wp = ptr(step.scratch[2])
-        lines.append(cfill("    k_pack_wt(@g@, @ocg@, @k@, @w@, @wp@);", g=num(groups),
-                           ocg=num(w.dims[0].value // groups), k=prod(w.dims[1:]).code(),
-                           w=ptr(w), wp=wp))
+    if w.packed is None:       # computed, or few output channels: the weight as it is
+        ctx.need("conv2d_wcol")
     else:
+        ctx.need("conv2d")
         wp = emit.fresh("p", w.n)
     C, H, W = (d.code() for d in x.dims[1:])
     OC, _, KH, KW = (d.code() for d in w.dims)
     OH, OW = y.dims[2].code(), y.dims[3].code()
     chw, ohw = prod(x.dims[1:]).code(), prod(y.dims[1:]).code()
+    if w.packed is None:
+        lines.append(cfill(
+            "    for (idx n = 0; n < @nb@; n++)\n"
+            "        k_conv2d_wcol(@G@, @C@, @H@, @W@, @x@ + n * @chw@, @OC@, @KH@, @KW@, @w@, "
+            "@bias@, @OH@, @OW@, @sh@, @sw@, @ph@, @pw@, @dh@, @dw@, @col@, @y@ + n * @ohw@, "
+            "@act@);", act=num(int(a.get("act") == "relu")),
+            nb=y.dims[0].code(), G=num(groups), C=C, H=H, W=W, x=ptr(x), chw=chw, OC=OC,
+            KH=KH, KW=KW, w=ptr(w), bias=ptr(bias) if bias is not None else own("NULL"),
+            OH=OH, OW=OW, sh=num(a["stride"][0]), sw=num(a["stride"][1]),
+            ph=num(a["padding"][0]), pw=num(a["padding"][1]), dh=num(a["dilation"][0]),
+            dw=num(a["dilation"][1]), col=ptr(col), y=ptr(y), ohw=ohw))
+        return join(lines, "\n")
+    tmp = step.scratch[1]
     lines.append(cfill(
         "    for (idx n = 0; n < @nb@; n++)\n"
         "        k_conv2d(@G@, @C@, @H@, @W@, @x@ + n * @chw@, @OC@, @KH@, @KW@, @wp@, @bias@, "
@@ -309,11 +322,21 @@ def conv2d_scratch(step, new):
     k = prod(w.dims[1:])
     p = prod(y.dims[2:])
     ocg = w.dims[0].value // g
-    step.scratch = [new(np.float32, [p * k], "arena"),
-                    new(np.float32, [p * Poly.const(ocg)], "arena")]
-    if w.packed is None:
-        panels = -(-ocg // T.NR)
-        step.scratch.append(new(np.float32, [Poly.const(g * panels * T.NR) * k], "arena"))
+    step.scratch = [new(np.float32, [p * k], "arena")]
+    if w.packed is not None:       # the (pixels, channels) product before its transpose
+        step.scratch.append(new(np.float32, [p * Poly.const(ocg)], "arena"))
+
+
+def conv_packs(step) -> bool:
+    """Whether a conv2d with constant weight runs as im2row x the packed weight (output
+    channels in the vector lanes), or as the weight x im2col (pixels in the lanes): the
+    layout that leaves fewer of its 16 lanes idle."""
+    w, y = step.ins[1], step.outs[0]
+    ocg = w.dims[0].value // int(step.attrs.get("groups", 1))
+    p = prod(y.dims[2:])
+    if not p.is_const:
+        return True
+    return ocg / (16 * -(-ocg // 16)) >= p.value / (16 * -(-p.value // 16))
 
 
 def pack_conv_weight(w, groups):

@@ -35,9 +35,11 @@ KERNELS = {}
 
 # C[M,N] = A[M,K] (rows lda apart) x B, B packed in panels of 16 columns: panel p holds
 # B[k][16p + j] at Bp[(p*K + k)*16 + j], zero past column N. MR x NR register blocks.
-KERNELS["gemm_packed"] = r"""
+# the float kernels' vectors and epilogue macros (included before them)
+KERNELS["vec"] = r"""
 /* GCC and Clang (zig cc, emcc, wasi-sdk too): 16-float vectors, lowered to the target's
-   registers (AVX-512, AVX2, SSE, NEON, wasm SIMD128); any other compiler: plain loops */
+   registers (AVX-512, AVX2, SSE, NEON, wasm SIMD128); any other compiler, or
+   -DSP_NO_VECTORS: plain loops */
 #if defined(__GNUC__) && !defined(SP_NO_VECTORS)
 #define SP_VEC 1
 typedef float sp_v16 __attribute__((vector_size(64)));
@@ -45,6 +47,9 @@ typedef int32_t sp_i16 __attribute__((vector_size(64)));
 #define SP_RELU(v) ((sp_v16)((sp_i16)(v) & ~((v) < zero)))
 #endif
 #define SP_ACT(v) ((act && (v) < 0.0f) ? 0.0f : (v))
+"""
+
+KERNELS["gemm_packed"] = r"""
 
 /* act 1: ReLU on the way out (NaN stays NaN, as numpy's maximum(x, 0)) */
 static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
@@ -166,7 +171,7 @@ static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C
 """
 
 # conv2d of one image, per group: im2row (col: OH*OW rows of Cg*KH*KW) and the packed GEMM
-# with the group's weight packed as W^T (Kg x OCg, `k_pack_wt`); tmp holds the (OH*OW,
+# with the group's weight packed as W^T (Kg x OCg, `pack_conv_weight`); tmp holds the (OH*OW,
 # OCg) product before it is written channel-major into y
 KERNELS["conv2d"] = r"""
 static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
@@ -192,7 +197,10 @@ static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH,
                             continue;
                         }
                         const float *src = xg + (c * H + ih) * W;
-                        if (inside) { memcpy(r, src + iw0, (size_t)KW * sizeof(float)); continue; }
+                        if (inside) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = src[iw0 + kw];
+                            continue;
+                        }
                         for (idx kw = 0; kw < KW; kw++) {
                             idx iw = iw0 + kw * dw;
                             r[kw] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
@@ -211,18 +219,96 @@ static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH,
 }
 """
 
-# a computed conv weight (OC x Kg row-major, G groups) packed as k_conv2d reads it
-KERNELS["pack_wt"] = r"""
-static void k_pack_wt(idx G, idx OCg, idx K, const float *w, float *wp)
+# C[M,N] = A[M,K] B[K,N] (+ bias[m]), both row-major, vectorised over N: the conv2d of a
+# layer with few output channels (rows) and many pixels (columns), every lane useful
+KERNELS["gemm_wcol"] = r"""
+static void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
+                        const float *bias, float *C, int act)
 {
-    idx panels = (OCg + 15) / 16;
-    for (idx g = 0; g < G; g++)
-        for (idx p = 0; p < panels; p++)
-            for (idx k = 0; k < K; k++)
-                for (idx j = 0; j < 16; j++) {
-                    idx o = p * 16 + j;
-                    *wp++ = o < OCg ? w[(g * OCg + o) * K + k] : 0.0f;
+#ifdef SP_VEC
+    idx j = 0;
+    sp_v16 zero = {0};
+    for (; j + 16 <= N; j += 16) {
+        idx i = 0;
+        for (; i + 4 <= M; i += 4) {
+            sp_v16 c0 = zero, c1 = zero, c2 = zero, c3 = zero;
+            if (bias) { c0 += bias[i]; c1 += bias[i + 1]; c2 += bias[i + 2]; c3 += bias[i + 3]; }
+            const float *a0 = A + i * K, *a1 = a0 + K, *a2 = a1 + K, *a3 = a2 + K;
+            const float *bk = B + j;
+            for (idx k = 0; k < K; k++, bk += N) {
+                sp_v16 b;
+                memcpy(&b, bk, 64);
+                c0 += a0[k] * b; c1 += a1[k] * b; c2 += a2[k] * b; c3 += a3[k] * b;
+            }
+            if (act) { c0 = SP_RELU(c0); c1 = SP_RELU(c1); c2 = SP_RELU(c2); c3 = SP_RELU(c3); }
+            memcpy(C + i * N + j, &c0, 64); memcpy(C + (i + 1) * N + j, &c1, 64);
+            memcpy(C + (i + 2) * N + j, &c2, 64); memcpy(C + (i + 3) * N + j, &c3, 64);
+        }
+        for (; i < M; i++) {
+            sp_v16 c0 = zero;
+            if (bias) c0 += bias[i];
+            const float *a0 = A + i * K, *bk = B + j;
+            for (idx k = 0; k < K; k++, bk += N) {
+                sp_v16 b;
+                memcpy(&b, bk, 64);
+                c0 += a0[k] * b;
+            }
+            if (act) c0 = SP_RELU(c0);
+            memcpy(C + i * N + j, &c0, 64);
+        }
+    }
+#endif
+    for (idx i = 0; i < M; i++) {      /* the columns left (all of them without vectors) */
+        const float *ai = A + i * K;
+        float *ci = C + i * N;
+#ifdef SP_VEC
+        for (idx t = 0; t < 16 && j + t < N; t++) {
+            idx jj = j + t;
+#else
+        for (idx jj = 0; jj < N; jj++) {
+#endif
+            float s = bias ? bias[i] : 0.0f;
+            const float *bk = B + jj;
+            for (idx k = 0; k < K; k++, bk += N) s += ai[k] * *bk;
+            ci[jj] = SP_ACT(s);
+        }
+    }
+}
+"""
+
+# conv2d of one image as im2col (col: Kg rows of OH*OW) and k_gemm_wcol per group, written
+# channel-major straight into y (a weight used as it is: computed weights too)
+KERNELS["conv2d_wcol"] = r"""
+static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+                          const float *w, const float *bias, idx OH, idx OW,
+                          idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *col,
+                          float *y, int act)
+{
+    idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
+    for (idx g = 0; g < G; g++) {
+        const float *xg = x + g * Cg * H * W;
+        for (idx c = 0; c < Cg; c++)
+            for (idx kh = 0; kh < KH; kh++)
+                for (idx kw = 0; kw < KW; kw++) {
+                    float *r = col + ((c * KH + kh) * KW + kw) * P;
+                    idx off = kw * dw - pw;
+                    for (idx oh = 0; oh < OH; oh++) {
+                        idx ih = oh * sh - ph + kh * dh;
+                        float *ro = r + oh * OW;
+                        if (ih < 0 || ih >= H) {
+                            for (idx ow = 0; ow < OW; ow++) ro[ow] = 0.0f;
+                            continue;
+                        }
+                        const float *src = xg + (c * H + ih) * W;
+                        for (idx ow = 0; ow < OW; ow++) {
+                            idx iw = ow * sw + off;
+                            ro[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+                        }
+                    }
                 }
+        k_gemm_wcol(OCg, P, K, w + g * OCg * K, col, bias ? bias + g * OCg : NULL,
+                    y + g * OCg * P, act);
+    }
 }
 """
 
