@@ -78,10 +78,11 @@ def node() -> str:
     return n
 
 
-# the C target's plain GEMM loops, not its 16-float vector-extension micro-kernel: in V8
-# (Node, Chromium) the plain loops, auto-vectorised to SIMD128, ran the W5 MLP 1.45x and
-# LeNet 1.1x faster at batch 1 (measured under load, same machine, Node 20)
-WASM_DEFINES = ["-DSP_NO_VECTORS"]
+# extra -D flags for model.c in wasm. The C target's 16-float vector-extension kernels stay
+# on (no -DSP_NO_VECTORS): in V8 (Node 20, under load) its conv through them ran LeNet 2.2x
+# faster at batch 1 than the plain loops, though its GEMM micro-kernel ran the W5 MLP 1.4x
+# slower than plain auto-vectorised loops; the switch is global, LeNet's gain the larger.
+WASM_DEFINES: list = []
 
 
 def compile_flags(simd: bool = True) -> list:
