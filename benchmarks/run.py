@@ -28,6 +28,7 @@ def main(argv):
             "feature_spec.py",
             "serving_peers.py",     # sampan serve vs MLServer and KServe (issue 32)
             "control_flow.py",
+            "edge.py",
         )
         if os.path.exists(os.path.join(HERE, n))]
     env = {k: v for k, v in os.environ.items()

@@ -20,6 +20,9 @@
 10. control flow: a briefly trained char-GPT decoded by beam search under `sampan.jit`,
    the whole decode one `sampan.while_loop` node (early stop at the end of the line),
    equal to the Python-loop beam search.
+11. edge: the CNN as a dependency-free C library (`sampan deploy --target c`) run by its C
+   driver, accuracy and batch-1 latency beside the Predictor's; where Chromium is
+   installed, the web target's page (the wasm build) rendered headless, with its answer.
 Outputs go to ./out/."""
 from __future__ import annotations
 
@@ -112,6 +115,8 @@ def main():
     step("10. control flow: a jitted beam-search decode of a char-GPT (one while_loop)")
     beam_decode()
 
+    edge(xs, ys)
+
 
 def beam_decode(steps=30):
     """A small char-GPT (1 block, width 32, context 16) trained for `steps` steps, then
@@ -125,6 +130,90 @@ def beam_decode(steps=30):
     print(f"char-GPT: {steps} training steps, loss {first:.2f} -> {last:.2f} "
           f"({time.perf_counter() - t:.1f} s)")
     char_gpt.decode(model, stoi, itos, "Beautiful is ", max_new=30, k=3, block=16)
+
+
+
+def edge(xs, ys):
+    """The served CNN program (step 5, symbolic batch) as a C library: built with the
+    system cc, run from its driver `model_run` on the whole test set (accuracy) and at batch
+    1 (p50 of 2000 calls, timed by the driver) beside the Predictor; then, where Chromium
+    and the npm packages are installed, its web page rendered headless (out/digits_web.png)."""
+    import shutil
+    import time
+    step("11. edge: the CNN as a C library and a web page (sampan deploy --target c / web)")
+    t0 = time.perf_counter()
+    served = os.path.join(OUT, "digits_cnn_served.program")
+    try:
+        from sampan.deploy import web
+        from sampan.deploy.c import generate_c
+    except ImportError as e:
+        print(f"edge: not available ({e})")
+        return
+    if shutil.which("cc") is None or shutil.which("make") is None:
+        print("edge: no C compiler (cc) or make here")
+        return
+    c_dir = os.path.join(OUT, "digits_cnn_c")
+    g = generate_c(served, c_dir, max_batch=len(xs))
+    subprocess.run(["make", "-s", "-j2", "-C", c_dir], check=True)   # libmodel.so, model_run
+    x = np.ascontiguousarray(xs, dtype="<f4")
+    x.tofile(os.path.join(c_dir, "test_x.bin"))
+    x[:1].tofile(os.path.join(c_dir, "one_x.bin"))
+    run = os.path.join(c_dir, "model_run")
+    subprocess.run([run, "test_x.bin", "test_y.bin", "-b", str(len(x))], cwd=c_dir, check=True)
+    logits = np.fromfile(os.path.join(c_dir, "test_y.bin"), "<f4").reshape(len(x), -1)
+    acc = float(np.mean(logits.argmax(-1) == ys))
+    r = subprocess.run([run, "one_x.bin", "one_y.bin", "-b", "1", "-t", "2000"], cwd=c_dir,
+                       check=True, capture_output=True, text=True)
+    c_p50 = float(r.stdout.split("p50_us")[1].split()[0])
+    from sampan import inference
+    p = inference.create_predictor(inference.Config(served))
+    p.get_input_handle(p.get_input_names()[0]).copy_from_cpu(x)
+    p.run()
+    ref = p.get_output_handle(p.get_output_names()[0]).copy_to_cpu()
+    h, o, ts = p.get_input_handle(p.get_input_names()[0]), p.get_output_handle(
+        p.get_output_names()[0]), []
+    for i in range(-100, 1000):
+        t = time.perf_counter()
+        h.copy_from_cpu(x[:1])
+        p.run()
+        o.copy_to_cpu()
+        if i >= 0:
+            ts.append(time.perf_counter() - t)
+    so = os.path.getsize(os.path.join(c_dir, "libmodel.so"))
+    print(f"C library ({len(g.ops)} ops, kernels {', '.join(g.kernels)}; libmodel.so "
+          f"{so / 1024:.0f} KiB): accuracy {acc:.4f}, batch-1 p50 {c_p50:.1f} us (driver); "
+          f"Predictor: accuracy {float(np.mean(ref.argmax(-1) == ys)):.4f}, batch-1 p50 "
+          f"{np.percentile(ts, 50) * 1e6:.1f} us; max |C - Predictor| "
+          f"{float(np.abs(logits - ref).max()):.2e}")
+    reason = ("no Chromium (apt-get install chromium)" if web.chromium() is None else
+              None if web.has_package("playwright-core") else "no playwright-core (npm)")
+    try:
+        from sampan.deploy import wasm
+        wasm.zig()
+    except Exception as e:
+        reason = reason or str(e)
+    if reason:
+        print(f"web page: skipped ({reason})")
+        return
+    site = os.path.join(OUT, "digits_web")
+    onnx = False
+    if web.has_package("onnxruntime-web"):
+        onnx = os.path.join(OUT, "digits_cnn.onnx")
+        _export(served, onnx, web.WEB_OPSET)
+    built = web.build_web(served, site, c_dir=c_dir, prefix=g.prefix, sample=x[:1],
+                          onnx=onnx, title="sampan: digits CNN (draw a digit)")
+    shot = os.path.join(OUT, "digits_web.png")
+    res = web.run_headless(site, screenshot=shot)
+    ans = res["answer"]
+    print(f"web page ({built.report()}) in headless Chromium {res.get('browser', '')}: "
+          f"answer {ans['sampan']} (true label {int(ys[0])}), onnxruntime-web {ans['ort']}; "
+          f"screenshot {shot}; open it with: python -m sampan.deploy.web {site}")
+    print(f"edge step: {time.perf_counter() - t0:.1f} s")
+
+
+def _export(program, path, opset):
+    from sampan.onnx.export import save_model, saved_to_model
+    save_model(saved_to_model(program, opset=opset), path)
 
 
 def data_parallel():

@@ -22,6 +22,10 @@ file: every name, keyword, literal, comment and docstring is made by
 formatted, and refuses anything else with a `DeployError`; the folder name appears in the
 module docstring as escaped text that reads back as itself.
 
+`generate(..., target="c")` writes a C library instead (`sampan.deploy.c`: model.h,
+model.c with only the kernels the program uses, weights.bin, a Makefile and a driver);
+`report(dir)` summarises such a folder.
+
 Example::
 
     >>> sampan.jit.save(model, "m.sampan", (x,), dynamic="batch")
@@ -29,5 +33,7 @@ Example::
     >>> # elsewhere, numpy only: import model; y = model.load()(x_array)
 """
 from .generate import DeployError, Generated, generate, package_bytes, supported_ops
+from .c.report import Report, report
 
-__all__ = ["generate", "Generated", "DeployError", "supported_ops", "package_bytes"]
+__all__ = ["generate", "Generated", "DeployError", "supported_ops", "package_bytes", "report",
+           "Report"]

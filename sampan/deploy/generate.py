@@ -14,7 +14,7 @@ from ..ir.text import node_str
 from ..ops.registry import OPS
 from ..runtime import emit
 from . import kernelsource as _ks
-from .kernelsource import DeployError
+from .kernelsource import DeployError, check_guards as _check_guards
 
 MODULE = "model.py"
 WEIGHTS = "weights.npz"
@@ -123,19 +123,6 @@ def _plannable_matmuls(g) -> set:
     c = _sym.concrete(g, sizes) if sizes else g
     assign = plan(c, min_bytes=0)["assign"]
     return {n.outputs[0].id for n in c.nodes if n.op == "matmul" and n.outputs[0].id in assign}
-
-
-def _check_guards(program_dir, meta):
-    """A program saved with a branch on a dynamic size serves only the sizes on its side
-    (see `sampan.jit.dynamic`); the standalone module cannot check that per call."""
-    from ..jit import dynamic as _dyn
-    user = [x for x in _dyn.guards_from_json(meta.get("guards", []), "sampan deploy")
-            if x.user]
-    if user:
-        raise DeployError(f"sampan deploy: {program_dir} was traced assuming "
-                          f"{user[0].describe()} (a branch on a dynamic size), which a "
-                          "standalone module cannot check per call; save it without the "
-                          "branch, or without dynamic= for that dim")
 
 
 def _check_ops(g):
@@ -362,12 +349,34 @@ def _operand(vals, p, n, where) -> emit.Code:
 
 
 # ---------------------------------------------------------------------- writing
-def generate(program_dir, outdir, name: str = MODULE) -> Generated:
+TARGETS = ("numpy", "c", "wasm", "web")
+
+
+def generate(program_dir, outdir, name: str = MODULE, *, target: str = "numpy", **options):
     """Write `outdir/<name>` (numpy only) and `outdir/weights.npz` for a saved program.
+
+    `target="c"` writes a C library instead (`sampan.deploy.cgen.generate_c`: model.h,
+    model.c, weights.bin, Makefile; `options`: prefix, max_batch, sizes); "wasm" that C
+    compiled to model.wasm + model.mjs (`sampan.deploy.wasm.generate_wasm`), "web" a page
+    running it (`sampan.deploy.web.build_web`).
 
     Example: ``sampan.deploy.generate("m.sampan", "out")``, then without sampan::
 
         import model; m = model.load(); y = m(x)"""
+    if target == "c":
+        from .c.gen import generate_c
+        return generate_c(program_dir, outdir, **options)
+    if target == "wasm":     # `sampan.deploy.wasm`: options simd and the C target's
+        from .wasm import generate_wasm
+        return generate_wasm(program_dir, outdir, **options)
+    if target == "web":      # `sampan.deploy.web`: options sample, onnx, simd, title ...
+        from .web import build_web
+        return build_web(program_dir, outdir, **options)
+    if target != "numpy":
+        raise DeployError(f"sampan deploy: target {emit.inert(str(target))!r}; expected one "
+                          f"of {', '.join(TARGETS)}")
+    if options:
+        raise DeployError(f"sampan deploy: options {sorted(options)} are for target='c'")
     from ..jit.program import SavedProgram
     prog = SavedProgram.read(program_dir)
     g, meta, arrays = prog.graph, prog.meta, prog.arrays

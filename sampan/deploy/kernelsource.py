@@ -190,3 +190,16 @@ def supported_ops() -> list:
     kernel is numpy's ufunc or a plain-numpy function, and fused nodes (their bodies run
     op by op)."""
     return sorted({op for op in OPS if standalone(op)} | {"fused"})
+
+
+def check_guards(program_dir, meta):
+    """A program saved with a branch on a dynamic size serves only the sizes on its side
+    (see `sampan.jit.dynamic`); the standalone module cannot check that per call."""
+    from ..jit import dynamic as _dyn
+    user = [x for x in _dyn.guards_from_json(meta.get("guards", []), "sampan deploy")
+            if x.user]
+    if user:
+        raise DeployError(f"sampan deploy: {program_dir} was traced assuming "
+                          f"{user[0].describe()} (a branch on a dynamic size), which a "
+                          "standalone module cannot check per call; save it without the "
+                          "branch, or without dynamic= for that dim")

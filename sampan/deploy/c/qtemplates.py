@@ -1,0 +1,241 @@
+"""The int8 C templates of the C target (the requantising ops of `sampan/ops/quant_fused.py`
+and quantize / dequantize): an exact int8 GEMM over weights packed for VNNI's
+`_mm512_dpbusd_epi32` (used where the compiler targets AVX512-VNNI, behind `#if`), with
+a portable path giving the same integers, and an epilogue that requantises as the op
+table's reference does (float32 multiply, rint half to even, saturate).
+
+Weights are packed in panels of 16 output channels, each K/4 (rounded up) groups of 16 x
+4 bytes: panel p, group q holds w[16p + j][4q + t] at byte ((p * K4 + q) * 16 + j) * 4 + t
+(zero past N and K)."""
+from __future__ import annotations
+
+import numpy as np
+
+QKERNELS = {}
+
+# y[m, n] for m < M, n < N: acc = sum_k x[m, k] w[n, k] exactly (int32), then
+#   a = acc + corr[n] - wz[n] * rowsum(x[m])   (corr: bias - xz colsum(w[n]) + K xz wz[n])
+#   v = float(a) * mult[n];  kind 0: float32 v;  kind 1/2: uint8/int8 saturate(rint(v) + zy)
+# written at y + m * ysm + n * ysn (elements)
+QKERNELS["qgemm"] = r"""
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define SP_VNNI 1
+#endif
+
+static void k_qepilogue(const int32_t *acc, idx m, idx n0, idx nj, int64_t rowsum,
+                        const int32_t *corr, const int32_t *wz, const float *mult, int kind,
+                        int zy, int lo, int hi, void *y, idx ysm, idx ysn)
+{
+    for (idx j = 0; j < nj; j++) {
+        idx n = n0 + j;
+        int64_t a = (int64_t)acc[j] + corr[n] - (wz ? (int64_t)wz[n] * rowsum : 0);
+        float v = (float)a * mult[n];
+        idx at = m * ysm + n * ysn;
+        if (kind == 0) { ((float *)y)[at] = v; continue; }
+        if (v > 1e9f) v = 1e9f;
+        if (v < -1e9f) v = -1e9f;
+        int64_t q = (int64_t)rintf(v) + zy;
+        q = q < lo ? lo : (q > hi ? hi : q);
+        if (kind == 1) ((uint8_t *)y)[at] = (uint8_t)q;
+        else ((int8_t *)y)[at] = (int8_t)q;
+    }
+}
+
+#ifdef SP_VNNI
+/* the epilogue of 16 channels at once: the same operations, lane by lane (int32 sums:
+   the generator checked that acc + corr cannot leave int32) */
+static void k_qepi_vnni(__m512i s, idx m, idx n0, idx nj, const int32_t *corr,
+                        const float *mult, int kind, int zy, int lo, int hi, void *y,
+                        idx ysm, idx ysn)
+{
+    __mmask16 mk = (__mmask16)((1u << nj) - 1u);
+    __m512i a = _mm512_add_epi32(s, _mm512_maskz_loadu_epi32(mk, corr + n0));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_maskz_loadu_ps(mk, mult + n0));
+    if (kind == 0) {
+        float o[16];
+        if (ysn == 1) { _mm512_mask_storeu_ps((float *)y + m * ysm + n0, mk, v); return; }
+        _mm512_storeu_ps(o, v);
+        for (idx j = 0; j < nj; j++) ((float *)y)[m * ysm + (n0 + j) * ysn] = o[j];
+        return;
+    }
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-1e9f)), _mm512_set1_ps(1e9f));
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zy));
+    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+    __m128i b = _mm512_cvtepi32_epi8(q);
+    unsigned char *yb = (unsigned char *)y, o[16];
+    if (ysn == 1) { _mm_mask_storeu_epi8(yb + m * ysm + n0, mk, b); return; }
+    _mm_storeu_si128((__m128i *)o, b);
+    for (idx j = 0; j < nj; j++) yb[m * ysm + (n0 + j) * ysn] = o[j];
+}
+
+static inline __m512i sp_dp4(__m512i s, const uint8_t *x, idx q, idx K, __m512i w)
+{
+    int32_t four;
+    if (4 * q + 4 <= K) memcpy(&four, x + 4 * q, 4);
+    else {
+        uint8_t t[4] = {0, 0, 0, 0};
+        idx left = K - 4 * q;
+        for (int i = 0; i < 4 && i < left; i++) t[i] = x[4 * q + i];
+        memcpy(&four, t, 4);
+    }
+    return _mm512_dpbusd_epi32(s, _mm512_set1_epi32(four), w);
+}
+#endif
+
+/* i32ok: acc + corr stays in int32 (the vector epilogue's condition) */
+static void k_qgemm(idx M, idx N, idx K, const void *xv, int x_signed, idx lda,
+                    const int8_t *Wp, const int32_t *corr, const int32_t *wz,
+                    const float *mult, int kind, int zy, int lo, int hi,
+                    void *y, idx ysm, idx ysn, int i32ok)
+{
+    idx K4 = (K + 3) / 4, panels = (N + 15) / 16;
+    const uint8_t *xu = (const uint8_t *)xv;
+    const int8_t *xs = (const int8_t *)xv;
+    (void)i32ok;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 65536)
+#endif
+    for (idx p = 0; p < panels; p++) {
+        const int8_t *bp = Wp + p * K4 * 64;
+        idx n0 = p * 16, nj = N - n0 < 16 ? N - n0 : 16;
+#ifdef SP_VNNI
+        if (!x_signed && !wz && i32ok) {
+            idx m = 0;
+            const uint8_t *xr = xu;
+            for (; m + 4 <= M; m += 4, xr += 4 * lda) {
+                const uint8_t *x0 = xr, *x1 = x0 + lda, *x2 = x1 + lda, *x3 = x2 + lda;
+                __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+                for (idx q = 0; q < K4; q++) {
+                    __m512i w = _mm512_loadu_si512((const void *)(bp + q * 64));
+                    s0 = sp_dp4(s0, x0, q, K, w); s1 = sp_dp4(s1, x1, q, K, w);
+                    s2 = sp_dp4(s2, x2, q, K, w); s3 = sp_dp4(s3, x3, q, K, w);
+                }
+                k_qepi_vnni(s0, m, n0, nj, corr, mult, kind, zy, lo, hi, y, ysm, ysn);
+                k_qepi_vnni(s1, m + 1, n0, nj, corr, mult, kind, zy, lo, hi, y, ysm, ysn);
+                k_qepi_vnni(s2, m + 2, n0, nj, corr, mult, kind, zy, lo, hi, y, ysm, ysn);
+                k_qepi_vnni(s3, m + 3, n0, nj, corr, mult, kind, zy, lo, hi, y, ysm, ysn);
+            }
+            for (; m < M; m++, xr += lda) {
+                const uint8_t *x0 = xr;
+                __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+                idx q = 0;
+                for (; q + 2 <= K4; q += 2) {
+                    s0 = sp_dp4(s0, x0, q, K, _mm512_loadu_si512((const void *)(bp + q * 64)));
+                    s1 = sp_dp4(s1, x0, q + 1, K, _mm512_loadu_si512((const void *)(bp + q * 64 + 64)));
+                }
+                if (q < K4) s0 = sp_dp4(s0, x0, q, K, _mm512_loadu_si512((const void *)(bp + q * 64)));
+                k_qepi_vnni(_mm512_add_epi32(s0, s1), m, n0, nj, corr, mult, kind, zy, lo, hi,
+                            y, ysm, ysn);
+            }
+            continue;
+        }
+#endif
+        for (idx m = 0; m < M; m++) {
+            int64_t rowsum = 0;
+            if (wz) {
+                for (idx k = 0; k < K; k++) rowsum += x_signed ? xs[m * lda + k] : xu[m * lda + k];
+            }
+            int32_t acc[16];
+            for (int j = 0; j < 16; j++) acc[j] = 0;
+            for (idx q = 0; q < K4; q++) {
+                int32_t a[4];
+                for (int t = 0; t < 4; t++) {
+                    idx k = 4 * q + t;
+                    a[t] = k < K ? (x_signed ? xs[m * lda + k] : xu[m * lda + k]) : 0;
+                }
+                const int8_t *b = bp + q * 64;
+                for (int j = 0; j < 16; j++)
+                    acc[j] += a[0] * b[4 * j] + a[1] * b[4 * j + 1] + a[2] * b[4 * j + 2]
+                              + a[3] * b[4 * j + 3];
+            }
+            k_qepilogue(acc, m, n0, nj, rowsum, corr, wz, mult, kind, zy, lo, hi, y, ysm, ysn);
+        }
+    }
+}
+"""
+
+# one image of an int8 conv2d: im2row into col (P rows of Kg bytes rounded up to 4, padded
+# with the zero point xz inside the image border and 0 past Kg, where the packed weight is
+# 0 too) per group, then k_qgemm writing channel-major into y
+QKERNELS["qconv2d"] = r"""
+static void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, idx OC,
+                      idx KH, idx KW, const int8_t *Wp, const int32_t *corr,
+                      const int32_t *wz, const float *mult, int kind, int zy, int lo, int hi,
+                      int xz, idx OH, idx OW, idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
+                      unsigned char *col, void *y, size_t ysize, int i32ok)
+{
+    idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
+    idx Kp = (K + 3) / 4 * 4;
+    idx gstride = ((OCg + 15) / 16) * (Kp / 4) * 64;
+    const unsigned char *x = (const unsigned char *)xv;
+    for (idx g = 0; g < G; g++) {
+        const unsigned char *xg = x + g * Cg * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                unsigned char *row = col + (oh * OW + ow) * Kp;
+                idx iw0 = ow * sw - pw;
+                int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
+                for (idx c = 0; c < Cg; c++)
+                    for (idx kh = 0; kh < KH; kh++) {
+                        idx ih = oh * sh - ph + kh * dh;
+                        unsigned char *r = row + (c * KH + kh) * KW;
+                        if (ih < 0 || ih >= H) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = (unsigned char)xz;
+                            continue;
+                        }
+                        const unsigned char *src = xg + (c * H + ih) * W;
+                        if (inside) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = src[iw0 + kw];
+                            continue;
+                        }
+                        for (idx kw = 0; kw < KW; kw++) {
+                            idx iw = iw0 + kw * dw;
+                            r[kw] = (iw >= 0 && iw < W) ? src[iw] : (unsigned char)xz;
+                        }
+                    }
+                for (idx k = K; k < Kp; k++) row[k] = 0;
+            }
+        k_qgemm(P, OCg, Kp, col, x_signed, Kp, Wp + g * gstride, corr + g * OCg,
+                wz ? wz + g * OCg : NULL, mult + g * OCg, kind, zy, lo, hi,
+                (unsigned char *)y + (size_t)(g * OCg * P) * ysize, 1, P, i32ok);
+    }
+}
+"""
+
+
+def pack_int8(w: np.ndarray) -> np.ndarray:
+    """An int8 weight (N, K) packed as the module doc says (bytes)."""
+    n, k = w.shape
+    k4, panels = -(-k // 4), -(-n // 16)
+    buf = np.zeros((panels * 16, k4 * 4), np.int8)
+    buf[:n, :k] = w
+    return np.ascontiguousarray(buf.reshape(panels, 16, k4, 4).transpose(0, 2, 1, 3)).ravel()
+
+
+def maxpool_kernel(ct: str, lowest: str) -> str:
+    """The max_pool2d template over C type `ct` (the float one: `templates`)."""
+    return r"""
+static void k_maxpool2d_@T@(idx NC, idx H, idx W, const @C@ *x, idx OH, idx OW, idx KH,
+                           idx KW, idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, @C@ *y)
+{
+    for (idx n = 0; n < NC; n++) {
+        const @C@ *xs = x + n * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                @C@ m = @LOW@;
+                for (idx i = 0; i < KH; i++) {
+                    idx ih = oh * sh - ph + i * dh;
+                    if (ih < 0 || ih >= H) continue;
+                    for (idx j = 0; j < KW; j++) {
+                        idx iw = ow * sw - pw + j * dw;
+                        if (iw < 0 || iw >= W) continue;
+                        if (xs[ih * W + iw] > m) m = xs[ih * W + iw];
+                    }
+                }
+                y[(n * OH + oh) * OW + ow] = m;
+            }
+    }
+}
+""".replace("@T@", ct.replace("_t", "")).replace("@C@", ct).replace("@LOW@", lowest)

@@ -1,0 +1,433 @@
+"""The C templates of the C target: one per op family, the generator's own C99 text
+(standard library only). `cgen` includes a template only when a step of the program uses
+it. Every kernel is `static`, so two generated models link into one program; the
+exported names are the model's prefix's (see `cfiles`)."""
+from __future__ import annotations
+
+# The big loops (GEMM panels and rows) carry an OpenMP pragma behind `#if defined(_OPENMP)`
+# with the generation's thread count (SP_THREADS); without OpenMP they run on one thread.
+
+# the GEMM micro-kernel's panel width: B is packed in panels of NR columns
+NR = 16
+MR = 4
+
+HELPERS = {
+    # NaN in either gives NaN (numpy's maximum/minimum), branch-free so loops vectorise
+    "sp_maxf": "static inline float sp_maxf(float a, float b) "
+               "{ return (a > b || a != a) ? a : b; }",
+    "sp_minf": "static inline float sp_minf(float a, float b) "
+               "{ return (a < b || a != a) ? a : b; }",
+    "sp_maxd": "static inline double sp_maxd(double a, double b) "
+               "{ return (a > b || a != a) ? a : b; }",
+    "sp_mind": "static inline double sp_mind(double a, double b) "
+               "{ return (a < b || a != a) ? a : b; }",
+    "sp_maxi": "static inline int64_t sp_maxi(int64_t a, int64_t b) { return a > b ? a : b; }",
+    "sp_mini": "static inline int64_t sp_mini(int64_t a, int64_t b) { return a < b ? a : b; }",
+    "sp_signf": "static inline float sp_signf(float a) "
+                "{ return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }",
+    "sp_signd": "static inline double sp_signd(double a) "
+                "{ return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }",
+    "sp_rintf": "static inline float sp_rintf(float a) { return rintf(a); }",
+    "sp_rintd": "static inline double sp_rintd(double a) { return rint(a); }",
+}
+
+KERNELS = {}
+
+# C[M,N] = A[M,K] (rows lda apart) x B, B packed in panels of 16 columns: panel p holds
+# B[k][16p + j] at Bp[(p*K + k)*16 + j], zero past column N. MR x NR register blocks.
+# the float kernels' vectors and epilogue macros (included before them)
+KERNELS["vec"] = r"""
+/* GCC and Clang (zig cc, emcc, wasi-sdk too): 16-float vectors, lowered to the target's
+   registers (AVX-512, AVX2, SSE, NEON, wasm SIMD128); any other compiler, or
+   -DSP_NO_VECTORS: plain loops */
+#if defined(__GNUC__) && !defined(SP_NO_VECTORS)
+#define SP_VEC 1
+typedef float sp_v16 __attribute__((vector_size(64)));
+typedef int32_t sp_i16 __attribute__((vector_size(64)));
+#define SP_RELU(v) ((sp_v16)((sp_i16)(v) & ~((v) < zero)))
+#endif
+#define SP_ACT(v) ((act && (v) < 0.0f) ? 0.0f : (v))
+"""
+
+KERNELS["gemm_packed"] = r"""
+
+/* act 1: ReLU on the way out (NaN stays NaN, as numpy's maximum(x, 0)) */
+static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
+                          const float *Bp, const float *bias, float *C, idx ldc, int act)
+{
+    idx panels = (N + 15) / 16;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
+#endif
+    for (idx p = 0; p < panels; p++) {
+        const float *bp = Bp + p * K * 16;
+        idx j0 = p * 16, nj = N - j0 < 16 ? N - j0 : 16;
+        float bb[16];
+        for (int j = 0; j < 16; j++)
+            bb[j] = (bias && j < nj) ? bias[j0 + j] : 0.0f;
+#ifdef SP_VEC
+        sp_v16 vb, zero = {0};
+        memcpy(&vb, bb, sizeof vb);
+        idx i = 0;
+        for (; i + 8 <= M; i += 8) {     /* 8 rows: 8 independent accumulators */
+            sp_v16 c[8];
+            const float *a = A + i * lda;
+            for (int r = 0; r < 8; r++) c[r] = vb;
+            for (idx k = 0; k < K; k++) {
+                sp_v16 b = *(const sp_v16 *)(bp + k * 16);
+                for (int r = 0; r < 8; r++) c[r] += a[r * lda + k] * b;
+            }
+            for (int r = 0; r < 8; r++) {
+                float o[16];
+                if (act) c[r] = SP_RELU(c[r]);
+                memcpy(o, &c[r], 64);
+                memcpy(C + (i + r) * ldc + j0, o, (size_t)nj * sizeof(float));
+            }
+        }
+        for (; i + 4 <= M; i += 4) {
+            sp_v16 c0 = vb, c1 = vb, c2 = vb, c3 = vb;
+            const float *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            for (idx k = 0; k < K; k++) {
+                sp_v16 b = *(const sp_v16 *)(bp + k * 16);
+                c0 += a0[k] * b; c1 += a1[k] * b; c2 += a2[k] * b; c3 += a3[k] * b;
+            }
+            if (act) {
+                c0 = SP_RELU(c0); c1 = SP_RELU(c1); c2 = SP_RELU(c2); c3 = SP_RELU(c3);
+            }
+            float o[4][16];
+            memcpy(o[0], &c0, 64); memcpy(o[1], &c1, 64); memcpy(o[2], &c2, 64); memcpy(o[3], &c3, 64);
+            for (int r = 0; r < 4; r++)
+                memcpy(C + (i + r) * ldc + j0, o[r], (size_t)nj * sizeof(float));
+        }
+        for (; i < M; i++) {
+            sp_v16 c0 = vb, c1 = zero, c2 = zero, c3 = zero;
+            const float *a0 = A + i * lda;
+            const float *b = bp, *ak = a0;
+            for (idx q = K / 4; q > 0; q--, b += 64, ak += 4) {
+                c0 += ak[0] * *(const sp_v16 *)b;
+                c1 += ak[1] * *(const sp_v16 *)(b + 16);
+                c2 += ak[2] * *(const sp_v16 *)(b + 32);
+                c3 += ak[3] * *(const sp_v16 *)(b + 48);
+            }
+            for (idx r = K % 4; r > 0; r--, b += 16, ak++) c0 += ak[0] * *(const sp_v16 *)b;
+            float o[16];
+            c0 = (c0 + c1) + (c2 + c3);
+            if (act) c0 = SP_RELU(c0);
+            memcpy(o, &c0, 64);
+            memcpy(C + i * ldc + j0, o, (size_t)nj * sizeof(float));
+        }
+#else
+        idx i = 0;
+        for (; i + 4 <= M; i += 4) {
+            float c0[16], c1[16], c2[16], c3[16];
+            const float *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            for (int j = 0; j < 16; j++) { c0[j] = bb[j]; c1[j] = bb[j]; c2[j] = bb[j]; c3[j] = bb[j]; }
+            for (idx k = 0; k < K; k++) {
+                const float *b = bp + k * 16;
+                float x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
+                for (int j = 0; j < 16; j++) {
+                    c0[j] += x0 * b[j]; c1[j] += x1 * b[j];
+                    c2[j] += x2 * b[j]; c3[j] += x3 * b[j];
+                }
+            }
+            for (idx j = 0; j < nj; j++) {
+                C[i * ldc + j0 + j] = SP_ACT(c0[j]); C[(i + 1) * ldc + j0 + j] = SP_ACT(c1[j]);
+                C[(i + 2) * ldc + j0 + j] = SP_ACT(c2[j]); C[(i + 3) * ldc + j0 + j] = SP_ACT(c3[j]);
+            }
+        }
+        for (; i < M; i++) {
+            float c0[16];
+            const float *a0 = A + i * lda;
+            for (int j = 0; j < 16; j++) c0[j] = bb[j];
+            for (idx k = 0; k < K; k++) {
+                const float *b = bp + k * 16;
+                float x0 = a0[k];
+                for (int j = 0; j < 16; j++) c0[j] += x0 * b[j];
+            }
+            for (idx j = 0; j < nj; j++) C[i * ldc + j0 + j] = SP_ACT(c0[j]);
+        }
+#endif
+    }
+}
+"""
+
+# C[M,N] = A[M,K] x B[K,N], all row-major (a matmul of two computed values)
+KERNELS["gemm"] = r"""
+static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
+{
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
+#endif
+    for (idx i = 0; i < M; i++) {
+        float *c = C + i * N;
+        for (idx j = 0; j < N; j++) c[j] = 0.0f;
+        for (idx k = 0; k < K; k++) {
+            float a = A[i * K + k];
+            const float *b = B + k * N;
+            for (idx j = 0; j < N; j++) c[j] += a * b[j];
+        }
+    }
+}
+"""
+
+# conv2d of one image, per group: im2row (col: OH*OW rows of Cg*KH*KW) and the packed GEMM
+# with the group's weight packed as W^T (Kg x OCg, `pack_conv_weight`); tmp holds the (OH*OW,
+# OCg) product before it is written channel-major into y
+KERNELS["conv2d"] = r"""
+static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+                     const float *Wp, const float *bias, idx OH, idx OW,
+                     idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
+                     float *col, float *tmp, float *y, int act)
+{
+    idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
+    idx gstride = ((OCg + 15) / 16) * K * 16;
+    for (idx g = 0; g < G; g++) {
+        const float *xg = x + g * Cg * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                float *row = col + (oh * OW + ow) * K;
+                idx iw0 = ow * sw - pw;
+                int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
+                for (idx c = 0; c < Cg; c++)
+                    for (idx kh = 0; kh < KH; kh++) {
+                        idx ih = oh * sh - ph + kh * dh;
+                        float *r = row + (c * KH + kh) * KW;
+                        if (ih < 0 || ih >= H) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = 0.0f;
+                            continue;
+                        }
+                        const float *src = xg + (c * H + ih) * W;
+                        if (inside) {
+                            for (idx kw = 0; kw < KW; kw++) r[kw] = src[iw0 + kw];
+                            continue;
+                        }
+                        for (idx kw = 0; kw < KW; kw++) {
+                            idx iw = iw0 + kw * dw;
+                            r[kw] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+                        }
+                    }
+            }
+        k_gemm_packed(P, OCg, K, col, K, Wp + g * gstride, bias ? bias + g * OCg : NULL, tmp,
+                      OCg, 0);
+        float *yg = y + g * OCg * P;
+        for (idx o = 0; o < OCg; o++)
+            for (idx p = 0; p < P; p++) {
+                float v = tmp[p * OCg + o];
+                yg[o * P + p] = SP_ACT(v);
+            }
+    }
+}
+"""
+
+# C[M,N] = A[M,K] B[K,N] (+ bias[m]), both row-major, vectorised over N: the conv2d of a
+# layer with few output channels (rows) and many pixels (columns), every lane useful
+KERNELS["gemm_wcol"] = r"""
+static void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
+                        const float *bias, float *C, int act)
+{
+#ifdef SP_VEC
+    idx j = 0;
+    sp_v16 zero = {0};
+    for (; j + 16 <= N; j += 16) {
+        idx i = 0;
+        for (; i + 4 <= M; i += 4) {
+            sp_v16 c0 = zero, c1 = zero, c2 = zero, c3 = zero;
+            if (bias) { c0 += bias[i]; c1 += bias[i + 1]; c2 += bias[i + 2]; c3 += bias[i + 3]; }
+            const float *a0 = A + i * K, *a1 = a0 + K, *a2 = a1 + K, *a3 = a2 + K;
+            const float *bk = B + j;
+            for (idx k = 0; k < K; k++, bk += N) {
+                sp_v16 b;
+                memcpy(&b, bk, 64);
+                c0 += a0[k] * b; c1 += a1[k] * b; c2 += a2[k] * b; c3 += a3[k] * b;
+            }
+            if (act) { c0 = SP_RELU(c0); c1 = SP_RELU(c1); c2 = SP_RELU(c2); c3 = SP_RELU(c3); }
+            memcpy(C + i * N + j, &c0, 64); memcpy(C + (i + 1) * N + j, &c1, 64);
+            memcpy(C + (i + 2) * N + j, &c2, 64); memcpy(C + (i + 3) * N + j, &c3, 64);
+        }
+        for (; i < M; i++) {
+            sp_v16 c0 = zero;
+            if (bias) c0 += bias[i];
+            const float *a0 = A + i * K, *bk = B + j;
+            for (idx k = 0; k < K; k++, bk += N) {
+                sp_v16 b;
+                memcpy(&b, bk, 64);
+                c0 += a0[k] * b;
+            }
+            if (act) c0 = SP_RELU(c0);
+            memcpy(C + i * N + j, &c0, 64);
+        }
+    }
+#endif
+    for (idx i = 0; i < M; i++) {      /* the columns left (all of them without vectors) */
+        const float *ai = A + i * K;
+        float *ci = C + i * N;
+#ifdef SP_VEC
+        for (idx t = 0; t < 16 && j + t < N; t++) {
+            idx jj = j + t;
+#else
+        for (idx jj = 0; jj < N; jj++) {
+#endif
+            float s = bias ? bias[i] : 0.0f;
+            const float *bk = B + jj;
+            for (idx k = 0; k < K; k++, bk += N) s += ai[k] * *bk;
+            ci[jj] = SP_ACT(s);
+        }
+    }
+}
+"""
+
+# conv2d of one image as im2col (col: Kg rows of OH*OW) and k_gemm_wcol per group, written
+# channel-major straight into y (a weight used as it is: computed weights too)
+KERNELS["conv2d_wcol"] = r"""
+static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+                          const float *w, const float *bias, idx OH, idx OW,
+                          idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *col,
+                          float *y, int act)
+{
+    idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
+    for (idx g = 0; g < G; g++) {
+        const float *xg = x + g * Cg * H * W;
+        for (idx c = 0; c < Cg; c++)
+            for (idx kh = 0; kh < KH; kh++)
+                for (idx kw = 0; kw < KW; kw++) {
+                    float *r = col + ((c * KH + kh) * KW + kw) * P;
+                    idx off = kw * dw - pw;
+                    for (idx oh = 0; oh < OH; oh++) {
+                        idx ih = oh * sh - ph + kh * dh;
+                        float *ro = r + oh * OW;
+                        if (ih < 0 || ih >= H) {
+                            for (idx ow = 0; ow < OW; ow++) ro[ow] = 0.0f;
+                            continue;
+                        }
+                        const float *src = xg + (c * H + ih) * W;
+                        for (idx ow = 0; ow < OW; ow++) {
+                            idx iw = ow * sw + off;
+                            ro[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+                        }
+                    }
+                }
+        k_gemm_wcol(OCg, P, K, w + g * OCg * K, col, bias ? bias + g * OCg : NULL,
+                    y + g * OCg * P, act);
+    }
+}
+"""
+
+KERNELS["maxpool2d"] = r"""
+static void k_maxpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
+                        idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *y)
+{
+    for (idx n = 0; n < NC; n++) {
+        const float *xs = x + n * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                float m = -INFINITY;
+                for (idx i = 0; i < KH; i++) {
+                    idx ih = oh * sh - ph + i * dh;
+                    if (ih < 0 || ih >= H) continue;
+                    for (idx j = 0; j < KW; j++) {
+                        idx iw = ow * sw - pw + j * dw;
+                        if (iw < 0 || iw >= W) continue;
+                        float v = xs[ih * W + iw];
+                        if (v > m || v != v) m = v;
+                    }
+                }
+                y[(n * OH + oh) * OW + ow] = m;
+            }
+    }
+}
+"""
+
+# avg_pool2d as PyTorch counts: the window clipped to the padded input (count_include_pad)
+# or to the input; divisor_override > 0 replaces the count
+KERNELS["avgpool2d"] = r"""
+static void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
+                        idx sh, idx sw, idx ph, idx pw, int include_pad, idx divisor, float *y)
+{
+    for (idx n = 0; n < NC; n++) {
+        const float *xs = x + n * H * W;
+        for (idx oh = 0; oh < OH; oh++)
+            for (idx ow = 0; ow < OW; ow++) {
+                idx h0 = oh * sh - ph, w0 = ow * sw - pw;
+                idx h1 = h0 + KH < H + ph ? h0 + KH : H + ph;
+                idx w1 = w0 + KW < W + pw ? w0 + KW : W + pw;
+                idx cnt = (h1 - h0) * (w1 - w0);
+                idx a0 = h0 < 0 ? 0 : h0, b0 = w0 < 0 ? 0 : w0;
+                idx a1 = h1 > H ? H : h1, b1 = w1 > W ? W : w1;
+                float s = 0.0f;
+                for (idx i = a0; i < a1; i++)
+                    for (idx j = b0; j < b1; j++) s += xs[i * W + j];
+                if (!include_pad) cnt = (a1 - a0) * (b1 - b0);
+                if (divisor > 0) cnt = divisor;
+                y[(n * OH + oh) * OW + ow] = s / (float)cnt;
+            }
+    }
+}
+"""
+
+KERNELS["softmax"] = r"""
+static void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
+{
+    for (idx r = 0; r < rows; r++) {
+        const float *a = x + r * n;
+        float *o = y + r * n;
+        float m = -INFINITY;
+        for (idx j = 0; j < n; j++) if (a[j] > m || a[j] != a[j]) m = a[j];
+        double s = 0.0;
+        for (idx j = 0; j < n; j++) { float e = expf(a[j] - m); s += e; if (!log_) o[j] = e; }
+        if (log_) {
+            float l = (float)log(s);
+            for (idx j = 0; j < n; j++) o[j] = (a[j] - m) - l;
+        } else {
+            float inv = (float)(1.0 / s);
+            for (idx j = 0; j < n; j++) o[j] *= inv;
+        }
+    }
+}
+"""
+
+# (x - mean) / sqrt(var + eps) per row, times w plus b (w, b NULL: no affine)
+KERNELS["layernorm"] = r"""
+static void k_layernorm_rows(idx rows, idx n, const float *x, const float *w, const float *b,
+                             float eps, float *y)
+{
+    for (idx r = 0; r < rows; r++) {
+        const float *a = x + r * n;
+        float *o = y + r * n;
+        double s = 0.0, q = 0.0;
+        for (idx j = 0; j < n; j++) s += a[j];
+        float mean = (float)(s / (double)n);
+        for (idx j = 0; j < n; j++) { double d = a[j] - mean; q += d * d; }
+        float rs = 1.0f / sqrtf((float)(q / (double)n) + eps);
+        for (idx j = 0; j < n; j++) {
+            float v = (a[j] - mean) * rs;
+            o[j] = w ? v * w[j] + b[j] : v;
+        }
+    }
+}
+"""
+
+# y[o, t, i] = x[o, idx[t], i]; an index outside [-A, A) fails the call
+KERNELS["gather"] = r"""
+static int k_gather(idx outer, idx A, idx inner, size_t esize, const unsigned char *x,
+                    idx nidx, const int64_t *ix, unsigned char *y)
+{
+    for (idx t = 0; t < nidx; t++)
+        if (ix[t] < -A || ix[t] >= A) return 1;
+    for (idx o = 0; o < outer; o++)
+        for (idx t = 0; t < nidx; t++) {
+            idx j = (idx)ix[t] < 0 ? (idx)ix[t] + A : (idx)ix[t];
+            memcpy(y + (o * nidx + t) * inner * esize, x + (o * A + j) * inner * esize,
+                   (size_t)inner * esize);
+        }
+    return 0;
+}
+"""
+
+# y = concatenation along an axis: `chunk` bytes of each input per outer index
+KERNELS["concat"] = r"""
+static void k_concat_part(idx outer, size_t chunk, size_t total, size_t at,
+                          const unsigned char *x, unsigned char *y)
+{
+    for (idx o = 0; o < outer; o++) memcpy(y + o * total + at, x + o * chunk, chunk);
+}
+"""
