@@ -132,7 +132,6 @@ def beam_decode(steps=30):
     char_gpt.decode(model, stoi, itos, "Beautiful is ", max_new=30, k=3, block=16)
 
 
-
 def edge(xs, ys):
     """The served CNN program (step 5, symbolic batch) as a C library: built with the
     system cc, run from its driver `model_run` on the whole test set (accuracy) and at batch
