@@ -144,6 +144,8 @@ def _channels(step, x, scale, zp, axis):
 
 
 def quantize(step, ctx):
+    # rint(x / s) + z in float32 equals the reference's float64 sum wherever it is not
+    # saturated: both are exact below 2**24, and beyond it both saturate alike
     x, sb, zb = step.ins
     y = step.outs[0]
     if x.dtype != np.float32:
@@ -160,7 +162,7 @@ def quantize(step, ctx):
         "            for (idx i = 0; i < @inner@; i++) {\n"
         "                idx at = (o * @c@ + c) * @inner@ + i;\n"
         "                float v = @x@[at] / @s@[c];\n"
-        "                double d = (v != v ? 0.0 : (double)rintf(v)) + @z@[c];\n"
+        "                float d = (v != v ? 0.0f : rintf(v)) + (float)@z@[c];\n"
         "                @y@[at] = (@yt@)(d < @lo@ ? @lo@ : (d > @hi@ ? @hi@ : d));\n"
         "            }", outer=outer.code(), c=c.code(), inner=inner.code(), x=x.name,
         s=sc.name, z=zc.name, y=y.name, yt=ctype(y.dtype), lo=num(lo), hi=num(hi))
