@@ -230,23 +230,14 @@ static void k_qconv2d_wcol(idx G, idx C, idx H, idx W, const void *xv, int x_sig
             unsigned char *r = col + (k / 4) * P * 4 + k % 4;
             if (k >= K) { for (idx p = 0; p < P; p++) r[4 * p] = 0; continue; }
             idx c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
-            idx off = kw * dw - pw;
-            /* the output columns whose tap lies inside the image: [lo, hi) */
-            idx lo_ = off >= 0 ? 0 : (-off + sw - 1) / sw;
-            idx hi_ = W - off <= 0 ? 0 : (W - off + sw - 1) / sw;
-            if (hi_ > OW) hi_ = OW;
-            if (lo_ > hi_) lo_ = hi_;
             for (idx oh = 0; oh < OH; oh++) {
                 idx ih = oh * sh - ph + kh * dh;
                 unsigned char *ro = r + 4 * oh * OW;
-                if (ih < 0 || ih >= H) {
-                    for (idx ow = 0; ow < OW; ow++) ro[4 * ow] = (unsigned char)xz;
-                    continue;
+                for (idx ow = 0; ow < OW; ow++) {
+                    idx iw = ow * sw - pw + kw * dw;
+                    ro[4 * ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                        ? xg[(c * H + ih) * W + iw] : (unsigned char)xz;
                 }
-                const unsigned char *src = xg + (c * H + ih) * W + off;
-                for (idx ow = 0; ow < lo_; ow++) ro[4 * ow] = (unsigned char)xz;
-                for (idx ow = lo_; ow < hi_; ow++) ro[4 * ow] = src[ow * sw];
-                for (idx ow = hi_; ow < OW; ow++) ro[4 * ow] = (unsigned char)xz;
             }
         }
         const int8_t *wg = w4 + g * OCg * Kp;

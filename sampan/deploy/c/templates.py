@@ -292,11 +292,6 @@ static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, id
                 for (idx kw = 0; kw < KW; kw++) {
                     float *r = col + ((c * KH + kh) * KW + kw) * P;
                     idx off = kw * dw - pw;
-                    /* the output columns whose tap lies inside the image: [lo_, hi_) */
-                    idx lo_ = off >= 0 ? 0 : (-off + sw - 1) / sw;
-                    idx hi_ = W - off <= 0 ? 0 : (W - off + sw - 1) / sw;
-                    if (hi_ > OW) hi_ = OW;
-                    if (lo_ > hi_) lo_ = hi_;
                     for (idx oh = 0; oh < OH; oh++) {
                         idx ih = oh * sh - ph + kh * dh;
                         float *ro = r + oh * OW;
@@ -304,10 +299,11 @@ static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, id
                             for (idx ow = 0; ow < OW; ow++) ro[ow] = 0.0f;
                             continue;
                         }
-                        const float *src = xg + (c * H + ih) * W + off;
-                        for (idx ow = 0; ow < lo_; ow++) ro[ow] = 0.0f;
-                        for (idx ow = lo_; ow < hi_; ow++) ro[ow] = src[ow * sw];
-                        for (idx ow = hi_; ow < OW; ow++) ro[ow] = 0.0f;
+                        const float *src = xg + (c * H + ih) * W;
+                        for (idx ow = 0; ow < OW; ow++) {
+                            idx iw = ow * sw + off;
+                            ro[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+                        }
                     }
                 }
         k_gemm_wcol(OCg, P, K, w + g * OCg * K, col, bias ? bias + g * OCg : NULL,
