@@ -225,10 +225,10 @@ class SpillStore:
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, their records)``; ``delete`` removes them in the same transaction."""
-        keys = _keys(ids)
+        keys = _keys(np.unique(ids))  # sorted: the B-tree walk reuses its pages
         with self.env.begin(write=delete, db=self.db) as txn:
-            got = [(k, txn.get(k)) for k in keys]
-            got = [(k, v) for k, v in got if v is not None]
+            # one C call for the batch (Cursor.getmulti), not a Python get per key
+            got = txn.cursor().getmulti(keys) if keys else []
             if delete and got:
                 for k, _ in got:
                     txn.delete(k)
