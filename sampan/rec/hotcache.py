@@ -31,6 +31,7 @@ timeline (``hot_cache`` instants and ``write_back`` spans, category ``rec``).
 
 from __future__ import annotations
 
+import collections
 import copy
 import queue
 import threading
@@ -119,6 +120,10 @@ class HotCache:
         self._seen = np.zeros(0, np.int64)   # sightings per cached row since write-back
         self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
         self.steps = 0
+        # the id -> row layout's generation: a refresh moves rows, so rows resolved by a
+        # plan are used as they are (no second lookup) only while it is unchanged
+        self._gen = 0
+        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen)
         self.last_write_back = 0  # step count at the last write-back
         self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
         self._n = {"hits": 0, "misses": 0, "bytes_moved": 0, "written_back": 0,
@@ -195,6 +200,8 @@ class HotCache:
             rows = self._rows(uniq)
             hit = rows >= 0
             self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
+            gen = self._gen
+            self._planned.append((uniq, rows, gen))  # push() of these ids skips the lookup
         hit_at, miss = np.flatnonzero(hit), np.flatnonzero(~hit)
         # the misses are distinct, so the shards' plan keeps their order (inverse: arange)
         sub = self.emb.plan(uniq[miss], step) if miss.size else None
@@ -205,17 +212,30 @@ class HotCache:
         if _rec.ACTIVE:
             _rec.instant("hot_cache", "rec", hits=h, misses=m, ids=int(uniq.size),
                          cached=len(self), bytes=int(miss.size * (8 + 4 * self.dim)))
-        return uniq, inverse, (hit_at, miss, sub), None
+        return uniq, inverse, (hit_at, miss, sub), (rows, gen)
 
     def fetch(self, uniq, parts, rows=None) -> np.ndarray:
         """The vectors of a plan: cached rows as they are now, the misses' pull answers."""
         hit_at, miss, sub = parts
         out = np.empty((uniq.size, self.dim), np.float32)
-        self._gather_cached(uniq, hit_at, out)
+        moved = self._gather_planned(uniq, hit_at, rows, out)
         if sub is not None:
             out[miss] = self.emb.fetch(sub[0], sub[2], sub[3])
-            self._cached_since(uniq, miss, out)
+            if moved:
+                self._cached_since(uniq, miss, out)
         return out
+
+    def _gather_planned(self, uniq, at, rows, out) -> bool:
+        """Gather the plan's cached rows; with the plan's rows (``(rows, gen)``) and no
+        refresh since, straight from the dense array by row (no second index lookup).
+        Returns whether the layout may have moved since the plan."""
+        if rows is not None:
+            with self.table.lock:
+                if rows[1] == self._gen:
+                    out[at] = self.table.weights.gather(rows[0][at])
+                    return False
+        self._gather_cached(uniq, at, out)
+        return True
 
     def _cached_since(self, uniq, at, out) -> None:
         """Ids planned as misses that a refresh cached meanwhile: the cache's copy is the
@@ -236,20 +256,26 @@ class HotCache:
         """Gather again the ids of a plan that ``mask`` selects (the Prefetcher's, for
         ids pushed since the plan)."""
         hit_at, miss, sub = parts
-        self._gather_cached(uniq, hit_at[mask[hit_at]], out)
+        moved = self._gather_planned(uniq, hit_at[mask[hit_at]], rows, out)
         if sub is not None and mask[miss].any():
             part = out[miss]
             self.emb._refetch(sub[0], sub[2], sub[3], mask[miss], part)
             out[miss] = part
-            self._cached_since(uniq, miss[mask[miss]], out)
+            if moved:
+                self._cached_since(uniq, miss[mask[miss]], out)
 
     def push(self, uniq, grads, step: int | None = None) -> None:
         """Apply summed gradients of unique ids: cached rows here, the rest on the shards;
         writes back every ``write_back_every`` pushes."""
+        given = uniq
         uniq = np.ascontiguousarray(uniq, np.int64)
         grads = np.ascontiguousarray(grads, np.float32).reshape(uniq.size, self.dim)
         with self.table.lock:
-            rows = self._rows(uniq)
+            planned = next((p for p in self._planned if p[0] is given), None)
+            if planned is not None and planned[2] == self._gen:
+                rows = planned[1]  # the pulled ids, resolved by their plan
+            else:
+                rows = self._rows(uniq)
             hit = rows >= 0
             if hit.any():
                 self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
@@ -315,12 +341,15 @@ class HotCache:
         with t.lock:
             have = t.ids()
             keep = wanted.get(have) >= 0
+            self._gen += 1
+            self._planned.clear()
             t.remove(have[~keep])
             new = want[t.map.get(want) < 0]
         found, w, s = self.emb.read_rows(new) if new.size else (np.zeros(0, bool), None, None)
         new = new[found]
         if new.size:
             with t.lock:
+                self._gen += 1
                 t.set_vectors(new, w[found])
                 rows = self._rows(new)
                 t.slots.scatter(rows, s[found] if s is not None else np.full(
