@@ -68,7 +68,8 @@ class HotCache:
     ``budget_mb`` sizes K (weights, optimiser slots, index and metadata per row);
     ``stats`` chooses the ids (an :class:`IdStats` the caller feeds, e.g. through
     ``ParquetCTRReader(stats=)``; by default the cache makes one and feeds it from its
-    own pulls); :meth:`refresh` (between passes) loads the current top K. The cache
+    own pulls: the misses' counts each step, the cached ids' counts, summed in the
+    cache, at each refresh and flush); :meth:`refresh` (between passes) loads the current top K. The cache
     has ``emb``'s ``pull``, ``push`` and ``read``, so ``HashEmbedding(dim, emb=cache)``
     trains through it.
 
@@ -118,6 +119,7 @@ class HotCache:
                                         initial_capacity=self.capacity)
         self.table.attach_slots(width, self.optimizer.slot_init)
         self._seen = np.zeros(0, np.int64)   # sightings per cached row since write-back
+        self._unfed = np.zeros(0, np.int64)  # sightings per cached row not yet in stats
         self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
         self.steps = 0
         # the id -> row layout's generation: a refresh moves rows, so rows resolved by a
@@ -162,6 +164,20 @@ class HotCache:
                              name="sampan-hotcache-sketch").start()
         self._feed.put((uniq, cnt))
 
+    def _feed_cached(self) -> None:
+        """Give the sketch the cached ids' sightings counted since the last time (the
+        queue keeps them in order with the misses' counts)."""
+        if not self.feeds_stats:
+            return
+        t = self.table
+        with t.lock:
+            n = min(t.alloc.next_row, self._unfed.size)
+            rows = np.flatnonzero((self._unfed[:n] > 0) & t.live[:n])
+            ids, cnt = t.meta["key"][rows], self._unfed[rows].copy()
+            self._unfed[:n] = 0
+        if rows.size:
+            self._count(ids, cnt)
+
     def _feed_loop(self, q: queue.Queue) -> None:
         while (item := q.get()) is not None:
             try:
@@ -177,6 +193,8 @@ class HotCache:
         n = self.table.alloc.next_row
         if self._seen.size < n:
             self._seen = np.concatenate([self._seen, np.zeros(n - self._seen.size, np.int64)])
+            self._unfed = np.concatenate([self._unfed, np.zeros(n - self._unfed.size,
+                                                                np.int64)])
             self._dirty = np.concatenate([self._dirty, np.zeros(n - self._dirty.size,
                                                                 np.bool_)])
         return rows
@@ -194,15 +212,19 @@ class HotCache:
         run it ahead on its thread)."""
         uniq, inverse = unique_inverse(ids)
         cnt = np.bincount(inverse, minlength=uniq.size)
-        if self.feeds_stats:
-            self._count(uniq, cnt)
         with self.table.lock:
             rows = self._rows(uniq)
             hit = rows >= 0
             self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
+            if self.feeds_stats:
+                self._unfed[rows[hit]] += cnt[hit]
             gen = self._gen
             self._planned.append((uniq, rows, gen))  # push() of these ids skips the lookup
         hit_at, miss = np.flatnonzero(hit), np.flatnonzero(~hit)
+        if self.feeds_stats and miss.size:
+            # the misses now; the cached ids' sightings add up in _unfed and reach the
+            # sketch at the next refresh or flush: one update per cached row, not per step
+            self._count(uniq[miss], cnt[miss])
         # the misses are distinct, so the shards' plan keeps their order (inverse: arange)
         sub = self.emb.plan(uniq[miss], step) if miss.size else None
         h, m = int(cnt[hit].sum()), int(cnt[miss].sum())
@@ -329,6 +351,7 @@ class HotCache:
         left the top K, load the new ones from the shards (ids the shards have no row for
         yet are loaded by a later refresh). Returns ``{"kept", "dropped", "loaded"}``."""
         self.write_back(step)
+        self._feed_cached()
         if self._feed is not None:
             self._feed.join()  # every pull so far counted
         if self._feed_error is not None:
@@ -343,8 +366,14 @@ class HotCache:
             keep = wanted.get(have) >= 0
             self._gen += 1
             self._planned.clear()
-            t.remove(have[~keep])
+            gone = have[~keep]
+            gone_rows = t.map.get(gone)
+            late = self._unfed[gone_rows]  # counted by a plan since _feed_cached
+            self._unfed[gone_rows] = 0
+            t.remove(gone)
             new = want[t.map.get(want) < 0]
+        if self.feeds_stats and late.any():
+            self._count(gone[late > 0], late[late > 0])
         found, w, s = self.emb.read_rows(new) if new.size else (np.zeros(0, bool), None, None)
         new = new[found]
         if new.size:
@@ -356,6 +385,7 @@ class HotCache:
                     (new.size, t.slots.width), t.slot_init, np.float32))
                 self._dirty[rows] = False
                 self._seen[rows] = 0
+                self._unfed[rows] = 0
             self._n["bytes_moved"] += new.size * (8 + 4 * (self.dim + t.slots.width))
         self._n["refreshes"] += 1
         if _rec.ACTIVE:
@@ -364,8 +394,10 @@ class HotCache:
         return {"kept": int(keep.sum()), "dropped": int((~keep).sum()), "loaded": int(new.size)}
 
     def flush(self) -> None:
-        """Write everything back (and wait for the shards' pending pushes)."""
+        """Write everything back (and wait for the shards' pending pushes); the cached
+        ids' sightings go to the sketch."""
         self.write_back()
+        self._feed_cached()
         if hasattr(self.emb, "flush"):
             self.emb.flush()
 

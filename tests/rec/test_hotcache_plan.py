@@ -87,3 +87,27 @@ def test_a_refresh_between_plan_fetch_and_push_reads_and_trains_the_right_rows()
     cache.close()
     ref.close()
     back.close()
+
+
+def test_the_sketch_counts_every_sighting_of_cached_ids_by_the_refresh():
+    """Cached ids' counts reach the cache's own sketch in sums at refresh and flush, not
+    per step: by then its total and estimates hold every sighting (count-min: never
+    below the true count, within the error bound)."""
+    rng = np.random.default_rng(3)
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004)
+    batches = [_ids(rng) for _ in range(9)]
+    for t, ids in enumerate(batches):
+        u, _, v = cache.pull(ids, t)
+        cache.push(u, _grads(u, v, t), t)
+        if t in (2, 5):
+            cache.refresh(t)
+            assert cache.stats.total == sum(b.size for b in batches[: t + 1])
+    assert cache.counters()["hits"] > 0
+    cache.flush()
+    cache._feed.join()
+    allids = np.concatenate(batches)
+    assert cache.stats.total == allids.size
+    u, true = np.unique(allids, return_counts=True)
+    est = cache.stats.estimate(u)
+    assert (est >= true).all() and (est - true <= cache.stats.error_bound).all()
+    cache.close()
