@@ -128,8 +128,8 @@ class HotCache:
         self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen)
         self.last_write_back = 0  # step count at the last write-back
         self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
-        self._n = {"hits": 0, "misses": 0, "bytes_moved": 0, "written_back": 0,
-                   "write_backs": 0, "refreshes": 0}
+        self._n = {"hits": 0, "misses": 0, "distinct_hits": 0, "distinct_misses": 0,
+                   "bytes_moved": 0, "written_back": 0, "write_backs": 0, "refreshes": 0}
 
     @property
     def shard_staleness(self) -> int:
@@ -147,11 +147,15 @@ class HotCache:
         return len(self.table)
 
     def counters(self) -> dict:
-        """Hits and misses (per looked-up id occurrence), ``hit_rate``, ``bytes_moved``
-        between trainer and shards, rows ``written_back`` in ``write_backs`` calls."""
+        """Hits and misses (per looked-up id occurrence), ``hit_rate``; the same per
+        distinct id of a batch (``distinct_hit_rate``: the share of the shards' per-id
+        work a pull and a push skip, since both dedupe first), ``bytes_moved`` between
+        trainer and shards, rows ``written_back`` in ``write_backs`` calls."""
         n = dict(self._n)
         total = n["hits"] + n["misses"]
         n["hit_rate"] = n["hits"] / total if total else 0.0
+        dt = n["distinct_hits"] + n["distinct_misses"]
+        n["distinct_hit_rate"] = n["distinct_hits"] / dt if dt else 0.0
         n["rows"], n["capacity"] = len(self), self.capacity
         return n
 
@@ -230,6 +234,8 @@ class HotCache:
         h, m = int(cnt[hit].sum()), int(cnt[miss].sum())
         self._n["hits"] += h
         self._n["misses"] += m
+        self._n["distinct_hits"] += int(hit_at.size)  # a batch's distinct ids: the work
+        self._n["distinct_misses"] += int(miss.size)  # a pull and a push do per id
         self._n["bytes_moved"] += miss.size * (8 + 4 * self.dim)
         if _rec.ACTIVE:
             _rec.instant("hot_cache", "rec", hits=h, misses=m, ids=int(uniq.size),

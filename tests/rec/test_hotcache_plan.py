@@ -111,3 +111,16 @@ def test_the_sketch_counts_every_sighting_of_cached_ids_by_the_refresh():
     est = cache.stats.estimate(u)
     assert (est >= true).all() and (est - true <= cache.stats.error_bound).all()
     cache.close()
+
+
+def test_counters_count_distinct_ids_of_a_batch_as_well():
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=1)
+    u, _, v = cache.pull(np.array([1, 2, 2]), 0)
+    cache.push(u, v, 0)
+    cache.refresh(0)  # caches 1 and 2
+    cache.pull(np.array([1, 1, 1, 2, 9]), 1)
+    c = cache.counters()
+    assert (c["hits"], c["misses"]) == (4, 3 + 1)
+    assert (c["distinct_hits"], c["distinct_misses"]) == (2, 2 + 1)
+    assert c["distinct_hit_rate"] == 2 / 5
+    cache.close()
