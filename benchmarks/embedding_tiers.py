@@ -151,12 +151,15 @@ def hit_lines(pass1, pass2, refresh, info):
         c = cache.counters()
         hits, misses = c["hits"] - before["hits"], c["misses"] - before["misses"]
         rate = hits / (hits + misses)
+        dh = c["distinct_hits"] - before["distinct_hits"]
+        dm = c["distinct_misses"] - before["distinct_misses"]
         emb.close()
         out[frac] = rate
         emit("T1", "sampan", f"hot-cache-{int(frac * 100)}pct", "hit_rate", [rate],
              rows=rows, cache_rows=cache.capacity, budget_mb=round(cache.budget_mb, 2),
              lru_hit_rate=round(lru, 4), static_topk_hit_rate=round(static, 4),
              oracle_hit_rate=round(oracle, 4),
+             distinct_hit_rate=round(dh / max(dh + dm, 1), 4),  # the pull/push work saved
              beats_lru=bool(rate > lru), refresh_every=refresh, lookups=int(second.size),
              **({"target": 0.8, "met": bool(rate >= 0.8)} if frac == 0.05 else {}), **info)
     return rows, out

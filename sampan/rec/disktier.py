@@ -29,6 +29,16 @@ are the recovery path) and leaves a store that reopens with each id as of its la
 demotion: ``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its
 rows.
 
+Where the time goes (``benchmarks/embedding_disk.py``, 2026-12-02, under load): a step
+of 4096 Zipf(1.1) lookups over 10^7 ids with 256 MB (11% of the rows resident) reads
+~1200 distinct ids from disk and writes as many back when they are demoted; reading a
+key costs ~10 us of LMDB page faults (one ``getmulti`` for the batch costs what a
+``get`` per key did), the remap every ``REMAP_KEYS`` keys ~2.5 ms, and keeping the rows
+by sightings (``freq``) instead of LRU changed no promotion: the misses are first
+sightings and the ~20% of draws past the id range that ``% n_ids`` spreads uniformly.
+0.1x the all-RAM samples/s at 10^7 ids, 0.015x at 10^8; 0.5x needs about 1.5 us a
+disk row, read and write, which a B-tree over a memory map does not give.
+
 Files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored weights
 [| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version, dim,
 row dtype, lineage, count of rows) is rewritten in every transaction that changes the
@@ -225,10 +235,10 @@ class SpillStore:
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, their records)``; ``delete`` removes them in the same transaction."""
-        keys = _keys(ids)
+        keys = _keys(np.unique(ids))  # sorted: the B-tree walk reuses its pages
         with self.env.begin(write=delete, db=self.db) as txn:
-            got = [(k, txn.get(k)) for k in keys]
-            got = [(k, v) for k, v in got if v is not None]
+            # one C call for the batch (Cursor.getmulti), not a Python get per key
+            got = txn.cursor().getmulti(keys) if keys else []
             if delete and got:
                 for k, _ in got:
                     txn.delete(k)

@@ -31,6 +31,7 @@ timeline (``hot_cache`` instants and ``write_back`` spans, category ``rec``).
 
 from __future__ import annotations
 
+import collections
 import copy
 import queue
 import threading
@@ -67,7 +68,8 @@ class HotCache:
     ``budget_mb`` sizes K (weights, optimiser slots, index and metadata per row);
     ``stats`` chooses the ids (an :class:`IdStats` the caller feeds, e.g. through
     ``ParquetCTRReader(stats=)``; by default the cache makes one and feeds it from its
-    own pulls); :meth:`refresh` (between passes) loads the current top K. The cache
+    own pulls: the misses' counts each step, the cached ids' counts, summed in the
+    cache, at each refresh and flush); :meth:`refresh` (between passes) loads the current top K. The cache
     has ``emb``'s ``pull``, ``push`` and ``read``, so ``HashEmbedding(dim, emb=cache)``
     trains through it.
 
@@ -117,12 +119,17 @@ class HotCache:
                                         initial_capacity=self.capacity)
         self.table.attach_slots(width, self.optimizer.slot_init)
         self._seen = np.zeros(0, np.int64)   # sightings per cached row since write-back
+        self._unfed = np.zeros(0, np.int64)  # sightings per cached row not yet in stats
         self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
         self.steps = 0
+        # the id -> row layout's generation: a refresh moves rows, so rows resolved by a
+        # plan are used as they are (no second lookup) only while it is unchanged
+        self._gen = 0
+        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen)
         self.last_write_back = 0  # step count at the last write-back
         self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
-        self._n = {"hits": 0, "misses": 0, "bytes_moved": 0, "written_back": 0,
-                   "write_backs": 0, "refreshes": 0}
+        self._n = {"hits": 0, "misses": 0, "distinct_hits": 0, "distinct_misses": 0,
+                   "bytes_moved": 0, "written_back": 0, "write_backs": 0, "refreshes": 0}
 
     @property
     def shard_staleness(self) -> int:
@@ -140,11 +147,15 @@ class HotCache:
         return len(self.table)
 
     def counters(self) -> dict:
-        """Hits and misses (per looked-up id occurrence), ``hit_rate``, ``bytes_moved``
-        between trainer and shards, rows ``written_back`` in ``write_backs`` calls."""
+        """Hits and misses (per looked-up id occurrence), ``hit_rate``; the same per
+        distinct id of a batch (``distinct_hit_rate``: the share of the shards' per-id
+        work a pull and a push skip, since both dedupe first), ``bytes_moved`` between
+        trainer and shards, rows ``written_back`` in ``write_backs`` calls."""
         n = dict(self._n)
         total = n["hits"] + n["misses"]
         n["hit_rate"] = n["hits"] / total if total else 0.0
+        dt = n["distinct_hits"] + n["distinct_misses"]
+        n["distinct_hit_rate"] = n["distinct_hits"] / dt if dt else 0.0
         n["rows"], n["capacity"] = len(self), self.capacity
         return n
 
@@ -156,6 +167,20 @@ class HotCache:
             threading.Thread(target=self._feed_loop, args=(self._feed,), daemon=True,
                              name="sampan-hotcache-sketch").start()
         self._feed.put((uniq, cnt))
+
+    def _feed_cached(self) -> None:
+        """Give the sketch the cached ids' sightings counted since the last time (the
+        queue keeps them in order with the misses' counts)."""
+        if not self.feeds_stats:
+            return
+        t = self.table
+        with t.lock:
+            n = min(t.alloc.next_row, self._unfed.size)
+            rows = np.flatnonzero((self._unfed[:n] > 0) & t.live[:n])
+            ids, cnt = t.meta["key"][rows], self._unfed[rows].copy()
+            self._unfed[:n] = 0
+        if rows.size:
+            self._count(ids, cnt)
 
     def _feed_loop(self, q: queue.Queue) -> None:
         while (item := q.get()) is not None:
@@ -172,6 +197,8 @@ class HotCache:
         n = self.table.alloc.next_row
         if self._seen.size < n:
             self._seen = np.concatenate([self._seen, np.zeros(n - self._seen.size, np.int64)])
+            self._unfed = np.concatenate([self._unfed, np.zeros(n - self._unfed.size,
+                                                                np.int64)])
             self._dirty = np.concatenate([self._dirty, np.zeros(n - self._dirty.size,
                                                                 np.bool_)])
         return rows
@@ -189,33 +216,54 @@ class HotCache:
         run it ahead on its thread)."""
         uniq, inverse = unique_inverse(ids)
         cnt = np.bincount(inverse, minlength=uniq.size)
-        if self.feeds_stats:
-            self._count(uniq, cnt)
         with self.table.lock:
             rows = self._rows(uniq)
             hit = rows >= 0
             self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
+            if self.feeds_stats:
+                self._unfed[rows[hit]] += cnt[hit]
+            gen = self._gen
+            self._planned.append((uniq, rows, gen))  # push() of these ids skips the lookup
         hit_at, miss = np.flatnonzero(hit), np.flatnonzero(~hit)
+        if self.feeds_stats and miss.size:
+            # the misses now; the cached ids' sightings add up in _unfed and reach the
+            # sketch at the next refresh or flush: one update per cached row, not per step
+            self._count(uniq[miss], cnt[miss])
         # the misses are distinct, so the shards' plan keeps their order (inverse: arange)
         sub = self.emb.plan(uniq[miss], step) if miss.size else None
         h, m = int(cnt[hit].sum()), int(cnt[miss].sum())
         self._n["hits"] += h
         self._n["misses"] += m
+        self._n["distinct_hits"] += int(hit_at.size)  # a batch's distinct ids: the work
+        self._n["distinct_misses"] += int(miss.size)  # a pull and a push do per id
         self._n["bytes_moved"] += miss.size * (8 + 4 * self.dim)
         if _rec.ACTIVE:
             _rec.instant("hot_cache", "rec", hits=h, misses=m, ids=int(uniq.size),
                          cached=len(self), bytes=int(miss.size * (8 + 4 * self.dim)))
-        return uniq, inverse, (hit_at, miss, sub), None
+        return uniq, inverse, (hit_at, miss, sub), (rows, gen)
 
     def fetch(self, uniq, parts, rows=None) -> np.ndarray:
         """The vectors of a plan: cached rows as they are now, the misses' pull answers."""
         hit_at, miss, sub = parts
         out = np.empty((uniq.size, self.dim), np.float32)
-        self._gather_cached(uniq, hit_at, out)
+        moved = self._gather_planned(uniq, hit_at, rows, out)
         if sub is not None:
             out[miss] = self.emb.fetch(sub[0], sub[2], sub[3])
-            self._cached_since(uniq, miss, out)
+            if moved:
+                self._cached_since(uniq, miss, out)
         return out
+
+    def _gather_planned(self, uniq, at, rows, out) -> bool:
+        """Gather the plan's cached rows; with the plan's rows (``(rows, gen)``) and no
+        refresh since, straight from the dense array by row (no second index lookup).
+        Returns whether the layout may have moved since the plan."""
+        if rows is not None:
+            with self.table.lock:
+                if rows[1] == self._gen:
+                    out[at] = self.table.weights.gather(rows[0][at])
+                    return False
+        self._gather_cached(uniq, at, out)
+        return True
 
     def _cached_since(self, uniq, at, out) -> None:
         """Ids planned as misses that a refresh cached meanwhile: the cache's copy is the
@@ -236,20 +284,26 @@ class HotCache:
         """Gather again the ids of a plan that ``mask`` selects (the Prefetcher's, for
         ids pushed since the plan)."""
         hit_at, miss, sub = parts
-        self._gather_cached(uniq, hit_at[mask[hit_at]], out)
+        moved = self._gather_planned(uniq, hit_at[mask[hit_at]], rows, out)
         if sub is not None and mask[miss].any():
             part = out[miss]
             self.emb._refetch(sub[0], sub[2], sub[3], mask[miss], part)
             out[miss] = part
-            self._cached_since(uniq, miss[mask[miss]], out)
+            if moved:
+                self._cached_since(uniq, miss[mask[miss]], out)
 
     def push(self, uniq, grads, step: int | None = None) -> None:
         """Apply summed gradients of unique ids: cached rows here, the rest on the shards;
         writes back every ``write_back_every`` pushes."""
+        given = uniq
         uniq = np.ascontiguousarray(uniq, np.int64)
         grads = np.ascontiguousarray(grads, np.float32).reshape(uniq.size, self.dim)
         with self.table.lock:
-            rows = self._rows(uniq)
+            planned = next((p for p in self._planned if p[0] is given), None)
+            if planned is not None and planned[2] == self._gen:
+                rows = planned[1]  # the pulled ids, resolved by their plan
+            else:
+                rows = self._rows(uniq)
             hit = rows >= 0
             if hit.any():
                 self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
@@ -303,6 +357,7 @@ class HotCache:
         left the top K, load the new ones from the shards (ids the shards have no row for
         yet are loaded by a later refresh). Returns ``{"kept", "dropped", "loaded"}``."""
         self.write_back(step)
+        self._feed_cached()
         if self._feed is not None:
             self._feed.join()  # every pull so far counted
         if self._feed_error is not None:
@@ -315,18 +370,28 @@ class HotCache:
         with t.lock:
             have = t.ids()
             keep = wanted.get(have) >= 0
-            t.remove(have[~keep])
+            self._gen += 1
+            self._planned.clear()
+            gone = have[~keep]
+            gone_rows = t.map.get(gone)
+            late = self._unfed[gone_rows]  # counted by a plan since _feed_cached
+            self._unfed[gone_rows] = 0
+            t.remove(gone)
             new = want[t.map.get(want) < 0]
+        if self.feeds_stats and late.any():
+            self._count(gone[late > 0], late[late > 0])
         found, w, s = self.emb.read_rows(new) if new.size else (np.zeros(0, bool), None, None)
         new = new[found]
         if new.size:
             with t.lock:
+                self._gen += 1
                 t.set_vectors(new, w[found])
                 rows = self._rows(new)
                 t.slots.scatter(rows, s[found] if s is not None else np.full(
                     (new.size, t.slots.width), t.slot_init, np.float32))
                 self._dirty[rows] = False
                 self._seen[rows] = 0
+                self._unfed[rows] = 0
             self._n["bytes_moved"] += new.size * (8 + 4 * (self.dim + t.slots.width))
         self._n["refreshes"] += 1
         if _rec.ACTIVE:
@@ -335,8 +400,10 @@ class HotCache:
         return {"kept": int(keep.sum()), "dropped": int((~keep).sum()), "loaded": int(new.size)}
 
     def flush(self) -> None:
-        """Write everything back (and wait for the shards' pending pushes)."""
+        """Write everything back (and wait for the shards' pending pushes); the cached
+        ids' sightings go to the sketch."""
         self.write_back()
+        self._feed_cached()
         if hasattr(self.emb, "flush"):
             self.emb.flush()
 

@@ -1,0 +1,126 @@
+"""HotCache resolves a batch's ids in its index once: the plan's rows serve the gather
+and the push of the same ids while no refresh moved rows; a refresh between a plan and
+its fetch or push falls back to looking the ids up again, and training still equals the
+one-tier table's."""
+
+import numpy as np
+
+from sampan.rec.data import zipf_ranks
+from sampan.rec.hotcache import HotCache
+from sampan.rec.sharded import ShardedEmbedding
+
+DIM = 4
+
+
+def _ids(rng, n=400):
+    return zipf_ranks(rng, n, n=1500, s=1.1) * 17 + 3
+
+
+def _grads(uniq, vecs, step):
+    return (np.float32(0.3) * vecs + np.float32(0.01) * np.cos(uniq[:, None] * 1.0 + step)
+            ).astype(np.float32)
+
+
+class _Counting:
+    """Counts the keys looked up in a HashMap (wraps its ``get``)."""
+
+    def __init__(self, m):
+        self.m, self.keys = m, 0
+
+    def get(self, keys):
+        self.keys += np.size(keys)
+        return self.m.get(keys)
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+    def __len__(self):
+        return len(self.m)
+
+
+def test_a_step_looks_its_ids_up_in_the_cache_index_once():
+    rng = np.random.default_rng(1)
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004)
+    for t in range(3):
+        u, _, v = cache.pull(_ids(rng), t)
+        cache.push(u, _grads(u, v, t), t)
+    cache.refresh(3)
+    assert len(cache) > 0
+    spy = _Counting(cache.table.map)
+    cache.table.map = spy
+    try:
+        u, _, v = cache.pull(_ids(rng), 4)
+        cache.push(u, _grads(u, v, 4), 4)
+        # the plan's lookup (one per distinct id) and the optimiser's own row lookup of
+        # the hits: no second lookup of every id for the gather, the misses or the push
+        hits = int((cache.table.map.m.get(u) >= 0).sum())
+        assert spy.keys == u.size + hits
+    finally:
+        cache.table.map = spy.m
+    cache.close()
+
+
+def test_a_refresh_between_plan_fetch_and_push_reads_and_trains_the_right_rows():
+    rng = np.random.default_rng(2)
+    ref = ShardedEmbedding(DIM, n_shards=2)
+    back = ShardedEmbedding(DIM, n_shards=2)
+    cache = HotCache(back, budget_mb=0.004, write_back_every=1)
+    batches = [_ids(rng) for _ in range(8)]
+    for t, ids in enumerate(batches):
+        u, inv, parts, rows = cache.plan(ids, t)
+        if t in (2, 5):
+            cache.refresh(t)  # rows move in and out between the plan and its fetch
+        v = cache.fetch(u, parts, rows)
+        ru, rinv, rv = ref.pull(ids, t)
+        np.testing.assert_array_equal(v[inv], rv[rinv])
+        if t == 6:
+            cache.refresh(t)  # ... and between the fetch and the push
+        cache.push(u, _grads(u, v, t), t)
+        ref.push(ru, _grads(ru, rv, t), t)
+    seen = np.unique(np.concatenate(batches))
+    f1, w1, s1 = back.read_rows(seen)
+    f2, w2, s2 = ref.read_rows(seen)
+    assert f1.all() and f2.all()
+    np.testing.assert_array_equal(w1, w2)
+    np.testing.assert_array_equal(s1, s2)
+    assert cache.counters()["hits"] > 0
+    cache.close()
+    ref.close()
+    back.close()
+
+
+def test_the_sketch_counts_every_sighting_of_cached_ids_by_the_refresh():
+    """Cached ids' counts reach the cache's own sketch in sums at refresh and flush, not
+    per step: by then its total and estimates hold every sighting (count-min: never
+    below the true count, within the error bound)."""
+    rng = np.random.default_rng(3)
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004)
+    batches = [_ids(rng) for _ in range(9)]
+    for t, ids in enumerate(batches):
+        u, _, v = cache.pull(ids, t)
+        cache.push(u, _grads(u, v, t), t)
+        if t in (2, 5):
+            cache.refresh(t)
+            assert cache.stats.total == sum(b.size for b in batches[: t + 1])
+    assert cache.counters()["hits"] > 0
+    cache.flush()
+    cache._feed.join()
+    allids = np.concatenate(batches)
+    assert cache.stats.total == allids.size
+    u, true = np.unique(allids, return_counts=True)
+    est = cache.stats.estimate(u)
+    assert (est >= true).all() and (est - true <= cache.stats.error_bound).all()
+    cache.close()
+
+
+def test_counters_count_distinct_ids_of_a_batch_as_well():
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=1)
+    u, _, v = cache.pull(np.array([1, 2, 2]), 0)
+    cache.push(u, v, 0)
+    cache.refresh(0)  # caches 1 and 2
+    cache.pull(np.array([1, 1, 1, 2, 9]), 1)
+    c = cache.counters()
+    assert (c["hits"], c["misses"]) == (4, 3 + 1)
+    assert (c["distinct_hits"], c["distinct_misses"]) == (2, 2 + 1)
+    assert c["distinct_hit_rate"] == 2 / 5
+    cache.close()
