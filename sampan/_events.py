@@ -28,6 +28,10 @@ Categories and the names/args each carries:
   model, id, status, batch) holding "read", "decode", "queue", "compute" (args batch),
   "answer", "encode"; and "batch" on a worker thread (args model, requests, rows).
   Concurrent requests' spans overlap on the loop thread.
+- "control": one eager `while_loop` / `scan` (name = the construct), a span enclosing the
+  events of the ops its body ran; args iterations, and (added when the profile ends)
+  ops: {op name: {"calls", "total_ns", "self_ns"}} over the enclosed op and kernel
+  events, nested loops included. (A compiled loop is one "kernel" event instead.)
 - "user": a range from `sampan.profiler.record("name")`.
 - "memory": a counter sample; args bytes_live, delta, op (the op that allocated the
   array, also on its free), alloc (an id pairing an allocation with its free).
@@ -37,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 CATEGORIES = ("op", "backward", "kernel", "jit", "optim", "data", "rec", "collective",
-              "serving", "user", "memory")
+              "serving", "user", "memory", "control")
 
 
 @dataclass(slots=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _recorder as _rec
 from .. import dtypes as _dt
 from ..errors import DTypeError, SampanValueError, ShapeError, op_error
 from ..ir import symbolic as _sym
@@ -328,8 +329,23 @@ def while_loop(cond_fn, body_fn, init, max_iterations=None):
     tr = STATE.tracer
     if tr is not None:
         return tr.control("while_loop", cond_fn, body_fn, carry, single, max_iterations)
-    it = 0
-    while max_iterations is None or it < max_iterations:
+    t0, it = _rec.now(), [0]
+    try:
+        return _pack(_while_eager(cond_fn, body_fn, carry, max_iterations, it), single)
+    finally:
+        _loop_span("while_loop", t0, it[0])
+
+
+def _loop_span(name, t0, iterations):
+    """Under the profiler, one "control" span around an eager loop, holding its iteration
+    count; the ops its body ran are events nested inside it (the profile adds their
+    per-op summary to the span when it ends, `sampan.profiler.session`)."""
+    if _rec.ACTIVE:
+        _rec.emit(name, "control", t0, _rec.now() - t0, iterations=iterations)
+
+
+def _while_eager(cond_fn, body_fn, carry, max_iterations, it):
+    while max_iterations is None or it[0] < max_iterations:
         c = cond_fn(*carry)
         _check_pred("while_loop", c, "cond_fn returning")
         if c.dtype != _dt.bool_:
@@ -341,8 +357,8 @@ def while_loop(cond_fn, body_fn, init, max_iterations=None):
         _same_types("while_loop", "a carry of", [t._data for t in carry],
                     "body_fn returning", [t._data for t in new])
         carry = new
-        it += 1
-    return _pack(carry, single)
+        it[0] += 1
+    return carry
 
 
 def scan(fn, init, xs, reverse=False):
@@ -364,6 +380,14 @@ def scan(fn, init, xs, reverse=False):
     tr = STATE.tracer
     if tr is not None:
         return tr.control("scan", fn, carry, csingle, xl, xsingle, bool(reverse))
+    t0, it = _rec.now(), [0]
+    try:
+        return _scan_eager(fn, carry, csingle, xl, xsingle, length, reverse, it)
+    finally:
+        _loop_span("scan", t0, it[0])
+
+
+def _scan_eager(fn, carry, csingle, xl, xsingle, length, reverse, it):
     steps = [None] * length
     ystruct = None
     for i in (range(length - 1, -1, -1) if reverse else range(length)):
@@ -372,6 +396,7 @@ def scan(fn, init, xs, reverse=False):
         _same_types("scan", "a carry of", [t._data for t in carry], "fn returning",
                     [t._data for t in new])
         carry = new
+        it[0] += 1
         steps[i] = y
         ystruct = y[1] if ystruct is None else ystruct
     from .shape import stack

@@ -27,6 +27,7 @@ from ..ops import modes
 from ..ops.registry import STATE, Spec
 from .. import _recorder as recorder
 from .._events import Event
+from .tables import summarise_loops
 
 
 class ProfilerError(SampanError, RuntimeError):
@@ -144,6 +145,7 @@ class Profile:
                 events.extend(buf)
             # parents before the children they enclose: by start, the longer first
             events.sort(key=lambda e: (e.ts, -e.dur))
+            summarise_loops(events)
             self.events = events
         return False
 

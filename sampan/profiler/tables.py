@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..errors import SampanValueError
 
 SPAN_CATS = ("op", "backward", "kernel", "jit", "optim", "data", "rec", "collective",
-             "serving", "user")
+             "serving", "user", "control")
 
 
 @dataclass
@@ -68,6 +68,33 @@ def self_times(events) -> dict:
             out[id(st[-1])] -= e.dur
         st.append(e)
     return out
+
+
+def summarise_loops(events) -> None:
+    """Add to each eager loop's "control" span (see `sampan._events`) the per-op summary of
+    the op and kernel events it encloses on its thread: ``args["ops"] = {name: {"calls",
+    "total_ns", "self_ns"}}``; `events` sorted by (ts, -dur). The events stay as they are
+    (nested under the span), so the tables and the advisor read them as before."""
+    selfs = None
+    stacks: dict = {}
+    for e in events:
+        if e.cat not in SPAN_CATS:
+            continue
+        st = stacks.setdefault(e.tid, [])
+        while st and not (st[-1].ts <= e.ts and e.end <= st[-1].end):
+            st.pop()
+        if e.cat == "control":
+            e.args.setdefault("ops", {})
+            st.append(e)
+        elif st and e.cat in ("op", "kernel"):
+            if selfs is None:
+                selfs = self_times(events)
+            for loop in st:
+                row = loop.args["ops"].setdefault(e.name, {"calls": 0, "total_ns": 0,
+                                                           "self_ns": 0})
+                row["calls"] += 1
+                row["total_ns"] += e.dur
+                row["self_ns"] += selfs[id(e)]
 
 
 class EventTable:
