@@ -102,16 +102,34 @@ def index_bounds(graph, names):
     value reaches an index of an `index_select`/`take_along_axis` over an axis of static
     size n, so a value outside [0, n) can only fail the run. `where` names the op and
     its source line. Example: an ``nn.Embedding(10, 4)`` over input "ids" gives
-    ``{"ids": (10, "index_select at model.py:9")}``."""
-    from ..ops.registry import OPS      # the op table says which ops index, which keep values
-    src = dict(names)                # Value id -> the graph input whose values it holds
+    ``{"ids": (10, "index_select at model.py:9")}``.
+
+    The walk goes into the body of a `scan` of static length >= 1: the body runs on every
+    slice of each xs, on every capture and on the initial carry, so their values reach
+    the body's indexes too. It leaves `cond` branches (one of them runs) and `while_loop`
+    bodies (they may run zero times) alone, and a scan of symbolic length (it may be 0)."""
     out: dict = {}
+    _walk_bounds(graph, dict(names), out)
+    return out
+
+
+def _walk_bounds(graph, src, out):
+    """`index_bounds` over one graph; `src`: Value id -> the program input whose values it
+    holds (the caller's for a block's inputs)."""
+    from ..ops.registry import OPS      # the op table says which ops index, which keep values
     for n in graph.nodes:
         op = OPS.get(n.op)
         if not n.inputs or op is None:
             continue
         first = src.get(n.inputs[0].id)
-        if op.same_values and first is not None:
+        if n.op == "scan" and n.blocks:
+            length = n.attrs.get("length")
+            if isinstance(length, int) and not isinstance(length, bool) and length >= 1:
+                # the body's inputs match the node's 1:1 (carry, slices of xs, captures)
+                body = n.blocks[0]
+                _walk_bounds(body, {b.id: src[v.id] for v, b in zip(n.inputs, body.inputs)
+                                    if v.id in src}, out)
+        elif op.same_values and first is not None:
             src[n.outputs[0].id] = first
         elif n.op == "cast" and first is not None and np.can_cast(
                 n.inputs[0].dtype, n.outputs[0].dtype, "safe"):
@@ -128,7 +146,6 @@ def index_bounds(graph, names):
             where = f"{n.op} at {n.loc}" if n.loc else n.op
             if name not in out or size < out[name][0]:
                 out[name] = (size, where)
-    return out
 
 
 def _check_bounds(model, bounds, inputs):
