@@ -35,10 +35,11 @@ def test_default_pipeline_and_dumps(saved, tmp_path):
     p = create_predictor(cfg)
     assert p.passes_run == pipeline("predictor")
     assert _steps(tmp_path) == ["loaded"] + pipeline("predictor")
-    text = open(tmp_path / "09_fuse_elementwise.ir").read()
-    assert text.splitlines()[0] == "// after step 9: fuse_elementwise"
+    # step 10: "licm" (issue 34: a Predictor hoists loop invariants) precedes the fusion
+    text = open(tmp_path / "10_fuse_elementwise.ir").read()
+    assert text.splitlines()[0] == "// after step 10: fuse_elementwise"
     assert text.split("\n", 1)[1] == str(p.graph)
-    assert open(tmp_path / "09_fuse_elementwise.dot").read() == p.graph.to_dot()
+    assert open(tmp_path / "10_fuse_elementwise.dot").read() == p.graph.to_dot()
     assert open(tmp_path / "00_loaded.dot").read().startswith("digraph")
     _check(p, models["mlp"])
 
@@ -54,7 +55,7 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     b.append_pass("cse")
     b.turn_off("fold_batch_norm")
     b.turn_off("simplify")                       # every occurrence
-    want_all = ["dce", "fold_constants", "dce", "fold_batch_norm", "dce",
+    want_all = ["dce", "fold_constants", "dce", "fold_batch_norm", "dce", "licm",
                 "fuse_elementwise", "partition", "plan_memory", "cse"]
     want_all.insert(1, "simplify")
     want_all.insert(3, "simplify")
@@ -62,15 +63,16 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     assert b.enabled_passes() == [n for n in want_all if n not in ("simplify",
                                                                    "fold_batch_norm")]
     p = create_predictor(cfg)
-    assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "fuse_elementwise",
-                            "partition", "cse", "plan_memory"]
+    assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "licm",
+                            "fuse_elementwise", "partition", "cse", "plan_memory"]
     assert _steps(tmp_path) == ["loaded"] + p.passes_run
     _check(p, models["mlp"])
     b.turn_on("simplify")
     b.delete_pass(-1)
     create_predictor(cfg)                        # a second run replaces the old dumps
     assert _steps(tmp_path) == ["loaded", "dce", "simplify", "fold_constants", "simplify",
-                                "dce", "dce", "fuse_elementwise", "partition", "plan_memory"]
+                                "dce", "dce", "licm", "fuse_elementwise", "partition",
+                                "plan_memory"]
 
 
 def test_edits_of_unknown_passes_fail_at_once(saved):
