@@ -80,8 +80,9 @@ def node() -> str:
 
 # extra -D flags for model.c in wasm. The C target's 16-float vector-extension kernels stay
 # on (no -DSP_NO_VECTORS): in V8 (Node 20, under load) its conv through them ran LeNet 2.2x
-# faster at batch 1 than the plain loops, though its GEMM micro-kernel ran the W5 MLP 1.4x
-# slower than plain auto-vectorised loops; the switch is global, LeNet's gain the larger.
+# faster at batch 1 than the plain loops. The packed GEMM picks its single-row blocking for
+# wasm itself (`__wasm_simd128__`: half panels, see templates.py's SP_GEMM_NARROW), which
+# ran the W5 MLP 14% faster in Node than the 16-float rows.
 WASM_DEFINES: list = []
 
 

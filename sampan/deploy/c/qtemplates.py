@@ -189,6 +189,13 @@ static void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, 
                             continue;
                         }
                         const unsigned char *src = xg + (c * H + ih) * W;
+                        /* 8 bytes at once where both ends hold them (the bytes past KW
+                           are rewritten by the next run or the padding below) */
+                        if (inside && KW <= 8 && iw0 + 8 <= W
+                            && (c * KH + kh) * KW + 8 <= Kp) {
+                            memcpy(r, src + iw0, 8);
+                            continue;
+                        }
                         if (inside) {
                             for (idx kw = 0; kw < KW; kw++) r[kw] = src[iw0 + kw];
                             continue;
@@ -226,17 +233,87 @@ static void k_qconv2d_wcol(idx G, idx C, idx H, idx W, const void *xv, int x_sig
     (void)i32ok;
     for (idx g = 0; g < G; g++) {
         const unsigned char *xg = x + g * Cg * H * W;
-        for (idx k = 0; k < Kp; k++) {
-            unsigned char *r = col + (k / 4) * P * 4 + k % 4;
-            if (k >= K) { for (idx p = 0; p < P; p++) r[4 * p] = 0; continue; }
-            idx c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
+        /* small images: a copy padded with the zero point (and a row of zeros for the
+           offsets past Kg) makes every kernel offset's row a plain pointer */
+        idx Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
+        unsigned char pad[8192];
+        if (Cg * Hp * Wp + Wp <= (idx)sizeof pad) {
+            for (idx c = 0; c < Cg; c++)
+                for (idx i = 0; i < Hp; i++) {
+                    unsigned char *pr = pad + (c * Hp + i) * Wp;
+                    idx ih = i - ph;
+                    for (idx j = 0; j < Wp; j++) {
+                        idx iw = j - pw;
+                        pr[j] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                            ? xg[(c * H + ih) * W + iw] : (unsigned char)xz;
+                    }
+                }
+            memset(pad + Cg * Hp * Wp, 0, (size_t)Wp);
+            for (idx q = 0; q < K4; q++) {
+                const unsigned char *s4[4];
+                for (int t = 0; t < 4; t++) {
+                    idx k = 4 * q + t, c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
+                    s4[t] = k < K ? pad + (c * Hp + kh * dh) * Wp + kw * dw : pad + Cg * Hp * Wp;
+                }
+                for (idx oh = 0; oh < OH; oh++) {
+                    unsigned char *d = col + (q * P + oh * OW) * 4;
+                    idx ro = oh * sh * Wp;
+                    const unsigned char *a0 = s4[0] + (s4[0] == pad + Cg * Hp * Wp ? 0 : ro);
+                    const unsigned char *a1 = s4[1] + (s4[1] == pad + Cg * Hp * Wp ? 0 : ro);
+                    const unsigned char *a2 = s4[2] + (s4[2] == pad + Cg * Hp * Wp ? 0 : ro);
+                    const unsigned char *a3 = s4[3] + (s4[3] == pad + Cg * Hp * Wp ? 0 : ro);
+                    if (sw == 1)
+                        for (idx i = 0; i < OW; i++) {
+                            d[4 * i] = a0[i]; d[4 * i + 1] = a1[i];
+                            d[4 * i + 2] = a2[i]; d[4 * i + 3] = a3[i];
+                        }
+                    else
+                        for (idx i = 0; i < OW; i++) {
+                            d[4 * i] = a0[i * sw]; d[4 * i + 1] = a1[i * sw];
+                            d[4 * i + 2] = a2[i * sw]; d[4 * i + 3] = a3[i * sw];
+                        }
+                }
+            }
+        } else
+        for (idx q = 0; q < K4; q++) {
+            /* per output row: the 4 kernel offsets' input bytes, contiguous, then
+               interleaved into col (loops the compiler vectorises) */
+            idx cq[4], kh4[4], lo[4], hi[4], off[4];
+            for (int t = 0; t < 4; t++) {
+                idx k = 4 * q + t;
+                cq[t] = k < K ? k / (KH * KW) : -1;
+                kh4[t] = k / KW % KH;
+                off[t] = k % KW * dw - pw;
+                lo[t] = 0; hi[t] = OW;
+                while (lo[t] < OW && lo[t] * sw + off[t] < 0) lo[t]++;
+                while (hi[t] > lo[t] && (hi[t] - 1) * sw + off[t] >= W) hi[t]--;
+            }
             for (idx oh = 0; oh < OH; oh++) {
-                idx ih = oh * sh - ph + kh * dh;
-                unsigned char *ro = r + 4 * oh * OW;
-                for (idx ow = 0; ow < OW; ow++) {
-                    idx iw = ow * sw - pw + kw * dw;
-                    ro[4 * ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                        ? xg[(c * H + ih) * W + iw] : (unsigned char)xz;
+                unsigned char *d = col + (q * P + oh * OW) * 4;
+                for (idx ow0 = 0; ow0 < OW; ow0 += 64) {
+                    idx n = OW - ow0 < 64 ? OW - ow0 : 64;
+                    unsigned char b[4][64];
+                    for (int t = 0; t < 4; t++) {
+                        idx ih = oh * sh - ph + kh4[t] * dh;
+                        unsigned char fill = cq[t] < 0 ? 0 : (unsigned char)xz;
+                        if (cq[t] < 0 || ih < 0 || ih >= H) {
+                            memset(b[t], fill, (size_t)n);
+                            continue;
+                        }
+                        const unsigned char *src = xg + (cq[t] * H + ih) * W + off[t];
+                        idx a = lo[t] - ow0, e = hi[t] - ow0;
+                        a = a < 0 ? 0 : (a > n ? n : a);
+                        e = e < a ? a : (e > n ? n : e);
+                        memset(b[t], fill, (size_t)a);
+                        if (sw == 1) memcpy(b[t] + a, src + ow0 + a, (size_t)(e - a));
+                        else for (idx i = a; i < e; i++) b[t][i] = src[(ow0 + i) * sw];
+                        memset(b[t] + e, fill, (size_t)(n - e));
+                    }
+                    unsigned char *dd = d + ow0 * 4;
+                    for (idx i = 0; i < n; i++) {
+                        dd[4 * i] = b[0][i]; dd[4 * i + 1] = b[1][i];
+                        dd[4 * i + 2] = b[2][i]; dd[4 * i + 3] = b[3][i];
+                    }
                 }
             }
         }
