@@ -403,20 +403,23 @@ class DirectConv(Conv):
         kq = np.arange(self.k4)
         j, r = kq % (self.kwp // 4), kq // (self.kwp // 4)
         koff = ((r // self.kh) * hp * wp + (r % self.kh) * dh * wp + 4 * j).astype(np.int32)
-        stride_img = -(-(self.cg * hp * wp + self.kwp + 8) // 64) * 64
+        pidx = _permute_index(poff, p)
+        stride_img = -(-(self.cg * hp * wp + self.kwp + 64) // 64) * 64
         work = n * p * self.o * self.k4 * 4
         parts = 1 if work < _BIG else len(_split(n, work, n))
         plans = self.__dict__.setdefault("_plans", {})
         if len(plans) >= 64:
             plans.clear()
-        call = _direct_call(np.dtype(out_dtype) != np.float32, work >= _BIG)
-        plans[key] = plan = (n, ho, wo, p, pb, poff, koff, stride_img, call, parts)
+        call = _direct_call(np.dtype(out_dtype) != np.float32, work >= _BIG,
+                            pidx is not None)
+        plans[key] = plan = (n, ho, wo, p, pb, poff, koff, stride_img, call, parts,
+                             poff if pidx is None else pidx)
         return plan
 
     def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
         key = (x.shape, stride, padding, dilation, out_dtype)
         plan = self.__dict__.get("_plans", {}).get(key) or self._plan(key)
-        n, ho, wo, p, pb, poff, koff, stride_img, call, parts = plan
+        n, ho, wo, p, pb, poff, koff, stride_img, call, parts, pidx = plan
         out = np.empty((n, self.o, pb * 16), out_dtype)
         img = np.empty((n, stride_img), np.uint8)
         og = self.o // self.groups
@@ -424,31 +427,58 @@ class DirectConv(Conv):
         for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
             call(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows, out[:, g * og:], corr,
                  mult, stride_img, self.o * pb * 16, og, self.k4, pb, zy, lo, hi, poff, koff,
-                 parts)
+                 pidx, parts)
         y = out if p == pb * 16 else out[:, :, :p]
         return y.reshape(n, self.o, ho, wo)
 
 
-def _direct_call(q8, parallel):
-    """The numba function padding the images and calling the direct conv kernel, the
-    images split over `parts` threads of numba's pool when `parallel`."""
-    key = (q8, parallel)
+def _permute_index(poff, p):
+    """The byte indices (64 per block of 16 positions) that turn one 64-byte load at a
+    block's first window into its 16 windows' 4-byte groups (`vnni.packed_kernel`'s
+    `direct=2`), or None when a block spans more than 64 bytes or this CPU has no VBMI
+    kernel (the gathers stay)."""
+    if vnni.packed_kernel(False, True, direct=2) is None:
+        return None
+    blocks = poff.reshape(-1, 16).astype(np.int64)
+    valid = (np.arange(blocks.size) < p).reshape(-1, 16)
+    rel = np.where(valid, blocks - blocks[:, :1], 0)
+    if rel.min() < 0 or rel.max() + 4 > 64:
+        return None
+    return (rel[:, :, None] + np.arange(4)).reshape(-1).astype(np.uint8)
+
+
+def _direct_call(q8, parallel, permute=False):
+    """The numba function padding the images and calling the direct conv kernel (its
+    load-and-permute variant when `permute`), the images split over `parts` threads of
+    numba's pool when `parallel`."""
+    key = (q8, parallel, permute)
     if key not in _DIRECT_CALLS:
         from numba import prange
-        f = vnni.packed_kernel(False, q8, direct=True)
+        f = vnni.packed_kernel(False, q8, direct=2 if permute else True)
+        if permute:
+            def kern(img, rows, out, corr, mult, n, stride_img, out_img, og, k4, pb, zy,
+                     lo, hi, poff, koff, scratch, pidx):
+                f(img, rows, out, corr, mult, n, stride_img, out_img, og, k4 * 4, k4, pb,
+                  pb * 16, zy, lo, hi, poff, koff, scratch, pidx)
+        else:
+            def kern(img, rows, out, corr, mult, n, stride_img, out_img, og, k4, pb, zy,
+                     lo, hi, poff, koff, scratch, pidx):
+                f(img, rows, out, corr, mult, n, stride_img, out_img, og, k4 * 4, k4, pb,
+                  pb * 16, zy, lo, hi, poff, koff, scratch)
+        kern = njit(nogil=True, inline="always")(kern)
 
         def call(x, c0, cg, ph, pw, xz, flip, img, rows, out, corr, mult, stride_img,
-                 out_img, og, k4, pb, zy, lo, hi, poff, koff, parts):
+                 out_img, og, k4, pb, zy, lo, hi, poff, koff, pidx, parts):
             n = x.shape[0]
             for t in prange(parts):
                 i0 = n * t // parts
                 i1 = n * (t + 1) // parts
                 _pad_images(x[i0:i1], c0, cg, ph, pw, xz, flip, img[i0:i1])
                 scratch = np.empty(4 * k4 * 64, np.uint8)
-                f(img[i0:i1].ctypes.data, rows.ctypes.data, out[i0:i1].ctypes.data,
-                  corr.ctypes.data, mult.ctypes.data, i1 - i0, stride_img, out_img, og,
-                  k4 * 4, k4, pb, pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data,
-                  scratch.ctypes.data)
+                kern(img[i0:i1].ctypes.data, rows.ctypes.data, out[i0:i1].ctypes.data,
+                     corr.ctypes.data, mult.ctypes.data, i1 - i0, stride_img, out_img, og,
+                     k4, pb, zy, lo, hi, poff.ctypes.data, koff.ctypes.data,
+                     scratch.ctypes.data, pidx.ctypes.data)
         _DIRECT_CALLS[key] = njit(nogil=True, parallel=parallel)(call)
     return _DIRECT_CALLS[key]
 
