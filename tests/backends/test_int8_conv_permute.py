@@ -15,7 +15,7 @@ F32 = np.float32
 
 def _layer(w):
     pytest.importorskip("numba")
-    from sampan.backends.numba import qlayers, vnni
+    from sampan.backends.numba import qdirect as qlayers, vnni
     if vnni.packed_kernel(False, True, direct=True) is None:
         pytest.skip("no VNNI kernel on this CPU")
     return qlayers.DirectConv(w, 1), qlayers, vnni
@@ -54,11 +54,14 @@ def test_direct_conv_permute_exact(shape, o, k, stride, pad, signed):
     fn = PROVIDER.bind(n)
     np.testing.assert_array_equal(fn(x, *rest), want)
     # which read the plan chose: permute where the blocks fit and the CPU has VBMI
-    p = (((shape[2] + 2 * pad - k) // stride + 1) * ((shape[3] + 2 * pad - k) // stride + 1))
-    poff = conv._plan((x.shape, (stride,) * 2, (pad,) * 2, (1, 1), np.uint8))[5]
-    fits = stride < 5
+    params = conv.params(rest[5], int(rest[1]) + (128 if signed else 0),
+                         np.full(o, 0.01, F32))
+    conv.run(x, 0, signed, params, 2, 0, 255, np.uint8, attrs["stride"], attrs["padding"],
+             (1, 1))
+    (plan,) = conv._plans.values()
     has = vnni.packed_kernel(False, True, direct=2) is not None
-    assert (qlayers._permute_index(poff, p) is not None) == (fits and has)
+    permuted = plan[7][3] is not plan[7][1]      # its byte indices, not the offsets
+    assert permuted == (stride < 5 and has)
 
 
 def test_direct_conv_permute_float_out_matches_gather():
@@ -73,10 +76,10 @@ def test_direct_conv_permute_float_out_matches_gather():
     params = conv.params(rest[5], 11, np.full(16, 0.01, F32))
     args = (x, 11, False, params, 0, 0, 255, np.float32, (1, 1), (0, 0), (1, 1))
     got = conv.run(*args)
-    key = (x.shape, (1, 1), (0, 0), (1, 1), np.float32)
-    plan = list(conv._plans[key])
-    assert plan[10] is not plan[5]                       # the permute read was chosen
-    plan[8] = qlayers._direct_call(False, False, False)  # force the gather read
-    plan[10] = plan[5]
-    conv._plans[key] = tuple(plan)
-    np.testing.assert_array_equal(conv.run(*args), got)
+    (plan,) = conv._plans.values()
+    assert plan[7][3] is not plan[7][1]                          # the permute read
+    twin, _, _ = _layer(rest[2])
+    twin.permute = False                                         # the gather read
+    np.testing.assert_array_equal(twin.run(x, 11, False, twin.params(
+        rest[5], 11, np.full(16, 0.01, F32)), 0, 0, 255, np.float32, (1, 1), (0, 0),
+        (1, 1)), got)
