@@ -76,27 +76,31 @@ class DirectConv(Conv):
                             pidx is not None)
         og, esz = self.o // self.groups, np.dtype(out_dtype).itemsize
         rd = poff if pidx is None else pidx
+        # serial calls write rows p apart (the kernel writes each row's padded tail before
+        # the next row's first block), so the output needs no copy to drop the padding
+        ldo = p if parts == 1 else pb * 16
         meta = np.array([[g * self.cg, self.cg, ph, pw, xz, int(flip), _ptr(rows), _ptr(corr),
-                          _ptr(mult), stride_img, self.o * pb * 16, og, self.k4, pb, zy, lo,
-                          hi, _ptr(poff), _ptr(koff), _ptr(rd), parts, g * og * pb * 16 * esz]
+                          _ptr(mult), stride_img, self.o * ldo, og, self.k4, pb, zy, lo,
+                          hi, _ptr(poff), _ptr(koff), _ptr(rd), parts, g * og * ldo * esz, ldo]
                          for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts,
                                                                            params))],
                         np.int64)
         plans = self.__dict__.setdefault("_plans", {})
         if len(plans) >= 64:
             plans.clear()
-        plans[key] = plan = (n, ho, wo, p, pb, call, meta, (params, poff, koff, rd))
+        plans[key] = plan = (n, ho, wo, p, ldo, call, meta, (params, poff, koff, rd))
         return plan
 
     def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
         key = (x.shape, stride, padding, dilation, out_dtype, id(params), xz, flip, zy, lo,
                hi)
         plan = self.__dict__.get("_plans", {}).get(key) or self._plan(key, params)
-        n, ho, wo, p, pb, call, meta, _ = plan
-        out = np.empty((n, self.o, pb * 16), out_dtype)
+        n, ho, wo, p, ldo, call, meta, _ = plan
+        size = n * self.o * ldo
+        out = np.empty(size + 16, out_dtype)         # the last row's tail: 16 more
         call(x, out, meta)
-        y = out if p == pb * 16 else out[:, :, :p]
-        return y.reshape(n, self.o, ho, wo)
+        y = out[:size].reshape(n, self.o, ldo)
+        return (y if ldo == p else y[:, :, :p]).reshape(n, self.o, ho, wo)
 
 
 def _permute_index(poff, p):
@@ -134,11 +138,11 @@ def _direct_call(q8, parallel, permute=False):
         if permute:
             def kern(img, out, m, n, scratch):
                 f(img, m[6], out, m[7], m[8], n, m[9], m[10], m[11], m[12] * 4, m[12], m[13],
-                  m[13] * 16, m[14], m[15], m[16], m[17], m[18], scratch, m[19])
+                  m[22], m[14], m[15], m[16], m[17], m[18], scratch, m[19])
         else:
             def kern(img, out, m, n, scratch):
                 f(img, m[6], out, m[7], m[8], n, m[9], m[10], m[11], m[12] * 4, m[12], m[13],
-                  m[13] * 16, m[14], m[15], m[16], m[17], m[18], scratch)
+                  m[22], m[14], m[15], m[16], m[17], m[18], scratch)
         kern = njit(nogil=True, inline="always")(kern)
 
         def call(x, out, meta):

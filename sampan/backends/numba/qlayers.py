@@ -464,3 +464,11 @@ def _bind_conv(node):
 
 BINDERS = {"qlinear_dense": _bind_dense, "qdense": _bind_dense,
            "qlinear_conv2d": _bind_conv}
+
+
+def __getattr__(name):
+    """`qlayers.DirectConv`, its old place (it lives in qdirect.py, which imports this)."""
+    if name == "DirectConv":
+        from .qdirect import DirectConv
+        return DirectConv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

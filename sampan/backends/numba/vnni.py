@@ -380,8 +380,13 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
                   lambda rg: block(img, b.mul(rg, c(_RB)), jb0, _RB, ncb, True))
             _loop(b, ir, i64, b.sub(rows, rmain),
                   lambda ri: block(img, b.add(rmain, ri), jb0, 1, ncb, True))
-        _loop(b, ir, i64, b.sdiv(nb, c(_CBK)), lambda cg: group(b.mul(cg, c(_CBK)), _CBK))
-        _loop(b, ir, i64, b.sub(nb, cmain), lambda j: group(b.add(cmain, j), 1))
+        # last block first, block 0 last: with rows `ldo` < 16 * nb apart (a compact
+        # output) each row's padded tail spills into the next row's block 0, which is
+        # written after it
+        ng = b.sdiv(nb, c(_CBK))
+        _loop(b, ir, i64, b.sub(nb, cmain), lambda j: group(b.sub(b.sub(nb, c(1)), j), 1))
+        _loop(b, ir, i64, ng,
+              lambda cg: group(b.mul(b.sub(b.sub(ng, c(1)), cg), c(_CBK)), _CBK))
     _loop(b, ir, i64, nimg, image_direct if direct else image)
     b.ret_void()
     return str(mod)
