@@ -83,3 +83,30 @@ def test_direct_conv_permute_float_out_matches_gather():
     np.testing.assert_array_equal(twin.run(x, 11, False, twin.params(
         rest[5], 11, np.full(16, 0.01, F32)), 0, 0, 255, np.float32, (1, 1), (0, 0),
         (1, 1)), got)
+
+
+def test_direct_conv_compact_rows_groups_exact():
+    """Rows written p apart (p = 7 * 11, not a multiple of 16) in one group, and padded
+    rows in two groups, each over two images: the same bytes as the reference."""
+    r = np.random.default_rng(9)
+    rest = _args(r, 6, 2, 3, False)
+    rest[2] = r.integers(-127, 128, (6, 2, 3, 3)).astype(np.int8)
+    for groups in (1, 2):
+        _compact_case(r, rest, groups)
+
+
+def _compact_case(r, rest, groups):
+    x = r.integers(0, 256, (2, 2 * groups, 9, 13)).astype(np.uint8)
+    attrs = dict(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=groups)
+    want = OPS["qlinear_conv2d"].kernels["numpy"](x, *rest, **attrs)
+    _layer(rest[2])
+    from sampan.backends.numba.provider import PROVIDER
+    from sampan.ir.graph import Graph
+    g = Graph("one")
+    xi = g.add_input(x.shape, x.dtype, name="x")
+    n = g.add_node("qlinear_conv2d", [xi] + [g.add_const(np.asarray(a)) for a in rest],
+                   dict(attrs))
+    fn = PROVIDER.bind(n)
+    got = fn(x, *rest)
+    assert got.flags.c_contiguous == (groups == 1)      # no copy where rows are p apart
+    np.testing.assert_array_equal(got, want)

@@ -76,9 +76,11 @@ class DirectConv(Conv):
                             pidx is not None)
         og, esz = self.o // self.groups, np.dtype(out_dtype).itemsize
         rd = poff if pidx is None else pidx
-        # serial calls write rows p apart (the kernel writes each row's padded tail before
-        # the next row's first block), so the output needs no copy to drop the padding
-        ldo = p if parts == 1 else pb * 16
+        # one group's serial calls write rows p apart (the kernel writes each row's padded
+        # tail before the next row's first block, and the images in order), so the output
+        # needs no copy to drop the padding; a later group's last row would spill into
+        # the next image's first, written before it
+        ldo = p if parts == 1 and self.groups == 1 else pb * 16
         meta = np.array([[g * self.cg, self.cg, ph, pw, xz, int(flip), _ptr(rows), _ptr(corr),
                           _ptr(mult), stride_img, self.o * ldo, og, self.k4, pb, zy, lo,
                           hi, _ptr(poff), _ptr(koff), _ptr(rd), parts, g * og * ldo * esz, ldo]
