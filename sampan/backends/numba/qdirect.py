@@ -13,7 +13,7 @@ import numpy as np
 
 from ...ops._nb import HAVE_NUMBA, njit
 from . import vnni
-from .qlayers import _BIG, Conv, _ptr, _split, pack_conv
+from .qlayers import _BIG, Conv, _ptr, _split, int64_args, pack_conv
 
 if HAVE_NUMBA:
     @njit(cache=True, nogil=True, boundscheck=False)
@@ -127,14 +127,9 @@ def _direct_call(q8, parallel, permute=False):
     `parallel`."""
     key = (q8, parallel, permute)
     if key not in _DIRECT_CALLS:
-        import ctypes
-
         from numba import prange
         k = vnni.packed_kernel(False, q8, direct=2 if permute else True)
-        # the same kernel seen with int64 pointers (one register each on x86-64), so the
-        # addresses can sit in the int64 rows of `meta`
-        f = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * (20 if permute else 19))(
-            ctypes.cast(k, ctypes.c_void_p).value)
+        f = int64_args(k, 20 if permute else 19)
         _DIRECT_CALLS[("keep",) + key] = f
 
         if permute:
