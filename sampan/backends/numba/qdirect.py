@@ -97,6 +97,24 @@ class DirectConv(Conv):
         key = (x.shape, stride, padding, dilation, out_dtype, id(params), xz, flip, zy, lo,
                hi)
         plan = self.__dict__.get("_plans", {}).get(key) or self._plan(key, params)
+        return self._call(plan, x, out_dtype)
+
+    def runner(self, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
+        """`run` with everything but the input made once (a bound layer): its plans found
+        by the input's shape alone."""
+        plans = {}
+        rest = (stride, padding, dilation, out_dtype, id(params), xz, flip, zy, lo, hi)
+
+        def run(x):
+            plan = plans.get(x.shape)
+            if plan is None:
+                if len(plans) >= 64:
+                    plans.clear()
+                plan = plans[x.shape] = self._plan((x.shape,) + rest, params)
+            return self._call(plan, x, out_dtype)
+        return run
+
+    def _call(self, plan, x, out_dtype):
         n, ho, wo, p, ldo, call, meta, _ = plan
         size = n * self.o * ldo
         out = np.empty(size + 16, out_dtype)         # the last row's tail: 16 more

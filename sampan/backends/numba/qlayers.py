@@ -486,11 +486,18 @@ def _bind_conv(node):
     lo, hi = bounds(c[8], a.get("qmin"), a.get("qmax"))
     zy, dt = int(c[8]), c[8].dtype
 
+    geometry = (tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
+    if hasattr(conv, "runner"):         # DirectConv: its plans found by shape alone
+        fast = conv.runner(xz, flip, params, zy, lo, hi, dt, *geometry)
+    else:
+        def fast(x):
+            return conv.run(x, xz, flip, params, zy, lo, hi, dt, *geometry)
+    cin, xdt = conv.cg * conv.groups, c[2].dtype
+
     def run(x, *rest):
-        if x.ndim != 4 or x.shape[1] != conv.cg * conv.groups or x.dtype != c[2].dtype:
+        if x.ndim != 4 or x.shape[1] != cin or x.dtype != xdt:
             return plain(x, *rest)
-        return conv.run(x, xz, flip, params, zy, lo, hi, dt, a["stride"], a["padding"],
-                        a["dilation"])
+        return fast(x)
     return run
 
 
