@@ -119,8 +119,9 @@ class DirectConv(Conv):
         size = n * self.o * ldo
         out = np.empty(size + 16, out_dtype)         # the last row's tail: 16 more
         call(x, out, meta)
-        y = out[:size].reshape(n, self.o, ldo)
-        return (y if ldo == p else y[:, :, :p]).reshape(n, self.o, ho, wo)
+        if ldo == p:
+            return out[:size].reshape(n, self.o, ho, wo)
+        return out[:size].reshape(n, self.o, ldo)[:, :, :p].reshape(n, self.o, ho, wo)
 
 
 def _permute_index(poff, p):
