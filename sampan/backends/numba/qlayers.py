@@ -6,12 +6,12 @@
   activations (uint8, or int8 moved to uint8 by x ^ 0x80 and the zero point by 128) are
   read in place, row by row, when their rows hold K rounded up to 4 readable bytes (the
   padded outputs of the layer before do).
-- conv (`DirectConv`, width not dilated): the image is copied once padded with the zero
-  point, each kernel row's taps padded to 4, and the kernel gathers 4 adjacent image
-  bytes per output position straight into its operand (once per group of 64 positions,
-  into a scratch buffer every weight row block reads); the weight rows are broadcast and
-  the result comes out NCHW. A dilated width unfolds the image into the packed layout
-  first (`Conv`, `_im2col`).
+- conv (`qdirect.DirectConv`, width not dilated): the image is copied once padded with
+  the zero point, each kernel row's taps padded to 4, and the kernel reads 4 adjacent
+  image bytes per output position straight into its operand (a load and a byte permute,
+  or a gather; once per group of 64 positions, into a scratch buffer every weight row
+  block reads); the weight rows are broadcast and the result comes out NCHW. A dilated
+  width unfolds the image into the packed layout first (`Conv`, `_im2col`).
 
 Outputs are padded to 16 columns (the view returned drops the padding). A weight with a
 nonzero zero point, a CPU without VNNI, or sums that could overflow int32 run the exact
@@ -142,21 +142,26 @@ class Dense:
 
     def runner(self, corr, mult, zy, lo, hi, out_dtype):
         """`run` with what the output type decides made once: contiguous rows of K4*4
-        bytes below the threading size (a batch-1 call) go straight to the kernel, ~1 us
-        less Python per call; any other input through `run`."""
+        bytes below the threading size (a batch-1 call) go straight to the kernel, its
+        constant arguments (addresses of the packed weight and epilogue, sizes) in one
+        int64 row, ~1.5 us less Python and unboxing per call; any other input through
+        `run`."""
         dt = np.dtype(out_dtype)
-        call = _calls(dt != np.float32)
-        n, k4, nb, wp = self.n, self.k4, self.nb, self.wp
+        call = _fast_calls(dt != np.float32)
+        n, k4, nb = self.n, self.k4, self.nb
         ldo, need = nb * 16, 4 * k4
         small = _BIG // (ldo * need)            # rows below the threading size
+        keep = (self.wp, corr, mult)            # the addresses in `meta` stay valid
+        meta = np.array([_ptr(a) for a in keep] + [need, k4, nb, ldo, zy, lo, hi], np.int64)
 
         def run(xu):
             m = xu.shape[0]
             if m >= small or xu.shape[1] != need or not xu.flags.c_contiguous:
                 return self.run(xu, corr, mult, zy, lo, hi, dt)
             out = np.empty((m, ldo), dt)
-            call(xu, wp, out, corr, mult, 1, 0, 0, m, need, k4, nb, ldo, zy, lo, hi)
+            call(xu, out, meta)
             return out if n == ldo else out[:, :n]
+        run.keep = keep
         return run
 
 
@@ -200,6 +205,33 @@ def _caller(f):
         f(wp.ctypes.data, x.ctypes.data, out.ctypes.data, corr.ctypes.data,
           mult.ctypes.data, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, lo, hi)
     return njit(nogil=True)(call)
+
+
+def int64_args(f, nargs):
+    """The ctypes kernel `f` seen as taking `nargs` int64 arguments (its pointers are one
+    64-bit register each on x86-64), so numba code can pass addresses kept in int64
+    arrays (`.ctypes.data` is unsigned there, and mixing it with int64 gives a float)."""
+    import ctypes
+    return ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * nargs)(
+        ctypes.cast(f, ctypes.c_void_p).value)
+
+
+_FAST_CALLS: dict = {}
+
+
+def _fast_calls(q8):
+    """`call(x, out, meta)`: the dense VNNI kernel on contiguous rows x with the constant
+    arguments read from `meta` (Dense.runner, which keeps the arrays it points to)."""
+    if q8 not in _FAST_CALLS:
+        f = int64_args(vnni.packed_kernel(True, q8), 16)
+        _FAST_CALLS[("keep", q8)] = f
+
+        def call(x, out, meta):
+            f(meta[0], np.int64(x.ctypes.data), np.int64(out.ctypes.data), meta[1], meta[2],
+              1, 0, 0, x.shape[0], meta[3], meta[4], meta[5], meta[6], meta[7], meta[8],
+              meta[9])
+        _FAST_CALLS[q8] = njit(nogil=True)(call)
+    return _FAST_CALLS[q8]
 
 
 _CONV_CALLS: dict = {}
@@ -354,110 +386,9 @@ class Conv:
         return y.reshape(n, self.o, ho, wo)
 
 
-if HAVE_NUMBA:
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def _pad_images(x, c0, cg, ph, pw, xz, flip, out):
-        """out[i] = channels c0 .. c0 + cg of image i, padded with the zero point (and the
-        slack after), as uint8 (`flip`: x is int8, stored as x ^ 0x80)."""
-        n, h, wd = x.shape[0], x.shape[2], x.shape[3]
-        hp, wp = h + 2 * ph, wd + 2 * pw
-        zb = np.uint8(xz)
-        fl = np.uint8(0x80 if flip else 0)
-        for i in range(n):
-            out[i, :] = zb
-            for c in range(cg):
-                for y in range(h):
-                    o = (c * hp + y + ph) * wp + pw
-                    for t in range(wd):
-                        out[i, o + t] = np.uint8(x[i, c0 + c, y, t]) ^ fl
-
-
-class DirectConv(Conv):
-    """conv2d without an unfolded copy (dilation 1 along the width): each kernel row's
-    taps are zero-padded to a multiple of 4, so 4 consecutive k's are 4 adjacent bytes
-    of a padded image row, gathered straight into the VNNI operand (16 output positions
-    at once, `vnni.packed_kernel(..., direct=True)`)."""
-
-    def __init__(self, w, groups):
-        super().__init__(w, groups)
-        o, cg, kh, kw = w.shape
-        self.kwp = -(-kw // 4) * 4
-        wp = np.zeros((o, cg, kh, self.kwp), np.int8)
-        wp[..., :kw] = w
-        self.parts = pack_conv(wp, groups)
-        self.k4 = self.parts[0][0].shape[1] // 4
-
-    def _plan(self, key):
-        """What a call of this input shape, geometry and output type needs besides the
-        arrays (made once per shape: the per-call Python work of a batch-1 layer is most
-        of its time)."""
-        (n, _, h, wd), (sh, sw), (ph, pw), (dh, _), out_dtype = key
-        ho = (h + 2 * ph - dh * (self.kh - 1) - 1) // sh + 1
-        wo = (wd + 2 * pw - (self.kw - 1) - 1) // sw + 1
-        hp, wp = h + 2 * ph, wd + 2 * pw
-        p = ho * wo
-        pb = -(-p // 16)
-        pos = np.arange(p)
-        poff = np.zeros(pb * 16, np.int32)
-        poff[:p] = (pos // wo) * sh * wp + (pos % wo) * sw
-        kq = np.arange(self.k4)
-        j, r = kq % (self.kwp // 4), kq // (self.kwp // 4)
-        koff = ((r // self.kh) * hp * wp + (r % self.kh) * dh * wp + 4 * j).astype(np.int32)
-        stride_img = -(-(self.cg * hp * wp + self.kwp + 8) // 64) * 64
-        work = n * p * self.o * self.k4 * 4
-        parts = 1 if work < _BIG else len(_split(n, work, n))
-        plans = self.__dict__.setdefault("_plans", {})
-        if len(plans) >= 64:
-            plans.clear()
-        call = _direct_call(np.dtype(out_dtype) != np.float32, work >= _BIG)
-        plans[key] = plan = (n, ho, wo, p, pb, poff, koff, stride_img, call, parts)
-        return plan
-
-    def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
-        key = (x.shape, stride, padding, dilation, out_dtype)
-        plan = self.__dict__.get("_plans", {}).get(key) or self._plan(key)
-        n, ho, wo, p, pb, poff, koff, stride_img, call, parts = plan
-        out = np.empty((n, self.o, pb * 16), out_dtype)
-        img = np.empty((n, stride_img), np.uint8)
-        og = self.o // self.groups
-        ph, pw = padding
-        for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
-            call(x, g * self.cg, self.cg, ph, pw, xz, flip, img, rows, out[:, g * og:], corr,
-                 mult, stride_img, self.o * pb * 16, og, self.k4, pb, zy, lo, hi, poff, koff,
-                 parts)
-        y = out if p == pb * 16 else out[:, :, :p]
-        return y.reshape(n, self.o, ho, wo)
-
-
-def _direct_call(q8, parallel):
-    """The numba function padding the images and calling the direct conv kernel, the
-    images split over `parts` threads of numba's pool when `parallel`."""
-    key = (q8, parallel)
-    if key not in _DIRECT_CALLS:
-        from numba import prange
-        f = vnni.packed_kernel(False, q8, direct=True)
-
-        def call(x, c0, cg, ph, pw, xz, flip, img, rows, out, corr, mult, stride_img,
-                 out_img, og, k4, pb, zy, lo, hi, poff, koff, parts):
-            n = x.shape[0]
-            for t in prange(parts):
-                i0 = n * t // parts
-                i1 = n * (t + 1) // parts
-                _pad_images(x[i0:i1], c0, cg, ph, pw, xz, flip, img[i0:i1])
-                scratch = np.empty(4 * k4 * 64, np.uint8)
-                f(img[i0:i1].ctypes.data, rows.ctypes.data, out[i0:i1].ctypes.data,
-                  corr.ctypes.data, mult.ctypes.data, i1 - i0, stride_img, out_img, og,
-                  k4 * 4, k4, pb, pb * 16, zy, lo, hi, poff.ctypes.data, koff.ctypes.data,
-                  scratch.ctypes.data)
-        _DIRECT_CALLS[key] = njit(nogil=True, parallel=parallel)(call)
-    return _DIRECT_CALLS[key]
-
-
-_DIRECT_CALLS: dict = {}
-
-
 def _conv_layer(w, groups, dilation):
     """The packed conv layer for this weight: direct where the width is not dilated."""
+    from .qdirect import DirectConv     # it builds on Conv, above
     if tuple(dilation)[1] == 1 and vnni.packed_kernel(False, True, direct=True) is not None:
         return DirectConv(w, groups)
     return Conv(w, groups)
@@ -555,13 +486,28 @@ def _bind_conv(node):
     lo, hi = bounds(c[8], a.get("qmin"), a.get("qmax"))
     zy, dt = int(c[8]), c[8].dtype
 
+    geometry = (tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
+    if hasattr(conv, "runner"):         # DirectConv: its plans found by shape alone
+        fast = conv.runner(xz, flip, params, zy, lo, hi, dt, *geometry)
+    else:
+        def fast(x):
+            return conv.run(x, xz, flip, params, zy, lo, hi, dt, *geometry)
+    cin, xdt = conv.cg * conv.groups, c[2].dtype
+
     def run(x, *rest):
-        if x.ndim != 4 or x.shape[1] != conv.cg * conv.groups or x.dtype != c[2].dtype:
+        if x.ndim != 4 or x.shape[1] != cin or x.dtype != xdt:
             return plain(x, *rest)
-        return conv.run(x, xz, flip, params, zy, lo, hi, dt, a["stride"], a["padding"],
-                        a["dilation"])
+        return fast(x)
     return run
 
 
 BINDERS = {"qlinear_dense": _bind_dense, "qdense": _bind_dense,
            "qlinear_conv2d": _bind_conv}
+
+
+def __getattr__(name):
+    """`qlayers.DirectConv`, its old place (it lives in qdirect.py, which imports this)."""
+    if name == "DirectConv":
+        from .qdirect import DirectConv
+        return DirectConv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

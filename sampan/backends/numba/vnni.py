@@ -197,11 +197,16 @@ def packed_kernel(lanes: bool, q8: bool, dyn: bool = False, direct: bool = False
     more arguments, `poff` (int32 per output position: its window's offset in the image),
     `koff` (int32 per group of 4 k's: their offset in a window, 4 adjacent bytes of one
     image row) and `scratch` (4 * K * 16 bytes), make each vector one AVX-512 gather of 16
-    unaligned 32-bit words, gathered once per group of 4 position blocks into scratch."""
-    key = (bool(lanes), bool(q8), bool(dyn), bool(direct))
+    unaligned 32-bit words, gathered once per group of 4 position blocks into scratch.
+    `direct=2` (needs AVX-512 VBMI; None without it): a fourth argument `pidx` (64 bytes
+    per position block: byte indices relative to the block's first window) replaces each
+    gather by one 64-byte load at the first window plus a byte permute (`vpermb`), for
+    blocks whose 16 windows span at most 64 bytes (stride-1 rows of small images): the
+    gathers were most of a batch-1 LeNet conv's time."""
+    key = (bool(lanes), bool(q8), bool(dyn), int(direct))
     if key not in _PACKED:
         _PACKED[key] = None
-        if _has_vnni():
+        if _has_vnni() and (direct != 2 or _STATE["vbmi"]):
             try:
                 _PACKED[key] = _build_packed(*key)
             except Exception:  # noqa: BLE001 - an LLVM that refuses: the caller's reference
@@ -218,8 +223,9 @@ def _has_vnni() -> bool:
             f = llvm.get_host_cpu_features()
             _STATE["vnni"] = bool(f.get("avx512vnni") and f.get("avx512bw")
                                   and f.get("avx512f"))
+            _STATE["vbmi"] = _STATE["vnni"] and bool(f.get("avx512vbmi"))
         except Exception:  # noqa: BLE001 - no llvmlite
-            _STATE["vnni"] = False
+            _STATE["vnni"] = _STATE["vbmi"] = False
     return _STATE["vnni"]
 
 
@@ -236,11 +242,14 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
     p8 = i8.as_pointer()
     gather = ir.Function(mod, ir.FunctionType(v16, [v16, p8, v16, ir.VectorType(
         ir.IntType(1), 16), i32]), "llvm.x86.avx512.mask.gather.dpi.512")
+    v64 = ir.VectorType(i8, 64)
+    perm = ir.Function(mod, ir.FunctionType(v64, [v64, v64]), "llvm.x86.avx512.permvar.qi.512")
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, p8, p8, p8] + [i64] * 11
-                                          + [p8, p8, p8] * direct), "qgemm")
+                                          + [p8] * _nextra(direct)), "qgemm")
     (vp, sp, outp, corrp, multp, nimg, v_img, out_img, rows, lds, k4, nb, ldo, zy, qmin,
      qmax) = fn.args[:16]
-    poffp, koffp, scratch = fn.args[16:] if direct else (None, None, None)
+    poffp, koffp, scratch = fn.args[16:19] if direct else (None, None, None)
+    pidxp = fn.args[19] if direct == 2 else None
     ones = ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 16)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
@@ -348,13 +357,22 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
         def group(jb0, ncb):
             pv = [b.load(b.bitcast(b.gep(poffp, [b.mul(b.add(jb0, c(j)), c(64))]),
                                    v16.as_pointer()), align=1) for j in range(ncb)]
+            if direct == 2:     # each block: its first window's offset, its byte indices
+                p0 = [b.sext(b.extract_element(v, ir.Constant(i32, 0)), i64) for v in pv]
+                ix = [b.load(b.bitcast(b.gep(pidxp, [b.mul(b.add(jb0, c(j)), c(64))]),
+                                       v64.as_pointer()), align=1) for j in range(ncb)]
 
             def fill(kk):
                 ko = b.load(b.gep(b.bitcast(koffp, i32.as_pointer()), [kk]))
                 wbase = b.gep(ibase, [b.sext(ko, i64)])
                 for j in range(ncb):
-                    g = b.call(gather, [ir.Constant(v16, None), wbase, pv[j], ones,
-                                        ir.Constant(i32, 1)])
+                    if direct == 2:
+                        raw = b.load(b.bitcast(b.gep(wbase, [p0[j]]), v64.as_pointer()),
+                                     align=1)
+                        g = b.bitcast(b.call(perm, [raw, ix[j]]), v16)
+                    else:
+                        g = b.call(gather, [ir.Constant(v16, None), wbase, pv[j], ones,
+                                            ir.Constant(i32, 1)])
                     at = b.gep(scratch, [b.add(b.mul(c(j), k64), b.mul(kk, c(64)))])
                     b.store(g, b.bitcast(at, v16.as_pointer()), align=1)
             _loop(b, ir, i64, k4, fill)
@@ -362,8 +380,13 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
                   lambda rg: block(img, b.mul(rg, c(_RB)), jb0, _RB, ncb, True))
             _loop(b, ir, i64, b.sub(rows, rmain),
                   lambda ri: block(img, b.add(rmain, ri), jb0, 1, ncb, True))
-        _loop(b, ir, i64, b.sdiv(nb, c(_CBK)), lambda cg: group(b.mul(cg, c(_CBK)), _CBK))
-        _loop(b, ir, i64, b.sub(nb, cmain), lambda j: group(b.add(cmain, j), 1))
+        # last block first, block 0 last: with rows `ldo` < 16 * nb apart (a compact
+        # output) each row's padded tail spills into the next row's block 0, which is
+        # written after it
+        ng = b.sdiv(nb, c(_CBK))
+        _loop(b, ir, i64, b.sub(nb, cmain), lambda j: group(b.sub(b.sub(nb, c(1)), j), 1))
+        _loop(b, ir, i64, ng,
+              lambda cg: group(b.mul(b.sub(b.sub(ng, c(1)), cg), c(_CBK)), _CBK))
     _loop(b, ir, i64, nimg, image_direct if direct else image)
     b.ret_void()
     return str(mod)
@@ -372,5 +395,10 @@ def _packed_ir(lanes, q8, dyn=False, direct=False):
 def _build_packed(lanes, q8, dyn, direct):
     ee = _compile(_packed_ir(lanes, q8, dyn, direct), ("engine", lanes, q8, dyn, direct))
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 11
-                                     + [ctypes.c_void_p] * (3 * direct)))
+                                     + [ctypes.c_void_p] * _nextra(direct)))
     return proto(ee.get_function_address("qgemm"))
+
+
+def _nextra(direct):
+    """The direct kernels' extra pointer arguments: poff, koff, scratch (and pidx)."""
+    return {0: 0, 1: 3, 2: 4}[int(direct)]
