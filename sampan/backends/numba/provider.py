@@ -57,7 +57,7 @@ def _binders() -> dict:
     from . import available
     if not available():
         return {}
-    from . import qdynamic, qkernels, qlayers
+    from . import qdirect, qdynamic, qkernels, qlayers  # noqa: F401  (qdirect registers the direct conv)
     return dict(qlayers.BINDERS, **qdynamic.BINDERS, quantize=qkernels.bind_quantize)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...ops._nb import HAVE_NUMBA, njit
 from . import vnni
-from .qlayers import _BIG, Conv, _ptr, _split, int64_args, pack_conv
+from .qlayers import _BIG, _DIRECT, Conv, _ptr, _split, int64_args, pack_conv
 
 if HAVE_NUMBA:
     @njit(cache=True, nogil=True, boundscheck=False)
@@ -182,3 +182,4 @@ def _direct_call(q8, parallel, permute=False):
 
 
 _DIRECT_CALLS: dict = {}
+_DIRECT["conv"] = DirectConv      # qlayers._conv_layer picks it (no import back)

@@ -260,5 +260,5 @@ def kernels() -> dict:
     import sys
 
     from ...ops.quant import int8_kernels
-    from . import qdynamic, qlayers
+    from . import qdirect, qdynamic, qlayers  # noqa: F401  (qdirect registers the direct conv)
     return dict(int8_kernels(sys.modules[__name__]), **qlayers.KERNELS, **qdynamic.KERNELS)

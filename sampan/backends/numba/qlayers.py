@@ -386,11 +386,17 @@ class Conv:
         return y.reshape(n, self.o, ho, wo)
 
 
+# the direct conv (qdirect.DirectConv, which builds on Conv and imports this module)
+# registers itself here when imported; provider.py and qkernels.py import it beside this one
+_DIRECT: dict = {}
+
+
 def _conv_layer(w, groups, dilation):
     """The packed conv layer for this weight: direct where the width is not dilated."""
-    from .qdirect import DirectConv     # it builds on Conv, above
-    if tuple(dilation)[1] == 1 and vnni.packed_kernel(False, True, direct=True) is not None:
-        return DirectConv(w, groups)
+    direct = _DIRECT.get("conv")
+    if (direct is not None and tuple(dilation)[1] == 1
+            and vnni.packed_kernel(False, True, direct=True) is not None):
+        return direct(w, groups)
     return Conv(w, groups)
 
 
@@ -504,10 +510,3 @@ def _bind_conv(node):
 BINDERS = {"qlinear_dense": _bind_dense, "qdense": _bind_dense,
            "qlinear_conv2d": _bind_conv}
 
-
-def __getattr__(name):
-    """`qlayers.DirectConv`, its old place (it lives in qdirect.py, which imports this)."""
-    if name == "DirectConv":
-        from .qdirect import DirectConv
-        return DirectConv
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
