@@ -66,7 +66,7 @@ async def drive_grpc(address, body, concurrency, requests, seconds, timeout=30.0
 def grpc_vs_http(server, model, x, args, info, conc=64, target=1.2):
     """The point described in the module doc; `server` is serving.py's ServerProcess
     (started with --grpc-port 0). Returns the ratio line."""
-    from http_load import _run_client, drive_raw
+    from http_load import _run_client, block_stats, drive_raw
     from serving import _client_cpu, batch_counts, binary_body
     bodies = {"http_binary": binary_body({"x": ("FP32", x)}),
               "http_json": json_body({"x": ("FP32", x)})}
@@ -95,25 +95,8 @@ def grpc_vs_http(server, model, x, args, info, conc=64, target=1.2):
                                                                     m0.get(model, (0, 0)))]})
     out = {}
     for front, bl in blocks.items():
-        ok = sum(x["ok"] for x in bl)
-        lat_ms = np.array([t for x in bl for t in x["lat"]] or [np.nan]) * 1e3
-        codes: dict = {}
-        for x in bl:
-            for c, k in x["codes"].items():
-                codes[str(c)] = codes.get(str(c), 0) + k
-        rps = [x["rps"] for x in bl]
         rec = {"workload": "S1", "system": "sampan_serve", "mode": f"{front}_batching_on",
-               "model": model, "metric": "requests_per_s",
-               "value": round(float(np.median(rps)), 1), "min": round(min(rps), 1),
-               "max": round(max(rps), 1), "concurrency": conc, "blocks": args.blocks,
-               "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
-               "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
-               "requests": sum(codes.values()), "failed": sum(codes.values()) - ok,
-               "statuses": codes,
-               "server_cpu_us_per_request": round(
-                   1e6 * sum(x["server_cpu"] for x in bl) / max(ok, 1), 1),
-               "client_cpu_us_per_request": round(
-                   1e6 * sum(x["client_cpu"] for x in bl) / max(ok, 1), 1),
+               "model": model, "concurrency": conc, **block_stats(bl),
                "requests_per_batch": round(sum(x["batches"][1] for x in bl)
                                            / max(sum(x["batches"][0] for x in bl), 1), 2),
                "client": "grpc.aio" if front == "grpc" else "raw", **info}

@@ -144,6 +144,30 @@ async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, time
     return r.lat, r.codes, time.perf_counter() - t0
 
 
+def block_stats(bl):
+    """The figures of one system's timed blocks (each a dict with rps, lat, codes, ok,
+    server_cpu, client_cpu), as the serving benchmarks print them: median requests/s and
+    its range, p50/p99 latency, status counts, server and client CPU per answered request."""
+    import numpy as np
+    ok = sum(x["ok"] for x in bl)
+    lat_ms = np.array([t for x in bl for t in x["lat"]] or [np.nan]) * 1e3
+    codes: dict = {}
+    for x in bl:
+        for c, n in x["codes"].items():
+            codes[str(c)] = codes.get(str(c), 0) + n
+    rps = [x["rps"] for x in bl]
+    return {"metric": "requests_per_s", "value": round(float(np.median(rps)), 1),
+            "min": round(min(rps), 1), "max": round(max(rps), 1), "blocks": len(bl),
+            "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
+            "requests": sum(codes.values()), "failed": sum(codes.values()) - ok,
+            "statuses": codes,
+            "server_cpu_us_per_request": round(
+                1e6 * sum(x["server_cpu"] for x in bl) / max(ok, 1), 1),
+            "client_cpu_us_per_request": round(
+                1e6 * sum(x["client_cpu"] for x in bl) / max(ok, 1), 1)}
+
+
 def _run_client(coro):
     """asyncio.run on uvloop when it is installed (the server's loop too): the client's
     CPU per request is part of what the 2 cores are shared by."""

@@ -43,7 +43,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import peer_servers  # noqa: E402
-from http_load import _run_client, drive_raw  # noqa: E402
+from http_load import _run_client, block_stats, drive_raw  # noqa: E402
 from serving import (ServerProcess, _block, binary_body, build_minilm,  # noqa: E402
                      build_models, json_body)
 
@@ -114,25 +114,8 @@ def minilm_models(folder, args, log):
 
 
 def summarise(system, model, conc, body, bl, info):
-    ok = sum(x["ok"] for x in bl)
-    lat = [t for x in bl for t in x["lat"]]
-    lat_ms = np.array(lat or [np.nan]) * 1e3
-    codes: dict = {}
-    for x in bl:
-        for c, n in x["codes"].items():
-            codes[str(c)] = codes.get(str(c), 0) + n
-    rps = [x["rps"] for x in bl]
     return {"workload": "S1_peers", "system": system, "model": model, "body": body,
-            "metric": "requests_per_s", "value": round(float(np.median(rps)), 1),
-            "min": round(min(rps), 1), "max": round(max(rps), 1), "concurrency": conc,
-            "blocks": len(bl), "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
-            "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
-            "requests": sum(codes.values()), "failed": sum(codes.values()) - ok,
-            "statuses": codes,
-            "server_cpu_us_per_request": round(
-                1e6 * sum(x["server_cpu"] for x in bl) / max(ok, 1), 1),
-            "client_cpu_us_per_request": round(
-                1e6 * sum(x["client_cpu"] for x in bl) / max(ok, 1), 1), **info}
+            "concurrency": conc, **block_stats(bl), **info}
 
 
 def run_body(systems, body_kind, inputs, args, info, log):
