@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def sleepy_server(tmp_path):
     d = tmp_path / "sleepy"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"kind": "test_sleepy", "delay": 0.15,
+    (d / "config.json").write_text(json.dumps({"kind": "test_sleepy", "delay": 0.5,
                                                "instance_count": 1}))
     log = open(tmp_path / "stderr", "w")      # a file: an unread pipe can fill up
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -53,12 +53,21 @@ def test_sigterm_answers_requests_in_flight_and_exits_0(sleepy_server):
     ts = [threading.Thread(target=send) for _ in range(5)]
     for t in ts:
         t.start()
-    deadline = time.time() + 10
-    while time.time() < deadline:       # wait until all five are accepted (queued/running)
+    # wait until all five are accepted (queued or running) before the signal: the first
+    # batch runs 0.5 s, so four queued behind it (or three, when two came in together and
+    # a quarter second has passed for any late client to connect) are all still in flight;
+    # a client that had not connected yet would be refused, not drained
+    deadline, seen3 = time.time() + 10, None
+    while time.time() < deadline:
         m = httpx.get(url + "/metrics").text
         line = [x for x in m.splitlines() if x.startswith("sampan_queue_depth")]
-        if line and float(line[0].split()[-1]) >= 3:
+        depth = float(line[0].split()[-1]) if line else 0.0
+        if depth >= 4:
             break
+        if depth >= 3:
+            seen3 = seen3 or time.time()
+            if time.time() - seen3 > 0.25:
+                break
         time.sleep(0.02)
     p.send_signal(signal.SIGTERM)
     for t in ts:
