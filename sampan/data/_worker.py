@@ -9,6 +9,7 @@ the queue's feeder thread.
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import random
@@ -177,6 +178,41 @@ def _failure(worker_id, mode, exc, task) -> _Failure:
     return _Failure(worker_id, mode, type(exc).__name__, str(exc), traceback.format_exc(), task)
 
 
+class _Sender:
+    """A process worker's replies, written to its own pipe by a thread of its own.
+
+    Each worker has a pipe of its own (not one queue shared by all, whose write lock a
+    worker that dies while writing takes with it, stalling every other worker), and
+    the main loop never blocks on a full pipe: it goes on loading the next task while
+    the thread writes. A write the main side no longer reads (its end is closed at
+    shutdown) ends the thread.
+    """
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._box = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="sampan-data-sender")
+        self._thread.start()
+
+    def put(self, msg: bytes):
+        self._box.put(msg)
+
+    def _run(self):
+        while (msg := self._box.get()) is not None:
+            try:
+                self._conn.send_bytes(msg)
+            except OSError:  # the main side closed its end: nothing more is read
+                return
+
+    def close(self, patience: float = 5.0):
+        """Flush what is queued (bounded: the main side may have stopped reading)."""
+        self._box.put(None)
+        self._thread.join(patience)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+
+
 def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_workers,
                 seed, worker_init_fn, mode, busy):
     """Body of one worker: answer tasks until told to stop or the parent goes away.
@@ -202,6 +238,8 @@ def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_w
         except Exception as e:  # noqa: BLE001 - any failure is reported to the main side
             init_error = _failure(worker_id, mode, e, "worker_init_fn")
 
+    outbox = _Sender(result_queue) if is_process else result_queue
+
     def send(seq, status, payload, task=None):
         msg = (worker_id, seq, status, payload)
         if is_process:
@@ -209,7 +247,7 @@ def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_w
                 msg = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 - an unpicklable batch is reported
                 msg = pickle.dumps((worker_id, seq, "error", _failure(worker_id, mode, e, task)))
-        result_queue.put(msg)
+        outbox.put(msg)
 
     try:
         while not done_event.is_set():
@@ -241,5 +279,4 @@ def worker_loop(fetcher, index_queue, result_queue, done_event, worker_id, num_w
     finally:
         _local.info = None
         if is_process:
-            # the main side stops reading once it shuts us down: never block on a full pipe
-            result_queue.cancel_join_thread()
+            outbox.close()

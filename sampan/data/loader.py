@@ -8,8 +8,10 @@ collection), through a `weakref.finalize` that holds no reference to the iterato
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing
+import multiprocessing.connection as _mp_connection
 import pickle
 import queue
 import signal
@@ -260,7 +262,12 @@ class _Pool:
                     # forks; this only takes effect if the server is not running yet
                     ctx.set_forkserver_preload(["__main__", "numpy", "sampan.data"])
             self.done = ctx.Event()
-            self.results = ctx.Queue()
+            # one reply pipe per worker (see _worker._Sender): a worker that dies poisons
+            # only its own, and its end closing shows here as end of file
+            pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
+            self.readers = [r for r, _ in pipes]
+            outs = [w for _, w in pipes]
+            self.results = None
             self.index_queues = [ctx.Queue() for _ in range(n)]
             # shared memory, one slot per worker, written before each task: what a worker
             # that dies was loading, even if its last replies died with it in the pipe buffer
@@ -269,6 +276,8 @@ class _Pool:
         else:
             self.done = threading.Event()
             self.results = queue.Queue()
+            outs = [self.results] * n
+            self.readers = []
             self.index_queues = [queue.Queue() for _ in range(n)]
             self.busy = [-1] * n
             make = threading.Thread
@@ -276,15 +285,22 @@ class _Pool:
         self.closed = False
         self.epoch = 0  # epochs served (persistent pools serve several)
         self.next_seq = 0
+        self._open = list(self.readers)  # reply pipes not at end of file yet
+        self._pending = collections.deque()  # replies read off a pipe, not yet taken
         try:
             for wid in range(n):
-                args = (loader._fetcher(), self.index_queues[wid], self.results, self.done, wid, n,
+                args = (loader._fetcher(), self.index_queues[wid], outs[wid], self.done, wid, n,
                         base_seed + wid, loader.worker_init_fn, self.mode, self.busy)
                 w = make(target=_worker.worker_loop, args=args, daemon=True,
                          name=f"sampan-data-worker-{wid}")
                 w.start()
                 self.workers.append(w)
+                if self.mode == "process":
+                    outs[wid].close()  # the worker holds its own copy now
         except Exception as e:
+            if self.mode == "process":
+                for out in outs[len(self.workers):]:  # the failed worker's and the rest
+                    out.close()
             self.shutdown()
             if self.mode == "process" and isinstance(e, (pickle.PicklingError, AttributeError,
                                                          TypeError)):
@@ -293,6 +309,25 @@ class _Pool:
                     f"worker_init_fn must be picklable ({type(e).__name__}: {e}); define them "
                     "at module level, or use worker_mode='thread'") from e
             raise
+
+    def get(self, timeout: float):
+        """The next reply of any worker, waiting up to `timeout` s (queue.Empty if none)."""
+        if self.mode == "thread":
+            return self.results.get(timeout=timeout)
+        if not self._pending:
+            if self._open:
+                ready = _mp_connection.wait(self._open, timeout)
+            else:
+                ready = []
+                time.sleep(timeout)
+            for r in ready:
+                try:
+                    self._pending.append(r.recv_bytes())
+                except (EOFError, OSError):  # its worker ended: dead_worker() says how
+                    self._open.remove(r)
+        if not self._pending:
+            raise queue.Empty
+        return self._pending.popleft()
 
     def dead_worker(self):
         """(id, exit code) of a worker that ended without being told to, else None.
@@ -318,6 +353,8 @@ class _Pool:
             return
         self.closed = True
         self.done.set()
+        for r in self.readers:  # a worker writing to a pipe no one reads stops at once
+            r.close()
         for q in self.index_queues:
             with contextlib.suppress(OSError, ValueError):  # a closed queue: worker gone
                 q.put(None)
@@ -333,7 +370,7 @@ class _Pool:
                 if w.is_alive():
                     w.kill()
                     w.join(_KILL_S)
-            for q in [*self.index_queues, self.results]:
+            for q in self.index_queues:
                 q.cancel_join_thread()
                 q.close()
 
@@ -412,7 +449,7 @@ class _WorkerIter:
             if deadline is not None:  # wake at the deadline, not at the next poll after it
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
             try:
-                msg = self._pool.results.get(timeout=wait)
+                msg = self._pool.get(wait)
             except queue.Empty:
                 if self._death is None:
                     dead = self._pool.dead_worker()

@@ -53,6 +53,20 @@ class Killed(Dataset):
         return np.full(2, i, np.float32)
 
 
+class DiesWhileSending(Dataset):
+    """Worker 0 loads indices 0, 2, 4: index 2 is a 4 MB reply, which a 64 KiB pipe only
+    takes in part while the main side is busy; the worker dies on index 4 meanwhile."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 4:
+            time.sleep(0.3)
+            os._exit(5)
+        return np.full(1 << 20 if i == 2 else 2, i, np.float32)
+
+
 class Exits(Dataset):
     """sys.exit() (not an Exception) in the dataset, or a KeyboardInterrupt in a thread
     worker, which the worker takes as "stop" and so ends."""
@@ -147,6 +161,28 @@ def test_killed_worker_names_the_batch_it_was_loading(how, code):
     assert f"DataLoader worker 1 (process) exited unexpectedly with exit code {code} while " \
            "loading batch 1 (indices [5, 1])" in msg, msg
     assert info.value.worker_id == 1 and info.value.indices == [5, 1]
+    assert _settle() == ([], [])
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_dying_mid_reply_stalls_no_one():
+    # before: the workers shared one reply queue; a worker that died while its feeder
+    # thread was writing left half a message in the pipe, which the main side then
+    # waited on forever (and held the queue's write lock, so the other worker could
+    # send nothing either); CI hung on this
+    dl = DataLoader(DiesWhileSending(), batch_size=None, num_workers=2, worker_mode="process",
+                    timeout=30)
+    got = []
+    t0 = time.monotonic()
+    with pytest.raises(DataLoaderWorkerError) as info:
+        for b in dl:
+            got.append(int(b.numpy()[0]))
+            if len(got) == 1:
+                time.sleep(1.0)  # busy: worker 0's 4 MB reply stalls half-written
+    assert time.monotonic() - t0 < 20  # the death, not the timeout
+    assert "DataLoader worker 0 (process) exited unexpectedly with exit code 5 while " \
+           "loading batch 4" in str(info.value), str(info.value)
+    assert got == [0, 1]  # the other worker's batch before the lost ones still arrives
     assert _settle() == ([], [])
 
 

@@ -31,14 +31,18 @@ def one_cluster_at_a_time():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def start_cluster(ray, **kwargs):
-    """`init_ray(ray, **kwargs)`, once more if the raylet missed Ray's start-up wait on a
-    loaded machine (Ray's own 'timed out during startup'); any other error is raised."""
+def start_cluster(ray, attempts: int = 4, **kwargs):
+    """`init_ray(ray, **kwargs)`, tried again (up to `attempts` in all) when the raylet
+    missed Ray's hard-coded 30 s start-up wait on a loaded machine (Ray's own 'timed out
+    during startup': seen twice in a row in one CI run); any other error is raised."""
+    import time
+
     from sampan.rec.remote import init_ray
-    try:
-        init_ray(ray, **kwargs)
-    except Exception as e:      # Ray raises a bare Exception for this one
-        if "timed out during startup" not in str(e):
-            raise
-        ray.shutdown()
-        init_ray(ray, **kwargs)
+    for attempt in range(1, attempts + 1):
+        try:
+            return init_ray(ray, **kwargs)
+        except Exception as e:      # Ray raises a bare Exception for this one
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            ray.shutdown()
+            time.sleep(2.0 * attempt)  # let the other worker's burst of work pass
