@@ -2,6 +2,7 @@
 
     sampan serve --model mlp=models/mlp [--model ...] [--repository DIR]
                  [--model-repository DIR [--allow-model-control]] [--grpc-port PORT]
+                 [--grpc-impl native|grpcio]
                  [--host 127.0.0.1] [--port 8000] [--workers N] [--max-batch-size N]
                  [--max-queue-delay-us US] [--preferred-batch-sizes 8,32]
                  [--max-queue-size N] [--timeout-ms MS] [--no-batching]
@@ -53,6 +54,9 @@ def register(sub) -> None:
     p.add_argument("--grpc-port", type=int, metavar="PORT",
                    help="also serve the KServe v2 / Triton gRPC protocol on PORT (0: any "
                         "free port; off when not given)")
+    p.add_argument("--grpc-impl", choices=("native", "grpcio"), default=None,
+                   help="the gRPC server: native (our own HTTP/2 server on the event loop, "
+                        "the default) or grpcio")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--workers", type=int, help="worker threads per model (instance_count)")
@@ -115,6 +119,7 @@ def run(a) -> int:
                    log_level=a.log_level, log_requests=a.log_requests,
                    read_timeout=a.read_timeout or None,
                    shutdown_timeout=a.shutdown_timeout or None, grpc_port=a.grpc_port,
+                   grpc_impl=a.grpc_impl,
                    model_repository=a.model_repository,
                    allow_model_control=a.allow_model_control)
 

@@ -12,7 +12,9 @@ admission (503 -> UNAVAILABLE with ``retry-after`` in the trailing metadata), de
 (the call's own deadline included), metrics and logs are the same; every `RequestError`
 ends the call with the status its ``grpc_code`` names and its message as details.
 
-The service runs on a ``grpc.aio`` server on the event loop of the HTTP front end
+Two servers carry it (`front_end(impl)`, ``sampan serve --grpc-impl``): ``native``, the
+default, our own HTTP/2 server on asyncio (`grpc_native.py`), and ``grpcio``, the
+`GrpcFrontEnd` below. The grpcio one runs on a ``grpc.aio`` server on the event loop of the HTTP front end
 (`Server` starts it from uvicorn's lifespan: `start_async` / `stop_async`), so one loop
 carries both front ends and the batchers' counters see one thread; `start` / `stop` run
 it on a thread and loop of its own instead. `stop(grace)` refuses new calls, lets the
@@ -171,13 +173,17 @@ def handlers(grpc, plane):
     return grpc.method_handlers_generic_handler(SERVICE, table)
 
 
-class GrpcFrontEnd:
-    """The gRPC server over `plane` on `host`:`port` (0: a free port; see module doc)."""
+class FrontEndBase:
+    """What both gRPC front ends share: the address, and serving from a thread and loop
+    of their own (`start` / `stop`) around their `start_async` / `stop_async`."""
+
+    impl = None
 
     def __init__(self, plane, host="127.0.0.1", port=0, max_message_bytes=64 << 20):
         self.plane, self.host, self.port = plane, host, int(port)
         self.max_message_bytes = int(max_message_bytes)
-        self._loop = self._server = self._thread = None
+        self._loop = self._thread = None
+        self.loop = None          # the event loop it serves on, once started
         self._ready = threading.Event()
         self._error = self._stopping = None
         self._grace = None
@@ -187,10 +193,70 @@ class GrpcFrontEnd:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
+    async def start_async(self):
+        raise NotImplementedError
+
+    async def stop_async(self, grace=None) -> None:
+        raise NotImplementedError
+
+    async def _serve(self):
+        await self.start_async()
+        self._stopping = asyncio.Event()
+        self._ready.set()
+        await self._stopping.wait()
+        await self.stop_async(self._grace)
+
+    def _run(self):
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as e:  # noqa: BLE001 -- reported by start()
+            self._error = e
+            self._ready.set()
+        finally:
+            loop.close()
+
+    def start(self, timeout=30.0) -> "FrontEndBase":
+        """Serve from a background thread with its own event loop (for a data plane with
+        no other front end); returns once the port is bound."""
+        from .errors import ServingError
+        self._thread = threading.Thread(target=self._run, name="sampan-grpc", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._error is not None:
+            raise ServingError(f"serving: the gRPC server did not start on {self.address}: "
+                               f"{self._error or 'timed out'}")
+        return self
+
+    def stop(self, grace=None) -> None:
+        """Refuse new calls, finish open ones within `grace` s, end the thread."""
+        if self._thread is None or self._loop is None:
+            return
+        self._grace = grace
+        try:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        except RuntimeError:            # the loop ended meanwhile
+            pass
+        if self._thread is not None:
+            self._thread.join(None if grace is None else grace + 10)
+        self._thread = None
+
+
+class GrpcFrontEnd(FrontEndBase):
+    """The gRPC server on grpcio over `plane` on `host`:`port` (0: a free port; see
+    module doc)."""
+
+    impl = "grpcio"
+
+    def __init__(self, plane, host="127.0.0.1", port=0, max_message_bytes=64 << 20):
+        super().__init__(plane, host, port, max_message_bytes)
+        self._server = None
+
     async def start_async(self) -> "GrpcFrontEnd":
         """Serve on the running event loop (the server's, beside uvicorn); returns once
         the port is bound."""
         grpc = _import_grpc()
+        self.loop = asyncio.get_running_loop()
         n = self.max_message_bytes
         # so_reuseport 0: a port another process holds is an error here, not shared
         s = grpc.aio.server(options=[("grpc.max_receive_message_length", n),
@@ -219,44 +285,20 @@ class GrpcFrontEnd:
         if s is not None:
             await s.stop(grace)
 
-    async def _serve(self):
-        await self.start_async()
-        self._stopping = asyncio.Event()
-        self._ready.set()
-        await self._stopping.wait()
-        await self.stop_async(self._grace)
 
-    def _run(self):
-        loop = self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as e:  # noqa: BLE001 -- reported by start()
-            self._error = e
-            self._ready.set()
-        finally:
-            loop.close()
+IMPLS = ("native", "grpcio")
+DEFAULT_IMPL = "native"
 
-    def start(self, timeout=30.0) -> "GrpcFrontEnd":
-        """Serve from a background thread with its own event loop (for a data plane with
-        no other front end); returns once the port is bound."""
-        from .errors import ServingError
-        self._thread = threading.Thread(target=self._run, name="sampan-grpc", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
-            raise ServingError(f"serving: the gRPC server did not start on {self.address}: "
-                               f"{self._error or 'timed out'}")
-        return self
 
-    def stop(self, grace=None) -> None:
-        """Refuse new calls, finish open ones within `grace` s, end the thread."""
-        if self._thread is None or self._loop is None:
-            return
-        self._grace = grace
-        try:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-        except RuntimeError:            # the loop ended meanwhile
-            pass
-        if self._thread is not None:
-            self._thread.join(None if grace is None else grace + 10)
-        self._thread = None
+def front_end(impl=None):
+    """The front-end class of `impl` (``"native"``: `grpc_native.NativeGrpcFrontEnd`, our
+    own HTTP/2 server, the default; ``"grpcio"``: `GrpcFrontEnd`)."""
+    impl = DEFAULT_IMPL if impl is None else impl
+    if impl == "grpcio":
+        return GrpcFrontEnd
+    if impl == "native":
+        from .grpc_native import NativeGrpcFrontEnd
+        return NativeGrpcFrontEnd
+    from .errors import ServingError
+    raise ServingError(f"serving: unknown gRPC implementation {impl!r}; choose one of "
+                       f"{list(IMPLS)}")

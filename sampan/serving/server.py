@@ -16,7 +16,8 @@ of which nothing arrives for `read_timeout` seconds (default 60) is answered 408
 stalled client holds neither a request nor the shutdown. `serve()` does the same in the calling
 (main) thread until SIGTERM/SIGINT: that is `sampan serve`.
 
-With `grpc_port` (0: a free one) the gRPC front end (`grpc_server.py`) serves the same
+With `grpc_port` (0: a free one) the gRPC front end (`grpc_server.py`; `grpc_impl`
+``"native"``, the default, or ``"grpcio"``) serves the same
 data plane on uvicorn's event loop, started after the models and stopped before they drain;
 with `model_repository` every folder of that directory is loaded (`repository.py`: one
 that fails is listed in the index with its reason) and, with `allow_model_control`,
@@ -96,11 +97,12 @@ class Server:
                  workers=None, overrides=None, max_body_bytes=MAX_BODY_BYTES,
                  log_level="warning", warmup=True, shutdown_timeout=SHUTDOWN_TIMEOUT,
                  read_timeout=READ_TIMEOUT, grpc_port=None, model_repository=None,
-                 allow_model_control=False, log_requests=False):
+                 allow_model_control=False, log_requests=False, grpc_impl=None):
         self.specs = dict(models or {})
         self.code_roots: dict = {}      # model name -> the repository its code may run from
         self.grpc_port = None if grpc_port is None else int(grpc_port)
-        self.grpc = None          # the GrpcFrontEnd, once serving (grpc_server.py)
+        self.grpc = None          # the gRPC front end, once serving (grpc_server.py)
+        self.grpc_impl = grpc_impl      # None: grpc_server.DEFAULT_IMPL
         self.model_repository = model_repository
         self.allow_model_control = bool(allow_model_control)
         self._startup_error = None
@@ -165,10 +167,10 @@ class Server:
         # on uvicorn's loop, after the models started: one loop for both front ends
         if self.grpc_port is None:
             return
-        from .grpc_server import GrpcFrontEnd
+        from .grpc_server import front_end
         try:
-            self.grpc = await GrpcFrontEnd(self.plane, self.host, self.grpc_port,
-                                           self.max_body_bytes).start_async()
+            self.grpc = await front_end(self.grpc_impl)(
+                self.plane, self.host, self.grpc_port, self.max_body_bytes).start_async()
         except Exception as e:
             self._startup_error = e             # start() names it
             raise

@@ -14,17 +14,38 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from ._models import mlp_reference  # noqa: E402
 
 
+IMPLS = ("native", "grpcio")
+
+
+@pytest.fixture(scope="module", params=IMPLS)
+def address(request, served):
+    """The gRPC address of each implementation over the served data plane: the server's
+    own front end, or the other one started on the server's event loop beside it."""
+    import asyncio
+
+    from sampan.serving.grpc_server import front_end
+    if served.grpc.impl == request.param:
+        yield served.grpc_address
+        return
+    fe = front_end(request.param)(served.plane, "127.0.0.1", 0, 1 << 20)
+    asyncio.run_coroutine_threadsafe(fe.start_async(), served.grpc.loop).result(30)
+    try:
+        yield fe.address
+    finally:
+        asyncio.run_coroutine_threadsafe(fe.stop_async(1.0), served.grpc.loop).result(30)
+
+
 @pytest.fixture(scope="module")
-def client(served):
-    c = grpcclient.InferenceServerClient(served.grpc_address)
+def client(address):
+    c = grpcclient.InferenceServerClient(address)
     yield c
     c.close()
 
 
 @pytest.fixture(scope="module")
-def stub(served):
+def stub(address):
     from sampan.serving.proto import inference_pb2_grpc
-    ch = grpc.insecure_channel(served.grpc_address)
+    ch = grpc.insecure_channel(address)
     yield inference_pb2_grpc.GRPCInferenceServiceStub(ch)
     ch.close()
 
@@ -177,15 +198,16 @@ def test_grpc_shares_batching_and_metrics_with_http(served, client):
     assert e.batcher.batched > batched        # some of them ran together
 
 
-def test_a_bare_data_plane_served_over_grpc_alone():
-    """GrpcFrontEnd on a thread and loop of its own, for a DataPlane without HTTP."""
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_bare_data_plane_served_over_grpc_alone(impl):
+    """A front end on a thread and loop of its own, for a DataPlane without HTTP."""
     from sampan.serving import DataPlane
-    from sampan.serving.grpc_server import GrpcFrontEnd
+    from sampan.serving.grpc_server import front_end
 
     from ._models import Slow
     plane = DataPlane.build({"slow": Slow("slow", 0.0)}, instances=1)
     plane.start(warmup=False)
-    fe = GrpcFrontEnd(plane, "127.0.0.1", 0).start()
+    fe = front_end(impl)(plane, "127.0.0.1", 0).start()
     try:
         c = grpcclient.InferenceServerClient(fe.address)
         assert c.is_server_live() and c.is_model_ready("slow")
@@ -199,7 +221,8 @@ def test_a_bare_data_plane_served_over_grpc_alone():
     assert fe._thread is None
 
 
-def test_a_grpc_port_in_use_fails_the_start_naming_it():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_grpc_port_in_use_fails_the_start_naming_it(impl):
     import socket
 
     from sampan.serving import Server, ServingError
@@ -211,7 +234,8 @@ def test_a_grpc_port_in_use_fails_the_start_naming_it():
     port = held.getsockname()[1]
     try:
         with pytest.raises(ServingError) as e:
-            Server({"slow": Slow("slow", 0.0)}, grpc_port=port, warmup=False).start(timeout=30)
+            Server({"slow": Slow("slow", 0.0)}, grpc_port=port, warmup=False,
+                   grpc_impl=impl).start(timeout=30)
         assert str(port) in str(e.value)
     finally:
         held.close()

@@ -1,5 +1,5 @@
 """`sampan serve --model-repository DIR --allow-model-control --grpc-port 0` as a real
-process: it prints its gRPC address, answers tritonclient.grpc, and on SIGTERM answers the
+process (with each --grpc-impl): it prints its gRPC address, answers tritonclient.grpc, and on SIGTERM answers the
 gRPC calls in flight and exits 0."""
 import json
 import os
@@ -35,17 +35,19 @@ def test_cli_flags_reach_the_server(monkeypatch):
             return 0
     monkeypatch.setattr(server, "Server", Fake)
     a = ap.parse_args(["serve", "--model-repository", "r", "--allow-model-control",
-                       "--grpc-port", "0"])
+                       "--grpc-port", "0", "--grpc-impl", "grpcio"])
     assert a.fn(a) == 0
-    assert (seen["model_repository"], seen["allow_model_control"], seen["grpc_port"]) == (
-        "r", True, 0)
+    assert (seen["model_repository"], seen["allow_model_control"], seen["grpc_port"],
+            seen["grpc_impl"]) == ("r", True, 0, "grpcio")
     a = ap.parse_args(["serve", "--model", "m=d"])
     a.fn(a)
     assert seen["grpc_port"] is None and seen["allow_model_control"] is False
+    assert seen["grpc_impl"] is None            # the default: grpc_server.DEFAULT_IMPL
 
 
 @pytest.mark.slow   # a process of its own (~8 s on a loaded 2-core machine)
-def test_cli_serves_grpc_and_the_repository_and_drains_on_sigterm(tmp_path):
+@pytest.mark.parametrize("impl", ["native", "grpcio"])
+def test_cli_serves_grpc_and_the_repository_and_drains_on_sigterm(tmp_path, impl):
     repo = tmp_path / "repo"
     (repo / "sleepy").mkdir(parents=True)
     (repo / "sleepy" / "config.json").write_text(json.dumps(
@@ -55,7 +57,8 @@ def test_cli_serves_grpc_and_the_repository_and_drains_on_sigterm(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-m", "tests.serving._sleepy_server",
                           "--model-repository", str(repo), "--allow-model-control",
-                          "--grpc-port", "0", "--port", "0", "--log-level", "warning"],
+                          "--grpc-port", "0", "--grpc-impl", impl, "--port", "0",
+                          "--log-level", "warning"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         line = p.stdout.readline()
