@@ -38,72 +38,16 @@ import time
 import zlib
 
 from .errors import RequestError
-from .grpc_hpack import Decoder, HpackError, integer, literal
-from .grpc_server import SERVICE, FrontEndBase, _Service
+from .grpc_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
+                          ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY,
+                          HEADERS, MAX_FRAME, MAX_HEADER_BLOCK, MAX_STREAMS, MAX_WINDOW, NO_ERROR,
+                          OK_TRAILERS, PADDED, PING, PREFACE, PRIORITY_FLAG, PROTOCOL_ERROR,
+                          PUSH_PROMISE, REFILL, REFUSED_STREAM, RESPONSE_HEADERS, RST_STREAM,
+                          SETTINGS, STATUS, STREAM_CLOSED, WINDOW_UPDATE, error_block, frame,
+                          grpc_timeout)
+from .grpc_hpack import Decoder, HpackError, literal
+from .grpc_service import METHODS, SERVICE, FrontEndBase, _Service
 from .ops import LOG
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, \
-    WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 5, 6, 7, 8
-COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 9, 11
-
-MAX_WINDOW = (1 << 31) - 1
-MAX_FRAME = 1 << 20               # the largest frame the server accepts (SETTINGS)
-MAX_STREAMS = 1024                # concurrent calls a connection may hold open
-MAX_HEADER_BLOCK = 64 << 10       # a header block, CONTINUATIONs included
-REFILL = 1 << 20                  # connection window topped up each time this much arrived
-
-# gRPC status numbers (grpc/status.h), by the names errors.GRPC_CODES uses
-STATUS = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3,
-          "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5, "ALREADY_EXISTS": 6,
-          "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
-          "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13,
-          "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
-METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-           "ModelConfig", "ModelInfer", "RepositoryIndex", "RepositoryModelLoad",
-           "RepositoryModelUnload")
-_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3,
-                  ord("u"): 1e-6, ord("n"): 1e-9}
-
-_FRAME = struct.Struct(">HBBBI")      # 24-bit length as 16 + 8 bits, type, flags, stream
-_RESPONSE = b"\x88" + b"\x0f\x10" + integer(16, 7) + b"application/grpc"  # :status 200
-_OK_TRAILERS = literal(b"grpc-status", b"0")
-_MESSAGE_MAX = 4096                   # grpc-message bytes kept (a header block must fit)
-
-
-def frame(ftype, flags, sid, payload=b"") -> bytes:
-    """One HTTP/2 frame: the 9-byte header and `payload`."""
-    n = len(payload)
-    return _FRAME.pack(n >> 8, n & 0xFF, ftype, flags, sid) + payload
-
-
-def grpc_timeout(value: bytes):
-    """Seconds of a ``grpc-timeout`` value (``"100m"``, ``"5S"``), None when malformed."""
-    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
-        return None
-    unit = _TIMEOUT_UNITS.get(value[-1])
-    return None if unit is None else int(value[:-1]) * unit
-
-
-def percent_encode(msg: str) -> bytes:
-    """``grpc-message``'s encoding: UTF-8, bytes outside printable ASCII and ``%`` as %XX."""
-    b = msg.encode("utf-8", "replace")[:_MESSAGE_MAX]
-    if all(0x20 <= c <= 0x7E and c != 0x25 for c in b):
-        return b
-    return b"".join(bytes((c,)) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c
-                    for c in b)
-
-
-def error_block(code: int, msg: str, meta=()) -> bytes:
-    """The header block of a trailers-only answer: status 200, grpc-status and -message."""
-    out = [_RESPONSE, literal(b"grpc-status", str(code).encode()),
-           literal(b"grpc-message", percent_encode(msg))]
-    out += [literal(k.encode("ascii"), v.encode("ascii", "replace")) for k, v in meta]
-    return b"".join(out)
 
 
 class _Context:
@@ -157,6 +101,7 @@ class H2Connection(asyncio.Protocol):
         self.flush_soon = False
         self.goaway = False       # the server sent GOAWAY: no new streams
         self.peer_goaway = False
+        self.table_update = False # the next header block starts with a size update to 0
         self.closed = False
         self.transport = None
 
@@ -352,6 +297,8 @@ class H2Connection(asyncio.Protocol):
                 delta, self.peer_window = value - self.peer_window, value
                 for st in self.streams.values():
                     st.window += delta
+            elif key == 0x1 and value < 4096:   # HEADER_TABLE_SIZE: the server's blocks
+                self.table_update = True        # index nothing, but must say it (7541 4.2)
             elif key == 0x5:                    # MAX_FRAME_SIZE
                 if not 16384 <= value <= (1 << 24) - 1:
                     raise _Error(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value}")
@@ -397,7 +344,7 @@ class H2Connection(asyncio.Protocol):
         if method != b"POST" or ctype is None or not ctype.startswith(b"application/grpc"):
             status = b"405" if method != b"POST" else b"415"
             self._finish(st, [frame(HEADERS, END_HEADERS | END_STREAM, st.sid,
-                                    literal(b":status", status))])
+                                    self._block(literal(b":status", status)))])
             return
         name = self.fe.routes.get(path)
         if name is None:
@@ -478,16 +425,17 @@ class H2Connection(asyncio.Protocol):
             return
         sid = st.sid
         n = len(data) + 5
-        out = [frame(HEADERS, END_HEADERS, sid, _RESPONSE)]
+        out = [frame(HEADERS, END_HEADERS, sid, self._block(RESPONSE_HEADERS))]
         if n <= self.peer_frame and n <= st.window and n <= self.send_window:
             st.window -= n
             self.send_window -= n
             out.append(frame(DATA, 0, sid, b"\0" + (n - 5).to_bytes(4, "big") + data))
-            out.append(frame(HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS))
+            out.append(frame(HEADERS, END_HEADERS | END_STREAM, sid,
+                             self._block(OK_TRAILERS)))
             self._finish(st, out)
             return
         self.out.extend(out)
-        st.pending = [memoryview(b"\0" + (n - 5).to_bytes(4, "big") + data), _OK_TRAILERS]
+        st.pending = [memoryview(b"\0" + (n - 5).to_bytes(4, "big") + data), OK_TRAILERS]
         self.blocked[sid] = st
         self._pump()
         self._schedule()
@@ -496,7 +444,13 @@ class H2Connection(asyncio.Protocol):
         if st.done:
             return
         self._finish(st, [frame(HEADERS, END_HEADERS | END_STREAM, st.sid,
-                                error_block(code, msg, meta))])
+                                self._block(error_block(code, msg, meta)))])
+
+    def _block(self, block):
+        if self.table_update:           # (the client shrank HEADER_TABLE_SIZE below 4096)
+            self.table_update = False
+            return b"\x20" + block
+        return block
 
     def _finish(self, st, frames):
         self.out.extend(frames)
@@ -537,7 +491,8 @@ class H2Connection(asyncio.Protocol):
             st.pending[0] = data
             if not data:
                 self.blocked.pop(st.sid, None)
-                self._finish(st, [frame(HEADERS, END_HEADERS | END_STREAM, st.sid, trailers)])
+                self._finish(st, [frame(HEADERS, END_HEADERS | END_STREAM, st.sid,
+                                        self._block(trailers))])
 
     def _schedule(self):
         if not self.flush_soon:

@@ -1,6 +1,6 @@
 """`sampan serve --model-repository DIR --allow-model-control --grpc-port 0` as a real
-process (with each --grpc-impl): it prints its gRPC address, answers tritonclient.grpc, and on SIGTERM answers the
-gRPC calls in flight and exits 0."""
+process (with each --grpc-impl): it prints its gRPC address, answers tritonclient.grpc,
+and on SIGTERM answers the gRPC calls in flight and exits 0."""
 import json
 import os
 import signal
