@@ -50,6 +50,10 @@ from .grpc_service import METHODS, SERVICE, FrontEndBase, _Service
 from .ops import LOG
 
 
+_HEAD = struct.Struct(">HBBBI")       # a frame's 9 bytes: length (16 + 8 bits), type,
+                                      # flags, stream id (and the reserved bit)
+
+
 class _Context:
     """What a `_Service` handler asks of its call: the seconds left until its deadline."""
     __slots__ = ("deadline",)
@@ -145,19 +149,19 @@ class H2Connection(asyncio.Protocol):
                 del buf[:len(PREFACE)]
                 self.preface = True
             pos, n = 0, len(buf)
+            head = _HEAD.unpack_from
             while n - pos >= 9 and not self.closed:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+                hi, lo, ftype, flags, sid = head(buf, pos)
+                length = (hi << 8) | lo
                 if length > MAX_FRAME:
                     raise _Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes; the "
                                  f"server's SETTINGS_MAX_FRAME_SIZE is {MAX_FRAME}")
                 end = pos + 9 + length
                 if end > n:
                     break
-                ftype, flags = buf[pos + 3], buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
                 payload = buf[pos + 9:end]
                 pos = end
-                self._frame(ftype, flags, sid, payload)
+                self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
             del buf[:pos]
         except _Error as e:
             self.close(e.code, str(e))
@@ -171,6 +175,8 @@ class H2Connection(asyncio.Protocol):
             self._data(flags, sid, payload)
         elif ftype == HEADERS:
             self._headers_frame(flags, sid, payload)
+        elif ftype == WINDOW_UPDATE:        # (grpc's C core sends two an answer)
+            self._window_update(sid, payload)
         elif ftype == CONTINUATION:
             c = self.cont
             if c is None or c[0] != sid:
@@ -189,8 +195,6 @@ class H2Connection(asyncio.Protocol):
                 raise _Error(FRAME_SIZE_ERROR if sid == 0 else PROTOCOL_ERROR, "bad PING")
             if not flags & ACK:
                 self.out.append(frame(PING, ACK, 0, bytes(payload)))
-        elif ftype == WINDOW_UPDATE:
-            self._window_update(sid, payload)
         elif ftype == RST_STREAM:
             if sid == 0 or len(payload) != 4:
                 raise _Error(PROTOCOL_ERROR, "bad RST_STREAM")
@@ -316,6 +320,8 @@ class H2Connection(asyncio.Protocol):
             self.send_window += inc
             if self.send_window > MAX_WINDOW:
                 raise _Error(FLOW_CONTROL_ERROR, "the connection window passed 2^31-1")
+            if not self.blocked:
+                return
         else:
             st = self.streams.get(sid)
             if st is None:
