@@ -40,11 +40,11 @@ import zlib
 from .errors import RequestError
 from .grpc_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
                           ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY,
-                          HEADERS, MAX_FRAME, MAX_HEADER_BLOCK, MAX_STREAMS, MAX_WINDOW, NO_ERROR,
-                          OK_TRAILERS, PADDED, PING, PREFACE, PRIORITY_FLAG, PROTOCOL_ERROR,
-                          PUSH_PROMISE, REFILL, REFUSED_STREAM, RESPONSE_HEADERS, RST_STREAM,
-                          SETTINGS, STATUS, STREAM_CLOSED, WINDOW_UPDATE, error_block, frame,
-                          grpc_timeout)
+                          HEADERS, INTERNAL_ERROR, MAX_FRAME, MAX_HEADER_BLOCK, MAX_STREAMS,
+                          MAX_WINDOW, NO_ERROR, OK_TRAILERS, PADDED, PING, PREFACE, PRIORITY_FLAG,
+                          PROTOCOL_ERROR, PUSH_PROMISE, REFILL, REFUSED_STREAM, RESPONSE_HEADERS,
+                          RST_STREAM, SETTINGS, STATUS, STREAM_CLOSED, WINDOW_UPDATE, error_block,
+                          frame, grpc_timeout)
 from .grpc_hpack import Decoder, HpackError, literal
 from .grpc_service import METHODS, SERVICE, FrontEndBase, _Service
 from .ops import LOG
@@ -105,7 +105,7 @@ class H2Connection(asyncio.Protocol):
         self.flush_soon = False
         self.goaway = False       # the server sent GOAWAY: no new streams
         self.peer_goaway = False
-        self.table_update = False # the next header block starts with a size update to 0
+        self.table_update = False  # the next header block starts with a size update
         self.closed = False
         self.transport = None
 
@@ -165,6 +165,9 @@ class H2Connection(asyncio.Protocol):
             del buf[:pos]
         except _Error as e:
             self.close(e.code, str(e))
+        except Exception as e:  # noqa: BLE001 -- a server bug: this connection ends, logged
+            LOG.exception("gRPC: a connection failed")
+            self.close(INTERNAL_ERROR, f"internal error: {type(e).__name__}")
         self.flush()
 
     # ------------------------------------------------------------ frames in

@@ -82,6 +82,10 @@ def test_full_queue_answers_503_with_retry_after(served):
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
                         "data": x.ravel().tolist()}]}
     url = served.url + "/v2/models/slow/infer"
+    # counted from here: tests of other files on this worker (gRPC's admission test) may
+    # have filled slow's queue on the shared server before
+    before = _sample(_metrics(served), "sampan_request_failures", "_total", model="slow",
+                     status="503")
     got = _concurrently([lambda: httpx.post(url, json=body, timeout=30)] * 7)
     codes = sorted(r.status_code for r in got)
     assert set(codes) <= {200, 503} and codes.count(200) >= 1 and 503 in codes, codes
@@ -93,7 +97,7 @@ def test_full_queue_answers_503_with_retry_after(served):
     # the same refusal reaches tritonclient as an InferenceServerException with status 503
     fams = _metrics(served)
     assert _sample(fams, "sampan_request_failures", "_total", model="slow",
-                   status="503") == codes.count(503)
+                   status="503") - before == codes.count(503)
 
 
 def test_request_past_its_timeout_answers_504_and_is_not_run(served):
