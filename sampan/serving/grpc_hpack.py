@@ -75,6 +75,9 @@ class Decoder:
         self.size = 0
         self.table: deque = deque()     # newest first: index 62 is table[0]
         self._huff: dict = {}           # Huffman bytes -> decoded, for this connection
+        self.generation = 0             # bumped whenever the dynamic table changes
+        self._blocks: dict = {}         # block -> (generation, fields) of blocks that
+        #                                 left the table as it was (see `decode`)
 
     def _entry(self, index):
         if 0 < index <= 61:
@@ -86,6 +89,7 @@ class Decoder:
         return self.table[i]
 
     def _add(self, name, value):
+        self.generation += 1
         n = len(name) + len(value) + 32
         table = self.table
         while table and self.size + n > self.max_size:
@@ -116,7 +120,23 @@ class Decoder:
         return s, end
 
     def decode(self, data) -> list:
-        """The fields of header block `data` (see the class doc)."""
+        """The fields of header block `data` (see the class doc). A block that changes
+        nothing in the table (indexed fields and literals not indexed: what a client
+        sends once it has indexed its headers) decodes the same until the table changes,
+        so its fields are kept and given again (the caller must not modify them)."""
+        data = bytes(data)
+        hit = self._blocks.get(data)
+        if hit is not None and hit[0] == self.generation:
+            return hit[1]
+        gen = self.generation
+        out = self._decode(data)
+        if gen == self.generation:
+            if len(self._blocks) >= 64:
+                self._blocks.clear()
+            self._blocks[data] = (gen, out)
+        return out
+
+    def _decode(self, data) -> list:
         out, i, n, total = [], 0, len(data), 0
         try:
             while i < n:
@@ -138,6 +158,7 @@ class Decoder:
                         raise HpackError(f"HPACK: table size update to {size} bytes; the "
                                          f"server allows {self.limit}")
                     self.max_size = size
+                    self.generation += 1
                     self._evict()
                     continue
                 else:                                   # literal, not / never indexed

@@ -337,19 +337,9 @@ class H2Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ calls
     def _dispatch(self, st):
-        path = ctype = timeout = encoding = method = None
-        for k, v in st.headers:
-            if k == b":path":
-                path = v
-            elif k == b"content-type":
-                ctype = v
-            elif k == b"grpc-timeout":
-                timeout = v
-            elif k == b"grpc-encoding":
-                encoding = v
-            elif k == b":method":
-                method = v
+        h = dict(st.headers)
         st.headers = None
+        path, ctype, method = h.get(b":path"), h.get(b"content-type"), h.get(b":method")
         if method != b"POST" or ctype is None or not ctype.startswith(b"application/grpc"):
             status = b"405" if method != b"POST" else b"415"
             self._finish(st, [frame(HEADERS, END_HEADERS | END_STREAM, st.sid,
@@ -371,11 +361,12 @@ class H2Connection(asyncio.Protocol):
         msg = bytes(body[5:])
         if body[0]:
             try:
-                msg = self._inflate(encoding, msg)
+                msg = self._inflate(h.get(b"grpc-encoding"), msg)
             except RequestError as e:
                 self._answer_error(st, STATUS[e.grpc_code], str(e))
                 return
         deadline = None
+        timeout = h.get(b"grpc-timeout")
         if timeout is not None:
             t = grpc_timeout(timeout)
             if t is not None:

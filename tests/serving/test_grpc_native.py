@@ -54,6 +54,19 @@ def test_decoder_follows_hpack_encoder_over_many_blocks(huffman):
     assert d.max_size == 256 and d.size <= 256
 
 
+def test_a_repeated_block_follows_the_table_it_indexes():
+    """The same bytes (index 62: the newest entry) decode to what the table holds now."""
+    d, again = Decoder(), bytes([0x80 | 62])
+    add = b"\x40" + bytes([3]) + b"x-a" + bytes([1]) + b"1"     # literal, indexed
+    assert d.decode(add) == [(b"x-a", b"1")]
+    assert d.decode(again) == [(b"x-a", b"1")] and d.decode(again) == [(b"x-a", b"1")]
+    d.decode(add.replace(b"1", b"2"))
+    assert d.decode(again) == [(b"x-a", b"2")]
+    assert d.decode(b"\x20") == [] and d.size == 0           # a size update to 0 empties it
+    with pytest.raises(HpackError):
+        d.decode(again)
+
+
 def test_literal_is_what_hpack_decodes():
     block = literal(b"grpc-status", b"13") + literal(b"grpc-message", b"x" * 300)
     assert hpack.Decoder().decode(block, raw=True) == [(b"grpc-status", b"13"),
