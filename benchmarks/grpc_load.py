@@ -4,21 +4,22 @@ HTTP (binary tensors, benchmarks/http_load.py), block by block in rotating order
 concurrency (64 by default), HTTP both with binary tensors and with JSON bodies. Lines:
 requests/s, p50/p99, requests per batch and the server's and client's CPU per answered
 request of each, then the ratios gRPC / HTTP-binary and gRPC / HTTP-JSON requests/s
-(median of the per-block ratios) against the target (>= 1.2x).
+(median of the per-block ratios) against the target (>= 1.2x), one pair per gRPC client.
 
-The gRPC client is grpc.aio on one channel (HTTP/2 multiplexes the concurrent calls)
-sending the request's serialized bytes built once, so the client does no protobuf work a
-call; the HTTP client is the bare asyncio Protocol of http_load.py. Both share the
-machine's cores with the server, so the client's CPU per request is printed beside the
-server's: on a loaded 2-core machine it says which side limits the number.
+Two gRPC clients, each on one connection (HTTP/2 multiplexes the concurrent calls) and
+sending the request's serialized bytes built once: grpc.aio (``grpc``), and a bare
+HTTP/2 client (``grpc_h2``, `drive_h2`: prebuilt frames, the answer's trailers decoded by
+the ``hpack`` package) of the same kind as the HTTP client, the bare asyncio Protocol of
+http_load.py. All share the machine's cores with the server, so the client's CPU per
+request is printed beside the server's: grpc.aio spends 50-75 us a call where the bare
+clients spend 10-30, and on a loaded 2-core machine that alone decides its ratio. No
+call carries a deadline unless ``--grpc-deadline`` is given (tritonclient.grpc sends none
+by default; the HTTP requests carry none either).
 
     python benchmarks/serving.py --quick        # runs this point too (--no-grpc: not)
-    python benchmarks/grpc_load.py --quick      # this point alone, per --grpc-impl
-
-Two gRPC clients are driven: grpc.aio (``grpc``) and a bare HTTP/2 client (``grpc_h2``,
-`drive_h2`: prebuilt frames, the answer's trailers decoded by the ``hpack`` package),
-whose CPU per call is of the order of the bare HTTP client's, so that the ratio measures
-the servers rather than grpcio's client.
+    python benchmarks/grpc_load.py [--quick] [--grpc-impl native grpcio]
+                                   [--requests 20000 --blocks 20]   # this point alone,
+                                                # one server process per --grpc-impl
 """
 from __future__ import annotations
 
@@ -42,12 +43,15 @@ def infer_request(model, inputs) -> bytes:
     return req.SerializeToString()
 
 
-async def drive_grpc(address, body, concurrency, requests, seconds, timeout=30.0):
+async def drive_grpc(address, body, concurrency, requests, seconds, timeout=30.0,
+                     deadline=None):
     """`concurrency` callers sending `body` until `requests` are sent or `seconds` pass;
-    returns (latencies_s of the OK calls, {status: count}, wall_s) as http_load's."""
+    returns (latencies_s of the OK calls, {status: count}, wall_s) as http_load's.
+    `deadline`: each call's gRPC timeout (None: none, as tritonclient.grpc sends by
+    default); calls still open `timeout` s after the run's end count as TimeoutError."""
     import grpc
     lat, codes = [], {}
-    state = {"left": requests}
+    state = {"left": requests, "open": 0}
     async with grpc.aio.insecure_channel(address) as ch:
         call = ch.unary_unary(METHOD)           # bytes in, bytes out
         await call(body, timeout=timeout)       # connected before the clock starts
@@ -57,16 +61,23 @@ async def drive_grpc(address, body, concurrency, requests, seconds, timeout=30.0
         async def caller():
             while state["left"] > 0 and time.perf_counter() < t_end:
                 state["left"] -= 1
+                state["open"] += 1
                 t = time.perf_counter()
                 try:
-                    await call(body, timeout=timeout)
+                    await call(body, timeout=deadline)
                 except grpc.aio.AioRpcError as e:
                     k = e.code().name
                     codes[k] = codes.get(k, 0) + 1
                     continue
+                finally:
+                    state["open"] -= 1
                 lat.append(time.perf_counter() - t)
                 codes[200] = codes.get(200, 0) + 1
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        try:
+            await asyncio.wait_for(asyncio.gather(*(caller() for _ in range(concurrency))),
+                                   seconds + timeout)
+        except asyncio.TimeoutError:
+            codes["TimeoutError"] = codes.get("TimeoutError", 0) + state["open"]
         return lat, codes, time.perf_counter() - t0
 
 
@@ -199,21 +210,23 @@ def _frame(ftype, flags, sid, payload=b""):
     return struct.pack(">HBBBI", n >> 8, n & 0xFF, ftype, flags, sid) + payload
 
 
-async def drive_h2(address, body, concurrency, requests, seconds, timeout=30.0):
+async def drive_h2(address, body, concurrency, requests, seconds, timeout=30.0,
+                   deadline=None):
     """As `drive_grpc`, from a bare HTTP/2 client (`_H2Client`, one connection): the
     request's header block (HPACK-encoded by the ``hpack`` package: the first call
     indexes every field, the next ones name them by index, as grpc's C core does) and its
     DATA frame are built once, so the client spends tens of microseconds a call where
     grpc.aio spends 150-260 (benchmarks/RESULTS.md) on the 2 cores it shares with the
-    server."""
+    server. `deadline` as `drive_grpc`'s."""
     import hpack
     host, port = address.rsplit(":", 1)
     loop = asyncio.get_running_loop()
     enc = hpack.Encoder()
     fields = [(":method", "POST"), (":scheme", "http"), (":path", METHOD),
               (":authority", address), ("content-type", "application/grpc"),
-              ("te", "trailers"), ("user-agent", "sampan-grpc-load/1"),
-              ("grpc-timeout", f"{int(timeout)}S")]
+              ("te", "trailers"), ("user-agent", "sampan-grpc-load/1")]
+    if deadline is not None:
+        fields.append(("grpc-timeout", f"{max(int(deadline * 1e3), 1)}m"))
     r = _H2Run()
     r.block_first, r.block = enc.encode(fields), enc.encode(fields)
     r.body = b"\0" + len(body).to_bytes(4, "big") + body
@@ -254,12 +267,13 @@ def grpc_vs_http(server, model, x, args, info, conc=64, target=1.2, clients=None
     n, secs = max(1, args.requests // args.blocks), args.seconds / args.blocks
     grpcs = tuple(clients or getattr(args, "grpc_clients", None) or GRPC_CLIENTS)
     impl = getattr(server, "grpc_impl", None) or "native"
+    dl = getattr(args, "grpc_deadline", None)
 
     def run(front):
         if front == "grpc":
-            return asyncio.run(drive_grpc(server.grpc, body_g, conc, n, secs))
+            return asyncio.run(drive_grpc(server.grpc, body_g, conc, n, secs, deadline=dl))
         if front == "grpc_h2":
-            return _run_client(drive_h2(server.grpc, body_g, conc, n, secs))
+            return _run_client(drive_h2(server.grpc, body_g, conc, n, secs, deadline=dl))
         return _run_client(drive_raw(server.url, model, *bodies[front], conc, n, secs))
     fronts = ("http_binary", "http_json") + grpcs
     for front in fronts:                       # warm-up: connections, executors
@@ -285,7 +299,7 @@ def grpc_vs_http(server, model, x, args, info, conc=64, target=1.2, clients=None
                                            / max(sum(x["batches"][0] for x in bl), 1), 2),
                "client": GRPC_CLIENTS.get(front, "raw"), **info}
         if front in GRPC_CLIENTS:
-            rec["grpc_impl"] = impl
+            rec["grpc_impl"], rec["grpc_deadline_s"] = impl, dl
         print(json.dumps(rec), flush=True)
         out[front] = rec
     lines = []
@@ -326,6 +340,9 @@ def main(argv=None):
                     choices=["native", "grpcio"])
     ap.add_argument("--grpc-clients", nargs="+", choices=list(GRPC_CLIENTS),
                     default=list(GRPC_CLIENTS))
+    ap.add_argument("--grpc-deadline", type=float, metavar="S",
+                    help="each gRPC call's timeout (default none, as tritonclient.grpc; "
+                         "the HTTP requests carry none either)")
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.seconds = min(args.requests, 600), min(args.seconds, 3.0)
