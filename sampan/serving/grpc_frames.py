@@ -9,7 +9,9 @@ the constant header blocks of an answer (HPACK literals, `grpc_hpack.py`).
 from __future__ import annotations
 
 import struct
+import zlib
 
+from .errors import RequestError
 from .grpc_hpack import integer, literal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -78,3 +80,34 @@ def error_block(code: int, msg: str, meta=()) -> bytes:
            literal(b"grpc-message", percent_encode(msg))]
     out += [literal(k.encode("ascii"), v.encode("ascii", "replace")) for k, v in meta]
     return b"".join(out)
+
+
+class CallError(RequestError):
+    """A `RequestError` that names its gRPC status itself (`grpc_code`): the statuses
+    with no HTTP twin in `errors.GRPC_CODES` (RESOURCE_EXHAUSTED, UNIMPLEMENTED)."""
+
+    def __init__(self, msg, grpc_code, status=400):
+        super().__init__(msg, status)
+        self._grpc_code = grpc_code
+
+    @property
+    def grpc_code(self) -> str:
+        return self._grpc_code
+
+
+def inflate(encoding, msg: bytes, limit: int) -> bytes:
+    """A compressed request message (``grpc-encoding`` gzip or deflate) decompressed, at
+    most `limit` bytes of it (a message that inflates past it is RESOURCE_EXHAUSTED)."""
+    wbits = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}.get(encoding)
+    if wbits is None:
+        raise CallError(f"gRPC: a compressed request message with grpc-encoding "
+                        f"{encoding!r}; the server reads gzip and deflate", "UNIMPLEMENTED")
+    try:
+        out = zlib.decompressobj(wbits).decompress(msg, limit + 1)
+    except zlib.error as e:
+        raise CallError(f"gRPC: the {encoding.decode()} request message does not "
+                        f"decompress: {e}", "INTERNAL", 500) from None
+    if len(out) > limit:
+        raise CallError(f"gRPC: the request message decompresses to more than the "
+                        f"server's limit of {limit} bytes", "RESOURCE_EXHAUSTED")
+    return out

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-import zlib
 
 from .errors import RequestError
 from .grpc_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
@@ -43,8 +42,8 @@ from .grpc_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADER
                           HEADERS, INTERNAL_ERROR, MAX_FRAME, MAX_HEADER_BLOCK, MAX_STREAMS,
                           MAX_WINDOW, NO_ERROR, OK_TRAILERS, PADDED, PING, PREFACE, PRIORITY_FLAG,
                           PROTOCOL_ERROR, PUSH_PROMISE, REFILL, REFUSED_STREAM, RESPONSE_HEADERS,
-                          RST_STREAM, SETTINGS, STATUS, STREAM_CLOSED, WINDOW_UPDATE, error_block,
-                          frame, grpc_timeout)
+                          RST_STREAM, SETTINGS, STATUS, STREAM_CLOSED, WINDOW_UPDATE, CallError,
+                          error_block, frame, grpc_timeout, inflate)
 from .grpc_hpack import Decoder, HpackError, literal
 from .grpc_service import METHODS, SERVICE, FrontEndBase, _Service
 from .ops import LOG
@@ -113,12 +112,20 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
         self.fe.conns.add(self)
+        # a connection that never says it speaks HTTP/2 holds nothing for long
+        self._preface_timer = self.loop.call_later(self.fe.preface_timeout, self._no_preface)
         settings = struct.pack(">HIHIHIHI", 0x3, MAX_STREAMS, 0x4, MAX_WINDOW,
                                0x5, MAX_FRAME, 0x6, MAX_HEADER_BLOCK)
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", MAX_WINDOW - 65535)))
 
+    def _no_preface(self):
+        if not self.preface:
+            self.close(PROTOCOL_ERROR, f"no HTTP/2 connection preface within "
+                                       f"{self.fe.preface_timeout:g} s")
+
     def connection_lost(self, exc):
+        self._preface_timer.cancel()
         self.closed = True
         self.fe.conns.discard(self)
         for st in self.streams.values():
@@ -148,6 +155,7 @@ class H2Connection(asyncio.Protocol):
                                  "(gRPC needs HTTP/2 with prior knowledge)")
                 del buf[:len(PREFACE)]
                 self.preface = True
+                self._preface_timer.cancel()
             pos, n = 0, len(buf)
             head = _HEAD.unpack_from
             while n - pos >= 9 and not self.closed:
@@ -361,7 +369,7 @@ class H2Connection(asyncio.Protocol):
         msg = bytes(body[5:])
         if body[0]:
             try:
-                msg = self._inflate(h.get(b"grpc-encoding"), msg)
+                msg = inflate(h.get(b"grpc-encoding"), msg, self.fe.max_message_bytes)
             except RequestError as e:
                 self._answer_error(st, STATUS[e.grpc_code], str(e))
                 return
@@ -372,23 +380,6 @@ class H2Connection(asyncio.Protocol):
             if t is not None:
                 deadline = time.monotonic() + t
         st.task = self.loop.create_task(self._call(st, name, msg, deadline))
-
-    def _inflate(self, encoding, msg):
-        wbits = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}.get(encoding)
-        if wbits is None:
-            raise RequestError(f"gRPC: a compressed request message with grpc-encoding "
-                               f"{encoding!r}; the server reads gzip and deflate", 501)
-        limit = self.fe.max_message_bytes
-        try:
-            d = zlib.decompressobj(wbits)
-            out = d.decompress(msg, limit + 1)
-        except zlib.error as e:
-            raise RequestError(f"gRPC: the {encoding.decode()} request message does not "
-                               f"decompress: {e}", 500) from None
-        if len(out) > limit:
-            raise RequestError(f"gRPC: the request message decompresses to more than the "
-                               f"server's limit of {limit} bytes", 413)
-        return out
 
     async def _call(self, st, name, msg, deadline):
         fe = self.fe
@@ -401,8 +392,9 @@ class H2Connection(asyncio.Protocol):
             resp = await getattr(fe.service, name)(req, _Context(deadline))
             data = resp.SerializeToString()
             if len(data) > fe.max_message_bytes:
-                raise RequestError(f"gRPC {name}: the answer of {len(data)} bytes is larger "
-                                   f"than the server's limit of {fe.max_message_bytes}", 413)
+                raise CallError(f"gRPC {name}: the answer of {len(data)} bytes is larger "
+                                f"than the server's limit of {fe.max_message_bytes}",
+                                "RESOURCE_EXHAUSTED", 500)
         except RequestError as err:
             meta = [(k.lower(), str(v)) for k, v in err.headers.items()
                     if k.lower() == "retry-after"]
@@ -536,6 +528,7 @@ class NativeGrpcFrontEnd(FrontEndBase):
     port; see the module doc and `FrontEndBase` for the thread mode)."""
 
     impl = "native"
+    preface_timeout = 10.0    # s a new connection has to send the HTTP/2 preface
 
     def __init__(self, plane, host="127.0.0.1", port=0, max_message_bytes=64 << 20):
         super().__init__(plane, host, port, max_message_bytes)

@@ -157,6 +157,11 @@ def test_gzip_requests_unknown_methods_and_the_size_limit(fe):
             _echo_request(x), timeout=30)
         np.testing.assert_array_equal(np.frombuffer(resp.raw_output_contents[0], "<f4"),
                                       2 * x)
+        with pytest.raises(grpc.RpcError) as e:     # 4.4 MB of zeros, a few KB gzipped
+            inference_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(
+                _echo_request(np.zeros(1_100_000, np.float32)), timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "decompresses to more than" in e.value.details()
         for path in (SERVICE + "StreamInfer", "/other.Service/ModelInfer"):
             with pytest.raises(grpc.RpcError) as e:
                 ch.unary_unary(path)(b"", timeout=30)
@@ -258,6 +263,16 @@ def test_what_no_grpc_client_sends(fe):
         ch.close()
 
 
+def test_a_connection_without_a_preface_is_closed(fe, monkeypatch):
+    monkeypatch.setattr(fe, "preface_timeout", 0.2)
+    host, port = fe.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), 10) as s:
+        t = time.monotonic()
+        frames = _read_frames(s, 7)
+        assert frames[-1][0] == 7 and b"preface" in frames[-1][3]
+        assert s.recv(100) == b"" and time.monotonic() - t < 5
+
+
 def test_a_client_without_a_header_table_gets_a_size_update_first(fe):
     """SETTINGS_HEADER_TABLE_SIZE 0: the next header block starts with a dynamic table
     size update (RFC 7541 4.2), read by a decoder that allows no table."""
@@ -321,3 +336,19 @@ def test_stop_answers_what_runs_then_cancels_past_the_grace():
         finally:
             ch.close()
             plane.stop()
+
+
+def test_inflate_reads_gzip_and_deflate_and_names_the_rest():
+    import zlib
+
+    from sampan.serving.grpc_frames import CallError, inflate
+    msg = bytes(range(256)) * 40
+    gz = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    assert inflate(b"gzip", gz.compress(msg) + gz.flush(), len(msg)) == msg
+    assert inflate(b"deflate", zlib.compress(msg), len(msg)) == msg
+    for enc, data, code in ((b"snappy", b"x", "UNIMPLEMENTED"),
+                            (b"gzip", b"not gzip", "INTERNAL"),
+                            (b"deflate", zlib.compress(msg), "RESOURCE_EXHAUSTED")):
+        with pytest.raises(CallError) as e:
+            inflate(enc, data, len(msg) - 1)
+        assert e.value.grpc_code == code
