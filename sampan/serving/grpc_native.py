@@ -355,8 +355,9 @@ class H2Connection(asyncio.Protocol):
             return
         name = self.fe.routes.get(path)
         if name is None:
+            path = (path or b"").decode("latin-1")
             self._answer_error(st, STATUS["UNIMPLEMENTED"],
-                               f"gRPC: unknown method {path.decode('latin-1')!r}; the "
+                               f"gRPC: unknown method {path!r}; the "
                                f"server serves /{SERVICE}/{{{', '.join(METHODS)}}}")
             return
         body, st.body = st.body, None
@@ -447,11 +448,9 @@ class H2Connection(asyncio.Protocol):
     def _finish(self, st, frames):
         self.out.extend(frames)
         st.done = True
-        if st.ended:
-            self._close_stream(st)
-        else:                           # answered before the client finished sending
+        if not st.ended:                # answered before the client finished sending
             self.out.append(frame(RST_STREAM, 0, st.sid, struct.pack(">I", NO_ERROR)))
-            self._close_stream(st)
+        self._close_stream(st)
         self._schedule()
 
     def _close_stream(self, st):

@@ -252,9 +252,14 @@ def test_what_no_grpc_client_sends(fe):
         (h,) = [f for f in frames if f[0] == 1]
         assert h[1] & 0x1 and h[2] == 1
         assert hpack.Decoder().decode(h[3], raw=True) == [(b":status", b"405")]
+        s.sendall(_frame(1, 0x5, 3, enc.encode([(":method", "POST"), (":scheme", "http"),
+                                                 ("content-type", "application/grpc")])))
+        frames = _read_frames(s, 1)                              # no :path: UNIMPLEMENTED
+        (h,) = [f for f in frames if f[0] == 1 and f[2] == 3]
+        assert dict(hpack.Decoder().decode(h[3], raw=True))[b"grpc-status"] == b"12"
         s.sendall(_frame(5, 0x4, 1, b"\0\0\0\x02"))              # PUSH_PROMISE
         frames = _read_frames(s, 7)
-        assert struct.unpack(">II", frames[-1][3][:8]) == (1, 1)
+        assert struct.unpack(">II", frames[-1][3][:8]) == (3, 1)     # last stream 3
     ch, stub = _stub(fe.address)
     from sampan.serving.proto import inference_pb2 as pb
     try:
