@@ -87,6 +87,19 @@ def test_malformed_blocks_raise_hpack_error(block, why):
     assert why.split()[0] in str(e.value)
 
 
+def test_random_bytes_decode_or_raise_hpack_error_only():
+    rng = np.random.default_rng(3)
+    d, raised = Decoder(), 0
+    for i in range(20000):
+        if i % 500 == 0:
+            d = Decoder()
+        try:
+            d.decode(rng.integers(0, 256, int(rng.integers(0, 13))).astype(np.uint8).tobytes())
+        except HpackError:
+            raised += 1
+    assert 0 < raised < 20000
+
+
 # ---------------------------------------------------------------- the server
 class Echo(ServedModel):
     """y = 2x for an FP32 vector of any length (no batching)."""
