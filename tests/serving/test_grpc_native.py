@@ -209,11 +209,11 @@ def test_messages_are_percent_encoded_and_retry_after_is_trailing_metadata(fe):
         req = pb.ModelInferRequest(model_name="slow")
         req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
         req.raw_input_contents.append(np.ones(4, np.float32).tobytes())
-        futs = [stub.ModelInfer.future(req, timeout=30) for _ in range(4)]
+        futs = [stub.ModelInfer.future(req, timeout=30) for _ in range(6)]
         errors = [f.exception() for f in futs if f.exception() is not None]
         assert errors and all(x.code() == grpc.StatusCode.UNAVAILABLE for x in errors)
         assert all("retry-after" in dict(x.trailing_metadata()) for x in errors)
-        assert len(errors) < 4                                 # some were answered
+        assert len(errors) < 6                                 # some were answered
     finally:
         ch.close()
 
