@@ -226,3 +226,41 @@ def test_w1_like_bf16_loss_within_1pct_of_fp32():
     l32, l16 = _w1_like(False), _w1_like(True)
     assert l32 < 0.6 * np.log(10)                    # it trained (from ~ln 10)
     assert abs(l16 - l32) <= 0.01 * abs(l32), (l16, l32)
+
+
+@needs_onednn
+def test_measured_bf16_races_per_class_forced_does_not(kcache_file, monkeypatch):
+    """Measured, each bf16 class picks its kernel by its own race (the calibration per
+    precision): a convolution may keep the numba loops while a GEMM goes to oneDNN;
+    forcing the bf16 pool sends every bf16 call to that library unraced."""
+    raced = []
+
+    def fake_measure(cands, arrays, attrs):
+        raced.append(arrays[0].dtype)
+        fast = "onednn" if arrays[0].ndim == 2 else "numpy"   # GEMMs oneDNN, convs numba
+        return {n: (1e-4 if n == fast else 1e-3) for n in cands}
+    monkeypatch.setattr(choice, "_measure", fake_measure)
+    monkeypatch.setattr(pool, "calibrate_bf16", _fixed(0.2))
+    pool.set_pool("onednn")
+    x, w = _f32(2, 3, 10, 10), _f32(4, 3, 3, 3, seed=1, scale=0.3)
+    xb, wb = x.astype(dt.bfloat16), w.astype(dt.bfloat16)
+    a, b = _f32(48, 64, seed=2).astype(dt.bfloat16), _f32(64, 32, seed=3).astype(dt.bfloat16)
+    conv = dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    y = OPS["conv2d"].kernel(xb, wb, **conv)
+    ref = torch.nn.functional.conv2d(torch.tensor(xb.astype(np.float32), dtype=torch.float64),
+                                     torch.tensor(wb.astype(np.float32), dtype=torch.float64),
+                                     padding=1).numpy()
+    _close_bf16(y.astype(np.float32), ref, "bf16 conv2d (numba side)")
+    m = OPS["matmul"].kernel(a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    _close_bf16(m.astype(np.float32), ref, "bf16 matmul (oneDNN side)")
+    assert OPS["conv2d"].kernel.provider((xb, wb), conv) in ("numba", "numpy")
+    assert OPS["matmul"].kernel.provider((a, b), {}) == "onednn"
+    assert raced == [dt.bfloat16, dt.bfloat16]
+    # each bf16 class is stored under its own key (the dtype is in it), apart from f32's
+    assert any(k.startswith("onednn:conv2d;<V2") for k in choice.entries())
+    # forced: every bf16 call on the forced library, no race
+    pool.set_pool("onednn", "bfloat16")
+    raced.clear()
+    OPS["conv2d"].kernel(xb, wb, **conv)
+    assert OPS["conv2d"].kernel.provider((xb, wb), conv) == "onednn" and raced == []
