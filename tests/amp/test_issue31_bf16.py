@@ -33,10 +33,10 @@ def _f32(*shape, seed=0, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
-def _close_bf16(got, want, what):
-    """Within bfloat16 tolerance: 2 ulps of bf16 (2**-7) of the largest magnitude."""
+def _close_bf16(got, want, what, ulps=2):
+    """Within bfloat16 tolerance: `ulps` ulps of bf16 (2**-8 each) of the largest magnitude."""
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    tol = 2 ** -7 * max(1.0, float(np.abs(want).max()))
+    tol = ulps * 2 ** -8 * max(1.0, float(np.abs(want).max()))
     err = float(np.abs(got - want).max())
     assert err <= tol, f"{what}: max abs error {err} > {tol}"
 
@@ -264,3 +264,51 @@ def test_measured_bf16_races_per_class_forced_does_not(kcache_file, monkeypatch)
     raced.clear()
     OPS["conv2d"].kernel(xb, wb, **conv)
     assert OPS["conv2d"].kernel.provider((xb, wb), conv) == "onednn" and raced == []
+
+
+def test_bf16_activation_times_f32_weight_lowers_without_a_float32_round_trip():
+    """A bf16 activation @ a float32 weight under autocast: both cast to bf16 before
+    promotion (no bf16 -> f32 -> bf16 pair of casts, eager or traced), same numbers."""
+    from sampan.jit.api import trace
+    a = _f32(6, 16, seed=1).astype(dt.bfloat16)
+    w = _f32(16, 8, seed=2, scale=0.3)
+
+    def f(a, w):
+        with sampan.amp.autocast(sampan.bfloat16):
+            return a @ w
+    g = trace(f, (sampan.tensor(a), sampan.tensor(w)))[0]
+    casts = [n for n in g.nodes if n.op == "cast"]
+    assert [n.attrs["dtype"] for n in casts] == ["bfloat16"], str(g)
+    ta, tw = sampan.tensor(a), sampan.tensor(w, requires_grad=True)
+    y = f(ta, tw)
+    assert y.dtype == dt.bfloat16
+    want = a.astype(np.float64) @ w.astype(dt.bfloat16).astype(np.float64)
+    _close_bf16(y.numpy().astype(np.float32), want, "bf16 @ f32 weight")
+    y.sum().backward()
+    assert tw.grad.dtype == np.float32
+    _close_bf16(tw.grad.numpy(), a.astype(np.float64).sum(0)[:, None].repeat(8, 1),
+                "weight grad")
+
+
+def test_attention_softmax_stays_bf16_and_matches_torch_autocast():
+    """softmax of bf16 scores follows its input under autocast (PyTorch's CPU policy):
+    the scores -> softmax -> @ v chain runs in bf16 with no float32 copy, forward and
+    backward, within bf16 tolerance of PyTorch's autocast and of float64."""
+    q, k, v = _f32(2, 3, 16, 8, seed=1), _f32(2, 3, 16, 8, seed=2), _f32(2, 3, 16, 8, seed=3)
+
+    def att_s(q, k, v):
+        return sampan.softmax((q @ k.permute(0, 1, 3, 2)) * 0.35, -1) @ v
+
+    def att_t(q, k, v):
+        return torch.softmax((q @ k.transpose(-1, -2)) * 0.35, -1) @ v
+    with sampan.amp.autocast(sampan.bfloat16):
+        s = sampan.tensor(q) @ sampan.tensor(k).permute(0, 1, 3, 2)
+        assert sampan.softmax(s, -1).dtype == dt.bfloat16
+    ys, yt, grads = _sampan_vs_torch(att_s, att_t, [q, k, v], (0, 1, 2))
+    # three roundings to bf16 in the chain (scores, probabilities, output), each side
+    _close_bf16(ys, yt, "attention", ulps=6)
+    q64, k64, v64 = (torch.tensor(a, dtype=torch.float64) for a in (q, k, v))
+    _close_bf16(ys, att_t(q64, k64, v64).numpy(), "attention vs float64", ulps=6)
+    for (gs, gt), n in zip(grads, "qkv"):
+        assert gs.dtype == np.float32
+        _close_bf16(gs, gt, f"attention grad {n}", ulps=6)
