@@ -21,6 +21,12 @@ from functools import partial
 
 import models as M
 from common import add_kernel_args, apply_kernel_args, blas_info, emit
+
+# sampan before torch: libgomp reads its wait policy once, when the first library loads
+# it, and PyTorch ships a libgomp.so.1 that oneDNN then shares; imported first, torch
+# left it spinning and W1 bf16 ran at 0.12x its fp32 (every line records the policy in
+# force, "omp_wait_policy"). Both frameworks run under the one policy.
+import sampan  # noqa: E402,F401  (sets sampan's OpenMP wait policy)
 from w1_w3_train import SPEC, causal_mask
 from w1_w3_train import build_sampan as _train_step
 from w1_w3_train import interleaved_rates

@@ -312,3 +312,27 @@ def test_attention_softmax_stays_bf16_and_matches_torch_autocast():
     for (gs, gt), n in zip(grads, "qkv"):
         assert gs.dtype == np.float32
         _close_bf16(gs, gt, f"attention grad {n}", ulps=6)
+
+
+def _policy_in(code, env_extra=None):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", code + "\nfrom sampan import _threads\n"
+                          "import os\nprint(_threads.openmp_wait_policy(), "
+                          "os.environ.get('OMP_WAIT_POLICY'))"],
+                         capture_output=True, text=True, env=env, timeout=120, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_import_sampan_sets_the_passive_wait_policy_before_torch_loads_libgomp():
+    """PyTorch ships libgomp.so.1, which oneDNN then shares: sampan's passive policy is
+    set at `import sampan`, and a process that imported torch first is recorded as
+    running libgomp's default (the benchmark lines carry it)."""
+    assert _policy_in("import sampan\nimport torch") == "OMP_WAIT_POLICY=PASSIVE PASSIVE"
+    assert _policy_in("import torch\nimport sampan") == \
+        "libgomp default (loaded before sampan) None"
+    assert _policy_in("import sampan", {"OMP_WAIT_POLICY": "ACTIVE"}) == \
+        "OMP_WAIT_POLICY=ACTIVE ACTIVE"
