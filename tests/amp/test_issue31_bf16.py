@@ -336,3 +336,12 @@ def test_import_sampan_sets_the_passive_wait_policy_before_torch_loads_libgomp()
         "libgomp default (loaded before sampan) None"
     assert _policy_in("import sampan", {"OMP_WAIT_POLICY": "ACTIVE"}) == \
         "OMP_WAIT_POLICY=ACTIVE ACTIVE"
+
+
+def test_float64_times_float32_under_autocast_is_promoted_first_as_before():
+    a = _f32(4, 8, seed=1).astype(np.float64)
+    w = _f32(8, 3, seed=2)
+    with sampan.amp.autocast(sampan.bfloat16):
+        y = sampan.tensor(a) @ sampan.tensor(w)
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y.numpy(), a @ w.astype(np.float64), rtol=1e-12)
