@@ -42,8 +42,10 @@ def machine_info() -> dict:
     # preferred: every op with a choice runs there where it has a kernel for the call
     kernels = choice.providers() if pref is None else {
         op: pref for op in choice.OPS_WITH_CHOICE}
+    from sampan import _threads
     return dict(_MACHINE, kernels=kernels, kernel_choice=pref or "measured",
-                gemm_pool=pool.current(), gemm_pool_bf16=pool.current("bfloat16"))
+                gemm_pool=pool.current(), gemm_pool_bf16=pool.current("bfloat16"),
+                omp_wait_policy=_threads.openmp_wait_policy())
 
 
 def timeit(fn, reps=7, warmup=2, inner=1):

@@ -11,6 +11,11 @@ Example::
     >>> loss.backward()
 """
 from . import _alloc
+from . import _threads as _threads_mod
+# libgomp reads its wait policy once, when it loads, and every library that asks for
+# libgomp.so.1 (oneDNN's, numba's omp layer, PyTorch's own copy) shares the first one
+# loaded: sampan's passive policy is set now, before another import can load it spinning
+_threads_mod.before_openmp()
 from . import dtypes as _dtypes_mod
 from .device import Device, cuda_is_available
 from .dtypes import (bfloat16, bool_, finfo, float16, float32, float64, get_default_dtype, iinfo,

@@ -148,10 +148,39 @@ def get_num_threads() -> int:
 WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+_POLICY = {"in_force": None}
+
+
+def _gomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libgomp" in line for line in f)
+    except OSError:
+        return False
+
+
 def before_openmp() -> None:
-    """Called before oneDNN loads libgomp: sampan's wait policy, unless one is set."""
-    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+    """Called at `import sampan` and before oneDNN loads libgomp: sampan's wait policy,
+    unless one is set. Records which policy the process's libgomp runs under
+    (`openmp_wait_policy`): one loaded before this call (e.g. by `import torch` first)
+    read the environment already and keeps libgomp's default spinning."""
+    if _POLICY["in_force"] is not None:
+        return
+    user = next((f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                 if k in os.environ), None)
+    if user is None:
+        if _gomp_loaded():
+            _POLICY["in_force"] = "libgomp default (loaded before sampan)"
+            return
         os.environ.update(WAIT_POLICY)
+        user = ",".join(f"{k}={v}" for k, v in WAIT_POLICY.items())
+    _POLICY["in_force"] = user
+
+
+def openmp_wait_policy() -> str | None:
+    """The OpenMP wait policy this process's libgomp runs under, as `before_openmp`
+    found or set it (None before it ran)."""
+    return _POLICY["in_force"]
 
 
 # The OpenMP runtime a provider loaded (ctypes, with omp_set_num_threads), or None. This

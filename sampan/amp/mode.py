@@ -1,14 +1,17 @@
 """`autocast`: mixed precision as a dispatch mode, with the policy read from the op table.
 
 Each op's `OpDef.amp` says what it does under autocast: "lower" ops (matmul, convolutions,
-einsum) get their float32 inputs cast to the autocast dtype, "float32" ops (softmax,
-log_softmax, the cross-entropy op, layer norm's statistics, exp/log/pow, sums and means)
-get their bfloat16/float16 inputs cast up to float32, and "follow" ops run on whatever
-they are given. PyTorch's CPU autocast puts matmul/linear/conv/bmm/einsum in its lower
-list and the losses, prod, linear algebra and max_unpool2d in its float32 list, as here;
-softmax, log_softmax, layer_norm, exp/log/pow, sum and mean it leaves to follow their
-inputs, where sampan computes them in float32 (as PyTorch's CUDA autocast does: they are
-where bfloat16 loses the most).
+einsum) get their float32 inputs cast to the autocast dtype, "float32" ops (log_softmax,
+the cross-entropy op, layer norm's statistics, exp/log/pow, sums and means) get their
+bfloat16/float16 inputs cast up to float32, and "follow" ops run on whatever they are
+given. PyTorch's CPU autocast puts matmul/linear/conv/bmm/einsum in its lower list and the
+losses, prod, linear algebra and max_unpool2d in its float32 list, as here; softmax,
+log_softmax, layer_norm, exp/log/pow, sum and mean it leaves to follow their inputs, where
+sampan computes them in float32 (as PyTorch's CUDA autocast does: they are where bfloat16
+loses the most), except softmax, which follows as in PyTorch's CPU autocast: its bfloat16
+kernels compute each row in float32 and round once, the bytes of the float32 rule rounded
+back, so attention's bf16 scores -> softmax -> bf16 matmul no longer round-trips through a
+float32 copy of the (batch, heads, seq, seq) probabilities (and of their gradient).
 
 The mode runs before the tracer, so under `sampan.jit` the casts are traced and the
 fusion pass folds them into its kernels. The casts are differentiable: gradients reach

@@ -21,9 +21,11 @@ does not stay for good.
 Which classes race at all depends on the process's GEMM pool (`pool.py`): under the
 "openblas" pool float32 stays on numpy unmeasured (oneDNN serves int8); under the
 "onednn" pool OpenBLAS runs on one thread and every class is measured. The pool's name
-is part of the class key, so a winner never crosses pools. bfloat16 calls do not race
-per class: they all go to the library bfloat16's own calibration chose
-(`pool.decide("bfloat16")`), whatever the float32 pool is.
+is part of the class key, so a winner never crosses pools. bfloat16 is calibrated apart
+(`pool.decide("bfloat16")`): where its library is forced, and for matmul under the
+"openblas" float32 pool, every bfloat16 call goes to it; otherwise each bfloat16 class
+races like a float32 one (its key names the dtype), so a bf16 convolution oneDNN serves
+slowly keeps the numba loops while bf16 GEMMs run oneDNN's AMX kernels.
 
 `prefer("onednn")` (or `prefer("numpy", op="matmul")`) overrides the measurement, as a
 context manager or globally. `SAMPAN_KERNEL_CHOICE=off` keeps every op on its numpy
@@ -272,13 +274,19 @@ class Chooser:
 
     def _decide(self, mkey, arrays, attrs):
         if "onednn" in self.op.kernels and any(a.dtype == _BF16 for a in arrays):
-            # bfloat16: the library its own calibration chose for every bf16 call of the
-            # process (pool.decide("bfloat16")), whatever the float32 pool; no race per
-            # class (timing the numpy kernel would wake OpenBLAS's spinning workers)
+            # bfloat16: the library its own calibration chose (pool.decide("bfloat16")),
+            # whatever the float32 pool, where that pool was forced, and for matmul under
+            # the "openblas" float32 pool (timing the numpy kernel there would wake
+            # OpenBLAS's spinning workers). Elsewhere each bf16 class races like a float32
+            # one, under its own key (dtype "<V2"): oneDNN's bf16 convolutions on plain
+            # NCHW run its im2col GEMM, slower than the numba loops on LeNet's few channels
+            # while its bf16 matmul runs AMX tiles at 4-6x the float32 rate
             from . import pool
             lib = pool.decide("bfloat16")
-            self.table[mkey] = self.op.kernels["onednn"] if lib == "onednn" else self.numpy
-            return self._run(self.table[mkey], arrays, attrs)
+            if pool.forced("bfloat16") or (self.name == "matmul" and self.pool == "openblas"):
+                self.table[mkey] = self.op.kernels["onednn"] if lib == "onednn" \
+                    else self.numpy
+                return self._run(self.table[mkey], arrays, attrs)
         if self.pool == "openblas" and all(a.dtype.kind == "f" and a.dtype.itemsize >= 4
                                            for a in arrays):
             # the OpenBLAS pool: float32/64 stay on numpy (no switch between thread

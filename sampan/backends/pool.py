@@ -24,10 +24,11 @@ machine key; a calibration run on a busy machine is provisional like any other c
 
 bfloat16 is decided apart (`decide("bfloat16")`, record `POOL_KEY_BF16`): the same shapes
 in bfloat16, oneDNN's bf16 kernels against the numpy kernel (float32 sgemm on OpenBLAS,
-rounded). Its winner serves every bfloat16 GEMM and convolution of the process, forward
-and gradients, whatever the float32 pool is, and without a race per class: racing the
-numpy kernel wakes OpenBLAS's spinning workers, which slowed the oneDNN calls after it
-(W3 bf16 ran at 0.47-0.61x its own fp32 under the "openblas" pool). Only the float32 pool
+rounded). Forced, its winner serves every bfloat16 GEMM and convolution of the process,
+forward and gradients, whatever the float32 pool is; measured, it serves bf16 matmul
+under the "openblas" float32 pool (racing the numpy kernel there wakes OpenBLAS's spinning
+workers, which slowed the oneDNN calls after it: W3 bf16 ran at 0.47-0.61x its own fp32),
+and every other bf16 class races per class (`choice.py`). Only the float32 pool
 sets thread policy. ``SAMPAN_GEMM_POOL_BF16=openblas|onednn`` or
 ``set_pool(name, "bfloat16")`` overrides it.
 
@@ -81,6 +82,15 @@ def current(precision: str = "float32") -> str | None:
     """The pool in force for `precision`, or None before its first GEMM decided it (or
     without oneDNN)."""
     return _state["pool"] if _precision(precision) == "float32" else _state["bf16"]
+
+
+def forced(precision: str = "float32") -> str | None:
+    """The pool `set_pool` or the environment forces for `precision`, else None."""
+    if _precision(precision) == "bfloat16":
+        name = _state["bf16_forced"] or os.environ.get("SAMPAN_GEMM_POOL_BF16")
+    else:
+        name = _state["forced"] or os.environ.get("SAMPAN_GEMM_POOL")
+    return name if name in POOLS else None
 
 
 def set_pool(name: str | None, precision: str = "float32") -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..errors import ShapeError, op_error
 from ..tensor import Tensor, apply
 from ._util import Sample, broadcast_shapes, lead_size, randf, rng, same_dtype, unbroadcast
 from .elementwise import operands
+from .modes import HOOKS, as_inputs_of
 from .registry import Spec, defop
 from .shape import reshape, transpose
 
@@ -108,8 +110,19 @@ MATMUL = defop("matmul", _matmul_rule, kernel=_matmul_kernel, grad=_matmul_grad,
                flops=_matmul_flops, onnx="MatMul", samples=_samples, amp="lower", gemm=True)
 
 
+_LOWERABLE = frozenset(np.dtype(d) for d in (np.float32, np.float16, _dt.bfloat16))
+
+
 def matmul(a, b):
     """Matrix product with batch broadcasting; 1-d operands as in numpy. Example: ``x @ w``."""
+    if HOOKS.active and isinstance(a, Tensor) and isinstance(b, Tensor) \
+            and a._data.dtype != b._data.dtype and a._data.dtype in _LOWERABLE \
+            and b._data.dtype in _LOWERABLE:
+        # under autocast both operands are cast to its dtype before promotion: a bfloat16
+        # activation times a float32 weight went bf16 -> f32 -> bf16 (two passes, no bit
+        # changed) when promotion ran first. Only float32 / bfloat16 / float16 pairs: a
+        # float64 or integer operand is promoted first, as before
+        a, b = as_inputs_of(MATMUL, a, b)
     a, b = operands(a, b)
     if a.ndim >= 2 and b.ndim >= 2:
         return apply(MATMUL, (a, b), {})

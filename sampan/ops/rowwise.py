@@ -143,7 +143,7 @@ def _y_samples(log):
 SOFTMAX = defop("softmax", _rule("softmax"), kernel=_softmax_kernel,
                 grad=lambda g, y, x: softmax_grad(y, g), saves=(), save_output=True,
                 flops=lambda x: 5 * int(np.prod(x.shape)), onnx="Softmax", samples=_samples(1),
-                amp="float32")
+                amp="follow")
 SOFTMAX_GRAD = defop("softmax_grad", _rule("softmax_grad"), kernel=_softmax_grad_kernel,
                      grad=_sm_grad_grad, flops=lambda y, g: 4 * int(np.prod(y.shape)),
                      onnx=NO_ONNX, samples=_y_samples(False))

@@ -4,7 +4,7 @@ policy (`OpDef.amp`, the one `sampan.amp.autocast` reads), for inference.
 "lower" ops (matmul, convolutions, einsum) compute in bfloat16: their float32 weights
 become bfloat16 constants of the same name (a weight that other ops read in float32 too
 is cast by a node that `fold_constants` folds), their other float32 inputs are cast.
-"float32" ops (softmax, layer norm, sums, exp/log ...) get bfloat16 inputs cast up;
+"float32" ops (log_softmax, layer norm, sums, exp/log ...) get bfloat16 inputs cast up;
 "follow" ops compute in bfloat16 when all their float inputs are, otherwise the bfloat16
 ones are cast up (float32 wins, as promotion does under autocast). Fused nodes compute
 in float32 (their bodies were built for it). Graph outputs keep their float32 dtype.

@@ -84,6 +84,7 @@ def _cases(torch):
                    lambda: torch.einsum("ij,jk->ik", t(x), t(w))),
         "bmm": (lambda: s(x[None]) @ s(w[None]), lambda: torch.bmm(t(x[None]), t(w[None]))),
         "softmax f32": (lambda: sampan.softmax(s(x), -1), lambda: torch.softmax(t(x), -1)),
+        "softmax bf16": (lambda: sampan.softmax(sb(x), -1), lambda: torch.softmax(tb(x), -1)),
         "log_softmax f32": (lambda: sampan.log_softmax(s(x), -1),
                             lambda: F.log_softmax(t(x), -1)),
         "cross_entropy": (lambda: sampan.cross_entropy(sb(x), s(y)),

@@ -33,10 +33,10 @@ def _f32(*shape, seed=0, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
-def _close_bf16(got, want, what):
-    """Within bfloat16 tolerance: 2 ulps of bf16 (2**-7) of the largest magnitude."""
+def _close_bf16(got, want, what, ulps=2):
+    """Within bfloat16 tolerance: `ulps` ulps of bf16 (2**-8 each) of the largest magnitude."""
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    tol = 2 ** -7 * max(1.0, float(np.abs(want).max()))
+    tol = ulps * 2 ** -8 * max(1.0, float(np.abs(want).max()))
     err = float(np.abs(got - want).max())
     assert err <= tol, f"{what}: max abs error {err} > {tol}"
 
@@ -226,3 +226,122 @@ def test_w1_like_bf16_loss_within_1pct_of_fp32():
     l32, l16 = _w1_like(False), _w1_like(True)
     assert l32 < 0.6 * np.log(10)                    # it trained (from ~ln 10)
     assert abs(l16 - l32) <= 0.01 * abs(l32), (l16, l32)
+
+
+@needs_onednn
+def test_measured_bf16_races_per_class_forced_does_not(kcache_file, monkeypatch):
+    """Measured, each bf16 class picks its kernel by its own race (the calibration per
+    precision): a convolution may keep the numba loops while a GEMM goes to oneDNN;
+    forcing the bf16 pool sends every bf16 call to that library unraced."""
+    raced = []
+
+    def fake_measure(cands, arrays, attrs):
+        raced.append(arrays[0].dtype)
+        fast = "onednn" if arrays[0].ndim == 2 else "numpy"   # GEMMs oneDNN, convs numba
+        return {n: (1e-4 if n == fast else 1e-3) for n in cands}
+    monkeypatch.setattr(choice, "_measure", fake_measure)
+    monkeypatch.setattr(pool, "calibrate_bf16", _fixed(0.2))
+    pool.set_pool("onednn")
+    x, w = _f32(2, 3, 10, 10), _f32(4, 3, 3, 3, seed=1, scale=0.3)
+    xb, wb = x.astype(dt.bfloat16), w.astype(dt.bfloat16)
+    a, b = _f32(48, 64, seed=2).astype(dt.bfloat16), _f32(64, 32, seed=3).astype(dt.bfloat16)
+    conv = dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    y = OPS["conv2d"].kernel(xb, wb, **conv)
+    ref = torch.nn.functional.conv2d(torch.tensor(xb.astype(np.float32), dtype=torch.float64),
+                                     torch.tensor(wb.astype(np.float32), dtype=torch.float64),
+                                     padding=1).numpy()
+    _close_bf16(y.astype(np.float32), ref, "bf16 conv2d (numba side)")
+    m = OPS["matmul"].kernel(a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    _close_bf16(m.astype(np.float32), ref, "bf16 matmul (oneDNN side)")
+    assert OPS["conv2d"].kernel.provider((xb, wb), conv) in ("numba", "numpy")
+    assert OPS["matmul"].kernel.provider((a, b), {}) == "onednn"
+    assert raced == [dt.bfloat16, dt.bfloat16]
+    # each bf16 class is stored under its own key (the dtype is in it), apart from f32's
+    assert any(k.startswith("onednn:conv2d;<V2") for k in choice.entries())
+    # forced: every bf16 call on the forced library, no race
+    pool.set_pool("onednn", "bfloat16")
+    raced.clear()
+    OPS["conv2d"].kernel(xb, wb, **conv)
+    assert OPS["conv2d"].kernel.provider((xb, wb), conv) == "onednn" and raced == []
+
+
+def test_bf16_activation_times_f32_weight_lowers_without_a_float32_round_trip():
+    """A bf16 activation @ a float32 weight under autocast: both cast to bf16 before
+    promotion (no bf16 -> f32 -> bf16 pair of casts, eager or traced), same numbers."""
+    from sampan.jit.api import trace
+    a = _f32(6, 16, seed=1).astype(dt.bfloat16)
+    w = _f32(16, 8, seed=2, scale=0.3)
+
+    def f(a, w):
+        with sampan.amp.autocast(sampan.bfloat16):
+            return a @ w
+    g = trace(f, (sampan.tensor(a), sampan.tensor(w)))[0]
+    casts = [n for n in g.nodes if n.op == "cast"]
+    assert [n.attrs["dtype"] for n in casts] == ["bfloat16"], str(g)
+    ta, tw = sampan.tensor(a), sampan.tensor(w, requires_grad=True)
+    y = f(ta, tw)
+    assert y.dtype == dt.bfloat16
+    want = a.astype(np.float64) @ w.astype(dt.bfloat16).astype(np.float64)
+    _close_bf16(y.numpy().astype(np.float32), want, "bf16 @ f32 weight")
+    y.sum().backward()
+    assert tw.grad.dtype == np.float32
+    _close_bf16(tw.grad.numpy(), a.astype(np.float64).sum(0)[:, None].repeat(8, 1),
+                "weight grad")
+
+
+def test_attention_softmax_stays_bf16_and_matches_torch_autocast():
+    """softmax of bf16 scores follows its input under autocast (PyTorch's CPU policy):
+    the scores -> softmax -> @ v chain runs in bf16 with no float32 copy, forward and
+    backward, within bf16 tolerance of PyTorch's autocast and of float64."""
+    q, k, v = _f32(2, 3, 16, 8, seed=1), _f32(2, 3, 16, 8, seed=2), _f32(2, 3, 16, 8, seed=3)
+
+    def att_s(q, k, v):
+        return sampan.softmax((q @ k.permute(0, 1, 3, 2)) * 0.35, -1) @ v
+
+    def att_t(q, k, v):
+        return torch.softmax((q @ k.transpose(-1, -2)) * 0.35, -1) @ v
+    with sampan.amp.autocast(sampan.bfloat16):
+        s = sampan.tensor(q) @ sampan.tensor(k).permute(0, 1, 3, 2)
+        assert sampan.softmax(s, -1).dtype == dt.bfloat16
+    ys, yt, grads = _sampan_vs_torch(att_s, att_t, [q, k, v], (0, 1, 2))
+    # three roundings to bf16 in the chain (scores, probabilities, output), each side
+    _close_bf16(ys, yt, "attention", ulps=6)
+    q64, k64, v64 = (torch.tensor(a, dtype=torch.float64) for a in (q, k, v))
+    _close_bf16(ys, att_t(q64, k64, v64).numpy(), "attention vs float64", ulps=6)
+    for (gs, gt), n in zip(grads, "qkv"):
+        assert gs.dtype == np.float32
+        _close_bf16(gs, gt, f"attention grad {n}", ulps=6)
+
+
+def _policy_in(code, env_extra=None):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", code + "\nfrom sampan import _threads\n"
+                          "import os\nprint(_threads.openmp_wait_policy(), "
+                          "os.environ.get('OMP_WAIT_POLICY'))"],
+                         capture_output=True, text=True, env=env, timeout=120, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_import_sampan_sets_the_passive_wait_policy_before_torch_loads_libgomp():
+    """PyTorch ships libgomp.so.1, which oneDNN then shares: sampan's passive policy is
+    set at `import sampan`, and a process that imported torch first is recorded as
+    running libgomp's default (the benchmark lines carry it)."""
+    assert _policy_in("import sampan\nimport torch") == "OMP_WAIT_POLICY=PASSIVE PASSIVE"
+    assert _policy_in("import torch\nimport sampan") == \
+        "libgomp default (loaded before sampan) None"
+    assert _policy_in("import sampan", {"OMP_WAIT_POLICY": "ACTIVE"}) == \
+        "OMP_WAIT_POLICY=ACTIVE ACTIVE"
+
+
+def test_float64_times_float32_under_autocast_is_promoted_first_as_before():
+    a = _f32(4, 8, seed=1).astype(np.float64)
+    w = _f32(8, 3, seed=2)
+    with sampan.amp.autocast(sampan.bfloat16):
+        y = sampan.tensor(a) @ sampan.tensor(w)
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y.numpy(), a @ w.astype(np.float64), rtol=1e-12)
