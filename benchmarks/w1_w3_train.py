@@ -21,6 +21,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"  # before jax is imported: CPU only, no acce
 
 import numpy as np
 
+import sampan  # noqa: F401 - before torch: sets OpenMP's passive wait policy before any libgomp loads
 import models as M
 from common import add_kernel_args, apply_kernel_args, blas_info, emit
 
