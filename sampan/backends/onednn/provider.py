@@ -8,6 +8,11 @@ where it did not (or where oneDNN refuses the call); `prefer` overrides the meas
 So the default provider list ("onednn" before "numpy") runs exactly the kernels the
 measurement picked.
 
+It also binds `engine` nodes of engine "onednn" (the `onednn_layout` pass's regions of
+float32 convolutions kept in oneDNN's blocked layouts, `blocked.py`): one compiled
+`blocked.Region` per node and shape; where oneDNN refuses a region's primitives, the
+body runs with the op table's kernels.
+
 Example::
 
     >>> from sampan.backends import get_provider
@@ -35,12 +40,15 @@ class OneDNNProvider(Provider):
 
     name = "onednn"
     kernels = KERNELS
+    node_kernels = ("engine",)
 
     def available(self) -> bool:
         from .. import cache
         return "onednn" in cache.backends()
 
     def supports(self, node) -> bool:
+        if node.op == "engine":
+            return node.attrs.get("engine") == "onednn" and self.available()
         if node.op not in KERNELS or not node.inputs:
             return False
         ins = node.inputs
@@ -50,6 +58,12 @@ class OneDNNProvider(Provider):
             d = _dtype(ins[0])
             ok = d in _F and all(_dtype(v) == d for v in ins[:2])
         return ok and self.available()
+
+    def bind(self, node, inplace=None):
+        if node.op != "engine":
+            return super().bind(node)
+        from .blocked import bind_region
+        return bind_region(node)
 
     def kernel(self, op: str):
         # the measured choice (choice.Chooser) where one is installed, else oneDNN's own
