@@ -5,9 +5,12 @@ oneDNN's float32 convolutions are about twice as fast in the layouts they pick (
 on AVX-512) as on plain NCHW; a reorder at every convolution would spend that. So the
 pass finds the nodes that can run as oneDNN convolution primitives with post-ops:
 
-1. candidates: `conv2d` of a float32 NCHW tensor by a constant weight, and the
+1. candidates: `conv2d` of a float32 NCHW tensor by a constant weight, the
    elementwise nodes (add, sub, mul, div, relu, tanh, sigmoid, or a `fused` node of
-   those) that may be a convolution's epilogue (bias, residual add, ReLU, SiLU ...);
+   those) that may be a convolution's epilogue (bias, residual add, ReLU, SiLU ...),
+   and what runs in the blocked layouts between convolutions: `max_pool2d` (with the
+   -inf `pad` before it as its padding), channel slices (`getitem` at multiples of 16
+   channels: views, no copy) and channel `concat`;
 2. groups: candidates joined along producer -> consumer edges, merged only where the
    graph of groups stays acyclic (the partition `onnxruntime_offload` uses);
 3. each group's body is planned as oneDNN units (`sampan.backends.onednn.blocked.plan`):
@@ -108,6 +111,21 @@ def _candidate(n) -> bool:
         x, w = n.inputs[0], n.inputs[1]
         return (len(n.inputs) == 2 and w.is_const and not x.is_const and _f32_nchw(x)
                 and w.dtype == F32 and all(isinstance(d, int) for d in w.shape))
+    if n.op in ("pad", "max_pool2d", "getitem", "concat"):
+        from ..backends.onednn.blocked import ALIGN, channel_slice, neg_inf_pad
+        x = n.inputs[0]
+        if not all(_f32_nchw(v) for v in n.inputs):
+            return False
+        if n.op == "pad":
+            return neg_inf_pad(n.attrs)
+        if n.op == "max_pool2d":
+            return not n.attrs.get("ceil_mode") and tuple(n.attrs.get("dilation", (1, 1))) \
+                == (1, 1)
+        if n.op == "getitem":
+            cs = channel_slice(n.attrs.get("index", ()), tuple(x.shape))
+            return len(n.inputs) == 1 and cs is not None and not (cs[0] % ALIGN
+                                                                   or cs[1] % ALIGN)
+        return n.attrs.get("axis") in (1, -3)
     if n.op == "fused":
         body = n.attrs.get("body", ())
         return len(n.attrs.get("outputs", ())) == 1 and all(

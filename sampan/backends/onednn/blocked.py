@@ -59,11 +59,15 @@ class PlanError(Unsupported):
 
 
 class Unit:
-    """One convolution and its epilogue: computes value `out` (a body value index)."""
-    __slots__ = ("out", "conv", "x", "w", "attrs", "bias", "terms", "post")
+    """One primitive computing value `out` (a body value index): `kind` "conv" (with its
+    epilogue), "pool" (max pooling; `attrs` its kernel, stride and (left, right)
+    padding), "slice" (a channel range of `x`: a view, no copy) or "concat" (channels of
+    `xs`)."""
+    __slots__ = ("out", "conv", "x", "w", "attrs", "bias", "terms", "post", "kind", "xs")
 
-    def __init__(self, out, conv, x, w, attrs):
+    def __init__(self, out, conv, x, w, attrs, kind="conv", xs=()):
         self.out, self.conv, self.x, self.w, self.attrs = out, conv, x, w, attrs
+        self.kind, self.xs = kind, tuple(xs)
         self.bias = None        # float64 (C,) or None
         self.terms = []         # value keys added before the post-ops (binary add)
         self.post = []          # ("eltwise", alg, alpha, beta) | ("binary", alg, key|array)
@@ -235,6 +239,21 @@ def plan(body, inputs, outputs, shapes):
             pending[key] = Unit(key, e, x, w, attrs)
             state[key] = ("conv",)
             continue
+        if op == "pad" and (key in outset or [a[1] for a in users.get(key, [])]
+                            != ["max_pool2d"]):
+            raise PlanError("a pad that is not a max-pool's padding", e)
+        if op in _LAYOUT_OPS:
+            unit = _layout_unit(key, op, args, attrs, e, state, n_in, shapes)
+            if unit is None:               # a pad absorbed by the max-pool after it
+                continue
+            for x in (unit.xs or (unit.x,)):
+                if x in pending:
+                    materialize_conv(x)
+                elif isinstance(state.get(x), _Prog):
+                    raise PlanError(f"{op} reading an unfinished epilogue", e)
+            units.append(unit)
+            state[key] = "mat"
+            continue
         if op not in _CHAIN:
             raise PlanError(f"op {op!r} has no oneDNN post-op", e)
         shape = None
@@ -317,6 +336,77 @@ def plan(body, inputs, outputs, shapes):
 
 
 _CHAIN = ("add", "sub", "mul", "div", "relu", "tanh", "sigmoid")
+_LAYOUT_OPS = ("max_pool2d", "pad", "getitem", "concat")
+ALIGN = 16                 # channel slices at multiples of this stay views in every layout
+
+
+def channel_slice(index, shape):
+    """(first, end) of a getitem index that takes channels first:end of an NCHW tensor
+    (every other axis whole, step 1), else None."""
+    if len(index) != 4 or len(shape) != 4 or not isinstance(shape[1], int):
+        return None
+    for d, it in enumerate(index):
+        if not (isinstance(it, tuple) and len(it) == 4 and it[0] == "s" and it[3] in (None, 1)):
+            return None
+        if d != 1 and (it[1] not in (None, 0) or it[2] is not None):
+            return None
+    c = shape[1]
+    a, b = index[1][1], index[1][2]
+    a = 0 if a is None else a
+    b = c if b is None else min(b, c)
+    if not (isinstance(a, int) and isinstance(b, int)) or not 0 <= a < b <= c:
+        return None
+    return a, b
+
+
+def neg_inf_pad(attrs) -> bool:
+    """A pad of spatial dims only with -inf (what a max-pool's own padding means)."""
+    pads, value = attrs.get("pads"), attrs.get("value", 0.0)
+    try:
+        return (len(pads) == 4 and tuple(pads[0]) == (0, 0) and tuple(pads[1]) == (0, 0)
+                and float(value) == float("-inf"))
+    except (TypeError, ValueError):
+        return False
+
+
+def _layout_unit(key, op, args, attrs, e, state, n_in, shapes):
+    """The unit of a max-pool / channel slice / channel concat, or None for a pad that
+    the max-pool after it takes as its padding."""
+    if op == "pad":
+        if not neg_inf_pad(attrs):
+            raise PlanError("a pad other than -inf on height and width", e)
+        state[key] = ("pad", args[0], tuple(tuple(p) for p in attrs["pads"][2:]))
+        return None
+    if op == "max_pool2d":
+        if attrs.get("ceil_mode") or tuple(attrs.get("dilation", (1, 1))) != (1, 1):
+            raise PlanError("max_pool2d with ceil_mode or dilation", e)
+        x = args[0]
+        (pt, pl), (pb, pr) = attrs["padding"], attrs["padding"]
+        s = state.get(x)
+        if isinstance(s, tuple) and s[0] == "pad":
+            (a0, a1), (b0, b1) = s[2]
+            x, pt, pb, pl, pr = s[1], pt + a0, pb + a1, pl + b0, pr + b1
+        ks = tuple(attrs["kernel_size"])
+        if pt >= ks[0] or pb >= ks[0] or pl >= ks[1] or pr >= ks[1]:
+            raise PlanError("max_pool2d padding as large as its window", e)
+        return Unit(key, e, x, None, {"kernel": ks, "stride": tuple(attrs["stride"]),
+                                      "pad_l": (pt, pl), "pad_r": (pb, pr)}, kind="pool")
+    for x in args:
+        if isinstance(x, int) and x < n_in:
+            raise PlanError(f"{op} of a region input (it stays outside)", e)
+        s = state.get(x)
+        if isinstance(s, tuple) and s[0] == "pad":
+            raise PlanError(f"{op} of a pad", e)
+    if op == "getitem":
+        if len(args) != 1:
+            raise PlanError("getitem with index tensors", e)
+        cs = channel_slice(attrs.get("index", ()), shapes.get(args[0], ()))
+        if cs is None or cs[0] % ALIGN or cs[1] % ALIGN:
+            raise PlanError(f"getitem other than channels at multiples of {ALIGN}", e)
+        return Unit(key, e, args[0], None, {"channels": cs}, kind="slice")
+    if attrs.get("axis") not in (1, -3) or len(args) < 2:
+        raise PlanError("concat other than of channels", e)
+    return Unit(key, e, None, None, {}, kind="concat", xs=args)
 
 
 def continues_sig(key, args, users, continues):
@@ -336,6 +426,7 @@ def _is_sig_of(state, s, x):
 # ---------------------------------------------------------------------- execution
 _FORMAT_ANY = 1                  # dnnl_format_tag_any
 _Q_SRC, _Q_WEIGHTS, _Q_DST = 129, 131, 133     # dnnl_query_{src,weights,dst}_md
+_ARG_MULTIPLE_SRC = 1024         # DNNL_ARG_MULTIPLE_SRC (concat's sources: + i)
 _READY = {"done": False}
 
 
@@ -357,6 +448,15 @@ def _protos():
     dll.dnnl_memory_desc_clone.restype = ctypes.c_int
     dll.dnnl_reorder_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, p, p, p, p]
     dll.dnnl_reorder_primitive_desc_create.restype = ctypes.c_int
+    dll.dnnl_memory_desc_create_with_string_tag.argtypes = [ctypes.POINTER(p), ctypes.c_int,
+                                                            L.Dims, ctypes.c_int,
+                                                            ctypes.c_char_p]
+    dll.dnnl_memory_desc_create_with_string_tag.restype = ctypes.c_int
+    dll.dnnl_memory_desc_create_submemory.argtypes = [ctypes.POINTER(p), p, L.Dims, L.Dims]
+    dll.dnnl_memory_desc_create_submemory.restype = ctypes.c_int
+    dll.dnnl_concat_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, p, ctypes.c_int,
+                                                      ctypes.c_int, ctypes.POINTER(p), p]
+    dll.dnnl_concat_primitive_desc_create.restype = ctypes.c_int
     _READY["done"] = True
 
 
@@ -365,6 +465,15 @@ def _any(shape):
     L.check(L.lib().dnnl_memory_desc_create_with_tag(
         ctypes.byref(md), len(shape), _dims(shape), L.F32, _FORMAT_ANY),
         "dnnl_memory_desc_create_with_tag")
+    return md
+
+
+def _tagged(shape, tag):
+    """A memory descriptor of `shape` in the layout oneDNN's string `tag` names."""
+    md = ctypes.c_void_p()
+    L.check(L.lib().dnnl_memory_desc_create_with_string_tag(
+        ctypes.byref(md), len(shape), _dims(shape), L.F32, tag.encode()),
+        "dnnl_memory_desc_create_with_string_tag")
     return md
 
 
@@ -511,7 +620,67 @@ class Region:
             return mem
 
         self.pre = []                # input reorders: (prim, src mem, dst mem)
+        ptr_of, direct_out = {}, {}  # internal key -> its buffer's address / output index
+
+        def dest(key, dmd, ys):
+            """The memory a unit writes value `key` into: a buffer in layout `dmd`
+            (reordered out after the steps if the node returns it), or the returned
+            plain array itself where `dmd` is the plain layout."""
+            out_plain = plain_md(ys)
+            if key in out_pos and self._equal(dmd, out_plain):
+                ymem = self._mem(dmd)
+                self.ext_out.append((ymem, out_pos[key]))
+                direct_out[key] = out_pos[key]
+            else:
+                buf = self._buffer(dmd)
+                ymem = self._mem(dmd, buf.ctypes.data)
+                ptr_of[key] = buf.ctypes.data
+                if key in out_pos:
+                    omem = self._mem(out_plain)
+                    self.ext_out.append((omem, out_pos[key]))
+                    self.post_steps.append((self._reorder(dmd, out_plain), ymem, omem,
+                                            f"reorder output {list(ys)} ({self.last_impl})"))
+            md_of[key] = dmd
+            mem_of[key] = [(dmd, ymem)]
+            return ymem
+
+        def view(key, md, parent):
+            """Value `key` as `md` over the data of internal value `parent` (no copy)."""
+            if parent in direct_out:
+                mem = self._mem(md)
+                self.ext_out.append((mem, direct_out[parent]))
+                direct_out[key] = direct_out[parent]
+            else:
+                mem = self._mem(md, ptr_of[parent])
+                ptr_of[key] = ptr_of[parent]
+            md_of[key] = md
+            mem_of[key] = [(md, mem)]
+            if key in out_pos:
+                out_plain = plain_md(shapes[key])
+                omem = self._mem(out_plain)
+                self.ext_out.append((omem, out_pos[key]))
+                self.post_steps.append((self._reorder(md, out_plain), mem, omem,
+                                        f"reorder output {list(shapes[key])} "
+                                        f"({self.last_impl})"))
+
+        def source(x, md, label):
+            """The memory of value `x` in layout `md`: its own, or reordered into `md`
+            (a step before the one that reads it)."""
+            if x not in md_of:
+                return ext_mem(x, md)
+            mem = mem_of[x][0][1]
+            if self._equal(md_of[x], md):
+                return mem
+            buf = self._buffer(md)
+            dst = self._mem(md, buf.ctypes.data)
+            self._step(self._reorder(md_of[x], md), [(L.ARG_SRC, mem), (L.ARG_DST, dst)],
+                       f"reorder {label} ({self.last_impl})")
+            return dst
+
         for u in units:
+            if u.kind != "conv":
+                self._layout(u, shapes, md_of, mem_of, dest, view, source, plain_md)
+                continue
             xs = shapes[u.x]
             self.what = (f"conv2d {list(xs)} x {list(consts[u.w].shape)} "
                          f"{dict(u.attrs)} + {[p[:2] for p in u.post]}")
@@ -595,17 +764,7 @@ class Region:
                         "dnnl_primitive_execute")
                 L.lib().dnnl_stream_wait(L.stream())
             # source
-            if internal_x:
-                xmem = mem_of[u.x][0][1]
-                if not self._equal(md_of[u.x], smd):
-                    buf = self._buffer(smd)
-                    dst = self._mem(smd, buf.ctypes.data)
-                    self._step(self._reorder(md_of[u.x], smd), [(L.ARG_SRC, xmem),
-                                                                 (L.ARG_DST, dst)],
-                               f"reorder {list(xs)} between convs ({self.last_impl})")
-                    xmem = dst
-            else:
-                xmem = ext_mem(u.x, smd)
+            xmem = source(u.x, smd, f"{list(xs)} before a conv")
             args = [(L.ARG_SRC, xmem), (L.ARG_WEIGHTS, wmem)]
             if bmd is not None:
                 bias = np.ascontiguousarray(u.bias, F32)
@@ -620,36 +779,9 @@ class Region:
                     c = np.ascontiguousarray(src1, F32).reshape(1, o, 1, 1)
                     self._keep.append(c)
                     args.append((arg, self._mem(plain_md((1, o, 1, 1)), c.ctypes.data)))
-                elif src1 in md_of:
-                    mem = mem_of[src1][0][1]
-                    if not self._equal(md_of[src1], dmd):     # into the conv's layout
-                        buf = self._buffer(dmd)
-                        dst = self._mem(dmd, buf.ctypes.data)
-                        self._step(self._reorder(md_of[src1], dmd), [(L.ARG_SRC, mem),
-                                                                     (L.ARG_DST, dst)],
-                                   f"reorder residual {list(ys)} ({self.last_impl})")
-                        mem = dst
-                    args.append((arg, mem))
-                else:
-                    args.append((arg, ext_mem(src1, dmd)))
-            # destination: a buffer in its layout (reordered out if returned), or the
-            # returned plain array itself where oneDNN picked the plain layout
-            out_plain = plain_md(ys)
-            if u.out in out_pos and self._equal(dmd, out_plain):
-                ymem = self._mem(dmd)
-                self.ext_out.append((ymem, out_pos[u.out]))
-                md_of[u.out] = dmd
-                mem_of[u.out] = [(dmd, ymem)]
-            else:
-                buf = self._buffer(dmd)
-                ymem = self._mem(dmd, buf.ctypes.data)
-                md_of[u.out] = dmd
-                mem_of[u.out] = [(dmd, ymem)]
-                if u.out in out_pos:
-                    omem = self._mem(out_plain)
-                    self.ext_out.append((omem, out_pos[u.out]))
-                    self.post_steps.append((self._reorder(dmd, out_plain), ymem, omem,
-                                            f"reorder output {list(ys)} ({self.last_impl})"))
+                else:                  # a residual, in the conv's destination layout
+                    args.append((arg, source(src1, dmd, f"residual {list(ys)}")))
+            ymem = dest(u.out, dmd, ys)
             args.append((L.ARG_DST, ymem))
             self._step(conv, args, f"{self.what} ({conv_impl})")
         for o in outputs:
@@ -660,6 +792,72 @@ class Region:
         self.steps = [two(*r[:3]) for r in self.pre] + self.steps + [
             two(*r[:3]) for r in self.post_steps]
         self.labels = [r[3] for r in self.pre] + self.labels + [r[3] for r in self.post_steps]
+
+    def _layout(self, u, shapes, md_of, mem_of, dest, view, source, plain_md):
+        """A max-pool, channel slice or channel concat inside the region."""
+        dll = L.lib()
+        ys = shapes[u.out]
+        if u.kind == "slice":
+            a, b = u.attrs["channels"]
+            dims = (ys[0], b - a) + tuple(ys[2:])
+            md = ctypes.c_void_p()
+            st = dll.dnnl_memory_desc_create_submemory(ctypes.byref(md), md_of[u.x],
+                                                        _dims(dims), _dims((0, a, 0, 0)))
+            if st != 0:
+                raise Unsupported(f"channels {a}:{b} of a {list(shapes[u.x])} value: "
+                                  f"no view in its layout (status {st})")
+            view(u.out, self._md_keep(md), u.x)
+            return
+        if u.kind == "pool":
+            at = u.attrs
+            xs = shapes[u.x]
+            self.what = f"max_pool2d {list(xs)} {at}"
+            xmd = md_of[u.x] if u.x in md_of else plain_md(xs)
+            dmd = self._md_keep(_any(ys))
+
+            def pool_pd(xmd):
+                return _pd(dll.dnnl_pooling_forward_primitive_desc_create, "pooling",
+                           L.engine(), L.FORWARD_INFERENCE, L.POOLING_MAX, xmd, dmd,
+                           _dims(at["stride"]), _dims(at["kernel"]), _dims((0, 0)),
+                           _dims(at["pad_l"]), _dims(at["pad_r"]), None)
+            pd = pool_pd(xmd)
+            if _slow(_impl(pd)):
+                dll.dnnl_primitive_desc_destroy(pd)
+                pd = pool_pd(self._md_keep(_any(xs)))
+            smd = self._md_keep(_query(pd, _Q_SRC))
+            dmd = self._md_keep(_query(pd, _Q_DST))
+            prim = self._prim(pd)
+            impl = self.last_impl
+            xmem = source(u.x, smd, f"{list(xs)} before a max-pool")
+            ymem = dest(u.out, dmd, ys)
+            self._step(prim, [(L.ARG_SRC, xmem), (L.ARG_DST, ymem)], f"{self.what} ({impl})")
+            return
+        # concat of channels: of the sources as they lie, or (where only oneDNN's
+        # reference concat takes their mix of layouts) each reordered to channels-last
+        self.what = f"concat {[list(shapes[x]) for x in u.xs]}"
+
+        def concat_pd(mds, dst):
+            pd = ctypes.c_void_p()
+            srcs = (ctypes.c_void_p * len(mds))(*mds)
+            st = dll.dnnl_concat_primitive_desc_create(ctypes.byref(pd), L.engine(), dst,
+                                                       len(mds), 1, srcs, None)
+            if st in (2, 3):
+                raise Unsupported(f"{self.what}: status {st}")
+            L.check(st, "dnnl_concat_primitive_desc_create")
+            return pd
+        mds = [md_of[x] for x in u.xs]
+        pd = concat_pd(mds, self._md_keep(_any(ys)))
+        if _slow(_impl(pd)):
+            dll.dnnl_primitive_desc_destroy(pd)
+            mds = [self._md_keep(_tagged(shapes[x], "acdb")) for x in u.xs]
+            pd = concat_pd(mds, self._md_keep(_tagged(ys, "acdb")))
+        dmd = self._md_keep(_query(pd, _Q_DST))
+        prim = self._prim(pd)
+        impl = self.last_impl
+        args = [(_ARG_MULTIPLE_SRC + i, source(x, md, f"{list(shapes[x])} before a concat"))
+                for i, (x, md) in enumerate(zip(u.xs, mds))]
+        args.append((L.ARG_DST, dest(u.out, dmd, ys)))
+        self._step(prim, args, f"{self.what} ({impl})")
 
     def __call__(self, *arrays, out=None):
         dll = L.lib()
