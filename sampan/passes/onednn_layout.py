@@ -24,7 +24,9 @@ buffers made once per shape; reorders only at the region's plain inputs and outp
 Where the provider is not in the list, the same body runs in onnxruntime.
 
 Options: `min_convs` (default 1: one convolution with its reorders is still faster
-here), `providers` (the Predictor's list: the pass does nothing without "onednn" in it).
+here), `min_mflops` (default 2: the region's convolutions per image; a smaller one stays
+with the op table's kernels), `providers` (the Predictor's list: the pass does nothing
+without "onednn" in it).
 The pass does nothing where oneDNN does not load. Its report is
 `graph.meta["onednn_layout_report"]`: (node line, "region k" or why it stayed).
 
@@ -42,21 +44,30 @@ from .manager import PassError, register_pass
 from .offload import _engine_node, _order, partition
 
 REPORT = "onednn_layout_report"
+# a region smaller than this (MFLOP per image) stays with the op-table kernels: oneDNN's
+# call and reorder costs (~10 us a primitive) lose to numba's direct loops on LeNet-sized
+# layers (conv 1->6 5x5 on 28x28: 0.17 MFLOP in 6 us)
+MIN_MFLOPS = 2.0
 F32 = np.dtype(np.float32)
 _ELEMENTWISE = ("add", "sub", "mul", "div", "relu", "tanh", "sigmoid")
 
 
-@register_pass("onednn_layout", options={"min_convs": 1, "providers": None})
-def onednn_layout(g, min_convs=1, providers=None):
+@register_pass("onednn_layout", options={"min_convs": 1, "min_mflops": MIN_MFLOPS,
+                                         "providers": None})
+def onednn_layout(g, min_convs=1, min_mflops=MIN_MFLOPS, providers=None):
     """Run connected float32 convolutions and their epilogues in oneDNN's layouts."""
     if isinstance(min_convs, bool) or not isinstance(min_convs, int) or min_convs < 1:
         raise PassError(f"onednn_layout: min_convs must be a positive int; got {min_convs!r}")
+    if isinstance(min_mflops, bool) or not isinstance(min_mflops, (int, float)) \
+            or min_mflops < 0:
+        raise PassError(f"onednn_layout: min_mflops must be a number >= 0; got "
+                        f"{min_mflops!r}")
     if providers is not None and "onednn" not in providers:
         return g
     from ..backends import onednn
     if not onednn.available() or not any(n.op == "conv2d" for n in g.nodes):
         return g
-    from ..backends.onednn.blocked import PlanError, plan
+    from ..backends.onednn.plan import PlanError, plan
     lines = [node_str(n) for n in g.nodes]
     ok = [_candidate(n) for n in g.nodes]
     why = [None if k else "not a float32 conv2d or conv epilogue" for k in ok]
@@ -82,7 +93,8 @@ def onednn_layout(g, min_convs=1, providers=None):
     else:
         raise PassError("onednn_layout: planning did not settle; this is a bug")
     keep = [grp for grp in groups
-            if sum(g.nodes[i].op == "conv2d" for i in grp) >= min_convs]
+            if sum(g.nodes[i].op == "conv2d" for i in grp) >= min_convs
+            and sum(_mflops(g.nodes[i]) for i in grp) >= min_mflops]
     replaced = {}
     report = list(why)
     for k, grp in enumerate(keep):
@@ -93,11 +105,23 @@ def onednn_layout(g, min_convs=1, providers=None):
     for grp in groups:
         if grp not in keep:
             for i in grp:
-                report[i] = f"a region of fewer than min_convs={min_convs} convolutions"
+                report[i] = (f"a region of fewer than min_convs={min_convs} convolutions "
+                             f"or min_mflops={min_mflops} MFLOP per image")
     if keep:
         g.nodes = _order(g, replaced)
     g.meta[REPORT] = list(zip(lines, report))
     return g
+
+
+def _mflops(n) -> float:
+    """A conv2d node's MFLOP per image (inf where the output's size is symbolic)."""
+    if n.op != "conv2d":
+        return 0.0
+    o, cg, kh, kw = n.inputs[1].shape
+    ho, wo = n.outputs[0].shape[2:]
+    if not (isinstance(ho, int) and isinstance(wo, int)):
+        return float("inf")
+    return 2.0 * o * cg * kh * kw * ho * wo / 1e6
 
 
 def _f32_nchw(v) -> bool:
@@ -112,7 +136,7 @@ def _candidate(n) -> bool:
         return (len(n.inputs) == 2 and w.is_const and not x.is_const and _f32_nchw(x)
                 and w.dtype == F32 and all(isinstance(d, int) for d in w.shape))
     if n.op in ("pad", "max_pool2d", "getitem", "concat"):
-        from ..backends.onednn.blocked import ALIGN, channel_slice, neg_inf_pad
+        from ..backends.onednn.plan import ALIGN, channel_slice, neg_inf_pad
         x = n.inputs[0]
         if not all(_f32_nchw(v) for v in n.inputs):
             return False
