@@ -153,7 +153,7 @@ def _candidate(n) -> bool:
     if n.op == "fused":
         body = n.attrs.get("body", ())
         return len(n.attrs.get("outputs", ())) == 1 and all(
-            e[0] in _ELEMENTWISE for e in body)
+            e[0] in _ELEMENTWISE + ("lt", "gt", "where") for e in body)   # clip, hardswish
     return n.op in _ELEMENTWISE
 
 

@@ -37,6 +37,23 @@ class Plain(nn.Module):
         return torch.relu(d), a
 
 
+class Activations(nn.Module):
+    """Hardswish and ReLU6 epilogues (PP-OCR's; the importer writes them as comparisons
+    and selects, the planner reads them back as oneDNN's hardswish and clip)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, 2, 1)
+        self.c2 = nn.Conv2d(16, 32, 3, 1, 1)
+        self.c3 = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        t = self.c1(x)
+        a = t * torch.clamp(t + 3, 0, 6) / 6          # hardswish as PP-OCR's files write it
+        b = nn.functional.relu6(self.c2(a))
+        return torch.tanh(self.c3(b))
+
+
 class Blocks(nn.Module):
     """A stem with a padded max-pool (ResNet's), a YOLO C2f block (channel split at a
     multiple of 16, SiLU bottleneck with a residual, channel concat), a grouped conv,
@@ -100,7 +117,8 @@ def _rel(y, ref):
 
 
 @pytest.mark.parametrize("model,shape", [(Plain, (1, 3, 20, 24)), (Blocks, (1, 3, 64, 48)),
-                                         (Blocks, (2, 3, 32, 32))])
+                                         (Blocks, (2, 3, 32, 32)),
+                                         (Activations, (1, 3, 40, 40))])
 def test_region_matches_float64_onnxruntime_and_eager(tmp_path, model, shape):
     import sampan
     import sampan.onnx
@@ -115,6 +133,8 @@ def test_region_matches_float64_onnxruntime_and_eager(tmp_path, model, shape):
     ops = {e[0] for n in regions for e in n.attrs["body"]}
     if model is Blocks:
         assert {"max_pool2d", "getitem", "concat", "conv2d"} <= ops
+    if model is Activations:             # one region: every epilogue became a post-op
+        assert len(regions) == 1
     want = ort.InferenceSession(str(tmp_path / "m.onnx"),
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})
     eager = sampan.onnx.to_layer(str(tmp_path / "m.onnx"))

@@ -33,6 +33,7 @@ from .primitives import Unsupported
 F32 = np.dtype(np.float32)
 # eltwise ops that become post-ops: name -> (oneDNN algorithm, alpha, beta)
 _ELTWISE = {"relu": ("relu", 0.0, 0.0), "tanh": ("tanh", 0.0, 0.0),
+            "hardswish": ("hardswish", 1.0 / 6.0, 0.5),
             "sigmoid": ("sigmoid", 0.0, 0.0)}
 EPILOGUE_OPS = ("add", "sub", "mul", "div", "relu", "tanh", "sigmoid", "fused")
 
@@ -76,7 +77,65 @@ class _Prog:
                      self.post)
 
 
-def _flatten(body, n_in):
+def _activations(inner, m, outs, scalar):
+    """The entries of a fused body as (position, entry), the comparisons and selects of a
+    clip (min(max(t, lo), hi): relu6) and of a hardswish (t * clip(t + 3, 0, 6) / 6, as
+    an ONNX HardSwish or PaddlePaddle's export writes it) each as one entry ("clip" with
+    lo and hi, "hardswish") at the position of their last."""
+    n = len(inner)
+    uses: dict = {}
+    for sub in inner:
+        for i in sub[1]:
+            uses[i] = uses.get(i, 0) + 1
+    for o in outs:
+        uses[o] = uses.get(o, 0) + 1
+
+    def at(p, op, nargs):
+        return p < n and inner[p][0] == op and len(inner[p][1]) == nargs
+
+    def clip_at(p, t):
+        """(lo, hi) if entries p..p+3 are where(t < lo, lo, t) then where(. > hi, hi, .)."""
+        v0, v1, v2 = m + p, m + p + 1, m + p + 2
+        if not (at(p, "lt", 2) and at(p + 1, "where", 3) and at(p + 2, "gt", 2)
+                and at(p + 3, "where", 3)):
+            return None
+        (a, lo_i), (c, lo2, x) = inner[p][1], inner[p + 1][1]
+        (d, hi_i), (f, hi2, y) = inner[p + 2][1], inner[p + 3][1]
+        lo, hi = scalar(lo_i), scalar(hi_i)
+        if (a != t or c != v0 or x != t or lo is None or scalar(lo2) != lo or d != v1
+                or f != v2 or y != v1 or hi is None or scalar(hi2) != hi or lo > hi):
+            return None
+        if uses.get(v0) != 1 or uses.get(v1) != 2 or uses.get(v2) != 1:
+            return None
+        return lo, hi
+
+    out, p = [], 0
+    while p < n:
+        sub = inner[p]
+        if sub[0] == "add" and len(sub[1]) == 2 and p + 6 < n:   # hardswish
+            t, three = sub[1]
+            if scalar(three) is None and scalar(t) is not None:
+                t, three = three, t
+            cl = clip_at(p + 1, m + p) if scalar(three) == 3.0 else None
+            if cl == (0.0, 6.0) and uses.get(m + p) == 2 and at(p + 5, "mul", 2) \
+                    and at(p + 6, "div", 2) and set(inner[p + 5][1]) == {t, m + p + 4} \
+                    and inner[p + 6][1][0] == m + p + 5 \
+                    and scalar(inner[p + 6][1][1]) == 6.0 and uses.get(m + p + 4) == 1 \
+                    and uses.get(m + p + 5) == 1:
+                out.append((p + 6, ("hardswish", (t,))))
+                p += 7
+                continue
+        cl = clip_at(p, inner[p][1][0]) if sub[0] == "lt" else None
+        if cl is not None:
+            out.append((p + 3, ("clip", (inner[p][1][0],), (("lo", cl[0]), ("hi", cl[1])))))
+            p += 4
+            continue
+        out.append((p, sub))
+        p += 1
+    return out
+
+
+def _flatten(body, n_in, inputs=()):
     """Body entries as atoms (key, op, arg keys, attrs dict, entry index): a fused entry
     contributes its own body (inner values keyed ("f", entry, local index)); the key of an
     entry's (single) output is its value index."""
@@ -94,7 +153,11 @@ def _flatten(body, n_in):
                 if i < m:
                     return idx[i]
                 return k if i == last else ("f", e, i)
-            for j, sub in enumerate(inner):
+            def scalar(i, idx=idx, m=m):
+                c = inputs[idx[i]] if i < m and idx[i] < len(inputs) else None
+                c = None if c is None else np.asarray(c)
+                return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
+            for j, sub in _activations(inner, m, outs, scalar):
                 sattrs = dict(sub[2]) if len(sub) > 2 else {}
                 atoms.append((key(m + j), sub[0], tuple(key(i) for i in sub[1]), sattrs, e))
             if outs[0] < m:
@@ -114,7 +177,7 @@ def plan(body, inputs, outputs, shapes):
     `outputs`: the value indices the node returns; `shapes`: value index -> shape (the
     node's inputs and every entry's output; dims may be symbolic except channels)."""
     n_in = len(inputs)
-    atoms = _flatten(body, n_in)
+    atoms = _flatten(body, n_in, inputs)
     uses: dict = {}
     users: dict = {}
     for a in atoms:
@@ -250,6 +313,9 @@ def plan(body, inputs, outputs, shapes):
         if op in _ELTWISE:
             p = as_prog(args[0], e)
             p.post.append(("eltwise",) + _ELTWISE[op])
+        elif op == "clip":
+            p = as_prog(args[0], e)
+            p.post.append(("eltwise", "clip", float(attrs["lo"]), float(attrs["hi"])))
         else:
             if len(args) != 2:
                 raise PlanError(f"{op} with {len(args)} operands", e)
@@ -322,7 +388,7 @@ def plan(body, inputs, outputs, shapes):
     return units
 
 
-_CHAIN = ("add", "sub", "mul", "div", "relu", "tanh", "sigmoid")
+_CHAIN = ("add", "sub", "mul", "div", "relu", "tanh", "sigmoid", "hardswish", "clip")
 _LAYOUT_OPS = ("max_pool2d", "pad", "getitem", "concat")
 ALIGN = 16                 # channel slices at multiples of this stay views in every layout
 
