@@ -10,7 +10,8 @@ pass finds the nodes that can run as oneDNN convolution primitives with post-ops
    those) that may be a convolution's epilogue (bias, residual add, ReLU, SiLU ...),
    and what runs in the blocked layouts between convolutions: `max_pool2d` (with the
    -inf `pad` before it as its padding), channel slices (`getitem` at multiples of 16
-   channels: views, no copy) and channel `concat`;
+   channels: views, no copy), channel `concat`, and a squeeze-excite block's `mean`
+   over height and width and its per-channel `mul`;
 2. groups: candidates joined along producer -> consumer edges, merged only where the
    graph of groups stays acyclic (the partition `onnxruntime_offload` uses);
 3. each group's body is planned as oneDNN units (`sampan.backends.onednn.blocked.plan`):
@@ -135,6 +136,9 @@ def _candidate(n) -> bool:
         x, w = n.inputs[0], n.inputs[1]
         return (len(n.inputs) == 2 and w.is_const and not x.is_const and _f32_nchw(x)
                 and w.dtype == F32 and all(isinstance(d, int) for d in w.shape))
+    if n.op == "mean":                     # global average pooling (squeeze-excite)
+        return (_f32_nchw(n.inputs[0]) and bool(n.attrs.get("keepdims"))
+                and tuple(a % 4 for a in n.attrs.get("axis", ())) == (2, 3))
     if n.op in ("pad", "max_pool2d", "getitem", "concat"):
         from ..backends.onednn.plan import ALIGN, channel_slice, neg_inf_pad
         x = n.inputs[0]
@@ -157,6 +161,29 @@ def _candidate(n) -> bool:
     return n.op in _ELEMENTWISE
 
 
+def _dims_key(g):
+    """shape -> a tuple where a symbolic dim is its values at two sets of sizes, so that two
+    spellings of one size ('(h-1)//2+1-1+1', '(h-1)//2+1') compare equal (the planner
+    compares the shapes of residual terms)."""
+    from ..ir import symbolic as _sym
+    syms = sorted(_sym.symbols_of(g))
+    envs = [{s: 61 + 7 * i for i, s in enumerate(syms)},
+            {s: 113 + 11 * i for i, s in enumerate(syms)}]
+
+    def key(shape):
+        out = []
+        for d in shape:
+            if isinstance(d, int):
+                out.append(d)
+                continue
+            try:
+                out.append(("sym",) + tuple(_sym.size_at(d, e) for e in envs))
+            except Exception:  # noqa: BLE001 - a dim it cannot evaluate stays as written
+                out.append(d)
+        return tuple(out)
+    return key
+
+
 def _body(g, grp):
     """(body, per input its constant or None, outputs, shapes) of group `grp`, indexed as
     `offload._engine_node` indexes the engine node it makes."""
@@ -171,7 +198,8 @@ def _body(g, grp):
             if v.id not in inside and v.id not in index:
                 index[v.id] = len(inputs)
                 inputs.append(v)
-    shapes = {i: tuple(v.shape) for i, v in enumerate(inputs)}
+    same = _dims_key(g)
+    shapes = {i: same(v.shape) for i, v in enumerate(inputs)}
     pos = len(inputs)
     body, outs = [], []
     for n in members:
@@ -179,7 +207,7 @@ def _body(g, grp):
                      len(n.outputs)))
         for v in n.outputs:
             index[v.id] = pos
-            shapes[pos] = tuple(v.shape)
+            shapes[pos] = same(v.shape)
             pos += 1
             if v.id in read_outside:
                 outs.append(index[v.id])

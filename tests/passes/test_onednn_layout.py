@@ -38,19 +38,25 @@ class Plain(nn.Module):
 
 
 class Activations(nn.Module):
-    """Hardswish and ReLU6 epilogues (PP-OCR's; the importer writes them as comparisons
-    and selects, the planner reads them back as oneDNN's hardswish and clip)."""
+    """Hardswish, ReLU6 and hardsigmoid epilogues and a squeeze-excite block (PP-OCR's:
+    the importer writes the activations as comparisons and selects, the planner reads them
+    back as oneDNN's hardswish and clip; the mean is global average pooling, the scale a
+    binary primitive)."""
 
     def __init__(self):
         super().__init__()
         self.c1 = nn.Conv2d(3, 16, 3, 2, 1)
         self.c2 = nn.Conv2d(16, 32, 3, 1, 1)
+        self.se1 = nn.Conv2d(32, 8, 1)
+        self.se2 = nn.Conv2d(8, 32, 1)
         self.c3 = nn.Conv2d(32, 16, 1)
 
     def forward(self, x):
         t = self.c1(x)
         a = t * torch.clamp(t + 3, 0, 6) / 6          # hardswish as PP-OCR's files write it
         b = nn.functional.relu6(self.c2(a))
+        s = torch.relu(self.se1(torch.mean(b, (2, 3), keepdim=True)))   # squeeze-excite
+        b = b * torch.clamp(self.se2(s) * 0.2 + 0.5, 0, 1)             # (a hardsigmoid)
         return torch.tanh(self.c3(b))
 
 

@@ -63,6 +63,9 @@ def _protos():
                                                             L.Dims, ctypes.c_int,
                                                             ctypes.c_char_p]
     dll.dnnl_memory_desc_create_with_string_tag.restype = ctypes.c_int
+    dll.dnnl_binary_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, ctypes.c_int, p,
+                                                      p, p, p]
+    dll.dnnl_binary_primitive_desc_create.restype = ctypes.c_int
     dll.dnnl_memory_desc_create_submemory.argtypes = [ctypes.POINTER(p), p, L.Dims, L.Dims]
     dll.dnnl_memory_desc_create_submemory.restype = ctypes.c_int
     dll.dnnl_concat_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, p, ctypes.c_int,
@@ -418,6 +421,53 @@ class Region:
                 raise Unsupported(f"channels {a}:{b} of a {list(shapes[u.x])} value: "
                                   f"no view in its layout (status {st})")
             view(u.out, self._md_keep(md), u.x)
+            return
+        if u.kind == "gap":                 # mean over height and width: avg pooling
+            xs = shapes[u.x]
+            self.what = f"mean {list(xs)} over height and width"
+            xmd = md_of[u.x] if u.x in md_of else plain_md(xs)
+            dmd = self._md_keep(_any(ys))
+            pd = _pd(dll.dnnl_pooling_forward_primitive_desc_create, "pooling",
+                     L.engine(), L.FORWARD_INFERENCE, L.POOLING_AVG_EXCLUDE, xmd, dmd,
+                     _dims((1, 1)), _dims(xs[2:]), _dims((0, 0)), _dims((0, 0)),
+                     _dims((0, 0)), None)
+            dmd = self._md_keep(_query(pd, _Q_DST))
+            prim = self._prim(pd)
+            impl = self.last_impl
+            xmem = source(u.x, xmd, f"{list(xs)} before a mean")
+            self._step(prim, [(L.ARG_SRC, xmem), (L.ARG_DST, dest(u.out, dmd, ys))],
+                       f"{self.what} ({impl})")
+            return
+        if u.kind == "scale":               # x * s, s per channel: a binary primitive
+            x, sc = u.xs
+            xs = shapes[x]
+            self.what = f"mul {list(xs)} by {list(shapes[sc])}"
+            xmd = md_of[x] if x in md_of else plain_md(xs)
+            dmd = self._md_keep(_any(ys))
+            # the scale in x's layout: oneDNN's fast binary kernels want both alike
+            for x_tag, s_tag in ((None, None), (None, "acdb"), (None, "aBcd16b"),
+                                 (None, "aBcd8b"), ("acdb", "acdb")):
+                if x_tag is not None:
+                    xmd = self._md_keep(_tagged(xs, x_tag))
+                smd = plain_md(shapes[sc]) if s_tag is None else self._md_keep(
+                    _tagged(shapes[sc], s_tag))
+                try:
+                    pd = _pd(dll.dnnl_binary_primitive_desc_create, "binary", L.engine(),
+                             L.BINARY["mul"], xmd, smd, dmd, None)
+                except Unsupported:
+                    continue
+                if not _slow(_impl(pd)):
+                    break
+                dll.dnnl_primitive_desc_destroy(pd)
+            else:
+                raise Unsupported(f"{self.what}: no fast binary kernel for its layouts")
+            dmd = self._md_keep(_query(pd, _Q_DST))
+            prim = self._prim(pd)
+            impl = self.last_impl
+            args = [(L.ARG_SRC, source(x, xmd, f"{list(xs)} before a mul")),
+                    (L.ARG_SRC_1, source(sc, smd, f"{list(shapes[sc])} before a mul")),
+                    (L.ARG_DST, dest(u.out, dmd, ys))]
+            self._step(prim, args, f"{self.what} ({impl})")
             return
         if u.kind == "pool":
             at = u.attrs

@@ -12,7 +12,9 @@ entries, op-table ops) as units, each one oneDNN primitive:
   first's bias gains the other's, which is added as a term (ResNet's shortcut);
 - "pool": a max-pool, the -inf `pad` before it taken as its padding;
 - "slice": a channel range at multiples of `ALIGN` channels (a view, no copy);
-- "concat": channels of region values.
+- "concat": channels of region values;
+- "gap": a mean over height and width (kept): global average pooling;
+- "scale": x * s, s (N, C, 1, 1) of x's channels (squeeze-excite), a binary primitive.
 
 Whatever it cannot express raises `PlanError` naming the body entry, which the
 `onednn_layout` pass leaves out of the region.
@@ -266,6 +268,8 @@ def plan(body, inputs, outputs, shapes):
             return False
         us = users.get(key, [])
         if len(us) == 1:
+            if us[0][1] == "mul" and _scale_args(us[0][2], shapes, const) is not None:
+                return False            # x * s of an (N, C, 1, 1) s: a scale unit
             return us[0][1] in _CHAIN
         if len(us) == 2:
             ops = sorted(a[1] for a in us)
@@ -292,6 +296,23 @@ def plan(body, inputs, outputs, shapes):
         if op == "pad" and (key in outset or [a[1] for a in users.get(key, [])]
                             != ["max_pool2d"]):
             raise PlanError("a pad that is not a max-pool's padding", e)
+        sc = _scale_args(args, shapes, const) if op == "mul" else None
+        if sc is not None or op == "mean":
+            if sc is not None:
+                unit = Unit(key, e, sc[0], None, {}, kind="scale", xs=sc)
+            elif tuple(a % 4 for a in attrs.get("axis", ())) == (2, 3) \
+                    and attrs.get("keepdims") and len(shapes.get(args[0], ())) == 4:
+                unit = Unit(key, e, args[0], None, {}, kind="gap")
+            else:
+                raise PlanError("a mean other than over height and width, kept", e)
+            for x in (unit.xs or (unit.x,)):
+                if x in pending:
+                    materialize_conv(x)
+                elif not isinstance(x, int) or isinstance(state.get(x), _Prog):
+                    raise PlanError(f"{op} reading an unfinished epilogue", e)
+            units.append(unit)
+            state[key] = "mat"
+            continue
         if op in _LAYOUT_OPS:
             unit = _layout_unit(key, op, args, attrs, e, state, n_in, shapes)
             if unit is None:               # a pad absorbed by the max-pool after it
@@ -460,6 +481,20 @@ def _layout_unit(key, op, args, attrs, e, state, n_in, shapes):
     if attrs.get("axis") not in (1, -3) or len(args) < 2:
         raise PlanError("concat other than of channels", e)
     return Unit(key, e, None, None, {}, kind="concat", xs=args)
+
+
+def _scale_args(args, shapes, const):
+    """(x, s) of a mul of two tensors where s is (N, C, 1, 1) of x's (N, C, H, W) (a
+    squeeze-excite scale), else None."""
+    if len(args) != 2 or any(const(a) is not None for a in args):
+        return None
+    for x, sc in (args, args[::-1]):
+        xs, ss = shapes.get(x), shapes.get(sc)
+        if xs is not None and ss is not None and len(xs) == len(ss) == 4 \
+                and tuple(ss[2:]) == (1, 1) and tuple(xs[2:]) != (1, 1) \
+                and ss[1] == xs[1] and isinstance(ss[1], int) and ss[0] == xs[0]:
+            return x, sc
+    return None
 
 
 def continues_sig(key, args, users, continues):
