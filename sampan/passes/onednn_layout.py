@@ -10,8 +10,9 @@ pass finds the nodes that can run as oneDNN convolution primitives with post-ops
    those) that may be a convolution's epilogue (bias, residual add, ReLU, SiLU ...),
    and what runs in the blocked layouts between convolutions: `max_pool2d` (with the
    -inf `pad` before it as its padding), channel slices (`getitem` at multiples of 16
-   channels: views, no copy), channel `concat`, and a squeeze-excite block's `mean`
-   over height and width and its per-channel `mul`;
+   channels: views, no copy), channel `concat`, a squeeze-excite block's `mean`
+   over height and width and its per-channel `mul`, and a nearest upsample (two
+   `index_select`s of repeated rows and columns);
 2. groups: candidates joined along producer -> consumer edges, merged only where the
    graph of groups stays acyclic (the partition `onnxruntime_offload` uses);
 3. each group's body is planned as oneDNN units (`sampan.backends.onednn.blocked.plan`):
@@ -136,6 +137,14 @@ def _candidate(n) -> bool:
         x, w = n.inputs[0], n.inputs[1]
         return (len(n.inputs) == 2 and w.is_const and not x.is_const and _f32_nchw(x)
                 and w.dtype == F32 and all(isinstance(d, int) for d in w.shape))
+    if n.op == "index_select":             # a nearest upsample's rows or columns
+        from ..backends.onednn.plan import nearest_factor
+        x, idx = n.inputs[0], n.inputs[-1]
+        axis = n.attrs.get("axis")
+        return (len(n.inputs) == 2 and idx.is_const and not x.is_const and _f32_nchw(x)
+                and isinstance(axis, int) and axis % 4 in (2, 3)
+                and isinstance(x.shape[axis % 4], int)
+                and nearest_factor(idx.const, x.shape[axis % 4]) is not None)
     if n.op == "mean":                     # global average pooling (squeeze-excite)
         return (_f32_nchw(n.inputs[0]) and bool(n.attrs.get("keepdims"))
                 and tuple(a % 4 for a in n.attrs.get("axis", ())) == (2, 3))

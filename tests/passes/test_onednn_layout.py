@@ -63,7 +63,8 @@ class Activations(nn.Module):
 class Blocks(nn.Module):
     """A stem with a padded max-pool (ResNet's), a YOLO C2f block (channel split at a
     multiple of 16, SiLU bottleneck with a residual, channel concat), a grouped conv,
-    a 5x5 max-pool of stride 1 and a conv whose output leaves the region raw."""
+    a 5x5 max-pool of stride 1, a nearest 2x upsample concatenated with its skip, and a
+    conv whose output leaves the region raw."""
 
     def __init__(self):
         super().__init__()
@@ -74,7 +75,8 @@ class Blocks(nn.Module):
         self.m2 = nn.Conv2d(32, 32, 3, 1, 1)
         self.cv2 = nn.Conv2d(96, 64, 1)
         self.grp = nn.Conv2d(64, 64, 3, 1, 1, groups=4)
-        self.head = nn.Conv2d(64, 8, 1)
+        self.down = nn.Conv2d(64, 64, 3, 2, 1)
+        self.head = nn.Conv2d(128, 8, 1)
 
     def forward(self, x):
         s = nn.functional.max_pool2d(torch.relu(self.bn(self.stem(x))), 3, 2, 1)
@@ -84,7 +86,8 @@ class Blocks(nn.Module):
         z = nn.functional.silu(self.cv2(torch.cat([a, b, m], 1)))
         z = torch.relu(self.grp(z))
         z = nn.functional.max_pool2d(z, 5, 1, 2)
-        return self.head(z)
+        up = nn.functional.interpolate(torch.relu(self.down(z)), scale_factor=2.0)
+        return self.head(torch.cat([up, z], 1))         # YOLO's neck: upsample + concat
 
 
 def _export(model, shape, path):
@@ -138,7 +141,8 @@ def test_region_matches_float64_onnxruntime_and_eager(tmp_path, model, shape):
     assert not any(n.op == "conv2d" for n in pred.graph.nodes)
     ops = {e[0] for n in regions for e in n.attrs["body"]}
     if model is Blocks:
-        assert {"max_pool2d", "getitem", "concat", "conv2d"} <= ops
+        assert {"max_pool2d", "getitem", "concat", "conv2d", "index_select"} <= ops
+        assert len(regions) == 1
     if model is Activations:             # one region: every epilogue became a post-op
         assert len(regions) == 1
     want = ort.InferenceSession(str(tmp_path / "m.onnx"),

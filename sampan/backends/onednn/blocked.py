@@ -35,42 +35,38 @@ import numpy as np
 from . import _lib as L
 from .plan import F32, PlanError, Unsupported, plan  # noqa: F401 (PlanError: re-exported)
 from .primitives import _attr, _conv_params, _destroy, _dims, _md, _pd
+
 _FORMAT_ANY = 1                  # dnnl_format_tag_any
 _Q_SRC, _Q_WEIGHTS, _Q_DST = 129, 131, 133     # dnnl_query_{src,weights,dst}_md
 _ARG_MULTIPLE_SRC = 1024         # DNNL_ARG_MULTIPLE_SRC (concat's sources: + i)
+_RESAMPLING_NEAREST = 0x2fff0    # dnnl_resampling_nearest
 _READY = {"done": False}
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int, L.Dims
+_PP = ctypes.POINTER(ctypes.c_void_p)
+# the C calls this module uses beyond `_lib`'s list: name -> (argument types, result type)
+_PROTOS = {
+    "dnnl_memory_desc_create_with_tag": ([_PP, _I, _D, _I, _I], _I),
+    "dnnl_memory_desc_create_with_string_tag": ([_PP, _I, _D, _I, ctypes.c_char_p], _I),
+    "dnnl_memory_desc_create_submemory": ([_PP, _P, _D, _D], _I),
+    "dnnl_memory_desc_clone": ([_PP, _P], _I),
+    "dnnl_memory_desc_equal": ([_P, _P], _I),
+    "dnnl_memory_desc_get_size": ([_P], ctypes.c_size_t),
+    "dnnl_primitive_desc_query_md": ([_P, _I, _I], _P),
+    "dnnl_reorder_primitive_desc_create": ([_PP, _P, _P, _P, _P, _P], _I),
+    "dnnl_binary_primitive_desc_create": ([_PP, _P, _I, _P, _P, _P, _P], _I),
+    "dnnl_concat_primitive_desc_create": ([_PP, _P, _P, _I, _I, _PP, _P], _I),
+    "dnnl_resampling_forward_primitive_desc_create": ([_PP, _P, _I, _I, _P, _P, _P, _P],
+                                                      _I),
+}
 
 
 def _protos():
-    """The C calls this module uses beyond `_lib`'s list (their result types differ)."""
     if _READY["done"]:
         return
-    dll, p = L.lib(), ctypes.c_void_p
-    dll.dnnl_memory_desc_create_with_tag.argtypes = [ctypes.POINTER(p), ctypes.c_int,
-                                                     L.Dims, ctypes.c_int, ctypes.c_int]
-    dll.dnnl_memory_desc_create_with_tag.restype = ctypes.c_int
-    dll.dnnl_primitive_desc_query_md.argtypes = [p, ctypes.c_int, ctypes.c_int]
-    dll.dnnl_primitive_desc_query_md.restype = p
-    dll.dnnl_memory_desc_get_size.argtypes = [p]
-    dll.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
-    dll.dnnl_memory_desc_equal.argtypes = [p, p]
-    dll.dnnl_memory_desc_equal.restype = ctypes.c_int
-    dll.dnnl_memory_desc_clone.argtypes = [ctypes.POINTER(p), p]
-    dll.dnnl_memory_desc_clone.restype = ctypes.c_int
-    dll.dnnl_reorder_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, p, p, p, p]
-    dll.dnnl_reorder_primitive_desc_create.restype = ctypes.c_int
-    dll.dnnl_memory_desc_create_with_string_tag.argtypes = [ctypes.POINTER(p), ctypes.c_int,
-                                                            L.Dims, ctypes.c_int,
-                                                            ctypes.c_char_p]
-    dll.dnnl_memory_desc_create_with_string_tag.restype = ctypes.c_int
-    dll.dnnl_binary_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, ctypes.c_int, p,
-                                                      p, p, p]
-    dll.dnnl_binary_primitive_desc_create.restype = ctypes.c_int
-    dll.dnnl_memory_desc_create_submemory.argtypes = [ctypes.POINTER(p), p, L.Dims, L.Dims]
-    dll.dnnl_memory_desc_create_submemory.restype = ctypes.c_int
-    dll.dnnl_concat_primitive_desc_create.argtypes = [ctypes.POINTER(p), p, p, ctypes.c_int,
-                                                      ctypes.c_int, ctypes.POINTER(p), p]
-    dll.dnnl_concat_primitive_desc_create.restype = ctypes.c_int
+    dll = L.lib()
+    for name, (args, res) in _PROTOS.items():
+        fn = getattr(dll, name)
+        fn.argtypes, fn.restype = args, res
     _READY["done"] = True
 
 
@@ -196,8 +192,8 @@ class Region:
         for i, s in enumerate(specs):
             if not all(isinstance(d, int) for d in s.shape):
                 raise Unsupported("symbolic shapes: compile for concrete sizes")
-            if s.dtype != F32:
-                raise Unsupported(f"dtype {s.dtype}")
+            if s.dtype != F32 and not (i < len(ins) and consts[i] is not None):
+                raise Unsupported(f"dtype {s.dtype}")      # (index constants may be int)
         units = plan(body, consts, outputs, shapes)
         self.units = units
         self.out_shapes = [shapes[o] for o in outputs]
@@ -282,13 +278,15 @@ class Region:
             (a step before the one that reads it)."""
             if x not in md_of:
                 return ext_mem(x, md)
-            mem = mem_of[x][0][1]
-            if self._equal(md_of[x], md):
-                return mem
+            for m_md, mem in mem_of[x]:          # its own layout, or one made already
+                if self._equal(m_md, md):
+                    return mem
             buf = self._buffer(md)
             dst = self._mem(md, buf.ctypes.data)
-            self._step(self._reorder(md_of[x], md), [(L.ARG_SRC, mem), (L.ARG_DST, dst)],
+            self._step(self._reorder(md_of[x], md), [(L.ARG_SRC, mem_of[x][0][1]),
+                                                     (L.ARG_DST, dst)],
                        f"reorder {label} ({self.last_impl})")
+            mem_of[x].append((md, dst))
             return dst
 
         for u in units:
@@ -401,6 +399,7 @@ class Region:
         for o in outputs:
             if o not in md_of:
                 raise Unsupported("a region output that no unit computes")
+
         def two(p, s, d):
             return (p, 2, (L.ExecArg * 2)(L.ExecArg(L.ARG_SRC, s), L.ExecArg(L.ARG_DST, d)))
         self.steps = [two(*r[:3]) for r in self.pre] + self.steps + [
@@ -435,6 +434,20 @@ class Region:
             prim = self._prim(pd)
             impl = self.last_impl
             xmem = source(u.x, xmd, f"{list(xs)} before a mean")
+            self._step(prim, [(L.ARG_SRC, xmem), (L.ARG_DST, dest(u.out, dmd, ys))],
+                       f"{self.what} ({impl})")
+            return
+        if u.kind == "resize":              # nearest upsample: a resampling primitive
+            xs = shapes[u.x]
+            self.what = f"nearest upsample {list(xs)} -> {list(ys)}"
+            xmd = md_of[u.x] if u.x in md_of else plain_md(xs)
+            pd = _pd(dll.dnnl_resampling_forward_primitive_desc_create, "resampling",
+                     L.engine(), L.FORWARD_INFERENCE, _RESAMPLING_NEAREST, None, xmd,
+                     self._md_keep(_any(ys)), None)
+            dmd = self._md_keep(_query(pd, _Q_DST))
+            prim = self._prim(pd)
+            impl = self.last_impl
+            xmem = source(u.x, xmd, f"{list(xs)} before an upsample")
             self._step(prim, [(L.ARG_SRC, xmem), (L.ARG_DST, dest(u.out, dmd, ys))],
                        f"{self.what} ({impl})")
             return

@@ -14,7 +14,9 @@ entries, op-table ops) as units, each one oneDNN primitive:
 - "slice": a channel range at multiples of `ALIGN` channels (a view, no copy);
 - "concat": channels of region values;
 - "gap": a mean over height and width (kept): global average pooling;
-- "scale": x * s, s (N, C, 1, 1) of x's channels (squeeze-excite), a binary primitive.
+- "scale": x * s, s (N, C, 1, 1) of x's channels (squeeze-excite), a binary primitive;
+- "resize": a nearest upsample by integer factors (YOLO's neck), written by the importer
+  as an index_select of repeated rows then of repeated columns.
 
 Whatever it cannot express raises `PlanError` naming the body entry, which the
 `onednn_layout` pass leaves out of the region.
@@ -313,6 +315,17 @@ def plan(body, inputs, outputs, shapes):
             units.append(unit)
             state[key] = "mat"
             continue
+        if op == "index_select":
+            unit = _upsample(key, args, attrs, e, state, users, outset, const, shapes)
+            if unit is None:                # the rows of a nearest upsample: wait
+                continue
+            if unit.x in pending:
+                materialize_conv(unit.x)
+            elif isinstance(state.get(unit.x), _Prog):
+                raise PlanError("an upsample of an unfinished epilogue", e)
+            units.append(unit)
+            state[key] = "mat"
+            continue
         if op in _LAYOUT_OPS:
             unit = _layout_unit(key, op, args, attrs, e, state, n_in, shapes)
             if unit is None:               # a pad absorbed by the max-pool after it
@@ -481,6 +494,38 @@ def _layout_unit(key, op, args, attrs, e, state, n_in, shapes):
     if attrs.get("axis") not in (1, -3) or len(args) < 2:
         raise PlanError("concat other than of channels", e)
     return Unit(key, e, None, None, {}, kind="concat", xs=args)
+
+
+def nearest_factor(idx, n_in):
+    """f where index array `idx` repeats each of 0..n_in-1 f times in order (a nearest
+    upsample by an integer factor), else None."""
+    a = np.asarray(idx)
+    if a.ndim != 1 or a.dtype.kind not in "iu" or n_in < 1 or a.size % n_in:
+        return None
+    f = a.size // n_in
+    return f if np.array_equal(a, np.arange(a.size) // f) else None
+
+
+def _upsample(key, args, attrs, e, state, users, outset, const, shapes):
+    """index_select(index_select(x, rows, axis=2), cols, axis=3) with `rows`, `cols` a
+    nearest upsample's repeats: a "resize" unit at the second (None at the first)."""
+    if len(args) != 2 or const(args[1]) is None or const(args[0]) is not None:
+        raise PlanError("index_select of a tensor by a constant index only", e)
+    x, idx = args
+    axis = attrs.get("axis") % 4 if isinstance(attrs.get("axis"), int) else None
+    s = state.get(x)
+    if axis == 2:
+        us = users.get(key, [])
+        f = nearest_factor(const(idx), shapes.get(x, (0, 0, 0))[2])
+        if f is None or key in outset or len(us) != 1 or us[0][1] != "index_select":
+            raise PlanError("an index_select other than a nearest upsample's", e)
+        state[key] = ("rows", x, f)
+        return None
+    if axis == 3 and isinstance(s, tuple) and s[0] == "rows":
+        f = nearest_factor(const(idx), shapes.get(s[1], (0, 0, 0, 0))[3])
+        if f is not None:
+            return Unit(key, e, s[1], None, {"factors": (s[2], f)}, kind="resize")
+    raise PlanError("an index_select other than a nearest upsample's", e)
 
 
 def _scale_args(args, shapes, const):
