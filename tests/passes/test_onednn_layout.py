@@ -213,3 +213,18 @@ def test_plan_rejects_an_epilogue_on_no_conv():
     with pytest.raises(PlanError) as e:
         plan(body, [None], (1,), {0: (1, 16, 4, 4), 1: (1, 16, 4, 4)})
     assert e.value.entry == 0
+
+
+def test_a_region_called_with_other_shapes_says_so(tmp_path):
+    from sampan.backends.onednn._lib import OneDNNError
+    x, _ = _export(Plain(), (1, 3, 20, 24), tmp_path / "m.onnx")
+    pred = _predictor(tmp_path / "m.onnx", tmp_path)
+    node = next(n for n in pred.graph.nodes if n.op == "engine")
+    from sampan.backends.onednn.provider import bind_region
+    run = bind_region(node)
+    args = [v.const if v.is_const else x for v in node.inputs]
+    want = run(*args)
+    assert all(np.isfinite(w).all() for w in want)
+    args[0] = np.zeros((1, 3, 20, 20), np.float32)      # a size it was not built for
+    with pytest.raises(OneDNNError, match=r"input 0 is \[1, 3, 20, 20\]; expected "):
+        run(*args)

@@ -16,13 +16,13 @@ source, weights and destination in "any" format (a region input is read in place
 fast kernel takes the plain layout, e.g. a 3-channel first layer), weights reordered
 once, one buffer per value inside the region (a channel slice is a view of its parent's),
 reorders at the plain edges; a call sets the plain arrays' handles and executes the list.
-The onednn provider binds it once per node and shape (`bind_region`), so a served program
+The onednn provider binds it once per node and shape (`provider.bind_region`), so a served program
 pays nothing per call but the primitives; `labels` name the steps (with oneDNN's
 implementation) for profiling.
 
 Example::
 
-    >>> run = bind_region(node)        # an engine node compiled for concrete shapes
+    >>> run = Region(node)             # an engine node compiled for concrete shapes
     >>> y = run(x, w1, b1)             # the node's inputs, constants included
 """
 from __future__ import annotations
@@ -198,6 +198,8 @@ class Region:
         self.units = units
         self.out_shapes = [shapes[o] for o in outputs]
         self.feed = [i for i, c in enumerate(consts) if c is None]
+        self.in_shapes = {i: shapes[i] for i in self.feed}
+        self.node_inputs = len(ins)
         md_of = {}                   # internal value key -> its (blocked) md
         mem_of = {}                  # value key -> [(md, memory object over its data)]
         self.ext_in = []             # (memory, node input index): handles set per call
@@ -543,8 +545,14 @@ class Region:
                 b = np.empty(shape, F32)
             outs.append(b)
         xs = list(arrays)
+        if len(xs) != self.node_inputs:
+            raise L.OneDNNError(f"onednn region: got {len(xs)} arrays; expected its "
+                                f"{self.node_inputs} inputs")
         for i in self.feed:
             a = xs[i]
+            if tuple(a.shape) != self.in_shapes[i]:      # the primitives' sizes are fixed
+                raise L.OneDNNError(f"onednn region: input {i} is {list(a.shape)}; expected "
+                                    f"{list(self.in_shapes[i])} (what it was built for)")
             if a.dtype != F32 or not a.flags.c_contiguous:
                 xs[i] = np.ascontiguousarray(a, F32)
         with self.lock:
@@ -576,39 +584,3 @@ class Region:
         except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone
             pass
 
-
-def bind_region(node):
-    """The compiled kernel of an engine node of engine "onednn": a `Region` (built once per
-    node and shape); where oneDNN refuses one of its primitives, the body with the op
-    table's kernels (a warning names why)."""
-    try:
-        region = Region(node)
-    except Unsupported as e:
-        import warnings
-        warnings.warn(f"onednn region at {node.loc or '?'}: {e}; its {len(node.attrs['body'])}"
-                      " ops run their op-table kernels instead", RuntimeWarning, stacklevel=2)
-        return _interpreter(node)
-    return region
-
-
-def _interpreter(node):
-    from ...ops.registry import OPS
-    body, outputs = node.attrs["body"], node.attrs["outputs"]
-    n = len(node.inputs)
-    consts = {i: v.const for i, v in enumerate(node.inputs) if v.is_const}
-    single = len(outputs) == 1
-
-    def run(*arrays, out=None):
-        vals = [consts.get(i, arrays[i]) for i in range(n)]
-        for op_name, idx, attrs, _ in body:
-            op = OPS[op_name]
-            r = op.kernel(*[vals[k] for k in idx], **dict(attrs))
-            vals.extend([np.asarray(x) for x in r] if op.n_out != 1 else [np.asarray(r)])
-        res = [vals[k] for k in outputs]
-        if out is not None:
-            for j, b in enumerate(out):
-                if b is not None:
-                    np.copyto(b, res[j])
-                    res[j] = b
-        return res[0] if single else tuple(res)
-    return run

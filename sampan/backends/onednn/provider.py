@@ -62,13 +62,50 @@ class OneDNNProvider(Provider):
     def bind(self, node, inplace=None):
         if node.op != "engine":
             return super().bind(node)
-        from .blocked import bind_region
         return bind_region(node)
 
     def kernel(self, op: str):
         # the measured choice (choice.Chooser) where one is installed, else oneDNN's own
         k = OPS[op].kernel if op in OPS else None
         return k if k is not None else KERNELS[op]
+
+
+def bind_region(node):
+    """The compiled kernel of an engine node of engine "onednn": a `Region` (built once per
+    node and shape); where oneDNN refuses one of its primitives, the body with the op
+    table's kernels (a warning names why)."""
+    from ._lib import OneDNNError
+    from .blocked import Region, Unsupported
+    try:
+        region = Region(node)
+    except (Unsupported, OneDNNError) as e:
+        import warnings
+        warnings.warn(f"onednn region at {node.loc or '?'}: {e}; its {len(node.attrs['body'])}"
+                      " ops run their op-table kernels instead", RuntimeWarning, stacklevel=2)
+        return _interpreter(node)
+    return region
+
+
+def _interpreter(node):
+    body, outputs = node.attrs["body"], node.attrs["outputs"]
+    n = len(node.inputs)
+    consts = {i: v.const for i, v in enumerate(node.inputs) if v.is_const}
+    single = len(outputs) == 1
+
+    def run(*arrays, out=None):
+        vals = [consts.get(i, arrays[i]) for i in range(n)]
+        for op_name, idx, attrs, _ in body:
+            op = OPS[op_name]
+            r = op.kernel(*[vals[k] for k in idx], **dict(attrs))
+            vals.extend([np.asarray(x) for x in r] if op.n_out != 1 else [np.asarray(r)])
+        res = [vals[k] for k in outputs]
+        if out is not None:
+            for j, b in enumerate(out):
+                if b is not None:
+                    np.copyto(b, res[j])
+                    res[j] = b
+        return res[0] if single else tuple(res)
+    return run
 
 
 PROVIDER = OneDNNProvider()
