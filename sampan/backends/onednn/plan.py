@@ -39,7 +39,6 @@ F32 = np.dtype(np.float32)
 _ELTWISE = {"relu": ("relu", 0.0, 0.0), "tanh": ("tanh", 0.0, 0.0),
             "hardswish": ("hardswish", 1.0 / 6.0, 0.5),
             "sigmoid": ("sigmoid", 0.0, 0.0)}
-EPILOGUE_OPS = ("add", "sub", "mul", "div", "relu", "tanh", "sigmoid", "fused")
 
 
 class PlanError(Unsupported):
