@@ -228,3 +228,24 @@ def test_a_region_called_with_other_shapes_says_so(tmp_path):
     args[0] = np.zeros((1, 3, 20, 20), np.float32)      # a size it was not built for
     with pytest.raises(OneDNNError, match=r"input 0 is \[1, 3, 20, 20\]; expected "):
         run(*args)
+
+
+def test_a_region_outside_the_onednn_provider_runs_its_body_in_onnxruntime():
+    """The engine node a region became, given to the numpy provider (a list without
+    "onednn"): onnxruntime runs the same body (`onednn.RegionFallback`)."""
+    from sampan.passes import PassManager
+    from sampan.passes.partition import assign
+    from sampan.runtime.codegen import compile_graph
+
+    def tail(g, x, y):
+        return g.add_node("relu", [y], {}).outputs[0]
+    xv = np.random.default_rng(2).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = compile_graph(_graph_conv_then(tail))(xv)[0]
+    g = PassManager(["onednn_layout"], options={"onednn_layout": {"min_mflops": 0}}).run(
+        _graph_conv_then(tail))
+    assert [n.op for n in g.nodes] == ["engine"]
+    assign(g, ["numpy"])
+    assert g.nodes[0].meta["provider"] == "numpy"
+    got = compile_graph(g)(xv)[0]
+    assert _rel(got, want) < 1e-5
+    assert _rel(got, np.maximum(want, 0)) < 1e-5
