@@ -21,7 +21,10 @@ onnx import` does): the image sides that cannot stay symbolic are saved at the i
 size. Correctness first: each model's outputs against onnxruntime's (max abs and max
 relative error) before timing. Then `--blocks` blocks of `--calls` calls per system,
 rotated: one JSON line per (model, system) with the p50 over blocks of each block's p50
-(ms), and a ratio line (Predictor p50 / onnxruntime p50; target <= 1.2).
+(ms), and a ratio line (Predictor p50 / onnxruntime p50; target <= 1.2). The Predictor's
+line counts its `onednn_layout` regions (convolutions run in oneDNN's blocked layouts) and
+the convolutions inside and outside them. Under load, `--threads 1` gives the steadier
+ratio (two busy OpenMP or onnxruntime threads on two busy cores swing by 2x).
 
     python benchmarks/onnx_models.py [--models ppocr_det yolov8n ...] [--calls 20]
         [--blocks 5] [--threads N] [--wheels /tmp/pd2] [--profile]
@@ -396,8 +399,13 @@ def main():
         shapes = {k: list(a.shape) for k, a in feed.items()}
         common = dict(model=name, inputs=shapes, calls=args.calls, blocks=args.blocks,
                       threads=args.threads or "default")
+        regions = [n for n in pred.graph.nodes
+                   if n.op == "engine" and n.attrs.get("engine") == "onednn"]
         emit("W9", "sampan", "predictor", "p50_ms", times["sampan"], max_abs_err=ab,
-             max_rel_err=rel, symbolic=kept, concrete=concrete, **common)
+             max_rel_err=rel, symbolic=kept, concrete=concrete,
+             onednn_regions=len(regions), convs_in_regions=sum(
+                 e[0] == "conv2d" for n in regions for e in n.attrs["body"]),
+             convs_outside=sum(n.op == "conv2d" for n in pred.graph.nodes), **common)
         emit("W9", "onnxruntime", "cpu", "p50_ms", times["onnxruntime"],
              onnxruntime=ort.__version__, **common)
         emit("W9", "sampan/onnxruntime", "predictor", "p50_ratio",

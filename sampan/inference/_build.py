@@ -108,6 +108,7 @@ def optimise(g, config, symbolic: bool, options=None, sizes=None):
     part = opts.setdefault("partition", {})
     if not part.get("providers"):
         part["providers"] = config.get_providers()
+    opts.setdefault("onednn_layout", {}).setdefault("providers", part["providers"])
     dump = Dumper(config.ir_debug_dir())
     dump("loaded", g)
     try:

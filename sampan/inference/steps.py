@@ -36,6 +36,7 @@ OFFLOAD = "onnxruntime_offload"
 FUSION = "fuse_elementwise"
 MEMORY = "plan_memory"
 PARTITION = "partition"
+LAYOUT = "onednn_layout"                     # after fusion, before the partition
 NO_GENERATED = ("numpy", "onnxruntime")      # runtimes that run no generated kernels
 FUSION_TAKEN = "-" + FUSION                  # in `owned`: the settings took fusion out
 
@@ -88,10 +89,10 @@ def sync(config, owned: set, changed: str) -> None:
     elif not no_gen and FUSION_TAKEN in owned:
         owned.discard(FUSION_TAKEN)
         if FUSION not in b.all_passes():
-            _insert_before(b, FUSION, (PARTITION, MEMORY))
+            _insert_before(b, FUSION, (LAYOUT, PARTITION, MEMORY))
     if OFFLOAD in want:
         if OFFLOAD not in b.all_passes():
-            _insert_before(b, OFFLOAD, (FUSION, PARTITION, MEMORY))
+            _insert_before(b, OFFLOAD, (FUSION, LAYOUT, PARTITION, MEMORY))
             owned.add(OFFLOAD)
         if changed in ("runtime", "offload"):
             n = 1 if config.runtime() == "onnxruntime" else config.offload_min_subgraph_size()

@@ -95,8 +95,8 @@ PIPELINES: dict[str, list] = {
     # kernel provider of the Config's list (`partition`) before the memory plan; `licm`
     # as in "inference", so a served loop computes its invariants once, not per iteration
     "predictor": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
-                  "fold_batch_norm", "dce", "licm", "fuse_elementwise", "partition",
-                  "plan_memory"],
+                  "fold_batch_norm", "dce", "licm", "fuse_elementwise", "onednn_layout",
+                  "partition", "plan_memory"],
     # the train pipeline after `distribute` (gradients all-reduced before the update)
     "data_parallel": ["distribute", "simplify", "fold_constants", "cse", "dce", "licm",
                       "merge_slice_grads", "share_reshape_copies", "fuse_elementwise",

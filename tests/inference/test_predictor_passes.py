@@ -56,7 +56,7 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     b.turn_off("fold_batch_norm")
     b.turn_off("simplify")                       # every occurrence
     want_all = ["dce", "fold_constants", "dce", "fold_batch_norm", "dce", "licm",
-                "fuse_elementwise", "partition", "plan_memory", "cse"]
+                "fuse_elementwise", "onednn_layout", "partition", "plan_memory", "cse"]
     want_all.insert(1, "simplify")
     want_all.insert(3, "simplify")
     assert b.all_passes() == want_all
@@ -64,15 +64,16 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
                                                                    "fold_batch_norm")]
     p = create_predictor(cfg)
     assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "licm",
-                            "fuse_elementwise", "partition", "cse", "plan_memory"]
+                            "fuse_elementwise", "onednn_layout", "partition", "cse",
+                            "plan_memory"]
     assert _steps(tmp_path) == ["loaded"] + p.passes_run
     _check(p, models["mlp"])
     b.turn_on("simplify")
     b.delete_pass(-1)
     create_predictor(cfg)                        # a second run replaces the old dumps
     assert _steps(tmp_path) == ["loaded", "dce", "simplify", "fold_constants", "simplify",
-                                "dce", "dce", "licm", "fuse_elementwise", "partition",
-                                "plan_memory"]
+                                "dce", "dce", "licm", "fuse_elementwise", "onednn_layout",
+                                "partition", "plan_memory"]
 
 
 def test_edits_of_unknown_passes_fail_at_once(saved):

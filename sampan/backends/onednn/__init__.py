@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import dtypes as _dt
+from ...ops.engine import EngineError, register_engine
 from . import _lib
 from .primitives import Unsupported
 
@@ -123,6 +124,22 @@ def matmul_integer(a, b, a_zero_point, b_zero_point):
         y -= np.int32(za) * b.sum(0, dtype=np.int32)
     return y
 
+
+class RegionFallback:
+    """The runner of an engine node of engine "onednn" where the onednn provider does not
+    bind it (a provider list without "onednn", eager calls of the node): onnxruntime runs
+    its body, the same op-table ops (`blocked.py` runs it in oneDNN's layouts)."""
+
+    def __init__(self, model_bytes, n_inputs, threads=None):
+        try:
+            from ..onnxruntime import OrtRunner
+            self.run = OrtRunner(model_bytes, n_inputs, threads).run
+        except ImportError as e:
+            raise EngineError(f"engine 'onednn' outside the onednn provider needs "
+                              f"onnxruntime: {e}") from None
+
+
+register_engine("onednn", RegionFallback)
 
 KERNELS = {"matmul": matmul, "conv2d": conv2d, "conv_transpose2d": conv_transpose2d,
            "conv2d_grad_weight": conv2d_grad_weight, "max_pool2d": max_pool2d,

@@ -8,6 +8,11 @@ where it did not (or where oneDNN refuses the call); `prefer` overrides the meas
 So the default provider list ("onednn" before "numpy") runs exactly the kernels the
 measurement picked.
 
+It also binds `engine` nodes of engine "onednn" (the `onednn_layout` pass's regions of
+float32 convolutions kept in oneDNN's blocked layouts, `blocked.py`): one compiled
+`blocked.Region` per node and shape; where oneDNN refuses a region's primitives, the
+body runs with the op table's kernels.
+
 Example::
 
     >>> from sampan.backends import get_provider
@@ -35,12 +40,15 @@ class OneDNNProvider(Provider):
 
     name = "onednn"
     kernels = KERNELS
+    node_kernels = ("engine",)
 
     def available(self) -> bool:
         from .. import cache
         return "onednn" in cache.backends()
 
     def supports(self, node) -> bool:
+        if node.op == "engine":
+            return node.attrs.get("engine") == "onednn" and self.available()
         if node.op not in KERNELS or not node.inputs:
             return False
         ins = node.inputs
@@ -51,10 +59,53 @@ class OneDNNProvider(Provider):
             ok = d in _F and all(_dtype(v) == d for v in ins[:2])
         return ok and self.available()
 
+    def bind(self, node, inplace=None):
+        if node.op != "engine":
+            return super().bind(node)
+        return bind_region(node)
+
     def kernel(self, op: str):
         # the measured choice (choice.Chooser) where one is installed, else oneDNN's own
         k = OPS[op].kernel if op in OPS else None
         return k if k is not None else KERNELS[op]
+
+
+def bind_region(node):
+    """The compiled kernel of an engine node of engine "onednn": a `Region` (built once per
+    node and shape); where oneDNN refuses one of its primitives, the body with the op
+    table's kernels (a warning names why)."""
+    from ._lib import OneDNNError
+    from .blocked import Region, Unsupported
+    try:
+        region = Region(node)
+    except (Unsupported, OneDNNError) as e:
+        import warnings
+        warnings.warn(f"onednn region at {node.loc or '?'}: {e}; its {len(node.attrs['body'])}"
+                      " ops run their op-table kernels instead", RuntimeWarning, stacklevel=2)
+        return _interpreter(node)
+    return region
+
+
+def _interpreter(node):
+    body, outputs = node.attrs["body"], node.attrs["outputs"]
+    n = len(node.inputs)
+    consts = {i: v.const for i, v in enumerate(node.inputs) if v.is_const}
+    single = len(outputs) == 1
+
+    def run(*arrays, out=None):
+        vals = [consts.get(i, arrays[i]) for i in range(n)]
+        for op_name, idx, attrs, _ in body:
+            op = OPS[op_name]
+            r = op.kernel(*[vals[k] for k in idx], **dict(attrs))
+            vals.extend([np.asarray(x) for x in r] if op.n_out != 1 else [np.asarray(r)])
+        res = [vals[k] for k in outputs]
+        if out is not None:
+            for j, b in enumerate(out):
+                if b is not None:
+                    np.copyto(b, res[j])
+                    res[j] = b
+        return res[0] if single else tuple(res)
+    return run
 
 
 PROVIDER = OneDNNProvider()
