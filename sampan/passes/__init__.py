@@ -20,6 +20,7 @@ from . import amp  # noqa: F401,E402  (issue 22: mixed precision)
 from . import partition  # noqa: F401,E402  (issue 30: kernel providers)
 from . import unfuse  # noqa: F401,E402  (issue 30: the Predictor's steps are passes)
 from . import licm  # noqa: F401,E402  (issue 34: loop-invariant code motion)
+from . import fuse_layers  # noqa: F401,E402  (issue 31: a served layer and its epilogue)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 # `plan_memory` is registered by sampan.runtime.memory, whose plan the code generator reads
 
