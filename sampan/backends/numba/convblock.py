@@ -115,6 +115,8 @@ def _conv_for(x, w, attrs):
             loop(contiguous(x), w2, y, ph, pw, sh, sw)
             return y
         return conv_direct
+    if n == 1 and _conv._one_gemm(dtype, stride, dilation, g, ho * wo) and kh * kw > 1:
+        return _flat_one_gemm(w, ph, pw, h, wd, ho, wo)
     if _conv._one_gemm(dtype, stride, dilation, g, ho * wo) and kh * kw > 1:
         w2 = np.ascontiguousarray(w).reshape(o, cg * kh * kw)
         col = np.empty((cg * kh * kw, n * ho * wo), dtype)
@@ -129,6 +131,58 @@ def _conv_for(x, w, attrs):
             return yt
         return conv_one_gemm
     return None
+
+
+if HAVE_NUMBA:
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _flat_cols(xp, kh, kw, col):
+        """col[(c*kh + i)*kw + j, q] = xp[c, i*Wp + j + q] for q < col.shape[1], xp (C, Hp,
+        Wp) one padded image: each row one contiguous run (the caller checked that
+        (kh - 1)*Wp + kw - 1 + col.shape[1] <= Hp*Wp)."""
+        c, hp, wp = xp.shape
+        nq = col.shape[1]
+        xf = xp.ravel()
+        for ci in range(c):
+            for i in range(kh):
+                for j in range(kw):
+                    # a slice start, not base + q: a signed index keeps numba's
+                    # wraparound test in the copy loop (convloops.py)
+                    src = xf[ci * hp * wp + i * wp + j:]
+                    dst = col[(ci * kh + i) * kw + j]
+                    for q in range(nq):
+                        dst[q] = src[q]
+
+
+def _flat_one_gemm(w, ph, pw, h, wd, ho, wo):
+    """One image through the one-GEMM layout on flat rows (convgen's trick): in the padded
+    plane of width Wp, output pixel (y, x) and tap (i, j) read element (y + i)*Wp + x + j,
+    so tap (c, i, j)'s column row is one contiguous run of nq = (Ho - 1)*Wp + Wo elements
+    of channel c shifted by i*Wp + j (one copy instead of Ho runs of Wo), and the GEMM's
+    (O, nq) product holds pixel (y, x) at y*Wp + x: the kw - 1 columns between rows are
+    computed and thrown away (LeNet's second layer: 136 columns for 100 pixels). Returns
+    x -> the (1, O, Ho, Wo) strided view of the product the epilogue reads."""
+    from ...ops import conv as _c
+    o, cg, kh, kw = w.shape
+    hp, wp = h + 2 * ph, wd + 2 * pw
+    nq = (ho - 1) * wp + wo
+    if (kh - 1) * wp + kw - 1 + nq > hp * wp:        # what _flat_cols reads
+        return None
+    w2 = np.ascontiguousarray(w).reshape(o, cg * kh * kw)
+    col = np.empty((cg * kh * kw, nq), w.dtype)
+    buf = np.empty(o * ho * wp, w.dtype)              # (O, Ho*Wp): the GEMM writes nq of each row
+    y2 = buf.reshape(o, ho * wp)[:, :nq]
+    it = buf.itemsize
+    view = np.lib.stride_tricks.as_strided(buf, (1, o, ho, wo),
+                                           (o * ho * wp * it, ho * wp * it, wp * it, it),
+                                           writeable=False)
+    pad, contiguous = _c._pad, np.ascontiguousarray
+
+    def conv_flat(x):
+        xp = contiguous(pad(x, ph, pw)) if (ph or pw) else contiguous(x)
+        _flat_cols(xp[0], kh, kw, col)
+        np.matmul(w2, col, out=y2)
+        return view
+    return conv_flat
 
 
 def bind_block(node):
