@@ -94,9 +94,9 @@ def test_settings_put_their_steps_in_the_list_and_take_them_out_again(saved):
     no_fusion = [n for n in base if n != "fuse_elementwise"]
     assert cfg.pass_builder().all_passes() == ["unfuse"] + no_fusion
     cfg.set_runtime("onnxruntime")
-    assert cfg.pass_builder().all_passes() == (["unfuse"] + no_fusion[:-2]
+    assert cfg.pass_builder().all_passes() == (["unfuse"] + no_fusion[:-3]
                                                + ["onnxruntime_offload", "partition",
-                                                  "plan_memory"])
+                                                  "fuse_layers", "plan_memory"])
     assert cfg.pass_builder().get_option("onnxruntime_offload", "min_subgraph_size") == 1
     cfg.set_runtime("numba")
     assert cfg.pass_builder().all_passes() == base

@@ -185,6 +185,37 @@ def _flat_one_gemm(w, ph, pw, h, wd, ho, wo):
     return conv_flat
 
 
+def _direct_block(node, wc, b, relu, pool, attrs):
+    """The generated direct kernel with the epilogue inside (convgen's "block"), for a
+    stride-1 layer the direct kernels serve: the accumulator rows become the block's
+    output in one pass (LeNet's first block at batch 1: no separate epilogue call and no
+    (6, 28, 28) intermediate). None where it does not apply."""
+    from .loops import conv as _conv
+    x = node.inputs[0]
+    o, cg, kh, kw = wc.shape
+    g = attrs["groups"]
+    if (attrs["stride"] != (1, 1) or not _conv._direct(x.dtype, (1, 1), attrs["dilation"],
+                                                       cg, o // g, kh, kw)):
+        return None
+    n, _, h, wd = x.shape
+    ph, pw = attrs["padding"]
+    ho, wo = h + 2 * ph - kh + 1, wd + 2 * pw - kw + 1
+    out_shape = (n, o, ho // 2, wo // 2) if pool else (n, o, ho, wo)
+    if tuple(node.outputs[0].shape) != out_shape or min(out_shape) < 1:
+        return None
+    loop = _conv._direct_kernel("block", x.dtype, o // g, kh, kw)
+    w2 = wc.reshape(o, -1)
+    shape, dtype, empty, contiguous = tuple(x.shape), x.dtype, np.empty, np.ascontiguousarray
+
+    def conv2d_block_direct(x, w, bias):
+        if x.shape != shape or x.dtype != dtype:        # what the loop was sized for
+            return block_kernel(x, w, bias, **attrs, relu=relu, pool=pool)
+        out = empty(out_shape, dtype)
+        loop(contiguous(x), w2, b, out, ph, pw, relu, pool)
+        return out
+    return conv2d_block_direct
+
+
 def bind_block(node):
     """The numba provider's kernel for a `conv2d_block` node: the convolution chosen once
     for its concrete shapes (at batch > 1 oneDNN where the kernel choice measured it
@@ -206,6 +237,9 @@ def bind_block(node):
     shape, dtype = tuple(x.shape), x.dtype
     wc = np.ascontiguousarray(w.const)
     b = np.ascontiguousarray(bias.const)
+    fused = _direct_block(node, wc, b, relu, pool, conv_attrs)
+    if fused is not None:
+        return fused
     conv = None
     if shape[0] > 1:                     # the kernel choice's measured winner for the class
         pick = getattr(OPS["conv2d"].kernel, "pick", None)

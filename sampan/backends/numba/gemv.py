@@ -260,26 +260,36 @@ def dense_loop_for(m: int, k: int, n: int, dtype=np.float32):
     key = (m, k, n, np.dtype(dtype).str)
     if key not in _DENSE_CHOSEN:
         _DENSE_CHOSEN[key] = _fastest_of((_dense_serial, _dense_parallel, _dense_blas),
-                                         m, k, n, np.dtype(dtype), dense=True)
+                                         m, k, n, np.dtype(dtype))
     return _DENSE_CHOSEN[key]
 
 
-def _fastest_of(loops, m, k, n, dtype, dense=False, rounds=5, calls=8):
+def _fastest_of(loops, m, k, n, dtype, rounds=5, calls=8):
+    """The fastest of the dense `loops` for the shape, each timed as a served layer runs:
+    the calls alternate between two copies of the weight, since between two calls of a
+    layer the model's other layers pass their weights through the cache. One copy would
+    stay in one core's L2 and hide what splitting the rows over the cores buys: the W5
+    MLP's two big weights (1.6 + 1 MB) overflow one core's 2 MB L2 (serial calls then
+    stream from L3, measured 65 us for the pair against 22 us for the first alone), while
+    each core's half of both fits."""
     import time
     r = np.random.default_rng(0)
     x = r.standard_normal((m, k)).astype(dtype)
-    wt = np.ascontiguousarray(r.standard_normal((n, k)).astype(dtype))
-    wt.flags.writeable = False
-    args = (x, wt, r.standard_normal(n).astype(dtype), True) if dense else (x, wt)
+    wts = []
+    for _ in range(2):
+        wt = np.ascontiguousarray(r.standard_normal((n, k)).astype(dtype))
+        wt.flags.writeable = False
+        wts.append(wt)
+    b = r.standard_normal(n).astype(dtype)
     out = np.empty((m, n), dtype)
     best = {}
     for f in loops:
-        f(*args, out)          # compiled (or loaded from numba's cache), workers started
+        f(x, wts[0], b, True, out)     # compiled (or loaded from numba's cache), workers up
     for _ in range(rounds):    # interleaved, the best block of each counts
         for f in loops:
             t = time.perf_counter()
-            for _ in range(calls):
-                f(*args, out)
+            for i in range(calls):
+                f(x, wts[i & 1], b, True, out)
             best[f] = min(best.get(f, float("inf")), time.perf_counter() - t)
     return min(loops, key=best.__getitem__)
 
@@ -307,7 +317,8 @@ def bind_dense(node):
     dtype = x.dtype
     b = np.ascontiguousarray(bias.const, dtype)
     contiguous, empty = np.ascontiguousarray, np.empty
-    if 1 <= m <= MAX_ROWS:
+    from .. import choice
+    if 1 <= m <= MAX_ROWS and choice.preferred("matmul") is None:   # no user's backend
         loop = dense_loop_for(m, k, n, dtype)
         wt = pack(w.const)
 
