@@ -54,8 +54,6 @@ POOL_KEY = "pool:gemm:2"
 POOL_KEY_BF16 = "pool:gemm:bfloat16"
 BLOCK = 2                     # calls per timed block (one more, untimed, before it)
 ROUNDS = 2                    # blocks per (shape, pool); the best block counts
-STALL = 4.0                   # an OpenBLAS time this many times oneDNN's is timed again
-RETRY_ROUNDS = 6              # with this many blocks
 _state = {"pool": None, "forced": None, "bf16": None, "bf16_forced": None}
 
 
@@ -169,10 +167,10 @@ def trimmed_gmean(ratios) -> float:
     return math.exp(sum(math.log(x) for x in r) / len(r))
 
 
-def _best_block(fn, arrays, attrs, rounds=ROUNDS) -> float:
+def _best_block(fn, arrays, attrs) -> float:
     fn(*arrays, **attrs)
     best = float("inf")
-    for _ in range(rounds):
+    for _ in range(ROUNDS):
         t = time.perf_counter()
         for _ in range(BLOCK):
             fn(*arrays, **attrs)
@@ -205,13 +203,6 @@ def calibrate() -> dict:
         _threads.cap_blas(None)
         for op, arrays, attrs in shapes:
             out["openblas"].append(_best_block(default_kernel(OPS[op].kernels), arrays, attrs))
-        # a shape whose OpenBLAS blocks all stalled (a worker descheduled on a busy
-        # machine: 16-50 ms against ~0.4 ms under oneDNN, measured on a loaded 2-core
-        # Xeon) is timed again with more blocks before it counts
-        for i, (op, arrays, attrs) in enumerate(shapes):
-            if out["openblas"][i] > STALL * out["onednn"][i]:
-                out["openblas"][i] = min(out["openblas"][i], _best_block(
-                    default_kernel(OPS[op].kernels), arrays, attrs, RETRY_ROUNDS))
     finally:
         _threads.cap_blas(1 if _state["pool"] == "onednn" else None)
     return out

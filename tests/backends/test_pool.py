@@ -134,26 +134,3 @@ def test_one_stalled_shape_does_not_decide_the_pool(cache, monkeypatch):
     assert pool.trimmed_gmean([0.5] * 6) == pytest.approx(0.5)
     assert pool.trimmed_gmean([2.0, 0.5]) == pytest.approx(1.0)   # too few to trim
 
-
-def test_a_stalled_openblas_shape_is_timed_again(cache, monkeypatch):
-    # the first blocks of a shape stall (a descheduled worker), later ones do not: the
-    # shape is timed again with more blocks instead of counting 40x slower
-    calls = {"n": 0}
-
-    def slow_then_fast(*a, **k):
-        calls["n"] += 1
-        import time
-        time.sleep(0.02 if calls["n"] <= 1 + pool.BLOCK * pool.ROUNDS else 0.0)   # its first blocks
-    monkeypatch.setattr(pool, "_shapes", lambda: [("matmul", (), {})])
-    real = pool._best_block
-    seen = []
-
-    def best(fn, arrays, attrs, rounds=pool.ROUNDS):
-        seen.append(rounds)
-        if len(seen) <= 2:                       # the oneDNN pool's two kernels: 1 ms
-            return 1e-3
-        return real(slow_then_fast, (), {}, rounds)
-    monkeypatch.setattr(pool, "_best_block", best)
-    times = pool.calibrate()
-    assert seen == [pool.ROUNDS, pool.ROUNDS, pool.ROUNDS, pool.RETRY_ROUNDS]
-    assert times["openblas"][0] < 1e-3 < 0.02

@@ -7,9 +7,13 @@ choice, made here once per bound node: the generated direct kernel for few taps 
 output, else the one-GEMM layout with a column buffer of its own, else the op's kernel,
 whose choice may be oneDNN); then one loop (`_epilogue_pool`) reads its output once and
 writes the block's: bias, ReLU, max over each 2x2 window, in that order per element, so
-the result equals the unfused nodes' bit for bit (NaN kept as numpy's maximum and the
-pool loop keep it). Before: a generated kernel pass for bias and ReLU and a pool kernel
-pass, two calls at batch 1 of ~1-2 us each.
+for the same convolution output it gives the unfused nodes' numbers (NaN kept as numpy's
+maximum and the pool loop keep it). Before: a generated kernel pass for bias and ReLU and
+a pool kernel pass, two calls at batch 1 of ~1-2 us each. One image on the one-GEMM
+layout goes through flat rows (`_flat_one_gemm`), and a stride-1 layer the direct
+kernels serve through convgen's "block" kernel, the epilogue inside (`_direct_block`).
+Measured at batch 1 on the loaded 2-core Xeon (2026-12-02): LeNet's blocks 8.7 -> 7.8 us
+and 11.6 -> 8.6 us.
 
 Example: ``fn = bind_block(node); y = fn(x, w, bias)``
 """

@@ -15,6 +15,9 @@ sets) when the product is big enough to repay the fork-join of about 2 us
 rows 6.9 and 5.6 us); smaller ones run serially. Summation order differs
 from BLAS's (rounding of the last bits, as between any two BLAS builds).
 
+The `dense` op (fuse_layers' matmul + bias + ReLU, sampan/ops/dense.py) runs the same
+blocks with its epilogue in registers (`bind_dense`, at the end of this file).
+
 Example::
 
     >>> wt = pack(w); small_matmul(x, wt, out)       # out[...] = x @ w
