@@ -254,16 +254,22 @@ def _dense_blas(x, wt, bias, relu, out):
 _DENSE_CHOSEN: dict = {}   # (m, k, n, dtype) -> the dense loop measured fastest here
 
 
+SERIAL_MACS = 1 << 14     # below: the serial dense loop unmeasured (its call is cheapest)
+
+
 def dense_loop_for(m: int, k: int, n: int, dtype=np.float32):
-    """The loop for dense (m <= MAX_ROWS rows): as `loop_for`, the serial loop below
-    PARALLEL_MACS, else the serial, thread-split or BLAS-and-epilogue one, whichever ran
-    fastest here (measured once per shape and process)."""
-    if m * k * n < PARALLEL_MACS:
+    """The loop for dense (m <= MAX_ROWS rows): the serial loop below SERIAL_MACS; up to
+    PARALLEL_MACS the serial loop or BLAS and the epilogue, from there also the
+    thread-split loop, whichever ran fastest here (measured once per shape and process:
+    on the loaded 2-core Xeon BLAS's GEMV ran LeNet's 400x120 layer in 2.5 us, the loop in
+    3.0; on Zen 4 the loop won every such shape)."""
+    if m * k * n < SERIAL_MACS:
         return _dense_serial
     key = (m, k, n, np.dtype(dtype).str)
     if key not in _DENSE_CHOSEN:
-        _DENSE_CHOSEN[key] = _fastest_of((_dense_serial, _dense_parallel, _dense_blas),
-                                         m, k, n, np.dtype(dtype))
+        loops = (_dense_serial, _dense_blas) if m * k * n < PARALLEL_MACS else (
+            _dense_serial, _dense_parallel, _dense_blas)
+        _DENSE_CHOSEN[key] = _fastest_of(loops, m, k, n, np.dtype(dtype))
     return _DENSE_CHOSEN[key]
 
 

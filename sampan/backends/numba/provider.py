@@ -57,7 +57,8 @@ def _binders() -> dict:
     from . import available
     if not available():
         return {}
-    from . import convblock, gemv, qdirect, qdynamic, qkernels, qlayers  # noqa: F401  (qdirect registers the direct conv)
+    from . import qdirect, qdynamic, qkernels, qlayers  # noqa: F401  (qdirect registers the direct conv)
+    from . import convblock, gemv     # the float layers with their epilogues (issue 31)
     return dict(qlayers.BINDERS, **qdynamic.BINDERS, quantize=qkernels.bind_quantize,
                 dense=gemv.bind_dense, conv2d_block=convblock.bind_block)
 
