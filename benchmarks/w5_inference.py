@@ -126,6 +126,9 @@ def predictor_system(path, runtime, mode, threads=None):
         cfg.set_num_threads(threads)
     p1 = inf.create_predictor(cfg)
     p64 = p1.clone()
+    ops = {}
+    for n in p1.graph.nodes:                 # what serves the model (fuse_layers' nodes)
+        ops[n.op] = ops.get(n.op, 0) + 1
 
     def caller(p):
         h = p.get_input_handle(p.get_input_names()[0])
@@ -136,7 +139,8 @@ def predictor_system(path, runtime, mode, threads=None):
             p.run()
             return o.copy_to_cpu()
         return call
-    return System("sampan", mode, caller(p1), caller(p64), {"runtime": runtime})
+    return System("sampan", mode, caller(p1), caller(p64), {"runtime": runtime,
+                                                            "graph_ops": ops})
 
 
 def ort_system(onnx_path, mode, threads=None):

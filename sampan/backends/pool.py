@@ -17,7 +17,8 @@ So a process runs its float32 GEMMs and convolutions under one of two pools:
 
 The pool is chosen per machine by a short calibration (a fixed set of GEMM and
 convolution shapes of the W1-W3 kind, each timed in blocks of calls under both pools; the
-geometric mean of the per-shape ratios decides, oneDNN needing to win by `cache.WIN_MARGIN`)
+geometric mean of the per-shape ratios decides, without the highest and the lowest ratio,
+oneDNN needing to win by `cache.WIN_MARGIN`)
 and kept in the kernel choice cache next to the per-class winners, keyed by the same
 machine key; a calibration run on a busy machine is provisional like any other choice.
 ``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it.
@@ -48,7 +49,9 @@ import numpy as np
 
 POOLS = ("openblas", "onednn")
 PRECISIONS = ("float32", "bfloat16")
-POOL_KEY = "pool:gemm"        # its record's key in the cache (no op class starts so)
+# its record's key in the cache (no op class starts so); ":2" since the trimmed mean: a
+# record decided by the plain mean is measured again
+POOL_KEY = "pool:gemm:2"
 POOL_KEY_BF16 = "pool:gemm:bfloat16"
 BLOCK = 2                     # calls per timed block (one more, untimed, before it)
 ROUNDS = 2                    # blocks per (shape, pool); the best block counts
@@ -154,12 +157,24 @@ def _measured(key=POOL_KEY, calibration=None) -> str:
         return stored["winner"]
     times = (calibration or calibrate)()
     ratios = [times["onednn"][i] / times["openblas"][i] for i in range(len(times["openblas"]))]
-    gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    gmean = trimmed_gmean(ratios)
     winner = "onednn" if gmean < 1 / cache.WIN_MARGIN else "openblas"
     cache.store(key, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
                       "times_us": {k: [round(t * 1e6, 1) for t in v]
                                    for k, v in times.items()}})
     return winner
+
+
+def trimmed_gmean(ratios) -> float:
+    """The geometric mean of `ratios` without the highest and the lowest (with at least
+    five): one shape timed while the machine stalled cannot decide alone. Measured on a
+    2-core Xeon (2026-12-02): one OpenBLAS block of 16 ms against ~0.4 ms for its
+    neighbours made a plain mean of 0.63 pick oneDNN, whose pool then ran the W5 MLP's
+    batch-64 GEMMs on one OpenBLAS thread at 150 GFLOP/s against 250 on two."""
+    r = sorted(ratios)
+    if len(r) >= 5:
+        r = r[1:-1]
+    return math.exp(sum(math.log(x) for x in r) / len(r))
 
 
 def _best_block(fn, arrays, attrs) -> float:

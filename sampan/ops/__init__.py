@@ -12,6 +12,8 @@ FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "re
             "quant", "engine",
             # issue 31: the requantising int8 layers fuse_quant emits
             "quant_fused",
+            # issue 31: a float layer with its epilogue (the Predictor's fuse_dense)
+            "dense",
             # issue 23: collectives (run through the current sampan.distributed group)
             "collective",
             # issue 34: control flow (nodes holding nested Graphs)

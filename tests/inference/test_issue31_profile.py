@@ -27,7 +27,9 @@ def served(tmp_path_factory):
 
 
 def test_batch1_call_is_one_event_with_its_kernels_as_children(served, tmp_path):
-    p = create_predictor(Config(served))
+    cfg = Config(served)
+    cfg.pass_builder().delete_pass("fuse_layers")     # the specialised nodes themselves
+    p = create_predictor(cfg)
     h = p.get_input_handle("x")
     x = np.random.default_rng(0).standard_normal((1, 1, 16, 16)).astype(np.float32)
     h.copy_from_cpu(x)
@@ -62,3 +64,15 @@ def test_batch1_call_is_one_event_with_its_kernels_as_children(served, tmp_path)
     trace = json.load(open(prof.export_chrome_trace(str(tmp_path / "t.json"))))
     evs = trace["traceEvents"] if isinstance(trace, dict) else trace
     assert any(e.get("args", {}).get("kernel", "").endswith("_matmul") for e in evs)
+    # the default list: one event per fused layer (fuse_layers, issue 31)
+    q = create_predictor(Config(served))
+    hq = q.get_input_handle("x")
+    hq.copy_from_cpu(x)
+    q.run()
+    with profile() as prof2:
+        hq.copy_from_cpu(x)
+        q.run()
+    names = [e.name for e in prof2.events if e.cat == "kernel"]
+    assert names == ["conv2d_block", "reshape", "dense", "dense"], names
+    blk = next(e for e in prof2.events if e.name == "conv2d_block")
+    assert blk.args["flops"] > 0 and blk.args["kernel"].startswith("p")

@@ -261,7 +261,9 @@ def test_planned_matmuls_follow_the_kernel_choice(saved, monkeypatch):
                         lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     x = rand(7, 8, seed=3)
     with choice.prefer("onednn", op="matmul"):
-        p = _pred(paths["mlp"])
+        cfg = Config(paths["mlp"])
+        cfg.pass_builder().delete_pass("fuse_layers")    # the planned matmul itself
+        p = create_predictor(cfg)
         got = p.run([x])[0]
     np.testing.assert_allclose(got, eager(models["mlp"], x), rtol=1e-5, atol=1e-6)
     # the first layer's product, (7, 8) @ (8, 16), is the one planned into a buffer
@@ -274,7 +276,9 @@ def test_profiled_runs_record_every_node_and_answer_the_same(saved):
     the profiler it records nothing, and both answer alike."""
     from sampan.profiler import profile
     models, paths = saved
-    p = _pred(paths["cnn"])
+    cfg = Config(paths["cnn"])
+    cfg.pass_builder().delete_pass("fuse_layers")        # every node of the plain graph
+    p = create_predictor(cfg)
     x = rand(3, 1, 8, 8, seed=5)
     plain = p.run([x])[0]
     with profile() as prof:

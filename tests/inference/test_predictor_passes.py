@@ -38,8 +38,11 @@ def test_default_pipeline_and_dumps(saved, tmp_path):
     # step 10: "licm" (issue 34: a Predictor hoists loop invariants) precedes the fusion
     text = open(tmp_path / "10_fuse_elementwise.ir").read()
     assert text.splitlines()[0] == "// after step 10: fuse_elementwise"
-    assert text.split("\n", 1)[1] == str(p.graph)
-    assert open(tmp_path / "10_fuse_elementwise.dot").read() == p.graph.to_dot()
+    # step 13: fuse_layers (issue 31) folds each layer's epilogue; onednn_layout,
+    # partition and the plan change no text
+    last = open(tmp_path / "13_fuse_layers.ir").read()
+    assert last.split("\n", 1)[1] == str(p.graph) != text.split("\n", 1)[1]
+    assert open(tmp_path / "13_fuse_layers.dot").read() == p.graph.to_dot()
     assert open(tmp_path / "00_loaded.dot").read().startswith("digraph")
     _check(p, models["mlp"])
 
@@ -56,7 +59,8 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     b.turn_off("fold_batch_norm")
     b.turn_off("simplify")                       # every occurrence
     want_all = ["dce", "fold_constants", "dce", "fold_batch_norm", "dce", "licm",
-                "fuse_elementwise", "onednn_layout", "partition", "plan_memory", "cse"]
+                "fuse_elementwise", "onednn_layout", "partition", "fuse_layers", "plan_memory",
+                "cse"]
     want_all.insert(1, "simplify")
     want_all.insert(3, "simplify")
     assert b.all_passes() == want_all
@@ -64,7 +68,8 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
                                                                    "fold_batch_norm")]
     p = create_predictor(cfg)
     assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "licm",
-                            "fuse_elementwise", "onednn_layout", "partition", "cse",
+                            "fuse_elementwise", "onednn_layout", "partition", "fuse_layers",
+                            "cse",
                             "plan_memory"]
     assert _steps(tmp_path) == ["loaded"] + p.passes_run
     _check(p, models["mlp"])
@@ -73,7 +78,7 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     create_predictor(cfg)                        # a second run replaces the old dumps
     assert _steps(tmp_path) == ["loaded", "dce", "simplify", "fold_constants", "simplify",
                                 "dce", "dce", "licm", "fuse_elementwise", "onednn_layout",
-                                "partition", "plan_memory"]
+                                "partition", "fuse_layers", "plan_memory"]
 
 
 def test_edits_of_unknown_passes_fail_at_once(saved):
@@ -149,11 +154,12 @@ def test_numpy_runtime_runs_no_generated_kernels(saved, tmp_path):
     models, paths = saved
     cfg = Config(paths["cnn"])
     assert cfg.runtime() == "numba"
-    assert any(n.op == "fused" for n in create_predictor(cfg).graph.nodes)
+    generated = ("fused", "conv2d_block", "dense")     # fuse_layers takes in the fused epilogues
+    assert any(n.op in generated for n in create_predictor(cfg).graph.nodes)
     cfg.set_runtime("numpy")
     cfg.switch_ir_debug(str(tmp_path))
     p = create_predictor(cfg)
-    assert not any(n.op == "fused" for n in p.graph.nodes)
+    assert not any(n.op in generated for n in p.graph.nodes)
     assert p.passes_run[0] == "unfuse" and "fuse_elementwise" not in p.passes_run
     assert _steps(tmp_path)[:2] == ["loaded", "unfuse"]
     _check(p, models["cnn"], (1, 1, 8, 8))

@@ -279,3 +279,21 @@ ORACLE.update({"standardize": lambda t, a, k: t.nn.functional.layer_norm(
                "layer_norm_grad_input": _ln_grad_oracle(0),
                "layer_norm_grad_weight": _ln_grad_oracle(1),
                "layer_norm_grad": _ln_grad_all_oracle})
+
+
+# issue 31: the Predictor's fused float layers (sampan/ops/dense.py)
+def _dense(t, a, k):
+    y = a[0] @ a[1] + a[2]
+    return t.relu(y) if k.get("relu") else y
+
+
+def _conv2d_block(t, a, k):
+    F = t.nn.functional
+    y = F.conv2d(a[0], a[1], a[2], stride=k["stride"], padding=k["padding"],
+                 dilation=k["dilation"], groups=k["groups"])
+    if k.get("relu"):
+        y = t.relu(y)
+    return F.max_pool2d(y, 2) if k.get("pool") else y
+
+
+ORACLE.update({"dense": _dense, "conv2d_block": _conv2d_block})

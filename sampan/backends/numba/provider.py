@@ -58,7 +58,9 @@ def _binders() -> dict:
     if not available():
         return {}
     from . import qdirect, qdynamic, qkernels, qlayers  # noqa: F401  (qdirect registers the direct conv)
-    return dict(qlayers.BINDERS, **qdynamic.BINDERS, quantize=qkernels.bind_quantize)
+    from . import convblock, gemv     # the float layers with their epilogues (issue 31)
+    return dict(qlayers.BINDERS, **qdynamic.BINDERS, quantize=qkernels.bind_quantize,
+                dense=gemv.bind_dense, conv2d_block=convblock.bind_block)
 
 
 _BINDERS = _binders()

@@ -27,6 +27,9 @@ def kernels() -> dict:
         out.update(importlib.import_module(f"{__name__}.{fam}").KERNELS)
     from .. import qkernels     # the int8 ops' VNNI loops (qkernels.py, qlayers.py)
     out.update(qkernels.kernels())
+    from .. import convblock, gemv   # the float layers with their epilogues (issue 31)
+    out.update(gemv.KERNELS)
+    out.update(convblock.KERNELS)
     return out
 
 
