@@ -112,12 +112,12 @@ def profile(predictor, feed, reps=3):
         return run
     lines = []
     for i, line in enumerate(code.splitlines()):
-        m = re.search(r"= (_asarray\()?((?:out|k\d*)_\w+)\(", line)
+        m = re.search(r"= (_asarray\()?((?:out|k\d*|p\d+)_\w+)\(", line)
         lab = _label(line) if m else None
         if lab is not None:
             kind, shape, op = lab
             name = m.group(2)
-            k = f"matmul {shape}" if op == "matmul" else (kind if op != "fused" else
+            k = f"{op} {shape}" if op in ("matmul", "qdense_dynamic") else (kind if op != "fused" else
                                                           f"{kind} {shape}")
             env[f"_t{i}"] = timed(k, env[name])
             line = line.replace(name + "(", f"_t{i}(", 1)

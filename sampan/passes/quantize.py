@@ -160,6 +160,55 @@ def quantize_dynamic(g):
         n.attrs = {}
         done = True
     if done:
+        _share_rows(g)
         g.meta["quantized"] = "dynamic"
         g.prune_consts()
     return g
+
+
+def _share_rows(g):
+    """The `qdense_dynamic` nodes reading one activation (an attention's query, key and
+    value projections) become one node over their weights stacked along N, and a column
+    slice (`getitem`) for each: the rows are quantised once, not once per projection, and
+    the GEMM is wider. Each output column is the same sum, scaled the same way, so every
+    number stays what it was."""
+    groups = {}
+    for n in g.nodes:
+        if n.op == "qdense_dynamic" and n.inputs[1].is_const and n.inputs[2].is_const:
+            groups.setdefault(n.inputs[0].id, []).append(n)
+    merged = {}          # id(first node of a group) -> the nodes replacing it
+    gone = set()
+    for nodes in groups.values():
+        if len(nodes) < 2:
+            continue
+        x = nodes[0].inputs[0]
+        w = np.concatenate([n.inputs[1].const for n in nodes], 0)
+        ws = np.concatenate([n.inputs[2].const for n in nodes], 0)
+        names = [n.inputs[1].name for n in nodes]
+        name = "+".join(names) if all(names) else None
+        first = nodes[0]
+        m = Node("qdense_dynamic", [x, g.add_const(w, name=name), g.add_const(ws)], {},
+                 first.loc)
+        m.outputs.append(Value(g._new_id(), (x.shape[0], int(w.shape[0])), np.float32,
+                               node=m))
+        new, off = [m], 0
+        for n in nodes:
+            width = int(n.inputs[1].shape[0])
+            sl = Node("getitem", [m.outputs[0]],
+                      {"index": (("s", None, None, None), ("s", off, off + width, None))},
+                      n.loc)
+            sl.outputs.append(Value(g._new_id(), n.outputs[0].shape, np.float32, node=sl))
+            g.replace_all_uses_with(n.outputs[0], sl.outputs[0])
+            new.append(sl)
+            off += width
+            gone.add(id(n))
+        merged[id(first)] = new
+    if not merged:
+        return
+    nodes = []
+    for n in g.nodes:
+        if id(n) in merged:
+            nodes.extend(merged[id(n)])
+        elif id(n) not in gone:
+            nodes.append(n)
+    g.nodes = nodes

@@ -15,6 +15,8 @@ from .qlayers import Dense, _consts, _fits, _packed, _ptr, _run_parts, _split
 
 
 if HAVE_NUMBA:
+    from numba import prange
+
     @njit(cache=True, nogil=True, boundscheck=False)
     def _row_quant(x, out, scale, zp):
         """Each row of x (M, K) float32 to uint8 with its own scale and zero point
@@ -38,6 +40,43 @@ if HAVE_NUMBA:
                 q = np.rint(x[i, j] / s) + z
                 q = 0.0 if q < 0 else (255.0 if q > 255 else q)
                 out[i, j] = np.uint8(q)
+
+
+    @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
+    def _row_quant_par(x, out, scale, zp):
+        """`_row_quant` with the rows split over numba's threads, each row's range taken
+        by min/max reductions that vectorise (the same float32 arithmetic)."""
+        m, k = x.shape
+        for i in prange(m):
+            lo = np.float32(0)
+            hi = np.float32(0)
+            for j in range(k):
+                lo = min(lo, x[i, j])
+            for j in range(k):
+                hi = max(hi, x[i, j])
+            s = (hi - lo) / np.float32(255)
+            if not s > 0:
+                s = np.float32(1)
+            z = np.rint(-lo / s)
+            z = min(max(z, np.float32(0)), np.float32(255))
+            scale[i] = s
+            zp[i] = np.int32(z)
+            for j in range(k):
+                q = np.rint(x[i, j] / s) + z
+                out[i, j] = np.uint8(min(max(q, np.float32(0)), np.float32(255)))
+
+    def _finish_body(acc, colsum, w_scale, scale, zp, out):
+        """out = float32(acc - zp[r] * colsum) * scale[r] * w_scale (the op's epilogue,
+        its float32 operations in its order)."""
+        m, n = acc.shape
+        for i in prange(m):
+            z = zp[i]
+            s = scale[i]
+            for j in range(n):
+                out[i, j] = np.float32(acc[i, j] - z * colsum[j]) * s * w_scale[j]
+
+    _finish_par = njit(cache=True, nogil=True, parallel=True, boundscheck=False)(_finish_body)
+    _finish_one = njit(cache=True, nogil=True, boundscheck=False)(_finish_body)
 
 
 class DynamicDense(Dense):
@@ -74,6 +113,79 @@ class DynamicDense(Dense):
         return out if self.n == ldo else out[:, :self.n]
 
 
+class OneDNNDense:
+    """The same layer on oneDNN's int8 GEMM (`onednn.int8.WeightGemm`: the weight
+    reordered once into its kernel's layout, AMX tiles where the CPU has them): the rows
+    quantised by `_row_quant`, the exact int32 sums from oneDNN, the epilogue in
+    `_finish_rows`. Raises `Unsupported` where oneDNN has no int8 matmul."""
+
+    def __init__(self, w, w_scale):
+        from ..onednn import int8 as _i8
+        self.gemm = _i8.WeightGemm(w)
+        self.n, self.k = w.shape
+        self.cs = w.astype(np.int32).sum(1, dtype=np.int32)
+        self.ws = np.ascontiguousarray(w_scale, np.float32)
+
+    def run_dynamic(self, x):
+        m = x.shape[0]
+        xq = np.empty((m, self.k), np.uint8)
+        sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
+        quant_rows(np.ascontiguousarray(x, np.float32), xq, sx, zx)
+        acc = np.empty((m, self.n), np.int32)
+        self.gemm.run(xq, acc)
+        out = np.empty((m, self.n), np.float32)
+        (_finish_par if acc.size >= _PAR_MIN else _finish_one)(acc, self.cs, self.ws, sx, zx,
+                                                                  out)
+        return out
+
+
+_PAR_MIN = 1 << 16        # elements from which rows are quantised / finished in parallel
+
+
+def quant_rows(x, out, scale, zp):
+    """`_row_quant`, over numba's threads for a large x."""
+    if x.size >= _PAR_MIN:
+        _row_quant_par(x, out, scale, zp)
+    else:
+        _row_quant(x, out, scale, zp)
+
+
+def _onednn_layer(w, w_scale):
+    """An `OneDNNDense` of w, or None (no oneDNN, no int8 matmul, sums past int32)."""
+    if not (HAVE_NUMBA and _fits(w.shape[1], 0)):
+        return None
+    from ..onednn import available
+    from ..onednn.primitives import Unsupported
+    if not available():
+        return None
+    try:
+        layer = OneDNNDense(w, w_scale)
+        layer.gemm.impl(1)           # builds a primitive: refuses here, not per call
+        return layer
+    except (Unsupported, Exception):  # noqa: BLE001 - a oneDNN that refuses: the other kernels
+        return None
+
+
+def _race(layers, x, reps=2):
+    """The layer that ran x fastest here (each run once to warm up, then `reps` timed):
+    the kernels give the same bytes, so the choice moves no number."""
+    import time
+    best, best_t = layers[0], None
+    for layer in layers:
+        layer.run_dynamic(x)
+        t = min(_timed(layer, x) for _ in range(reps))
+        if best_t is None or t < best_t:
+            best, best_t = layer, t
+    return best
+
+
+def _timed(layer, x):
+    import time
+    t = time.perf_counter()
+    layer.run_dynamic(x)
+    return time.perf_counter() - t
+
+
 def _dyn_ok(x, w):
     return (HAVE_NUMBA and vnni.packed_kernel(True, False, True) is not None
             and _fits(w.shape[1], 0) and x.ndim == 2)
@@ -86,15 +198,34 @@ def qdense_dynamic(x, w, w_scale):
 
 
 def _bind_dynamic(node):
+    """The layer of a constant weight, packed once: the VNNI kernel's and oneDNN's (where
+    both exist, raced on the first call of each size class of M, power-of-two buckets,
+    and the faster kept for that class)."""
     c = _consts(node)
-    if c[1] is None or c[2] is None or not _dyn_ok(np.empty((0, 0)), c[1]):
+    if c[1] is None or c[2] is None:
         return qdense_dynamic
-    d = _packed(c[1], lambda w: DynamicDense(w, c[2]), "dynamic")
+    layers = []
+    if _dyn_ok(np.empty((0, 0)), c[1]):
+        layers.append(_packed(c[1], lambda w: DynamicDense(w, c[2]), "dynamic"))
+    dn = _packed(c[1], lambda w: _onednn_layer(w, c[2]), "dynamic-onednn")
+    if dn is not None:
+        layers.append(dn)
+    if not layers:
+        return qdense_dynamic
+    k = c[1].shape[1]
+    chosen: dict = {}
 
     def run(x, w, w_scale):
-        if x.ndim != 2 or x.shape[1] != d.k or x.dtype != np.float32:
+        if x.ndim != 2 or x.shape[1] != k or x.dtype != np.float32:
             return qdense_dynamic(x, w, w_scale)
-        return d.run_dynamic(x)
+        m = x.shape[0]
+        b = m.bit_length()
+        layer = chosen.get(b)
+        if layer is None:
+            layer = chosen[b] = layers[0] if len(layers) == 1 or m == 0 else _race(layers, x)
+        return layer.run_dynamic(x)
+    run.layers = layers
+    run.chosen = chosen
     return run
 
 
