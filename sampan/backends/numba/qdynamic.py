@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops._nb import HAVE_NUMBA, njit
+from ...ops.quant_fused import with_bias
 from ...ops.registry import OPS
 from . import vnni
 from .qlayers import Dense, _consts, _fits, _packed, _ptr, _run_parts, _split
@@ -65,15 +66,19 @@ if HAVE_NUMBA:
                 q = np.rint(x[i, j] / s) + z
                 out[i, j] = np.uint8(min(max(q, np.float32(0)), np.float32(255)))
 
-    def _finish_body(acc, colsum, w_scale, scale, zp, out):
-        """out = float32(acc - zp[r] * colsum) * scale[r] * w_scale (the op's epilogue,
-        its float32 operations in its order)."""
+    def _finish_body(acc, colsum, w_scale, scale, zp, bias, has_bias, out):
+        """out = float32(acc - zp[r] * colsum) * scale[r] * w_scale (+ bias) (the op's
+        epilogue, its float32 operations in its order)."""
         m, n = acc.shape
         for i in prange(m):
             z = zp[i]
             s = scale[i]
-            for j in range(n):
-                out[i, j] = np.float32(acc[i, j] - z * colsum[j]) * s * w_scale[j]
+            if has_bias:
+                for j in range(n):
+                    out[i, j] = np.float32(acc[i, j] - z * colsum[j]) * s * w_scale[j] + bias[j]
+            else:
+                for j in range(n):
+                    out[i, j] = np.float32(acc[i, j] - z * colsum[j]) * s * w_scale[j]
 
     _finish_par = njit(cache=True, nogil=True, parallel=True, boundscheck=False)(_finish_body)
     _finish_one = njit(cache=True, nogil=True, boundscheck=False)(_finish_body)
@@ -91,7 +96,7 @@ class DynamicDense(Dense):
         self.ws = np.zeros(width, np.float32)
         self.ws[:self.n] = w_scale
 
-    def run_dynamic(self, x):
+    def run_dynamic(self, x, bias=None):
         m = x.shape[0]
         need = 4 * self.k4
         xq = np.zeros((m, need), np.uint8) if need != self.k else np.empty((m, need),
@@ -110,7 +115,8 @@ class DynamicDense(Dense):
               j1 - j0, ldo, _ptr(zx), _ptr(sx), 0)
         if m:
             _run_parts(part, _split(self.nb, m * ldo * need, self.nb))
-        return out if self.n == ldo else out[:, :self.n]
+        out = out if self.n == ldo else out[:, :self.n]
+        return out if bias is None else with_bias(out, bias)
 
 
 class OneDNNDense:
@@ -126,7 +132,7 @@ class OneDNNDense:
         self.cs = w.astype(np.int32).sum(1, dtype=np.int32)
         self.ws = np.ascontiguousarray(w_scale, np.float32)
 
-    def run_dynamic(self, x):
+    def run_dynamic(self, x, bias=None):
         m = x.shape[0]
         xq = np.empty((m, self.k), np.uint8)
         sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
@@ -134,8 +140,9 @@ class OneDNNDense:
         acc = np.empty((m, self.n), np.int32)
         self.gemm.run(xq, acc)
         out = np.empty((m, self.n), np.float32)
-        (_finish_par if acc.size >= _PAR_MIN else _finish_one)(acc, self.cs, self.ws, sx, zx,
-                                                                  out)
+        b = self.ws if bias is None else np.ascontiguousarray(bias, np.float32)
+        (_finish_par if acc.size >= _PAR_MIN else _finish_one)(
+            acc, self.cs, self.ws, sx, zx, b, bias is not None, out)
         return out
 
 
@@ -166,23 +173,23 @@ def _onednn_layer(w, w_scale):
         return None
 
 
-def _race(layers, x, reps=2):
+def _race(layers, x, bias, reps=2):
     """The layer that ran x fastest here (each run once to warm up, then `reps` timed):
     the kernels give the same bytes, so the choice moves no number."""
     import time
     best, best_t = layers[0], None
     for layer in layers:
-        layer.run_dynamic(x)
-        t = min(_timed(layer, x) for _ in range(reps))
+        layer.run_dynamic(x, bias)
+        t = min(_timed(layer, x, bias) for _ in range(reps))
         if best_t is None or t < best_t:
             best, best_t = layer, t
     return best
 
 
-def _timed(layer, x):
+def _timed(layer, x, bias):
     import time
     t = time.perf_counter()
-    layer.run_dynamic(x)
+    layer.run_dynamic(x, bias)
     return time.perf_counter() - t
 
 
@@ -191,10 +198,11 @@ def _dyn_ok(x, w):
             and _fits(w.shape[1], 0) and x.ndim == 2)
 
 
-def qdense_dynamic(x, w, w_scale):
-    if not _dyn_ok(x, w):
-        return OPS["qdense_dynamic"].kernels["numpy"](x, w, w_scale)
-    return DynamicDense(w, w_scale).run_dynamic(x)
+def qdense_dynamic(x, w, w_scale, bias=None):
+    if not _dyn_ok(x, w) or (bias is not None and bias.dtype != np.float32):
+        extra = () if bias is None else (bias,)
+        return OPS["qdense_dynamic"].kernels["numpy"](x, w, w_scale, *extra)
+    return DynamicDense(w, w_scale).run_dynamic(x, bias)
 
 
 def _bind_dynamic(node):
@@ -202,7 +210,7 @@ def _bind_dynamic(node):
     both exist, raced on the first call of each size class of M, power-of-two buckets,
     and the faster kept for that class)."""
     c = _consts(node)
-    if c[1] is None or c[2] is None:
+    if c[1] is None or c[2] is None or (len(c) > 3 and c[3] is None):
         return qdense_dynamic
     layers = []
     if _dyn_ok(np.empty((0, 0)), c[1]):
@@ -213,17 +221,19 @@ def _bind_dynamic(node):
     if not layers:
         return qdense_dynamic
     k = c[1].shape[1]
+    bias = c[3] if len(c) > 3 else None
     chosen: dict = {}
 
-    def run(x, w, w_scale):
+    def run(x, w, w_scale, *_bias):
         if x.ndim != 2 or x.shape[1] != k or x.dtype != np.float32:
-            return qdense_dynamic(x, w, w_scale)
+            return qdense_dynamic(x, w, w_scale, bias)
         m = x.shape[0]
         b = m.bit_length()
         layer = chosen.get(b)
         if layer is None:
-            layer = chosen[b] = layers[0] if len(layers) == 1 or m == 0 else _race(layers, x)
-        return layer.run_dynamic(x)
+            layer = chosen[b] = (layers[0] if len(layers) == 1 or m == 0 else
+                                 _race(layers, x, bias))
+        return layer.run_dynamic(x, bias)
     run.layers = layers
     run.chosen = chosen
     return run
