@@ -125,6 +125,42 @@ _K = {np.dtype(np.float32): _row_kernels(_exp32, np.float32(0)),
 _KB = _row_kernels(_exp32, np.float32(0), bf16_load, bf16_store)   # bfloat16 bits
 
 
+def _par_fwd(expf, zero):
+    """The float rows' softmax / log-softmax forward with the rows split over numba's
+    threads (each row exactly the serial loop's arithmetic, its exponentials in its own
+    output row)."""
+    from numba import prange
+    exp_row = _exp_row_fn(expf, zero, _same)
+    one = zero + 1
+
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM, parallel=True)
+    def fwd(x, log, out):
+        nr, nc = x.shape
+        for r in prange(nr):
+            m, s = exp_row(x, r, out, r)
+            if log:
+                ls = np.log(s)
+                for c in range(nc):
+                    out[r, c] = (x[r, c] - m) - ls
+            else:
+                inv = one / s
+                for c in range(nc):
+                    out[r, c] = out[r, c] * inv
+    return fwd
+
+
+_KP = {np.dtype(np.float32): _par_fwd(_exp32, np.float32(0))}
+PAR_MIN = 1 << 18       # elements from which the rows run over the threads (W8: 6.3M)
+
+
+def _threads():
+    from ...._threads import get_num_threads
+    try:
+        return int(get_num_threads())
+    except Exception:  # noqa: BLE001
+        return 1
+
+
 def bits(a):
     """A bfloat16 array's uint16 bits as rows (rows, last dim), contiguous."""
     return np.ascontiguousarray(a).view(np.uint16).reshape(-1, a.shape[-1])
@@ -141,7 +177,12 @@ def _softmax_rows(x, log):
     if ks is not None and x.size:
         out = np.empty(x.shape, x.dtype)
         o = out.reshape(-1, x.shape[-1])
-        ks[0](np.ascontiguousarray(x).reshape(o.shape), log, o, o)
+        xr = np.ascontiguousarray(x).reshape(o.shape)
+        par = _KP.get(x.dtype)
+        if par is not None and x.size >= PAR_MIN and o.shape[0] > 1 and _threads() > 1:
+            par(xr, log, o)
+        else:
+            ks[0](xr, log, o, o)
         return out
     return _r._softmax_rows(x, log)
 
