@@ -59,7 +59,7 @@ def _reference(x, w, ws):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 384, 384), (45, 100, 70), (300, 64, 1152),
-                                   (513, 1536, 48)])
+                                   (513, 1536, 48), (700, 128, 1152)])
 def test_qdense_dynamic_layers_exact(m, k, n):
     """The numba provider's bound layers (VNNI kernel; oneDNN's int8 GEMM, AMX where the
     CPU has it) give the reference's bytes; weights at the int8 extremes."""
@@ -82,9 +82,18 @@ def test_qdense_dynamic_layers_exact(m, k, n):
         layers.append(dn)
     if not layers:
         pytest.skip("neither VNNI nor oneDNN's int8 matmul on this machine")
-    for layer in layers:
-        np.testing.assert_array_equal(layer.run_dynamic(x), want, err_msg=type(layer).__name__)
-        np.testing.assert_array_equal(layer.run_dynamic(x[:0]), want[:0])
+    before = sampan.get_num_threads()
+    try:
+        for threads in (1, 2):      # oneDNN's: blocks of rows shared out over 2 threads
+            sampan.set_num_threads(threads)
+            for layer in layers:
+                np.testing.assert_array_equal(layer.run_dynamic(x), want,
+                                              err_msg=f"{type(layer).__name__} {threads}")
+                np.testing.assert_array_equal(layer.run_dynamic(x[:0]), want[:0])
+                b = r.standard_normal(n).astype(np.float32)
+                np.testing.assert_array_equal(layer.run_dynamic(x, b), want + b)
+    finally:
+        sampan.set_num_threads(before)
 
 
 def test_shared_rows_one_node_same_numbers():

@@ -43,18 +43,13 @@ if HAVE_NUMBA:
                 out[i, j] = np.uint8(q)
 
 
-    @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
-    def _row_quant_par(x, out, scale, zp):
-        """`_row_quant` with the rows split over numba's threads, each row's range taken
-        by min/max reductions that vectorise (the same float32 arithmetic)."""
+    def _quant_body(x, lo_r, hi_r, out, scale, zp):
+        """Each row of x to uint8 given its range [lo_r, hi_r] (with 0): `_row_quant`'s
+        float32 arithmetic after the range."""
         m, k = x.shape
         for i in prange(m):
-            lo = np.float32(0)
-            hi = np.float32(0)
-            for j in range(k):
-                lo = min(lo, x[i, j])
-            for j in range(k):
-                hi = max(hi, x[i, j])
+            lo = min(lo_r[i], np.float32(0))
+            hi = max(hi_r[i], np.float32(0))
             s = (hi - lo) / np.float32(255)
             if not s > 0:
                 s = np.float32(1)
@@ -64,7 +59,10 @@ if HAVE_NUMBA:
             zp[i] = np.int32(z)
             for j in range(k):
                 q = np.rint(x[i, j] / s) + z
-                out[i, j] = np.uint8(min(max(q, np.float32(0)), np.float32(255)))
+                out[i, j] = np.uint8(np.int32(min(max(q, np.float32(0)), np.float32(255))))
+
+    _quant_par = njit(cache=True, nogil=True, parallel=True, boundscheck=False)(_quant_body)
+    _quant_one = njit(cache=True, nogil=True, boundscheck=False)(_quant_body)
 
     def _finish_body(acc, colsum, w_scale, scale, zp, bias, has_bias, out):
         """out = float32(acc - zp[r] * colsum) * scale[r] * w_scale (+ bias) (the op's
@@ -134,27 +132,73 @@ class OneDNNDense:
 
     def run_dynamic(self, x, bias=None):
         m = x.shape[0]
+        x = np.ascontiguousarray(x, np.float32)
         xq = np.empty((m, self.k), np.uint8)
         sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
-        quant_rows(np.ascontiguousarray(x, np.float32), xq, sx, zx)
-        acc = np.empty((m, self.n), np.int32)
-        self.gemm.run(xq, acc)
         out = np.empty((m, self.n), np.float32)
         b = self.ws if bias is None else np.ascontiguousarray(bias, np.float32)
-        (_finish_par if acc.size >= _PAR_MIN else _finish_one)(
-            acc, self.cs, self.ws, sx, zx, b, bias is not None, out)
+        # blocks of rows whose int32 sums (~1.5 MB) stay in the core's L2 between the
+        # GEMM and the epilogue (W8's (4096, 1536) sums through memory, and a fresh
+        # 25 MB buffer's page faults, cost more than the AMX GEMM itself); the blocks
+        # are shared out over sampan's threads, each quantising, multiplying (oneDNN on
+        # that thread alone) and finishing its own: one hand-off a call, not an OpenMP
+        # region per block
+        rows = max(32, (_BLOCK // max(self.n, 1)) // 32 * 32)
+        nblk = -(-m // rows)
+        parts = min(nblk, _threads()) if m * self.k >= _PAR_MIN else 1
+        has_b = bias is not None
+
+        def work(t):
+            acc = np.empty((min(rows, m), self.n), np.int32)
+            for i in range(t, nblk, parts):
+                r0, r1 = i * rows, min(m, (i + 1) * rows)
+                xs, q = x[r0:r1], xq[r0:r1]
+                quant_rows(xs, q, sx[r0:r1], zx[r0:r1], parallel=False)
+                a = acc[:r1 - r0]
+                self.gemm.run(q, a, t)
+                _finish_one(a, self.cs, self.ws, sx[r0:r1], zx[r0:r1], b, has_b,
+                            out[r0:r1])
+        if m == 0:
+            return out
+        if parts == 1:
+            work(0)
+            return out
+        from ..onednn.int8 import one_thread
+
+        def share(t):
+            with one_thread():
+                work(t)
+        futures = [vnni._pool(parts - 1).submit(share, t) for t in range(1, parts)]
+        share(0)
+        for f in futures:
+            f.result()
         return out
 
 
-_PAR_MIN = 1 << 16        # elements from which rows are quantised / finished in parallel
+def _threads():
+    from ..._threads import get_num_threads
+    try:
+        return max(1, int(get_num_threads()))
+    except Exception:  # noqa: BLE001
+        return 1
 
 
-def quant_rows(x, out, scale, zp):
-    """`_row_quant`, over numba's threads for a large x."""
-    if x.size >= _PAR_MIN:
-        _row_quant_par(x, out, scale, zp)
-    else:
+_PAR_MIN = 1 << 16        # elements from which rows are quantised in parallel
+_BLOCK = 384 * 1024       # int32 sums per block of rows (OneDNNDense)
+
+
+def quant_rows(x, out, scale, zp, parallel=True):
+    """`_row_quant`'s bytes: each row's range by numpy's SIMD min/max reductions (numba's
+    loop does not vectorise them: 4x slower on W8's rows), the rows quantised over
+    numba's threads for a large x. A NaN row quantises to what the loop's would not, as
+    no NaN is given a meaning by the op."""
+    if x.shape[1] == 0:
         _row_quant(x, out, scale, zp)
+        return
+    lo = np.min(x, axis=1)
+    hi = np.max(x, axis=1)
+    (_quant_par if parallel and x.size >= _PAR_MIN else _quant_one)(x, lo, hi, out, scale,
+                                                                    zp)
 
 
 def _onednn_layer(w, w_scale):

@@ -113,10 +113,50 @@ def _reorder(w_kn, wmd):
     return dst
 
 
+_streams: dict = {}
+
+
+def _stream(slot):
+    """A oneDNN stream per caller slot (slot 0: the library's own): callers running
+    primitives at once from several threads each use their own."""
+    if slot == 0:
+        return L.stream()
+    st = _streams.get(slot)
+    if st is None:
+        with _lock:
+            st = _streams.get(slot)
+            if st is None:
+                st = ctypes.c_void_p()
+                L.check(L.lib().dnnl_stream_create(ctypes.byref(st), L.engine(),
+                                                   L.STREAM_IN_ORDER), "dnnl_stream_create")
+                _streams[slot] = st
+    return st
+
+
+class one_thread:
+    """Within the block, oneDNN's OpenMP regions opened by this thread run on it alone
+    (libgomp's per-thread thread count), restored after: for callers that split the work
+    over their own threads."""
+
+    def __enter__(self):
+        g = L.gomp()
+        self.prev = int(g.omp_get_max_threads()) if g is not None else None
+        if g is not None:
+            g.omp_set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        g = L.gomp()
+        if g is not None and self.prev is not None:
+            g.omp_set_num_threads(self.prev)
+        return False
+
+
 class WeightGemm:
     """xq (M, K) uint8 @ w^T -> int32 (M, N), for one constant int8 weight w (N, K): the
     weight is reordered once per layout oneDNN asks for (the same for every M on a given
-    machine, checked per primitive); primitives are kept per M (the last 16)."""
+    machine, checked per primitive); primitives are kept per (M, caller slot), the last
+    16, so threads running blocks at once never share one's memory objects."""
 
     MAX_PRIMS = 16
 
@@ -129,12 +169,13 @@ class WeightGemm:
         self._layouts: list = []          # [(wmd, reordered buffer)]
         self._lock = threading.Lock()
 
-    def _for(self, m):
-        hit = self._prims.get(m)
+    def _for(self, m, slot=0):
+        key = (m, slot)
+        hit = self._prims.get(key)
         if hit is not None:
             return hit
         with self._lock:
-            hit = self._prims.get(m)
+            hit = self._prims.get(key)
             if hit is not None:
                 return hit
             g = _Gemm(m, self.k, self.n)
@@ -149,15 +190,16 @@ class WeightGemm:
                 self._layouts.append((g.wmd, buf))
             if len(self._prims) >= self.MAX_PRIMS:
                 self._prims.pop(next(iter(self._prims)))
-            self._prims[m] = hit = (g, buf)
+            self._prims[key] = hit = (g, buf)
             return hit
 
     def impl(self, m=64):
         return self._for(m)[0].prim.impl
 
-    def run(self, xq, acc):
+    def run(self, xq, acc, slot=0):
         """acc[:] = xq @ w^T (int32, exact); xq (M, K) uint8 and acc (M, N) int32, both
-        C-contiguous."""
+        C-contiguous. `slot`: which of a caller's threads runs it (0 from any thread
+        that runs one call at a time)."""
         m = xq.shape[0]
         if (xq.dtype != np.uint8 or xq.shape != (m, self.k) or not xq.flags.c_contiguous
                 or acc.dtype != np.int32 or acc.shape != (m, self.n)
@@ -167,8 +209,18 @@ class WeightGemm:
                                 f"int32 (M, {self.n}), contiguous)")
         if m == 0:
             return acc
-        g, buf = self._for(m)
-        g.prim.run([xq, buf, acc])
+        g, buf = self._for(m, slot)
+        if slot == 0:
+            g.prim.run([xq, buf, acc])
+            return acc
+        dll, p = L.lib(), g.prim
+        st = _stream(slot)
+        with p.lock:
+            for mem, a in zip(p.mems, (xq, buf, acc)):
+                dll.dnnl_memory_set_data_handle(mem, a.ctypes.data)
+            L.check(dll.dnnl_primitive_execute(p.prim, st, p.n, p.args),
+                    "dnnl_primitive_execute")
+            dll.dnnl_stream_wait(st)
         return acc
 
 
