@@ -131,8 +131,10 @@ def profile(predictor, feed, reps=3):
         if lab is not None:
             kind, shape, op = lab
             name = m.group(2)
-            k = f"{op} {shape}" if op in ("matmul", "qdense_dynamic") else (kind if op != "fused" else
-                                                          f"{kind} {shape}")
+            if op in ("matmul", "qdense_dynamic"):
+                k = f"{op} {shape}"
+            else:
+                k = kind if op != "fused" else f"{kind} {shape}"
             env[f"_t{i}"] = timed(k, env[name])
             line = line.replace(name + "(", f"_t{i}(", 1)
         lines.append(line)
