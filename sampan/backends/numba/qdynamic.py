@@ -137,41 +137,71 @@ class OneDNNDense:
         sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
         out = np.empty((m, self.n), np.float32)
         b = self.ws if bias is None else np.ascontiguousarray(bias, np.float32)
-        # blocks of rows whose int32 sums (~1.5 MB) stay in the core's L2 between the
-        # GEMM and the epilogue (W8's (4096, 1536) sums through memory, and a fresh
-        # 25 MB buffer's page faults, cost more than the AMX GEMM itself); the blocks
-        # are shared out over sampan's threads, each quantising, multiplying (oneDNN on
-        # that thread alone) and finishing its own: one hand-off a call, not an OpenMP
-        # region per block
+        # blocks of rows whose int32 sums (~1 MB) stay in the core's L2 between the GEMM
+        # and the epilogue (W8's (4096, 1536) sums through memory, and a fresh 25 MB
+        # buffer's page faults, cost more than the AMX GEMM itself); sampan's threads
+        # claim blocks one at a time, each quantising, multiplying (oneDNN alone on that
+        # thread) and finishing its own: one hand-off a call, not an OpenMP region per
+        # block, and a helper thread that starts late (a busy machine) finds the blocks
+        # done by the others instead of being waited for
         rows = max(32, (_BLOCK // max(self.n, 1)) // 32 * 32)
         nblk = -(-m // rows)
         parts = min(nblk, _threads()) if m * self.k >= _PAR_MIN else 1
         has_b = bias is not None
-
-        def work(t):
-            acc = np.empty((min(rows, m), self.n), np.int32)
-            for i in range(t, nblk, parts):
-                r0, r1 = i * rows, min(m, (i + 1) * rows)
-                xs, q = x[r0:r1], xq[r0:r1]
-                quant_rows(xs, q, sx[r0:r1], zx[r0:r1], parallel=False)
-                a = acc[:r1 - r0]
-                self.gemm.run(q, a, t)
-                _finish_one(a, self.cs, self.ws, sx[r0:r1], zx[r0:r1], b, has_b,
-                            out[r0:r1])
         if m == 0:
             return out
+        import threading
+        cond = threading.Condition()
+        st = [0, 0, None]             # next block, blocks in progress, first error
+
+        def claim():
+            with cond:
+                i = st[0]
+                if i >= nblk or st[2] is not None:
+                    return -1
+                st[0] = i + 1
+                st[1] += 1
+                return i
+
+        def work(t):
+            acc = None
+            while True:
+                i = claim()
+                if i < 0:
+                    return
+                try:
+                    if acc is None:
+                        acc = np.empty((min(rows, m), self.n), np.int32)
+                    r0, r1 = i * rows, min(m, (i + 1) * rows)
+                    q = xq[r0:r1]
+                    quant_rows(x[r0:r1], q, sx[r0:r1], zx[r0:r1], parallel=False)
+                    a = acc[:r1 - r0]
+                    self.gemm.run(q, a, t)
+                    _finish_one(a, self.cs, self.ws, sx[r0:r1], zx[r0:r1], b, has_b,
+                                out[r0:r1])
+                except BaseException as e:  # noqa: BLE001 - raised by the caller
+                    with cond:
+                        st[2] = st[2] or e
+                finally:
+                    with cond:
+                        st[1] -= 1
+                        cond.notify_all()
         if parts == 1:
             work(0)
-            return out
-        from ..onednn.int8 import one_thread
+        else:
+            from ..onednn.int8 import one_thread
 
-        def share(t):
-            with one_thread():
-                work(t)
-        futures = [vnni._pool(parts - 1).submit(share, t) for t in range(1, parts)]
-        share(0)
-        for f in futures:
-            f.result()
+            def share(t):
+                with one_thread():
+                    work(t)
+            for t in range(1, parts):
+                vnni._pool(parts - 1).submit(share, t)
+            share(0)
+            with cond:
+                while st[1]:
+                    cond.wait()
+        if st[2] is not None:
+            raise st[2]
         return out
 
 
@@ -184,7 +214,7 @@ def _threads():
 
 
 _PAR_MIN = 1 << 16        # elements from which rows are quantised in parallel
-_BLOCK = 384 * 1024       # int32 sums per block of rows (OneDNNDense)
+_BLOCK = 256 * 1024       # int32 sums per block of rows (OneDNNDense)
 
 
 def quant_rows(x, out, scale, zp, parallel=True):
