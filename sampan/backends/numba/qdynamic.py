@@ -1,8 +1,17 @@
 """The numba provider's kernel of `qdense_dynamic` (dynamic int8, issue 31): the
 activations quantised per row to uint8 (`_row_quant`, the same float32 arithmetic as the
 op table's `ops.quant_fused.row_qparams`), the int8 weight packed once, and the int32
-sums finished in the VNNI kernel's epilogue with each row's zero point and scale
-(`vnni.packed_kernel(True, False, dyn=True)`).
+sums finished with each row's zero point and scale (and the optional bias). Two layers
+give the same bytes:
+
+- `DynamicDense`: the VNNI kernel, its epilogue inside
+  (`vnni.packed_kernel(True, False, dyn=True)`);
+- `OneDNNDense`: oneDNN's int8 GEMM (`onednn.int8.WeightGemm`, the weight reordered once;
+  AMX tiles on Sapphire Rapids and later), over blocks of rows that sampan's threads
+  claim, each quantised, multiplied and finished (`_finish_one`) while its sums are in L2.
+
+A bound node (`_bind_dynamic`) races the two on its first call of each size class and
+keeps the faster; eager calls run the VNNI layer.
 """
 from __future__ import annotations
 
