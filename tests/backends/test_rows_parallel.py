@@ -1,8 +1,10 @@
-"""The float32 softmax / log-softmax rows split over numba's threads (inputs of at least
-`PAR_MIN` elements, the W8 attention's 6.3M) give the serial loop's bytes, masked
-(-inf / float32 min) entries included, and numpy's float64 numbers."""
+"""The float32 softmax / log-softmax rows in blocks that sampan's threads claim (inputs of
+at least `PAR_MIN` elements, the W8 attention's 6.3M) give the serial loop's bytes,
+masked (-inf / float32 min) entries included, and numpy's float64 numbers."""
 import numpy as np
 import pytest
+
+import sampan
 
 R = pytest.importorskip("sampan.backends.numba.loops.rowwise")
 
@@ -16,8 +18,12 @@ def test_parallel_rows_equal_the_serial_loop(log):
     x[2, :10] = 80.0
     want = np.empty_like(x)
     R._K[np.dtype(np.float32)][0](x, log, want, want)
-    got = np.empty_like(x)
-    R._KP[np.dtype(np.float32)](x, log, got)
+    before = sampan.get_num_threads()
+    try:
+        sampan.set_num_threads(2)
+        got = R._softmax_rows(x, log)
+    finally:
+        sampan.set_num_threads(before)
     np.testing.assert_array_equal(got, want)
     ok = np.isfinite(x).all(1)
     x64 = x[ok].astype(np.float64)

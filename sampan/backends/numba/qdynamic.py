@@ -21,6 +21,7 @@ from ...ops._nb import HAVE_NUMBA, njit
 from ...ops.quant_fused import with_bias
 from ...ops.registry import OPS
 from . import vnni
+from .claim import run_claimed, threads
 from .qlayers import Dense, _consts, _fits, _packed, _ptr, _run_parts, _split
 
 
@@ -155,71 +156,25 @@ class OneDNNDense:
         # done by the others instead of being waited for
         rows = max(32, (_BLOCK // max(self.n, 1)) // 32 * 32)
         nblk = -(-m // rows)
-        parts = min(nblk, _threads()) if m * self.k >= _PAR_MIN else 1
+        parts = min(nblk, threads()) if m * self.k >= _PAR_MIN else 1
         has_b = bias is not None
         if m == 0:
             return out
-        import threading
-        cond = threading.Condition()
-        st = [0, 0, None]             # next block, blocks in progress, first error
+        accs = {}
 
-        def claim():
-            with cond:
-                i = st[0]
-                if i >= nblk or st[2] is not None:
-                    return -1
-                st[0] = i + 1
-                st[1] += 1
-                return i
-
-        def work(t):
-            acc = None
-            while True:
-                i = claim()
-                if i < 0:
-                    return
-                try:
-                    if acc is None:
-                        acc = np.empty((min(rows, m), self.n), np.int32)
-                    r0, r1 = i * rows, min(m, (i + 1) * rows)
-                    q = xq[r0:r1]
-                    quant_rows(x[r0:r1], q, sx[r0:r1], zx[r0:r1], parallel=False)
-                    a = acc[:r1 - r0]
-                    self.gemm.run(q, a, t)
-                    _finish_one(a, self.cs, self.ws, sx[r0:r1], zx[r0:r1], b, has_b,
-                                out[r0:r1])
-                except BaseException as e:  # noqa: BLE001 - raised by the caller
-                    with cond:
-                        st[2] = st[2] or e
-                finally:
-                    with cond:
-                        st[1] -= 1
-                        cond.notify_all()
-        if parts == 1:
-            work(0)
-        else:
-            from ..onednn.int8 import one_thread
-
-            def share(t):
-                with one_thread():
-                    work(t)
-            for t in range(1, parts):
-                vnni._pool(parts - 1).submit(share, t)
-            share(0)
-            with cond:
-                while st[1]:
-                    cond.wait()
-        if st[2] is not None:
-            raise st[2]
+        def block(i, t):
+            acc = accs.get(t)
+            if acc is None:
+                acc = accs[t] = np.empty((min(rows, m), self.n), np.int32)
+            r0, r1 = i * rows, min(m, (i + 1) * rows)
+            q = xq[r0:r1]
+            quant_rows(x[r0:r1], q, sx[r0:r1], zx[r0:r1], parallel=False)
+            a = acc[:r1 - r0]
+            self.gemm.run(q, a, t)
+            _finish_one(a, self.cs, self.ws, sx[r0:r1], zx[r0:r1], b, has_b, out[r0:r1])
+        from ..onednn.int8 import one_thread
+        run_claimed(nblk, block, parts, lambda t: one_thread())
         return out
-
-
-def _threads():
-    from ..._threads import get_num_threads
-    try:
-        return max(1, int(get_num_threads()))
-    except Exception:  # noqa: BLE001
-        return 1
 
 
 _PAR_MIN = 1 << 16        # elements from which rows are quantised in parallel

@@ -125,40 +125,23 @@ _K = {np.dtype(np.float32): _row_kernels(_exp32, np.float32(0)),
 _KB = _row_kernels(_exp32, np.float32(0), bf16_load, bf16_store)   # bfloat16 bits
 
 
-def _par_fwd(expf, zero):
-    """The float rows' softmax / log-softmax forward with the rows split over numba's
-    threads (each row exactly the serial loop's arithmetic, its exponentials in its own
-    output row)."""
-    from numba import prange
-    exp_row = _exp_row_fn(expf, zero, _same)
-    one = zero + 1
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM, parallel=True)
-    def fwd(x, log, out):
-        nr, nc = x.shape
-        for r in prange(nr):
-            m, s = exp_row(x, r, out, r)
-            if log:
-                ls = np.log(s)
-                for c in range(nc):
-                    out[r, c] = (x[r, c] - m) - ls
-            else:
-                inv = one / s
-                for c in range(nc):
-                    out[r, c] = out[r, c] * inv
-    return fwd
-
-
-_KP = {np.dtype(np.float32): _par_fwd(_exp32, np.float32(0))}
 PAR_MIN = 1 << 18       # elements from which the rows run over the threads (W8: 6.3M)
+_CHUNK = 1 << 16        # elements per block of rows that a thread claims
 
 
-def _threads():
-    from ...._threads import get_num_threads
-    try:
-        return int(get_num_threads())
-    except Exception:  # noqa: BLE001
-        return 1
+def _fwd_shared(fwd, x, log, out):
+    """`fwd` (the serial loop, nogil) over blocks of rows that sampan's threads claim
+    (`claim.run_claimed`): each row exactly the serial arithmetic, so the same bytes."""
+    from ..claim import run_claimed, threads
+    nr, nc = x.shape
+    rows = max(1, _CHUNK // max(nc, 1))
+    nblk = -(-nr // rows)
+
+    def block(i, t):
+        r0, r1 = i * rows, min(nr, (i + 1) * rows)
+        o = out[r0:r1]
+        fwd(x[r0:r1], log, o, o)
+    run_claimed(nblk, block, threads())
 
 
 def bits(a):
@@ -178,9 +161,8 @@ def _softmax_rows(x, log):
         out = np.empty(x.shape, x.dtype)
         o = out.reshape(-1, x.shape[-1])
         xr = np.ascontiguousarray(x).reshape(o.shape)
-        par = _KP.get(x.dtype)
-        if par is not None and x.size >= PAR_MIN and o.shape[0] > 1 and _threads() > 1:
-            par(xr, log, o)
+        if x.size >= PAR_MIN and o.shape[0] > 1:
+            _fwd_shared(ks[0], xr, log, o)
         else:
             ks[0](xr, log, o, o)
         return out
