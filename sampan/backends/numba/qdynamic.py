@@ -71,7 +71,6 @@ if HAVE_NUMBA:
                 q = np.rint(x[i, j] / s) + z
                 out[i, j] = np.uint8(np.int32(min(max(q, np.float32(0)), np.float32(255))))
 
-    _quant_par = njit(cache=True, nogil=True, parallel=True, boundscheck=False)(_quant_body)
     _quant_one = njit(cache=True, nogil=True, boundscheck=False)(_quant_body)
 
     def _finish_body(acc, colsum, w_scale, scale, zp, bias, has_bias, out):
@@ -88,7 +87,6 @@ if HAVE_NUMBA:
                 for j in range(n):
                     out[i, j] = np.float32(acc[i, j] - z * colsum[j]) * s * w_scale[j]
 
-    _finish_par = njit(cache=True, nogil=True, parallel=True, boundscheck=False)(_finish_body)
     _finish_one = njit(cache=True, nogil=True, boundscheck=False)(_finish_body)
 
 
@@ -131,7 +129,7 @@ class OneDNNDense:
     """The same layer on oneDNN's int8 GEMM (`onednn.int8.WeightGemm`: the weight
     reordered once into its kernel's layout, AMX tiles where the CPU has them): the rows
     quantised by `_row_quant`, the exact int32 sums from oneDNN, the epilogue in
-    `_finish_rows`. Raises `Unsupported` where oneDNN has no int8 matmul."""
+    `_finish_one`. Raises `Unsupported` where oneDNN has no int8 matmul."""
 
     def __init__(self, w, w_scale):
         from ..onednn import int8 as _i8
@@ -168,7 +166,7 @@ class OneDNNDense:
                 acc = accs[t] = np.empty((min(rows, m), self.n), np.int32)
             r0, r1 = i * rows, min(m, (i + 1) * rows)
             q = xq[r0:r1]
-            quant_rows(x[r0:r1], q, sx[r0:r1], zx[r0:r1], parallel=False)
+            quant_rows(x[r0:r1], q, sx[r0:r1], zx[r0:r1])
             a = acc[:r1 - r0]
             self.gemm.run(q, a, t)
             _finish_one(a, self.cs, self.ws, sx[r0:r1], zx[r0:r1], b, has_b, out[r0:r1])
@@ -177,22 +175,21 @@ class OneDNNDense:
         return out
 
 
-_PAR_MIN = 1 << 16        # elements from which rows are quantised in parallel
+_PAR_MIN = 1 << 16        # elements from which OneDNNDense shares blocks over threads
 _BLOCK = 256 * 1024       # int32 sums per block of rows (OneDNNDense)
 
 
-def quant_rows(x, out, scale, zp, parallel=True):
+def quant_rows(x, out, scale, zp):
     """`_row_quant`'s bytes: each row's range by numpy's SIMD min/max reductions (numba's
-    loop does not vectorise them: 4x slower on W8's rows), the rows quantised over
-    numba's threads for a large x. A NaN row quantises to what the loop's would not, as
-    no NaN is given a meaning by the op."""
+    loop does not vectorise them: 4x slower on W8's rows), then the rows quantised (the
+    caller shares blocks of rows over threads). A NaN row quantises to what the loop's
+    would not, as no NaN is given a meaning by the op."""
     if x.shape[1] == 0:
         _row_quant(x, out, scale, zp)
         return
     lo = np.min(x, axis=1)
     hi = np.max(x, axis=1)
-    (_quant_par if parallel and x.size >= _PAR_MIN else _quant_one)(x, lo, hi, out, scale,
-                                                                    zp)
+    _quant_one(x, lo, hi, out, scale, zp)
 
 
 def _onednn_layer(w, w_scale):
