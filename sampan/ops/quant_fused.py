@@ -175,8 +175,12 @@ def bind(node):
     c = [v.const for v in rest]
     if op == "qdense_dynamic":
         wt = _qfast.Weight(c[0], 0)
-        return lambda x, *_: _qfast.dynamic(np.ascontiguousarray(x, np.float32), wt, c[1],
-                                            row_qparams)
+        bias = c[2] if len(c) > 2 else None
+
+        def run(x, *_):
+            y = _qfast.dynamic(np.ascontiguousarray(x, np.float32), wt, c[1], row_qparams)
+            return y if bias is None else with_bias(y, bias)
+        return run
     xz = int(c[1])
     if op == "qlinear_conv2d":
         gw, ep = _conv_layer(*c, attrs["groups"], attrs.get("qmin"), attrs.get("qmax"))
@@ -242,7 +246,7 @@ def _qlc_flops(x, xs, xz, w, *rest, stride, padding, dilation, groups, **attrs):
 
 
 # ---------------------------------------------------------------------- dynamic
-def _qdd_rule(x, w, w_scale):
+def _qdd_rule(x, w, w_scale, bias=None):
     op = "qdense_dynamic"
     if x.dtype != _F32:
         raise op_error(DTypeError, op, f"input of dtype {x.dtype}", "a float32 input")
@@ -255,6 +259,9 @@ def _qdd_rule(x, w, w_scale):
     if w_scale.dtype != _F32 or tuple(w_scale.shape) != (w.shape[0],):
         raise op_error(ShapeError, op, f"w_scale {w_scale.dtype}{tuple(w_scale.shape)}",
                        f"float32 ({w.shape[0]},)")
+    if bias is not None and (bias.dtype != _F32 or tuple(bias.shape) != (w.shape[0],)):
+        raise op_error(ShapeError, op, f"bias {bias.dtype}{tuple(bias.shape)}",
+                       f"float32 ({w.shape[0]},) (one per output column)")
     return Spec((x.shape[0], w.shape[0]), _F32)
 
 
@@ -271,9 +278,17 @@ def row_qparams(x):
     return q, s, z
 
 
-def _qdd_kernel(x, w, w_scale):
-    return _qfast.dynamic(np.ascontiguousarray(x, np.float32), _qfast.Weight(w, 0),
-                          w_scale, row_qparams)
+def _qdd_kernel(x, w, w_scale, bias=None):
+    y = _qfast.dynamic(np.ascontiguousarray(x, np.float32), _qfast.Weight(w, 0), w_scale,
+                       row_qparams)
+    return y if bias is None else with_bias(y, bias)
+
+
+def with_bias(y, bias):
+    """qdense_dynamic's optional bias: y + bias in float32, after the scaling (the add
+    it replaces in a graph, in place)."""
+    y += bias[None, :]
+    return y
 
 
 def _qdd_samples():
@@ -282,15 +297,18 @@ def _qdd_samples():
     x[3] = 0                                   # a row of zeros: scale 1
     w = r.integers(-127, 128, (21, 40)).astype(np.int8)
     return [Sample((x, w, r.uniform(0.001, 0.01, 21).astype(np.float32))),
-            Sample((np.abs(x[:1, :16]), w[:16, :16], np.full(16, 0.01, np.float32)))]
+            Sample((np.abs(x[:1, :16]), w[:16, :16], np.full(16, 0.01, np.float32))),
+            Sample((x[:5], w, r.uniform(0.001, 0.01, 21).astype(np.float32),
+                    r.standard_normal(21).astype(np.float32)))]
 
 
 QDENSE_DYNAMIC = defop(
     "qdense_dynamic", _qdd_rule, kernel=_qdd_kernel, grad=NOT_DIFFERENTIABLE,
-    flops=lambda x, w, s: 2 * _n(x) * (w.shape[0] if isinstance(w.shape[0], int) else 1),
+    flops=lambda x, w, s, *b: 2 * _n(x) * (w.shape[0] if isinstance(w.shape[0], int) else 1),
     onnx=NO_ONNX, samples=_qdd_samples,
     doc="dynamic int8 dense: per-row uint8 activations quantised in the kernel, int8 "
-        "weights (N, K) with per-channel scales, float32 out")
+        "weights (N, K) with per-channel scales, float32 out (plus an optional float32 "
+        "bias (N,), added after the scaling)")
 
 
 QLINEAR_DENSE = defop(

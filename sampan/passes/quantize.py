@@ -143,7 +143,9 @@ def quantize_dynamic(g):
     """Dynamic quantisation (as onnxruntime's quantize_dynamic, with per-row activation
     scales): every 2-d matmul of a float32 activation by a constant float32 weight
     becomes `qdense_dynamic(x, Wq^T, sw)`, the weight int8 per output channel (stored
-    (N, K)); the activations are quantised inside the kernel, row by row."""
+    (N, K)); the activations are quantised inside the kernel, row by row. A constant
+    bias added to the result moves into the node (`_absorb_bias`), and nodes reading one
+    activation share its quantisation (`_share_rows`)."""
     wcache = {}
     done = False
     for n, axis in anchors(g):
@@ -159,7 +161,89 @@ def quantize_dynamic(g):
         n.inputs = [x, *wcache[w.id]]
         n.attrs = {}
         done = True
-    if done:
+    if done and not any(n.blocks for n in g.nodes):   # uses read at the top level only
+        _absorb_bias(g)
+        _share_rows(g)
         g.meta["quantized"] = "dynamic"
         g.prune_consts()
     return g
+
+
+def _absorb_bias(g):
+    """`add(qdense_dynamic(x, w, s), b)`, b a float32 constant (N,) and the add the only
+    reader, becomes `qdense_dynamic(x, w, s, b)`: the kernel adds it as it writes each
+    output (the same float32 add), one pass over the output fewer."""
+    users = g.users()
+    outs = {v.id for v in g.outputs}
+    drop = set()
+    for n in g.nodes:
+        if n.op != "qdense_dynamic" or len(n.inputs) != 3:
+            continue
+        y = n.outputs[0]
+        us = users.get(y.id, [])
+        if len(us) != 1 or y.id in outs:
+            continue
+        a = us[0]
+        if a.op != "add" or len(a.inputs) != 2 or a.attrs or a.blocks:
+            continue
+        b = a.inputs[1] if a.inputs[0] is y else a.inputs[0]
+        if (b is y or not b.is_const or b.dtype != np.float32
+                or tuple(b.shape) != (int(n.inputs[1].shape[0]),)
+                or tuple(a.outputs[0].shape) != tuple(y.shape)
+                or a.outputs[0].dtype != np.float32):
+            continue
+        n.inputs = n.inputs + [b]
+        g.replace_all_uses_with(a.outputs[0], y)
+        drop.add(id(a))
+    if drop:
+        g.nodes = [n for n in g.nodes if id(n) not in drop]
+
+
+def _share_rows(g):
+    """The `qdense_dynamic` nodes reading one activation (an attention's query, key and
+    value projections) become one node over their weights stacked along N, and a column
+    slice (`getitem`) for each: the rows are quantised once, not once per projection, and
+    the GEMM is wider. Each output column is the same sum, scaled the same way, so every
+    number stays what it was."""
+    groups = {}
+    for n in g.nodes:
+        if n.op == "qdense_dynamic" and all(v.is_const for v in n.inputs[1:]):
+            groups.setdefault((n.inputs[0].id, len(n.inputs)), []).append(n)
+    merged = {}          # id(first node of a group) -> the nodes replacing it
+    gone = set()
+    for nodes in groups.values():
+        if len(nodes) < 2:
+            continue
+        x = nodes[0].inputs[0]
+        w = np.concatenate([n.inputs[1].const for n in nodes], 0)
+        ws = np.concatenate([n.inputs[2].const for n in nodes], 0)
+        names = [n.inputs[1].name for n in nodes]
+        name = "+".join(names) if all(names) else None
+        first = nodes[0]
+        ins = [x, g.add_const(w, name=name), g.add_const(ws)]
+        if len(first.inputs) > 3:
+            ins.append(g.add_const(np.concatenate([n.inputs[3].const for n in nodes], 0)))
+        m = Node("qdense_dynamic", ins, {}, first.loc)
+        m.outputs.append(Value(g._new_id(), (x.shape[0], int(w.shape[0])), np.float32,
+                               node=m))
+        new, off = [m], 0
+        for n in nodes:
+            width = int(n.inputs[1].shape[0])
+            sl = Node("getitem", [m.outputs[0]],
+                      {"index": (("s", None, None, None), ("s", off, off + width, None))},
+                      n.loc)
+            sl.outputs.append(Value(g._new_id(), n.outputs[0].shape, np.float32, node=sl))
+            g.replace_all_uses_with(n.outputs[0], sl.outputs[0])
+            new.append(sl)
+            off += width
+            gone.add(id(n))
+        merged[id(first)] = new
+    if not merged:
+        return
+    nodes = []
+    for n in g.nodes:
+        if id(n) in merged:
+            nodes.extend(merged[id(n)])
+        elif id(n) not in gone:
+            nodes.append(n)
+    g.nodes = nodes

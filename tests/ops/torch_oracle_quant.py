@@ -159,7 +159,7 @@ def _qlc2(torch, a, at):
 
 
 def _qdd(torch, a, at):
-    x, w, w_scale = a                                       # per-row uint8 activations
+    x, w, w_scale = a[:3]                                   # per-row uint8 activations
     lo = torch.clamp(x.amin(1), max=0) if x.shape[1] else torch.zeros(x.shape[0])
     hi = torch.clamp(x.amax(1), min=0) if x.shape[1] else torch.zeros(x.shape[0])
     s = (hi - lo) / 255.0
@@ -167,7 +167,8 @@ def _qdd(torch, a, at):
     z = torch.clamp(torch.round(-lo / s), 0, 255)
     q = torch.clamp(torch.round(x / s[:, None]) + z[:, None], 0, 255)
     acc = q.double() @ w.double().t() - z.double()[:, None] * w.double().sum(1)[None, :]
-    return (acc.float() * s[:, None]) * w_scale[None, :]
+    y = (acc.float() * s[:, None]) * w_scale[None, :]
+    return y if len(a) == 3 else y + a[3][None, :]
 
 
 ORACLE.update({"qlinear_dense": _qld, "qdense": _qd, "qlinear_conv2d": _qlc2,

@@ -42,10 +42,11 @@ def _ref_layer(op, x, xs, xz, w, ws, wz, bias, ys=None, yz=None, qmin=None, qmax
     return _qref.requant(acc, bias, m, int(yz), lo, hi, yz.dtype, axis=axis)
 
 
-def _ref_dynamic(x, w, ws):
+def _ref_dynamic(x, w, ws, bias=None):
     q, s, z = row_qparams(x)
     acc = _qref.sums(q, w, 0, 0) - z[:, None].astype(np.int64) * w.astype(np.int64).sum(1)
-    return (acc.astype(np.float32) * s[:, None]) * ws[None, :]
+    y = (acc.astype(np.float32) * s[:, None]) * ws[None, :]
+    return y if bias is None else y + bias[None, :]
 
 
 def _dense_case(r, m, k, n, unsigned, wmax=127, bias_max=3000, xz=None, y=True):

@@ -46,6 +46,82 @@ def test_qdense_dynamic_kernels_exact():
         np.testing.assert_array_equal(k(x, w, ws), want)
 
 
+def _reference(x, w, ws):
+    """The independent reference of `test_qdense_dynamic_kernels_exact`, any shapes."""
+    lo = np.minimum(x.min(1, initial=0), 0)
+    hi = np.maximum(x.max(1, initial=0), 0)
+    s = ((hi - lo) / np.float32(255)).astype(np.float32)
+    s[s == 0] = 1
+    z = np.clip(np.rint(-lo / s), 0, 255)
+    q = np.clip(np.rint(x / s[:, None]) + z[:, None], 0, 255).astype(np.int64)
+    acc = (q - z[:, None].astype(np.int64)) @ w.astype(np.int64).T
+    return (acc.astype(np.float32) * s[:, None]) * ws
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 384, 384), (45, 100, 70), (300, 64, 1152),
+                                   (513, 1536, 48), (700, 128, 1152)])
+def test_qdense_dynamic_layers_exact(m, k, n):
+    """The numba provider's bound layers (VNNI kernel; oneDNN's int8 GEMM, AMX where the
+    CPU has it) give the reference's bytes; weights at the int8 extremes."""
+    qd = pytest.importorskip("sampan.backends.numba.qdynamic")
+    r = np.random.default_rng(m + k + n)
+    x = (r.standard_normal((m, k)) * 4).astype(np.float32)
+    x[0, :3] = (-50, 60, 0)
+    if m > 2:
+        x[1] = 0
+        x[2] = np.abs(x[2])
+    w = r.integers(-128, 128, (n, k)).astype(np.int8)
+    w[0] = -128
+    ws = r.uniform(0.001, 0.01, n).astype(np.float32)
+    want = _reference(x, w, ws)
+    layers = []
+    if qd._dyn_ok(x, w):
+        layers.append(qd.DynamicDense(w, ws))
+    dn = qd._onednn_layer(w, ws)
+    if dn is not None:
+        layers.append(dn)
+    if not layers:
+        pytest.skip("neither VNNI nor oneDNN's int8 matmul on this machine")
+    before = sampan.get_num_threads()
+    try:
+        for threads in (1, 2):      # oneDNN's: blocks of rows shared out over 2 threads
+            sampan.set_num_threads(threads)
+            for layer in layers:
+                np.testing.assert_array_equal(layer.run_dynamic(x), want,
+                                              err_msg=f"{type(layer).__name__} {threads}")
+                np.testing.assert_array_equal(layer.run_dynamic(x[:0]), want[:0])
+                b = r.standard_normal(n).astype(np.float32)
+                np.testing.assert_array_equal(layer.run_dynamic(x, b), want + b)
+    finally:
+        sampan.set_num_threads(before)
+
+
+def test_shared_rows_one_node_same_numbers():
+    """Two projections of one activation become one qdense_dynamic (weights stacked) and
+    column slices: the numbers are the unmerged ones."""
+    from sampan.ir.graph import Graph
+    from sampan.passes.quantize import quantize_dynamic
+    from sampan.runtime import compile_graph
+    r = np.random.default_rng(5)
+    g = Graph()
+    x = g.add_input(("m", 24), np.float32)
+    outs = []
+    for n in (16, 40):
+        w = g.add_const(r.standard_normal((24, n)).astype(np.float32))
+        outs.append(g.add_node("matmul", [x, w], {}).outputs[0])
+    g.outputs = outs
+    ref = [g.copy() for _ in range(1)][0]
+    quantize_dynamic(g)
+    ops = [n.op for n in g.nodes]
+    assert ops.count("qdense_dynamic") == 1 and ops.count("getitem") == 2
+    xs = r.standard_normal((7, 24)).astype(np.float32)
+    got = compile_graph(g)(xs)
+    from sampan.passes.quantize import quantize_weight
+    for o, v in zip(got, ref.outputs):
+        wq, s, _ = quantize_weight(v.node.inputs[1].const, 1)
+        np.testing.assert_array_equal(np.asarray(o), _reference(xs, wq.T, s))
+
+
 def _cos(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
@@ -69,7 +145,10 @@ def test_tiny_encoder_dynamic_int8_predictor(tmp_path):
     c.set_precision("int8", dynamic=True)
     p = inference.create_predictor(c)
     ops = [n.op for n in p.graph.nodes]
-    assert ops.count("qdense_dynamic") == 2 * 6 and "matmul" in ops   # attention in float
+    # per layer: the query/key/value projections as one node (they read one activation,
+    # quantised once), the attention output and the two feed-forward layers
+    assert ops.count("qdense_dynamic") == 2 * 4 and "matmul" in ops   # attention in float
+    assert ops.count("getitem") >= 2 * 3
     fp = inference.create_predictor(inference.Config(path))
 
     def run(pred):
@@ -77,6 +156,12 @@ def test_tiny_encoder_dynamic_int8_predictor(tmp_path):
     got, want = run(p), run(fp)
     assert not np.array_equal(got, want)
     assert _cos(got, want).min() >= 0.99
+    # the same int8 program on the op table's numpy kernels (exact float64 sums; the
+    # merged projections and their biases as the pass wrote them) gives the same numbers
+    cn = inference.Config(path)
+    cn.set_precision("int8", dynamic=True)
+    cn.set_providers(["numpy"])
+    np.testing.assert_allclose(run(inference.create_predictor(cn)), got, atol=2e-6)
     with pytest.raises(inference.InferenceError, match="no calibration_data"):
         inference.Config(path).set_precision("int8", [ids], dynamic=True)
 
@@ -96,7 +181,7 @@ def test_minilm_dynamic_int8_cosine(tmp_path):
     c = inference.Config(path)
     c.set_precision("int8", dynamic=True)
     p = inference.create_predictor(c)
-    assert [n.op for n in p.graph.nodes].count("qdense_dynamic") == 6 * 6
+    assert [n.op for n in p.graph.nodes].count("qdense_dynamic") == 6 * 4
     fp = inference.create_predictor(inference.Config(path))
     got = bert.sentence_embeddings(p, texts, tok)
     want = bert.sentence_embeddings(fp, texts, tok)

@@ -16,7 +16,8 @@ runs int8 in onnxruntime (`Config(runtime="onnxruntime")`) with the reference's 
   onnxruntime's ConvInteger does not take) and the dense layers' finish along axis 1.
 - `qdense_dynamic`: the per-row parameters of `quant_fused.row_qparams` (ReduceMin/Max over
   the row with 0, (hi - lo) / 255, 1 for an empty range, rint(-lo / s)), the row quantised
-  to uint8, MatMulInteger, minus z * the weight's row sums, times s and w_scale.
+  to uint8, MatMulInteger, minus z * the weight's row sums, times s and w_scale (plus
+  the optional bias).
 
 The int32 sums are exact where onnxruntime's integer GEMM is (on x86 without VNNI its
 u8 x s8 kernels add pairs of products in int16, which saturates for large weights and
@@ -160,7 +161,7 @@ def _qlinear_conv(ctx, x, xs, xz, w, ws, wz, bias, ys, yz, qmin, qmax, attrs):
 
 
 @register_lowering("qdense_dynamic")
-def _qdense_dynamic(ctx, x, w, w_scale):
+def _qdense_dynamic(ctx, x, w, w_scale, bias=None):
     zero = ctx.const(np.asarray(0, np.float32))
     lo = ctx.emit("Min", [reduce(ctx, "ReduceMin", x, [1], True), zero])
     hi = ctx.emit("Max", [reduce(ctx, "ReduceMax", x, [1], True), zero])
@@ -180,4 +181,5 @@ def _qdense_dynamic(ctx, x, w, w_scale):
         rows = ctx.emit("Unsqueeze", [reduce(ctx, "ReduceSum", ctx.cast(w, np.int32), [1],
                                              False), ctx.ints([0])])
     acc = ctx.emit("Sub", [acc, ctx.emit("Mul", [ctx.cast(z, np.int32), rows])])
-    return ctx.emit("Mul", [ctx.emit("Mul", [ctx.cast(acc, np.float32), s]), w_scale])
+    y = ctx.emit("Mul", [ctx.emit("Mul", [ctx.cast(acc, np.float32), s]), w_scale])
+    return y if bias is None else ctx.emit("Add", [y, bias])

@@ -125,6 +125,25 @@ _K = {np.dtype(np.float32): _row_kernels(_exp32, np.float32(0)),
 _KB = _row_kernels(_exp32, np.float32(0), bf16_load, bf16_store)   # bfloat16 bits
 
 
+PAR_MIN = 1 << 18       # elements from which the rows run over the threads (W8: 6.3M)
+_CHUNK = 1 << 16        # elements per block of rows that a thread claims
+
+
+def _fwd_shared(fwd, x, log, out):
+    """`fwd` (the serial loop, nogil) over blocks of rows that sampan's threads claim
+    (`claim.run_claimed`): each row exactly the serial arithmetic, so the same bytes."""
+    from ..claim import run_claimed, threads
+    nr, nc = x.shape
+    rows = max(1, _CHUNK // max(nc, 1))
+    nblk = -(-nr // rows)
+
+    def block(i, t):
+        r0, r1 = i * rows, min(nr, (i + 1) * rows)
+        o = out[r0:r1]
+        fwd(x[r0:r1], log, o, o)
+    run_claimed(nblk, block, threads())
+
+
 def bits(a):
     """A bfloat16 array's uint16 bits as rows (rows, last dim), contiguous."""
     return np.ascontiguousarray(a).view(np.uint16).reshape(-1, a.shape[-1])
@@ -141,7 +160,11 @@ def _softmax_rows(x, log):
     if ks is not None and x.size:
         out = np.empty(x.shape, x.dtype)
         o = out.reshape(-1, x.shape[-1])
-        ks[0](np.ascontiguousarray(x).reshape(o.shape), log, o, o)
+        xr = np.ascontiguousarray(x).reshape(o.shape)
+        if x.size >= PAR_MIN and o.shape[0] > 1:
+            _fwd_shared(ks[0], xr, log, o)
+        else:
+            ks[0](xr, log, o, o)
         return out
     return _r._softmax_rows(x, log)
 
