@@ -9,8 +9,10 @@ Two parts (``--parts``):
 - ``train``: a table of ``--ids`` distinct ids (filled first), then ``--steps`` steps of
   ``--batch`` samples x ``--fields`` ids drawn Zipf(1.1) over them (lookup + SparseAdagrad
   push), each system in its own process so that RSS is its own: ``sampan-ram`` (all
-  rows in RAM) and ``sampan-disk`` (``memory_budget_mb=--budget-mb``, spill to a temp
-  dir). Lines: samples/s, peak RSS, RssAnon and the table's resident bytes.
+  rows in RAM), ``sampan-disk`` (``memory_budget_mb=--budget-mb``, spill to a temp dir,
+  the log store of ``sampan.rec.logstore``) and ``sampan-lmdb`` (the same over the LMDB
+  store). Lines: samples/s, peak RSS, RssAnon, the table's resident bytes, the store's
+  index, merges, rebuilds and bytes on disk.
 
     python benchmarks/embedding_disk.py --ids 10000000 --budget-mb 256
     python benchmarks/embedding_disk.py --quick        # 10^6 ids, 64 MB, a few seconds
@@ -98,7 +100,11 @@ def child(args) -> dict:
     if args.remap_keys:
         from sampan.rec.disktier import SpillStore
         SpillStore.REMAP_KEYS = args.remap_keys
-    spill = tempfile.mkdtemp(prefix="sampan-spill-") if args.system == "disk" else None
+    if args.system in ("disk", "lmdb"):
+        from sampan.rec import disktier
+        disktier.STORE = "log" if args.system == "disk" else "lmdb"
+    spill = tempfile.mkdtemp(prefix="sampan-spill-", dir=args.spill_root) \
+        if args.system in ("disk", "lmdb") else None
     try:
         kw = dict(memory_budget_mb=args.budget_mb, spill_dir=spill) if spill else {}
         t = HashEmbeddingTable(16, **kw)
@@ -124,9 +130,15 @@ def child(args) -> dict:
         out = {"samples_per_s": args.steps * args.batch / train_s, "fill_s": fill_s,
                "rss_mb": _rss(), "ids": len(t), "table_mb": t.nbytes / 2**20}
         if t.tier is not None:
+            st = t.tier.store
             out.update(resident_mb=t.tier.resident_bytes / 2**20,
                        resident_rows=len(t.map), demoted=t.tier.demoted,
-                       promoted=t.tier.promoted)
+                       promoted=t.tier.promoted, store=type(st).__name__,
+                       store_index_mb=st.nbytes / 2**20,
+                       merges=getattr(st, "merges", None),
+                       rebuilds=getattr(st, "rebuilds", None),
+                       disk_mb=sum(os.path.getsize(os.path.join(spill, f))
+                                   for f in os.listdir(spill)) / 2**20)
         return out
     finally:
         if spill:
@@ -140,6 +152,8 @@ def train_lines(args, info: dict) -> None:
                "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
                "--steps", str(args.steps), "--batch", str(args.batch),
                "--fields", str(args.fields), "--remap-keys", str(args.remap_keys)]
+        if args.spill_root:
+            cmd += ["--spill-root", args.spill_root]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         sys.stderr.write(r.stderr[-2000:])
         if r.returncode:
@@ -151,10 +165,11 @@ def train_lines(args, info: dict) -> None:
         ratio = (res["samples_per_s"] / got["ram"]["samples_per_s"]
                  if "ram" in got else None)
         emit("embedding-disk", f"sampan-{system}", "cpu", "samples_per_s",
-             [res["samples_per_s"]], budget_mb=args.budget_mb if system == "disk" else None,
+             [res["samples_per_s"]],
+             budget_mb=args.budget_mb if system in ("disk", "lmdb") else None,
              vs_ram=None if ratio is None else round(ratio, 3),
              rss_over_budget_mb=(round(res["rss_mb"]["VmHWM"] - args.budget_mb, 1)
-                                 if system == "disk" else None),
+                                 if system in ("disk", "lmdb") else None),
              batch=args.batch, fields=args.fields, steps=args.steps, **extra, **info)
 
 
@@ -166,13 +181,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=512, help="samples a step")
     ap.add_argument("--fields", type=int, default=8, help="ids a sample")
-    ap.add_argument("--systems", default="ram,disk", help="ram, disk or both")
+    ap.add_argument("--systems", default="ram,disk",
+                    help="comma list of ram (all rows in RAM), disk (the log store), "
+                         "lmdb (the LMDB store)")
+    ap.add_argument("--spill-root", default=None, help="folder for the spill dirs")
     ap.add_argument("--remap-keys", type=int, default=0,
                     help="SpillStore.REMAP_KEYS for this run (0: the default)")
     ap.add_argument("--store-rows", type=int, default=10**7)
     ap.add_argument("--store-batches", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="10^6 ids, 64 MB, 50 steps")
-    ap.add_argument("--child", choices=("ram", "disk"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("ram", "disk", "lmdb"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.ids, args.budget_mb, args.steps, args.store_rows = 10**6, 64.0, 50, 10**6

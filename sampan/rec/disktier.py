@@ -58,7 +58,7 @@ from sampan.errors import SampanError, SampanValueError, op_error
 from sampan.rec.hashtable import META_FIELDS
 from sampan.rec.rowstore import raw_specs
 
-__all__ = ["DiskTier", "DiskTierError", "SpillStore"]
+__all__ = ["DiskTier", "DiskTierError", "SpillStore", "open_store"]
 
 FORMAT = "sampan-spill"
 VERSION = 1
@@ -216,8 +216,9 @@ class SpillStore:
             self._open()
 
     # -- transactions --------------------------------------------------------------------
-    def put(self, ids: np.ndarray, rec: dict) -> None:
-        """Write (or overwrite) the rows of ``ids``, sorted: a transaction per SLICE rows."""
+    def put(self, ids: np.ndarray, rec: dict, known=None) -> None:
+        """Write (or overwrite) the rows of ``ids``, sorted: a transaction per SLICE rows
+        (``known``, the caller's word on which ids it holds, is not needed here)."""
         if not ids.size:
             return
         order = np.argsort(ids, kind="stable")
@@ -269,8 +270,35 @@ class SpillStore:
             if keys:
                 yield from self._decode_mixed(_ids(keys), vals)
 
+    nbytes = 0  # keeps nothing in RAM between calls (LMDB's index lives in its file)
+
+    def reshape(self, slot_width: int) -> None:
+        """Records of any slot width mix in LMDB: nothing to do."""
+
     def close(self) -> None:
         self.env.close()
+
+
+STORE = "log"  # the store a new spill_dir gets: "log" (LogStore) or "lmdb" (SpillStore)
+
+
+def open_store(path: str, dim: int, row_dtype: str, lineage: str, budget: int):
+    """The store under ``path``: LMDB if it holds one (``data.mdb``), a :class:`LogStore`
+    if it holds one (``MANIFEST``), else a new one of kind :data:`STORE`. A LogStore's
+    index of logged ids takes 1/8 of the budget."""
+    from sampan.rec.logstore import LogStore
+    lmdb_here = os.path.exists(os.path.join(path, "data.mdb"))
+    log_here = os.path.exists(os.path.join(path, "MANIFEST"))
+    if lmdb_here and log_here:
+        raise DiskTierError(f"spill store {path} holds both an LMDB store and a log store")
+    if lmdb_here or (not log_here and STORE == "lmdb"):
+        return SpillStore(path, dim, row_dtype, lineage)
+    if STORE not in ("log", "lmdb"):
+        raise DiskTierError(f"disktier.STORE={STORE!r}, expected 'log' or 'lmdb'")
+    entries = 1 << 10
+    while LogStore.index_bytes(2 * entries) <= budget // 8:
+        entries *= 2
+    return LogStore(path, dim, row_dtype, lineage, index_entries=entries)
 
 
 class DiskTier:
@@ -284,7 +312,8 @@ class DiskTier:
                            f"memory_budget_mb={budget_mb!r}", "a positive number of MB")
         self.table = table
         self.budget = int(budget_mb * (1 << 20))
-        self.store = SpillStore(spill_dir, table.dim, table.row_dtype, table.lineage)
+        self.store = open_store(spill_dir, table.dim, table.row_dtype, table.lineage,
+                                self.budget)
         self.max_rows = self._fit()
         self.demoted = self.promoted = 0
         # resident rows whose (older) copy is still on disk: promotion only reads, so it
@@ -299,7 +328,7 @@ class DiskTier:
     def _fit(self) -> int:
         """Most resident rows under the budget, given what is allocated per row already."""
         t = self.table
-        fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes
+        fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes + self.store.nbytes
         fixed += sum(a.nbytes for a in t.meta.values()) + 4 * t.live.nbytes
         per = t.weights.bytes_per_row + (4 * t.slots.width if t.slots is not None else 0)
         chunks = (self.budget - fixed) // (per << t.weights.shift)
@@ -316,7 +345,7 @@ class DiskTier:
         """Bytes the RAM tier holds (``table.nbytes`` plus the pin and flag arrays)."""
         t = self.table
         return t.nbytes + t.pins.nbytes + t.dirty.nbytes + t.exported.nbytes + \
-            self.ondisk.nbytes
+            self.ondisk.nbytes + self.store.nbytes
 
     # -- moving rows ---------------------------------------------------------------------
     def _capture(self, rows: np.ndarray) -> dict:
@@ -371,7 +400,7 @@ class DiskTier:
         if n < cand.size:
             cand = cand[np.argpartition(t.meta["last_seen"][cand], n - 1)[:n]]
         if cand.size:
-            self.store.put(t.meta["key"][cand], self._capture(cand))
+            self.store.put(t.meta["key"][cand], self._capture(cand), known=self.ondisk[cand])
             self._drop_resident(cand)
             self.demoted += int(cand.size)
         return int(cand.size)
@@ -445,14 +474,17 @@ class DiskTier:
         t = self.table
         rows = np.flatnonzero(t.live[: t.alloc.next_row])
         if rows.size:
-            self.store.put(t.meta["key"][rows], self._capture(rows))
+            self.store.put(t.meta["key"][rows], self._capture(rows), known=self.ondisk[rows])
             self._drop_resident(rows)
             self.demoted += int(rows.size)
         t.weights = make_rows(t.dim, t.weights.shift, t.row_dtype)
         t.alloc = RowAllocator()
 
     def refit(self) -> None:
-        """Recompute the resident row limit (after the slots were attached)."""
+        """Recompute the resident row limit (after the slots were attached); the store's
+        records take the new slot width (rows on disk keep none, as RAM rows would)."""
+        if self.table.slots is not None:
+            self.store.reshape(self.table.slots.width)
         self.max_rows = self._fit()
 
     # -- whole-table views ---------------------------------------------------------------
@@ -519,7 +551,7 @@ class DiskTier:
             sub["flags"][:, 0], sub["flags"][:, 1] = 0, 1
             marked.append((gids[pick], sub))
         for gids, sub in marked if mark else ():  # after the scan: its read transaction is closed
-            self.store.put(gids, sub)
+            self.store.put(gids, sub, known=np.ones(gids.size, np.bool_))
         if not out:
             return None
         return {k: np.concatenate([a[k] for a in out]) for k in out[0]}
@@ -530,7 +562,7 @@ class DiskTier:
         for gids, rec in groups:
             rec["flags"] = rec["flags"].copy()
             rec["flags"][:, 0] = 1
-            self.store.put(gids, rec)
+            self.store.put(gids, rec, known=np.ones(gids.size, np.bool_))
 
     def _load(self, ids: np.ndarray, rec: dict) -> None:
         """Restore rows: resident ones in place, then RAM while it has room (most

@@ -1,0 +1,780 @@
+"""Disk store of a table's spilled rows: a hashed page file and an append-only log.
+
+The disk tier (:mod:`sampan.rec.disktier`) keeps the rows that do not fit its RAM budget
+here. Two levels:
+
+- the **base**: a file of 4 kB pages, each holding ``P`` fixed-size records; an id's
+  record lives in its home page (a hash of the id) or, when that page was full, in one
+  of the pages after it (a page that ever overflowed says so in its header, so a search
+  stops at the first page that does not). No index in RAM: where a record lies follows
+  from its id, which is what lets 10^8 ids sit under a 256 MB budget (an index in RAM
+  costs >= 5 bytes an id, 500 MB at 10^8).
+- the **log**: every write (a batch of demoted rows, or of deletions) is appended to one
+  log file as one entry: a header (sequence number, record count, the store's row count
+  after it, a checksum over the header and the records' checksums) and the records. An
+  in-RAM map ``id -> its latest log record`` (at most ``index_entries`` ids; its bytes
+  count toward the table's budget) serves reads of logged ids. When it is full, the log
+  is **merged** into the base: its latest records, sorted by home page, are applied to
+  windows of consecutive pages (one read and one write per window), and the manifest
+  then names a new, empty log. When the base gets too full it is **rebuilt** at twice
+  the pages (a new file, then the manifest switches to it).
+
+Why not write the base in place on every demotion (measured on the shared build machine,
+ext4, ``benchmarks/embedding_disk.py --parts store``): the first write to a clean 4 kB
+page of a file costs 35-100 us here (``pwrite`` and a write through ``mmap`` alike: the
+file system's per-page journalled work), while appending a batch costs one write call;
+so a demotion appends, and the base takes its updates as long runs of pages. Reads use
+``pread`` (a system call per page, about 1-5 us from the page cache under load) from
+numba kernels, not a memory map: mapped file pages count in the process' RSS, and a
+fault maps up to 64 kB around it.
+
+Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
+file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
+every id, either its state as of the last completed merge or a newer state the log also
+holds (a merge only overwrites, adds and clears the records of logged ids); (3) a log
+whose entries each check or, for the last one only, may be torn: a torn last entry is
+cut off on reopen, so a batch is there whole or not at all. A failed check anywhere else
+(a record, an entry before the last, the manifest, a file of the wrong size) is a
+:class:`~sampan.rec.disktier.DiskTierError`, never rows read wrong. A merge killed half
+way is simply done again: reads prefer the log, and applying a record twice gives the
+same page. Power loss is not covered (the log is not fsynced per batch), as with LMDB
+under ``sync=False`` before.
+
+Records are little-endian 64-bit words: ``meta (6) | flags (1: state, dirty, exported,
+has slots, in base) | weights [+ int8 scale] | slots | checksum``; pages are 512 words:
+a header word (bit 0: overflowed) and ``P = 511 // R`` records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+import numpy as np
+from numba import njit, types
+
+from sampan import _atomic
+from sampan.rec.hashtable import META_FIELDS, HashMap, _mix, hash_ids
+from sampan.rec.rowstore import raw_specs
+
+__all__ = ["LogStore"]
+
+FORMAT = "sampan-logstore"
+VERSION = 1
+N_META = len(META_FIELDS)
+PAGE_WORDS = 512
+TAIL = 64  # overflow-only pages after the last home page: a chain never wraps around
+LOAD = 0.75  # most records per base slot before the base is rebuilt larger
+MAGIC = 0x53504C4F47303031  # "SPLOG001"
+HEAD = 6  # words of a log entry header
+LIVE, DEAD = 1, 2  # record states (0: an empty slot)
+_WINDOW = 256  # pages a merge reads and writes at once at most (1 MB)
+BATCH = 1 << 12  # records a merge or rebuild holds at once (~0.8 MB each copy)
+
+_pread = types.ExternalFunction(
+    "pread", types.int64(types.intc, types.voidptr, types.uint64, types.int64))
+
+
+def _err(msg):
+    from sampan.rec.disktier import DiskTierError
+    return DiskTierError(msg)
+
+
+# -- kernels -------------------------------------------------------------------------------
+@njit(cache=True, nogil=True, inline="always")
+def _sum_words(w, i, n):
+    h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(n)
+    for k in range(n):
+        h = (h ^ w[i + k]) * np.uint64(0x100000001B3)
+        h ^= h >> np.uint64(29)
+    return _mix(h)
+
+
+@njit(cache=True, nogil=True)
+def _checksums(recs, out):
+    """Checksum of each record's words but the last."""
+    R = recs.shape[1]
+    for j in range(recs.shape[0]):
+        out[j] = _sum_words(recs[j], 0, R - 1)
+
+
+@njit(cache=True, nogil=True)
+def _first_bad(recs):
+    """Index of the first record whose last word is not its checksum (-1: none)."""
+    R = recs.shape[1]
+    for j in range(recs.shape[0]):
+        if _sum_words(recs[j], 0, R - 1) != recs[j, R - 1]:
+            return j
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _base_find(fd, n_pages, keys, homes, out, found, page):
+    """Read-only search of the base for ``keys`` (sorted by ``homes``), one page cached.
+    Returns 0, or -1 - j where reading a page for key ``j`` failed."""
+    R = out.shape[1]
+    P = (PAGE_WORDS - 1) // R
+    cached = np.int64(-1)
+    for j in range(keys.size):
+        p = homes[j]
+        found[j] = False
+        while True:
+            if p != cached:
+                if _pread(fd, page.ctypes.data, PAGE_WORDS * 8, p * PAGE_WORDS * 8) \
+                        != PAGE_WORDS * 8:
+                    return -1 - j
+                cached = p
+            hit = -1
+            for s in range(P):
+                o = 1 + s * R
+                if (page[o + N_META] & np.uint64(0xFF)) == LIVE and \
+                        np.int64(page[o]) == keys[j]:
+                    hit = o
+                    break
+            if hit >= 0:
+                for k in range(R):
+                    out[j, k] = page[hit + k]
+                found[j] = True
+                break
+            if (page[0] & np.uint64(1)) == 0 or p + 1 >= n_pages:
+                break
+            p += 1
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _apply(buf, first, recs, homes, j0, limit, dirty, counts):
+    """Apply records ``j0 ..`` (sorted by home; those with home < ``limit``) to the pages
+    ``first .. first + len(buf)`` held in ``buf``: a live record replaces or joins its
+    id's slot, a dead one clears it. Returns the next record, or -1 - j where record
+    ``j``'s chain runs past the buffer (nothing after it applied). ``counts`` +=
+    [inserted, cleared]."""
+    R = recs.shape[1]
+    P = (PAGE_WORDS - 1) // R
+    nb = buf.shape[0]
+    j = j0
+    while j < recs.shape[0] and homes[j] < limit:
+        key = np.int64(recs[j, 0])
+        state = recs[j, N_META] & np.uint64(0xFF)
+        p = homes[j] - first
+        hit_p, hit_o = -1, -1
+        while True:  # search the chain
+            if p >= nb:
+                return -1 - j
+            for s in range(P):
+                o = 1 + s * R
+                if (buf[p, o + N_META] & np.uint64(0xFF)) == LIVE and \
+                        np.int64(buf[p, o]) == key:
+                    hit_p, hit_o = p, o
+                    break
+            if hit_p >= 0 or (buf[p, 0] & np.uint64(1)) == 0:
+                break
+            p += 1
+        if hit_p < 0 and state == LIVE:  # first free slot from home, marking full pages
+            p = homes[j] - first
+            while hit_p < 0:
+                if p >= nb:
+                    return -1 - j
+                for s in range(P):
+                    o = 1 + s * R
+                    if (buf[p, o + N_META] & np.uint64(0xFF)) != LIVE:
+                        hit_p, hit_o = p, o
+                        break
+                if hit_p < 0:
+                    buf[p, 0] |= np.uint64(1)
+                    dirty[p] = True
+                    p += 1
+            counts[0] += 1
+        if hit_p >= 0:
+            if state == LIVE:
+                for k in range(R):
+                    buf[hit_p, hit_o + k] = recs[j, k]
+            else:
+                for k in range(R):
+                    buf[hit_p, hit_o + k] = 0
+                counts[1] += 1
+            dirty[hit_p] = True
+        j += 1
+    return j
+
+
+@njit(cache=True, nogil=True)
+def _extract(buf, R, out):
+    """Copy the live records of ``buf``'s pages to ``out``; returns how many."""
+    P = (PAGE_WORDS - 1) // R
+    n = 0
+    for p in range(buf.shape[0]):
+        for s in range(P):
+            o = 1 + s * R
+            if (buf[p, o + N_META] & np.uint64(0xFF)) == LIVE:
+                for k in range(R):
+                    out[n, k] = buf[p, o + k]
+                n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _read_records(fd, offs, out):
+    """``out[j]`` = the record at word offset ``offs[j]`` of the log; 0 or -1 - j."""
+    nb = out.shape[1] * 8
+    for j in range(offs.size):
+        if _pread(fd, out[j].ctypes.data, nb, offs[j] * 8) != nb:
+            return -1 - j
+    return 0
+
+
+# -- the store -----------------------------------------------------------------------------
+class LogStore:
+    """Rows on disk: a hashed page file plus an append-only log (see the module
+    docstring). The interface :class:`~sampan.rec.disktier.DiskTier` uses:
+    ``put``, ``take``, ``scan``, ``len``, ``reshape``, ``nbytes`` and ``close``."""
+
+    def __init__(self, path: str, dim: int, row_dtype: str, lineage: str,
+                 index_entries: int = 1 << 20, slot_width: int = 0):
+        os.makedirs(path, exist_ok=True)
+        self.path, self.dim, self.row_dtype = path, int(dim), row_dtype
+        specs = raw_specs(row_dtype, 0, dim)
+        self.w_dtype = specs["values"][0]
+        self.scaled = "scale" in specs
+        self.index_entries = max(int(index_entries), 64)
+        self.base_fd = self.log_fd = -1
+        self.merges = self.rebuilds = 0
+        man = os.path.join(path, "MANIFEST")
+        if os.path.exists(man):
+            self.m = self._read_manifest(man)
+            self._layout(self.m["slot_width"])
+            self._open_files()
+            self._sweep()
+            self._replay()
+        else:
+            self._layout(int(slot_width))
+            self.m = {"format": FORMAT, "version": VERSION, "dim": self.dim,
+                      "row_dtype": row_dtype, "lineage": lineage,
+                      "slot_width": self.slot_width, "gen": 0, "pages": 256,
+                      "base_count": 0, "log": 0}
+            self._new_base(0, 256)
+            self._new_log(0)
+            self._write_manifest()
+            self._open_files()
+            self.index = HashMap(self.index_entries)
+            self.count, self.seq, self.log_words = 0, 0, 0
+
+    # -- layout and files ------------------------------------------------------------------
+    def _layout(self, slot_width: int) -> None:
+        self.slot_width = int(slot_width)
+        self.vbytes = self.dim * self.w_dtype.itemsize
+        self.vw = (self.vbytes + 2 * self.scaled + 7) // 8
+        self.sw = (4 * self.slot_width + 7) // 8
+        self.R = N_META + 1 + self.vw + self.sw + 1
+        self.P = (PAGE_WORDS - 1) // self.R
+        if self.P < 1:
+            raise _err(f"spill store {self.path}: a record of {8 * self.R} bytes does not "
+                       f"fit a 4 kB page (dim={self.dim}, slot width {self.slot_width})")
+
+    def _file(self, kind: str, n: int) -> str:
+        return os.path.join(self.path, f"{kind}.{n}")
+
+    def _new_base(self, gen: int, pages: int) -> None:
+        with open(self._file("base", gen), "wb") as f:
+            f.truncate((pages + TAIL) * PAGE_WORDS * 8)  # a hole reads as empty pages
+
+    def _new_log(self, k: int) -> None:
+        open(self._file("log", k), "wb").close()
+
+    def _open_files(self) -> None:
+        for fd in (self.base_fd, self.log_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.n_pages = self.m["pages"] + TAIL
+        try:
+            self.base_fd = os.open(self._file("base", self.m["gen"]), os.O_RDWR)
+            self.log_fd = os.open(self._file("log", self.m["log"]), os.O_RDWR)
+        except FileNotFoundError as exc:
+            raise _err(f"spill store {self.path}: {os.path.basename(exc.filename)}, which "
+                       f"its manifest names, is missing") from None
+        size = os.fstat(self.base_fd).st_size
+        if size != self.n_pages * PAGE_WORDS * 8:
+            raise _err(f"spill store {self.path}: base.{self.m['gen']} holds {size} bytes, "
+                       f"its manifest says {self.n_pages} pages of 4096")
+
+    def _sweep(self) -> None:
+        """Remove the files of a rebuild or merge that was killed before its manifest."""
+        keep = {f"base.{self.m['gen']}", f"log.{self.m['log']}"}
+        for name in os.listdir(self.path):
+            if re.fullmatch(r"(base|log)\.\d+", name) and name not in keep:
+                os.unlink(os.path.join(self.path, name))
+
+    @staticmethod
+    def _digest(m: dict) -> str:
+        body = {k: v for k, v in m.items() if k != "sha256"}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def _write_manifest(self) -> None:
+        self.m["sha256"] = self._digest(self.m)
+        data = json.dumps(self.m, sort_keys=True).encode()
+        _atomic.write_file(os.path.join(self.path, "MANIFEST"), lambda f: f.write(data))
+
+    def _read_manifest(self, man: str) -> dict:
+        try:
+            with open(man, "rb") as f:
+                m = json.loads(f.read())
+        except ValueError:
+            raise _err(f"spill store {self.path}: unreadable MANIFEST") from None
+        if m.get("format") != FORMAT or m.get("version") != VERSION:
+            raise _err(f"spill store {self.path}: format {m.get('format')!r} version "
+                       f"{m.get('version')!r}, expected {FORMAT!r} version {VERSION}")
+        if m.get("sha256") != self._digest(m):
+            raise _err(f"spill store {self.path}: MANIFEST fails its checksum")
+        if m.get("dim") != self.dim or m.get("row_dtype") != self.row_dtype:
+            raise _err(f"spill store {self.path} holds dim={m.get('dim')} "
+                       f"row_dtype={m.get('row_dtype')!r} rows, the table has "
+                       f"dim={self.dim} row_dtype={self.row_dtype!r}")
+        return m
+
+    def _replay(self) -> None:
+        """Rebuild the log's index; cut a torn last entry off, refuse any other damage."""
+        w = np.fromfile(self._file("log", self.m["log"]), "<u8")
+        size = w.size
+        at, last, self.count, self.seq = 0, None, self.m["base_count"], 0
+        spans = []
+        while at < size:
+            ok = at + HEAD <= size and w[at] == MAGIC and w[at + 3] == self.R
+            n = int(w[at + 2]) if ok else 0
+            end = at + HEAD + n * self.R
+            torn = not ok or end > size
+            if not torn:
+                recs = w[at + HEAD:end].reshape(n, self.R)
+                bad = _first_bad(recs)
+                good = bad < 0 and self._head_sum(w[at:at + 5], recs) == w[at + 5]
+                if not good:
+                    if end == size:  # the last entry: a write cut short by the kill
+                        torn = True
+                    else:
+                        raise _err(f"spill store {self.path}: log.{self.m['log']} entry at "
+                                   f"word {at} fails its checksum (entries follow it: "
+                                   f"damage, not a torn write)")
+            if torn:
+                os.ftruncate(self.log_fd, at * 8)
+                break
+            spans.append((at, n))
+            last = (int(w[at + 1]), int(w[at + 4]))
+            at = end
+        self.log_words = at
+        n_ids = sum(n for _, n in spans)
+        self.index = HashMap(max(self.index_entries, n_ids))
+        for s, n in spans:
+            recs = w[s + HEAD:s + HEAD + n * self.R].reshape(n, self.R)
+            self.index.put(recs[:, 0].view(np.int64), self._values(s + HEAD, recs))
+        if last is not None:
+            self.seq, self.count = last[0] + 1, last[1]
+        del w
+        if len(self.index) > self.index_entries:
+            self._compact()
+
+    def _values(self, start: int, recs: np.ndarray) -> np.ndarray:
+        """Index values: word offset * 4 + in-base bit * 2 + live bit."""
+        fl = recs[:, N_META]
+        offs = start + np.arange(recs.shape[0], dtype=np.int64) * self.R
+        live = ((fl & 0xFF) == LIVE).astype(np.int64)
+        inbase = ((fl >> 32) & 1).astype(np.int64)
+        return offs * 4 + inbase * 2 + live
+
+    @staticmethod
+    def _head_sum(head: np.ndarray, recs: np.ndarray) -> np.uint64:
+        words = np.concatenate([head[:5].astype(np.uint64), recs[:, -1].astype(np.uint64),
+                                np.zeros(1, np.uint64)])
+        out = np.empty(1, np.uint64)
+        _checksums(words[None, :], out)
+        return out[0]
+
+    # -- sizes -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.count)
+
+    @property
+    def nbytes(self) -> int:
+        """RAM the store keeps between calls (the log's index)."""
+        return self.index.nbytes
+
+    @staticmethod
+    def index_bytes(entries: int) -> int:
+        """RAM the index of ``entries`` logged ids takes (as :class:`HashMap` sizes it)."""
+        cap = 16
+        while cap * 0.5 < max(int(entries), 64):
+            cap *= 2
+        return 16 * cap
+
+    # -- records ---------------------------------------------------------------------------
+    def _encode(self, rec: dict, state: int, inbase: np.ndarray) -> np.ndarray:
+        n = rec["meta"].shape[0]
+        w = np.zeros((n, self.R), np.uint64)
+        w[:, :N_META] = rec["meta"].astype("<i8").view(np.uint64)
+        fl = w[:, N_META:N_META + 1].view(np.uint8)
+        fl[:, 0] = state
+        fl[:, 1:3] = rec["flags"][:, 0:2]
+        fl[:, 4] = inbase
+        o = N_META + 1
+        vb = w[:, o:o + self.vw].view(np.uint8)
+        vb[:, :self.vbytes] = np.ascontiguousarray(rec["values"], self.w_dtype) \
+            .view(np.uint8).reshape(n, -1)
+        if self.scaled:
+            vb[:, self.vbytes:self.vbytes + 2] = np.asarray(rec["scale"], "<u2") \
+                .view(np.uint8).reshape(n, 2)
+        s = rec.get("slots")
+        if s is not None and s.shape[1] == self.slot_width and self.slot_width:
+            fl[:, 3] = 1
+            o += self.vw
+            w[:, o:o + self.sw].view(np.uint8)[:, :4 * self.slot_width] = \
+                np.ascontiguousarray(s, "<f4").view(np.uint8).reshape(n, -1)
+        _checksums(w, w[:, self.R - 1])
+        return w
+
+    def _check(self, w: np.ndarray, where: str) -> None:
+        bad = _first_bad(w)
+        if bad >= 0:
+            raise _err(f"spill store {self.path}: the row of id {int(w[bad, 0].view(np.int64))}"
+                       f" fails its checksum ({where}; {w.shape[0]} rows read)")
+
+    def _decode(self, w: np.ndarray) -> dict:
+        n = w.shape[0]
+        fl = np.ascontiguousarray(w[:, N_META:N_META + 1]).view(np.uint8)
+        flags = np.zeros((n, 8), np.uint8)
+        flags[:, 0:2] = fl[:, 1:3]
+        o = N_META + 1
+        vb = np.ascontiguousarray(w[:, o:o + self.vw]).view(np.uint8)
+        out = {"meta": np.ascontiguousarray(w[:, :N_META]).view(np.int64), "flags": flags,
+               "values": np.ascontiguousarray(vb[:, :self.vbytes]).view(self.w_dtype)}
+        if self.scaled:
+            out["scale"] = np.ascontiguousarray(vb[:, self.vbytes:self.vbytes + 2]) \
+                .view("<u2").ravel()
+        out["slots"] = None
+        if self.slot_width and n and fl[:, 3].all():  # _groups: all or none carry slots
+            o += self.vw
+            out["slots"] = np.ascontiguousarray(
+                np.ascontiguousarray(w[:, o:o + self.sw]).view(np.uint8)
+                [:, :4 * self.slot_width]).view("<f4")
+        return out
+
+    def _groups(self, ids: np.ndarray, w: np.ndarray) -> list:
+        """Decoded records, grouped by whether they carry slots."""
+        if not w.shape[0]:
+            return []
+        has = (w[:, N_META] >> np.uint64(24)) & np.uint64(1)
+        out = []
+        for val in (1, 0):
+            m = has == val
+            if m.any():
+                out.append((ids[m], self._decode(w[m])))
+        return out
+
+    def _homes(self, keys: np.ndarray, pages: int) -> np.ndarray:
+        return ((hash_ids(keys) >> np.uint64(24)) & np.uint64(pages - 1)).astype(np.int64)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _find_base(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(found mask, records)`` of ``keys`` in the base."""
+        homes = self._homes(keys, self.m["pages"])
+        order = np.argsort(homes, kind="stable")
+        out = np.zeros((keys.size, self.R), np.uint64)
+        found = np.zeros(keys.size, np.bool_)
+        page = np.empty(PAGE_WORDS, np.uint64)
+        st = _base_find(self.base_fd, self.n_pages, keys[order], homes[order], out, found,
+                        page)
+        if st < 0:
+            raise _err(f"spill store {self.path}: base.{self.m['gen']} is shorter than its "
+                       f"{self.n_pages} pages")
+        f = np.empty_like(found)
+        f[order] = found
+        w = np.empty_like(out)
+        w[order] = out
+        return f, w
+
+    def _read_log(self, offs: np.ndarray) -> np.ndarray:
+        order = np.argsort(offs)
+        out = np.empty((offs.size, self.R), np.uint64)
+        st = _read_records(self.log_fd, offs[order], out)
+        if st < 0:
+            raise _err(f"spill store {self.path}: log.{self.m['log']} is shorter than its "
+                       f"index says")
+        w = np.empty_like(out)
+        w[order] = out
+        return w
+
+    def _lookup(self, u: np.ndarray):
+        """``(found mask, records, in-base mask)`` of unique ids ``u``."""
+        v = self.index.get(u) if len(self.index) else np.full(u.size, -1, np.int64)
+        inlog = v >= 0
+        found = np.zeros(u.size, np.bool_)
+        inbase = np.zeros(u.size, np.bool_)
+        w = np.zeros((u.size, self.R), np.uint64)
+        li = np.flatnonzero(inlog & (v & 1).astype(bool))
+        if li.size:
+            w[li] = self._read_log(v[li] >> 2)
+            found[li] = True
+        inbase[inlog] = (v[inlog] & 2).astype(bool)
+        bi = np.flatnonzero(~inlog)
+        if bi.size and (self.m["base_count"] or self.count):
+            f, wb = self._find_base(u[bi])
+            found[bi[f]] = True
+            inbase[bi[f]] = True
+            w[bi[f]] = wb[f]
+        if found.any():
+            self._check(w[found], "read")
+        return found, w, inbase
+
+    def take(self, ids: np.ndarray, delete: bool = True):
+        """``(found ids, [(ids, records), ...])`` of ``ids``; ``delete`` removes them."""
+        u = np.unique(np.asarray(ids, np.int64))
+        found, w, inbase = self._lookup(u)
+        fids = u[found]
+        groups = self._groups(fids, w[found])
+        room = max(self.index_entries // 2, 1)
+        for s in range(0, fids.size if delete else 0, room):  # tombstones
+            k = fids[s:s + room]
+            z = {"meta": w[found][s:s + room, :N_META].view(np.int64).copy(),
+                 "flags": np.zeros((k.size, 8), np.uint8),
+                 "values": np.zeros((k.size, self.dim), self.w_dtype),
+                 "scale": np.zeros(k.size, np.uint16)}
+            self._append(k, self._encode(z, DEAD, inbase[found][s:s + room]), -k.size)
+        return fids, groups
+
+    def scan(self, batch: int = BATCH):
+        """Every row: yields ``(ids, records)`` groups (the base, then the log)."""
+        yield from self._scan_base(batch)
+        yield from self._scan_log(batch)
+
+    def _scan_base(self, batch: int):
+        """The base's rows that the log does not hold newer, page order."""
+        step = max(batch // self.P, 1)
+        buf = np.empty((step, PAGE_WORDS), np.uint64)
+        out = np.empty((step * self.P, self.R), np.uint64)
+        for p0 in range(0, self.n_pages, step):
+            k = min(step, self.n_pages - p0)
+            got = os.preadv(self.base_fd, [memoryview(buf[:k])], p0 * PAGE_WORDS * 8)
+            if got != k * PAGE_WORDS * 8:
+                raise _err(f"spill store {self.path}: base.{self.m['gen']} is short")
+            n = _extract(buf[:k], self.R, out)
+            if not n:
+                continue
+            w = out[:n].copy()
+            self._check(w, "scan")
+            ids = w[:, 0].view(np.int64)
+            if len(self.index):
+                keep = self.index.get(ids) < 0  # logged: the log's record is newer
+                ids, w = ids[keep], w[keep]
+            yield from self._groups(ids, w)
+
+    def _scan_log(self, batch: int, pages: int | None = None):
+        """The log's live rows; with ``pages``, in the order of their home pages in a
+        base of that many (so that each group falls on a run of pages)."""
+        if not len(self.index):
+            return
+        keys, vals = self.index.items()
+        live = (vals & 1).astype(bool)
+        keys, vals = keys[live], vals[live]
+        if pages is not None:
+            order = np.argsort(self._homes(keys, pages), kind="stable")
+            keys, vals = keys[order], vals[order]
+        for s in range(0, keys.size, batch):
+            w = self._read_log(vals[s:s + batch] >> 2)
+            self._check(w, "scan")
+            yield from self._groups(keys[s:s + batch], w)
+
+    # -- writing ---------------------------------------------------------------------------
+    def put(self, ids: np.ndarray, rec: dict, known: np.ndarray | None = None) -> None:
+        """Write (or overwrite) the rows of ``ids``; ``known`` (optional): True where the
+        caller knows the id is on disk already, False where it knows it is not."""
+        ids = np.asarray(ids, np.int64)
+        if not ids.size:
+            return
+        u, last = np.unique(ids[::-1], return_index=True)  # the last of duplicates wins
+        if u.size != ids.size:
+            pick = ids.size - 1 - last
+            rec = {k: (None if v is None else v[pick]) for k, v in rec.items()}
+            ids = u
+            known = None if known is None else np.asarray(known)[pick]
+        room = max(self.index_entries // 2, 1)
+        if ids.size > room:  # slices, so that the index never grows past its size
+            for s in range(0, ids.size, room):
+                self.put(ids[s:s + room], {k: (None if v is None else v[s:s + room])
+                                           for k, v in rec.items()},
+                         None if known is None else np.asarray(known)[s:s + room])
+            return
+        v = self.index.get(ids) if len(self.index) else np.full(ids.size, -1, np.int64)
+        inlog = v >= 0
+        inbase = (v & 2).astype(bool) & inlog
+        was = (v & 1).astype(bool) & inlog
+        rest = np.flatnonzero(~inlog)
+        if rest.size:
+            if known is not None:
+                kb = np.asarray(known, np.bool_)[rest]
+            elif self.m["base_count"]:
+                kb = self._find_base(ids[rest])[0]
+            else:
+                kb = np.zeros(rest.size, np.bool_)
+            inbase[rest] = was[rest] = kb
+        self._append(ids, self._encode(rec, LIVE, inbase), int((~was).sum()))
+
+    def _append(self, ids: np.ndarray, w: np.ndarray, dcount: int) -> None:
+        """One log entry of records ``w``; the store then holds ``dcount`` more rows.
+        The log is merged first if the index would not hold the entry's ids."""
+        if len(self.index) and len(self.index) + ids.size > self.index_entries:
+            self._compact()
+        count = self.count + dcount
+        head = np.array([MAGIC, self.seq, w.shape[0], self.R, count, 0], np.uint64)
+        head[5] = self._head_sum(head, w)
+        data = np.concatenate([head, w.ravel()])
+        at = self.log_words
+        mv = memoryview(data).cast("B")
+        done = 0
+        while done < len(mv):  # a write to a regular file may return short
+            done += os.pwrite(self.log_fd, mv[done:], at * 8 + done)
+        self.log_words += data.size
+        self.seq += 1
+        self.count = count
+        self.index.put(ids, self._values(at + HEAD, w))
+
+    def _compact(self) -> None:
+        """The log into the base: a merge, or a rebuild if the base is too full."""
+        if self.count > LOAD * self.P * self.m["pages"]:
+            pages = self.m["pages"]
+            while self.count > LOAD * self.P * pages / 2:
+                pages *= 2
+            self._rebuild(pages, self.slot_width)
+            return
+        try:
+            self._merge()
+        except _Overflow:
+            self._rebuild(2 * self.m["pages"], self.slot_width)
+
+    def _merge(self) -> None:
+        keys, vals = self.index.items()
+        if keys.size:
+            homes = self._homes(keys, self.m["pages"])
+            order = np.argsort(homes, kind="stable")
+            keys, vals, homes = keys[order], vals[order], homes[order]
+            for s in range(0, keys.size, BATCH):  # slices of runs of pages
+                w = self._read_log(vals[s:s + (BATCH)] >> 2)
+                self._check(w, "merge")
+                self._apply_sorted(self.base_fd, self.n_pages, w, homes[s:s + (BATCH)])
+        self.merges += 1
+        self._switch(self.m["gen"], self.m["pages"], self.slot_width)
+
+    def _apply_sorted(self, fd: int, n_pages: int, w: np.ndarray, homes: np.ndarray):
+        """Apply records (sorted by home page) to a base file, a window at a time."""
+        j, counts = 0, np.zeros(2, np.int64)
+        while j < w.shape[0]:
+            a = int(homes[j])
+            # the window ends a few pages past the last home it serves (sparse records
+            # read a few pages each, dense ones _WINDOW pages at a time)
+            last = int(homes[np.searchsorted(homes, a + _WINDOW) - 1])
+            extra = 8
+            while True:
+                end = min(last + 1 + extra, n_pages)
+                buf = np.empty((end - a, PAGE_WORDS), np.uint64)
+                if os.preadv(fd, [memoryview(buf)], a * PAGE_WORDS * 8) != buf.nbytes:
+                    raise _err(f"spill store {self.path}: a base file is short")
+                dirty = np.zeros(end - a, np.bool_)
+                nxt = _apply(buf, a, w, homes, j, a + _WINDOW, dirty, counts)
+                if nxt >= 0:
+                    break
+                if end == n_pages:
+                    raise _Overflow()
+                extra *= 4
+            d = np.flatnonzero(dirty)
+            if d.size:  # write back the dirty runs
+                cut = np.flatnonzero(np.diff(d) > 1)
+                for s, e in zip(np.r_[d[0], d[cut + 1]], np.r_[d[cut], d[-1]] + 1):
+                    mv = memoryview(buf[s:e]).cast("B")
+                    done = 0
+                    while done < len(mv):
+                        done += os.pwrite(fd, mv[done:], (a + s) * PAGE_WORDS * 8 + done)
+            j = nxt
+        return counts
+
+    def _rebuild(self, pages: int, slot_width: int) -> None:
+        """A new base of ``pages`` home pages (and records of ``slot_width``) holding
+        every row, then a manifest naming it and a new log."""
+        gen = self.m["gen"] + 1
+        while True:
+            self._new_base(gen, pages)
+            new = _Layout(self, slot_width)
+            fd = os.open(self._file("base", gen), os.O_RDWR)
+            try:
+                parts = (self._scan_base(BATCH), self._scan_log(BATCH, pages))
+                for ids, rec in (g for part in parts for g in part):
+                    w = new.encode(rec)
+                    homes = self._homes(ids, pages)
+                    order = np.argsort(homes, kind="stable")
+                    self._apply_sorted(fd, pages + TAIL, w[order], homes[order])
+                break
+            except _Overflow:
+                pages *= 2
+            finally:
+                os.close(fd)
+        self.rebuilds += 1
+        old_w = self.slot_width
+        self._layout(slot_width)
+        try:
+            self._switch(gen, pages, slot_width)
+        except BaseException:
+            self._layout(old_w)
+            raise
+
+    def _switch(self, gen: int, pages: int, slot_width: int) -> None:
+        """Publish base ``gen`` with every row and a new, empty log; drop the old files."""
+        old = (self._file("base", self.m["gen"]), self._file("log", self.m["log"]))
+        k = self.m["log"] + 1
+        self._new_log(k)
+        self.m.update(gen=gen, pages=pages, base_count=self.count, log=k,
+                      slot_width=slot_width)
+        self._write_manifest()
+        self._open_files()
+        for p in old:
+            if p not in (self._file("base", gen), self._file("log", k)):
+                os.unlink(p)
+        if self.index.capacity * 16 > self.index_bytes(self.index_entries):
+            self.index = HashMap(self.index_entries)  # grown by a replay: back to size
+        else:
+            self.index.clear()
+        self.log_words = 0
+
+    def reshape(self, slot_width: int) -> None:
+        """Records with ``slot_width`` slots from now on (rows keep none: the optimiser
+        that wrote them is gone)."""
+        if int(slot_width) != self.slot_width:
+            self._rebuild(self.m["pages"], int(slot_width))
+
+    def flush_log(self) -> None:
+        """Merge the log into the base now."""
+        if len(self.index):
+            self._compact()
+
+    def close(self) -> None:
+        for fd in (self.base_fd, self.log_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.base_fd = self.log_fd = -1
+
+
+class _Overflow(Exception):
+    """A chain of the base ran past its last page: the base needs more pages."""
+
+
+class _Layout:
+    """The record layout of another slot width, to re-encode rows during a rebuild."""
+
+    def __init__(self, store: LogStore, slot_width: int):
+        self.store, self.slot_width = store, int(slot_width)
+
+    def encode(self, rec: dict) -> np.ndarray:
+        s = self.store
+        old = (s.slot_width, s.sw, s.R, s.P)
+        try:
+            s._layout(self.slot_width)
+            n = rec["meta"].shape[0]
+            return s._encode(rec, LIVE, np.ones(n, np.uint8))
+        finally:
+            s.slot_width, s.sw, s.R, s.P = old
