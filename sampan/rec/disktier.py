@@ -279,13 +279,17 @@ class SpillStore:
         self.env.close()
 
 
+# a larger log index merges less often (a merge rewrites the base pages it touches) but
+# leaves fewer rows resident; measured (benchmarks/embedding_disk.py --quick): see below
+INDEX_SHARE = 0.25
 STORE = "log"  # the store a new spill_dir gets: "log" (LogStore) or "lmdb" (SpillStore)
 
 
-def open_store(path: str, dim: int, row_dtype: str, lineage: str, budget: int):
+def open_store(path: str, dim: int, row_dtype: str, lineage: str, index_bytes: float):
     """The store under ``path``: LMDB if it holds one (``data.mdb``), a :class:`LogStore`
     if it holds one (``MANIFEST``), else a new one of kind :data:`STORE`. A LogStore's
-    index of logged ids takes 1/8 of the budget."""
+    index of logged ids takes at most ``index_bytes`` (the tier gives it INDEX_SHARE of
+    the budget its map and metadata leave), and at least 1024 entries' worth."""
     from sampan.rec.logstore import LogStore
     lmdb_here = os.path.exists(os.path.join(path, "data.mdb"))
     log_here = os.path.exists(os.path.join(path, "MANIFEST"))
@@ -296,7 +300,7 @@ def open_store(path: str, dim: int, row_dtype: str, lineage: str, budget: int):
     if STORE not in ("log", "lmdb"):
         raise DiskTierError(f"disktier.STORE={STORE!r}, expected 'log' or 'lmdb'")
     entries = 1 << 10
-    while LogStore.index_bytes(2 * entries) <= budget // 8:
+    while LogStore.index_bytes(2 * entries) <= index_bytes:
         entries *= 2
     return LogStore(path, dim, row_dtype, lineage, index_entries=entries)
 
@@ -305,6 +309,9 @@ class DiskTier:
     """The RAM budget of one table and its spill store (see the module docstring)."""
 
     SLACK = 32  # demote 1/SLACK of the rows more than needed, so demotion is batched
+    # demotion picks the least recently seen of SAMPLE x n random resident rows (an
+    # argpartition and isin over every resident row cost ~20 ms a demotion at 2x10^5)
+    SAMPLE = 4
 
     def __init__(self, table, budget_mb: float, spill_dir: str):
         if not budget_mb > 0:
@@ -312,10 +319,14 @@ class DiskTier:
                            f"memory_budget_mb={budget_mb!r}", "a positive number of MB")
         self.table = table
         self.budget = int(budget_mb * (1 << 20))
+        t = table
+        fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes + \
+            sum(a.nbytes for a in t.meta.values()) + 4 * t.live.nbytes
         self.store = open_store(spill_dir, table.dim, table.row_dtype, table.lineage,
-                                self.budget)
+                                INDEX_SHARE * max(self.budget - fixed, 0))
         self.max_rows = self._fit()
         self.demoted = self.promoted = 0
+        self.rng = np.random.default_rng(0)
         # resident rows whose (older) copy is still on disk: promotion only reads, so it
         # needs no write transaction; demotion overwrites the copy
         self.ondisk = np.zeros(table.live.size, np.bool_)
@@ -392,6 +403,8 @@ class DiskTier:
         pinned) to disk; returns how many moved."""
         t = self.table
         cand = np.flatnonzero(t.live[: t.alloc.next_row])
+        if cand.size > self.SAMPLE * n:  # the oldest of a sample: near-LRU at O(n) cost
+            cand = cand[np.unique(self.rng.integers(0, cand.size, self.SAMPLE * n))]
         keys = t.meta["key"][cand]
         keep = np.isin(keys, protect)
         if len(t.pins):

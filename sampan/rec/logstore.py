@@ -71,6 +71,7 @@ MAGIC = 0x53504C4F47303031  # "SPLOG001"
 HEAD = 6  # words of a log entry header
 LIVE, DEAD = 1, 2  # record states (0: an empty slot)
 _WINDOW = 256  # pages a merge reads and writes at once at most (1 MB)
+INDEX_LOAD = 0.75  # the log index's most load (21 bytes an entry; 0.5 took 32)
 BATCH = 1 << 12  # records a merge or rebuild holds at once (~0.8 MB each copy)
 
 _pread = types.ExternalFunction(
@@ -258,7 +259,7 @@ class LogStore:
             self._new_log(0)
             self._write_manifest()
             self._open_files()
-            self.index = HashMap(self.index_entries)
+            self.index = HashMap(self.index_entries, INDEX_LOAD)
             self.count, self.seq, self.log_words = 0, 0, 0
 
     # -- layout and files ------------------------------------------------------------------
@@ -363,7 +364,7 @@ class LogStore:
             at = end
         self.log_words = at
         n_ids = sum(n for _, n in spans)
-        self.index = HashMap(max(self.index_entries, n_ids))
+        self.index = HashMap(max(self.index_entries, n_ids), INDEX_LOAD)
         for s, n in spans:
             recs = w[s + HEAD:s + HEAD + n * self.R].reshape(n, self.R)
             self.index.put(recs[:, 0].view(np.int64), self._values(s + HEAD, recs))
@@ -402,7 +403,7 @@ class LogStore:
     def index_bytes(entries: int) -> int:
         """RAM the index of ``entries`` logged ids takes (as :class:`HashMap` sizes it)."""
         cap = 16
-        while cap * 0.5 < max(int(entries), 64):
+        while cap * INDEX_LOAD < max(int(entries), 64):
             cap *= 2
         return 16 * cap
 
@@ -736,7 +737,7 @@ class LogStore:
             if p not in (self._file("base", gen), self._file("log", k)):
                 os.unlink(p)
         if self.index.capacity * 16 > self.index_bytes(self.index_entries):
-            self.index = HashMap(self.index_entries)  # grown by a replay: back to size
+            self.index = HashMap(self.index_entries, INDEX_LOAD)  # grown by a replay: back to size
         else:
             self.index.clear()
         self.log_words = 0
