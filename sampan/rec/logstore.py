@@ -71,6 +71,7 @@ MAGIC = 0x53504C4F47303031  # "SPLOG001"
 HEAD = 6  # words of a log entry header
 LIVE, DEAD = 1, 2  # record states (0: an empty slot)
 _WINDOW = 256  # pages a merge reads and writes at once at most (1 MB)
+FINE = 256  # ranges of home pages a log entry records the starts of (pages >= 256)
 INDEX_LOAD = 0.75  # the log index's most load (21 bytes an entry; 0.5 took 32)
 BATCH = 1 << 12  # records a merge or rebuild holds at once (~0.8 MB each copy)
 
@@ -260,7 +261,7 @@ class LogStore:
             self._write_manifest()
             self._open_files()
             self.index = HashMap(self.index_entries, INDEX_LOAD)
-            self.count, self.seq, self.log_words = 0, 0, 0
+            self.count, self.seq, self.log_words, self.runs = 0, 0, 0, []
 
     # -- layout and files ------------------------------------------------------------------
     def _layout(self, slot_width: int) -> None:
@@ -365,14 +366,26 @@ class LogStore:
         self.log_words = at
         n_ids = sum(n for _, n in spans)
         self.index = HashMap(max(self.index_entries, n_ids), INDEX_LOAD)
+        self.runs = []
         for s, n in spans:
             recs = w[s + HEAD:s + HEAD + n * self.R].reshape(n, self.R)
-            self.index.put(recs[:, 0].view(np.int64), self._values(s + HEAD, recs))
+            keys = recs[:, 0].view(np.int64)
+            homes = self._homes(keys, self.m["pages"])
+            if homes.size > 1 and (np.diff(homes) < 0).any():
+                raise _err(f"spill store {self.path}: log.{self.m['log']} entry at word {s} "
+                           f"is not in page order (not written by this store)")
+            self.runs.append((s + HEAD, n, self._bounds(homes)))
+            self.index.put(keys, self._values(s + HEAD, recs))
         if last is not None:
             self.seq, self.count = last[0] + 1, last[1]
         del w
         if len(self.index) > self.index_entries:
             self._compact()
+
+    def _bounds(self, homes: np.ndarray) -> np.ndarray:
+        """Where each of the FINE ranges of home pages starts in a run sorted by home."""
+        edges = np.arange(FINE + 1, dtype=np.int64) * (self.m["pages"] // FINE)
+        return np.searchsorted(homes, edges).astype(np.int64)
 
     def _values(self, start: int, recs: np.ndarray) -> np.ndarray:
         """Index values: word offset * 4 + in-base bit * 2 + live bit."""
@@ -624,6 +637,11 @@ class LogStore:
         if len(self.index) and len(self.index) + ids.size > self.index_entries:
             self._compact()
         count = self.count + dcount
+        # an entry's records in page order: a merge reads each entry's share of a range
+        # of pages with one read (not a read per record)
+        homes = self._homes(ids, self.m["pages"])
+        order = np.argsort(homes, kind="stable")
+        ids, w, homes = ids[order], w[order], homes[order]
         head = np.array([MAGIC, self.seq, w.shape[0], self.R, count, 0], np.uint64)
         head[5] = self._head_sum(head, w)
         data = np.concatenate([head, w.ravel()])
@@ -632,34 +650,58 @@ class LogStore:
         done = 0
         while done < len(mv):  # a write to a regular file may return short
             done += os.pwrite(self.log_fd, mv[done:], at * 8 + done)
+        self.runs.append((at + HEAD, w.shape[0], self._bounds(homes)))
         self.log_words += data.size
         self.seq += 1
         self.count = count
         self.index.put(ids, self._values(at + HEAD, w))
 
     def _compact(self) -> None:
-        """The log into the base: a merge, or a rebuild if the base is too full."""
-        if self.count > LOAD * self.P * self.m["pages"]:
+        """The log into the base: a merge, or a rebuild if the rows would fill the base
+        past LOAD (merging first would walk long chains of full pages)."""
+        grow = self.count > LOAD * self.P * self.m["pages"]
+        if not grow:
+            try:
+                self._merge()
+            except _Overflow:  # the base is full up to its last page
+                grow = True
+        if grow:
             pages = self.m["pages"]
             while self.count > LOAD * self.P * pages / 2:
                 pages *= 2
-            self._rebuild(pages, self.slot_width)
-            return
-        try:
-            self._merge()
-        except _Overflow:
-            self._rebuild(2 * self.m["pages"], self.slot_width)
+            self._rebuild(max(pages, 2 * self.m["pages"]), self.slot_width)
 
     def _merge(self) -> None:
-        keys, vals = self.index.items()
-        if keys.size:
-            homes = self._homes(keys, self.m["pages"])
-            order = np.argsort(homes, kind="stable")
-            keys, vals, homes = keys[order], vals[order], homes[order]
-            for s in range(0, keys.size, BATCH):  # slices of runs of pages
-                w = self._read_log(vals[s:s + (BATCH)] >> 2)
+        """Apply the log's latest records to the base, a range of pages at a time: each
+        entry's share of the range (its records are in page order) is one read."""
+        sizes = sum((b[1:] - b[:-1] for _, _, b in self.runs), np.zeros(FINE, np.int64))
+        r = 0
+        while r < FINE:
+            r2, tot = r, 0
+            while r2 < FINE and (tot == 0 or tot + sizes[r2] <= 2 * BATCH):
+                tot += int(sizes[r2])
+                r2 += 1
+            if tot:
+                parts, offs = [], []
+                for start, _, b in self.runs:
+                    lo, hi = int(b[r]), int(b[r2])
+                    if hi > lo:
+                        buf = np.empty((hi - lo, self.R), np.uint64)
+                        at = (start + lo * self.R) * 8
+                        if os.preadv(self.log_fd, [memoryview(buf)], at) != buf.nbytes:
+                            raise _err(f"spill store {self.path}: log.{self.m['log']} is "
+                                       f"shorter than its entries")
+                        parts.append(buf)
+                        offs.append(start + (lo + np.arange(hi - lo)) * self.R)
+                w = np.concatenate(parts)
+                keys = w[:, 0].view(np.int64)
+                latest = (self.index.get(keys) >> 2) == np.concatenate(offs)
+                w, keys = w[latest], keys[latest]
                 self._check(w, "merge")
-                self._apply_sorted(self.base_fd, self.n_pages, w, homes[s:s + (BATCH)])
+                homes = self._homes(keys, self.m["pages"])
+                order = np.argsort(homes, kind="stable")
+                self._apply_sorted(self.base_fd, self.n_pages, w[order], homes[order])
+            r = r2
         self.merges += 1
         self._switch(self.m["gen"], self.m["pages"], self.slot_width)
 
@@ -685,8 +727,8 @@ class LogStore:
                     raise _Overflow()
                 extra *= 4
             d = np.flatnonzero(dirty)
-            if d.size:  # write back the dirty runs
-                cut = np.flatnonzero(np.diff(d) > 1)
+            if d.size:  # write back the dirty runs (gaps of a few clean pages too)
+                cut = np.flatnonzero(np.diff(d) > 4)
                 for s, e in zip(np.r_[d[0], d[cut + 1]], np.r_[d[cut], d[-1]] + 1):
                     mv = memoryview(buf[s:e]).cast("B")
                     done = 0
@@ -741,6 +783,7 @@ class LogStore:
         else:
             self.index.clear()
         self.log_words = 0
+        self.runs = []
 
     def reshape(self, slot_width: int) -> None:
         """Records with ``slot_width`` slots from now on (rows keep none: the optimiser
