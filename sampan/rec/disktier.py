@@ -1,49 +1,43 @@
-"""Disk tier of a hash embedding table: a RAM budget, and the colder rows in LMDB.
+"""Disk tier of a hash embedding table: a RAM budget, and the colder rows on disk.
 
 ``HashEmbeddingTable(dim, memory_budget_mb=M, spill_dir=DIR)`` keeps at most ``M`` MB of
-rows in RAM -- weights, optimiser slots, per-id metadata, the id -> row map and flags, as
-:attr:`DiskTier.resident_bytes` counts them -- and the rest in an LMDB environment under
-``DIR``. Before a batch is resolved, its ids held on disk are promoted (read only: the
-disk copy stays, stale, until the row is demoted again and overwrites it, so a step's
-misses need no write transaction) and, when the batch's new and promoted ids would not
-fit, the least recently seen resident rows are demoted (LRU by step: the table's own
-``last_seen`` metadata; the batch's ids and pinned ids are never chosen). Demotion
-frees 1/32 of the rows more than it must, so it runs once every few batches. A demoted
-row keeps everything exactly (stored weights, float32 slots, metadata, dirty/exported
-bits), so a spilled table trains to the all-RAM table's rows bit for bit. ``read``
-(``create=False``) reads disk rows where they lie, without promoting them. The map
-and metadata are sized once for the rows the budget holds with one float32 slot a lane
-(Adagrad); attaching slots demotes every row and re-fits the budget.
+rows in RAM -- weights, optimiser slots, per-id metadata, the id -> row map and flags,
+and the disk store's own index, as :attr:`DiskTier.resident_bytes` counts them -- and
+the rest in a store under ``DIR``. Before a batch is resolved, its ids held on disk are
+promoted (read only: the disk copy stays, stale, until the row is demoted again and
+overwrites it, so a step's misses need no write) and, when the batch's new and promoted
+ids would not fit, the least recently seen resident rows are demoted (near-LRU by step:
+the oldest ``last_seen`` of a random sample of ``SAMPLE`` times the rows needed; the
+batch's ids and pinned ids are never chosen). Demotion frees 1/32 of the rows more than
+it must, so it runs once every few batches. A demoted row keeps everything exactly
+(stored weights, float32 slots, metadata, dirty/exported bits), so a spilled table
+trains to the all-RAM table's rows bit for bit. ``read`` (``create=False``) reads disk
+rows where they lie, without promoting them. The map and metadata are sized once for
+the rows the budget holds with one float32 slot a lane (Adagrad); attaching slots
+demotes every row and re-fits the budget.
 
-Why LMDB and not memory-mapped chunk files (``benchmarks/embedding_disk.py --parts
-store``: batched gather + scatter of 4096 random ids over 10^7 16-wide float32 rows, on
-the loaded 2-core build machine, two runs): chunk files 48k and 153k rows/s, LMDB 33k
-and 61k rows/s, with 18 and 90 MB anonymous RSS (the rest is file cache the kernel can
-reclaim). The chunk files were faster only with the id as the file offset; real ids need
-an id -> offset index, which in RAM is >= 32 bytes an id (3.2 GB at 10^8 ids, twelve
-times a 256 MB budget), while LMDB's B-tree index lives in the file. And a crash must
-never leave a half-applied write: LMDB commits each write (at most ``SpillStore.SLICE``
-rows) as one copy-on-write transaction, which chunk files would need a write-ahead log
-to match. A killed process loses what RAM held (as an all-RAM table does; snapshots
-are the recovery path) and leaves a store that reopens with each id as of its last
-demotion: ``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its
-rows.
+Two stores (:func:`open_store`): :class:`~sampan.rec.logstore.LogStore` (the default,
+``STORE = "log"``: a hashed page file plus an append-only log, no per-id index in RAM;
+see that module for its format and crash rules) and :class:`SpillStore` (LMDB,
+``STORE = "lmdb"``, or any ``DIR`` that already holds an LMDB store). A killed process
+loses what RAM held (as an all-RAM table does; snapshots are the recovery path) and
+leaves a store that reopens with each id as of its last demotion:
+``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its rows.
 
-Where the time goes (``benchmarks/embedding_disk.py``, 2026-12-02, under load): a step
-of 4096 Zipf(1.1) lookups over 10^7 ids with 256 MB (11% of the rows resident) reads
-~1200 distinct ids from disk and writes as many back when they are demoted; reading a
-key costs ~10 us of LMDB page faults (one ``getmulti`` for the batch costs what a
-``get`` per key did), the remap every ``REMAP_KEYS`` keys ~2.5 ms, and keeping the rows
-by sightings (``freq``) instead of LRU changed no promotion: the misses are first
-sightings and the ~20% of draws past the id range that ``% n_ids`` spreads uniformly.
-0.1x the all-RAM samples/s at 10^7 ids, 0.015x at 10^8; 0.5x needs about 1.5 us a
-disk row, read and write, which a B-tree over a memory map does not give.
+Why the log store (``benchmarks/embedding_disk.py --systems ram,disk,lmdb``, 4096
+Zipf(1.1) lookups + Adagrad pushes a step, the loaded 2-core build machine): LMDB reads
+cost ~10 us a key in page faults, and writing pages of a file in place costs 35-100 us
+a clean page here (see ``sampan.rec.logstore``), while an append costs a write call per
+batch; an in-RAM id -> offset index (>= 5 bytes an id) would not fit 10^8 ids in a
+256 MB budget, so the log store finds a record by hashing its id to a page. Figures:
+RESULTS_PLACEHOLDER
 
-Files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored weights
-[| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version, dim,
-row dtype, lineage, count of rows) is rewritten in every transaction that changes the
-rows, so a reopened store whose count disagrees with its rows, a record whose crc32
-fails, or a store of another shape is refused with :class:`DiskTierError`.
+SpillStore files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored
+weights [| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version,
+dim, row dtype, lineage, count of rows) is rewritten in every transaction that changes
+the rows, so a reopened store whose count disagrees with its rows, a record whose crc32
+fails, or a store of another shape is refused with :class:`DiskTierError`. Each write
+(at most ``SpillStore.SLICE`` rows) is one copy-on-write transaction.
 """
 
 from __future__ import annotations

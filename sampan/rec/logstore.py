@@ -68,7 +68,7 @@ PAGE_WORDS = 512
 TAIL = 64  # overflow-only pages after the last home page: a chain never wraps around
 LOAD = 0.75  # most records per base slot before the base is rebuilt larger
 MAGIC = 0x53504C4F47303031  # "SPLOG001"
-HEAD = 6  # words of a log entry header
+HEAD = 7  # words of a log entry header
 LIVE, DEAD = 1, 2  # record states (0: an empty slot)
 _WINDOW = 256  # pages a merge reads and writes at once at most (1 MB)
 FINE = 256  # ranges of home pages a log entry records the starts of (pages >= 256)
@@ -329,6 +329,10 @@ class LogStore:
                        f"{m.get('version')!r}, expected {FORMAT!r} version {VERSION}")
         if m.get("sha256") != self._digest(m):
             raise _err(f"spill store {self.path}: MANIFEST fails its checksum")
+        p = m.get("pages")
+        if not isinstance(p, int) or p < FINE or p & (p - 1):
+            raise _err(f"spill store {self.path}: MANIFEST names {p!r} base pages, expected "
+                       f"a power of two >= {FINE}")
         if m.get("dim") != self.dim or m.get("row_dtype") != self.row_dtype:
             raise _err(f"spill store {self.path} holds dim={m.get('dim')} "
                        f"row_dtype={m.get('row_dtype')!r} rows, the table has "
@@ -342,10 +346,16 @@ class LogStore:
         at, last, self.count, self.seq = 0, None, self.m["base_count"], 0
         spans = []
         while at < size:
-            ok = at + HEAD <= size and w[at] == MAGIC and w[at + 3] == self.R
-            n = int(w[at + 2]) if ok else 0
+            if at + HEAD > size:  # a header cut short: the last write, torn
+                os.ftruncate(self.log_fd, at * 8)
+                break
+            if w[at] != MAGIC or w[at + 3] != self.R or \
+                    self._head_sum(w[at:at + 5], w[:0].reshape(0, 1)) != w[at + 6]:
+                raise _err(f"spill store {self.path}: log.{self.m['log']} entry at word "
+                           f"{at} has a damaged header")
+            n = int(w[at + 2])
             end = at + HEAD + n * self.R
-            torn = not ok or end > size
+            torn = end > size
             if not torn:
                 recs = w[at + HEAD:end].reshape(n, self.R)
                 bad = _first_bad(recs)
@@ -397,8 +407,9 @@ class LogStore:
 
     @staticmethod
     def _head_sum(head: np.ndarray, recs: np.ndarray) -> np.uint64:
-        words = np.concatenate([head[:5].astype(np.uint64), recs[:, -1].astype(np.uint64),
-                                np.zeros(1, np.uint64)])
+        words = np.concatenate([head[:5].astype(np.uint64),
+                                recs[:, -1].astype(np.uint64) if recs.shape[0] else
+                                np.zeros(0, np.uint64), np.zeros(1, np.uint64)])
         out = np.empty(1, np.uint64)
         _checksums(words[None, :], out)
         return out[0]
@@ -642,8 +653,9 @@ class LogStore:
         homes = self._homes(ids, self.m["pages"])
         order = np.argsort(homes, kind="stable")
         ids, w, homes = ids[order], w[order], homes[order]
-        head = np.array([MAGIC, self.seq, w.shape[0], self.R, count, 0], np.uint64)
+        head = np.array([MAGIC, self.seq, w.shape[0], self.R, count, 0, 0], np.uint64)
         head[5] = self._head_sum(head, w)
+        head[6] = self._head_sum(head, w[:0])  # the header alone: a torn entry's n is sane
         data = np.concatenate([head, w.ravel()])
         at = self.log_words
         mv = memoryview(data).cast("B")
@@ -665,9 +677,9 @@ class LogStore:
                 self._merge()
             except _Overflow:  # the base is full up to its last page
                 grow = True
-        if grow:
+        if grow:  # the fewest pages (a power of two) under LOAD: (LOAD/2, LOAD] full
             pages = self.m["pages"]
-            while self.count > LOAD * self.P * pages / 2:
+            while self.count > LOAD * self.P * pages:
                 pages *= 2
             self._rebuild(max(pages, 2 * self.m["pages"]), self.slot_width)
 

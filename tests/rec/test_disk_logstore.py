@@ -207,3 +207,22 @@ def test_sigkilled_writer_mid_demotion_leaves_whole_batches(tmp_path, batches):
         want = last if i < 1000 else i // 1000 - 1
         assert m[1] == want and (v == want).all() and (sl == want).all(), (i, m[1], want)
     assert line.split()[0] in {str(last), str(last - 1)}
+
+
+def test_a_damaged_entry_header_is_refused_not_cut(tmp_path):
+    """A header whose count was flipped would read as a torn tail and drop the entries
+    after it: its own checksum tells damage from a torn write."""
+    path = tmp_path / "s"
+    s = LogStore(str(path), 4, "float32", "t")
+    ids = np.arange(100, dtype=np.int64)
+    s.put(ids, _rec(ids, 1, slots=0))
+    s.put(ids + 100, _rec(ids + 100, 2, slots=0))
+    s.close()
+    m = json.loads((path / "MANIFEST").read_text())
+    log = path / f"log.{m['log']}"
+    data = bytearray(log.read_bytes())
+    data[2 * 8 + 3] ^= 0x40  # the first entry's record count, now far past the file
+    log.write_bytes(bytes(data))
+    with pytest.raises(DiskTierError, match="damaged header"):
+        LogStore(str(path), 4, "float32", "t")
+    assert log.stat().st_size == len(data)  # nothing cut
