@@ -48,7 +48,8 @@ import zlib
 
 import numpy as np
 
-from sampan.errors import SampanError, SampanValueError, op_error
+from sampan.errors import SampanValueError, op_error
+from sampan.rec._logstore_kernels import DiskTierError  # one class for both stores
 from sampan.rec.hashtable import META_FIELDS
 from sampan.rec.rowstore import raw_specs
 
@@ -60,8 +61,6 @@ N_META = len(META_FIELDS)
 _HEADER = b"header"
 
 
-class DiskTierError(SampanError, ValueError):
-    """A spill store that is damaged, of another table shape, or misused."""
 
 
 def _lmdb():
@@ -284,7 +283,7 @@ def open_store(path: str, dim: int, row_dtype: str, lineage: str, index_bytes: f
     if it holds one (``MANIFEST``), else a new one of kind :data:`STORE`. A LogStore's
     index of logged ids takes at most ``index_bytes`` (the tier gives it INDEX_SHARE of
     the budget its map and metadata leave), and at least 1024 entries' worth."""
-    from sampan.rec.logstore import LogStore
+    from sampan.rec.logstore import LogStore  # numba kernels: compiled on first use
     lmdb_here = os.path.exists(os.path.join(path, "data.mdb"))
     log_here = os.path.exists(os.path.join(path, "MANIFEST"))
     if lmdb_here and log_here:

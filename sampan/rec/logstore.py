@@ -53,182 +53,25 @@ import os
 import re
 
 import numpy as np
-from numba import njit, types
 
 from sampan import _atomic
-from sampan.rec.hashtable import META_FIELDS, HashMap, _mix, hash_ids
+from sampan.rec._logstore_compact import _Compaction
+from sampan.rec._logstore_kernels import (BATCH, DEAD, FINE, HEAD, INDEX_LOAD, LIVE, MAGIC,
+                                          N_META, PAGE_WORDS, TAIL, DiskTierError,  # noqa: F401
+                                          _base_find, _checksums, _err, _extract,
+                                          _first_bad, _read_records)
+from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.rowstore import raw_specs
 
-__all__ = ["LogStore"]
+__all__ = ["LogStore"]  # DiskTierError: sampan.rec.disktier's
 
 FORMAT = "sampan-logstore"
 VERSION = 1
-N_META = len(META_FIELDS)
-PAGE_WORDS = 512
-TAIL = 64  # overflow-only pages after the last home page: a chain never wraps around
-LOAD = 0.75  # most records per base slot before the base is rebuilt larger
-MAGIC = 0x53504C4F47303031  # "SPLOG001"
-HEAD = 7  # words of a log entry header
-LIVE, DEAD = 1, 2  # record states (0: an empty slot)
-_WINDOW = 256  # pages a merge reads and writes at once at most (1 MB)
-FINE = 256  # ranges of home pages a log entry records the starts of (pages >= 256)
-INDEX_LOAD = 0.75  # the log index's most load (21 bytes an entry; 0.5 took 32)
-BATCH = 1 << 12  # records a merge or rebuild holds at once (~0.8 MB each copy)
 
-_pread = types.ExternalFunction(
-    "pread", types.int64(types.intc, types.voidptr, types.uint64, types.int64))
-
-
-def _err(msg):
-    from sampan.rec.disktier import DiskTierError
-    return DiskTierError(msg)
-
-
-# -- kernels -------------------------------------------------------------------------------
-@njit(cache=True, nogil=True, inline="always")
-def _sum_words(w, i, n):
-    h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(n)
-    for k in range(n):
-        h = (h ^ w[i + k]) * np.uint64(0x100000001B3)
-        h ^= h >> np.uint64(29)
-    return _mix(h)
-
-
-@njit(cache=True, nogil=True)
-def _checksums(recs, out):
-    """Checksum of each record's words but the last."""
-    R = recs.shape[1]
-    for j in range(recs.shape[0]):
-        out[j] = _sum_words(recs[j], 0, R - 1)
-
-
-@njit(cache=True, nogil=True)
-def _first_bad(recs):
-    """Index of the first record whose last word is not its checksum (-1: none)."""
-    R = recs.shape[1]
-    for j in range(recs.shape[0]):
-        if _sum_words(recs[j], 0, R - 1) != recs[j, R - 1]:
-            return j
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def _base_find(fd, n_pages, keys, homes, out, found, page):
-    """Read-only search of the base for ``keys`` (sorted by ``homes``), one page cached.
-    Returns 0, or -1 - j where reading a page for key ``j`` failed."""
-    R = out.shape[1]
-    P = (PAGE_WORDS - 1) // R
-    cached = np.int64(-1)
-    for j in range(keys.size):
-        p = homes[j]
-        found[j] = False
-        while True:
-            if p != cached:
-                if _pread(fd, page.ctypes.data, PAGE_WORDS * 8, p * PAGE_WORDS * 8) \
-                        != PAGE_WORDS * 8:
-                    return -1 - j
-                cached = p
-            hit = -1
-            for s in range(P):
-                o = 1 + s * R
-                if (page[o + N_META] & np.uint64(0xFF)) == LIVE and \
-                        np.int64(page[o]) == keys[j]:
-                    hit = o
-                    break
-            if hit >= 0:
-                for k in range(R):
-                    out[j, k] = page[hit + k]
-                found[j] = True
-                break
-            if (page[0] & np.uint64(1)) == 0 or p + 1 >= n_pages:
-                break
-            p += 1
-    return 0
-
-
-@njit(cache=True, nogil=True)
-def _apply(buf, first, recs, homes, j0, limit, dirty, counts):
-    """Apply records ``j0 ..`` (sorted by home; those with home < ``limit``) to the pages
-    ``first .. first + len(buf)`` held in ``buf``: a live record replaces or joins its
-    id's slot, a dead one clears it. Returns the next record, or -1 - j where record
-    ``j``'s chain runs past the buffer (nothing after it applied). ``counts`` +=
-    [inserted, cleared]."""
-    R = recs.shape[1]
-    P = (PAGE_WORDS - 1) // R
-    nb = buf.shape[0]
-    j = j0
-    while j < recs.shape[0] and homes[j] < limit:
-        key = np.int64(recs[j, 0])
-        state = recs[j, N_META] & np.uint64(0xFF)
-        p = homes[j] - first
-        hit_p, hit_o = -1, -1
-        while True:  # search the chain
-            if p >= nb:
-                return -1 - j
-            for s in range(P):
-                o = 1 + s * R
-                if (buf[p, o + N_META] & np.uint64(0xFF)) == LIVE and \
-                        np.int64(buf[p, o]) == key:
-                    hit_p, hit_o = p, o
-                    break
-            if hit_p >= 0 or (buf[p, 0] & np.uint64(1)) == 0:
-                break
-            p += 1
-        if hit_p < 0 and state == LIVE:  # first free slot from home, marking full pages
-            p = homes[j] - first
-            while hit_p < 0:
-                if p >= nb:
-                    return -1 - j
-                for s in range(P):
-                    o = 1 + s * R
-                    if (buf[p, o + N_META] & np.uint64(0xFF)) != LIVE:
-                        hit_p, hit_o = p, o
-                        break
-                if hit_p < 0:
-                    buf[p, 0] |= np.uint64(1)
-                    dirty[p] = True
-                    p += 1
-            counts[0] += 1
-        if hit_p >= 0:
-            if state == LIVE:
-                for k in range(R):
-                    buf[hit_p, hit_o + k] = recs[j, k]
-            else:
-                for k in range(R):
-                    buf[hit_p, hit_o + k] = 0
-                counts[1] += 1
-            dirty[hit_p] = True
-        j += 1
-    return j
-
-
-@njit(cache=True, nogil=True)
-def _extract(buf, R, out):
-    """Copy the live records of ``buf``'s pages to ``out``; returns how many."""
-    P = (PAGE_WORDS - 1) // R
-    n = 0
-    for p in range(buf.shape[0]):
-        for s in range(P):
-            o = 1 + s * R
-            if (buf[p, o + N_META] & np.uint64(0xFF)) == LIVE:
-                for k in range(R):
-                    out[n, k] = buf[p, o + k]
-                n += 1
-    return n
-
-
-@njit(cache=True, nogil=True)
-def _read_records(fd, offs, out):
-    """``out[j]`` = the record at word offset ``offs[j]`` of the log; 0 or -1 - j."""
-    nb = out.shape[1] * 8
-    for j in range(offs.size):
-        if _pread(fd, out[j].ctypes.data, nb, offs[j] * 8) != nb:
-            return -1 - j
-    return 0
 
 
 # -- the store -----------------------------------------------------------------------------
-class LogStore:
+class LogStore(_Compaction):
     """Rows on disk: a hashed page file plus an append-only log (see the module
     docstring). The interface :class:`~sampan.rec.disktier.DiskTier` uses:
     ``put``, ``take``, ``scan``, ``len``, ``reshape``, ``nbytes`` and ``close``."""
@@ -668,116 +511,6 @@ class LogStore:
         self.count = count
         self.index.put(ids, self._values(at + HEAD, w))
 
-    def _compact(self) -> None:
-        """The log into the base: a merge, or a rebuild if the rows would fill the base
-        past LOAD (merging first would walk long chains of full pages)."""
-        grow = self.count > LOAD * self.P * self.m["pages"]
-        if not grow:
-            try:
-                self._merge()
-            except _Overflow:  # the base is full up to its last page
-                grow = True
-        if grow:  # the fewest pages (a power of two) under LOAD: (LOAD/2, LOAD] full
-            pages = self.m["pages"]
-            while self.count > LOAD * self.P * pages:
-                pages *= 2
-            self._rebuild(max(pages, 2 * self.m["pages"]), self.slot_width)
-
-    def _merge(self) -> None:
-        """Apply the log's latest records to the base, a range of pages at a time: each
-        entry's share of the range (its records are in page order) is one read."""
-        sizes = sum((b[1:] - b[:-1] for _, _, b in self.runs), np.zeros(FINE, np.int64))
-        r = 0
-        while r < FINE:
-            r2, tot = r, 0
-            while r2 < FINE and (tot == 0 or tot + sizes[r2] <= 2 * BATCH):
-                tot += int(sizes[r2])
-                r2 += 1
-            if tot:
-                parts, offs = [], []
-                for start, _, b in self.runs:
-                    lo, hi = int(b[r]), int(b[r2])
-                    if hi > lo:
-                        buf = np.empty((hi - lo, self.R), np.uint64)
-                        at = (start + lo * self.R) * 8
-                        if os.preadv(self.log_fd, [memoryview(buf)], at) != buf.nbytes:
-                            raise _err(f"spill store {self.path}: log.{self.m['log']} is "
-                                       f"shorter than its entries")
-                        parts.append(buf)
-                        offs.append(start + (lo + np.arange(hi - lo)) * self.R)
-                w = np.concatenate(parts)
-                keys = w[:, 0].view(np.int64)
-                latest = (self.index.get(keys) >> 2) == np.concatenate(offs)
-                w, keys = w[latest], keys[latest]
-                self._check(w, "merge")
-                homes = self._homes(keys, self.m["pages"])
-                order = np.argsort(homes, kind="stable")
-                self._apply_sorted(self.base_fd, self.n_pages, w[order], homes[order])
-            r = r2
-        self.merges += 1
-        self._switch(self.m["gen"], self.m["pages"], self.slot_width)
-
-    def _apply_sorted(self, fd: int, n_pages: int, w: np.ndarray, homes: np.ndarray):
-        """Apply records (sorted by home page) to a base file, a window at a time."""
-        j, counts = 0, np.zeros(2, np.int64)
-        while j < w.shape[0]:
-            a = int(homes[j])
-            # the window ends a few pages past the last home it serves (sparse records
-            # read a few pages each, dense ones _WINDOW pages at a time)
-            last = int(homes[np.searchsorted(homes, a + _WINDOW) - 1])
-            extra = 8
-            while True:
-                end = min(last + 1 + extra, n_pages)
-                buf = np.empty((end - a, PAGE_WORDS), np.uint64)
-                if os.preadv(fd, [memoryview(buf)], a * PAGE_WORDS * 8) != buf.nbytes:
-                    raise _err(f"spill store {self.path}: a base file is short")
-                dirty = np.zeros(end - a, np.bool_)
-                nxt = _apply(buf, a, w, homes, j, a + _WINDOW, dirty, counts)
-                if nxt >= 0:
-                    break
-                if end == n_pages:
-                    raise _Overflow()
-                extra *= 4
-            d = np.flatnonzero(dirty)
-            if d.size:  # write back the dirty runs (gaps of a few clean pages too)
-                cut = np.flatnonzero(np.diff(d) > 4)
-                for s, e in zip(np.r_[d[0], d[cut + 1]], np.r_[d[cut], d[-1]] + 1):
-                    mv = memoryview(buf[s:e]).cast("B")
-                    done = 0
-                    while done < len(mv):
-                        done += os.pwrite(fd, mv[done:], (a + s) * PAGE_WORDS * 8 + done)
-            j = nxt
-        return counts
-
-    def _rebuild(self, pages: int, slot_width: int) -> None:
-        """A new base of ``pages`` home pages (and records of ``slot_width``) holding
-        every row, then a manifest naming it and a new log."""
-        gen = self.m["gen"] + 1
-        while True:
-            self._new_base(gen, pages)
-            new = _Layout(self, slot_width)
-            fd = os.open(self._file("base", gen), os.O_RDWR)
-            try:
-                parts = (self._scan_base(BATCH), self._scan_log(BATCH, pages))
-                for ids, rec in (g for part in parts for g in part):
-                    w = new.encode(rec)
-                    homes = self._homes(ids, pages)
-                    order = np.argsort(homes, kind="stable")
-                    self._apply_sorted(fd, pages + TAIL, w[order], homes[order])
-                break
-            except _Overflow:
-                pages *= 2
-            finally:
-                os.close(fd)
-        self.rebuilds += 1
-        old_w = self.slot_width
-        self._layout(slot_width)
-        try:
-            self._switch(gen, pages, slot_width)
-        except BaseException:
-            self._layout(old_w)
-            raise
-
     def _switch(self, gen: int, pages: int, slot_width: int) -> None:
         """Publish base ``gen`` with every row and a new, empty log; drop the old files."""
         old = (self._file("base", self.m["gen"]), self._file("log", self.m["log"]))
@@ -813,24 +546,3 @@ class LogStore:
             if fd >= 0:
                 os.close(fd)
         self.base_fd = self.log_fd = -1
-
-
-class _Overflow(Exception):
-    """A chain of the base ran past its last page: the base needs more pages."""
-
-
-class _Layout:
-    """The record layout of another slot width, to re-encode rows during a rebuild."""
-
-    def __init__(self, store: LogStore, slot_width: int):
-        self.store, self.slot_width = store, int(slot_width)
-
-    def encode(self, rec: dict) -> np.ndarray:
-        s = self.store
-        old = (s.slot_width, s.sw, s.R, s.P)
-        try:
-            s._layout(self.slot_width)
-            n = rec["meta"].shape[0]
-            return s._encode(rec, LIVE, np.ones(n, np.uint8))
-        finally:
-            s.slot_width, s.sw, s.R, s.P = old
