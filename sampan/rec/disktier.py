@@ -305,6 +305,7 @@ class DiskTier:
     # demotion picks the least recently seen of SAMPLE x n random resident rows (an
     # argpartition and isin over every resident row cost ~20 ms a demotion at 2x10^5)
     SAMPLE = 4
+    PUT_SLICE = 1 << 14  # rows a demotion copies at once (a 10^7-id fill: 105k a batch)
 
     def __init__(self, table, budget_mb: float, spill_dir: str):
         if not budget_mb > 0:
@@ -405,11 +406,18 @@ class DiskTier:
         cand = cand[~keep]
         if n < cand.size:
             cand = cand[np.argpartition(t.meta["last_seen"][cand], n - 1)[:n]]
-        if cand.size:
-            self.store.put(t.meta["key"][cand], self._capture(cand), known=self.ondisk[cand])
-            self._drop_resident(cand)
-            self.demoted += int(cand.size)
+        self._demote_rows(cand)
         return int(cand.size)
+
+    def _demote_rows(self, rows: np.ndarray) -> None:
+        """Write ``rows`` to the store and free them, PUT_SLICE rows at a time (a copy of
+        the rows in stored form is the transient RAM a demotion takes)."""
+        t = self.table
+        for s in range(0, rows.size, self.PUT_SLICE):
+            r = rows[s:s + self.PUT_SLICE]
+            self.store.put(t.meta["key"][r], self._capture(r), known=self.ondisk[r])
+            self._drop_resident(r)
+            self.demoted += int(r.size)
 
     def promote(self, ids: np.ndarray) -> int:
         """Bring the rows of ``ids`` that are on disk into RAM (they must fit)."""
@@ -478,11 +486,7 @@ class DiskTier:
         from sampan.rec.hashtable import RowAllocator
         from sampan.rec.rowstore import make_rows
         t = self.table
-        rows = np.flatnonzero(t.live[: t.alloc.next_row])
-        if rows.size:
-            self.store.put(t.meta["key"][rows], self._capture(rows), known=self.ondisk[rows])
-            self._drop_resident(rows)
-            self.demoted += int(rows.size)
+        self._demote_rows(np.flatnonzero(t.live[: t.alloc.next_row]))
         t.weights = make_rows(t.dim, t.weights.shift, t.row_dtype)
         t.alloc = RowAllocator()
 

@@ -499,14 +499,16 @@ class LogStore(_Compaction):
         head = np.array([MAGIC, self.seq, w.shape[0], self.R, count, 0, 0], np.uint64)
         head[5] = self._head_sum(head, w)
         head[6] = self._head_sum(head, w[:0])  # the header alone: a torn entry's n is sane
-        data = np.concatenate([head, w.ravel()])
         at = self.log_words
-        mv = memoryview(data).cast("B")
-        done = 0
-        while done < len(mv):  # a write to a regular file may return short
-            done += os.pwrite(self.log_fd, mv[done:], at * 8 + done)
+        hv, wv = memoryview(head).cast("B"), memoryview(np.ascontiguousarray(w)).cast("B")
+        done = os.pwritev(self.log_fd, [hv, wv], at * 8)
+        total = len(hv) + len(wv)
+        while done < total:  # a write to a regular file may return short
+            rest = wv[done - len(hv):] if done >= len(hv) else None
+            done += os.pwritev(self.log_fd, [rest] if rest is not None else
+                               [hv[done:], wv], at * 8 + done)
         self.runs.append((at + HEAD, w.shape[0], self._bounds(homes)))
-        self.log_words += data.size
+        self.log_words += total // 8
         self.seq += 1
         self.count = count
         self.index.put(ids, self._values(at + HEAD, w))
