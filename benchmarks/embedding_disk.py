@@ -2,10 +2,11 @@
 
 Two parts (``--parts``):
 
-- ``store``: the measurement that chose LMDB for ``sampan/rec/disktier.py``: batched
-  gather + scatter of 4096 random ids over ``--store-rows`` 16-wide float32 rows, in a
-  memory-mapped chunk file (id = row: the best case, no id index) and in LMDB (one
-  write transaction a batch), rows/s and RSS (anonymous and file-backed).
+- ``store``: batched gather + scatter of 4096 random ids over ``--store-rows`` 16-wide
+  float32 rows, in a memory-mapped chunk file (id = row: the best case, no id index) and
+  in LMDB (one write transaction a batch), rows/s and RSS (anonymous and file-backed);
+  and the file costs that shaped ``sampan/rec/logstore.py``: us per random 4 kB pread,
+  per 4 kB pwrite of a clean page in place, and per 192-byte record appended in batches.
 - ``train``: a table of ``--ids`` distinct ids (filled first), then ``--steps`` steps of
   ``--batch`` samples x ``--fields`` ids drawn Zipf(1.1) over them (lookup + SparseAdagrad
   push), each system in its own process so that RSS is its own: ``sampan-ram`` (all
@@ -82,8 +83,46 @@ def store_lines(n_rows: int, batches: int, info: dict) -> None:
         emit("embedding-disk-store", "lmdb", "cpu", "rows_per_s", [rate], rows=n_rows,
              rss_mb=_rss(), **info)
         env.close()
+        page_lines(d, n_rows, batches, info)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def page_lines(d: str, n_rows: int, batches: int, info: dict) -> None:
+    """Why the log store appends (sampan.rec.logstore): us per 4 kB page written in place
+    at random (pwrite of a clean page of a synced file) against us per 192-byte record
+    appended 4096 at a time, and us per random 4 kB pread."""
+    rng = np.random.default_rng(1)
+    path = os.path.join(d, "pages")
+    n_pages = max(n_rows * 192 // 4096, 4096)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        blk = bytes(4096 * 256)
+        for s in range(0, n_pages, 256):
+            os.pwrite(fd, blk, s * 4096)
+        os.fsync(fd)
+        page = bytes(4096)
+        pages = rng.integers(0, n_pages, 4096 * batches)
+        t = time.perf_counter()
+        for p in pages[:4096 * batches // 2]:
+            os.pread(fd, 4096, int(p) * 4096)
+        read_us = (time.perf_counter() - t) / (pages.size // 2) * 1e6
+        t = time.perf_counter()
+        for p in pages[pages.size // 2:]:
+            os.pwrite(fd, page, int(p) * 4096)
+        write_us = (time.perf_counter() - t) / (pages.size - pages.size // 2) * 1e6
+        log = os.open(os.path.join(d, "log"), os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        rec = bytes(192 * 4096)
+        t = time.perf_counter()
+        for _ in range(batches):
+            os.write(log, rec)
+        append_us = (time.perf_counter() - t) / (4096 * batches) * 1e6
+        os.close(log)
+        emit("embedding-disk-store", "file-pages", "cpu", "us_per_op", [write_us],
+             pread_4k_us=round(read_us, 2), pwrite_clean_4k_us=round(write_us, 2),
+             append_192b_us=round(append_us, 3), pages=n_pages, **info)
+    finally:
+        os.close(fd)
 
 
 def _zipf_ids(rng, n_ids: int, size: int) -> np.ndarray:
