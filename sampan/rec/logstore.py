@@ -19,14 +19,23 @@ here. Two levels:
   then names a new, empty log. When the base gets too full it is **rebuilt** at twice
   the pages (a new file, then the manifest switches to it).
 
-Why not write the base in place on every demotion (measured on the shared build machine,
-ext4, ``benchmarks/embedding_disk.py --parts store``): the first write to a clean 4 kB
-page of a file costs 35-100 us here (``pwrite`` and a write through ``mmap`` alike: the
-file system's per-page journalled work), while appending a batch costs one write call;
-so a demotion appends, and the base takes its updates as long runs of pages. Reads use
-``pread`` (a system call per page, about 1-5 us from the page cache under load) from
-numba kernels, not a memory map: mapped file pages count in the process' RSS, and a
-fault maps up to 64 kB around it.
+Why not write the base in place on every demotion (``benchmarks/embedding_disk.py
+--parts store --store-rows 2000000 --store-batches 10``, the shared 2-core build machine,
+ext4, under load, 2026-12-02): a random 4 kB ``pwrite`` over a clean page of a synced
+file took 50.6 us (35-100 us in other runs, through ``mmap`` too), a random 4 kB
+``pread`` 2.1 us, and appending 192-byte records 4096 at a time 0.33 us a record; so a
+demotion appends, and the base takes its updates in runs of pages at a merge. Reads
+use ``pread`` from numba kernels, not a memory map: mapped file pages count in the
+process' RSS, and a fault maps up to 64 kB around it.
+
+What limits it (the same benchmark, ``--ids 10000000 --budget-mb 256 --steps 1000``):
+between merges a step of 4096 lookups costs about the all-RAM step plus ~1300 promotions
+at ~2 us each (``_base_find``; 120 profiled steps without a merge ran at ~51k samples/s);
+a merge of the ~1M-entry log rewrites the ~63% of the base's 10^6 pages its ids fall on,
+dirtying pages in place at tens of us each, and that is most of the time: the 1000-step
+run (19.3k samples/s, ~26 ms a step) spends ~15 us a demoted row on it, amortised. A base written anew at each
+merge (sequential, ~7 us a page appended) or a log index several times the base's page
+count would cut it; neither is done.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
