@@ -30,14 +30,16 @@ cost ~10 us a key in page faults, and writing pages of a file in place costs 35-
 a clean page here (see ``sampan.rec.logstore``), while an append costs a write call per
 batch; an in-RAM id -> offset index (>= 5 bytes an id) would not fit 10^8 ids in a
 256 MB budget, so the log store finds a record by hashing its id to a page. Figures
-(``--ids 10000000 --budget-mb 256 --parts train --steps 1000 --systems ram,disk,lmdb``,
-one run, load average ~10 on 2 cores, 2026-12-02): all-RAM 233.9k samples/s; log store
-19.3k (0.082x), peak RSS budget + 319 MB, 4.2 GB on disk; LMDB 11.8k (0.051x), budget
-+ 542 MB. A 200-step run: RAM 53.8k, log 6.0k (0.112x, + 316 MB), LMDB 9.9k (0.184x,
-+ 451 MB): 200 steps hold a merge or none, so the 1000-step run is the amortised
-figure. The issue's 0.5x is not met; ``sampan.rec.logstore`` says what limits it (the
-merges). The process itself (Python, numpy, numba, the compiled kernels) takes ~245 MB
-of the 300 MB of RSS over the budget the issue allows.
+(``--ids 10000000 --budget-mb 256 --parts train --steps 1000``, 2026-12-02): quiet
+machine (load ~0.3), one run: all-RAM 479.6k samples/s, log store 64.7k (0.135x), peak
+RSS budget + 299.2 MB, 4.2 GB on disk; under load (~10 on 2 cores), one run with LMDB:
+RAM 233.9k, log store 19.3k (0.082x, + 319 MB), LMDB 11.8k (0.051x, + 542 MB). 3x10^7
+ids (``--ids 30000000 --systems disk``, under load; 10^8 was not run on this shared
+machine: its 10^8-id fill alone would take ~30 min and a ~32 GB base outgrows its page
+cache): log store 28.8k samples/s, RSS budget + 299.6 MB, 8.4 GB on disk. The issue's
+0.5x is not met; ``sampan.rec.logstore`` says what limits it. The process itself
+(Python, numpy, numba, the compiled kernels) takes ~245 MB of the 300 MB of RSS over
+the budget the issue allows.
 
 SpillStore files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored
 weights [| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version,

@@ -28,14 +28,15 @@ demotion appends, and the base takes its updates in runs of pages at a merge. Re
 use ``pread`` from numba kernels, not a memory map: mapped file pages count in the
 process' RSS, and a fault maps up to 64 kB around it.
 
-What limits it (the same benchmark, ``--ids 10000000 --budget-mb 256 --steps 1000``):
-between merges a step of 4096 lookups costs about the all-RAM step plus ~1300 promotions
-at ~2 us each (``_base_find``; 120 profiled steps without a merge ran at ~51k samples/s);
-a merge of the ~1M-entry log rewrites the ~63% of the base's 10^6 pages its ids fall on,
-dirtying pages in place at tens of us each, and that is most of the time: the 1000-step
-run (19.3k samples/s, ~26 ms a step) spends ~15 us a demoted row on it, amortised. A base written anew at each
-merge (sequential, ~7 us a page appended) or a log index several times the base's page
-count would cut it; neither is done.
+What limits it (the same benchmark, ``--ids 10000000 --budget-mb 256 --steps 1000``,
+quiet machine: 0.135x the all-RAM samples/s; a profile of 1000 such steps): ~1140
+promotions a step at ~1.3 us each (``_base_find``, a ``pread`` per page), ~1120
+demotions a step appended, and one merge of the ~1M-entry log in the 1000 steps (2.9 s,
+31% of the time: it rewrites the ~63% of the base's 10^6 pages its ids fall on) beside
+the tier's own ``np.unique`` and map work. A 4096-lookup step that misses ~28% of its
+ids pays ~3 ms of disk work against a ~1 ms all-RAM step, so 0.5x is out of reach of a
+system call per disk row; a larger log index (fewer merges) or batched reads
+(io_uring) would be the next steps, neither is done.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
