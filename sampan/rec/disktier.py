@@ -32,7 +32,8 @@ batch; an in-RAM id -> offset index (>= 5 bytes an id) would not fit 10^8 ids in
 256 MB budget, so the log store finds a record by hashing its id to a page. Figures
 (``--ids 10000000 --budget-mb 256 --parts train --steps 1000``, 2026-12-02): quiet
 machine (load ~0.3), one run: all-RAM 479.6k samples/s, log store 64.7k (0.135x), peak
-RSS budget + 299.2 MB, 4.2 GB on disk; under load (~10 on 2 cores), one run with LMDB:
+RSS budget + 299.2 MB, 4.2 GB on disk; LMDB (``--systems lmdb``, the next run, still
+quiet) 23.9k (0.050x of that RAM figure), + 529 MB, 3.0 GB on disk; under load (~10 on 2 cores), one run with LMDB:
 RAM 233.9k, log store 19.3k (0.082x, + 319 MB), LMDB 11.8k (0.051x, + 542 MB). 3x10^7
 ids (``--ids 30000000 --systems disk``, under load; 10^8 was not run on this shared
 machine: its 10^8-id fill alone would take ~30 min and a ~32 GB base outgrows its page
