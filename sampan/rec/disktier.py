@@ -42,12 +42,9 @@ cache): log store 28.8k samples/s, RSS budget + 299.6 MB, 8.4 GB on disk. The is
 (Python, numpy, numba, the compiled kernels) takes ~245 MB of the 300 MB of RSS over
 the budget the issue allows.
 
-SpillStore files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored
-weights [| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version,
-dim, row dtype, lineage, count of rows) is rewritten in every transaction that changes
-the rows, so a reopened store whose count disagrees with its rows, a record whose crc32
-fails, or a store of another shape is refused with :class:`DiskTierError`. Each write
-(at most ``SpillStore.SLICE`` rows) is one copy-on-write transaction.
+SpillStore: a record per id (``meta | flags | weights [| scale] [| slots] | crc32``) and
+a ``header`` (version, dim, dtype, lineage, row count) rewritten by every transaction
+(<= ``SLICE`` rows); a count off its rows, a bad crc32 or another shape: DiskTierError.
 """
 
 from __future__ import annotations
@@ -71,14 +68,11 @@ N_META = len(META_FIELDS)
 _HEADER = b"header"
 
 
-
-
 def _lmdb():
     try:
         import lmdb
     except ImportError:  # pragma: no cover - optional dependency
-        raise ImportError("HashEmbeddingTable(spill_dir=...) needs the 'lmdb' package "
-                          "(pip install lmdb)") from None
+        raise ImportError("the LMDB spill store needs 'lmdb' (pip install lmdb)") from None
     return lmdb
 
 
@@ -275,8 +269,8 @@ class SpillStore:
 
     nbytes = 0  # keeps nothing in RAM between calls (LMDB's index lives in its file)
 
-    def reshape(self, slot_width: int) -> None:
-        """Records of any slot width mix in LMDB: nothing to do."""
+    def reshape(self, slot_width: int) -> None:  # records of any slot width mix here
+        pass
 
     def close(self) -> None:
         self.env.close()
