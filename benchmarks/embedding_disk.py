@@ -2,15 +2,18 @@
 
 Two parts (``--parts``):
 
-- ``store``: the measurement that chose LMDB for ``sampan/rec/disktier.py``: batched
-  gather + scatter of 4096 random ids over ``--store-rows`` 16-wide float32 rows, in a
-  memory-mapped chunk file (id = row: the best case, no id index) and in LMDB (one
-  write transaction a batch), rows/s and RSS (anonymous and file-backed).
+- ``store``: batched gather + scatter of 4096 random ids over ``--store-rows`` 16-wide
+  float32 rows, in a memory-mapped chunk file (id = row: the best case, no id index) and
+  in LMDB (one write transaction a batch), rows/s and RSS (anonymous and file-backed);
+  and the file costs that shaped ``sampan/rec/logstore.py``: us per random 4 kB pread,
+  per 4 kB pwrite of a clean page in place, and per 192-byte record appended in batches.
 - ``train``: a table of ``--ids`` distinct ids (filled first), then ``--steps`` steps of
   ``--batch`` samples x ``--fields`` ids drawn Zipf(1.1) over them (lookup + SparseAdagrad
   push), each system in its own process so that RSS is its own: ``sampan-ram`` (all
-  rows in RAM) and ``sampan-disk`` (``memory_budget_mb=--budget-mb``, spill to a temp
-  dir). Lines: samples/s, peak RSS, RssAnon and the table's resident bytes.
+  rows in RAM), ``sampan-disk`` (``memory_budget_mb=--budget-mb``, spill to a temp dir,
+  the log store of ``sampan.rec.logstore``) and ``sampan-lmdb`` (the same over the LMDB
+  store). Lines: samples/s, peak RSS, RssAnon, the table's resident bytes, the store's
+  index, merges, rebuilds and bytes on disk.
 
     python benchmarks/embedding_disk.py --ids 10000000 --budget-mb 256
     python benchmarks/embedding_disk.py --quick        # 10^6 ids, 64 MB, a few seconds
@@ -80,8 +83,46 @@ def store_lines(n_rows: int, batches: int, info: dict) -> None:
         emit("embedding-disk-store", "lmdb", "cpu", "rows_per_s", [rate], rows=n_rows,
              rss_mb=_rss(), **info)
         env.close()
+        page_lines(d, n_rows, batches, info)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def page_lines(d: str, n_rows: int, batches: int, info: dict) -> None:
+    """Why the log store appends (sampan.rec.logstore): us per 4 kB page written in place
+    at random (pwrite of a clean page of a synced file) against us per 192-byte record
+    appended 4096 at a time, and us per random 4 kB pread."""
+    rng = np.random.default_rng(1)
+    path = os.path.join(d, "pages")
+    n_pages = max(n_rows * 192 // 4096, 4096)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        blk = bytes(4096 * 256)
+        for s in range(0, n_pages, 256):
+            os.pwrite(fd, blk, s * 4096)
+        os.fsync(fd)
+        page = bytes(4096)
+        pages = rng.integers(0, n_pages, 4096 * batches)
+        t = time.perf_counter()
+        for p in pages[:4096 * batches // 2]:
+            os.pread(fd, 4096, int(p) * 4096)
+        read_us = (time.perf_counter() - t) / (pages.size // 2) * 1e6
+        t = time.perf_counter()
+        for p in pages[pages.size // 2:]:
+            os.pwrite(fd, page, int(p) * 4096)
+        write_us = (time.perf_counter() - t) / (pages.size - pages.size // 2) * 1e6
+        log = os.open(os.path.join(d, "log"), os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        rec = bytes(192 * 4096)
+        t = time.perf_counter()
+        for _ in range(batches):
+            os.write(log, rec)
+        append_us = (time.perf_counter() - t) / (4096 * batches) * 1e6
+        os.close(log)
+        emit("embedding-disk-store", "file-pages", "cpu", "us_per_op", [write_us],
+             pread_4k_us=round(read_us, 2), pwrite_clean_4k_us=round(write_us, 2),
+             append_192b_us=round(append_us, 3), pages=n_pages, **info)
+    finally:
+        os.close(fd)
 
 
 def _zipf_ids(rng, n_ids: int, size: int) -> np.ndarray:
@@ -98,7 +139,11 @@ def child(args) -> dict:
     if args.remap_keys:
         from sampan.rec.disktier import SpillStore
         SpillStore.REMAP_KEYS = args.remap_keys
-    spill = tempfile.mkdtemp(prefix="sampan-spill-") if args.system == "disk" else None
+    if args.system in ("disk", "lmdb"):
+        from sampan.rec import disktier
+        disktier.STORE = "log" if args.system == "disk" else "lmdb"
+    spill = tempfile.mkdtemp(prefix="sampan-spill-", dir=args.spill_root) \
+        if args.system in ("disk", "lmdb") else None
     try:
         kw = dict(memory_budget_mb=args.budget_mb, spill_dir=spill) if spill else {}
         t = HashEmbeddingTable(16, **kw)
@@ -124,9 +169,15 @@ def child(args) -> dict:
         out = {"samples_per_s": args.steps * args.batch / train_s, "fill_s": fill_s,
                "rss_mb": _rss(), "ids": len(t), "table_mb": t.nbytes / 2**20}
         if t.tier is not None:
+            st = t.tier.store
             out.update(resident_mb=t.tier.resident_bytes / 2**20,
                        resident_rows=len(t.map), demoted=t.tier.demoted,
-                       promoted=t.tier.promoted)
+                       promoted=t.tier.promoted, store=type(st).__name__,
+                       store_index_mb=st.nbytes / 2**20,
+                       merges=getattr(st, "merges", None),
+                       rebuilds=getattr(st, "rebuilds", None),
+                       disk_mb=sum(os.path.getsize(os.path.join(spill, f))
+                                   for f in os.listdir(spill)) / 2**20)
         return out
     finally:
         if spill:
@@ -140,6 +191,8 @@ def train_lines(args, info: dict) -> None:
                "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
                "--steps", str(args.steps), "--batch", str(args.batch),
                "--fields", str(args.fields), "--remap-keys", str(args.remap_keys)]
+        if args.spill_root:
+            cmd += ["--spill-root", args.spill_root]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         sys.stderr.write(r.stderr[-2000:])
         if r.returncode:
@@ -151,10 +204,11 @@ def train_lines(args, info: dict) -> None:
         ratio = (res["samples_per_s"] / got["ram"]["samples_per_s"]
                  if "ram" in got else None)
         emit("embedding-disk", f"sampan-{system}", "cpu", "samples_per_s",
-             [res["samples_per_s"]], budget_mb=args.budget_mb if system == "disk" else None,
+             [res["samples_per_s"]],
+             budget_mb=args.budget_mb if system in ("disk", "lmdb") else None,
              vs_ram=None if ratio is None else round(ratio, 3),
              rss_over_budget_mb=(round(res["rss_mb"]["VmHWM"] - args.budget_mb, 1)
-                                 if system == "disk" else None),
+                                 if system in ("disk", "lmdb") else None),
              batch=args.batch, fields=args.fields, steps=args.steps, **extra, **info)
 
 
@@ -166,13 +220,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=512, help="samples a step")
     ap.add_argument("--fields", type=int, default=8, help="ids a sample")
-    ap.add_argument("--systems", default="ram,disk", help="ram, disk or both")
+    ap.add_argument("--systems", default="ram,disk",
+                    help="comma list of ram (all rows in RAM), disk (the log store), "
+                         "lmdb (the LMDB store)")
+    ap.add_argument("--spill-root", default=None, help="folder for the spill dirs")
     ap.add_argument("--remap-keys", type=int, default=0,
                     help="SpillStore.REMAP_KEYS for this run (0: the default)")
     ap.add_argument("--store-rows", type=int, default=10**7)
     ap.add_argument("--store-batches", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="10^6 ids, 64 MB, 50 steps")
-    ap.add_argument("--child", choices=("ram", "disk"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("ram", "disk", "lmdb"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.ids, args.budget_mb, args.steps, args.store_rows = 10**6, 64.0, 50, 10**6

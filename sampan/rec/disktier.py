@@ -1,49 +1,50 @@
-"""Disk tier of a hash embedding table: a RAM budget, and the colder rows in LMDB.
+"""Disk tier of a hash embedding table: a RAM budget, and the colder rows on disk.
 
 ``HashEmbeddingTable(dim, memory_budget_mb=M, spill_dir=DIR)`` keeps at most ``M`` MB of
-rows in RAM -- weights, optimiser slots, per-id metadata, the id -> row map and flags, as
-:attr:`DiskTier.resident_bytes` counts them -- and the rest in an LMDB environment under
-``DIR``. Before a batch is resolved, its ids held on disk are promoted (read only: the
-disk copy stays, stale, until the row is demoted again and overwrites it, so a step's
-misses need no write transaction) and, when the batch's new and promoted ids would not
-fit, the least recently seen resident rows are demoted (LRU by step: the table's own
-``last_seen`` metadata; the batch's ids and pinned ids are never chosen). Demotion
-frees 1/32 of the rows more than it must, so it runs once every few batches. A demoted
-row keeps everything exactly (stored weights, float32 slots, metadata, dirty/exported
-bits), so a spilled table trains to the all-RAM table's rows bit for bit. ``read``
-(``create=False``) reads disk rows where they lie, without promoting them. The map
-and metadata are sized once for the rows the budget holds with one float32 slot a lane
-(Adagrad); attaching slots demotes every row and re-fits the budget.
+rows in RAM -- weights, optimiser slots, per-id metadata, the id -> row map and flags,
+and the disk store's own index, as :attr:`DiskTier.resident_bytes` counts them -- and
+the rest in a store under ``DIR``. Before a batch is resolved, its ids held on disk are
+promoted (read only: the disk copy stays, stale, until the row is demoted again and
+overwrites it, so a step's misses need no write) and, when the batch's new and promoted
+ids would not fit, the least recently seen resident rows are demoted (near-LRU by step:
+the oldest ``last_seen`` of a random sample of ``SAMPLE`` times the rows needed; the
+batch's ids and pinned ids are never chosen). Demotion frees 1/32 of the rows more than
+it must, so it runs once every few batches. A demoted row keeps everything exactly
+(stored weights, float32 slots, metadata, dirty/exported bits), so a spilled table
+trains to the all-RAM table's rows bit for bit. ``read`` (``create=False``) reads disk
+rows where they lie, without promoting them. The map and metadata are sized once for
+the rows the budget holds with one float32 slot a lane (Adagrad); attaching slots
+demotes every row and re-fits the budget.
 
-Why LMDB and not memory-mapped chunk files (``benchmarks/embedding_disk.py --parts
-store``: batched gather + scatter of 4096 random ids over 10^7 16-wide float32 rows, on
-the loaded 2-core build machine, two runs): chunk files 48k and 153k rows/s, LMDB 33k
-and 61k rows/s, with 18 and 90 MB anonymous RSS (the rest is file cache the kernel can
-reclaim). The chunk files were faster only with the id as the file offset; real ids need
-an id -> offset index, which in RAM is >= 32 bytes an id (3.2 GB at 10^8 ids, twelve
-times a 256 MB budget), while LMDB's B-tree index lives in the file. And a crash must
-never leave a half-applied write: LMDB commits each write (at most ``SpillStore.SLICE``
-rows) as one copy-on-write transaction, which chunk files would need a write-ahead log
-to match. A killed process loses what RAM held (as an all-RAM table does; snapshots
-are the recovery path) and leaves a store that reopens with each id as of its last
-demotion: ``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its
-rows.
+Two stores (:func:`open_store`): :class:`~sampan.rec.logstore.LogStore` (the default,
+``STORE = "log"``: a hashed page file plus an append-only log, no per-id index in RAM;
+see that module for its format and crash rules) and :class:`SpillStore` (LMDB,
+``STORE = "lmdb"``, or any ``DIR`` that already holds an LMDB store). A killed process
+loses what RAM held (as an all-RAM table does; snapshots are the recovery path) and
+leaves a store that reopens with each id as of its last demotion:
+``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its rows.
 
-Where the time goes (``benchmarks/embedding_disk.py``, 2026-12-02, under load): a step
-of 4096 Zipf(1.1) lookups over 10^7 ids with 256 MB (11% of the rows resident) reads
-~1200 distinct ids from disk and writes as many back when they are demoted; reading a
-key costs ~10 us of LMDB page faults (one ``getmulti`` for the batch costs what a
-``get`` per key did), the remap every ``REMAP_KEYS`` keys ~2.5 ms, and keeping the rows
-by sightings (``freq``) instead of LRU changed no promotion: the misses are first
-sightings and the ~20% of draws past the id range that ``% n_ids`` spreads uniformly.
-0.1x the all-RAM samples/s at 10^7 ids, 0.015x at 10^8; 0.5x needs about 1.5 us a
-disk row, read and write, which a B-tree over a memory map does not give.
+Why the log store (``benchmarks/embedding_disk.py --systems ram,disk,lmdb``, 4096
+Zipf(1.1) lookups + Adagrad pushes a step, the loaded 2-core build machine): LMDB reads
+cost ~10 us a key in page faults, and writing pages of a file in place costs 35-100 us
+a clean page here (see ``sampan.rec.logstore``), while an append costs a write call per
+batch; an in-RAM id -> offset index (>= 5 bytes an id) would not fit 10^8 ids in a
+256 MB budget, so the log store finds a record by hashing its id to a page. Figures
+(``--ids 10000000 --budget-mb 256 --parts train --steps 1000``, 2026-12-02): quiet
+machine (load ~0.3), one run: all-RAM 479.6k samples/s, log store 64.7k (0.135x), peak
+RSS budget + 299.2 MB, 4.2 GB on disk; LMDB (``--systems lmdb``, the next run, still
+quiet) 23.9k (0.050x of that RAM figure), + 529 MB, 3.0 GB on disk; under load (~10 on 2 cores), one run with LMDB:
+RAM 233.9k, log store 19.3k (0.082x, + 319 MB), LMDB 11.8k (0.051x, + 542 MB). 3x10^7
+ids (``--ids 30000000 --systems disk``, under load; 10^8 was not run on this shared
+machine: its 10^8-id fill alone would take ~30 min and a ~32 GB base outgrows its page
+cache): log store 28.8k samples/s, RSS budget + 299.6 MB, 8.4 GB on disk. The issue's
+0.5x is not met; ``sampan.rec.logstore`` says what limits it. The process itself
+(Python, numpy, numba, the compiled kernels) takes ~245 MB of the 300 MB of RSS over
+the budget the issue allows.
 
-Files: one record per id, ``meta (6 x int64) | flags (8 bytes) | stored weights
-[| int8 scale] [| float32 slots] | crc32``; a ``header`` record (format version, dim,
-row dtype, lineage, count of rows) is rewritten in every transaction that changes the
-rows, so a reopened store whose count disagrees with its rows, a record whose crc32
-fails, or a store of another shape is refused with :class:`DiskTierError`.
+SpillStore: a record per id (``meta | flags | weights [| scale] [| slots] | crc32``) and
+a ``header`` (version, dim, dtype, lineage, row count) rewritten by every transaction
+(<= ``SLICE`` rows); a count off its rows, a bad crc32 or another shape: DiskTierError.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ import zlib
 
 import numpy as np
 
-from sampan.errors import SampanError, SampanValueError, op_error
+from sampan.errors import SampanValueError, op_error
+from sampan.rec._logstore_kernels import DiskTierError  # one class for both stores
 from sampan.rec.hashtable import META_FIELDS
 from sampan.rec.rowstore import raw_specs
 
-__all__ = ["DiskTier", "DiskTierError", "SpillStore"]
+__all__ = ["DiskTier", "DiskTierError", "SpillStore", "open_store"]
 
 FORMAT = "sampan-spill"
 VERSION = 1
@@ -66,16 +68,11 @@ N_META = len(META_FIELDS)
 _HEADER = b"header"
 
 
-class DiskTierError(SampanError, ValueError):
-    """A spill store that is damaged, of another table shape, or misused."""
-
-
 def _lmdb():
     try:
         import lmdb
     except ImportError:  # pragma: no cover - optional dependency
-        raise ImportError("HashEmbeddingTable(spill_dir=...) needs the 'lmdb' package "
-                          "(pip install lmdb)") from None
+        raise ImportError("the LMDB spill store needs 'lmdb' (pip install lmdb)") from None
     return lmdb
 
 
@@ -216,8 +213,9 @@ class SpillStore:
             self._open()
 
     # -- transactions --------------------------------------------------------------------
-    def put(self, ids: np.ndarray, rec: dict) -> None:
-        """Write (or overwrite) the rows of ``ids``, sorted: a transaction per SLICE rows."""
+    def put(self, ids: np.ndarray, rec: dict, known=None) -> None:
+        """Write (or overwrite) the rows of ``ids``, sorted: a transaction per SLICE rows
+        (``known``, the caller's word on which ids it holds, is not needed here)."""
         if not ids.size:
             return
         order = np.argsort(ids, kind="stable")
@@ -269,14 +267,49 @@ class SpillStore:
             if keys:
                 yield from self._decode_mixed(_ids(keys), vals)
 
+    nbytes = 0  # keeps nothing in RAM between calls (LMDB's index lives in its file)
+
+    def reshape(self, slot_width: int) -> None:  # records of any slot width mix here
+        pass
+
     def close(self) -> None:
         self.env.close()
+
+
+# a larger log index merges less often (a merge rewrites the base pages it touches) but
+# leaves fewer rows resident; measured (benchmarks/embedding_disk.py --quick): see below
+INDEX_SHARE = 0.25
+STORE = "log"  # the store a new spill_dir gets: "log" (LogStore) or "lmdb" (SpillStore)
+
+
+def open_store(path: str, dim: int, row_dtype: str, lineage: str, index_bytes: float):
+    """The store under ``path``: LMDB if it holds one (``data.mdb``), a :class:`LogStore`
+    if it holds one (``MANIFEST``), else a new one of kind :data:`STORE`. A LogStore's
+    index of logged ids takes at most ``index_bytes`` (the tier gives it INDEX_SHARE of
+    the budget its map and metadata leave), and at least 1024 entries' worth."""
+    from sampan.rec.logstore import LogStore  # numba kernels: compiled on first use
+    lmdb_here = os.path.exists(os.path.join(path, "data.mdb"))
+    log_here = os.path.exists(os.path.join(path, "MANIFEST"))
+    if lmdb_here and log_here:
+        raise DiskTierError(f"spill store {path} holds both an LMDB store and a log store")
+    if lmdb_here or (not log_here and STORE == "lmdb"):
+        return SpillStore(path, dim, row_dtype, lineage)
+    if STORE not in ("log", "lmdb"):
+        raise DiskTierError(f"disktier.STORE={STORE!r}, expected 'log' or 'lmdb'")
+    entries = 1 << 10
+    while LogStore.index_bytes(2 * entries) <= index_bytes:
+        entries *= 2
+    return LogStore(path, dim, row_dtype, lineage, index_entries=entries)
 
 
 class DiskTier:
     """The RAM budget of one table and its spill store (see the module docstring)."""
 
     SLACK = 32  # demote 1/SLACK of the rows more than needed, so demotion is batched
+    # demotion picks the least recently seen of SAMPLE x n random resident rows (an
+    # argpartition and isin over every resident row cost ~20 ms a demotion at 2x10^5)
+    SAMPLE = 4
+    PUT_SLICE = 1 << 14  # rows a demotion copies at once (a 10^7-id fill: 105k a batch)
 
     def __init__(self, table, budget_mb: float, spill_dir: str):
         if not budget_mb > 0:
@@ -284,9 +317,14 @@ class DiskTier:
                            f"memory_budget_mb={budget_mb!r}", "a positive number of MB")
         self.table = table
         self.budget = int(budget_mb * (1 << 20))
-        self.store = SpillStore(spill_dir, table.dim, table.row_dtype, table.lineage)
+        t = table
+        fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes + \
+            sum(a.nbytes for a in t.meta.values()) + 4 * t.live.nbytes
+        self.store = open_store(spill_dir, table.dim, table.row_dtype, table.lineage,
+                                INDEX_SHARE * max(self.budget - fixed, 0))
         self.max_rows = self._fit()
         self.demoted = self.promoted = 0
+        self.rng = np.random.default_rng(0)
         # resident rows whose (older) copy is still on disk: promotion only reads, so it
         # needs no write transaction; demotion overwrites the copy
         self.ondisk = np.zeros(table.live.size, np.bool_)
@@ -299,7 +337,7 @@ class DiskTier:
     def _fit(self) -> int:
         """Most resident rows under the budget, given what is allocated per row already."""
         t = self.table
-        fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes
+        fixed = t.map.nbytes + t.pending.nbytes + t.pins.nbytes + self.store.nbytes
         fixed += sum(a.nbytes for a in t.meta.values()) + 4 * t.live.nbytes
         per = t.weights.bytes_per_row + (4 * t.slots.width if t.slots is not None else 0)
         chunks = (self.budget - fixed) // (per << t.weights.shift)
@@ -316,7 +354,7 @@ class DiskTier:
         """Bytes the RAM tier holds (``table.nbytes`` plus the pin and flag arrays)."""
         t = self.table
         return t.nbytes + t.pins.nbytes + t.dirty.nbytes + t.exported.nbytes + \
-            self.ondisk.nbytes
+            self.ondisk.nbytes + self.store.nbytes
 
     # -- moving rows ---------------------------------------------------------------------
     def _capture(self, rows: np.ndarray) -> dict:
@@ -363,6 +401,8 @@ class DiskTier:
         pinned) to disk; returns how many moved."""
         t = self.table
         cand = np.flatnonzero(t.live[: t.alloc.next_row])
+        if cand.size > self.SAMPLE * n:  # the oldest of a sample: near-LRU at O(n) cost
+            cand = cand[np.unique(self.rng.integers(0, cand.size, self.SAMPLE * n))]
         keys = t.meta["key"][cand]
         keep = np.isin(keys, protect)
         if len(t.pins):
@@ -370,11 +410,18 @@ class DiskTier:
         cand = cand[~keep]
         if n < cand.size:
             cand = cand[np.argpartition(t.meta["last_seen"][cand], n - 1)[:n]]
-        if cand.size:
-            self.store.put(t.meta["key"][cand], self._capture(cand))
-            self._drop_resident(cand)
-            self.demoted += int(cand.size)
+        self._demote_rows(cand)
         return int(cand.size)
+
+    def _demote_rows(self, rows: np.ndarray) -> None:
+        """Write ``rows`` to the store and free them, PUT_SLICE rows at a time (a copy of
+        the rows in stored form is the transient RAM a demotion takes)."""
+        t = self.table
+        for s in range(0, rows.size, self.PUT_SLICE):
+            r = rows[s:s + self.PUT_SLICE]
+            self.store.put(t.meta["key"][r], self._capture(r), known=self.ondisk[r])
+            self._drop_resident(r)
+            self.demoted += int(r.size)
 
     def promote(self, ids: np.ndarray) -> int:
         """Bring the rows of ``ids`` that are on disk into RAM (they must fit)."""
@@ -443,16 +490,15 @@ class DiskTier:
         from sampan.rec.hashtable import RowAllocator
         from sampan.rec.rowstore import make_rows
         t = self.table
-        rows = np.flatnonzero(t.live[: t.alloc.next_row])
-        if rows.size:
-            self.store.put(t.meta["key"][rows], self._capture(rows))
-            self._drop_resident(rows)
-            self.demoted += int(rows.size)
+        self._demote_rows(np.flatnonzero(t.live[: t.alloc.next_row]))
         t.weights = make_rows(t.dim, t.weights.shift, t.row_dtype)
         t.alloc = RowAllocator()
 
     def refit(self) -> None:
-        """Recompute the resident row limit (after the slots were attached)."""
+        """Recompute the resident row limit (after the slots were attached); the store's
+        records take the new slot width (rows on disk keep none, as RAM rows would)."""
+        if self.table.slots is not None:
+            self.store.reshape(self.table.slots.width)
         self.max_rows = self._fit()
 
     # -- whole-table views ---------------------------------------------------------------
@@ -519,7 +565,7 @@ class DiskTier:
             sub["flags"][:, 0], sub["flags"][:, 1] = 0, 1
             marked.append((gids[pick], sub))
         for gids, sub in marked if mark else ():  # after the scan: its read transaction is closed
-            self.store.put(gids, sub)
+            self.store.put(gids, sub, known=np.ones(gids.size, np.bool_))
         if not out:
             return None
         return {k: np.concatenate([a[k] for a in out]) for k in out[0]}
@@ -530,7 +576,7 @@ class DiskTier:
         for gids, rec in groups:
             rec["flags"] = rec["flags"].copy()
             rec["flags"][:, 0] = 1
-            self.store.put(gids, rec)
+            self.store.put(gids, rec, known=np.ones(gids.size, np.bool_))
 
     def _load(self, ids: np.ndarray, rec: dict) -> None:
         """Restore rows: resident ones in place, then RAM while it has room (most

@@ -11,12 +11,13 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("lmdb")
+from sampan.rec.disktier import DiskTierError, SpillStore
+from sampan.rec.optim import SparseAdagrad
+from sampan.rec.snapshot import export_delta, export_full, restore, table_state
+from sampan.rec.table import HashEmbeddingTable
 
-from sampan.rec.disktier import DiskTierError, SpillStore  # noqa: E402
-from sampan.rec.optim import SparseAdagrad  # noqa: E402
-from sampan.rec.snapshot import export_delta, export_full, restore, table_state  # noqa: E402
-from sampan.rec.table import HashEmbeddingTable  # noqa: E402
+# the table tests run over the default store (sampan.rec.logstore); the SpillStore
+# tests over LMDB, which stays selectable (disktier.STORE = "lmdb")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUDGET_MB = 0.5  # one 1024-row chunk of weights + Adagrad slots, beside map and metadata
@@ -65,6 +66,17 @@ def test_spilled_training_is_bit_identical_and_under_budget(tmp_path, row_dtype)
     np.testing.assert_array_equal(disk.read(ids), ram.read(ids))
 
 
+def test_lmdb_store_stays_selectable(tmp_path, monkeypatch):
+    pytest.importorskip("lmdb")
+    from sampan.rec import disktier
+    monkeypatch.setattr(disktier, "STORE", "lmdb")
+    ram, disk = _pair(tmp_path)
+    assert isinstance(disk.tier.store, SpillStore)
+    _train([ram, disk], 12)
+    assert disk.tier.demoted > 0 and disk.tier.promoted > 0
+    _same(ram, disk)
+
+
 def test_snapshot_and_delta_round_trip_across_tiers(tmp_path):
     ram, disk = _pair(tmp_path)
     _train([ram, disk], 20)
@@ -101,6 +113,7 @@ def test_reopened_store_serves_its_rows_and_refuses_another_shape(tmp_path):
 
 
 def test_flipped_byte_in_a_record_is_refused(tmp_path):
+    pytest.importorskip("lmdb")
     s = SpillStore(str(tmp_path / "s"), 4, "float32", "x")
     ids = np.arange(50, dtype=np.int64)
     rec = {"meta": np.zeros((50, 6), np.int64), "flags": np.zeros((50, 8), np.uint8),
@@ -135,6 +148,7 @@ for k in range(10**6):
 
 
 def test_sigkilled_writer_leaves_whole_batches(tmp_path):
+    pytest.importorskip("lmdb")
     path = str(tmp_path / "s")
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_WRITER), path], env=env,
