@@ -63,12 +63,17 @@ typedef int32_t sp_i16 __attribute__((vector_size(64)));
 #define SP_GEMM_NARROW 1
 typedef float sp_v8 __attribute__((vector_size(32)));
 #endif
+#ifdef SP_VEC
+typedef float sp_v4 __attribute__((vector_size(16)));
+typedef int32_t sp_i4 __attribute__((vector_size(16)));
+#define SP_RELU4(v) ((sp_v4)((sp_i4)(v) & ~((v) < zero4)))
+#endif
 """
 
 KERNELS["gemm_packed"] = r"""
 
 /* act 1: ReLU on the way out (NaN stays NaN, as numpy's maximum(x, 0)) */
-static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
+SP_KERNEL void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
                           const float *Bp, const float *bias, float *C, idx ldc, int act)
 {
     idx panels = (N + 15) / 16;
@@ -85,6 +90,37 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
         sp_v16 vb, zero = {0};
         memcpy(&vb, bb, sizeof vb);
         idx i = 0;
+#ifdef SP_GEMM_NARROW
+        /* 4 rows x half a panel: 8 accumulators of 4 floats, 2 of B and A's splat (11 of
+           the 16 128-bit registers: the 8 x 16 block's 32 accumulators spill in V8) */
+        sp_v4 zero4 = {0};
+        for (; i + 4 <= M; i += 4) {
+            const float *a0 = A + i * lda;
+            for (idx h = 0; h < nj; h += 8) {
+                sp_v4 c[4][2];
+                memcpy(&c[0][0], bb + h, 16);
+                memcpy(&c[0][1], bb + h + 4, 16);
+                for (int r = 1; r < 4; r++) { c[r][0] = c[0][0]; c[r][1] = c[0][1]; }
+                const float *b = bp + h;
+                for (idx k = 0; k < K; k++, b += 16) {
+                    sp_v4 b0 = *(const sp_v4 *)b, b1 = *(const sp_v4 *)(b + 4);
+                    for (int r = 0; r < 4; r++) {
+                        float x = a0[r * lda + k];
+                        c[r][0] += x * b0;
+                        c[r][1] += x * b1;
+                    }
+                }
+                idx w = nj - h < 8 ? nj - h : 8;
+                for (int r = 0; r < 4; r++) {
+                    float o[8];
+                    if (act) { c[r][0] = SP_RELU4(c[r][0]); c[r][1] = SP_RELU4(c[r][1]); }
+                    memcpy(o, &c[r][0], 16);
+                    memcpy(o + 4, &c[r][1], 16);
+                    memcpy(C + (i + r) * ldc + j0 + h, o, (size_t)w * sizeof(float));
+                }
+            }
+        }
+#endif
         for (; i + 8 <= M; i += 8) {     /* 8 rows: 8 independent accumulators */
             sp_v16 c[8];
             const float *a = A + i * lda;
@@ -196,7 +232,7 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
 
 # C[M,N] = A[M,K] x B[K,N], all row-major (a matmul of two computed values)
 KERNELS["gemm"] = r"""
-static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
+SP_KERNEL void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
 {
 #if defined(_OPENMP)
 #pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
@@ -217,7 +253,7 @@ static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C
 # with the group's weight packed as W^T (Kg x OCg, `pack_conv_weight`); tmp holds the (OH*OW,
 # OCg) product before it is written channel-major into y
 KERNELS["conv2d"] = r"""
-static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+SP_KERNEL void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
                      const float *Wp, const float *bias, idx OH, idx OW,
                      idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
                      float *col, float *tmp, float *y, int act)
@@ -265,7 +301,7 @@ static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH,
 # C[M,N] = A[M,K] B[K,N] (+ bias[m]), both row-major, vectorised over N: the conv2d of a
 # layer with few output channels (rows) and many pixels (columns), every lane useful
 KERNELS["gemm_wcol"] = r"""
-static void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
+SP_KERNEL void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
                         const float *bias, float *C, int act)
 {
 #ifdef SP_VEC
@@ -322,7 +358,7 @@ static void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
 # conv2d of one image as im2col (col: Kg rows of OH*OW) and k_gemm_wcol per group, written
 # channel-major straight into y (a weight used as it is: computed weights too)
 KERNELS["conv2d_wcol"] = r"""
-static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+SP_KERNEL void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
                           const float *w, const float *bias, idx OH, idx OW,
                           idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *col,
                           float *y, int act)
@@ -356,7 +392,7 @@ static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, id
 """
 
 KERNELS["maxpool2d"] = r"""
-static void k_maxpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
+SP_KERNEL void k_maxpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
                         idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *y)
 {
     for (idx n = 0; n < NC; n++) {
@@ -383,7 +419,7 @@ static void k_maxpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, id
 # avg_pool2d as PyTorch counts: the window clipped to the padded input (count_include_pad)
 # or to the input; divisor_override > 0 replaces the count
 KERNELS["avgpool2d"] = r"""
-static void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
+SP_KERNEL void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
                         idx sh, idx sw, idx ph, idx pw, int include_pad, idx divisor, float *y)
 {
     for (idx n = 0; n < NC; n++) {
@@ -408,7 +444,7 @@ static void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, id
 """
 
 KERNELS["softmax"] = r"""
-static void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
+SP_KERNEL void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
 {
     for (idx r = 0; r < rows; r++) {
         const float *a = x + r * n;
@@ -430,7 +466,7 @@ static void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
 
 # (x - mean) / sqrt(var + eps) per row, times w plus b (w, b NULL: no affine)
 KERNELS["layernorm"] = r"""
-static void k_layernorm_rows(idx rows, idx n, const float *x, const float *w, const float *b,
+SP_KERNEL void k_layernorm_rows(idx rows, idx n, const float *x, const float *w, const float *b,
                              float eps, float *y)
 {
     for (idx r = 0; r < rows; r++) {
@@ -451,7 +487,7 @@ static void k_layernorm_rows(idx rows, idx n, const float *x, const float *w, co
 
 # y[o, t, i] = x[o, idx[t], i]; an index outside [-A, A) fails the call
 KERNELS["gather"] = r"""
-static int k_gather(idx outer, idx A, idx inner, size_t esize, const unsigned char *x,
+SP_KERNEL int k_gather(idx outer, idx A, idx inner, size_t esize, const unsigned char *x,
                     idx nidx, const int64_t *ix, unsigned char *y)
 {
     for (idx t = 0; t < nidx; t++)
@@ -468,7 +504,7 @@ static int k_gather(idx outer, idx A, idx inner, size_t esize, const unsigned ch
 
 # y = concatenation along an axis: `chunk` bytes of each input per outer index
 KERNELS["concat"] = r"""
-static void k_concat_part(idx outer, size_t chunk, size_t total, size_t at,
+SP_KERNEL void k_concat_part(idx outer, size_t chunk, size_t total, size_t at,
                           const unsigned char *x, unsigned char *y)
 {
     for (idx o = 0; o < outer; o++) memcpy(y + o * total + at, x + o * chunk, chunk);
