@@ -28,6 +28,41 @@ HELPERS = {
     "sp_signd": "static inline double sp_signd(double a) "
                 "{ return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }",
     "sp_rintf": "static inline float sp_rintf(float a) { return rintf(a); }",
+    # e^x for softmax and erf, branch-free so their loops vectorise: x = n ln2 + r with
+    # |r| <= ln2/2 (n rounded by the 1.5 * 2^23 trick: no float-to-int conversion, which
+    # traps on NaN in wasm), e^r by Cephes' degree-6 polynomial (about 1 ulp), 2^n from
+    # n's bits; below -86.9 it gives 0 (the normal range ends there; the exp op keeps expf)
+    "sp_expf": r"""static inline float sp_expf(float x)
+{
+    float xc = x < -86.9f ? -86.9f : (x > 88.72f ? 88.72f : x);
+    float t = xc * 1.44269504f + 12582912.0f, n = t - 12582912.0f, s, y;
+    uint32_t tb, sb;
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
+                + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
+    memcpy(&tb, &t, 4);
+    sb = (tb - 0x4B400000u + 126u) << 23;
+    memcpy(&s, &sb, 4);
+    y = ((p * r * r + r) + 1.0f) * s * 2.0f;
+    y = x < -86.9f ? 0.0f : y;
+    y = x > 88.72f ? INFINITY : y;
+    return x != x ? x : y;
+}""",
+    # erf, branch-free (the GELU's loop vectorises): below |x| = 0.5 its Taylor series to
+    # x^13, above it 1 - erfc by Numerical Recipes' Chebyshev fit (fractional error under
+    # 1.2e-7); within 2e-7 of erff
+    "sp_expf_erf": r"""static inline float sp_erff(float x)
+{
+    float a = fabsf(x), z = x * x;
+    float p = x * (1.1283791671f + z * (-0.3761263890f + z * (0.1128379167f + z * (
+        -0.0268661706f + z * (0.0052239776f + z * (-0.0008548327f + z * 0.0001205491f))))));
+    float t = 1.0f / (1.0f + 0.5f * a);
+    float q = t * sp_expf(-z - 1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (
+        0.09678418f + t * (-0.18628806f + t * (0.27886807f + t * (-1.13520398f + t * (
+        1.48851587f + t * (-0.82215223f + t * 0.17087277f)))))))));
+    float r = copysignf(1.0f - q, x);
+    return a < 0.5f ? p : r;
+}""",
     "sp_rintd": "static inline double sp_rintd(double a) { return rint(a); }",
 }
 
@@ -443,22 +478,37 @@ SP_KERNEL void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW,
 }
 """
 
+# softmax / log_softmax per row: the max and the sum in 8 lanes each (vectorised, sums
+# in float: 8 partial sums of at most n/8 terms in [0, 1]), e^x by sp_expf
 KERNELS["softmax"] = r"""
 SP_KERNEL void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
 {
     for (idx r = 0; r < rows; r++) {
         const float *a = x + r * n;
         float *o = y + r * n;
+        float mx[8], sm[8];
+        idx j = 0;
+        for (int l = 0; l < 8; l++) { mx[l] = -INFINITY; sm[l] = 0.0f; }
+        for (; j + 8 <= n; j += 8)
+            for (int l = 0; l < 8; l++) mx[l] = sp_maxf(mx[l], a[j + l]);
         float m = -INFINITY;
-        for (idx j = 0; j < n; j++) if (a[j] > m || a[j] != a[j]) m = a[j];
+        for (; j < n; j++) m = sp_maxf(m, a[j]);
+        for (int l = 0; l < 8; l++) m = sp_maxf(m, mx[l]);
+        for (j = 0; j + 8 <= n; j += 8)
+            for (int l = 0; l < 8; l++) {
+                float e = sp_expf(a[j + l] - m);
+                sm[l] += e;
+                o[j + l] = e;
+            }
         double s = 0.0;
-        for (idx j = 0; j < n; j++) { float e = expf(a[j] - m); s += e; if (!log_) o[j] = e; }
+        for (; j < n; j++) { float e = sp_expf(a[j] - m); s += e; o[j] = e; }
+        for (int l = 0; l < 8; l++) s += sm[l];
         if (log_) {
-            float l = (float)log(s);
-            for (idx j = 0; j < n; j++) o[j] = (a[j] - m) - l;
+            float lg = (float)log(s);
+            for (j = 0; j < n; j++) o[j] = (a[j] - m) - lg;
         } else {
             float inv = (float)(1.0 / s);
-            for (idx j = 0; j < n; j++) o[j] *= inv;
+            for (j = 0; j < n; j++) o[j] *= inv;
         }
     }
 }
