@@ -26,7 +26,7 @@ class Ctx:
 
     def need(self, k, code=None):
         from .qtemplates import QKERNELS
-        if k in ("gemm_packed", "gemm_wcol"):
+        if k in ("gemm_packed", "gemm_wcol", "gemm"):
             self.need("vec")
         if k == "conv2d":
             self.need("gemm_packed")
