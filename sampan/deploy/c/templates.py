@@ -280,18 +280,19 @@ SP_KERNEL SP_FMA_FN void k_gemm_packed(idx M, idx N, idx K, const float *A, idx 
 """
 
 # C[M,N] = A[M,K] x B[K,N], all row-major (a matmul of two computed values: attention's
-# batched products). Where vectors are 128-bit (wasm) it runs 4 x 8 register blocks as the
-# packed GEMM does, B's rows read in place; elsewhere the row loop the compiler vectorises
+# batched products), B's rows read in place: 4 x 8 register blocks where vectors are 128-bit
+# (wasm), as the packed GEMM; 8 x 16 elsewhere; the rows left by the row loop
 KERNELS["gemm"] = r"""
 SP_KERNEL SP_FMA_FN void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
 {
     SP_FMA_BODY
-    idx i0 = 0;
+    idx rows = 0;          /* the rows the register blocks ran */
 #if defined(SP_VEC) && defined(SP_GEMM_NARROW)
-    for (; i0 + 4 <= M; i0 += 4) {
+    idx nb = N - N % 8;
+    rows = M - M % 4;
+    for (idx i0 = 0; i0 < rows; i0 += 4) {
         const float *a0 = A + i0 * K;
-        idx j = 0;
-        for (; j + 8 <= N; j += 8) {
+        for (idx j = 0; j < nb; j += 8) {
             sp_v4 c[4][2] = {{{0}}};
             const float *b = B + j;
             for (idx k = 0; k < K; k++, b += N) {
@@ -309,8 +310,32 @@ SP_KERNEL SP_FMA_FN void k_gemm(idx M, idx N, idx K, const float *A, const float
                 memcpy(C + (i0 + r) * N + j + 4, &c[r][1], 16);
             }
         }
-        for (; j < N; j++)           /* the columns left */
+        for (idx j = nb; j < N; j++)           /* the columns left */
             for (int r = 0; r < 4; r++) {
+                float s = 0.0f;
+                for (idx k = 0; k < K; k++) s += a0[r * K + k] * B[k * N + j];
+                C[(i0 + r) * N + j] = s;
+            }
+    }
+#elif defined(SP_VEC)
+    /* 8 rows x 16 columns: 8 independent accumulators (AVX-512: one register each) */
+    idx nb = N - N % 16;
+    rows = M - M % 8;
+    for (idx i0 = 0; i0 < rows; i0 += 8) {
+        const float *a0 = A + i0 * K;
+        for (idx j = 0; j < nb; j += 16) {
+            sp_v16 c[8];
+            const float *b = B + j;
+            memset(c, 0, sizeof c);
+            for (idx k = 0; k < K; k++, b += N) {
+                sp_v16 bv;
+                memcpy(&bv, b, 64);
+                for (int r = 0; r < 8; r++) c[r] += a0[r * K + k] * bv;
+            }
+            for (int r = 0; r < 8; r++) memcpy(C + (i0 + r) * N + j, &c[r], 64);
+        }
+        for (idx j = nb; j < N; j++)           /* the columns left */
+            for (int r = 0; r < 8; r++) {
                 float s = 0.0f;
                 for (idx k = 0; k < K; k++) s += a0[r * K + k] * B[k * N + j];
                 C[(i0 + r) * N + j] = s;
@@ -320,7 +345,7 @@ SP_KERNEL SP_FMA_FN void k_gemm(idx M, idx N, idx K, const float *A, const float
 #if defined(_OPENMP)
 #pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
 #endif
-    for (idx i = i0; i < M; i++) {
+    for (idx i = rows; i < M; i++) {
         float *c = C + i * N;
         for (idx j = 0; j < N; j++) c[j] = 0.0f;
         for (idx k = 0; k < K; k++) {
