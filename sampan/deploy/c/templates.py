@@ -89,9 +89,11 @@ typedef int32_t sp_i16 __attribute__((vector_size(64)));
 /* the packed GEMM's register blocking per target: a row alone (batch 1: a GEMV) keeps 4
    accumulators of 16 floats, 16 registers where vectors are 128-bit (wasm SIMD128: all of
    V8's 16 on x86-64), so there (or with -DSP_GEMM_NARROW; -DSP_GEMM_WIDE keeps the wide
-   one) it runs each half panel in turn, 4 x 8 floats: the W5 MLP 14% faster in Node. The
-   8- and 4-row blocks stay wide on every target: 4 x 8, 3 x 16 and 6 x 8 blocks all ran
-   MiniLM slower in Node than 8 x 16 */
+   one) it runs each half panel in turn, 4 x 8 floats: the W5 MLP 14% faster in Node. Rows
+   in fours run 4 rows x half a panel there too (8 accumulators of 4 floats): with the
+   kernels kept out of graph_main (SP_KERNEL) that ran MiniLM's GEMMs 1.5x faster in Node
+   than the 8 x 16 block, whose 32 accumulators spill (inlined, the two had measured the
+   other way round). Natively the 8 x 16 and 4 x 16 blocks stay */
 #if defined(SP_VEC) && ((defined(__wasm_simd128__) && !defined(SP_GEMM_WIDE)) \
                         || defined(SP_GEMM_NARROW))
 #undef SP_GEMM_NARROW
