@@ -43,7 +43,7 @@ HELPERS = {
     memcpy(&tb, &t, 4);
     sb = (tb - 0x4B400000u + 126u) << 23;
     memcpy(&s, &sb, 4);
-    y = ((p * r * r + r) + 1.0f) * s * 2.0f;
+    y = (((p * r * r + r) + 1.0f) * 2.0f) * s;     /* never a subnormal on the way (slow on x86) */
     y = x < -86.9f ? 0.0f : y;
     y = x > 88.72f ? INFINITY : y;
     return x != x ? x : y;
@@ -555,7 +555,8 @@ SP_KERNEL void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW,
 """
 
 # softmax / log_softmax per row: the max and the sum in 8 lanes each (vectorised, sums
-# in float: 8 partial sums of at most n/8 terms in [0, 1]), e^x by sp_expf
+# in float: 8 partial sums of at most n/8 terms in [0, 1]), e^x by sp_expf into y first
+# (the memory plan never lets y share x's bytes: log_softmax reads x again after)
 KERNELS["softmax"] = r"""
 SP_KERNEL void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
 {
@@ -570,14 +571,11 @@ SP_KERNEL void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log
         float m = -INFINITY;
         for (j = n8; j < n; j++) m = sp_maxf(m, a[j]);
         for (int l = 0; l < 8; l++) m = sp_maxf(m, mx[l]);
+        for (j = 0; j < n; j++) o[j] = sp_expf(a[j] - m);    /* a loop alone: vectorised */
         for (j = 0; j < n8; j += 8)
-            for (int l = 0; l < 8; l++) {
-                float e = sp_expf(a[j + l] - m);
-                sm[l] += e;
-                o[j + l] = e;
-            }
+            for (int l = 0; l < 8; l++) sm[l] += o[j + l];
         double s = 0.0;
-        for (j = n8; j < n; j++) { float e = sp_expf(a[j] - m); s += e; o[j] = e; }
+        for (j = n8; j < n; j++) s += o[j];
         for (int l = 0; l < 8; l++) s += sm[l];
         if (log_) {
             float lg = (float)log(s);
