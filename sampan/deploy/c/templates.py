@@ -119,9 +119,10 @@ SP_KERNEL SP_FMA_FN void k_gemm_packed(idx M, idx N, idx K, const float *A, idx 
                 }
             }
         }
-#else
-        /* 8 rows x two panels (16 accumulators, AVX-512's 32 registers): B's two rows per
-           A broadcast; an odd panel's 8-row blocks ran with its even neighbour's */
+#elif defined(__AVX512F__)
+        /* 8 rows x two panels (16 accumulators of AVX-512's 32 registers; with 16 registers,
+           AVX2's, they would spill): B's two rows per A broadcast; an odd panel's 8-row
+           blocks ran with its even neighbour's */
         if (p % 2 == 1)
             i = M - M % 8;
         else if (p + 1 < panels) {
