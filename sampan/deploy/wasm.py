@@ -80,9 +80,9 @@ def node() -> str:
 
 # extra -D flags for model.c in wasm. The C target's 16-float vector-extension kernels stay
 # on (no -DSP_NO_VECTORS): in V8 (Node 20, under load) its conv through them ran LeNet 2.2x
-# faster at batch 1 than the plain loops. The packed GEMM picks its single-row blocking for
-# wasm itself (`__wasm_simd128__`: half panels, see templates.py's SP_GEMM_NARROW), which
-# ran the W5 MLP 14% faster in Node than the 16-float rows.
+# faster at batch 1 than the plain loops. The GEMMs pick their blocking for wasm themselves
+# (`__wasm_simd128__`: half panels, 4 rows x 8 floats, see templates.py's SP_GEMM_NARROW),
+# and every kernel stays a function of its own there (files.py's SP_KERNEL: noinline).
 WASM_DEFINES: list = []
 
 

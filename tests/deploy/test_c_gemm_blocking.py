@@ -43,3 +43,39 @@ def test_every_gemm_blocking_equals_the_predictor(tmp_path):
             assert rc == 0, lib.error()
             _close(got, want, f"{name} batch {b}")
         lib.close()
+
+
+class _Products(sampan.nn.Module):
+    """Attention's batched products of two computed values (k_gemm): scores, then mixing."""
+
+    def forward(self, q, k):
+        s = sampan.matmul(q, k)                       # (2, 3, 13, 19): rows and columns left
+        return sampan.matmul(s, sampan.tanh(k.transpose(-1, -2)))    # (2, 3, 13, 21)
+
+
+def test_every_blocking_of_the_batched_products_equals_the_predictor(tmp_path):
+    """k_gemm's 4 x 8 blocks (-DSP_GEMM_NARROW, as wasm compiles), its 8 x 16 ones and the
+    plain loops, on products whose M, N and K are none of 4, 8 or 16's multiples, within
+    1e-6 of the largest |value| of the float64 product."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 3, 13, 21), dtype=np.float32)
+    k = rng.standard_normal((2, 3, 21, 19), dtype=np.float32)
+    p = sampan.jit.save(_Products().eval(), str(tmp_path / "p.sampan"),
+                        (sampan.tensor(q), sampan.tensor(k)))
+    generate(p, str(tmp_path / "p"), target="c")
+    assert "k_gemm(" in (tmp_path / "p" / "model.c").read_text()
+    want = _predictor(p, [q, k])
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    ref = (q64 @ k64) @ np.tanh(np.swapaxes(k64, -1, -2))      # float64
+    for name, flags in FLAGS.items():
+        so = str(tmp_path / f"{name}.so")
+        r = subprocess.run([CC, "-O2", "-march=native", *flags, "-Wall", "-Wextra", "-std=c99",
+                            "-fPIC", "-shared", "-o", so, os.path.join(tmp_path, "p", "model.c"),
+                            "-lm"], capture_output=True, text=True)
+        assert r.returncode == 0 and not r.stderr.strip(), r.stderr[-3000:]
+        lib = Lib(so, "model", str(tmp_path / "p" / "weights.bin"))
+        rc, got = lib.run([q, k], want)
+        assert rc == 0, lib.error()
+        err = np.abs(got[0] - ref).max() / np.abs(ref).max()
+        assert got[0].shape == ref.shape and err <= 1e-6, f"{name}: relative error {err:.3g}"
+        lib.close()

@@ -200,6 +200,9 @@ def scalar_c(op, args, in_dtypes, out_dtype, where="?") -> tuple:
                 base = HELPERS[fn] + ("f" if f32 else "d" if ct.kind == "f" else "i")
                 used.add(base)
                 return emit.own(f"{base}({', '.join(xs)})")
+            if fn == "erf" and f32:      # branch-free: the loop around it vectorises
+                used.update(("sp_expf", "sp_expf_erf"))
+                return emit.own(f"sp_erff({xs[0]})")
             if fn in _MATH and ct.kind == "f":
                 return emit.own(f"{fn}{'f' if f32 else ''}({', '.join(xs)})")
             if fn in _MATH:     # integers: the double function, as numpy computes them

@@ -88,7 +88,7 @@ static inline __m512i sp_dp4(__m512i s, const uint8_t *x, idx q, idx K, __m512i 
 
 QKERNELS["qgemm"] = r"""
 /* i32ok: acc + corr stays in int32 (the vector epilogue's condition) */
-static void k_qgemm(idx M, idx N, idx K, const void *xv, int x_signed, idx lda,
+SP_KERNEL void k_qgemm(idx M, idx N, idx K, const void *xv, int x_signed, idx lda,
                     const int8_t *Wp, const int32_t *corr, const int32_t *wz,
                     const float *mult, int kind, int zy, int lo, int hi,
                     void *y, idx ysm, idx ysn, int i32ok)
@@ -163,7 +163,7 @@ static void k_qgemm(idx M, idx N, idx K, const void *xv, int x_signed, idx lda,
 # with the zero point xz inside the image border and 0 past Kg, where the packed weight is
 # 0 too) per group, then k_qgemm writing channel-major into y
 QKERNELS["qconv2d"] = r"""
-static void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, idx OC,
+SP_KERNEL void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, idx OC,
                       idx KH, idx KW, const int8_t *Wp, const int32_t *corr,
                       const int32_t *wz, const float *mult, int kind, int zy, int lo, int hi,
                       int xz, idx OH, idx OW, idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
@@ -221,7 +221,7 @@ static void k_qconv2d(idx G, idx C, idx H, idx W, const void *xv, int x_signed, 
 # (VNNI where compiled: pixels in the lanes, the weight's 4 bytes broadcast), the same
 # integer sums and epilogue as k_qgemm; w4: the weight as OC rows of Kg rounded up to 4
 QKERNELS["qconv2d_wcol"] = r"""
-static void k_qconv2d_wcol(idx G, idx C, idx H, idx W, const void *xv, int x_signed, idx OC,
+SP_KERNEL void k_qconv2d_wcol(idx G, idx C, idx H, idx W, const void *xv, int x_signed, idx OC,
                            idx KH, idx KW, const int8_t *w4, const int32_t *corr,
                            const int32_t *wz, const float *mult, int kind, int zy, int lo,
                            int hi, int xz, idx OH, idx OW, idx sh, idx sw, idx ph, idx pw,
@@ -392,7 +392,7 @@ def pack_int8(w: np.ndarray) -> np.ndarray:
 def maxpool_kernel(ct: str, lowest: str) -> str:
     """The max_pool2d template over C type `ct` (the float one: `templates`)."""
     return r"""
-static void k_maxpool2d_@T@(idx NC, idx H, idx W, const @C@ *x, idx OH, idx OW, idx KH,
+SP_KERNEL void k_maxpool2d_@T@(idx NC, idx H, idx W, const @C@ *x, idx OH, idx OW, idx KH,
                            idx KW, idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, @C@ *y)
 {
     for (idx n = 0; n < NC; n++) {

@@ -26,7 +26,7 @@ class Ctx:
 
     def need(self, k, code=None):
         from .qtemplates import QKERNELS
-        if k in ("gemm_packed", "gemm_wcol"):
+        if k in ("gemm_packed", "gemm_wcol", "gemm"):
             self.need("vec")
         if k == "conv2d":
             self.need("gemm_packed")
@@ -396,6 +396,7 @@ def softmax(step, ctx):
     _float32(step)
     x, y = step.ins[0], step.outs[0]
     ctx.need("softmax")
+    ctx.helpers |= {"sp_maxf", "sp_expf"}
     return cfill("    k_softmax_rows(@r@, @n@, @x@, @y@, @log@);", r=prod(x.dims[:-1]).code(),
                  n=x.dims[-1].code(), x=ptr(x), y=ptr(y),
                  log=num(int(step.op == "log_softmax")))

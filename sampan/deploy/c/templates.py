@@ -1,8 +1,11 @@
 """The C templates of the C target: one per op family, the generator's own C99 text
 (standard library only). `cgen` includes a template only when a step of the program uses
-it. Every kernel is `static`, so two generated models link into one program; the
-exported names are the model's prefix's (see `cfiles`)."""
+it. Every kernel is `static` (SP_KERNEL; noinline in wasm), so two generated models
+link into one program; the exported names are the model's prefix's (see `cfiles`)."""
 from __future__ import annotations
+
+from .helpers import HELPERS  # noqa: F401  (the scalar helpers: sp_maxf ... sp_expf, sp_erff)
+from .rowkernels import ROW_KERNELS
 
 # The big loops (GEMM panels and rows) carry an OpenMP pragma behind `#if defined(_OPENMP)`
 # with the generation's thread count (SP_THREADS); without OpenMP they run on one thread.
@@ -10,26 +13,6 @@ from __future__ import annotations
 # the GEMM micro-kernel's panel width: B is packed in panels of NR columns
 NR = 16
 MR = 4
-
-HELPERS = {
-    # NaN in either gives NaN (numpy's maximum/minimum), branch-free so loops vectorise
-    "sp_maxf": "static inline float sp_maxf(float a, float b) "
-               "{ return (a > b || a != a) ? a : b; }",
-    "sp_minf": "static inline float sp_minf(float a, float b) "
-               "{ return (a < b || a != a) ? a : b; }",
-    "sp_maxd": "static inline double sp_maxd(double a, double b) "
-               "{ return (a > b || a != a) ? a : b; }",
-    "sp_mind": "static inline double sp_mind(double a, double b) "
-               "{ return (a < b || a != a) ? a : b; }",
-    "sp_maxi": "static inline int64_t sp_maxi(int64_t a, int64_t b) { return a > b ? a : b; }",
-    "sp_mini": "static inline int64_t sp_mini(int64_t a, int64_t b) { return a < b ? a : b; }",
-    "sp_signf": "static inline float sp_signf(float a) "
-                "{ return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }",
-    "sp_signd": "static inline double sp_signd(double a) "
-                "{ return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }",
-    "sp_rintf": "static inline float sp_rintf(float a) { return rintf(a); }",
-    "sp_rintd": "static inline double sp_rintd(double a) { return rint(a); }",
-}
 
 KERNELS = {}
 
@@ -54,23 +37,44 @@ typedef int32_t sp_i16 __attribute__((vector_size(64)));
 /* the packed GEMM's register blocking per target: a row alone (batch 1: a GEMV) keeps 4
    accumulators of 16 floats, 16 registers where vectors are 128-bit (wasm SIMD128: all of
    V8's 16 on x86-64), so there (or with -DSP_GEMM_NARROW; -DSP_GEMM_WIDE keeps the wide
-   one) it runs each half panel in turn, 4 x 8 floats: the W5 MLP 14% faster in Node. The
-   8- and 4-row blocks stay wide on every target: 4 x 8, 3 x 16 and 6 x 8 blocks all ran
-   MiniLM slower in Node than 8 x 16 */
+   one) it runs each half panel in turn, 4 x 8 floats: the W5 MLP 14% faster in Node. Rows
+   in fours run 4 rows x half a panel there too (8 accumulators of 4 floats): with the
+   kernels kept out of graph_main (SP_KERNEL) that ran MiniLM's GEMMs 1.5x faster in Node
+   than the 8 x 16 block, whose 32 accumulators spill (inlined, the two had measured the
+   other way round). Natively the 8 x 16 and 4 x 16 blocks stay */
 #if defined(SP_VEC) && ((defined(__wasm_simd128__) && !defined(SP_GEMM_WIDE)) \
                         || defined(SP_GEMM_NARROW))
 #undef SP_GEMM_NARROW
 #define SP_GEMM_NARROW 1
 typedef float sp_v8 __attribute__((vector_size(32)));
 #endif
+/* the float GEMMs let the compiler fuse their multiply-adds (FMA where the target has one;
+   GCC turns contraction off under -std=c99): MiniLM natively 1.4x faster. wasm SIMD128 has
+   no FMA: the same mul + add there */
+#if defined(__clang__)
+#define SP_FMA_FN
+#define SP_FMA_BODY _Pragma("clang fp contract(fast)")
+#elif defined(__GNUC__)
+#define SP_FMA_FN __attribute__((optimize("fp-contract=fast")))
+#define SP_FMA_BODY
+#else
+#define SP_FMA_FN
+#define SP_FMA_BODY
+#endif
+#ifdef SP_VEC
+typedef float sp_v4 __attribute__((vector_size(16)));
+typedef int32_t sp_i4 __attribute__((vector_size(16)));
+#define SP_RELU4(v) ((sp_v4)((sp_i4)(v) & ~((v) < zero4)))
+#endif
 """
 
 KERNELS["gemm_packed"] = r"""
 
 /* act 1: ReLU on the way out (NaN stays NaN, as numpy's maximum(x, 0)) */
-static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
+SP_KERNEL SP_FMA_FN void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
                           const float *Bp, const float *bias, float *C, idx ldc, int act)
 {
+    SP_FMA_BODY
     idx panels = (N + 15) / 16;
 #if defined(_OPENMP)
 #pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
@@ -85,6 +89,72 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
         sp_v16 vb, zero = {0};
         memcpy(&vb, bb, sizeof vb);
         idx i = 0;
+#ifdef SP_GEMM_NARROW
+        /* 4 rows x half a panel: 8 accumulators of 4 floats, 2 of B and A's splat (11 of
+           the 16 128-bit registers: the 8 x 16 block's 32 accumulators spill in V8) */
+        sp_v4 zero4 = {0};
+        for (; i + 4 <= M; i += 4) {
+            const float *a0 = A + i * lda;
+            for (idx h = 0; h < nj; h += 8) {
+                sp_v4 c[4][2];
+                memcpy(&c[0][0], bb + h, 16);
+                memcpy(&c[0][1], bb + h + 4, 16);
+                for (int r = 1; r < 4; r++) { c[r][0] = c[0][0]; c[r][1] = c[0][1]; }
+                const float *b = bp + h;
+                for (idx k = 0; k < K; k++, b += 16) {
+                    sp_v4 b0 = *(const sp_v4 *)b, b1 = *(const sp_v4 *)(b + 4);
+                    for (int r = 0; r < 4; r++) {
+                        float x = a0[r * lda + k];
+                        c[r][0] += x * b0;
+                        c[r][1] += x * b1;
+                    }
+                }
+                idx w = nj - h < 8 ? nj - h : 8;
+                for (int r = 0; r < 4; r++) {
+                    float o[8];
+                    if (act) { c[r][0] = SP_RELU4(c[r][0]); c[r][1] = SP_RELU4(c[r][1]); }
+                    memcpy(o, &c[r][0], 16);
+                    memcpy(o + 4, &c[r][1], 16);
+                    memcpy(C + (i + r) * ldc + j0 + h, o, (size_t)w * sizeof(float));
+                }
+            }
+        }
+#elif defined(__AVX512F__)
+        /* 8 rows x two panels (16 accumulators of AVX-512's 32 registers; with 16 registers,
+           AVX2's, they would spill): B's two rows per A broadcast; an odd panel's 8-row
+           blocks ran with its even neighbour's */
+        if (p % 2 == 1)
+            i = M - M % 8;
+        else if (p + 1 < panels) {
+            const float *bq = bp + K * 16;
+            idx nj2 = N - j0 - 16 < 16 ? N - j0 - 16 : 16;
+            float b2[16];
+            sp_v16 vb2;
+            for (int j = 0; j < 16; j++)
+                b2[j] = (bias && j < nj2) ? bias[j0 + 16 + j] : 0.0f;
+            memcpy(&vb2, b2, sizeof vb2);
+            for (; i + 8 <= M; i += 8) {
+                sp_v16 c[8], d[8];
+                const float *a = A + i * lda;
+                for (int r = 0; r < 8; r++) { c[r] = vb; d[r] = vb2; }
+                for (idx k = 0; k < K; k++) {
+                    sp_v16 b = *(const sp_v16 *)(bp + k * 16), e = *(const sp_v16 *)(bq + k * 16);
+                    for (int r = 0; r < 8; r++) {
+                        float x = a[r * lda + k];
+                        c[r] += x * b;
+                        d[r] += x * e;
+                    }
+                }
+                for (int r = 0; r < 8; r++) {
+                    float o[16];
+                    if (act) { c[r] = SP_RELU(c[r]); d[r] = SP_RELU(d[r]); }
+                    memcpy(C + (i + r) * ldc + j0, &c[r], 64);
+                    memcpy(o, &d[r], 64);
+                    memcpy(C + (i + r) * ldc + j0 + 16, o, (size_t)nj2 * sizeof(float));
+                }
+            }
+        }
+#endif
         for (; i + 8 <= M; i += 8) {     /* 8 rows: 8 independent accumulators */
             sp_v16 c[8];
             const float *a = A + i * lda;
@@ -194,14 +264,73 @@ static void k_gemm_packed(idx M, idx N, idx K, const float *A, idx lda,
 }
 """
 
-# C[M,N] = A[M,K] x B[K,N], all row-major (a matmul of two computed values)
+# C[M,N] = A[M,K] x B[K,N], all row-major (a matmul of two computed values: attention's
+# batched products), B's rows read in place: 4 x 8 register blocks where vectors are 128-bit
+# (wasm), as the packed GEMM; 8 x 16 elsewhere; the rows left by the row loop
 KERNELS["gemm"] = r"""
-static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
+SP_KERNEL SP_FMA_FN void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C)
 {
+    SP_FMA_BODY
+    idx rows = 0;          /* the rows the register blocks ran */
+#if defined(SP_VEC) && defined(SP_GEMM_NARROW)
+    idx nb = N - N % 8;
+    rows = M - M % 4;
+    for (idx i0 = 0; i0 < rows; i0 += 4) {
+        const float *a0 = A + i0 * K;
+        for (idx j = 0; j < nb; j += 8) {
+            sp_v4 c[4][2] = {{{0}}};
+            const float *b = B + j;
+            for (idx k = 0; k < K; k++, b += N) {
+                sp_v4 b0, b1;
+                memcpy(&b0, b, 16);
+                memcpy(&b1, b + 4, 16);
+                for (int r = 0; r < 4; r++) {
+                    float x = a0[r * K + k];
+                    c[r][0] += x * b0;
+                    c[r][1] += x * b1;
+                }
+            }
+            for (int r = 0; r < 4; r++) {
+                memcpy(C + (i0 + r) * N + j, &c[r][0], 16);
+                memcpy(C + (i0 + r) * N + j + 4, &c[r][1], 16);
+            }
+        }
+        for (idx j = nb; j < N; j++)           /* the columns left */
+            for (int r = 0; r < 4; r++) {
+                float s = 0.0f;
+                for (idx k = 0; k < K; k++) s += a0[r * K + k] * B[k * N + j];
+                C[(i0 + r) * N + j] = s;
+            }
+    }
+#elif defined(SP_VEC)
+    /* 8 rows x 16 columns: 8 independent accumulators (AVX-512: one register each) */
+    idx nb = N - N % 16;
+    rows = M - M % 8;
+    for (idx i0 = 0; i0 < rows; i0 += 8) {
+        const float *a0 = A + i0 * K;
+        for (idx j = 0; j < nb; j += 16) {
+            sp_v16 c[8];
+            const float *b = B + j;
+            memset(c, 0, sizeof c);
+            for (idx k = 0; k < K; k++, b += N) {
+                sp_v16 bv;
+                memcpy(&bv, b, 64);
+                for (int r = 0; r < 8; r++) c[r] += a0[r * K + k] * bv;
+            }
+            for (int r = 0; r < 8; r++) memcpy(C + (i0 + r) * N + j, &c[r], 64);
+        }
+        for (idx j = nb; j < N; j++)           /* the columns left */
+            for (int r = 0; r < 8; r++) {
+                float s = 0.0f;
+                for (idx k = 0; k < K; k++) s += a0[r * K + k] * B[k * N + j];
+                C[(i0 + r) * N + j] = s;
+            }
+    }
+#endif
 #if defined(_OPENMP)
 #pragma omp parallel for num_threads(SP_THREADS) if (SP_THREADS > 1 && M * K * N >= 32768)
 #endif
-    for (idx i = 0; i < M; i++) {
+    for (idx i = rows; i < M; i++) {
         float *c = C + i * N;
         for (idx j = 0; j < N; j++) c[j] = 0.0f;
         for (idx k = 0; k < K; k++) {
@@ -217,7 +346,7 @@ static void k_gemm(idx M, idx N, idx K, const float *A, const float *B, float *C
 # with the group's weight packed as W^T (Kg x OCg, `pack_conv_weight`); tmp holds the (OH*OW,
 # OCg) product before it is written channel-major into y
 KERNELS["conv2d"] = r"""
-static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+SP_KERNEL void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
                      const float *Wp, const float *bias, idx OH, idx OW,
                      idx sh, idx sw, idx ph, idx pw, idx dh, idx dw,
                      float *col, float *tmp, float *y, int act)
@@ -265,9 +394,10 @@ static void k_conv2d(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH,
 # C[M,N] = A[M,K] B[K,N] (+ bias[m]), both row-major, vectorised over N: the conv2d of a
 # layer with few output channels (rows) and many pixels (columns), every lane useful
 KERNELS["gemm_wcol"] = r"""
-static void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
+SP_KERNEL SP_FMA_FN void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
                         const float *bias, float *C, int act)
 {
+    SP_FMA_BODY
 #ifdef SP_VEC
     idx j = 0;
     sp_v16 zero = {0};
@@ -322,7 +452,7 @@ static void k_gemm_wcol(idx M, idx N, idx K, const float *A, const float *B,
 # conv2d of one image as im2col (col: Kg rows of OH*OW) and k_gemm_wcol per group, written
 # channel-major straight into y (a weight used as it is: computed weights too)
 KERNELS["conv2d_wcol"] = r"""
-static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
+SP_KERNEL void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, idx KH, idx KW,
                           const float *w, const float *bias, idx OH, idx OW,
                           idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *col,
                           float *y, int act)
@@ -355,122 +485,5 @@ static void k_conv2d_wcol(idx G, idx C, idx H, idx W, const float *x, idx OC, id
 }
 """
 
-KERNELS["maxpool2d"] = r"""
-static void k_maxpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
-                        idx sh, idx sw, idx ph, idx pw, idx dh, idx dw, float *y)
-{
-    for (idx n = 0; n < NC; n++) {
-        const float *xs = x + n * H * W;
-        for (idx oh = 0; oh < OH; oh++)
-            for (idx ow = 0; ow < OW; ow++) {
-                float m = -INFINITY;
-                for (idx i = 0; i < KH; i++) {
-                    idx ih = oh * sh - ph + i * dh;
-                    if (ih < 0 || ih >= H) continue;
-                    for (idx j = 0; j < KW; j++) {
-                        idx iw = ow * sw - pw + j * dw;
-                        if (iw < 0 || iw >= W) continue;
-                        float v = xs[ih * W + iw];
-                        if (v > m || v != v) m = v;
-                    }
-                }
-                y[(n * OH + oh) * OW + ow] = m;
-            }
-    }
-}
-"""
-
-# avg_pool2d as PyTorch counts: the window clipped to the padded input (count_include_pad)
-# or to the input; divisor_override > 0 replaces the count
-KERNELS["avgpool2d"] = r"""
-static void k_avgpool2d(idx NC, idx H, idx W, const float *x, idx OH, idx OW, idx KH, idx KW,
-                        idx sh, idx sw, idx ph, idx pw, int include_pad, idx divisor, float *y)
-{
-    for (idx n = 0; n < NC; n++) {
-        const float *xs = x + n * H * W;
-        for (idx oh = 0; oh < OH; oh++)
-            for (idx ow = 0; ow < OW; ow++) {
-                idx h0 = oh * sh - ph, w0 = ow * sw - pw;
-                idx h1 = h0 + KH < H + ph ? h0 + KH : H + ph;
-                idx w1 = w0 + KW < W + pw ? w0 + KW : W + pw;
-                idx cnt = (h1 - h0) * (w1 - w0);
-                idx a0 = h0 < 0 ? 0 : h0, b0 = w0 < 0 ? 0 : w0;
-                idx a1 = h1 > H ? H : h1, b1 = w1 > W ? W : w1;
-                float s = 0.0f;
-                for (idx i = a0; i < a1; i++)
-                    for (idx j = b0; j < b1; j++) s += xs[i * W + j];
-                if (!include_pad) cnt = (a1 - a0) * (b1 - b0);
-                if (divisor > 0) cnt = divisor;
-                y[(n * OH + oh) * OW + ow] = s / (float)cnt;
-            }
-    }
-}
-"""
-
-KERNELS["softmax"] = r"""
-static void k_softmax_rows(idx rows, idx n, const float *x, float *y, int log_)
-{
-    for (idx r = 0; r < rows; r++) {
-        const float *a = x + r * n;
-        float *o = y + r * n;
-        float m = -INFINITY;
-        for (idx j = 0; j < n; j++) if (a[j] > m || a[j] != a[j]) m = a[j];
-        double s = 0.0;
-        for (idx j = 0; j < n; j++) { float e = expf(a[j] - m); s += e; if (!log_) o[j] = e; }
-        if (log_) {
-            float l = (float)log(s);
-            for (idx j = 0; j < n; j++) o[j] = (a[j] - m) - l;
-        } else {
-            float inv = (float)(1.0 / s);
-            for (idx j = 0; j < n; j++) o[j] *= inv;
-        }
-    }
-}
-"""
-
-# (x - mean) / sqrt(var + eps) per row, times w plus b (w, b NULL: no affine)
-KERNELS["layernorm"] = r"""
-static void k_layernorm_rows(idx rows, idx n, const float *x, const float *w, const float *b,
-                             float eps, float *y)
-{
-    for (idx r = 0; r < rows; r++) {
-        const float *a = x + r * n;
-        float *o = y + r * n;
-        double s = 0.0, q = 0.0;
-        for (idx j = 0; j < n; j++) s += a[j];
-        float mean = (float)(s / (double)n);
-        for (idx j = 0; j < n; j++) { double d = a[j] - mean; q += d * d; }
-        float rs = 1.0f / sqrtf((float)(q / (double)n) + eps);
-        for (idx j = 0; j < n; j++) {
-            float v = (a[j] - mean) * rs;
-            o[j] = w ? v * w[j] + b[j] : v;
-        }
-    }
-}
-"""
-
-# y[o, t, i] = x[o, idx[t], i]; an index outside [-A, A) fails the call
-KERNELS["gather"] = r"""
-static int k_gather(idx outer, idx A, idx inner, size_t esize, const unsigned char *x,
-                    idx nidx, const int64_t *ix, unsigned char *y)
-{
-    for (idx t = 0; t < nidx; t++)
-        if (ix[t] < -A || ix[t] >= A) return 1;
-    for (idx o = 0; o < outer; o++)
-        for (idx t = 0; t < nidx; t++) {
-            idx j = (idx)ix[t] < 0 ? (idx)ix[t] + A : (idx)ix[t];
-            memcpy(y + (o * nidx + t) * inner * esize, x + (o * A + j) * inner * esize,
-                   (size_t)inner * esize);
-        }
-    return 0;
-}
-"""
-
-# y = concatenation along an axis: `chunk` bytes of each input per outer index
-KERNELS["concat"] = r"""
-static void k_concat_part(idx outer, size_t chunk, size_t total, size_t at,
-                          const unsigned char *x, unsigned char *y)
-{
-    for (idx o = 0; o < outer; o++) memcpy(y + o * total + at, x + o * chunk, chunk);
-}
-"""
+# the pooling, row (softmax, layernorm) and layout kernels: rowkernels.py
+KERNELS.update(ROW_KERNELS)
