@@ -242,7 +242,9 @@ def partition(g, ok) -> list:
 
 
 # ---------------------------------------------------------------------- 3. engine nodes
-def _engine_node(g, grp, engine, k):
+def _group_io(g, grp):
+    """(member nodes, ids of values read outside the group, the group's inputs in first-use
+    order, value id -> input position) of group `grp` (indices into `g.nodes`)."""
     members = [g.nodes[i] for i in grp]
     inside = {v.id for n in members for v in n.outputs}
     mine = {id(n) for n in members}
@@ -254,6 +256,11 @@ def _engine_node(g, grp, engine, k):
             if v.id not in inside and v.id not in index:
                 index[v.id] = len(inputs)
                 inputs.append(v)
+    return members, read_outside, inputs, index
+
+
+def _engine_node(g, grp, engine, k):
+    members, read_outside, inputs, index = _group_io(g, grp)
     pos = len(inputs)
     body, outs = [], []
     for n in members:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..ir.text import node_str
 from .manager import PassError, register_pass
-from .offload import _engine_node, _order, partition
+from .offload import _engine_node, _group_io, _order, partition
 
 REPORT = "onednn_layout_report"
 # a region smaller than this (MFLOP per image) stays with the op-table kernels: oneDNN's
@@ -196,17 +196,7 @@ def _dims_key(g):
 def _body(g, grp):
     """(body, per input its constant or None, outputs, shapes) of group `grp`, indexed as
     `offload._engine_node` indexes the engine node it makes."""
-    members = [g.nodes[i] for i in grp]
-    inside = {v.id for n in members for v in n.outputs}
-    mine = {id(n) for n in members}
-    read_outside = {v.id for v in g.outputs} | {
-        v.id for n in g.nodes if id(n) not in mine for v in n.inputs}
-    inputs, index = [], {}
-    for n in members:
-        for v in n.inputs:
-            if v.id not in inside and v.id not in index:
-                index[v.id] = len(inputs)
-                inputs.append(v)
+    members, read_outside, inputs, index = _group_io(g, grp)
     same = _dims_key(g)
     shapes = {i: same(v.shape) for i, v in enumerate(inputs)}
     pos = len(inputs)
