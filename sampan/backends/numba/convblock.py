@@ -189,17 +189,25 @@ def _flat_one_gemm(w, ph, pw, h, wd, ho, wo):
     return conv_flat
 
 
-def _direct_block(node, wc, b, relu, pool, attrs):
+def _direct_block(node, wc, b, relu, pool, attrs, any_taps=False):
     """The generated direct kernel with the epilogue inside (convgen's "block"), for a
-    stride-1 layer the direct kernels serve: the accumulator rows become the block's
-    output in one pass (LeNet's first block at batch 1: no separate epilogue call and no
-    (6, 28, 28) intermediate). None where it does not apply."""
+    stride-1 layer the direct kernels serve (`any_taps`: whatever its taps per output):
+    the accumulator rows become the block's output in one pass (LeNet's first block at
+    batch 1: no separate epilogue call and no (6, 28, 28) intermediate). A batch runs
+    the serial kernel or the one that splits the images over the threads, whichever ran
+    faster here (`_faster`). None where it does not apply."""
     from .loops import conv as _conv
     x = node.inputs[0]
     o, cg, kh, kw = wc.shape
     g = attrs["groups"]
-    if (attrs["stride"] != (1, 1) or not _conv._direct(x.dtype, (1, 1), attrs["dilation"],
-                                                       cg, o // g, kh, kw)):
+    if any_taps:
+        serves = (_conv._unit_loops(x.dtype, attrs["stride"], attrs["dilation"])
+                  and 1 < kh * kw and max(kh, kw) <= _conv.DIRECT_MAX_KERNEL
+                  and _conv.DIRECT_MAX_TAPS > 0)
+    else:
+        serves = attrs["stride"] == (1, 1) and _conv._direct(
+            x.dtype, (1, 1), attrs["dilation"], cg, o // g, kh, kw)
+    if not serves:
         return None
     n, _, h, wd = x.shape
     ph, pw = attrs["padding"]
@@ -210,6 +218,11 @@ def _direct_block(node, wc, b, relu, pool, attrs):
     loop = _conv._direct_kernel("block", x.dtype, o // g, kh, kw)
     w2 = wc.reshape(o, -1)
     shape, dtype, empty, contiguous = tuple(x.shape), x.dtype, np.empty, np.ascontiguousarray
+    if n > 1:
+        par = _conv._direct_kernel("block_parallel", x.dtype, o // g, kh, kw)
+        probe = np.zeros(shape, dtype)
+        scratch = empty(out_shape, dtype)
+        loop = _faster([loop, par], lambda f: f(probe, w2, b, scratch, ph, pw, relu, pool))
 
     def conv2d_block_direct(x, w, bias):
         if x.shape != shape or x.dtype != dtype:        # what the loop was sized for
@@ -218,6 +231,26 @@ def _direct_block(node, wc, b, relu, pool, attrs):
         loop(contiguous(x), w2, b, out, ph, pw, relu, pool)
         return out
     return conv2d_block_direct
+
+
+def _faster(loops, call, rounds=5, budget_s=0.05):
+    """The one of `loops` whose `call(loop)` ran fastest here: one warm call each
+    (compiles or loads it, starts the threads), then rounds that alternate them, the best
+    call of each counting (a busy machine slows them alike); stops after `budget_s` once
+    two rounds ran. Made once per bound node and shape."""
+    import time
+    best = {}
+    for f in loops:
+        call(f)
+    stop = time.perf_counter() + budget_s
+    for r in range(rounds):
+        for i, f in enumerate(loops):
+            t = time.perf_counter()
+            call(f)
+            best[i] = min(best.get(i, float("inf")), time.perf_counter() - t)
+        if r >= 1 and time.perf_counter() > stop:
+            break
+    return loops[min(best, key=best.__getitem__)]
 
 
 def bind_block(node):
@@ -278,6 +311,16 @@ def bind_block(node):
         out = empty(out_shape, dtype)
         _epilogue_pool(y, b, relu, pool, out)
         return out
+    if n > 1:
+        # a batch of a layer with many taps per output (LeNet's second: 150): the GEMM
+        # above (BLAS's threads, the column buffer and the epilogue on one) or the direct
+        # kernel with the epilogue inside, images over the threads, whichever ran faster
+        # here. Measured at batch 64 on the loaded 2-core Zen 4 (2026-12-02): see
+        # test_issue31_conv_batch.py's module doc.
+        direct = _direct_block(node, wc, b, relu, pool, conv_attrs, any_taps=True)
+        if direct is not None:
+            zero = np.zeros(shape, dtype)
+            return _faster([conv2d_block, direct], lambda f: f(zero, None, None))
     return conv2d_block
 
 

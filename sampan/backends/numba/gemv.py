@@ -354,7 +354,39 @@ def bind_dense(node):
         np.matmul(x, wc, out=out)
         _epilogue(out, b, relu)
         return out
+    if gemm is None and m * k * n <= BATCH_LOOP_MACS and choice.preferred("matmul") is None:
+        loop = batch_loop_for(m, k, n, dtype)
+        if loop is not None:
+            wt = pack(w.const)
+
+            def dense_rows(x, w, bias):
+                if x.shape != shape or x.dtype != dtype:
+                    return reference(x, w, bias, relu)
+                out = empty((m, n), dtype)
+                loop(contiguous(x), wt, b, relu, out)
+                return out
+            return dense_rows
     return dense_gemm
+
+
+# A batch of more rows runs the same loops where they beat BLAS's GEMM and the epilogue:
+# small layers, where OpenBLAS's call and thread hand-off cost more than the arithmetic
+# (LeNet's 64x400 @ 400x120 at batch 64 on the loaded 2-core Zen 4, 2026-12-02: BLAS
+# 0.1-2.7 ms as its two threads waited for each other, the serial loop 0.1 ms). Up to
+# this many multiply-adds the loops race BLAS (once per shape and process, `_fastest_of`).
+BATCH_LOOP_MACS = 1 << 22
+_BATCH_CHOSEN: dict = {}
+
+
+def batch_loop_for(m: int, k: int, n: int, dtype=np.float32):
+    """For dense with m > MAX_ROWS rows: the serial or thread-split loop where one ran
+    faster here than BLAS and the epilogue, else None (BLAS)."""
+    key = (m, k, n, np.dtype(dtype).str)
+    if key not in _BATCH_CHOSEN:
+        win = _fastest_of((_dense_blas, _dense_serial, _dense_parallel), m, k, n,
+                          np.dtype(dtype))
+        _BATCH_CHOSEN[key] = None if win is _dense_blas else win
+    return _BATCH_CHOSEN[key]
 
 
 def _chosen_gemm(shape, w):
