@@ -233,24 +233,11 @@ def _direct_block(node, wc, b, relu, pool, attrs, any_taps=False):
     return conv2d_block_direct
 
 
-def _faster(loops, call, rounds=5, budget_s=0.05):
-    """The one of `loops` whose `call(loop)` ran fastest here: one warm call each
-    (compiles or loads it, starts the threads), then rounds that alternate them, the best
-    call of each counting (a busy machine slows them alike); stops after `budget_s` once
-    two rounds ran. Made once per bound node and shape."""
-    import time
-    best = {}
-    for f in loops:
-        call(f)
-    stop = time.perf_counter() + budget_s
-    for r in range(rounds):
-        for i, f in enumerate(loops):
-            t = time.perf_counter()
-            call(f)
-            best[i] = min(best.get(i, float("inf")), time.perf_counter() - t)
-        if r >= 1 and time.perf_counter() > stop:
-            break
-    return loops[min(best, key=best.__getitem__)]
+def _faster(loops, call):
+    """The one of `loops` that ran fastest here (`gemv.fastest_call`; loops[0] is today's
+    kernel)."""
+    from .gemv import fastest_call
+    return fastest_call(loops, call)
 
 
 def bind_block(node):

@@ -354,7 +354,10 @@ def bind_dense(node):
         np.matmul(x, wc, out=out)
         _epilogue(out, b, relu)
         return out
-    if gemm is None and m * k * n <= BATCH_LOOP_MACS and choice.preferred("matmul") is None:
+    if gemm is not None or choice.preferred("matmul") is not None:
+        return dense_gemm                  # the kernel choice's (or the user's) backend
+    cands = [dense_gemm]
+    if m * k * n <= BATCH_LOOP_MACS:
         loop = batch_loop_for(m, k, n, dtype)
         if loop is not None:
             wt = pack(w.const)
@@ -365,8 +368,68 @@ def bind_dense(node):
                 out = empty((m, n), dtype)
                 loop(contiguous(x), wt, b, relu, out)
                 return out
-            return dense_rows
-    return dense_gemm
+            cands.append(dense_rows)
+    linear = _onednn_linear(shape, wc, b, post, relu)
+    if linear is not None:
+        cands.append(linear)
+    if len(cands) == 1:
+        return dense_gemm
+    zero = np.zeros(shape, dtype)
+    return fastest_call(cands, lambda f: f(zero, None, None))
+
+
+def _onednn_linear(shape, wc, b, post, relu):
+    """For a float32 batch: oneDNN's matmul with the bias and ReLU as post-ops, as a
+    candidate of the bound dense's race (`fastest_call`), or None without oneDNN or past
+    what it serves. The "openblas" GEMM pool keeps float32 matmul off oneDNN in the
+    kernel choice (the two libraries' threads alternating); a served layer measured
+    faster on it runs there all the same (LeNet/MLP-sized layers at batch 64 on the
+    loaded 2-core Zen 4, 2026-12-02: 64x784 @ 784x512 BLAS 710 us, oneDNN 359)."""
+    from ...ops.dense import reference
+    if wc.dtype != np.float32 or shape[0] * wc.shape[0] * wc.shape[1] < ONEDNN_MIN_MACS:
+        return None
+    try:
+        from ...backends import onednn
+        if not onednn.available():
+            return None
+        onednn.linear(np.zeros(shape, wc.dtype), wc, b, post_ops=post)
+    except Exception:  # noqa: BLE001 - no oneDNN, or it refused the shape
+        return None
+    lin = onednn.linear
+
+    def dense_onednn(x, w, bias):
+        if x.shape != shape or x.dtype != wc.dtype:
+            return reference(x, w, bias, relu)
+        try:
+            return lin(np.ascontiguousarray(x), wc, b, post_ops=post)
+        except Exception:  # noqa: BLE001 - refused this call: numpy's BLAS
+            return reference(x, wc, b, relu)
+    return dense_onednn
+
+
+ONEDNN_MIN_MACS = 1 << 18   # below: oneDNN's ~10 us per primitive call cannot win
+
+
+def fastest_call(fns, call, rounds=5, budget_s=0.05, margin=1.05):
+    """The one of `fns` whose `call(fn)` ran fastest here: one warm call each (compiles
+    or loads it, makes primitives, starts threads), then rounds that alternate them, the
+    best call of each counting (a busy machine slows them alike); stops after `budget_s`
+    once two rounds ran. fns[0] is today's kernel: another must beat it by `margin`.
+    Made once per bound node."""
+    import time
+    best = {}
+    for f in fns:
+        call(f)
+    stop = time.perf_counter() + budget_s
+    for r in range(rounds):
+        for i, f in enumerate(fns):
+            t = time.perf_counter()
+            call(f)
+            best[i] = min(best.get(i, float("inf")), time.perf_counter() - t)
+        if r >= 1 and time.perf_counter() > stop:
+            break
+    win = min(best, key=best.__getitem__)
+    return fns[win] if best[win] * margin < best[0] else fns[0]
 
 
 # A batch of more rows runs the same loops where they beat BLAS's GEMM and the epilogue:
