@@ -120,27 +120,6 @@ def test_big_batch_dense_keeps_blas():
                                _dense64(x, w, b, True), rtol=1e-4, atol=1e-4 * k)
 
 
-def test_onednn_candidate_against_float64():
-    r = np.random.default_rng(12)
-    m, k, n = 64, 400, 120
-    node, w, b = _dense_node(m, k, n, True, r)
-    post = (("relu", 0.0, 0.0),)
-    lin = gemv._onednn_linear((m, k), np.ascontiguousarray(w), b, post, True)
-    from sampan.backends import onednn
-    if not onednn.available():
-        assert lin is None
-        pytest.skip(f"oneDNN: {onednn.why_unavailable()}")
-    x = _f(r, m, k)
-    np.testing.assert_allclose(lin(x, w, b), _dense64(x, w, b, True), rtol=1e-4,
-                               atol=1e-4 * k)
-    x2 = _f(r, 3, k)                                  # another shape: the op's kernel
-    np.testing.assert_allclose(lin(x2, w, b), _dense64(x2, w, b, True), rtol=1e-4,
-                               atol=1e-4 * k)
-    assert gemv._onednn_linear((1, 8), _f(r, 8, 4), _f(r, 4), post, True) is None  # tiny
-    assert gemv._onednn_linear((64, k), w.astype(np.float64), b.astype(np.float64), post,
-                               True) is None
-
-
 def test_fastest_call_keeps_the_incumbent_on_a_near_tie():
     import time
 
@@ -150,3 +129,17 @@ def test_fastest_call_keeps_the_incumbent_on_a_near_tie():
     def b(_):
         time.sleep(0.99e-3)
     assert gemv.fastest_call([a, b], lambda f: f(0), margin=1.5) is a
+
+
+def test_split_loops_race_only_under_a_passive_wait_policy(monkeypatch):
+    from sampan import _threads
+    monkeypatch.setattr(_threads, "openmp_wait_policy",
+                        lambda: "libgomp default (loaded before sampan)")
+    assert not gemv.threads_beside_blas()
+    monkeypatch.setattr(gemv, "_BATCH_CHOSEN", {})
+    monkeypatch.setattr(gemv, "_fastest_of", lambda loops, *a: loops[-1])
+    assert gemv.batch_loop_for(64, 40, 30) is gemv._dense_serial      # no split loop
+    monkeypatch.setattr(_threads, "openmp_wait_policy", lambda: "OMP_WAIT_POLICY=PASSIVE")
+    assert gemv.threads_beside_blas()
+    monkeypatch.setattr(gemv, "_BATCH_CHOSEN", {})
+    assert gemv.batch_loop_for(64, 40, 30) is gemv._dense_parallel

@@ -195,7 +195,8 @@ def _direct_block(node, wc, b, relu, pool, attrs, any_taps=False):
     the accumulator rows become the block's output in one pass (LeNet's first block at
     batch 1: no separate epilogue call and no (6, 28, 28) intermediate). A batch runs
     the serial kernel or the one that splits the images over the threads, whichever ran
-    faster here (`_faster`). None where it does not apply."""
+    faster here (`_faster`; the split only where the OpenMP workers sleep after it,
+    `gemv.threads_beside_blas`). None where it does not apply."""
     from .loops import conv as _conv
     x = node.inputs[0]
     o, cg, kh, kw = wc.shape
@@ -218,7 +219,8 @@ def _direct_block(node, wc, b, relu, pool, attrs, any_taps=False):
     loop = _conv._direct_kernel("block", x.dtype, o // g, kh, kw)
     w2 = wc.reshape(o, -1)
     shape, dtype, empty, contiguous = tuple(x.shape), x.dtype, np.empty, np.ascontiguousarray
-    if n > 1:
+    from .gemv import threads_beside_blas
+    if n > 1 and threads_beside_blas():
         par = _conv._direct_kernel("block_parallel", x.dtype, o // g, kh, kw)
         probe = np.zeros(shape, dtype)
         scratch = empty(out_shape, dtype)
@@ -301,9 +303,10 @@ def bind_block(node):
     if n > 1:
         # a batch of a layer with many taps per output (LeNet's second: 150): the GEMM
         # above (BLAS's threads, the column buffer and the epilogue on one) or the direct
-        # kernel with the epilogue inside, images over the threads, whichever ran faster
-        # here. Measured at batch 64 on the loaded 2-core Zen 4 (2026-12-02): see
-        # test_issue31_conv_batch.py's module doc.
+        # kernel with the epilogue inside (images over the threads where allowed),
+        # whichever ran faster here. At batch 64 on the loaded 2-core Zen 4 (load 10,
+        # 2026-12-02): GEMM 0.97 ms, direct 1.37 serial and 1.35 split, so the GEMM kept
+        # it there; the direct kernel needs no 3.8 MB column buffer.
         direct = _direct_block(node, wc, b, relu, pool, conv_attrs, any_taps=True)
         if direct is not None:
             zero = np.zeros(shape, dtype)

@@ -369,45 +369,22 @@ def bind_dense(node):
                 loop(contiguous(x), wt, b, relu, out)
                 return out
             cands.append(dense_rows)
-    linear = _onednn_linear(shape, wc, b, post, relu)
-    if linear is not None:
-        cands.append(linear)
     if len(cands) == 1:
         return dense_gemm
     zero = np.zeros(shape, dtype)
     return fastest_call(cands, lambda f: f(zero, None, None))
 
 
-def _onednn_linear(shape, wc, b, post, relu):
-    """For a float32 batch: oneDNN's matmul with the bias and ReLU as post-ops, as a
-    candidate of the bound dense's race (`fastest_call`), or None without oneDNN or past
-    what it serves. The "openblas" GEMM pool keeps float32 matmul off oneDNN in the
-    kernel choice (the two libraries' threads alternating); a served layer measured
-    faster on it runs there all the same (LeNet/MLP-sized layers at batch 64 on the
-    loaded 2-core Zen 4, 2026-12-02: 64x784 @ 784x512 BLAS 710 us, oneDNN 359)."""
-    from ...ops.dense import reference
-    if wc.dtype != np.float32 or shape[0] * wc.shape[0] * wc.shape[1] < ONEDNN_MIN_MACS:
-        return None
-    try:
-        from ...backends import onednn
-        if not onednn.available():
-            return None
-        onednn.linear(np.zeros(shape, wc.dtype), wc, b, post_ops=post)
-    except Exception:  # noqa: BLE001 - no oneDNN, or it refused the shape
-        return None
-    lin = onednn.linear
-
-    def dense_onednn(x, w, bias):
-        if x.shape != shape or x.dtype != wc.dtype:
-            return reference(x, w, bias, relu)
-        try:
-            return lin(np.ascontiguousarray(x), wc, b, post_ops=post)
-        except Exception:  # noqa: BLE001 - refused this call: numpy's BLAS
-            return reference(x, wc, b, relu)
-    return dense_onednn
-
-
-ONEDNN_MIN_MACS = 1 << 18   # below: oneDNN's ~10 us per primitive call cannot win
+def threads_beside_blas() -> bool:
+    """Whether a batch's numba loops may split over OpenMP threads in a program whose
+    other layers run BLAS: only under a passive wait policy (sampan's default,
+    `_threads.WAIT_POLICY`). Where libgomp spins (its default, e.g. when torch loaded a
+    libgomp first: the W5 benchmark's process), a worker left spinning after a split loop
+    holds the core the next layer's OpenBLAS thread needs (LeNet at batch 64 with one
+    layer on oneDNN's OpenMP and the rest on BLAS: p50 28 ms against 0.9 ms, loaded
+    2-core Zen 4, 2026-12-02). A race of each node alone cannot see that."""
+    policy = _threads.openmp_wait_policy() or ""
+    return "PASSIVE" in policy.upper()
 
 
 def fastest_call(fns, call, rounds=5, budget_s=0.05, margin=1.05):
@@ -443,11 +420,13 @@ _BATCH_CHOSEN: dict = {}
 
 def batch_loop_for(m: int, k: int, n: int, dtype=np.float32):
     """For dense with m > MAX_ROWS rows: the serial or thread-split loop where one ran
-    faster here than BLAS and the epilogue, else None (BLAS)."""
+    faster here than BLAS and the epilogue, else None (BLAS). The thread-split loop only
+    races where its OpenMP workers sleep after it (`threads_beside_blas`)."""
     key = (m, k, n, np.dtype(dtype).str)
     if key not in _BATCH_CHOSEN:
-        win = _fastest_of((_dense_blas, _dense_serial, _dense_parallel), m, k, n,
-                          np.dtype(dtype))
+        loops = (_dense_blas, _dense_serial) + (
+            (_dense_parallel,) if threads_beside_blas() else ())
+        win = _fastest_of(loops, m, k, n, np.dtype(dtype))
         _BATCH_CHOSEN[key] = None if win is _dense_blas else win
     return _BATCH_CHOSEN[key]
 
