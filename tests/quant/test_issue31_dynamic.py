@@ -59,7 +59,8 @@ def _reference(x, w, ws):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 384, 384), (45, 100, 70), (300, 64, 1152),
-                                   (513, 1536, 48), (700, 128, 1152)])
+                                   (513, 1536, 48), (700, 128, 1152), (37, 130, 1100),
+                                   (8, 384, 1536), (1030, 384, 400)])
 def test_qdense_dynamic_layers_exact(m, k, n):
     """The numba provider's bound layers (VNNI kernel; oneDNN's int8 GEMM, AMX where the
     CPU has it) give the reference's bytes; weights at the int8 extremes."""
