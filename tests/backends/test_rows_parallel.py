@@ -17,7 +17,7 @@ def test_parallel_rows_equal_the_serial_loop(log):
     x[1, :] = -np.inf if log else x[1, :]
     x[2, :10] = 80.0
     want = np.empty_like(x)
-    R._K[np.dtype(np.float32)][0](x, log, want, want)
+    R._K[np.dtype(np.float32)][0](x, log, want, want, np.empty(x.shape[0], np.float32))
     before = sampan.get_num_threads()
     try:
         sampan.set_num_threads(2)
