@@ -523,3 +523,80 @@ def _quant_ir():
     _loop(b, ir, i64, rows, row)
     b.ret_void()
     return str(mod)
+
+
+def rowmax_kernel():
+    """f(x, ldx, rows, k, out), or None without AVX-512: out[r] = the max of float32 row
+    r of x (k >= 1 elements, rows `ldx` elements apart) by compare-and-select from its
+    first element, 16 lanes at a time (exact in any order; a NaN first element stays the
+    max, a later one is skipped, as in the row loops' scalar form). For the softmax rows
+    (`loops/rowwise.py`): numba's loop does not vectorise the reduction."""
+    if "rowmax" not in _STATE:
+        _STATE["rowmax"] = None
+        if _has_vnni():
+            try:
+                ee = _compile(_rowmax_ir(), "rowmax-engine")
+                proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+                _STATE["rowmax"] = proto(ee.get_function_address("row_max"))
+            except Exception:  # noqa: BLE001 - an LLVM that refuses: numba's loops
+                _STATE["rowmax"] = None
+    return _STATE["rowmax"]
+
+
+def _rowmax_ir():
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+    i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    vf, vi = ir.VectorType(f32, 16), ir.VectorType(i32, 16)
+    p8 = i8.as_pointer()
+    mod = ir.Module("sampan_row_max")
+    mod.triple = llvm.get_process_triple()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, i64, i64, i64, p8]), "row_max")
+    xp, ldx, rows, k, outp = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def c(v):
+        return ir.Constant(i64, v)
+    k16 = b.sdiv(k, c(16))
+    accs = [b.alloca(vf) for _ in range(4)]
+    s_m = b.alloca(f32)
+
+    def pick(v, m):               # m = v if v > m else m
+        return b.select(b.fcmp_ordered(">", v, m), v, m)
+
+    def row(r):
+        xr = b.bitcast(b.gep(xp, [b.mul(b.mul(r, ldx), c(4))]), f32.as_pointer())
+        first = b.load(xr)
+        vec = b.insert_element(ir.Constant(vf, None), first, ir.Constant(i32, 0))
+        vec = b.shuffle_vector(vec, ir.Constant(vf, None), ir.Constant(vi, [0] * 16))
+        for a in accs:
+            b.store(vec, a)
+
+        def vload(j):
+            return b.load(b.bitcast(b.gep(xr, [b.mul(j, c(16))]), vf.as_pointer()), align=4)
+
+        def four(j4):             # four independent accumulators: compare latency
+            for i, a in enumerate(accs):
+                b.store(pick(vload(b.add(b.mul(j4, c(4)), c(i))), b.load(a)), a)
+        _loop(b, ir, i64, b.sdiv(k16, c(4)), four)
+
+        def one(j):
+            a = accs[0]
+            b.store(pick(vload(b.add(b.mul(b.sdiv(k16, c(4)), c(4)), j)), b.load(a)), a)
+        _loop(b, ir, i64, b.srem(k16, c(4)), one)
+        v = b.load(accs[0])
+        for a in accs[1:]:
+            v = pick(b.load(a), v)
+        m = b.extract_element(v, ir.Constant(i32, 0))
+        for lane in range(1, 16):
+            m = pick(b.extract_element(v, ir.Constant(i32, lane)), m)
+        b.store(m, s_m)
+
+        def tail(j):
+            b.store(pick(b.load(b.gep(xr, [b.add(b.mul(k16, c(16)), j)])), b.load(s_m)), s_m)
+        _loop(b, ir, i64, b.sub(k, b.mul(k16, c(16))), tail)
+        b.store(b.load(s_m), b.gep(b.bitcast(outp, f32.as_pointer()), [r]))
+    _loop(b, ir, i64, rows, row)
+    b.ret_void()
+    return str(mod)
