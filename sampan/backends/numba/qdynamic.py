@@ -4,8 +4,10 @@ op table's `ops.quant_fused.row_qparams`), the int8 weight packed once, and the 
 sums finished with each row's zero point and scale (and the optional bias). Two layers
 give the same bytes:
 
-- `DynamicDense`: the VNNI kernel, its epilogue inside
-  (`vnni.packed_kernel(True, False, dyn=True)`);
+- `DynamicDense`: the VNNI kernel, its epilogue and bias inside
+  (`vnni.packed_kernel(True, False, dyn=1 or 2)`), over blocks of rows that sampan's
+  threads claim, each quantised (`quant_rows`: `vnni.quant_kernel` on AVX-512) and
+  multiplied by the whole weight while its bytes are in the core's cache;
 - `OneDNNDense`: oneDNN's int8 GEMM (`onednn.int8.WeightGemm`, the weight reordered once;
   AMX tiles on Sapphire Rapids and later), over blocks of rows that sampan's threads
   claim, each quantised, multiplied and finished (`_finish_one`) while its sums are in L2.
