@@ -59,7 +59,8 @@ def _reference(x, w, ws):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 384, 384), (45, 100, 70), (300, 64, 1152),
-                                   (513, 1536, 48), (700, 128, 1152)])
+                                   (513, 1536, 48), (700, 128, 1152), (37, 130, 1100),
+                                   (8, 384, 1536), (1030, 384, 400)])
 def test_qdense_dynamic_layers_exact(m, k, n):
     """The numba provider's bound layers (VNNI kernel; oneDNN's int8 GEMM, AMX where the
     CPU has it) give the reference's bytes; weights at the int8 extremes."""
@@ -94,6 +95,36 @@ def test_qdense_dynamic_layers_exact(m, k, n):
                 np.testing.assert_array_equal(layer.run_dynamic(x, b), want + b)
     finally:
         sampan.set_num_threads(before)
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (5, 15), (9, 16), (40, 131), (64, 384), (3, 0)])
+def test_row_quantiser_exact(m, k):
+    """The AVX-512 row quantiser (`vnni.quant_kernel`, through `quant_rows`) gives
+    `row_qparams`' bytes, scales and zero points (numpy, the op table's reference): rows
+    of zeros, all positive, all negative, ties at .5 steps, huge and tiny values, K not
+    a multiple of 16, and rows written at a stride (the kernel's padded K)."""
+    qd = pytest.importorskip("sampan.backends.numba.qdynamic")
+    from sampan.backends.numba import vnni
+    from sampan.ops.quant_fused import row_qparams
+    assert vnni.quant_kernel() is not None or not vnni._has_vnni()
+    r = np.random.default_rng(m * 1000 + k)
+    x = (r.standard_normal((m, k)) * 5).astype(np.float32)
+    if m > 4 and k > 3:
+        x[1] = 0
+        x[2] = np.abs(x[2])
+        x[3] = -np.abs(x[3]) - 1
+        x[4, :4] = (-0.0, 1e-30, 3e30, -2.5)
+    if m > 8:
+        x[8] = np.arange(k, dtype=np.float32) - k / 2      # .5 steps after scaling
+    want_q, want_s, want_z = row_qparams(x)
+    pad = 4 * (-(-k // 4)) + 4
+    buf = np.full((m, pad), 7, np.uint8)
+    s, z = np.empty(m, np.float32), np.empty(m, np.int32)
+    qd.quant_rows(x, buf[:, :k], s, z)
+    np.testing.assert_array_equal(buf[:, :k], want_q)
+    assert (buf[:, k:] == 7).all()                   # nothing past each row's k bytes
+    np.testing.assert_array_equal(s, want_s)
+    np.testing.assert_array_equal(z, want_z)
 
 
 def test_shared_rows_one_node_same_numbers():

@@ -4,8 +4,10 @@ op table's `ops.quant_fused.row_qparams`), the int8 weight packed once, and the 
 sums finished with each row's zero point and scale (and the optional bias). Two layers
 give the same bytes:
 
-- `DynamicDense`: the VNNI kernel, its epilogue inside
-  (`vnni.packed_kernel(True, False, dyn=True)`);
+- `DynamicDense`: the VNNI kernel, its epilogue and bias inside
+  (`vnni.packed_kernel(True, False, dyn=1 or 2)`), over blocks of rows that sampan's
+  threads claim, each quantised (`quant_rows`: `vnni.quant_kernel` on AVX-512) and
+  multiplied by the whole weight while its bytes are in the core's cache;
 - `OneDNNDense`: oneDNN's int8 GEMM (`onednn.int8.WeightGemm`, the weight reordered once;
   AMX tiles on Sapphire Rapids and later), over blocks of rows that sampan's threads
   claim, each quantised, multiplied and finished (`_finish_one`) while its sums are in L2.
@@ -22,7 +24,7 @@ from ...ops.quant_fused import with_bias
 from ...ops.registry import OPS
 from . import vnni
 from .claim import run_claimed, threads
-from .qlayers import Dense, _consts, _fits, _packed, _ptr, _run_parts, _split
+from .qlayers import _BIG, Dense, _consts, _fits, _packed, _ptr
 
 
 if HAVE_NUMBA:
@@ -103,26 +105,61 @@ class DynamicDense(Dense):
         self.ws[:self.n] = w_scale
 
     def run_dynamic(self, x, bias=None):
+        """Blocks of rows that sampan's threads claim (`claim.run_claimed`), each
+        quantised and multiplied by the whole weight while its bytes are in the core's
+        cache, the epilogue and bias in the kernel; fewer row blocks than threads (a
+        few rows): the rows quantised once and the weight's columns split instead."""
         m = x.shape[0]
-        need = 4 * self.k4
-        xq = np.zeros((m, need), np.uint8) if need != self.k else np.empty((m, need),
-                                                                             np.uint8)
-        sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
-        _row_quant(np.ascontiguousarray(x, np.float32), xq[:, :self.k] if need != self.k
-                   else xq, sx, zx)
-        ldo = self.nb * 16
+        need, ldo = 4 * self.k4, self.nb * 16
         out = np.empty((m, ldo), np.float32)
-        f = vnni.packed_kernel(True, False, True)
-        kstep = self.k4 * 64
+        if m == 0:
+            return out[:, :self.n]
+        x = np.ascontiguousarray(x, np.float32)
+        xq = np.empty((m, need), np.uint8)
+        if need != self.k:
+            xq[:, self.k:] = 0
+        sx, zx = np.empty(m, np.float32), np.empty(m, np.int32)
+        bv, post = self._bias(bias)
+        f = vnni.packed_kernel(True, False, 1 if bv is None else 2)
+        bp = 0 if bv is None else _ptr(bv)
+        parts = threads() if m * ldo * need >= _BIG else 1
+        rows = max(_ROWS_MIN, -(-m // (_PER_THREAD * parts * 16)) * 16)
+        nblk = -(-m // rows)
+        xqk = xq if need == self.k else xq[:, :self.k]
+        wp, xp, op, cs, ws = _ptr(self.wp), _ptr(xq), _ptr(out), _ptr(self.cs), _ptr(self.ws)
+        zp, sp = _ptr(zx), _ptr(sx)
 
-        def part(j0, j1):
-            f(_ptr(self.wp) + j0 * kstep, _ptr(xq), _ptr(out) + j0 * 64,
-              _ptr(self.cs) + j0 * 64, _ptr(self.ws) + j0 * 64, 1, 0, 0, m, need, self.k4,
-              j1 - j0, ldo, _ptr(zx), _ptr(sx), 0)
-        if m:
-            _run_parts(part, _split(self.nb, m * ldo * need, self.nb))
+        def call(r0, r1, j0, j1):
+            f(wp + j0 * self.k4 * 64, xp + r0 * need, op + (r0 * ldo + j0 * 16) * 4,
+              cs + j0 * 64, ws + j0 * 64, 1, 0, 0, r1 - r0, need, self.k4, j1 - j0, ldo,
+              zp + 4 * r0, sp + 4 * r0, bp + j0 * 64 if bp else 0)
+        if nblk >= parts:
+            def block(i, t):
+                r0, r1 = i * rows, min(m, (i + 1) * rows)
+                quant_rows(x[r0:r1], xqk[r0:r1], sx[r0:r1], zx[r0:r1])
+                call(r0, r1, 0, self.nb)
+            run_claimed(nblk, block, parts)
+        else:
+            quant_rows(x, xqk, sx, zx)
+            cuts = [self.nb * i // parts for i in range(parts + 1)]
+            run_claimed(parts, lambda i, t: call(0, m, cuts[i], cuts[i + 1]), parts)
         out = out if self.n == ldo else out[:, :self.n]
-        return out if bias is None else with_bias(out, bias)
+        return out if post is None else with_bias(out, post)
+
+    def _bias(self, bias):
+        """(bias padded to the kernel's width, or None; a bias the kernel cannot add,
+        for `with_bias` after it)."""
+        if bias is None:
+            return None, None
+        if bias.dtype != np.float32 or bias.shape != (self.n,):
+            return None, bias
+        bv = np.zeros(self.nb * 16, np.float32)
+        bv[:self.n] = bias
+        return bv, None
+
+
+_ROWS_MIN = 64            # rows per block of DynamicDense (a block's call costs ~10 us)
+_PER_THREAD = 4           # blocks per thread, for a busy machine's uneven threads
 
 
 class OneDNNDense:
@@ -180,11 +217,21 @@ _BLOCK = 256 * 1024       # int32 sums per block of rows (OneDNNDense)
 
 
 def quant_rows(x, out, scale, zp):
-    """`_row_quant`'s bytes: each row's range by numpy's SIMD min/max reductions (numba's
-    loop does not vectorise them: 4x slower on W8's rows), then the rows quantised (the
-    caller shares blocks of rows over threads). A NaN row quantises to what the loop's
-    would not, as no NaN is given a meaning by the op."""
-    if x.shape[1] == 0:
+    """`_row_quant`'s bytes: on AVX-512, `vnni.quant_kernel` (x's rows contiguous, out's
+    rows at any stride); otherwise each row's range by numpy's SIMD min/max reductions
+    (numba's loop does not vectorise them: 4x slower on W8's rows), then the rows
+    quantised (the caller shares blocks of rows over threads). A NaN row quantises to
+    what the loop's would not, as no NaN is given a meaning by the op."""
+    m, k = x.shape
+    f = vnni.quant_kernel()
+    if (f is not None and x.dtype == np.float32 and x.flags.c_contiguous
+            and out.strides[1] == 1 and scale.flags.c_contiguous and zp.flags.c_contiguous
+            and scale.dtype == np.float32 and zp.dtype == np.int32):
+        if m:
+            f(_ptr(x), k, m, k, _ptr(out), out.strides[0] if m > 1 else k, _ptr(scale),
+              _ptr(zp))
+        return
+    if k == 0:
         _row_quant(x, out, scale, zp)
         return
     lo = np.min(x, axis=1)
