@@ -233,6 +233,9 @@ class ProgramModel(_Padded):
         if self._bounds:
             _check_bounds(self.name, self._bounds, inputs)
 
+    def checks_values(self):
+        return bool(self._bounds)
+
     def _run(self, inputs):
         for h in self._hin:   # not np.ascontiguousarray: it makes a 0-d input (1,)
             h.share_external_data(np.asarray(inputs[h.name], order="C"))
