@@ -42,7 +42,7 @@ from collections import deque
 import numpy as np
 
 from .errors import RequestError, ServingError  # noqa: F401  (RequestError: an old home)
-from .jsonarrays import resolve
+from .jsonarrays import resolve, resolve_all
 from .timeline import batch_span
 
 log = logging.getLogger("sampan.serving")
@@ -257,20 +257,22 @@ class Batcher:
             _call(loop, items)
 
     def _values(self, batch):
-        """The batch with its requests' JSON number lists parsed (`jsonarrays.resolve`,
-        the GIL released while it parses); a request whose values are refused leaves
-        the batch, with its answer: (requests to run, answers)."""
+        """The batch with its requests' JSON number lists parsed (`jsonarrays`: all in
+        one call, the GIL released); a request whose values are refused leaves the
+        batch, with its answer: (requests to run, answers)."""
+        try:
+            got = resolve_all([p.inputs for p in batch])
+        except Exception as e:  # noqa: BLE001 -- a server bug: every request's 500
+            err = RequestError(f"model {self.model.name!r}: decoding the request failed: "
+                               f"{type(e).__name__}: {e}", 500)
+            return [], [(p, (p.fut, False, err)) for p in batch]
         run, answers = [], []
-        for p in batch:
-            try:
-                p.inputs = resolve(p.inputs)
+        for p, inputs in zip(batch, got):
+            if isinstance(inputs, Exception):
+                answers.append((p, (p.fut, False, inputs)))
+            else:
+                p.inputs = inputs
                 run.append(p)
-            except RequestError as e:
-                answers.append((p, (p.fut, False, e)))
-            except Exception as e:  # noqa: BLE001 -- answered as the request's 500
-                answers.append((p, (p.fut, False, RequestError(
-                    f"model {self.model.name!r}: decoding the request failed: "
-                    f"{type(e).__name__}: {e}", 500))))
         return run, answers
 
     def _run(self, model, batch):

@@ -39,12 +39,15 @@ import threading
 
 import numpy as np
 
+from .errors import RequestError
+
 try:
     from numba import njit
 except ImportError:         # optional: every request then takes orjson's path
     njit = None
 
 MIN_BYTES = 256             # shorter lists are left to orjson (its call is cheaper)
+NOGIL_BYTES = 48 << 10      # text a worker parses with the GIL released (below: held)
 MAX_SPANS = 16              # lists replaced per body; later ones stay in the JSON
 _SCRATCH_MAX = 1 << 20      # values kept in a thread's scratch between requests
 
@@ -58,17 +61,16 @@ if njit is not None:
     _P10 = np.array([10.0 ** k for k in range(23)])     # exact in float64 up to 1e22
 
     @njit(cache=True, nogil=True)
-    def _parse(buf, vals, ints):
-        """The flat list of JSON numbers that is all of `buf` ('[' ... ']') into
-        vals/ints: (end, count, flags), end -1 when it is not one we take."""
-        n = buf.size
+    def _parse_one(buf, i, n, vals, ints, k0):
+        """The flat list of JSON numbers buf[i:n] ('[' ... ']') into vals/ints from
+        index k0: (end, count, flags), end -1 when it is not one we take."""
         flags = F32_OK | F64_OK | INT_OK
-        j = 1
+        j = i + 1
         while j < n and (buf[j] == 32 or buf[j] == 10 or buf[j] == 13 or buf[j] == 9):
             j += 1
         if j < n and buf[j] == 93:          # ']'
             return j + 1, 0, flags
-        k = 0
+        k = k0
         while True:
             if k >= vals.size or j >= n:
                 return -1, 0, 0
@@ -177,9 +179,36 @@ if njit is not None:
                                  or buf[j] == 9):
                     j += 1
             elif buf[j] == 93:               # ']'
-                return j + 1, k, flags
+                return j + 1, k - k0, flags
             else:
                 return -1, 0, 0
+
+    @njit(cache=True, nogil=True)
+    def _parse(buf, vals, ints):
+        """The list that is all of `buf`: (end, count, flags) as `_parse_one`."""
+        return _parse_one(buf, 0, buf.size, vals, ints, 0)
+
+    @njit(cache=True, nogil=True)
+    def _parse_all(buf, starts, ends, vals, ints, res):
+        """The lists buf[starts[s]:ends[s]] one after another into vals/ints, in one
+        call (one release of the GIL for a whole batch): res[s] = (first value index or
+        -1 when declined, count, flags)."""
+        k = 0
+        for s in range(starts.size):
+            end, cnt, flags = _parse_one(buf, starts[s], ends[s], vals, ints, k)
+            if end == ends[s]:
+                res[s, 0] = k
+                k += cnt
+            else:
+                res[s, 0] = -1
+            res[s, 1] = cnt
+            res[s, 2] = flags
+        return k
+
+    # the same holding the GIL, for little text: a worker that releases the GIL for a
+    # 20 us parse waits for the busy event loop to hand it back (up to the 5 ms switch
+    # interval), longer than the loop would have held it
+    _parse_all_gil = njit(cache=True)(_parse_all.py_func)
 
 
 def available() -> bool:
@@ -192,7 +221,9 @@ def warm() -> None:
     if available():
         body = b'{"data": [' + b"0.5, " * (MIN_BYTES // 5 + 1) + b'1]}'
         skel, spans = split(body)
-        spans.deferred(0, None, None, np.float32, (MIN_BYTES // 5 + 2,)).values()
+        d = spans.deferred(0, "x", None, np.float32, (MIN_BYTES // 5 + 2,))
+        resolve_all([{"x": d}])
+        resolve_all([{"x": d}] * (NOGIL_BYTES // (d.end - d.start) + 1))
 
 
 def _buffers(n):
@@ -206,23 +237,19 @@ def _buffers(n):
     return vals, ints
 
 
-def _values(body, start, end, dtype, n):
-    """The list at body[start:end] as a flat `dtype` array of `n` values, or None
-    (module doc: what the fast path declines)."""
-    buf = np.frombuffer(body, np.uint8, end - start, start)
-    vals, ints = _buffers((end - start) // 2 + 1)
-    stop, cnt, flags = _parse(buf, vals, ints)
-    if stop != end - start or cnt != n:
+def _typed(vals, ints, at, cnt, flags, dtype, n):
+    """Parsed values vals/ints[at:at + cnt] as a new flat `dtype` array of `n` values, or
+    None (module doc: what the fast path declines)."""
+    if at < 0 or cnt != n:
         return None
-    dtype = np.dtype(dtype)
     if dtype == np.float32 and flags & F32_OK:
-        return vals[:cnt].astype(np.float32)
+        return vals[at:at + cnt].astype(np.float32)
     if dtype == np.float64 and flags & F64_OK:
-        return vals[:cnt].copy()
+        return vals[at:at + cnt].copy()
     if dtype == np.int64 and flags & INT_OK:
-        return ints[:cnt].copy()
+        return ints[at:at + cnt].copy()
     if dtype.kind in "iu" and dtype != np.int64 and flags & INT_OK:
-        a = ints[:cnt]
+        a = ints[at:at + cnt]
         info = np.iinfo(dtype)
         if cnt and (a.min() < info.min or a.max() > info.max):
             return None             # out of range: the slow path's 400
@@ -251,18 +278,59 @@ class Deferred:
         return math.prod(self.shape)
 
     def values(self) -> np.ndarray:
-        a = _values(self.body, self.start, self.end, self.dtype, self.size)
+        """The values (parsed, or the slow path's; its `RequestError` raised)."""
+        out = resolve_all([{self.name: self}])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out[self.name]
+
+
+def resolve_all(requests: list) -> list:
+    """Each request's inputs dict with its `Deferred` values parsed, all of them in one
+    compiled call (the GIL released once: a worker that released and took it back per
+    request waited for the busy event loop each time); a request the fast path
+    declines is decoded the slow way, and where that refuses it its entry is the
+    `RequestError` instead of a dict. Dicts without a `Deferred` come back as they are."""
+    ds = [(r, name, d) for r, inputs in enumerate(requests) for name, d in inputs.items()
+          if type(d) is Deferred]
+    if not ds:
+        return list(requests)
+    parts, starts, ends, at = [], [], [], 0
+    for _, _, d in ds:
+        parts.append(memoryview(d.body)[d.start:d.end])
+        starts.append(at)
+        at += d.end - d.start
+        ends.append(at)
+    buf = np.frombuffer(b"".join(parts), np.uint8)
+    vals, ints = _buffers(at // 2 + 1)
+    res = np.empty((len(ds), 3), np.int64)
+    parse = _parse_all if at >= NOGIL_BYTES else _parse_all_gil
+    parse(buf, np.array(starts, np.int64), np.array(ends, np.int64), vals, ints, res)
+    touched = {r for r, _, _ in ds}
+    out = [dict(inputs) if r in touched else inputs for r, inputs in enumerate(requests)]
+    for (r, name, d), (k, cnt, flags) in zip(ds, res.tolist()):
+        if isinstance(out[r], Exception):
+            continue
+        a = _typed(vals, ints, k, cnt, flags, d.dtype, d.size)
         if a is None:
-            return self.fallback()[self.name]
-        return a.reshape(self.shape)
+            try:
+                a = d.fallback()[name]
+            except RequestError as e:
+                out[r] = e
+                continue
+        out[r][name] = a.reshape(d.shape)
+    return out
 
 
 def resolve(inputs: dict) -> dict:
     """`inputs` with every `Deferred` replaced by its values (the same dict when it
-    holds none)."""
+    holds none); a request the slow path refuses raises its `RequestError`."""
     if not any(type(v) is Deferred for v in inputs.values()):
         return inputs
-    return {k: v.values() if type(v) is Deferred else v for k, v in inputs.items()}
+    out = resolve_all([inputs])[0]
+    if isinstance(out, Exception):
+        raise out
+    return out
 
 
 class Spans:

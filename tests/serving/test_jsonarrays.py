@@ -139,6 +139,27 @@ def test_w5_request_is_deferred_and_planned():
     assert len(plans) == 1
 
 
+def test_a_batch_parsed_in_one_call():
+    """`resolve_all` over many requests (past NOGIL_BYTES: the GIL released), one of
+    them declined by the parser and refused by the slow path: its entry is its error,
+    the others' values are their own."""
+    rng = np.random.default_rng(2)
+    model = Echo(784)
+    xs = [rng.standard_normal((1, 784)).astype(np.float32) for _ in range(8)]
+    ids = [_text(map(str, rng.integers(-5, 5, 784))) for _ in xs]
+    bodies = [_body(_text(repr(float(v)) for v in x.ravel()), i, 784) for x, i in zip(xs, ids)]
+    bodies[5] = bodies[5].replace(b'"data": [', b'"data": ["x", ', 1)   # a string first
+    assert sum(len(b) for b in bodies) > jsonarrays.NOGIL_BYTES
+    decs = [protocol.decode(model, b, None, {}, defer=True) for b in bodies]
+    got = jsonarrays.resolve_all([d.inputs for d in decs])
+    slow = _both(model, bodies[5])[1]
+    assert isinstance(got[5], RequestError) and str(got[5]) == str(slow)
+    for k, x in enumerate(xs):
+        if k != 5:
+            assert got[k]["x"].tobytes() == x.tobytes()
+            assert got[k]["ids"].tolist() == [json.loads(ids[k])]
+
+
 @pytest.mark.parametrize("xtext,why", [
     (_text(["1.5"] * 99 + ["NaN"]), "NaN (the standard library reads it)"),
     (_text(["1.5"] * 99 + ['"a"']), "a string in the list"),
