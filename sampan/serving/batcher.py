@@ -42,6 +42,7 @@ from collections import deque
 import numpy as np
 
 from .errors import RequestError, ServingError  # noqa: F401  (RequestError: an old home)
+from .jsonarrays import resolve, resolve_all
 from .timeline import batch_span
 
 log = logging.getLogger("sampan.serving")
@@ -107,6 +108,8 @@ class Batcher:
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
         self.retried = 0          # failed batches run again one request at a time
+        cv = getattr(model, "checks_values", None)
+        self._resolve_first = True if cv is None else bool(cv())
 
     # ------------------------------------------------------------ lifecycle
     def start(self, warmup=True):
@@ -143,6 +146,8 @@ class Batcher:
             if self.batching and rows > self.max_rows:
                 raise RequestError(f"model {self.model.name!r}: a request of {rows} rows is "
                                    f"larger than max_batch_size {self.max_rows}")
+        if self._resolve_first:           # the check reads values the worker would parse
+            inputs = resolve(inputs)
         try:
             self.model.check(inputs)      # its values, before it can fail a batch
         except RequestError:
@@ -251,21 +256,43 @@ class Batcher:
         for loop, items in by_loop.items():
             _call(loop, items)
 
+    def _values(self, batch):
+        """The batch with its requests' JSON number lists parsed (`jsonarrays`: all in
+        one call, the GIL released); a request whose values are refused leaves the
+        batch, with its answer: (requests to run, answers)."""
+        try:
+            got = resolve_all([p.inputs for p in batch])
+        except Exception as e:  # noqa: BLE001 -- a server bug: every request's 500
+            err = RequestError(f"model {self.model.name!r}: decoding the request failed: "
+                               f"{type(e).__name__}: {e}", 500)
+            return [], [(p, (p.fut, False, err)) for p in batch]
+        run, answers = [], []
+        for p, inputs in zip(batch, got):
+            if isinstance(inputs, Exception):
+                answers.append((p, (p.fut, False, inputs)))
+            else:
+                p.inputs = inputs
+                run.append(p)
+        return run, answers
+
     def _run(self, model, batch):
         t0 = time.perf_counter()
         for p in batch:
             p.t_start = t0
             p.batch = len(batch)
-        if len(batch) == 1:
-            items = [self._alone(model, batch[0])]
+        todo, answers = self._values(batch)
+        if not todo:
+            items = []
+        elif len(todo) == 1:
+            items = [self._alone(model, todo[0])]
         else:
             try:
-                names = batch[0].inputs.keys()
-                joined = {k: np.concatenate([p.inputs[k] for p in batch]) for k in names}
+                names = todo[0].inputs.keys()
+                joined = {k: np.concatenate([p.inputs[k] for p in todo]) for k in names}
                 res = model.infer(joined)
-                total = sum(p.rows for p in batch)
+                total = sum(p.rows for p in todo)
                 items, at = [], 0
-                for p in batch:
+                for p in todo:
                     items.append((p.fut, True, {k: _rows(k, v, at, p.rows, total,
                                                          self.model.name)
                                                 for k, v in res.items()}))
@@ -275,9 +302,9 @@ class Batcher:
                 # must not fail the others: run each alone, so each gets its own answer
                 # or an error about its own data.
                 log.warning("model %r: a batch of %d requests failed (%s); running them "
-                            "one by one", self.model.name, len(batch), type(e).__name__)
+                            "one by one", self.model.name, len(todo), type(e).__name__)
                 self.retried += 1
-                items = [self._alone(model, p) for p in batch]
+                items = [self._alone(model, p) for p in todo]
         t1 = time.perf_counter()
         for p in batch:
             p.t_end = t1
@@ -291,7 +318,7 @@ class Batcher:
             for p in batch:
                 self.metrics.queue.observe(t0 - p.t_enq)
         by_loop: dict = {}
-        for p, it in zip(batch, items):
+        for p, it in list(zip(todo, items)) + answers:
             by_loop.setdefault(p.loop, []).append(it)
         for loop, its in by_loop.items():
             _call(loop, its)

@@ -121,6 +121,8 @@ class DataPlane:
     # ------------------------------------------------------------ lifecycle
     def start(self, warmup=True) -> None:
         """Start every model's workers (warming its clones first) and background work."""
+        from .jsonarrays import warm
+        warm()                    # the JSON number parser compiled before any request
         for e in list(self.entries.values()):
             e.batcher.start(warmup)
             e.model.start()
@@ -258,6 +260,8 @@ class DataPlane:
             big = isinstance(body, (bytes, bytearray)) and len(body) > self.offload
             if big:
                 dec = await _in_thread(codec.decode, e.model, body, header, e.plans)
+            elif codec is protocol:     # JSON number lists parsed by the batch's worker
+                dec = protocol.decode(e.model, body, header, e.plans, defer=True)
             else:
                 dec = codec.decode(e.model, body, header, e.plans)
             if tr is not None:

@@ -73,6 +73,12 @@ class ServedModel:
         `ServingError` naming the input, before the request joins a batch: a bad request
         then fails alone, with a message about its own values. Default: no check."""
 
+    def checks_values(self) -> bool:
+        """Whether `check` reads the inputs' values: the server then parses a JSON
+        request's numbers before it, on the event loop, rather than in the worker that
+        runs the batch. Default: whenever a subclass defines `check`."""
+        return type(self).check is not ServedModel.check
+
     def clone(self) -> "ServedModel":
         """A model for one more worker thread (default: this one, if `infer` is safe)."""
         return self

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from . import jsoncodec
+from . import jsonarrays, jsoncodec
 from .errors import RequestError
 from .model import DATATYPES
 
@@ -112,8 +112,20 @@ def typed(model, spec, dtype, values):
                           f"large for datatype {spec.datatype}") from None
 
 
-def _from_json(model, spec, dtype, shape, data):
+class _Declined(Exception):
+    """The fast path of `decode` cannot give this request's values exactly: the body is
+    decoded again the slow way."""
+
+
+def _from_json(model, spec, dtype, shape, data, spans=None, fallback=None):
     n = math.prod(shape)
+    if spans is not None:
+        k = spans.index(data)
+        if k is not None:           # a list `jsonarrays.split` took out of the body
+            d = spans.deferred(k, spec.name, fallback, dtype, shape)
+            if d is None:
+                raise _Declined
+            return d
     if not isinstance(data, list):
         raise _bad(model, f"input {spec.name!r}: 'data' must be a list (flat or nested); "
                           f"got {type(data).__name__}")
@@ -147,15 +159,23 @@ def _planned(plan, blob):
     return Decoded(plan.rid, arrays, dict(plan.outputs), plan.params, plan.bdo)
 
 
-def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
+def decode(model, body: bytes, header_len=None, plans=None, defer=False) -> Decoded:
     """Parse and check an infer request body against `model`'s inputs and outputs.
 
     `plans` (a dict the caller keeps per model) remembers what checking an all-binary
     header found, keyed by the header's bytes: a client sends the same header for every
     request of one shape (tritonclient does), and the next such body is decoded by
     slicing its binary part, skipping the JSON parse and the checks, which cannot come
-    out differently for the same bytes and the same binary length."""
+    out differently for the same bytes and the same binary length.
+
+    `defer` (the data plane's): an all-JSON body's long number lists may come back as
+    `jsonarrays.Deferred` inputs, their shape and datatype checked, their values parsed
+    by `jsonarrays.resolve` in the worker that runs the batch (see `_fast`)."""
     hl = header_length(model, header_len)
+    if defer and hl is None and jsoncodec.backend() == "orjson":
+        dec = _fast(model, body, plans)
+        if dec is not None:
+            return dec
     if plans is not None and hl is not None:
         plan = plans.get(body[:hl]) if 0 < hl <= _PLAN_HEADER_MAX else None
         if plan is not None and len(body) - hl == plan.nbytes:
@@ -168,7 +188,52 @@ def decode(model, body: bytes, header_len=None, plans=None) -> Decoded:
     return dec
 
 
-def _decode(model, body, hl, std=False):
+class _JsonPlan:
+    """What decoding one all-JSON skeleton (`jsonarrays.split`) found, every input a
+    number list: per input (name, dtype, shape, span index), and the rest of the
+    `Decoded`; the next body with the same skeleton needs no JSON parse at all."""
+    __slots__ = ("inputs", "rid", "outputs", "params", "bdo")
+
+
+def _fast(model, body, plans=None):
+    """An all-JSON body decoded with its long number lists left as `jsonarrays.Deferred`
+    inputs (parsed later, in a worker thread: `jsonarrays.resolve`), or None: then the
+    slow path decodes it, and gives the errors. A list the parser declines decodes the
+    whole body the slow way then, so its values, or its error, are the slow path's.
+    `plans` keeps what a skeleton gave, as for binary headers (see `decode`)."""
+    sp = jsonarrays.split(body)
+    if sp is None:
+        return None
+    skel, spans = sp
+
+    def fallback():
+        return jsoncodec.decode_checked(_decode, model, body, None).inputs
+    key = ("json", skel) if plans is not None and len(skel) <= _PLAN_HEADER_MAX else None
+    plan = plans.get(key) if key is not None else None
+    if plan is not None:
+        arrays = {name: jsonarrays.Deferred(shape, dtype, body, *spans.at[k], name, fallback)
+                  for name, dtype, shape, k in plan.inputs}
+        return Decoded(plan.rid, arrays, dict(plan.outputs), plan.params, plan.bdo)
+    try:
+        dec = _decode(model, skel, None, spans=spans, fallback=fallback)
+    except (RequestError, _Declined):
+        return None
+    if not spans.all_used():
+        return None
+    if key is not None and all(type(v) is jsonarrays.Deferred for v in dec.inputs.values()):
+        plan = _JsonPlan()
+        where = {se: k for k, se in enumerate(spans.at)}
+        plan.inputs = tuple((n, d.dtype, d.shape, where[d.start, d.end])
+                            for n, d in dec.inputs.items())
+        plan.rid, plan.outputs, plan.params = dec.id, dict(dec.outputs), dec.params
+        plan.bdo = dec.binary_default
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[key] = plan
+    return dec
+
+
+def _decode(model, body, hl, std=False, spans=None, fallback=None):
     if hl is not None:
         if not 0 < hl <= len(body):
             raise _bad(model, f"Inference-Header-Content-Length is {hl}, but the body has "
@@ -228,7 +293,8 @@ def _decode(model, body, hl, std=False):
                 layout = None
             at += size
         elif "data" in j:
-            arrays[name] = _from_json(model, spec, dtype, shape, j["data"])
+            arrays[name] = _from_json(model, spec, dtype, shape, j["data"], spans,
+                                      fallback)
             layout = None
         else:
             raise _bad(model, f"input {name!r} has neither 'data' nor a binary_data_size "
