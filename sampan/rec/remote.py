@@ -418,12 +418,17 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         by :meth:`fetch` (``rows`` holds the pending calls)."""
         uniq, inverse = unique_inverse(ids)
         self._count(uniq, inverse)
+        parts, sent = self.plan_unique(uniq, step)
+        return uniq, inverse, parts, sent
+
+    def plan_unique(self, uniq: np.ndarray, step: int | None = None):
+        """:meth:`plan` of ids already distinct: ``(parts, rows)`` (one pull per shard)."""
         parts = self._split(uniq)
         sent = []
         for s, p in zip(self.shards, parts):
             args = (uniq[p], step)
             sent.append((s, args, self._send(s, "pull", args, True, (p.size, self.dim))))
-        return uniq, inverse, parts, sent
+        return parts, sent
 
     def fetch(self, uniq, parts, rows) -> np.ndarray:
         out = np.empty((uniq.size, self.dim), np.float32)
