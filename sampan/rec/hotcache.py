@@ -55,19 +55,25 @@ FEED_EVERY = 8
 
 
 @njit(cache=True, nogil=True)
-def _split_plan(rows, inverse, seen, unfed, feed):
-    """One pass over a batch's plan: each distinct id's occurrences (``inverse``), added
-    to its cached row's ``seen`` (and ``unfed`` when ``feed``); returns the positions of
-    the hits and of the misses, the misses' counts, and the hit and miss occurrences.
-    The caller checks ``inverse < rows.size`` and ``rows < seen.size``."""
+def _split_plan(uniq, rows, inverse, seen, unfed, feed):
+    """One pass over a batch's plan: counts each distinct id's occurrences (``inverse``)
+    into its cached row's ``seen`` (and ``unfed`` when ``feed``), and orders the distinct
+    ids hits first, misses after (``inverse`` rewritten in place to match), so that a
+    fetch and a push take the hits and the misses as two contiguous blocks, copying no
+    rows. Returns ``(uniq, rows, hits, miss_counts, hit_occurrences, miss_occurrences)``
+    in the new order. The caller checks ``inverse < rows.size`` and ``rows < seen.size``."""
     n = rows.size
     cnt = np.zeros(n, np.int64)
     for i in range(inverse.size):
         cnt[inverse[i]] += 1
-    hit_at = np.empty(n, np.int64)
-    miss = np.empty(n, np.int64)
-    miss_cnt = np.empty(n, np.int64)
-    nh = nm = 0
+    nh = 0
+    for j in range(n):
+        nh += rows[j] >= 0
+    pos = np.empty(n, np.int64)
+    new_uniq = np.empty(n, np.int64)
+    new_rows = np.empty(n, np.int64)
+    miss_cnt = np.empty(n - nh, np.int64)
+    a, b = 0, nh
     h = m = 0
     for j in range(n):
         r, c = rows[j], cnt[j]
@@ -75,15 +81,19 @@ def _split_plan(rows, inverse, seen, unfed, feed):
             seen[r] += c
             if feed:
                 unfed[r] += c
-            hit_at[nh] = j
-            nh += 1
+            pos[j] = a
+            a += 1
             h += c
         else:
-            miss[nm] = j
-            miss_cnt[nm] = c
-            nm += 1
+            pos[j] = b
+            miss_cnt[b - nh] = c
+            b += 1
             m += c
-    return hit_at[:nh], miss[:nm], miss_cnt[:nm], h, m
+        new_uniq[pos[j]] = uniq[j]
+        new_rows[pos[j]] = r
+    for i in range(inverse.size):
+        inverse[i] = pos[inverse[i]]
+    return new_uniq, new_rows, nh, miss_cnt, h, m
 
 
 def _shard_optimizer(emb):
@@ -162,7 +172,7 @@ class HotCache:
         # the id -> row layout's generation: a refresh moves rows, so rows resolved by a
         # plan are used as they are (no second lookup) only while it is unchanged
         self._gen = 0
-        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen, hits, misses)
+        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen, n_hits)
         self.last_write_back = 0  # step count at the last write-back
         self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
         self._n = {"hits": 0, "misses": 0, "distinct_hits": 0, "distinct_misses": 0,
@@ -198,11 +208,10 @@ class HotCache:
 
     def _count(self, uniq: np.ndarray, cnt: np.ndarray, now: bool = False) -> None:
         """Feed the sketch on a thread of its own (its kernels release the GIL), off the
-        training step's path, ``FEED_EVERY`` batches' counts at a time, summed per id
-        (waking a thread costs a GIL hand-over or two: on a busy 2-core machine about
-        1.5 ms a step when it woke for every batch; and the W4 misses of 8 batches hold
-        about half as many distinct ids as their 8 updates would count, each one a few
-        cache misses in the sketch); ``now`` hands over what waits at once. :meth:`refresh`
+        training step's path, ``FEED_EVERY`` batches' counts at a time (waking a thread
+        costs a GIL hand-over or two: on a busy 2-core machine about 1.5 ms a step when
+        it woke for every batch; summing the 8 batches per id first saved nothing, W4's
+        misses being mostly one-off ids); ``now`` hands over what waits at once. :meth:`refresh`
         and :meth:`flush` hand over the rest and wait for it."""
         with self._backlog_lock:
             if uniq.size:
@@ -232,11 +241,8 @@ class HotCache:
     def _feed_loop(self, q: queue.Queue) -> None:
         while (items := q.get()) is not None:
             try:
-                if len(items) == 1:
-                    self.stats.update(*items[0], unique=True)
-                else:  # summed per id first: an id missed in several batches counts once
-                    self.stats.update(np.concatenate([i for i, _ in items]),
-                                      np.concatenate([c for _, c in items]))
+                for ids, cnt in items:  # one update a batch: its ids are distinct
+                    self.stats.update(ids, cnt, unique=True)
             except Exception as exc:  # noqa: BLE001  (raised again by refresh)
                 self._feed_error = exc
             finally:
@@ -271,17 +277,19 @@ class HotCache:
             if rows.size and rows.max() >= self._seen.size:  # _split_plan's assumption
                 raise RuntimeError(f"HotCache: row {rows.max()} past its {self._seen.size} "
                                    "counters")
-            hit_at, miss, miss_cnt, h, m = _split_plan(rows, inverse, self._seen,
-                                                       self._unfed, self.feeds_stats)
+            inverse = np.ascontiguousarray(inverse, np.int64).ravel()
+            uniq, rows, nh, miss_cnt, h, m = _split_plan(uniq, rows, inverse, self._seen,
+                                                         self._unfed, self.feeds_stats)
             gen = self._gen
-            # push() of these ids skips the lookup and the split
-            self._planned.append((uniq, rows, gen, hit_at, miss))
+            # push() of these ids (hits first) skips the lookup and the split
+            self._planned.append((uniq, rows, gen, nh))
+        hit_at, miss = np.arange(nh), np.arange(nh, uniq.size)
         if self.feeds_stats and miss.size:
             # the misses now; the cached ids' sightings add up in _unfed and reach the
             # sketch at the next refresh or flush: one update per cached row, not per step
-            self._count(uniq[miss], miss_cnt)
-        # the misses are distinct and in order: the shards plan them as they are
-        sub = self._plan_misses(uniq[miss], step) if miss.size else None
+            self._count(uniq[nh:], miss_cnt)
+        # the misses are distinct: the shards plan them as they are
+        sub = self._plan_misses(uniq[nh:], step) if miss.size else None
         h, m = int(h), int(m)
         self._n["hits"] += h
         self._n["misses"] += m
@@ -308,7 +316,7 @@ class HotCache:
         out = np.empty((uniq.size, self.dim), np.float32)
         moved = self._gather_planned(uniq, hit_at, rows, out, whole=True)
         if sub is not None:
-            out[miss] = self.emb.fetch(sub[0], sub[2], sub[3])
+            out[hit_at.size:] = self.emb.fetch(sub[0], sub[2], sub[3])  # the misses' block
             if moved:
                 self._cached_since(uniq, miss, out)
         return out
@@ -316,13 +324,13 @@ class HotCache:
     def _gather_planned(self, uniq, at, rows, out, whole: bool = False) -> bool:
         """Gather the plan's cached rows; with the plan's rows (``(rows, gen)``) and no
         refresh since, straight from the dense array by row (no second index lookup;
-        ``whole``: ``at`` is every hit of the plan, gathered in place in one pass).
+        ``whole``: ``at`` is every hit of the plan, the block it starts with).
         Returns whether the layout may have moved since the plan."""
         if rows is not None:
             with self.table.lock:
                 if rows[1] == self._gen:
-                    if whole:  # rows < 0 (the misses) are left for the shards' answers
-                        self.table.weights.gather(rows[0], out=out)
+                    if whole:  # the hits' block, first: gathered in place
+                        self.table.weights.gather(rows[0][:at.size], out=out[:at.size])
                     else:
                         out[at] = self.table.weights.gather(rows[0][at])
                     return False
@@ -365,16 +373,20 @@ class HotCache:
         with self.table.lock:
             planned = next((p for p in self._planned if p[0] is given), None)
             if planned is not None and planned[2] == self._gen:
-                rows, hit, miss = planned[1], planned[3], planned[4]  # resolved by the plan
+                # resolved by the plan, hits first: two blocks, no copies
+                rows, nh = planned[1], planned[3]
+                hit, miss = slice(0, nh), slice(nh, uniq.size)
+                n_hit, n_miss = nh, uniq.size - nh
             else:
                 rows = self._rows(uniq)
                 hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
-            if hit.size:
+                n_hit, n_miss = hit.size, miss.size
+            if n_hit:
                 self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
                 self._dirty[rows[hit]] = True
-        if miss.size:
+        if n_miss:
             self.emb.push(uniq[miss], grads[miss], step)
-            self._n["bytes_moved"] += int(miss.size) * (8 + 4 * self.dim)
+            self._n["bytes_moved"] += int(n_miss) * (8 + 4 * self.dim)
         if self.push_log is not None:  # a Prefetcher gathers these again
             self.push_log.append(uniq.copy())
         self.steps += 1
