@@ -356,11 +356,12 @@ class HotCache:
         """Gather again the ids of a plan that ``mask`` selects (the Prefetcher's, for
         ids pushed since the plan)."""
         hit_at, miss, sub = parts
-        moved = self._gather_planned(uniq, hit_at[mask[hit_at]], rows, out)
+        # every hit again, in place (a plain copy of the small dense rows; a hit that was
+        # not pushed reads as it did)
+        moved = self._gather_planned(uniq, hit_at, rows, out, whole=True)
         if sub is not None and mask[miss].any():
-            part = out[miss]
+            part = out[hit_at.size:]  # the misses' block: the shards write into it
             self.emb._refetch(sub[0], sub[2], sub[3], mask[miss], part)
-            out[miss] = part
             if moved:
                 self._cached_since(uniq, miss[mask[miss]], out)
 
