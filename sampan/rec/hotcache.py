@@ -23,6 +23,17 @@ equals the one-tier table's whatever ``write_back_every``; a
 :class:`~sampan.rec.sharded.Prefetcher` runs over the cache as over the shards (the cache
 has their ``plan`` / ``fetch``), its misses pulled ahead on the prefetch thread.
 
+Cost (``benchmarks/embedding_tiers.py --quick``, W4 at a 5% budget, CPU per step by call):
+a hit spares the shards its lookup, gather, optimiser update and transfer, but only a
+quarter of a batch's distinct ids are hits (the per-lookup hit rate, about 0.5, counts
+repeats, which a pull and a push dedupe anyway) and the misses, mostly new ids, cost the
+shards what they cost without a cache. What the cache spends instead: one numba pass
+that counts and orders a batch hits first (so fetch and push move two blocks, no row
+copies), the sketch's update of every miss (on its own thread, 8 batches per hand-over),
+and each write-back's rows, which leave with the next pull (one Ray call per shard per
+step). On a 2-core machine whose cores the trainer's threads and the shards share, that
+is about as much as the hits save.
+
 One trainer per cache: a second trainer pushing the same ids to the shards would not see
 the cached copy (as with any write-back cache). Counters (hits and misses per lookup,
 bytes moved, rows written back) are in :meth:`HotCache.counters` and on the profiler
