@@ -23,6 +23,17 @@ equals the one-tier table's whatever ``write_back_every``; a
 :class:`~sampan.rec.sharded.Prefetcher` runs over the cache as over the shards (the cache
 has their ``plan`` / ``fetch``), its misses pulled ahead on the prefetch thread.
 
+Cost (``benchmarks/embedding_tiers.py --quick``, W4 at a 5% budget, CPU per step by call):
+a hit spares the shards its lookup, gather, optimiser update and transfer, but only a
+quarter of a batch's distinct ids are hits (the per-lookup hit rate, about 0.5, counts
+repeats, which a pull and a push dedupe anyway) and the misses, mostly new ids, cost the
+shards what they cost without a cache. What the cache spends instead: one numba pass
+that counts and orders a batch hits first (so fetch and push move two blocks, no row
+copies), the sketch's update of every miss (on its own thread, 8 batches per hand-over),
+and each write-back's rows, which leave with the next pull (one Ray call per shard per
+step). On a 2-core machine whose cores the trainer's threads and the shards share, that
+is about as much as the hits save.
+
 One trainer per cache: a second trainer pushing the same ids to the shards would not see
 the cached copy (as with any write-back cache). Counters (hits and misses per lookup,
 bytes moved, rows written back) are in :meth:`HotCache.counters` and on the profiler
@@ -37,6 +48,7 @@ import queue
 import threading
 
 import numpy as np
+from numba import njit
 
 from sampan import _recorder as _rec
 from sampan.errors import SampanValueError, op_error
@@ -49,6 +61,50 @@ __all__ = ["HotCache"]
 
 # index slots (2 x int64, load <= 0.5) and row metadata (6 int64 + 3 flags) per cached row
 ROW_OVERHEAD = 4 * 16 + 6 * 8 + 3 + 8
+# batches of misses whose counts go to the sketch's thread in one hand-over
+FEED_EVERY = 8
+
+
+@njit(cache=True, nogil=True)
+def _split_plan(uniq, rows, inverse, seen, unfed, feed):
+    """One pass over a batch's plan: counts each distinct id's occurrences (``inverse``)
+    into its cached row's ``seen`` (and ``unfed`` when ``feed``), and orders the distinct
+    ids hits first, misses after (``inverse`` rewritten in place to match), so that a
+    fetch and a push take the hits and the misses as two contiguous blocks, copying no
+    rows. Returns ``(uniq, rows, hits, miss_counts, hit_occurrences, miss_occurrences)``
+    in the new order. The caller checks ``inverse < rows.size`` and ``rows < seen.size``."""
+    n = rows.size
+    cnt = np.zeros(n, np.int64)
+    for i in range(inverse.size):
+        cnt[inverse[i]] += 1
+    nh = 0
+    for j in range(n):
+        nh += rows[j] >= 0
+    pos = np.empty(n, np.int64)
+    new_uniq = np.empty(n, np.int64)
+    new_rows = np.empty(n, np.int64)
+    miss_cnt = np.empty(n - nh, np.int64)
+    a, b = 0, nh
+    h = m = 0
+    for j in range(n):
+        r, c = rows[j], cnt[j]
+        if r >= 0:
+            seen[r] += c
+            if feed:
+                unfed[r] += c
+            pos[j] = a
+            a += 1
+            h += c
+        else:
+            pos[j] = b
+            miss_cnt[b - nh] = c
+            b += 1
+            m += c
+        new_uniq[pos[j]] = uniq[j]
+        new_rows[pos[j]] = r
+    for i in range(inverse.size):
+        inverse[i] = pos[inverse[i]]
+    return new_uniq, new_rows, nh, miss_cnt, h, m
 
 
 def _shard_optimizer(emb):
@@ -108,7 +164,9 @@ class HotCache:
         self.budget_mb = float(budget_mb)
         self.write_back_every = write_back_every
         self.feeds_stats = stats is None
-        self._feed: queue.Queue | None = None  # (ids, counts) for the sketch's thread
+        self._feed: queue.Queue | None = None  # lists of (ids, counts) for the sketch
+        self._backlog: list = []  # (ids, counts) not handed to the sketch's thread yet
+        self._backlog_lock = threading.Lock()
         self._feed_error: BaseException | None = None
         # a sketch some times wider than K: the K-th id's count must stand out of the
         # count-min error (e / width of the total), or the tail of the top K is noise
@@ -125,7 +183,7 @@ class HotCache:
         # the id -> row layout's generation: a refresh moves rows, so rows resolved by a
         # plan are used as they are (no second lookup) only while it is unchanged
         self._gen = 0
-        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen)
+        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen, n_hits)
         self.last_write_back = 0  # step count at the last write-back
         self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
         self._n = {"hits": 0, "misses": 0, "distinct_hits": 0, "distinct_misses": 0,
@@ -159,14 +217,24 @@ class HotCache:
         n["rows"], n["capacity"] = len(self), self.capacity
         return n
 
-    def _count(self, uniq: np.ndarray, cnt: np.ndarray) -> None:
+    def _count(self, uniq: np.ndarray, cnt: np.ndarray, now: bool = False) -> None:
         """Feed the sketch on a thread of its own (its kernels release the GIL), off the
-        training step's path; :meth:`refresh` waits for what is queued."""
-        if self._feed is None:
-            self._feed = queue.Queue(maxsize=8)
-            threading.Thread(target=self._feed_loop, args=(self._feed,), daemon=True,
-                             name="sampan-hotcache-sketch").start()
-        self._feed.put((uniq, cnt))
+        training step's path, ``FEED_EVERY`` batches' counts at a time (waking a thread
+        costs a GIL hand-over or two: on a busy 2-core machine about 1.5 ms a step when
+        it woke for every batch; summing the 8 batches per id first saved nothing, W4's
+        misses being mostly one-off ids); ``now`` hands over what waits at once. :meth:`refresh`
+        and :meth:`flush` hand over the rest and wait for it."""
+        with self._backlog_lock:
+            if uniq.size:
+                self._backlog.append((uniq, cnt))
+            if not self._backlog or (len(self._backlog) < FEED_EVERY and not now):
+                return
+            items, self._backlog = self._backlog, []
+            if self._feed is None:
+                self._feed = queue.Queue(maxsize=8)
+                threading.Thread(target=self._feed_loop, args=(self._feed,), daemon=True,
+                                 name="sampan-hotcache-sketch").start()
+            self._feed.put(items)
 
     def _feed_cached(self) -> None:
         """Give the sketch the cached ids' sightings counted since the last time (the
@@ -179,13 +247,13 @@ class HotCache:
             rows = np.flatnonzero((self._unfed[:n] > 0) & t.live[:n])
             ids, cnt = t.meta["key"][rows], self._unfed[rows].copy()
             self._unfed[:n] = 0
-        if rows.size:
-            self._count(ids, cnt)
+        self._count(ids, cnt, now=True)  # with what the misses left waiting
 
     def _feed_loop(self, q: queue.Queue) -> None:
-        while (item := q.get()) is not None:
+        while (items := q.get()) is not None:
             try:
-                self.stats.update(*item, unique=True)
+                for ids, cnt in items:  # one update a batch: its ids are distinct
+                    self.stats.update(ids, cnt, unique=True)
             except Exception as exc:  # noqa: BLE001  (raised again by refresh)
                 self._feed_error = exc
             finally:
@@ -215,23 +283,25 @@ class HotCache:
         the shards (``ShardedEmbedding.plan``'s contract, so a :class:`Prefetcher` can
         run it ahead on its thread)."""
         uniq, inverse = unique_inverse(ids)
-        cnt = np.bincount(inverse, minlength=uniq.size)
         with self.table.lock:
             rows = self._rows(uniq)
-            hit = rows >= 0
-            self._seen[rows[hit]] += cnt[hit]  # unique ids: unique rows
-            if self.feeds_stats:
-                self._unfed[rows[hit]] += cnt[hit]
+            if rows.size and rows.max() >= self._seen.size:  # _split_plan's assumption
+                raise RuntimeError(f"HotCache: row {rows.max()} past its {self._seen.size} "
+                                   "counters")
+            inverse = np.ascontiguousarray(inverse, np.int64).ravel()
+            uniq, rows, nh, miss_cnt, h, m = _split_plan(uniq, rows, inverse, self._seen,
+                                                         self._unfed, self.feeds_stats)
             gen = self._gen
-            self._planned.append((uniq, rows, gen))  # push() of these ids skips the lookup
-        hit_at, miss = np.flatnonzero(hit), np.flatnonzero(~hit)
+            # push() of these ids (hits first) skips the lookup and the split
+            self._planned.append((uniq, rows, gen, nh))
+        hit_at, miss = np.arange(nh), np.arange(nh, uniq.size)
         if self.feeds_stats and miss.size:
             # the misses now; the cached ids' sightings add up in _unfed and reach the
             # sketch at the next refresh or flush: one update per cached row, not per step
-            self._count(uniq[miss], cnt[miss])
-        # the misses are distinct, so the shards' plan keeps their order (inverse: arange)
-        sub = self.emb.plan(uniq[miss], step) if miss.size else None
-        h, m = int(cnt[hit].sum()), int(cnt[miss].sum())
+            self._count(uniq[nh:], miss_cnt)
+        # the misses are distinct: the shards plan them as they are
+        sub = self._plan_misses(uniq[nh:], step) if miss.size else None
+        h, m = int(h), int(m)
         self._n["hits"] += h
         self._n["misses"] += m
         self._n["distinct_hits"] += int(hit_at.size)  # a batch's distinct ids: the work
@@ -242,25 +312,38 @@ class HotCache:
                          cached=len(self), bytes=int(miss.size * (8 + 4 * self.dim)))
         return uniq, inverse, (hit_at, miss, sub), (rows, gen)
 
+    def _plan_misses(self, miss_ids, step):
+        """The shards' plan of distinct ids (no second dedupe where the shards offer
+        ``plan_unique`` and count no ``stats`` of their own)."""
+        fn = getattr(self.emb, "plan_unique", None)
+        if fn is None or getattr(self.emb, "stats", None) is not None:
+            return self.emb.plan(miss_ids, step)
+        parts, rows = fn(miss_ids, step)
+        return miss_ids, None, parts, rows
+
     def fetch(self, uniq, parts, rows=None) -> np.ndarray:
         """The vectors of a plan: cached rows as they are now, the misses' pull answers."""
         hit_at, miss, sub = parts
         out = np.empty((uniq.size, self.dim), np.float32)
-        moved = self._gather_planned(uniq, hit_at, rows, out)
+        moved = self._gather_planned(uniq, hit_at, rows, out, whole=True)
         if sub is not None:
-            out[miss] = self.emb.fetch(sub[0], sub[2], sub[3])
+            out[hit_at.size:] = self.emb.fetch(sub[0], sub[2], sub[3])  # the misses' block
             if moved:
                 self._cached_since(uniq, miss, out)
         return out
 
-    def _gather_planned(self, uniq, at, rows, out) -> bool:
+    def _gather_planned(self, uniq, at, rows, out, whole: bool = False) -> bool:
         """Gather the plan's cached rows; with the plan's rows (``(rows, gen)``) and no
-        refresh since, straight from the dense array by row (no second index lookup).
+        refresh since, straight from the dense array by row (no second index lookup;
+        ``whole``: ``at`` is every hit of the plan, the block it starts with).
         Returns whether the layout may have moved since the plan."""
         if rows is not None:
             with self.table.lock:
                 if rows[1] == self._gen:
-                    out[at] = self.table.weights.gather(rows[0][at])
+                    if whole:  # the hits' block, first: gathered in place
+                        self.table.weights.gather(rows[0][:at.size], out=out[:at.size])
+                    else:
+                        out[at] = self.table.weights.gather(rows[0][at])
                     return False
         self._gather_cached(uniq, at, out)
         return True
@@ -284,11 +367,12 @@ class HotCache:
         """Gather again the ids of a plan that ``mask`` selects (the Prefetcher's, for
         ids pushed since the plan)."""
         hit_at, miss, sub = parts
-        moved = self._gather_planned(uniq, hit_at[mask[hit_at]], rows, out)
+        # every hit again, in place (a plain copy of the small dense rows; a hit that was
+        # not pushed reads as it did)
+        moved = self._gather_planned(uniq, hit_at, rows, out, whole=True)
         if sub is not None and mask[miss].any():
-            part = out[miss]
+            part = out[hit_at.size:]  # the misses' block: the shards write into it
             self.emb._refetch(sub[0], sub[2], sub[3], mask[miss], part)
-            out[miss] = part
             if moved:
                 self._cached_since(uniq, miss[mask[miss]], out)
 
@@ -301,17 +385,20 @@ class HotCache:
         with self.table.lock:
             planned = next((p for p in self._planned if p[0] is given), None)
             if planned is not None and planned[2] == self._gen:
-                rows = planned[1]  # the pulled ids, resolved by their plan
+                # resolved by the plan, hits first: two blocks, no copies
+                rows, nh = planned[1], planned[3]
+                hit, miss = slice(0, nh), slice(nh, uniq.size)
+                n_hit, n_miss = nh, uniq.size - nh
             else:
                 rows = self._rows(uniq)
-            hit = rows >= 0
-            if hit.any():
+                hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
+                n_hit, n_miss = hit.size, miss.size
+            if n_hit:
                 self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
                 self._dirty[rows[hit]] = True
-        miss = ~hit
-        if miss.any():
+        if n_miss:
             self.emb.push(uniq[miss], grads[miss], step)
-            self._n["bytes_moved"] += int(miss.sum()) * (8 + 4 * self.dim)
+            self._n["bytes_moved"] += int(n_miss) * (8 + 4 * self.dim)
         if self.push_log is not None:  # a Prefetcher gathers these again
             self.push_log.append(uniq.copy())
         self.steps += 1

@@ -204,6 +204,12 @@ class ShardedEmbedding:
         """Dedupe ``ids`` and assign rows on every shard: ``(uniq, inverse, parts, rows)``."""
         uniq, inverse = unique_inverse(ids)
         self._count(uniq, inverse)
+        parts, rows = self.plan_unique(uniq, step)
+        return uniq, inverse, parts, rows
+
+    def plan_unique(self, uniq: np.ndarray, step: int | None = None):
+        """:meth:`plan` of ids already distinct (int64; no dedupe, no ``stats``):
+        ``(parts, rows)``, what :meth:`fetch` takes with ``uniq``."""
         parts = self._split(uniq)
         before = self._sizes() if _rec.ACTIVE else None
         rows = self._map(lambda i, p: self.shards[i].assign(uniq[p], step), parts)
@@ -214,7 +220,7 @@ class ShardedEmbedding:
             refused = sum(int((r < 0).sum()) for r in rows)
             _rec.instant("cache", "rec", hits=int(uniq.size) - made - refused,
                          misses=made + refused, ids=int(uniq.size))
-        return uniq, inverse, parts, rows
+        return parts, rows
 
     def _count(self, uniq: np.ndarray, inverse: np.ndarray) -> None:
         if self.stats is not None:

@@ -58,3 +58,49 @@ def test_killed_shard_and_trainer_lose_nothing_beyond_the_bound(cluster, tmp_pat
     finally:
         emb.close()
         ref.close()
+
+
+def test_cached_rows_train_locally_and_a_step_is_one_call_per_shard(cluster):
+    """The shards see only the misses (their pulls and their gradients; a cached row's
+    gradient stays in the trainer until its write-back), and a step costs each shard one
+    Ray call: the pull of its misses, with the last push and any write-back riding on
+    it. Training still equals the one-tier table's."""
+    ref = ShardedEmbedding(DIM, n_shards=2)
+    emb = ShardedEmbedding(DIM, n_shards=2, backend="ray")
+    calls, sent = [0] * 2, []
+    kick, send = emb._kick_locked, emb._send
+
+    def count_kick(s):
+        calls[s.index] += bool(s.outbox)
+        kick(s)
+
+    def log_send(s, op, args, *a, **k):
+        sent.append((op, np.asarray(args[0]).copy()))
+        return send(s, op, args, *a, **k)
+
+    try:
+        cache = HotCache(emb, budget_mb=0.004, write_back_every=2)
+        batches = _batches(n=9, seed=5)
+        for t in range(3):
+            np.testing.assert_array_equal(_step(cache, batches[t], t), _step(ref, batches[t], t))
+        cache.refresh(2)
+        cached = cache.table.ids()
+        assert cached.size
+        emb._kick_locked, emb._send = count_kick, log_send
+        for t in range(3, 9):
+            before = list(calls)
+            np.testing.assert_array_equal(_step(cache, batches[t], t), _step(ref, batches[t], t))
+            assert [a - b for a, b in zip(calls, before)] == [1, 1], f"step {t}: {calls}"
+        ops = {op for op, _ in sent}
+        assert ops == {"pull", "push", "write_rows"}
+        moved = np.concatenate([ids for op, ids in sent if op in ("pull", "push")])
+        assert not np.isin(moved, cached).any()   # hits neither pulled nor pushed remotely
+        written = np.concatenate([ids for op, ids in sent if op == "write_rows"])
+        assert np.isin(written, cached).all() and written.size
+        cache.flush()
+        universe = np.unique(np.concatenate(batches))
+        np.testing.assert_array_equal(_state(emb, universe)[1], _state(ref, universe)[1])
+    finally:
+        emb._kick_locked, emb._send = kick, send
+        emb.close()
+        ref.close()
