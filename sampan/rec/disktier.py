@@ -57,7 +57,7 @@ import zlib
 import numpy as np
 
 from sampan.errors import SampanValueError, op_error
-from sampan.rec._logstore_kernels import DiskTierError  # one class for both stores
+from sampan.rec._logstore_kernels import DiskTierError, unique_ids  # one class: both stores
 from sampan.rec.hashtable import META_FIELDS
 from sampan.rec.rowstore import raw_specs
 
@@ -458,9 +458,9 @@ class DiskTier:
     def prepare(self, keys: np.ndarray) -> None:
         """Make room for a batch and promote its ids on disk; under the table lock."""
         t = self.table
-        miss = np.unique(keys[t.map.get(keys) < 0])
+        miss = unique_ids(keys[t.map.get(keys) < 0])
         if miss.size + len(t.map) > self.max_rows:
-            u = np.unique(keys)
+            u = unique_ids(keys)
             if u.size > self.max_rows:
                 raise op_error(SampanValueError, "HashEmbeddingTable.lookup",
                                f"a batch of {u.size} distinct ids",

@@ -69,7 +69,7 @@ from sampan.rec._logstore_compact import _Compaction
 from sampan.rec._logstore_kernels import (BATCH, DEAD, FINE, HEAD, INDEX_LOAD, LIVE, MAGIC,
                                           N_META, PAGE_WORDS, TAIL, DiskTierError,  # noqa: F401
                                           _base_find, _checksums, _err, _extract,
-                                          _first_bad, _read_records)
+                                          _first_bad, _read_records, unique_ids)
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.rowstore import raw_specs
 
@@ -404,7 +404,7 @@ class LogStore(_Compaction):
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, [(ids, records), ...])`` of ``ids``; ``delete`` removes them."""
-        u = np.unique(np.asarray(ids, np.int64))
+        u = unique_ids(ids)
         found, w, inbase = self._lookup(u)
         fids = u[found]
         groups = self._groups(fids, w[found])
