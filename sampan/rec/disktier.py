@@ -388,17 +388,19 @@ class DiskTier:
         """Move the ``n`` resident rows that :meth:`_score` ranks lowest (not in
         ``protect``, not pinned) to disk; returns how many moved."""
         t, top, live = self.table, self.table.alloc.next_row, len(self.table.map)
-        pick = t.live[:top].copy()
-        if live > self.SAMPLE * n:  # the lowest of a sample: O(n) work, not O(rows)
-            draws = -(-self.SAMPLE * n * top // live)  # ~SAMPLE x n live rows among them
-            sample = np.zeros(top, np.bool_)
-            sample[self.rng.integers(0, top, draws)] = True
-            pick &= sample
         held = t.map.get(protect)  # the batch's resident rows (a map lookup, not an isin)
-        pick[held[(held >= 0) & (held < top)]] = False
-        cand = np.flatnonzero(pick)
-        if len(t.pins):
-            cand = cand[t.pins.get(t.meta["key"][cand]) < 0]
+        for sampled in (True, False)[live <= self.SAMPLE * n:]:  # a sample: O(n) work
+            pick = t.live[:top].copy()
+            if sampled:  # ~SAMPLE x n live rows; all rows if the batch's filled it
+                sample = np.zeros(top, np.bool_)
+                sample[self.rng.integers(0, top, -(-self.SAMPLE * n * top // live))] = True
+                pick &= sample
+            pick[held[(held >= 0) & (held < top)]] = False
+            cand = np.flatnonzero(pick)
+            if len(t.pins):
+                cand = cand[t.pins.get(t.meta["key"][cand]) < 0]
+            if cand.size >= n:
+                break
         if n < cand.size:
             cand = cand[np.argpartition(self._score(cand), n - 1)[:n]]
         self._demote_rows(cand)
@@ -407,11 +409,10 @@ class DiskTier:
     def _score(self, rows: np.ndarray) -> np.ndarray:
         """Sighting counts halved every ``AGE`` steps unseen, ties to the most recently
         seen: the lowest are demoted first."""
-        t = self.table
-        seen = t.meta["last_seen"][rows]
-        halvings = np.clip((t.step - seen) // self.AGE, 0, 62)
-        freq = np.maximum(t.meta["freq"][rows], 0) >> halvings
-        return freq.astype(np.float64) + (seen - seen.min()) / (np.ptp(seen) + 1.0)
+        m, seen = self.table.meta, self.table.meta["last_seen"][rows]
+        age = np.clip((self.table.step - seen) // self.AGE, 0, 62)
+        return (np.maximum(m["freq"][rows], 0) >> age).astype(np.float64) + \
+            (seen - seen.min()) / (np.ptp(seen) + 1.0)
 
     def _demote_rows(self, rows: np.ndarray) -> None:
         """Write ``rows`` to the store and free them, PUT_SLICE rows at a time (a copy of
