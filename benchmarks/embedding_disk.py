@@ -9,7 +9,11 @@ Two parts (``--parts``):
   per 4 kB pwrite of a clean page in place, and per 192-byte record appended in batches.
 - ``train``: a table of ``--ids`` distinct ids (filled first), then ``--steps`` steps of
   ``--batch`` samples x ``--fields`` ids drawn Zipf(1.1) over them (lookup + SparseAdagrad
-  push), each system in its own process so that RSS is its own: ``sampan-ram`` (all
+  push), each system in its own process so that RSS is its own; timed twice, every system
+  alike: the first ``--steps`` after the fill (``phase=cold``, the ``embedding-disk-cold``
+  line: the fill leaves the coldest ranks in RAM, so this is mostly the tier's warm-up),
+  then ``--steps`` more after ``--warmup`` untimed steps (``phase=steady``, the
+  ``embedding-disk`` line: what a trainer that runs for hours sees): ``sampan-ram`` (all
   rows in RAM), ``sampan-disk`` (``memory_budget_mb=--budget-mb``, spill to a temp dir,
   the log store of ``sampan.rec.logstore``) and ``sampan-lmdb`` (the same over the LMDB
   store). Lines: samples/s, peak RSS, RssAnon, the table's resident bytes, the store's
@@ -158,15 +162,39 @@ def child(args) -> dict:
                 print(f"# {args.system}: filled {s + ranks.size} of {args.ids} ids",
                       file=sys.stderr, flush=True)
         fill_s = time.perf_counter() - t0
+        last = (ranks[-1:] * 0x9E3779B1 + 12345) % (1 << 62)  # resident in every system
+        opt.apply(t, last, np.zeros((1, 16), np.float32), step=0)  # compile the push first
         rng = np.random.default_rng(0)
-        batches = [_zipf_ids(rng, args.ids, args.batch * args.fields)
-                   for _ in range(args.steps)]
-        t0 = time.perf_counter()
-        for i, ids in enumerate(batches):
-            v = t.lookup(ids, step=i + 1)
-            opt.apply(t, ids, v * 0.01, step=i + 1)
-        train_s = time.perf_counter() - t0
+
+        def phase(first: int, n: int) -> float:
+            """Seconds of lookup + push over ``n`` steps (drawing the ids not timed)."""
+            took = 0.0
+            for s in range(first, first + n, 64):
+                batches = [_zipf_ids(rng, args.ids, args.batch * args.fields)
+                           for _ in range(min(64, first + n - s))]
+                t0 = time.perf_counter()
+                for i, ids in enumerate(batches, start=s):
+                    v = t.lookup(ids, step=i + 1)
+                    opt.apply(t, ids, v * 0.01, step=i + 1)
+                took += time.perf_counter() - t0
+            return took
+
+        def tier_counts() -> tuple:
+            return (t.tier.promoted, t.tier.demoted) if t.tier is not None else (0, 0)
+
+        c0 = tier_counts()
+        cold_s = phase(0, args.steps)
+        c1 = tier_counts()
+        phase(args.steps, args.warmup)
+        c2 = tier_counts()
+        train_s = phase(args.steps + args.warmup, args.steps) if args.warmup else cold_s
+        c3 = tier_counts() if args.warmup else c1
+        per = lambda a, b: [round((b[k] - a[k]) / args.steps, 1) for k in (0, 1)]  # noqa
+        pc, ps = per(c0, c1), per(c2, c3)
         out = {"samples_per_s": args.steps * args.batch / train_s, "fill_s": fill_s,
+               "cold_samples_per_s": args.steps * args.batch / cold_s,
+               "promoted_per_step": ps[0], "demoted_per_step": ps[1],
+               "cold_promoted_per_step": pc[0], "cold_demoted_per_step": pc[1],
                "rss_mb": _rss(), "ids": len(t), "table_mb": t.nbytes / 2**20}
         if t.tier is not None:
             st = t.tier.store
@@ -190,7 +218,8 @@ def train_lines(args, info: dict) -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", system,
                "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
                "--steps", str(args.steps), "--batch", str(args.batch),
-               "--fields", str(args.fields), "--remap-keys", str(args.remap_keys)]
+               "--fields", str(args.fields), "--remap-keys", str(args.remap_keys),
+               "--warmup", str(args.warmup)]
         if args.spill_root:
             cmd += ["--spill-root", args.spill_root]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
@@ -199,17 +228,31 @@ def train_lines(args, info: dict) -> None:
             print(f"# {system} failed (rc {r.returncode})", file=sys.stderr)
             continue
         got[system] = json.loads(r.stdout.strip().splitlines()[-1])
-    for system, res in got.items():
-        extra = {k: v for k, v in res.items() if k != "samples_per_s"}
-        ratio = (res["samples_per_s"] / got["ram"]["samples_per_s"]
-                 if "ram" in got else None)
-        emit("embedding-disk", f"sampan-{system}", "cpu", "samples_per_s",
-             [res["samples_per_s"]],
-             budget_mb=args.budget_mb if system in ("disk", "lmdb") else None,
-             vs_ram=None if ratio is None else round(ratio, 3),
-             rss_over_budget_mb=(round(res["rss_mb"]["VmHWM"] - args.budget_mb, 1)
-                                 if system in ("disk", "lmdb") else None),
-             batch=args.batch, fields=args.fields, steps=args.steps, **extra, **info)
+    base = {s: {k: v for k, v in r.items() if not k.startswith("cold_")}
+            for s, r in got.items()}
+    cold = {s: dict({k: v for k, v in r.items() if not k.startswith("cold_")
+                     and k not in ("promoted_per_step", "demoted_per_step")},
+                    samples_per_s=r["cold_samples_per_s"],
+                    promoted_per_step=r["cold_promoted_per_step"],
+                    demoted_per_step=r["cold_demoted_per_step"])
+            for s, r in got.items()}
+    # steady state: --steps timed after --warmup untimed steps (every system alike);
+    # cold: the first --steps after the fill (the fill leaves the coldest ranks in RAM)
+    phases = [("cold", cold)] + ([("steady", base)] if args.warmup else [])
+    for name, res_of in phases:
+        for system, res in res_of.items():
+            extra = {k: v for k, v in res.items() if k != "samples_per_s"}
+            ratio = (res["samples_per_s"] / res_of["ram"]["samples_per_s"]
+                     if "ram" in res_of else None)
+            emit("embedding-disk" if name == "steady" or not args.warmup
+                 else "embedding-disk-cold", f"sampan-{system}", "cpu", "samples_per_s",
+                 [res["samples_per_s"]], phase=name,
+                 warmup_steps=args.warmup if name == "steady" else 0,
+                 budget_mb=args.budget_mb if system in ("disk", "lmdb") else None,
+                 vs_ram=None if ratio is None else round(ratio, 3),
+                 rss_over_budget_mb=(round(res["rss_mb"]["VmHWM"] - args.budget_mb, 1)
+                                     if system in ("disk", "lmdb") else None),
+                 batch=args.batch, fields=args.fields, steps=args.steps, **extra, **info)
 
 
 def main(argv=None):
@@ -218,6 +261,9 @@ def main(argv=None):
     ap.add_argument("--ids", type=int, default=10**7)
     ap.add_argument("--budget-mb", type=float, default=256.0)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=2000,
+                    help="steps run untimed between the cold and the steady-state timing "
+                         "(0: time only the first --steps after the fill)")
     ap.add_argument("--batch", type=int, default=512, help="samples a step")
     ap.add_argument("--fields", type=int, default=8, help="ids a sample")
     ap.add_argument("--systems", default="ram,disk",
@@ -233,6 +279,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.ids, args.budget_mb, args.steps, args.store_rows = 10**6, 64.0, 50, 10**6
+        args.warmup = min(args.warmup, 200)
     if args.child:
         args.system = args.child
         print(json.dumps(child(args)), flush=True)

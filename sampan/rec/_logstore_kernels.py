@@ -37,6 +37,16 @@ def _err(msg: str) -> DiskTierError:
     return DiskTierError(msg)
 
 
+def unique_ids(a: np.ndarray) -> np.ndarray:
+    """``np.unique`` of int64 ids by sorting: numpy 2.4's hashed unique took 0.5-1.7 ms
+    for 4096 table ids (multiples of a large odd constant) against ~20 us sorted."""
+    s = np.sort(np.asarray(a, np.int64).ravel())
+    keep = np.empty(s.size, np.bool_)
+    keep[:1] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 _pread = types.ExternalFunction(
     "pread", types.int64(types.intc, types.voidptr, types.uint64, types.int64))
 

@@ -6,10 +6,11 @@ and the disk store's own index, as :attr:`DiskTier.resident_bytes` counts them -
 the rest in a store under ``DIR``. Before a batch is resolved, its ids held on disk are
 promoted (read only: the disk copy stays, stale, until the row is demoted again and
 overwrites it, so a step's misses need no write) and, when the batch's new and promoted
-ids would not fit, the least recently seen resident rows are demoted (near-LRU by step:
-the oldest ``last_seen`` of a random sample of ``SAMPLE`` times the rows needed; the
-batch's ids and pinned ids are never chosen). Demotion frees 1/32 of the rows more than
-it must, so it runs once every few batches. A demoted row keeps everything exactly
+ids would not fit, the resident rows seen least are demoted (:meth:`DiskTier._score`: the
+lowest sighting counts, halved every ``AGE`` steps unseen, of a random sample of
+``SAMPLE`` x the rows needed, never the batch's or pinned ids; LRU missed 5-9% more).
+Demotion frees 1/32 of the rows more than it must, so it runs once every few batches.
+A demoted row keeps everything exactly
 (stored weights, float32 slots, metadata, dirty/exported bits), so a spilled table
 trains to the all-RAM table's rows bit for bit. ``read`` (``create=False``) reads disk
 rows where they lie, without promoting them. The map and metadata are sized once for
@@ -24,23 +25,11 @@ loses what RAM held (as an all-RAM table does; snapshots are the recovery path) 
 leaves a store that reopens with each id as of its last demotion:
 ``HashEmbeddingTable(..., spill_dir=DIR)`` over an existing store serves its rows.
 
-Why the log store (``benchmarks/embedding_disk.py --systems ram,disk,lmdb``, 4096
-Zipf(1.1) lookups + Adagrad pushes a step, the loaded 2-core build machine): LMDB reads
-cost ~10 us a key in page faults, and writing pages of a file in place costs 35-100 us
-a clean page here (see ``sampan.rec.logstore``), while an append costs a write call per
-batch; an in-RAM id -> offset index (>= 5 bytes an id) would not fit 10^8 ids in a
-256 MB budget, so the log store finds a record by hashing its id to a page. Figures
-(``--ids 10000000 --budget-mb 256 --parts train --steps 1000``, 2026-12-02): quiet
-machine (load ~0.3), one run: all-RAM 479.6k samples/s, log store 64.7k (0.135x), peak
-RSS budget + 299.2 MB, 4.2 GB on disk; LMDB (``--systems lmdb``, the next run, still
-quiet) 23.9k (0.050x of that RAM figure), + 529 MB, 3.0 GB on disk; under load (~10 on 2 cores), one run with LMDB:
-RAM 233.9k, log store 19.3k (0.082x, + 319 MB), LMDB 11.8k (0.051x, + 542 MB). 3x10^7
-ids (``--ids 30000000 --systems disk``, under load; 10^8 was not run on this shared
-machine: its 10^8-id fill alone would take ~30 min and a ~32 GB base outgrows its page
-cache): log store 28.8k samples/s, RSS budget + 299.6 MB, 8.4 GB on disk. The issue's
-0.5x is not met; ``sampan.rec.logstore`` says what limits it. The process itself
-(Python, numpy, numba, the compiled kernels) takes ~245 MB of the 300 MB of RSS over
-the budget the issue allows.
+Why the log store (``benchmarks/embedding_disk.py``): LMDB reads cost ~10 us a key in
+page faults (0.050x all-RAM against the log store's 0.135x, cold, quiet machine), pages
+written in place 35-100 us each, an append a write call per batch; an in-RAM id ->
+offset index (>= 5 bytes an id) would not fit 10^8 ids in 256 MB. The figures, and
+what keeps the issue's 0.5x and 10^8 ids out of reach: ``sampan.rec.logstore``.
 
 SpillStore: a record per id (``meta | flags | weights [| scale] [| slots] | crc32``) and
 a ``header`` (version, dim, dtype, lineage, row count) rewritten by every transaction
@@ -56,7 +45,7 @@ import zlib
 import numpy as np
 
 from sampan.errors import SampanValueError, op_error
-from sampan.rec._logstore_kernels import DiskTierError  # one class for both stores
+from sampan.rec._logstore_kernels import DiskTierError, unique_ids  # one class: both stores
 from sampan.rec.hashtable import META_FIELDS
 from sampan.rec.rowstore import raw_specs
 
@@ -306,9 +295,8 @@ class DiskTier:
     """The RAM budget of one table and its spill store (see the module docstring)."""
 
     SLACK = 32  # demote 1/SLACK of the rows more than needed, so demotion is batched
-    # demotion picks the least recently seen of SAMPLE x n random resident rows (an
-    # argpartition and isin over every resident row cost ~20 ms a demotion at 2x10^5)
-    SAMPLE = 4
+    SAMPLE = 4  # demote the n lowest-ranked of ~SAMPLE x n random rows (not all: O(n))
+    AGE = 1024  # steps unseen that halve a row's count in _score (old hot rows leave)
     PUT_SLICE = 1 << 14  # rows a demotion copies at once (a 10^7-id fill: 105k a batch)
 
     def __init__(self, table, budget_mb: float, spill_dir: str):
@@ -397,21 +385,34 @@ class DiskTier:
         t.alloc.release(rows)
 
     def demote(self, n: int, protect: np.ndarray) -> int:
-        """Move the ``n`` least recently seen resident rows (not in ``protect``, not
-        pinned) to disk; returns how many moved."""
-        t = self.table
-        cand = np.flatnonzero(t.live[: t.alloc.next_row])
-        if cand.size > self.SAMPLE * n:  # the oldest of a sample: near-LRU at O(n) cost
-            cand = cand[np.unique(self.rng.integers(0, cand.size, self.SAMPLE * n))]
-        keys = t.meta["key"][cand]
-        keep = np.isin(keys, protect)
-        if len(t.pins):
-            keep |= t.pins.get(keys) >= 0
-        cand = cand[~keep]
+        """Move the ``n`` resident rows that :meth:`_score` ranks lowest (not in
+        ``protect``, not pinned) to disk; returns how many moved."""
+        t, top, live = self.table, self.table.alloc.next_row, len(self.table.map)
+        held = t.map.get(protect)  # the batch's resident rows (a map lookup, not an isin)
+        for sampled in (True, False)[live <= self.SAMPLE * n:]:  # a sample: O(n) work
+            pick = t.live[:top].copy()
+            if sampled:  # ~SAMPLE x n live rows; all rows if the batch's filled it
+                sample = np.zeros(top, np.bool_)
+                sample[self.rng.integers(0, top, -(-self.SAMPLE * n * top // live))] = True
+                pick &= sample
+            pick[held[(held >= 0) & (held < top)]] = False
+            cand = np.flatnonzero(pick)
+            if len(t.pins):
+                cand = cand[t.pins.get(t.meta["key"][cand]) < 0]
+            if cand.size >= n:
+                break
         if n < cand.size:
-            cand = cand[np.argpartition(t.meta["last_seen"][cand], n - 1)[:n]]
+            cand = cand[np.argpartition(self._score(cand), n - 1)[:n]]
         self._demote_rows(cand)
         return int(cand.size)
+
+    def _score(self, rows: np.ndarray) -> np.ndarray:
+        """Sighting counts halved every ``AGE`` steps unseen, ties to the most recently
+        seen: the lowest are demoted first."""
+        m, seen = self.table.meta, self.table.meta["last_seen"][rows]
+        age = np.clip((self.table.step - seen) // self.AGE, 0, 62)
+        return (np.maximum(m["freq"][rows], 0) >> age).astype(np.float64) + \
+            (seen - seen.min()) / (np.ptp(seen) + 1.0)
 
     def _demote_rows(self, rows: np.ndarray) -> None:
         """Write ``rows`` to the store and free them, PUT_SLICE rows at a time (a copy of
@@ -439,9 +440,9 @@ class DiskTier:
     def prepare(self, keys: np.ndarray) -> None:
         """Make room for a batch and promote its ids on disk; under the table lock."""
         t = self.table
-        miss = np.unique(keys[t.map.get(keys) < 0])
+        miss = unique_ids(keys[t.map.get(keys) < 0])
         if miss.size + len(t.map) > self.max_rows:
-            u = np.unique(keys)
+            u = unique_ids(keys)
             if u.size > self.max_rows:
                 raise op_error(SampanValueError, "HashEmbeddingTable.lookup",
                                f"a batch of {u.size} distinct ids",

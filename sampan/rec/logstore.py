@@ -28,15 +28,30 @@ demotion appends, and the base takes its updates in runs of pages at a merge. Re
 use ``pread`` from numba kernels, not a memory map: mapped file pages count in the
 process' RSS, and a fault maps up to 64 kB around it.
 
-What limits it (the same benchmark, ``--ids 10000000 --budget-mb 256 --steps 1000``,
-quiet machine: 0.135x the all-RAM samples/s; a profile of 1000 such steps): ~1140
-promotions a step at ~1.3 us each (``_base_find``, a ``pread`` per page), ~1120
-demotions a step appended, and one merge of the ~1M-entry log in the 1000 steps (2.9 s,
-31% of the time: it rewrites the ~63% of the base's 10^6 pages its ids fall on) beside
-the tier's own ``np.unique`` and map work. A 4096-lookup step that misses ~28% of its
-ids pays ~3 ms of disk work against a ~1 ms all-RAM step, so 0.5x is out of reach of a
-system call per disk row; a larger log index (fewer merges) or batched reads
-(io_uring) would be the next steps, neither is done.
+Figures (``--ids 10000000 --budget-mb 256 --parts train --steps 1000 --warmup 2000``,
+2026-12-02, one run of the code before the frequency-ranked demotion and sorted uniques
+of ``sampan.rec.disktier``, then one after; load 10-12 on the 2-core machine, so the
+all-RAM figures swung 83k-214k samples/s and the ratios are rough): fill 416 -> 167 s;
+steady state (after 2000 untimed steps) 22.1k -> 31.4k samples/s (0.266x -> 0.205x of
+that run's all-RAM), 1091 -> 1033 promotions a step; cold (the first 1000 steps after
+the fill, which leaves the coldest ranks in RAM) 19.7k -> 32.0k (0.092x -> 0.217x);
+peak RSS budget + 311.5 -> + 290.0 MB; 4.3 GB on disk. Earlier, quiet machine, cold
+only: all-RAM 479.6k, log store 64.7k (0.135x), + 299 MB.
+
+What limits it: the workload's misses. ``(zipf(1.1) - 1) % n`` spreads ~20% of lookups
+over all ids, so even a static cache of the 826k most popular ranks the budget holds
+misses ~914 of a step's ~2360 distinct ids (the tier: 1033); a miss costs a ``pread`` of
+its home page (``_base_find``, ~1.3 us quiet, ~3-7 us loaded: the largest item of a
+steady-state profile) plus a demotion appended, a share of a merge (one per ~1M logged
+ids, rewriting the pages they fall on) and the tier's map work, against a ~1 ms
+all-RAM step (quiet); 0.5x needs ~1 us of disk work a miss, all told. Reads of runs
+(``preadv``) do not help: a step's ~1000 misses fall on pages ~1000 apart. io_uring, or
+a memory-mapped base with its pages unmapped after each step, are what is left.
+10^8 ids: the fill probes the base for every new id (a random read once the ~32 GB base
+outgrows the page cache) and merges ~100 times, each rewriting most of a base that
+grows to 32 GB (~3 TB of I/O); it needs a bulk path (new ids spooled, bucketed by home
+page and written into a new base in one sequential pass, the manifest switched after),
+which is not built, so 10^8 was not run.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
@@ -69,7 +84,7 @@ from sampan.rec._logstore_compact import _Compaction
 from sampan.rec._logstore_kernels import (BATCH, DEAD, FINE, HEAD, INDEX_LOAD, LIVE, MAGIC,
                                           N_META, PAGE_WORDS, TAIL, DiskTierError,  # noqa: F401
                                           _base_find, _checksums, _err, _extract,
-                                          _first_bad, _read_records)
+                                          _first_bad, _read_records, unique_ids)
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.rowstore import raw_specs
 
@@ -404,7 +419,7 @@ class LogStore(_Compaction):
 
     def take(self, ids: np.ndarray, delete: bool = True):
         """``(found ids, [(ids, records), ...])`` of ``ids``; ``delete`` removes them."""
-        u = np.unique(np.asarray(ids, np.int64))
+        u = unique_ids(ids)
         found, w, inbase = self._lookup(u)
         fids = u[found]
         groups = self._groups(fids, w[found])

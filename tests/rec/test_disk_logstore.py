@@ -226,3 +226,12 @@ def test_a_damaged_entry_header_is_refused_not_cut(tmp_path):
     with pytest.raises(DiskTierError, match="damaged header"):
         LogStore(str(path), 4, "float32", "t")
     assert log.stat().st_size == len(data)  # nothing cut
+
+
+def test_unique_ids_matches_numpy():
+    from sampan.rec._logstore_kernels import unique_ids
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 5000):
+        ids = rng.integers(-40, 40, n) * 0x9E3779B1 + (1 << 61)
+        assert np.array_equal(unique_ids(ids), np.unique(ids))
+    assert unique_ids(np.array([[3, 1], [3, 2]])).tolist() == [1, 2, 3]

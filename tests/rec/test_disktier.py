@@ -255,3 +255,36 @@ def test_dynamic_widths_with_a_disk_tier_are_refused(tmp_path):
     with pytest.raises(ValueError, match="dynamic_dims with a disk tier"):
         HashEmbeddingTable(16, dynamic_dims=(4, 16), dim_thresholds=(3,),
                            memory_budget_mb=8, spill_dir=str(tmp_path / "spill"))
+
+
+def _hot_then_cold(tmp_path, cold_steps):
+    """64 ids seen 20 times, then ``cold_steps`` batches of 256 new ids seen once: a
+    spilled table and the all-RAM one, fed alike."""
+    ram, disk = _pair(tmp_path)
+    hot = np.arange(64, dtype=np.int64) * 31 + 5
+    for step in range(20):
+        for t in (ram, disk):
+            t.lookup(hot, step=step)
+    for k in range(cold_steps):
+        cold = 10**6 + k * 256 + np.arange(256, dtype=np.int64)
+        for t in (ram, disk):
+            t.lookup(cold, step=20 + k)
+    return ram, disk, hot
+
+
+def test_frequent_rows_stay_resident_past_a_stream_of_new_ids(tmp_path):
+    ram, disk, hot = _hot_then_cold(tmp_path, 48)  # ~12k new ids through ~2k rows of RAM
+    assert disk.tier.demoted > 4 * disk.tier.max_rows
+    assert (disk.map.get(hot) >= 0).all()  # least recently seen, but seen most
+    ids = np.concatenate([hot, 10**6 + np.arange(48 * 256, dtype=np.int64)])
+    assert np.array_equal(disk.read(ids), ram.read(ids))  # the demoted ones read from disk
+    _same(ram, disk)
+
+
+def test_frequency_ages_so_rows_hot_long_ago_leave(tmp_path, monkeypatch):
+    from sampan.rec.disktier import DiskTier
+    monkeypatch.setattr(DiskTier, "AGE", 2)  # 20 sightings halve to 0 after 10 steps unseen
+    ram, disk, hot = _hot_then_cold(tmp_path, 24)
+    assert (disk.map.get(hot) < 0).all()
+    assert np.array_equal(disk.read(hot), ram.read(hot))
+    _same(ram, disk)
