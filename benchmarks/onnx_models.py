@@ -27,7 +27,7 @@ the convolutions inside and outside them. Under load, `--threads 1` gives the st
 ratio (two busy OpenMP or onnxruntime threads on two busy cores swing by 2x).
 
     python benchmarks/onnx_models.py [--models ppocr_det yolov8n ...] [--calls 20]
-        [--blocks 5] [--threads N] [--wheels /tmp/pd2] [--profile]
+        [--blocks 5] [--threads N] [--wheels /tmp/pd2] [--ort-no-spin] [--profile]
 """
 from __future__ import annotations
 
@@ -306,11 +306,13 @@ def dim_sizes(onnx_path, feed) -> dict:
 
 
 # ---------------------------------------------------------------------- systems
-def ort_session(onnx_path, threads=None):
+def ort_session(onnx_path, threads=None, spin=True):
     import onnxruntime as ort
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
+    if not spin:    # onnxruntime's workers block instead of spinning (sampan's PASSIVE)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
 
 
@@ -368,6 +370,9 @@ def main():
     ap.add_argument("--threads", type=int, default=None,
                     help="threads of both systems (default: each one's own default)")
     ap.add_argument("--wheels", default=None, help="a folder holding the two wheels")
+    ap.add_argument("--ort-no-spin", action="store_true",
+                    help="onnxruntime's intra-op workers block instead of spinning (under "
+                         "load its default spin collapses and flatters the ratio)")
     ap.add_argument("--profile", action="store_true",
                     help="print the Predictor's profile per model after timing")
     args = ap.parse_args()
@@ -379,7 +384,7 @@ def main():
         path = model_path(name, folder)
         feed = inputs(name, path)
         t = time.perf_counter()
-        sess = ort_session(path, args.threads)
+        sess = ort_session(path, args.threads, spin=not args.ort_no_spin)
         pred, kept, concrete = predictor(path, feed, tmp, args.threads)
         print(f"# {name}: imported in {time.perf_counter() - t:.1f} s (symbolic "
               f"{kept or 'none'}, concrete {concrete or 'none'})", flush=True)
@@ -398,7 +403,7 @@ def main():
                 times[k].append(block_p50(systems[k], args.calls))
         shapes = {k: list(a.shape) for k, a in feed.items()}
         common = dict(model=name, inputs=shapes, calls=args.calls, blocks=args.blocks,
-                      threads=args.threads or "default")
+                      threads=args.threads or "default", ort_spin=not args.ort_no_spin)
         regions = [n for n in pred.graph.nodes
                    if n.op == "engine" and n.attrs.get("engine") == "onednn"]
         emit("W9", "sampan", "predictor", "p50_ms", times["sampan"], max_abs_err=ab,

@@ -27,7 +27,10 @@ import common  # noqa: F401  (puts the repository on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = {"PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}, "ACTIVE": {"OMP_WAIT_POLICY": "ACTIVE"},
-            "libgomp-default": {"GOMP_SPINCOUNT": "300000"}}
+            "libgomp-default": {"GOMP_SPINCOUNT": "300000"},
+            # bounded spins (libgomp: about 100 000 spins a millisecond)
+            "spin-1e3": {"GOMP_SPINCOUNT": "1000"}, "spin-1e4": {"GOMP_SPINCOUNT": "10000"},
+            "spin-1e5": {"GOMP_SPINCOUNT": "100000"}}
 
 
 def _child(reps):

@@ -145,6 +145,14 @@ def get_num_threads() -> int:
 # OpenBLAS's threads spin after each GEMM, each stealing the other's cores on a small
 # machine. libgomp reads its wait policy once, when it is loaded; `before_openmp` sets
 # sampan's default (see WAIT_POLICY) unless the user set one.
+# A passive worker costs a futex wake-up per parallel region (each oneDNN primitive of an
+# `onednn_layout` region is one). Bounded spins were measured against it on the 2-core
+# Zen 4 VM under load (2026-12-02, load 10-12, Predictor batch-1 p50 over interleaved
+# blocks, processes stopped while not measuring): ResNet-18 21.8 ms passive, 40-62 ms at
+# GOMP_SPINCOUNT=1000, 151-172 ms at 10^4, 612-856 ms at 10^5; YOLOv8n 13.5 / 26-33 /
+# 144-194 / 1512-1751 ms: a spinning worker burns the time slice its descheduled partner
+# needs. PASSIVE stays; a region of primitives too small to pay a wake-up runs on one
+# thread instead (`backends/onednn/blocked.py` `fastest`, measured per region).
 WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

@@ -40,6 +40,10 @@ FORMAT = 1
 WIN_MARGIN = 1.1
 WRITE_EVERY_S = 2.0      # a burst of new classes (a model's first step) is one write
 BUSY_LOAD_PER_CORE = 1.0   # 1-minute load average per core above which timings are noise
+# a record measured busy is measured again once the load per core is below this share of
+# the load it was measured under (a shared machine that never gets quiet still gets its
+# choices re-raced when it is clearly quieter than it was)
+QUIETER = 0.6
 
 LOCK = threading.RLock()   # every choice (a class's winner, the pool) is decided under it
 _state = {"disk": None, "path": None, "backends": None}
@@ -100,12 +104,42 @@ def _threads():
     return t.get_num_threads()
 
 
+def load_per_core() -> float | None:
+    """The 1-minute load average per core, or None (no load average on this platform)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return None
+
+
 def busy() -> bool:
     """Whether other work loads the machine enough to make a measurement unreliable."""
-    try:
-        return os.getloadavg()[0] > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1)
-    except OSError:         # no load average on this platform
+    load = load_per_core()
+    return load is not None and load > BUSY_LOAD_PER_CORE
+
+
+def conditions() -> dict:
+    """What a new record keeps about the machine it was measured on: {"busy", "load"}
+    (the load per core, rounded; None where there is no load average)."""
+    load = load_per_core()
+    return {"busy": busy(), "load": None if load is None else round(load, 3)}
+
+
+def trusted(record) -> bool:
+    """Whether a stored `record` stands now. One measured quiet stands for good; one
+    measured busy is provisional: it stands while the machine is busy and not clearly
+    quieter than then (load per core below QUIETER times the load it recorded), so it is
+    measured again on a quiet machine, or on a busy one that has become quieter (its new
+    record keeps the lower load). A busy record without a load (an older cache) is
+    measured again once."""
+    if not record.get("busy"):
+        return True
+    if not busy():
         return False
+    then, now = record.get("load"), load_per_core()
+    if then is None:
+        return False
+    return now is None or now >= then * QUIETER
 
 
 # ----------------------------------------------------------------------------- libraries

@@ -14,9 +14,10 @@ directory) holds one section per machine key: the CPU model, its SIMD flags and 
 versions of numpy, numba and oneDNN, so a winner measured elsewhere is never used here.
 It is written atomically with a checksum; a corrupt or foreign file is ignored with a
 warning and rebuilt. A choice measured while the machine was busy (1-minute load average
-above one per core) is provisional: it is used while the machine stays busy and measured
-again the first time a process meets it on a quiet machine, so a winner picked by noise
-does not stay for good.
+above one per core) is provisional: it keeps the load it was measured under, is used
+while the machine stays that busy, and is measured again the first time a process meets
+it on a quiet machine or on one clearly quieter than then (`cache.trusted`), so a winner
+picked by noise does not stay for good, even on a machine that is never quiet.
 
 Which classes race at all depends on the process's GEMM pool (`pool.py`): under the
 "openblas" pool float32 stays on numpy unmeasured (oneDNN serves int8); under the
@@ -296,19 +297,19 @@ class Chooser:
         key = _class_key(self.name, arrays, attrs, self.pool)
         stored = cache.stored(key)
         cands = self.candidates()
-        busy = cache.busy()
-        if stored and stored.get("winner") in cands and (busy or not stored.get("busy")):
+        if stored and stored.get("winner") in cands and cache.trusted(stored):
             # a choice measured on a busy machine is provisional: kept while the machine
-            # is still busy, measured again the first time it is quiet
+            # is as busy, measured again once it is quiet or clearly quieter
             self.table[mkey] = cands[stored["winner"]]
             return self._run(self.table[mkey], arrays, attrs)
         result = self.numpy(*arrays, **attrs)
+        machine = cache.conditions()          # the load it is measured under
         times = _measure(cands, arrays, attrs)
         winner = min(times, key=times.get) if times else "numpy"
         if "numpy" in times and times[winner] > times["numpy"] / WIN_MARGIN:
             winner = "numpy"        # a near tie stays on today's kernel (one thread pool)
         self.table[mkey] = cands[winner]
-        store(key, {"winner": winner, "busy": busy,
+        store(key, {"winner": winner, **machine,
                      "times_us": {k: round(v * 1e6, 2) for k, v in times.items()}})
         return result
 

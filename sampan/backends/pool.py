@@ -20,7 +20,8 @@ convolution shapes of the W1-W3 kind, each timed in blocks of calls under both p
 geometric mean of the per-shape ratios decides, without the highest and the lowest ratio,
 oneDNN needing to win by `cache.WIN_MARGIN`)
 and kept in the kernel choice cache next to the per-class winners, keyed by the same
-machine key; a calibration run on a busy machine is provisional like any other choice.
+machine key; a calibration run on a busy machine is provisional like any other choice (it
+keeps its load and runs again once the machine is quiet or clearly quieter: `cache.trusted`).
 ``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it.
 
 bfloat16 is decided apart (`decide("bfloat16")`, record `POOL_KEY_BF16`): the same shapes
@@ -152,14 +153,14 @@ def _measured(key=POOL_KEY, calibration=None) -> str:
     (default `calibrate`) measures now, stored with its ratio."""
     from . import cache
     stored = cache.stored(key)
-    busy = cache.busy()
-    if stored and stored.get("winner") in POOLS and (busy or not stored.get("busy")):
+    if stored and stored.get("winner") in POOLS and cache.trusted(stored):
         return stored["winner"]
+    machine = cache.conditions()
     times = (calibration or calibrate)()
     ratios = [times["onednn"][i] / times["openblas"][i] for i in range(len(times["openblas"]))]
     gmean = trimmed_gmean(ratios)
     winner = "onednn" if gmean < 1 / cache.WIN_MARGIN else "openblas"
-    cache.store(key, {"winner": winner, "busy": busy, "ratio": round(gmean, 4),
+    cache.store(key, {"winner": winner, **machine, "ratio": round(gmean, 4),
                       "times_us": {k: [round(t * 1e6, 1) for t in v]
                                    for k, v in times.items()}})
     return winner

@@ -1,5 +1,5 @@
 """The kernel-choice tests' shared fixture: a fresh choice cache file, a quiet machine
-(the load average made quiet) and no pool forced from the environment."""
+(the load average made quiet and steady) and no pool forced from the environment."""
 import pytest
 
 from sampan.backends import cache as kcache, choice
@@ -12,6 +12,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.delenv("SAMPAN_GEMM_POOL", raising=False)
     monkeypatch.delenv("SAMPAN_GEMM_POOL_BF16", raising=False)
     monkeypatch.setattr(kcache, "busy", lambda: False)
+    monkeypatch.setattr(kcache, "load_per_core", lambda: 0.5)
     choice.reset()
     yield path
     choice.reset()

@@ -94,6 +94,20 @@ def test_a_busy_calibration_is_provisional(cache, monkeypatch):
     assert runs == [1, 1] and not choice.stored(pool.POOL_KEY)["busy"]
 
 
+def test_a_busy_calibration_runs_again_when_the_machine_is_clearly_quieter(cache, monkeypatch):
+    runs, load = [], {"now": 2.0}
+    monkeypatch.setattr(pool, "calibrate", lambda: runs.append(1) or _fixed(0.5)())
+    monkeypatch.setattr(kcache, "busy", lambda: True)
+    monkeypatch.setattr(kcache, "load_per_core", lambda: load["now"])
+    pool.decide()
+    assert choice.stored(pool.POOL_KEY)["load"] == 2.0
+    for now, n in ((1.9, 1), (1.1, 2), (1.0, 2)):
+        load["now"] = now
+        choice.reset()
+        assert pool.decide() == "onednn" and len(runs) == n, now
+    assert choice.stored(pool.POOL_KEY)["load"] == 1.1
+
+
 def test_environment_forces_a_pool_and_bad_names_are_refused(cache, monkeypatch):
     monkeypatch.setattr(pool, "calibrate", lambda: pytest.fail("forced: no calibration"))
     monkeypatch.setenv("SAMPAN_GEMM_POOL", "onednn")

@@ -249,3 +249,56 @@ def test_a_region_outside_the_onednn_provider_runs_its_body_in_onnxruntime():
     got = compile_graph(g)(xv)[0]
     assert _rel(got, want) < 1e-5
     assert _rel(got, np.maximum(want, 0)) < 1e-5
+
+
+def test_a_region_of_small_primitives_races_one_thread_against_the_pool(tmp_path, monkeypatch):
+    """`blocked.fastest`: the region built on one OpenMP thread computes what the region on
+    the process's threads computes (float64 PyTorch reference), a call on it leaves the
+    caller's OpenMP thread count as it was, and the race keeps the faster build and its
+    times; a region over RACE_STEP_US a primitive, or a process on one thread, is not
+    raced."""
+    import sampan
+    from sampan.backends.onednn import blocked
+    x, ref = _export(Activations(), (1, 3, 40, 40), tmp_path / "m.onnx")
+    pred = _predictor(tmp_path / "m.onnx", tmp_path)
+    node = next(n for n in pred.graph.nodes if n.op == "engine")
+    built = []
+    real = blocked.Region.__init__
+
+    def spy(self, node, threads=None):
+        built.append(threads)
+        real(self, node, threads)
+    monkeypatch.setattr(blocked.Region, "__init__", spy)
+    g = blocked._omp()
+    n0 = sampan.get_num_threads()
+    try:
+        sampan.set_num_threads(2)
+        args = [v.const if v.is_const else x for v in node.inputs]
+        ser = blocked.Region(node, threads=1)
+        par = blocked.Region(node)
+        assert g.omp_get_max_threads() == 2
+        ys, yp = ser(*args), par(*args)
+        assert g.omp_get_max_threads() == 2          # restored after the one-thread call
+        assert ser.threads == 1 and par.threads is None
+        assert _rel(ys, ref[0]) < 1e-4 and _rel(yp, ref[0]) < 1e-4
+        np.testing.assert_allclose(ys, yp, rtol=1e-5, atol=1e-6)
+
+        built.clear()
+        win = blocked.fastest(node)
+        assert built == [None, 1]
+        r = win.race
+        assert r["parallel_us"] > 0 and r["serial_us"] > 0
+        assert (win.threads == 1) == (r["serial_us"] < r["parallel_us"])
+        assert _rel(win(*args), ref[0]) < 1e-4
+
+        built.clear()
+        monkeypatch.setattr(blocked, "RACE_STEP_US", 1e-3)   # every region "large"
+        assert blocked.fastest(node).threads is None and built == [None]
+        monkeypatch.setattr(blocked, "RACE_STEP_US", 150.0)
+        built.clear()
+        sampan.set_num_threads(1)
+        assert blocked.fastest(node).race["serial_us"] is None and built == [None]
+        with pytest.raises(ValueError, match="threads=0"):
+            blocked.Region(node, threads=0)
+    finally:
+        sampan.set_num_threads(n0)

@@ -10,8 +10,9 @@ measurement picked.
 
 It also binds `engine` nodes of engine "onednn" (the `onednn_layout` pass's regions of
 float32 convolutions kept in oneDNN's blocked layouts, `blocked.py`): one compiled
-`blocked.Region` per node and shape; where oneDNN refuses a region's primitives, the
-body runs with the op table's kernels.
+`blocked.Region` per node and shape (on the process's OpenMP threads, or on one thread
+where a race at bind time finds that faster: `blocked.fastest`); where oneDNN refuses a
+region's primitives, the body runs with the op table's kernels.
 
 Example::
 
@@ -72,12 +73,12 @@ class OneDNNProvider(Provider):
 
 def bind_region(node):
     """The compiled kernel of an engine node of engine "onednn": a `Region` (built once per
-    node and shape); where oneDNN refuses one of its primitives, the body with the op
+    node and shape, on the thread count `blocked.fastest` measured faster); where oneDNN refuses one of its primitives, the body with the op
     table's kernels (a warning names why)."""
     from ._lib import OneDNNError
-    from .blocked import Region, Unsupported
+    from .blocked import Unsupported, fastest
     try:
-        region = Region(node)
+        region = fastest(node)
     except (Unsupported, OneDNNError) as e:
         import warnings
         warnings.warn(f"onednn region at {node.loc or '?'}: {e}; its {len(node.attrs['body'])}"
