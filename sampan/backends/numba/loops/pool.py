@@ -7,6 +7,7 @@ import numpy as np
 
 from ....ops import pool as _p
 from ....ops._nb import njit
+from .elementwise import in_float32
 
 
 @njit(cache=True, nogil=True)
@@ -138,4 +139,4 @@ def max_pool2d_grad(x, g, kernel_size, stride, padding, dilation, ceil_mode=Fals
     return _p._max_grad_kernel(x, g, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-KERNELS = {"max_pool2d": _p._f32(max_pool2d), "max_pool2d_grad": _p._f32(max_pool2d_grad)}
+KERNELS = {"max_pool2d": in_float32(max_pool2d), "max_pool2d_grad": in_float32(max_pool2d_grad)}
