@@ -91,6 +91,12 @@ def test_max_pool_bf16_matches_numpy_kernel(shape):
     g = _bf(y.shape, 8, specials=False)
     _same_bits(OPS["max_pool2d_grad"].kernel(x, g, **kw),
                OPS["max_pool2d_grad"].kernels["numpy"](x, g, **kw))
+    x.reshape(-1)[[0, 5, 11]] = np.array([np.nan, np.inf, -np.inf], np.float32).astype(BF)
+    _same_bits(OPS["max_pool2d_grad"].kernel(x, g, **kw),     # NaN: the general loop
+               OPS["max_pool2d_grad"].kernels["numpy"](x, g, **kw))
+    x[0, 0, :4, :4] = x[0, 0, 0, 0] = x[0, 0, 1, 1]            # ties: the first maximum
+    _same_bits(OPS["max_pool2d_grad"].kernel(x, g, **kw),
+               OPS["max_pool2d_grad"].kernels["numpy"](x, g, **kw))
 
 
 def test_conv_bf16_within_one_rounding_of_float32():
