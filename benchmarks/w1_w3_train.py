@@ -236,7 +236,7 @@ def peak_gemm():
     return run
 
 
-def interleaved_rates(systems, n, reps, pause):
+def interleaved_rates(systems, n, reps, pause, clock=time.perf_counter):
     """{key: [steps/s of each block]} for blocks of `n` calls of every system's step,
     `reps` rounds, interleaved so background load hits all systems alike and rotated so
     that each system runs in each position (first after the pause, after a GEMM-heavy
@@ -244,16 +244,17 @@ def interleaved_rates(systems, n, reps, pause):
     to 5% with which side ran first. Each block starts after `pause` seconds: thread pools
     of the system before (OpenBLAS workers spin ~0.1 s after a GEMM, OpenMP's a little)
     would otherwise take a core from this one; measured, that slowed PyTorch after sampan
-    by ~1.5x on W1."""
+    by ~1.5x on W1. `clock`: time.process_time gives steps per CPU second of the
+    process (w1_w3_amp.py --cpu-clock)."""
     rates = {k: [] for k in systems}
     order = list(systems.items())
     for r in range(reps):
         for k, f in order[r % len(order):] + order[:r % len(order)]:
             time.sleep(pause)
-            t = time.perf_counter()
+            t = clock()
             for _ in range(n):
                 f()
-            rates[k].append(n / (time.perf_counter() - t))
+            rates[k].append(n / (clock() - t))
     return rates
 
 

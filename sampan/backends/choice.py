@@ -24,9 +24,12 @@ Which classes race at all depends on the process's GEMM pool (`pool.py`): under 
 "onednn" pool OpenBLAS runs on one thread and every class is measured. The pool's name
 is part of the class key, so a winner never crosses pools. bfloat16 is calibrated apart
 (`pool.decide("bfloat16")`): where its library is forced, and for matmul under the
-"openblas" float32 pool, every bfloat16 call goes to it; otherwise each bfloat16 class
-races like a float32 one (its key names the dtype), so a bf16 convolution oneDNN serves
-slowly keeps the numba loops while bf16 GEMMs run oneDNN's AMX kernels.
+"openblas" float32 pool, every bfloat16 call goes to it; so does, under the "onednn"
+pool, a bf16 GEMM of `BF16_DIRECT_FLOPS` or more where that calibration chose oneDNN
+(numpy's side there is float32 sgemm plus casts on one thread: a busy race once picked it
+at 4x oneDNN's time). Otherwise each bfloat16 class races like a float32 one (its key names
+the dtype), so a bf16 convolution oneDNN serves slowly keeps the numba loops while bf16
+GEMMs run oneDNN's AMX or AVX512-BF16 kernels.
 
 `prefer("onednn")` (or `prefer("numpy", op="matmul")`) overrides the measurement, as a
 context manager or globally. `SAMPAN_KERNEL_CHOICE=off` keeps every op on its numpy
@@ -43,6 +46,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+
+import numpy as np
 
 from .. import dtypes as _dt
 from ..ops.registry import OPS, default_kernel
@@ -191,6 +196,20 @@ def _measure(cands, arrays, attrs):
     return best
 
 
+BF16_DIRECT_FLOPS = 1 << 22     # see Chooser._decide
+
+
+def _gemm_flops(arrays) -> int:
+    """2 * batch * m * k * n of a matmul call (0 for what is not a matrix product)."""
+    a, b = arrays[0], arrays[1]
+    if a.ndim < 2 or b.ndim < 2:
+        return 0
+    batch = 1
+    for n in np.broadcast_shapes(a.shape[:-2], b.shape[:-2]):
+        batch *= n
+    return 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+
+
 class Chooser:
     """`op.kernel` for an op with several backends: picks per call class (see module)."""
 
@@ -282,9 +301,17 @@ class Chooser:
             # one, under its own key (dtype "<V2"): oneDNN's bf16 convolutions on plain
             # NCHW run its im2col GEMM, slower than the numba loops on LeNet's few channels
             # while its bf16 matmul runs AMX tiles at 4-6x the float32 rate
+            # A bf16 GEMM of BF16_DIRECT_FLOPS or more goes to the calibrated library
+            # unraced too: numpy's side is float32 sgemm plus two casts (on one OpenBLAS
+            # thread under the "onednn" pool), 4x oneDNN's time single-threaded at
+            # (8,128,256) @ (256,1024) on Zen 4, and a race on a busy machine still
+            # picked it (W3 eager bf16: 11.3 ms a call instead of 1.4 ms; W1 jit's
+            # (128,512) @ (512,512).T: 1.5 ms instead of 0.2 ms)
             from . import pool
             lib = pool.decide("bfloat16")
-            if pool.forced("bfloat16") or (self.name == "matmul" and self.pool == "openblas"):
+            if pool.forced("bfloat16") or (self.name == "matmul" and (
+                    self.pool == "openblas" or (lib == "onednn" and _gemm_flops(arrays)
+                                                >= BF16_DIRECT_FLOPS))):
                 self.table[mkey] = self.op.kernels["onednn"] if lib == "onednn" \
                     else self.numpy
                 return self._run(self.table[mkey], arrays, attrs)

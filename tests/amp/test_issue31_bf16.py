@@ -266,6 +266,38 @@ def test_measured_bf16_races_per_class_forced_does_not(kcache_file, monkeypatch)
     assert OPS["conv2d"].kernel.provider((xb, wb), conv) == "onednn" and raced == []
 
 
+@needs_onednn
+def test_large_bf16_gemm_goes_to_the_calibrated_library_unraced(kcache_file, monkeypatch):
+    """Under the "onednn" float32 pool, a bf16 matmul of BF16_DIRECT_FLOPS or more runs
+    the library the bf16 calibration chose without a race of its own (a busy race once
+    sent W3's (8,128,256) @ (256,1024) to the float32-sgemm side at 4x the time); smaller
+    ones still race; a calibration that kept numpy keeps racing them all."""
+    raced = []
+
+    def fake_measure(cands, arrays, attrs):       # a race that would pick numpy
+        raced.append(tuple(arrays[0].shape))
+        return {n: (1e-4 if n == "numpy" else 1e-3) for n in cands}
+    monkeypatch.setattr(choice, "_measure", fake_measure)
+    monkeypatch.setattr(pool, "calibrate_bf16", _fixed(0.2))
+    pool.set_pool("onednn")
+    big = [_f32(8, 64, 128, seed=4).astype(dt.bfloat16), _f32(128, 256, seed=5).astype(dt.bfloat16)]
+    small = [_f32(16, 32, seed=6).astype(dt.bfloat16), _f32(32, 8, seed=7).astype(dt.bfloat16)]
+    assert choice._gemm_flops(big) >= choice.BF16_DIRECT_FLOPS > choice._gemm_flops(small)
+    for a, b in (big, small):
+        m = OPS["matmul"].kernel(a, b)
+        _close_bf16(m.astype(np.float32), a.astype(np.float64) @ b.astype(np.float64),
+                    f"bf16 matmul {a.shape}")
+    assert OPS["matmul"].kernel.provider(tuple(big), {}) == "onednn"
+    assert OPS["matmul"].kernel.provider(tuple(small), {}) == "numpy"
+    assert raced == [(16, 32)]
+    choice.clear()                                               # file and memory
+    monkeypatch.setattr(pool, "calibrate_bf16", _fixed(0.95))    # bf16 calibration: numpy
+    pool.set_pool("onednn")
+    raced.clear()
+    OPS["matmul"].kernel(*big)
+    assert raced == [(8, 64, 128)]
+
+
 def test_bf16_activation_times_f32_weight_lowers_without_a_float32_round_trip():
     """A bf16 activation @ a float32 weight under autocast: both cast to bf16 before
     promotion (no bf16 -> f32 -> bf16 pair of casts, eager or traced), same numbers."""

@@ -14,6 +14,7 @@ from ....ops import conv as _c
 from ....ops import conv_transpose as _ct
 from .. import convgen
 from .. import convloops as _loops
+from .elementwise import in_float32
 
 _LOOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -220,5 +221,5 @@ def _conv_transpose(x, w, stride, padding, output_padding, dilation, groups):
     return _ct._ct_cols(x, w, stride, padding, output_padding, dilation, groups, _col2im)
 
 
-KERNELS = {"conv2d": _c._f32(_conv2d), "conv2d_grad_weight": _c._f32(_gw),
-           "conv_transpose2d": _c._f32(_conv_transpose)}
+KERNELS = {"conv2d": in_float32(_conv2d), "conv2d_grad_weight": in_float32(_gw),
+           "conv_transpose2d": in_float32(_conv_transpose)}

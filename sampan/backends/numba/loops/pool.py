@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .... import dtypes as _dt
 from ....ops import pool as _p
 from ....ops._nb import njit
+from .elementwise import in_float32
 
 
 @njit(cache=True, nogil=True)
@@ -138,4 +140,25 @@ def max_pool2d_grad(x, g, kernel_size, stride, padding, dilation, ceil_mode=Fals
     return _p._max_grad_kernel(x, g, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-KERNELS = {"max_pool2d": _p._f32(max_pool2d), "max_pool2d_grad": _p._f32(max_pool2d_grad)}
+_BF16 = np.dtype(_dt.bfloat16)
+_grad_in_f32 = in_float32(max_pool2d_grad)
+
+
+def max_pool2d_grad_any(x, g, kernel_size, stride, padding, dilation, ceil_mode=False):
+    """max_pool2d_grad; bfloat16 2x2 windows compare x in float32 and move g's bits
+    (the gradient only copies values: no widening of g, no rounding of the result)."""
+    if x.dtype == _BF16 and g.dtype == _BF16 and x.size:
+        xf = x.astype(np.float32)
+        if _is_2x2(xf, kernel_size, stride, padding, dilation, ceil_mode):
+            out = np.empty(x.shape, np.uint16)
+            ho, wo = g.shape[2], g.shape[3]
+            out[:, :, 2 * ho:] = 0
+            out[:, :, :, 2 * wo:] = 0
+            if not _max_grad_2x2(xf, np.ascontiguousarray(g).view(np.uint16), np.uint16(0),
+                                 out):
+                return out.view(_BF16)
+    return _grad_in_f32(x, g, kernel_size=kernel_size, stride=stride, padding=padding,
+                        dilation=dilation, ceil_mode=ceil_mode)
+
+
+KERNELS = {"max_pool2d": in_float32(max_pool2d), "max_pool2d_grad": max_pool2d_grad_any}

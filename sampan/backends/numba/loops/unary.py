@@ -27,9 +27,25 @@ def _relu_loop(a, out):
         out[i] = v if v > z or v != v else z
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _relu_bits_loop(a, out):
+    # bfloat16 as its uint16 bits: kept where positive (1 .. 0x7F80, up to +inf) or NaN
+    # (exponent all ones, mantissa not zero: np.maximum passes a NaN on), else +0
+    z = np.uint16(0)
+    for i in range(a.size):
+        u = a[i]
+        keep = ((u >= np.uint16(1)) & (u <= np.uint16(0x7F80))) | \
+            ((u & np.uint16(0x7FFF)) > np.uint16(0x7F80))
+        out[i] = u if keep else z
+
+
 def relu(a):
     if a.dtype in _FLOATS:
         return run_flat(_relu_loop, a.dtype, a)
+    if a.dtype == _BF16 and a.size:
+        # ml_dtypes' maximum converts per element: ~20x float32's time (issue 31, W2)
+        return run_flat(_relu_bits_loop, np.uint16,
+                        np.ascontiguousarray(a).view(np.uint16)).view(_BF16)
     return _u._relu(a)
 
 
