@@ -71,8 +71,9 @@ def _split_plan(uniq, rows, inverse, seen, unfed, feed):
     into its cached row's ``seen`` (and ``unfed`` when ``feed``), and orders the distinct
     ids hits first, misses after (``inverse`` rewritten in place to match), so that a
     fetch and a push take the hits and the misses as two contiguous blocks, copying no
-    rows. Returns ``(uniq, rows, hits, miss_counts, hit_occurrences, miss_occurrences)``
-    in the new order. The caller checks ``inverse < rows.size`` and ``rows < seen.size``."""
+    rows. Returns ``(uniq, rows, n_hits, miss_counts, hit_occurrences,
+    miss_occurrences)``, ids and rows in the new order. The caller checks
+    ``inverse < rows.size`` and ``rows < seen.size``."""
     n = rows.size
     cnt = np.zeros(n, np.int64)
     for i in range(inverse.size):
@@ -183,7 +184,8 @@ class HotCache:
         # the id -> row layout's generation: a refresh moves rows, so rows resolved by a
         # plan are used as they are (no second lookup) only while it is unchanged
         self._gen = 0
-        self._planned: collections.deque = collections.deque(maxlen=8)  # (uniq, rows, gen, n_hits)
+        # (uniq, rows, gen, n_hits) of recent plans, their ids in hits-first order
+        self._planned: collections.deque = collections.deque(maxlen=8)
         self.last_write_back = 0  # step count at the last write-back
         self.push_log: list | None = None  # ids pushed, while a Prefetcher asks
         self._n = {"hits": 0, "misses": 0, "distinct_hits": 0, "distinct_misses": 0,
@@ -222,8 +224,8 @@ class HotCache:
         training step's path, ``FEED_EVERY`` batches' counts at a time (waking a thread
         costs a GIL hand-over or two: on a busy 2-core machine about 1.5 ms a step when
         it woke for every batch; summing the 8 batches per id first saved nothing, W4's
-        misses being mostly one-off ids); ``now`` hands over what waits at once. :meth:`refresh`
-        and :meth:`flush` hand over the rest and wait for it."""
+        misses being mostly one-off ids); ``now`` hands over what waits at once.
+        :meth:`refresh` and :meth:`flush` hand over the rest and wait for it."""
         with self._backlog_lock:
             if uniq.size:
                 self._backlog.append((uniq, cnt))
