@@ -51,9 +51,9 @@ all-RAM step (quiet); 0.5x needs ~1 us of disk work a miss, all told. Reads of r
 a memory-mapped base with its pages unmapped after each step, are what is left.
 10^8 ids: the fill probes the base for every new id (a random read once the ~32 GB base
 outgrows the page cache) and merges ~100 times, each rewriting most of a base that
-grows to 32 GB (~3 TB of I/O; the fill took 167 s at 10^7, 582 s at 3x10^7); it needs a bulk path (new ids spooled, bucketed by home
-page and written into a new base in one sequential pass, the manifest switched after),
-which is not built, so 10^8 was not run.
+grows to 32 GB (~3 TB of I/O; the fill took 167 s at 10^7, 582 s at 3x10^7); it needs
+a bulk path (new ids spooled, bucketed by home page and written into a new base in one
+sequential pass, the manifest switched after), which is not built: 10^8 was not run.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
