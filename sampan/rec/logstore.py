@@ -35,7 +35,9 @@ all-RAM figures swung 83k-214k samples/s and the ratios are rough): fill 416 -> 
 steady state (after 2000 untimed steps) 22.1k -> 31.4k samples/s (0.266x -> 0.205x of
 that run's all-RAM), 1091 -> 1033 promotions a step; cold (the first 1000 steps after
 the fill, which leaves the coldest ranks in RAM) 19.7k -> 32.0k (0.092x -> 0.217x);
-peak RSS budget + 311.5 -> + 290.0 MB; 4.3 GB on disk. Earlier, quiet machine, cold
+peak RSS budget + 311.5 -> + 290.0 MB; 4.3 GB on disk. 3x10^7 ids (after, load ~13):
+fill 582 s (27 merges), steady 25.8k (0.418x of that run's all-RAM 61.9k, which slows
+with 7.5 GB of rows), 1100 promotions a step, + 288.8 MB, 8.2 GB. Earlier, quiet, cold
 only: all-RAM 479.6k, log store 64.7k (0.135x), + 299 MB.
 
 What limits it: the workload's misses. ``(zipf(1.1) - 1) % n`` spreads ~20% of lookups
@@ -49,9 +51,9 @@ all-RAM step (quiet); 0.5x needs ~1 us of disk work a miss, all told. Reads of r
 a memory-mapped base with its pages unmapped after each step, are what is left.
 10^8 ids: the fill probes the base for every new id (a random read once the ~32 GB base
 outgrows the page cache) and merges ~100 times, each rewriting most of a base that
-grows to 32 GB (~3 TB of I/O); it needs a bulk path (new ids spooled, bucketed by home
-page and written into a new base in one sequential pass, the manifest switched after),
-which is not built, so 10^8 was not run.
+grows to 32 GB (~3 TB of I/O; the fill took 167 s at 10^7, 582 s at 3x10^7); it needs
+a bulk path (new ids spooled, bucketed by home page and written into a new base in one
+sequential pass, the manifest switched after), which is not built: 10^8 was not run.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
