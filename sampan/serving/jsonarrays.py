@@ -223,7 +223,11 @@ def warm() -> None:
         skel, spans = split(body)
         d = spans.deferred(0, "x", None, np.float32, (MIN_BYTES // 5 + 2,))
         resolve_all([{"x": d}])
-        resolve_all([{"x": d}] * (NOGIL_BYTES // (d.end - d.start) + 1))
+        buf = np.frombuffer(body[d.start:d.end], np.uint8)
+        at = np.zeros(1, np.int64)
+        vals, ints = _buffers(buf.size)
+        for parse in (_parse_all, _parse_all_gil):      # both, whichever a batch needs
+            parse(buf, at, at + buf.size, vals, ints, np.empty((1, 3), np.int64))
 
 
 def _buffers(n):
@@ -235,26 +239,6 @@ def _buffers(n):
     if n <= _SCRATCH_MAX:
         _local.vals, _local.ints = vals, ints
     return vals, ints
-
-
-def _typed(vals, ints, at, cnt, flags, dtype, n):
-    """Parsed values vals/ints[at:at + cnt] as a new flat `dtype` array of `n` values, or
-    None (module doc: what the fast path declines)."""
-    if at < 0 or cnt != n:
-        return None
-    if dtype == np.float32 and flags & F32_OK:
-        return vals[at:at + cnt].astype(np.float32)
-    if dtype == np.float64 and flags & F64_OK:
-        return vals[at:at + cnt].copy()
-    if dtype == np.int64 and flags & INT_OK:
-        return ints[at:at + cnt].copy()
-    if dtype.kind in "iu" and dtype != np.int64 and flags & INT_OK:
-        a = ints[at:at + cnt]
-        info = np.iinfo(dtype)
-        if cnt and (a.min() < info.min or a.max() > info.max):
-            return None             # out of range: the slow path's 400
-        return a.astype(dtype)
-    return None
 
 
 class Deferred:
@@ -305,13 +289,34 @@ def resolve_all(requests: list) -> list:
     vals, ints = _buffers(at // 2 + 1)
     res = np.empty((len(ds), 3), np.int64)
     parse = _parse_all if at >= NOGIL_BYTES else _parse_all_gil
-    parse(buf, np.array(starts, np.int64), np.array(ends, np.int64), vals, ints, res)
+    total = parse(buf, np.array(starts, np.int64), np.array(ends, np.int64), vals, ints, res)
     touched = {r for r, _, _ in ds}
     out = [dict(inputs) if r in touched else inputs for r, inputs in enumerate(requests)]
+    full: dict = {}      # every value of the batch converted once; requests get slices
+
+    def conv(kind):
+        a = full.get(kind)
+        if a is None:
+            a = full[kind] = (vals[:total].astype(np.float32) if kind == F32_OK else
+                              vals[:total].copy() if kind == F64_OK else ints[:total].copy())
+        return a
     for (r, name, d), (k, cnt, flags) in zip(ds, res.tolist()):
         if isinstance(out[r], Exception):
             continue
-        a = _typed(vals, ints, k, cnt, flags, d.dtype, d.size)
+        a, dt = None, d.dtype
+        if k >= 0 and cnt == d.size:
+            if dt == np.float32:
+                if flags & F32_OK:
+                    a = conv(F32_OK)[k:k + cnt]
+            elif dt == np.float64:
+                if flags & F64_OK:
+                    a = conv(F64_OK)[k:k + cnt]
+            elif flags & INT_OK:
+                a = conv(INT_OK)[k:k + cnt]
+                if dt != np.int64:
+                    info = np.iinfo(dt)
+                    a = a.astype(dt) if not cnt or (
+                        a.min() >= info.min and a.max() <= info.max) else None
         if a is None:
             try:
                 a = d.fallback()[name]

@@ -248,3 +248,33 @@ def test_a_bad_request_in_a_batch_fails_alone():
         y = json.loads(out)["outputs"][0]
         np.testing.assert_array_equal(np.array(y["data"], np.float32), g)
     assert plane.entries["echo"].batcher.batched >= 1
+
+
+class Checked(Echo):
+    """Echo whose `check` reads the values (refuses a negative id): the loop parses a
+    request's lists before it, so the check sees arrays."""
+    seen = []
+
+    def check(self, inputs):
+        from sampan.serving import ServingError
+        self.seen.append(type(inputs["ids"]))
+        if inputs["ids"].min() < 0:
+            raise ServingError("model 'echo': input 'ids' holds a negative id")
+
+
+def test_a_model_whose_check_reads_values_gets_arrays():
+    model = Checked(100)
+    assert model.checks_values() and not Echo(100).checks_values()
+    plane = DataPlane.build({"echo": model}, instances=1)
+    plane.start(warmup=False)
+    good = _body(_text(["0.5"] * 100), _text(["3"] * 100), 100)
+    bad = _body(_text(["0.5"] * 100), _text(["3"] * 99 + ["-1"]), 100)
+    try:
+        out, _ = asyncio.run(plane.infer("echo", None, good))
+        assert json.loads(out)["outputs"][1]["data"] == [3] * 100
+        with pytest.raises(RequestError, match="negative id") as e:
+            asyncio.run(plane.infer("echo", None, bad))
+        assert e.value.status == 400
+    finally:
+        plane.stop()
+    assert Checked.seen == [np.ndarray, np.ndarray]

@@ -44,6 +44,8 @@ def test_padded_and_unpadded_answers_match_numpy(mlp):
         cfg = json.load(f)
     ort = load_model("o", ort_dir, dict(cfg, max_batch_size=32))
     assert ort._buckets is None
+    # no table indexed by an input: the worker may parse a JSON request's values
+    assert prog.checks_values() is False and ort.checks_values() is False
     ort_pad = load_model("q", ort_dir, dict(cfg, max_batch_size=32, pad_batch=True))
     assert ort_pad._buckets == [1, 2, 4, 8, 16, 24, 32]
     x = np.random.default_rng(0).standard_normal((32, 12)).astype(np.float32)
