@@ -99,14 +99,14 @@ def test_qdense_dynamic_layers_exact(m, k, n):
 
 @pytest.mark.parametrize("m,k", [(1, 1), (5, 15), (9, 16), (40, 131), (64, 384), (3, 0)])
 def test_row_quantiser_exact(m, k):
-    """The AVX-512 row quantiser (`vnni.quant_kernel`, through `quant_rows`) gives
+    """The AVX-512 row quantiser (`simdrows.quant_kernel`, through `quant_rows`) gives
     `row_qparams`' bytes, scales and zero points (numpy, the op table's reference): rows
     of zeros, all positive, all negative, ties at .5 steps, huge and tiny values, K not
     a multiple of 16, and rows written at a stride (the kernel's padded K)."""
     qd = pytest.importorskip("sampan.backends.numba.qdynamic")
-    from sampan.backends.numba import vnni
+    from sampan.backends.numba import simdrows, vnni
     from sampan.ops.quant_fused import row_qparams
-    assert vnni.quant_kernel() is not None or not vnni._has_vnni()
+    assert simdrows.quant_kernel() is not None or not vnni._has_vnni()
     r = np.random.default_rng(m * 1000 + k)
     x = (r.standard_normal((m, k)) * 5).astype(np.float32)
     if m > 4 and k > 3:

@@ -6,7 +6,7 @@ give the same bytes:
 
 - `DynamicDense`: the VNNI kernel, its epilogue and bias inside
   (`vnni.packed_kernel(True, False, dyn=1 or 2)`), over blocks of rows that sampan's
-  threads claim, each quantised (`quant_rows`: `vnni.quant_kernel` on AVX-512) and
+  threads claim, each quantised (`quant_rows`: `simdrows.quant_kernel` on AVX-512) and
   multiplied by the whole weight while its bytes are in the core's cache;
 - `OneDNNDense`: oneDNN's int8 GEMM (`onednn.int8.WeightGemm`, the weight reordered once;
   AMX tiles on Sapphire Rapids and later), over blocks of rows that sampan's threads
@@ -22,7 +22,7 @@ import numpy as np
 from ...ops._nb import HAVE_NUMBA, njit
 from ...ops.quant_fused import with_bias
 from ...ops.registry import OPS
-from . import vnni
+from . import simdrows, vnni
 from .claim import run_claimed, threads
 from .qlayers import _BIG, Dense, _consts, _fits, _packed, _ptr
 
@@ -217,13 +217,13 @@ _BLOCK = 256 * 1024       # int32 sums per block of rows (OneDNNDense)
 
 
 def quant_rows(x, out, scale, zp):
-    """`_row_quant`'s bytes: on AVX-512, `vnni.quant_kernel` (x's rows contiguous, out's
+    """`_row_quant`'s bytes: on AVX-512, `simdrows.quant_kernel` (x's rows contiguous, out's
     rows at any stride); otherwise each row's range by numpy's SIMD min/max reductions
     (numba's loop does not vectorise them: 4x slower on W8's rows), then the rows
     quantised (the caller shares blocks of rows over threads). A NaN row quantises to
     what the loop's would not, as no NaN is given a meaning by the op."""
     m, k = x.shape
-    f = vnni.quant_kernel()
+    f = simdrows.quant_kernel()
     if (f is not None and x.dtype == np.float32 and x.flags.c_contiguous
             and out.strides[1] == 1 and scale.flags.c_contiguous and zp.flags.c_contiguous
             and scale.dtype == np.float32 and zp.dtype == np.int32):

@@ -175,7 +175,7 @@ def _fwd_shared(fwd, x, log, out):
 
 def _maxima(x):
     """(the maxima of the float32 rows x (contiguous, nonempty rows), True) by
-    `vnni.rowmax_kernel`; else (an empty buffer for them, False): the kernel's loop."""
+    `simdrows.rowmax_kernel`; else (an empty buffer for them, False): the kernel's loop."""
     ms = np.empty(x.shape[0], x.dtype)
     f = _rowmax() if x.dtype == np.float32 and x.shape[1] else None
     if f is None or not x.flags.c_contiguous:
@@ -185,7 +185,7 @@ def _maxima(x):
 
 
 def _rowmax():
-    from ..vnni import rowmax_kernel
+    from ..simdrows import rowmax_kernel
     return rowmax_kernel()
 
 
