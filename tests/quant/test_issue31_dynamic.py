@@ -188,11 +188,20 @@ def test_tiny_encoder_dynamic_int8_predictor(tmp_path):
     assert not np.array_equal(got, want)
     assert _cos(got, want).min() >= 0.99
     # the same int8 program on the op table's numpy kernels (exact float64 sums; the
-    # merged projections and their biases as the pass wrote them) gives the same numbers
+    # merged projections and their biases as the pass wrote them) gives the same numbers,
+    # up to one quantisation step: the float ops between quantised layers (layernorm,
+    # gelu, softmax) differ by ulps between the providers, and an activation that lands
+    # on a rounding tie of the next layer's per-row scale then moves by one step (seen
+    # on AMD Zen 4: one row of 12, 6.8e-5). Each quantised layer alone is exact
+    # (test_qdense_dynamic_layers_exact).
     cn = inference.Config(path)
     cn.set_precision("int8", dynamic=True)
     cn.set_providers(["numpy"])
-    np.testing.assert_allclose(run(inference.create_predictor(cn)), got, atol=2e-6)
+    ref = run(inference.create_predictor(cn))
+    same_rows = np.isclose(ref, got, rtol=0, atol=2e-6).all(axis=1)
+    assert same_rows.mean() >= 0.75, same_rows
+    np.testing.assert_allclose(ref, got, atol=5e-4)
+    assert _cos(ref, got).min() >= 0.9999
     with pytest.raises(inference.InferenceError, match="no calibration_data"):
         inference.Config(path).set_precision("int8", [ids], dynamic=True)
 
