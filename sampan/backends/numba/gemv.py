@@ -307,8 +307,10 @@ def bind_dense(node):
     """The numba provider's kernel for a `dense` node: for 1..MAX_ROWS rows against a
     constant weight, the dense loops over the weight packed once (`pack`); for more rows
     the GEMM the kernel choice measured for the class (oneDNN with the bias and ReLU as
-    post-ops, or numpy's BLAS and one epilogue loop). Shapes and dtypes other than the
-    node's (and a weight that is no constant) run the op's numpy kernel."""
+    post-ops, or numpy's BLAS and one epilogue loop), or, up to BATCH_LOOP_MACS, the
+    same packed loops where they ran faster than BLAS here (`batch_loop_for`, then
+    `fastest_call` on the bound pair). Shapes and dtypes other than the node's (and a
+    weight that is no constant) run the op's numpy kernel."""
     from ...ops.dense import reference
     x, w, bias = node.inputs
     relu = bool(node.attrs.get("relu", False))
