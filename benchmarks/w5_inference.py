@@ -376,9 +376,8 @@ def main(argv=None):
                          "default pool")
     args = ap.parse_args(argv)
     args.steps = {"MLP": args.mlp_steps, "LeNet": args.lenet_steps}
-    import torch
-
-    import sampan
+    import sampan  # before torch: sampan's OpenMP wait policy is set before torch's
+    import torch   # bundled libgomp loads (a libgomp loaded first keeps spinning)
     from onnx_conformance import machine
     if args.threads:
         sampan.set_num_threads(args.threads)
