@@ -138,33 +138,21 @@ def in_float32(kernel):
 # the quiet NaN of its sign). Broadcasting: the operands' element strides over the
 # result's dims, adjacent dims merged, at most three left (a bias over N, C, H*W).
 @njit(inline="always", cache=True)
-def _add32(x, y):
-    return x + y
-
-
-@njit(inline="always", cache=True)
-def _sub32(x, y):
-    return x - y
-
-
-@njit(inline="always", cache=True)
-def _mul32(x, y):
-    return x * y
-
-
-@njit(inline="always", cache=True)
-def _bits_arith(f, u, v):
-    # bfloat16 bits u, v -> the bits of f(u, v) computed in float32 and rounded once
-    r = f(bf16_load(u), bf16_load(v))
+def _bits_arith(op, u, v):
+    # bfloat16 bits u, v -> the bits of (u op v) computed in float32 and rounded once
+    x = bf16_load(u)
+    y = bf16_load(v)
+    r = x + y if op == 0 else (x - y if op == 1 else x * y)
     q = bf16_store(r)
     return (q & np.uint16(0x8000)) | np.uint16(0x7FC0) if r != r else q
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _binary_bits_loop(f, a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out):
-    # one compilation per operation `f` (a function argument). Each row is sliced first,
-    # so the inner loop indexes by its range variable alone (no negative-index checks on
-    # offset arithmetic); unit and zero inner strides then vectorise
+@njit(inline="always", cache=True)
+def _binary_bits_rows(op, a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out):
+    # inlined into one entry point per operation, `op` a constant there (the branches on
+    # it fold away). Each row is sliced first, so the inner loop indexes by its range
+    # variable alone (no negative-index checks on offset arithmetic); unit and zero
+    # inner strides then vectorise
     for i in range(n0):
         for j in range(n1):
             pa = i * a0 + j * a1
@@ -174,20 +162,35 @@ def _binary_bits_loop(f, a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out):
                 ar = a[pa:pa + n2]
                 br = b[pb:pb + n2]
                 for t in range(n2):
-                    o[t] = _bits_arith(f, ar[t], br[t])
+                    o[t] = _bits_arith(op, ar[t], br[t])
             elif a2 == 1 and b2 == 0:
                 ar = a[pa:pa + n2]
                 v = b[pb]
                 for t in range(n2):
-                    o[t] = _bits_arith(f, ar[t], v)
+                    o[t] = _bits_arith(op, ar[t], v)
             elif a2 == 0 and b2 == 1:
                 u = a[pa]
                 br = b[pb:pb + n2]
                 for t in range(n2):
-                    o[t] = _bits_arith(f, u, br[t])
+                    o[t] = _bits_arith(op, u, br[t])
             else:
                 for t in range(n2):
-                    o[t] = _bits_arith(f, a[pa + t * a2], b[pb + t * b2])
+                    o[t] = _bits_arith(op, a[pa + t * a2], b[pb + t * b2])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _add_bits(a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out):
+    _binary_bits_rows(0, a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sub_bits(a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out):
+    _binary_bits_rows(1, a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mul_bits(a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out):
+    _binary_bits_rows(2, a, b, n0, n1, n2, a0, a1, a2, b0, b1, b2, out)
 
 
 def _flat_bits(a):
@@ -227,12 +230,12 @@ def _merged_dims(shape, arrays):
 
 
 _SMALL = 4096       # below: the ufunc (its per-call cost is lower than this wrapper's)
-_BINARY_OPS = {"add": (_add32, np.add), "sub": (_sub32, np.subtract),
-               "mul": (_mul32, np.multiply)}
+_BINARY_OPS = {"add": (_add_bits, np.add), "sub": (_sub_bits, np.subtract),
+               "mul": (_mul_bits, np.multiply)}
 
 
 def _bf16_binary(name):
-    code, ufunc = _BINARY_OPS[name]
+    loop, ufunc = _BINARY_OPS[name]
 
     def kernel(a, b):
         if a.dtype is not _BF16 or b.dtype is not _BF16:
@@ -244,8 +247,8 @@ def _bf16_binary(name):
         dims = [(1, [0, 0])] * (3 - len(dims)) + dims
         out = np.empty(shape, _BF16)
         (n0, (a0, b0)), (n1, (a1, b1)), (n2, (a2, b2)) = dims
-        _binary_bits_loop(code, _flat_bits(a), _flat_bits(b), n0, n1, n2, a0, a1, a2,
-                          b0, b1, b2, out.reshape(-1).view(np.uint16))
+        loop(_flat_bits(a), _flat_bits(b), n0, n1, n2, a0, a1, a2, b0, b1, b2,
+             out.reshape(-1).view(np.uint16))
         return out
     kernel.__name__ = name
     kernel.__doc__ = f"np.{ufunc.__name__}; bfloat16 pairs through one loop over the bits."
