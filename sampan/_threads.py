@@ -152,7 +152,7 @@ def get_num_threads() -> int:
 # GOMP_SPINCOUNT=1000, 151-172 ms at 10^4, 612-856 ms at 10^5; YOLOv8n 13.5 / 26-33 /
 # 144-194 / 1512-1751 ms: a spinning worker burns the time slice its descheduled partner
 # needs. PASSIVE stays; a region of primitives too small to pay a wake-up runs on one
-# thread instead (`backends/onednn/blocked.py` `fastest`, measured per region).
+# thread instead (`backends/onednn/regionrace.py` `fastest`, measured per region).
 WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

@@ -252,29 +252,29 @@ def test_a_region_outside_the_onednn_provider_runs_its_body_in_onnxruntime():
 
 
 def test_a_region_of_small_primitives_races_one_thread_against_the_pool(tmp_path, monkeypatch):
-    """`blocked.fastest`: the region built on one OpenMP thread computes what the region on
+    """`regionrace.fastest`: the region built on one OpenMP thread computes what the region on
     the process's threads computes (float64 PyTorch reference), a call on it leaves the
     caller's OpenMP thread count as it was, and the race keeps the faster build and its
     times; a region over RACE_STEP_US a primitive, or a process on one thread, is not
     raced."""
     import sampan
-    from sampan.backends.onednn import blocked
+    from sampan.backends.onednn import blocked, regionrace
     x, ref = _export(Activations(), (1, 3, 40, 40), tmp_path / "m.onnx")
     pred = _predictor(tmp_path / "m.onnx", tmp_path)
     node = next(n for n in pred.graph.nodes if n.op == "engine")
     built = []
     real = blocked.Region.__init__
 
-    def spy(self, node, threads=None):
-        built.append(threads)
-        real(self, node, threads)
+    def spy(self, node):
+        built.append(self.threads)
+        real(self, node)
     monkeypatch.setattr(blocked.Region, "__init__", spy)
-    g = blocked._omp()
+    g = regionrace.omp()
     n0 = sampan.get_num_threads()
     try:
         sampan.set_num_threads(2)
         args = [v.const if v.is_const else x for v in node.inputs]
-        ser = blocked.Region(node, threads=1)
+        ser = regionrace.ThreadedRegion(node, 1)
         par = blocked.Region(node)
         assert g.omp_get_max_threads() == 2
         ys, yp = ser(*args), par(*args)
@@ -284,7 +284,7 @@ def test_a_region_of_small_primitives_races_one_thread_against_the_pool(tmp_path
         np.testing.assert_allclose(ys, yp, rtol=1e-5, atol=1e-6)
 
         built.clear()
-        win = blocked.fastest(node)
+        win = regionrace.fastest(node)
         assert built == [None, 1]
         r = win.race
         assert r["parallel_us"] > 0 and r["serial_us"] > 0
@@ -292,13 +292,13 @@ def test_a_region_of_small_primitives_races_one_thread_against_the_pool(tmp_path
         assert _rel(win(*args), ref[0]) < 1e-4
 
         built.clear()
-        monkeypatch.setattr(blocked, "RACE_STEP_US", 1e-3)   # every region "large"
-        assert blocked.fastest(node).threads is None and built == [None]
-        monkeypatch.setattr(blocked, "RACE_STEP_US", 150.0)
+        monkeypatch.setattr(regionrace, "RACE_STEP_US", 1e-3)   # every region "large"
+        assert regionrace.fastest(node).threads is None and built == [None]
+        monkeypatch.setattr(regionrace, "RACE_STEP_US", 150.0)
         built.clear()
         sampan.set_num_threads(1)
-        assert blocked.fastest(node).race["serial_us"] is None and built == [None]
+        assert regionrace.fastest(node).race["serial_us"] is None and built == [None]
         with pytest.raises(ValueError, match="threads=0"):
-            blocked.Region(node, threads=0)
+            regionrace.ThreadedRegion(node, 0)
     finally:
         sampan.set_num_threads(n0)

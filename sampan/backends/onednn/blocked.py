@@ -20,16 +20,8 @@ The onednn provider binds it once per node and shape (`provider.bind_region`), s
 pays nothing per call but the primitives; `labels` name the steps (with oneDNN's
 implementation) for profiling.
 
-Threads: a region of many small primitives (PP-OCR's direction classifier: 74 primitives
-of 5-40 us in a 1 ms model) pays an OpenMP fork and join per primitive, and under
-sampan's passive wait policy a futex wake-up of the sleeping worker, at every one; on a
-busy machine the join waits for a descheduled worker's time slice. `fastest(node)` races
-the region built on the process's OpenMP threads against the same region built and run
-on one thread (`Region(node, threads=1)`: oneDNN's kernels take their thread count when
-they are created, and the ones that ask at run time see the calling thread's count,
-set for the call and restored after it) and keeps the faster; a region whose primitives
-average more than `RACE_STEP_US` is not raced (a second thread pays for its join).
-ppocr_cls on the 2-core Zen 4 VM under load: 0.68 ms on one thread against 3.1 ms on two.
+Threads: `regionrace.fastest(node)` races a region on the process's OpenMP threads
+against the same region on one thread (`regionrace.ThreadedRegion`) and keeps the faster.
 
 Example::
 
@@ -40,7 +32,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 
 import numpy as np
 
@@ -123,44 +114,19 @@ class Region:
     """The compiled kernel of one onednn engine node (concrete shapes, constant weights):
     `region(*arrays, out=None)` -> the node's outputs (see module doc)."""
 
-    def __init__(self, node, threads=None):
+    threads = None     # the calling thread's OpenMP count (regionrace.ThreadedRegion: n)
+
+    def __init__(self, node):
         _protos()
         if L.lib() is None:
             raise Unsupported(L.why_unavailable())
         self.lock = threading.Lock()
         self._mds, self._mems, self._prims, self._keep = [], [], [], []
-        # threads: None runs on the calling thread's OpenMP count; n builds and runs the
-        # primitives on n threads (see the module doc)
-        self.threads = None
-        self._omp = None
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise ValueError(f"onednn region: threads={threads!r}; expected a "
-                                 "positive int or None")
-            self._omp = _omp()
-            if self._omp is None:
-                raise Unsupported("no OpenMP runtime to set a region's thread count")
-            self.threads = threads
         try:
-            prev = self._enter()
-            try:
-                self._build(node)
-            finally:
-                self._leave(prev)
+            self._build(node)
         except BaseException:
             self.close()
             raise
-
-    def _enter(self):
-        if self._omp is None:
-            return None
-        prev = self._omp.omp_get_max_threads()
-        self._omp.omp_set_num_threads(self.threads)
-        return prev
-
-    def _leave(self, prev):
-        if prev is not None:
-            self._omp.omp_set_num_threads(prev)
 
     # -- helpers that remember what they made (freed by close)
     def _md_keep(self, md):
@@ -600,14 +566,10 @@ class Region:
             for mem, j in self.ext_out:
                 dll.dnnl_memory_set_data_handle(mem, outs[j].ctypes.data)
             strm = L.stream()
-            prev = self._enter() if self._omp is not None else None
-            try:
-                for prim, n, args in self.steps:
-                    L.check(dll.dnnl_primitive_execute(prim, strm, n, args),
-                            "dnnl_primitive_execute")
-                dll.dnnl_stream_wait(strm)
-            finally:
-                self._leave(prev)
+            for prim, n, args in self.steps:
+                L.check(dll.dnnl_primitive_execute(prim, strm, n, args),
+                        "dnnl_primitive_execute")
+            dll.dnnl_stream_wait(strm)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def example_inputs(self, node, seed=0):
@@ -635,62 +597,3 @@ class Region:
         except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone
             pass
 
-
-
-# ----------------------------------------------------------------------------- threads
-RACE_STEP_US = 150.0     # regions whose primitives average longer keep the process's threads
-RACE_ROUNDS = 5          # interleaved rounds of the two builds (best of each decides)
-
-
-def _omp():
-    """libgomp with omp_get_max_threads / omp_set_num_threads typed, or None."""
-    g = L.gomp()
-    if g is None:
-        return None
-    g.omp_get_max_threads.restype = ctypes.c_int
-    g.omp_get_max_threads.argtypes = []
-    g.omp_set_num_threads.restype = None
-    g.omp_set_num_threads.argtypes = [ctypes.c_int]
-    return g
-
-
-def _best(fn, args, n):
-    best = float("inf")
-    for _ in range(n):
-        t = time.perf_counter()
-        fn(*args)
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def fastest(node):
-    """The faster of `Region(node)` (the process's OpenMP threads) and
-    `Region(node, threads=1)`, measured here on the node's shapes (see the module doc);
-    the choice and both times are kept on the region as `race`
-    ({"threads", "parallel_us", "serial_us"}; serial_us None where it did not race)."""
-    par = Region(node)
-    g = _omp()
-    n = g.omp_get_max_threads() if g is not None else 1
-    par.race = {"threads": n, "parallel_us": None, "serial_us": None}
-    if n <= 1 or not par.steps:
-        return par
-    args = par.example_inputs(node)
-    par(*args)                                   # warm: first-touch of the buffers
-    t_par = _best(par, args, 2)
-    par.race["parallel_us"] = round(t_par * 1e6, 1)
-    if t_par / len(par.steps) * 1e6 > RACE_STEP_US:
-        return par
-    try:
-        ser = Region(node, threads=1)
-    except (Unsupported, L.OneDNNError):
-        return par
-    ser(*args)
-    t_ser = float("inf")
-    for r in range(RACE_ROUNDS):                 # interleaved: load falls on both alike
-        t_par = min(t_par, _best(par, args, 1))
-        t_ser = min(t_ser, _best(ser, args, 1))
-    win, lose = (ser, par) if t_ser < t_par else (par, ser)
-    win.race = {"threads": win.threads or n, "parallel_us": round(t_par * 1e6, 1),
-                "serial_us": round(t_ser * 1e6, 1)}
-    lose.close()
-    return win

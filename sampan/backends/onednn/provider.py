@@ -11,7 +11,7 @@ measurement picked.
 It also binds `engine` nodes of engine "onednn" (the `onednn_layout` pass's regions of
 float32 convolutions kept in oneDNN's blocked layouts, `blocked.py`): one compiled
 `blocked.Region` per node and shape (on the process's OpenMP threads, or on one thread
-where a race at bind time finds that faster: `blocked.fastest`); where oneDNN refuses a
+where a race at bind time finds that faster: `regionrace.fastest`); where oneDNN refuses a
 region's primitives, the body runs with the op table's kernels.
 
 Example::
@@ -73,10 +73,12 @@ class OneDNNProvider(Provider):
 
 def bind_region(node):
     """The compiled kernel of an engine node of engine "onednn": a `Region` (built once per
-    node and shape, on the thread count `blocked.fastest` measured faster); where oneDNN refuses one of its primitives, the body with the op
-    table's kernels (a warning names why)."""
+    node and shape, on the thread count `regionrace.fastest` measured faster); where oneDNN
+    refuses one of its primitives, the body with the op table's kernels (a warning names
+    why)."""
     from ._lib import OneDNNError
-    from .blocked import Unsupported, fastest
+    from .blocked import Unsupported
+    from .regionrace import fastest
     try:
         region = fastest(node)
     except (Unsupported, OneDNNError) as e:
