@@ -68,3 +68,32 @@ def test_conv_plans_per_shape_exact():
     for x in xs:
         want = OPS["qlinear_conv2d"].kernels["numpy"](x, *rest, **attrs)
         np.testing.assert_array_equal(fn(x, *rest), want)
+
+
+@pytest.mark.parametrize("split", [1, 1 << 40])
+def test_conv_images_split_or_not_exact(monkeypatch, split):
+    """An int8 convolution gives the exact reference's bytes whether its images are split
+    over threads (every size split) or not (none split): `conv_split_size` only moves
+    where a split starts (2^24 multiply-adds under the passive OpenMP policy, 2^20 where
+    workers spin)."""
+    pytest.importorskip("numba")
+    from sampan import _threads
+    from sampan.backends.numba import qdirect, qlayers
+    monkeypatch.setattr(_threads, "openmp_wait_policy", lambda: "OMP_WAIT_POLICY=PASSIVE")
+    assert qlayers.conv_split_size() == 1 << 24
+    monkeypatch.setattr(_threads, "openmp_wait_policy", lambda: "OMP_WAIT_POLICY=ACTIVE")
+    assert qlayers.conv_split_size() == qlayers._BIG
+    monkeypatch.setattr(qlayers, "conv_split_size", lambda: split)
+    monkeypatch.setattr(qdirect, "conv_split_size", lambda: split)
+    r = np.random.default_rng(9)
+    for cin, o, k in ((1, 6, 5), (6, 16, 5)):
+        w = r.integers(-127, 128, (o, cin, k, k)).astype(np.int8)
+        rest = [np.asarray(0.05, F32), np.array(11, np.uint8), w,
+                r.uniform(0.002, 0.01, o).astype(F32), np.zeros(o, np.int8),
+                r.integers(-500, 500, o).astype(np.int32), np.asarray(0.4, F32),
+                np.array(2, np.uint8)]
+        attrs = dict(stride=(1, 1), padding=(2, 2), dilation=(1, 1), groups=1)
+        x = r.integers(0, 256, (8, cin, 14, 14)).astype(np.uint8)
+        fn = _bound("qlinear_conv2d", [x] + rest, attrs)
+        want = OPS["qlinear_conv2d"].kernels["numpy"](x, *rest, **attrs)
+        np.testing.assert_array_equal(fn(x, *rest), want)

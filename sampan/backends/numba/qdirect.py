@@ -13,7 +13,7 @@ import numpy as np
 
 from ...ops._nb import HAVE_NUMBA, njit
 from . import vnni
-from .qlayers import _BIG, _DIRECT, Conv, _ptr, _split, int64_args, pack_conv
+from .qlayers import _DIRECT, Conv, _ptr, _split, conv_split_size, int64_args, pack_conv
 
 if HAVE_NUMBA:
     @njit(cache=True, nogil=True, boundscheck=False)
@@ -71,8 +71,9 @@ class DirectConv(Conv):
         pidx = _permute_index(poff, p) if self.permute else None
         stride_img = -(-(self.cg * hp * wp + self.kwp + 64) // 64) * 64
         work = n * p * self.o * self.k4 * 4
-        parts = 1 if work < _BIG else len(_split(n, work, n))
-        call = _direct_call(np.dtype(out_dtype) != np.float32, work >= _BIG,
+        big = conv_split_size()
+        parts = 1 if work < big else len(_split(n, work, n, big))
+        call = _direct_call(np.dtype(out_dtype) != np.float32, work >= big,
                             pidx is not None)
         og, esz = self.o // self.groups, np.dtype(out_dtype).itemsize
         rd = poff if pidx is None else pidx

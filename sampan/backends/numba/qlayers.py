@@ -30,6 +30,16 @@ from . import vnni
 _BIG = 1 << 20          # multiply-adds from which a call is split over threads
 
 
+def conv_split_size() -> int:
+    """Multiply-adds from which an int8 convolution splits its images over threads:
+    `_BIG` where OpenMP workers spin after a region (a hand-off costs a few us), 2^24
+    under a passive wait policy (sampan's default), where each split wakes a sleeping
+    worker: LeNet's int8 convolutions at batch 64 (15-22 M multiply-adds) ran W5's batch
+    at 172k against 118k samples/s unsplit (quiet 2-core Zen 4, 2026-12-02)."""
+    from ..._threads import openmp_wait_policy
+    return 1 << 24 if "PASSIVE" in (openmp_wait_policy() or "").upper() else _BIG
+
+
 def _ptr(a):
     return a.ctypes.data
 
@@ -95,10 +105,12 @@ def _rows(x, k4):
     return xp, need
 
 
-def _split(total, work, parts_max):
-    """Ranges of [0, total) for the threads (one range below _BIG multiply-adds)."""
+def _split(total, work, parts_max, big=None):
+    """Ranges of [0, total) for the threads (one range below `big`, default _BIG,
+    multiply-adds)."""
     from ..._threads import get_num_threads
-    parts = min(total, parts_max, max(1, int(get_num_threads())), max(1, work // _BIG))
+    big = _BIG if big is None else big
+    parts = min(total, parts_max, max(1, int(get_num_threads())), max(1, work // big))
     return [(total * i // parts, total * (i + 1) // parts) for i in range(max(parts, 1))]
 
 
@@ -363,7 +375,8 @@ class Conv:
         x = np.ascontiguousarray(x)
         cols = np.empty((n, pb, self.k4, 16, 4), np.uint8)
         vimg = pb * self.k4 * 64
-        small = n * p * self.o * self.k4 * 4 < _BIG
+        big = conv_split_size()
+        small = n * p * self.o * self.k4 * 4 < big
         for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts, params)):
             if small:           # one numba call: unfold and multiply
                 _conv_calls(q8)(x, g * self.cg, self.cg, self.kh, self.kw, stride[0],
@@ -381,7 +394,7 @@ class Conv:
                   _ptr(corr), _ptr(mult), i1 - i0, vimg, self.o * pb * 16, og, self.k4 * 4,
                   self.k4, pb, pb * 16, zy, lo, hi)
             if n:
-                _run_parts(part, _split(n, n * p * self.o * self.k4 * 4, n))
+                _run_parts(part, _split(n, n * p * self.o * self.k4 * 4, n, big))
         y = out if p == pb * 16 else out[:, :, :p]
         return y.reshape(n, self.o, ho, wo)
 
