@@ -17,6 +17,9 @@ from sampan.ir.graph import Graph
 from sampan.ir.text import parse
 from sampan.passes import PassManager, pipeline
 from sampan.passes.fuse import count_kernels, fuse_graph, set_fast_math
+from sampan.passes import fuse as _fuse_mod
+
+_FAST_MATH0 = _fuse_mod.FAST_MATH   # restored after each test that switches it
 from sampan.runtime import compile_graph
 
 pytest.importorskip("numba")
@@ -57,7 +60,7 @@ def test_random_elementwise_dags_fused_equal_unfused(ops):
             np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-6)
         assert parse(str(fg), {c.name: c.const for c in fg.consts}) == fg
     finally:
-        set_fast_math(False)
+        set_fast_math(_FAST_MATH0)   # as the suite found it (on by default)
 
 
 def _composites(x, y):
@@ -82,7 +85,7 @@ def test_composites_fused_equal_unfused(fast):
             np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-5, atol=1e-6)
         assert "fused(" in str(fused.graph)
     finally:
-        set_fast_math(False)
+        set_fast_math(_FAST_MATH0)   # as the suite found it (on by default)
 
 
 def _mlp():
@@ -158,7 +161,7 @@ def test_transformer_training_graph_kernel_count(fast):
     try:
         unfused, fused = gpt_step_graphs()
     finally:
-        set_fast_math(False)
+        set_fast_math(_FAST_MATH0)   # as the suite found it (on by default)
     k = count_kernels(fused)
     print(f"\nW3 train step, fast_math={fast}: {len(unfused.nodes)} nodes unfused -> {k}")
     assert k["total"] <= GPT_KERNELS[fast], k
