@@ -24,19 +24,24 @@ def quant_kernel():
     row in L1 between its range and its bytes. numba's loops do not vectorise the range
     (a compare-and-select reduction): with numba's, 1.8 G elements/s; 5-7 G here, the
     divisions bounding it. A NaN is skipped by the range (the op gives it no meaning)."""
-    if "quant" not in _STATE:
-        _STATE["quant"] = None
+    p, n = ctypes.c_void_p, ctypes.c_int64
+    return _kernel("quant", _quant_ir, "quant_rows", [p, n, n, n, p, n, p, p])
+
+
+def _kernel(key, build_ir, name, argtypes):
+    """The AVX-512 function `name` of the module `build_ir()` makes, compiled once and
+    kept under `key` (None where the CPU lacks AVX-512 VNNI or LLVM refuses it: the
+    callers then run numba's loops)."""
+    if key not in _STATE:
+        _STATE[key] = None
         if _has_vnni():
             try:
-                ee = _compile(_quant_ir(), "quant-engine")
-                proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p, ctypes.c_int64,
-                                                  ctypes.c_int64, ctypes.c_int64,
-                                                  ctypes.c_void_p, ctypes.c_int64,
-                                                  ctypes.c_void_p, ctypes.c_void_p]))
-                _STATE["quant"] = proto(ee.get_function_address("quant_rows"))
+                ee = _compile(build_ir(), f"{key}-engine")
+                proto = ctypes.CFUNCTYPE(None, *argtypes)
+                _STATE[key] = proto(ee.get_function_address(name))
             except Exception:  # noqa: BLE001 - an LLVM that refuses: numba's loops
-                _STATE["quant"] = None
-    return _STATE["quant"]
+                _STATE[key] = None
+    return _STATE[key]
 
 
 def _quant_ir():
@@ -135,17 +140,8 @@ def rowmax_kernel():
     first element, 16 lanes at a time (exact in any order; a NaN first element stays the
     max, a later one is skipped, as in the row loops' scalar form). For the softmax rows
     (`loops/rowwise.py`): numba's loop does not vectorise the reduction."""
-    if "rowmax" not in _STATE:
-        _STATE["rowmax"] = None
-        if _has_vnni():
-            try:
-                ee = _compile(_rowmax_ir(), "rowmax-engine")
-                proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64,
-                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
-                _STATE["rowmax"] = proto(ee.get_function_address("row_max"))
-            except Exception:  # noqa: BLE001 - an LLVM that refuses: numba's loops
-                _STATE["rowmax"] = None
-    return _STATE["rowmax"]
+    p, n = ctypes.c_void_p, ctypes.c_int64
+    return _kernel("rowmax", _rowmax_ir, "row_max", [p, n, n, n, p])
 
 
 def _rowmax_ir():
