@@ -24,6 +24,15 @@ oldest request was queued and dispatches what it has. One worker forms a batch a
 while the others run theirs. Batching off (no ``dynamic_batching`` in the config, or
 ``max_batch_size`` 0): each request runs alone, in arrival order.
 
+Rounding down: a model that pads a batch up to one of a few sizes (`batch_sizes`: the
+program and DLRM kinds' buckets) has the rows it pads computed like real ones (a MiniLM
+batch of 20 ran as 24 rows). While more requests are on their way (arriving, queued beyond
+the batch, or another worker running a batch, whose clients send again when answered) a
+batch is cut to the oldest requests that fit the largest of those
+sizes it covers (20 -> 16); the rest lead the next batch, which forms while this one
+runs. A lone burst, with nothing behind it, is padded as before. ``"round_down": false``
+in ``dynamic_batching`` turns this off.
+
 A full queue (``max_queue_size`` requests) refuses at `submit` (the server answers 503);
 a request whose deadline passes while queued is dropped unrun (504).
 
@@ -85,6 +94,13 @@ class Batcher:
         self.delay = float(db.get("max_queue_delay_us", 100)) / 1e6
         pref = [int(p) for p in db.get("preferred_batch_sizes") or ()]
         self.dispatch_rows = min([self.max_rows] + ([max(pref)] if pref else []))
+        rd = db.get("round_down", True)
+        if not isinstance(rd, bool):
+            raise ServingError(f"serving: model {model.name!r}: round_down must be true or "
+                               f"false; got {rd!r}")
+        sizes = getattr(model, "batch_sizes", None)
+        sizes = sizes() if (rd and self.batching and sizes is not None) else None
+        self._sizes = sorted(sizes) if sizes else None
         self.policy = db.get("delay_policy", "arriving")
         if self.policy not in ("arriving", "fixed"):
             raise ServingError(f"serving: model {model.name!r}: delay_policy must be "
@@ -105,6 +121,7 @@ class Batcher:
         self._closing = False
         self._wake_loop = None        # the loop a `_wake` is scheduled on (loop side)
         self._threads: list = []
+        self._busy = 0            # workers running a batch (lock held to change it)
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
         self.retried = 0          # failed batches run again one request at a time
@@ -211,6 +228,7 @@ class Batcher:
                     return [], expired
                 self._cond.wait()
             if not self.batching:
+                self._busy += 1
                 return [self._q.popleft()], expired
             while True:
                 first = self._q[0]
@@ -229,9 +247,28 @@ class Batcher:
                 self._drop_expired(time.perf_counter(), expired)
                 if not self._q:
                     return [], expired
+            if self._sizes is not None:
+                picked = self._round_down(picked, rows)
             ids = {id(p) for p in picked}
             self._q = deque(p for p in self._q if id(p) not in ids)
+            self._busy += 1
             return picked, expired
+
+    def _round_down(self, picked, rows):
+        """`picked` cut to the oldest requests that fit the largest batch size <= `rows`,
+        when others are on their way to join the next batch (lock held; module doc)."""
+        if rows in self._sizes or len(picked) < 2:
+            return picked
+        if not (self.arriving > 0 or len(self._q) > len(picked) or self._busy > 0):
+            return picked              # nothing behind them: pad, do not leave them alone
+        down = max((b for b in self._sizes if b <= rows), default=0)
+        kept, r = [], 0
+        for p in picked:
+            if r + p.rows > down:
+                break
+            kept.append(p)
+            r += p.rows
+        return kept or picked
 
     def _work(self, model):
         while True:
@@ -244,7 +281,11 @@ class Batcher:
                 if self._closing and not self._q:
                     return
                 continue
-            self._run(model, batch)
+            try:
+                self._run(model, batch)
+            finally:
+                with self._cond:
+                    self._busy -= 1
 
     def _expire(self, reqs):
         by_loop: dict = {}

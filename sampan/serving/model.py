@@ -79,6 +79,13 @@ class ServedModel:
         runs the batch. Default: whenever a subclass defines `check`."""
         return type(self).check is not ServedModel.check
 
+    def batch_sizes(self) -> list | None:
+        """The batch sizes this model runs a batch at (sorted; it pads any other size up
+        to the next of them), or None (every size runs as it is). The batcher rounds a
+        batch down to one of them while more requests are on their way, so the rows
+        it would pad become real rows of the next batch. Default: None."""
+        return None
+
     def clone(self) -> "ServedModel":
         """A model for one more worker thread (default: this one, if `infer` is safe)."""
         return self

@@ -182,6 +182,9 @@ class _Padded(ServedModel):
         self._buckets = buckets(self.max_batch_size, preferred_sizes(self.config) + extra) \
             if (pad and self.max_batch_size > 0) else None
 
+    def batch_sizes(self) -> list | None:
+        return self._buckets
+
     def infer(self, inputs):
         bk = self._buckets
         if bk is None:

@@ -355,6 +355,9 @@ class DLRMModel(ServedModel):
         # a few executors of the dense program, not one a batch size (see padding.py)
         self._buckets = buckets(mbs, preferred_sizes(config)) if mbs > 0 else None
 
+    def batch_sizes(self) -> list | None:
+        return self._buckets
+
     def clone(self) -> DLRMModel:
         c = copy.copy(self)
         c._predictor = self._predictor.clone()
