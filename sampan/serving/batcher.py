@@ -24,14 +24,16 @@ oldest request was queued and dispatches what it has. One worker forms a batch a
 while the others run theirs. Batching off (no ``dynamic_batching`` in the config, or
 ``max_batch_size`` 0): each request runs alone, in arrival order.
 
-Rounding down: a model that pads a batch up to one of a few sizes (`batch_sizes`: the
-program and DLRM kinds' buckets) has the rows it pads computed like real ones (a MiniLM
-batch of 20 ran as 24 rows). While more requests are on their way (arriving, queued beyond
-the batch, or another worker running a batch, whose clients send again when answered) a
-batch is cut to the oldest requests that fit the largest of those
-sizes it covers (20 -> 16); the rest lead the next batch, which forms while this one
-runs. A lone burst, with nothing behind it, is padded as before. ``"round_down": false``
-in ``dynamic_batching`` turns this off.
+Rounding down (``"round_down": true`` in ``dynamic_batching``; off by default): a model
+that pads a batch up to one of a few sizes (`batch_sizes`: the program and DLRM kinds'
+buckets) has the rows it pads computed like real ones (a MiniLM batch of 20 runs as 24
+rows). With it on, while more requests are on their way (arriving, queued beyond the
+batch, or another worker running a batch, whose clients send again when answered) a
+batch is cut to the oldest requests that fit the largest of those sizes it covers
+(20 -> 16) and the rest lead the next batch; a lone burst is padded as before. Off by
+default because, measured (MiniLM at c=64, benchmarks/serving.py), the cut requests
+left behind start the next batch early and small, which is cut again: batches fell
+from ~23 to ~14 requests and the server's CPU a request rose (11.8 -> 14.4 ms).
 
 A full queue (``max_queue_size`` requests) refuses at `submit` (the server answers 503);
 a request whose deadline passes while queued is dropped unrun (504).
@@ -94,7 +96,7 @@ class Batcher:
         self.delay = float(db.get("max_queue_delay_us", 100)) / 1e6
         pref = [int(p) for p in db.get("preferred_batch_sizes") or ()]
         self.dispatch_rows = min([self.max_rows] + ([max(pref)] if pref else []))
-        rd = db.get("round_down", True)
+        rd = db.get("round_down", False)
         if not isinstance(rd, bool):
             raise ServingError(f"serving: model {model.name!r}: round_down must be true or "
                                f"false; got {rd!r}")

@@ -1,7 +1,7 @@
-"""Rounding a batch down to the model's batch sizes (batcher.py's module doc): with more
-requests on their way, 20 queued requests of a model that pads to [1, 2, 4, 8, 16, 24,
-32]... run as 16 + 4 real rows instead of 20 padded to 24; with nothing behind them, or
-``round_down`` false, as one batch of 20. Every answer is checked against the numpy
+"""Rounding a batch down to the model's batch sizes (``round_down``, off by default;
+batcher.py's module doc): with more requests on their way, 20 queued requests of a model
+that pads to [1, 2, 4, 8, 16, 32] run as 16 + 4 real rows instead of 20 padded to 32;
+with nothing behind them, or ``round_down`` off (the default), as one batch of 20. Every answer is checked against the numpy
 float64 reference of the saved MLP (the program kind), so a request never gets another's
 rows."""
 import asyncio
@@ -26,7 +26,8 @@ def mlp(tmp_path_factory):
 def _served(mlp, name, **db):
     folder, path, _ = mlp
     # "fixed" and a long delay: every request below is queued before the first batch forms
-    db = dict({"max_queue_delay_us": 300_000, "delay_policy": "fixed"}, **db)
+    db = dict({"max_queue_delay_us": 300_000, "delay_policy": "fixed", "round_down": True},
+              **db)
     return load_model(name, model_dir(folder, name, path, max_batch_size=32,
                                       pad_step=0, dynamic_batching=db))
 
@@ -77,6 +78,13 @@ def test_lone_burst_and_switch_off_keep_one_padded_batch(mlp):
     outs, sizes = _run(_served(mlp, "t", round_down=False), x, arriving=1)
     _check(outs, w, x)
     assert sizes == [20] * 20
+    folder, path, _ = mlp                                   # the default: off
+    m = load_model("v", model_dir(folder, "v", path, max_batch_size=32, pad_step=0,
+                                  dynamic_batching={"max_queue_delay_us": 300_000,
+                                                    "delay_policy": "fixed"}))
+    outs, sizes = _run(m, x, arriving=1)
+    _check(outs, w, x)
+    assert sizes == [20] * 20
 
 
 def test_round_down_must_be_a_bool(mlp):
@@ -94,7 +102,7 @@ def test_a_busy_worker_counts_as_requests_on_their_way():
             return [1, 2, 4, 8]
 
     async def go():
-        m = Sized("z", 0.3, dynamic_batching={"max_queue_delay_us": 100})
+        m = Sized("z", 0.3, dynamic_batching={"max_queue_delay_us": 100, "round_down": True})
         b = Batcher(m, 2)
         b.start(warmup=False)
         try:
