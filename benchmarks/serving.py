@@ -39,7 +39,8 @@ environments created by its setup step.
 
 ``--model minilm [--seq 32]`` serves the W8 encoder instead (batching on vs off, target
 3x with binary tensors; and batching on with ``round_down``, batches cut to a bucket,
-against the default, batches padded up to one); ``--body json`` sends all-JSON bodies (the batching target there is 2x, issue 32);
+against the default, batches padded up to one); ``--body json`` sends all-JSON bodies
+(the batching target there is 2x, issue 32);
 ``--json-backend json`` makes the server use the standard library's JSON (as before
 orjson), ``--no-overload`` stops after the batching points.
 

@@ -123,7 +123,7 @@ class Batcher:
         self._closing = False
         self._wake_loop = None        # the loop a `_wake` is scheduled on (loop side)
         self._threads: list = []
-        self._busy = 0            # workers running a batch (lock held to change it)
+        self._busy = 0            # workers running a batch (counted for round_down only)
         self.batches = 0          # batches run (any size)
         self.batched = 0          # batches of more than one request
         self.retried = 0          # failed batches run again one request at a time
@@ -230,7 +230,6 @@ class Batcher:
                     return [], expired
                 self._cond.wait()
             if not self.batching:
-                self._busy += 1
                 return [self._q.popleft()], expired
             while True:
                 first = self._q[0]
@@ -253,7 +252,8 @@ class Batcher:
                 picked = self._round_down(picked, rows)
             ids = {id(p) for p in picked}
             self._q = deque(p for p in self._q if id(p) not in ids)
-            self._busy += 1
+            if self._sizes is not None:
+                self._busy += 1
             return picked, expired
 
     def _round_down(self, picked, rows):
@@ -282,6 +282,9 @@ class Batcher:
             if not batch:
                 if self._closing and not self._q:
                     return
+                continue
+            if self._sizes is None:
+                self._run(model, batch)
                 continue
             try:
                 self._run(model, batch)

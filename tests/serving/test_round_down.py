@@ -1,9 +1,9 @@
 """Rounding a batch down to the model's batch sizes (``round_down``, off by default;
 batcher.py's module doc): with more requests on their way, 20 queued requests of a model
 that pads to [1, 2, 4, 8, 16, 32] run as 16 + 4 real rows instead of 20 padded to 32;
-with nothing behind them, or ``round_down`` off (the default), as one batch of 20. Every answer is checked against the numpy
-float64 reference of the saved MLP (the program kind), so a request never gets another's
-rows."""
+with nothing behind them, or ``round_down`` off (the default), as one batch of 20.
+Every answer is checked against the numpy float64 reference of the saved MLP (the
+program kind), so a request never gets another's rows."""
 import asyncio
 
 import numpy as np
