@@ -49,11 +49,11 @@ ids, rewriting the pages they fall on) and the tier's map work, against a ~1 ms
 all-RAM step (quiet); 0.5x needs ~1 us of disk work a miss, all told. Reads of runs
 (``preadv``) do not help: a step's ~1000 misses fall on pages ~1000 apart. io_uring, or
 a memory-mapped base with its pages unmapped after each step, are what is left.
-10^8 ids: the fill probes the base for every new id (a random read once the ~32 GB base
-outgrows the page cache) and merges ~100 times, each rewriting most of a base that
-grows to 32 GB (~3 TB of I/O; the fill took 167 s at 10^7, 582 s at 3x10^7); it needs
-a bulk path (new ids spooled, bucketed by home page and written into a new base in one
-sequential pass, the manifest switched after), which is not built: 10^8 was not run.
+A fill of new ids merges ~100 times at 10^8 (each rewriting most of a base that grows
+to 32 GB, ~3 TB of I/O): ``HashEmbeddingTable.bulk_fill`` spools new ids instead and
+writes base, log and spool into a new base in one sequential pass
+(:mod:`sampan.rec._logstore_bulk`; homes are the top bits of the hash so that a spool
+bucket is one run of pages at any base size). Figures: ``benchmarks/RESULTS.md``.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
