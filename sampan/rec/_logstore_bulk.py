@@ -34,7 +34,7 @@ from sampan.rec._logstore_kernels import (LOAD, N_META, PAGE_WORDS, TAIL, _apply
 from sampan.rec.hashtable import hash_ids
 
 SPOOL_BUCKETS = 4096  # spool files (a power of two); a run of pages per file at the end
-SPOOL_BUFFER = 16 << 20  # bytes of spooled records held before they go to their files
+SPOOL_BUFFER = 8 << 20  # bytes of spooled records held before they go to their files
 EXTRA = TAIL  # pages past a run's last one that its overflow chains may fill
 _HOOK = None  # tests: called with each run's index after its pages are written
 
@@ -155,9 +155,12 @@ class _Bulk:
     def _bulk_build(self, pages: int) -> None:
         gen = self.m["gen"] + 1
         self._new_base(gen, pages)
-        runs = min(SPOOL_BUCKETS, self.m["pages"])  # runs of pages: old and new divide
-        per_new, per_old, per_bucket = pages // runs, self.m["pages"] // runs, \
-            SPOOL_BUCKETS // runs
+        # runs of pages, one per spool bucket while the new base has the pages (what a run
+        # holds is the transient RAM: 8 MB of pages at 10^8 ids); the old base's pages of
+        # a run: those its homes map to (a page of a small old base serves several runs)
+        runs = min(SPOOL_BUCKETS, pages)
+        old = self.m["pages"]
+        per_new, per_bucket = pages // runs, SPOOL_BUCKETS // runs
         # the log's live records, by run of the new base
         keys = vals = np.empty(0, np.int64)
         if len(self.index):
@@ -175,7 +178,8 @@ class _Bulk:
             for r in range(runs):
                 parts = []
                 if self.m["base_count"]:
-                    parts.append(self._old_run(r * per_old, (r + 1) * per_old))
+                    parts.append(self._old_run(r * old // runs,
+                                               -(-(r + 1) * old // runs)))
                 if log_cut[r + 1] > log_cut[r]:
                     lw = self._read_log(vals[log_cut[r]:log_cut[r + 1]] >> 2)
                     self._check(lw, "bulk fill")
