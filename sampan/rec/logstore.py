@@ -501,12 +501,12 @@ class LogStore(_Compaction, _Bulk):
             known = None if known is None else np.asarray(known)[pick]
         if self.spool is not None and known is not None:  # a bulk fill: new ids spooled
             new = ~np.asarray(known, np.bool_)
+            if new.all():  # a fill's demotion: no copy of the batch
+                return self._spool_put(self._encode(rec, LIVE, np.ones(ids.size, np.uint8)))
             if new.any():
                 self._spool_put(self._encode({k: (None if v is None else v[new])
                                               for k, v in rec.items()}, LIVE,
                                              np.ones(int(new.sum()), np.uint8)))
-                if new.all():
-                    return
                 ids, known = ids[~new], np.asarray(known)[~new]
                 rec = {k: (None if v is None else v[~new]) for k, v in rec.items()}
         room = max(self.index_entries // 2, 1)
