@@ -28,6 +28,7 @@ Targets (issue 33): RSS <= budget + 300 MB at >= 0.5x the all-RAM samples/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -155,13 +156,16 @@ def child(args) -> dict:
         t.attach_slots(opt.slot_width(16))
         t0 = time.perf_counter()
         step = 1 << 16
-        for s in range(0, args.ids, step):
-            ranks = np.arange(s, min(args.ids, s + step), dtype=np.int64)
-            t.lookup((ranks * 0x9E3779B1 + 12345) % (1 << 62), step=0)
-            if s // step % 16 == 0:
-                print(f"# {args.system}: filled {s + ranks.size} of {args.ids} ids",
-                      file=sys.stderr, flush=True)
+        with t.bulk_fill() if args.bulk_fill else contextlib.nullcontext():
+            for s in range(0, args.ids, step):
+                ranks = np.arange(s, min(args.ids, s + step), dtype=np.int64)
+                t.lookup((ranks * 0x9E3779B1 + 12345) % (1 << 62), step=0)
+                if s // step % 16 == 0:
+                    print(f"# {args.system}: filled {s + ranks.size} of {args.ids} ids "
+                          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         fill_s = time.perf_counter() - t0
+        print(f"# {args.system}: fill {fill_s:.0f} s, rss {_rss()}", file=sys.stderr,
+              flush=True)
         last = (ranks[-1:] * 0x9E3779B1 + 12345) % (1 << 62)  # resident in every system
         opt.apply(t, last, np.zeros((1, 16), np.float32), step=0)  # compile the push first
         rng = np.random.default_rng(0)
@@ -192,6 +196,7 @@ def child(args) -> dict:
         per = lambda a, b: [round((b[k] - a[k]) / args.steps, 1) for k in (0, 1)]  # noqa
         pc, ps = per(c0, c1), per(c2, c3)
         out = {"samples_per_s": args.steps * args.batch / train_s, "fill_s": fill_s,
+               "bulk_fill": args.bulk_fill,
                "cold_samples_per_s": args.steps * args.batch / cold_s,
                "promoted_per_step": ps[0], "demoted_per_step": ps[1],
                "cold_promoted_per_step": pc[0], "cold_demoted_per_step": pc[1],
@@ -204,6 +209,7 @@ def child(args) -> dict:
                        store_index_mb=st.nbytes / 2**20,
                        merges=getattr(st, "merges", None),
                        rebuilds=getattr(st, "rebuilds", None),
+                       bulk_builds=getattr(st, "bulk_builds", None),
                        disk_mb=sum(os.path.getsize(os.path.join(spill, f))
                                    for f in os.listdir(spill)) / 2**20)
         return out
@@ -219,7 +225,7 @@ def train_lines(args, info: dict) -> None:
                "--ids", str(args.ids), "--budget-mb", str(args.budget_mb),
                "--steps", str(args.steps), "--batch", str(args.batch),
                "--fields", str(args.fields), "--remap-keys", str(args.remap_keys),
-               "--warmup", str(args.warmup)]
+               "--warmup", str(args.warmup)] + ([] if args.bulk_fill else ["--no-bulk-fill"])
         if args.spill_root:
             cmd += ["--spill-root", args.spill_root]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
@@ -274,6 +280,9 @@ def main(argv=None):
                     help="SpillStore.REMAP_KEYS for this run (0: the default)")
     ap.add_argument("--store-rows", type=int, default=10**7)
     ap.add_argument("--store-batches", type=int, default=50)
+    ap.add_argument("--no-bulk-fill", dest="bulk_fill", action="store_false",
+                    help="fill without HashEmbeddingTable.bulk_fill (new ids through the "
+                         "log and its merges, as a trainer's first pass would)")
     ap.add_argument("--quick", action="store_true", help="10^6 ids, 64 MB, 50 steps")
     ap.add_argument("--child", choices=("ram", "disk", "lmdb"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

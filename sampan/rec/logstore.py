@@ -49,11 +49,11 @@ ids, rewriting the pages they fall on) and the tier's map work, against a ~1 ms
 all-RAM step (quiet); 0.5x needs ~1 us of disk work a miss, all told. Reads of runs
 (``preadv``) do not help: a step's ~1000 misses fall on pages ~1000 apart. io_uring, or
 a memory-mapped base with its pages unmapped after each step, are what is left.
-10^8 ids: the fill probes the base for every new id (a random read once the ~32 GB base
-outgrows the page cache) and merges ~100 times, each rewriting most of a base that
-grows to 32 GB (~3 TB of I/O; the fill took 167 s at 10^7, 582 s at 3x10^7); it needs
-a bulk path (new ids spooled, bucketed by home page and written into a new base in one
-sequential pass, the manifest switched after), which is not built: 10^8 was not run.
+A fill of new ids merges ~100 times at 10^8 (each rewriting most of a base that grows
+to 32 GB, ~3 TB of I/O): ``HashEmbeddingTable.bulk_fill`` spools new ids instead and
+writes base, log and spool into a new base in one sequential pass
+(:mod:`sampan.rec._logstore_bulk`; homes are the top bits of the hash so that a spool
+bucket is one run of pages at any base size). Figures: ``benchmarks/RESULTS.md``.
 
 Crash consistency: a killed process leaves (1) a manifest written atomically (temporary
 file, fsync, rename) and checked by its own sha256; (2) a base whose pages hold, for
@@ -78,10 +78,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 
 from sampan import _atomic
+from sampan.rec._logstore_bulk import _Bulk
 from sampan.rec._logstore_compact import _Compaction
 from sampan.rec._logstore_kernels import (BATCH, DEAD, FINE, HEAD, INDEX_LOAD, LIVE, MAGIC,
                                           N_META, PAGE_WORDS, TAIL, DiskTierError,  # noqa: F401
@@ -93,12 +95,12 @@ from sampan.rec.rowstore import raw_specs
 __all__ = ["LogStore"]  # DiskTierError: sampan.rec.disktier's
 
 FORMAT = "sampan-logstore"
-VERSION = 1
+VERSION = 2  # 2: homes are the top bits of an id's hash (1: bits 24 up)
 
 
 
 # -- the store -----------------------------------------------------------------------------
-class LogStore(_Compaction):
+class LogStore(_Compaction, _Bulk):
     """Rows on disk: a hashed page file plus an append-only log (see the module
     docstring). The interface :class:`~sampan.rec.disktier.DiskTier` uses:
     ``put``, ``take``, ``scan``, ``len``, ``reshape``, ``nbytes`` and ``close``."""
@@ -175,6 +177,8 @@ class LogStore(_Compaction):
         """Remove the files of a rebuild or merge that was killed before its manifest."""
         keep = {f"base.{self.m['gen']}", f"log.{self.m['log']}"}
         for name in os.listdir(self.path):
+            if re.fullmatch(r"spool\.\d+", name):  # a bulk fill killed before its manifest
+                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
             if re.fullmatch(r"(base|log)\.\d+", name) and name not in keep:
                 os.unlink(os.path.join(self.path, name))
 
@@ -286,7 +290,7 @@ class LogStore(_Compaction):
 
     # -- sizes -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self.count)
+        return int(self.count) + (self.spooled if self.spool is not None else 0)
 
     @property
     def nbytes(self) -> int:
@@ -365,7 +369,9 @@ class LogStore(_Compaction):
         return out
 
     def _homes(self, keys: np.ndarray, pages: int) -> np.ndarray:
-        return ((hash_ids(keys) >> np.uint64(24)) & np.uint64(pages - 1)).astype(np.int64)
+        """Home pages: the top bits of the hash, so an id's home in a base of twice the
+        pages is 2 x home or 2 x home + 1 (runs of pages stay runs; _logstore_bulk)."""
+        return (hash_ids(keys) >> np.uint64(65 - int(pages).bit_length())).astype(np.int64)
 
     # -- reading ---------------------------------------------------------------------------
     def _find_base(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -437,6 +443,9 @@ class LogStore(_Compaction):
 
     def scan(self, batch: int = BATCH):
         """Every row: yields ``(ids, records)`` groups (the base, then the log)."""
+        if self.spool is not None:
+            raise _err(f"spill store {self.path}: a bulk fill is open (its rows are "
+                       f"readable after bulk_end)")
         yield from self._scan_base(batch)
         yield from self._scan_log(batch)
 
@@ -490,6 +499,16 @@ class LogStore(_Compaction):
             rec = {k: (None if v is None else v[pick]) for k, v in rec.items()}
             ids = u
             known = None if known is None else np.asarray(known)[pick]
+        if self.spool is not None and known is not None:  # a bulk fill: new ids spooled
+            new = ~np.asarray(known, np.bool_)
+            if new.all():  # a fill's demotion: no copy of the batch
+                return self._spool_put(self._encode(rec, LIVE, np.ones(ids.size, np.uint8)))
+            if new.any():
+                self._spool_put(self._encode({k: (None if v is None else v[new])
+                                              for k, v in rec.items()}, LIVE,
+                                             np.ones(int(new.sum()), np.uint8)))
+                ids, known = ids[~new], np.asarray(known)[~new]
+                rec = {k: (None if v is None else v[~new]) for k, v in rec.items()}
         room = max(self.index_entries // 2, 1)
         if ids.size > room:  # slices, so that the index never grows past its size
             for s in range(0, ids.size, room):

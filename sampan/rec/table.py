@@ -12,6 +12,7 @@ never written with the old owner's gradient.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -172,6 +173,33 @@ class HashEmbeddingTable:
         self.initial_capacity = n
         self._grow_meta(n)
         self.tier = DiskTier(self, budget_mb, spill_dir)
+
+    @contextlib.contextmanager
+    def bulk_fill(self):
+        """Fill a table with a disk tier in bulk: while open, the rows of ids new to the
+        table that the tier demotes are spooled, and written into its store in one
+        sequential pass on exit (``sampan.rec._logstore_bulk``), not merged in a million at
+        a time. Inside, an id must not be looked up again once demoted (spooled rows are
+        not readable until the exit; one spooled twice is refused there, and the store is
+        left as before). Without a tier, or over an LMDB store: a plain context.
+
+        >>> t = HashEmbeddingTable(4)
+        >>> with t.bulk_fill():
+        ...     _ = t.lookup([1, 2, 3])
+        >>> len(t)
+        3
+        """
+        store = self.tier.store if self.tier is not None else None
+        if not hasattr(store, "bulk_begin"):
+            yield self
+            return
+        with self.lock:
+            store.bulk_begin()
+        try:
+            yield self
+        finally:
+            with self.lock:
+                store.bulk_end()
 
     # -- sizes -------------------------------------------------------------------------
     def __len__(self) -> int:
