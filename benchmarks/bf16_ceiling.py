@@ -15,6 +15,10 @@ sampan calls it), `onednn_bf16_f32out` (bf16 inputs, float32 output), `numpy_bf1
 numpy kernel for bf16: float32 sgemm of the widened operands, rounded: what the bf16
 calibration races oneDNN against), and `onednn_f16` for comparison (AVX512-FP16).
 
+Also W2's two convolutions forward in oneDNN's own (blocked) layouts, float32 against
+bfloat16 (`format_tag_any` for source, weights and destination, operands already in those
+layouts, so only the kernel is timed): the ceiling of a blocked bf16 LeNet path.
+
 `--cpu-clock` times per CPU second of the process: run single-threaded on a shared machine
 (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1), where wall time measures the scheduler.
 
@@ -61,6 +65,62 @@ def kernels():
     }
 
 
+# W2's convolutions: (input, weight, padding)
+CONVS = {"W2 conv1": ((64, 1, 28, 28), (6, 1, 5, 5), 2),
+         "W2 conv2": ((64, 6, 14, 14), (16, 6, 5, 5), 0)}
+
+
+def blocked_conv(xs, ws, pad, dtype):
+    """A oneDNN forward convolution in the layouts it picks for `dtype` ("f32"/"bf16"),
+    with zeroed operand buffers in those layouts: (run(), its implementation name)."""
+    import ctypes
+
+    from sampan.backends.onednn import _lib as L
+    from sampan.backends.onednn import blocked as B
+    from sampan.backends.onednn import primitives as P
+    B._protos()
+    dll, dt = L.lib(), {"f32": L.F32, "bf16": L.BF16}[dtype]
+    ho, wo = xs[2] + 2 * pad - ws[2] + 1, xs[3] + 2 * pad - ws[3] + 1
+    ys = (xs[0], ws[0], ho, wo)
+
+    def any_md(shape):
+        md = ctypes.c_void_p()
+        L.check(dll.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(shape),
+                                                     P._dims(shape), dt, B._FORMAT_ANY), "md")
+        return md
+    st, dl, pl, pr = P._conv_params(xs[2:], ys[2:], ws[2:], (1, 1), (pad, pad), (1, 1))
+    attr = P._attr()
+    try:
+        pd = P._pd(dll.dnnl_convolution_forward_primitive_desc_create, "conv forward",
+                   L.engine(), L.FORWARD_TRAINING, L.CONVOLUTION_DIRECT, any_md(xs),
+                   any_md(ws), None, any_md(ys), st, dl, pl, pr, attr)
+    finally:
+        dll.dnnl_primitive_attr_destroy(attr)
+    mds = [B._query(pd, q) for q in (B._Q_SRC, B._Q_WEIGHTS, B._Q_DST)]
+    bufs = [np.zeros(int(dll.dnnl_memory_desc_get_size(m)), np.uint8) for m in mds]
+    prim = P._Prim(pd, [L.ARG_SRC, L.ARG_WEIGHTS, L.ARG_DST], mds)
+    flops = 2 * int(np.prod(ys)) * int(np.prod(ws[1:]))
+    return (lambda: prim.run(bufs)), prim.impl, flops
+
+
+def convs(blocks, clock):
+    for name, (xs, ws, pad) in CONVS.items():
+        runs = {d: blocked_conv(xs, ws, pad, d) for d in ("f32", "bf16")}
+        times = {d: [] for d in runs}
+        for blk in range(blocks):
+            for d in (("f32", "bf16") if blk % 2 == 0 else ("bf16", "f32")):
+                run = runs[d][0]
+                run()
+                t = clock()
+                for _ in range(20):
+                    run()
+                times[d].append((clock() - t) / 20)
+        gf = {d: runs[d][2] / statistics.median(v) / 1e9 for d, v in times.items()}
+        for d in runs:
+            emit(name, "sampan", f"onednn_blocked_{d}", "gflops", [gf[d]], impl=runs[d][1],
+                 ratio_vs_f32=round(gf[d] / gf["f32"], 3))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=5)
@@ -101,6 +161,7 @@ def main():
     emit("W1-W3 GEMMs", "sampan", "fastest_bf16/numpy_f32", "speed_ratio",
          [total_f32 / total_bf16], per_shape={k: v[3] for k, v in best.items()},
          clock="cpu" if args.cpu_clock else "wall")
+    convs(args.blocks, clock)
 
 
 if __name__ == "__main__":
