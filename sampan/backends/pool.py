@@ -26,17 +26,18 @@ keeps its load and runs again once the machine is quiet or clearly quieter: `cac
 
 bfloat16 is decided apart (`decide("bfloat16")`, record `POOL_KEY_BF16`): the same shapes
 in bfloat16, oneDNN's bf16 kernels against the numpy kernel (float32 sgemm on OpenBLAS,
-rounded), both on one thread: whether a core's bf16 kernels beat its float32 sgemm is a
-property of the core (AMX tiles, Zen 4's bf16 dot products; on an AVX512-BF16 Xeon without
-AMX oneDNN's bf16 GEMMs run at 0.6-0.9x sgemm, `benchmarks/bf16_ceiling.py`), and on two
-threads of a shared machine OpenBLAS's spinning workers made the numpy side 40-1000x slower
-than on one, so the winner followed the load. Forced, its winner serves every bfloat16 GEMM and convolution of the process,
-forward and gradients, whatever the float32 pool is; measured, it serves bf16 matmul
-under the "openblas" float32 pool (racing the numpy kernel there wakes OpenBLAS's spinning
-workers, which slowed the oneDNN calls after it: W3 bf16 ran at 0.47-0.61x its own fp32),
-and every other bf16 class races per class (`choice.py`). Only the float32 pool
-sets thread policy. ``SAMPAN_GEMM_POOL_BF16=openblas|onednn`` or
-``set_pool(name, "bfloat16")`` overrides it.
+rounded), both on one thread and in CPU time: whether a core's bf16 kernels beat its
+float32 sgemm is a property of the core (AMX tiles, Zen 4's bf16 dot products; on an
+AVX512-BF16 Xeon without AMX oneDNN's bf16 GEMMs run at 0.6-0.9x sgemm,
+`benchmarks/bf16_ceiling.py`), and on two threads of a busy 2-core machine OpenBLAS's
+spinning workers made the numpy side 10-800x slower than on one on four of the six shapes,
+so the winner followed the load. Forced, its winner serves every bfloat16 GEMM and
+convolution of the process, forward and gradients, whatever the float32 pool is;
+measured, it serves bf16 matmul under the "openblas" float32 pool (racing the numpy kernel
+there wakes OpenBLAS's spinning workers, which slowed the oneDNN calls after it: W3 bf16
+ran at 0.47-0.61x its own fp32), and every other bf16 class races per class
+(`choice.py`). Only the float32 pool sets thread policy.
+``SAMPAN_GEMM_POOL_BF16=openblas|onednn`` or ``set_pool(name, "bfloat16")`` overrides it.
 
 Example::
 

@@ -153,7 +153,7 @@ def test_one_stalled_shape_does_not_decide_the_pool(cache, monkeypatch):
 def test_bf16_calibration_times_one_thread_per_side_and_restores_counts(cache, monkeypatch):
     """Both libraries are timed on one thread (whether a core's bf16 kernels beat its
     float32 sgemm is the core's property; OpenBLAS's spinning workers on a busy 2-core
-    machine made the numpy side 40-1000x slower on two threads), and the OpenMP count and
+    machine made the numpy side 10-800x slower on two threads), and the OpenMP count and
     the BLAS cap the process had come back after."""
     from sampan.backends.onednn import _lib, KERNELS
     gomp = _lib.gomp()
