@@ -26,13 +26,18 @@ keeps its load and runs again once the machine is quiet or clearly quieter: `cac
 
 bfloat16 is decided apart (`decide("bfloat16")`, record `POOL_KEY_BF16`): the same shapes
 in bfloat16, oneDNN's bf16 kernels against the numpy kernel (float32 sgemm on OpenBLAS,
-rounded). Forced, its winner serves every bfloat16 GEMM and convolution of the process,
-forward and gradients, whatever the float32 pool is; measured, it serves bf16 matmul
-under the "openblas" float32 pool (racing the numpy kernel there wakes OpenBLAS's spinning
-workers, which slowed the oneDNN calls after it: W3 bf16 ran at 0.47-0.61x its own fp32),
-and every other bf16 class races per class (`choice.py`). Only the float32 pool
-sets thread policy. ``SAMPAN_GEMM_POOL_BF16=openblas|onednn`` or
-``set_pool(name, "bfloat16")`` overrides it.
+rounded), both on one thread and in CPU time: whether a core's bf16 kernels beat its
+float32 sgemm is a property of the core (AMX tiles, Zen 4's bf16 dot products; on an
+AVX512-BF16 Xeon without AMX oneDNN's bf16 GEMMs run at 0.6-0.9x sgemm,
+`benchmarks/bf16_ceiling.py`), and on two threads of a busy 2-core machine OpenBLAS's
+spinning workers made the numpy side 10-800x slower than on one on four of the six shapes,
+so the winner followed the load. Forced, its winner serves every bfloat16 GEMM and
+convolution of the process, forward and gradients, whatever the float32 pool is;
+measured, it serves bf16 matmul under the "openblas" float32 pool (racing the numpy kernel
+there wakes OpenBLAS's spinning workers, which slowed the oneDNN calls after it: W3 bf16
+ran at 0.47-0.61x its own fp32), and every other bf16 class races per class
+(`choice.py`). Only the float32 pool sets thread policy.
+``SAMPAN_GEMM_POOL_BF16=openblas|onednn`` or ``set_pool(name, "bfloat16")`` overrides it.
 
 Example::
 
@@ -53,10 +58,13 @@ PRECISIONS = ("float32", "bfloat16")
 # its record's key in the cache (no op class starts so); ":2" since the trimmed mean: a
 # record decided by the plain mean is measured again
 POOL_KEY = "pool:gemm:2"
-POOL_KEY_BF16 = "pool:gemm:bfloat16"
+# ":1t" since both sides are timed on one thread: a record timed on the process's threads
+# is measured again
+POOL_KEY_BF16 = "pool:gemm:bfloat16:1t"
 BLOCK = 2                     # calls per timed block (one more, untimed, before it)
 ROUNDS = 2                    # blocks per (shape, pool); the best block counts
 _state = {"pool": None, "forced": None, "bf16": None, "bf16_forced": None}
+_CPU = time.process_time      # the bf16 calibration's clock (one thread: its CPU time)
 
 
 def _shapes():
@@ -178,14 +186,14 @@ def trimmed_gmean(ratios) -> float:
     return math.exp(sum(math.log(x) for x in r) / len(r))
 
 
-def _best_block(fn, arrays, attrs) -> float:
+def _best_block(fn, arrays, attrs, clock=time.perf_counter) -> float:
     fn(*arrays, **attrs)
     best = float("inf")
     for _ in range(ROUNDS):
-        t = time.perf_counter()
+        t = clock()
         for _ in range(BLOCK):
             fn(*arrays, **attrs)
-        best = min(best, (time.perf_counter() - t) / BLOCK)
+        best = min(best, (clock() - t) / BLOCK)
     return best
 
 
@@ -222,25 +230,39 @@ def calibrate() -> dict:
 def calibrate_bf16() -> dict:
     """{pool: [seconds per call of each calibration shape in bfloat16]}: "onednn" times
     oneDNN's bf16 kernel, "openblas" the numpy kernel (float32 sgemm, rounded), timed
-    last; a shape oneDNN refuses counts the numpy time on both sides."""
+    last, both on one thread (the module doc says why) and in the process's CPU time (one
+    thread's work: a neighbour that deschedules it does not count); a shape oneDNN refuses
+    counts the numpy time on both sides."""
+    from .. import _threads
     from .. import dtypes as _dt
     from ..ops.registry import OPS
-    from .onednn import KERNELS
+    from .onednn import KERNELS, _lib
     from .onednn._lib import OneDNNError
     from .onednn.primitives import Unsupported
     shapes = [(op, tuple(a.astype(_dt.bfloat16) for a in arrays), attrs)
               for op, arrays, attrs in _shapes()]
     out = {"onednn": [], "openblas": []}
-    for op, arrays, attrs in shapes:
-        try:
-            out["onednn"].append(_best_block(KERNELS[op], arrays, attrs))
-        except (Unsupported, OneDNNError):
-            out["onednn"].append(None)
-    for i, (op, arrays, attrs) in enumerate(shapes):
-        t = _best_block(OPS[op].kernels["numpy"], arrays, attrs)
-        out["openblas"].append(t)
-        if out["onednn"][i] is None:
-            out["onednn"][i] = t
+    gomp = _lib.gomp() if _lib.lib() is not None else None     # (loads oneDNN)
+    prev = int(gomp.omp_get_max_threads()) if gomp is not None else None
+    cap = _threads.blas_cap()
+    if gomp is not None:
+        gomp.omp_set_num_threads(1)
+    _threads.cap_blas(1)
+    try:
+        for op, arrays, attrs in shapes:
+            try:
+                out["onednn"].append(_best_block(KERNELS[op], arrays, attrs, _CPU))
+            except (Unsupported, OneDNNError):
+                out["onednn"].append(None)
+        for i, (op, arrays, attrs) in enumerate(shapes):
+            t = _best_block(OPS[op].kernels["numpy"], arrays, attrs, _CPU)
+            out["openblas"].append(t)
+            if out["onednn"][i] is None:
+                out["onednn"][i] = t
+    finally:
+        if gomp is not None:
+            gomp.omp_set_num_threads(prev)
+        _threads.cap_blas(cap)
     return out
 
 

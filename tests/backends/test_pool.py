@@ -148,3 +148,32 @@ def test_one_stalled_shape_does_not_decide_the_pool(cache, monkeypatch):
     assert pool.trimmed_gmean([0.5] * 6) == pytest.approx(0.5)
     assert pool.trimmed_gmean([2.0, 0.5]) == pytest.approx(1.0)   # too few to trim
 
+
+
+def test_bf16_calibration_times_one_thread_per_side_and_restores_counts(cache, monkeypatch):
+    """Both libraries are timed on one thread (whether a core's bf16 kernels beat its
+    float32 sgemm is the core's property; OpenBLAS's spinning workers on a busy 2-core
+    machine made the numpy side 10-800x slower on two threads), and the OpenMP count and
+    the BLAS cap the process had come back after."""
+    from sampan.backends.onednn import _lib, KERNELS
+    gomp = _lib.gomp()
+    if gomp is None or _threads._blas()[1] is None:
+        pytest.skip("no OpenMP runtime or BLAS thread-count function to check")
+    seen = []
+
+    def spy(fn, side):
+        def run(*a, **k):
+            seen.append((side, int(gomp.omp_get_max_threads()), _blas_threads()))
+            return fn(*a, **k)
+        return run
+    for op in ("matmul", "conv2d"):
+        monkeypatch.setitem(KERNELS, op, spy(KERNELS[op], "onednn"))
+        monkeypatch.setitem(OPS[op].kernels, "numpy", spy(OPS[op].kernels["numpy"], "numpy"))
+    omp_before, cap_before = int(gomp.omp_get_max_threads()), _threads.blas_cap()
+    times = pool.calibrate_bf16()
+    assert {s for s, _, _ in seen} == {"onednn", "numpy"}
+    assert all(o == 1 and b == 1 for _, o, b in seen), seen
+    assert int(gomp.omp_get_max_threads()) == omp_before and _threads.blas_cap() == cap_before
+    n = len(pool._shapes())
+    assert len(times["onednn"]) == len(times["openblas"]) == n
+    assert all(t > 0 for v in times.values() for t in v)
