@@ -2,8 +2,8 @@
 `fuse_layers` where the numba provider serves the conv): the numba kernel gives the bytes
 of the unfused chain (`qlinear_conv2d` then `max_pool2d`) and of an independent integer
 reference (int64 sums, onnxruntime's float32 requantisation, numpy max over windows), on
-the serial, chunked and split-over-threads paths; the Predictor's int8 CNN (two conv + pool blocks) serves both
-pools fused and answers as the unfused program does."""
+the serial, chunked and split-over-threads paths; the Predictor's int8 CNN (two conv +
+pool blocks) serves both pools fused and answers as the unfused program does."""
 from __future__ import annotations
 
 import numpy as np
