@@ -6,6 +6,7 @@ quantised layer to the next.
     qdense(x, xs, xz, w, ws, wz, bias)                                -> float32
     qlinear_conv2d(x, xs, xz, w, ws, wz, bias, ys, yz, stride=, padding=, dilation=,
                    groups=, qmin=, qmax=)                             -> int8 / uint8
+    qlinear_conv2d_pool(<the same>)        -> the same, then a 2x2 stride-2 max-pool
 
 `w` is the int8 weight, (N, K) for the dense ops (the layout `fuse_quant` stores: the
 matmul weight transposed) and (O, C/groups, kh, kw) for the conv; `ws`/`wz` are 0-d or
@@ -319,6 +320,50 @@ QDENSE = defop(
     "qdense", _qd_rule, kernel=_qd_kernel, grad=NOT_DIFFERENTIABLE, flops=_dense_flops,
     onnx=NO_ONNX, samples=_qd_samples,
     doc="int8 dense layer with its int32 bias, dequantised to float32 in its epilogue")
+# ---------------------------------------------------------------------- conv + pool
+# qlinear_conv2d_pool: qlinear_conv2d and the 2x2 stride-2 max-pool (floor) that is its one
+# reader, as `fuse_layers` writes it where the numba provider serves the conv (LeNet's two
+# int8 blocks): the kernel pools each chunk of images while its requantised output is in
+# cache, one call instead of two kernels and a full-size intermediate.
+def pool_2x2(y):
+    """numpy: the 2x2 stride-2 max-pool (floor) of y (N, C, H, W), any dtype."""
+    n, c, h, w = y.shape
+    h2, w2 = h // 2, w // 2
+    t = y[:, :, :2 * h2, :2 * w2].reshape(n, c, h2, 2, w2, 2)
+    return np.ascontiguousarray(t.max(axis=(3, 5)))
+
+
+def _qlcp_rule(x, *args, **attrs):
+    s = _qlc_rule(x, *args, **attrs)
+    ho, wo = s.shape[2], s.shape[3]
+    if any(isinstance(d, int) and d < 2 for d in (ho, wo)):
+        raise op_error(ShapeError, "qlinear_conv2d_pool", f"a convolution output of {ho}x{wo}",
+                       "at least 2x2 under the 2x2 max-pool")
+    half = tuple(d // 2 if isinstance(d, int) else d for d in (ho, wo))
+    return Spec(tuple(s.shape[:2]) + half, s.dtype)
+
+
+def _qlcp_kernel(*args, **attrs):
+    return pool_2x2(_qlc_kernel(*args, **attrs))
+
+
+def _qlcp_samples():
+    r = rng(335)
+    out = list(_qlc_samples())            # odd sizes (floor), groups 2, strides, dilation
+    x = r.integers(0, 256, (3, 1, 28, 28)).astype(np.uint8)
+    w = r.integers(-127, 128, (6, 1, 5, 5)).astype(np.int8)
+    args = (x, _f(0.02), np.array(125, np.uint8), w, r.uniform(0.002, 0.01, 6).astype(
+        np.float32), np.zeros(6, np.int8), r.integers(-900, 900, 6).astype(np.int32),
+        _f(0.05), np.array(0, np.uint8))
+    out.append(Sample(args, _cattrs(1, 2, 1, 1)))
+    return out
+
+
+QLINEAR_CONV2D_POOL = defop(
+    "qlinear_conv2d_pool", _qlcp_rule, kernel=_qlcp_kernel, grad=NOT_DIFFERENTIABLE,
+    flops=_qlc_flops, onnx=NO_ONNX, samples=_qlcp_samples, keeps_float=False,
+    doc="qlinear_conv2d and its 2x2 stride-2 max-pool in one kernel (written by the "
+        "fuse_layers pass where numba serves the conv)")
 QLINEAR_CONV2D = defop(
     "qlinear_conv2d", _qlc_rule, kernel=_qlc_kernel, grad=NOT_DIFFERENTIABLE,
     flops=_qlc_flops, onnx=NO_ONNX, samples=_qlc_samples, keeps_float=False,

@@ -9,6 +9,12 @@ weight, its bias add (and ReLU) and a 2x2 stride-2 max-pool reading that alone b
     %6 = conv2d(%0, K); %7 = fused(%6, b); %8 = max_pool2d(%7)  ->  %8 = conv2d_block(%0, K, b,
                                                                       relu=True, pool=True)
 
+an int8 `qlinear_conv2d` the numba provider serves and the 2x2 stride-2 max-pool that is
+its one reader become one `qlinear_conv2d_pool` (the pool in the conv kernel's call, over
+each chunk of requantised images while they are in cache: `backends/numba/qdirect.py`):
+
+    %29 = qlinear_conv2d(%28, ...); %30 = max_pool2d(%29)   ->  %30 = qlinear_conv2d_pool(%28, ...)
+
 It runs after `partition` in the Predictor's list and only where the numba provider is in
 the graph's provider list and was given the epilogue (a generated `fused` kernel) or could
 be (a plain `add`): a list without numba (the numpy runtime, a user's own) keeps its
@@ -130,10 +136,30 @@ def _conv_block(g, n, users, outs, drop):
     return new
 
 
+def _qconv_pool(n, users, outs, drop):
+    """The qlinear_conv2d_pool node replacing int8 conv `n` and the max-pool reading it
+    alone, or None; adds the pool to `drop`."""
+    y = n.outputs[0]
+    readers = users.get(y.id, [])
+    if (n.meta.get("provider") != "numba" or y.id in outs or len(readers) != 1
+            or not _is_pool(readers[0]) or id(readers[0]) in drop or y.ndim != 4
+            or any(isinstance(d, int) and d < 2 for d in y.shape[2:])):
+        return None
+    pool = readers[0]
+    new = Node("qlinear_conv2d_pool", list(n.inputs), dict(n.attrs), n.loc)
+    out = pool.outputs[0]
+    out.node, out.index = new, 0
+    new.outputs.append(out)
+    new.meta["provider"] = "numba"
+    drop.add(id(pool))
+    return new
+
+
 @register_pass("fuse_layers")
 def fuse_layers(g):
     """Fold each constant-weight float matmul and its bias add (+ ReLU) into `dense`, and
-    each such conv2d with its bias add (+ ReLU, + 2x2 max-pool) into `conv2d_block`."""
+    each such conv2d with its bias add (+ ReLU, + 2x2 max-pool) into `conv2d_block`, and
+    an int8 conv and its 2x2 max-pool into `qlinear_conv2d_pool`."""
     order = g.meta.get(OPTIONS) or []
     if "numba" not in order:
         return g
@@ -141,6 +167,11 @@ def fuse_layers(g):
     outs = {v.id for v in g.outputs}
     rep, drop = {}, set()
     for i, n in enumerate(g.nodes):
+        if n.op == "qlinear_conv2d" and len(n.outputs) == 1:
+            new = _qconv_pool(n, users, outs, drop)
+            if new is not None:
+                rep[i] = new
+            continue
         if n.op == "conv2d" and len(n.inputs) == 2 and len(n.outputs) == 1:
             new = _conv_block(g, n, users, outs, drop)
             if new is not None:

@@ -158,6 +158,11 @@ def _qlc2(torch, a, at):
     return _finish(torch, acc, bias.reshape(1, o, 1, 1), m, yz, at)
 
 
+def _qlc2_pool(torch, a, at):
+    y = _qlc2(torch, a, at)                     # integers: exact in float32 for the pool
+    return torch.nn.functional.max_pool2d(y.float(), 2, 2).to(y.dtype)
+
+
 def _qdd(torch, a, at):
     x, w, w_scale = a[:3]                                   # per-row uint8 activations
     lo = torch.clamp(x.amin(1), max=0) if x.shape[1] else torch.zeros(x.shape[0])
@@ -172,4 +177,4 @@ def _qdd(torch, a, at):
 
 
 ORACLE.update({"qlinear_dense": _qld, "qdense": _qd, "qlinear_conv2d": _qlc2,
-               "qdense_dynamic": _qdd})
+               "qlinear_conv2d_pool": _qlc2_pool, "qdense_dynamic": _qdd})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops._nb import HAVE_NUMBA, njit
+from ...ops.quant_fused import pool_2x2
 from . import vnni
 from .qlayers import _DIRECT, Conv, _ptr, _split, conv_split_size, int64_args, pack_conv
 
@@ -31,6 +32,28 @@ if HAVE_NUMBA:
                     o = (c * hp + y + ph) * wp + pw
                     for t in range(wd):
                         out[i, o + t] = np.uint8(x[i, c0 + c, y, t]) ^ fl
+
+
+    @njit(cache=True, nogil=True, boundscheck=False, inline="always")
+    def _pool_rows(buf, rows, ho, wo, out, o0):
+        """out[o0 + ...] = the 2x2 stride-2 max-pool (floor) of the `rows` channel images
+        of buf (ho * wo apart, as the kernel wrote them), flat; unsigned indices (no
+        wrap-around checks: the loop vectorises)."""
+        u = np.uint64
+        h2, w2, wd = u(ho // 2), u(wo // 2), u(wo)
+        two = u(2)
+        for p in range(u(rows)):
+            for y in range(h2):
+                r0 = p * u(ho) * wd + two * y * wd
+                r1 = r0 + wd
+                orow = u(o0) + (p * h2 + y) * w2
+                for t in range(w2):
+                    q = two * t
+                    out[orow + t] = max(max(buf[r0 + q], buf[r0 + q + u(1)]),
+                                        max(buf[r1 + q], buf[r1 + q + u(1)]))
+
+
+_POOL_CHUNK = 1 << 15   # bytes of requantised output a pooled call keeps (L1/L2) per chunk
 
 
 class DirectConv(Conv):
@@ -56,7 +79,9 @@ class DirectConv(Conv):
         weight, the epilogue and the offsets, kept alive by the plan), made once: the
         per-call Python work and the unboxing of two dozen arguments were most of a
         batch-1 layer's time."""
-        (n, _, h, wd), (sh, sw), (ph, pw), (dh, _), out_dtype, _, xz, flip, zy, lo, hi = key
+        (n, _, h, wd), (sh, sw), (ph, pw), (dh, _), out_dtype, _, xz, flip, zy, lo, hi, \
+            pool = key
+        pool = pool and self.groups == 1
         ho = (h + 2 * ph - dh * (self.kh - 1) - 1) // sh + 1
         wo = (wd + 2 * pw - (self.kw - 1) - 1) // sw + 1
         hp, wp = h + 2 * ph, wd + 2 * pw
@@ -74,37 +99,47 @@ class DirectConv(Conv):
         big = conv_split_size()
         parts = 1 if work < big else len(_split(n, work, n, big))
         call = _direct_call(np.dtype(out_dtype) != np.float32, work >= big,
-                            pidx is not None)
+                            pidx is not None, bool(pool))
         og, esz = self.o // self.groups, np.dtype(out_dtype).itemsize
         rd = poff if pidx is None else pidx
         # one group's serial calls write rows p apart (the kernel writes each row's padded
         # tail before the next row's first block, and the images in order), so the output
         # needs no copy to drop the padding; a later group's last row would spill into
         # the next image's first, written before it
-        ldo = p if parts == 1 and self.groups == 1 else pb * 16
+        # (pooled: each part writes its own chunk buffer, serially, so rows p apart too)
+        ldo = p if (parts == 1 or pool) and self.groups == 1 else pb * 16
+        chunk = max(1, min(n, _POOL_CHUNK // max(1, self.o * ldo * esz)))
         meta = np.array([[g * self.cg, self.cg, ph, pw, xz, int(flip), _ptr(rows), _ptr(corr),
                           _ptr(mult), stride_img, self.o * ldo, og, self.k4, pb, zy, lo,
-                          hi, _ptr(poff), _ptr(koff), _ptr(rd), parts, g * og * ldo * esz, ldo]
+                          hi, _ptr(poff), _ptr(koff), _ptr(rd), parts, g * og * ldo * esz, ldo,
+                          chunk, ho, wo, self.o]
                          for g, ((rows, _), (corr, mult)) in enumerate(zip(self.parts,
                                                                            params))],
                         np.int64)
         plans = self.__dict__.setdefault("_plans", {})
         if len(plans) >= 64:
             plans.clear()
-        plans[key] = plan = (n, ho, wo, p, ldo, call, meta, (params, poff, koff, rd))
+        plans[key] = plan = (n, ho, wo, p, ldo, call, meta, (params, poff, koff, rd), pool,
+                             parts * (chunk * self.o * ldo + 16))
         return plan
 
-    def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
+    def run(self, x, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation,
+            pool=False):
+        """The requantised conv of x (N, C, H, W), then (`pool`) its 2x2 stride-2 max-pool:
+        in the same call, each chunk of images pooled while in cache (one group), or
+        after the conv (groups)."""
         key = (x.shape, stride, padding, dilation, out_dtype, id(params), xz, flip, zy, lo,
-               hi)
+               hi, bool(pool))
         plan = self.__dict__.get("_plans", {}).get(key) or self._plan(key, params)
-        return self._call(plan, x, out_dtype)
+        return self._call(plan, x, out_dtype, pool)
 
-    def runner(self, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation):
+    def runner(self, xz, flip, params, zy, lo, hi, out_dtype, stride, padding, dilation,
+               pool=False):
         """`run` with everything but the input made once (a bound layer): its plans found
         by the input's shape alone."""
         plans = {}
-        rest = (stride, padding, dilation, out_dtype, id(params), xz, flip, zy, lo, hi)
+        rest = (stride, padding, dilation, out_dtype, id(params), xz, flip, zy, lo, hi,
+                bool(pool))
 
         def run(x):
             plan = plans.get(x.shape)
@@ -112,17 +147,23 @@ class DirectConv(Conv):
                 if len(plans) >= 64:
                     plans.clear()
                 plan = plans[x.shape] = self._plan((x.shape,) + rest, params)
-            return self._call(plan, x, out_dtype)
+            return self._call(plan, x, out_dtype, pool)
         return run
 
-    def _call(self, plan, x, out_dtype):
-        n, ho, wo, p, ldo, call, meta, _ = plan
+    def _call(self, plan, x, out_dtype, want_pool=False):
+        n, ho, wo, p, ldo, call, meta, _, pool, nbuf = plan
+        if pool:                  # one group: conv, requantise and pool in one call
+            out = np.empty(n * self.o * (ho // 2) * (wo // 2), out_dtype)
+            call(x, out, meta, np.empty(nbuf, out_dtype))
+            return out.reshape(n, self.o, ho // 2, wo // 2)
         size = n * self.o * ldo
         out = np.empty(size + 16, out_dtype)         # the last row's tail: 16 more
-        call(x, out, meta)
+        call(x, out, meta, out[:0])
         if ldo == p:
-            return out[:size].reshape(n, self.o, ho, wo)
-        return out[:size].reshape(n, self.o, ldo)[:, :, :p].reshape(n, self.o, ho, wo)
+            y = out[:size].reshape(n, self.o, ho, wo)
+        else:
+            y = out[:size].reshape(n, self.o, ldo)[:, :, :p].reshape(n, self.o, ho, wo)
+        return pool_2x2(y) if want_pool else y      # groups: the pool after
 
 
 def _permute_index(poff, p):
@@ -140,12 +181,13 @@ def _permute_index(poff, p):
     return (rel[:, :, None] + np.arange(4)).reshape(-1).astype(np.uint8)
 
 
-def _direct_call(q8, parallel, permute=False):
-    """The numba function `call(x, out, meta)` padding the images and calling the direct
-    conv kernel (its load-and-permute variant when `permute`) for each group's row of
-    `meta` (DirectConv._plan), the images split over `parts` threads of numba's pool when
-    `parallel`."""
-    key = (q8, parallel, permute)
+def _direct_call(q8, parallel, permute=False, pool=False):
+    """The numba function `call(x, out, meta, buf)` padding the images and calling the
+    direct conv kernel (its load-and-permute variant when `permute`) for each group's row
+    of `meta` (DirectConv._plan), the images split over `parts` threads of numba's pool
+    when `parallel`. `pool` (one group): the kernel writes `chunk` images at a time into
+    the part's share of `buf`, pooled from there into out (N, O, Ho // 2, Wo // 2), flat."""
+    key = (q8, parallel, permute, pool)
     if key not in _DIRECT_CALLS:
         from numba import prange
         k = vnni.packed_kernel(False, q8, direct=2 if permute else True)
@@ -162,7 +204,26 @@ def _direct_call(q8, parallel, permute=False):
                   m[22], m[14], m[15], m[16], m[17], m[18], scratch)
         kern = njit(nogil=True, inline="always")(kern)
 
-        def call(x, out, meta):
+        def call_pool(x, out, meta, buf):
+            n = x.shape[0]
+            m = meta[0]
+            parts, chunk, ho, wo, o = m[20], m[23], m[24], m[25], m[26]
+            share = buf.shape[0] // parts
+            img = np.empty((n, m[9]), np.uint8)
+            for t in prange(parts):
+                i0 = n * t // parts
+                i1 = n * (t + 1) // parts
+                _pad_images(x[i0:i1], m[0], m[1], m[2], m[3], m[4], m[5] != 0, img[i0:i1])
+                scratch = np.empty(4 * m[12] * 64, np.uint8)
+                mine = buf[t * share:(t + 1) * share]
+                for j0 in range(i0, i1, chunk):
+                    j1 = min(j0 + chunk, i1)
+                    kern(np.int64(img[j0:j1].ctypes.data), np.int64(mine.ctypes.data), m,
+                         np.int64(j1 - j0), np.int64(scratch.ctypes.data))
+                    _pool_rows(mine, (j1 - j0) * o, ho, wo, out,
+                               j0 * o * (ho // 2) * (wo // 2))
+
+        def call(x, out, meta, buf):
             n = x.shape[0]
             esz = out.itemsize
             for g in range(meta.shape[0]):
@@ -178,7 +239,7 @@ def _direct_call(q8, parallel, permute=False):
                     kern(np.int64(img[i0:i1].ctypes.data),
                          np.int64(out.ctypes.data) + m[21] + i0 * m[10] * esz, m,
                          np.int64(i1 - i0), np.int64(scratch.ctypes.data))
-        _DIRECT_CALLS[key] = njit(nogil=True, parallel=parallel)(call)
+        _DIRECT_CALLS[key] = njit(nogil=True, parallel=parallel)(call_pool if pool else call)
     return _DIRECT_CALLS[key]
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops._nb import HAVE_NUMBA, njit
-from ...ops.quant_fused import bounds, multiplier
+from ...ops.quant_fused import pool_2x2, bounds, multiplier
 from ...ops.registry import OPS
 from . import vnni
 
@@ -435,8 +435,28 @@ def qlinear_conv2d(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_s
                  stride, padding, dilation)
 
 
+def qlinear_conv2d_pool(x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale,
+                        y_zero_point, stride, padding, dilation, groups, qmin=None,
+                        qmax=None):
+    """qlinear_conv2d and its 2x2 stride-2 max-pool: in one call on the direct kernel."""
+    args = (x, x_scale, x_zero_point, w, w_scale, w_zero_point, bias, y_scale, y_zero_point)
+    geo = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, qmin=qmin,
+               qmax=qmax)
+    if not _conv_ok(x, w, w_zero_point, bias):
+        return OPS["qlinear_conv2d_pool"].kernels["numpy"](*args, **geo)
+    c = _conv_layer(w, groups, dilation)
+    if not hasattr(c, "runner"):            # the unfolding conv: the pool after it
+        return pool_2x2(qlinear_conv2d(*args, **geo))
+    flip = x.dtype == np.int8
+    xz = int(x_zero_point) + (128 if flip else 0)
+    params = c.params(bias, xz, multiplier(x_scale, w_scale, y_scale, c.o))
+    lo, hi = bounds(y_zero_point, qmin, qmax)
+    return c.run(x, xz, flip, params, int(y_zero_point), lo, hi, y_zero_point.dtype,
+                 stride, padding, dilation, pool=True)
+
+
 KERNELS = {"qlinear_dense": qlinear_dense, "qdense": qdense,
-           "qlinear_conv2d": qlinear_conv2d}
+           "qlinear_conv2d": qlinear_conv2d, "qlinear_conv2d_pool": qlinear_conv2d_pool}
 
 
 _PACKS: dict = {}       # (id(weight const), tag) -> (weakref to it, packed layer)
@@ -490,10 +510,11 @@ def _bind_dense(node):
 
 
 def _bind_conv(node):
-    """qlinear_conv2d with the weight and the epilogue prepared once."""
+    """qlinear_conv2d (and _pool) with the weight and the epilogue prepared once."""
     import functools
     a = node.attrs
-    plain = functools.partial(qlinear_conv2d, **a)
+    pool = node.op == "qlinear_conv2d_pool"
+    plain = functools.partial(qlinear_conv2d_pool if pool else qlinear_conv2d, **a)
     c = _consts(node)
     if any(v is None for v in c[1:]) or not _conv_ok(None, c[3], c[5], c[6]):
         return plain
@@ -507,10 +528,11 @@ def _bind_conv(node):
 
     geometry = (tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
     if hasattr(conv, "runner"):         # DirectConv: its plans found by shape alone
-        fast = conv.runner(xz, flip, params, zy, lo, hi, dt, *geometry)
+        fast = conv.runner(xz, flip, params, zy, lo, hi, dt, *geometry, pool=pool)
     else:
         def fast(x):
-            return conv.run(x, xz, flip, params, zy, lo, hi, dt, *geometry)
+            y = conv.run(x, xz, flip, params, zy, lo, hi, dt, *geometry)
+            return pool_2x2(y) if pool else y
     cin, xdt = conv.cg * conv.groups, c[2].dtype
 
     def run(x, *rest):
@@ -521,5 +543,5 @@ def _bind_conv(node):
 
 
 BINDERS = {"qlinear_dense": _bind_dense, "qdense": _bind_dense,
-           "qlinear_conv2d": _bind_conv}
+           "qlinear_conv2d": _bind_conv, "qlinear_conv2d_pool": _bind_conv}
 
