@@ -118,7 +118,7 @@ def _stack_distances(dense, n_ids, out):
         last[x] = t
 
 
-def hit_lines(pass1, pass2, refresh, info):
+def hit_lines(pass1, pass2, refresh, info, sketch_every=1):
     first = np.concatenate([b.indices for b in pass1])
     second = np.concatenate([b.indices for b in pass2])
     rows = int(np.unique(first).size)
@@ -141,7 +141,8 @@ def hit_lines(pass1, pass2, refresh, info):
         oracle = float(c2[np.argsort(-c2, kind="stable")[:k]].sum() / second.size)
         emb = ShardedEmbedding(DIM, n_shards=1)
         probe = HotCache(emb, budget_mb=1)
-        cache = HotCache(emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9)
+        cache = HotCache(emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9,
+                         sketch_every=sketch_every)
         for i, b in enumerate(pass1 + pass2):
             if i == len(pass1):
                 before = cache.counters()
@@ -161,6 +162,7 @@ def hit_lines(pass1, pass2, refresh, info):
              oracle_hit_rate=round(oracle, 4),
              distinct_hit_rate=round(dh / max(dh + dm, 1), 4),  # the pull/push work saved
              beats_lru=bool(rate > lru), refresh_every=refresh, lookups=int(second.size),
+             sketch_every=sketch_every,
              **({"target": 0.8, "met": bool(rate >= 0.8)} if frac == 0.05 else {}), **info)
     return rows, out
 
@@ -210,7 +212,7 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
     probe = HotCache(back_emb, budget_mb=1)
     k = max(1, int(0.05 * rows))
     cache = HotCache(back_emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9,
-                     write_back_every=args.write_back)
+                     write_back_every=args.write_back, sketch_every=args.sketch_every)
     plain, popt = _model(weights, plain_emb)
     cached, copt = _model(weights, cache)
     blocks = np.array_split(np.arange(len(batches)), 5)
@@ -237,7 +239,7 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
         extra = {k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in extra.items()}
         res[s] = emit("T1", "sampan", f"w4-{s}", "samples_per_s", rates, backend=backend,
                       shards=shards, auc=round(a, 4), prefetch=True,
-                      write_back_every=args.write_back,
+                      write_back_every=args.write_back, sketch_every=args.sketch_every,
                       **({"max_staleness": args.staleness} if backend == "ray" else {}),
                       **extra, **info)
     target = 1.5 if backend == "ray" else 1.2
@@ -287,6 +289,8 @@ def main(argv=None):
     ap.add_argument("--eval-batches", type=int, default=10)
     ap.add_argument("--refresh", type=int, default=10, help="batches between refreshes")
     ap.add_argument("--write-back", type=int, default=4, help="the cache's write_back_every")
+    ap.add_argument("--sketch-every", type=int, default=1,
+                    help="the cache's sketch_every (one batch's misses in N feed its sketch)")
     ap.add_argument("--train-refresh", type=int, default=50,
                     help="steps between the cache's refreshes while training")
     ap.add_argument("--staleness", type=int, default=1,
@@ -310,7 +314,7 @@ def main(argv=None):
     if "sketch" in parts:
         sketch_lines(pass1[:20], info)
     if "hits" in parts:
-        hit_lines(pass1, pass2, args.refresh, info)
+        hit_lines(pass1, pass2, args.refresh, info, args.sketch_every)
     if "train" in parts:
         train_lines(train, evals, rows, args, dict(info, steps=len(train)))
     if "ray" in parts:

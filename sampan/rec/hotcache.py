@@ -52,7 +52,7 @@ from numba import njit
 
 from sampan import _recorder as _rec
 from sampan.errors import SampanValueError, op_error
-from sampan.rec.hashtable import HashMap
+from sampan.rec.hashtable import HashMap, _get
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.sketch import IdStats
 from sampan.rec.table import HashEmbeddingTable
@@ -66,21 +66,27 @@ FEED_EVERY = 8
 
 
 @njit(cache=True, nogil=True)
-def _split_plan(uniq, rows, inverse, seen, unfed, feed):
-    """One pass over a batch's plan: counts each distinct id's occurrences (``inverse``)
+def _split_plan(tab, uniq, inverse, seen, unfed, feed):
+    """One pass over a batch's plan: looks the distinct ids up in the cache's index
+    (``tab``, a :class:`HashMap`'s slots), counts each id's occurrences (``inverse``)
     into its cached row's ``seen`` (and ``unfed`` when ``feed``), and orders the distinct
     ids hits first, misses after (``inverse`` rewritten in place to match), so that a
     fetch and a push take the hits and the misses as two contiguous blocks, copying no
     rows. Returns ``(uniq, rows, n_hits, miss_counts, hit_occurrences,
-    miss_occurrences)``, ids and rows in the new order. The caller checks
-    ``inverse < rows.size`` and ``rows < seen.size``."""
-    n = rows.size
+    miss_occurrences, bad)``, ids and rows in the new order; ``bad`` is -1, or the first
+    row past ``seen`` (nothing counted then). The caller checks ``inverse < uniq.size``."""
+    n = uniq.size
+    rows = np.empty(n, np.int64)
+    _get(tab, uniq, rows)
+    nh = 0
+    for j in range(n):
+        r = rows[j]
+        if r >= seen.size or r >= unfed.size:
+            return uniq, rows, 0, np.empty(0, np.int64), 0, 0, r
+        nh += r >= 0
     cnt = np.zeros(n, np.int64)
     for i in range(inverse.size):
         cnt[inverse[i]] += 1
-    nh = 0
-    for j in range(n):
-        nh += rows[j] >= 0
     pos = np.empty(n, np.int64)
     new_uniq = np.empty(n, np.int64)
     new_rows = np.empty(n, np.int64)
@@ -105,7 +111,7 @@ def _split_plan(uniq, rows, inverse, seen, unfed, feed):
         new_rows[pos[j]] = r
     for i in range(inverse.size):
         inverse[i] = pos[inverse[i]]
-    return new_uniq, new_rows, nh, miss_cnt, h, m
+    return new_uniq, new_rows, nh, miss_cnt, h, m, -1
 
 
 def _shard_optimizer(emb):
@@ -139,7 +145,7 @@ class HotCache:
     """
 
     def __init__(self, emb, budget_mb: float, *, stats: IdStats | None = None,
-                 write_back_every: int = 1, optimizer=None):
+                 write_back_every: int = 1, optimizer=None, sketch_every: int = 1):
         if not isinstance(budget_mb, (int, float)) or isinstance(budget_mb, bool) \
                 or budget_mb <= 0:
             raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb!r}",
@@ -162,6 +168,12 @@ class HotCache:
         if self.capacity < 1:
             raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb} "
                            f"(one row takes {self.row_bytes} bytes)", "room for a row")
+        if not isinstance(sketch_every, int) or isinstance(sketch_every, bool) \
+                or sketch_every < 1:
+            raise op_error(SampanValueError, "HotCache", f"sketch_every={sketch_every!r}",
+                           "an int >= 1")
+        self.sketch_every = sketch_every
+        self._plans = 0  # plans so far: every sketch_every-th feeds the misses to the sketch
         self.budget_mb = float(budget_mb)
         self.write_back_every = write_back_every
         self.feeds_stats = stats is None
@@ -264,6 +276,11 @@ class HotCache:
 
     def _rows(self, uniq: np.ndarray) -> np.ndarray:
         rows = self.table.map.get(uniq)
+        self._grow_counters()
+        return rows
+
+    def _grow_counters(self) -> None:
+        """Per-row counters for every row the table has handed out."""
         n = self.table.alloc.next_row
         if self._seen.size < n:
             self._seen = np.concatenate([self._seen, np.zeros(n - self._seen.size, np.int64)])
@@ -271,7 +288,6 @@ class HotCache:
                                                                 np.int64)])
             self._dirty = np.concatenate([self._dirty, np.zeros(n - self._dirty.size,
                                                                 np.bool_)])
-        return rows
 
     # -- the embedding interface ------------------------------------------------------
     def pull(self, ids, step: int | None = None):
@@ -285,22 +301,29 @@ class HotCache:
         the shards (``ShardedEmbedding.plan``'s contract, so a :class:`Prefetcher` can
         run it ahead on its thread)."""
         uniq, inverse = unique_inverse(ids)
+        inverse = np.ascontiguousarray(inverse, np.int64).ravel()
+        if inverse.size and inverse.max() >= uniq.size:  # _split_plan's assumption
+            raise RuntimeError(f"HotCache.plan: inverse index {inverse.max()} past its "
+                               f"{uniq.size} distinct ids")
+        uniq = np.ascontiguousarray(uniq, np.int64)
         with self.table.lock:
-            rows = self._rows(uniq)
-            if rows.size and rows.max() >= self._seen.size:  # _split_plan's assumption
-                raise RuntimeError(f"HotCache: row {rows.max()} past its {self._seen.size} "
+            self._grow_counters()
+            uniq, rows, nh, miss_cnt, h, m, bad = _split_plan(
+                self.table.map.tab, uniq, inverse, self._seen, self._unfed, self.feeds_stats)
+            if bad >= 0:  # the index named a row the counters do not cover
+                raise RuntimeError(f"HotCache.plan: row {bad} past its {self._seen.size} "
                                    "counters")
-            inverse = np.ascontiguousarray(inverse, np.int64).ravel()
-            uniq, rows, nh, miss_cnt, h, m = _split_plan(uniq, rows, inverse, self._seen,
-                                                         self._unfed, self.feeds_stats)
             gen = self._gen
             # push() of these ids (hits first) skips the lookup and the split
             self._planned.append((uniq, rows, gen, nh))
         hit_at, miss = np.arange(nh), np.arange(nh, uniq.size)
-        if self.feeds_stats and miss.size:
-            # the misses now; the cached ids' sightings add up in _unfed and reach the
+        self._plans += 1
+        if self.feeds_stats and miss.size and self._plans % self.sketch_every == 0:
+            # the misses now (one batch in sketch_every, its counts scaled to stay an
+            # unbiased estimate); the cached ids' sightings add up in _unfed and reach the
             # sketch at the next refresh or flush: one update per cached row, not per step
-            self._count(uniq[nh:], miss_cnt)
+            k = self.sketch_every
+            self._count(uniq[nh:], miss_cnt if k == 1 else miss_cnt * k)
         # the misses are distinct: the shards plan them as they are
         sub = self._plan_misses(uniq[nh:], step) if miss.size else None
         h, m = int(h), int(m)
@@ -396,7 +419,8 @@ class HotCache:
                 hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
                 n_hit, n_miss = hit.size, miss.size
             if n_hit:
-                self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
+                # the plan resolved these rows: the optimiser's kernel alone, no lookup
+                self.optimizer.apply_rows(self.table, rows[hit], grads[hit])
                 self._dirty[rows[hit]] = True
         if n_miss:
             self.emb.push(uniq[miss], grads[miss], step)
