@@ -202,6 +202,19 @@ def _train(m, opt, batches, blocks, on_step=None, prefetch=False):
         pf.close()
 
 
+def _count_calls(emb):
+    """Count the Ray calls a remote embedding sends (``emb.ray_calls``): each send of a
+    shard's outbox is one call, whatever it batches."""
+    emb.ray_calls = 0
+    kick = emb._kick_locked
+
+    def counted(s):
+        emb.ray_calls += bool(s.outbox)
+        kick(s)
+
+    emb._kick_locked = counted
+
+
 def train_lines(batches, evals, rows, args, info, backend="local"):
     from w4_ctr import shared_weights
     weights = shared_weights()
@@ -213,6 +226,9 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
     k = max(1, int(0.05 * rows))
     cache = HotCache(back_emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9,
                      write_back_every=args.write_back, sketch_every=args.sketch_every)
+    if backend == "ray":
+        for e in (plain_emb, back_emb):
+            _count_calls(e)
     plain, popt = _model(weights, plain_emb)
     cached, copt = _model(weights, cache)
     blocks = np.array_split(np.arange(len(batches)), 5)
@@ -230,8 +246,17 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
             print(f"# {backend} block {r + 1}/{len(blocks)}: {s}", file=sys.stderr, flush=True)
             times[s].append(next(runs[s]))
     cache.flush()
+    # bytes between trainer and shards a step: without the cache every distinct id's id
+    # and vector each way (pull, push); with it the cache's own count (misses both ways,
+    # write-backs with their slots, refresh loads)
+    row = 8 + 4 * DIM
+    moved = {"plain": 2 * row * sum(int(np.unique(b.indices).size) for b in batches),
+             "cache": cache.counters()["bytes_moved"]}
     res = {}
     for s, m in (("plain", plain), ("cache", cached)):
+        emb = plain_emb if s == "plain" else back_emb
+        calls = {"ray_calls_per_step": round(emb.ray_calls / len(batches), 2)} \
+            if backend == "ray" else {}
         rates = [len(b) * args.batch / t for b, t in zip(blocks, times[s])]
         p = np.concatenate([predict(m, b.ids_matrix(), b.dense) for b in evals])
         a = auc(p, np.concatenate([b.labels for b in evals]))
@@ -240,6 +265,7 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
         res[s] = emit("T1", "sampan", f"w4-{s}", "samples_per_s", rates, backend=backend,
                       shards=shards, auc=round(a, 4), prefetch=True,
                       write_back_every=args.write_back, sketch_every=args.sketch_every,
+                      bytes_per_step=int(moved[s] / len(batches)), **calls,
                       **({"max_staleness": args.staleness} if backend == "ray" else {}),
                       **extra, **info)
     target = 1.5 if backend == "ray" else 1.2
