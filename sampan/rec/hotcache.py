@@ -137,7 +137,10 @@ class HotCache:
     ``stats`` chooses the ids (an :class:`IdStats` the caller feeds, e.g. through
     ``ParquetCTRReader(stats=)``; by default the cache makes one and feeds it from its
     own pulls: the misses' counts each step, the cached ids' counts, summed in the
-    cache, at each refresh and flush); :meth:`refresh` (between passes) loads the current top K. The cache
+    cache, at each refresh and flush; with ``sketch_every=N`` the misses of one batch in N,
+    their counts times N: a cheaper, noisier sketch, W4 quick hit rates 0.50 / 0.595 /
+    0.643 at 1 / 5 / 20% with N=2 against 0.50 / 0.602 / 0.661 with every batch);
+    :meth:`refresh` (between passes) loads the current top K. The cache
     has ``emb``'s ``pull``, ``push`` and ``read``, so ``HashEmbedding(dim, emb=cache)``
     trains through it.
 
