@@ -1,7 +1,8 @@
 """A hot-row cache in front of any embedding shard set (local or Ray).
 
 :class:`HotCache` keeps the top K ids of the id stream (K from a memory budget, the ids
-from an :class:`~sampan.rec.sketch.IdStats`) in a dense array on the trainer, found
+from the shards' own sighting counts, or an :class:`~sampan.rec.sketch.IdStats`) in a
+dense array on the trainer, found
 through a small open-addressing index (a :class:`HashEmbeddingTable` sized for K rows:
 one chunk of weights, one of optimiser slots, a linear-probing map). While an id is
 cached the cache's copy is the one that trains: its gradients go through a copy of the
@@ -33,7 +34,8 @@ that cost nothing would make the step at most about 1.07x faster on this stream.
 cache spends: one numba pass that looks a batch up in its index, counts it and orders it
 hits first (so fetch and push move two blocks, no row copies, and the hits' update runs
 the optimiser's kernel on the plan's rows, ``apply_rows``), the sketch's update of the
-misses (about 1.2 ms, on its own thread; ``sketch_every=N`` feeds it one batch in N), and
+misses with ``choose="sketch"`` (about 1.2 ms, on its own thread: the default now ranks
+by the shards' own counts instead, which the step pays nothing for), and
 each write-back's rows (weights and slots of every row trained since the last one:
 about 1.1 ms a step at ``write_back_every=4``), which leave with the next pull (one Ray
 call per shard per step). On a 2-core machine whose cores the trainer's threads and the
@@ -73,8 +75,9 @@ FEED_EVERY = 8
 @njit(cache=True, nogil=True)
 def _split_plan(tab, uniq, inverse, seen, unfed, feed):
     """One pass over a batch's plan: looks the distinct ids up in the cache's index
-    (``tab``, a :class:`HashMap`'s slots), counts each id's occurrences (``inverse``)
-    into its cached row's ``seen`` (and ``unfed`` when ``feed``), and orders the distinct
+    (``tab``, a :class:`HashMap`'s slots), counts one sighting of each cached id into
+    its row's ``seen`` (as a shard counts a pull) and, when ``feed``, its occurrences
+    (``inverse``) into ``unfed`` (the sketch's unit), and orders the distinct
     ids hits first, misses after (``inverse`` rewritten in place to match), so that a
     fetch and a push take the hits and the misses as two contiguous blocks, copying no
     rows. Returns ``(uniq, rows, n_hits, miss_counts, hit_occurrences,
@@ -101,7 +104,7 @@ def _split_plan(tab, uniq, inverse, seen, unfed, feed):
     for j in range(n):
         r, c = rows[j], cnt[j]
         if r >= 0:
-            seen[r] += c
+            seen[r] += 1  # one sighting a pull, as a shard counts its rows
             if feed:
                 unfed[r] += c
             pos[j] = a
@@ -135,12 +138,16 @@ class HotCache:
 
     ``budget_mb`` sizes K (weights, optimiser slots, index and metadata per row);
     ``stats`` chooses the ids (an :class:`IdStats` the caller feeds, e.g. through
-    ``ParquetCTRReader(stats=)``; by default the cache makes one and feeds it from its
-    own pulls: the misses' counts each step, the cached ids' counts, summed in the
-    cache, at each refresh and flush; with ``sketch_every=N`` the misses of one batch in N,
-    their counts times N: a cheaper, noisier sketch, W4 quick hit rates 0.50 / 0.595 /
-    0.643 at 1 / 5 / 20% with N=2 against 0.50 / 0.602 / 0.661 with every batch);
-    :meth:`refresh` (between passes) loads the current top K. The cache
+    ``ParquetCTRReader(stats=)``). Without one, ``choose="shards"`` (the default, where
+    ``emb`` has ``top_ids``) takes the ids the shards counted most: a shard counts a
+    sighting of each row a pull names, and the cache writes its rows' sightings back with
+    them, so the counts are exact, cost the step nothing, and equal a one-tier table's;
+    W4 quick hit rates 0.501 / 0.604 / 0.667 at 1 / 5 / 20%. ``choose="sketch"`` makes an
+    :class:`IdStats` and feeds it from the cache's pulls on a thread of its own (the
+    misses' counts each step, the cached ids' counts summed in the cache at each refresh
+    and flush; about 1.2 ms of CPU a W4 step; 0.502 / 0.602 / 0.661), with
+    ``sketch_every=N`` the misses of one batch in N, counts times N (N=2: 0.501 / 0.595 /
+    0.643). :meth:`refresh` (between passes) loads the current top K. The cache
     has ``emb``'s ``pull``, ``push`` and ``read``, so ``HashEmbedding(dim, emb=cache)``
     trains through it.
 
@@ -153,7 +160,8 @@ class HotCache:
     """
 
     def __init__(self, emb, budget_mb: float, *, stats: IdStats | None = None,
-                 write_back_every: int = 1, optimizer=None, sketch_every: int = 1):
+                 write_back_every: int = 1, optimizer=None, sketch_every: int = 1,
+                 choose: str = "shards"):
         if not isinstance(budget_mb, (int, float)) or isinstance(budget_mb, bool) \
                 or budget_mb <= 0:
             raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb!r}",
@@ -184,20 +192,28 @@ class HotCache:
         self._plans = 0  # plans so far: every sketch_every-th feeds the misses to the sketch
         self.budget_mb = float(budget_mb)
         self.write_back_every = write_back_every
-        self.feeds_stats = stats is None
+        if choose not in ("shards", "sketch"):
+            raise op_error(SampanValueError, "HotCache", f"choose={choose!r}",
+                           "'shards' (the shards' own counts) or 'sketch'")
+        # without a caller's sketch: the shards' own counts where they can rank them
+        # (exact, and counted on the shards' side of a pull anyway: nothing on the step),
+        # else a sketch of the cache's own, fed from the plans
+        self.choose = "stats" if stats is not None else (
+            "shards" if choose == "shards" and hasattr(emb, "top_ids") else "sketch")
+        self.feeds_stats = self.choose == "sketch"
         self._feed: queue.Queue | None = None  # lists of (ids, counts) for the sketch
         self._backlog: list = []  # (ids, counts) not handed to the sketch's thread yet
         self._backlog_lock = threading.Lock()
         self._feed_error: BaseException | None = None
         # a sketch some times wider than K: the K-th id's count must stand out of the
         # count-min error (e / width of the total), or the tail of the top K is noise
-        self.stats = stats if stats is not None else IdStats(
+        self.stats = stats if not self.feeds_stats else IdStats(
             width=max(1 << 16, 4 * self.capacity), capacity=max(self.capacity, 1024))
         shift = max(4, (self.capacity - 1).bit_length())
         self.table = HashEmbeddingTable(self.dim, chunk_shift=shift,
                                         initial_capacity=self.capacity)
         self.table.attach_slots(width, self.optimizer.slot_init)
-        self._seen = np.zeros(0, np.int64)   # sightings per cached row since write-back
+        self._seen = np.zeros(0, np.int64)   # pulls naming a cached row since write-back
         self._unfed = np.zeros(0, np.int64)  # sightings per cached row not yet in stats
         self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
         self.steps = 0
@@ -478,13 +494,16 @@ class HotCache:
         left the top K, load the new ones from the shards (ids the shards have no row for
         yet are loaded by a later refresh). Returns ``{"kept", "dropped", "loaded"}``."""
         self.write_back(step)
-        self._feed_cached()
-        if self._feed is not None:
-            self._feed.join()  # every pull so far counted
-        if self._feed_error is not None:
-            err, self._feed_error = self._feed_error, None
-            raise RuntimeError("HotCache: counting ids in the sketch failed") from err
-        want, _ = self.stats.top(self.capacity)
+        if self.choose == "shards":  # every sighting is on the shards after the write-back
+            want, _ = self.emb.top_ids(self.capacity)
+        else:
+            self._feed_cached()
+            if self._feed is not None:
+                self._feed.join()  # every pull so far counted
+            if self._feed_error is not None:
+                err, self._feed_error = self._feed_error, None
+                raise RuntimeError("HotCache: counting ids in the sketch failed") from err
+            want, _ = self.stats.top(self.capacity)
         t = self.table
         wanted = HashMap(max(want.size, 16))  # np.isin sorts or hashes in Python's pace
         wanted.put(want, np.zeros(want.size, np.int64))

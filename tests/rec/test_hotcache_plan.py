@@ -102,7 +102,7 @@ def test_the_sketch_counts_every_sighting_of_cached_ids_by_the_refresh():
     per step: by then its total and estimates hold every sighting (count-min: never
     below the true count, within the error bound)."""
     rng = np.random.default_rng(3)
-    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004)
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004, choose="sketch")
     batches = [_ids(rng) for _ in range(9)]
     for t, ids in enumerate(batches):
         u, _, v = cache.pull(ids, t)
@@ -140,7 +140,8 @@ def test_sketch_every_feeds_one_batch_of_misses_in_n_with_scaled_counts():
     all reach it at the refresh as before; training is unchanged."""
     rng = np.random.default_rng(4)
     ref = ShardedEmbedding(DIM, n_shards=1)
-    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004, sketch_every=3)
+    cache = HotCache(ShardedEmbedding(DIM, n_shards=1), budget_mb=0.004, sketch_every=3,
+                     choose="sketch")
     batches = [_ids(rng) for _ in range(7)]
     fed = {}  # id -> the count the sketch should hold
     for t, ids in enumerate(batches):
