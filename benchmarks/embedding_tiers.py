@@ -118,7 +118,7 @@ def _stack_distances(dense, n_ids, out):
         last[x] = t
 
 
-def hit_lines(pass1, pass2, refresh, info):
+def hit_lines(pass1, pass2, refresh, info, sketch_every=1):
     first = np.concatenate([b.indices for b in pass1])
     second = np.concatenate([b.indices for b in pass2])
     rows = int(np.unique(first).size)
@@ -141,7 +141,8 @@ def hit_lines(pass1, pass2, refresh, info):
         oracle = float(c2[np.argsort(-c2, kind="stable")[:k]].sum() / second.size)
         emb = ShardedEmbedding(DIM, n_shards=1)
         probe = HotCache(emb, budget_mb=1)
-        cache = HotCache(emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9)
+        cache = HotCache(emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9,
+                         sketch_every=sketch_every)
         for i, b in enumerate(pass1 + pass2):
             if i == len(pass1):
                 before = cache.counters()
@@ -161,6 +162,7 @@ def hit_lines(pass1, pass2, refresh, info):
              oracle_hit_rate=round(oracle, 4),
              distinct_hit_rate=round(dh / max(dh + dm, 1), 4),  # the pull/push work saved
              beats_lru=bool(rate > lru), refresh_every=refresh, lookups=int(second.size),
+             sketch_every=sketch_every,
              **({"target": 0.8, "met": bool(rate >= 0.8)} if frac == 0.05 else {}), **info)
     return rows, out
 
@@ -200,6 +202,19 @@ def _train(m, opt, batches, blocks, on_step=None, prefetch=False):
         pf.close()
 
 
+def _count_calls(emb):
+    """Count the Ray calls a remote embedding sends (``emb.ray_calls``): each send of a
+    shard's outbox is one call, whatever it batches."""
+    emb.ray_calls = 0
+    kick = emb._kick_locked
+
+    def counted(s):
+        emb.ray_calls += bool(s.outbox)
+        kick(s)
+
+    emb._kick_locked = counted
+
+
 def train_lines(batches, evals, rows, args, info, backend="local"):
     from w4_ctr import shared_weights
     weights = shared_weights()
@@ -210,7 +225,10 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
     probe = HotCache(back_emb, budget_mb=1)
     k = max(1, int(0.05 * rows))
     cache = HotCache(back_emb, budget_mb=k * probe.row_bytes / 2**20 + 1e-9,
-                     write_back_every=args.write_back)
+                     write_back_every=args.write_back, sketch_every=args.sketch_every)
+    if backend == "ray":
+        for e in (plain_emb, back_emb):
+            _count_calls(e)
     plain, popt = _model(weights, plain_emb)
     cached, copt = _model(weights, cache)
     blocks = np.array_split(np.arange(len(batches)), 5)
@@ -228,8 +246,17 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
             print(f"# {backend} block {r + 1}/{len(blocks)}: {s}", file=sys.stderr, flush=True)
             times[s].append(next(runs[s]))
     cache.flush()
+    # bytes between trainer and shards a step: without the cache every distinct id's id
+    # and vector each way (pull, push); with it the cache's own count (misses both ways,
+    # write-backs with their slots, refresh loads)
+    row = 8 + 4 * DIM
+    moved = {"plain": 2 * row * sum(int(np.unique(b.indices).size) for b in batches),
+             "cache": cache.counters()["bytes_moved"]}
     res = {}
     for s, m in (("plain", plain), ("cache", cached)):
+        emb = plain_emb if s == "plain" else back_emb
+        calls = {"ray_calls_per_step": round(emb.ray_calls / len(batches), 2)} \
+            if backend == "ray" else {}
         rates = [len(b) * args.batch / t for b, t in zip(blocks, times[s])]
         p = np.concatenate([predict(m, b.ids_matrix(), b.dense) for b in evals])
         a = auc(p, np.concatenate([b.labels for b in evals]))
@@ -237,7 +264,8 @@ def train_lines(batches, evals, rows, args, info, backend="local"):
         extra = {k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in extra.items()}
         res[s] = emit("T1", "sampan", f"w4-{s}", "samples_per_s", rates, backend=backend,
                       shards=shards, auc=round(a, 4), prefetch=True,
-                      write_back_every=args.write_back,
+                      write_back_every=args.write_back, sketch_every=args.sketch_every,
+                      bytes_per_step=int(moved[s] / len(batches)), **calls,
                       **({"max_staleness": args.staleness} if backend == "ray" else {}),
                       **extra, **info)
     target = 1.5 if backend == "ray" else 1.2
@@ -287,6 +315,8 @@ def main(argv=None):
     ap.add_argument("--eval-batches", type=int, default=10)
     ap.add_argument("--refresh", type=int, default=10, help="batches between refreshes")
     ap.add_argument("--write-back", type=int, default=4, help="the cache's write_back_every")
+    ap.add_argument("--sketch-every", type=int, default=1,
+                    help="the cache's sketch_every (one batch's misses in N feed its sketch)")
     ap.add_argument("--train-refresh", type=int, default=50,
                     help="steps between the cache's refreshes while training")
     ap.add_argument("--staleness", type=int, default=1,
@@ -310,7 +340,7 @@ def main(argv=None):
     if "sketch" in parts:
         sketch_lines(pass1[:20], info)
     if "hits" in parts:
-        hit_lines(pass1, pass2, args.refresh, info)
+        hit_lines(pass1, pass2, args.refresh, info, args.sketch_every)
     if "train" in parts:
         train_lines(train, evals, rows, args, dict(info, steps=len(train)))
     if "ray" in parts:

@@ -204,6 +204,9 @@ class ShardServer:
     def _read_rows(self, ids):
         return self.shard.read_rows(ids)
 
+    def _top_ids(self, k):
+        return self.shard.top_ids(k)
+
     def _write_rows(self, ids, weights, slots, seen, step):
         self.shard.write_rows(ids, weights, slots, seen, step)
 

@@ -1,7 +1,8 @@
 """A hot-row cache in front of any embedding shard set (local or Ray).
 
 :class:`HotCache` keeps the top K ids of the id stream (K from a memory budget, the ids
-from an :class:`~sampan.rec.sketch.IdStats`) in a dense array on the trainer, found
+from the shards' own sighting counts, or an :class:`~sampan.rec.sketch.IdStats`) in a
+dense array on the trainer, found
 through a small open-addressing index (a :class:`HashEmbeddingTable` sized for K rows:
 one chunk of weights, one of optimiser slots, a linear-probing map). While an id is
 cached the cache's copy is the one that trains: its gradients go through a copy of the
@@ -23,16 +24,22 @@ equals the one-tier table's whatever ``write_back_every``; a
 :class:`~sampan.rec.sharded.Prefetcher` runs over the cache as over the shards (the cache
 has their ``plan`` / ``fetch``), its misses pulled ahead on the prefetch thread.
 
-Cost (``benchmarks/embedding_tiers.py --quick``, W4 at a 5% budget, CPU per step by call):
-a hit spares the shards its lookup, gather, optimiser update and transfer, but only a
-quarter of a batch's distinct ids are hits (the per-lookup hit rate, about 0.5, counts
-repeats, which a pull and a push dedupe anyway) and the misses, mostly new ids, cost the
-shards what they cost without a cache. What the cache spends instead: one numba pass
-that counts and orders a batch hits first (so fetch and push move two blocks, no row
-copies), the sketch's update of every miss (on its own thread, 8 batches per hand-over),
-and each write-back's rows, which leave with the next pull (one Ray call per shard per
-step). On a 2-core machine whose cores the trainer's threads and the shards share, that
-is about as much as the hits save.
+Cost (``benchmarks/embedding_tiers.py --quick``, W4 at a 5% budget, thread CPU per step
+by call, 1 local shard): a hit spares the shards its lookup, gather, optimiser update and
+transfer, but only a quarter of a batch's distinct ids are hits (the per-lookup hit rate,
+about 0.5, counts repeats, which a pull and a push dedupe anyway) and the misses, mostly
+new ids, cost the shards what they cost without a cache. So the shards save about 1.7 ms
+of a 24-29 ms step (plan 2.6 -> 2.0, gather 1.7 -> 1.5, push 3.4 -> 2.5): even a cache
+that cost nothing would make the step at most about 1.07x faster on this stream. What the
+cache spends: one numba pass that looks a batch up in its index, counts it and orders it
+hits first (so fetch and push move two blocks, no row copies, and the hits' update runs
+the optimiser's kernel on the plan's rows, ``apply_rows``), the sketch's update of the
+misses with ``choose="sketch"`` (about 1.2 ms, on its own thread: the default now ranks
+by the shards' own counts instead, which the step pays nothing for), and
+each write-back's rows (weights and slots of every row trained since the last one:
+about 1.1 ms a step at ``write_back_every=4``), which leave with the next pull (one Ray
+call per shard per step). On a 2-core machine whose cores the trainer's threads and the
+shards share, that is about as much as the hits save.
 
 One trainer per cache: a second trainer pushing the same ids to the shards would not see
 the cached copy (as with any write-back cache). Counters (hits and misses per lookup,
@@ -52,7 +59,7 @@ from numba import njit
 
 from sampan import _recorder as _rec
 from sampan.errors import SampanValueError, op_error
-from sampan.rec.hashtable import HashMap
+from sampan.rec.hashtable import HashMap, _get
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.sketch import IdStats
 from sampan.rec.table import HashEmbeddingTable
@@ -66,21 +73,28 @@ FEED_EVERY = 8
 
 
 @njit(cache=True, nogil=True)
-def _split_plan(uniq, rows, inverse, seen, unfed, feed):
-    """One pass over a batch's plan: counts each distinct id's occurrences (``inverse``)
-    into its cached row's ``seen`` (and ``unfed`` when ``feed``), and orders the distinct
+def _split_plan(tab, uniq, inverse, seen, unfed, feed):
+    """One pass over a batch's plan: looks the distinct ids up in the cache's index
+    (``tab``, a :class:`HashMap`'s slots), counts one sighting of each cached id into
+    its row's ``seen`` (as a shard counts a pull) and, when ``feed``, its occurrences
+    (``inverse``) into ``unfed`` (the sketch's unit), and orders the distinct
     ids hits first, misses after (``inverse`` rewritten in place to match), so that a
     fetch and a push take the hits and the misses as two contiguous blocks, copying no
     rows. Returns ``(uniq, rows, n_hits, miss_counts, hit_occurrences,
-    miss_occurrences)``, ids and rows in the new order. The caller checks
-    ``inverse < rows.size`` and ``rows < seen.size``."""
-    n = rows.size
+    miss_occurrences, bad)``, ids and rows in the new order; ``bad`` is -1, or the first
+    row past ``seen`` (nothing counted then). The caller checks ``inverse < uniq.size``."""
+    n = uniq.size
+    rows = np.empty(n, np.int64)
+    _get(tab, uniq, rows)
+    nh = 0
+    for j in range(n):
+        r = rows[j]
+        if r >= seen.size or r >= unfed.size:
+            return uniq, rows, 0, np.empty(0, np.int64), 0, 0, r
+        nh += r >= 0
     cnt = np.zeros(n, np.int64)
     for i in range(inverse.size):
         cnt[inverse[i]] += 1
-    nh = 0
-    for j in range(n):
-        nh += rows[j] >= 0
     pos = np.empty(n, np.int64)
     new_uniq = np.empty(n, np.int64)
     new_rows = np.empty(n, np.int64)
@@ -90,7 +104,7 @@ def _split_plan(uniq, rows, inverse, seen, unfed, feed):
     for j in range(n):
         r, c = rows[j], cnt[j]
         if r >= 0:
-            seen[r] += c
+            seen[r] += 1  # one sighting a pull, as a shard counts its rows
             if feed:
                 unfed[r] += c
             pos[j] = a
@@ -105,7 +119,7 @@ def _split_plan(uniq, rows, inverse, seen, unfed, feed):
         new_rows[pos[j]] = r
     for i in range(inverse.size):
         inverse[i] = pos[inverse[i]]
-    return new_uniq, new_rows, nh, miss_cnt, h, m
+    return new_uniq, new_rows, nh, miss_cnt, h, m, -1
 
 
 def _shard_optimizer(emb):
@@ -124,9 +138,16 @@ class HotCache:
 
     ``budget_mb`` sizes K (weights, optimiser slots, index and metadata per row);
     ``stats`` chooses the ids (an :class:`IdStats` the caller feeds, e.g. through
-    ``ParquetCTRReader(stats=)``; by default the cache makes one and feeds it from its
-    own pulls: the misses' counts each step, the cached ids' counts, summed in the
-    cache, at each refresh and flush); :meth:`refresh` (between passes) loads the current top K. The cache
+    ``ParquetCTRReader(stats=)``). Without one, ``choose="shards"`` (the default, where
+    ``emb`` has ``top_ids``) takes the ids the shards counted most: a shard counts a
+    sighting of each row a pull names, and the cache writes its rows' sightings back with
+    them, so the counts are exact, cost the step nothing, and equal a one-tier table's;
+    W4 quick hit rates 0.501 / 0.604 / 0.667 at 1 / 5 / 20%. ``choose="sketch"`` makes an
+    :class:`IdStats` and feeds it from the cache's pulls on a thread of its own (the
+    misses' counts each step, the cached ids' counts summed in the cache at each refresh
+    and flush; about 1.2 ms of CPU a W4 step; 0.502 / 0.602 / 0.661), with
+    ``sketch_every=N`` the misses of one batch in N, counts times N (N=2: 0.501 / 0.595 /
+    0.643). :meth:`refresh` (between passes) loads the current top K. The cache
     has ``emb``'s ``pull``, ``push`` and ``read``, so ``HashEmbedding(dim, emb=cache)``
     trains through it.
 
@@ -139,7 +160,8 @@ class HotCache:
     """
 
     def __init__(self, emb, budget_mb: float, *, stats: IdStats | None = None,
-                 write_back_every: int = 1, optimizer=None):
+                 write_back_every: int = 1, optimizer=None, sketch_every: int = 1,
+                 choose: str = "shards"):
         if not isinstance(budget_mb, (int, float)) or isinstance(budget_mb, bool) \
                 or budget_mb <= 0:
             raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb!r}",
@@ -162,22 +184,36 @@ class HotCache:
         if self.capacity < 1:
             raise op_error(SampanValueError, "HotCache", f"budget_mb={budget_mb} "
                            f"(one row takes {self.row_bytes} bytes)", "room for a row")
+        if not isinstance(sketch_every, int) or isinstance(sketch_every, bool) \
+                or sketch_every < 1:
+            raise op_error(SampanValueError, "HotCache", f"sketch_every={sketch_every!r}",
+                           "an int >= 1")
+        self.sketch_every = sketch_every
+        self._plans = 0  # plans so far: every sketch_every-th feeds the misses to the sketch
         self.budget_mb = float(budget_mb)
         self.write_back_every = write_back_every
-        self.feeds_stats = stats is None
+        if choose not in ("shards", "sketch"):
+            raise op_error(SampanValueError, "HotCache", f"choose={choose!r}",
+                           "'shards' (the shards' own counts) or 'sketch'")
+        # without a caller's sketch: the shards' own counts where they can rank them
+        # (exact, and counted on the shards' side of a pull anyway: nothing on the step),
+        # else a sketch of the cache's own, fed from the plans
+        self.choose = "stats" if stats is not None else (
+            "shards" if choose == "shards" and hasattr(emb, "top_ids") else "sketch")
+        self.feeds_stats = self.choose == "sketch"
         self._feed: queue.Queue | None = None  # lists of (ids, counts) for the sketch
         self._backlog: list = []  # (ids, counts) not handed to the sketch's thread yet
         self._backlog_lock = threading.Lock()
         self._feed_error: BaseException | None = None
         # a sketch some times wider than K: the K-th id's count must stand out of the
         # count-min error (e / width of the total), or the tail of the top K is noise
-        self.stats = stats if stats is not None else IdStats(
+        self.stats = stats if not self.feeds_stats else IdStats(
             width=max(1 << 16, 4 * self.capacity), capacity=max(self.capacity, 1024))
         shift = max(4, (self.capacity - 1).bit_length())
         self.table = HashEmbeddingTable(self.dim, chunk_shift=shift,
                                         initial_capacity=self.capacity)
         self.table.attach_slots(width, self.optimizer.slot_init)
-        self._seen = np.zeros(0, np.int64)   # sightings per cached row since write-back
+        self._seen = np.zeros(0, np.int64)   # pulls naming a cached row since write-back
         self._unfed = np.zeros(0, np.int64)  # sightings per cached row not yet in stats
         self._dirty = np.zeros(0, np.bool_)  # cached rows trained since write-back
         self.steps = 0
@@ -264,6 +300,11 @@ class HotCache:
 
     def _rows(self, uniq: np.ndarray) -> np.ndarray:
         rows = self.table.map.get(uniq)
+        self._grow_counters()
+        return rows
+
+    def _grow_counters(self) -> None:
+        """Per-row counters for every row the table has handed out."""
         n = self.table.alloc.next_row
         if self._seen.size < n:
             self._seen = np.concatenate([self._seen, np.zeros(n - self._seen.size, np.int64)])
@@ -271,7 +312,6 @@ class HotCache:
                                                                 np.int64)])
             self._dirty = np.concatenate([self._dirty, np.zeros(n - self._dirty.size,
                                                                 np.bool_)])
-        return rows
 
     # -- the embedding interface ------------------------------------------------------
     def pull(self, ids, step: int | None = None):
@@ -285,22 +325,29 @@ class HotCache:
         the shards (``ShardedEmbedding.plan``'s contract, so a :class:`Prefetcher` can
         run it ahead on its thread)."""
         uniq, inverse = unique_inverse(ids)
+        inverse = np.ascontiguousarray(inverse, np.int64).ravel()
+        if inverse.size and inverse.max() >= uniq.size:  # _split_plan's assumption
+            raise RuntimeError(f"HotCache.plan: inverse index {inverse.max()} past its "
+                               f"{uniq.size} distinct ids")
+        uniq = np.ascontiguousarray(uniq, np.int64)
         with self.table.lock:
-            rows = self._rows(uniq)
-            if rows.size and rows.max() >= self._seen.size:  # _split_plan's assumption
-                raise RuntimeError(f"HotCache: row {rows.max()} past its {self._seen.size} "
+            self._grow_counters()
+            uniq, rows, nh, miss_cnt, h, m, bad = _split_plan(
+                self.table.map.tab, uniq, inverse, self._seen, self._unfed, self.feeds_stats)
+            if bad >= 0:  # the index named a row the counters do not cover
+                raise RuntimeError(f"HotCache.plan: row {bad} past its {self._seen.size} "
                                    "counters")
-            inverse = np.ascontiguousarray(inverse, np.int64).ravel()
-            uniq, rows, nh, miss_cnt, h, m = _split_plan(uniq, rows, inverse, self._seen,
-                                                         self._unfed, self.feeds_stats)
             gen = self._gen
             # push() of these ids (hits first) skips the lookup and the split
             self._planned.append((uniq, rows, gen, nh))
         hit_at, miss = np.arange(nh), np.arange(nh, uniq.size)
-        if self.feeds_stats and miss.size:
-            # the misses now; the cached ids' sightings add up in _unfed and reach the
+        self._plans += 1
+        if self.feeds_stats and miss.size and self._plans % self.sketch_every == 0:
+            # the misses now (one batch in sketch_every, its counts scaled to stay an
+            # unbiased estimate); the cached ids' sightings add up in _unfed and reach the
             # sketch at the next refresh or flush: one update per cached row, not per step
-            self._count(uniq[nh:], miss_cnt)
+            k = self.sketch_every
+            self._count(uniq[nh:], miss_cnt if k == 1 else miss_cnt * k)
         # the misses are distinct: the shards plan them as they are
         sub = self._plan_misses(uniq[nh:], step) if miss.size else None
         h, m = int(h), int(m)
@@ -396,7 +443,8 @@ class HotCache:
                 hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
                 n_hit, n_miss = hit.size, miss.size
             if n_hit:
-                self.optimizer.apply(self.table, uniq[hit], grads[hit], step, summed=True)
+                # the plan resolved these rows: the optimiser's kernel alone, no lookup
+                self.optimizer.apply_rows(self.table, rows[hit], grads[hit])
                 self._dirty[rows[hit]] = True
         if n_miss:
             self.emb.push(uniq[miss], grads[miss], step)
@@ -446,13 +494,16 @@ class HotCache:
         left the top K, load the new ones from the shards (ids the shards have no row for
         yet are loaded by a later refresh). Returns ``{"kept", "dropped", "loaded"}``."""
         self.write_back(step)
-        self._feed_cached()
-        if self._feed is not None:
-            self._feed.join()  # every pull so far counted
-        if self._feed_error is not None:
-            err, self._feed_error = self._feed_error, None
-            raise RuntimeError("HotCache: counting ids in the sketch failed") from err
-        want, _ = self.stats.top(self.capacity)
+        if self.choose == "shards":  # every sighting is on the shards after the write-back
+            want, _ = self.emb.top_ids(self.capacity)
+        else:
+            self._feed_cached()
+            if self._feed is not None:
+                self._feed.join()  # every pull so far counted
+            if self._feed_error is not None:
+                err, self._feed_error = self._feed_error, None
+                raise RuntimeError("HotCache: counting ids in the sketch failed") from err
+            want, _ = self.stats.top(self.capacity)
         t = self.table
         wanted = HashMap(max(want.size, 16))  # np.isin sorts or hashes in Python's pace
         wanted.put(want, np.zeros(want.size, np.int64))

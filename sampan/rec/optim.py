@@ -155,6 +155,27 @@ class _SparseOptimizer:
                 self._through_float32(table, keys, rows, g, step)
             return _mark(rows, table.meta["updated"], table.dirty, step)
 
+    def apply_rows(self, table, rows: np.ndarray, grads: np.ndarray) -> None:
+        """Update ``rows`` (distinct, already resolved under ``table.lock``, which the
+        caller holds) with one gradient row each: the kernel alone, no lookup and no
+        snapshot marks (a cache that resolved its rows in the plan and keeps its own
+        dirty marks). The table must hold float32 rows in place."""
+        rows = np.ascontiguousarray(rows, np.int64).ravel()
+        g = np.ascontiguousarray(grads, np.float32).reshape(rows.size, -1)
+        name = f"{type(self).__name__}.apply_rows"
+        if g.shape[1] != table.dim:
+            raise ValueError(f"{name}: gradient rows have width {g.shape[1]}, table dim "
+                             f"is {table.dim}")
+        if not table.weights.addressable:
+            raise ValueError(f"{name}: a table whose rows are not float32 in place; "
+                             "expected an addressable store (use apply)")
+        table.attach_slots(self.slot_width(table.dim), self.slot_init)
+        if rows.size and (rows.min() < 0 or rows.max() >= min(table.weights.capacity,
+                                                               table.slots.capacity)):
+            raise IndexError(f"{name}: rows {rows.min()}..{rows.max()}, expected 0.."
+                             f"{min(table.weights.capacity, table.slots.capacity) - 1}")
+        self._kernel(table, rows, g)
+
     def _through_float32(self, table, keys, rows, g, step: int) -> None:
         """A store without float32 rows in place (compressed, or another tier): gather
         the rows, run the same kernel on a float32 copy, store them back (rounding

@@ -46,7 +46,7 @@ from sampan.rec._server import ShardServer, _chain
 from sampan.rec.kernels import unique_inverse
 from sampan.rec.optim import SparseAdagrad
 from sampan.rec.sharded import (ShardedEmbedding, _init_signature, _join_rows,
-                                register_backend)
+                                register_backend, top_of)
 from sampan.rec.snapshot import _write_atomic, export_full
 
 __all__ = ["RemoteShardedEmbedding", "ShardServer", "ShardUnavailableError", "init_ray",
@@ -491,6 +491,11 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         parts = self._split(uniq)
         got = self._fan("read_rows", [(uniq[p],) for p in parts], False)
         return _join_rows(uniq.size, self.dim, parts, got)
+
+    def top_ids(self, k: int):
+        """``(ids, counts)``: the ``k`` ids the shards counted most, most first (each
+        shard answers after every call sent to it before, write-backs included)."""
+        return top_of(self._fan("top_ids", [(int(k),)] * len(self.shards), False), k)
 
     def write_rows(self, uniq, weights, slots, seen, step: int | None = None) -> None:
         """Overwrite unique ids' rows on their shards: numbered and logged like a push,

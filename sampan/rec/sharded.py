@@ -82,6 +82,20 @@ class LocalShard:
             s = t.slots.gather(rows) if t.slots is not None else None
         return rows >= 0, w, s
 
+    def top_ids(self, k: int):
+        """``(ids, counts)``: up to ``k`` ids of rows in RAM with the most sightings
+        (``meta["freq"]``: one per pull that named the id, plus what a cache wrote back),
+        in no order; creates and counts nothing."""
+        t = self.table
+        with t.lock:
+            n = t.alloc.next_row
+            rows = np.flatnonzero(t.live[:n])
+            freq = t.meta["freq"][rows]
+            if int(k) < rows.size:
+                part = np.argpartition(-freq, int(k) - 1)[: int(k)] if k > 0 else rows[:0]
+                rows, freq = rows[part], freq[part]
+            return t.meta["key"][rows].copy(), freq.copy()
+
     def write_rows(self, ids: np.ndarray, weights: np.ndarray, slots, seen,
                    step: int | None = None) -> None:
         """Overwrite the weights (and slots) of unique ids, creating missing rows, and add
@@ -280,6 +294,12 @@ class ShardedEmbedding:
         got = self._map(lambda i, p: self.shards[i].read_rows(uniq[p]), parts)
         return _join_rows(uniq.size, self.dim, parts, got)
 
+    def top_ids(self, k: int):
+        """``(ids, counts)``: the ``k`` ids the shards counted most (their rows'
+        sightings, ``LocalShard.top_ids``), most first (ties by id)."""
+        return top_of(self._map(lambda i, _: self.shards[i].top_ids(k),
+                                [None] * len(self.shards)), k)
+
     def write_rows(self, uniq, weights, slots, seen, step: int | None = None) -> None:
         """Overwrite unique ids' weights and slots on their shards (a cache's write-back)."""
         uniq = np.ascontiguousarray(uniq, np.int64)
@@ -298,6 +318,14 @@ class ShardedEmbedding:
 
         self._map(one, parts)
         return out[inverse]
+
+
+def top_of(got, k: int):
+    """The ``k`` highest counts of several shards' ``(ids, counts)``, most first."""
+    ids = np.concatenate([np.asarray(g[0], np.int64) for g in got])
+    cnt = np.concatenate([np.asarray(g[1], np.int64) for g in got])
+    order = np.lexsort((ids, -cnt))[: max(int(k), 0)]
+    return ids[order], cnt[order]
 
 
 def _join_rows(n: int, dim: int, parts, got):

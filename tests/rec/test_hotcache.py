@@ -139,3 +139,38 @@ def test_prefetcher_over_the_cache_trains_as_without(write_back_every):
     cache.close()
     universe = np.unique(np.concatenate(batches))
     np.testing.assert_array_equal(_state(back, universe)[1], _state(ref, universe)[1])
+
+
+def _freq(emb, ids):
+    out = np.zeros(ids.size, np.int64)
+    for i, p in enumerate(emb._split(ids)):
+        t = emb.shards[i].table
+        out[p] = t.meta["freq"][t.map.get(ids[p])]
+    return out
+
+
+def test_shards_count_the_sightings_a_one_tier_table_counts():
+    """Writing back every step, the shards' sighting counts (one a pull that names the
+    id: what eviction, dynamic widths and the cache's own choice of rows read) equal a
+    one-tier table's, cached ids included; the cache chooses its rows from them."""
+    ref = ShardedEmbedding(DIM, n_shards=2)
+    back = ShardedEmbedding(DIM, n_shards=2)
+    cache = HotCache(back, budget_mb=0.004, write_back_every=1)
+    assert cache.choose == "shards" and cache.stats is None
+    batches = _batches(seed=5)
+    for t, ids in enumerate(batches):
+        if t in (3, 7):
+            cache.refresh(t)
+            top, _ = ref.top_ids(cache.capacity)
+            # the cached ids are the one-tier table's most counted (ties either way)
+            np.testing.assert_array_equal(np.sort(_freq(ref, cache.table.ids()))[::-1],
+                                          np.sort(_freq(ref, top))[::-1])
+        _step(cache, ids, t)
+        _step(ref, ids, t)
+        seen = np.unique(np.concatenate(batches[: t + 1]))
+        np.testing.assert_array_equal(_freq(back, seen), _freq(ref, seen))
+    assert cache.counters()["hits"] > 0
+    with pytest.raises(SampanValueError, match="choose"):
+        HotCache(back, budget_mb=1, choose="lru")
+    ref.close()
+    back.close()

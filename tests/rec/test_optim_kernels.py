@@ -119,3 +119,29 @@ def test_bag_pool_rejects_bad_csr():
         bag_pool(src, [0, 7], [0, 2])
     with pytest.raises(ValueError, match="mode"):
         bag_pool(src, [0], [0, 1], "median")
+
+
+@pytest.mark.parametrize("make", [lambda: SparseSGD(0.1), lambda: SparseAdagrad(0.05),
+                                  lambda: SparseAdam(0.01),
+                                  lambda: SparseFTRL(0.1, l1=0.01)])
+def test_apply_rows_is_apply_without_the_lookup(make):
+    """apply_rows on rows resolved beforehand gives apply's bytes (weights and slots);
+    rows outside the table are refused, named."""
+    rng = np.random.default_rng(7)
+    tabs = [HashEmbeddingTable(DIM, seed=3) for _ in range(2)]
+    ids = rng.choice(1000, size=N, replace=False).astype(np.int64)
+    for t in tabs:
+        t.lookup(ids)
+    a, b = make(), make()
+    for step in range(3):
+        g = rng.standard_normal((N, DIM)).astype(np.float32)
+        a.apply(tabs[0], ids, g, step, summed=True)
+        with tabs[1].lock:
+            b.apply_rows(tabs[1], tabs[1].map.get(ids), g)
+    rows = tabs[0].map.get(ids)
+    np.testing.assert_array_equal(tabs[0].weights.gather(rows), tabs[1].weights.gather(rows))
+    np.testing.assert_array_equal(tabs[0].slots.gather(rows), tabs[1].slots.gather(rows))
+    with pytest.raises(IndexError, match="apply_rows"):
+        b.apply_rows(tabs[1], np.array([tabs[1].weights.capacity]), np.zeros((1, DIM)))
+    with pytest.raises(ValueError, match="width"):
+        b.apply_rows(tabs[1], rows[:1], np.zeros((1, DIM + 1)))

@@ -71,3 +71,25 @@ def test_prefetcher_surfaces_background_errors():
     else:
         raise AssertionError("expected the background error")
     pf.close()
+
+
+def test_top_ids_ranks_the_rows_by_the_shards_own_sighting_counts():
+    """top_ids(k): the k ids whose rows were pulled in the most batches (numpy's count of
+    the batches naming each id), most first; counts exact, nothing created or counted."""
+    rng = np.random.default_rng(11)
+    emb = ShardedEmbedding(4, n_shards=3)
+    batches = [(rng.zipf(1.3, 300) % 500) * 7 + 1 for _ in range(12)]
+    for t, b in enumerate(batches):
+        emb.pull(b, t)
+    ids, per_batch = np.unique(np.concatenate([np.unique(b) for b in batches]),
+                               return_counts=True)
+    want = dict(zip(ids.tolist(), per_batch.tolist()))
+    for k in (0, 1, 25, ids.size, ids.size + 10):
+        got, cnt = emb.top_ids(k)
+        assert got.size == min(k, ids.size) == np.unique(got).size
+        assert [want[i] for i in got.tolist()] == cnt.tolist()
+        assert (np.diff(cnt) <= 0).all()
+        # the k highest counts there are (ties at the edge may pick either id)
+        np.testing.assert_array_equal(cnt, np.sort(per_batch)[::-1][: got.size])
+    assert len(emb) == ids.size
+    emb.close()
