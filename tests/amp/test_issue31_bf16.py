@@ -404,7 +404,7 @@ def test_a_libgomp_loaded_after_torchs_reads_sampans_policy():
     n_libs, n_late, policy = out.stdout.strip().split(" ", 2)
     assert policy == "OMP_WAIT_POLICY=PASSIVE (a libgomp loaded before sampan keeps its " \
         "default)"
-    if int(n_late) == 0:
+    if int(n_libs) < 2 or int(n_late) == 0:   # e.g. a torch built on the system's libgomp
         pytest.skip(f"one libgomp here ({n_libs} loaded): nothing loads after torch's")
     assert "GOMP_SPINCOUNT = '0'" in out.stderr, out.stderr
 
