@@ -150,10 +150,11 @@ def get_num_threads() -> int:
 # (2-core Zen 4, 2026-12-02), while a bounded spin made every libgomp path faster and
 # every path that hands the cores to OpenBLAS's threads right after slower (PP-OCR rec
 # 1.37 -> 4.34x onnxruntime, W2 bf16 eager 0.96 -> 0.33x its fp32; benchmarks/RESULTS.md).
-# So the spin goes with the "onednn" GEMM pool (backends/pool.py), where OpenBLAS runs on
-# one thread and libgomp owns the cores alone: PASSIVE where the pool may be "openblas",
-# SPIN_POLICY where it is "onednn" (forced by SAMPAN_GEMM_POOL, or the pool this CPU's
-# kernel choice cache holds; a process that spins keeps the "onednn" pool, pool.decide).
+# So the spin may only go with the "onednn" GEMM pool (backends/pool.py), where OpenBLAS
+# runs on one thread and libgomp owns the cores alone: with SAMPAN_OMP_SPIN=auto, PASSIVE
+# where the pool may be "openblas", SPIN_POLICY where it is "onednn" (forced by
+# SAMPAN_GEMM_POOL, or the pool this CPU's kernel choice cache holds; a process that spins
+# keeps the "onednn" pool, pool.decide). Off by default (`sampan_policy`).
 PASSIVE_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 SPIN_POLICY = {"GOMP_SPINCOUNT": "10000"}
 WAIT_POLICY = PASSIVE_POLICY      # the policy without a one-pool hint
@@ -216,10 +217,13 @@ def one_pool_hint() -> bool:
 
 
 def sampan_policy() -> dict:
-    """The wait policy sampan gives libgomp in this process (see the comment above);
-    SAMPAN_OMP_SPIN=0 keeps PASSIVE whatever the pool, =1 spins whatever it is."""
-    want = os.environ.get("SAMPAN_OMP_SPIN")
-    spin = want == "1" if want in ("0", "1") else one_pool_hint()
+    """The wait policy sampan gives libgomp in this process: PASSIVE by default;
+    SAMPAN_OMP_SPIN=auto spins where the "onednn" pool owns the cores (`one_pool_hint`,
+    the comment above), =1 spins whatever the pool. Default off: on the loaded 2-core Xeon
+    (2026-12-02, load 1.4-3.4, benchmarks/RESULTS.md) the spin made PP-OCR cls 1.0-1.2 ms
+    into 6-30 ms and YOLOv8n 21-25 into 34-60 ms."""
+    want = os.environ.get("SAMPAN_OMP_SPIN", "0")
+    spin = want == "1" or (want == "auto" and one_pool_hint())
     return dict(SPIN_POLICY if spin else PASSIVE_POLICY)
 
 

@@ -367,13 +367,16 @@ def _policy_in(code, env_extra=None):
 
 def test_import_sampan_sets_its_wait_policy_before_torch_loads_libgomp():
     """PyTorch ships libgomp.so.1, which oneDNN then shares: sampan's policy is set at
-    `import sampan` (PASSIVE; a bounded spin where the "onednn" GEMM pool owns the cores,
-    here forced), and the user's own policy wins."""
+    `import sampan` (PASSIVE; with SAMPAN_OMP_SPIN=auto a bounded spin where the "onednn"
+    GEMM pool owns the cores, here forced), and the user's own policy wins."""
     passive = {"SAMPAN_OMP_SPIN": "0"}
     assert _policy_in("import sampan\nimport torch", passive) == \
         "OMP_WAIT_POLICY=PASSIVE | PASSIVE None"
-    assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "onednn"}) == \
+    assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "onednn",
+                                        "SAMPAN_OMP_SPIN": "auto"}) == \
         "GOMP_SPINCOUNT=10000 | None 10000"
+    assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "onednn"}) == \
+        "OMP_WAIT_POLICY=PASSIVE | PASSIVE None"                 # the spin is off by default
     assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "openblas"}) == \
         "OMP_WAIT_POLICY=PASSIVE | PASSIVE None"
     assert _policy_in("import sampan", {"OMP_WAIT_POLICY": "ACTIVE"}) == \

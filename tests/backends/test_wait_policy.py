@@ -1,4 +1,5 @@
-"""sampan's OpenMP wait policy goes with the GEMM pool (sampan/_threads.py): PASSIVE where
+"""With SAMPAN_OMP_SPIN=auto (off by default) sampan's OpenMP wait policy goes with the
+GEMM pool (sampan/_threads.py): PASSIVE where
 OpenBLAS may run its own threads, a bounded spin where the "onednn" pool (OpenBLAS on
 one thread) owns the cores, read from the kernel choice cache before libgomp loads; a
 process that spins by sampan's choice keeps the "onednn" pool (backends/pool.py)."""
@@ -26,7 +27,11 @@ def _write_pools(path, winners, model=None):
     path.write_text(json.dumps({"format": 1, "machines": machines, "sha256": "x"}))
 
 
-def test_the_cached_onednn_pool_asks_for_a_bounded_spin(clean_env):
+def test_the_cached_onednn_pool_asks_for_a_bounded_spin(clean_env, monkeypatch):
+    _write_pools(clean_env, ["onednn"])
+    assert _threads.sampan_policy() == _threads.PASSIVE_POLICY          # off by default
+    monkeypatch.setenv("SAMPAN_OMP_SPIN", "auto")
+    clean_env.unlink()
     assert _threads.sampan_policy() == _threads.PASSIVE_POLICY          # no cache yet
     _write_pools(clean_env, ["onednn"])
     assert _threads.one_pool_hint()
@@ -41,6 +46,7 @@ def test_the_cached_onednn_pool_asks_for_a_bounded_spin(clean_env):
 
 def test_the_environment_decides_first(clean_env, monkeypatch):
     _write_pools(clean_env, ["onednn"])
+    monkeypatch.setenv("SAMPAN_OMP_SPIN", "auto")
     monkeypatch.setenv("SAMPAN_GEMM_POOL", "openblas")
     assert _threads.sampan_policy() == _threads.PASSIVE_POLICY
     monkeypatch.setenv("SAMPAN_OMP_SPIN", "1")
@@ -48,9 +54,11 @@ def test_the_environment_decides_first(clean_env, monkeypatch):
     monkeypatch.delenv("SAMPAN_GEMM_POOL")
     monkeypatch.setenv("SAMPAN_OMP_SPIN", "0")
     assert _threads.sampan_policy() == _threads.PASSIVE_POLICY
-    monkeypatch.delenv("SAMPAN_OMP_SPIN")
+    monkeypatch.setenv("SAMPAN_OMP_SPIN", "auto")
     monkeypatch.setenv("SAMPAN_GEMM_POOL", "onednn")
     assert _threads.sampan_policy() == _threads.SPIN_POLICY
+    monkeypatch.delenv("SAMPAN_OMP_SPIN")                                # default: off
+    assert _threads.sampan_policy() == _threads.PASSIVE_POLICY
 
 
 def test_the_kernel_cache_reads_the_same_file(clean_env):
