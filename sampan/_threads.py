@@ -144,16 +144,20 @@ def get_num_threads() -> int:
 # region libgomp's workers spin (GOMP_SPINCOUNT, 300k iterations by default) and
 # OpenBLAS's threads spin after each GEMM, each stealing the other's cores on a small
 # machine. libgomp reads its wait policy once, when it is loaded; `before_openmp` sets
-# sampan's default (see WAIT_POLICY) unless the user set one.
+# sampan's (see `sampan_policy`) unless the user set one.
 # A passive worker costs a futex wake-up per parallel region (each oneDNN primitive of an
-# `onednn_layout` region is one). Bounded spins were measured against it on the 2-core
-# Zen 4 VM under load (2026-12-02, load 10-12, Predictor batch-1 p50 over interleaved
-# blocks, processes stopped while not measuring): ResNet-18 21.8 ms passive, 40-62 ms at
-# GOMP_SPINCOUNT=1000, 151-172 ms at 10^4, 612-856 ms at 10^5; YOLOv8n 13.5 / 26-33 /
-# 144-194 / 1512-1751 ms: a spinning worker burns the time slice its descheduled partner
-# needs. PASSIVE stays; a region of primitives too small to pay a wake-up runs on one
-# thread instead (`backends/onednn/regionrace.py` `fastest`, measured per region).
-WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+# `onednn_layout` region is one): ResNet-18 on two threads ran no faster than on one
+# (2-core Zen 4, 2026-12-02), while a bounded spin made every libgomp path faster and
+# every path that hands the cores to OpenBLAS's threads right after slower (PP-OCR rec
+# 1.37 -> 4.34x onnxruntime, W2 bf16 eager 0.96 -> 0.33x its fp32; benchmarks/RESULTS.md).
+# So the spin may only go with the "onednn" GEMM pool (backends/pool.py), where OpenBLAS
+# runs on one thread and libgomp owns the cores alone: with SAMPAN_OMP_SPIN=auto, PASSIVE
+# where the pool may be "openblas", SPIN_POLICY where it is "onednn" (forced by
+# SAMPAN_GEMM_POOL, or the pool this CPU's kernel choice cache holds; a process that spins
+# keeps the "onednn" pool, pool.decide). Off by default (`sampan_policy`).
+PASSIVE_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+SPIN_POLICY = {"GOMP_SPINCOUNT": "10000"}
+WAIT_POLICY = PASSIVE_POLICY      # the policy without a one-pool hint
 
 
 _POLICY = {"in_force": None}
@@ -167,28 +171,100 @@ def _gomp_loaded() -> bool:
         return False
 
 
+def kernel_cache_path() -> str:
+    """The kernel choice cache file (`backends/cache.py` reads and writes it):
+    $SAMPAN_KERNEL_CACHE, else kernels.json in $SAMPAN_CACHE_DIR (~/.cache/sampan)."""
+    p = os.environ.get("SAMPAN_KERNEL_CACHE")
+    if p:
+        return p
+    d = os.environ.get("SAMPAN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "sampan")
+    return os.path.join(d, "kernels.json")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def one_pool_hint() -> bool:
+    """Whether this process's float32 GEMMs will run under the "onednn" pool (OpenBLAS on
+    one thread beside libgomp): SAMPAN_GEMM_POOL says so, or the kernel choice cache holds
+    that pool for this CPU model (every section of it that holds a pool; read before any
+    kernel library loads, so without their versions). A damaged file says no."""
+    forced = os.environ.get("SAMPAN_GEMM_POOL")
+    if forced in ("openblas", "onednn"):
+        return forced == "onednn"
+    import json
+    try:
+        with open(kernel_cache_path(), "rb") as f:
+            machines = json.loads(f.read().decode()).get("machines") or {}
+        model = _cpu_model()
+        pools = [rec.get("winner") for key, sec in machines.items()
+                 if isinstance(sec, dict) and key.split("|", 1)[0] == model
+                 for name, rec in sec.items()
+                 if name.startswith("pool:gemm:") and name[10:11].isdigit()
+                 and isinstance(rec, dict)]
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return False
+    return bool(pools) and all(p == "onednn" for p in pools)
+
+
+def sampan_policy() -> dict:
+    """The wait policy sampan gives libgomp in this process: PASSIVE by default;
+    SAMPAN_OMP_SPIN=auto spins where the "onednn" pool owns the cores (`one_pool_hint`,
+    the comment above), =1 spins whatever the pool. Default off: on the loaded 2-core Xeon
+    (2026-12-02, load 1.4-3.4, benchmarks/RESULTS.md) the spin made PP-OCR cls 1.0-1.2 ms
+    into 6-30 ms and YOLOv8n 21-25 into 34-60 ms."""
+    want = os.environ.get("SAMPAN_OMP_SPIN", "0")
+    spin = want == "1" or (want == "auto" and one_pool_hint())
+    return dict(SPIN_POLICY if spin else PASSIVE_POLICY)
+
+
 def before_openmp() -> None:
-    """Called at `import sampan` and before oneDNN loads libgomp: sampan's wait policy,
-    unless one is set. Records which policy the process's libgomp runs under
-    (`openmp_wait_policy`): one loaded before this call (e.g. by `import torch` first)
-    read the environment already and keeps libgomp's default spinning."""
+    """Called at `import sampan` and before oneDNN loads libgomp: sampan's wait policy
+    (`sampan_policy`), unless one is set, goes into the environment. Records which policy
+    sampan's libgomp runs under (`openmp_wait_policy`). A libgomp loaded before this call
+    (e.g. PyTorch's own copy, by `import torch` first) read the environment already and
+    keeps libgomp's default spinning, but the system's libgomp, which oneDNN and numba's
+    omp layer load next to it, reads the policy set here (/proc/self/maps shows both)."""
     if _POLICY["in_force"] is not None:
         return
     user = next((f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                  if k in os.environ), None)
     if user is None:
+        policy = sampan_policy()
+        os.environ.update(policy)
+        _POLICY["sampan_spin"] = policy == SPIN_POLICY
+        user = ",".join(f"{k}={v}" for k, v in policy.items())
         if _gomp_loaded():
-            _POLICY["in_force"] = "libgomp default (loaded before sampan)"
-            return
-        os.environ.update(WAIT_POLICY)
-        user = ",".join(f"{k}={v}" for k, v in WAIT_POLICY.items())
+            user += " (a libgomp loaded before sampan keeps its default)"
     _POLICY["in_force"] = user
 
 
 def openmp_wait_policy() -> str | None:
-    """The OpenMP wait policy this process's libgomp runs under, as `before_openmp`
-    found or set it (None before it ran)."""
+    """The OpenMP wait policy sampan's libgomp runs under, as `before_openmp` found or
+    set it (None before it ran)."""
     return _POLICY["in_force"]
+
+
+def openmp_spins() -> bool:
+    """Whether sampan's libgomp workers spin after a region (any policy but PASSIVE or a
+    spin count of 0)."""
+    policy = (openmp_wait_policy() or "").upper()
+    return "PASSIVE" not in policy and "GOMP_SPINCOUNT=0" not in policy.replace(" ", "")
+
+
+def spin_by_sampan() -> bool:
+    """Whether the spinning policy in force is sampan's own (`sampan_policy`), not the
+    user's: then the "onednn" GEMM pool goes with it (backends/pool.py)."""
+    return bool(_POLICY.get("sampan_spin"))
 
 
 # The OpenMP runtime a provider loaded (ctypes, with omp_set_num_threads), or None. This

@@ -186,12 +186,8 @@ def reset_state() -> None:
 
 # ----------------------------------------------------------------------------- the file
 def cache_path() -> str:
-    p = os.environ.get("SAMPAN_KERNEL_CACHE")
-    if p:
-        return p
-    d = os.environ.get("SAMPAN_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "sampan")
-    return os.path.join(d, "kernels.json")
+    from .._threads import kernel_cache_path      # read there before libgomp loads
+    return kernel_cache_path()
 
 
 def _digest(machines) -> str:

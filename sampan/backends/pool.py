@@ -22,7 +22,9 @@ oneDNN needing to win by `cache.WIN_MARGIN`)
 and kept in the kernel choice cache next to the per-class winners, keyed by the same
 machine key; a calibration run on a busy machine is provisional like any other choice (it
 keeps its load and runs again once the machine is quiet or clearly quieter: `cache.trusted`).
-``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it.
+``SAMPAN_GEMM_POOL=openblas|onednn`` or `set_pool` overrides it. Where sampan gave
+libgomp its bounded spin (`_threads.sampan_policy`: this CPU's cache held "onednn" when
+the process started), the pool is "onednn" without calibrating (`spin_owns_cores`).
 
 bfloat16 is decided apart (`decide("bfloat16")`, record `POOL_KEY_BF16`): the same shapes
 in bfloat16, oneDNN's bf16 kernels against the numpy kernel (float32 sgemm on OpenBLAS,
@@ -137,9 +139,22 @@ def decide(precision: str = "float32") -> str:
             return _state["pool"]
         name = _state["forced"] or os.environ.get("SAMPAN_GEMM_POOL")
         if name not in POOLS:
-            name = "openblas" if not cache.backends() else _measured()
+            if not cache.backends():
+                name = "openblas"
+            else:
+                name = "onednn" if spin_owns_cores() else _measured()
         _apply(name)
         return name
+
+
+def spin_owns_cores() -> bool:
+    """Whether sampan gave libgomp a spinning wait policy (`_threads.sampan_policy`: the
+    kernel choice cache held the "onednn" pool for this CPU when the process started).
+    Its pool is then "onednn" whatever a calibration would say now: OpenBLAS's threads
+    beside spinning OpenMP workers are the two pools fighting for the cores (PP-OCR rec
+    1.37 -> 4.34x onnxruntime, RESULTS.md). A spin the user set keeps the measured pool."""
+    from .. import _threads
+    return _threads.spin_by_sampan()
 
 
 def _decide_bf16() -> str:

@@ -19,11 +19,14 @@ needs_onednn = pytest.mark.skipif(not onednn.available(),
 
 @pytest.fixture
 def kcache_file(tmp_path, monkeypatch):
-    """A fresh kernel choice cache, a quiet machine and no pool forced."""
+    """A fresh kernel choice cache, a quiet machine and no pool forced (by the environment
+    or by sampan's spinning OpenMP policy)."""
     monkeypatch.setenv("SAMPAN_KERNEL_CACHE", str(tmp_path / "kernels.json"))
     monkeypatch.delenv("SAMPAN_GEMM_POOL", raising=False)
     monkeypatch.delenv("SAMPAN_GEMM_POOL_BF16", raising=False)
     monkeypatch.setattr(kcache, "busy", lambda: False)
+    # measured here even where sampan's spinning OpenMP policy holds the "onednn" pool
+    monkeypatch.setattr(pool, "spin_owns_cores", lambda: False)
     choice.reset()
     yield
     choice.reset()
@@ -346,28 +349,67 @@ def test_attention_softmax_stays_bf16_and_matches_torch_autocast():
         _close_bf16(gs, gt, f"attention grad {n}", ulps=6)
 
 
+_POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SAMPAN_OMP_SPIN", "SAMPAN_GEMM_POOL")
+
+
 def _policy_in(code, env_extra=None):
     import os
     import subprocess
     import sys
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in _POLICY_VARS}
     env.update(env_extra or {})
     out = subprocess.run([sys.executable, "-c", code + "\nfrom sampan import _threads\n"
-                          "import os\nprint(_threads.openmp_wait_policy(), "
-                          "os.environ.get('OMP_WAIT_POLICY'))"],
+                          "import os\nprint(_threads.openmp_wait_policy(), '|', "
+                          "os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"],
                          capture_output=True, text=True, env=env, timeout=120, check=True)
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_import_sampan_sets_the_passive_wait_policy_before_torch_loads_libgomp():
-    """PyTorch ships libgomp.so.1, which oneDNN then shares: sampan's passive policy is
-    set at `import sampan`, and a process that imported torch first is recorded as
-    running libgomp's default (the benchmark lines carry it)."""
-    assert _policy_in("import sampan\nimport torch") == "OMP_WAIT_POLICY=PASSIVE PASSIVE"
-    assert _policy_in("import torch\nimport sampan") == \
-        "libgomp default (loaded before sampan) None"
+def test_import_sampan_sets_its_wait_policy_before_torch_loads_libgomp():
+    """PyTorch ships libgomp.so.1, which oneDNN then shares: sampan's policy is set at
+    `import sampan` (PASSIVE; with SAMPAN_OMP_SPIN=auto a bounded spin where the "onednn"
+    GEMM pool owns the cores, here forced), and the user's own policy wins."""
+    passive = {"SAMPAN_OMP_SPIN": "0"}
+    assert _policy_in("import sampan\nimport torch", passive) == \
+        "OMP_WAIT_POLICY=PASSIVE | PASSIVE None"
+    assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "onednn",
+                                        "SAMPAN_OMP_SPIN": "auto"}) == \
+        "GOMP_SPINCOUNT=10000 | None 10000"
+    assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "onednn"}) == \
+        "OMP_WAIT_POLICY=PASSIVE | PASSIVE None"                 # the spin is off by default
+    assert _policy_in("import sampan", {"SAMPAN_GEMM_POOL": "openblas"}) == \
+        "OMP_WAIT_POLICY=PASSIVE | PASSIVE None"
     assert _policy_in("import sampan", {"OMP_WAIT_POLICY": "ACTIVE"}) == \
-        "OMP_WAIT_POLICY=ACTIVE ACTIVE"
+        "OMP_WAIT_POLICY=ACTIVE | ACTIVE None"
+
+
+def test_a_libgomp_loaded_after_torchs_reads_sampans_policy():
+    """`import torch` first loads PyTorch's libgomp, which keeps libgomp's default spin;
+    numba's omp layer then loads the system's libgomp beside it (two copies in
+    /proc/self/maps), and that one reads the policy sampan set (libgomp's own display of
+    its settings says so): before, it spun for libgomp's default 300000 rounds."""
+    pytest.importorskip("numba")
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in _POLICY_VARS}
+    env["SAMPAN_OMP_SPIN"] = "0"
+    code = ("import ctypes, sys\nimport torch\nimport sampan\n"
+            "from sampan import _threads\n"
+            "import numba.np.ufunc.omppool\n"
+            "libs = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l})\n"
+            "late = [ctypes.CDLL(p) for p in libs if 'torch' not in p]\n"
+            "late = [g for g in late if hasattr(g, 'omp_display_env')]\n"
+            "print(len(libs), len(late), _threads.openmp_wait_policy()); sys.stdout.flush()\n"
+            "[g.omp_display_env(1) for g in late[:1]]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120, check=True)
+    n_libs, n_late, policy = out.stdout.strip().split(" ", 2)
+    assert policy == "OMP_WAIT_POLICY=PASSIVE (a libgomp loaded before sampan keeps its " \
+        "default)"
+    if int(n_libs) < 2 or int(n_late) == 0:   # e.g. a torch built on the system's libgomp
+        pytest.skip(f"one libgomp here ({n_libs} loaded): nothing loads after torch's")
+    assert "GOMP_SPINCOUNT = '0'" in out.stderr, out.stderr
 
 
 def test_float64_times_float32_under_autocast_is_promoted_first_as_before():

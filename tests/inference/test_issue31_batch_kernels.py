@@ -131,10 +131,12 @@ def test_fastest_call_keeps_the_incumbent_on_a_near_tie():
     assert gemv.fastest_call([a, b], lambda f: f(0), margin=1.5) is a
 
 
-def test_split_loops_race_only_under_a_passive_wait_policy(monkeypatch):
+def test_split_loops_race_only_under_a_passive_wait_policy_or_one_blas_thread(monkeypatch):
     from sampan import _threads
-    monkeypatch.setattr(_threads, "openmp_wait_policy",
-                        lambda: "libgomp default (loaded before sampan)")
+    monkeypatch.setattr(_threads, "openmp_wait_policy", lambda: "GOMP_SPINCOUNT=10000")
+    monkeypatch.setattr(_threads, "blas_cap", lambda: 1)      # the "onednn" GEMM pool
+    assert gemv.threads_beside_blas()
+    monkeypatch.setattr(_threads, "blas_cap", lambda: None)   # OpenBLAS on every thread
     assert not gemv.threads_beside_blas()
     monkeypatch.setattr(gemv, "_BATCH_CHOSEN", {})
     monkeypatch.setattr(gemv, "_fastest_of", lambda loops, *a: loops[-1])

@@ -379,14 +379,16 @@ def bind_dense(node):
 
 def threads_beside_blas() -> bool:
     """Whether a batch's numba loops may split over OpenMP threads in a program whose
-    other layers run BLAS: only under a passive wait policy (sampan's default,
-    `_threads.WAIT_POLICY`). Where libgomp spins (its default, e.g. when torch loaded a
-    libgomp first: the W5 benchmark's process), a worker left spinning after a split loop
+    other layers run BLAS: under a passive wait policy (`_threads.PASSIVE_POLICY`), or
+    where OpenBLAS runs on one thread. Where libgomp spins (its default, e.g. when torch
+    loaded a libgomp first: the W5 benchmark's process), a worker left spinning after a split loop
     holds the core the next layer's OpenBLAS thread needs (LeNet at batch 64 with one
     layer on oneDNN's OpenMP and the rest on BLAS: p50 28 ms against 0.9 ms, loaded
-    2-core Zen 4, 2026-12-02). A race of each node alone cannot see that."""
-    policy = _threads.openmp_wait_policy() or ""
-    return "PASSIVE" in policy.upper()
+    2-core Zen 4, 2026-12-02). A race of each node alone cannot see that.
+    Under the "onednn" GEMM pool OpenBLAS runs on one thread (no workers of its own to
+    starve), so there they split whatever the policy (sampan's bounded spin goes with
+    that pool: _threads.py, backends/pool.py)."""
+    return not _threads.openmp_spins() or _threads.blas_cap() == 1
 
 
 def fastest_call(fns, call, rounds=5, budget_s=0.05, margin=1.05):
