@@ -182,7 +182,9 @@ def kernel_cache_path() -> str:
     return os.path.join(d, "kernels.json")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name, as the kernel choice cache keys its records (`backends/cache.py`
+    uses this one)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -190,7 +192,8 @@ def _cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return ""
+    import platform
+    return platform.processor() or platform.machine()
 
 
 def one_pool_hint() -> bool:
@@ -205,7 +208,7 @@ def one_pool_hint() -> bool:
     try:
         with open(kernel_cache_path(), "rb") as f:
             machines = json.loads(f.read().decode()).get("machines") or {}
-        model = _cpu_model()
+        model = cpu_model()
         pools = [rec.get("winner") for key, sec in machines.items()
                  if isinstance(sec, dict) and key.split("|", 1)[0] == model
                  for name, rec in sec.items()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import threading
 import time
 import warnings
@@ -56,14 +55,8 @@ class KernelCacheWarning(UserWarning):
 
 # ----------------------------------------------------------------------------- machine
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from .._threads import cpu_model as model     # one reading, shared with the pool hint
+    return model()
 
 
 def cpu_flags() -> list:

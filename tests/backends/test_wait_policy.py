@@ -21,7 +21,7 @@ def clean_env(tmp_path, monkeypatch):
 
 
 def _write_pools(path, winners, model=None):
-    model = model or _threads._cpu_model()
+    model = model or _threads.cpu_model()
     machines = {f"{model}|abc|numpy=1|threads={i + 2}": {pool.POOL_KEY: {"winner": w}}
                 for i, w in enumerate(winners)}
     path.write_text(json.dumps({"format": 1, "machines": machines, "sha256": "x"}))
