@@ -14,6 +14,8 @@ FAMILIES = ["creation", "elementwise", "unary", "index", "linalg", "random", "re
             "quant_fused",
             # issue 31: a float layer with its epilogue (the Predictor's fuse_dense)
             "dense",
+            # issue 31: masked self-attention in one node (the Predictor's fuse_attention)
+            "attention",
             # issue 23: collectives (run through the current sampan.distributed group)
             "collective",
             # issue 34: control flow (nodes holding nested Graphs)

@@ -297,3 +297,20 @@ def _conv2d_block(t, a, k):
 
 
 ORACLE.update({"dense": _dense, "conv2d_block": _conv2d_block})
+
+
+# issue 31: BERT's self-attention in one node (sampan/ops/attention.py)
+def _attention(t, a, k):
+    q, kk, v = a[:3]
+    b, s, h = q.shape
+    nh = k["heads"]
+
+    def split(x):
+        return x.reshape(b, s, nh, h // nh).transpose(1, 2)
+    mask = a[3] if len(a) > 3 else None
+    o = t.nn.functional.scaled_dot_product_attention(split(q), split(kk), split(v),
+                                                     attn_mask=mask, scale=k["scale"])
+    return o.transpose(1, 2).reshape(b, s, h)
+
+
+ORACLE.update({"attention": _attention})

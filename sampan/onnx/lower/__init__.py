@@ -26,3 +26,4 @@ from __future__ import annotations
 from ._register import register_lowering  # noqa: F401  (the families' decorator)
 from . import (conv, creation, elementwise, fused, index, layout, matmul, reduce,  # noqa: E402,F401
                quant, quant_fused, rowwise, shape, sort)
+from . import attention  # noqa: E402,F401  (issue 31: the fused self-attention)

@@ -30,6 +30,8 @@ def kernels() -> dict:
     from .. import convblock, gemv   # the float layers with their epilogues (issue 31)
     out.update(gemv.KERNELS)
     out.update(convblock.KERNELS)
+    from .. import attention   # BERT's self-attention in one node (issue 31, W8)
+    out.update(attention.KERNELS)
     return out
 
 
