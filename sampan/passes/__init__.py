@@ -22,6 +22,7 @@ from . import unfuse  # noqa: F401,E402  (issue 30: the Predictor's steps are pa
 from . import licm  # noqa: F401,E402  (issue 34: loop-invariant code motion)
 from . import onednn_layout  # noqa: F401,E402  (issue 31: convs in oneDNN's layouts)
 from . import fuse_layers  # noqa: F401,E402  (issue 31: a served layer and its epilogue)
+from . import fuse_attention  # noqa: F401,E402  (issue 31: BERT's self-attention, one node)
 from .bisect import BisectResult, bisect, bisect_graph  # noqa: E402
 # `plan_memory` is registered by sampan.runtime.memory, whose plan the code generator reads
 

@@ -94,10 +94,11 @@ PIPELINES: dict[str, list] = {
     # the Predictor's list (Config.pass_builder()): inference, then each node given to a
     # kernel provider of the Config's list (`partition`) before the memory plan; `licm`
     # as in "inference", so a served loop computes its invariants once, not per iteration;
-    # `fuse_layers` after it: a layer and its epilogue one kernel where numba serves them
+    # `fuse_layers` after it: a layer and its epilogue one kernel where numba serves them;
+    # `fuse_attention` before the fusion: BERT's self-attention chain one node
     "predictor": ["freeze_state", "simplify", "fold_constants", "cse", "simplify", "dce",
-                  "fold_batch_norm", "dce", "licm", "fuse_elementwise", "onednn_layout",
-                  "partition", "fuse_layers", "plan_memory"],
+                  "fold_batch_norm", "dce", "licm", "fuse_attention", "fuse_elementwise",
+                  "onednn_layout", "partition", "fuse_layers", "plan_memory"],
     # the train pipeline after `distribute` (gradients all-reduced before the update)
     "data_parallel": ["distribute", "simplify", "fold_constants", "cse", "dce", "licm",
                       "merge_slice_grads", "share_reshape_copies", "fuse_elementwise",

@@ -35,14 +35,15 @@ def test_default_pipeline_and_dumps(saved, tmp_path):
     p = create_predictor(cfg)
     assert p.passes_run == pipeline("predictor")
     assert _steps(tmp_path) == ["loaded"] + pipeline("predictor")
-    # step 10: "licm" (issue 34: a Predictor hoists loop invariants) precedes the fusion
-    text = open(tmp_path / "10_fuse_elementwise.ir").read()
-    assert text.splitlines()[0] == "// after step 10: fuse_elementwise"
-    # step 13: fuse_layers (issue 31) folds each layer's epilogue; onednn_layout,
+    # step 11: "licm" (issue 34: a Predictor hoists loop invariants) and fuse_attention
+    # (issue 31: nothing to do in an MLP) precede the fusion
+    text = open(tmp_path / "11_fuse_elementwise.ir").read()
+    assert text.splitlines()[0] == "// after step 11: fuse_elementwise"
+    # step 14: fuse_layers (issue 31) folds each layer's epilogue; onednn_layout,
     # partition and the plan change no text
-    last = open(tmp_path / "13_fuse_layers.ir").read()
+    last = open(tmp_path / "14_fuse_layers.ir").read()
     assert last.split("\n", 1)[1] == str(p.graph) != text.split("\n", 1)[1]
-    assert open(tmp_path / "13_fuse_layers.dot").read() == p.graph.to_dot()
+    assert open(tmp_path / "14_fuse_layers.dot").read() == p.graph.to_dot()
     assert open(tmp_path / "00_loaded.dot").read().startswith("digraph")
     _check(p, models["mlp"])
 
@@ -59,7 +60,7 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     b.turn_off("fold_batch_norm")
     b.turn_off("simplify")                       # every occurrence
     want_all = ["dce", "fold_constants", "dce", "fold_batch_norm", "dce", "licm",
-                "fuse_elementwise", "onednn_layout", "partition", "fuse_layers", "plan_memory",
+                "fuse_attention", "fuse_elementwise", "onednn_layout", "partition", "fuse_layers", "plan_memory",
                 "cse"]
     want_all.insert(1, "simplify")
     want_all.insert(3, "simplify")
@@ -67,7 +68,7 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     assert b.enabled_passes() == [n for n in want_all if n not in ("simplify",
                                                                    "fold_batch_norm")]
     p = create_predictor(cfg)
-    assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "licm",
+    assert p.passes_run == ["dce", "fold_constants", "dce", "dce", "licm", "fuse_attention",
                             "fuse_elementwise", "onednn_layout", "partition", "fuse_layers",
                             "cse",
                             "plan_memory"]
@@ -77,7 +78,8 @@ def test_every_edit_shows_in_the_steps_and_the_dumps(saved, tmp_path):
     b.delete_pass(-1)
     create_predictor(cfg)                        # a second run replaces the old dumps
     assert _steps(tmp_path) == ["loaded", "dce", "simplify", "fold_constants", "simplify",
-                                "dce", "dce", "licm", "fuse_elementwise", "onednn_layout",
+                                "dce", "dce", "licm", "fuse_attention", "fuse_elementwise",
+                                "onednn_layout",
                                 "partition", "fuse_layers", "plan_memory"]
 
 
