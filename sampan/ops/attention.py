@@ -57,7 +57,7 @@ def _rule(q, k, v, bias=None, heads=1, scale=1.0):
     return Spec((b, s, h), q.dtype)
 
 
-def reference(q, k, v, bias=None, heads=1, scale=1.0):
+def attention_reference(q, k, v, bias=None, heads=1, scale=1.0):
     """numpy: the unfused chain (q scaled, scores, + bias, softmax, @ v), in a new array."""
     b, s, h = q.shape
     d = h // heads
@@ -100,7 +100,7 @@ def _samples():
 
 
 ATTENTION = defop(
-    OP, _rule, kernel=reference, grad=NOT_DIFFERENTIABLE, flops=_flops, samples=_samples,
+    OP, _rule, kernel=attention_reference, grad=NOT_DIFFERENTIABLE, flops=_flops, samples=_samples,
     gemm=True,
     doc="masked multi-head self-attention softmax((q*scale) @ k^T + bias) @ v per head, "
         "token-major in and out (written by the Predictor's fuse_attention pass)")

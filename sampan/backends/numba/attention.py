@@ -126,7 +126,7 @@ def attention(q, k, v, bias=None, heads=1, scale=1.0):
     """The op's numba kernel (float32); else its numpy kernel."""
     _a._rule(q, k, v, bias, heads=heads, scale=scale)   # shapes checked before the loop
     if q.dtype != _F32 or q.size == 0:
-        return _a.reference(q, k, v, bias, heads=heads, scale=scale)
+        return _a.attention_reference(q, k, v, bias, heads=heads, scale=scale)
     b, s, h = q.shape
     qf, ldq = _rows(q)
     kf, ldk = _rows(k)
