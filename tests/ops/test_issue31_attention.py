@@ -1,6 +1,7 @@
 """The `attention` op (issue 31, W8): its numba kernel against a float64 numpy reference,
 with and without a key mask, over head counts, sequence lengths and batch 1; q, k and v
-read in place from column slices of one projection output; bad shapes and dtypes."""
+read in place from column slices of one projection output; both numba variants (numpy's
+OpenBLAS from the kernel, and the loops); bad shapes and dtypes."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,17 @@ from sampan.errors import DTypeError, ShapeError
 from sampan.ops.registry import OPS
 
 OP = OPS["attention"]
+
+
+@pytest.fixture(params=["loops", "blas"])
+def variant(request, monkeypatch):
+    """Each numba variant of the kernel in turn (SAMPAN_ATTENTION_KERNEL)."""
+    from sampan.backends.numba import attention, cblas
+    if request.param == "blas" and cblas.find() is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS the kernel can call")
+    monkeypatch.setenv("SAMPAN_ATTENTION_KERNEL", request.param)
+    assert attention.kernel_name() == request.param
+    return request.param
 
 
 def _ref64(q, k, v, bias, heads, scale):
@@ -46,7 +58,7 @@ def _mask(b, s, rng):
                                          (3, 13, 24, 6), (2, 33, 16, 2)])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("sliced", [False, True])
-def test_kernel_matches_float64(b, s, h, heads, masked, sliced):
+def test_kernel_matches_float64(b, s, h, heads, masked, sliced, variant):
     rng = np.random.default_rng(b * 100 + s + heads)
     q, k, v = _inputs(b, s, h, rng, sliced)
     bias = _mask(b, s, rng) if masked else None
@@ -59,7 +71,7 @@ def test_kernel_matches_float64(b, s, h, heads, masked, sliced):
     np.testing.assert_allclose(ref, want, rtol=0, atol=2e-6)
 
 
-def test_masked_keys_get_no_weight():
+def test_masked_keys_get_no_weight(variant):
     rng = np.random.default_rng(3)
     q, k, v = _inputs(2, 8, 8, rng)
     bias = _mask(2, 8, rng)
@@ -96,3 +108,20 @@ def test_bad_inputs_name_the_op(args, attrs, err, text):
     assert "attention" in str(e.value)
     with pytest.raises(err, match="attention"):
         OP.kernel(*args, **attrs)          # the numba kernel checks before its loop
+
+
+def test_blas_variant_leaves_openblas_threads_as_they_were(variant):
+    """The kernel sets one OpenBLAS thread in each numba thread for its products and puts
+    the count back: numpy's own matmuls after it still get every thread."""
+    import ctypes
+
+    from sampan.backends.numba import cblas
+    lib = cblas.find()
+    if lib is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS the kernel can call")
+    setl = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lib.set_local)
+    before = setl(0)              # 0 leaves the count alone and returns it
+    rng = np.random.default_rng(5)
+    q, k, v = _inputs(2, 16, 32, rng)
+    OP.kernel(q, k, v, heads=4, scale=0.25)
+    assert setl(0) == before

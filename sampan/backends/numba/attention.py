@@ -1,28 +1,36 @@
-"""The numba kernel of `attention` (ops/attention.py): masked multi-head self-attention,
+"""The numba kernels of `attention` (ops/attention.py): masked multi-head self-attention,
 one (sequence, head) pair a task, the pairs split over numba's threads (`prange`).
 
-A task copies its head's k^T (d, S) and v (S, d) once into arrays of its own (16 KB each
-for MiniLM's d = 32, S = 128: they stay in L1/L2 for all S queries), then for each query
-row makes the S scores in one row buffer (``(q * scale) @ k^T``, vectorised over the keys),
-adds the key mask, takes the row's max, exponentials (mathlib's exp32, as the softmax's
-numba loop), the sum and 1 / sum, and accumulates ``p @ v`` into d sums that it writes
-to the output's token-major row. Nothing S x S leaves the task, and q, k and v are read
-in place from the projections' rows: a (B, S, H) array whose rows have any stride (the
-int8 path's q, k and v are column slices of one (B*S, 3H) GEMM output) is read through a
-flat view of its buffer with its row stride, not copied.
+Two variants compute the same thing; `kernel_name()` says which runs.
 
-Each score is the unfused chain's: q scaled first, the bias added to the finished sum,
-p = e * (1 / sum); the sums run in this loop's order, not BLAS's, so the results agree
-with the unfused chain within float32 rounding (tests: 1e-5), not bit for bit.
-float32 only; other dtypes and empty inputs run the op's numpy kernel.
+- ``"blas"`` (`_attn_blas`, where numpy's BLAS is an OpenBLAS that kernels can call:
+  `cblas.find`): a task's scores ``scale * q k^T`` come from one sgemm on the
+  projections' rows in place into its (S, S) buffer (64 KB at S = 128: in L2), the key
+  mask, max, exponentials (mathlib's exp32), 1 / sum and p = e * (1 / sum) row by row
+  there, then ``p @ v`` from a second sgemm written straight into the output's
+  token-major rows. Each numba thread runs OpenBLAS with one thread of its own.
+- ``"loops"`` (`_attn_loops`, the fallback): the same in numba loops, 4 query rows a step
+  over a packed k^T and v; ~1.4-2x slower at W8's shape (B 32, S 128, 12 heads of 32).
+
+Neither makes a head-major array or lets anything S x S leave the task: a (B, S, H)
+array whose rows have any stride (the int8 path's q, k and v are column slices of one
+(B*S, 3H) GEMM output) is read through its buffer with its row stride, not copied.
+
+The sums run in another order than the unfused chain's batched BLAS (and "blas" scales
+the product, not q), so the results agree with the chain within float32 rounding (tests:
+1e-5), not bit for bit. float32 only; other dtypes and empty inputs run the op's numpy
+kernel.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from numba import prange
 
 from ...ops import attention as _a
 from ...ops._nb import FASTMATH_IEEE, njit
+from . import cblas
 from .mathlib import exp32
 
 _F32 = np.dtype(np.float32)
@@ -51,7 +59,7 @@ def _softmax_row(sc, r, bias, b, has_bias, s):
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH_IEEE, error_model="numpy",
       boundscheck=False)
-def _attn(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, out):
+def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, out):
     h = nh * d
     for t in prange(nb * nh):
         b = t // nh
@@ -106,6 +114,57 @@ def _attn(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, out):
                     out[ro + c] = acc[r, c]
 
 
+@njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH_IEEE, error_model="numpy",
+      boundscheck=False)
+def _attn_blas(gemm, local, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, nb, s, nh, d,
+               scale, o0):
+    """As `_attn_loops`, the two products by numpy's OpenBLAS (`cblas`: sgemm at address
+    `gemm`, one OpenBLAS thread in each numba thread) on the projections' rows in place
+    (addresses q0, k0, v0 with row strides ld*; o0 the (B, S, H) output's): a task's
+    scores are scale * q k^T into its (S, S) buffer, the softmax row by row there, then
+    p @ v written to the output's token-major rows (row stride H)."""
+    h = nh * d
+    one, zero = np.float32(1.0), np.float32(0.0)
+    for t in prange(nb * nh):
+        b = t // nh
+        col = (t - b * nh) * d
+        base = b * s
+        sc = np.empty((s, s), np.float32)
+        pa = np.int64(sc.ctypes.data)
+        prev = cblas.set_threads_local(local, np.int64(1))
+        qa, ka = q0 + 4 * (base * ldq + col), k0 + 4 * (base * ldk + col)
+        va, oa = v0 + 4 * (base * ldv + col), o0 + 4 * (base * h + col)
+        if ilp64:
+            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, s, d,
+                          scale, qa, ldq, ka, ldk, zero, pa, s)
+        else:
+            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, s, d,
+                          scale, qa, ldq, ka, ldk, zero, pa, s)
+        for i in range(s):
+            inv = _softmax_row(sc, i, bias, b, has_bias, s)
+            for j in range(s):
+                sc[i, j] = sc[i, j] * inv
+        if ilp64:
+            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, s,
+                          one, pa, s, va, ldv, zero, oa, h)
+        else:
+            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, s,
+                          one, pa, s, va, ldv, zero, oa, h)
+        cblas.set_threads_local(local, prev)
+
+
+def kernel_name():
+    """The variant `attention` runs: "blas" where numpy's OpenBLAS can be called from the
+    kernel (`cblas.find`), else "loops"; ``SAMPAN_ATTENTION_KERNEL=loops|blas`` chooses."""
+    want = os.environ.get("SAMPAN_ATTENTION_KERNEL", "")
+    if want == "loops" or (want != "blas" and cblas.find() is None):
+        return "loops"
+    if cblas.find() is None:
+        raise RuntimeError("SAMPAN_ATTENTION_KERNEL=blas: numpy's BLAS is not an OpenBLAS "
+                           "that numba kernels can call (sampan.backends.numba.cblas.find)")
+    return "blas"
+
+
 def _rows(x):
     """(a flat float32 view of x's buffer from its first element, the row stride in
     elements) for x (B, S, H) whose last dim is contiguous and whose batch stride is S
@@ -136,8 +195,16 @@ def attention(q, k, v, bias=None, heads=1, scale=1.0):
     else:
         bm = np.ascontiguousarray(bias).reshape(b, s)
     out = np.empty((b, s, h), _F32)
-    _attn(qf, ldq, kf, ldk, vf, ldv, bm, bias is not None, b, s, int(heads), h // int(heads),
-          np.float32(scale), out.reshape(-1))
+    nh, d = int(heads), h // int(heads)
+    if kernel_name() == "blas":
+        lib = cblas.find()
+        _attn_blas(np.int64(lib.sgemm), np.int64(lib.set_local), lib.ilp64,
+                   np.int64(qf.ctypes.data), ldq, np.int64(kf.ctypes.data), ldk,
+                   np.int64(vf.ctypes.data), ldv, bm, bias is not None, b, s, nh, d,
+                   np.float32(scale), np.int64(out.ctypes.data))
+    else:
+        _attn_loops(qf, ldq, kf, ldk, vf, ldv, bm, bias is not None, b, s, nh, d,
+                    np.float32(scale), out.reshape(-1))
     return out
 
 
