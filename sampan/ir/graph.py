@@ -187,6 +187,22 @@ class Graph:
             n.inputs = [new if v is old else v for v in n.inputs]
         self.outputs = [new if v is old else v for v in self.outputs]
 
+    def splice(self, replace: dict, rename: dict) -> None:
+        """Rewrite the node list in one sweep, as the rewriting passes end: a node whose
+        ``id()`` is a key of `replace` gives way, where it stood, to the nodes of
+        ``replace[id(node)]`` (a list; empty drops it); every node's inputs and the graph's
+        outputs read ``rename[value.id]`` where that id is a key (the replaced values'
+        successors); constants that nothing reads any more are dropped. Replacement nodes
+        must only read values defined before the node they take the place of."""
+        nodes = []
+        for n in self.nodes:
+            nodes.extend(replace.get(id(n), (n,)))
+        for n in nodes:
+            n.inputs = [rename.get(v.id, v) for v in n.inputs]
+        self.nodes = nodes
+        self.outputs = [rename.get(v.id, v) for v in self.outputs]
+        self.prune_consts()
+
     def prune_consts(self):
         """Drop constants no node or output reads."""
         used = {v.id for n in self.nodes for v in n.inputs} | {v.id for v in self.outputs}

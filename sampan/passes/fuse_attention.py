@@ -181,17 +181,6 @@ def fuse_attention(g):
         drop.update(id(c) for c in chain)
         at[id(fin)] = new            # the chain's last node: every input is defined there
         rep[fin.outputs[0].id] = y
-    if not at:
-        return g
-    nodes = []
-    for n in g.nodes:
-        if id(n) in at:
-            nodes.extend(at[id(n)])
-        elif id(n) not in drop:
-            nodes.append(n)
-    for n in nodes:
-        n.inputs = [rep.get(v.id, v) for v in n.inputs]
-    g.nodes = nodes
-    g.outputs = [rep.get(v.id, v) for v in g.outputs]
-    g.prune_consts()
+    if at:
+        g.splice({**{i: [] for i in drop}, **at}, rep)
     return g

@@ -155,15 +155,6 @@ def fold_batch_norm(g):
         for u in chain:
             replace[id(u)] = None
         rep[last.id] = result
-    if not replace:
-        return g
-    nodes = []
-    for n in g.nodes:
-        r = replace.get(id(n), [n])
-        nodes.extend(r or ())
-    for n in nodes:
-        n.inputs = [rep.get(v.id, v) for v in n.inputs]
-    g.nodes = nodes
-    g.outputs = [rep.get(v.id, v) for v in g.outputs]
-    g.prune_consts()
+    if replace:
+        g.splice({k: r or [] for k, r in replace.items()}, rep)
     return g

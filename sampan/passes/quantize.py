@@ -209,8 +209,8 @@ def _share_rows(g):
     for n in g.nodes:
         if n.op == "qdense_dynamic" and all(v.is_const for v in n.inputs[1:]):
             groups.setdefault((n.inputs[0].id, len(n.inputs)), []).append(n)
-    merged = {}          # id(first node of a group) -> the nodes replacing it
-    gone = set()
+    merged = {}     # id(first node of a group) -> the nodes replacing it; the others -> []
+    rename = {}
     for nodes in groups.values():
         if len(nodes) < 2:
             continue
@@ -233,17 +233,10 @@ def _share_rows(g):
                       {"index": (("s", None, None, None), ("s", off, off + width, None))},
                       n.loc)
             sl.outputs.append(Value(g._new_id(), n.outputs[0].shape, np.float32, node=sl))
-            g.replace_all_uses_with(n.outputs[0], sl.outputs[0])
+            rename[n.outputs[0].id] = sl.outputs[0]
             new.append(sl)
             off += width
-            gone.add(id(n))
+            merged[id(n)] = []
         merged[id(first)] = new
-    if not merged:
-        return
-    nodes = []
-    for n in g.nodes:
-        if id(n) in merged:
-            nodes.extend(merged[id(n)])
-        elif id(n) not in gone:
-            nodes.append(n)
-    g.nodes = nodes
+    if merged:
+        g.splice(merged, rename)

@@ -93,3 +93,34 @@ def test_attribute_literals_roundtrip():
               (("t", 0),)]:
         assert _eval_lit(ast.parse(fmt_lit(v), mode="eval").body) == v
     assert np.isnan(_eval_lit(ast.parse(fmt_lit(float("nan")), mode="eval").body))
+
+
+def test_splice_replaces_drops_renames_and_prunes():
+    """Graph.splice, the one rewrite the passes end with: relu(x) * 2 + 1 with the mul and
+    add replaced by one sub node (and the add dropped) runs as the hand-written program,
+    verifies, and loses the constants nothing reads."""
+    from sampan.ir import Node, Value
+    from sampan.runtime.codegen import compile_graph
+    g = parse("""graph f(%0: f32[3] 'x') {
+      %1: f32[3] = const(value=[2.0, 2.0, 2.0])
+      %2: f32[3] = const(value=[1.0, 1.0, 1.0])
+      %3: f32[3] = relu(%0)
+      %4: f32[3] = mul(%3, %1)
+      %5: f32[3] = add(%4, %2)
+      %6: f32[3] = neg(%5)
+      return (%6, %5)
+    }""")
+    relu, mul, add, _ = g.nodes
+    assert len(g.consts) == 2
+    c = g.add_const(np.full(3, 5, np.float32))
+    sub = Node("sub", [relu.outputs[0], c], {}, "")
+    sub.outputs.append(Value(g._new_id(), (3,), np.float32, node=sub))
+    g.splice({id(mul): [sub], id(add): []}, {add.outputs[0].id: sub.outputs[0]})
+    verify(g)
+    assert [n.op for n in g.nodes] == ["relu", "sub", "neg"]
+    assert g.outputs[1] is sub.outputs[0] and g.nodes[2].inputs[0] is sub.outputs[0]
+    assert len(g.consts) == 1                        # c0 and c1 are read no more
+    x = np.array([-1, 0, 2], np.float32)
+    got = compile_graph(g)(x)
+    np.testing.assert_array_equal(got[0], -(np.maximum(x, 0) - 5))
+    np.testing.assert_array_equal(got[1], np.maximum(x, 0) - 5)
