@@ -259,7 +259,11 @@ def _group_io(g, grp):
     return members, read_outside, inputs, index
 
 
-def _engine_node(g, grp, engine, k):
+def group_body(g, grp):
+    """(member nodes, the group's inputs, its engine body, the values read outside it,
+    value id -> position) of group `grp`: the body has one (op, input positions, attrs,
+    number of outputs) per member; positions count the inputs first, then every member's
+    outputs in order (as the engine node's runner numbers them)."""
     members, read_outside, inputs, index = _group_io(g, grp)
     pos = len(inputs)
     body, outs = [], []
@@ -271,12 +275,17 @@ def _engine_node(g, grp, engine, k):
             pos += 1
             if v.id in read_outside:
                 outs.append(v)
+    return members, inputs, tuple(body), outs, index
+
+
+def _engine_node(g, grp, engine, k):
+    members, inputs, body, outs, index = group_body(g, grp)
     locs = [n.loc for n in members if n.loc]
     loc = locs[0] if locs else ""
     if len(set(locs)) > 1:
         loc = f"{loc} (+{len(set(locs)) - 1} more lines)"
     node = Node("engine", inputs, {
-        "engine": engine, "body": tuple(body), "outputs": tuple(index[v.id] for v in outs),
+        "engine": engine, "body": body, "outputs": tuple(index[v.id] for v in outs),
         "in_specs": tuple(spec_attr(v.shape, v.dtype) for v in inputs),
         "out_specs": tuple(spec_attr(v.shape, v.dtype) for v in outs)}, loc)
     for j, v in enumerate(outs):

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..ir.text import node_str
 from .manager import PassError, register_pass
-from .offload import _engine_node, _group_io, _order, partition
+from .offload import _engine_node, _order, group_body, partition
 
 REPORT = "onednn_layout_report"
 # a region smaller than this (MFLOP per image) stays with the op-table kernels: oneDNN's
@@ -196,19 +196,9 @@ def _dims_key(g):
 def _body(g, grp):
     """(body, per input its constant or None, outputs, shapes) of group `grp`, indexed as
     `offload._engine_node` indexes the engine node it makes."""
-    members, read_outside, inputs, index = _group_io(g, grp)
+    members, inputs, body, outs, index = group_body(g, grp)
     same = _dims_key(g)
     shapes = {i: same(v.shape) for i, v in enumerate(inputs)}
-    pos = len(inputs)
-    body, outs = [], []
-    for n in members:
-        body.append((n.op, tuple(index[v.id] for v in n.inputs), tuple(n.attrs.items()),
-                     len(n.outputs)))
-        for v in n.outputs:
-            index[v.id] = pos
-            shapes[pos] = same(v.shape)
-            pos += 1
-            if v.id in read_outside:
-                outs.append(index[v.id])
+    shapes.update({index[v.id]: same(v.shape) for n in members for v in n.outputs})
     consts = [v.const if v.is_const else None for v in inputs]
-    return tuple(body), consts, tuple(outs), shapes
+    return body, consts, tuple(index[v.id] for v in outs), shapes
