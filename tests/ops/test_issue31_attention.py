@@ -111,17 +111,30 @@ def test_bad_inputs_name_the_op(args, attrs, err, text):
 
 
 def test_blas_variant_leaves_openblas_threads_as_they_were(variant):
-    """The kernel sets one OpenBLAS thread in each numba thread for its products and puts
-    the count back: numpy's own matmuls after it still get every thread."""
-    import ctypes
+    """The kernel runs OpenBLAS at one thread for its products and puts the process's count
+    back, also when two Python threads run it at once (the count is process-wide): numpy's
+    own matmuls after it still get every thread."""
+    import threading
 
     from sampan.backends.numba import cblas
     lib = cblas.find()
     if lib is None:
         pytest.skip("numpy's BLAS is not an OpenBLAS the kernel can call")
-    setl = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lib.set_local)
-    before = setl(0)              # 0 leaves the count alone and returns it
+    before = lib.set_count(2)
+    lib.set_count(before)
     rng = np.random.default_rng(5)
     q, k, v = _inputs(2, 16, 32, rng)
-    OP.kernel(q, k, v, heads=4, scale=0.25)
-    assert setl(0) == before
+    want = _ref64(q, k, v, None, 4, 0.25)
+    errs = []
+
+    def work():
+        for _ in range(20):
+            errs.append(np.abs(OP.kernel(q, k, v, heads=4, scale=0.25) - want).max())
+    ts = [threading.Thread(target=work) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(errs) == 40 and max(errs) < 2e-6
+    now = lib.set_count(before)
+    assert now == before

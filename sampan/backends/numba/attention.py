@@ -8,7 +8,7 @@ Two variants compute the same thing; `kernel_name()` says which runs.
   projections' rows in place into its (S, S) buffer (64 KB at S = 128: in L2), the key
   mask, max, exponentials (mathlib's exp32), 1 / sum and p = e * (1 / sum) row by row
   there, then ``p @ v`` from a second sgemm written straight into the output's
-  token-major rows. Each numba thread runs OpenBLAS with one thread of its own.
+  token-major rows. OpenBLAS runs at one thread meanwhile (`cblas.one_thread`).
 - ``"loops"`` (`_attn_loops`, the fallback): the same in numba loops, 4 query rows a step
   over a packed k^T and v; ~1.4-2x slower at W8's shape (B 32, S 128, 12 heads of 32).
 
@@ -45,10 +45,26 @@ def _softmax_row(sc, r, bias, b, has_bias, s):
     if has_bias:
         for j in range(s):
             sc[r, j] = sc[r, j] + bias[b, j]
-    m = sc[r, 0]
-    for j in range(1, s):
-        x = sc[r, j]
-        m = x if x > m else m
+    # the max in 8 running maxima: one compare-and-select chain does not vectorise
+    # (3.5x slower on a row in L1)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = sc[r, 0]
+    j = 0
+    while j + 8 <= s:
+        x0, x1, x2, x3 = sc[r, j], sc[r, j + 1], sc[r, j + 2], sc[r, j + 3]
+        x4, x5, x6, x7 = sc[r, j + 4], sc[r, j + 5], sc[r, j + 6], sc[r, j + 7]
+        a0 = x0 if x0 > a0 else a0
+        a1 = x1 if x1 > a1 else a1
+        a2 = x2 if x2 > a2 else a2
+        a3 = x3 if x3 > a3 else a3
+        a4 = x4 if x4 > a4 else a4
+        a5 = x5 if x5 > a5 else a5
+        a6 = x6 if x6 > a6 else a6
+        a7 = x7 if x7 > a7 else a7
+        j += 8
+    m = max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+    while j < s:
+        m = max(m, sc[r, j])
+        j += 1
     tot = np.float32(0.0)
     for j in range(s):
         e = exp32(sc[r, j] - m)
@@ -116,22 +132,24 @@ def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH_IEEE, error_model="numpy",
       boundscheck=False)
-def _attn_blas(gemm, local, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, nb, s, nh, d,
-               scale, o0):
+def _attn_blas(gemm, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, nb, s, nh, d,
+               scale, out):
     """As `_attn_loops`, the two products by numpy's OpenBLAS (`cblas`: sgemm at address
-    `gemm`, one OpenBLAS thread in each numba thread) on the projections' rows in place
-    (addresses q0, k0, v0 with row strides ld*; o0 the (B, S, H) output's): a task's
-    scores are scale * q k^T into its (S, S) buffer, the softmax row by row there, then
-    p @ v written to the output's token-major rows (row stride H)."""
+    `gemm`, OpenBLAS at one thread: `cblas.one_thread`) on the projections' rows in place
+    (addresses q0, k0, v0 with row strides ld*; `out` the (B, S, H) output, flat): a
+    task's scores are scale * q k^T into its (S, S) buffer, the exponentials row by row
+    there, then e @ v written to the output's token-major rows (row stride H) and each
+    row scaled by its 1 / sum."""
     h = nh * d
     one, zero = np.float32(1.0), np.float32(0.0)
+    o0 = np.int64(out.ctypes.data)
     for t in prange(nb * nh):
         b = t // nh
         col = (t - b * nh) * d
         base = b * s
         sc = np.empty((s, s), np.float32)
+        inv = np.empty(s, np.float32)
         pa = np.int64(sc.ctypes.data)
-        prev = cblas.set_threads_local(local, np.int64(1))
         qa, ka = q0 + 4 * (base * ldq + col), k0 + 4 * (base * ldk + col)
         va, oa = v0 + 4 * (base * ldv + col), o0 + 4 * (base * h + col)
         if ilp64:
@@ -141,16 +159,17 @@ def _attn_blas(gemm, local, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, nb
             cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, s, d,
                           scale, qa, ldq, ka, ldk, zero, pa, s)
         for i in range(s):
-            inv = _softmax_row(sc, i, bias, b, has_bias, s)
-            for j in range(s):
-                sc[i, j] = sc[i, j] * inv
+            inv[i] = _softmax_row(sc, i, bias, b, has_bias, s)
         if ilp64:
             cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, s,
                           one, pa, s, va, ldv, zero, oa, h)
         else:
             cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, s,
                           one, pa, s, va, ldv, zero, oa, h)
-        cblas.set_threads_local(local, prev)
+        for i in range(s):            # 1 / sum on the d outputs of a row, not its s weights
+            ro = (base + i) * h + col
+            for c in range(d):
+                out[ro + c] = out[ro + c] * inv[i]
 
 
 def kernel_name():
@@ -198,10 +217,10 @@ def attention(q, k, v, bias=None, heads=1, scale=1.0):
     nh, d = int(heads), h // int(heads)
     if kernel_name() == "blas":
         lib = cblas.find()
-        _attn_blas(np.int64(lib.sgemm), np.int64(lib.set_local), lib.ilp64,
-                   np.int64(qf.ctypes.data), ldq, np.int64(kf.ctypes.data), ldk,
-                   np.int64(vf.ctypes.data), ldv, bm, bias is not None, b, s, nh, d,
-                   np.float32(scale), np.int64(out.ctypes.data))
+        with cblas.one_thread():
+            _attn_blas(np.int64(lib.sgemm), lib.ilp64, np.int64(qf.ctypes.data), ldq,
+                       np.int64(kf.ctypes.data), ldk, np.int64(vf.ctypes.data), ldv, bm,
+                       bias is not None, b, s, nh, d, np.float32(scale), out.reshape(-1))
     else:
         _attn_loops(qf, ldq, kf, ldk, vf, ldv, bm, bias is not None, b, s, nh, d,
                     np.float32(scale), out.reshape(-1))

@@ -3,16 +3,18 @@
 numba's ``np.dot`` needs scipy's BLAS; sampan's core depends on numpy alone, and numpy's
 Linux wheels carry an OpenBLAS of their own (``numpy.libs/libscipy_openblas64_*.so``,
 ILP64). `find()` locates it among the process's loaded libraries (``/proc/self/maps``)
-and returns a `Blas` holding the addresses of ``cblas_sgemm`` and
-``openblas_set_num_threads_local``; a kernel receives those addresses as int64 arguments
-and calls them through `sgemm` / `set_threads_local` below (intrinsics: an indirect call
-through the address, so the kernel stays cacheable: no ctypes object is baked into it).
+and returns a `Blas` holding the address of ``cblas_sgemm``; a kernel receives it as an
+int64 argument and calls it through `sgemm64` / `sgemm32` below (intrinsics: an indirect
+call through the address, so the kernel stays cacheable: no ctypes object is baked in).
 
-A kernel that calls sgemm from numba's worker threads sets the calling thread's OpenBLAS
-thread count to 1 first and restores it after (``set_threads_local``): OpenBLAS would
-otherwise split each small product over its own pool from inside numba's, which measured
-~1.5x slower at W8's attention. Where numpy's BLAS is not OpenBLAS (an MKL or Accelerate
-build) or has no thread-local count, `find()` returns None and callers keep their loops.
+A kernel that calls sgemm from numba's worker threads runs inside `one_thread()`:
+OpenBLAS would otherwise split each small product over its own pool from inside numba's
+(~1.5x slower at W8's attention). OpenBLAS's thread count is process-wide
+(``openblas_set_num_threads_local`` sets the global count and returns the previous one,
+whatever its name says: measured), so `one_thread` sets it once for all the kernels
+running at a time, under a lock with a count of them, and the last one out restores it.
+Where numpy's BLAS is not OpenBLAS (an MKL or Accelerate build) or lacks that function,
+`find()` returns None and callers keep their loops.
 
 Example::
 
@@ -22,8 +24,10 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -42,11 +46,13 @@ _LOCAL = ("openblas_set_num_threads_local", "scipy_openblas_set_num_threads_loca
 class Blas(NamedTuple):
     path: str
     sgemm: int            # address of cblas_sgemm
-    set_local: int        # address of openblas_set_num_threads_local
+    set_count: object     # openblas_set_num_threads_local (ctypes): set, return previous
     ilp64: bool           # 64-bit integer arguments
 
 
 _FOUND: list = []
+_LOCK = threading.Lock()
+_INSIDE = [0, None]       # kernels inside one_thread(), the count to restore
 
 
 def _loaded_openblas():
@@ -77,9 +83,28 @@ def _find():
         local = next((getattr(lib, n) for n in _LOCAL if hasattr(lib, n)), None)
         for name, ilp64 in _SGEMM:
             if local is not None and hasattr(lib, name):
+                local.argtypes, local.restype = [ctypes.c_int], ctypes.c_int
                 addr = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                return Blas(path, addr, ctypes.cast(local, ctypes.c_void_p).value, ilp64)
+                return Blas(path, addr, local, ilp64)
     return None
+
+
+@contextlib.contextmanager
+def one_thread():
+    """OpenBLAS at one thread while the block runs (for kernels calling sgemm from many
+    threads); the count it had comes back when the last such block still running ends."""
+    lib = find()
+    with _LOCK:
+        if _INSIDE[0] == 0:
+            _INSIDE[1] = lib.set_count(1)
+        _INSIDE[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _INSIDE[0] -= 1
+            if _INSIDE[0] == 0:
+                lib.set_count(_INSIDE[1])
 
 
 def _call_sgemm(ilp64):
@@ -115,19 +140,3 @@ C = alpha op(A) op(B) + beta C through the ILP64 cblas_sgemm at `addr` (ints int
 alpha/beta float32, a/b/c addresses as int64)."""
 sgemm32 = _call_sgemm(False)
 """As `sgemm64`, through an LP64 cblas_sgemm (the ints passed as 32 bits)."""
-
-
-@intrinsic
-def set_threads_local(typingctx, addr, n):
-    """openblas_set_num_threads_local(n) at `addr` for the calling thread; returns the
-    count it had."""
-    if addr != types.int64 or n != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(i32, [i32])
-        fp = builder.inttoptr(args[0], fnty.as_pointer())
-        r = builder.call(fp, [builder.trunc(args[1], i32)])
-        return builder.sext(r, ir.IntType(64))
-    return types.int64(types.int64, types.int64), codegen
