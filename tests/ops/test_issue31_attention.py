@@ -138,3 +138,26 @@ def test_blas_variant_leaves_openblas_threads_as_they_were(variant):
     assert len(errs) == 40 and max(errs) < 2e-6
     now = lib.set_count(before)
     assert now == before
+
+
+def test_dead_keys_are_skipped_exactly(variant):
+    """Padding keys (bias float32's most negative number) after a sequence's last live key
+    are not computed: the output equals the float64 reference, a sequence whose keys are
+    all dead still gets the chain's uniform weights, and a NaN bias still reaches it."""
+    from sampan.backends.numba.attention import live_keys
+    rng = np.random.default_rng(6)
+    b, s, h, heads = 4, 19, 16, 2
+    q, k, v = _inputs(b, s, h, rng)
+    lo = np.finfo(np.float32).min
+    bias = np.zeros((b, 1, 1, s), np.float32)
+    bias[0, ..., 7:] = lo                 # 7 live keys, the rest dead
+    bias[1, ..., 3] = lo                  # a dead key inside: computed (weight 0)
+    bias[2, ...] = lo                     # all dead: uniform weights
+    bias[3, ..., 10:] = -1e4              # an old-style mask: not dead, computed
+    assert live_keys(bias.reshape(b, s), b, s).tolist() == [7, s, s, s]
+    got = OP.kernel(q, k, v, bias, heads=heads, scale=0.3)
+    np.testing.assert_allclose(got, _ref64(q, k, v, bias, heads, 0.3), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(got[2], np.broadcast_to(v[2].mean(0), (s, h)), atol=2e-6)
+    bias[0, ..., 12] = np.nan
+    assert live_keys(bias.reshape(b, s), b, s)[0] == 13
+    assert np.isnan(OP.kernel(q, k, v, bias, heads=heads, scale=0.3)[0]).all()

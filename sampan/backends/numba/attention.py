@@ -75,7 +75,7 @@ def _softmax_row(sc, r, bias, b, has_bias, s):
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH_IEEE, error_model="numpy",
       boundscheck=False)
-def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, out):
+def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, keys, nb, s, nh, d, scale, out):
     h = nh * d
     for t in prange(nb * nh):
         b = t // nh
@@ -87,7 +87,8 @@ def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, 
         acc = np.empty((ROWS, d), np.float32)
         inv = np.empty(ROWS, np.float32)
         base = b * s
-        for j in range(s):
+        n = keys[b]
+        for j in range(n):
             rk = (base + j) * ldk + col
             rv = (base + j) * ldv + col
             for c in range(d):
@@ -100,22 +101,22 @@ def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, 
                 rq = (base + min(i0 + r, s - 1)) * ldq + col
                 for c in range(d):
                     qs[r, c] = qf[rq + c] * scale
-                for j in range(s):
+                for j in range(n):
                     sc[r, j] = np.float32(0.0)
                 for c in range(d):
                     acc[r, c] = np.float32(0.0)
             for c in range(d):
                 a0, a1, a2, a3 = qs[0, c], qs[1, c], qs[2, c], qs[3, c]
-                for j in range(s):
+                for j in range(n):
                     kv = kt[c, j]
                     sc[0, j] += a0 * kv
                     sc[1, j] += a1 * kv
                     sc[2, j] += a2 * kv
                     sc[3, j] += a3 * kv
             for r in range(ROWS):
-                inv[r] = _softmax_row(sc, r, bias, b, has_bias, s)
+                inv[r] = _softmax_row(sc, r, bias, b, has_bias, n)
             i0_, i1_, i2_, i3_ = inv[0], inv[1], inv[2], inv[3]
-            for j in range(s):
+            for j in range(n):
                 p0, p1 = sc[0, j] * i0_, sc[1, j] * i1_
                 p2, p3 = sc[2, j] * i2_, sc[3, j] * i3_
                 for c in range(d):
@@ -132,7 +133,7 @@ def _attn_loops(qf, ldq, kf, ldk, vf, ldv, bias, has_bias, nb, s, nh, d, scale, 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH_IEEE, error_model="numpy",
       boundscheck=False)
-def _attn_blas(gemm, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, nb, s, nh, d,
+def _attn_blas(gemm, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, keys, nb, s, nh, d,
                scale, out):
     """As `_attn_loops`, the two products by numpy's OpenBLAS (`cblas`: sgemm at address
     `gemm`, OpenBLAS at one thread: `cblas.one_thread`) on the projections' rows in place
@@ -147,24 +148,25 @@ def _attn_blas(gemm, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, nb, s, nh
         b = t // nh
         col = (t - b * nh) * d
         base = b * s
+        n = keys[b]
         sc = np.empty((s, s), np.float32)
         inv = np.empty(s, np.float32)
         pa = np.int64(sc.ctypes.data)
         qa, ka = q0 + 4 * (base * ldq + col), k0 + 4 * (base * ldk + col)
         va, oa = v0 + 4 * (base * ldv + col), o0 + 4 * (base * h + col)
         if ilp64:
-            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, s, d,
+            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, n, d,
                           scale, qa, ldq, ka, ldk, zero, pa, s)
         else:
-            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, s, d,
+            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, n, d,
                           scale, qa, ldq, ka, ldk, zero, pa, s)
         for i in range(s):
-            inv[i] = _softmax_row(sc, i, bias, b, has_bias, s)
+            inv[i] = _softmax_row(sc, i, bias, b, has_bias, n)
         if ilp64:
-            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, s,
+            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, n,
                           one, pa, s, va, ldv, zero, oa, h)
         else:
-            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, s,
+            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, n,
                           one, pa, s, va, ldv, zero, oa, h)
         for i in range(s):            # 1 / sum on the d outputs of a row, not its s weights
             ro = (base + i) * h + col
@@ -182,6 +184,23 @@ def kernel_name():
         raise RuntimeError("SAMPAN_ATTENTION_KERNEL=blas: numpy's BLAS is not an OpenBLAS "
                            "that numba kernels can call (sampan.backends.numba.cblas.find)")
     return "blas"
+
+
+DEAD_BIAS = -1e30   # a key whose bias is at most this gets weight exp(score - 1e30 - max) = 0
+
+
+def live_keys(bias, b, s):
+    """Per sequence, the keys the kernels compute: up to its last key whose bias is above
+    `DEAD_BIAS` (HF's mask puts float32's most negative number on padding). The keys
+    after it are skipped in the products and the softmax: each one's weight is exactly 0
+    in float32 (its exponent is below -1e29), so the output is what computing them gives,
+    and a batch padded to its longest sequence costs what its real lengths cost. A
+    sequence with no live key keeps all S (softmax over equal scores: uniform)."""
+    if bias is None:
+        return np.full(b, s, np.int64)
+    live = ~(bias <= DEAD_BIAS)          # a NaN bias is live: it reaches the output
+    last = s - np.argmax(live[:, ::-1], axis=1)
+    return np.where(live.any(axis=1), last, s).astype(np.int64)
 
 
 def _rows(x):
@@ -213,6 +232,7 @@ def attention(q, k, v, bias=None, heads=1, scale=1.0):
         bm = np.zeros((1, 1), _F32)
     else:
         bm = np.ascontiguousarray(bias).reshape(b, s)
+    keys = live_keys(bm if bias is not None else None, b, s)
     out = np.empty((b, s, h), _F32)
     nh, d = int(heads), h // int(heads)
     if kernel_name() == "blas":
@@ -220,9 +240,10 @@ def attention(q, k, v, bias=None, heads=1, scale=1.0):
         with cblas.one_thread():
             _attn_blas(np.int64(lib.sgemm), lib.ilp64, np.int64(qf.ctypes.data), ldq,
                        np.int64(kf.ctypes.data), ldk, np.int64(vf.ctypes.data), ldv, bm,
-                       bias is not None, b, s, nh, d, np.float32(scale), out.reshape(-1))
+                       bias is not None, keys, b, s, nh, d, np.float32(scale),
+                       out.reshape(-1))
     else:
-        _attn_loops(qf, ldq, kf, ldk, vf, ldv, bm, bias is not None, b, s, nh, d,
+        _attn_loops(qf, ldq, kf, ldk, vf, ldv, bm, bias is not None, keys, b, s, nh, d,
                     np.float32(scale), out.reshape(-1))
     return out
 
