@@ -41,8 +41,9 @@ declared shape is dynamic along that axis) may differ in their size along `axis`
 still share a batch; each request's are padded with zeros along it to the batch's longest (an
 attention mask padded with zeros marks the padding, which the model ignores and
 ``trim_to_mask`` cuts off again), and each named output (default: none) that has the
-axis is cut back to its request's own length. A request whose padded inputs disagree in
-length is refused (400).
+axis is cut back to its request's own length. ``"step": k`` pads to the next multiple
+of k instead (fewer distinct lengths for a program to compile). A request whose padded
+inputs disagree in length is refused (400).
 
 A full queue (``max_queue_size`` requests) refuses at `submit` (the server answers 503);
 a request whose deadline passes while queued is dropped unrun (504).
@@ -213,7 +214,7 @@ class Batcher:
     def _pad_key(self, inputs):
         """The compatibility key with the padded inputs' `axis` left out (their length
         checked alike)."""
-        axis, names, _ = self._pad
+        axis, names = self._pad[:2]
         key, length = [], None
         for k, a in sorted(inputs.items()):
             shape = a.shape[1:]
@@ -410,12 +411,12 @@ class Batcher:
     def _padded(self, todo, names):
         """The batch's inputs, the padded ones zero-padded along `axis` to the longest
         request's; plus each request's length and, last, the padded length."""
-        axis, pad, _ = self._pad
+        axis, pad, _, step = self._pad
         padded = [k for k in names if k in pad and todo[0].inputs[k].ndim > axis]
         if not padded:
             return {k: np.concatenate([p.inputs[k] for p in todo]) for k in names}, None
         lengths = [p.inputs[padded[0]].shape[axis] for p in todo]
-        top = max(lengths)
+        top = -(-max(lengths) // step) * step
         joined = {}
         for k in names:
             if k not in padded:
@@ -438,7 +439,7 @@ class Batcher:
     def _unpadded(self, out, length, top):
         """One request's outputs with the named padded outputs cut back to `length`
         along `axis` (an output without that axis, or not named, is left as it is)."""
-        axis, _, outs = self._pad
+        axis, _, outs, _ = self._pad
         for k in outs:
             a = out.get(k)
             if a is None or np.ndim(a) <= axis:
@@ -473,14 +474,17 @@ def _pad_axis(model, cfg):
     if not isinstance(cfg, dict):
         raise ServingError(f"{where} must be an object {{\"axis\": 1, \"inputs\": [...], "
                            f"\"outputs\": [...]}}; got {cfg!r}")
-    unknown = set(cfg) - {"axis", "inputs", "outputs"}
+    unknown = set(cfg) - {"axis", "inputs", "outputs", "step"}
     if unknown:
         raise ServingError(f"{where}: unknown keys {sorted(unknown)}; expected axis, "
-                           "inputs, outputs")
+                           "inputs, outputs, step")
     axis = cfg.get("axis", 1)
     if not isinstance(axis, int) or isinstance(axis, bool) or axis < 1:
         raise ServingError(f"{where}.axis must be an int >= 1 (0 is the batch dim); "
                            f"got {axis!r}")
+    step = cfg.get("step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ServingError(f"{where}.step must be an int >= 1; got {step!r}")
     ins = {t.name: t for t in model.inputs}
     outs = {t.name for t in model.outputs}
     names = cfg.get("inputs")
@@ -497,7 +501,7 @@ def _pad_axis(model, cfg):
                                f"{sorted(known)}")
     if not names:
         raise ServingError(f"{where}: no input has axis {axis}")
-    return axis, frozenset(names), tuple(cfg.get("outputs", []))
+    return axis, frozenset(names), tuple(cfg.get("outputs", [])), step
 
 
 def _call(loop, items):

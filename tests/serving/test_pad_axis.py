@@ -85,6 +85,12 @@ def test_default_inputs_are_those_with_the_axis_and_off_keeps_lengths_apart():
     assert batch == [3, 3, 3] and m.shapes == [(3, 6, 3)]
     for r, o in zip(reqs, outs):
         np.testing.assert_allclose(o["tok"], _reference(r)["tok"], rtol=1e-6, atol=1e-6)
+    stepped = Masked({"outputs": ["tok"], "step": 4})     # 6 -> 8 columns
+    outs, _ = _serve(stepped, reqs)
+    assert stepped.shapes == [(3, 8, 3)]
+    for r, o in zip(reqs, outs):
+        assert o["tok"].shape == r["x"].shape
+        np.testing.assert_allclose(o["tok"], _reference(r)["tok"], rtol=1e-6, atol=1e-6)
     off = Masked()                               # default: only equal lengths batch
     outs, batch = _serve(off, reqs)
     assert sorted(off.shapes) == [(1, 6, 3), (2, 4, 3)] and batch == [2, 1, 2]
@@ -118,7 +124,8 @@ def test_a_request_whose_padded_inputs_disagree_is_refused_alone():
     ("yes", "must be an object"), ({"axis": 0}, "axis must be an int >= 1"),
     ({"inputs": ["nope"]}, r"\['nope'\] are not inputs"),
     ({"outputs": ["nope"]}, r"\['nope'\] are not outputs"),
-    ({"axis": 3}, "no input has axis 3"), ({"pad": 1}, "unknown keys")])
+    ({"axis": 3}, "no input has axis 3"), ({"pad": 1}, "unknown keys"),
+    ({"step": 0}, "step must be an int >= 1")])
 def test_a_malformed_pad_axis_is_a_clear_error(cfg, match):
     with pytest.raises(ServingError, match=match):
         Batcher(Masked(cfg), 1)
