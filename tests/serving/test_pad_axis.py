@@ -91,6 +91,11 @@ def test_default_inputs_are_those_with_the_axis_and_off_keeps_lengths_apart():
     for r, o in zip(reqs, outs):
         assert o["tok"].shape == r["x"].shape
         np.testing.assert_allclose(o["tok"], _reference(r)["tok"], rtol=1e-6, atol=1e-6)
+    grouped = Masked({"outputs": ["tok"], "step": 4, "group": True})  # 4, 4 | 6
+    outs, batch = _serve(grouped, reqs)
+    assert sorted(grouped.shapes) == [(1, 8, 3), (2, 4, 3)] and batch == [2, 1, 2]
+    for r, o in zip(reqs, outs):
+        np.testing.assert_allclose(o["tok"], _reference(r)["tok"], rtol=1e-6, atol=1e-6)
     off = Masked()                               # default: only equal lengths batch
     outs, batch = _serve(off, reqs)
     assert sorted(off.shapes) == [(1, 6, 3), (2, 4, 3)] and batch == [2, 1, 2]
@@ -125,7 +130,7 @@ def test_a_request_whose_padded_inputs_disagree_is_refused_alone():
     ({"inputs": ["nope"]}, r"\['nope'\] are not inputs"),
     ({"outputs": ["nope"]}, r"\['nope'\] are not outputs"),
     ({"axis": 3}, "no input has axis 3"), ({"pad": 1}, "unknown keys"),
-    ({"step": 0}, "step must be an int >= 1")])
+    ({"step": 0}, "step must be an int >= 1"), ({"group": 1}, "group must be true")])
 def test_a_malformed_pad_axis_is_a_clear_error(cfg, match):
     with pytest.raises(ServingError, match=match):
         Batcher(Masked(cfg), 1)

@@ -77,7 +77,8 @@ def test_trim_config_is_checked(tiny):
 def test_sentences_of_different_lengths_share_a_batch_with_pad_axis(tiny):
     """dynamic_batching.pad_axis (batcher.py): three unpadded sentences of 5, 12 and 9
     tokens run as one batch, padded to 12 with mask 0 (nothing left for trim_to_mask to
-    cut: 12 rounds up to 16, past the columns there are); each answer equals the encoder's eager run on that sentence alone."""
+    cut: 12 rounds up to 16, past the columns there are); each answer equals the
+    encoder's eager run on that sentence alone."""
     import asyncio
 
     import sampan
