@@ -53,9 +53,10 @@ class _Conn(asyncio.Protocol):
     status and Content-Length in the response head with bytes.find, and sends the next
     request from `data_received` (no stream reader, no task switch per request)."""
 
-    def __init__(self, run):
+    def __init__(self, run, req=None):
         self.run, self.buf, self.need, self.t, self.tr = run, b"", -1, 0.0, None
         self.busy = False
+        self.req = run.req if req is None else req
 
     def connection_made(self, transport):
         self.tr = transport
@@ -66,7 +67,7 @@ class _Conn(asyncio.Protocol):
             r.left -= 1
             self.busy = True
             self.t = time.perf_counter()
-            self.tr.write(r.req)
+            self.tr.write(self.req)
         else:
             self.busy = False
             self.tr.close()
@@ -110,7 +111,9 @@ async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, time
     request bytes are built once and a response is delimited by its Content-Length, so
     the client spends a few tens of microseconds a request (httpx spends milliseconds at
     concurrency 64; asyncio streams spent ~60 us, a quarter of the 2 cores the server
-    shares). A connection that stalls past `timeout` is counted as a failure."""
+    shares). A connection that stalls past `timeout` is counted as a failure. `body` and
+    `hlen` may be lists of the same length: connection i then sends body i % len (mixed
+    requests, e.g. sentences of several lengths, sharing the server's batches)."""
     import socket
     host, port = url[len("http://"):].rsplit(":", 1)
     loop = asyncio.get_running_loop()
@@ -118,17 +121,22 @@ async def drive_raw(url, model, body, hlen, concurrency, requests, seconds, time
     class Run:
         pass
     r = Run()
-    binary = (f"Content-Type: application/octet-stream\r\n"
-              f"Inference-Header-Content-Length: {hlen}\r\n") if hlen is not None else \
-        "Content-Type: application/json\r\n"          # hlen None: an all-JSON body
-    r.req = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n{binary}"
-             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    def request(body, hlen):
+        binary = (f"Content-Type: application/octet-stream\r\n"
+                  f"Inference-Header-Content-Length: {hlen}\r\n") if hlen is not None else \
+            "Content-Type: application/json\r\n"          # hlen None: an all-JSON body
+        return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n{binary}"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    reqs = ([request(b, h) for b, h in zip(body, hlen)] if isinstance(body, list)
+            else [request(body, hlen)])
+    r.req = reqs[0]
     r.lat, r.codes, r.left = [], {}, requests
     r.t_end = time.perf_counter() + seconds
     r.closed, r.conns, r.open = loop.create_future(), [], concurrency
     t0 = time.perf_counter()
-    for _ in range(concurrency):
-        tr, c = await loop.create_connection(lambda: _Conn(r), host, int(port))
+    for i in range(concurrency):
+        tr, c = await loop.create_connection(
+            lambda i=i: _Conn(r, reqs[i % len(reqs)]), host, int(port))
         tr.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         r.conns.append(c)
     for c in r.conns:       # all connected first: a finished one's fd is not reused

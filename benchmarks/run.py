@@ -31,15 +31,22 @@ def main(argv):
             "edge.py",
         )
         if os.path.exists(os.path.join(HERE, n))]
+    # (script, arguments): the serving lines issue 32 asks of `make bench` besides the
+    # peers': batching on/off with JSON bodies and gRPC vs HTTP on the MLP, batching
+    # on/off with binary tensors on the MiniLM encoder
+    runs = [(s, ()) for s in scripts] + [
+        (os.path.join(HERE, "serving.py"), a) for a in (
+            ("--body", "json", "--concurrency", "1", "16", "64", "--no-overload"),
+            ("--model", "minilm", "--body", "binary", "--concurrency", "1", "16", "64"))]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     rc = 0
-    for s in scripts:
+    for s, extra in runs:
         name = os.path.basename(s)
         if only and not any(o.lower() in name for o in only):
             continue
-        print(f"# {name}", file=sys.stderr, flush=True)
-        r = subprocess.run([sys.executable, s], cwd=HERE, env=env)
+        print(f"# {' '.join((name,) + tuple(extra))}", file=sys.stderr, flush=True)
+        r = subprocess.run([sys.executable, s, *extra], cwd=HERE, env=env)
         rc = rc or r.returncode
     return rc
 

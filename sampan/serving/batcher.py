@@ -35,6 +35,18 @@ default because, measured (MiniLM at c=64, benchmarks/serving.py), the cut reque
 left behind start the next batch early and small, which is cut again: batches fell
 from ~23 to ~14 requests and the server's CPU a request rose (11.8 -> 14.4 ms).
 
+Batches across lengths (``"pad_axis": {"axis": 1, "inputs": [...], "outputs": [...]}``
+in ``dynamic_batching``; off by default): the named inputs (default: every input whose
+declared shape is dynamic along that axis) may differ in their size along `axis` and
+still share a batch; each request's are padded with zeros along it to the batch's longest (an
+attention mask padded with zeros marks the padding, which the model ignores and
+``trim_to_mask`` cuts off again), and each named output (default: none) that has the
+axis is cut back to its request's own length. ``"step": k`` pads to the next multiple
+of k instead (fewer distinct lengths for a program to compile); with ``"group": true``
+only requests whose lengths round up to the same multiple share a batch (padding at most
+k - 1 columns a row, where padding to the longest of 9..40 tokens made a batch compute
+~1.6x the tokens). A request whose padded inputs disagree in length is refused (400).
+
 A full queue (``max_queue_size`` requests) refuses at `submit` (the server answers 503);
 a request whose deadline passes while queued is dropped unrun (504).
 
@@ -129,6 +141,7 @@ class Batcher:
         self.retried = 0          # failed batches run again one request at a time
         cv = getattr(model, "checks_values", None)
         self._resolve_first = True if cv is None else bool(cv())
+        self._pad = _pad_axis(model, db.get("pad_axis")) if self.batching else None
 
     # ------------------------------------------------------------ lifecycle
     def start(self, warmup=True):
@@ -173,7 +186,10 @@ class Batcher:
             raise
         except ServingError as e:
             raise RequestError(str(e), 400) from None
-        key = tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(inputs.items()))
+        if self._pad is None:
+            key = tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(inputs.items()))
+        else:
+            key = self._pad_key(inputs)
         fut = loop.create_future()
         if timeout_s is None and self.timeout is not None:
             timeout_s = float(self.timeout) / 1e3
@@ -196,6 +212,25 @@ class Batcher:
         if self.metrics is not None:
             self.metrics.queue_depth.set(len(self._q))
         return p, fut
+
+    def _pad_key(self, inputs):
+        """The compatibility key with the padded inputs' `axis` left out (their length
+        checked alike)."""
+        axis, names, _, step, group = self._pad
+        key, length = [], None
+        for k, a in sorted(inputs.items()):
+            shape = a.shape[1:]
+            if k in names and len(a.shape) > axis:
+                n = a.shape[axis]
+                if length is not None and n != length[1]:
+                    raise RequestError(
+                        f"model {self.model.name!r}: inputs {length[0]!r} and {k!r} must "
+                        f"have the same size along axis {axis} (pad_axis); got "
+                        f"{length[1]} and {n}")
+                length = length or (k, n)
+                shape = shape[:axis - 1] + (-(-n // step) if group else None,) + shape[axis:]
+            key.append((k, a.dtype.str, shape))
+        return tuple(key)
 
     def _wake(self):
         """On the loop, after the requests this turn queued: wake the forming worker once
@@ -329,19 +364,25 @@ class Batcher:
         todo, answers = self._values(batch)
         if not todo:
             items = []
-        elif len(todo) == 1:
-            items = [self._alone(model, todo[0])]
+        elif len(todo) == 1 and (self._pad is None or self._pad[3] == 1):
+            items = [self._alone(model, todo[0])]   # (pad_axis.step pads a lone one too)
         else:
             try:
                 names = todo[0].inputs.keys()
-                joined = {k: np.concatenate([p.inputs[k] for p in todo]) for k in names}
+                if self._pad is None:
+                    joined = {k: np.concatenate([p.inputs[k] for p in todo]) for k in names}
+                    lengths = None
+                else:
+                    joined, lengths = self._padded(todo, names)
                 res = model.infer(joined)
                 total = sum(p.rows for p in todo)
                 items, at = [], 0
-                for p in todo:
-                    items.append((p.fut, True, {k: _rows(k, v, at, p.rows, total,
-                                                         self.model.name)
-                                                for k, v in res.items()}))
+                for i, p in enumerate(todo):
+                    out = {k: _rows(k, v, at, p.rows, total, self.model.name)
+                           for k, v in res.items()}
+                    if lengths is not None:
+                        out = self._unpadded(out, lengths[i], lengths[-1])
+                    items.append((p.fut, True, out))
                     at += p.rows
             except Exception as e:  # noqa: BLE001 -- one request's values may be the cause
                 # The batch's error may quote any request's values, and one bad request
@@ -369,6 +410,52 @@ class Batcher:
         for loop, its in by_loop.items():
             _call(loop, its)
 
+    def _padded(self, todo, names):
+        """The batch's inputs, the padded ones zero-padded along `axis` to the longest
+        request's; plus each request's length and, last, the padded length."""
+        axis, pad, _, step, _ = self._pad
+        padded = [k for k in names if k in pad and todo[0].inputs[k].ndim > axis]
+        if not padded:
+            return {k: np.concatenate([p.inputs[k] for p in todo]) for k in names}, None
+        lengths = [p.inputs[padded[0]].shape[axis] for p in todo]
+        top = -(-max(lengths) // step) * step
+        joined = {}
+        for k in names:
+            if k not in padded:
+                joined[k] = np.concatenate([p.inputs[k] for p in todo])
+                continue
+            first = todo[0].inputs[k]
+            shape = list(first.shape)
+            shape[0], shape[axis] = sum(p.rows for p in todo), top
+            out = np.zeros(shape, first.dtype)
+            at = 0
+            for p in todo:
+                a = p.inputs[k]
+                idx = [slice(at, at + a.shape[0])] + [slice(None)] * (a.ndim - 1)
+                idx[axis] = slice(0, a.shape[axis])
+                out[tuple(idx)] = a
+                at += a.shape[0]
+            joined[k] = out
+        return joined, lengths + [top]
+
+    def _unpadded(self, out, length, top):
+        """One request's outputs with the named padded outputs cut back to `length`
+        along `axis` (an output without that axis, or not named, is left as it is)."""
+        axis, _, outs = self._pad[:3]
+        for k in outs:
+            a = out.get(k)
+            if a is None or np.ndim(a) <= axis:
+                continue
+            if a.shape[axis] != top:
+                raise RequestError(
+                    f"model {self.model.name!r}: output {k!r} has {a.shape[axis]} along "
+                    f"axis {axis}, not the batch's padded length {top} (pad_axis.outputs)",
+                    500)
+            idx = [slice(None)] * a.ndim
+            idx[axis] = slice(0, length)
+            out[k] = a[tuple(idx)]
+        return out
+
     def _alone(self, model, p):
         """(future, ok, outputs | error) of running one request by itself."""
         try:
@@ -378,6 +465,48 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 -- answered as the request's 500
             return p.fut, False, RequestError(
                 f"model {self.model.name!r}: inference failed: {type(e).__name__}: {e}", 500)
+
+
+def _pad_axis(model, cfg):
+    """(axis, padded input names, cut output names) of ``dynamic_batching.pad_axis``, or
+    None when it is absent or false; a malformed one is a `ServingError` naming it."""
+    if cfg is None or cfg is False:
+        return None
+    where = f"serving: model {model.name!r}: dynamic_batching.pad_axis"
+    if not isinstance(cfg, dict):
+        raise ServingError(f"{where} must be an object {{\"axis\": 1, \"inputs\": [...], "
+                           f"\"outputs\": [...]}}; got {cfg!r}")
+    unknown = set(cfg) - {"axis", "inputs", "outputs", "step", "group"}
+    if unknown:
+        raise ServingError(f"{where}: unknown keys {sorted(unknown)}; expected axis, "
+                           "inputs, outputs, step, group")
+    axis = cfg.get("axis", 1)
+    if not isinstance(axis, int) or isinstance(axis, bool) or axis < 1:
+        raise ServingError(f"{where}.axis must be an int >= 1 (0 is the batch dim); "
+                           f"got {axis!r}")
+    step = cfg.get("step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ServingError(f"{where}.step must be an int >= 1; got {step!r}")
+    group = cfg.get("group", False)
+    if not isinstance(group, bool):
+        raise ServingError(f"{where}.group must be true or false; got {group!r}")
+    ins = {t.name: t for t in model.inputs}
+    outs = {t.name for t in model.outputs}
+    names = cfg.get("inputs")
+    if names is None:
+        names = [n for n, t in ins.items()          # the inputs dynamic along it
+                 if len(t.shape) > axis and t.shape[axis] in (-1, None)]
+    for what, given, known in (("inputs", names, set(ins)),
+                               ("outputs", cfg.get("outputs", []), outs)):
+        if not isinstance(given, list) or not all(isinstance(n, str) for n in given):
+            raise ServingError(f"{where}.{what} must be a list of names; got {given!r}")
+        bad = sorted(set(given) - known)
+        if bad:
+            raise ServingError(f"{where}.{what}: {bad} are not {what} of the model; it has "
+                               f"{sorted(known)}")
+    if not names:
+        raise ServingError(f"{where}: no input has axis {axis}")
+    return axis, frozenset(names), tuple(cfg.get("outputs", [])), step, group
 
 
 def _call(loop, items):

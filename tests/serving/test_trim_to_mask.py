@@ -72,3 +72,39 @@ def test_trim_config_is_checked(tiny):
         _model(tiny, "a", trim_to_mask="mask")
     with pytest.raises(ServingError, match="trim_step must be a positive int"):
         _model(tiny, "b", trim_to_mask="attention_mask", trim_step=0)
+
+
+def test_sentences_of_different_lengths_share_a_batch_with_pad_axis(tiny):
+    """dynamic_batching.pad_axis (batcher.py): three unpadded sentences of 5, 12 and 9
+    tokens run as one batch, padded to 12 with mask 0 (nothing left for trim_to_mask to
+    cut: 12 rounds up to 16, past the columns there are); each answer equals the
+    encoder's eager run on that sentence alone."""
+    import asyncio
+
+    import sampan
+    from sampan.serving.batcher import Batcher
+    _, _, enc = tiny
+    m = _model(tiny, "p", trim_to_mask="attention_mask",
+               dynamic_batching={"max_queue_delay_us": 300_000, "delay_policy": "fixed",
+                                 "pad_axis": {"axis": 1}})
+    seen = []
+    run = m._run
+    m._run = lambda inputs: seen.append(inputs["input_ids"].shape) or run(inputs)
+    r = np.random.default_rng(1)
+    sents = [r.integers(1, 60, (1, n)).astype(np.int64) for n in (5, 12, 9)]
+
+    async def go():
+        b = Batcher(m, 1)
+        b.start(warmup=False)
+        try:
+            loop = asyncio.get_running_loop()
+            subs = [b.submit({"input_ids": s, "attention_mask": np.ones_like(s)}, loop)
+                    for s in sents]
+            return await asyncio.gather(*(f for _, f in subs)), [p.batch for p, _ in subs]
+        finally:
+            b.close()
+    outs, batch = asyncio.run(go())
+    assert batch == [3, 3, 3] and seen == [(4, 12)]
+    for s, o in zip(sents, outs):
+        ref = enc(sampan.tensor(s), sampan.tensor(np.ones_like(s)))
+        np.testing.assert_allclose(next(iter(o.values())), ref.numpy(), rtol=1e-4, atol=1e-5)
