@@ -96,8 +96,8 @@ from sampan.rec.rowstore import raw_specs
 __all__ = ["LogStore"]  # DiskTierError: sampan.rec.disktier's
 
 # threads reading a batch's base pages (the numba search releases the GIL); 1: the caller's
-# thread only. Off by default: 2 threads were 0.87x / 0.96x / 0.83x of 1 (embedding_disk.py
-# --quick --steps 200 --warmup 400, A/B alternated, load 2.4-3.3): SAMPAN_LOGSTORE_READ_THREADS
+# thread only. Off by default: 2 threads were 0.83-0.96x of 1 (embedding_disk.py --quick, 3
+# A/B pairs), 0.81x at 3x10^6 ids / 64 MB, 0.80x at 10^7 / 256 MB (load 2-3.5, 2 shared cores)
 READ_THREADS = max(int(os.environ.get("SAMPAN_LOGSTORE_READ_THREADS", "1")), 1)
 
 FORMAT = "sampan-logstore"
