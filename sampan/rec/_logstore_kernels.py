@@ -191,3 +191,25 @@ def _read_records(fd, offs, out):
         if _pread(fd, out[j].ctypes.data, nb, offs[j] * 8) != nb:
             return -1 - j
     return 0
+
+
+_POOL = None
+
+
+def base_find_split(fd, n_pages, keys, homes, out, found, threads: int) -> int:
+    """:func:`_base_find` over ``threads`` contiguous runs of the home-sorted keys at once
+    (the kernel releases the GIL), each with a page buffer of its own; same return."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers != threads:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(threads, thread_name_prefix="sampan-logstore")
+    cuts = np.linspace(0, keys.size, threads + 1).astype(np.int64)
+    jobs = [_POOL.submit(_base_find, fd, n_pages, keys[a:b], homes[a:b], out[a:b],
+                         found[a:b], np.empty(PAGE_WORDS, np.uint64))
+            for a, b in zip(cuts[:-1], cuts[1:])]
+    bad = 0
+    for a, j in zip(cuts[:-1], jobs):
+        st = j.result()
+        if st < 0 and bad == 0:
+            bad = st - int(a)
+    return bad

@@ -472,7 +472,7 @@ class HotCache:
         returns how many rows went."""
         self.last_write_back = self.steps
         t = self.table
-        with _rec.span("write_back", "rec", cached=len(self)):
+        with _rec.span("write_back", "rec", cached=len(self)) as sp:
             with t.lock:
                 n = t.alloc.next_row
                 rows = np.flatnonzero((self._dirty[:n] | (self._seen[:n] > 0)) & t.live[:n])
@@ -484,9 +484,12 @@ class HotCache:
                 self._dirty[rows] = False
                 self._seen[rows] = 0
             self.emb.write_rows(ids, w, s, seen, step)
+            nbytes = rows.size * (16 + 4 * (self.dim + s.shape[1]))
+            if _rec.ACTIVE:  # (NULL_SPAN's args are shared: only a real span's)
+                sp.args["rows"], sp.args["bytes"] = int(rows.size), int(nbytes)
         self._n["written_back"] += rows.size
         self._n["write_backs"] += 1
-        self._n["bytes_moved"] += rows.size * (16 + 4 * (self.dim + s.shape[1]))
+        self._n["bytes_moved"] += nbytes
         return int(rows.size)
 
     def refresh(self, step: int | None = None) -> dict:

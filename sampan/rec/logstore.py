@@ -88,11 +88,17 @@ from sampan.rec._logstore_compact import _Compaction
 from sampan.rec._logstore_kernels import (BATCH, DEAD, FINE, HEAD, INDEX_LOAD, LIVE, MAGIC,
                                           N_META, PAGE_WORDS, TAIL, DiskTierError,  # noqa: F401
                                           _base_find, _checksums, _err, _extract,
-                                          _first_bad, _read_records, unique_ids)
+                                          _first_bad, _read_records, base_find_split,
+                                          unique_ids)
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.rowstore import raw_specs
 
 __all__ = ["LogStore"]  # DiskTierError: sampan.rec.disktier's
+
+# threads reading a batch's base pages (the numba search releases the GIL); 1: the caller's
+# thread only. Off by default: 2 threads were 0.83-0.96x of 1 (embedding_disk.py --quick, 3
+# A/B pairs), 0.81x at 3x10^6 ids / 64 MB, 0.80x at 10^7 / 256 MB (load 2-3.5, 2 shared cores)
+READ_THREADS = max(int(os.environ.get("SAMPAN_LOGSTORE_READ_THREADS", "1")), 1)
 
 FORMAT = "sampan-logstore"
 VERSION = 2  # 2: homes are the top bits of an id's hash (1: bits 24 up)
@@ -380,9 +386,12 @@ class LogStore(_Compaction, _Bulk):
         order = np.argsort(homes, kind="stable")
         out = np.zeros((keys.size, self.R), np.uint64)
         found = np.zeros(keys.size, np.bool_)
-        page = np.empty(PAGE_WORDS, np.uint64)
-        st = _base_find(self.base_fd, self.n_pages, keys[order], homes[order], out, found,
-                        page)
+        k, h = keys[order], homes[order]
+        if READ_THREADS > 1 and keys.size >= 64 * READ_THREADS:
+            st = base_find_split(self.base_fd, self.n_pages, k, h, out, found, READ_THREADS)
+        else:
+            st = _base_find(self.base_fd, self.n_pages, k, h, out, found,
+                            np.empty(PAGE_WORDS, np.uint64))
         if st < 0:
             raise _err(f"spill store {self.path}: base.{self.m['gen']} is shorter than its "
                        f"{self.n_pages} pages")

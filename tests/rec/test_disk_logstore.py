@@ -235,3 +235,22 @@ def test_unique_ids_matches_numpy():
         ids = rng.integers(-40, 40, n) * 0x9E3779B1 + (1 << 61)
         assert np.array_equal(unique_ids(ids), np.unique(ids))
     assert unique_ids(np.array([[3, 1], [3, 2]])).tolist() == [1, 2, 3]
+
+
+def test_threaded_base_reads_match_one_thread(tmp_path, monkeypatch):
+    """READ_THREADS=2 (off by default) splits a batch's base search over two threads:
+    the same found masks, records and in-base flags as the caller's thread alone."""
+    import sampan.rec.logstore as ls
+    s = LogStore(str(tmp_path / "s"), 4, "float32", "t", index_entries=64, slot_width=4)
+    ids = np.arange(-3000, 3000, 7)
+    s.put(ids, _rec(ids, 1))
+    s.flush_log()
+    ask = np.concatenate([ids[::3], np.arange(10**6, 10**6 + 200)])  # some absent
+    monkeypatch.setattr(ls, "READ_THREADS", 1)
+    want = s._lookup(np.unique(ask))
+    monkeypatch.setattr(ls, "READ_THREADS", 2)
+    got = s._lookup(np.unique(ask))
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    assert want[0].sum() == ids[::3].size
+    s.close()

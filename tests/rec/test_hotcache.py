@@ -104,6 +104,11 @@ def test_counters_profiler_and_errors():
     assert {"hot_cache", "write_back"} <= names
     hot = [e for e in prof.events if e.name == "hot_cache"][0]
     assert (hot.args["hits"], hot.args["misses"]) == (2, 1)
+    assert hot.args["bytes"] == 1 * (8 + 4 * DIM)  # the one miss's id and row
+    wb = [e for e in prof.events if e.name == "write_back"]
+    # the two cached rows (read or trained since the refresh) leave with weights and slots
+    assert sum(e.args.get("rows", 0) for e in wb) == 2
+    assert sum(e.args.get("bytes", 0) for e in wb) == 2 * (16 + 4 * 2 * DIM)
     c = cache.counters()
     assert (c["hits"], c["misses"], c["rows"]) == (2, 4, 2)
     assert c["bytes_moved"] > 0 and c["write_backs"] >= 1
