@@ -10,6 +10,8 @@ R`` records of ``R`` words; word ``N_META`` of a record holds its state in its l
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import njit, types
 
@@ -194,6 +196,12 @@ def _read_records(fd, offs, out):
 
 
 _POOL = None
+
+
+# threads reading a batch's base pages (the numba search releases the GIL); 1: the caller's
+# thread only. Off by default: 2 threads were 0.83-0.96x of 1 (embedding_disk.py --quick, 3
+# A/B pairs), 0.81x at 3x10^6 ids / 64 MB, 0.80x at 10^7 / 256 MB (load 2-3.5, 2 shared cores)
+READ_THREADS = max(int(os.environ.get("SAMPAN_LOGSTORE_READ_THREADS", "1")), 1)
 
 
 def base_find_split(fd, n_pages, keys, homes, out, found, threads: int) -> int:

@@ -88,17 +88,12 @@ from sampan.rec._logstore_compact import _Compaction
 from sampan.rec._logstore_kernels import (BATCH, DEAD, FINE, HEAD, INDEX_LOAD, LIVE, MAGIC,
                                           N_META, PAGE_WORDS, TAIL, DiskTierError,  # noqa: F401
                                           _base_find, _checksums, _err, _extract,
-                                          _first_bad, _read_records, base_find_split,
-                                          unique_ids)
+                                          READ_THREADS, _first_bad, _read_records,
+                                          base_find_split, unique_ids)
 from sampan.rec.hashtable import HashMap, hash_ids
 from sampan.rec.rowstore import raw_specs
 
 __all__ = ["LogStore"]  # DiskTierError: sampan.rec.disktier's
-
-# threads reading a batch's base pages (the numba search releases the GIL); 1: the caller's
-# thread only. Off by default: 2 threads were 0.83-0.96x of 1 (embedding_disk.py --quick, 3
-# A/B pairs), 0.81x at 3x10^6 ids / 64 MB, 0.80x at 10^7 / 256 MB (load 2-3.5, 2 shared cores)
-READ_THREADS = max(int(os.environ.get("SAMPAN_LOGSTORE_READ_THREADS", "1")), 1)
 
 FORMAT = "sampan-logstore"
 VERSION = 2  # 2: homes are the top bits of an id's hash (1: bits 24 up)
