@@ -4,7 +4,8 @@
 (samples/s, median of repetitions with min-max; and per-call p10 / median latency, calls
 alternated), batch-1 per-call latency, the int8/fp32 and int8/onnxruntime-int8 ratios
 (targets 1.3x at batch 1, 2.0x at batch 64, 1.0x), the int8 ops of the program, the
-argmax agreement and largest output difference against fp32.
+argmax agreement and largest output difference against fp32. Every line carries the
+machine (benchmarks/common.py: machine_info) as `make bench`'s other lines do.
 fp32 is also timed with one BLAS/numba thread: on a shared 2-core machine two-thread BLAS
 loses most to other load, so the ratio against it swings most. Weights are W1's initial weights (accuracy is measured
 by tests/quant on a trained model); calibration is 8 batches of the W1 input distribution.
@@ -95,8 +96,9 @@ def main(argv=None):
     calls = _per_call(fns, xt)
     x1 = sampan.Tensor(x[:1])
     calls1 = _per_call(fns, x1, n=2000)          # batch 1: per-call latency
+    from common import machine_info     # the machine every line ran on (make bench)
     base = {"workload": "W5", "model": "W1 MLP", "batch": 64, "metric": "samples_per_s",
-            "cpu": _cpu(), "threads": threads}
+            "cpu": _cpu(), "threads": threads, "machine": machine_info()}
     for mode, v in res.items():
         print(json.dumps(dict(base, system="onnxruntime" if mode == "ort_int8" else "sampan",
                               mode=mode, value=v[0], min=v[1], max=v[2],
@@ -113,7 +115,8 @@ def main(argv=None):
            "targets": {"batch1": 1.3, "batch64": 2.0, "vs_onnxruntime_int8": 1.0},
            "gemm_path": {"x".join(map(str, key[:3])): c for key, c in K._CHOICE.items()},
            "int8_layers": sorted({n.op for n in sampan.jit.serialize.read(q8)[0].nodes}),
-           "argmax_agreement_int8_fp32": agree, "max_abs_diff": err, "cpu": _cpu()}
+           "argmax_agreement_int8_fp32": agree, "max_abs_diff": err, "cpu": _cpu(),
+           "machine": base["machine"]}
     if ort8 is not None:
         out["int8_over_onnxruntime_int8_batch64"] = res["int8"][0] / res["ort_int8"][0]
         out["int8_over_onnxruntime_int8_batch1_p50"] = calls1["ort_int8"][1] / calls1["int8"][1]

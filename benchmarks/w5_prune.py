@@ -2,7 +2,10 @@
 (a) 50% unstructured magnitude pruning and (b) 50% structured channel pruning (conv1 6->3,
 conv2 16->8, fc1 120->60, fc2 84->42), each fine-tuned briefly; one table of parameters,
 sparsity, saved size, test accuracy and the saved program's latency (batch 1 p50/p99, and
-batch 64), all in one run. Usage: python benchmarks/w5_prune.py [--steps N] [--repeats N]
+batch 64), all in one run; then one JSON line per (model, batch) and the ratio lines
+(`make bench`'s format, with the machine): dense p50 / pruned p50 at batch 1 and 64 (target
+1.3x at batch 1 for 50% channels) and each pruned model's accuracy loss in points (target
+<= 1). Usage: python benchmarks/w5_prune.py [--steps N] [--repeats N]
 
 The planted task: each class is a fixed random 28x28 pattern (smoothed), an image is its
 class pattern at a random shift of up to 2 pixels plus Gaussian noise."""
@@ -22,6 +25,7 @@ from sampan import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models as M  # noqa: E402
+from common import emit  # noqa: E402
 
 
 def lenet():
@@ -71,14 +75,16 @@ def accuracy(net, x, y):
     return float((pred == y).mean())
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1500, help="dense training steps")
     ap.add_argument("--finetune", type=int, default=300, help="fine-tuning steps")
     ap.add_argument("--repeats", type=int, default=2000)
-    a = ap.parse_args()
-    xtr, ytr = planted(12000, 1)
-    xte, yte = planted(3000, 2)
+    ap.add_argument("--train", type=int, default=12000, help="planted training images")
+    ap.add_argument("--test", type=int, default=3000, help="planted test images")
+    a = ap.parse_args(argv)
+    xtr, ytr = planted(a.train, 1)
+    xte, yte = planted(a.test, 2)
     sampan.manual_seed(0)
     t0 = time.perf_counter()
     dense = lenet()
@@ -96,10 +102,32 @@ def main():
     models = {"dense": dense, "magnitude 50%": mag, "channels 50%": ch}
     acc = lambda m: accuracy(m, xte, yte)  # noqa: E731
     print("\nbatch 1:")
-    sampan.prune.report(models, (sampan.from_numpy(xte[:1]),), accuracy=acc,
-                        repeats=a.repeats)
+    rows1 = sampan.prune.report(models, (sampan.from_numpy(xte[:1]),), accuracy=acc,
+                                repeats=a.repeats)
     print("\nbatch 64:")
-    sampan.prune.report(models, (sampan.from_numpy(xte[:64]),), repeats=a.repeats // 4)
+    rows64 = sampan.prune.report(models, (sampan.from_numpy(xte[:64]),),
+                                 repeats=a.repeats // 4)
+    lines(rows1, rows64, a)
+
+
+def lines(rows1, rows64, a):
+    """The JSON lines of the two tables: latency per (model, batch), then each pruned
+    model against the dense one (the first row): p50 speed-up and accuracy loss."""
+    for batch, rows, reps in ((1, rows1, a.repeats), (64, rows64, a.repeats // 4)):
+        for name, r in rows.items():
+            emit("W5", "sampan", name, f"batch{batch}_latency_us_p50", [r["p50_us"]],
+                 p99_us=round(r["p99_us"], 2), calls=reps, params=r["params"],
+                 sparsity=round(r["sparsity"], 4), saved_bytes=r["bytes"],
+                 accuracy=rows1[name]["accuracy"])
+    dense = next(iter(rows1))
+    for name in list(rows1)[1:]:
+        for batch, rows in ((1, rows1), (64, rows64)):
+            target = {"target": 1.3} if batch == 1 and name.startswith("channels") else {}
+            emit("W5", f"sampan_{name}/sampan_{dense}", name, f"batch{batch}_speedup_p50",
+                 [rows[dense]["p50_us"] / rows[name]["p50_us"]], **target)
+        emit("W5", f"sampan_{name}/sampan_{dense}", name, "accuracy_loss_points",
+             [100 * (rows1[dense]["accuracy"] - rows1[name]["accuracy"])], target=1.0,
+             lower_is_better=True)
 
 
 if __name__ == "__main__":

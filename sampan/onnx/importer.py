@@ -367,18 +367,32 @@ def load(src, *, dim_sizes=None, base_dir=None):
     once per size). An unnamed dim, one named "?" or one declared -1 (as paddle2onnx
     writes them) is a size of its own, named `<input>_dim<k>`.
 
+    A model that cannot run at the default size (an image side of 2 through two 2x2
+    pools) raises its shape error with the dims left at 2 named, to pass in `dim_sizes`.
+
     Loading allocates what the file paid for, not what it declares: the trace runs on
     inputs that hold no memory of their declared sizes (the program is traced, not run),
     and folding is bounded per node and in all (sampan/onnx/fold.py: FOLD_LIMIT_BYTES …).
     Example: ``g = sampan.onnx.load("model.onnx", dim_sizes={"batch": 4})``."""
     from ..autograd import no_grad
+    from ..errors import ShapeError
     layer = to_layer(src, base_dir=base_dir)
     layer.eval()
     args = _fold.probe_inputs(layer, dim_sizes)
     with no_grad():
         # traced and compiled for these inputs, not run: running would make every
         # value of the declared sizes (JitFunction.__call__ = this, then entry.run)
-        return compile_layer(layer, args).graph
+        try:
+            return compile_layer(layer, args).graph
+        except ShapeError as e:
+            left = sorted({d for n in layer.input_names
+                           for d in layer.input_types[n][1] or () if not isinstance(d, int)}
+                          - set(dim_sizes or {}))
+            if not left:
+                raise
+            raise type(e)(f"{e}\n(sampan.onnx.load traced the model with {left} at the "
+                          f"default size 2; pass dim_sizes={{name: size}} at a size the "
+                          f"model runs at)") from e
 
 
 def declared_dims(layer) -> dict:

@@ -184,3 +184,22 @@ def test_positions_from_a_range_over_the_shape_stay_symbolic():
             np.testing.assert_allclose(f(sampan.Tensor(ids)).numpy(),
                                        sess.run(None, {"ids": ids})[0], rtol=1e-6)
     assert f.n_traces == 1
+
+
+def test_load_at_the_default_size_names_the_dims_to_size():
+    """Two 2x2 pools on a side left at load's default size 2 (PP-OCR's classifier and
+    recogniser in small): the shape error names the dims traced at 2 and dim_sizes; the
+    model loads at a size it runs at, and a size given in full fails as it is."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["a"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPool", ["a"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    m = _model(nodes, ["N", 3, "H", "W"], ["N", 3, "h", "w"], [])
+    with pytest.raises(sampan.ShapeError, match=r"(?s)max_pool2d.*\['H', 'N', 'W'\] at the "
+                                                r"default size 2; pass dim_sizes"):
+        sampan.onnx.load(m)
+    with pytest.raises(sampan.ShapeError, match=r"\['H', 'W'\] at the default size 2"):
+        sampan.onnx.load(m, dim_sizes={"N": 1})
+    g = sampan.onnx.load(m, dim_sizes={"H": 8, "W": 12})
+    assert [str(d) for d in next(v for v in g.inputs if v.name is None).shape][:2] == ["N", "3"]
+    with pytest.raises(sampan.ShapeError) as e:
+        sampan.onnx.load(m, dim_sizes={"N": 1, "H": 2, "W": 2})
+    assert "dim_sizes" not in str(e.value)
