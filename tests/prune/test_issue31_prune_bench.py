@@ -2,14 +2,18 @@
 timed calls) prints, after its tables, one JSON line per (model, batch) and the pruning
 lines the issue's target reads (50% channels' batch-1 speed-up over dense, target 1.3x,
 and each pruned model's accuracy loss in points, target <= 1), each with the machine it ran
-on. Timings are not asserted."""
+on. Timings are not asserted. Slow (`make test-slow`): 26 s on a new 2-core machine, the
+suite's longest test, for output that only `make bench` reads."""
 import json
 import os
 import sys
 
+import pytest
+
 BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 
+@pytest.mark.slow
 def test_w5_prune_prints_its_lines_with_the_machine(capsys):
     sys.path.insert(0, BENCH)
     try:
