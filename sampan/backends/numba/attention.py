@@ -6,13 +6,14 @@ Two variants compute the same thing; `kernel_name()` says which runs.
 - ``"blas"`` (`_attn_blas`, where numpy's BLAS is an OpenBLAS that kernels can call:
   `cblas.find`): a task's scores ``scale * q k^T`` come from one sgemm on the
   projections' rows in place into its (S, S) buffer (64 KB at S = 128: in L2), the key
-  mask, max, exponentials (mathlib's exp32), 1 / sum and p = e * (1 / sum) row by row
-  there, then ``p @ v`` from a second sgemm written straight into the output's
-  token-major rows. OpenBLAS runs at one thread meanwhile (`cblas.one_thread`).
+  mask, max and exponentials (mathlib's exp32) row by row there, then ``e @ v`` from a
+  second sgemm written straight into the output's token-major rows, each scaled by its
+  row's 1 / sum. OpenBLAS runs at one thread meanwhile (`cblas.one_thread`).
 - ``"loops"`` (`_attn_loops`, the fallback): the same in numba loops, 4 query rows a step
   over a packed k^T and v; ~1.4-2x slower at W8's shape (B 32, S 128, 12 heads of 32).
 
-Neither makes a head-major array or lets anything S x S leave the task: a (B, S, H)
+Both skip the keys after a sequence's last live one (`live_keys`: padding whose weight
+is exactly 0). Neither makes a head-major array or lets anything S x S leave the task: a (B, S, H)
 array whose rows have any stride (the int8 path's q, k and v are column slices of one
 (B*S, 3H) GEMM output) is read through its buffer with its row stride, not copied.
 
