@@ -155,20 +155,12 @@ def _attn_blas(gemm, ilp64, q0, ldq, k0, ldk, v0, ldv, bias, has_bias, keys, nb,
         pa = np.int64(sc.ctypes.data)
         qa, ka = q0 + 4 * (base * ldq + col), k0 + 4 * (base * ldk + col)
         va, oa = v0 + 4 * (base * ldv + col), o0 + 4 * (base * h + col)
-        if ilp64:
-            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, n, d,
-                          scale, qa, ldq, ka, ldk, zero, pa, s)
-        else:
-            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.TRANS), s, n, d,
-                          scale, qa, ldq, ka, ldk, zero, pa, s)
+        cblas.sgemm(gemm, ilp64, cblas.NO_TRANS, cblas.TRANS, s, n, d, scale, qa, ldq, ka,
+                    ldk, zero, pa, s)
         for i in range(s):
             inv[i] = _softmax_row(sc, i, bias, b, has_bias, n)
-        if ilp64:
-            cblas.sgemm64(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, n,
-                          one, pa, s, va, ldv, zero, oa, h)
-        else:
-            cblas.sgemm32(gemm, np.int64(cblas.NO_TRANS), np.int64(cblas.NO_TRANS), s, d, n,
-                          one, pa, s, va, ldv, zero, oa, h)
+        cblas.sgemm(gemm, ilp64, cblas.NO_TRANS, cblas.NO_TRANS, s, d, n, one, pa, s, va,
+                    ldv, zero, oa, h)
         for i in range(s):            # 1 / sum on the d outputs of a row, not its s weights
             ro = (base + i) * h + col
             for c in range(d):

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112      # CBLAS enums
@@ -140,3 +140,14 @@ C = alpha op(A) op(B) + beta C through the ILP64 cblas_sgemm at `addr` (ints int
 alpha/beta float32, a/b/c addresses as int64)."""
 sgemm32 = _call_sgemm(False)
 """As `sgemm64`, through an LP64 cblas_sgemm (the ints passed as 32 bits)."""
+
+
+@njit(inline="always")
+def sgemm(addr, ilp64, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """`sgemm64` or `sgemm32` as `ilp64` says (`Blas.ilp64`), for kernels built for both."""
+    if ilp64:
+        sgemm64(addr, np.int64(transa), np.int64(transb), m, n, k, alpha, a, lda, b, ldb,
+                beta, c, ldc)
+    else:
+        sgemm32(addr, np.int64(transa), np.int64(transb), m, n, k, alpha, a, lda, b, ldb,
+                beta, c, ldc)
