@@ -26,8 +26,10 @@ calls the shard lost, once each, in order, and a call the shard already holds an
 ``dup`` and is not applied again. So a crash loses nothing: after recovery the tables are
 bit for bit those of an undisturbed run (with no eviction policy; an eviction policy's
 sweep cursor is not in the snapshot, so with one a restarted shard may evict other rows).
-What a crash *can* lose is bounded the other way round: if the caller itself dies, the
-shards hold every update up to their last delta.
+What a crash *can* lose is bounded the other way round: if the caller itself dies (and
+its shard actors with it), the shards' files hold every update up to their last delta, and
+a new ``ShardedEmbedding(..., backend="ray", snapshot_dir=)`` over the same folder resumes
+from them (``restores()`` says where each shard stood).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def init_ray(ray, host: str | None = LOOPBACK, **kwargs) -> None:
     machine's external address (other machines may then join it). It passes arrays up to
     ``INLINE_BYTES`` inline with the call and runs its workers at ``WORKER_NICENESS``
     (``_system_config`` given by the caller wins). A cluster it joins (``address=``, or
-    ``RAY_ADDRESS``) keeps its own addresses and configuration."""
+    ``RAY_ADDRESS``) keeps its own addresses and configuration; joining one on loopback
+    (``address="127.0.0.1:PORT"``) keeps this driver on loopback as well."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env_path = os.environ.get("PYTHONPATH", "")
     if pkg_root not in env_path.split(os.pathsep):
@@ -108,6 +111,13 @@ def init_ray(ray, host: str | None = LOOPBACK, **kwargs) -> None:
         if host is not None:
             defaults["_node_ip_address"] = host
         node = kwargs.get("_node_ip_address", host)
+    elif isinstance(kwargs.get("address"), str) and \
+            kwargs["address"].rsplit(":", 1)[0] in (LOOPBACK, "localhost"):
+        # joining a cluster on loopback (another process's, e.g. a trainer started
+        # again): this driver binds loopback too, or Ray swaps the address for the
+        # machine's external one and never reaches the cluster
+        node = kwargs["address"].rsplit(":", 1)[0]
+        defaults["_node_ip_address"] = node
     with _loopback_node(ray, node):
         ray.init(**{**defaults, **kwargs})
 
@@ -238,7 +248,12 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         self._written: collections.deque = collections.deque()  # write_rows, likewise
         for s, info in zip(self.shards, self._get([s.actor.info.remote()
                                                    for s in self.shards], self.shards)):
-            s.step, s.durable = info["step"], info["durable"]
+            # a shard that restored snapshot_dir's files (a trainer started again after
+            # its process died) holds operations up to `applied`: number on from there,
+            # or its first calls would be answered `dup` and dropped
+            s.step, s.durable, s.n = info["step"], info["durable"], info["applied"]
+            if info["restored"] and initial_tables is None:
+                s.restores.append({**info["restored"], "pid": info["pid"]})
             s.shm = bool(info["arena"])
             if not s.shm and s.arena is not None:  # another host: arrays go inline
                 s.arena.close()
