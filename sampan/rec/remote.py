@@ -112,12 +112,11 @@ def init_ray(ray, host: str | None = LOOPBACK, **kwargs) -> None:
             defaults["_node_ip_address"] = host
         node = kwargs.get("_node_ip_address", host)
     elif isinstance(kwargs.get("address"), str) and \
-            kwargs["address"].rsplit(":", 1)[0] in (LOOPBACK, "localhost"):
+            (joined := kwargs["address"].rsplit(":", 1)[0]) in (LOOPBACK, "localhost"):
         # joining a cluster on loopback (another process's, e.g. a trainer started
         # again): this driver binds loopback too, or Ray swaps the address for the
         # machine's external one and never reaches the cluster
-        node = kwargs["address"].rsplit(":", 1)[0]
-        defaults["_node_ip_address"] = node
+        node = defaults["_node_ip_address"] = joined
     with _loopback_node(ray, node):
         ray.init(**{**defaults, **kwargs})
 
@@ -168,6 +167,13 @@ class _Remote:
         self.arena: _shm.Arena | None = None  # same host: arrays travel through it
         self.shm = False
         self.outbox: list = []  # calls numbered but not yet sent (a push waits here)
+
+    def note_restore(self, info: dict) -> None:
+        """Record what the actor restored from, once per actor process (``info``: its
+        ``ShardServer.info``)."""
+        if info["restored"] and (not self.restores or
+                                 self.restores[-1]["pid"] != info["pid"]):
+            self.restores.append({**info["restored"], "pid": info["pid"]})
 
 
 class _Sent:
@@ -252,8 +258,8 @@ class RemoteShardedEmbedding(ShardedEmbedding):
             # its process died) holds operations up to `applied`: number on from there,
             # or its first calls would be answered `dup` and dropped
             s.step, s.durable, s.n = info["step"], info["durable"], info["applied"]
-            if info["restored"] and initial_tables is None:
-                s.restores.append({**info["restored"], "pid": info["pid"]})
+            if initial_tables is None:
+                s.note_restore(info)
             s.shm = bool(info["arena"])
             if not s.shm and s.arena is not None:  # another host: arrays go inline
                 s.arena.close()
@@ -359,9 +365,7 @@ class RemoteShardedEmbedding(ShardedEmbedding):
         """Re-send, in order, the logged calls up to ``upto`` that the shard lost."""
         with s.recover:
             info = self._get([s.actor.info.remote()], [s])[0]
-            if info["restored"] and (not s.restores or
-                                     s.restores[-1]["pid"] != info["pid"]):
-                s.restores.append({**info["restored"], "pid": info["pid"]})
+            s.note_restore(info)
             applied = info["applied"]
             with s.submit:
                 todo = [(k, v) for k, v in s.log.items() if applied < k <= upto]
